@@ -1,0 +1,7 @@
+"""``python -m sidecar`` is ``llm-sidecar``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,173 @@
+"""Wiring: settings -> the proxy app and the admin app, their lifecycle, and ``serve``.
+
+Two aiohttp applications on two ports, so the proxy port stays a pure pass-through (an
+upstream's own ``/metrics`` or ``/health`` still answer through it) and the sidecar's own
+endpoints can be bound to a different interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from .config import Settings
+from .logs import RequestLogger
+from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .proxy import Proxy
+
+__all__ = ["Sidecar", "build_sidecar", "serve", "SIDECAR"]
+
+_log = structlog.get_logger("sidecar.app")
+
+
+@dataclass
+class Sidecar:
+    """The running parts, shared by both apps through ``app[SIDECAR]``."""
+
+    settings: Settings
+    registry: CollectorRegistry
+    metrics: SidecarMetrics
+    proxy: Proxy
+    session: aiohttp.ClientSession | None = None
+    draining: bool = False
+    proxy_app: web.Application = field(init=False)
+    admin_app: web.Application = field(init=False)
+
+    def get_session(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "the proxy app has not started"
+        return self.session
+
+
+SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
+
+# aiohttp's own per-request access log would duplicate ours and log raw paths (queries).
+RUNNER_KWARGS = {"handler_cancellation": True, "access_log": None}
+
+
+def build_sidecar(settings: Settings, registry: CollectorRegistry | None = None, access_log: bool | None = None) -> Sidecar:
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = SidecarMetrics(
+        registry,
+        ModelLabeler(settings.model_allowlist, settings.max_models),
+        SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
+    )
+    recorders = [metrics.record]
+    if settings.access_log if access_log is None else access_log:
+        recorders.append(RequestLogger())
+    holder: dict[str, Sidecar] = {}
+    proxy = Proxy(
+        settings.upstream,
+        lambda: holder["s"].get_session(),
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        model_label=metrics.model_label,
+        on_start=metrics.started,
+        recorders=recorders,
+        max_request_inspect_bytes=settings.max_request_inspect_bytes,
+        max_response_inspect_bytes=settings.max_response_inspect_bytes,
+        max_line_bytes=settings.max_sse_line_bytes,
+    )
+    sc = Sidecar(settings, registry, metrics, proxy)
+    holder["s"] = sc
+    sc.proxy_app = _proxy_app(sc)
+    sc.admin_app = _admin_app(sc)
+    return sc
+
+
+def _proxy_app(sc: Sidecar) -> web.Application:
+    # client_max_size only bounds request.read(); larger bodies are streamed, not read.
+    app = web.Application(client_max_size=max(sc.settings.max_request_inspect_bytes, 1024**2) + 1)
+    app[SIDECAR] = sc
+
+    async def upstream_session(app: web.Application):
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True)
+        sc.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
+        yield
+        await sc.session.close()
+
+    app.cleanup_ctx.append(upstream_session)
+    app.router.add_route("*", "/{tail:.*}", sc.proxy.handle)
+    return app
+
+
+def _admin_app(sc: Sidecar) -> web.Application:
+    app = web.Application()
+    app[SIDECAR] = sc
+    probe_timeout = aiohttp.ClientTimeout(total=sc.settings.readiness_timeout)
+    health_url = sc.settings.upstream + sc.settings.health_path
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        if sc.draining:
+            return _json(503, {"ready": False, "reason": "draining"})
+        if sc.session is None:
+            return _json(503, {"ready": False, "reason": "starting"})
+        try:
+            async with sc.session.get(health_url, timeout=probe_timeout) as resp:
+                await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return _json(503, {"ready": False, "reason": f"upstream unreachable: {type(exc).__name__}"})
+        if 200 <= status < 300:
+            return _json(200, {"ready": True, "upstream_status": status})
+        return _json(503, {"ready": False, "reason": "upstream not healthy", "upstream_status": status})
+
+    app.router.add_get("/metrics", make_aiohttp_handler(sc.registry))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def _json(status: int, doc: dict) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
+
+    Shutdown order: readiness goes 503, the proxy stops accepting and in-flight requests
+    get ``drain_seconds`` to finish (aiohttp cancels the rest), then the admin port closes
+    last so the final figures can still be scraped during the drain.
+    """
+    sc = build_sidecar(settings)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
+            pass
+    proxy_runner = web.AppRunner(sc.proxy_app, shutdown_timeout=settings.drain_seconds, **RUNNER_KWARGS)
+    admin_runner = web.AppRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+    await proxy_runner.setup()
+    await admin_runner.setup()
+    try:
+        host, port = settings.listen_addr
+        await web.TCPSite(proxy_runner, host, port, backlog=1024).start()
+        mhost, mport = settings.metrics_addr
+        await web.TCPSite(admin_runner, mhost, mport).start()
+        _log.info(
+            "started",
+            listen=settings.listen,
+            metrics_listen=settings.metrics_listen,
+            upstream=settings.upstream,
+        )
+        await stop.wait()
+        sc.draining = True
+        _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
+    finally:
+        await proxy_runner.cleanup()
+        await admin_runner.cleanup()
+        _log.info("stopped")

@@ -1,0 +1,138 @@
+"""Command line: thin. Arguments -> validated settings -> run.
+
+Every ``serve`` flag is generated from the :class:`~sidecar.config.Settings` model, so a
+new setting is a flag, an ``LLM_SIDECAR_*`` variable and a YAML key at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from .config import ENV_PREFIX, ConfigError, Settings, load_settings, parse_host_port
+
+__all__ = ["main"]
+
+
+def _install_fast_loop() -> None:
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, info in Settings.model_fields.items():
+        help_text = (info.description or "").replace("%", "%%")
+        env = ENV_PREFIX + name.upper()
+        default = "" if info.is_required() else f" (default: {info.get_default(call_default_factory=True)!r})"
+        kwargs: dict = {"dest": name, "default": None, "help": f"{help_text}{default} [env {env}]"}
+        if name == "model_allowlist":
+            kwargs["type"] = lambda s: [m.strip() for m in s.split(",") if m.strip()]
+            kwargs["metavar"] = "M1,M2"
+        parser.add_argument(_flag(name), **kwargs)
+    parser.add_argument("--config", dest="config", default=None, help=f"YAML settings file [env {ENV_PREFIX}CONFIG]")
+
+
+def _env(name: str, default):
+    return os.environ.get(ENV_PREFIX + name.upper(), default)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-sidecar",
+        description="Latency observability sidecar for LLM inference servers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the measuring reverse proxy")
+    _add_settings_flags(serve)
+
+    sim = sub.add_parser("simulate", help="run a simulated OpenAI-compatible (vLLM) inference server")
+    sim.add_argument("--listen", default=_env("listen", "0.0.0.0:8000"), help="HOST:PORT (default 0.0.0.0:8000)")
+    sim.add_argument("--ttft", type=float, default=float(_env("ttft", 0.2)), help="mean seconds to first token")
+    sim.add_argument("--tpot", type=float, default=float(_env("tpot", 0.02)), help="mean seconds per output token")
+    sim.add_argument("--tokens", type=int, default=int(_env("tokens", 64)), help="mean output tokens")
+    sim.add_argument("--jitter", type=float, default=float(_env("jitter", 0.1)), help="relative timing spread")
+    sim.add_argument("--model", default=_env("model", "sim-llama-3-8b"), help="served model name")
+    sim.add_argument("--seed", type=int, default=None, help="random seed for reproducible runs")
+    sim.add_argument("--fail-rate", type=float, default=float(_env("fail_rate", 0.0)), help="share of 500s")
+    sim.add_argument("--drop-rate", type=float, default=float(_env("drop_rate", 0.0)), help="share of streams cut mid-way")
+    sim.add_argument(
+        "--reasoning-tokens", type=int, default=int(_env("reasoning_tokens", 0)), help="reasoning deltas before the answer"
+    )
+
+    demo = sub.add_parser("demo", help="simulated server + sidecar + load, with live figures")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    demo.add_argument("--concurrency", type=int, default=8, help="concurrent client streams")
+    demo.add_argument("--port", type=int, default=8080, help="sidecar proxy port (admin port is --port + 1384)")
+    return parser
+
+
+def _die(message: str) -> int:
+    print(f"llm-sidecar: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        flags = {name: getattr(args, name) for name in Settings.model_fields}
+        try:
+            settings = load_settings(flags, config_file=args.config)
+        except ConfigError as exc:
+            return _die(str(exc))
+        from .app import serve  # noqa: PLC0415 - keep `--help` fast
+        from .logs import configure_logging  # noqa: PLC0415
+
+        configure_logging(settings.log_format, settings.log_level)
+        _install_fast_loop()
+        try:
+            asyncio.run(serve(settings))
+        except OSError as exc:  # e.g. the port is taken
+            return _die(f"cannot listen: {exc.strerror or exc}")
+        return 0
+    if args.command == "simulate":
+        from .simulate import SimulatorConfig, run_simulator  # noqa: PLC0415
+
+        try:
+            host, port = parse_host_port(args.listen)
+            config = SimulatorConfig(
+                ttft=args.ttft,
+                tpot=args.tpot,
+                tokens=args.tokens,
+                jitter=args.jitter,
+                model=args.model,
+                seed=args.seed,
+                fail_rate=args.fail_rate,
+                drop_rate=args.drop_rate,
+                reasoning_tokens=args.reasoning_tokens,
+            )
+        except ValueError as exc:
+            return _die(f"invalid simulate option: {exc}")
+        _install_fast_loop()
+        try:
+            asyncio.run(run_simulator(config, host, port))
+        except KeyboardInterrupt:
+            pass
+        except OSError as exc:
+            return _die(f"cannot listen: {exc.strerror or exc}")
+        return 0
+    if args.command == "demo":
+        from .demo import run_demo  # noqa: PLC0415
+
+        _install_fast_loop()
+        return run_demo(duration=args.duration, concurrency=args.concurrency, port=args.port)
+    return _die(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards it
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

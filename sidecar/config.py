@@ -1,0 +1,202 @@
+"""The one configuration model, and how flags, environment and a YAML file feed it.
+
+Precedence, highest first: command-line flag, ``LLM_SIDECAR_<FLAG>`` environment variable,
+``--config`` YAML file, default. Everything is validated once at start; a bad value exits
+with one line that names the setting and where it came from (see :func:`load_settings`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from .buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+
+__all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
+
+ENV_PREFIX = "LLM_SIDECAR_"
+
+
+class ConfigError(Exception):
+    """A setting is invalid; the message is one line naming it."""
+
+
+def parse_host_port(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """``"H:P"``, ``":P"``, ``"P"`` or ``"[v6]:P"`` -> (host, port)."""
+    text = str(value).strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif text.isdigit():
+        host, port_text = "", text
+    else:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port_text!r}")
+    return host or default_host, int(port_text)
+
+
+# A latency SLI reads the histogram bucket at its threshold, so the bucket must exist.
+_SLO_BUCKETS = {
+    "slo_ttft_seconds": TTFT_BUCKETS,
+    "slo_tpot_seconds": ITL_BUCKETS,
+    "slo_e2e_seconds": E2E_BUCKETS,
+}
+
+
+class Settings(BaseModel):
+    """Everything ``llm-sidecar serve`` can be told."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    upstream: str = Field(description="Base URL of the inference server, e.g. http://127.0.0.1:8000")
+    listen: str = Field("0.0.0.0:8080", description="Proxy address HOST:PORT")
+    metrics_listen: str = Field("0.0.0.0:9464", description="Admin address for /metrics /healthz /readyz")
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to open a connection to the upstream")
+    read_timeout: float = Field(
+        600.0,
+        gt=0,
+        description="Idle seconds allowed between two reads from the upstream (no total timeout)",
+    )
+    drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish")
+    health_path: str = Field("/health", description="Upstream path whose 2xx makes /readyz ready")
+    readiness_timeout: float = Field(2.0, gt=0, description="Seconds a readiness probe of the upstream may take")
+    model_allowlist: list[str] = Field(
+        default_factory=list, description="If set, only these model label values; others become 'other'"
+    )
+    max_models: int = Field(
+        50, ge=1, description="Distinct model label values kept before new ones become 'other'"
+    )
+    max_request_inspect_bytes: int = Field(
+        32 << 20,
+        ge=0,
+        description="Largest JSON request body read to learn its model; larger bodies are streamed unread",
+    )
+    max_response_inspect_bytes: int = Field(
+        16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
+    )
+    max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
+    slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
+    slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")
+    slo_e2e_seconds: float = Field(60.0, gt=0, description="Goodput: e2e objective (a bucket bound)")
+    log_format: Literal["json", "console"] = Field("json", description="Request log format")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+    access_log: bool = Field(True, description="One structured line per request")
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL with a host, got {v!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"bad port in {v!r}") from exc
+        return v.rstrip("/")
+
+    @field_validator("listen", "metrics_listen")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        parse_host_port(v)
+        return v
+
+    @field_validator("health_path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must start with '/', got {v!r}")
+        return v
+
+    @field_validator("slo_ttft_seconds", "slo_tpot_seconds", "slo_e2e_seconds")
+    @classmethod
+    def _threshold_is_bucket(cls, v: float, info: ValidationInfo) -> float:
+        buckets = _SLO_BUCKETS[info.field_name]
+        if v not in buckets:
+            raise ValueError(f"{v} is not a histogram bucket bound; choose one of {list(buckets)}")
+        return v
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        return parse_host_port(self.listen)
+
+    @property
+    def metrics_addr(self) -> tuple[str, int]:
+        return parse_host_port(self.metrics_listen)
+
+
+def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            raw = environ[key]
+            if name == "model_allowlist":
+                out[name] = [m.strip() for m in raw.split(",") if m.strip()]
+            else:
+                out[name] = raw
+    return out
+
+
+def _file_values(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Settings:
+    """Merge the sources and validate; raise :class:`ConfigError` with a one-line message."""
+    environ = os.environ if environ is None else environ
+    sources: dict[str, str] = {}
+    merged: dict[str, Any] = {}
+    config_file = config_file or environ.get(ENV_PREFIX + "CONFIG")
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if config_file:
+        layers.append((f"--config {config_file}", _file_values(config_file)))
+    layers.append(("environment", _env_values(environ)))
+    layers.append(("flag", {k: v for k, v in flags.items() if v is not None}))
+    for origin, values in layers:
+        for key, value in values.items():
+            merged[key] = value
+            sources[key] = origin
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "settings"
+        origin = sources.get(field, "default")
+        where = {
+            "flag": f"--{field.replace('_', '-')}",
+            "environment": ENV_PREFIX + field.upper(),
+        }.get(origin, origin)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = f"is required (--{field.replace('_', '-')} or {ENV_PREFIX}{field.upper()})"
+            return _raise(f"{field} {msg}")
+        if err["type"] == "extra_forbidden":
+            return _raise(f"unknown setting {field!r} in {where}")
+        return _raise(f"invalid {field} ({where}): {msg}")
+
+
+def _raise(message: str) -> Settings:
+    raise ConfigError(message)

@@ -1,0 +1,66 @@
+"""Structured logs: one JSON line per request, and nothing a user did not ask to reveal.
+
+The request line carries figures and bounded labels only. Prompts, completions, headers
+and query strings never reach it: the timeline does not hold them in the first place.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+from .timeline import RequestTimeline
+
+__all__ = ["configure_logging", "RequestLogger"]
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def configure_logging(fmt: str = "json", level: str = "info", stream=None) -> None:
+    """Configure structlog for the process (called once by the CLI, never on import)."""
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000.0, 3)
+
+
+class RequestLogger:
+    """A recorder that writes the per-request line."""
+
+    def __init__(self, logger=None) -> None:
+        self._log = logger or structlog.get_logger("sidecar.request")
+
+    def __call__(self, t: RequestTimeline, model_label: str) -> None:
+        self._log.info(
+            "request",
+            method=t.method,
+            route=t.route,
+            model=model_label,
+            status=t.status,
+            outcome=t.outcome.value if t.outcome else None,
+            error=t.error_type,
+            stream=t.streamed,
+            ttfb_ms=_ms(t.ttfb),
+            ttft_ms=_ms(t.ttft),
+            tpot_ms=_ms(t.tpot),
+            duration_ms=_ms(t.e2e),
+            input_tokens=t.input_tokens,
+            output_tokens=t.output_tokens,
+        )

@@ -1,0 +1,229 @@
+"""Every Prometheus instrument the sidecar exports, and how a finished timeline feeds them.
+
+Names, labels and meanings are the contract in DESIGN.md. The registry is injected (tests
+build a fresh ``CollectorRegistry()``); nothing here is a module global. Label values are
+bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed route table,
+``outcome`` by :class:`~sidecar.timeline.Outcome`, ``code`` by HTTP itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .buckets import (
+    E2E_BUCKETS,
+    ENGINE_PHASE_BUCKETS,
+    ITL_BUCKETS,
+    TOKEN_COUNT_BUCKETS,
+    TPS_BUCKETS,
+    TTFT_BUCKETS,
+)
+from .timeline import Outcome, RequestTimeline
+
+__all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds"]
+
+OTHER_MODEL = "other"
+UNKNOWN_MODEL = "unknown"
+_MAX_MODEL_LABEL_CHARS = 200
+
+
+class ModelLabeler:
+    """Maps a request's model name to a bounded label value.
+
+    With an allowlist, only listed names pass. Without one, the first ``max_models``
+    distinct names pass and every later new name becomes ``other``; a name that passed
+    keeps passing, so a series never flips between its name and ``other``.
+    """
+
+    def __init__(self, allowlist: Iterable[str] = (), max_models: int = 50) -> None:
+        self._allow = frozenset(allowlist)
+        self._max = max_models
+        self._seen: set[str] = set()
+
+    def __call__(self, model: str | None) -> str:
+        if not model:
+            return UNKNOWN_MODEL
+        if self._allow:
+            return model if model in self._allow else OTHER_MODEL
+        if model in self._seen:
+            return model
+        if len(self._seen) >= self._max or len(model) > _MAX_MODEL_LABEL_CHARS:
+            return OTHER_MODEL
+        self._seen.add(model)
+        return model
+
+
+class SLOThresholds:
+    """The latency objectives a request must meet at once to count as goodput."""
+
+    __slots__ = ("ttft", "tpot", "e2e")
+
+    def __init__(self, ttft: float, tpot: float, e2e: float) -> None:
+        self.ttft, self.tpot, self.e2e = ttft, tpot, e2e
+
+    def met_by(self, t: RequestTimeline) -> bool:
+        if t.outcome is not Outcome.OK:
+            return False
+        e2e = t.e2e
+        if e2e is None or e2e > self.e2e:
+            return False
+        if t.streamed:
+            ttft, tpot = t.ttft, t.tpot
+            if ttft is None or ttft > self.ttft:
+                return False
+            if tpot is not None and tpot > self.tpot:
+                return False
+        return True
+
+
+class SidecarMetrics:
+    """Owns the instruments; :meth:`record` is the only way figures reach them."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        labeler: ModelLabeler | None = None,
+        slo: SLOThresholds | None = None,
+    ) -> None:
+        self.registry = registry
+        self.model_label = labeler or ModelLabeler()
+        self.slo = slo
+        mr = ("model", "route")
+        h = dict(registry=registry, namespace="llm")
+        self.requests = Counter(
+            "requests", "Proxied requests by final outcome and HTTP status.",
+            ("model", "route", "code", "outcome"), **h,
+        )  # fmt: skip
+        self.in_flight = Gauge("requests_in_flight", "Requests being relayed now.", mr, **h)
+        self.duration = Histogram(
+            "request_duration_seconds",
+            "End-to-end seconds from request headers received to the last response byte relayed.",
+            ("model", "route", "outcome"), buckets=E2E_BUCKETS, **h,
+        )  # fmt: skip
+        self.ttfb = Histogram(
+            "time_to_first_byte_seconds",
+            "Seconds from request headers received to upstream response headers.",
+            mr, buckets=TTFT_BUCKETS, **h,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "time_to_first_token_seconds",
+            "Streamed requests: seconds to the first generated token of any kind "
+            "(content, reasoning or tool call); a role-only chunk is not a token.",
+            mr, buckets=TTFT_BUCKETS, **h,
+        )  # fmt: skip
+        self.ttfat = Histogram(
+            "time_to_first_answer_token_seconds",
+            "Streamed requests whose first token was reasoning or a tool call: "
+            "seconds to the first answer (non-reasoning) token.",
+            mr, buckets=TTFT_BUCKETS, **h,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "inter_token_latency_seconds",
+            "Every gap between consecutive token-bearing stream events (0 for tokens that "
+            "arrived together).",
+            mr, buckets=ITL_BUCKETS, **h,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "time_per_output_token_seconds",
+            "Streamed requests: (last token - first token) / (output tokens - 1).",
+            mr, buckets=ITL_BUCKETS, **h,
+        )  # fmt: skip
+        self.tps = Histogram(
+            "output_tokens_per_second",
+            "Streamed requests: decode speed, (output tokens - 1) / (last token - first token).",
+            mr, buckets=TPS_BUCKETS, **h,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "tokens",
+            "Tokens by type, from the response's usage when it reports one; otherwise output "
+            "tokens are counted from the stream, one per content-bearing event.",
+            ("model", "route", "type"), **h,
+        )  # fmt: skip
+        self.request_tokens = Histogram(
+            "request_tokens",
+            "Tokens per request by type (input, output): prompt and output length distributions; "
+            "usage when reported, else output counted from the stream.",
+            ("model", "route", "type"), buckets=TOKEN_COUNT_BUCKETS, **h,
+        )  # fmt: skip
+        self.within_slo = Counter(
+            "requests_within_slo",
+            "Goodput: ok requests that met every latency objective at once (TTFT, TPOT, e2e "
+            "thresholds from the sidecar's config).",
+            mr, **h,
+        )  # fmt: skip
+        self.upstream_load = Histogram(
+            "upstream_load_seconds", "Model load time reported by the engine in its stream.",
+            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
+        )  # fmt: skip
+        self.upstream_prefill = Histogram(
+            "upstream_prefill_seconds", "Prompt processing time reported by the engine in its stream.",
+            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
+        )  # fmt: skip
+        self.upstream_decode = Histogram(
+            "upstream_decode_seconds", "Generation time reported by the engine in its stream.",
+            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
+        )  # fmt: skip
+        self.parse_errors = Counter(
+            "stream_parse_errors",
+            "Stream events the dialect could not understand (the bytes were still relayed).",
+            ("route",), **h,
+        )  # fmt: skip
+
+    # -- lifecycle hooks, called by the proxy -------------------------------------------
+
+    def started(self, model_label: str, route: str) -> None:
+        self.in_flight.labels(model_label, route).inc()
+
+    def record(self, t: RequestTimeline, model_label: str) -> None:
+        """Observe one finished request. Called exactly once per request."""
+        route = t.route
+        mr = (model_label, route)
+        outcome = t.outcome.value if t.outcome else Outcome.ERROR.value
+        self.in_flight.labels(*mr).dec()
+        code = str(t.status) if t.status is not None else "0"
+        self.requests.labels(model_label, route, code, outcome).inc()
+        e2e = t.e2e
+        if e2e is not None:
+            self.duration.labels(model_label, route, outcome).observe(e2e)
+        if t.ttfb is not None:
+            self.ttfb.labels(*mr).observe(t.ttfb)
+        if t.parse_errors:
+            self.parse_errors.labels(route).inc(t.parse_errors)
+        if t.streamed:
+            self._record_stream(t, mr)
+        self._record_tokens(t, mr)
+        if self.slo is not None and self.slo.met_by(t):
+            self.within_slo.labels(*mr).inc()
+
+    def _record_stream(self, t: RequestTimeline, mr: tuple[str, str]) -> None:
+        if t.ttft is not None:
+            self.ttft.labels(*mr).observe(t.ttft)
+        if t.ttfat is not None:
+            self.ttfat.labels(*mr).observe(t.ttfat)
+        if t.gaps:
+            observe = self.itl.labels(*mr).observe
+            for gap in t.gaps:
+                observe(gap)
+        tpot = t.tpot
+        if tpot is not None:
+            self.tpot.labels(*mr).observe(tpot)
+        tps = t.tokens_per_second
+        if tps is not None:
+            self.tps.labels(*mr).observe(tps)
+
+    def _record_tokens(self, t: RequestTimeline, mr: tuple[str, str]) -> None:
+        model, route = mr
+        for kind, value, distribution in (
+            ("input", t.input_tokens, True),
+            ("output", t.output_tokens, True),
+            ("reasoning", t.reasoning_tokens, False),
+            ("cached_input", t.cached_input_tokens, False),
+        ):
+            if value is None:
+                continue
+            if value:
+                self.tokens.labels(model, route, kind).inc(value)
+            if distribution and t.outcome is Outcome.OK:
+                self.request_tokens.labels(model, route, kind).observe(value)

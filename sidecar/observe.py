@@ -1,0 +1,97 @@
+"""Watches a copy of the response bytes and feeds the request's timeline.
+
+The proxy has already written each chunk to the client when it hands the same chunk here,
+so nothing in this module can delay or alter what the client receives. Any exception from
+a dialect is contained: the observer stops interpreting that response, counts one parse
+error and lets the relay go on.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from .protocols.events import ParseError
+from .routes import Route
+from .timeline import RequestTimeline
+
+__all__ = ["ResponseObserver"]
+
+_log = structlog.get_logger("sidecar.observe")
+
+
+class ResponseObserver:
+    """Per-response: decides how to read the body from its content type, then reads it."""
+
+    __slots__ = ("_timeline", "_dialect", "_json_parser", "_json_parts", "_json_size", "_json_limit")
+
+    def __init__(
+        self,
+        route: Route,
+        timeline: RequestTimeline,
+        content_type: str,
+        content_encoding: str = "",
+        max_json_bytes: int = 16 << 20,
+        max_line_bytes: int | None = None,
+    ) -> None:
+        self._timeline = timeline
+        self._dialect = None
+        self._json_parser = None
+        self._json_parts: list[bytes] = []
+        self._json_size = 0
+        self._json_limit = max_json_bytes
+        if content_encoding and content_encoding.lower() != "identity":
+            return  # compressed bytes: relayed untouched, not interpreted
+        mime = content_type.split(";", 1)[0].strip().lower()
+        if mime == "text/event-stream" and route.stream_dialect is not None:
+            self._dialect = route.stream_dialect(max_line_bytes) if max_line_bytes else route.stream_dialect()
+        elif mime == "application/json" and route.json_parser is not None:
+            self._json_parser = route.json_parser
+
+    @property
+    def streaming(self) -> bool:
+        return self._dialect is not None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """``now``: when the proxy read the chunk from the upstream, before relaying it."""
+        if self._dialect is not None:
+            try:
+                events = self._dialect.feed(chunk)
+            except Exception:  # a dialect bug must never reach the relay
+                self._give_up("feed")
+                return
+            if events:
+                self._timeline.events(events, now)
+        elif self._json_parser is not None:
+            self._json_size += len(chunk)
+            if self._json_size > self._json_limit:
+                self._json_parser = None
+                self._json_parts = []
+                self._timeline.parse_errors += 1
+            else:
+                self._json_parts.append(chunk)
+
+    def close(self, now: float) -> None:
+        """The body ended (cleanly or not): flush what the framing still holds."""
+        if self._dialect is not None:
+            try:
+                events = self._dialect.close()
+            except Exception:
+                self._give_up("close")
+                return
+            if events:
+                self._timeline.events(events, now)
+        elif self._json_parser is not None and self._json_parts:
+            body = b"".join(self._json_parts)
+            self._json_parts = []
+            try:
+                events = self._json_parser(body)
+            except Exception:
+                _log.exception("json_parser_failed")
+                self._timeline.events([ParseError("parser failed")], now)
+                return
+            self._timeline.events(events, now)
+
+    def _give_up(self, where: str) -> None:
+        _log.exception("dialect_failed", where=where, route=self._timeline.route)
+        self._dialect = None
+        self._timeline.parse_errors += 1

@@ -1,0 +1,79 @@
+"""The vocabulary every dialect speaks: what a stream said, stripped of its wire format.
+
+A dialect turns framed events (SSE or NDJSON) into these; the timeline turns them into
+figures. Keeping the set small is what lets one timeline serve every API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "TokenKind",
+    "Tokens",
+    "Usage",
+    "ResponseInfo",
+    "StreamError",
+    "StreamEnd",
+    "ParseError",
+    "DialectEvent",
+]
+
+
+class TokenKind(str, Enum):
+    ANSWER = "answer"  # visible content / text
+    REASONING = "reasoning"  # reasoning_content, thinking
+    TOOL = "tool"  # tool / function-call arguments
+
+
+@dataclass(slots=True, frozen=True)
+class Tokens:
+    """``count`` generated tokens of one kind arrived (one per content-bearing delta
+    unless the stream says more precisely)."""
+
+    kind: TokenKind
+    count: int = 1
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    """Authoritative token counts reported by the server. ``None`` means not reported."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseInfo:
+    """Descriptive facts about the response (for spans and logs, never content)."""
+
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class StreamError:
+    """The server reported an error inside a 200 stream."""
+
+    message: str
+    type: str | None = None
+    code: int | str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StreamEnd:
+    """The stream's own end marker (``[DONE]``, ``message_stop``, ``done: true``)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ParseError:
+    """An event the dialect could not understand; the bytes were relayed regardless."""
+
+    reason: str
+
+
+DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | ParseError

@@ -1,0 +1,205 @@
+"""OpenAI Chat Completions and Completions, as vLLM, SGLang, TGI, llama.cpp, Ollama and
+LM Studio stream them: ``data: {json}`` SSE events ending with ``data: [DONE]``.
+
+What counts as a token (one per choice delta that carries any of these):
+- ``delta.content`` / ``text`` non-empty            -> answer
+- ``delta.reasoning_content`` / ``delta.reasoning``  -> reasoning (vLLM, SGLang, DeepSeek)
+- ``delta.tool_calls`` / ``delta.function_call``     -> tool
+- ``delta.refusal`` non-empty                        -> answer
+A role-only first chunk (``{"role":"assistant","content":""}`` or no content) is not a
+token. ``usage`` may come in its own chunk with ``choices: []`` (``include_usage``), on
+the last content chunk (some servers, often without ``[DONE]``), or on every chunk (vLLM's
+``continuous_usage_stats``); the last one seen wins, as the counts are cumulative.
+An error can arrive inside a 200 stream as ``{"error": {...}}`` or, from older vLLM, as a
+top-level ``{"object": "error", ...}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..sse import SSEDecoder, SSEEvent
+from .events import (
+    DialectEvent,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    Usage,
+)
+
+__all__ = ["OpenAIStreamDialect", "parse_openai_response", "usage_from_openai"]
+
+_DONE = b"[DONE]"
+
+
+class OpenAIStreamDialect:
+    """SSE bytes in, :mod:`events` out. Sans-I/O; safe to feed arbitrary splits."""
+
+    __slots__ = ("_sse", "_seen_info")
+
+    def __init__(self, max_line_bytes: int | None = None) -> None:
+        self._sse = SSEDecoder(max_line_bytes) if max_line_bytes else SSEDecoder()
+        self._seen_info = False
+
+    def feed(self, chunk: bytes) -> list[DialectEvent]:
+        return self._interpret(self._sse.feed(chunk))
+
+    def close(self) -> list[DialectEvent]:
+        return self._interpret(self._sse.close())
+
+    def _interpret(self, framed: list) -> list[DialectEvent]:
+        out: list[DialectEvent] = []
+        for ev in framed:
+            if type(ev) is not SSEEvent:
+                out.append(ParseError(ev.reason))
+                continue
+            data = ev.data
+            if data == _DONE:
+                out.append(StreamEnd())
+                continue
+            if not data.strip():
+                continue  # an empty data: line carries nothing to measure
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                out.append(ParseError("data is not JSON"))
+                continue
+            if type(obj) is not dict:
+                out.append(ParseError("data is not a JSON object"))
+                continue
+            self._chunk(obj, out)
+        return out
+
+    def _chunk(self, obj: dict[str, Any], out: list[DialectEvent]) -> None:
+        err = _error_of(obj)
+        if err is not None:
+            out.append(err)
+            return
+        if not self._seen_info:
+            self._seen_info = True
+            model, rid = obj.get("model"), obj.get("id")
+            if isinstance(model, str) or isinstance(rid, str):
+                out.append(
+                    ResponseInfo(
+                        response_model=model if isinstance(model, str) else None,
+                        response_id=rid if isinstance(rid, str) else None,
+                    )
+                )
+        choices = obj.get("choices")
+        if choices:
+            if type(choices) is not list:
+                out.append(ParseError("choices is not a list"))
+            else:
+                _count_choices(choices, out)
+        usage = obj.get("usage")
+        if usage:
+            parsed = usage_from_openai(usage)
+            if parsed is not None:
+                out.append(parsed)
+
+
+def _count_choices(choices: list, out: list[DialectEvent]) -> None:
+    answer = reasoning = tool = 0
+    finish: list[str] = []
+    for choice in choices:
+        if type(choice) is not dict:
+            out.append(ParseError("choice is not an object"))
+            continue
+        delta = choice.get("delta")
+        if type(delta) is dict:
+            if delta.get("content") or delta.get("refusal"):
+                answer += 1
+            if delta.get("reasoning_content") or delta.get("reasoning"):
+                reasoning += 1
+            if delta.get("tool_calls") or delta.get("function_call"):
+                tool += 1
+        elif choice.get("text"):  # legacy completions
+            answer += 1
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            finish.append(reason)
+    # Reasoning first: when one delta carries both, the reasoning came first in time.
+    if reasoning:
+        out.append(Tokens(TokenKind.REASONING, reasoning))
+    if tool:
+        out.append(Tokens(TokenKind.TOOL, tool))
+    if answer:
+        out.append(Tokens(TokenKind.ANSWER, answer))
+    if finish:
+        out.append(ResponseInfo(finish_reasons=tuple(finish)))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def usage_from_openai(usage: Any) -> Usage | None:
+    """OpenAI ``usage`` object -> :class:`Usage` (``None`` if it is not one)."""
+    if type(usage) is not dict:
+        return None
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    return Usage(
+        input_tokens=_int_or_none(usage.get("prompt_tokens")),
+        output_tokens=_int_or_none(usage.get("completion_tokens")),
+        reasoning_tokens=_int_or_none(completion_details.get("reasoning_tokens"))
+        if type(completion_details) is dict
+        else None,
+        cached_input_tokens=_int_or_none(prompt_details.get("cached_tokens"))
+        if type(prompt_details) is dict
+        else None,
+    )
+
+
+def _error_of(obj: dict[str, Any]) -> StreamError | None:
+    err = obj.get("error")
+    if type(err) is dict:
+        return StreamError(str(err.get("message", "")), _str_or_none(err.get("type")), err.get("code"))
+    if isinstance(err, str):
+        return StreamError(err)
+    if obj.get("object") == "error":
+        return StreamError(str(obj.get("message", "")), _str_or_none(obj.get("type")), obj.get("code"))
+    return None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def parse_openai_response(body: bytes) -> list[DialectEvent]:
+    """A whole non-streaming JSON response -> events (info, finish reasons, usage, error).
+
+    Tokens are not emitted one by one (they arrived at once); the usage carries the count.
+    """
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return [ParseError("response is not JSON")]
+    if type(obj) is not dict:
+        return [ParseError("response is not a JSON object")]
+    err = _error_of(obj)
+    if err is not None:
+        return [err]
+    out: list[DialectEvent] = []
+    model, rid = obj.get("model"), obj.get("id")
+    finish = tuple(
+        c["finish_reason"]
+        for c in obj.get("choices") or ()
+        if type(c) is dict and isinstance(c.get("finish_reason"), str)
+    )
+    out.append(
+        ResponseInfo(
+            response_model=model if isinstance(model, str) else None,
+            response_id=rid if isinstance(rid, str) else None,
+            finish_reasons=finish,
+        )
+    )
+    usage = usage_from_openai(obj.get("usage"))
+    if usage is not None:
+        out.append(usage)
+    return out

@@ -1,0 +1,63 @@
+"""The fixed table of API routes: path -> route label (a template) and the dialect that
+measures its stream. Anything else is relayed all the same, labelled ``other``.
+
+A fixed table keeps the ``route`` label bounded whatever paths clients send.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .protocols.openai import OpenAIStreamDialect, parse_openai_response
+
+__all__ = ["Route", "match_route", "OTHER", "ROUTES"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    template: str
+    operation: str  # gen_ai.operation.name
+    stream_dialect: Callable[..., object] | None = None  # SSE/NDJSON bytes -> events
+    json_parser: Callable[[bytes], list] | None = None  # whole JSON response -> events
+    model_from_path: bool = False
+
+    @property
+    def measured(self) -> bool:
+        return self.stream_dialect is not None or self.json_parser is not None
+
+
+OTHER = Route("other", "other")
+
+ROUTES: dict[str, Route] = {
+    r.template: r
+    for r in (
+        Route("/v1/chat/completions", "chat", OpenAIStreamDialect, parse_openai_response),
+        Route("/v1/completions", "text_completion", OpenAIStreamDialect, parse_openai_response),
+        # Labelled now, measured by their own dialects as they land (e2e and TTFB meanwhile).
+        Route("/v1/responses", "chat"),
+        Route("/v1/messages", "chat"),
+        Route("/generate_stream", "text_completion"),
+        Route("/generate", "text_completion"),
+        Route("/api/chat", "chat"),
+        Route("/api/generate", "text_completion"),
+        Route("/completion", "text_completion"),
+        Route("/v2/models/{model}/generate_stream", "text_completion", model_from_path=True),
+    )
+}
+
+_TRITON = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/generate_stream$")
+
+
+def match_route(path: str) -> tuple[Route, str | None]:
+    """Route for a request path (no query string), and a model named by the path if any."""
+    route = ROUTES.get(path)
+    if route is None and len(path) > 1 and path.endswith("/"):
+        route = ROUTES.get(path.rstrip("/"))
+    if route is not None:
+        return route, None
+    m = _TRITON.match(path)
+    if m:
+        return ROUTES["/v2/models/{model}/generate_stream"], m.group(1)
+    return OTHER, None

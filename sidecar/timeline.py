@@ -1,0 +1,229 @@
+"""One request's clock: token events in, latency figures out, finalised exactly once.
+
+The timeline is the single record that flows from the proxy to every exporter. It holds
+timestamps, not durations, so every figure is derived one way in one place:
+
+- TTFB   first response byte (status line and headers) - request headers received
+- TTFT   first generated token of any kind (answer, reasoning, tool call) - start
+- TTFAT  first answer token - start; reported only when it differs from TTFT
+- ITL    every gap between consecutive token-bearing arrivals; tokens that arrive in the
+         same read share a timestamp, so their gap is 0 as the client saw it
+- TPOT   (last token - first token) / (output tokens - 1)
+- TPS    (output tokens - 1) / (last token - first token): decode speed, 1 / TPOT
+- E2E    end - start, where end is when the last byte was relayed (or the request failed)
+
+Output tokens are the server's ``usage`` when it reported one, else the number of
+token-bearing deltas seen in the stream (``tokens_from_usage`` says which).
+The clock is injected so tests can script exact timings.
+"""
+
+from __future__ import annotations
+
+from array import array
+from enum import Enum
+
+from .protocols.events import (
+    DialectEvent,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    Usage,
+)
+
+__all__ = ["Outcome", "RequestTimeline"]
+
+
+class Outcome(str, Enum):
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class RequestTimeline:
+    """Mutable while the request is in flight; read-only once :meth:`finish` returns True."""
+
+    __slots__ = (
+        "method",
+        "route",
+        "model",
+        "streamed",
+        "status",
+        "start",
+        "first_byte",
+        "first_token",
+        "first_token_kind",
+        "first_answer_token",
+        "last_token",
+        "end",
+        "gaps",
+        "stream_tokens",
+        "reasoning_stream_tokens",
+        "usage",
+        "response_model",
+        "response_id",
+        "finish_reasons",
+        "stream_error",
+        "saw_end_marker",
+        "parse_errors",
+        "outcome",
+        "error_type",
+        "request_max_tokens",
+    )
+
+    def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
+        self.method = method
+        self.route = route
+        self.model = model  # raw request model; exporters bound it before using it as a label
+        self.streamed = False
+        self.status: int | None = None
+        self.start = start
+        self.first_byte: float | None = None
+        self.first_token: float | None = None
+        self.first_token_kind: TokenKind | None = None
+        self.first_answer_token: float | None = None
+        self.last_token: float | None = None
+        self.end: float | None = None
+        self.gaps = array("d")
+        self.stream_tokens = 0
+        self.reasoning_stream_tokens = 0
+        self.usage: Usage | None = None
+        self.response_model: str | None = None
+        self.response_id: str | None = None
+        self.finish_reasons: list[str] = []
+        self.stream_error: StreamError | None = None
+        self.saw_end_marker = False
+        self.parse_errors = 0
+        self.outcome: Outcome | None = None
+        self.error_type: str | None = None  # short machine-readable cause, never content
+        self.request_max_tokens: int | None = None
+
+    # -- feeding ---------------------------------------------------------------------
+
+    def response_started(self, now: float, status: int, streamed: bool) -> None:
+        if self.first_byte is None:
+            self.first_byte = now
+            self.status = status
+            self.streamed = streamed
+
+    def events(self, events: list[DialectEvent], now: float) -> None:
+        """Apply a batch of dialect events that arrived together at ``now``."""
+        for ev in events:
+            t = type(ev)
+            if t is Tokens:
+                self._tokens(ev, now)
+            elif t is Usage:
+                self.usage = ev
+            elif t is ResponseInfo:
+                if ev.response_model is not None:
+                    self.response_model = ev.response_model
+                if ev.response_id is not None:
+                    self.response_id = ev.response_id
+                if ev.finish_reasons:
+                    self.finish_reasons.extend(ev.finish_reasons)
+            elif t is StreamEnd:
+                self.saw_end_marker = True
+            elif t is StreamError:
+                if self.stream_error is None:
+                    self.stream_error = ev
+            elif t is ParseError:
+                self.parse_errors += 1
+
+    def _tokens(self, ev: Tokens, now: float) -> None:
+        if self.first_token is None:
+            self.first_token = now
+            self.first_token_kind = ev.kind
+        elif self.last_token is not None:
+            self.gaps.append(now - self.last_token)
+            # k tokens in one event arrived together: their gaps to each other are 0.
+        if ev.count > 1:
+            self.gaps.extend([0.0] * (ev.count - 1))
+        self.last_token = now
+        self.stream_tokens += ev.count
+        if ev.kind is TokenKind.ANSWER:
+            if self.first_answer_token is None:
+                self.first_answer_token = now
+        elif ev.kind is TokenKind.REASONING:
+            self.reasoning_stream_tokens += ev.count
+
+    def finish(self, outcome: Outcome, now: float, error_type: str | None = None) -> bool:
+        """Finalise once. Returns False (and changes nothing) if already finished."""
+        if self.outcome is not None:
+            return False
+        if outcome is Outcome.OK and self.stream_error is not None:
+            outcome, error_type = Outcome.ERROR, error_type or "stream_error"
+        self.outcome = outcome
+        self.error_type = error_type
+        self.end = now
+        return True
+
+    # -- figures (seconds; None when not applicable) --------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.end is None else self.end - self.start
+
+    @property
+    def ttfb(self) -> float | None:
+        return None if self.first_byte is None else self.first_byte - self.start
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def ttfat(self) -> float | None:
+        """Time to first answer token, only when the first token was reasoning or a tool call."""
+        if self.first_answer_token is None or self.first_token_kind is TokenKind.ANSWER:
+            return None
+        return self.first_answer_token - self.start
+
+    @property
+    def tokens_from_usage(self) -> bool:
+        return self.usage is not None and self.usage.output_tokens is not None
+
+    @property
+    def output_tokens(self) -> int | None:
+        if self.tokens_from_usage:
+            return self.usage.output_tokens  # type: ignore[union-attr]
+        return self.stream_tokens if self.streamed else None
+
+    @property
+    def input_tokens(self) -> int | None:
+        return None if self.usage is None else self.usage.input_tokens
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        if self.usage is not None and self.usage.reasoning_tokens is not None:
+            return self.usage.reasoning_tokens
+        return self.reasoning_stream_tokens if self.reasoning_stream_tokens else None
+
+    @property
+    def cached_input_tokens(self) -> int | None:
+        return None if self.usage is None else self.usage.cached_input_tokens
+
+    @property
+    def decode_seconds(self) -> float | None:
+        if self.first_token is None or self.last_token is None:
+            return None
+        return self.last_token - self.first_token
+
+    @property
+    def tpot(self) -> float | None:
+        n, d = self.output_tokens, self.decode_seconds
+        if n is None or d is None or n < 2:
+            return None
+        return d / (n - 1)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        n, d = self.output_tokens, self.decode_seconds
+        if n is None or d is None or n < 2 or d <= 0:
+            return None
+        return (n - 1) / d
