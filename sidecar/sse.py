@@ -13,9 +13,11 @@ dialects can hand ``data`` straight to orjson without a decode/encode round trip
 Bounded memory: a peer that never sends a line end (or piles up ``data:`` lines without a
 blank line) must not make us buffer without limit. Past ``max_line_bytes`` of one line or
 ``max_event_bytes`` of one event the decoder drops what it holds, skips to the next line
-end, and reports one :class:`SSEOverflow`. The relayed bytes are unaffected; only the
-measurement of that event is lost. Work is O(n) in the bytes fed: each byte is scanned once
-for a line end, except the held-back tail of an incomplete line, which is bounded.
+end, ignores the rest of that event's ``data`` up to its blank line (so no truncated
+fragment is dispatched as if whole), and reports one :class:`SSEOverflow`. The relayed
+bytes are unaffected; only the measurement of that event is lost. Work is O(n) in the
+bytes fed: each byte is scanned once for a line end, except the held-back tail of an
+incomplete line, which is bounded.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class SSEDecoder:
         "_data",
         "_data_size",
         "_has_data",
+        "_discarding",
         "_event",
         "_last_id",
         "_retry",
@@ -79,6 +82,7 @@ class SSEDecoder:
         self._data: list[bytes] = []
         self._data_size = 0
         self._has_data = False
+        self._discarding = False  # an overflow broke this event: ignore its data lines
         self._event = ""
         self._last_id: str | None = None  # "last event ID" persists across events
         self._retry: int | None = None
@@ -164,12 +168,14 @@ class SSEDecoder:
 
     def _overflow(self, out: list, reason: str) -> None:
         self._reset_event()
+        self._discarding = True
         out.append(SSEOverflow(reason))
 
     def _reset_event(self) -> None:
         self._data = []
         self._data_size = 0
         self._has_data = False
+        self._discarding = False
         self._event = ""
 
     def _line(self, line: bytes, out: list) -> None:
@@ -191,6 +197,8 @@ class SSEDecoder:
             if value[:1] == b" ":
                 value = value[1:]
         if name == b"data":
+            if self._discarding:
+                return
             self._data_size += len(value) + 1
             if self._data_size > self._max_event:
                 self._overflow(out, "event longer than %d bytes" % self._max_event)

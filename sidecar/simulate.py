@@ -1,0 +1,861 @@
+"""A simulated inference server speaking vLLM's OpenAI-compatible wire format.
+
+Used by ``llm-sidecar simulate``, the demo, the tests and the benchmarks as the upstream.
+It generates no text worth reading, but its bytes, framing and timing are those of a real
+vLLM server, so everything the sidecar measures can be checked against a known schedule.
+
+Wire format: what was copied from where
+---------------------------------------
+All shapes follow ``vllm/entrypoints/openai/protocol.py`` and the serializers in
+``serving_chat.py`` / ``serving_completion.py`` of vLLM (v0.9/v0.10 era, before
+``reasoning_content`` was renamed ``reasoning`` and before ``token_ids`` /
+``prompt_token_ids`` were added to stream chunks). vLLM serializes with pydantic, so field
+order is declaration order and JSON is compact with raw (unescaped) UTF-8.
+
+* Chat stream chunk (``ChatCompletionStreamResponse``, ``model_dump_json(exclude_unset=True)``):
+  ``{"id":"chatcmpl-<32 hex>","object":"chat.completion.chunk","created":<int>,"model":M,
+  "choices":[{"index":i,"delta":{...},"logprobs":null,"finish_reason":null}]}``.
+  The first chunk per choice is role-only, ``"delta":{"role":"assistant","content":""}``,
+  sent when the first token is ready (after prefill), not with the headers.
+  Token deltas are ``{"content":"tok"}``, or ``{"reasoning_content":"tok"}`` with a
+  ``--reasoning-parser``. The chunk carrying the last token has
+  ``"finish_reason":"stop"|"length","stop_reason":null`` (vLLM sets ``stop_reason``
+  explicitly on the finishing chunk only). With ``n > 1`` each chunk carries one choice
+  and choices are interleaved step by step.
+* ``stream_options.include_usage``: a final chunk ``"choices":[],"usage":{"prompt_tokens":P,
+  "total_tokens":P+C,"completion_tokens":C}`` (``UsageInfo`` field order;
+  ``exclude_none=True`` drops ``prompt_tokens_details``). Every other chat chunk then carries
+  ``"usage":null`` -- this is what vLLM 0.5.x did (``chunk.usage = None`` when
+  include_usage but not continuous_usage_stats) and what the OpenAI API documents; newer vLLM
+  omits the key. Without include_usage chat chunks have no ``usage`` key at all.
+* Completions stream chunk (``CompletionStreamResponse``, ``exclude_unset=False``):
+  ``{"id":"cmpl-<32 hex>","object":"text_completion","created":..,"model":M,"choices":[{"index":i,
+  "text":"tok","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}``.
+  Because vLLM dumps completions chunks with ``exclude_unset=False``, ``"usage":null`` is on
+  every completions chunk whether or not include_usage is set. No role chunk.
+* Both streams end with ``data: [DONE]\\n\\n``; ``Content-Type: text/event-stream;
+  charset=utf-8`` (Starlette adds the charset to ``text/*``), chunked transfer encoding.
+* Non-streaming bodies are ``model_dump()`` of ``ChatCompletionResponse`` /
+  ``CompletionResponse``: every field present, ``None`` as ``null``, ``usage`` always
+  present with ``"prompt_tokens_details":null``.
+* Errors (``ErrorResponse``/``ErrorInfo`` of current vLLM):
+  ``{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}``; unknown model
+  is 404 ``NotFoundError`` "The model `X` does not exist." (``_check_model``); the simulated
+  failure is 500 ``InternalServerError``. Older vLLM used a flat
+  ``{"object":"error","message":..,"type":..,"param":null,"code":..}``.
+* ``GET /v1/models``: ``ModelList``/``ModelCard``/``ModelPermission`` field for field.
+  ``GET /health``: 200 with an empty body. ``GET /metrics``: a few ``vllm:`` series.
+
+Deviations, on purpose: a missing ``model`` is a 400 (current vLLM falls back to the served
+model); completions without ``max_tokens`` are not capped at vLLM's default of 16.
+
+Timing
+------
+Per request: TTFT, TPOT and output lengths are drawn from a lognormal with the configured
+mean and relative spread (coefficient of variation), per-token gaps vary around TPOT by the
+same spread, and every write is scheduled against ``start + ttft + sum(gaps)`` computed from
+``loop.time()`` at request start, so sleep overshoot never accumulates.
+
+Per-request overrides (any ``x-sim-*`` header makes the whole request exact: means, no
+jitter, no random failures): ``x-sim-ttft`` and ``x-sim-tpot`` (seconds), ``x-sim-tokens``
+(exact output tokens per choice, not capped by ``max_tokens``), ``x-sim-reasoning`` (reasoning
+tokens, chat only), ``x-sim-fail`` (``500`` or ``drop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = [
+    "SIM_STATS",
+    "SimStats",
+    "SimulatorConfig",
+    "build_simulator_app",
+    "run_simulator",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_MODEL_LEN = 8192
+"""Reported by ``/v1/models``."""
+
+SHUTDOWN_TIMEOUT = 2.0
+"""Seconds :func:`run_simulator` lets live streams drain when cancelled."""
+
+_RING = 4096  # length of the precomputed token-text and gap-multiplier rings (power of 2)
+_MASK = _RING - 1
+_POLL = 0.25  # longest single sleep, so a dropped client is noticed without cancellation
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
+_DONE = b"data: [DONE]\n\n"
+
+# Plausible BPE-ish tokens: mostly ASCII words with a leading space, some punctuation, and
+# multi-byte UTF-8 (2, 3 and 4 bytes) so byte-splitting bugs downstream show up.
+_ASCII_TOKENS = (
+    " the", " of", " and", " to", " a", " in", " is", " that", " for", " it", " as",
+    " with", " on", " by", " this", " be", " are", " from", " at", " or", " an", " can",
+    " model", " token", " latency", " request", " server", " stream", " time", " first",
+    " output", " input", " queue", " batch", " cache", " memory", " decode", " prefill",
+    " throughput", " percent", " median", " tail", " budget", " the", " of", " a", " is",
+    " measure", " every", " second", " which", " when", " more", " less", " than", " each",
+    " Inference", " The", " We", " It", ",", ",", ".", ".", ":", ";", "'s", "ing", "ed",
+    " (", ")", "\n", "\n\n", " 42", " 3", ".5", " ms", "-", " \"", "\"",
+)
+_MULTIBYTE_TOKENS = (
+    " café", " naïve", " Zürich", " façade", "—", " …", " 日本", "語", " 東京", " 🚀",
+    " 👍", " €", " π", " Ωmega", " señor", " 中文",
+)
+_MULTIBYTE_SHARE = 1 / 16
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatorConfig:
+    ttft: float = 0.2
+    """Mean seconds before the first token."""
+    tpot: float = 0.02
+    """Mean seconds between tokens."""
+    jitter: float = 0.1
+    """Relative spread of timings (0 = exact and deterministic)."""
+    tokens: int = 64
+    """Mean output tokens per choice; a request's max_tokens is an upper bound."""
+    tokens_spread: float = 0.5
+    """Relative spread of output length (0 = exactly ``tokens``)."""
+    model: str = "sim-llama-3-8b"
+    seed: int | None = None
+    """Seed for reproducible timings, lengths, texts and ids."""
+    fail_rate: float = 0.0
+    """Share of generation requests answered with a 500 error."""
+    drop_rate: float = 0.0
+    """Share of streams whose connection is aborted after about half the tokens."""
+    reasoning_tokens: int = 0
+    """Chat only: ``reasoning_content`` deltas before the answer, per choice."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "tpot", "jitter", "tokens_spread"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("fail_rate", "drop_rate"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value <= 1):
+                raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
+        if not isinstance(self.tokens, int) or self.tokens < 1:
+            raise ValueError(f"tokens must be an integer >= 1, got {self.tokens!r}")
+        if not isinstance(self.reasoning_tokens, int) or self.reasoning_tokens < 0:
+            raise ValueError(
+                f"reasoning_tokens must be an integer >= 0, got {self.reasoning_tokens!r}"
+            )
+        if not self.model:
+            raise ValueError("model must be a non-empty string")
+
+
+@dataclass(slots=True)
+class SimStats:
+    """What the simulator has seen; tests assert on it (``app[SIM_STATS]``)."""
+
+    started: int = 0
+    """Generation requests accepted (after validation)."""
+    completed: int = 0
+    """Finished normally (stream ended with ``[DONE]``, or full body sent)."""
+    cancelled: int = 0
+    """The client went away before the end."""
+    failed: int = 0
+    """Answered with the simulated 500."""
+    dropped: int = 0
+    """Connection aborted by the simulator (``drop``)."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.started - self.completed - self.cancelled - self.failed - self.dropped
+
+
+SIM_STATS = web.AppKey("sim_stats", SimStats)
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+
+
+def _error_response(status: int, message: str, err_type: str) -> web.Response:
+    body = orjson.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    )
+    return web.Response(status=status, body=body, content_type="application/json")
+
+
+def _lognormal(rng: random.Random, mean: float, cv: float) -> float:
+    """A positive draw with the given mean and coefficient of variation."""
+    if mean <= 0:
+        return 0.0
+    if cv <= 0:
+        return mean
+    sigma2 = math.log1p(cv * cv)
+    return rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Everything random about one request, drawn up front (so seeds give repeatable runs)."""
+
+    rid: str
+    ttft: float
+    tpot: float
+    jittered: bool  # per-token gaps vary (else exactly tpot)
+    gap_offset: int
+    counts: list[int]  # answer tokens per choice
+    reasoning: int  # reasoning tokens per choice
+    text_offsets: list[int]
+    fail: str | None  # None, "500" or "drop"
+
+
+@dataclass(frozen=True, slots=True)
+class _Overrides:
+    ttft: float | None = None
+    tpot: float | None = None
+    tokens: int | None = None
+    reasoning: int | None = None
+    fail: str | None = None
+
+
+class _Sim:
+    """Per-app state: config, RNG and the precomputed rings."""
+
+    __slots__ = (
+        "config", "rng", "stats", "created", "model_json", "tok_json", "tok_text", "gaps",
+    )
+
+    def __init__(self, config: SimulatorConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.stats = SimStats()
+        self.created = int(time.time())
+        self.model_json = orjson.dumps(config.model)
+        rng = self.rng
+        texts = [
+            rng.choice(_MULTIBYTE_TOKENS)
+            if rng.random() < _MULTIBYTE_SHARE
+            else rng.choice(_ASCII_TOKENS)
+            for _ in range(_RING)
+        ]
+        self.tok_text = texts
+        self.tok_json = [orjson.dumps(t) for t in texts]
+        self.gaps = [_lognormal(rng, 1.0, config.jitter) for _ in range(_RING)]
+
+    def plan(
+        self, n_choices: int, max_tokens: int | None, stream: bool, ov: _Overrides | None,
+        reasoning_ok: bool,
+    ) -> _Plan:
+        cfg, rng = self.config, self.rng
+        rid = f"{rng.getrandbits(128):032x}"
+        offsets = [rng.randrange(_RING) for _ in range(n_choices)]
+        gap_offset = rng.randrange(_RING)
+        if ov is not None:
+            count = ov.tokens if ov.tokens is not None else cfg.tokens
+            if ov.tokens is None and max_tokens is not None:
+                count = min(count, max_tokens)
+            reasoning = ov.reasoning if ov.reasoning is not None else cfg.reasoning_tokens
+            return _Plan(
+                rid=rid,
+                ttft=ov.ttft if ov.ttft is not None else cfg.ttft,
+                tpot=ov.tpot if ov.tpot is not None else cfg.tpot,
+                jittered=False,
+                gap_offset=gap_offset,
+                counts=[count] * n_choices,
+                reasoning=reasoning if reasoning_ok else 0,
+                text_offsets=offsets,
+                fail=ov.fail,
+            )
+        fail: str | None = None
+        if cfg.fail_rate and rng.random() < cfg.fail_rate:
+            fail = "500"
+        elif stream and cfg.drop_rate and rng.random() < cfg.drop_rate:
+            fail = "drop"
+        counts = []
+        for _ in range(n_choices):
+            c = max(1, round(_lognormal(rng, cfg.tokens, cfg.tokens_spread)))
+            counts.append(min(c, max_tokens) if max_tokens is not None else c)
+        return _Plan(
+            rid=rid,
+            ttft=_lognormal(rng, cfg.ttft, cfg.jitter),
+            tpot=_lognormal(rng, cfg.tpot, cfg.jitter),
+            jittered=cfg.jitter > 0,
+            gap_offset=gap_offset,
+            counts=counts,
+            reasoning=cfg.reasoning_tokens if reasoning_ok else 0,
+            text_offsets=offsets,
+            fail=fail,
+        )
+
+    def gap(self, plan: _Plan, k: int) -> float:
+        """Seconds between step ``k - 1`` and step ``k``."""
+        if plan.jittered:
+            return plan.tpot * self.gaps[(plan.gap_offset + k) & _MASK]
+        return plan.tpot
+
+    def text(self, plan: _Plan, choice: int, k: int) -> str:
+        return self.tok_text[(plan.text_offsets[choice] + k) & _MASK]
+
+    def json(self, plan: _Plan, choice: int, k: int) -> bytes:
+        return self.tok_json[(plan.text_offsets[choice] + k) & _MASK]
+
+
+_SIM = web.AppKey("sim_state", _Sim)
+
+
+# ---------------------------------------------------------------- request parsing
+
+
+def _parse_overrides(headers: Any) -> _Overrides | None:
+    if not any(k.lower().startswith("x-sim-") for k in headers):
+        return None
+
+    def number(name: str) -> float | None:
+        raw = headers.get(name)
+        if raw is None:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and value >= 0):
+            raise _BadRequest(400, f"header {name} must be seconds >= 0, got {raw!r}")
+        return value
+
+    def integer(name: str, minimum: int) -> int | None:
+        raw = headers.get(name)
+        if raw is None:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise _BadRequest(400, f"header {name} must be an integer >= {minimum}, got {raw!r}")
+        return value
+
+    fail = headers.get("x-sim-fail")
+    if fail is not None:
+        fail = fail.strip().lower()
+        if fail not in ("500", "drop"):
+            raise _BadRequest(400, f"header x-sim-fail must be 500 or drop, got {fail!r}")
+    return _Overrides(
+        ttft=number("x-sim-ttft"),
+        tpot=number("x-sim-tpot"),
+        tokens=integer("x-sim-tokens", 1),
+        reasoning=integer("x-sim-reasoning", 0),
+        fail=fail,
+    )
+
+
+async def _read_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _BadRequest(400, f"Invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadRequest(400, "The request body must be a JSON object")
+    if body.get("model") is None:
+        raise _BadRequest(400, "Field required: model")
+    return body
+
+
+def _check_model(body: dict[str, Any], sim: _Sim) -> None:
+    """After the body validated, as vLLM's ``_check_model`` runs after pydantic."""
+    model = body["model"]
+    if model != sim.config.model:
+        raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+
+def _positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise _BadRequest(400, f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(body.get("stream"))
+    opts = body.get("stream_options")
+    if opts and not stream:
+        raise _BadRequest(400, "Stream options can only be defined when `stream=True`.")
+    include_usage = bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
+    return stream, include_usage
+
+
+def _text_tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+def _chat_prompt_tokens(messages: list[Any]) -> int:
+    total = 3  # assistant primer of a chat template
+    for msg in messages:
+        total += 4  # role and separators
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, str):
+            total += _text_tokens(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += _text_tokens(part["text"])
+    return total
+
+
+def _completion_prompts(prompt: Any) -> list[int]:
+    """Prompt token count per prompt (vLLM accepts str, [str], [int] and [[int]])."""
+    if isinstance(prompt, str):
+        return [1 + _text_tokens(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(type(p) is int for p in prompt):
+            return [len(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return [1 + _text_tokens(p) for p in prompt]
+        if all(isinstance(p, list) and all(type(t) is int for t in p) for p in prompt):
+            return [max(1, len(p)) for p in prompt]
+    raise _BadRequest(400, "prompt must be a string, a list of strings or of token ids")
+
+
+# ---------------------------------------------------------------- encoders
+
+
+class _ChatEncoder:
+    """Byte fragments for one chat stream, built once per request."""
+
+    __slots__ = ("head", "tail", "usage_head")
+
+    def __init__(self, sim: _Sim, plan: _Plan, created: int, include_usage: bool) -> None:
+        common = b'{"id":"chatcmpl-%s","object":"chat.completion.chunk","created":%d,"model":%s' % (
+            plan.rid.encode(), created, sim.model_json,
+        )
+        self.head = b"data: " + common + b',"choices":[{"index":'
+        self.tail = b',"usage":null}\n\n' if include_usage else b"}\n\n"
+        self.usage_head = b"data: " + common + b',"choices":[],"usage":'
+
+    def role(self, i: int) -> bytes:
+        return b"%s%d%s%s" % (
+            self.head, i,
+            b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]',
+            self.tail,
+        )
+
+    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
+        key = b',"delta":{"reasoning_content":' if reasoning else b',"delta":{"content":'
+        if finish is None:
+            end = b'},"logprobs":null,"finish_reason":null}]'
+        else:
+            end = b'},"logprobs":null,"finish_reason":"%s","stop_reason":null}]' % finish
+        return b"%s%d%s%s%s%s" % (self.head, i, key, tok, end, self.tail)
+
+    def usage(self, prompt: int, completion: int) -> bytes:
+        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (
+            self.usage_head, prompt, prompt + completion, completion,
+        )
+
+
+class _CompletionEncoder:
+    __slots__ = ("head", "usage_head")
+
+    def __init__(self, sim: _Sim, plan: _Plan, created: int, include_usage: bool) -> None:
+        common = b'{"id":"cmpl-%s","object":"text_completion","created":%d,"model":%s' % (
+            plan.rid.encode(), created, sim.model_json,
+        )
+        self.head = b"data: " + common + b',"choices":[{"index":'
+        self.usage_head = b"data: " + common + b',"choices":[],"usage":'
+
+    def role(self, i: int) -> bytes:  # pragma: no cover - completions have no role chunk
+        raise NotImplementedError
+
+    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
+        fin = b"null" if finish is None else b'"%s"' % finish
+        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":%s,"stop_reason":null}],"usage":null}\n\n' % (
+            self.head, i, tok, fin,
+        )
+
+    def usage(self, prompt: int, completion: int) -> bytes:
+        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (
+            self.usage_head, prompt, prompt + completion, completion,
+        )
+
+
+# ---------------------------------------------------------------- generation
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float, request: web.Request) -> None:
+    """Sleep to an absolute ``loop.time()``; notice a vanished client on long waits."""
+    while True:
+        delay = deadline - loop.time()
+        if delay <= 0:
+            return
+        if delay > _POLL:
+            if _gone(request):
+                raise ConnectionResetError("client disconnected")
+            delay = _POLL
+        await asyncio.sleep(delay)
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+def _finish_reason(count: int, max_tokens: int | None) -> bytes:
+    return b"length" if max_tokens is not None and count >= max_tokens else b"stop"
+
+
+async def _stream(
+    request: web.Request,
+    sim: _Sim,
+    plan: _Plan,
+    encoder: _ChatEncoder | _CompletionEncoder,
+    *,
+    chat: bool,
+    start: float,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    include_usage: bool,
+) -> web.StreamResponse:
+    loop = asyncio.get_running_loop()
+    stats = sim.stats
+    n = len(plan.counts)
+    totals = [plan.reasoning + c for c in plan.counts]
+    finishes = [_finish_reason(c, max_tokens) for c in plan.counts]
+    steps = max(totals)
+    drop_at = steps // 2 if plan.fail == "drop" else -1
+    emitted = 0
+
+    resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        deadline = start + plan.ttft
+        await _sleep_until(loop, deadline, request)
+        if chat:
+            for i in range(n):
+                await resp.write(encoder.role(i))
+        for k in range(steps):
+            if k:
+                deadline += sim.gap(plan, k)
+                await _sleep_until(loop, deadline, request)
+            if k == drop_at:
+                _abort(request)
+                stats.dropped += 1
+                stats.completion_tokens += emitted
+                return resp
+            for i in range(n):
+                if k >= totals[i]:
+                    continue
+                reasoning = k < plan.reasoning
+                tok = sim.json(plan, i, k)
+                finish = finishes[i] if k == totals[i] - 1 else None
+                await resp.write(encoder.token(i, tok, reasoning, finish))
+                emitted += 1
+        if include_usage:
+            await resp.write(encoder.usage(prompt_tokens, emitted))
+        await resp.write(_DONE)
+        await resp.write_eof()
+    except asyncio.CancelledError:
+        stats.cancelled += 1
+        stats.completion_tokens += emitted
+        raise
+    except ConnectionError:  # ConnectionResetError, aiohttp ClientConnectionResetError
+        stats.cancelled += 1
+        stats.completion_tokens += emitted
+        return resp
+    stats.completed += 1
+    stats.completion_tokens += emitted
+    return resp
+
+
+async def _wait_whole(
+    request: web.Request, sim: _Sim, plan: _Plan, start: float
+) -> bool:
+    """Sleep for a whole non-streamed generation; False if the client left or was dropped."""
+    loop = asyncio.get_running_loop()
+    steps = plan.reasoning + max(plan.counts)
+    # A drop cuts the connection about halfway through the generation.
+    last = steps // 2 if plan.fail == "drop" else steps - 1
+    deadline = start + plan.ttft
+    for k in range(1, last + 1):
+        deadline += sim.gap(plan, k)
+    try:
+        await _sleep_until(loop, deadline, request)
+    except asyncio.CancelledError:
+        sim.stats.cancelled += 1
+        raise
+    except ConnectionError:
+        sim.stats.cancelled += 1
+        return False
+    if plan.fail == "drop":
+        _abort(request)
+        sim.stats.dropped += 1
+        return False
+    return True
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+    }
+
+
+# ---------------------------------------------------------------- handlers
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    start = asyncio.get_running_loop().time()
+    sim = request.app[_SIM]
+    try:
+        body = await _read_body(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest(400, "Field required: messages (a non-empty list)")
+        n = _positive_int(body, "n") or 1
+        max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
+        stream, include_usage = _stream_flags(body)
+        _check_model(body, sim)
+        overrides = _parse_overrides(request.headers)
+    except _BadRequest as exc:
+        return _error_response(exc.status, exc.message, exc.err_type)
+
+    prompt_tokens = _chat_prompt_tokens(messages)
+    plan = sim.plan(n, max_tokens, stream, overrides, reasoning_ok=True)
+    stats = sim.stats
+    stats.started += 1
+    stats.prompt_tokens += prompt_tokens
+    if plan.fail == "500":
+        stats.failed += 1
+        return _error_response(500, "Simulated engine failure", "InternalServerError")
+    created = int(time.time())
+
+    if stream:
+        encoder = _ChatEncoder(sim, plan, created, include_usage)
+        return await _stream(
+            request, sim, plan, encoder, chat=True, start=start, prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens, include_usage=include_usage,
+        )
+
+    if not await _wait_whole(request, sim, plan, start):
+        return web.Response(status=499, reason="Client Closed Request")
+    choices = []
+    completion = 0
+    for i, count in enumerate(plan.counts):
+        reasoning = "".join(sim.text(plan, i, k) for k in range(plan.reasoning))
+        content = "".join(
+            sim.text(plan, i, k) for k in range(plan.reasoning, plan.reasoning + count)
+        )
+        completion += plan.reasoning + count
+        choices.append({
+            "index": i,
+            "message": {
+                "role": "assistant",
+                "content": content,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": [],
+                "reasoning_content": reasoning or None,
+            },
+            "logprobs": None,
+            "finish_reason": _finish_reason(count, max_tokens).decode(),
+            "stop_reason": None,
+        })
+    stats.completed += 1
+    stats.completion_tokens += completion
+    return web.Response(
+        body=orjson.dumps({
+            "id": f"chatcmpl-{plan.rid}",
+            "object": "chat.completion",
+            "created": created,
+            "model": sim.config.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(prompt_tokens, completion),
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }),
+        content_type="application/json",
+    )
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    start = asyncio.get_running_loop().time()
+    sim = request.app[_SIM]
+    try:
+        body = await _read_body(request)
+        if body.get("prompt") is None:
+            raise _BadRequest(400, "At least one of `prompt` or `prompt_embeds` must be set.")
+        per_prompt = _completion_prompts(body["prompt"])
+        n = _positive_int(body, "n") or 1
+        max_tokens = _positive_int(body, "max_tokens")
+        stream, include_usage = _stream_flags(body)
+        _check_model(body, sim)
+        overrides = _parse_overrides(request.headers)
+    except _BadRequest as exc:
+        return _error_response(exc.status, exc.message, exc.err_type)
+
+    prompt_tokens = sum(per_prompt)
+    # vLLM numbers the choices of prompt p as p * n + i.
+    plan = sim.plan(n * len(per_prompt), max_tokens, stream, overrides, reasoning_ok=False)
+    stats = sim.stats
+    stats.started += 1
+    stats.prompt_tokens += prompt_tokens
+    if plan.fail == "500":
+        stats.failed += 1
+        return _error_response(500, "Simulated engine failure", "InternalServerError")
+    created = int(time.time())
+
+    if stream:
+        encoder = _CompletionEncoder(sim, plan, created, include_usage)
+        return await _stream(
+            request, sim, plan, encoder, chat=False, start=start, prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens, include_usage=include_usage,
+        )
+
+    if not await _wait_whole(request, sim, plan, start):
+        return web.Response(status=499, reason="Client Closed Request")
+    choices = []
+    for i, count in enumerate(plan.counts):
+        choices.append({
+            "index": i,
+            "text": "".join(sim.text(plan, i, k) for k in range(count)),
+            "logprobs": None,
+            "finish_reason": _finish_reason(count, max_tokens).decode(),
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        })
+    completion = sum(plan.counts)
+    stats.completed += 1
+    stats.completion_tokens += completion
+    return web.Response(
+        body=orjson.dumps({
+            "id": f"cmpl-{plan.rid}",
+            "object": "text_completion",
+            "created": created,
+            "model": sim.config.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(prompt_tokens, completion),
+            "kv_transfer_params": None,
+        }),
+        content_type="application/json",
+    )
+
+
+async def _models(request: web.Request) -> web.Response:
+    sim = request.app[_SIM]
+    model = sim.config.model
+    card = {
+        "id": model,
+        "object": "model",
+        "created": sim.created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": MAX_MODEL_LEN,
+        "permission": [{
+            "id": f"modelperm-{sim.rng.getrandbits(128):032x}",
+            "object": "model_permission",
+            "created": sim.created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }],
+    }
+    return web.Response(
+        body=orjson.dumps({"object": "list", "data": [card]}), content_type="application/json"
+    )
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    sim = request.app[_SIM]
+    s = sim.stats
+    label = '{model_name="%s"}' % sim.config.model.replace("\\", "\\\\").replace('"', '\\"')
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{label} {float(s.in_flight)}",
+        "# HELP vllm:request_success_total Count of successfully processed requests.",
+        "# TYPE vllm:request_success_total counter",
+        f"vllm:request_success_total{label} {float(s.completed)}",
+        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{label} {float(s.prompt_tokens)}",
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{label} {float(s.completion_tokens)}",
+    ]
+    return web.Response(
+        body=("\n".join(lines) + "\n").encode(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+# ---------------------------------------------------------------- public API
+
+
+def build_simulator_app(config: SimulatorConfig) -> web.Application:
+    """The simulated server as an aiohttp app; ``app[SIM_STATS]`` counts what it saw."""
+    sim = _Sim(config)
+    app = web.Application()
+    app[_SIM] = sim
+    app[SIM_STATS] = sim.stats
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
+    """Serve the simulator on ``host:port`` until cancelled."""
+    app = build_simulator_app(config)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        log.info("simulator serving model %s on http://%s:%d", config.model, host, port)
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
