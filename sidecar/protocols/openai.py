@@ -187,9 +187,10 @@ def parse_openai_response(body: bytes) -> list[DialectEvent]:
         return [err]
     out: list[DialectEvent] = []
     model, rid = obj.get("model"), obj.get("id")
+    choices = obj.get("choices")
     finish = tuple(
         c["finish_reason"]
-        for c in obj.get("choices") or ()
+        for c in (choices if type(choices) is list else ())
         if type(c) is dict and isinstance(c.get("finish_reason"), str)
     )
     out.append(

@@ -1,0 +1,179 @@
+"""`llm-sidecar serve` as a real subprocess: start-up errors, request logs, SIGTERM drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import free_port, wait_for
+from tests.integration.test_proxy import USAGE, chat_chunk, scripted
+
+pytestmark = pytest.mark.integration
+
+
+class ServeProcess:
+    def __init__(self, upstream_url: str, *extra: str, env: dict | None = None) -> None:
+        self.port, self.admin_port = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "sidecar", "serve",
+                "--upstream", upstream_url,
+                "--listen", f"127.0.0.1:{self.port}",
+                "--metrics-listen", f"127.0.0.1:{self.admin_port}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def wait_alive(self) -> None:
+        async def alive() -> bool:
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            try:
+                async with aiohttp.ClientSession() as s:
+                    async with s.get(f"http://127.0.0.1:{self.admin_port}/healthz") as r:
+                        return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(alive, timeout=15)
+
+    def stop(self) -> tuple[str, str]:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        out, err = self.proc.communicate(timeout=10)
+        return out.decode(), err.decode()
+
+
+@pytest.fixture
+def serve_processes():
+    started: list[ServeProcess] = []
+
+    def make(*args, **kwargs) -> ServeProcess:
+        p = ServeProcess(*args, **kwargs)
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop()
+
+
+def test_bad_setting_exits_with_one_line_naming_it():
+    r = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--upstream", "http://127.0.0.1:1", "--read-timeout", "soon"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "read_timeout" in lines[0] and "--read-timeout" in lines[0]
+
+    r = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve"],
+        capture_output=True, text=True, timeout=30,
+        env={**os.environ, "LLM_SIDECAR_UPSTREAM": "http://127.0.0.1:1", "LLM_SIDECAR_MAX_MODELS": "0"},
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "LLM_SIDECAR_MAX_MODELS" in r.stderr
+
+
+def test_config_file_and_precedence(tmp_path):
+    from sidecar.config import ConfigError, load_settings
+
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text("upstream: http://file:1\nread-timeout: 30\nmax_models: 7\nmodel_allowlist: [a, b]\n")
+    s = load_settings({"read_timeout": None, "max_models": "9"}, environ={"LLM_SIDECAR_READ_TIMEOUT": "45"}, config_file=str(cfg))
+    assert (s.upstream, s.read_timeout, s.max_models, s.model_allowlist) == ("http://file:1", 45.0, 9, ["a", "b"])
+    cfg.write_text("upstream: http://file:1\nbogus: 1\n")
+    with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
+        load_settings({}, environ={}, config_file=str(cfg))
+    with pytest.raises(ConfigError, match="no_such_file"):
+        load_settings({}, environ={}, config_file=str(tmp_path / "no_such_file.yaml"))
+
+
+async def test_request_log_line_has_figures_and_no_secrets(upstream):
+    script = [(0.0, chat_chunk(role=True)), (0.05, chat_chunk("COMPLETION-SECRET")), (0.02, chat_chunk("x", finish="stop")), (0.0, USAGE), (0.0, b"data: [DONE]\n\n")]
+    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
+    sc = ServeProcess(up.url)
+    try:
+        await sc.wait_alive()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(
+                sc.url + "/v1/chat/completions?api-key=QUERY-SECRET",
+                json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "PROMPT-SECRET"}]},
+                headers={"Authorization": "Bearer sk-AUTH-SECRET", "api-key": "HEADER-SECRET", "Cookie": "s=COOKIE-SECRET"},
+            ) as r:
+                assert b"COMPLETION-SECRET" in await r.read()
+        await asyncio.sleep(0.3)
+        sc.proc.send_signal(signal.SIGTERM)
+        sc.proc.wait(timeout=10)
+    finally:
+        out, err = sc.stop()
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    requests = [line for line in lines if line.get("event") == "request"]
+    assert len(requests) == 1, out
+    rec = requests[0]
+    assert rec["route"] == "/v1/chat/completions" and rec["model"] == "m1"
+    assert rec["status"] == 200 and rec["outcome"] == "ok" and rec["method"] == "POST"
+    assert rec["output_tokens"] == 5 and rec["input_tokens"] == 7
+    assert 40 <= rec["ttft_ms"] < 500 and rec["duration_ms"] >= rec["ttft_ms"]
+    for secret in ("COMPLETION-SECRET", "PROMPT-SECRET", "AUTH-SECRET", "HEADER-SECRET", "COOKIE-SECRET", "QUERY-SECRET"):
+        assert secret not in out and secret not in err
+
+
+async def test_sigterm_drains_in_flight_stream_refuses_new_and_exits_zero(upstream):
+    script = [(0.0, chat_chunk(role=True))] + [(0.15, chat_chunk(f"t{i}")) for i in range(10)] + [(0.0, b"data: [DONE]\n\n")]
+    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
+    sc = ServeProcess(up.url, "--drain-seconds", "10")
+    try:
+        await sc.wait_alive()
+        received = b""
+        async with aiohttp.ClientSession() as s:
+            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+                async for chunk in r.content.iter_any():
+                    received += chunk
+                    if b"t1" in received and sc.proc.poll() is None and not getattr(sc, "signalled", False):
+                        sc.proc.send_signal(signal.SIGTERM)
+                        sc.signalled = True
+                        await asyncio.sleep(0.3)
+                        # New connections are refused while the stream drains.
+                        with pytest.raises(aiohttp.ClientConnectionError):
+                            async with aiohttp.ClientSession() as s2:
+                                await s2.get(sc.url + "/v1/models")
+        assert received.endswith(b"data: [DONE]\n\n")  # the in-flight stream finished whole
+        assert sc.proc.wait(timeout=10) == 0
+    finally:
+        sc.stop()
+
+
+async def test_drain_time_bounds_shutdown(upstream):
+    script = [(0.0, chat_chunk(role=True))] + [(0.2, chat_chunk(f"t{i}")) for i in range(100)]
+    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
+    sc = ServeProcess(up.url, "--drain-seconds", "1")
+    try:
+        await sc.wait_alive()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+                await r.content.readany()
+                t0 = time.perf_counter()
+                sc.proc.send_signal(signal.SIGTERM)
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
+        assert sc.proc.wait(timeout=10) == 0
+        assert time.perf_counter() - t0 < 4
+    finally:
+        sc.stop()
