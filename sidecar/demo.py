@@ -564,12 +564,19 @@ def _intro(port: int, admin: int, sim_port: int, concurrency: int, duration: flo
     )
 
 
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"stopped by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
 def _summary(first: Snapshot, last: Snapshot, load: LoadStats, codes: Mapping[str, int]) -> str:
     f = window_figures(last, first)
     total = f.requests
     cancelled = counter_delta(last.cancelled, first.cancelled)
     ok = total - f.errors - cancelled
-    exits = ", ".join(f"{name} exited {code}" for name, code in codes.items())
+    exits = ", ".join(f"{name} {_exit_text(code)}" for name, code in codes.items())
     return "\n".join(
         [
             f"summary over {f.seconds:.1f}s (from the sidecar's /metrics):",

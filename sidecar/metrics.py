@@ -182,7 +182,10 @@ class SidecarMetrics:
         mr = (model_label, route)
         outcome = t.outcome.value if t.outcome else Outcome.ERROR.value
         self.in_flight.labels(*mr).dec()
-        code = str(t.status) if t.status is not None else "0"
+        if t.status is not None:
+            code = str(t.status)
+        else:  # no response reached the client: nginx's 499 for a client that left
+            code = "499" if t.outcome is Outcome.CANCELLED else "500"
         self.requests.labels(model_label, route, code, outcome).inc()
         e2e = t.e2e
         if e2e is not None:

@@ -484,8 +484,8 @@ class _CompletionEncoder:
 
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
         fin = b"null" if finish is None else b'"%s"' % finish
-        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":%s,"stop_reason":null}],"usage":null}\n\n' % (
-            self.head, i, tok, fin,
+        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":%s%s' % (
+            self.head, i, tok, fin, b',"stop_reason":null}],"usage":null}\n\n',
         )
 
     def usage(self, prompt: int, completion: int) -> bytes:
@@ -502,7 +502,9 @@ def _gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float, request: web.Request) -> None:
+async def _sleep_until(
+    loop: asyncio.AbstractEventLoop, deadline: float, request: web.Request
+) -> None:
     """Sleep to an absolute ``loop.time()``; notice a vanished client on long waits."""
     while True:
         delay = deadline - loop.time()
@@ -635,7 +637,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         if not isinstance(messages, list) or not messages:
             raise _BadRequest(400, "Field required: messages (a non-empty list)")
         n = _positive_int(body, "n") or 1
-        max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
+        max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
+            body, "max_tokens"
+        )
         stream, include_usage = _stream_flags(body)
         _check_model(body, sim)
         overrides = _parse_overrides(request.headers)

@@ -701,11 +701,12 @@ KEYS = ["choices", "delta", "content", "text", "reasoning", "reasoning_content",
         "completion_tokens_details", "cached_tokens", "reasoning_tokens", "error", "object", "message",
         "type", "code", "model", "id", "index"]
 # Objects built from the keys the dialect reads, so the fuzzer reaches the deep branches.
-chunk_like = st.recursive(
+nested = st.recursive(
     json_values,
     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(KEYS), kids, max_size=5),
     max_leaves=25,
 )
+chunk_like = st.dictionaries(st.sampled_from(KEYS), nested, max_size=6)
 
 
 @FAST

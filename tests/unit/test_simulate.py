@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -53,15 +54,22 @@ def chunks(events: list[bytes]) -> list[dict[str, Any]]:
 
 
 def deltas(parsed: list[dict[str, Any]], key: str = "content") -> list[str]:
-    return [c["choices"][0]["delta"][key] for c in parsed
-            if c["choices"] and key in c["choices"][0]["delta"] and "role" not in c["choices"][0]["delta"]]
+    """Token texts of one kind, skipping role-only chunks and the usage chunk."""
+    out = []
+    for c in parsed:
+        delta = c["choices"][0]["delta"] if c["choices"] else {}
+        if key in delta and "role" not in delta:
+            out.append(delta[key])
+    return out
 
 
 async def make_client(aiohttp_client: Any, config: SimulatorConfig = FAST) -> Any:
     return await aiohttp_client(build_simulator_app(config))
 
 
-async def post_stream(client: Any, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+async def post_stream(
+    client: Any, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     resp = await client.post(path, json=body, headers=headers or {})
     assert resp.status == 200
     assert resp.headers["Content-Type"] == "text/event-stream; charset=utf-8"
@@ -139,7 +147,8 @@ async def test_chat_stream_n2_interleaved(aiohttp_client: Any) -> None:
 async def test_chat_stream_reasoning(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
     body = chat_body(stream=True, stream_options={"include_usage": True})
-    parsed = await post_stream(client, CHAT, body, {**EXACT, "x-sim-tokens": "4", "x-sim-reasoning": "3"})
+    headers = {**EXACT, "x-sim-tokens": "4", "x-sim-reasoning": "3"}
+    parsed = await post_stream(client, CHAT, body, headers)
 
     kinds = [list(c["choices"][0]["delta"]) for c in parsed[1:-1]]
     assert kinds == [["reasoning_content"]] * 3 + [["content"]] * 4
@@ -170,14 +179,17 @@ async def test_max_tokens_caps_and_finish_length(aiohttp_client: Any) -> None:
 
 async def test_completions_stream_shape(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
-    parsed = await post_stream(client, COMPLETIONS, completion_body(stream=True), {**EXACT, "x-sim-tokens": "4"})
+    body = completion_body(stream=True)
+    parsed = await post_stream(client, COMPLETIONS, body, {**EXACT, "x-sim-tokens": "4"})
 
     assert len(parsed) == 4  # no role chunk
     for c in parsed:
         assert list(c) == ["id", "object", "created", "model", "choices", "usage"]
         assert c["id"].startswith("cmpl-") and c["object"] == "text_completion"
         assert c["usage"] is None  # vLLM dumps completions chunks with exclude_unset=False
-        assert list(c["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason"]
+        assert list(c["choices"][0]) == [
+            "index", "text", "logprobs", "finish_reason", "stop_reason"
+        ]
         assert c["choices"][0]["text"]
     assert [c["choices"][0]["finish_reason"] for c in parsed] == [None, None, None, "stop"]
 
@@ -189,7 +201,8 @@ async def test_completions_stream_shape(aiohttp_client: Any) -> None:
 
 async def test_non_streaming_bodies(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
-    resp = await client.post(CHAT, json=chat_body(n=2), headers={"x-sim-tokens": "5", "x-sim-reasoning": "2"})
+    headers = {"x-sim-tokens": "5", "x-sim-reasoning": "2"}
+    resp = await client.post(CHAT, json=chat_body(n=2), headers=headers)
     assert resp.status == 200 and resp.headers["Content-Type"] == "application/json"
     data = await resp.json()
     assert list(data) == ["id", "object", "created", "model", "choices", "service_tier",
@@ -228,7 +241,8 @@ async def test_streamed_text_matches_non_streamed_text_for_same_seed(aiohttp_cli
 
 async def test_header_overrides_exact_count_and_timing(aiohttp_client: Any) -> None:
     # the config is slow and jittery; the headers make this request exact
-    client = await make_client(aiohttp_client, SimulatorConfig(ttft=5, tpot=1, jitter=0.5, tokens=99))
+    slow = SimulatorConfig(ttft=5, tpot=1, jitter=0.5, tokens=99)
+    client = await make_client(aiohttp_client, slow)
     headers = {"x-sim-ttft": "0.05", "x-sim-tpot": "0.01", "x-sim-tokens": "10"}
     start = time.monotonic()
     resp = await client.post(CHAT, json=chat_body(stream=True), headers=headers)
@@ -245,7 +259,9 @@ async def test_header_overrides_exact_count_and_timing(aiohttp_client: Any) -> N
 
 
 async def test_jitter_is_never_negative_and_spread_varies_lengths(aiohttp_client: Any) -> None:
-    config = SimulatorConfig(ttft=0.002, tpot=0.0005, jitter=1.0, tokens=12, tokens_spread=0.8, seed=3)
+    config = SimulatorConfig(
+        ttft=0.002, tpot=0.0005, jitter=1.0, tokens=12, tokens_spread=0.8, seed=3
+    )
     client = await make_client(aiohttp_client, config)
     lengths = set()
     for _ in range(12):
@@ -296,7 +312,8 @@ async def test_error_shapes(aiohttp_client: Any) -> None:
     assert_error(data, 404, "NotFoundError")
     assert data["error"]["message"] == "The model `gpt-9` does not exist."
 
-    resp = await client.post(COMPLETIONS, json=completion_body(stream=True), headers={"x-sim-fail": "500"})
+    body = completion_body(stream=True)
+    resp = await client.post(COMPLETIONS, json=body, headers={"x-sim-fail": "500"})
     assert resp.status == 500
     assert_error(await resp.json(), 500, "InternalServerError")
     assert client.app[SIM_STATS].failed == 1
@@ -321,7 +338,8 @@ async def read_until_cut(resp: aiohttp.ClientResponse) -> bytes:
 
 async def test_drop_truncates_stream(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
-    resp = await client.post(CHAT, json=chat_body(stream=True), headers={**EXACT, "x-sim-fail": "drop", "x-sim-tokens": "10"})
+    headers = {**EXACT, "x-sim-fail": "drop", "x-sim-tokens": "10"}
+    resp = await client.post(CHAT, json=chat_body(stream=True), headers=headers)
     assert resp.status == 200
     got = await read_until_cut(resp)
     assert b"[DONE]" not in got
@@ -369,7 +387,9 @@ async def test_models_health_metrics(aiohttp_client: Any) -> None:
 
 
 async def test_seed_makes_runs_reproducible(aiohttp_client: Any) -> None:
-    config = SimulatorConfig(ttft=0.002, tpot=0.0002, jitter=0.5, tokens=15, tokens_spread=0.5, seed=42)
+    config = SimulatorConfig(
+        ttft=0.002, tpot=0.0002, jitter=0.5, tokens=15, tokens_spread=0.5, seed=42
+    )
 
     async def run(cfg: SimulatorConfig) -> list[Any]:
         client = await make_client(aiohttp_client, cfg)
@@ -378,18 +398,20 @@ async def test_seed_makes_runs_reproducible(aiohttp_client: Any) -> None:
             data = await (await client.post(CHAT, json=chat_body())).json()
             data.pop("created")
             out.append(data)
-        out.append([c["choices"][0]["delta"] for c in await post_stream(client, CHAT, chat_body(stream=True))])
+        streamed = await post_stream(client, CHAT, chat_body(stream=True))
+        out.append([c["choices"][0]["delta"] for c in streamed])
         return out
 
     first = await run(config)
     assert first == await run(config)
-    other = await run(SimulatorConfig(ttft=0.002, tpot=0.0002, jitter=0.5, tokens=15, tokens_spread=0.5, seed=43))
+    other = await run(dataclasses.replace(config, seed=43))
     assert other != first
 
 
 async def test_multibyte_utf8_in_long_stream(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
-    resp = await client.post(CHAT, json=chat_body(stream=True), headers={**EXACT, "x-sim-tokens": "300"})
+    headers = {**EXACT, "x-sim-tokens": "300"}
+    resp = await client.post(CHAT, json=chat_body(stream=True), headers=headers)
     raw = await resp.read()
     assert any(b >= 0x80 for b in raw)  # raw UTF-8 on the wire, not \u escapes
     assert b"\\u" not in raw
@@ -410,7 +432,8 @@ async def wait_for(predicate: Any, timeout: float = 2.0) -> None:
 
 async def test_client_disconnect_is_counted(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
-    resp = await client.post(CHAT, json=chat_body(stream=True), headers={"x-sim-ttft": "0.01", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"})
+    headers = {"x-sim-ttft": "0.01", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"}
+    resp = await client.post(CHAT, json=chat_body(stream=True), headers=headers)
     await resp.content.readline()
     resp.close()
     stats = client.app[SIM_STATS]
@@ -431,7 +454,8 @@ async def test_client_disconnect_without_handler_cancellation() -> None:
         async with aiohttp.ClientSession() as session:
             for headers in ({"x-sim-ttft": "0", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"},
                             {"x-sim-ttft": "30", "x-sim-tokens": "5"}):
-                resp = await session.post(f"http://127.0.0.1:{port}{CHAT}", json=chat_body(stream=True), headers=headers)
+                url = f"http://127.0.0.1:{port}{CHAT}"
+                resp = await session.post(url, json=chat_body(stream=True), headers=headers)
                 await asyncio.sleep(0.05)
                 resp.close()
             await wait_for(lambda: stats.cancelled == 2)
