@@ -93,6 +93,7 @@ SHUTDOWN_TIMEOUT = 2.0
 
 _RING = 4096  # length of the precomputed token-text and gap-multiplier rings (power of 2)
 _MASK = _RING - 1
+_MAX_N = 128  # choices per request
 _POLL = 0.25  # longest single sleep, so a dropped client is noticed without cancellation
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
@@ -382,12 +383,12 @@ def _check_model(body: dict[str, Any], sim: _Sim) -> None:
         raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
 
 
-def _positive_int(body: dict[str, Any], name: str) -> int | None:
+def _positive_int(body: dict[str, Any], name: str, limit: int = 1 << 31) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if type(value) is not int or value < 1:
-        raise _BadRequest(400, f"{name} must be an integer >= 1, got {value!r}")
+    if type(value) is not int or not 1 <= value <= limit:
+        raise _BadRequest(400, f"{name} must be an integer from 1 to {limit}, got {value!r}")
     return value
 
 
@@ -636,7 +637,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _BadRequest(400, "Field required: messages (a non-empty list)")
-        n = _positive_int(body, "n") or 1
+        n = _positive_int(body, "n", _MAX_N) or 1
         max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
             body, "max_tokens"
         )
@@ -716,7 +717,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         if body.get("prompt") is None:
             raise _BadRequest(400, "At least one of `prompt` or `prompt_embeds` must be set.")
         per_prompt = _completion_prompts(body["prompt"])
-        n = _positive_int(body, "n") or 1
+        n = _positive_int(body, "n", _MAX_N) or 1
         max_tokens = _positive_int(body, "max_tokens")
         stream, include_usage = _stream_flags(body)
         _check_model(body, sim)

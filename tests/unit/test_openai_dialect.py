@@ -701,12 +701,15 @@ KEYS = ["choices", "delta", "content", "text", "reasoning", "reasoning_content",
         "completion_tokens_details", "cached_tokens", "reasoning_tokens", "error", "object", "message",
         "type", "code", "model", "id", "index"]
 # Objects built from the keys the dialect reads, so the fuzzer reaches the deep branches.
-nested = st.recursive(
-    json_values,
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(KEYS), kids, max_size=5),
-    max_leaves=25,
-)
-chunk_like = st.dictionaries(st.sampled_from(KEYS), nested, max_size=6)
+scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["", "x", "stop", "error"])
+
+
+def _objects(kids):
+    return st.fixed_dictionaries({}, optional={k: kids for k in KEYS})
+
+
+nested = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3) | _objects(kids), max_leaves=20)
+chunk_like = _objects(nested)
 
 
 @FAST

@@ -306,6 +306,10 @@ async def test_error_shapes(aiohttp_client: Any) -> None:
     resp = await client.post(COMPLETIONS, json={"model": MODEL})
     assert resp.status == 400
 
+    for bad in ({"n": 0}, {"n": 10_000}, {"max_tokens": "many"}):
+        resp = await client.post(CHAT, json=chat_body(**bad))
+        assert resp.status == 400, bad
+
     resp = await client.post(CHAT, json=chat_body(model="gpt-9"))
     assert resp.status == 404
     data = await resp.json()

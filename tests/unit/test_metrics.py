@@ -1,0 +1,138 @@
+"""Instruments fed from scripted timelines, asserted on a fresh registry."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, TPS_BUCKETS, TTFT_BUCKETS
+from sidecar.config import Settings
+from sidecar.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from sidecar.protocols.events import TokenKind, Tokens, Usage
+from sidecar.routes import OTHER, ROUTES, match_route
+from sidecar.timeline import Outcome, RequestTimeline
+
+ROUTE = "/v1/chat/completions"
+
+
+def streamed(times: list[float], kinds=None, usage: Usage | None = None, outcome=Outcome.OK, end=None) -> RequestTimeline:
+    t = RequestTimeline(100.0, "POST", ROUTE, "m")
+    t.response_started(100.01, 200, streamed=True)
+    for i, at in enumerate(times):
+        kind = kinds[i] if kinds else TokenKind.ANSWER
+        t.events([Tokens(kind)], at)
+    if usage:
+        t.events([usage], times[-1])
+    t.finish(outcome, end if end is not None else times[-1] + 0.001)
+    return t
+
+
+def make(slo=None) -> tuple[SidecarMetrics, CollectorRegistry]:
+    reg = CollectorRegistry()
+    m = SidecarMetrics(reg, ModelLabeler(), slo)
+    return m, reg
+
+
+def test_streamed_request_feeds_every_histogram():
+    m, reg = make(SLOThresholds(0.5, 0.1, 10.0))
+    m.started("m", ROUTE)
+    assert reg.get_sample_value("llm_requests_in_flight", {"model": "m", "route": ROUTE}) == 1
+    t = streamed([100.2, 100.25, 100.3, 100.4], usage=Usage(input_tokens=10, output_tokens=4, cached_input_tokens=3))
+    m.record(t, "m")
+    mr = {"model": "m", "route": ROUTE}
+    get = reg.get_sample_value
+    assert get("llm_requests_in_flight", mr) == 0
+    assert get("llm_requests_total", {**mr, "code": "200", "outcome": "ok"}) == 1
+    assert get("llm_time_to_first_token_seconds_sum", mr) == pytest.approx(0.2)
+    assert get("llm_time_to_first_token_seconds_bucket", {**mr, "le": "0.25"}) == 1
+    assert get("llm_time_to_first_token_seconds_bucket", {**mr, "le": "0.15"}) == 0
+    assert get("llm_time_to_first_byte_seconds_sum", mr) == pytest.approx(0.01)
+    assert get("llm_inter_token_latency_seconds_count", mr) == 3
+    assert get("llm_inter_token_latency_seconds_sum", mr) == pytest.approx(0.2)
+    assert get("llm_inter_token_latency_seconds_bucket", {**mr, "le": "0.05"}) == 2
+    assert get("llm_time_per_output_token_seconds_sum", mr) == pytest.approx(0.2 / 3)
+    assert get("llm_output_tokens_per_second_sum", mr) == pytest.approx(15.0)
+    assert get("llm_request_duration_seconds_sum", {**mr, "outcome": "ok"}) == pytest.approx(0.401)
+    assert get("llm_tokens_total", {**mr, "type": "input"}) == 10
+    assert get("llm_tokens_total", {**mr, "type": "output"}) == 4
+    assert get("llm_tokens_total", {**mr, "type": "cached_input"}) == 3
+    assert get("llm_tokens_total", {**mr, "type": "reasoning"}) is None
+    assert get("llm_request_tokens_bucket", {**mr, "type": "input", "le": "16.0"}) == 1
+    assert get("llm_requests_within_slo_total", mr) == 1
+    assert get("llm_time_to_first_answer_token_seconds_count", mr) is None  # first token was an answer
+
+
+def test_reasoning_first_feeds_time_to_first_answer_token():
+    m, reg = make()
+    m.started("m", ROUTE)
+    t = streamed([100.1, 100.2, 100.9], kinds=[TokenKind.REASONING, TokenKind.REASONING, TokenKind.ANSWER])
+    m.record(t, "m")
+    mr = {"model": "m", "route": ROUTE}
+    assert reg.get_sample_value("llm_time_to_first_token_seconds_sum", mr) == pytest.approx(0.1)
+    assert reg.get_sample_value("llm_time_to_first_answer_token_seconds_sum", mr) == pytest.approx(0.9)
+    assert reg.get_sample_value("llm_tokens_total", {**mr, "type": "reasoning"}) == 2
+
+
+@pytest.mark.parametrize(
+    "times, end, outcome, expected",
+    [
+        ([100.2, 100.25], None, Outcome.OK, 1),  # within every objective
+        ([100.6, 100.65], None, Outcome.OK, 0),  # TTFT over 0.5
+        ([100.2, 100.5], None, Outcome.OK, 0),  # TPOT 0.3 over 0.1
+        ([100.2, 100.25], 111.0, Outcome.OK, 0),  # e2e over 10
+        ([100.2, 100.25], None, Outcome.CANCELLED, 0),  # not ok
+    ],
+)
+def test_goodput_needs_every_objective_at_once(times, end, outcome, expected):
+    m, reg = make(SLOThresholds(0.5, 0.1, 10.0))
+    m.started("m", ROUTE)
+    m.record(streamed(times, outcome=outcome, end=end), "m")
+    assert (reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) or 0) == expected
+
+
+def test_failed_before_response_gets_a_code():
+    m, reg = make()
+    for outcome, code in ((Outcome.CANCELLED, "499"), (Outcome.ERROR, "500")):
+        t = RequestTimeline(1.0, "POST", ROUTE, "m")
+        t.finish(outcome, 2.0)
+        m.started("m", ROUTE)
+        m.record(t, "m")
+        assert reg.get_sample_value("llm_requests_total", {"model": "m", "route": ROUTE, "code": code, "outcome": outcome.value}) == 1
+
+
+def test_tokens_help_text_says_where_counts_come_from():
+    m, reg = make()
+    helps = {metric.name: metric.documentation for metric in reg.collect()}
+    assert "usage" in helps["llm_tokens"] and "counted from the stream" in helps["llm_tokens"]
+
+
+def test_model_labeler_bounds():
+    lab = ModelLabeler(max_models=2)
+    assert [lab(x) for x in ["a", "b", "c", "a", None, ""]] == ["a", "b", "other", "a", "unknown", "unknown"]
+    assert ModelLabeler(max_models=5)("x" * 500) == "other"
+    allow = ModelLabeler(allowlist=["a"], max_models=1)
+    assert [allow(x) for x in ["b", "a", "c"]] == ["other", "a", "other"]
+
+
+@pytest.mark.parametrize("buckets", [TTFT_BUCKETS, ITL_BUCKETS, E2E_BUCKETS, TPS_BUCKETS, TOKEN_COUNT_BUCKETS])
+def test_buckets_sorted_and_unique(buckets):
+    assert list(buckets) == sorted(set(buckets))
+
+
+def test_default_slo_thresholds_are_buckets():
+    s = Settings(upstream="http://x:1")
+    assert s.slo_ttft_seconds in TTFT_BUCKETS
+    assert s.slo_tpot_seconds in ITL_BUCKETS
+    assert s.slo_e2e_seconds in E2E_BUCKETS
+    with pytest.raises(ValueError, match="bucket"):
+        Settings(upstream="http://x:1", slo_ttft_seconds=0.33)
+
+
+def test_route_table():
+    assert match_route("/v1/chat/completions")[0] is ROUTES["/v1/chat/completions"]
+    assert match_route("/v1/chat/completions/")[0] is ROUTES["/v1/chat/completions"]
+    assert match_route("/v1/chat/completionsX")[0] is OTHER
+    route, model = match_route("/v2/models/llama/generate_stream")
+    assert route.template == "/v2/models/{model}/generate_stream" and model == "llama"
+    assert match_route("/v2/models/llama/versions/2/generate_stream")[1] == "llama"
+    assert match_route("/health")[0] is OTHER
