@@ -443,6 +443,8 @@ class LoadStats:
     sent: int = 0
     ok: int = 0
     errors: int = 0
+    stopped: int = 0
+    """Cut short when the demo stopped (the sidecar counts them as ``cancelled``)."""
 
 
 _PROMPTS = (
@@ -501,6 +503,9 @@ async def _client_loop(
         stats.sent += 1
         try:
             ok = await _one_request(session, base, rng)
+        except asyncio.CancelledError:
+            stats.stopped += 1
+            raise
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             ok = False
             await asyncio.sleep(0.05)  # do not spin if the sidecar is gone
@@ -587,8 +592,8 @@ def _summary(first: Snapshot, last: Snapshot, load: LoadStats, codes: Mapping[st
             f"  TPOT           p50 {format_seconds(f.tpot_p50)}",
             f"  output tokens  {counter_delta(last.output_tokens, first.output_tokens):.0f} "
             f"({f.output_tokens_per_s:.0f}/s)",
-            f"  load generator sent {load.sent}, saw {load.ok} ok and {load.errors} errors "
-            "(stopped requests count as errors)",
+            f"  load generator sent {load.sent}: {load.ok} ok, {load.errors} error, "
+            f"{load.stopped} stopped by the end of the demo",
             f"  {exits}" if exits else "",
         ]
     ).rstrip()
