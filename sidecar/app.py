@@ -74,6 +74,7 @@ def build_sidecar(settings: Settings, registry: CollectorRegistry | None = None,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
+        inject_stream_usage=settings.inject_stream_usage,
     )
     sc = Sidecar(settings, registry, metrics, proxy)
     holder["s"] = sc

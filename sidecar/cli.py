@@ -74,6 +74,11 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     demo.add_argument("--concurrency", type=int, default=8, help="concurrent client streams")
     demo.add_argument("--port", type=int, default=8080, help="sidecar proxy port (admin port is --port + 1384)")
+    slo = sub.add_parser("slo", help="SLO spec -> Prometheus recording and burn-rate alert rules")
+    slo_sub = slo.add_subparsers(dest="slo_command", required=True, metavar="SLO_COMMAND")
+    render = slo_sub.add_parser("render", help="render a spec's rules (YAML) to stdout or --output")
+    render.add_argument("spec", help="SLO spec YAML file (see deploy/slo/)")
+    render.add_argument("--output", "-o", default=None, help="write here instead of stdout")
     return parser
 
 
@@ -131,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _install_fast_loop()
         return run_demo(duration=args.duration, concurrency=args.concurrency, port=args.port)
+    if args.command == "slo":
+        from .slo.cli import render_command  # noqa: PLC0415
+
+        return render_command(args.spec, args.output)
     return _die(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards it
 
 

@@ -82,6 +82,11 @@ class Settings(BaseModel):
     max_response_inspect_bytes: int = Field(
         16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
     )
+    inject_stream_usage: bool = Field(
+        True,
+        description="Ask OpenAI-style streams for usage when the client did not, and hide that "
+        "extra event from the client, so token counts are exact",
+    )
     max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")

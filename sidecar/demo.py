@@ -58,6 +58,7 @@ WINDOW_SECONDS = 10.0
 """Sliding window over which rates and percentiles are computed."""
 
 REFRESH_SECONDS = 1.0
+MAX_FAILED_SCRAPES = 5  # consecutive; then the demo stops with an error
 READY_TIMEOUT = 15.0
 MODEL = "sim-llama-3-8b"
 HOST = "127.0.0.1"
@@ -167,7 +168,7 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
     bucket returns the highest finite bound. ``None`` when there are no observations (where
     Prometheus returns NaN) or no +Inf bucket.
 
-    >>> histogram_quantile(0.5, ((0.1, 2.0), (0.2, 6.0), (float("inf"), 8.0)))
+    >>> round(histogram_quantile(0.5, ((0.1, 2.0), (0.2, 6.0), (float("inf"), 8.0))), 6)
     0.15
     """
     if not buckets or not math.isinf(buckets[-1][0]):
@@ -656,6 +657,7 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
                 started = first.at
                 deadline = None if duration is None else started + duration
                 tick = started
+                failed_scrapes = 0
                 while not stop.is_set():
                     tick += REFRESH_SECONDS
                     wake = tick if deadline is None else min(tick, deadline)
@@ -666,7 +668,14 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
                             raise DemoError(_exited_message(child, "while the demo was running"))
                     if stop.is_set():
                         break
-                    snap = await _scrape(admin_session, metrics_url)
+                    try:
+                        snap = await _scrape(admin_session, metrics_url)
+                    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                        failed_scrapes += 1
+                        if failed_scrapes >= MAX_FAILED_SCRAPES:
+                            raise DemoError(f"cannot scrape {metrics_url}: {exc!r}") from None
+                        continue  # skip this refresh; the window absorbs the gap
+                    failed_scrapes = 0
                     history.append(snap)
                     base_snap = window_baseline(history, snap.at, WINDOW_SECONDS)
                     screen.show(window_figures(snap, base_snap), snap.at - started, concurrency)
@@ -680,7 +689,10 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
                     task.cancel()
                 await asyncio.gather(*load_tasks, return_exceptions=True)
             # The load session is closed: no client connection is left for the drain.
-            last = await _scrape(admin_session, metrics_url)
+            try:
+                last = await _scrape(admin_session, metrics_url)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise DemoError(f"cannot scrape {metrics_url} for the summary: {exc!r}") from None
 
         codes["sidecar"] = sidecar.stop(SIDECAR_STOP_TIMEOUT)
         codes["simulator"] = simulator.stop(SIMULATOR_STOP_TIMEOUT)
@@ -708,7 +720,8 @@ def run_demo(duration: float | None = None, concurrency: int = 8, port: int = 80
 
     admin = port + ADMIN_PORT_OFFSET
     if port < 1 or admin > 65535:
-        return fail(f"--port must be 1-{65535 - ADMIN_PORT_OFFSET} (the metrics port is --port + {ADMIN_PORT_OFFSET})", 2)
+        top = 65535 - ADMIN_PORT_OFFSET
+        return fail(f"--port must be 1-{top} (the metrics port is --port + {ADMIN_PORT_OFFSET})", 2)
     if concurrency < 1:
         return fail("--concurrency must be at least 1", 2)
     if duration is not None and not duration > 0:

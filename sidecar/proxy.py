@@ -32,6 +32,7 @@ from yarl import URL
 from .observe import ResponseObserver
 from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
+from .usage_injection import UsageEventFilter, request_with_usage
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response"]
 
@@ -106,6 +107,7 @@ class Proxy:
         max_request_inspect_bytes: int = 32 << 20,
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
+        inject_stream_usage: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._base = upstream.rstrip("/")
@@ -119,13 +121,14 @@ class Proxy:
         self._max_inspect = max_request_inspect_bytes
         self._max_json = max_response_inspect_bytes
         self._max_line = max_line_bytes
+        self._inject_usage = inject_stream_usage
         self._clock = clock
         self.in_flight = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = self._clock()
         route, model = match_route(request.path)
-        body, request_model, max_tokens = await self._request_body(request, route)
+        body, request_model, max_tokens, injected = await self._request_body(request, route)
         model = model or request_model
         timeline = RequestTimeline(start, request.method, route.template, model or "")
         timeline.request_max_tokens = max_tokens
@@ -135,7 +138,7 @@ class Proxy:
             self._safely(self._on_start, label, route.template)
         outcome, error_type = Outcome.ERROR, "internal"
         try:
-            outcome, error_type, response = await self._relay(request, route, body, timeline)
+            outcome, error_type, response = await self._relay(request, route, body, timeline, injected)
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, "client_disconnected"
@@ -154,27 +157,33 @@ class Proxy:
         A known API route's JSON body is read whole (bounded by ``max_request_inspect_bytes``)
         so the model can label the figures: the server needs the whole JSON before it can
         start anyway, so this adds no time to first token. Every other body is streamed.
+        The last value says whether usage reporting was added (see usage_injection).
         """
         if not request.body_exists:
-            return None, None, None
+            return None, None, None, False
         length = request.content_length
         if route is OTHER or request.method != "POST" or length is None or length > self._max_inspect:
-            return request.content, None, None
+            return request.content, None, None, False
         body = await request.read()
-        model = max_tokens = None
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return body, None, None
-        if type(doc) is dict:
-            value = doc.get("model")
-            model = value if isinstance(value, str) else None
-            for key in ("max_completion_tokens", "max_tokens", "max_new_tokens"):
-                value = doc.get(key)
-                if type(value) is int:
-                    max_tokens = value
-                    break
-        return body, model, max_tokens
+            return body, None, None, False
+        if type(doc) is not dict:
+            return body, None, None, False
+        value = doc.get("model")
+        model = value if isinstance(value, str) else None
+        max_tokens = None
+        for key in ("max_completion_tokens", "max_tokens", "max_new_tokens"):
+            value = doc.get(key)
+            if type(value) is int:
+                max_tokens = value
+                break
+        if self._inject_usage and route.usage_injectable:
+            rewritten = request_with_usage(doc)
+            if rewritten is not None:
+                return orjson.dumps(rewritten), model, max_tokens, True
+        return body, model, max_tokens, False
 
     def _upstream_headers(self, request: web.Request, body) -> CIMultiDict[str]:
         headers = _filter_headers(request.headers, _NOT_FORWARDED_TO_UPSTREAM)
@@ -190,7 +199,7 @@ class Proxy:
 
     # -- response ----------------------------------------------------------------------
 
-    async def _relay(self, request: web.Request, route: Route, body, timeline: RequestTimeline):
+    async def _relay(self, request: web.Request, route: Route, body, timeline: RequestTimeline, injected: bool):
         url = URL(self._base + request.raw_path, encoded=True)
         try:
             upstream = await self._session().request(
@@ -212,7 +221,7 @@ class Proxy:
 
         released = False
         try:
-            result = await self._stream(request, route, upstream, timeline)
+            result = await self._stream(request, route, upstream, timeline, injected)
             released = result[0] is Outcome.OK or result[1] == "upstream_status"
             return result
         finally:
@@ -224,7 +233,7 @@ class Proxy:
         timeline.response_started(self._clock(), status, streamed=False)
         return Outcome.ERROR, kind, error_response(status, kind, message)
 
-    async def _stream(self, request, route, upstream: aiohttp.ClientResponse, timeline):
+    async def _stream(self, request, route, upstream: aiohttp.ClientResponse, timeline, injected: bool):
         now = self._clock()
         streamed_type = upstream.headers.get("Content-Type", "")
         observer = ResponseObserver(
@@ -240,6 +249,12 @@ class Proxy:
         response.headers.extend(_filter_headers(upstream.headers, HOP_BY_HOP))
         await response.prepare(request)
 
+        # The client did not ask for usage, we did: drop the usage event it never asked for.
+        hide_usage = (
+            UsageEventFilter()
+            if injected and observer.streaming and "Content-Length" not in upstream.headers
+            else None
+        )
         outcome = Outcome.ERROR if upstream.status >= 500 else Outcome.OK
         error_type = "upstream_status" if upstream.status >= 500 else None
         content = upstream.content
@@ -257,10 +272,22 @@ class Proxy:
                     break
                 now = self._clock()
                 try:
-                    await response.write(chunk)
+                    if hide_usage is None:
+                        await response.write(chunk)
+                    else:
+                        relayed = hide_usage.feed(chunk)
+                        if relayed:
+                            await response.write(relayed)
                 except ConnectionError:
                     return Outcome.CANCELLED, "client_disconnected", response
                 observer.feed(chunk, now)
+            if hide_usage is not None:
+                held = hide_usage.close()  # never lose a byte, even of a broken stream
+                if held:
+                    try:
+                        await response.write(held)
+                    except ConnectionError:
+                        return Outcome.CANCELLED, "client_disconnected", response
         finally:
             observer.close(self._clock())
 

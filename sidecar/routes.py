@@ -22,6 +22,7 @@ class Route:
     stream_dialect: Callable[..., object] | None = None  # SSE/NDJSON bytes -> events
     json_parser: Callable[[bytes], list] | None = None  # whole JSON response -> events
     model_from_path: bool = False
+    usage_injectable: bool = False  # OpenAI stream_options.include_usage is understood
 
     @property
     def measured(self) -> bool:
@@ -33,8 +34,8 @@ OTHER = Route("other", "other")
 ROUTES: dict[str, Route] = {
     r.template: r
     for r in (
-        Route("/v1/chat/completions", "chat", OpenAIStreamDialect, parse_openai_response),
-        Route("/v1/completions", "text_completion", OpenAIStreamDialect, parse_openai_response),
+        Route("/v1/chat/completions", "chat", OpenAIStreamDialect, parse_openai_response, usage_injectable=True),
+        Route("/v1/completions", "text_completion", OpenAIStreamDialect, parse_openai_response, usage_injectable=True),
         # Labelled now, measured by their own dialects as they land (e2e and TTFB meanwhile).
         Route("/v1/responses", "chat"),
         Route("/v1/messages", "chat"),

@@ -24,10 +24,9 @@ order is declaration order and JSON is compact with raw (unescaped) UTF-8.
   and choices are interleaved step by step.
 * ``stream_options.include_usage``: a final chunk ``"choices":[],"usage":{"prompt_tokens":P,
   "total_tokens":P+C,"completion_tokens":C}`` (``UsageInfo`` field order;
-  ``exclude_none=True`` drops ``prompt_tokens_details``). Every other chat chunk then carries
-  ``"usage":null`` -- this is what vLLM 0.5.x did (``chunk.usage = None`` when
-  include_usage but not continuous_usage_stats) and what the OpenAI API documents; newer vLLM
-  omits the key. Without include_usage chat chunks have no ``usage`` key at all.
+  ``exclude_none=True`` drops ``prompt_tokens_details``). Other chat chunks carry no
+  ``usage`` key, with or without include_usage, as current vLLM (``exclude_unset=True``);
+  vLLM 0.5.x and OpenAI's hosted API add ``"usage":null`` to each chunk instead.
 * Completions stream chunk (``CompletionStreamResponse``, ``exclude_unset=False``):
   ``{"id":"cmpl-<32 hex>","object":"text_completion","created":..,"model":M,"choices":[{"index":i,
   "text":"tok","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}``.
@@ -446,7 +445,8 @@ class _ChatEncoder:
             plan.rid.encode(), created, sim.model_json,
         )
         self.head = b"data: " + common + b',"choices":[{"index":'
-        self.tail = b',"usage":null}\n\n' if include_usage else b"}\n\n"
+        # Current vLLM dumps chat chunks with exclude_unset=True: no "usage" key unless set.
+        self.tail = b"}\n\n"
         self.usage_head = b"data: " + common + b',"choices":[],"usage":'
 
     def role(self, i: int) -> bytes:

@@ -17,6 +17,7 @@ __all__ = [
     "StreamError",
     "StreamEnd",
     "ParseError",
+    "EngineTimings",
     "DialectEvent",
 ]
 
@@ -76,4 +77,15 @@ class ParseError:
     reason: str
 
 
-DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | ParseError
+@dataclass(slots=True, frozen=True)
+class EngineTimings:
+    """The engine's own account of where the time went, in seconds, when its stream says
+    (Ollama ``load_duration``/``prompt_eval_duration``/``eval_duration``, llama.cpp
+    ``timings``). Lets users split TTFT into queue and network overhead versus model time."""
+
+    load_seconds: float | None = None
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
+
+
+DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | ParseError | EngineTimings

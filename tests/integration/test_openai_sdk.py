@@ -72,8 +72,23 @@ async def test_sdk_stream_through_sidecar_is_byte_identical_and_measured(simulat
     assert 0.3 + 19 * 0.03 - 0.02 <= e2e < 1.3
 
 
+async def test_usage_injection_is_invisible_to_the_client(simulator, sidecar_factory):
+    """The client did not ask for usage: it gets the bytes a direct connection gives, while
+    the sidecar asked the server for usage and so counts tokens exactly."""
+    direct_url = await simulator(model="sim-model", seed=9)
+    sc = await sidecar_factory(await simulator(model="sim-model", seed=9))
+    direct = await _raw_stream(direct_url)
+    proxied = await _raw_stream(sc.url)
+    assert b'"usage"' not in direct
+    assert _VOLATILE.sub(b"", proxied) == _VOLATILE.sub(b"", direct)
+    labels = {"model": "sim-model", "route": ROUTE}
+    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
+    assert sc.sample("llm_tokens_total", type="output", **labels) == 20
+    assert sc.sample("llm_tokens_total", type="input", **labels) > 0  # only usage knows this
+
+
 async def test_sdk_parsed_stream_and_counts_without_usage(simulator, sidecar_factory):
-    sc = await sidecar_factory(await simulator(model="sim-model", seed=1))
+    sc = await sidecar_factory(await simulator(model="sim-model", seed=1), inject_stream_usage=False)
     async with _client(sc.url) as client:
         stream = await client.chat.completions.create(
             model="sim-model",

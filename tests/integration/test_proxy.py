@@ -86,7 +86,8 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     sent: list[bytes] = []
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent)))
     sc = await sidecar_factory(up.url)
-    body, _, resp = await post_stream(sc.url + "/v1/chat/completions")
+    request = {"model": "m1", "stream": True, "stream_options": {"include_usage": True}, "messages": []}
+    body, _, resp = await post_stream(sc.url + "/v1/chat/completions", request)
     assert resp.status == 200
     assert body == b"".join(sent)
     assert resp.headers["Content-Type"] == "text/event-stream"
@@ -111,6 +112,30 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     assert 0.39 <= e2e < 0.7
     assert sc.sample("llm_requests_in_flight", **labels) == 0
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
+
+
+async def test_usage_is_requested_for_the_client_and_hidden_from_it(upstream, sidecar_factory):
+    seen: list[dict] = []
+
+    async def handler(request):
+        doc = await request.json()
+        seen.append(doc)
+        inner = scripted(STREAM if doc.get("stream_options", {}).get("include_usage") else [x for x in STREAM if x[1] != USAGE])
+        return await inner(request)
+
+    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", handler))
+    sc = await sidecar_factory(up.url)
+    body, _, _ = await post_stream(sc.url + "/v1/chat/completions", {"model": "m1", "stream": True, "messages": []})
+    assert seen[0]["stream_options"] == {"include_usage": True}
+    assert body == b"".join(data for _, data in STREAM if data != USAGE)
+    labels = {"model": "m1", "route": "/v1/chat/completions"}
+    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
+    assert sc.sample("llm_tokens_total", type="input", **labels) == 7
+
+    sc2 = await sidecar_factory(up.url, inject_stream_usage=False)
+    body, _, _ = await post_stream(sc2.url + "/v1/chat/completions", {"model": "m1", "stream": True, "messages": []})
+    assert "stream_options" not in seen[1]
+    assert body == b"".join(data for _, data in STREAM if data != USAGE)
 
 
 async def test_chunks_are_relayed_as_they_arrive_not_buffered(upstream, sidecar_factory):

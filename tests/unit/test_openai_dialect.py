@@ -728,3 +728,14 @@ def test_any_json_chunks_never_raise_and_split_invariant(objs, data):
     assert run(split_at(raw, cuts)) == expected
     for o in objs:
         parse_openai_response(orjson.dumps(o))
+
+
+TOP_KEYS = ["id", "model", "object", "choices", "usage", "error", "message", "type", "code"]
+response_like = st.fixed_dictionaries({}, optional={k: scalars | nested for k in TOP_KEYS})
+
+
+@FAST
+@given(response_like)
+def test_parse_response_any_json_never_raises(obj):
+    out = parse_openai_response(orjson.dumps(obj))
+    assert all(isinstance(e, (ResponseInfo, Usage, StreamError, ParseError)) for e in out)
