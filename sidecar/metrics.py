@@ -64,7 +64,9 @@ class SLOThresholds:
         self.ttft, self.tpot, self.e2e = ttft, tpot, e2e
 
     def met_by(self, t: RequestTimeline) -> bool:
-        if t.outcome is not Outcome.OK:
+        # A 4xx is outcome ok (the server did its job) but served the user nothing: a fast
+        # 429 must not look like good service.
+        if t.outcome is not Outcome.OK or t.status is None or not 200 <= t.status < 300:
             return False
         e2e = t.e2e
         if e2e is None or e2e > self.e2e:
@@ -149,7 +151,7 @@ class SidecarMetrics:
         )  # fmt: skip
         self.within_slo = Counter(
             "requests_within_slo",
-            "Goodput: ok requests that met every latency objective at once (TTFT, TPOT, e2e "
+            "Goodput: 2xx ok requests that met every latency objective at once (TTFT, TPOT, e2e "
             "thresholds from the sidecar's config).",
             mr, **h,
         )  # fmt: skip

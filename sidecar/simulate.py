@@ -67,6 +67,7 @@ import asyncio
 import logging
 import math
 import random
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -851,8 +852,16 @@ def build_simulator_app(config: SimulatorConfig) -> web.Application:
 
 
 async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
-    """Serve the simulator on ``host:port`` until cancelled."""
+    """Serve the simulator on ``host:port`` until cancelled, SIGTERM or SIGINT; live streams
+    get ``SHUTDOWN_TIMEOUT`` seconds to finish, like a real server's graceful shutdown."""
     app = build_simulator_app(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
+            pass
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT
     )
@@ -861,6 +870,6 @@ async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
         site = web.TCPSite(runner, host, port, backlog=1024)
         await site.start()
         log.info("simulator serving model %s on http://%s:%d", config.model, host, port)
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await runner.cleanup()

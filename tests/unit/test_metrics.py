@@ -90,6 +90,16 @@ def test_goodput_needs_every_objective_at_once(times, end, outcome, expected):
     assert (reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) or 0) == expected
 
 
+def test_a_fast_4xx_is_not_goodput():
+    m, reg = make(SLOThresholds(0.5, 0.1, 10.0))
+    t = RequestTimeline(100.0, "POST", ROUTE, "m")
+    t.response_started(100.01, 429, streamed=False)
+    t.finish(Outcome.OK, 100.02)
+    m.started("m", ROUTE)
+    m.record(t, "m")
+    assert reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) is None
+
+
 def test_failed_before_response_gets_a_code():
     m, reg = make()
     for outcome, code in ((Outcome.CANCELLED, "499"), (Outcome.ERROR, "500")):

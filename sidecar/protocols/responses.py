@@ -1,0 +1,197 @@
+"""OpenAI Responses API (``POST /v1/responses``): typed SSE events, ``text/event-stream``.
+
+Each event is ``event: <type>`` + ``data: {"type":"<type>",...,"sequence_number":N}``; the
+JSON ``type`` decides (the SSE event name is only a fallback, as llama.cpp's and some
+proxies' streams are ``data:``-only). There is no ``[DONE]``: the stream ends with
+``response.completed``, ``response.incomplete`` or ``response.failed``, each carrying the
+whole Response object (an upstream that appends ``data: [DONE]`` anyway is tolerated).
+
+What counts as a token (one per delta event whose ``delta`` is a non-empty string):
+- ``response.output_text.delta``, ``response.refusal.delta``                -> answer
+- ``response.reasoning_text.delta`` (gpt-oss / vLLM / llama.cpp raw reasoning),
+  ``response.reasoning_summary_text.delta`` (OpenAI's reasoning summaries)  -> reasoning
+- ``response.function_call_arguments.delta``, ``response.custom_tool_call_input.delta``,
+  ``response.mcp_call_arguments.delta``, ``response.code_interpreter_call_code.delta`` -> tool
+Lifecycle and bookkeeping events (``response.created``/``in_progress``/``queued``,
+``output_item.*``, ``content_part.*``, every ``*.done``, annotations) are not tokens.
+
+Usage (``response.usage``): ``input_tokens``, ``output_tokens``,
+``output_tokens_details.reasoning_tokens``, ``input_tokens_details.cached_tokens``.
+Finish reasons are the provider's own words: ``completed`` for ``response.completed``,
+``incomplete_details.reason`` (``max_output_tokens``, ``content_filter``) or
+``incomplete`` for ``response.incomplete``; a failed response has none, only its error.
+Errors: ``response.failed`` (``response.error`` = ``{code, message}``) and the ``error``
+event, spelled either flat (``{"type":"error","code":..,"message":..,"param":..}``) or
+nested (``{"type":"error","error":{"type":..,"code":..,"message":..}}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import SSEJSONDialect, int_or_none, load_object, str_or_none
+from .events import (
+    DialectEvent,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    Usage,
+)
+
+__all__ = ["ResponsesStreamDialect", "parse_responses_response", "usage_from_responses"]
+
+_ANSWER = Tokens(TokenKind.ANSWER, 1)
+_REASONING = Tokens(TokenKind.REASONING, 1)
+_TOOL = Tokens(TokenKind.TOOL, 1)
+
+_DELTA_KINDS: dict[str, Tokens] = {
+    "response.output_text.delta": _ANSWER,
+    "response.refusal.delta": _ANSWER,
+    "response.reasoning_text.delta": _REASONING,
+    "response.reasoning_summary_text.delta": _REASONING,
+    "response.function_call_arguments.delta": _TOOL,
+    "response.custom_tool_call_input.delta": _TOOL,
+    "response.mcp_call_arguments.delta": _TOOL,
+    "response.code_interpreter_call_code.delta": _TOOL,
+}
+_STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class ResponsesStreamDialect(SSEJSONDialect):
+    """``/v1/responses`` SSE bytes in, :mod:`events` out. Sans-I/O; safe at any split."""
+
+    __slots__ = ("_model", "_id")
+
+    def __init__(self, max_line_bytes: int | None = None) -> None:
+        super().__init__(max_line_bytes)
+        self._model: str | None = None
+        self._id: str | None = None
+
+    def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            kind = event
+        tokens = _DELTA_KINDS.get(kind)
+        if tokens is not None:
+            delta = obj.get("delta")
+            if isinstance(delta, str) and delta:
+                out.append(tokens)
+            return
+        if kind in _STARTED:
+            self._info(obj.get("response"), out)
+        elif kind in _TERMINAL:
+            response = obj.get("response")
+            self._info(response, out)
+            if type(response) is not dict:
+                response = {}
+            if kind == "response.failed":
+                out.append(_failure(response.get("error")))
+            else:
+                out.append(ResponseInfo(finish_reasons=(_finish_reason(kind, response),)))
+            usage = usage_from_responses(response.get("usage"))
+            if usage is not None:
+                out.append(usage)
+            out.append(StreamEnd())
+        elif kind == "error":
+            out.append(_error_event(obj))
+
+    def _info(self, response: Any, out: list[DialectEvent]) -> None:
+        """Model and id once each, as soon as a Response object names them."""
+        if type(response) is not dict:
+            return
+        model, rid = str_or_none(response.get("model")), str_or_none(response.get("id"))
+        new_model = model if model is not None and self._model is None else None
+        new_id = rid if rid is not None and self._id is None else None
+        if new_model is None and new_id is None:
+            return
+        if new_model is not None:
+            self._model = new_model
+        if new_id is not None:
+            self._id = new_id
+        out.append(ResponseInfo(response_model=new_model, response_id=new_id))
+
+
+def _finish_reason(kind: str, response: dict[str, Any]) -> str:
+    if kind == "response.incomplete":
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if type(details) is dict else None
+        return reason if isinstance(reason, str) and reason else "incomplete"
+    return "completed"
+
+
+def _failure(error: Any) -> StreamError:
+    if type(error) is dict:
+        return StreamError(str(error.get("message", "")), str_or_none(error.get("type")), _code(error))
+    return StreamError("response failed")
+
+
+def _error_event(obj: dict[str, Any]) -> StreamError:
+    nested = obj.get("error")
+    if type(nested) is dict:
+        return StreamError(str(nested.get("message", "")), str_or_none(nested.get("type")), _code(nested))
+    return StreamError(str(obj.get("message", "")), None, _code(obj))
+
+
+def _code(obj: dict[str, Any]) -> int | str | None:
+    code = obj.get("code")
+    return code if isinstance(code, (int, str)) and type(code) is not bool else None
+
+
+def usage_from_responses(usage: Any) -> Usage | None:
+    """Responses ``usage`` object -> :class:`Usage` (``None`` if it is not one)."""
+    if type(usage) is not dict:
+        return None
+    input_details = usage.get("input_tokens_details")
+    output_details = usage.get("output_tokens_details")
+    return Usage(
+        input_tokens=int_or_none(usage.get("input_tokens")),
+        output_tokens=int_or_none(usage.get("output_tokens")),
+        reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
+        if type(output_details) is dict
+        else None,
+        cached_input_tokens=int_or_none(input_details.get("cached_tokens"))
+        if type(input_details) is dict
+        else None,
+    )
+
+
+def parse_responses_response(body: bytes) -> list[DialectEvent]:
+    """A whole non-streaming Response object (or an error body) -> events.
+
+    Tokens are not emitted one by one (they arrived at once); the usage carries the count.
+    """
+    obj = load_object(body)
+    if type(obj) is ParseError:
+        return [obj]
+    assert type(obj) is dict
+    status = obj.get("status")
+    is_response = obj.get("object") == "response" or isinstance(status, str)
+    if not is_response:
+        err = obj.get("error")
+        if type(err) is dict:
+            return [StreamError(str(err.get("message", "")), str_or_none(err.get("type")), _code(err))]
+        if isinstance(err, str):
+            return [StreamError(err)]
+    out: list[DialectEvent] = []
+    finish: tuple[str, ...] = ()
+    if status == "completed":
+        finish = ("completed",)
+    elif status == "incomplete":
+        finish = (_finish_reason("response.incomplete", obj),)
+    out.append(
+        ResponseInfo(
+            response_model=str_or_none(obj.get("model")),
+            response_id=str_or_none(obj.get("id")),
+            finish_reasons=finish,
+        )
+    )
+    if status == "failed" or type(obj.get("error")) is dict:
+        out.append(_failure(obj.get("error")))
+    usage = usage_from_responses(obj.get("usage"))
+    if usage is not None:
+        out.append(usage)
+    return out

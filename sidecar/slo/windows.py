@@ -1,0 +1,117 @@
+"""Burn-rate alert windows: the Google SRE workbook's table, as data.
+
+Each row says: alert when the share ``budget_consumed`` of the whole period's error budget
+has been spent within ``long`` (and the ``short`` window, 1/12 of it, confirms that the burn
+is still going on, so the alert resets soon after the problem stops). The burn-rate
+threshold follows from the period instead of being written down::
+
+    factor = budget_consumed * period / long
+
+For a 30-day period that gives the workbook's 14.4, 6, 3 and 1; a 28-day period gives
+13.44, 5.6, 2.8 and 0.933. An arm fires ``budget_consumed * period / burn_rate`` after a
+constant burn starts (when that is within ``long``), which is how the promtool tests
+predict firing times.
+
+Reference: The Site Reliability Workbook, "Alerting on SLOs", table 5-8.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+__all__ = [
+    "Severity",
+    "AlertWindow",
+    "WORKBOOK_WINDOWS",
+    "burn_rate_factor",
+    "detection_seconds",
+    "parse_duration",
+    "format_duration",
+    "format_number",
+    "record_windows",
+]
+
+Severity = Literal["page", "ticket"]
+
+MINUTE = 60
+HOUR = 60 * MINUTE
+DAY = 24 * HOUR
+
+_UNITS = {"y": 365 * DAY, "w": 7 * DAY, "d": DAY, "h": HOUR, "m": MINUTE, "s": 1}
+_DURATION = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def parse_duration(text: str) -> int:
+    """Prometheus duration (``"30d"``, ``"1h30m"``; no milliseconds) -> whole seconds."""
+    m = _DURATION.fullmatch(str(text).strip())
+    if not m or not any(m.groups()):
+        raise ValueError(f"{text!r} is not a duration like 5m, 6h, 30d")
+    return sum(int(n) * _UNITS[u] for n, u in zip(m.groups(), "ywdhms", strict=True) if n)
+
+
+def format_duration(seconds: int) -> str:
+    """Whole seconds -> the Prometheus duration in the largest exact unit up to days."""
+    for unit in ("d", "h", "m"):
+        if seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{seconds}s"
+
+
+def format_number(value: Fraction | float) -> str:
+    """A rule-file number: shortest faithful form, six significant digits at most."""
+    text = format(float(value), ".6g")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class AlertWindow:
+    """One multi-window alert arm."""
+
+    severity: Severity
+    long: int
+    """Seconds of the long window: how much budget was spent recently."""
+    short: int
+    """Seconds of the short window: is it still being spent now."""
+    budget_consumed: Fraction
+    """Share of the period's budget spent within ``long`` when the arm fires."""
+
+    @property
+    def long_name(self) -> str:
+        return format_duration(self.long)
+
+    @property
+    def short_name(self) -> str:
+        return format_duration(self.short)
+
+
+# The workbook's recommended parameters (table 5-8), for any period length.
+WORKBOOK_WINDOWS: tuple[AlertWindow, ...] = (
+    AlertWindow("page", 1 * HOUR, 5 * MINUTE, Fraction(2, 100)),
+    AlertWindow("page", 6 * HOUR, 30 * MINUTE, Fraction(5, 100)),
+    AlertWindow("ticket", 1 * DAY, 2 * HOUR, Fraction(10, 100)),
+    AlertWindow("ticket", 3 * DAY, 6 * HOUR, Fraction(10, 100)),
+)
+
+
+def burn_rate_factor(window: AlertWindow, period: int) -> Fraction:
+    """The burn rate above which ``window`` fires, for a compliance period of ``period`` s."""
+    return window.budget_consumed * period / window.long
+
+
+def detection_seconds(window: AlertWindow, period: int, burn_rate: float) -> float | None:
+    """Seconds from the start of a constant burn (after clean traffic) until the arm fires.
+
+    ``None`` when the burn is too slow for this arm ever to fire.
+    """
+    factor = burn_rate_factor(window, period)
+    if burn_rate <= factor:
+        return None
+    return float(window.budget_consumed * period) / burn_rate
+
+
+def record_windows(windows: tuple[AlertWindow, ...] = WORKBOOK_WINDOWS) -> list[int]:
+    """Every window the alerts read, shortest first."""
+    return sorted({w for a in windows for w in (a.long, a.short)})
