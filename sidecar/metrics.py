@@ -189,31 +189,33 @@ class SidecarMetrics:
         else:  # no response reached the client: nginx's 499 for a client that left
             code = "499" if t.outcome is Outcome.CANCELLED else "500"
         self.requests.labels(model_label, route, code, outcome).inc()
+        # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
+        ex = {"trace_id": t.trace_id} if t.trace_id else None
         e2e = t.e2e
         if e2e is not None:
-            self.duration.labels(model_label, route, outcome).observe(e2e)
+            self.duration.labels(model_label, route, outcome).observe(e2e, ex)
         if t.ttfb is not None:
-            self.ttfb.labels(*mr).observe(t.ttfb)
+            self.ttfb.labels(*mr).observe(t.ttfb, ex)
         if t.parse_errors:
             self.parse_errors.labels(route).inc(t.parse_errors)
         if t.streamed:
-            self._record_stream(t, mr)
+            self._record_stream(t, mr, ex)
         self._record_tokens(t, mr)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr).inc()
 
-    def _record_stream(self, t: RequestTimeline, mr: tuple[str, str]) -> None:
+    def _record_stream(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
         if t.ttft is not None:
-            self.ttft.labels(*mr).observe(t.ttft)
+            self.ttft.labels(*mr).observe(t.ttft, ex)
         if t.ttfat is not None:
-            self.ttfat.labels(*mr).observe(t.ttfat)
+            self.ttfat.labels(*mr).observe(t.ttfat, ex)
         if t.gaps:
             observe = self.itl.labels(*mr).observe
             for gap in t.gaps:
                 observe(gap)
         tpot = t.tpot
         if tpot is not None:
-            self.tpot.labels(*mr).observe(tpot)
+            self.tpot.labels(*mr).observe(tpot, ex)
         tps = t.tokens_per_second
         if tps is not None:
             self.tps.labels(*mr).observe(tps)

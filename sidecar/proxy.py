@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -60,6 +61,16 @@ _log = structlog.get_logger("sidecar.proxy")
 
 Recorder = Callable[[RequestTimeline, str], None]
 """Called once per finished request with the timeline and its bounded model label."""
+
+
+class RequestTracer(Protocol):
+    """What the proxy needs from tracing (see :mod:`sidecar.tracing`)."""
+
+    def start(self, headers: Mapping[str, str], timeline: RequestTimeline) -> None:
+        """Begin the request's span in the client's trace; set ``timeline.trace``/``trace_id``."""
+
+    def inject(self, timeline: RequestTimeline, headers: MutableMapping[str, str]) -> None:
+        """Add trace-context headers for the upstream request."""
 
 
 def _connection_listed(headers) -> set[str]:
@@ -108,6 +119,7 @@ class Proxy:
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
         inject_stream_usage: bool = True,
+        tracer: RequestTracer | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._base = upstream.rstrip("/")
@@ -122,6 +134,7 @@ class Proxy:
         self._max_json = max_response_inspect_bytes
         self._max_line = max_line_bytes
         self._inject_usage = inject_stream_usage
+        self._tracer = tracer
         self._clock = clock
         self.in_flight = 0
 
@@ -136,6 +149,8 @@ class Proxy:
         self.in_flight += 1
         if self._on_start is not None:
             self._safely(self._on_start, label, route.template)
+        if self._tracer is not None:
+            self._safely(self._tracer.start, request.headers, timeline)
         outcome, error_type = Outcome.ERROR, "internal"
         try:
             outcome, error_type, response = await self._relay(request, route, body, timeline, injected)
@@ -185,7 +200,7 @@ class Proxy:
                 return orjson.dumps(rewritten), model, max_tokens, True
         return body, model, max_tokens, False
 
-    def _upstream_headers(self, request: web.Request, body) -> CIMultiDict[str]:
+    def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
         headers = _filter_headers(request.headers, _NOT_FORWARDED_TO_UPSTREAM)
         if isinstance(body, bytes):
             headers.popall("Content-Length", None)  # aiohttp sets it from the bytes
@@ -195,6 +210,8 @@ class Proxy:
         headers["X-Forwarded-Proto"] = request.scheme
         if request.host:
             headers["X-Forwarded-Host"] = request.host
+        if self._tracer is not None and timeline.trace is not None:
+            self._safely(self._tracer.inject, timeline, headers)
         return headers
 
     # -- response ----------------------------------------------------------------------
@@ -205,7 +222,7 @@ class Proxy:
             upstream = await self._session().request(
                 request.method,
                 url,
-                headers=self._upstream_headers(request, body),
+                headers=self._upstream_headers(request, body, timeline),
                 data=body,
                 allow_redirects=False,
                 timeout=self._timeout,

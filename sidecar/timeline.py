@@ -71,6 +71,8 @@ class RequestTimeline:
         "outcome",
         "error_type",
         "request_max_tokens",
+        "trace",
+        "trace_id",
     )
 
     def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
@@ -99,6 +101,8 @@ class RequestTimeline:
         self.outcome: Outcome | None = None
         self.error_type: str | None = None  # short machine-readable cause, never content
         self.request_max_tokens: int | None = None
+        self.trace: object | None = None  # the tracer's handle for this request's span
+        self.trace_id: str | None = None  # hex trace id, for exemplars and logs
 
     # -- feeding ---------------------------------------------------------------------
 

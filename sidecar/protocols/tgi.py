@@ -1,0 +1,106 @@
+"""Hugging Face Text Generation Inference native API: ``/generate_stream`` and ``/generate``.
+
+``/generate_stream`` is SSE (``text/event-stream``, written by axum, so ``data:`` has no
+space after the colon and keep-alives are ``:`` comment lines), one event per generated
+token::
+
+    data:{"index":1,"token":{"id":1246,"text":" Deep","logprob":-0.27,"special":false},"generated_text":null,"details":null}
+
+The last event also carries ``generated_text`` (the whole text) and, when the request set
+``parameters.details``, ``details``: ``finish_reason`` (``length``, ``eos_token``,
+``stop_sequence``), ``generated_tokens``, ``seed`` and, on TGI 2.x, ``input_length``.
+There is no ``[DONE]``; a non-null ``generated_text`` is the end marker.
+
+What counts as a token: every event whose ``token`` is an object with ``special`` not
+true, one each, even when its ``text`` is empty (a byte-fallback piece of a multi-byte
+character is still one generated token, produced at that moment). A ``special: true``
+token (the ``</s>`` / ``<|eot_id|>`` that ends most generations) is part of the stream but
+not output text, so it is not counted; ``details.generated_tokens`` still includes it, and
+being the server's own count, it wins as usage.
+
+Errors inside a 200 stream are ``data:{"error":"...","error_type":"generation"}``; the
+same object is the body of a failed ``/generate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ._base import SSEJSONDialect, int_or_none, str_or_none
+from .events import (
+    DialectEvent,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    Usage,
+)
+
+__all__ = ["TGIStreamDialect", "parse_tgi_response"]
+
+_ANSWER = Tokens(TokenKind.ANSWER, 1)
+
+
+class TGIStreamDialect(SSEJSONDialect):
+    """``/generate_stream`` SSE bytes in, :mod:`events` out. Sans-I/O; safe at any split."""
+
+    __slots__ = ()
+
+    def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
+        err = _error_of(obj)
+        if err is not None:
+            out.append(err)
+            return
+        token = obj.get("token")
+        if type(token) is dict and token.get("special") is not True:
+            out.append(_ANSWER)
+        _details(obj.get("details"), out)
+        if isinstance(obj.get("generated_text"), str):
+            out.append(StreamEnd())
+
+
+def _details(details: Any, out: list[DialectEvent]) -> None:
+    if type(details) is not dict:
+        return
+    reason = details.get("finish_reason")
+    if isinstance(reason, str):
+        out.append(ResponseInfo(finish_reasons=(reason,)))
+    usage = Usage(
+        input_tokens=int_or_none(details.get("input_length")),
+        output_tokens=int_or_none(details.get("generated_tokens")),
+    )
+    if usage != Usage():
+        out.append(usage)
+
+
+def _error_of(obj: dict[str, Any]) -> StreamError | None:
+    err = obj.get("error")
+    if isinstance(err, str):
+        return StreamError(err, str_or_none(obj.get("error_type")))
+    if type(err) is dict:  # not TGI's own shape, but proxies in front of it use it
+        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")))
+    return None
+
+
+def parse_tgi_response(body: bytes) -> list[DialectEvent]:
+    """A whole ``/generate`` body -> events (finish reason and usage when ``details`` was
+    requested, or the error). TGI's compat route ``/`` answers with a one-element list of
+    the same object; that is accepted too."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return [ParseError("response is not JSON")]
+    if type(obj) is list and len(obj) == 1:
+        obj = obj[0]
+    if type(obj) is not dict:
+        return [ParseError("response is not a JSON object")]
+    err = _error_of(obj)
+    if err is not None:
+        return [err]
+    out: list[DialectEvent] = []
+    _details(obj.get("details"), out)
+    return out

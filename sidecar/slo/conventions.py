@@ -1,0 +1,142 @@
+"""Every name the SLO rules use or produce, in one place.
+
+Recording rules follow Prometheus' ``level:metric:operations`` convention with the ``llm``
+level, and carry the labels ``slo`` (the objective's name) and ``model``::
+
+    llm:sli_error:ratio_rate<W>        share of bad events over window W (5m ... 3d, and the period)
+    llm:burn_rate:ratio_rate<W>        that share divided by the error budget (1 - target)
+    llm:error_budget_remaining:ratio   1 - error ratio over the period / error budget
+    llm:goodput:rate5m                 requests/s that met every latency objective (goodput)
+    llm:goodput:ratio_rate5m           goodput / ok requests
+
+Alerts are ``LLM<Objective>BurnRate`` (one name per objective; labels ``severity`` = page or
+ticket, ``long_window``, ``short_window``, ``slo``, ``model``), ``LLMSidecarDown`` and
+``LLMNoTrafficData``. Each links to ``README.md#runbook-<alert name in lower case>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from .windows import format_duration
+
+__all__ = [
+    "LEVEL",
+    "LABEL_SLO",
+    "LABEL_MODEL",
+    "LABEL_SEVERITY",
+    "LABEL_LONG_WINDOW",
+    "LABEL_SHORT_WINDOW",
+    "REQUESTS_TOTAL",
+    "REQUESTS_WITHIN_SLO_TOTAL",
+    "ERROR_BUDGET_REMAINING",
+    "GOODPUT_RATE",
+    "GOODPUT_RATIO",
+    "ALERT_TARGET_DOWN",
+    "ALERT_NO_TRAFFIC",
+    "LatencySLI",
+    "LATENCY_SLIS",
+    "SLI_KINDS",
+    "sli_error_record",
+    "burn_rate_record",
+    "alert_name",
+    "runbook_anchor",
+    "group_name",
+    "GOODPUT_GROUP",
+    "HEALTH_GROUP",
+]
+
+LEVEL = "llm"
+
+# Labels.
+LABEL_SLO = "slo"
+LABEL_MODEL = "model"
+LABEL_SEVERITY = "severity"
+LABEL_LONG_WINDOW = "long_window"
+LABEL_SHORT_WINDOW = "short_window"
+
+# What the sidecar exports (sidecar/metrics.py; a test compares these with a live /metrics).
+REQUESTS_TOTAL = "llm_requests_total"
+REQUESTS_WITHIN_SLO_TOTAL = "llm_requests_within_slo_total"
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySLI:
+    """A latency SLI: the share of observations at or under a threshold of one histogram."""
+
+    histogram: str
+    buckets: tuple[float, ...]
+    matchers: tuple[tuple[str, str], ...]
+    """Extra equality matchers on the histogram's series."""
+    events: str
+    """What one observation is, for alert text."""
+    measure: str
+    """What is compared with the threshold, for alert text."""
+
+
+LATENCY_SLIS: dict[str, LatencySLI] = {
+    "ttft": LatencySLI(
+        "llm_time_to_first_token_seconds", TTFT_BUCKETS, (),
+        "streamed requests", "time to first token",
+    ),
+    "tpot": LatencySLI(
+        "llm_time_per_output_token_seconds", ITL_BUCKETS, (),
+        "streamed requests", "time per output token",
+    ),
+    "itl": LatencySLI(
+        "llm_inter_token_latency_seconds", ITL_BUCKETS, (),
+        "gaps between tokens", "inter-token latency",
+    ),
+    # Only requests that succeeded: failures are the availability SLO's, and a cancelled
+    # request's duration is the client's choice.
+    "e2e": LatencySLI(
+        "llm_request_duration_seconds", E2E_BUCKETS, (("outcome", "ok"),),
+        "successful requests", "end-to-end duration",
+    ),
+}  # fmt: skip
+
+SLI_KINDS: tuple[str, ...] = ("availability", *LATENCY_SLIS)
+
+# Recording rules.
+ERROR_BUDGET_REMAINING = f"{LEVEL}:error_budget_remaining:ratio"
+GOODPUT_RATE = f"{LEVEL}:goodput:rate5m"
+GOODPUT_RATIO = f"{LEVEL}:goodput:ratio_rate5m"
+
+
+def sli_error_record(window: int) -> str:
+    """``llm:sli_error:ratio_rate5m`` for a window of 300 s."""
+    return f"{LEVEL}:sli_error:ratio_rate{format_duration(window)}"
+
+
+def burn_rate_record(window: int) -> str:
+    """``llm:burn_rate:ratio_rate1h`` for a window of 3600 s."""
+    return f"{LEVEL}:burn_rate:ratio_rate{format_duration(window)}"
+
+
+# Alerts.
+ALERT_TARGET_DOWN = "LLMSidecarDown"
+ALERT_NO_TRAFFIC = "LLMNoTrafficData"
+_ACRONYMS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "slo": "SLO", "llm": "LLM"}
+
+
+def alert_name(objective: str) -> str:
+    """``ttft`` -> ``LLMTTFTBurnRate``; ``ttft-long-context`` -> ``LLMTTFTLongContextBurnRate``."""
+    parts = [p for p in re.split(r"[-_]", objective) if p]
+    return "LLM" + "".join(_ACRONYMS.get(p, p[:1].upper() + p[1:]) for p in parts) + "BurnRate"
+
+
+def runbook_anchor(alert: str) -> str:
+    """The README heading ``### Runbook: LLMTTFTBurnRate`` has the anchor ``runbook-llmttftburnrate``."""
+    return "runbook-" + alert.lower()
+
+
+# Rule groups: one per objective (its records before its alerts, so the alerts read the
+# records of the same evaluation), one for goodput, one for the sidecar's own health.
+GOODPUT_GROUP = "llm-sidecar-goodput"
+HEALTH_GROUP = "llm-sidecar-health"
+
+
+def group_name(objective: str) -> str:
+    return f"llm-sidecar-slo-{objective}"

@@ -1,0 +1,307 @@
+"""The SLO spec: a versioned YAML document, validated once, rejected with one clear line.
+
+::
+
+    version: 1
+    period: 30d                      # compliance period; 28d also common
+    objectives:
+      - name: ttft                   # the `slo` label, and the alert name LLMTTFTBurnRate
+        sli: ttft                    # availability | ttft | tpot | itl | e2e
+        target: 95                   # percent of events that must be good
+        threshold_seconds: 2.0       # latency SLIs: a histogram bucket bound
+        models:                      # per-model overrides of target and/or threshold
+          my-405b: {threshold_seconds: 5.0}
+    alerts:
+      runbook_url: https://.../README.md
+      target_down: {job: llm-sidecar, for: 5m, severity: page}
+      no_traffic: {for: 30m, severity: ticket}
+
+A latency SLI reads the histogram's cumulative bucket at its threshold, so a threshold that
+is not a bucket bound would silently read nothing: such a spec is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .conventions import LATENCY_SLIS, SLI_KINDS
+from .windows import WORKBOOK_WINDOWS, Severity, format_duration, parse_duration
+
+__all__ = [
+    "SPEC_VERSION",
+    "DEFAULT_RUNBOOK_URL",
+    "SpecError",
+    "ModelOverride",
+    "Objective",
+    "TargetDownAlert",
+    "NoTrafficAlert",
+    "Alerts",
+    "SLOSpec",
+    "Scope",
+    "parse_spec",
+    "load_spec",
+]
+
+SPEC_VERSION = 1
+DEFAULT_RUNBOOK_URL = "https://github.com/llm-sidecar/llm-sidecar/blob/main/README.md"
+
+
+class SpecError(Exception):
+    """The spec is unusable; the message is one line naming the problem."""
+
+
+def _duration(value: Any) -> int:
+    if not isinstance(value, str):
+        raise ValueError(f"write a duration such as 5m, 6h or 30d, got {value!r}")
+    return parse_duration(value)
+
+
+Duration = Annotated[int, BeforeValidator(_duration)]
+"""A Prometheus duration string in the YAML, whole seconds in Python."""
+
+
+def _check_target(value: float) -> float:
+    if not 50 <= value < 100:
+        raise ValueError(
+            f"target is a percentage of good events, at least 50 and below 100 (e.g. 99.5), got {value!r}"
+        )
+    return value
+
+
+def _check_threshold(sli: str, value: float) -> None:
+    latency = LATENCY_SLIS[sli]
+    if float(value) not in latency.buckets:
+        bounds = ", ".join(format(b, "g") for b in latency.buckets)
+        raise ValueError(
+            f"threshold_seconds {value:g} is not a bucket bound of {latency.histogram} "
+            f"(the SLI reads the bucket at the threshold); choose one of {bounds}"
+        )
+
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ModelOverride(BaseModel):
+    """What one model does differently from its objective."""
+
+    model_config = _STRICT
+
+    target: float | None = None
+    threshold_seconds: float | None = None
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: float | None) -> float | None:
+        return None if v is None else _check_target(v)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ModelOverride:
+        if self.target is None and self.threshold_seconds is None:
+            raise ValueError("an override sets target, threshold_seconds or both")
+        return self
+
+
+class Objective(BaseModel):
+    """One SLO: which SLI, how good it must be, and per-model exceptions."""
+
+    model_config = _STRICT
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
+    sli: Literal["availability", "ttft", "tpot", "itl", "e2e"]
+    target: float
+    threshold_seconds: float | None = None
+    models: dict[str, ModelOverride] = Field(default_factory=dict)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: float) -> float:
+        return _check_target(v)
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> Objective:
+        if self.sli == "availability":
+            if self.threshold_seconds is not None:
+                raise ValueError("availability has no threshold_seconds (it counts server errors)")
+            for model, o in self.models.items():
+                if o.threshold_seconds is not None:
+                    raise ValueError(f"models.{model}: availability has no threshold_seconds")
+            return self
+        if self.threshold_seconds is None:
+            raise ValueError(f"a {self.sli} objective needs threshold_seconds (a histogram bucket bound)")
+        _check_threshold(self.sli, self.threshold_seconds)
+        for model, o in self.models.items():
+            if not model:
+                raise ValueError("models: a model name is empty")
+            if o.threshold_seconds is not None:
+                try:
+                    _check_threshold(self.sli, o.threshold_seconds)
+                except ValueError as exc:
+                    raise ValueError(f"models.{model}: {exc}") from None
+        return self
+
+    def scopes(self) -> list[Scope]:
+        """The default scope (every model without an override), then one per override."""
+        overridden = tuple(self.models)
+        out = [Scope(self, None, self.target, self.threshold_seconds, overridden)]
+        for model, o in self.models.items():
+            target = self.target if o.target is None else o.target
+            threshold = self.threshold_seconds if o.threshold_seconds is None else o.threshold_seconds
+            out.append(Scope(self, model, target, threshold, ()))
+        return out
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Scope:
+    """An objective as it applies to one model (an override) or to all the others."""
+
+    objective: Objective
+    model: str | None
+    """The overridden model, or None for every model without an override."""
+    target: float
+    threshold: float | None
+    excluded: tuple[str, ...]
+    """Models the default scope leaves to their overrides."""
+
+    @property
+    def error_budget(self) -> Fraction:
+        """1 - target, exactly (99.5 -> 1/200)."""
+        return 1 - Fraction(str(self.target)) / 100
+
+
+class TargetDownAlert(BaseModel):
+    model_config = _STRICT
+
+    job: str = Field("llm-sidecar", min_length=1, description="the `job` label of the sidecar's scrape targets")
+    for_: Duration = Field(5 * 60, alias="for")
+    severity: Severity = "page"
+
+
+class NoTrafficAlert(BaseModel):
+    model_config = _STRICT
+
+    for_: Duration = Field(30 * 60, alias="for")
+    severity: Severity = "ticket"
+
+
+class Alerts(BaseModel):
+    model_config = _STRICT
+
+    runbook_url: str = Field(DEFAULT_RUNBOOK_URL, pattern=r"^https?://")
+    """The README the alerts link into; ``#runbook-<alert>`` is appended."""
+    target_down: TargetDownAlert = Field(default_factory=TargetDownAlert)
+    no_traffic: NoTrafficAlert = Field(default_factory=NoTrafficAlert)
+
+
+class SLOSpec(BaseModel):
+    """A whole spec (``version: 1``)."""
+
+    model_config = _STRICT
+
+    version: int
+    period: Duration = 30 * 24 * 3600
+    objectives: list[Objective]
+    alerts: Alerts = Field(default_factory=Alerts)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != SPEC_VERSION:
+            raise ValueError(f"unsupported spec version {v}; this llm-sidecar reads version {SPEC_VERSION}")
+        return v
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, v: int) -> int:
+        longest = max(w.long for w in WORKBOOK_WINDOWS)
+        if v % (24 * 3600) or v <= longest:
+            raise ValueError(
+                f"period must be whole days and longer than the {format_duration(longest)} alert window "
+                f"(30d or 28d are usual), got {format_duration(v)}"
+            )
+        return v
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v: list[Objective]) -> list[Objective]:
+        if not v:
+            raise ValueError("no objectives: there would be nothing to render")
+        names = [o.name for o in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"objective names must be unique; repeated: {', '.join(dupes)}")
+        return v
+
+    @property
+    def period_name(self) -> str:
+        return format_duration(self.period)
+
+
+def _where(loc: tuple[Any, ...], data: Any) -> str:
+    """``('objectives', 1, 'threshold_seconds')`` -> ``objectives[1] (ttft).threshold_seconds``."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if isinstance(node, list) and part < len(node):
+                node = node[part]
+                if isinstance(node, dict) and isinstance(node.get("name"), str):
+                    out += f" ({node['name']})"
+            else:
+                node = None
+        else:
+            out += ("." if out else "") + str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out
+
+
+def parse_spec(data: Any, source: str = "spec") -> SLOSpec:
+    """Validate a loaded YAML document; :class:`SpecError` names the first problem."""
+    if data is None:
+        raise SpecError(f"{source}: the spec is empty; there would be nothing to render")
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping with version and objectives")
+    if "version" not in data:
+        raise SpecError(f"{source}: version is required (write `version: {SPEC_VERSION}` at the top)")
+    try:
+        return SLOSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        err = errors[0]
+        where = _where(err["loc"], data)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "is required"
+        elif err["type"] == "literal_error" and where.endswith(".sli"):
+            msg = f"unknown SLI {err['input']!r}; choose one of {', '.join(SLI_KINDS)}"
+        elif err["type"] == "string_pattern_mismatch" and where.endswith(".name"):
+            msg = f"{err['input']!r} must be lower case letters, digits, - or _ (it becomes a label value)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SpecError(f"{source}: {where or 'spec'}: {msg}{more}") from None
+
+
+def load_spec(path: str) -> SLOSpec:
+    """Read and validate a spec file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise SpecError(f"{path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return parse_spec(data, path)
