@@ -16,9 +16,10 @@ character that a TCP read cuts in half simply waits in the buffer with the rest 
 and the dialect hands the complete line to orjson without a decode/encode round trip.
 
 Bounded memory, as in :mod:`sidecar.sse`: a peer that never sends a line end must not make
-us buffer without limit. Past ``max_line_bytes`` of one line the decoder drops what it
-holds, reports one :class:`NDJSONOverflow`, and discards the rest of that line up to its
-LF; the next line parses normally. The relayed bytes are unaffected; only the measurement
+us buffer without limit. Past ``max_line_bytes`` of one line (CRLF excluded; the buffer may
+hold one byte more, the CR whose LF has not arrived yet) the decoder drops what it holds,
+reports one :class:`NDJSONOverflow`, and discards the rest of that line up to its LF; the
+next line parses normally. The relayed bytes are unaffected; only the measurement
 of that line is lost. Work is O(n) in the bytes fed: each byte is scanned once for a line
 end, and the pieces of a line split across feeds are joined once, when it completes.
 """
@@ -94,7 +95,9 @@ class NDJSONDecoder:
 
     def _hold(self, rest: bytes, out: list) -> None:
         self._size += len(rest)
-        if self._size > self._max_line:
+        # One byte of slack: the held part may end with the CR of a CRLF still to come,
+        # which is not part of the line. The complete line is checked exactly in _line.
+        if self._size > self._max_line + 1:
             self._parts = []
             self._size = 0
             self._skipping = True

@@ -7,7 +7,8 @@ Each partial result is one sampled token::
 
 The final result has ``"stop": true`` and the request's accounting: ``model``,
 ``tokens_predicted`` (output), ``tokens_evaluated`` (the whole prompt, cached part
-included), ``stop_type`` (``eos``, ``limit``, ``word``; the finish reason), and
+included), ``stop_type`` (``eos``, ``limit``, ``word``; the finish reason; older builds
+had ``stopped_eos`` / ``stopped_word`` / ``stopped_limit`` booleans instead), and
 ``timings`` in MILLIseconds::
 
     {"cache_n":..,"prompt_n":..,"prompt_ms":..,"prompt_per_token_ms":..,"prompt_per_second":..,
@@ -50,6 +51,7 @@ from .events import (
 __all__ = ["LlamaCppStreamDialect", "parse_llamacpp_response", "engine_timings_from_llamacpp"]
 
 _MS = 1000.0
+_OLD_STOP_FLAGS = ("eos", "word", "limit")
 _ANSWER = Tokens(TokenKind.ANSWER, 1)
 
 
@@ -75,6 +77,8 @@ class LlamaCppStreamDialect(SSEJSONDialect):
 def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
     model = str_or_none(obj.get("model"))
     reason = obj.get("stop_type")
+    if not isinstance(reason, str):  # builds before stop_type had one boolean per cause
+        reason = next((r for r in _OLD_STOP_FLAGS if obj.get("stopped_" + r) is True), None)
     finish = (reason,) if isinstance(reason, str) and reason and reason != "none" else ()
     if model is not None or finish:
         out.append(ResponseInfo(response_model=model, finish_reasons=finish))

@@ -31,6 +31,7 @@ from .events import (
     Tokens,
     Usage,
 )
+from .llamacpp import engine_timings_from_llamacpp
 
 __all__ = ["OpenAIStreamDialect", "parse_openai_response", "usage_from_openai"]
 
@@ -101,6 +102,11 @@ class OpenAIStreamDialect:
             parsed = usage_from_openai(usage)
             if parsed is not None:
                 out.append(parsed)
+        timings = obj.get("timings")  # llama.cpp: last chunk (every chunk with timings_per_token)
+        if timings:
+            engine = engine_timings_from_llamacpp(timings)
+            if engine is not None:
+                out.append(engine)
 
 
 def _count_choices(choices: list, out: list[DialectEvent]) -> None:

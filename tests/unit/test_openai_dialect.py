@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.protocols.events import (
+    EngineTimings,
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -209,6 +210,7 @@ LLAMACPP_EVENTS = [
     ANSWER,
     ResponseInfo(finish_reasons=("stop",)),
     Usage(input_tokens=11, output_tokens=3),
+    EngineTimings(prefill_seconds=35.2 / 1000, decode_seconds=41.7 / 1000),
 ]
 
 # vLLM stream_options={"include_usage":true,"continuous_usage_stats":true}: usage everywhere.
