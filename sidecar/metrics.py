@@ -201,6 +201,15 @@ class SidecarMetrics:
         if t.streamed:
             self._record_stream(t, mr, ex)
         self._record_tokens(t, mr)
+        engine = t.engine
+        if engine is not None:
+            for hist, value in (
+                (self.upstream_load, engine.load_seconds),
+                (self.upstream_prefill, engine.prefill_seconds),
+                (self.upstream_decode, engine.decode_seconds),
+            ):
+                if value is not None:
+                    hist.labels(*mr).observe(value)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr).inc()
 

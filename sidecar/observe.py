@@ -42,8 +42,11 @@ class ResponseObserver:
         if content_encoding and content_encoding.lower() != "identity":
             return  # compressed bytes: relayed untouched, not interpreted
         mime = content_type.split(";", 1)[0].strip().lower()
-        if mime == "text/event-stream" and route.stream_dialect is not None:
-            self._dialect = route.stream_dialect(max_line_bytes) if max_line_bytes else route.stream_dialect()
+        if mime == route.stream_mime and route.stream_dialect is not None:
+            kwargs = {"max_line_bytes": max_line_bytes} if max_line_bytes else {}
+            if route.model_from_path:
+                kwargs["model"] = timeline.model or None
+            self._dialect = route.stream_dialect(**kwargs)
         elif mime == "application/json" and route.json_parser is not None:
             self._json_parser = route.json_parser
 

@@ -10,7 +10,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
+from .protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
+from .protocols.ollama import OllamaStreamDialect, parse_ollama_response
 from .protocols.openai import OpenAIStreamDialect, parse_openai_response
+from .protocols.responses import ResponsesStreamDialect, parse_responses_response
+from .protocols.tgi import TGIStreamDialect, parse_tgi_response
+from .protocols.triton import TritonStreamDialect, parse_triton_response
 
 __all__ = ["Route", "match_route", "OTHER", "ROUTES"]
 
@@ -23,6 +29,7 @@ class Route:
     json_parser: Callable[[bytes], list] | None = None  # whole JSON response -> events
     model_from_path: bool = False
     usage_injectable: bool = False  # OpenAI stream_options.include_usage is understood
+    stream_mime: str = "text/event-stream"  # Ollama streams NDJSON instead
 
     @property
     def measured(self) -> bool:
@@ -36,15 +43,17 @@ ROUTES: dict[str, Route] = {
     for r in (
         Route("/v1/chat/completions", "chat", OpenAIStreamDialect, parse_openai_response, usage_injectable=True),
         Route("/v1/completions", "text_completion", OpenAIStreamDialect, parse_openai_response, usage_injectable=True),
-        # Labelled now, measured by their own dialects as they land (e2e and TTFB meanwhile).
-        Route("/v1/responses", "chat"),
-        Route("/v1/messages", "chat"),
-        Route("/generate_stream", "text_completion"),
-        Route("/generate", "text_completion"),
-        Route("/api/chat", "chat"),
-        Route("/api/generate", "text_completion"),
-        Route("/completion", "text_completion"),
-        Route("/v2/models/{model}/generate_stream", "text_completion", model_from_path=True),
+        Route("/v1/responses", "chat", ResponsesStreamDialect, parse_responses_response),
+        Route("/v1/messages", "chat", AnthropicStreamDialect, parse_anthropic_response),
+        Route("/generate_stream", "text_completion", TGIStreamDialect, parse_tgi_response),
+        Route("/generate", "text_completion", TGIStreamDialect, parse_tgi_response),
+        Route("/api/chat", "chat", OllamaStreamDialect, parse_ollama_response, stream_mime="application/x-ndjson"),
+        Route("/api/generate", "text_completion", OllamaStreamDialect, parse_ollama_response, stream_mime="application/x-ndjson"),
+        Route("/completion", "text_completion", LlamaCppStreamDialect, parse_llamacpp_response),
+        Route(
+            "/v2/models/{model}/generate_stream", "text_completion", TritonStreamDialect, parse_triton_response,
+            model_from_path=True,
+        ),
     )
 }
 

@@ -7,7 +7,8 @@ timestamps, not durations, so every figure is derived one way in one place:
 - TTFT   first generated token of any kind (answer, reasoning, tool call) - start
 - TTFAT  first answer token - start; reported only when it differs from TTFT
 - ITL    every gap between consecutive token-bearing arrivals; tokens that arrive in the
-         same read share a timestamp, so their gap is 0 as the client saw it
+         same read share a timestamp, so their gap is 0 as the client saw it; an event
+         that carries k tokens (per-chunk usage says so) gives k observations of gap / k
 - TPOT   (last token - first token) / (output tokens - 1)
 - TPS    (output tokens - 1) / (last token - first token): decode speed, 1 / TPOT
 - E2E    end - start, where end is when the last byte was relayed (or the request failed)
@@ -24,6 +25,7 @@ from enum import Enum
 
 from .protocols.events import (
     DialectEvent,
+    EngineTimings,
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -73,6 +75,7 @@ class RequestTimeline:
         "request_max_tokens",
         "trace",
         "trace_id",
+        "engine",
     )
 
     def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
@@ -103,6 +106,7 @@ class RequestTimeline:
         self.request_max_tokens: int | None = None
         self.trace: object | None = None  # the tracer's handle for this request's span
         self.trace_id: str | None = None  # hex trace id, for exemplars and logs
+        self.engine: EngineTimings | None = None  # the engine's own load/prefill/decode times
 
     # -- feeding ---------------------------------------------------------------------
 
@@ -134,16 +138,23 @@ class RequestTimeline:
                     self.stream_error = ev
             elif t is ParseError:
                 self.parse_errors += 1
+            elif t is EngineTimings:
+                self.engine = ev  # cumulative where repeated: the last one wins
 
     def _tokens(self, ev: Tokens, now: float) -> None:
+        k = ev.count
         if self.first_token is None:
             self.first_token = now
             self.first_token_kind = ev.kind
-        elif self.last_token is not None:
-            self.gaps.append(now - self.last_token)
-            # k tokens in one event arrived together: their gaps to each other are 0.
-        if ev.count > 1:
-            self.gaps.extend([0.0] * (ev.count - 1))
+            if k > 1:  # k tokens in the first event arrived together: k - 1 gaps of 0
+                self.gaps.extend([0.0] * (k - 1))
+        elif k == 1:
+            self.gaps.append(now - self.last_token)  # type: ignore[operator]
+        else:
+            # k tokens in one event: the gap since the previous event is split evenly
+            # into k observations, so ITL's count matches the token count and its sum
+            # still equals the time spent decoding.
+            self.gaps.extend([(now - self.last_token) / k] * k)  # type: ignore[operator]
         self.last_token = now
         self.stream_tokens += ev.count
         if ev.kind is TokenKind.ANSWER:

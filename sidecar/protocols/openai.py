@@ -20,12 +20,11 @@ from typing import Any
 
 import orjson
 
-from ..sse import SSEDecoder, SSEEvent
+from ._base import SSEJSONDialect
 from .events import (
     DialectEvent,
     ParseError,
     ResponseInfo,
-    StreamEnd,
     StreamError,
     TokenKind,
     Tokens,
@@ -35,46 +34,27 @@ from .llamacpp import engine_timings_from_llamacpp
 
 __all__ = ["OpenAIStreamDialect", "parse_openai_response", "usage_from_openai"]
 
-_DONE = b"[DONE]"
+class OpenAIStreamDialect(SSEJSONDialect):
+    """SSE bytes in, :mod:`events` out. Sans-I/O; safe to feed arbitrary splits.
 
+    Per-chunk usage (vLLM ``continuous_usage_stats``): when a token-bearing chunk also
+    carries a cumulative ``completion_tokens`` that grew by k, the chunk counts as k tokens
+    (speculative decoding and multi-step scheduling send several tokens per chunk), and the
+    timeline splits its gap evenly into k inter-token observations.
+    """
 
-class OpenAIStreamDialect:
-    """SSE bytes in, :mod:`events` out. Sans-I/O; safe to feed arbitrary splits."""
-
-    __slots__ = ("_sse", "_seen_info")
+    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk")
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
-        self._sse = SSEDecoder(max_line_bytes) if max_line_bytes else SSEDecoder()
+        super().__init__(max_line_bytes)
         self._seen_info = False
+        self._completion_so_far = 0
+        # True while every token-bearing chunk so far carried usage. Usage on only the last
+        # content chunk (llama.cpp and others) is a total, not a per-chunk count.
+        self._usage_per_chunk = True
 
-    def feed(self, chunk: bytes) -> list[DialectEvent]:
-        return self._interpret(self._sse.feed(chunk))
-
-    def close(self) -> list[DialectEvent]:
-        return self._interpret(self._sse.close())
-
-    def _interpret(self, framed: list) -> list[DialectEvent]:
-        out: list[DialectEvent] = []
-        for ev in framed:
-            if type(ev) is not SSEEvent:
-                out.append(ParseError(ev.reason))
-                continue
-            data = ev.data
-            if data == _DONE:
-                out.append(StreamEnd())
-                continue
-            if not data.strip():
-                continue  # an empty data: line carries nothing to measure
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                out.append(ParseError("data is not JSON"))
-                continue
-            if type(obj) is not dict:
-                out.append(ParseError("data is not a JSON object"))
-                continue
-            self._chunk(obj, out)
-        return out
+    def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
+        self._chunk(obj, out)
 
     def _chunk(self, obj: dict[str, Any], out: list[DialectEvent]) -> None:
         err = _error_of(obj)
@@ -91,17 +71,27 @@ class OpenAIStreamDialect:
                         response_id=rid if isinstance(rid, str) else None,
                     )
                 )
+        usage = obj.get("usage")
+        parsed = usage_from_openai(usage) if usage else None
         choices = obj.get("choices")
         if choices:
             if type(choices) is not list:
                 out.append(ParseError("choices is not a list"))
             else:
-                _count_choices(choices, out)
-        usage = obj.get("usage")
-        if usage:
-            parsed = usage_from_openai(usage)
-            if parsed is not None:
-                out.append(parsed)
+                grown = None
+                if parsed is None or parsed.output_tokens is None:
+                    before = len(out)
+                    _count_choices(choices, out)
+                    if any(type(e) is Tokens for e in out[before:]):
+                        self._usage_per_chunk = False
+                else:
+                    if self._usage_per_chunk:
+                        grown = parsed.output_tokens - self._completion_so_far
+                    _count_choices(choices, out, grown)
+        if parsed is not None:
+            if parsed.output_tokens is not None:
+                self._completion_so_far = parsed.output_tokens
+            out.append(parsed)
         timings = obj.get("timings")  # llama.cpp: last chunk (every chunk with timings_per_token)
         if timings:
             engine = engine_timings_from_llamacpp(timings)
@@ -109,7 +99,9 @@ class OpenAIStreamDialect:
                 out.append(engine)
 
 
-def _count_choices(choices: list, out: list[DialectEvent]) -> None:
+def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> None:
+    """One token per content-bearing choice delta, unless per-chunk usage says the chunk
+    carried more (``grown`` > deltas, one kind only: the surplus goes to that kind)."""
     answer = reasoning = tool = 0
     finish: list[str] = []
     for choice in choices:
@@ -129,6 +121,13 @@ def _count_choices(choices: list, out: list[DialectEvent]) -> None:
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
             finish.append(reason)
+    if grown is not None and grown > answer + reasoning + tool and (answer > 0) + (reasoning > 0) + (tool > 0) == 1:
+        if answer:
+            answer = grown
+        elif reasoning:
+            reasoning = grown
+        else:
+            tool = grown
     # Reasoning first: when one delta carries both, the reasoning came first in time.
     if reasoning:
         out.append(Tokens(TokenKind.REASONING, reasoning))

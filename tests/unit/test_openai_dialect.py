@@ -741,3 +741,32 @@ response_like = st.fixed_dictionaries({}, optional={k: scalars | nested for k in
 def test_parse_response_any_json_never_raises(obj):
     out = parse_openai_response(orjson.dumps(obj))
     assert all(isinstance(e, (ResponseInfo, Usage, StreamError, ParseError)) for e in out)
+
+
+def test_continuous_usage_counts_k_tokens_per_chunk():
+    """vLLM continuous_usage_stats: usage on every chunk; a chunk whose completion_tokens
+    grew by k (speculative decoding) counts as k tokens."""
+    from sidecar.protocols.openai import OpenAIStreamDialect
+
+    def chunk(text, completion):
+        return (
+            b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+            b'"delta":{"content":"' + text + b'"},"logprobs":null,"finish_reason":null}],'
+            b'"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (5 + completion, completion)
+        )
+
+    d = OpenAIStreamDialect()
+    counts = []
+    for text, total in ((b"a", 1), (b"bcd", 4), (b"e", 5), (b"fg", 7)):
+        counts.append([e.count for e in d.feed(chunk(text, total)) if type(e) is Tokens])
+    assert counts == [[1], [3], [1], [2]]
+
+
+def test_usage_only_on_last_content_chunk_is_a_total_not_k_tokens():
+    from sidecar.protocols.openai import OpenAIStreamDialect
+
+    d = OpenAIStreamDialect()
+    plain = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+    last = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}\n\n'
+    events = d.feed(plain + plain + last)
+    assert [e.count for e in events if type(e) is Tokens] == [1, 1, 1]

@@ -186,15 +186,16 @@ def test_same_read_tokens_have_zero_gap():
     assert tl.tpot == pytest.approx(0.20 / 3)
 
 
-def test_tokens_count_k_yields_k_minus_one_zero_gaps():
+def test_tokens_count_k_splits_the_gap_into_k_observations():
     tl = RequestTimeline(start=START)
     tl.response_started(HEADERS, 200, streamed=True)
     tl.events([Tokens(TokenKind.ANSWER, 3)], 100.3)
-    assert list(tl.gaps) == [0.0, 0.0]
+    assert list(tl.gaps) == [0.0, 0.0]  # the first event's tokens arrived together
     tl.events([Tokens(TokenKind.ANSWER, 4)], 100.4)
-    assert list(tl.gaps) == pytest.approx([0.0, 0.0, 0.1, 0.0, 0.0, 0.0])
+    assert list(tl.gaps) == pytest.approx([0.0, 0.0, 0.025, 0.025, 0.025, 0.025])
     tl.events([Tokens(TokenKind.ANSWER, 1)], 100.6)
-    assert list(tl.gaps) == pytest.approx([0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.2])
+    assert list(tl.gaps) == pytest.approx([0.0, 0.0, 0.025, 0.025, 0.025, 0.025, 0.2])
+    assert sum(tl.gaps) == pytest.approx(tl.decode_seconds)
     assert tl.stream_tokens == 8
     assert len(tl.gaps) == tl.stream_tokens - 1
     assert tl.ttft == pytest.approx(0.3)
