@@ -22,6 +22,7 @@ from .config import Settings
 from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
 from .proxy import Proxy
+from .tracing import RequestTelemetry, providers_from_env
 
 __all__ = ["Sidecar", "build_sidecar", "serve", "SIDECAR"]
 
@@ -52,7 +53,16 @@ SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
 RUNNER_KWARGS = {"handler_cancellation": True, "access_log": None}
 
 
-def build_sidecar(settings: Settings, registry: CollectorRegistry | None = None, access_log: bool | None = None) -> Sidecar:
+def build_sidecar(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    access_log: bool | None = None,
+    *,
+    tracer_provider=None,
+    meter_provider=None,
+) -> Sidecar:
+    """Wire the parts. OpenTelemetry is on only for the providers passed in (``serve`` builds
+    them from ``OTEL_*``; tests pass in-memory ones); with neither, the proxy has no tracer."""
     registry = registry if registry is not None else CollectorRegistry()
     metrics = SidecarMetrics(
         registry,
@@ -60,6 +70,19 @@ def build_sidecar(settings: Settings, registry: CollectorRegistry | None = None,
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
     )
     recorders = [metrics.record]
+    telemetry: RequestTelemetry | None = None
+    if tracer_provider is not None or meter_provider is not None:
+        try:
+            telemetry = RequestTelemetry(
+                settings.upstream,
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                model_label=metrics.model_label,
+            )
+            # First: the span ends (and OTel metrics record) before the Prometheus observation.
+            recorders.insert(0, telemetry.record)
+        except Exception:  # telemetry never stops the proxy
+            _log.exception("otel_setup_failed")
     if settings.access_log if access_log is None else access_log:
         recorders.append(RequestLogger())
     holder: dict[str, Sidecar] = {}
@@ -75,6 +98,7 @@ def build_sidecar(settings: Settings, registry: CollectorRegistry | None = None,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
         inject_stream_usage=settings.inject_stream_usage,
+        tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
     sc = Sidecar(settings, registry, metrics, proxy)
     holder["s"] = sc
@@ -142,7 +166,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     get ``drain_seconds`` to finish (aiohttp cancels the rest), then the admin port closes
     last so the final figures can still be scraped during the drain.
     """
-    sc = build_sidecar(settings)
+    providers = providers_from_env(metrics=settings.otel_metrics)
+    sc = build_sidecar(
+        settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider
+    )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -171,4 +198,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     finally:
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
+        if providers.enabled:  # flush the spans and metrics of the drained requests
+            await asyncio.to_thread(providers.shutdown)
         _log.info("stopped")

@@ -94,6 +94,12 @@ class Settings(BaseModel):
     log_format: Literal["json", "console"] = Field("json", description="Request log format")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     access_log: bool = Field(True, description="One structured line per request")
+    otel_metrics: bool = Field(
+        False,
+        description="Also export GenAI semconv metrics (gen_ai.server.time_to_first_token, ...) "
+        "over OTLP; needs OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. "
+        "Traces need no setting: they are on whenever an OTLP endpoint is configured",
+    )
 
     @field_validator("upstream")
     @classmethod

@@ -1,0 +1,295 @@
+"""The sidecar as a user runs it (``python -m sidecar serve`` with OTEL_* variables) exporting
+to real OTLP receivers started here: gRPC (grpcio serving the collector's TraceService and
+MetricsService) and HTTP/protobuf (aiohttp accepting POST /v1/traces and /v1/metrics).
+The receivers decode the protobuf with opentelemetry-proto, so what is checked is exactly
+what a Collector would get."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from sidecar import semconv as sc
+from tests.conftest import free_port, start_app, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+ROUTE = "/v1/chat/completions"
+
+
+def chunk(content: str | None = None, *, role: bool = False, finish: str | None = None) -> bytes:
+    delta = {"role": "assistant", "content": ""} if role else {"content": content}
+    doc = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "model": "m1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+STREAM = [
+    (0.0, chunk(role=True)),
+    (0.05, chunk("one")),
+    (0.01, chunk("two")),
+    (0.01, chunk("three", finish="stop")),
+    (0.0, b'data: {"id":"chatcmpl-9","model":"m1","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}\n\n'),
+    (0.0, b"data: [DONE]\n\n"),
+]
+
+
+# -- receivers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    traces: list = field(default_factory=list)  # ExportTraceServiceRequest
+    metrics: list = field(default_factory=list)  # ExportMetricsServiceRequest
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, kind: str, message) -> None:
+        with self.lock:
+            getattr(self, kind).append(message)
+
+    def spans(self) -> list[tuple[dict, str, Span]]:
+        """(resource attributes, scope name, span) for every span received."""
+        out = []
+        with self.lock:
+            for req in self.traces:
+                for rs in req.resource_spans:
+                    resource = attributes(rs.resource.attributes)
+                    for ss in rs.scope_spans:
+                        out.extend((resource, ss.scope.name, span) for span in ss.spans)
+        return out
+
+    def metric_points(self) -> dict[str, list]:
+        out: dict[str, list] = {}
+        with self.lock:
+            for req in self.metrics:
+                for rm in req.resource_metrics:
+                    for sm in rm.scope_metrics:
+                        for m in sm.metrics:
+                            if m.WhichOneof("data") == "histogram":
+                                out.setdefault(m.name, []).extend(m.histogram.data_points)
+        return out
+
+
+def value(v: AnyValue):
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(value(x) for x in v.array_value.values)
+    return getattr(v, kind) if kind else None
+
+
+def attributes(kvs) -> dict:
+    return {kv.key: value(kv.value) for kv in kvs}
+
+
+class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, received: Received) -> None:
+        self.received = received
+
+    def Export(self, request, context):  # noqa: N802 - both services name it Export
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            self.received.add("traces", request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+        self.received.add("metrics", request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+@pytest.fixture
+def grpc_receiver():
+    received = Received()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    servicer = GrpcReceiver(received)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield received, f"http://127.0.0.1:{port}"
+    server.stop(0)
+
+
+@pytest.fixture
+async def http_receiver():
+    received = Received()
+
+    def handler(kind: str, request_type, response_type):
+        async def handle(request: web.Request) -> web.Response:
+            assert request.content_type == "application/x-protobuf"
+            body = await request.read()
+            if body[:2] == b"\x1f\x8b":
+                body = gzip.decompress(body)
+            message = request_type()
+            message.ParseFromString(body)
+            received.add(kind, message)
+            return web.Response(body=response_type().SerializeToString(), content_type="application/x-protobuf")
+
+        return handle
+
+    app = web.Application()
+    app.router.add_post(
+        "/v1/traces",
+        handler("traces", trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse),
+    )
+    app.router.add_post(
+        "/v1/metrics",
+        handler("metrics", metrics_service_pb2.ExportMetricsServiceRequest, metrics_service_pb2.ExportMetricsServiceResponse),
+    )
+    runner, port = await start_app(app)
+    yield received, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+# -- the sidecar as a subprocess -------------------------------------------------------------------
+
+
+async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
+    port, admin = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "K8S_", "LLM_SIDECAR_"))}
+    env.update(
+        {
+            "LLM_SIDECAR_UPSTREAM": upstream_url,
+            "LLM_SIDECAR_LISTEN": f"127.0.0.1:{port}",
+            "LLM_SIDECAR_METRICS_LISTEN": f"127.0.0.1:{admin}",
+            "LLM_SIDECAR_DRAIN_SECONDS": "1",
+            "OTEL_SERVICE_NAME": "sidecar-under-test",
+            "K8S_POD_NAME": "vllm-0",
+            "K8S_NAMESPACE_NAME": "inference",
+            **otel_env,
+        }
+    )
+    out = log.open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "serve", env=env, stdout=out, stderr=asyncio.subprocess.STDOUT
+    )
+
+    async def ready() -> bool:
+        if proc.returncode is not None:
+            raise AssertionError(f"sidecar exited {proc.returncode}: {log.read_text()}")
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                    return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_for(ready, timeout=20)
+    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", out
+
+
+async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_path: Path) -> None:
+    seen: list = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        seen.append(request.headers.get("traceparent"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for delay, data in STREAM:
+            await asyncio.sleep(delay)
+            await resp.write(data)
+        await resp.write_eof()
+        return resp
+
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, handler))
+    proc, url, admin, out = await run_sidecar(up.url, otel_env, tmp_path / "sidecar.log")
+    try:
+        async with aiohttp.ClientSession() as s:
+            headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "Authorization": "Bearer SECRET"}
+            body = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "SECRET prompt"}]}
+            async with s.post(url + ROUTE, json=body, headers=headers) as r:
+                assert r.status == 200
+                await r.read()
+
+            async def scraped() -> str | None:
+                accept = {"Accept": "application/openmetrics-text; version=1.0.0; charset=utf-8"}
+                async with s.get(admin + "/metrics", headers=accept) as r:
+                    text = await r.text()
+                return text if 'llm_requests_total{code="200"' in text else None
+
+            await wait_for(scraped)
+            exposition = await scraped()
+    finally:
+        proc.send_signal(signal.SIGTERM)  # serve() drains, then flushes the exporters
+        await asyncio.wait_for(proc.wait(), timeout=15)
+        out.close()
+    assert proc.returncode == 0, (tmp_path / "sidecar.log").read_text()
+
+    # The span: GenAI conventions, in the client's trace, with the resource from the env.
+    found = [(res, scope, span) for res, scope, span in received.spans() if span.name == "chat m1"]
+    assert len(found) == 1, (received.spans(), (tmp_path / "sidecar.log").read_text())
+    resource, scope, span = found[0]
+    assert resource["service.name"] == "sidecar-under-test"
+    assert resource["k8s.pod.name"] == "vllm-0" and resource["k8s.namespace.name"] == "inference"
+    assert scope == sc.INSTRUMENTATION_SCOPE
+    assert span.kind == Span.SpanKind.SPAN_KIND_CLIENT
+    assert span.trace_id.hex() == CLIENT_TRACE
+    assert span.parent_span_id.hex() == CLIENT_SPAN
+    attrs = attributes(span.attributes)
+    assert attrs[sc.GEN_AI_OPERATION_NAME] == "chat"
+    assert attrs[sc.GEN_AI_PROVIDER_NAME] == "openai"
+    assert attrs[sc.GEN_AI_REQUEST_MODEL] == "m1"
+    assert attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert (attrs[sc.GEN_AI_USAGE_INPUT_TOKENS], attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS]) == (4, 3)
+    assert attrs[sc.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert [e.name for e in span.events] == [sc.EVENT_FIRST_TOKEN]
+    assert 0.04 <= attrs[sc.LLM_SIDECAR_TTFT] < 0.5
+    assert "SECRET" not in repr(span) and "SECRET" not in repr(resource)
+
+    # The upstream saw the same trace, with this span as its parent.
+    (traceparent,) = seen
+    assert traceparent.split("-")[1:3] == [CLIENT_TRACE, span.span_id.hex()]
+
+    # The Prometheus TTFT bucket links to the trace (OpenMetrics exemplar).
+    ttft = [ln for ln in exposition.splitlines() if ln.startswith("llm_time_to_first_token_seconds_bucket{")]
+    assert any(f'# {{trace_id="{CLIENT_TRACE}"}}' in ln for ln in ttft), ttft
+
+    # The opt-in GenAI metrics, with the conventions' bucket boundaries.
+    points = received.metric_points()
+    for name, buckets in (
+        (sc.METRIC_SERVER_TTFT, sc.BUCKETS_SERVER_TTFT),
+        (sc.METRIC_SERVER_TPOT, sc.BUCKETS_SERVER_TPOT),
+        (sc.METRIC_SERVER_REQUEST_DURATION, sc.BUCKETS_SERVER_REQUEST_DURATION),
+        (sc.METRIC_CLIENT_TOKEN_USAGE, sc.BUCKETS_TOKEN_USAGE),
+    ):
+        assert points.get(name), (name, sorted(points))
+        point = points[name][-1]
+        assert tuple(point.explicit_bounds) == buckets, name
+        assert attributes(point.attributes)[sc.GEN_AI_OPERATION_NAME] == "chat"
+    assert sum(p.count for p in points[sc.METRIC_SERVER_TTFT]) >= 1
+
+
+async def test_otlp_grpc_traces_and_metrics(upstream, grpc_receiver, tmp_path):
+    received, endpoint = grpc_receiver
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "LLM_SIDECAR_OTEL_METRICS": "true",
+    }
+    await exercise(upstream, received, env, tmp_path)
+
+
+async def test_otlp_http_protobuf_traces_and_metrics(upstream, http_receiver, tmp_path):
+    received, base = http_receiver
+    env = {
+        # Per-signal endpoints are used as given (no /v1/... appended); protocol defaults to http/protobuf.
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": base + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": base + "/v1/metrics",
+        "LLM_SIDECAR_OTEL_METRICS": "true",
+    }
+    await exercise(upstream, received, env, tmp_path)
