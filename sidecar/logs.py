@@ -24,6 +24,21 @@ def configure_logging(fmt: str = "json", level: str = "info", stream=None) -> No
     renderer: Any = (
         structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
+    # Libraries (the OTel SDK, aiohttp) log through stdlib logging: render those lines the
+    # same way, so the output stays one JSON object per line.
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processor=renderer,
+            foreign_pre_chain=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(_LEVELS[level], logging.WARNING))
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -63,4 +78,5 @@ class RequestLogger:
             duration_ms=_ms(t.e2e),
             input_tokens=t.input_tokens,
             output_tokens=t.output_tokens,
+            trace_id=t.trace_id,
         )

@@ -141,10 +141,18 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = self._clock()
         route, model = match_route(request.path)
-        body, request_model, max_tokens, injected = await self._request_body(request, route)
-        model = model or request_model
+        body, doc, injected = await self._request_body(request, route)
+        if doc is not None:
+            value = doc.get("model")
+            model = model or (value if isinstance(value, str) else None)
         timeline = RequestTimeline(start, request.method, route.template, model or "")
-        timeline.request_max_tokens = max_tokens
+        if doc is not None:
+            timeline.request_stream = doc.get("stream") is True
+            for key in ("max_completion_tokens", "max_tokens", "max_new_tokens", "max_output_tokens"):
+                value = doc.get(key)
+                if type(value) is int:
+                    timeline.request_max_tokens = value
+                    break
         label = self._model_label(model)
         self.in_flight += 1
         if self._on_start is not None:
@@ -167,38 +175,31 @@ class Proxy:
     # -- request -----------------------------------------------------------------------
 
     async def _request_body(self, request: web.Request, route: Route):
-        """The body to forward, plus the model, and max_tokens for known API routes.
+        """The body to forward, the request's JSON object on known API routes (else None),
+        and whether usage reporting was added to the forwarded body.
 
         A known API route's JSON body is read whole (bounded by ``max_request_inspect_bytes``)
         so the model can label the figures: the server needs the whole JSON before it can
         start anyway, so this adds no time to first token. Every other body is streamed.
-        The last value says whether usage reporting was added (see usage_injection).
+        See usage_injection for the last value.
         """
         if not request.body_exists:
-            return None, None, None, False
+            return None, None, False
         length = request.content_length
         if route is OTHER or request.method != "POST" or length is None or length > self._max_inspect:
-            return request.content, None, None, False
+            return request.content, None, False
         body = await request.read()
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return body, None, None, False
+            return body, None, False
         if type(doc) is not dict:
-            return body, None, None, False
-        value = doc.get("model")
-        model = value if isinstance(value, str) else None
-        max_tokens = None
-        for key in ("max_completion_tokens", "max_tokens", "max_new_tokens"):
-            value = doc.get(key)
-            if type(value) is int:
-                max_tokens = value
-                break
+            return body, None, False
         if self._inject_usage and route.usage_injectable:
             rewritten = request_with_usage(doc)
             if rewritten is not None:
-                return orjson.dumps(rewritten), model, max_tokens, True
-        return body, model, max_tokens, False
+                return orjson.dumps(rewritten), doc, True
+        return body, doc, False
 
     def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
         headers = _filter_headers(request.headers, _NOT_FORWARDED_TO_UPSTREAM)

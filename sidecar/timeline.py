@@ -76,6 +76,7 @@ class RequestTimeline:
         "trace",
         "trace_id",
         "engine",
+        "request_stream",
     )
 
     def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
@@ -106,6 +107,7 @@ class RequestTimeline:
         self.request_max_tokens: int | None = None
         self.trace: object | None = None  # the tracer's handle for this request's span
         self.trace_id: str | None = None  # hex trace id, for exemplars and logs
+        self.request_stream: bool | None = None  # the request body's "stream" flag, if JSON
         self.engine: EngineTimings | None = None  # the engine's own load/prefill/decode times
 
     # -- feeding ---------------------------------------------------------------------

@@ -346,12 +346,10 @@ class RequestTelemetry:
 
     @staticmethod
     def _genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
-        # gen_ai.request.stream is the request's own flag when the proxy records it
-        # (``timeline.request_stream``); until then a response read as a token stream proves
-        # the client asked for one, and nothing else is claimed.
-        request_stream = getattr(t, "request_stream", None)
-        if request_stream is not None:
-            attrs[sc.GEN_AI_REQUEST_STREAM] = bool(request_stream)
+        # gen_ai.request.stream is the request's own flag when its body was JSON; otherwise a
+        # response read as a token stream proves the client asked for one.
+        if t.request_stream is not None:
+            attrs[sc.GEN_AI_REQUEST_STREAM] = t.request_stream
         elif t.streamed:
             attrs[sc.GEN_AI_REQUEST_STREAM] = True
         if t.first_byte is not None:
