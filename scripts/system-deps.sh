@@ -2,7 +2,7 @@
 # Installs the Debian packages the test suite needs, when they are missing and we can.
 # Every test that needs one of these skips locally with a reason, and fails under CI=true.
 set -euo pipefail
-packages=()   # filled as features need them, e.g. prometheus (promtool), nginx
+packages=(nginx prometheus)   # nginx: the benchmark's reference proxy (tests/integration/test_bench_smoke.py); prometheus: promtool (tests/integration/test_promtool.py)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

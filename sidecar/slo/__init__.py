@@ -10,6 +10,6 @@ from __future__ import annotations
 
 from .render import render_rules
 from .rules import generate
-from .spec import SLOSpec, SpecError, load_spec
+from .spec import SLOSpec, SpecError, load_spec, parse_spec
 
-__all__ = ["SLOSpec", "SpecError", "load_spec", "generate", "render_rules"]
+__all__ = ["SLOSpec", "SpecError", "load_spec", "parse_spec", "generate", "render_rules"]

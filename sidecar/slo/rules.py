@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
+
+from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
 from .spec import SLOSpec, Scope
@@ -83,8 +84,6 @@ def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int) -> str:
 
 def _le(bound: float) -> str:
     """The ``le`` label value prometheus_client writes for a bucket bound ("2.0", "0.1")."""
-    from prometheus_client.utils import floatToGoString  # noqa: PLC0415
-
     return floatToGoString(bound)
 
 
@@ -135,9 +134,9 @@ def objective_text(scope: Scope) -> str:
     target = format_number(scope.target)
     sli = scope.objective.sli
     if sli == "availability":
-        return f"{target}% of requests (not counting client cancellations) succeed"
+        return f"{target}% of requests succeed (client cancellations not counted)"
     latency = c.LATENCY_SLIS[sli]
-    return f"{target}% of {latency.events} have a {latency.measure} of at most {format_number(scope.threshold or 0)}s"
+    return f"{latency.measure} <= {format_number(scope.threshold or 0)}s for {target}% of {latency.events}"
 
 
 # ------------------------------------------------------------------- generation
@@ -176,26 +175,32 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
         f"{selector(c.burn_rate_record(window.long), rm)} > {factor}"
         f" and {selector(c.burn_rate_record(window.short), rm)} > {factor}"
     )
-    period_s = spec.period
-    spent = format_number(window.budget_consumed * 100)
-    remaining = (
-        f'{{{{ with query (printf "{c.ERROR_BUDGET_REMAINING}{{slo=%q,model=%q}}" "{name}" $labels.model) }}}}'
-        "{{ . | first | value | humanizePercentage }}{{ else }}an unknown share{{ end }}"
-    )
-    lasts = f'{{{{ with query (printf "{period_s} / %f" $value) }}}}{{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}'
-    exhausted = (
-        f'{{{{ with query (printf "clamp_min({c.ERROR_BUDGET_REMAINING}{{slo=%q,model=%q}}, 0) * {period_s} / %f"'
-        f' "{name}" $labels.model $value) }}}}{{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}'
-    )
     period = spec.period_name
+    spent = format_number(window.budget_consumed * 100)
+    # Prometheus templates have no arithmetic; `query` evaluates a little PromQL instead.
+    budget_text = (
+        'At this rate a whole budget lasts {{ with query (printf "<PERIOD_S> / %g" $value) }}'
+        "{{ . | first | value | humanizeDuration }}{{ end }}. "
+        '{{ with query (printf "<REMAINING>{slo=%q,model=%q}" "<SLO>" $labels.model) }}'
+        "{{ $left := . | first | value }}{{ $left | humanizePercentage }} of the budget for the "
+        "last <PERIOD> is left{{ if gt $left 0.0 }}, gone in "
+        '{{ with query (printf "%g * <PERIOD_S> / %g" $left $value) }}'
+        "{{ . | first | value | humanizeDuration }}{{ end }} at this rate"
+        "{{ else }}: it is spent{{ end }}.{{ else }}The remaining budget is unknown.{{ end }}"
+    )
+    for marker, value in (
+        ("<PERIOD_S>", str(spec.period)),
+        ("<PERIOD>", period),
+        ("<REMAINING>", c.ERROR_BUDGET_REMAINING),
+        ("<SLO>", name),
+    ):
+        budget_text = budget_text.replace(marker, value)
     description = (
         f"Objective: {objective_text(scope)}, over {period}. "
         f"Over the last {window.long_name}, and still over the last {window.short_name}, model "
         '{{ $labels.model }} spent its error budget {{ printf "%.1f" $value }}x as fast as the '
         f"{period} budget allows (this {window.severity} alert fires above {factor}x, "
-        f"i.e. {spent}% of the budget gone in {window.long_name}). "
-        f"At this rate a whole budget lasts {lasts}; {remaining} of this period's budget "
-        f"is left, which runs out in {exhausted}."
+        f"i.e. when {spent}% of the budget is gone in {window.long_name}). {budget_text}"
     )
     labels = {
         c.LABEL_SEVERITY: window.severity,
@@ -242,7 +247,10 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
             for_=down.for_,
             labels={c.LABEL_SEVERITY: down.severity},
             annotations={
-                "summary": "llm-sidecar target {{ $labels.instance }} is down or not scraped",
+                "summary": (
+                    "llm-sidecar target {{ with $labels.instance }}{{ . }}{{ else }}(none found){{ end }} "
+                    "is down or not scraped"
+                ),
                 "description": (
                     f'Prometheus cannot scrape the sidecar (up{{job="{down.job}"}} is 0 or absent) '
                     f"for {format_duration(down.for_)}. Its clients may be failing, and every "
@@ -282,7 +290,3 @@ def generate(spec: SLOSpec) -> RuleSet:
     if not any(g.rules for g in groups[:-2]):  # pragma: no cover - the spec guarantees it
         raise ValueError("the spec produced no SLO rules")
     return RuleSet(spec, tuple(groups))
-
-
-def _unused(_: Fraction) -> None:  # pragma: no cover
-    pass

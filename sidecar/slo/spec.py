@@ -132,6 +132,8 @@ class Objective(BaseModel):
 
     @model_validator(mode="after")
     def _thresholds(self) -> Objective:
+        if any(not model for model in self.models):
+            raise ValueError("models: a model name is empty")
         if self.sli == "availability":
             if self.threshold_seconds is not None:
                 raise ValueError("availability has no threshold_seconds (it counts server errors)")
@@ -143,8 +145,6 @@ class Objective(BaseModel):
             raise ValueError(f"a {self.sli} objective needs threshold_seconds (a histogram bucket bound)")
         _check_threshold(self.sli, self.threshold_seconds)
         for model, o in self.models.items():
-            if not model:
-                raise ValueError("models: a model name is empty")
             if o.threshold_seconds is not None:
                 try:
                     _check_threshold(self.sli, o.threshold_seconds)

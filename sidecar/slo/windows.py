@@ -12,7 +12,8 @@ For a 30-day period that gives the workbook's 14.4, 6, 3 and 1; a 28-day period 
 constant burn starts (when that is within ``long``), which is how the promtool tests
 predict firing times.
 
-Reference: The Site Reliability Workbook, "Alerting on SLOs", table 5-8.
+Reference: The Site Reliability Workbook, chapter 5 "Alerting on SLOs", approach 6:
+multiwindow, multi-burn-rate alerts.
 """
 
 from __future__ import annotations
@@ -62,8 +63,7 @@ def format_duration(seconds: int) -> str:
 
 def format_number(value: Fraction | float) -> str:
     """A rule-file number: shortest faithful form, six significant digits at most."""
-    text = format(float(value), ".6g")
-    return text
+    return format(float(value), ".6g")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ class AlertWindow:
         return format_duration(self.short)
 
 
-# The workbook's recommended parameters (table 5-8), for any period length.
+# The workbook's recommended parameters, for any period length.
 WORKBOOK_WINDOWS: tuple[AlertWindow, ...] = (
     AlertWindow("page", 1 * HOUR, 5 * MINUTE, Fraction(2, 100)),
     AlertWindow("page", 6 * HOUR, 30 * MINUTE, Fraction(5, 100)),
@@ -107,7 +107,7 @@ def detection_seconds(window: AlertWindow, period: int, burn_rate: float) -> flo
     ``None`` when the burn is too slow for this arm ever to fire.
     """
     factor = burn_rate_factor(window, period)
-    if burn_rate <= factor:
+    if burn_rate <= float(factor):  # as the rule compares: a float threshold
         return None
     return float(window.budget_consumed * period) / burn_rate
 

@@ -1,0 +1,176 @@
+"""Prometheus' own tool checks the rules and runs their unit tests.
+
+`promtool check rules --lint=all --lint-fatal` on every rules file (the committed ones and
+renderings that cover every SLI kind and a 28d period); `promtool test rules` on every file
+under tests/promtool/ (hand-written, with the arithmetic in their comments); and a generated
+test showing that a 28d period moves the factors, so a burn that pages under 28d does not
+under 30d. Skipped without promtool locally; fails under CI=true (Debian's `prometheus`).
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sidecar.slo import generate, load_spec, parse_spec, render_rules
+from tests.conftest import require_tool
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SPEC = ROOT / "deploy" / "slo" / "default.yaml"
+RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))
+PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [require_tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def default_spec_data() -> dict:
+    return yaml.safe_load(DEFAULT_SPEC.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def unit_test_results() -> dict[str, subprocess.CompletedProcess]:
+    """Run every promtool unit-test file at once (the longest takes several seconds)."""
+    require_tool("promtool")
+    with ThreadPoolExecutor(max_workers=max(1, len(PROMTOOL_TESTS))) as pool:
+        futures = {p.name: pool.submit(promtool, "test", "rules", p.name, cwd=p.parent) for p in PROMTOOL_TESTS}
+        return {name: f.result() for name, f in futures.items()}
+
+
+# --------------------------------------------------------------------- check rules
+
+
+def rendered_variants(tmp_path: Path) -> list[Path]:
+    """The default spec with a 28d period, and a spec with every SLI kind and overrides."""
+    out = []
+    d28 = default_spec_data()
+    d28["period"] = "28d"
+    every = {
+        "version": 1,
+        "period": "30d",
+        "objectives": [
+            {"name": "availability", "sli": "availability", "target": 99.9, "models": {"a": {"target": 99}, "b": {"target": 98}}},
+            {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 0.5, "models": {"a": {"threshold_seconds": 10.0}}},
+            {"name": "ttft-tail", "sli": "ttft", "target": 99, "threshold_seconds": 5.0},
+            {"name": "tpot", "sli": "tpot", "target": 95, "threshold_seconds": 0.05},
+            {"name": "itl", "sli": "itl", "target": 99, "threshold_seconds": 0.1},
+            {"name": "e2e", "sli": "e2e", "target": 99, "threshold_seconds": 120.0},
+        ],
+    }
+    for name, data in (("default-28d.yaml", d28), ("every-kind.yaml", every)):
+        path = tmp_path / name
+        path.write_text(render_rules(generate(parse_spec(data))), encoding="utf-8")
+        out.append(path)
+    return out
+
+
+def test_every_rules_file_passes_promtool_check_with_fatal_lint(tmp_path):
+    assert RULE_FILES, "no rules under deploy/prometheus/"
+    files = [*RULE_FILES, *rendered_variants(tmp_path)]
+    result = promtool("check", "rules", "--lint=all", "--lint-fatal", *map(str, files))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(files)
+
+
+# --------------------------------------------------------------------- unit tests
+
+
+def test_promtool_test_files_exist_and_set_interval_in_every_group():
+    names = {p.name for p in PROMTOOL_TESTS}
+    assert {"page.yaml", "ticket.yaml", "latency.yaml", "health.yaml"} <= names
+    for path in PROMTOOL_TESTS:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert doc["rule_files"] == ["../../deploy/prometheus/llm-sidecar-rules.yaml"], path.name
+        for group in doc["tests"]:
+            assert "interval" in group, f"{path.name}: Prometheus 2.42 needs interval: in every test group"
+
+
+@pytest.mark.parametrize("name", [p.name for p in PROMTOOL_TESTS])
+def test_promtool_unit_tests_pass(unit_test_results, name):
+    result = unit_test_results[name]
+    assert result.returncode == 0, f"promtool test rules tests/promtool/{name}\n{result.stdout}{result.stderr}"
+    assert "SUCCESS" in result.stdout
+
+
+# --------------------------------------------------------------------- 28d vs 30d
+
+# Burn-rate factors by hand: budget share x period / long window.
+#   30d = 720h: 0.02*720/1 = 14.4, 0.05*720/6 = 6, 0.1*720/24 = 3, 0.1*720/72 = 1
+#   28d = 672h: 0.02*672/1 = 13.44, 0.05*672/6 = 5.6, 0.1*672/24 = 2.8, 0.1*672/72 = 0.9333
+FACTORS = {"30d": [14.4, 6.0, 3.0, 1.0], "28d": [13.44, 5.6, 2.8, 0.9333]}
+ARMS = [("page", "1h", "5m"), ("page", "6h", "30m"), ("ticket", "1d", "2h"), ("ticket", "3d", "6h")]
+# Steady burns from the start (every window holds the same ratio), between the two periods'
+# factors: per 4000 non-cancelled requests a minute, this many errors (budget 0.5%).
+BURNS = {"b14": (14.0, 280), "b095": (0.95, 19)}
+
+
+def expected_alerts(period: str) -> list[str]:
+    out = []
+    for model, (burn, _) in BURNS.items():
+        for factor, (severity, long, short) in zip(FACTORS[period], ARMS, strict=True):
+            if burn > factor:
+                out.append(
+                    'ALERTS{alertname="LLMAvailabilityBurnRate",alertstate="firing",'
+                    f'severity="{severity}",slo="availability",model="{model}",long_window="{long}",short_window="{short}"}}'
+                )
+    return out
+
+
+def steady_burn_test(rules: Path, period: str) -> dict:
+    series = []
+    for model, (_, errors) in BURNS.items():
+        labels = f'model="{model}",route="/v1/chat/completions"'
+        series.append({"series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}', "values": f"0+{4000 - errors}x60"})
+        series.append({"series": f'llm_requests_total{{{labels},code="500",outcome="error"}}', "values": f"0+{errors}x60"})
+    return {
+        "rule_files": [rules.name],
+        "evaluation_interval": "10m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": 'ALERTS{alertname="LLMAvailabilityBurnRate"}',
+                        "eval_time": "1h",
+                        "exp_samples": [{"labels": a, "value": 1} for a in expected_alerts(period)],
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def test_expected_alerts_differ_between_28d_and_30d():
+    assert len(expected_alerts("28d")) == 5  # b14: all four arms; b095: the 3d ticket
+    assert len(expected_alerts("30d")) == 3  # b14: all but the 1h page; b095: nothing
+    assert not any('model="b095"' in a for a in expected_alerts("30d"))
+
+
+@pytest.mark.parametrize("period", ["30d", "28d"])
+def test_period_moves_the_factors_promtool_agrees(tmp_path, period):
+    data = default_spec_data()
+    data["period"] = period
+    spec = parse_spec(copy.deepcopy(data))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(render_rules(generate(spec)), encoding="utf-8")
+    test_file = tmp_path / "steady.yaml"
+    test_file.write_text(yaml.safe_dump(steady_burn_test(rules, period), sort_keys=False), encoding="utf-8")
+    result = promtool("test", "rules", test_file.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_spec_renders_to_the_committed_file():
+    """Guards the promtool tests above: they run against the committed rules."""
+    assert RULE_FILES == [ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"]
+    assert RULE_FILES[0].read_text(encoding="utf-8") == render_rules(generate(load_spec(str(DEFAULT_SPEC))))

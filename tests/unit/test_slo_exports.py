@@ -1,0 +1,165 @@
+"""The SLO rules reference only metrics, labels and label values a running sidecar exports.
+
+A real sidecar (proxy and admin apps on sockets) relays a streamed, a plain and a failed
+request from a scripted upstream; its /metrics is the reference. Every selector in every rule
+expression and in the alert templates' queries is checked against it: metric names, matcher
+label names, `le` bucket values exactly as written, outcome values, and `by (...)` labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.slo import conventions as c
+from sidecar.slo import generate, parse_spec, render_rules
+from sidecar.timeline import Outcome
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))
+
+# Every SLI kind (the default spec has no ITL objective) and an override.
+ALL_KINDS_SPEC = {
+    "version": 1,
+    "objectives": [
+        {"name": "availability", "sli": "availability", "target": 99.9},
+        {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 0.5, "models": {"big": {"threshold_seconds": 10.0}}},
+        {"name": "tpot", "sli": "tpot", "target": 95, "threshold_seconds": 0.05},
+        {"name": "itl", "sli": "itl", "target": 99, "threshold_seconds": 0.1},
+        {"name": "e2e", "sli": "e2e", "target": 99, "threshold_seconds": 30.0},
+    ],
+}
+
+# name{matchers} — metric names of the sidecar (llm_...), recorded series (llm:...) and `up`.
+SELECTOR = re.compile(r"(?<![\w:])(llm_[a-z_]+|llm:[a-z0-9_:]+|up)\b(\{[^}]*\})?")
+MATCHER = re.compile(r'([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+BY = re.compile(r"\bby \(([^)]*)\)")
+
+
+def _chunk(content: str | None, finish: str | None = None) -> bytes:
+    delta = {"content": content} if content is not None else {"role": "assistant", "content": ""}
+    doc = {
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m1",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }  # fmt: skip
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    """Streamed tokens, a JSON answer, or a 500, as the test asks."""
+    body = await request.json()
+    if request.headers.get("x-fail"):
+        return web.json_response({"error": {"message": "boom"}}, status=500)
+    if not body.get("stream"):
+        return web.json_response(
+            {"id": "c1", "object": "chat.completion", "model": "m1",
+             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+        )  # fmt: skip
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for data in (_chunk(None), _chunk("Hel"), _chunk("lo"), _chunk(" you", "stop"), b"data: [DONE]\n\n"):
+        await resp.write(data)
+        await asyncio.sleep(0.005)
+    await resp.write_eof()
+    return resp
+
+
+@pytest.fixture
+async def exported(upstream, sidecar_factory):
+    """{sample name: {label name: {values}}} from a live sidecar's /metrics."""
+    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", _chat))
+    sc = await sidecar_factory(up.url)
+    url = f"{sc.url}/v1/chat/completions"
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url, json={**body, "stream": True}) as r:
+            assert r.status == 200
+            await r.read()
+        async with s.post(url, json=body) as r:
+            assert r.status == 200
+            await r.read()
+        async with s.post(url, json=body, headers={"x-fail": "1"}) as r:
+            assert r.status == 500
+        route = {"model": "m1", "route": "/v1/chat/completions"}
+        await wait_for(lambda: sc.sample("llm_requests_total", **route, code="500", outcome="error") == 1)
+        await wait_for(lambda: sc.sample("llm_requests_within_slo_total", **route) == 2)
+        async with s.get(f"{sc.admin_url}/metrics") as r:
+            text = await r.text()
+    out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = out[sample.name]
+            for k, v in sample.labels.items():
+                labels[k].add(v)
+    return out
+
+
+def rule_sources() -> list[tuple[str, dict]]:
+    docs = [(p.name, yaml.safe_load(p.read_text(encoding="utf-8"))) for p in RULE_FILES]
+    docs.append(("all kinds", yaml.safe_load(render_rules(generate(parse_spec(ALL_KINDS_SPEC))))))
+    return docs
+
+
+def test_rules_reference_only_what_the_sidecar_exports(exported):
+    assert RULE_FILES, "no committed rules under deploy/prometheus/"
+    for name in (c.REQUESTS_TOTAL, c.REQUESTS_WITHIN_SLO_TOTAL, *(f"{s.histogram}_bucket" for s in c.LATENCY_SLIS.values())):
+        assert name in exported, f"{name} missing from /metrics"
+    outcomes = {o.value for o in Outcome}
+    checked = 0
+    for source, doc in rule_sources():
+        rules = [r for g in doc["groups"] for r in g["rules"]]
+        # Labels each recorded series carries: its static labels plus the `by` labels.
+        recorded: dict[str, set[str]] = defaultdict(set)
+        for r in rules:
+            if "record" in r:
+                recorded[r["record"]] |= set(r.get("labels", {}))
+                for by in BY.findall(r["expr"]):
+                    recorded[r["record"]] |= {x.strip() for x in by.split(",")}
+        for r in rules:
+            texts = [r["expr"], *r.get("annotations", {}).values()]
+            for text in texts:
+                names = []
+                for metric, body in SELECTOR.findall(text):
+                    matchers = MATCHER.findall(body or "")
+                    where = f"{source}: {r.get('record') or r.get('alert')}: {metric}{body}"
+                    if metric == "up":
+                        assert {m[0] for m in matchers} <= {"job"}, where
+                        continue
+                    if metric.startswith("llm:"):
+                        assert metric in recorded, f"{where}: not a recording rule in the file"
+                        assert {m[0] for m in matchers} <= recorded[metric], where
+                        continue
+                    assert metric in exported, f"{where}: not exported by the sidecar"
+                    names.append(metric)
+                    labels = exported[metric]
+                    for label, op, value in matchers:
+                        assert label in labels, f"{where}: the sidecar has no label {label!r} on {metric}"
+                        if label == "le":
+                            assert op == "=" and value in labels["le"], f"{where}: no bucket le={value!r}"
+                        if label == "outcome":
+                            assert value in outcomes, where
+                    checked += 1
+                for by in BY.findall(text):
+                    for label in (x.strip() for x in by.split(",")):
+                        for metric in names:
+                            assert label in exported[metric], f"{source}: by ({label}) but {metric} has no {label}"
+    assert checked > 100
+
+
+def test_le_values_in_rules_are_written_as_the_sidecar_writes_them(exported):
+    """prometheus_client writes 2.0 as "2.0" and 60.0 as "60.0"; a rule with le="2" would read nothing."""
+    les = set(re.findall(r'le="([^"]+)"', RULE_FILES[0].read_text(encoding="utf-8")))
+    assert les == {"2.0", "5.0", "0.1", "60.0"}
+    written = set().union(*(exported[f"{s.histogram}_bucket"]["le"] for s in c.LATENCY_SLIS.values()))
+    assert les <= written
