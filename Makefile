@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Debian packages the tests use (none yet for the core; later: prometheus, nginx).
+# Debian packages the tests use (promtool from prometheus, nginx for the benchmark).
 system-deps:
 	@bash scripts/system-deps.sh
 
