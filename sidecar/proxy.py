@@ -91,6 +91,20 @@ def _filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str
     return out
 
 
+# Where each API puts its output-length limit: top level, TGI's parameters, Ollama's options.
+_MAX_TOKEN_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "max_new_tokens", "n_predict")
+
+
+def _max_tokens_of(doc: dict) -> int | None:
+    for holder in (doc, doc.get("parameters"), doc.get("options")):
+        if type(holder) is dict:
+            for key in (*_MAX_TOKEN_KEYS, "num_predict"):
+                value = holder.get(key)
+                if type(value) is int:
+                    return value
+    return None
+
+
 def error_response(status: int, kind: str, message: str) -> web.Response:
     """An OpenAI-style error body, so SDKs surface a clean message instead of a parse error."""
     body = orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
@@ -140,7 +154,7 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = self._clock()
-        route, model = match_route(request.path)
+        route, model = match_route(request.path, request.method)
         body, doc, injected = await self._request_body(request, route)
         if doc is not None:
             value = doc.get("model")
@@ -148,11 +162,7 @@ class Proxy:
         timeline = RequestTimeline(start, request.method, route.template, model or "")
         if doc is not None:
             timeline.request_stream = doc.get("stream") is True
-            for key in ("max_completion_tokens", "max_tokens", "max_new_tokens", "max_output_tokens"):
-                value = doc.get(key)
-                if type(value) is int:
-                    timeline.request_max_tokens = value
-                    break
+            timeline.request_max_tokens = _max_tokens_of(doc)
         label = self._model_label(model)
         self.in_flight += 1
         if self._on_start is not None:

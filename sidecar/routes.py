@@ -47,6 +47,8 @@ ROUTES: dict[str, Route] = {
         Route("/v1/messages", "chat", AnthropicStreamDialect, parse_anthropic_response),
         Route("/generate_stream", "text_completion", TGIStreamDialect, parse_tgi_response),
         Route("/generate", "text_completion", TGIStreamDialect, parse_tgi_response),
+        # TGI's compat route: huggingface_hub's InferenceClient(model="http://tgi:8080") posts here.
+        Route("/", "text_completion", TGIStreamDialect, parse_tgi_response),
         Route("/api/chat", "chat", OllamaStreamDialect, parse_ollama_response, stream_mime="application/x-ndjson"),
         Route("/api/generate", "text_completion", OllamaStreamDialect, parse_ollama_response, stream_mime="application/x-ndjson"),
         Route("/completion", "text_completion", LlamaCppStreamDialect, parse_llamacpp_response),
@@ -60,8 +62,13 @@ ROUTES: dict[str, Route] = {
 _TRITON = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/generate_stream$")
 
 
-def match_route(path: str) -> tuple[Route, str | None]:
-    """Route for a request path (no query string), and a model named by the path if any."""
+def match_route(path: str, method: str = "POST") -> tuple[Route, str | None]:
+    """Route for a request path (no query string), and a model named by the path if any.
+
+    ``/`` is an API route (TGI's) only for POST: a GET / is a health check or a web page.
+    """
+    if path == "/" and method != "POST":
+        return OTHER, None
     route = ROUTES.get(path)
     if route is None and len(path) > 1 and path.endswith("/"):
         route = ROUTES.get(path.rstrip("/"))

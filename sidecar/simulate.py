@@ -1,8 +1,12 @@
-"""A simulated inference server speaking vLLM's OpenAI-compatible wire format.
+"""A simulated inference server speaking vLLM's OpenAI-compatible wire format, and every
+other API the sidecar measures.
 
 Used by ``llm-sidecar simulate``, the demo, the tests and the benchmarks as the upstream.
 It generates no text worth reading, but its bytes, framing and timing are those of a real
 vLLM server, so everything the sidecar measures can be checked against a known schedule.
+This module serves ``/v1/chat/completions`` and ``/v1/completions``; the other dialects
+(OpenAI Responses, Anthropic Messages, TGI, Ollama, llama.cpp, Triton) live in
+:mod:`sidecar.simulate_dialects`, on the same app, with the same timing model and headers.
 
 Wire format: what was copied from where
 ---------------------------------------
@@ -58,7 +62,12 @@ same spread, and every write is scheduled against ``start + ttft + sum(gaps)`` c
 Per-request overrides (any ``x-sim-*`` header makes the whole request exact: means, no
 jitter, no random failures): ``x-sim-ttft`` and ``x-sim-tpot`` (seconds), ``x-sim-tokens``
 (exact output tokens per choice, not capped by ``max_tokens``), ``x-sim-reasoning`` (reasoning
-tokens, chat only), ``x-sim-fail`` (``500`` or ``drop``).
+tokens: chat here; Responses, Anthropic and Ollama there), ``x-sim-fail`` (``500``, ``drop`` or ``stream``).
+
+``drop`` aborts the connection after about half the tokens; ``stream`` sends the dialect's
+own in-stream error event at that point instead and ends the stream cleanly (here vLLM's
+``data: {"error":{...}}`` then ``data: [DONE]``, as ``create_streaming_error_response``
+writes it). On a non-streaming request ``stream`` is answered like ``500``.
 """
 
 from __future__ import annotations
@@ -98,6 +107,11 @@ _POLL = 0.25  # longest single sleep, so a dropped client is noticed without can
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
 _DONE = b"data: [DONE]\n\n"
+# vLLM's create_streaming_error_response: an ErrorResponse inside the 200 stream.
+_STREAM_ERROR = (
+    b'data: {"error":{"message":"Simulated engine failure","type":"InternalServerError",'
+    b'"param":null,"code":500}}\n\n'
+)
 
 # Plausible BPE-ish tokens: mostly ASCII words with a leading space, some punctuation, and
 # multi-byte UTF-8 (2, 3 and 4 bytes) so byte-splitting bugs downstream show up.
@@ -173,12 +187,17 @@ class SimStats:
     """Answered with the simulated 500."""
     dropped: int = 0
     """Connection aborted by the simulator (``drop``)."""
+    stream_errors: int = 0
+    """Streams ended by an in-stream error event (``x-sim-fail: stream``)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
     @property
     def in_flight(self) -> int:
-        return self.started - self.completed - self.cancelled - self.failed - self.dropped
+        return (
+            self.started - self.completed - self.cancelled - self.failed - self.dropped
+            - self.stream_errors
+        )
 
 
 SIM_STATS = web.AppKey("sim_stats", SimStats)
@@ -221,7 +240,7 @@ class _Plan:
     counts: list[int]  # answer tokens per choice
     reasoning: int  # reasoning tokens per choice
     text_offsets: list[int]
-    fail: str | None  # None, "500" or "drop"
+    fail: str | None  # None, "500", "drop" or "stream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +336,9 @@ class _Sim:
 
 _SIM = web.AppKey("sim_state", _Sim)
 
+_FAIL_MODES = ("500", "drop", "stream")
+_ENGINE_FAILURE = "Simulated engine failure"
+
 
 # ---------------------------------------------------------------- request parsing
 
@@ -352,8 +374,8 @@ def _parse_overrides(headers: Any) -> _Overrides | None:
     fail = headers.get("x-sim-fail")
     if fail is not None:
         fail = fail.strip().lower()
-        if fail not in ("500", "drop"):
-            raise _BadRequest(400, f"header x-sim-fail must be 500 or drop, got {fail!r}")
+        if fail not in _FAIL_MODES:
+            raise _BadRequest(400, f"header x-sim-fail must be 500, drop or stream, got {fail!r}")
     return _Overrides(
         ttft=number("x-sim-ttft"),
         tpot=number("x-sim-tpot"),
@@ -547,7 +569,7 @@ async def _stream(
     totals = [plan.reasoning + c for c in plan.counts]
     finishes = [_finish_reason(c, max_tokens) for c in plan.counts]
     steps = max(totals)
-    drop_at = steps // 2 if plan.fail == "drop" else -1
+    fail_at = steps // 2 if plan.fail in ("drop", "stream") else -1
     emitted = 0
 
     resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
@@ -562,9 +584,14 @@ async def _stream(
             if k:
                 deadline += sim.gap(plan, k)
                 await _sleep_until(loop, deadline, request)
-            if k == drop_at:
-                _abort(request)
-                stats.dropped += 1
+            if k == fail_at:
+                if plan.fail == "drop":
+                    _abort(request)
+                    stats.dropped += 1
+                else:
+                    await resp.write(_STREAM_ERROR + _DONE)
+                    await resp.write_eof()
+                    stats.stream_errors += 1
                 stats.completion_tokens += emitted
                 return resp
             for i in range(n):
@@ -653,9 +680,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     stats = sim.stats
     stats.started += 1
     stats.prompt_tokens += prompt_tokens
-    if plan.fail == "500":
+    if plan.fail == "500" or (plan.fail == "stream" and not stream):
         stats.failed += 1
-        return _error_response(500, "Simulated engine failure", "InternalServerError")
+        return _error_response(500, _ENGINE_FAILURE, "InternalServerError")
     created = int(time.time())
 
     if stream:
@@ -732,9 +759,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     stats = sim.stats
     stats.started += 1
     stats.prompt_tokens += prompt_tokens
-    if plan.fail == "500":
+    if plan.fail == "500" or (plan.fail == "stream" and not stream):
         stats.failed += 1
-        return _error_response(500, "Simulated engine failure", "InternalServerError")
+        return _error_response(500, _ENGINE_FAILURE, "InternalServerError")
     created = int(time.time())
 
     if stream:
@@ -848,6 +875,10 @@ def build_simulator_app(config: SimulatorConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    # Imported here: the dialects build on this module's timing model and request parsing.
+    from .simulate_dialects import add_dialect_routes  # noqa: PLC0415
+
+    add_dialect_routes(app)
     return app
 
 

@@ -169,7 +169,9 @@ class RequestTimeline:
         """Finalise once. Returns False (and changes nothing) if already finished."""
         if self.outcome is not None:
             return False
-        if outcome is Outcome.OK and self.stream_error is not None:
+        # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
+        # just how the API words a client error, which stays outcome ok with its code.
+        if outcome is Outcome.OK and self.stream_error is not None and (self.status is None or self.status < 400):
             outcome, error_type = Outcome.ERROR, error_type or "stream_error"
         self.outcome = outcome
         self.error_type = error_type

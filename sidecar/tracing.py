@@ -75,6 +75,7 @@ PROVIDER_BY_ROUTE: dict[str, str] = {
     "/v1/messages": sc.GEN_AI_PROVIDER_ANTHROPIC,
     "/generate_stream": sc.GEN_AI_PROVIDER_TGI,
     "/generate": sc.GEN_AI_PROVIDER_TGI,
+    "/": sc.GEN_AI_PROVIDER_TGI,
     "/api/chat": sc.GEN_AI_PROVIDER_OLLAMA,
     "/api/generate": sc.GEN_AI_PROVIDER_OLLAMA,
     "/completion": sc.GEN_AI_PROVIDER_LLAMA_CPP,

@@ -146,3 +146,16 @@ def test_route_table():
     assert route.template == "/v2/models/{model}/generate_stream" and model == "llama"
     assert match_route("/v2/models/llama/versions/2/generate_stream")[1] == "llama"
     assert match_route("/health")[0] is OTHER
+    assert match_route("/", "POST")[0].template == "/"  # TGI's compat route
+    assert match_route("/", "GET")[0] is OTHER
+
+
+def test_error_body_in_a_4xx_stays_ok_but_in_a_200_is_an_error():
+    from sidecar.protocols.events import StreamError
+
+    for status, expected in ((404, Outcome.OK), (200, Outcome.ERROR)):
+        t = RequestTimeline(1.0, "POST", ROUTE, "m")
+        t.response_started(1.1, status, streamed=False)
+        t.events([StreamError("The model `x` does not exist.")], 1.2)
+        t.finish(Outcome.OK, 1.3)
+        assert t.outcome is expected
