@@ -56,7 +56,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the measuring reverse proxy")
     _add_settings_flags(serve)
 
-    sim = sub.add_parser("simulate", help="run a simulated OpenAI-compatible (vLLM) inference server")
+    sim = sub.add_parser("simulate", help="run a simulated inference server (OpenAI/vLLM, Responses, Anthropic, TGI, Ollama, llama.cpp, Triton wire formats)")
     sim.add_argument("--listen", default=_env("listen", "0.0.0.0:8000"), help="HOST:PORT (default 0.0.0.0:8000)")
     sim.add_argument("--ttft", type=float, default=float(_env("ttft", 0.2)), help="mean seconds to first token")
     sim.add_argument("--tpot", type=float, default=float(_env("tpot", 0.02)), help="mean seconds per output token")
