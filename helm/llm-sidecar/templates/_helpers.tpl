@@ -1,0 +1,247 @@
+{{/* Names and labels. */}}
+{{- define "llm-sidecar.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llm-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llm-sidecar.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "llm-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "llm-sidecar.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "llm-sidecar.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: llm-sidecar
+{{- end -}}
+
+{{/* Labels of the objects Prometheus Operator selects (monitors, rules). */}}
+{{- define "llm-sidecar.prometheusLabels" -}}
+{{ include "llm-sidecar.labels" . }}
+{{- with .Values.prometheus.release }}
+release: {{ . | quote }}
+{{- end }}
+{{- with .Values.prometheus.extraLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The pods the monitors scrape: the chart's own, or the existing server's. */}}
+{{- define "llm-sidecar.monitoredPodLabels" -}}
+{{- if eq .Values.mode "full" -}}
+{{ include "llm-sidecar.selectorLabels" . }}
+{{- else -}}
+{{ toYaml .Values.existingServer.podSelector }}
+{{- end -}}
+{{- end -}}
+
+{{/* Every scraped series gets job=<prometheus.monitor.jobLabel>, which the rules' LLMSidecarDown watches. */}}
+{{- define "llm-sidecar.scrapeEndpoint" -}}
+port: metrics
+path: /metrics
+{{- with .Values.prometheus.monitor.interval }}
+interval: {{ . }}
+{{- end }}
+{{- with .Values.prometheus.monitor.scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+relabelings:
+  - action: replace
+    targetLabel: job
+    replacement: {{ .Values.prometheus.monitor.jobLabel | quote }}
+{{- end -}}
+
+{{/* "true" when the sidecar is a native sidecar (an init container with restartPolicy: Always). */}}
+{{- define "llm-sidecar.native" -}}
+{{- $native := toString .Values.sidecar.native -}}
+{{- if eq $native "auto" -}}
+{{- if semverCompare ">=1.29-0" .Capabilities.KubeVersion.Version }}true{{ end -}}
+{{- else if eq $native "true" -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "llm-sidecar.upstream" -}}
+{{- if .Values.sidecar.upstream -}}
+{{- .Values.sidecar.upstream -}}
+{{- else if eq .Values.mode "full" -}}
+{{- printf "http://127.0.0.1:%d" (int .Values.modelServer.port) -}}
+{{- else -}}
+{{- printf "http://127.0.0.1:%d" (int .Values.existingServer.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A number as llm-sidecar reads it: integers without an exponent, others as they are. */}}
+{{- define "llm-sidecar.number" -}}
+{{- if eq (float64 .) (float64 (int64 .)) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: set and checked, or computed from the drain time. */}}
+{{- define "llm-sidecar.terminationGracePeriodSeconds" -}}
+{{- $drain := float64 .Values.sidecar.drainSeconds -}}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds -}}
+{{- add (int64 (ceil $drain)) 15 -}}
+{{- else -}}
+{{- $grace := int64 .Values.terminationGracePeriodSeconds -}}
+{{- if le (float64 $grace) $drain -}}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed sidecar.drainSeconds (%v): the kubelet would kill in-flight streams before the sidecar has drained them" $grace $drain) -}}
+{{- end -}}
+{{- $grace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar's environment: its settings, OpenTelemetry, and the downward API. */}}
+{{- define "llm-sidecar.env" -}}
+{{- $s := .Values.sidecar -}}
+- name: LLM_SIDECAR_UPSTREAM
+  value: {{ include "llm-sidecar.upstream" . | quote }}
+- name: LLM_SIDECAR_LISTEN
+  value: {{ printf "0.0.0.0:%d" (int $s.port) | quote }}
+- name: LLM_SIDECAR_METRICS_LISTEN
+  value: {{ printf "0.0.0.0:%d" (int $s.adminPort) | quote }}
+- name: LLM_SIDECAR_HEALTH_PATH
+  value: {{ $s.healthPath | quote }}
+- name: LLM_SIDECAR_DRAIN_SECONDS
+  value: {{ include "llm-sidecar.number" $s.drainSeconds | quote }}
+- name: LLM_SIDECAR_SLO_TTFT_SECONDS
+  value: {{ include "llm-sidecar.number" $s.slo.ttftSeconds | quote }}
+- name: LLM_SIDECAR_SLO_TPOT_SECONDS
+  value: {{ include "llm-sidecar.number" $s.slo.tpotSeconds | quote }}
+- name: LLM_SIDECAR_SLO_E2E_SECONDS
+  value: {{ include "llm-sidecar.number" $s.slo.e2eSeconds | quote }}
+{{- with $s.modelAllowlist }}
+- name: LLM_SIDECAR_MODEL_ALLOWLIST
+  value: {{ join "," . | quote }}
+{{- end }}
+- name: LLM_SIDECAR_MAX_MODELS
+  value: {{ include "llm-sidecar.number" $s.maxModels | quote }}
+- name: LLM_SIDECAR_LOG_FORMAT
+  value: {{ $s.logFormat | quote }}
+- name: LLM_SIDECAR_LOG_LEVEL
+  value: {{ $s.logLevel | quote }}
+{{- range $name, $value := $s.settings }}
+- name: {{ printf "LLM_SIDECAR_%s" (upper $name) }}
+  {{- if kindIs "slice" $value }}
+  value: {{ join "," $value | quote }}
+  {{- else if or (kindIs "float64" $value) (kindIs "int64" $value) (kindIs "int" $value) }}
+  value: {{ include "llm-sidecar.number" $value | quote }}
+  {{- else }}
+  value: {{ toString $value | quote }}
+  {{- end }}
+{{- end }}
+{{- with .Values.otel }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+{{- end }}
+{{- if .protocol }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+{{- end }}
+{{- if .serviceName }}
+- name: OTEL_SERVICE_NAME
+  value: {{ .serviceName | quote }}
+{{- end }}
+{{- if .resourceAttributes }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ $attrs := list }}{{ range $k, $v := .resourceAttributes }}{{ $attrs = append $attrs (printf "%s=%v" $k $v) }}{{ end }}{{ join "," $attrs | quote }}
+{{- end }}
+{{- if .metrics }}
+- name: LLM_SIDECAR_OTEL_METRICS
+  value: "true"
+{{- end }}
+{{- end }}
+- name: K8S_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: K8S_POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+- name: K8S_NAMESPACE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: K8S_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: K8S_CONTAINER_NAME
+  value: llm-sidecar
+{{- if eq .Values.mode "full" }}
+- name: K8S_DEPLOYMENT_NAME
+  value: {{ include "llm-sidecar.fullname" . | quote }}
+{{- end }}
+{{- with $s.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The llm-sidecar container, without restartPolicy (the Deployment adds it for a native
+sidecar). Monitoring-only mode prints this same container for users to paste.
+*/}}
+{{- define "llm-sidecar.container" -}}
+{{- $s := .Values.sidecar -}}
+name: llm-sidecar
+image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+args: [serve]
+ports:
+  - name: http
+    containerPort: {{ $s.port }}
+    protocol: TCP
+  - name: metrics
+    containerPort: {{ $s.adminPort }}
+    protocol: TCP
+env:
+  {{- include "llm-sidecar.env" . | nindent 2 }}
+{{- with $s.startupProbe }}
+startupProbe:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $s.livenessProbe }}
+livenessProbe:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $s.readinessProbe }}
+readinessProbe:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $s.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $s.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Values the schema cannot check on its own. */}}
+{{- define "llm-sidecar.validate" -}}
+{{- if and (eq .Values.mode "monitoring-only") (not .Values.existingServer.podSelector) .Values.prometheus.monitor.enabled -}}
+{{- fail "mode monitoring-only: set existingServer.podSelector to the labels of your inference server's pods, so the monitor can find them" -}}
+{{- end -}}
+{{- if eq (int .Values.sidecar.port) (int .Values.sidecar.adminPort) -}}
+{{- fail "sidecar.port and sidecar.adminPort must differ" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "full") (eq (int .Values.sidecar.port) (int .Values.modelServer.port)) -}}
+{{- fail "sidecar.port and modelServer.port must differ: both listen in the same pod" -}}
+{{- end -}}
+{{- end -}}

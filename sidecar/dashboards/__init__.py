@@ -1,0 +1,41 @@
+"""Grafana dashboards as code: the latency overview and the SLO dashboard.
+
+``python -m sidecar.dashboards`` regenerates the committed files from code and from the SLO
+spec (``deploy/slo/default.yaml``, the spec the committed rules are rendered from), so the
+SLO dashboard's targets, windows and burn-rate thresholds are the alert rules' own:
+
+    dashboards/llm-sidecar-overview.json      latency overview
+    dashboards/llm-sidecar-slo.json           SLOs, error budgets, burn rates, alerts
+    deploy/grafana/dashboards-configmap.yaml  both, as ConfigMaps for Grafana's sidecar
+
+Built with grafana-foundation-sdk (pinned in pyproject's ``test`` extra; a generation-time
+dependency only, never imported by the running sidecar). Every panel reads the
+``datasource`` variable (no ``__inputs``), so the JSON imports as is into Grafana 10 or 11.
+"""
+
+from __future__ import annotations
+
+from . import overview, slo
+from .render import configmap_text, json_text, to_json_dict
+
+__all__ = ["DEFAULT_SPEC", "DASHBOARD_DIR", "CONFIGMAP", "build_dashboards", "render_files"]
+
+DEFAULT_SPEC = "deploy/slo/default.yaml"
+DASHBOARD_DIR = "dashboards"
+CONFIGMAP = "deploy/grafana/dashboards-configmap.yaml"
+
+
+def build_dashboards(spec) -> dict[str, dict]:
+    """File name -> dashboard JSON data, for an :class:`~sidecar.slo.SLOSpec`."""
+    return {
+        f"{overview.UID}.json": to_json_dict(overview.build()),
+        f"{slo.UID}.json": to_json_dict(slo.build(spec)),
+    }
+
+
+def render_files(spec) -> dict[str, str]:
+    """Repository path -> file text, for every generated file."""
+    texts = {name: json_text(data) for name, data in build_dashboards(spec).items()}
+    out = {f"{DASHBOARD_DIR}/{name}": text for name, text in texts.items()}
+    out[CONFIGMAP] = configmap_text(texts)
+    return out

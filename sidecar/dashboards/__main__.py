@@ -1,0 +1,63 @@
+"""``python -m sidecar.dashboards [--spec SPEC] [--root DIR] [--check]``: write (or check) the
+generated dashboards and their ConfigMap."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from ..slo import SpecError, load_spec
+from . import DEFAULT_SPEC, render_files
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".dashboards-", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sidecar.dashboards", description=__doc__)
+    parser.add_argument("--root", default=".", help="repository root to write under (default: .)")
+    parser.add_argument("--spec", default=None, help=f"SLO spec (default: ROOT/{DEFAULT_SPEC})")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    args = parser.parse_args(argv)
+    spec_path = args.spec or os.path.join(args.root, DEFAULT_SPEC)
+    try:
+        files = render_files(load_spec(spec_path))
+    except SpecError as exc:
+        print(f"llm-sidecar: SLO spec {exc}", file=sys.stderr)
+        return 2
+    stale = []
+    for rel, text in files.items():
+        path = os.path.join(args.root, rel)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                current = fh.read()
+        except FileNotFoundError:
+            current = None
+        if current == text:
+            continue
+        stale.append(rel)
+        if not args.check:
+            _write(path, text)
+    if args.check and stale:
+        print("stale (run python -m sidecar.dashboards): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    for rel in stale:
+        print(f"wrote {rel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""PromQL for the dashboards: one place for selectors, rates, quantiles and ratios.
+
+Every raw-metric selector carries the dashboard's filter variables; every range is
+``$__rate_interval`` (Grafana's window that always holds at least four scrapes), so a panel
+never goes blank when the time range or the scrape interval changes. Recorded series
+(``llm:*``) are aggregated by ``model`` and carry ``slo``; they only take the model filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..slo.rules import promql_string
+
+__all__ = [
+    "RATE_INTERVAL",
+    "TARGET_LABELS",
+    "FILTER_LABELS",
+    "Matcher",
+    "selector",
+    "rate",
+    "sum_rate",
+    "quantile",
+    "mean",
+    "ratio_or_zero",
+    "zero_if_absent",
+    "recorded",
+]
+
+RATE_INTERVAL = "$__rate_interval"
+
+TARGET_LABELS: tuple[str, ...] = ("namespace", "pod")
+"""Labels Prometheus adds to each scraped series (kube-prometheus-stack's ServiceMonitor and
+PodMonitor add ``namespace`` and ``pod``); the sidecar itself does not export them."""
+
+FILTER_LABELS: tuple[str, ...] = (*TARGET_LABELS, "model", "route")
+"""Each is a dashboard variable of the same name, used as ``label=~"$label"``."""
+
+Matcher = tuple[str, str, str]
+"""(label, operator, value), e.g. ``("outcome", "=", "error")``."""
+
+
+def _matchers(labels: Iterable[str], extra: Sequence[Matcher]) -> list[str]:
+    out = [f'{label}=~"${label}"' for label in labels]
+    out += [f"{k}{op}{promql_string(v)}" for k, op, v in extra]
+    return out
+
+
+def selector(metric: str, extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
+    """``metric{namespace=~"$namespace", ..., extra}``."""
+    return f"{metric}{{{', '.join(_matchers(labels, extra))}}}"
+
+
+def rate(metric: str, extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
+    return f"rate({selector(metric, extra, labels)}[{RATE_INTERVAL}])"
+
+
+def sum_rate(
+    metric: str, by: Sequence[str] = (), extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+) -> str:
+    """``sum by (by) (rate(metric{filters}[$__rate_interval]))``; ``sum (...)`` without ``by``."""
+    grouping = f" by ({', '.join(by)})" if by else ""
+    return f"sum{grouping} ({rate(metric, extra, labels)})"
+
+
+def quantile(q: float, histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = ()) -> str:
+    """The q-quantile of a histogram over the rate window, from its cumulative buckets."""
+    return f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra)})"
+
+
+def mean(histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = ()) -> str:
+    """Average observation over the rate window: rate of the sum / rate of the count."""
+    return f"{sum_rate(histogram + '_sum', by, extra)} / {sum_rate(histogram + '_count', by, extra)}"
+
+
+def ratio_or_zero(numerator: str, denominator: str) -> str:
+    """numerator / denominator, 0 (not "no data") where the numerator has no series yet.
+
+    A counter such as ``llm_requests_total{outcome="error"}`` only exists after the first
+    error; ``or 0 * denominator`` keeps a ratio of 0 for every group that has traffic, the
+    same device the SLO rules use. Both sides must be summed by the same labels.
+    """
+    return f"({numerator} or 0 * {denominator}) / {denominator}"
+
+
+def zero_if_absent(expr: str, label: str | None = None) -> str:
+    """``expr``, or a single 0 when it has no series at all (a counter that never moved),
+    labelled ``label="(none)"`` when given, so a legend of ``{{label}}`` still reads."""
+    zero = "vector(0)" if label is None else f'label_replace(vector(0), "{label}", "(none)", "", "")'
+    return f"{expr} or on () {zero}"
+
+
+def recorded(record: str, extra: Sequence[Matcher] = ()) -> str:
+    """A recorded SLO series, filtered by the model variable only (rules sum over pods)."""
+    return selector(record, extra, labels=("model",))

@@ -1,0 +1,85 @@
+"""The committed dashboards and their ConfigMap are exactly what the generator makes.
+
+Refresh after changing the generator (sidecar/dashboards/) or the SLO spec:
+    python -m sidecar.dashboards
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sidecar.dashboards import CONFIGMAP, DEFAULT_SPEC, build_dashboards, render_files
+from sidecar.dashboards.render import CONFIGMAP_HEADER
+from sidecar.slo import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC_DATA = yaml.safe_load((ROOT / DEFAULT_SPEC).read_text(encoding="utf-8"))
+EXPECTED = render_files(load_spec(str(ROOT / DEFAULT_SPEC)))
+
+
+@pytest.mark.parametrize("path", sorted(EXPECTED))
+def test_committed_file_is_what_the_generator_makes(path):
+    committed = (ROOT / path).read_text(encoding="utf-8")
+    expected = EXPECTED[path]
+    if committed != expected:
+        diff = "".join(
+            list(difflib.unified_diff(committed.splitlines(True), expected.splitlines(True), path, "generated"))[:60]
+        )
+        pytest.fail(f"{path} is stale; refresh it:\n  python -m sidecar.dashboards\n{diff}")
+
+
+def test_every_generated_file_is_accounted_for():
+    dashboards = {f"dashboards/{p.name}" for p in (ROOT / "dashboards").iterdir()}
+    assert dashboards == {p for p in EXPECTED if p.startswith("dashboards/")}
+    assert len(dashboards) == 2
+    assert (ROOT / CONFIGMAP).read_text(encoding="utf-8").startswith(CONFIGMAP_HEADER + "\n")
+
+
+def test_configmap_carries_the_json_files_byte_for_byte():
+    docs = list(yaml.safe_load_all((ROOT / CONFIGMAP).read_text(encoding="utf-8")))
+    assert len(docs) == 2
+    for doc in docs:
+        assert doc["kind"] == "ConfigMap" and doc["apiVersion"] == "v1"
+        assert doc["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = doc["data"].items()
+        assert doc["metadata"]["name"] == name.removesuffix(".json")
+        assert text == (ROOT / "dashboards" / name).read_text(encoding="utf-8")
+        assert len(json.dumps(doc)) < 256 * 1024  # kubectl apply's last-applied annotation limit
+
+
+def test_configmap_validates_against_the_kubernetes_schema():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in yaml.safe_load_all((ROOT / CONFIGMAP).read_text(encoding="utf-8")):
+        kubernetes_validate.validate(doc, "1.29.0", strict=True)
+
+
+def test_the_command_writes_the_same_files_and_check_reports_stale(tmp_path):
+    (tmp_path / "deploy" / "slo").mkdir(parents=True)
+    (tmp_path / DEFAULT_SPEC).write_text((ROOT / DEFAULT_SPEC).read_text(encoding="utf-8"), encoding="utf-8")
+    cmd = [sys.executable, "-m", "sidecar.dashboards", "--root", str(tmp_path)]
+    stale = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert stale.returncode == 1 and "stale" in stale.stderr
+    assert not (tmp_path / "dashboards").exists()
+    wrote = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert wrote.returncode == 0, wrote.stderr
+    for path, text in EXPECTED.items():
+        assert (tmp_path / path).read_text(encoding="utf-8") == text, path
+    again = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert again.returncode == 0, again.stderr
+
+
+def test_the_slo_dashboard_follows_the_spec():
+    """A 28d period moves the burn-rate thresholds the way it moves the alert factors."""
+    data = {**SPEC_DATA, "period": "28d"}
+    d = build_dashboards(parse_spec(data))["llm-sidecar-slo.json"]
+    titles = [p["title"] for p in d["panels"]]
+    assert "ttft: burn rate 1h / 5m (page above 13.44×)" in titles
+    assert "ttft: burn rate 3d / 6h (ticket above 0.933333×)" in titles
+    assert "ttft: SLI over 28d" in titles

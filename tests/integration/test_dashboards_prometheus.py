@@ -1,0 +1,250 @@
+"""Every dashboard query returns data from a real Prometheus scraping real sidecars.
+
+Two simulated inference servers (one per model: the spec's default scope and its per-model
+override) each sit behind their own sidecar, the two "pods" of a deployment. Debian's
+Prometheus scrapes both admin ports every second, with the static target labels `namespace`
+and `pod` that kube-prometheus-stack would add, and evaluates the committed SLO rules every
+second. A load generator streams a mix through both sidecars: answers, reasoning (so time to
+first answer token has data), Ollama /api/chat (engine timings), non-streamed answers, 500s,
+in-stream errors, client cancellations and a few answers with a 2.5 s TTFT. About 15% fail,
+so the availability SLO burns fast enough to fire its page and ticket alerts.
+
+Then every panel query of every committed dashboard, with the variables at All and
+$__rate_interval = 1m, goes through /api/v1/query and must return at least one sample, and
+every value must be a finite number; every variable's label_values() must list values.
+
+What a 16-second test cannot have, and why every panel still has data: the rules' 30d, 3d,
+1d and 6h windows hold only these seconds of history, but rate() over a long window reads
+whatever samples it holds, so every `llm:*` record, burn rate and budget exists after two
+scrapes (the values are those of the short history, not of 30 days). Objectives that are met
+burn at 0, and "budget runs out in" shows the period (remaining x period / 0 is +Inf, clamped)
+rather than Infinity. A counter that never moved (stream parse errors) is 0, not absent.
+
+The slow answers also check the per-model override through the dashboard: a 2.5 s TTFT is
+bad for the default model (threshold 2 s) and good for the override (5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from sidecar.dashboards.inspect import panel_queries, substitute, variable_queries
+from sidecar.simulate import SimulatorConfig, build_simulator_app
+from tests.conftest import free_port, require_tool, start_app
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
+RULES = ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"
+
+# The default spec's objectives apply to every model but this one, which has an override.
+DEFAULT_MODEL = "sim-llama-3-8b"
+OVERRIDE_MODEL = "meta-llama/Llama-3.1-405B-Instruct"
+NAMESPACE = "llm"
+LOAD_SECONDS = 16.0
+WORKERS_PER_POD = 4
+FAST = {"x-sim-ttft": "0.03", "x-sim-tpot": "0.004", "x-sim-tokens": "12"}
+
+
+async def _request(session: aiohttp.ClientSession, url: str, body: dict, headers: dict, cancel: bool = False) -> None:
+    async with session.post(url, json=body, headers=headers) as r:
+        if cancel:
+            await r.content.readany()
+            r.close()  # the client goes away mid-stream: outcome cancelled
+            return
+        await r.read()
+
+
+def _script(base: str, model: str) -> list[tuple[str, dict, dict, bool]]:
+    """One round of requests for one pod: 14, of which 2 fail on the server side."""
+    chat = f"{base}/v1/chat/completions"
+    ollama = f"{base}/api/chat"
+    msgs = [{"role": "user", "content": "How fast are my tokens?"}]
+    stream = {"model": model, "messages": msgs, "stream": True}
+    whole = {"model": model, "messages": msgs}
+    ollama_body = {"model": model, "messages": msgs}  # Ollama streams unless told not to
+    return [
+        (chat, stream, FAST, False),
+        (chat, stream, FAST, False),
+        (chat, stream, {**FAST, "x-sim-reasoning": "4"}, False),
+        (chat, stream, {**FAST, "x-sim-reasoning": "4"}, False),
+        (chat, whole, FAST, False),
+        (ollama, ollama_body, FAST, False),
+        (ollama, ollama_body, {**FAST, "x-sim-reasoning": "3"}, False),
+        (chat, stream, {**FAST, "x-sim-fail": "500"}, False),
+        (chat, stream, {**FAST, "x-sim-fail": "stream"}, False),
+        (chat, stream, {**FAST, "x-sim-tpot": "0.2", "x-sim-tokens": "40"}, True),
+        (chat, stream, FAST, False),
+        (ollama, ollama_body, FAST, False),
+        (chat, whole, FAST, False),
+        (chat, stream, {**FAST, "x-sim-ttft": "2.5"}, False),
+    ]
+
+
+async def _load(base: str, model: str, deadline: float) -> int:
+    sent = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while time.monotonic() < deadline:
+            for url, body, headers, cancel in _script(base, model):
+                await _request(session, url, body, headers, cancel)
+                sent += 1
+    return sent
+
+
+def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [
+            {
+                # The job the spec's LLMSidecarDown alert watches.
+                "job_name": "llm-sidecar",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": NAMESPACE, "pod": pod}}
+                    for pod, port in targets.items()
+                ],
+            }
+        ],
+    }
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+async def _get(session: aiohttp.ClientSession, url: str, **params) -> dict:
+    async with session.get(url, params=params) as r:
+        doc = await r.json()
+        assert r.status == 200 and doc["status"] == "success", f"{url} {params}: {r.status} {doc}"
+        return doc["data"]
+
+
+async def _wait_ready(session: aiohttp.ClientSession, base: str, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"prometheus exited: {proc.stderr.read() if proc.stderr else ''}"
+        try:
+            async with session.get(f"{base}/-/ready") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError("prometheus did not become ready")
+
+
+@pytest.fixture
+async def pods(sidecar_factory):
+    """{pod name: (proxy URL, admin port, model)}: a simulator behind a sidecar, per model."""
+    runners = []
+    out = {}
+    for pod, model in (("llm-0", DEFAULT_MODEL), ("llm-1", OVERRIDE_MODEL)):
+        runner, port = await start_app(
+            build_simulator_app(SimulatorConfig(model=model, jitter=0.0, seed=7)), handler_cancellation=True
+        )
+        runners.append(runner)
+        sc = await sidecar_factory(f"http://127.0.0.1:{port}")
+        out[pod] = (sc.url, sc.admin_port, model)
+    yield out
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def prometheus_server(tmp_path):
+    """Start Prometheus for the given targets; stopped (by its pid) at teardown."""
+    binary = require_tool("prometheus")
+    procs: list[subprocess.Popen] = []
+
+    def start(targets: dict[str, int]) -> tuple[str, subprocess.Popen]:
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={_prometheus_config(tmp_path, targets)}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        return f"http://127.0.0.1:{port}", proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _finite(value: str) -> bool:
+    return math.isfinite(float(value))
+
+
+async def test_every_dashboard_query_returns_data(pods, prometheus_server):
+    assert len(DASHBOARDS) == 2, DASHBOARDS
+    base, proc = prometheus_server({pod: admin for pod, (_, admin, _) in pods.items()})
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        await _wait_ready(session, base, proc)
+        deadline = time.monotonic() + LOAD_SECONDS
+        sent = await asyncio.gather(
+            *(_load(url, model, deadline) for url, _, model in pods.values() for _ in range(WORKERS_PER_POD))
+        )
+        assert sum(sent) > 100, sent
+        # Two more scrapes and rule evaluations after the last request.
+        await asyncio.sleep(3)
+
+        up = await _get(session, f"{base}/api/v1/query", query='up{job="llm-sidecar"}')
+        assert {s["metric"]["pod"]: s["value"][1] for s in up["result"]} == {"llm-0": "1", "llm-1": "1"}
+
+        problems = []
+        checked = 0
+        for path in DASHBOARDS:
+            dashboard = json.loads(path.read_text(encoding="utf-8"))
+            for q in panel_queries(dashboard):
+                expr = substitute(q.expr)
+                data = await _get(session, f"{base}/api/v1/query", query=expr)
+                result = data["result"]
+                values = [s["value"][1] for s in result] if data["resultType"] == "vector" else [result[1]]
+                checked += 1
+                if not values:
+                    problems.append(f"{q.where}: no data: {expr}")
+                elif not all(_finite(v) for v in values):
+                    problems.append(f"{q.where}: not finite {values}: {expr}")
+            for v in variable_queries(dashboard):
+                params = {"match[]": substitute(v.selector)} if v.selector else {}
+                names = await _get(session, f"{base}/api/v1/label/{v.label}/values", **params)
+                if not names:
+                    problems.append(f"{v.where}: label_values lists nothing")
+        assert checked > 100
+        assert not problems, "\n".join(problems)
+
+        # The burn the load creates is what the SLO dashboard's alert panels show.
+        firing = await _get(
+            session, f"{base}/api/v1/query", query='ALERTS{alertstate="firing", alertname="LLMAvailabilityBurnRate"}'
+        )
+        assert {s["metric"]["severity"] for s in firing["result"]} == {"page", "ticket"}
+
+        # The TTFT objective's SLI panel honours the override: 2.5 s is bad only under 2 s.
+        slo = json.loads((ROOT / "dashboards" / "llm-sidecar-slo.json").read_text(encoding="utf-8"))
+        (sli,) = [q for q in panel_queries(slo) if q.panel_title == "ttft: SLI vs target" and q.ref_id == "A"]
+        data = await _get(session, f"{base}/api/v1/query", query=substitute(sli.expr))
+        by_model = {s["metric"]["model"]: float(s["value"][1]) for s in data["result"]}
+        assert by_model.keys() == {DEFAULT_MODEL, OVERRIDE_MODEL}
+        assert 0.5 < by_model[DEFAULT_MODEL] < 1.0
+        assert by_model[OVERRIDE_MODEL] == 1.0

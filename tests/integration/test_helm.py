@@ -1,0 +1,593 @@
+"""The Helm chart, rendered by the pinned helm (.tools/bin/helm, `make tools`).
+
+- `helm lint --strict` with the default values and every ci/*-values.yaml;
+- `helm template` of every case in scripts/sync_chart.py CASES equals its golden render in
+  tests/golden/helm/, and deploy/kubernetes/ equals a fresh render (refresh both with
+  scripts/sync-chart.sh);
+- every rendered object validates offline against the Kubernetes schemas of the version it
+  was rendered for (kubernetes-validate --strict); the Prometheus Operator objects, which have
+  no schema there, are checked for their required fields here;
+- what the chart promises: the Service reaches only the sidecar, a native sidecar from
+  Kubernetes 1.29, probes on the admin port, a grace period longer than the drain, an
+  environment the sidecar accepts (and that starts the real sidecar), the PrometheusRule
+  carrying exactly the rules promtool tests, one dashboard ConfigMap per JSON file.
+
+Skipped without helm locally; fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from sidecar import semconv
+from sidecar.config import load_settings
+from tests.conftest import IN_CI, free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "llm-sidecar"
+
+
+def load_sync():
+    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sync_chart", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+sync = load_sync()
+CASES = {case.name: case for case in sync.CASES}
+FULL_CASES = [name for name in CASES if "monitoring-only" not in name]
+CRD_KINDS = sync.MONITORING_KINDS
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def helm_ok() -> None:
+    require(sync.HELM.exists(), f"{sync.HELM} is missing (make tools: scripts/install-helm.sh)")
+
+
+@pytest.fixture(scope="session")
+def renders(helm_ok) -> dict[str, str]:
+    """`helm template` output of every case, rendered once, in parallel."""
+    with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
+        futures = {name: pool.submit(sync.template, case.args()) for name, case in CASES.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.fixture(scope="session")
+def parsed(renders) -> dict[str, list[dict]]:
+    """The objects of every case's render (read-only: copy before changing one)."""
+    return {name: sync.objects(text) for name, text in renders.items()}
+
+
+def render(*args: str) -> list[dict]:
+    return sync.objects(sync.template(["--kube-version", sync.KUBE_VERSION, *args]))
+
+
+def render_error(*args: str) -> str:
+    with pytest.raises(sync.SyncError) as err:
+        sync.template(["--kube-version", sync.KUBE_VERSION, *args])
+    return str(err.value)
+
+
+def by_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def pod_spec(objs: list[dict]) -> dict:
+    return one(objs, "Deployment")["spec"]["template"]["spec"]
+
+
+def sidecar_container(spec: dict) -> dict:
+    found = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "llm-sidecar"]
+    assert len(found) == 1
+    return found[0]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def literal_env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+# ------------------------------------------------------------------------------ lint and goldens
+
+
+@pytest.mark.parametrize("values", [None] + sorted(p.name for p in (CHART / "ci").glob("*.yaml")))
+def test_helm_lint_strict(helm_ok, values):
+    args = ["lint", "--strict", str(CHART)] + (["-f", str(CHART / "ci" / values)] if values else [])
+    out = sync.helm(*args)
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_render_matches_its_golden(renders, name):
+    case = CASES[name]
+    path = sync.golden_path(case)
+    expected = sync.golden_text(case, renders[name])
+    assert path.exists(), f"{path.relative_to(ROOT)} is missing; refresh with scripts/sync-chart.sh"
+    assert path.read_text(encoding="utf-8") == expected, (
+        f"{path.relative_to(ROOT)} differs from `{case.command()}`: review the change, then refresh with scripts/sync-chart.sh"
+    )
+
+
+def test_golden_dir_holds_exactly_the_cases(helm_ok):
+    assert {p.name for p in sync.GOLDEN_DIR.glob("*.yaml")} == {sync.golden_path(c).name for c in sync.CASES}
+
+
+def test_plain_manifests_are_a_fresh_render_of_the_chart(helm_ok):
+    assert not sync.copy_drift(), "chart copies are stale: scripts/sync-chart.sh"
+    want = sync.expected_manifests()
+    have = set(sync.DEPLOY_DIR.glob("**/*.yaml"))
+    assert have == set(want), "deploy/kubernetes/ holds only rendered files: scripts/sync-chart.sh"
+    for path, text in want.items():
+        assert path.read_text(encoding="utf-8") == text, f"{path.relative_to(ROOT)} is stale: scripts/sync-chart.sh"
+
+
+def test_sync_check_agrees(helm_ok):
+    """`scripts/sync-chart.sh --check` (what CI or a reviewer can run) sees everything in step."""
+    assert sync.main(["--check"]) == 0
+
+
+# ------------------------------------------------------------------------------ schemas
+
+
+@pytest.fixture(scope="session")
+def kubernetes_validate():
+    try:
+        import kubernetes_validate  # noqa: PLC0415
+    except ImportError:
+        require(False, "kubernetes-validate is not installed (pip install -e '.[test]')")
+    return kubernetes_validate
+
+
+def schema_versions(case) -> list[str]:
+    versions = [case.kube_version]
+    if case.kube_version != sync.KUBE_VERSION_LEGACY:
+        versions.append("1.29.0")  # the oldest release with native sidecars
+    return versions
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_object_validates_against_kubernetes_schemas(parsed, kubernetes_validate, name):
+    objs = parsed[name]
+    assert objs
+    checked = 0
+    for obj in objs:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        for version in schema_versions(CASES[name]):
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} for Kubernetes {version}: {exc.message} at {list(exc.path)}")
+        checked += 1
+    assert checked or name == "monitoring-only"
+
+
+def test_the_schema_validation_would_catch_a_mistake(parsed, kubernetes_validate):
+    deployment = copy.deepcopy(one(parsed["default"], "Deployment"))
+    deployment["spec"]["template"]["spec"]["initContainers"][0]["restartPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, sync.KUBE_VERSION, strict=True)
+
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
+
+
+def check_endpoint(endpoint: dict, jobs: str) -> None:
+    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings"}
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    for key in ("interval", "scrapeTimeout"):
+        if key in endpoint:
+            assert DURATION.fullmatch(endpoint[key])
+    assert {"action": "replace", "targetLabel": "job", "replacement": jobs} in endpoint["relabelings"]
+
+
+def check_crd(obj: dict, values: dict) -> None:
+    """Required fields of Prometheus Operator's monitoring.coreos.com/v1 kinds."""
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
+    meta = obj["metadata"]
+    assert len(meta["name"]) <= 63 and DNS_LABEL.fullmatch(meta["name"])
+    if values["release"]:
+        assert meta["labels"]["release"] == values["release"], "kube-prometheus-stack selects on release"
+    spec = obj["spec"]
+    if obj["kind"] == "PodMonitor":
+        assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints"}
+        assert spec["selector"]["matchLabels"]
+        assert len(spec["podMetricsEndpoints"]) == 1
+        check_endpoint(spec["podMetricsEndpoints"][0], values["job"])
+    elif obj["kind"] == "ServiceMonitor":
+        assert set(spec) <= {"selector", "namespaceSelector", "endpoints"}
+        assert spec["selector"]["matchLabels"]
+        assert len(spec["endpoints"]) == 1
+        check_endpoint(spec["endpoints"][0], values["job"])
+    elif obj["kind"] == "PrometheusRule":
+        assert set(spec) == {"groups"} and spec["groups"]
+        for group in spec["groups"]:
+            assert set(group) <= {"name", "interval", "rules", "limit", "partial_response_strategy"}
+            assert group["name"] and group["rules"]
+            for rule in group["rules"]:
+                assert set(rule) <= {"record", "alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
+                assert ("record" in rule) != ("alert" in rule) and rule["expr"]
+    else:
+        raise AssertionError(obj["kind"])
+
+
+CRD_EXPECTATIONS = {
+    "default": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
+    "default-k8s-1.28": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
+    "monitoring-only": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
+    "otel-slo": {"release": "prometheus", "job": "llm-sidecar", "kinds": {"ServiceMonitor", "PrometheusRule"}},
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_prometheus_operator_objects_have_their_required_fields(parsed, name):
+    objs = parsed[name]
+    crds = [o for o in objs if o["kind"] in CRD_KINDS]
+    assert {o["kind"] for o in crds} == CRD_EXPECTATIONS[name]["kinds"]
+    for obj in crds:
+        check_crd(obj, CRD_EXPECTATIONS[name])
+    unknown = {o["kind"] for o in objs} - CRD_KINDS - {"Deployment", "Service", "ConfigMap"}
+    assert not unknown
+
+
+# ------------------------------------------------------------------------------ the pod
+
+
+@pytest.mark.parametrize("name", FULL_CASES)
+def test_every_request_to_the_service_passes_through_the_sidecar(parsed, name):
+    objs = parsed[name]
+    service, deployment = one(objs, "Service"), one(objs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    spec = deployment["spec"]["template"]["spec"]
+    sidecar = sidecar_container(spec)
+    sidecar_ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert sidecar_ports == {"http": 8080, "metrics": 9464}
+    all_ports = [p for c in spec.get("initContainers", []) + spec["containers"] for p in c.get("ports", [])]
+    assert len({p["name"] for p in all_ports}) == len(all_ports), "port names are unique in the pod"
+    targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+    assert targets == {"http": "http", "metrics": "metrics"}, "every Service port lands on the sidecar"
+    # The model server listens on loopback only, on the port the sidecar forwards to.
+    server = [c for c in spec["containers"] if c["name"] != "llm-sidecar"]
+    assert len(server) == 1
+    args = server[0]["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    port = args[args.index("--port") + 1]
+    assert literal_env(sidecar)["LLM_SIDECAR_UPSTREAM"] == f"http://127.0.0.1:{port}"
+    assert server[0]["image"].startswith("vllm/vllm-openai:")
+    assert args[:2] == ["--model", args[1]] and args[1]
+    assert "nvidia.com/gpu" in server[0]["resources"]["limits"]
+    assert "readinessProbe" not in server[0], "readiness comes from the sidecar's /readyz"
+
+
+@pytest.mark.parametrize("name", FULL_CASES)
+def test_native_sidecar_from_kubernetes_1_29_regular_container_before(parsed, name):
+    spec = pod_spec(parsed[name])
+    native = CASES[name].kube_version != sync.KUBE_VERSION_LEGACY
+    sidecar = sidecar_container(spec)
+    if native:
+        assert [c["name"] for c in spec["initContainers"]] == ["llm-sidecar"]
+        assert sidecar["restartPolicy"] == "Always"
+        assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert "llm-sidecar" not in [c["name"] for c in spec["containers"]]
+    else:
+        assert "initContainers" not in spec
+        assert "restartPolicy" not in sidecar
+        assert [c["name"] for c in spec["containers"]] == ["model-server", "llm-sidecar"]
+
+
+@pytest.mark.parametrize(
+    "kube_version, native, expected",
+    [("1.28.15", "auto", False), ("1.29.0", "auto", True), ("v1.30.4-eks-a737599", "auto", True),
+     ("1.33.0", "false", False), ("1.28.0", "true", True)],
+)  # fmt: skip
+def test_native_sidecar_switch(helm_ok, kube_version, native, expected):
+    objs = sync.objects(
+        sync.template(["--kube-version", kube_version, "--set", f"sidecar.native={native}", "--show-only", "templates/deployment.yaml"])
+    )
+    assert ("initContainers" in pod_spec(objs)) is expected
+
+
+@pytest.mark.parametrize("name", FULL_CASES)
+def test_probes_ask_the_admin_port(parsed, name):
+    sidecar = sidecar_container(pod_spec(parsed[name]))
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    admin = int(literal_env(sidecar)["LLM_SIDECAR_METRICS_LISTEN"].rsplit(":", 1)[1])
+    assert ports["metrics"] == admin
+    expected = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe, path in expected.items():
+        assert sidecar[probe]["httpGet"] == {"path": path, "port": "metrics"}
+    assert sidecar["readinessProbe"]["timeoutSeconds"] > float(
+        load_settings({}, environ={**literal_env(sidecar)}).readiness_timeout
+    ), "the probe outlasts the sidecar's own upstream check"
+
+
+@pytest.mark.parametrize("name", FULL_CASES)
+def test_sidecar_security_context(parsed, name):
+    spec = pod_spec(parsed[name])
+    ctx = sidecar_container(spec)["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] != 0
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert spec["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("name", FULL_CASES)
+def test_grace_period_outlasts_the_drain(parsed, name):
+    spec = pod_spec(parsed[name])
+    drain = float(literal_env(sidecar_container(spec))["LLM_SIDECAR_DRAIN_SECONDS"])
+    assert spec["terminationGracePeriodSeconds"] > drain + 5, "drain, then up to 5 s of trace flush"
+
+
+def test_grace_period_is_computed_or_refused(helm_ok):
+    spec = pod_spec(render("--set", "sidecar.drainSeconds=100", "--show-only", "templates/deployment.yaml"))
+    assert spec["terminationGracePeriodSeconds"] == 115
+    spec = pod_spec(render("--set", "sidecar.drainSeconds=12.5", "--show-only", "templates/deployment.yaml"))
+    assert spec["terminationGracePeriodSeconds"] == 28
+    error = render_error("--set", "terminationGracePeriodSeconds=30")
+    assert "terminationGracePeriodSeconds (30) must exceed sidecar.drainSeconds (30)" in error
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sidecar_environment_is_accepted_by_the_sidecar(parsed, name):
+    """The chart's LLM_SIDECAR_* values load into the real Settings model, and the pod's
+    identity comes from the downward API under the names sidecar/tracing.py reads."""
+    if name == "monitoring-only":
+        container = sync.render_extra(sync.SNIPPET_TEMPLATE, CASES[name].args())["container"]
+    else:
+        container = sidecar_container(pod_spec(parsed[name]))
+    env = env_of(container)
+    settings = load_settings({}, environ=literal_env(container))
+    assert settings.listen_addr == ("0.0.0.0", 8080) and settings.metrics_addr == ("0.0.0.0", 9464)
+    field_refs = {n: e["valueFrom"]["fieldRef"]["fieldPath"] for n, e in env.items() if "valueFrom" in e}
+    assert field_refs == {
+        "K8S_POD_NAME": "metadata.name",
+        "K8S_POD_UID": "metadata.uid",
+        "K8S_NAMESPACE_NAME": "metadata.namespace",
+        "K8S_NODE_NAME": "spec.nodeName",
+    }
+    known = {var for var, _ in semconv.K8S_ENV_ATTRIBUTES}
+    k8s_env = {n for n in env if n.startswith("K8S_")}
+    assert k8s_env <= known
+    assert k8s_env == known - ({"K8S_DEPLOYMENT_NAME"} if name == "monitoring-only" else set())
+
+
+def test_custom_thresholds_and_otel_reach_the_sidecar(parsed):
+    sidecar = sidecar_container(pod_spec(parsed["otel-slo"]))
+    env = literal_env(sidecar)
+    settings = load_settings({}, environ=env)
+    assert (settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds) == (5.0, 0.05, 120.0)
+    assert settings.drain_seconds == 120 and settings.read_timeout == 900 and settings.inject_stream_usage is False
+    assert settings.model_allowlist == ["meta-llama/Llama-3.1-8B-Instruct"] and settings.otel_metrics is True
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4317"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    assert env["OTEL_SERVICE_NAME"] == "llm-sidecar-llama-8b"
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "deployment.environment=prod"
+    default = literal_env(sidecar_container(pod_spec(parsed["default"])))
+    assert not [k for k in default if k.startswith("OTEL_")], "no exporter unless asked"
+
+
+def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
+    """Run `llm-sidecar serve` with the Deployment's environment (ports moved to free ones)
+    beside the simulator, and ask what the kubelet and a client would ask."""
+    sidecar = sidecar_container(pod_spec(parsed["otel-slo"]))
+    env = literal_env(sidecar)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT")  # no collector here
+    env.pop("LLM_SIDECAR_OTEL_METRICS")
+    upstream, proxy, admin = free_port(), free_port(), free_port()
+    env.update(
+        LLM_SIDECAR_UPSTREAM=f"http://127.0.0.1:{upstream}",
+        LLM_SIDECAR_LISTEN=f"127.0.0.1:{proxy}",
+        LLM_SIDECAR_METRICS_LISTEN=f"127.0.0.1:{admin}",
+        K8S_POD_NAME="llm-sidecar-0",
+        K8S_NAMESPACE_NAME="llm",
+    )
+    exe = shutil.which("llm-sidecar", path=str(Path(sys.executable).parent)) or "llm-sidecar"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
+    simulate = [exe, "simulate", "--listen", f"127.0.0.1:{upstream}", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                "--ttft", "0.01", "--tpot", "0.001", "--tokens", "4"]  # fmt: skip
+    server = subprocess.Popen(simulate, env=base_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([exe, "serve"], env={**base_env, **env}, stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
+    try:
+
+        async def exercise() -> None:
+            async with aiohttp.ClientSession() as http:
+                deadline = time.monotonic() + 15
+                status = None
+                while time.monotonic() < deadline:
+                    try:
+                        async with http.get(f"http://127.0.0.1:{admin}/readyz") as r:
+                            status = r.status
+                            if status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    await asyncio.sleep(0.1)
+                assert status == 200, (tmp_path / "err").read_text()
+                async with http.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                    assert r.status == 200
+                body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                async with http.post(f"http://127.0.0.1:{proxy}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200
+                    assert b"[DONE]" in await r.read()
+                async with http.get(f"http://127.0.0.1:{admin}/metrics") as r:
+                    text = await r.text()
+                assert 'llm_requests_total{code="200",model="meta-llama/Llama-3.1-8B-Instruct"' in text
+
+        asyncio.run(exercise())
+    finally:
+        for p in (proc, server):
+            p.terminate()
+        for p in (proc, server):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# ------------------------------------------------------------------------------ monitoring
+
+
+def test_prometheus_rule_carries_exactly_the_rules_promtool_tests(parsed):
+    """Each PrometheusRule's spec is the rules file the promtool unit tests load."""
+    rules = by_kind(parsed["default"], "PrometheusRule")
+    sources = {r["metadata"]["annotations"]["llm-sidecar/source"]: r for r in rules}
+    shipped = {str(p.relative_to(ROOT)) for p in (ROOT / "deploy" / "prometheus").glob("*.yaml")}
+    assert set(sources) == shipped
+    tested = set()
+    for test_file in (ROOT / "tests" / "promtool").glob("*.yaml"):
+        for rule_file in yaml.safe_load(test_file.read_text(encoding="utf-8"))["rule_files"]:
+            tested.add(str((test_file.parent / rule_file).resolve().relative_to(ROOT)))
+    assert tested <= shipped and tested
+    for source, rule in sources.items():
+        assert rule["spec"] == yaml.safe_load((ROOT / source).read_text(encoding="utf-8")), source
+
+
+def test_dashboard_configmaps_equal_the_dashboards(parsed):
+    maps = [o for o in by_kind(parsed["default"], "ConfigMap")]
+    shipped = sorted((ROOT / "dashboards").glob("*.json"))
+    assert len(maps) == len(shipped)
+    for cm, path in zip(maps, shipped, strict=True):
+        assert cm["metadata"]["annotations"]["llm-sidecar/source"] == f"dashboards/{path.name}"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert list(cm["data"]) == [path.name]
+        assert json.loads(cm["data"][path.name]) == json.loads(path.read_text(encoding="utf-8"))
+        assert len(json.dumps(cm).encode()) < 1 << 20, "a ConfigMap holds at most 1 MiB"
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_one_dashboard_configmap_per_json_file(helm_ok, tmp_path, count):
+    chart = tmp_path / "llm-sidecar"
+    shutil.copytree(CHART, chart)
+    dashboards = chart / "files" / "dashboards"
+    shutil.rmtree(dashboards)
+    dashboards.mkdir()
+    names = ["llm-sidecar-overview.json", "Token_Throughput.json", "a b.json"][:count]
+    for i, name in enumerate(names):
+        (dashboards / name).write_text(json.dumps({"title": name, "panels": [{"id": i}]}, indent=2) + "\n")
+    (dashboards / "README.md").write_text("not a dashboard\n")
+    objs = sync.objects(
+        sync.template(["--kube-version", sync.KUBE_VERSION, "--set", "grafana.dashboards.folder=Models",
+                       "--set", "grafana.dashboards.namespace=monitoring", "--show-only", "templates/dashboards.yaml"]
+                      if count else ["--kube-version", sync.KUBE_VERSION], chart=chart)
+    )  # fmt: skip
+    maps = by_kind(objs, "ConfigMap")
+    assert len(maps) == count
+    for cm in maps:
+        meta = cm["metadata"]
+        assert DNS_LABEL.fullmatch(meta["name"]) and len(meta["name"]) <= 63
+        assert meta["labels"]["grafana_dashboard"] == "1"
+        assert meta["annotations"]["grafana_folder"] == "Models"
+        assert meta["namespace"] == "monitoring"
+        (key,) = cm["data"]
+        assert re.fullmatch(r"[-._a-zA-Z0-9]+", key)
+        source = meta["annotations"]["llm-sidecar/source"].removeprefix("dashboards/")
+        assert cm["data"][key] == (dashboards / source).read_text()
+    assert len({cm["metadata"]["name"] for cm in maps}) == count
+
+
+def test_monitoring_only_renders_only_monitoring_objects(parsed):
+    objs = parsed["monitoring-only"]
+    assert {o["kind"] for o in objs} <= CRD_KINDS | {"ConfigMap"}
+    podmonitor = one(objs, "PodMonitor")
+    assert podmonitor["spec"]["selector"]["matchLabels"] == {"app": "my-vllm"}
+    assert podmonitor["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
+
+
+def test_monitoring_only_notes_print_the_snippet(helm_ok):
+    """What `helm install` prints in monitoring-only mode is the container in
+    deploy/kubernetes/snippets/, from the same template."""
+    args = [*CASES["monitoring-only"].args()]
+    notes = sync.render_extra(sync.NOTES_TEMPLATE, args)["text"]
+    printed = yaml.safe_load(notes.split("pod template", 1)[1].split("\n\n", 1)[1].split("\n\n", 1)[0])
+    snippet = yaml.safe_load((sync.DEPLOY_DIR / "snippets" / "sidecar-container.yaml").read_text(encoding="utf-8"))
+    assert printed == snippet
+    assert "targetPort at the sidecar (8080" in notes and "terminationGracePeriodSeconds: 45" in notes
+    full = sync.render_extra(sync.NOTES_TEMPLATE, CASES["default"].args())["text"]
+    assert "a native sidecar" in full and "port-forward svc/llm-sidecar 8000:8000" in full
+
+
+def test_monitoring_only_with_a_servicemonitor_adds_a_metrics_service(helm_ok):
+    objs = render("-f", str(CHART / "ci" / "monitoring-only-values.yaml"), "--set", "prometheus.monitor.kind=ServiceMonitor")
+    service, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")
+    assert service["spec"]["selector"] == {"app": "my-vllm"}
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", "metrics")]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert not by_kind(objs, "Deployment")
+
+
+def test_monitoring_only_needs_the_servers_pod_labels(helm_ok):
+    assert "set existingServer.podSelector" in render_error("--set", "mode=monitoring-only")
+
+
+def test_servicemonitor_selects_the_service_and_its_metrics_port(parsed):
+    objs = parsed["otel-slo"]
+    service, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_podmonitor_selects_the_pods_and_their_metrics_port(parsed):
+    objs = parsed["default"]
+    monitor, deployment = one(objs, "PodMonitor"), one(objs, "Deployment")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert "metrics" in [p["name"] for p in sidecar_container(pod_spec(objs))["ports"]]
+
+
+def test_each_monitoring_object_can_be_switched_off(helm_ok):
+    objs = render(
+        "--set", "prometheus.monitor.enabled=false", "--set", "prometheus.rules.enabled=false",
+        "--set", "grafana.dashboards.enabled=false",
+    )  # fmt: skip
+    assert {o["kind"] for o in objs} == {"Deployment", "Service"}
+    objs = render("--set", "prometheus.release=", "--set", "prometheus.extraLabels.team=ml")
+    for obj in objs:
+        if obj["kind"] in CRD_KINDS:
+            assert "release" not in obj["metadata"]["labels"]
+            assert obj["metadata"]["labels"]["team"] == "ml"
+
+
+def test_bad_values_are_refused_at_render_time(helm_ok):
+    assert "ttftSeconds" in render_error("--set", "sidecar.slo.ttftSeconds=2.2")
+    assert "settings" in render_error("--set", "sidecar.settings.no_such_setting=1")
+    assert "must differ" in render_error("--set", "sidecar.port=8000")

@@ -1,0 +1,277 @@
+"""The image and chart files that need no helm binary: Dockerfile, .dockerignore, the chart's
+copies of the rules and dashboards, values.yaml against values.schema.json, and the values
+that must agree with the rest of the repo (settings, buckets, SLO spec, versions).
+
+Rendering tests (helm lint, helm template, goldens, Kubernetes schemas) are in
+tests/integration/test_helm.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+import sidecar
+from sidecar.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from sidecar.config import Settings, parse_host_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "llm-sidecar"
+
+
+def load_sync():
+    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sync_chart", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+sync = load_sync()
+
+
+# ------------------------------------------------------------------------------ Dockerfile
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    logical, current = [], ""
+    for line in text.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip("\\").strip() + " " if line.endswith("\\") else line.strip()
+        if not line.endswith("\\"):
+            logical.append(current)
+            current = ""
+    out = []
+    for entry in logical:
+        instruction, _, args = entry.partition(" ")
+        out.append((instruction.upper(), args.strip()))
+    return out
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
+    for instruction, args in dockerfile_instructions():
+        if instruction == "FROM":
+            out.append([])
+        if out:
+            out[-1].append((instruction, args))
+    return out
+
+
+def final_stage() -> list[tuple[str, str]]:
+    return stages()[-1]
+
+
+def test_dockerfile_is_multi_stage_on_slim_python_311():
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for i, a in dockerfile_instructions() if i == "ARG" and "=" in a}
+    froms = [a for i, a in dockerfile_instructions() if i == "FROM"]
+    assert len(froms) >= 2, "a build stage and a runtime stage"
+    base = args["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
+    assert all(f.split()[0] == "${PYTHON_IMAGE}" for f in froms)
+    build_name = froms[0].split()[-1]
+    copies = [a for i, a in final_stage() if i == "COPY"]
+    assert any(c.startswith(f"--from={build_name} ") for c in copies), "the runtime stage takes the build's venv"
+    # No compiler or pip install in the runtime stage: it only copies the built virtualenv.
+    assert not [a for i, a in final_stage() if i == "RUN" and "pip install" in a]
+
+
+def test_dockerfile_runs_as_a_non_root_numeric_user_matching_the_chart():
+    users = [a for i, a in final_stage() if i == "USER"]
+    assert users, "the runtime stage sets USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, "numeric, so runAsNonRoot can verify it"
+    assert gid.isdigit() and int(gid) != 0
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    ctx = values["sidecar"]["securityContext"]
+    assert (ctx["runAsUser"], ctx["runAsGroup"]) == (int(uid), int(gid))
+    assert ctx["runAsNonRoot"] and ctx["readOnlyRootFilesystem"]
+
+
+def test_dockerfile_entrypoint_serves_and_ports_match_the_settings():
+    entry = [a for i, a in final_stage() if i == "ENTRYPOINT"]
+    assert json.loads(entry[-1]) == ["llm-sidecar", "serve"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    assert "llm-sidecar" in scripts
+    exposed = {int(p) for i, a in final_stage() if i == "EXPOSE" for p in a.split()}
+    proxy_port = parse_host_port(Settings.model_fields["listen"].default)[1]
+    admin_port = parse_host_port(Settings.model_fields["metrics_listen"].default)[1]
+    assert exposed == {proxy_port, admin_port}
+
+
+def test_dockerfile_healthcheck_asks_healthz_on_the_admin_port():
+    checks = [a for i, a in final_stage() if i == "HEALTHCHECK"]
+    assert checks, "Docker gets a HEALTHCHECK; Kubernetes uses the chart's probes"
+    assert "/healthz" in checks[-1] and "LLM_SIDECAR_METRICS_LISTEN" in checks[-1]
+    env = " ".join(a for i, a in final_stage() if i == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env, "nothing written on a read-only root filesystem"
+
+
+def dockerignore_excludes(path: str) -> bool:
+    """Docker's rules: patterns in order, the last match wins, `!` re-includes, a pattern
+    that matches a parent directory matches everything under it, `**` spans directories."""
+    excluded = False
+    for raw in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").strip("/")
+        regex = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                regex, i = regex + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                regex, i = regex + ".*", i + 2
+            elif pattern[i] == "*":
+                regex, i = regex + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                regex, i = regex + "[^/]", i + 1
+            else:
+                regex, i = regex + re.escape(pattern[i]), i + 1
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+        if any(re.fullmatch(regex, p) for p in prefixes):
+            excluded = not negate
+    return excluded
+
+
+@pytest.mark.parametrize(
+    "path",
+    [".venv/bin/python", ".git/HEAD", ".tools/bin/helm", "tests/conftest.py", "helm/llm-sidecar/Chart.yaml",
+     "node_modules/x/package.json", "sidecar/__pycache__/app.cpython-311.pyc", ".pytest_cache/v/x", "dashboards/a.json"],
+)  # fmt: skip
+def test_dockerignore_keeps_out(path):
+    assert dockerignore_excludes(path)
+
+
+def test_dockerignore_keeps_everything_the_build_copies():
+    sources = []
+    for instruction, args in dockerfile_instructions():
+        if instruction == "COPY" and not args.startswith("--from"):
+            sources += shlex.split(args)[:-1]
+    assert sources
+    for source in sources:
+        path = ROOT / source
+        assert path.exists(), source
+        files = [p for p in path.rglob("*.py")] if path.is_dir() else [path]
+        for f in files:
+            assert not dockerignore_excludes(str(f.relative_to(ROOT))), f
+
+
+# ------------------------------------------------------------------------------ chart files
+
+
+def test_chart_copies_of_rules_and_dashboards_equal_the_repo_sources():
+    drift = sync.copy_drift()
+    assert not drift, "refresh with scripts/sync-chart.sh:\n" + "\n".join(drift)
+
+
+def test_chart_copies_every_rules_file_the_repo_ships():
+    rules = sorted(p.name for p in (ROOT / "deploy" / "prometheus").glob("*.yaml"))
+    assert rules, "an empty rules directory would render no PrometheusRule"
+    assert sorted(p.name for p in (CHART / "files" / "rules").glob("*.yaml")) == rules
+
+
+def schema() -> dict:
+    return json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+
+
+def chart_values(*files: str) -> dict:
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    for f in files:
+        values = deep_merge(values, yaml.safe_load((CHART / f).read_text(encoding="utf-8")))
+    return values
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@pytest.mark.parametrize("values_file", [None] + sorted(p.name for p in (CHART / "ci").glob("*.yaml")))
+def test_values_files_satisfy_the_schema(values_file):
+    values = chart_values(*([f"ci/{values_file}"] if values_file else []))
+    jsonschema.Draft7Validator.check_schema(schema())
+    jsonschema.Draft7Validator(schema()).validate(values)
+
+
+@pytest.mark.parametrize(
+    "path, bad",
+    [
+        (("sidecar", "slo", "ttftSeconds"), 2.2),
+        (("sidecar", "slo", "tpotSeconds"), 0.11),
+        (("mode",), "sidecar-only"),
+        (("sidecar", "settings"), {"no_such_setting": 1}),
+        (("prometheus", "monitor", "kind"), "Probe"),
+        (("sidecar", "drainSeconds"), -1),
+        (("terminationGracePeriodSeconds",), 0),
+        (("sidecar", "nope"), 1),
+    ],
+)
+def test_schema_refuses_bad_values(path, bad):
+    values = chart_values()
+    node = values
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema()).validate(values)
+
+
+def test_schema_slo_thresholds_are_exactly_the_bucket_bounds():
+    slo = schema()["properties"]["sidecar"]["properties"]["slo"]["properties"]
+    for key, buckets in (("ttftSeconds", TTFT_BUCKETS), ("tpotSeconds", ITL_BUCKETS), ("e2eSeconds", E2E_BUCKETS)):
+        numbers = [v for v in slo[key]["enum"] if not isinstance(v, str)]
+        strings = [v for v in slo[key]["enum"] if isinstance(v, str)]
+        assert [float(v) for v in numbers] == list(buckets), key
+        assert [float(v) for v in strings] == list(buckets), f"{key}: --set passes strings"
+
+
+def test_every_sidecar_setting_has_a_way_in_through_the_chart():
+    """Settings the templates set themselves, plus those `sidecar.settings` accepts, are
+    exactly the sidecar's settings: a new setting must be added to the schema."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
+    templated = {m.lower() for m in re.findall(r"LLM_SIDECAR_([A-Z0-9_]+)", helpers) if m != "%S"}
+    passthrough = set(schema()["properties"]["sidecar"]["properties"]["settings"]["propertyNames"]["enum"])
+    assert not templated & passthrough, "a setting must not be settable twice"
+    assert templated | passthrough == set(Settings.model_fields)
+
+
+def test_default_job_label_is_the_one_the_rules_alert_on():
+    spec = yaml.safe_load((ROOT / "deploy" / "slo" / "default.yaml").read_text(encoding="utf-8"))
+    assert chart_values()["prometheus"]["monitor"]["jobLabel"] == spec["alerts"]["target_down"]["job"]
+
+
+def test_default_slo_values_are_the_sidecars_defaults():
+    slo = chart_values()["sidecar"]["slo"]
+    assert slo["ttftSeconds"] == Settings.model_fields["slo_ttft_seconds"].default
+    assert slo["tpotSeconds"] == Settings.model_fields["slo_tpot_seconds"].default
+    assert slo["e2eSeconds"] == Settings.model_fields["slo_e2e_seconds"].default
+    assert chart_values()["sidecar"]["drainSeconds"] == Settings.model_fields["drain_seconds"].default
+
+
+def test_chart_app_version_is_the_package_version():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert chart["appVersion"] == project["version"] == sidecar.__version__
+
+
+def test_helm_tools_dir_is_gitignored():
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    assert ".tools/" in ignored
