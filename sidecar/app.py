@@ -3,6 +3,15 @@
 Two aiohttp applications on two ports, so the proxy port stays a pure pass-through (an
 upstream's own ``/metrics`` or ``/health`` still answer through it) and the sidecar's own
 endpoints can be bound to a different interface.
+
+Requests aiohttp's parser refuses (oversized request line or header, too many headers,
+smuggling attempts such as ``Content-Length`` with ``Transfer-Encoding``, duplicated
+``Content-Length``, malformed framing) never reach a handler or the upstream. aiohttp
+answers them with a text 400 that quotes up to 100 raw bytes of the request (a huge
+``Authorization`` value, for instance) and logs the same bytes with a traceback; its error
+path bypasses middlewares, so :class:`SidecarRunner` swaps in a connection handler that
+answers 414/431/400 with the proxy's JSON error body and logs one line naming the cause,
+never the bytes. ``serve`` uses it for both ports.
 """
 
 from __future__ import annotations
@@ -11,20 +20,27 @@ import asyncio
 import signal
 from dataclasses import dataclass, field
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - not on Windows
+    resource = None  # type: ignore[assignment]
+
 import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .config import Settings
 from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
-from .proxy import Proxy
+from .proxy import Proxy, error_response
 from .tracing import RequestTelemetry, providers_from_env
 
-__all__ = ["Sidecar", "build_sidecar", "serve", "SIDECAR"]
+__all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
 _log = structlog.get_logger("sidecar.app")
 
@@ -95,6 +111,7 @@ def build_sidecar(
         on_start=metrics.started,
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
+        max_request_body_bytes=settings.max_request_body_bytes,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
         inject_stream_usage=settings.inject_stream_usage,
@@ -108,8 +125,17 @@ def build_sidecar(
 
 
 def _proxy_app(sc: Sidecar) -> web.Application:
+    settings = sc.settings
     # client_max_size only bounds request.read(); larger bodies are streamed, not read.
-    app = web.Application(client_max_size=max(sc.settings.max_request_inspect_bytes, 1024**2) + 1)
+    # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
+    app = web.Application(
+        client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
+        handler_args={
+            "max_line_size": settings.max_request_line_bytes,
+            "max_field_size": settings.max_header_field_bytes,
+            "max_headers": settings.max_request_headers,
+        },
+    )
     app[SIDECAR] = sc
 
     async def upstream_session(app: web.Application):
@@ -121,7 +147,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
         await sc.session.close()
 
     app.cleanup_ctx.append(upstream_session)
-    app.router.add_route("*", "/{tail:.*}", sc.proxy.handle)
+    app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
 
 
@@ -159,6 +185,85 @@ def _json(status: int, doc: dict) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 
+# -- requests the HTTP parser refuses -----------------------------------------------------
+
+
+def _refusal(exc: BaseException) -> tuple[int, str, str]:
+    """Status, error type and message for a request aiohttp's parser refused.
+
+    aiohttp raises ``LineTooLong`` for the request line with a ``bytearray`` excerpt and for
+    a header field with ``bytes``; "Too many headers received" is a plain BadHttpMessage.
+    Anything else the parser refuses (framing conflicts, bad characters) stays a 400.
+    """
+    if isinstance(exc, LineTooLong):
+        if isinstance(exc.args[0], bytearray):
+            return 414, "request_line_too_long", "the request line is longer than the sidecar accepts"
+        return 431, "header_too_large", "a request header field is larger than the sidecar accepts"
+    if isinstance(exc, HttpProcessingError) and "Too many headers" in (exc.message or ""):
+        return 431, "too_many_headers", "the request has more header fields than the sidecar accepts"
+    return 400, "bad_request", "the request is not valid HTTP/1.1 (framing or header syntax)"
+
+
+class _RefusingRequestHandler(RequestHandler):
+    """aiohttp's connection handler, with parser refusals answered by the proxy's JSON error
+    body and logged without the request bytes (aiohttp quotes them in both places)."""
+
+    def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
+        if status != 400 or not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        if request.writer.output_size > 0:  # as aiohttp: too late for another response
+            raise ConnectionError("a response was already sent")
+        status, kind, text = _refusal(exc)
+        if not isinstance(exc, BadHttpMethod):  # not HTTP at all (TLS, scanners): not worth a line
+            _log.info("request_refused", status=status, reason=kind, peer=request.remote)
+        response = error_response(status, kind, text)
+        response.force_close()
+        return response
+
+
+class _RefusingServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _RefusingRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class SidecarRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer requests the HTTP parser refuses with the
+    proxy's JSON error body: 414 (request line), 431 (header field, header count), else 400.
+    aiohttp has no public hook for this (its error path runs no middleware), so the server
+    aiohttp builds is rebuilt around :class:`_RefusingRequestHandler` with the same
+    arguments; tests over real sockets pin the result."""
+
+    async def _make_server(self) -> web.Server:
+        built = await super()._make_server()
+        return _RefusingServer(
+            built.request_handler,
+            request_factory=built.request_factory,
+            handler_cancellation=built.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **built._kwargs,
+        )
+
+
+def raise_open_file_limit() -> int | None:
+    """Raise the soft limit on open files to the hard limit and return it (None if unknown).
+
+    Every stream holds two sockets (client and upstream), so the common soft default of
+    1024 would cap a sidecar at about 500 concurrent streams while the hard limit allows far
+    more. Go's runtime does the same at start.
+    """
+    if resource is None:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
@@ -166,6 +271,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     get ``drain_seconds`` to finish (aiohttp cancels the rest), then the admin port closes
     last so the final figures can still be scraped during the drain.
     """
+    open_files = raise_open_file_limit()
     providers = providers_from_env(metrics=settings.otel_metrics)
     sc = build_sidecar(
         settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider
@@ -177,8 +283,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
             pass
-    proxy_runner = web.AppRunner(sc.proxy_app, shutdown_timeout=settings.drain_seconds, **RUNNER_KWARGS)
-    admin_runner = web.AppRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+    proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=settings.drain_seconds, **RUNNER_KWARGS)
+    admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
@@ -191,6 +297,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             listen=settings.listen,
             metrics_listen=settings.metrics_listen,
             upstream=settings.upstream,
+            open_files_limit=open_files,
         )
         await stop.wait()
         sc.draining = True

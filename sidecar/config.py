@@ -87,6 +87,19 @@ class Settings(BaseModel):
         description="Ask OpenAI-style streams for usage when the client did not, and hide that "
         "extra event from the client, so token counts are exact",
     )
+    max_request_body_bytes: int = Field(
+        64 << 20,
+        gt=0,
+        description="Largest request body relayed; a larger one gets 413 before the upstream is asked "
+        "(a declared Content-Length) or as soon as it passes the limit (a chunked body)",
+    )
+    max_request_line_bytes: int = Field(
+        8190, gt=0, description="Longest request line (method, path and query); longer gets 414"
+    )
+    max_header_field_bytes: int = Field(
+        8190, gt=0, description="Longest request header field (name and value); longer gets 431"
+    )
+    max_request_headers: int = Field(128, gt=0, description="Most request header fields; more gets 431")
     max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")

@@ -14,6 +14,20 @@ Faults map to what a client can act on:
   of a clean end (and never hangs)
 - client goes away -> the upstream response is closed at once, so the server stops
   generating; outcome ``cancelled`` with the partial figures
+- request body larger than ``max_request_body_bytes`` -> 413 with a JSON error body: before
+  the upstream is asked when ``Content-Length`` says so (also in answer to
+  ``Expect: 100-continue``, so the client never sends it), else as soon as a chunked body
+  passes the limit (the upstream then sees its request cut off, never a complete one)
+- request body stalls for ``CLIENT_BODY_TIMEOUT`` seconds between two reads -> 408 with a
+  JSON error body (a streamed body is cut off as above). This also bounds a body whose
+  framing breaks mid-way: aiohttp's parser then stops feeding the body without failing it.
+
+Framing is never relayed as received: aiohttp's parser has already refused conflicting or
+obfuscated ``Content-Length``/``Transfer-Encoding`` (see :mod:`sidecar.app`), the body is
+decoded, and the upstream request is framed afresh by the client library. An HTTP/1.0
+request that carries ``Transfer-Encoding`` is refused with 400 (RFC 9112 section 6.1: its
+framing is faulty), a transfer coding other than plain ``chunked`` with 501 (section 6.1
+again: aiohttp would not decode it), and the connection is closed after either.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -35,7 +50,7 @@ from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
 from .usage_injection import UsageEventFilter, request_with_usage
 
-__all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response"]
+__all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response", "CLIENT_BODY_TIMEOUT"]
 
 # RFC 9110 section 7.6.1, plus the de-facto Proxy-Connection and Keep-Alive.
 HOP_BY_HOP = frozenset(
@@ -58,6 +73,10 @@ _NOT_FORWARDED_TO_UPSTREAM = HOP_BY_HOP | {"host", "expect"}
 _SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 _log = structlog.get_logger("sidecar.proxy")
+
+CLIENT_BODY_TIMEOUT = 60.0
+"""Idle seconds allowed between two reads of a request body from the client (nginx's
+``client_body_timeout`` and its default); past it the request gets 408."""
 
 Recorder = Callable[[RequestTimeline, str], None]
 """Called once per finished request with the timeline and its bounded model label."""
@@ -116,6 +135,57 @@ def error_response(status: int, kind: str, message: str) -> web.Response:
     )
 
 
+class _BodyRefused(Exception):
+    """The request body broke a limit; ``refusal`` is what to answer instead."""
+
+    def __init__(self, refusal: tuple[int, str, str]) -> None:
+        super().__init__(refusal[2])
+        self.refusal = refusal
+
+
+class _BoundedBody:
+    """A streamed request body held to the size and idle-time limits. Past one, the
+    upstream request fails (its body is cut off, so the upstream never sees a complete
+    request) and the proxy answers with ``refused`` instead of 502."""
+
+    __slots__ = ("_content", "_limit", "_timeout", "refused")
+
+    def __init__(self, content: aiohttp.StreamReader, limit: int, timeout: float) -> None:
+        self._content = content
+        self._limit = limit
+        self._timeout = timeout
+        self.refused: tuple[int, str, str] | None = None
+
+    async def __aiter__(self):
+        seen = 0
+        while True:
+            try:
+                chunk = await _read_some(self._content, self._timeout)
+                seen += len(chunk)
+                if seen > self._limit:
+                    raise _BodyRefused(_too_large(self._limit))
+            except _BodyRefused as exc:
+                self.refused = exc.refusal
+                raise
+            if not chunk:
+                return
+            yield chunk
+
+
+async def _read_some(content: aiohttp.StreamReader, timeout: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout):
+            return await content.readany()
+    except TimeoutError:
+        raise _BodyRefused(
+            (408, "request_timeout", f"the request body stalled for {timeout:g} seconds")
+        ) from None
+
+
+def _too_large(limit: int) -> tuple[int, str, str]:
+    return 413, "request_too_large", f"the request body is larger than {limit} bytes"
+
+
 class Proxy:
     """The aiohttp handler for every method and path of the proxy port."""
 
@@ -130,6 +200,8 @@ class Proxy:
         on_start: Callable[[str, str], None] | None = None,
         recorders: Iterable[Recorder] = (),
         max_request_inspect_bytes: int = 32 << 20,
+        max_request_body_bytes: int = 64 << 20,
+        client_body_timeout: float = CLIENT_BODY_TIMEOUT,
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
         inject_stream_usage: bool = True,
@@ -145,6 +217,8 @@ class Proxy:
         self._on_start = on_start
         self._recorders = tuple(recorders)
         self._max_inspect = max_request_inspect_bytes
+        self._max_body = max_request_body_bytes
+        self.client_body_timeout = client_body_timeout
         self._max_json = max_response_inspect_bytes
         self._max_line = max_line_bytes
         self._inject_usage = inject_stream_usage
@@ -155,7 +229,13 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         start = self._clock()
         route, model = match_route(request.path, request.method)
-        body, doc, injected = await self._request_body(request, route)
+        refusal = self._refusal(request)
+        body, doc, injected = None, None, False
+        if refusal is None:
+            try:
+                body, doc, injected = await self._request_body(request, route)
+            except _BodyRefused as exc:
+                refusal = exc.refusal
         if doc is not None:
             value = doc.get("model")
             model = model or (value if isinstance(value, str) else None)
@@ -171,7 +251,10 @@ class Proxy:
             self._safely(self._tracer.start, request.headers, timeline)
         outcome, error_type = Outcome.ERROR, "internal"
         try:
-            outcome, error_type, response = await self._relay(request, route, body, timeline, injected)
+            if refusal is not None:
+                outcome, error_type, response = self._refuse(timeline, *refusal)
+            else:
+                outcome, error_type, response = await self._relay(request, route, body, timeline, injected)
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, "client_disconnected"
@@ -182,7 +265,41 @@ class Proxy:
                 for recorder in self._recorders:
                     self._safely(recorder, timeline, label)
 
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: refuse a body that would be refused anyway before the
+        client sends it; otherwise invite the body, as aiohttp's default handler does."""
+        if self._refusal(request) is not None:
+            return await self.handle(request)
+        if request.version == HttpVersion11:
+            if request.headers.get("Expect", "").lower() != "100-continue":
+                return error_response(417, "expectation_failed", "only Expect: 100-continue is understood")
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the response proper has not started
+        return None
+
     # -- request -----------------------------------------------------------------------
+
+    def _refusal(self, request: web.Request) -> tuple[int, str, str] | None:
+        """Why the request is refused without asking the upstream, or None."""
+        length = request.content_length
+        if length is not None and length > self._max_body:
+            return _too_large(self._max_body)
+        coding = request.headers.get("Transfer-Encoding")
+        if coding is not None:
+            if request.version < HttpVersion11:
+                return 400, "bad_request", "Transfer-Encoding is not allowed in an HTTP/1.0 request"
+            if coding.strip().lower() != "chunked":
+                # aiohttp decodes only chunked and would relay "gzip, chunked" still compressed.
+                return 501, "unsupported_transfer_coding", "only Transfer-Encoding: chunked is supported"
+        return None
+
+    def _refuse(self, timeline: RequestTimeline, status: int, kind: str, message: str):
+        """A client error the sidecar answers itself: outcome ok with its 4xx code, as an
+        upstream's 4xx is. The unread body is not wanted: the connection closes after."""
+        timeline.response_started(self._clock(), status, streamed=False)
+        response = error_response(status, kind, message)
+        response.force_close()
+        return Outcome.OK, None, response
 
     async def _request_body(self, request: web.Request, route: Route):
         """The body to forward, the request's JSON object on known API routes (else None),
@@ -197,8 +314,13 @@ class Proxy:
             return None, None, False
         length = request.content_length
         if route is OTHER or request.method != "POST" or length is None or length > self._max_inspect:
-            return request.content, None, False
-        body = await request.read()
+            # Streamed. A declared length is within the limit already; a chunked body is
+            # counted as it streams.
+            return _BoundedBody(request.content, self._max_body, self.client_body_timeout), None, False
+        parts: list[bytes] = []
+        while chunk := await _read_some(request.content, self.client_body_timeout):
+            parts.append(chunk)
+        body = b"".join(parts)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -228,7 +350,12 @@ class Proxy:
     # -- response ----------------------------------------------------------------------
 
     async def _relay(self, request: web.Request, route: Route, body, timeline: RequestTimeline, injected: bool):
-        url = URL(self._base + request.raw_path, encoded=True)
+        target = request.raw_path
+        if not target.startswith("/"):
+            # Absolute form (GET http://host/path): only its path and query are ours to use;
+            # the host it names is never where the request goes.
+            target = request.rel_url.raw_path_qs
+        url = URL(self._base + target, encoded=True)
         try:
             upstream = await self._session().request(
                 request.method,
@@ -245,6 +372,8 @@ class Proxy:
         except aiohttp.ClientConnectorError:
             return self._fail(timeline, 502, "upstream_unreachable", "the inference server refused or is unreachable")
         except aiohttp.ClientError:
+            if isinstance(body, _BoundedBody) and body.refused is not None:
+                return self._refuse(timeline, *body.refused)
             return self._fail(timeline, 502, "upstream_disconnected", "the inference server closed the connection")
 
         released = False

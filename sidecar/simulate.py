@@ -68,6 +68,19 @@ tokens: chat here; Responses, Anthropic and Ollama there), ``x-sim-fail`` (``500
 own in-stream error event at that point instead and ends the stream cleanly (here vLLM's
 ``data: {"error":{...}}`` then ``data: [DONE]``, as ``create_streaming_error_response``
 writes it). On a non-streaming request ``stream`` is answered like ``500``.
+
+Fault modes for reliability tests (``x-sim-fail``):
+
+* ``reset`` (every route): the request is read, then the connection is aborted before any
+  response headers, as a server process that dies during prefill.
+* On ``/v1/chat/completions`` and ``/v1/completions`` only, after about half the tokens:
+  ``truncate`` ends the response cleanly (chunked terminator) with no ``[DONE]`` and no
+  usage; ``stall`` stops writing and holds the connection open until the client leaves (on a
+  non-streamed request: no answer at all); ``longline`` writes one ``data:`` line of
+  ``x-sim-line-bytes`` bytes (default 4 MiB) in 64 KiB writes with no line end until its
+  last byte, then finishes the stream normally. ``truncate`` and ``longline`` on a
+  non-streamed request are answered like ``500``. The other dialects answer these three
+  with a 400 naming the modes they support.
 """
 
 from __future__ import annotations
@@ -186,7 +199,9 @@ class SimStats:
     failed: int = 0
     """Answered with the simulated 500."""
     dropped: int = 0
-    """Connection aborted by the simulator (``drop``)."""
+    """Connection aborted by the simulator (``drop``, ``reset``)."""
+    truncated: int = 0
+    """Streams ended cleanly without their end marker (``x-sim-fail: truncate``)."""
     stream_errors: int = 0
     """Streams ended by an in-stream error event (``x-sim-fail: stream``)."""
     prompt_tokens: int = 0
@@ -196,7 +211,7 @@ class SimStats:
     def in_flight(self) -> int:
         return (
             self.started - self.completed - self.cancelled - self.failed - self.dropped
-            - self.stream_errors
+            - self.stream_errors - self.truncated
         )
 
 
@@ -240,7 +255,8 @@ class _Plan:
     counts: list[int]  # answer tokens per choice
     reasoning: int  # reasoning tokens per choice
     text_offsets: list[int]
-    fail: str | None  # None, "500", "drop" or "stream"
+    fail: str | None  # None or one of _OPENAI_FAIL_MODES
+    line_bytes: int = 0  # longline: bytes of the one long line
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +266,7 @@ class _Overrides:
     tokens: int | None = None
     reasoning: int | None = None
     fail: str | None = None
+    line_bytes: int | None = None
 
 
 class _Sim:
@@ -299,6 +316,7 @@ class _Sim:
                 reasoning=reasoning if reasoning_ok else 0,
                 text_offsets=offsets,
                 fail=ov.fail,
+                line_bytes=ov.line_bytes or _LONG_LINE_BYTES,
             )
         fail: str | None = None
         if cfg.fail_rate and rng.random() < cfg.fail_rate:
@@ -337,13 +355,20 @@ class _Sim:
 _SIM = web.AppKey("sim_state", _Sim)
 
 _FAIL_MODES = ("500", "drop", "stream")
+"""Failure modes every dialect implements (``reset`` too, in :func:`_reset_faults`)."""
+_STREAM_ONLY_FAULTS = ("stream", "truncate", "longline")  # answered like 500 on a whole body
+_OPENAI_FAIL_MODES = (*_FAIL_MODES, "reset", "truncate", "stall", "longline")
+"""Also implemented by the OpenAI routes of this module."""
+_LONG_LINE_BYTES = 4 << 20
+_LINE_PIECE = 64 << 10
+_FOREVER = 24 * 3600.0  # how long a stalled response waits for its client to leave
 _ENGINE_FAILURE = "Simulated engine failure"
 
 
 # ---------------------------------------------------------------- request parsing
 
 
-def _parse_overrides(headers: Any) -> _Overrides | None:
+def _parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> _Overrides | None:
     if not any(k.lower().startswith("x-sim-") for k in headers):
         return None
 
@@ -374,14 +399,17 @@ def _parse_overrides(headers: Any) -> _Overrides | None:
     fail = headers.get("x-sim-fail")
     if fail is not None:
         fail = fail.strip().lower()
-        if fail not in _FAIL_MODES:
-            raise _BadRequest(400, f"header x-sim-fail must be 500, drop or stream, got {fail!r}")
+        if fail not in modes:
+            raise _BadRequest(
+                400, f"header x-sim-fail must be one of {', '.join(modes)} here, got {fail!r}"
+            )
     return _Overrides(
         ttft=number("x-sim-ttft"),
         tpot=number("x-sim-tpot"),
         tokens=integer("x-sim-tokens", 1),
         reasoning=integer("x-sim-reasoning", 0),
         fail=fail,
+        line_bytes=integer("x-sim-line-bytes", 1),
     )
 
 
@@ -569,7 +597,7 @@ async def _stream(
     totals = [plan.reasoning + c for c in plan.counts]
     finishes = [_finish_reason(c, max_tokens) for c in plan.counts]
     steps = max(totals)
-    fail_at = steps // 2 if plan.fail in ("drop", "stream") else -1
+    fail_at = steps // 2 if plan.fail in _MID_STREAM_FAULTS else -1
     emitted = 0
 
     resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
@@ -584,10 +612,17 @@ async def _stream(
             if k:
                 deadline += sim.gap(plan, k)
                 await _sleep_until(loop, deadline, request)
-            if k == fail_at:
+            if k == fail_at and plan.fail == "longline":
+                await _write_long_line(resp, plan.line_bytes)
+            elif k == fail_at:
                 if plan.fail == "drop":
                     _abort(request)
                     stats.dropped += 1
+                elif plan.fail == "truncate":
+                    await resp.write_eof()
+                    stats.truncated += 1
+                elif plan.fail == "stall":
+                    await _sleep_until(loop, loop.time() + _FOREVER, request)
                 else:
                     await resp.write(_STREAM_ERROR + _DONE)
                     await resp.write_eof()
@@ -619,6 +654,20 @@ async def _stream(
     return resp
 
 
+_MID_STREAM_FAULTS = ("drop", "stream", "truncate", "stall", "longline")
+
+
+async def _write_long_line(resp: web.StreamResponse, size: int) -> None:
+    """One ``data:`` line of ``size`` bytes, its line end only after the last piece."""
+    await resp.write(b"data: ")
+    piece = b"x" * _LINE_PIECE
+    left = size
+    while left > 0:
+        await resp.write(piece if left >= _LINE_PIECE else piece[:left])
+        left -= _LINE_PIECE
+    await resp.write(b"\n\n")
+
+
 async def _wait_whole(
     request: web.Request, sim: _Sim, plan: _Plan, start: float
 ) -> bool:
@@ -630,6 +679,8 @@ async def _wait_whole(
     deadline = start + plan.ttft
     for k in range(1, last + 1):
         deadline += sim.gap(plan, k)
+    if plan.fail == "stall":
+        deadline = loop.time() + _FOREVER
     try:
         await _sleep_until(loop, deadline, request)
     except asyncio.CancelledError:
@@ -671,7 +722,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         )
         stream, include_usage = _stream_flags(body)
         _check_model(body, sim)
-        overrides = _parse_overrides(request.headers)
+        overrides = _parse_overrides(request.headers, _OPENAI_FAIL_MODES)
     except _BadRequest as exc:
         return _error_response(exc.status, exc.message, exc.err_type)
 
@@ -680,7 +731,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     stats = sim.stats
     stats.started += 1
     stats.prompt_tokens += prompt_tokens
-    if plan.fail == "500" or (plan.fail == "stream" and not stream):
+    if plan.fail == "500" or (plan.fail in _STREAM_ONLY_FAULTS and not stream):
         stats.failed += 1
         return _error_response(500, _ENGINE_FAILURE, "InternalServerError")
     created = int(time.time())
@@ -749,7 +800,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         max_tokens = _positive_int(body, "max_tokens")
         stream, include_usage = _stream_flags(body)
         _check_model(body, sim)
-        overrides = _parse_overrides(request.headers)
+        overrides = _parse_overrides(request.headers, _OPENAI_FAIL_MODES)
     except _BadRequest as exc:
         return _error_response(exc.status, exc.message, exc.err_type)
 
@@ -759,7 +810,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     stats = sim.stats
     stats.started += 1
     stats.prompt_tokens += prompt_tokens
-    if plan.fail == "500" or (plan.fail == "stream" and not stream):
+    if plan.fail == "500" or (plan.fail in _STREAM_ONLY_FAULTS and not stream):
         stats.failed += 1
         return _error_response(500, _ENGINE_FAILURE, "InternalServerError")
     created = int(time.time())
@@ -864,10 +915,23 @@ async def _metrics(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------- public API
 
 
+@web.middleware
+async def _reset_faults(request: web.Request, handler: Any) -> web.StreamResponse:
+    """``x-sim-fail: reset`` on any route: read the request, then abort before any header."""
+    if request.headers.get("x-sim-fail", "").strip().lower() != "reset":
+        return await handler(request)
+    await request.read()
+    stats = request.app[SIM_STATS]
+    stats.started += 1
+    stats.dropped += 1
+    _abort(request)
+    return web.Response(status=499, reason="Client Closed Request")
+
+
 def build_simulator_app(config: SimulatorConfig) -> web.Application:
     """The simulated server as an aiohttp app; ``app[SIM_STATS]`` counts what it saw."""
     sim = _Sim(config)
-    app = web.Application()
+    app = web.Application(middlewares=[_reset_faults])
     app[_SIM] = sim
     app[SIM_STATS] = sim.stats
     app.router.add_post("/v1/chat/completions", _chat_completions)

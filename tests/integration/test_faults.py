@@ -1,0 +1,584 @@
+"""Every upstream and client fault over real sockets, against the simulated server: what the
+client receives, the outcome counted, and that nothing is left behind.
+
+"Nothing left behind" is a census of the test process, which holds the simulator, the
+sidecar and the client: asyncio tasks, open file descriptors, and the TCP state of every
+socket among them (from /proc). It is taken before the fault and must come back to exactly
+that once the client has gone, except for an upstream keep-alive connection the sidecar
+pooled on purpose after a cleanly ended response (counted explicitly where it happens).
+
+The sidecar under test runs behind :class:`sidecar.app.SidecarRunner`, as ``serve`` runs it.
+Helpers here (``Census``, ``process_census``, ``Rig``) are shared with the hostile-input and
+soak tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
+from sidecar.config import Settings
+from sidecar.simulate import SIM_STATS, SimStats, SimulatorConfig, build_simulator_app
+from tests.conftest import free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+MODEL = "sim-llama-3-8b"
+LABELS = {"model": MODEL, "route": CHAT}
+
+# -- census: what a process holds -----------------------------------------------------------
+
+_TCP_STATES = {
+    "01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+    "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
+}  # fmt: skip
+
+
+def _socket_inodes(pid: int | str) -> tuple[int, set[str]]:
+    fds = 0
+    inodes: set[str] = set()
+    base = f"/proc/{pid}/fd"
+    for name in os.listdir(base):
+        try:
+            target = os.readlink(f"{base}/{name}")
+        except OSError:  # closed between listdir and readlink
+            continue
+        fds += 1
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return fds, inodes
+
+
+def tcp_sockets(pid: int | str = "self") -> list[tuple[str, int, int]]:
+    """(state, local port, remote port) of every TCP socket the process holds open."""
+    _, inodes = _socket_inodes(pid)
+    out = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts[9] in inodes:
+                local, remote, state = parts[1], parts[2], parts[3]
+                out.append((_TCP_STATES.get(state, state), int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
+    return out
+
+
+@dataclass(frozen=True)
+class Census:
+    """What a process holds: asyncio tasks (own process only), fds, TCP sockets by state."""
+
+    tasks: int | None
+    fds: int
+    tcp: tuple[tuple[str, int], ...]  # sorted (state, count)
+
+    def plus(self, *, tasks: int = 0, fds: int = 0, established: int = 0) -> Census:
+        tcp = Counter(dict(self.tcp))
+        tcp["ESTABLISHED"] += established
+        return Census(
+            None if self.tasks is None else self.tasks + tasks,
+            self.fds + fds,
+            tuple(sorted((k, v) for k, v in tcp.items() if v)),
+        )
+
+
+def process_census(pid: int | str = "self") -> Census:
+    fds, _ = _socket_inodes(pid)
+    states = Counter(state for state, _, _ in tcp_sockets(pid))
+    tasks = len(asyncio.all_tasks()) if pid == "self" else None
+    return Census(tasks, fds, tuple(sorted(states.items())))
+
+
+async def quiet_census(pid: int | str = "self") -> Census:
+    """A baseline census: garbage from earlier tests collected (an unclosed session closes
+    its sockets when collected) and two readings 50 ms apart agreeing."""
+    last = None
+    for _ in range(40):
+        gc.collect()
+        now = process_census(pid)
+        if now == last:
+            return now
+        last = now
+        await asyncio.sleep(0.05)
+    return last
+
+
+async def settles_to(expected: Census, pid: int | str = "self", timeout: float = 5.0) -> None:
+    """Wait until the census equals ``expected``; fail with both when it never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        now = process_census(pid)
+        if now == expected:
+            return
+        if time.monotonic() > deadline:
+            tasks = [repr(t.get_coro()) for t in asyncio.all_tasks()] if pid == "self" else []
+            raise AssertionError(f"left behind: expected {expected}, got {now}; tasks {tasks}; sockets {tcp_sockets(pid)}")
+        await asyncio.sleep(0.02)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+# -- the rig: simulator + sidecar in this event loop ------------------------------------------
+
+
+@dataclass
+class Rig:
+    sim_port: int
+    sim: SimStats
+    port: int
+    admin_port: int
+    registry: CollectorRegistry
+    runners: list = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sample(self, name: str, **labels) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+
+async def _site(runner: web.AppRunner) -> int:
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+@pytest.fixture
+async def rig_factory():
+    runners: list[web.AppRunner] = []
+
+    async def make(
+        *, upstream: str | None = None, sim: SimulatorConfig | None = None, client_body_timeout: float | None = None, **settings
+    ) -> Rig:
+        app = build_simulator_app(sim or SimulatorConfig(ttft=0.01, tpot=0.005, jitter=0, tokens=20, seed=7))
+        # As run_simulator (and uvicorn): a handler learns at once that its client left.
+        sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runners.append(sim_runner)
+        sim_port = await _site(sim_runner)
+        sc = build_sidecar(Settings(upstream=upstream or f"http://127.0.0.1:{sim_port}", **settings), CollectorRegistry(), access_log=False)
+        if client_body_timeout is not None:
+            sc.proxy.client_body_timeout = client_body_timeout
+        proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+        admin_runner = SidecarRunner(sc.admin_app, **RUNNER_KWARGS)
+        runners.extend([proxy_runner, admin_runner])
+        port = await _site(proxy_runner)
+        admin_port = await _site(admin_runner)
+        return Rig(sim_port, app[SIM_STATS], port, admin_port, sc.registry, runners)
+
+    yield make
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+def chat_body(stream: bool = True, **extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra}
+
+
+def sim_headers(tokens: int = 20, **extra: str) -> dict[str, str]:
+    return {"x-sim-ttft": "0.01", "x-sim-tpot": "0.005", "x-sim-tokens": str(tokens), **{f"x-sim-{k.replace('_', '-')}": v for k, v in extra.items()}}
+
+
+async def read_all(url: str, body: dict, headers: dict) -> tuple[int | None, bytes, BaseException | None]:
+    """POST and read to the end; the status, every byte relayed, and how the read ended."""
+    got = bytearray()
+    status = None
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as s:
+            async with s.post(url, json=body, headers=headers) as r:
+                status = r.status
+                async with asyncio.timeout(10):  # a fault must never hang the client
+                    async for chunk in r.content.iter_any():
+                        got += chunk
+    except aiohttp.ClientPayloadError as exc:
+        return status, bytes(got), exc
+    return status, bytes(got), None
+
+
+async def counted(rig: Rig, code: str, outcome: str, labels: dict = LABELS) -> None:
+    await wait_for(lambda: rig.sample("llm_requests_total", code=code, outcome=outcome, **labels) == 1)
+    assert rig.sample("llm_requests_in_flight", **labels) == 0
+
+
+# -- the simulator's fault modes, directly --------------------------------------------------------
+
+
+async def test_simulator_fault_modes(rig_factory):
+    rig = await rig_factory()
+    sim_url = f"http://127.0.0.1:{rig.sim_port}{CHAT}"
+    inc = chat_body(stream_options={"include_usage": True})
+    _, full, end = await read_all(sim_url, inc, sim_headers(10))
+    assert end is None and full.endswith(b"data: [DONE]\n\n") and full.count(b'"content":"') == 11
+
+    _, cut, end = await read_all(sim_url, inc, sim_headers(10, fail="truncate"))
+    assert end is None and b"[DONE]" not in cut and b'"usage"' not in cut
+    assert cut.count(b'"content":"') == 6  # role chunk + 5 tokens, then a clean end
+
+    _, long, end = await read_all(sim_url, inc, sim_headers(10, fail="longline", line_bytes="100000"))
+    assert end is None and long.endswith(b"data: [DONE]\n\n") and b"\ndata: " + b"x" * 100000 + b"\n\n" in long
+
+    messages_url = f"http://127.0.0.1:{rig.sim_port}/v1/messages"
+    messages = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    for url, body in ((sim_url, inc), (messages_url, messages)):  # reset: on every route
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await read_all(url, body, sim_headers(10, fail="reset"))
+    async with aiohttp.ClientSession() as s:  # the other dialects refuse the OpenAI-only modes
+        async with s.post(messages_url, json=messages, headers={"x-sim-fail": "stall"}) as r:
+            assert r.status == 400 and b"x-sim-fail" in await r.read()
+    assert (rig.sim.completed, rig.sim.truncated, rig.sim.dropped) == (2, 1, 2)
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+
+async def test_upstream_refuses(rig_factory):
+    rig = await rig_factory(upstream=f"http://127.0.0.1:{free_port()}")
+    before = await quiet_census()
+    status, body, _ = await read_all(rig.url + CHAT, chat_body(), {})
+    assert status == 502 and b'"type":"upstream_unreachable"' in body
+    await counted(rig, "502", "error")
+    await settles_to(before)
+
+
+async def test_upstream_resets_before_headers(rig_factory):
+    rig = await rig_factory()
+    before = await quiet_census()
+    status, body, _ = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="reset"))
+    assert status == 502 and b'"type":"upstream_disconnected"' in body
+    await counted(rig, "502", "error")
+    assert rig.sim.dropped == 1
+    await settles_to(before)
+
+
+async def test_upstream_resets_mid_stream(rig_factory):
+    rig = await rig_factory()
+    before = await quiet_census()
+    status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="drop"))
+    assert status == 200 and isinstance(end, aiohttp.ClientPayloadError)  # truncated, never a clean end
+    assert body.endswith(b"}\n\n") and b"[DONE]" not in body and body.count(b'"content":"') == 11
+    await counted(rig, "200", "error")
+    assert rig.sample("llm_tokens_total", type="output", **LABELS) == 10  # partial figures kept
+    await settles_to(before)
+
+
+async def test_upstream_stalls_past_idle_timeout(rig_factory):
+    rig = await rig_factory(read_timeout=0.5)
+    before = await quiet_census()
+    t0 = time.perf_counter()
+    status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="stall"))
+    assert time.perf_counter() - t0 < 2.0
+    assert status == 200 and isinstance(end, aiohttp.ClientPayloadError)
+    assert body.count(b'"content":"') == 11 and b"[DONE]" not in body
+    await counted(rig, "200", "error")
+    await wait_for(lambda: rig.sim.cancelled == 1, timeout=2)  # the stalled upstream is let go
+    await settles_to(before)
+
+
+async def test_upstream_closes_without_done(rig_factory):
+    rig = await rig_factory()
+    before = await quiet_census()
+    status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="truncate"))
+    # Exactly what the upstream sent, ending cleanly: the sidecar adds no [DONE] and cuts nothing.
+    assert status == 200 and end is None and b"[DONE]" not in body and body.count(b'"content":"') == 11
+    # Counted as the upstream ended it: a clean HTTP end is ok; tokens from the stream (no usage).
+    await counted(rig, "200", "ok")
+    assert rig.sample("llm_tokens_total", type="output", **LABELS) == 10
+    assert rig.sim.truncated == 1
+    # A cleanly ended response returns its upstream connection to the pool, on purpose.
+    await settles_to(before.plus(tasks=1, fds=2, established=2))
+
+
+async def test_endless_line_passes_with_bounded_buffers(rig_factory):
+    """A 32 MiB line with no line end: every byte reaches the client, the parser gives up on
+    that line (one parse error) and picks up after it, and memory stays far below the line."""
+    line = 32 << 20
+    rig = await rig_factory(max_sse_line_bytes=64 << 10)
+    before = await quiet_census()
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        size = 0
+        tail = b""
+        xs = 0
+        async with aiohttp.ClientSession(auto_decompress=False) as s:
+            async with s.post(rig.url + CHAT, json=chat_body(), headers=sim_headers(fail="longline", line_bytes=str(line))) as r:
+                async for chunk in r.content.iter_any():  # streamed, never held whole
+                    size += len(chunk)
+                    xs += chunk.count(b"x")
+                    tail = (tail + chunk)[-64:]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert size > line and xs >= line and tail.endswith(b"data: [DONE]\n\n")
+    # Client, sidecar and simulator share this process: all three together stay bounded.
+    assert peak - base < 8 << 20, f"peak {(peak - base) >> 20} MiB while relaying a {line >> 20} MiB line"
+    await counted(rig, "200", "ok")
+    assert rig.sample("llm_stream_parse_errors_total", route=CHAT) == 1
+    assert rig.sample("llm_tokens_total", type="output", **LABELS) == 20  # from the usage after the line
+    await settles_to(before.plus(tasks=1, fds=2, established=2))
+
+
+async def test_client_disconnects_before_headers(rig_factory):
+    """The upstream has answered nothing yet (a whole-body request still generating)."""
+    rig = await rig_factory()
+    before = await quiet_census()
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.create_task(s.post(rig.url + CHAT, json=chat_body(stream=False), headers={"x-sim-fail": "stall"}))
+        await wait_for(lambda: rig.sim.started == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    left = time.perf_counter()
+    await wait_for(lambda: rig.sim.cancelled == 1, timeout=2)
+    assert time.perf_counter() - left < 1.0  # the upstream stops generating at once
+    # nginx's 499: no response ever reached the client.
+    await counted(rig, "499", "cancelled")
+    await settles_to(before)
+
+
+async def test_client_disconnects_mid_stream(rig_factory):
+    rig = await rig_factory()
+    before = await quiet_census()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(rig.url + CHAT, json=chat_body(), headers=sim_headers(tokens=10_000)) as r:
+            seen = b""
+            async for chunk in r.content.iter_any():
+                seen += chunk
+                if seen.count(b'"content":"') > 5:
+                    break
+            r.close()
+    await wait_for(lambda: rig.sim.cancelled == 1, timeout=2)
+    await counted(rig, "200", "cancelled")
+    await settles_to(before)
+
+
+# -- slow client: backpressure reaches the upstream -----------------------------------------------
+
+
+class ServeProcess:
+    """``llm-sidecar serve`` as a subprocess, on 127.0.0.1 ephemeral ports."""
+
+    def __init__(self, upstream_url: str, *extra: str, env: dict | None = None) -> None:
+        self.port, self.admin_port = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "sidecar", "serve", "--upstream", upstream_url,
+                "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.admin_port}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))}, **(env or {})},
+        )  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    async def wait_alive(self) -> None:
+        async def alive() -> bool:
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            try:
+                async with aiohttp.ClientSession() as s:
+                    async with s.get(self.admin_url + "/healthz") as r:
+                        return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(alive, timeout=20)
+
+    async def metrics(self) -> str:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(self.admin_url + "/metrics") as r:
+                return await r.text()
+
+    def stop(self) -> tuple[str, str]:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        out, err = self.proc.communicate(timeout=10)
+        return out.decode(), err.decode()
+
+
+@pytest.fixture
+def serve_process():
+    started: list[ServeProcess] = []
+
+    def make(*args, **kwargs) -> ServeProcess:
+        p = ServeProcess(*args, **kwargs)
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop()
+
+
+def sample_of(text: str, name: str, **labels) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def event(i: int) -> bytes:
+    """Event ``i`` of the firehose: ~1 KiB, content derived from ``i`` so a prefix is checkable."""
+    return b'data: {"choices":[{"index":0,"delta":{"content":"%08d%s"}}]}\n\n' % (i, b"z" * 1000)
+
+
+async def test_slow_client_backpressure_reaches_upstream(upstream, serve_process):
+    """A client reading one byte at a time: the upstream's writes block (it is paused, not
+    buffered for), the sidecar's memory stays flat, the bytes that arrive are exact."""
+    state = {"written": 0, "ended": None}
+
+    async def firehose(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for i in range(1 << 20):  # up to ~1 GiB if nothing pushed back
+                data = event(i)
+                await resp.write(data)
+                state["written"] += len(data)
+        except (ConnectionError, asyncio.CancelledError):
+            state["ended"] = "client gone"
+            raise
+        return resp
+
+    async def warm(request: web.Request) -> web.Response:
+        await request.read()
+        resp = web.Response(text="warm")
+        resp.force_close()  # not pooled: the census below starts with no upstream connection
+        return resp
+
+    def routes(app: web.Application) -> None:
+        app.router.add_post(CHAT, firehose)
+        app.router.add_post("/warm", warm)
+
+    up = await upstream.start(routes)
+    sc = serve_process(up.url)
+    await sc.wait_alive()
+    async with aiohttp.ClientSession() as s:
+        for _ in range(3):
+            async with s.post(sc.url + "/warm", json={"model": MODEL}) as r:
+                assert await r.text() == "warm"
+    pid = sc.proc.pid
+    await asyncio.sleep(0.2)
+    before = await quiet_census(pid)
+    rss_start = rss_bytes(pid)
+
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", sc.port))
+    body = b'{"model":"%s","stream":true,"stream_options":{"include_usage":true},"messages":[]}' % MODEL.encode()
+    # HTTP/1.0: the body comes back unchunked, so the bytes read are the upstream's bytes.
+    await loop.sock_sendall(sock, b"POST %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (CHAT.encode(), len(body), body))
+    got = bytearray()
+    marks = {}
+    t0 = time.monotonic()
+    while (elapsed := time.monotonic() - t0) < 3.0:
+        b = await loop.sock_recv(sock, 1)  # one byte at a time
+        assert b, "the sidecar closed the slow client's connection"
+        got += b
+        if len(got) % 64 == 0:
+            await asyncio.sleep(0.001)
+        if elapsed > 1.5 and "mid" not in marks:
+            marks["mid"] = state["written"]
+    marks["end"] = state["written"]
+    rss_end = rss_bytes(pid)
+    head, _, relayed = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and len(relayed) > 1000
+    expected = b"".join(event(i) for i in range(len(relayed) // len(event(0)) + 1))
+    assert relayed == expected[: len(relayed)]  # exact and in order
+    # Paused: in the last 1.5 s the upstream wrote about what the client read, not more.
+    assert marks["end"] - marks["mid"] < 1 << 20, marks
+    # Bounded: socket buffers along the path, not the 1 GiB the upstream would send.
+    assert marks["end"] < 64 << 20, marks
+    assert rss_end - rss_start < 16 << 20, (rss_start, rss_end)
+    print(f"\nslow client: read {len(got)} B one byte at a time; upstream wrote {marks['end'] >> 10} KiB then blocked; sidecar RSS {rss_start >> 20} -> {rss_end >> 20} MiB")
+
+    sock.close()
+    await wait_for(lambda: state["ended"] == "client gone", timeout=3)
+
+    async def cancelled() -> bool:
+        return sample_of(await sc.metrics(), "llm_requests_total", code="200", outcome="cancelled") == 1
+
+    await wait_for(cancelled, timeout=3)
+    await settles_to(before, pid)
+
+
+# -- SIGTERM with streams in flight ----------------------------------------------------------------
+
+
+_LEAK_SIGNS = ("Unclosed", "Task was destroyed", "was never awaited", "ResourceWarning", "Traceback")
+
+
+async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_process):
+    """Extends test_lifecycle's drain test: several streams at once, in dev mode, and the exit
+    must be clean (no unclosed session, connection or task reported) with the upstream left
+    holding no connection from the sidecar."""
+    app = build_simulator_app(SimulatorConfig(ttft=0.05, tpot=0.05, jitter=0, tokens=20))
+    sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    sim_port = await _site(sim_runner)
+    try:
+        sc = serve_process(f"http://127.0.0.1:{sim_port}", "--drain-seconds", "10", env={"PYTHONDEVMODE": "1"})
+        await sc.wait_alive()
+
+        async def stream() -> bytes:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(sc.url + CHAT, json=chat_body(), headers={"x-sim-tokens": "20", "x-sim-tpot": "0.05"}) as r:
+                    return await r.read()
+
+        streams = [asyncio.create_task(stream()) for _ in range(5)]
+        await wait_for(lambda: app[SIM_STATS].started == 5)
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        sc.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        with pytest.raises(aiohttp.ClientConnectionError):  # new connections are refused
+            async with aiohttp.ClientSession() as s:
+                await s.get(sc.url + "/v1/models")
+        bodies = await asyncio.gather(*streams)
+        assert all(b.endswith(b"data: [DONE]\n\n") and b.count(b'"content":"') == 21 for b in bodies)
+        assert await asyncio.to_thread(sc.proc.wait, 10) == 0
+        assert time.monotonic() - t0 < 5
+        out, err = sc.stop()
+        for sign in _LEAK_SIGNS:
+            assert sign not in out and sign not in err, (sign, out, err)
+        assert app[SIM_STATS].completed == 5 and app[SIM_STATS].in_flight == 0
+        await wait_for(lambda: not [s for s in tcp_sockets() if s[1] == sim_port and s[0] != "LISTEN" and s[0] != "TIME_WAIT"])
+    finally:
+        await sim_runner.cleanup()
