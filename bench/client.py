@@ -1,0 +1,329 @@
+"""The load generator: N concurrent keep-alive streams, each timed per SSE event.
+
+Raw asyncio protocol on uvloop (no HTTP client library), so parsing costs the client a
+few microseconds per event and it is never the bottleneck it measures. Each connection
+runs streams back to back until the deadline; every stream's response is de-chunked,
+compared byte for byte with what :mod:`bench.wire` says the upstream generated for it, and
+timed: an event's arrival time is the time of the read that completed it (its ``\\n\\n``).
+
+TTFT = first token event (the event after the role chunk) - request written. ITL = gaps
+between consecutive token events. A gap shorter than a quarter of the upstream's tpot
+counts as "bunched" (events that should be tpot apart arrived in one read: buffering).
+
+Run by :mod:`bench.run`; writes one JSON document (``--out``) with the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import resource
+import sys
+import time
+import zlib
+from array import array
+from bisect import bisect_left, bisect_right
+from itertools import pairwise
+
+import orjson
+
+from .wire import StreamWire, request_bytes
+
+_HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH = range(6)
+
+
+class StreamFailed(Exception):
+    pass
+
+
+class Results:
+    def __init__(self, tokens: int, window: tuple[float, float]) -> None:
+        self.tokens = tokens
+        self.window = window
+        self.ttft = array("d")
+        self.itl = array("d")
+        self.started = 0
+        self.complete = 0
+        self.checksum_mismatches = 0
+        self.errors: dict[str, int] = {}
+        self.tokens_total = 0
+        self.tokens_in_window = 0
+        self.bytes_total = 0
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+class ClientProtocol(asyncio.Protocol):
+    """One keep-alive connection; :meth:`request` sends a stream and returns a future."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self._fut: asyncio.Future | None = None
+        self._state = _HEAD
+        self._rbuf = b""
+        self._remaining = 0
+        self._body = bytearray()
+        self._scan = 0
+        self._times = array("d")
+        self.status = 0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_exception(StreamFailed("truncated"))
+
+    def request(self, data: bytes) -> tuple[float, asyncio.Future]:
+        self._fut = asyncio.get_running_loop().create_future()
+        self._state = _HEAD
+        self._rbuf = b""
+        self._body = bytearray()
+        self._scan = 0
+        self._times = array("d")
+        self.status = 0
+        sent = time.perf_counter()
+        self.transport.write(data)
+        return sent, self._fut
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if self._fut is None or self._fut.done():
+            return  # nothing asked: ignore (a broken peer)
+        if self._rbuf:
+            data = self._rbuf + data
+            self._rbuf = b""
+        pos, end = 0, len(data)
+        try:
+            while pos < end:
+                state = self._state
+                if state == _DATA:
+                    take = min(self._remaining, end - pos)
+                    self._feed(data[pos : pos + take], now)
+                    pos += take
+                    self._remaining -= take
+                    if not self._remaining:
+                        self._state = _CRLF
+                elif state == _SIZE or state == _TRAILER or state == _CRLF:
+                    nl = data.find(b"\r\n", pos)
+                    if nl < 0:
+                        self._rbuf = data[pos:]
+                        return
+                    line = data[pos:nl]
+                    pos = nl + 2
+                    if state == _CRLF:
+                        if line:
+                            raise StreamFailed("bad_chunking")
+                        self._state = _SIZE
+                    elif state == _SIZE:
+                        size = int(line.split(b";", 1)[0], 16)
+                        if size:
+                            self._remaining = size
+                            self._state = _DATA
+                        else:
+                            self._state = _TRAILER
+                    elif not line:  # end of trailers: the response is complete
+                        self._finish(pos < end)
+                        return
+                elif state == _LENGTH:
+                    take = min(self._remaining, end - pos)
+                    self._feed(data[pos : pos + take], now)
+                    pos += take
+                    self._remaining -= take
+                    if not self._remaining:
+                        self._finish(pos < end)
+                        return
+                else:  # _HEAD
+                    hend = data.find(b"\r\n\r\n", pos)
+                    if hend < 0:
+                        self._rbuf = data[pos:]
+                        return
+                    self._head(data[pos:hend])
+                    pos = hend + 4
+        except (StreamFailed, ValueError) as exc:
+            self._fut.set_exception(exc if isinstance(exc, StreamFailed) else StreamFailed("bad_http"))
+            self.transport.close()
+
+    def _head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        self.status = int(parts[1])
+        chunked, length = False, None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+            elif name == b"content-length":
+                length = int(value)
+        if chunked:
+            self._state = _SIZE
+        elif length is not None:
+            self._remaining = length
+            self._state = _LENGTH
+            if not length:
+                self._finish(False)
+        else:
+            raise StreamFailed("no_length")
+
+    def _feed(self, piece: bytes, now: float) -> None:
+        body = self._body
+        body += piece
+        scan = self._scan
+        while True:
+            j = body.find(b"\n\n", scan)
+            if j < 0:
+                break
+            self._times.append(now)
+            scan = j + 2
+        self._scan = max(scan, len(body) - 1)  # a "\n\n" may straddle two reads
+
+    def _finish(self, trailing: bool) -> None:
+        if trailing:
+            raise StreamFailed("pipelined_garbage")
+        self._fut.set_result((self.status, bytes(self._body), self._times))
+
+
+async def _connection(
+    index: int,
+    host: str,
+    port: int,
+    start_at: float,
+    deadline: float,
+    tokens: int,
+    timeout: float,
+    results: Results,
+) -> None:
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+    host_header = f"{host}:{port}"
+    seq = 0
+    proto: ClientProtocol | None = None
+    while time.perf_counter() < deadline:
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            try:
+                _, proto = await loop.create_connection(ClientProtocol, host, port)
+            except OSError:
+                results.error("connect")
+                await asyncio.sleep(0.1)
+                continue
+        stream_id = index * 1_000_000 + seq
+        seq += 1
+        results.started += 1
+        sent, fut = proto.request(request_bytes(host_header, stream_id, tokens))
+        try:
+            status, body, times = await asyncio.wait_for(fut, timeout)
+        except StreamFailed as exc:
+            results.error(str(exc))
+            proto.transport.close()
+            proto = None
+            continue
+        except TimeoutError:
+            results.error("timeout")
+            proto.transport.close()
+            proto = None
+            continue
+        results.bytes_total += len(body)
+        if status != 200:
+            results.error(f"http_{status}")
+            continue
+        crc = zlib.crc32(StreamWire(stream_id, tokens).client_body())
+        if zlib.crc32(body) != crc or len(times) != tokens + 2:
+            results.checksum_mismatches += 1
+            results.error("checksum")
+            continue
+        results.complete += 1
+        # events: role, tokens 0..n-1, [DONE]
+        tok = times[1 : tokens + 1]
+        results.ttft.append(tok[0] - sent)
+        results.itl.extend([b - a for a, b in pairwise(tok)])
+        results.tokens_total += tokens
+        lo, hi = results.window
+        results.tokens_in_window += bisect_right(tok, hi) - bisect_left(tok, lo)
+    if proto is not None and proto.transport is not None:
+        proto.transport.close()
+
+
+def _summary(values: array) -> dict:
+    if not values:
+        return {"n": 0, "p50": None, "p99": None, "max": None, "mean": None}
+    s = sorted(values)
+    n = len(s)
+
+    def rank(q: float) -> float:  # nearest rank
+        return s[min(n - 1, max(0, math.ceil(q * n) - 1))]
+
+    return {"n": n, "p50": rank(0.50), "p99": rank(0.99), "max": s[-1], "mean": sum(s) / n}
+
+
+async def run(args: argparse.Namespace) -> dict:
+    start = time.perf_counter() + 0.05
+    ramp = args.ramp
+    deadline = start + ramp + args.duration
+    # Steady state: every stream has started and produced its first token.
+    window = (start + ramp + args.ttft, deadline)
+    results = Results(args.tokens, window)
+    tasks = [
+        asyncio.create_task(
+            _connection(
+                i, args.host, args.port, start + ramp * i / args.streams, deadline,
+                args.tokens, args.timeout, results,
+            )
+        )
+        for i in range(args.streams)
+    ]
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    await asyncio.gather(*tasks)
+    finished = time.perf_counter()
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    window_s = window[1] - window[0]
+    itl = results.itl
+    bunched = sum(1 for g in itl if g < args.tpot / 4) / len(itl) if itl else None
+    return {
+        "streams_started": results.started,
+        "streams_complete": results.complete,
+        "errors": sum(results.errors.values()),
+        "error_kinds": results.errors,
+        "checksum_mismatches": results.checksum_mismatches,
+        "tokens_total": results.tokens_total,
+        "bytes_total": results.bytes_total,
+        "tokens_in_window": results.tokens_in_window,
+        "window_s": window_s,
+        "tokens_per_s": results.tokens_in_window / window_s if window_s > 0 else None,
+        "wall_s": finished - start,
+        "client_cpu_s": cpu,
+        "ttft_s": _summary(results.ttft),
+        "itl_s": _summary(itl),
+        "bunched_share": bunched,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--streams", type=int, required=True, help="concurrent streams (connections)")
+    p.add_argument("--tokens", type=int, required=True, help="tokens per stream")
+    p.add_argument("--tpot", type=float, required=True, help="the upstream's seconds per token")
+    p.add_argument("--ttft", type=float, required=True, help="the upstream's seconds to first token")
+    p.add_argument("--duration", type=float, required=True, help="seconds of steady load after the ramp")
+    p.add_argument("--ramp", type=float, required=True, help="seconds over which streams start")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one stream may take")
+    p.add_argument("--out", required=True, help="write the JSON summary here")
+    args = p.parse_args(argv)
+    import uvloop  # noqa: PLC0415
+
+    summary = uvloop.run(run(args))
+    with open(args.out, "wb") as fh:
+        fh.write(orjson.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
