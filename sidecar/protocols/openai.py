@@ -80,9 +80,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
             else:
                 grown = None
                 if parsed is None or parsed.output_tokens is None:
-                    before = len(out)
-                    _count_choices(choices, out)
-                    if any(type(e) is Tokens for e in out[before:]):
+                    if _count_choices(choices, out):
                         self._usage_per_chunk = False
                 else:
                     if self._usage_per_chunk:
@@ -99,11 +97,11 @@ class OpenAIStreamDialect(SSEJSONDialect):
                 out.append(engine)
 
 
-def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> None:
+def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
     carried more (``grown`` > deltas, one kind only: the surplus goes to that kind)."""
     answer = reasoning = tool = 0
-    finish: list[str] = []
+    finish: list[str] | None = None
     for choice in choices:
         if type(choice) is not dict:
             out.append(ParseError("choice is not an object"))
@@ -120,6 +118,8 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
             answer += 1
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
+            if finish is None:
+                finish = []
             finish.append(reason)
     if grown is not None and grown > answer + reasoning + tool and (answer > 0) + (reasoning > 0) + (tool > 0) == 1:
         if answer:
@@ -134,9 +134,14 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
     if tool:
         out.append(Tokens(TokenKind.TOOL, tool))
     if answer:
-        out.append(Tokens(TokenKind.ANSWER, answer))
+        out.append(_ONE_ANSWER if answer == 1 else Tokens(TokenKind.ANSWER, answer))
     if finish:
         out.append(ResponseInfo(finish_reasons=tuple(finish)))
+    return answer + reasoning + tool
+
+
+# The event of nearly every chunk, shared (events are never mutated after creation).
+_ONE_ANSWER = Tokens(TokenKind.ANSWER, 1)
 
 
 def _int_or_none(value: Any) -> int | None:
