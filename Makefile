@@ -29,4 +29,4 @@ tools:
 	@bash scripts/install-helm.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .tools .pytest_cache .hypothesis *.egg-info
