@@ -40,6 +40,7 @@ from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
 from .proxy import Proxy, error_response
 from .tracing import RequestTelemetry, providers_from_env
+from .upstream import UpstreamPool
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
@@ -54,14 +55,15 @@ class Sidecar:
     registry: CollectorRegistry
     metrics: SidecarMetrics
     proxy: Proxy
-    session: aiohttp.ClientSession | None = None
+    session: aiohttp.ClientSession | None = None  # readiness probes only
+    pool: UpstreamPool | None = None  # the relay's connections
     draining: bool = False
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
 
-    def get_session(self) -> aiohttp.ClientSession:
-        assert self.session is not None, "the proxy app has not started"
-        return self.session
+    def get_pool(self) -> UpstreamPool:
+        assert self.pool is not None, "the proxy app has not started"
+        return self.pool
 
 
 SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
@@ -104,10 +106,7 @@ def build_sidecar(
         recorders.append(RequestLogger())
     holder: dict[str, Sidecar] = {}
     proxy = Proxy(
-        settings.upstream,
-        lambda: holder["s"].get_session(),
-        connect_timeout=settings.connect_timeout,
-        read_timeout=settings.read_timeout,
+        lambda: holder["s"].get_pool(),
         model_label=metrics.model_label,
         on_start=metrics.started,
         recorders=recorders,
@@ -144,7 +143,13 @@ def _proxy_app(sc: Sidecar) -> web.Application:
         sc.session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
         )
+        sc.pool = UpstreamPool(
+            sc.settings.upstream,
+            connect_timeout=sc.settings.connect_timeout,
+            read_timeout=sc.settings.read_timeout,
+        )
         yield
+        await sc.pool.close()
         await sc.session.close()
 
     app.cleanup_ctx.append(upstream_session)

@@ -43,11 +43,11 @@ import structlog
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
-from yarl import URL
 
 from .observe import ResponseObserver
 from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
+from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 from .usage_injection import UsageEventFilter, request_with_usage
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response", "CLIENT_BODY_TIMEOUT"]
@@ -69,8 +69,6 @@ HOP_BY_HOP = frozenset(
 # Not hop-by-hop, but ours to set: Host comes from the upstream URL, and the body has
 # already been accepted by this server, so the upstream must not be asked to continue.
 _NOT_FORWARDED_TO_UPSTREAM = HOP_BY_HOP | {"host", "expect"}
-# aiohttp would otherwise add headers the client never sent.
-_SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 _log = structlog.get_logger("sidecar.proxy")
 
@@ -191,11 +189,8 @@ class Proxy:
 
     def __init__(
         self,
-        upstream: str,
-        session_getter: Callable[[], aiohttp.ClientSession],
+        pool_getter: Callable[[], UpstreamPool],
         *,
-        connect_timeout: float,
-        read_timeout: float,
         model_label: Callable[[str | None], str],
         on_start: Callable[[str, str], None] | None = None,
         recorders: Iterable[Recorder] = (),
@@ -208,11 +203,7 @@ class Proxy:
         tracer: RequestTracer | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self._base = upstream.rstrip("/")
-        self._session = session_getter
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout
-        )
+        self._pool = pool_getter
         self._model_label = model_label
         self._on_start = on_start
         self._recorders = tuple(recorders)
@@ -355,105 +346,73 @@ class Proxy:
             # Absolute form (GET http://host/path): only its path and query are ours to use;
             # the host it names is never where the request goes.
             target = request.rel_url.raw_path_qs
-        url = URL(self._base + target, encoded=True)
+        pool = self._pool()
         try:
-            upstream = await self._session().request(
-                request.method,
-                url,
-                headers=self._upstream_headers(request, body, timeline),
-                data=body,
-                allow_redirects=False,
-                timeout=self._timeout,
-                skip_auto_headers=_SKIP_AUTO_HEADERS,
-                auto_decompress=False,
+            conn = await pool.request(
+                request.method, target, self._upstream_headers(request, body, timeline).items(), body
             )
-        except asyncio.TimeoutError:
-            return self._fail(timeline, 504, "upstream_timeout", "the inference server did not answer in time")
-        except aiohttp.ClientConnectorError:
-            return self._fail(timeline, 502, "upstream_unreachable", "the inference server refused or is unreachable")
-        except aiohttp.ClientError:
-            if isinstance(body, _BoundedBody) and body.refused is not None:
-                return self._refuse(timeline, *body.refused)
-            return self._fail(timeline, 502, "upstream_disconnected", "the inference server closed the connection")
-
-        released = False
+        except _BodyRefused as exc:
+            return self._refuse(timeline, *exc.refusal)
+        except UpstreamError as exc:
+            return self._fail(timeline, exc.status, exc.kind, str(exc))
         try:
-            result = await self._stream(request, route, upstream, timeline, injected)
-            released = result[0] is Outcome.OK or result[1] == "upstream_status"
-            return result
+            return await self._stream(request, route, conn, timeline, injected)
         finally:
-            # A fully read body returns the connection to the pool; anything else closes
-            # it, which is how the server learns to stop generating for a gone client.
-            upstream.release() if released else upstream.close()
+            # A complete keep-alive response returns the connection to the pool; anything
+            # else closes it, which is how the server learns to stop generating for a gone
+            # client.
+            pool.release(conn)
 
     def _fail(self, timeline: RequestTimeline, status: int, kind: str, message: str):
         timeline.response_started(self._clock(), status, streamed=False)
         return Outcome.ERROR, kind, error_response(status, kind, message)
 
-    async def _stream(self, request, route, upstream: aiohttp.ClientResponse, timeline, injected: bool):
+    async def _stream(self, request, route, conn: UpstreamConnection, timeline, injected: bool):
         now = self._clock()
-        streamed_type = upstream.headers.get("Content-Type", "")
+        head = conn.head
+        upstream_headers = CIMultiDict(head.headers)
         observer = ResponseObserver(
             route,
             timeline,
-            streamed_type,
-            upstream.headers.get("Content-Encoding", ""),
+            upstream_headers.get("Content-Type", ""),
+            upstream_headers.get("Content-Encoding", ""),
             max_json_bytes=self._max_json,
             max_line_bytes=self._max_line,
         )
-        timeline.response_started(now, upstream.status, observer.streaming)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        response.headers.extend(_filter_headers(upstream.headers, HOP_BY_HOP))
+        timeline.response_started(now, head.status, observer.streaming)
+        response = web.StreamResponse(status=head.status, reason=head.reason)
+        response.headers.extend(_filter_headers(upstream_headers, HOP_BY_HOP))
         await response.prepare(request)
+        if request.transport is None or request.transport.is_closing():
+            return Outcome.CANCELLED, "client_disconnected", response
 
         # The client did not ask for usage, we did: drop the usage event it never asked for.
         hide_usage = (
             UsageEventFilter()
-            if injected and observer.streaming and "Content-Length" not in upstream.headers
+            if injected and observer.streaming and "Content-Length" not in upstream_headers
             else None
         )
-        outcome = Outcome.ERROR if upstream.status >= 500 else Outcome.OK
-        error_type = "upstream_status" if upstream.status >= 500 else None
-        content = upstream.content
+        outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
+        error_type = "upstream_status" if head.status >= 500 else None
+        relay = _Relay(request, conn, observer, hide_usage, self._clock)
         try:
-            while True:
-                try:
-                    chunk = await content.readany()
-                except asyncio.TimeoutError:
-                    outcome, error_type = Outcome.ERROR, "upstream_read_timeout"
-                    break
-                except aiohttp.ClientError:
-                    outcome, error_type = Outcome.ERROR, "upstream_disconnected"
-                    break
-                if not chunk:
-                    break
-                now = self._clock()
-                try:
-                    if hide_usage is None:
-                        await response.write(chunk)
-                    else:
-                        relayed = hide_usage.feed(chunk)
-                        if relayed:
-                            await response.write(relayed)
-                except ConnectionError:
-                    return Outcome.CANCELLED, "client_disconnected", response
-                observer.feed(chunk, now)
-            if hide_usage is not None:
+            ended = await relay.run()
+            if ended != _CLIENT_GONE and hide_usage is not None:
                 held = hide_usage.close()  # never lose a byte, even of a broken stream
-                if held:
-                    try:
-                        await response.write(held)
-                    except ConnectionError:
-                        return Outcome.CANCELLED, "client_disconnected", response
+                if held and not relay.write(held):
+                    ended = _CLIENT_GONE
         finally:
+            request.writer.output_size += relay.sent
             observer.close(self._clock())
 
-        if error_type in ("upstream_read_timeout", "upstream_disconnected"):
+        if ended == _CLIENT_GONE:
+            return Outcome.CANCELLED, "client_disconnected", response
+        if ended is not _COMPLETE:
             # Flush what was relayed, then close: a truncated stream, never a false clean end.
             response.force_close()
             if request.transport is not None:
                 request.transport.close()
-            return outcome, error_type, response
+            return Outcome.ERROR, ended, response
         try:
             await response.write_eof()
         except ConnectionError:
@@ -466,3 +425,98 @@ class Proxy:
             fn(*args)
         except Exception:  # telemetry never breaks the relay
             _log.exception("recorder_failed", recorder=getattr(fn, "__qualname__", repr(fn)))
+
+
+_COMPLETE = "complete"
+_CLIENT_GONE = "client_disconnected"
+_HIGH_WATER = 64 << 10
+"""Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
+
+
+class _Relay:
+    """The body sink of one response (:class:`~sidecar.upstream.BodySink`).
+
+    Called from the upstream connection's ``data_received`` for each piece: note the time,
+    write the piece to the client (re-framed as one HTTP chunk when the client's response
+    is chunked), then hand the same piece to the observer. No task switch per token: the
+    handler task (:meth:`run`) only wakes for the end, an error, or back-pressure, when the
+    client's socket buffer passed ``_HIGH_WATER`` and the upstream was paused until the
+    client drained it.
+    """
+
+    __slots__ = ("_request", "_transport", "_conn", "_observer", "_filter", "_clock", "_chunked", "_waiter", "ended", "paused", "sent")
+
+    def __init__(self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, hide_usage, clock) -> None:
+        self._request = request
+        self._transport = request.transport
+        self._conn = conn
+        self._observer = observer
+        self._filter = hide_usage
+        self._clock = clock
+        self._chunked = request.writer.chunked
+        self._waiter: asyncio.Future | None = None
+        self.ended: str | None = None
+        self.paused = False
+        self.sent = 0
+
+    def body(self, piece: bytes) -> None:
+        now = self._clock()
+        if self.ended is not None:
+            return
+        out = piece if self._filter is None else self._filter.feed(piece)
+        if out and not self.write(out):
+            return
+        self._observer.feed(piece, now)
+
+    def write(self, data: bytes) -> bool:
+        """Write to the client; False (and the relay ends) when the client is gone."""
+        transport = self._transport
+        if transport.is_closing():
+            self._conn.close()  # stop the server generating for nobody
+            self._end(_CLIENT_GONE)
+            return False
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        transport.write(data)
+        self.sent += len(data)
+        if not self.paused and transport.get_write_buffer_size() > _HIGH_WATER:
+            self.paused = True
+            self._conn.pause_reading()
+            self._wake()
+        return True
+
+    def end(self, error: str | None) -> None:
+        self._end(_COMPLETE if error is None else error)
+
+    def _end(self, ended: str) -> None:
+        if self.ended is None:
+            self.ended = ended
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def run(self) -> str:
+        """Relay until the body ends; returns how: ``_COMPLETE``, ``_CLIENT_GONE`` or the
+        upstream error_type."""
+        self._conn.push(self)
+        loop = asyncio.get_running_loop()
+        while self.ended is None:
+            if self.paused:
+                try:
+                    await self._request.writer.drain()
+                except ConnectionError:
+                    self._conn.close()
+                    self._end(_CLIENT_GONE)
+                    break
+                self.paused = False
+                self._conn.resume_reading()
+                continue
+            self._waiter = loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.ended

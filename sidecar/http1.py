@@ -1,0 +1,328 @@
+"""Sans-I/O HTTP/1.1 for the upstream side: request heads out, response bytes in.
+
+Why our own and not aiohttp's client: the relay wants the upstream's body *pushed* to it,
+one decoded piece per socket read, straight from the connection's ``data_received``, so
+that a token costs one read, one write and the measuring, with no future, task wake-up,
+stream buffer or per-read timer in between (see :mod:`sidecar.upstream`). Parsing is
+the same job whoever does the I/O, so it lives here, free of sockets and asyncio, and is
+tested whole, byte by byte and at random splits like every other parser in the project.
+
+Scope is what a reverse proxy in front of one inference server needs (RFC 9112):
+
+- status line ``HTTP/1.x NNN reason``, header fields, interim 1xx responses skipped;
+- body framing by ``Transfer-Encoding: chunked`` (extensions ignored, trailers discarded),
+  by ``Content-Length``, or by connection close; none for HEAD, 1xx, 204 and 304;
+- keep-alive: whether the connection may carry another request afterwards.
+
+Strict where leniency would let the client see something other than what the server
+meant: line ends must be CRLF, a field name is a token with no space before the colon,
+obsolete line folding, a transfer coding other than plain ``chunked``, conflicting or
+malformed ``Content-Length``, and ``Transfer-Encoding`` together with ``Content-Length``
+(RFC 9112 section 6.3: a smuggling sign) all raise :class:`ProtocolError`, the one error
+type for bad peer input; the proxy turns it into a 502 before the response starts, or a
+truncated stream after.
+
+Bounded memory: the head may not exceed ``max_head_bytes``, a chunk-size line 4 KiB and a
+trailer line ``max_head_bytes`` (at any split of the reads); body bytes are never held back: each feed
+returns the body bytes it completes, so a piece is relayed as soon as its read arrives.
+Work is O(n): every byte is looked at once, except a held partial head or size line.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head"]
+
+_CRLF = b"\r\n"
+_MAX_SIZE_LINE = 4096  # a chunk-size line with extensions; a real one is "1a3\r\n"
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+# Parser states.
+_HEAD, _LENGTH, _SIZE, _DATA, _DATA_END, _TRAILER, _CLOSE, _DONE = range(8)
+
+
+class ProtocolError(Exception):
+    """The upstream's bytes are not a well-framed HTTP/1.1 response."""
+
+
+class ResponseHead:
+    """Status line and header fields of the final (non-1xx) response.
+
+    ``headers`` keeps the server's order, spelling and repeats; values are decoded as
+    UTF-8 with ``surrogateescape`` so valid UTF-8 round-trips exactly.
+    """
+
+    __slots__ = ("version", "status", "reason", "headers", "keep_alive", "chunked", "length")
+
+    def __init__(self, version: str, status: int, reason: str, headers: list[tuple[str, str]]) -> None:
+        self.version = version
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.keep_alive = True
+        self.chunked = False
+        self.length: int | None = None  # declared Content-Length, when framed by it
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        """First value of a header, case-insensitively."""
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return default
+
+    def __repr__(self) -> str:
+        return f"ResponseHead({self.status} {self.reason!r}, {len(self.headers)} headers)"
+
+
+class ResponseParser:
+    """One response on one connection: ``feed(bytes) -> body pieces``, then ``feed_eof()``.
+
+    ``head`` is set by the feed that completes the head (the body bytes that came with it
+    are returned by that same feed); ``done`` once the body is complete. Bytes after the
+    end of the message are kept in ``trailing`` (a well-behaved server sends none before
+    the next request; if it did, the connection is not reused).
+    """
+
+    __slots__ = ("head", "done", "trailing", "_state", "_buf", "_remaining", "_no_body", "_max_head")
+
+    def __init__(self, *, no_body: bool = False, max_head_bytes: int = 64 << 10) -> None:
+        self.head: ResponseHead | None = None
+        self.done = False
+        self.trailing = b""
+        self._state = _HEAD
+        self._buf = b""  # a partial head, size line or trailer section
+        self._remaining = 0  # body bytes still expected (Content-Length or current chunk)
+        self._no_body = no_body  # the request was HEAD: whatever the headers say, no body
+        self._max_head = max_head_bytes
+
+    @property
+    def keep_alive(self) -> bool:
+        """The connection may carry another request once this response is done."""
+        return self.done and not self.trailing and self.head is not None and self.head.keep_alive
+
+    def feed(self, data: bytes) -> list[bytes]:
+        state = self._state
+        # The hot path: a whole chunk, alone in its read, while between chunks: the shape of
+        # almost every read of a token stream ("1a3\r\n" + event + "\r\n").
+        if state == _SIZE and not self._buf:
+            eol = data.find(_CRLF, 0, _MAX_SIZE_LINE)
+            if 0 < eol <= 15 and _HEX.issuperset(data[:eol]):  # no extension: else _chunk_size
+                size = int(data[:eol], 16)
+                end = eol + 2 + size
+                if size and len(data) == end + 2 and data[end:] == _CRLF:
+                    return [data[eol + 2 : end]]
+        elif state == _LENGTH and len(data) < self._remaining:
+            self._remaining -= len(data)
+            return [data] if data else []
+        out: list[bytes] = []
+        self._feed(data, out)
+        return out
+
+    def feed_eof(self) -> list[bytes]:
+        """The connection was closed by the server. Ends a close-delimited body; anywhere
+        else it means the response was cut short, which raises :class:`ProtocolError`."""
+        if self._state == _CLOSE:
+            self._state = _DONE
+            self.done = True
+            return []
+        if self._state == _DONE:
+            return []
+        if self._state == _HEAD:
+            raise ProtocolError("connection closed before a complete response head")
+        raise ProtocolError("connection closed before the end of the response body")
+
+    # -- the general path ------------------------------------------------------------------
+
+    def _feed(self, data: bytes, out: list[bytes]) -> None:
+        if self._buf:
+            data = self._buf + data
+            self._buf = b""
+        pos = 0
+        end = len(data)
+        while pos < end:
+            state = self._state
+            if state == _LENGTH:
+                take = min(self._remaining, end - pos)
+                out.append(data if take == end and pos == 0 else data[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._finish()
+            elif state == _SIZE:
+                eol = data.find(_CRLF, pos, pos + _MAX_SIZE_LINE)
+                if eol == -1:
+                    if end - pos >= _MAX_SIZE_LINE:
+                        raise ProtocolError("chunk-size line too long")
+                    if b"\n" in data[pos:]:  # no CRLF in it, so a bare LF: never wait on it
+                        raise ProtocolError("chunk-size line not ended by CRLF")
+                    self._buf = data[pos:]
+                    return
+                self._remaining = _chunk_size(data[pos:eol])
+                pos = eol + 2
+                self._state = _DATA if self._remaining else _TRAILER
+            elif state == _DATA:
+                take = min(self._remaining, end - pos)
+                out.append(data[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._state = _DATA_END
+            elif state == _DATA_END:
+                if end - pos < 2:
+                    if data[pos:] != b"\r":
+                        raise ProtocolError("chunk data not followed by CRLF")
+                    self._buf = data[pos:]
+                    return
+                if data[pos : pos + 2] != _CRLF:
+                    raise ProtocolError("chunk data not followed by CRLF")
+                pos += 2
+                self._state = _SIZE
+            elif state == _TRAILER:
+                # Trailer fields up to an empty line; read and dropped (never relayed: the
+                # client's response is re-framed, and trailers are rarely meaningful here).
+                eol = data.find(_CRLF, pos)
+                if eol == -1:
+                    # + 1: a held line may end in the CR of its CRLF (same limit at any split)
+                    if end - pos > self._max_head + 1:
+                        raise ProtocolError("trailer section too long")
+                    if b"\n" in data[pos:]:
+                        raise ProtocolError("trailer line not ended by CRLF")
+                    self._buf = data[pos:]
+                    return
+                if eol - pos > self._max_head:
+                    raise ProtocolError("trailer section too long")
+                if b"\r" in data[pos:eol] or b"\n" in data[pos:eol]:
+                    raise ProtocolError("trailer line not ended by CRLF")
+                line_empty = eol == pos
+                pos = eol + 2
+                if line_empty:
+                    self._finish()
+            elif state == _CLOSE:
+                out.append(data if pos == 0 else data[pos:])
+                pos = end
+            elif state == _HEAD:
+                pos = self._head(data, pos)
+                if pos < 0:
+                    return
+            else:  # _DONE: anything more is not part of this response
+                self.trailing += data[pos:]
+                return
+
+    def _finish(self) -> None:
+        self._state = _DONE
+        self.done = True
+
+    def _head(self, data: bytes, pos: int) -> int:
+        """Parse one head (interim or final) from ``data[pos:]``; return the position after
+        it, or -1 when the head is incomplete (then it is held in the buffer)."""
+        stop = data.find(b"\r\n\r\n", pos)
+        if stop == -1:
+            # + 3: a held head may end in part of its CRLFCRLF (same limit at any split)
+            if len(data) - pos > self._max_head + 3:
+                raise ProtocolError("response head larger than %d bytes" % self._max_head)
+            if data.count(b"\n", pos) != data.count(b"\r\n", pos):  # a bare LF: never wait on it
+                raise ProtocolError("response head line not ended by CRLF")
+            self._buf = data[pos:]
+            return -1
+        if stop - pos > self._max_head:
+            raise ProtocolError("response head larger than %d bytes" % self._max_head)
+        lines = data[pos:stop].split(_CRLF)
+        version, status, reason = _status_line(lines[0])
+        headers = [_field(line) for line in lines[1:]]
+        after = stop + 4
+        if 100 <= status < 200:
+            if status == 101:
+                raise ProtocolError("the upstream switched protocols, which is not relayed")
+            return after  # interim response (100 Continue, 103 Early Hints): skip it
+        head = ResponseHead(version, status, reason, headers)
+        self._frame(head)
+        self.head = head
+        return after
+
+    def _frame(self, head: ResponseHead) -> None:
+        """Decide how the body is delimited (RFC 9112 section 6.3)."""
+        coding: list[str] = []
+        lengths: list[str] = []
+        connection: list[str] = []
+        for name, value in head.headers:
+            lower = name.lower()
+            if lower == "transfer-encoding":
+                coding.extend(v.strip().lower() for v in value.split(","))
+            elif lower == "content-length":
+                lengths.extend(v.strip() for v in value.split(","))
+            elif lower == "connection":
+                connection.extend(v.strip().lower() for v in value.split(","))
+        head.keep_alive = head.version == "1.1" and "close" not in connection
+        if self._no_body or head.status in (204, 304):
+            self._finish()
+            return
+        if coding:
+            if lengths:
+                raise ProtocolError("response has both Transfer-Encoding and Content-Length")
+            if coding != ["chunked"]:
+                raise ProtocolError("unsupported transfer coding: %s" % ", ".join(coding))
+            head.chunked = True
+            self._state = _SIZE
+            return
+        if lengths:
+            if len(set(lengths)) != 1 or not lengths[0].isdigit() or not lengths[0].isascii():
+                raise ProtocolError("invalid Content-Length")
+            head.length = self._remaining = int(lengths[0])
+            if self._remaining:
+                self._state = _LENGTH
+            else:
+                self._finish()
+            return
+        head.keep_alive = False  # the body ends when the server closes the connection
+        self._state = _CLOSE
+
+
+def _status_line(line: bytes) -> tuple[str, int, str]:
+    if not line.startswith(b"HTTP/1.") or len(line) < 12 or line[8:9] != b" " or line[12:13] not in (b" ", b""):
+        raise ProtocolError("invalid status line")
+    minor = line[7:8]
+    code = line[9:12]
+    if minor not in (b"0", b"1") or not code.isdigit() or code[:1] == b"0":  # 100-999
+        raise ProtocolError("invalid status line")
+    reason = line[13:]
+    if b"\r" in reason or b"\n" in reason or b"\0" in reason:
+        raise ProtocolError("invalid status line")
+    return "1." + minor.decode(), int(code), reason.decode("latin-1")
+
+
+def _field(line: bytes) -> tuple[str, str]:
+    colon = line.find(b":")
+    if colon <= 0:
+        if line[:1] in (b" ", b"\t"):
+            raise ProtocolError("obsolete line folding in a response header")
+        raise ProtocolError("invalid response header line")
+    name = line[:colon]
+    if not _TCHAR.issuperset(name):
+        raise ProtocolError("invalid response header name")
+    value = line[colon + 1 :].strip(b" \t")
+    if b"\r" in value or b"\n" in value or b"\0" in value:
+        raise ProtocolError("invalid character in a response header value")
+    return name.decode("ascii"), value.decode("utf-8", "surrogateescape")
+
+
+def _chunk_size(line: bytes) -> int:
+    semi = line.find(b";")
+    digits = (line if semi == -1 else line[:semi]).rstrip(b" \t")
+    if b"\r" in line or b"\n" in line:  # in an extension: a bare line end
+        raise ProtocolError("chunk-size line not ended by CRLF")
+    if not digits or len(digits) > 15 or not _HEX.issuperset(digits):
+        raise ProtocolError("invalid chunk size")
+    return int(digits, 16)
+
+
+def request_head(method: str, target: str, host: str, headers) -> bytes:
+    """Serialise a request head. ``headers``: (name, value) pairs, already filtered of
+    hop-by-hop fields; ``Host`` is the upstream's, written first as RFC 9110 asks."""
+    parts = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
+    for name, value in headers:
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent")
+        parts.append(f"{name}: {value}\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("utf-8", "surrogateescape")

@@ -1,0 +1,488 @@
+"""Connections to the inference server: a keep-alive pool of protocols that *push* the
+response body to the relay.
+
+Why not aiohttp's client: with it, every token costs a stream-buffer append, a future, a
+task wake-up through several ``await`` layers and a re-armed read timer before the relay
+even sees the bytes. That machinery was ~40 % of the sidecar's CPU per token. Here the
+connection's ``data_received`` decodes the framing (:mod:`sidecar.http1`, sans-I/O) and
+hands each body piece straight to a :class:`BodySink`, which writes it to the client and
+then measures it, inside the same callback: one read, one write, no task switch. The relay
+task only wakes for what is rare: the end, an error, or back-pressure.
+
+Back-pressure: the sink pauses this connection's reading when the client's socket buffer
+fills, and resumes it once the client drained, so a slow client slows the upstream down
+instead of making us buffer (TCP does the rest).
+
+The read timeout is a deadline that moves with each read, checked by one timer per
+connection that only re-arms when it fires (not one timer per read). Time spent paused
+for a slow client does not count: then it is not the upstream that is idle.
+
+Pooled connections are reused while the server allows keep-alive and for at most
+``keepalive_seconds`` idle, shorter than the 5 s that uvicorn (vLLM, SGLang) and llama.cpp
+allow, so we drop an idle connection before the server does instead of racing it. If a
+reused connection still turns out closed before any response byte, a replayable request is
+sent once more on a fresh connection: the server never saw it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterable, Iterable
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import structlog
+
+from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
+
+__all__ = [
+    "BodySink",
+    "UpstreamConnection",
+    "UpstreamError",
+    "UpstreamPool",
+]
+
+_log = structlog.get_logger("sidecar.upstream")
+
+# Methods that send Content-Length: 0 without a body (what aiohttp's client did, and what
+# RFC 9110 section 8.6 suggests for a method that has body semantics).
+_BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+class UpstreamError(Exception):
+    """The upstream could not give a response head. ``kind`` is the outcome's error_type;
+    ``status`` the answer the proxy gives the client (502 or 504)."""
+
+    def __init__(self, kind: str, status: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+def _unreachable() -> UpstreamError:
+    return UpstreamError("upstream_unreachable", 502, "the inference server refused or is unreachable")
+
+
+def _timeout() -> UpstreamError:
+    return UpstreamError("upstream_timeout", 504, "the inference server did not answer in time")
+
+
+def _disconnected() -> UpstreamError:
+    return UpstreamError("upstream_disconnected", 502, "the inference server closed the connection")
+
+
+def _invalid(exc: ProtocolError) -> UpstreamError:
+    return UpstreamError("upstream_invalid_response", 502, f"the inference server's response is invalid: {exc}")
+
+
+class BodySink(Protocol):
+    """Where a connection pushes its response body. Called from ``data_received``."""
+
+    def body(self, piece: bytes) -> None:
+        """One decoded piece of the body, as soon as its read arrived."""
+
+    def end(self, error: str | None) -> None:
+        """Called exactly once: ``None`` when the body is complete, else the error_type
+        (``upstream_disconnected``, ``upstream_read_timeout``, ``upstream_invalid_response``)."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection, carrying one request at a time."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self._time = pool.loop.time
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.head: ResponseHead | None = None
+        self.idle_since = 0.0
+        self._parser: ResponseParser | None = None
+        self._head_waiter: asyncio.Future[ResponseHead] | None = None
+        self._early: list[bytes] = []  # body pieces that arrived before push() was called
+        self._received = 0  # response bytes seen for the current request
+        self._sink: BodySink | None = None
+        self._ended = False
+        self._end_error: str | None = None
+        self._body_writer: asyncio.Task | None = None
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+        self._write_waiter: asyncio.Future[None] | None = None
+        self._writing_paused = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._time()
+        sink = self._sink
+        if sink is not None:
+            # The hot path: decode the framing and hand the body on, nothing else.
+            try:
+                for piece in self._parser.feed(data):  # type: ignore[union-attr]
+                    sink.body(piece)
+            except ProtocolError:
+                self._end("upstream_invalid_response")
+                return
+            except Exception:  # a bug in the sink must not kill the event loop's callback
+                _log.exception("relay_sink_failed")
+                self._end("internal")
+                return
+            if self._parser.done:  # type: ignore[union-attr]
+                self._end(None)
+            return
+        self._received += len(data)
+        parser = self._parser
+        if parser is None or self._ended:
+            # Bytes while idle in the pool, or after the response ended: not a response to
+            # anything we asked. The connection cannot be trusted any more.
+            self.close()
+            return
+        try:
+            self._early.extend(parser.feed(data))
+        except ProtocolError as exc:
+            self._fail_head(_invalid(exc))
+            return
+        if parser.head is not None and self._head_waiter is not None:
+            waiter, self._head_waiter = self._head_waiter, None
+            if not waiter.done():
+                self.head = parser.head
+                waiter.set_result(parser.head)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost does the accounting
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool._forget(self)
+        self._cancel_timer()
+        if self._write_waiter is not None and not self._write_waiter.done():
+            self._write_waiter.set_exception(ConnectionResetError("upstream connection lost"))
+        parser = self._parser
+        if self._head_waiter is not None:
+            if parser is not None and parser.head is None:
+                self._fail_head(_disconnected())
+            return
+        if parser is None or self._ended:
+            return
+        try:
+            pieces = parser.feed_eof()
+        except ProtocolError:
+            self._end("upstream_disconnected")
+            return
+        if self._sink is None:
+            self._early.extend(pieces)  # a close-delimited body that ended before push()
+            return
+        self._end(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        waiter, self._write_waiter = self._write_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- used by the pool and the relay ---------------------------------------------------
+
+    def begin(self, no_body: bool) -> asyncio.Future[ResponseHead]:
+        """Start a request/response exchange: returns the future of the response head."""
+        self._parser = ResponseParser(no_body=no_body)
+        self.head = None
+        self._early = []
+        self._received = 0
+        self._sink = None
+        self._ended = False
+        self._end_error = None
+        self._body_writer = None
+        self._head_waiter = self._loop.create_future()
+        self._last_read = self._time()
+        self._arm_timer()
+        return self._head_waiter
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("upstream connection lost")
+        if self._writing_paused:
+            self._write_waiter = self._loop.create_future()
+            await self._write_waiter
+
+    def push(self, sink: BodySink) -> None:
+        """Switch to pushing the body to ``sink``: first what already arrived, then each read
+        as it comes. ``sink.end`` is called once, possibly before this returns."""
+        self._sink = sink
+        early, self._early = self._early, []
+        for piece in early:
+            sink.body(piece)
+        parser = self._parser
+        if self._ended:  # the end came before the relay was ready for it
+            self._sink = None
+            sink.end(self._end_error)
+        elif parser is not None and parser.done:
+            self._end(None)
+        elif self.closed:
+            self._end("upstream_disconnected")
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = False
+            self._last_read = self._time()  # the wait was the client's, not the upstream's
+            self.transport.resume_reading()
+
+    @property
+    def reusable(self) -> bool:
+        parser = self._parser
+        return (
+            not self.closed
+            and self._ended
+            and parser is not None
+            and parser.keep_alive
+            and not self._reading_paused
+            and self.transport is not None
+            and not self.transport.is_closing()
+        )
+
+    def close(self) -> None:
+        self._cancel_timer()
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+        self._pool._forget(self)
+
+    def finished_exchange(self) -> None:
+        """The relay is done with this response (whatever happened)."""
+        self._sink = None
+        self._ended = True
+        self._cancel_timer()
+        writer, self._body_writer = self._body_writer, None
+        if writer is not None and not writer.done():
+            writer.cancel()  # the server answered before reading the whole body
+            self.close()
+        elif self._parser is None or not self._parser.done:
+            self.close()  # how the server learns to stop generating for a gone client
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _end(self, error: str | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._end_error = error
+        self._cancel_timer()
+        sink, self._sink = self._sink, None
+        if error is not None:
+            self.close()
+        if sink is not None:
+            sink.end(error)
+
+    def _fail_head(self, error: UpstreamError) -> None:
+        waiter, self._head_waiter = self._head_waiter, None
+        self._ended = True
+        self.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def _arm_timer(self) -> None:
+        timeout = self._pool.read_timeout
+        if timeout is not None and self._timer is None:
+            self._timer = self._loop.call_at(self._last_read + timeout, self._idle_check)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _idle_check(self) -> None:
+        self._timer = None
+        if self._ended or self.closed:
+            return
+        if self._reading_paused:
+            self._last_read = self._time()
+        elif self._time() >= self._last_read + self._pool.read_timeout:  # type: ignore[operator]
+            if self._head_waiter is not None:
+                self._fail_head(_timeout())
+            else:
+                self._end("upstream_read_timeout")
+            return
+        self._arm_timer()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one upstream base URL."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float | None,
+        keepalive_seconds: float = 4.0,
+        max_idle: int = 256,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"unsupported upstream URL {base_url!r}")
+        self.loop = loop or asyncio.get_running_loop()
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if default_port else f"{host}:{self.port}"
+        self.base_path = parts.path.rstrip("/")
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._keepalive = keepalive_seconds
+        self._max_idle = max_idle
+        self._idle: list[UpstreamConnection] = []
+        self._all: set[UpstreamConnection] = set()
+        self._closing = False
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | AsyncIterable[bytes] | None,
+    ) -> UpstreamConnection:
+        """Send a request; return its connection once the response head arrived (``.head``).
+        Raises :class:`UpstreamError`; a streamed body's own exception propagates."""
+        headers = list(headers)
+        has_length = any(name.lower() == "content-length" for name, _ in headers)
+        chunked_body = False
+        if isinstance(body, bytes):
+            if has_length:
+                raise ValueError("a bytes body gets its Content-Length here")
+            headers.append(("Content-Length", str(len(body))))
+        elif body is None:
+            if method not in _BODYLESS_METHODS and not has_length:
+                headers.append(("Content-Length", "0"))
+        elif not has_length:
+            headers.append(("Transfer-Encoding", "chunked"))
+            chunked_body = True
+        head = request_head(method, self.base_path + target, self.host_header, headers)
+        replayable = body is None or isinstance(body, bytes)
+        while True:
+            conn = self._take_idle()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
+            try:
+                return await self._exchange(conn, method, head, body, chunked_body)
+            except UpstreamError as exc:
+                if reused and replayable and exc.kind == "upstream_disconnected" and conn._received == 0:
+                    continue  # the server closed an idle keep-alive connection: never saw it
+                raise
+            except BaseException:
+                conn.close()
+                raise
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """The relay is done with ``conn``: keep it for the next request if it can be."""
+        conn.finished_exchange()
+        if conn.reusable and not self._closing and len(self._idle) < self._max_idle:
+            conn.idle_since = self.loop.time()
+            conn.reused = True
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def close(self) -> None:
+        self._closing = True
+        for conn in list(self._all):
+            conn.close()
+        self._idle.clear()
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _exchange(self, conn, method, head: bytes, body, chunked_body: bool) -> UpstreamConnection:
+        waiter = conn.begin(no_body=method == "HEAD")
+        writer: asyncio.Task | None = None
+        if body is None or isinstance(body, bytes):
+            conn.write(head + body if body else head)
+        else:
+            conn.write(head)
+            writer = conn._body_writer = self.loop.create_task(_send_body(conn, body, chunked_body))
+        try:
+            if writer is None:
+                await waiter
+            else:
+                # The body is sent while we wait: a server may answer before reading it all.
+                await asyncio.wait((waiter, writer), return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.done():
+                    await writer  # raises if sending failed (e.g. the body was refused)
+                    await waiter
+                waiter.result()
+        except BaseException:
+            if writer is not None and not writer.done():
+                writer.cancel()
+            if not waiter.done():
+                waiter.cancel()
+            raise
+        return conn
+
+    def _take_idle(self) -> UpstreamConnection | None:
+        now = self.loop.time()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                conn.close()
+                continue
+            if now - conn.idle_since > self._keepalive:
+                conn.close()
+                for old in self._idle:  # older ones are staler still
+                    old.close()
+                self._idle.clear()
+                return None
+            return conn
+        return None
+
+    async def _connect(self) -> UpstreamConnection:
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await self.loop.create_connection(
+                    lambda: UpstreamConnection(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl else None,
+                )
+        except TimeoutError:
+            raise _timeout() from None
+        except (OSError, ssl.SSLError):
+            raise _unreachable() from None
+        self._all.add(conn)
+        return conn
+
+    def _forget(self, conn: UpstreamConnection) -> None:
+        self._all.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+
+async def _send_body(conn: UpstreamConnection, body: AsyncIterable[bytes], chunked: bool) -> None:
+    async for piece in body:
+        if not piece:
+            continue
+        if conn.closed:
+            return  # the server is gone; the head waiter reports it
+        conn.write(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
+        await conn.drain()
+    if chunked and not conn.closed:
+        conn.write(b"0\r\n\r\n")
