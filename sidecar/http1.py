@@ -42,7 +42,12 @@ _HEAD, _LENGTH, _SIZE, _DATA, _DATA_END, _TRAILER, _CLOSE, _DONE = range(8)
 
 
 class ProtocolError(Exception):
-    """The upstream's bytes are not a well-framed HTTP/1.1 response."""
+    """The upstream's bytes are not a well-framed HTTP/1.1 response.
+
+    ``pieces``: body bytes the failing feed decoded before the fault, so the relay can
+    still pass on every valid byte before it cuts the stream."""
+
+    pieces: list[bytes] = []
 
 
 class ResponseHead:
@@ -116,7 +121,11 @@ class ResponseParser:
             self._remaining -= len(data)
             return [data] if data else []
         out: list[bytes] = []
-        self._feed(data, out)
+        try:
+            self._feed(data, out)
+        except ProtocolError as exc:
+            exc.pieces = out
+            raise
         return out
 
     def feed_eof(self) -> list[bytes]:

@@ -20,8 +20,8 @@ for a slow client does not count: then it is not the upstream that is idle.
 Pooled connections are reused while the server allows keep-alive and for at most
 ``keepalive_seconds`` idle, shorter than the 5 s that uvicorn (vLLM, SGLang) and llama.cpp
 allow, so we drop an idle connection before the server does instead of racing it. If a
-reused connection still turns out closed before any response byte, a replayable request is
-sent once more on a fresh connection: the server never saw it.
+reused connection still turns out closed before any response byte, an idempotent request
+is sent once more on a new connection (see :func:`_replayable`); anything else gets 502.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ _log = structlog.get_logger("sidecar.upstream")
 # Methods that send Content-Length: 0 without a body (what aiohttp's client did, and what
 # RFC 9110 section 8.6 suggests for a method that has body semantics).
 _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class UpstreamError(Exception):
@@ -126,7 +127,9 @@ class UpstreamConnection(asyncio.Protocol):
             try:
                 for piece in self._parser.feed(data):  # type: ignore[union-attr]
                     sink.body(piece)
-            except ProtocolError:
+            except ProtocolError as exc:
+                for piece in exc.pieces:  # the valid bytes before the fault still go through
+                    sink.body(piece)
                 self._end("upstream_invalid_response")
                 return
             except Exception:  # a bug in the sink must not kill the event loop's callback
@@ -146,8 +149,14 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             self._early.extend(parser.feed(data))
         except ProtocolError as exc:
-            self._fail_head(_invalid(exc))
+            if parser.head is None:
+                self._fail_head(_invalid(exc))
+            else:  # the head is out already: the body is what broke
+                self._early.extend(exc.pieces)
+                self._end("upstream_invalid_response")
             return
+        if parser.done:
+            self._cancel_timer()  # complete: nothing left to time out while push() is pending
         if parser.head is not None and self._head_waiter is not None:
             waiter, self._head_waiter = self._head_waiter, None
             if not waiter.done():
@@ -309,7 +318,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _idle_check(self) -> None:
         self._timer = None
-        if self._ended or self.closed:
+        if self._ended or self.closed or (self._parser is not None and self._parser.done):
             return
         if self._reading_paused:
             self._last_read = self._time()
@@ -377,17 +386,22 @@ class UpstreamPool:
             headers.append(("Transfer-Encoding", "chunked"))
             chunked_body = True
         head = request_head(method, self.base_path + target, self.host_header, headers)
-        replayable = body is None or isinstance(body, bytes)
+        retry = _replayable(method, headers, body)
+        fresh = False
         while True:
-            conn = self._take_idle()
-            reused = conn is not None
+            if self._closing:
+                raise _disconnected()
+            conn = None if fresh else self._take_idle()
             if conn is None:
                 conn = await self._connect()
             try:
                 return await self._exchange(conn, method, head, body, chunked_body)
             except UpstreamError as exc:
-                if reused and replayable and exc.kind == "upstream_disconnected" and conn._received == 0:
-                    continue  # the server closed an idle keep-alive connection: never saw it
+                if retry and conn.reused and exc.kind == "upstream_disconnected" and conn._received == 0:
+                    # The server closed a keep-alive connection as we reused it. Once, on
+                    # a new connection.
+                    retry, fresh = False, True
+                    continue
                 raise
             except BaseException:
                 conn.close()
@@ -474,6 +488,20 @@ class UpstreamPool:
         self._all.discard(conn)
         if conn in self._idle:
             self._idle.remove(conn)
+
+
+def _replayable(method: str, headers: list[tuple[str, str]], body) -> bool:
+    """Whether a request may be sent again after a reused connection closed before any
+    response byte. As Go's net/http decides: the closing server may have read the request
+    and died working on it, so only an idempotent method or a request carrying an
+    idempotency key is repeated, and only if its body can be sent again. A POST is never
+    repeated; the pool's keep-alive limit, shorter than the usual servers', is what keeps
+    that race rare."""
+    if body is not None and not isinstance(body, bytes):
+        return False
+    if method in _IDEMPOTENT_METHODS:
+        return True
+    return any(name.lower() in ("idempotency-key", "x-idempotency-key") for name, _ in headers)
 
 
 async def _send_body(conn: UpstreamConnection, body: AsyncIterable[bytes], chunked: bool) -> None:

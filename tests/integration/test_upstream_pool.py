@@ -1,0 +1,1189 @@
+"""UpstreamPool and UpstreamConnection over real sockets, against a scripted raw TCP server.
+
+Each test starts a tiny ``asyncio.start_server`` whose script reads requests and answers
+with exact bytes. The server records every byte it read, every request (raw bytes, framing
+included) and every connection it accepted, and notices when the client closes one. The
+body sink is a list.
+
+The ``rig`` fixture's teardown closes the pools, then checks that every connection they
+opened was closed (the server saw EOF, or closed it itself) and that no asyncio task is
+left behind.
+
+Timing: nothing is asserted to happen *fast*. Timeouts are checked as "not before the
+timeout" and "within several times the timeout", so a loaded machine does not flake them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from sidecar.upstream import UpstreamConnection, UpstreamError, UpstreamPool
+from tests.conftest import free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+READ_TIMEOUT = 0.3
+SLACK = 0.02  # clock reads around a deadline: "not before the timeout" up to this
+
+
+# -- bytes ---------------------------------------------------------------------------------
+
+
+def response(body: bytes = b"ok", status: bytes = b"200 OK", *headers: bytes, version: bytes = b"1.1") -> bytes:
+    """A response framed by Content-Length."""
+    lines = b"".join(h + b"\r\n" for h in headers)
+    return b"HTTP/%b %b\r\n%bContent-Length: %d\r\n\r\n%b" % (version, status, lines, len(body), body)
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+LAST_CHUNK = b"0\r\n\r\n"
+OK = response()
+
+
+# -- the scripted server -------------------------------------------------------------------
+
+
+class Peer:
+    """The server's side of one accepted connection; every byte it read is in ``received``."""
+
+    def __init__(self, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.index = index
+        self.reader = reader
+        self.writer = writer
+        self.received = bytearray()
+        self.requests: list[bytes] = []
+        self.eof = asyncio.Event()  # the client closed the connection (EOF or reset)
+        self.closed_by_server = False
+        self.go = asyncio.Event()  # a test's cue to the script
+
+    async def _until(self, separator: bytes) -> bytes:
+        data = await self.reader.readuntil(separator)
+        self.received += data
+        return data
+
+    async def _exactly(self, n: int) -> bytes:
+        data = await self.reader.readexactly(n)
+        self.received += data
+        return data
+
+    async def read_head(self) -> bytes | None:
+        """The next request head, or None when the client closed between requests."""
+        try:
+            return await self._until(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            self.received += exc.partial
+            if exc.partial:
+                raise
+        except ConnectionResetError:
+            pass
+        self.eof.set()
+        return None
+
+    async def read_request(self) -> bytes | None:
+        """The next whole request as raw bytes (head and framed body), recorded."""
+        head = await self.read_head()
+        if head is None:
+            return None
+        raw = bytearray(head)
+        fields: dict[bytes, bytes] = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, colon, value = line.partition(b":")
+            if colon:
+                fields[name.strip().lower()] = value.strip()
+        if fields.get(b"transfer-encoding") == b"chunked":
+            while True:
+                size_line = await self._until(b"\r\n")
+                raw += size_line
+                size = int(size_line.split(b";")[0], 16)
+                if size == 0:
+                    while (line := await self._until(b"\r\n")) != b"\r\n":
+                        raw += line
+                    raw += b"\r\n"
+                    break
+                raw += await self._exactly(size + 2)
+        elif b"content-length" in fields:
+            raw += await self._exactly(int(fields[b"content-length"]))
+        self.requests.append(bytes(raw))
+        return bytes(raw)
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def read_to_eof(self) -> None:
+        try:
+            while data := await self.reader.read(1 << 16):
+                self.received += data
+        except ConnectionError:
+            pass
+        self.eof.set()
+
+    def close(self) -> None:
+        self.closed_by_server = True
+        self.writer.close()
+
+    def hard_close(self) -> None:
+        """Shut this side down now, synchronously: the FIN is on its way but the client's
+        event loop has not run, so the pool still believes the connection is usable."""
+        fd = self.writer.get_extra_info("socket").fileno()
+        dup = socket.socket(fileno=os.dup(fd))
+        dup.shutdown(socket.SHUT_RDWR)
+        dup.close()
+        self.closed_by_server = True
+        self.go.set()
+
+
+Script = Callable[[Peer], Awaitable[None]]
+
+
+class ScriptedServer:
+    """Runs ``script(peer)`` for each accepted connection; afterwards, unless the script
+    closed it, reads until the client closes (so a closed connection is always noticed)."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.peers: list[Peer] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> ScriptedServer:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def accepted(self) -> int:
+        return len(self.peers)
+
+    @property
+    def requests(self) -> list[bytes]:
+        return [r for p in self.peers for r in p.requests]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        peer = Peer(len(self.peers), reader, writer)
+        self.peers.append(peer)
+        try:
+            await self.script(peer)
+            if not peer.closed_by_server:
+                await peer.read_to_eof()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            peer.eof.set()  # the client closed in the middle of what the script read
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+
+def serve(*answers: bytes) -> Script:
+    """Answer the n-th request of each connection with answers[n] (the last one repeats)."""
+
+    async def script(peer: Peer) -> None:
+        n = 0
+        while await peer.read_request() is not None:
+            peer.send(answers[min(n, len(answers) - 1)])
+            n += 1
+
+    return script
+
+
+# -- the client side -----------------------------------------------------------------------
+
+
+class Sink:
+    """A BodySink that keeps everything, with the loop time of each call."""
+
+    def __init__(self, on_body: Callable[[bytes], None] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.pieces: list[bytes] = []
+        self.times: list[float] = []
+        self.ends: list[str | None] = []
+        self.end_time: float | None = None
+        self._done = asyncio.Event()
+        self._on_body = on_body
+
+    def body(self, piece: bytes) -> None:
+        self.pieces.append(bytes(piece))
+        self.times.append(self._loop.time())
+        if self._on_body is not None:
+            self._on_body(piece)
+
+    def end(self, error: str | None) -> None:
+        self.ends.append(error)
+        self.end_time = self._loop.time()
+        self._done.set()
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.pieces)
+
+    async def wait(self, timeout: float = 5.0) -> str | None:
+        await asyncio.wait_for(self._done.wait(), timeout)
+        return self.ends[0]
+
+
+class Chunks:
+    """A streamed (not replayable) request body; a class, not an async generator, so that
+    abandoning it leaves no finaliser task behind."""
+
+    def __init__(self, pieces: list[bytes], delay: float = 0.0) -> None:
+        self._pieces = list(pieces)
+        self._delay = delay
+        self.taken = 0
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.taken >= len(self._pieces):
+            raise StopAsyncIteration
+        if self._delay:
+            await asyncio.sleep(self._delay)
+        self.taken += 1
+        return self._pieces[self.taken - 1]
+
+
+class Endless:
+    """A large streamed body (64 KiB pieces, at most 1 GiB)."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __aiter__(self) -> Endless:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.taken >= 1 << 14:
+            raise StopAsyncIteration
+        self.taken += 1
+        return b"x" * (1 << 16)
+
+
+async def fetch(
+    pool: UpstreamPool, method: str = "GET", target: str = "/", headers=(), body=None
+) -> tuple[UpstreamConnection, Sink]:
+    conn = await pool.request(method, target, headers, body)
+    sink = Sink()
+    conn.push(sink)
+    await sink.wait()
+    return conn, sink
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.servers: list[ScriptedServer] = []
+        self.pools: list[UpstreamPool] = []
+
+    async def server(self, script: Script) -> ScriptedServer:
+        server = await ScriptedServer(script).start()
+        self.servers.append(server)
+        return server
+
+    def pool(self, url: str, *, read_timeout: float | None = 5.0, **kwargs) -> UpstreamPool:
+        pool = UpstreamPool(url, connect_timeout=2.0, read_timeout=read_timeout, **kwargs)
+        self.pools.append(pool)
+        return pool
+
+    async def teardown(self) -> None:
+        for pool in self.pools:
+            await pool.close()
+            assert not pool._all and not pool._idle
+        peers = [peer for server in self.servers for peer in server.peers]
+        for peer in peers:
+            peer.go.set()  # a script waiting on its cue goes on to read until EOF
+        try:
+            await wait_for(lambda: all(p.eof.is_set() or p.closed_by_server for p in peers), timeout=5.0)
+        except AssertionError:
+            open_ = [p.index for p in peers if not (p.eof.is_set() or p.closed_by_server)]
+            raise AssertionError(f"connections left open after pool.close(): {open_}") from None
+        for server in self.servers:
+            await server.stop()
+        current = asyncio.current_task()
+
+        def others() -> list[asyncio.Task]:
+            return [t for t in asyncio.all_tasks() if t is not current]
+
+        try:
+            await wait_for(lambda: not others(), timeout=2.0)
+        except AssertionError:
+            raise AssertionError(f"tasks left behind: {others()}") from None
+
+
+@pytest.fixture
+async def rig():
+    r = Rig()
+    yield r
+    await r.teardown()
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+# -- 1. connection reuse -------------------------------------------------------------------
+
+
+async def test_keepalive_connection_is_reused(rig):
+    server = await rig.server(serve(response(b"first"), response(b"second")))
+    pool = rig.pool(server.url)
+
+    conn1, sink1 = await fetch(pool, target="/a")
+    assert not conn1.reused
+    pool.release(conn1)
+    conn2, sink2 = await fetch(pool, target="/b")
+    assert conn2 is conn1 and conn2.reused
+    pool.release(conn2)
+
+    assert (sink1.data, sink1.ends) == (b"first", [None])
+    assert (sink2.data, sink2.ends) == (b"second", [None])
+    assert server.accepted == 1
+    assert [r.split(b" ")[1] for r in server.peers[0].requests] == [b"/a", b"/b"]
+    assert not server.peers[0].eof.is_set()  # still open, pooled
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        response(b"ok", b"200 OK", b"Connection: close"),
+        response(b"ok", b"200 OK", b"Connection: keep-alive, Close"),
+        response(b"ok", version=b"1.0"),
+    ],
+    ids=["connection-close", "connection-close-list", "http-1.0"],
+)
+async def test_response_that_forbids_keepalive_is_not_reused(rig, answer):
+    # The server leaves the connection open: it is our side that must not reuse it.
+    server = await rig.server(serve(answer))
+    pool = rig.pool(server.url)
+
+    conn1, sink1 = await fetch(pool)
+    pool.release(conn1)
+    conn2, sink2 = await fetch(pool)
+    pool.release(conn2)
+
+    assert sink1.ends == sink2.ends == [None]
+    assert sink1.data == sink2.data == b"ok"
+    assert server.accepted == 2
+    assert conn2 is not conn1 and not conn2.reused
+    assert [len(p.requests) for p in server.peers] == [1, 1]
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)  # we closed the first one
+
+
+async def test_close_delimited_body_is_whole_at_eof_and_not_reused(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        if peer.index == 0:
+            peer.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\npart one, ")
+            await asyncio.sleep(0.05)
+            peer.send(b"part two")
+            await asyncio.sleep(0.05)
+            peer.close()
+        else:
+            peer.send(OK)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+
+    conn1 = await pool.request("GET", "/", [], None)
+    assert conn1.head.status == 200 and conn1.head.length is None and not conn1.head.chunked
+    sink1 = Sink()
+    conn1.push(sink1)
+    assert await sink1.wait() is None
+    assert sink1.data == b"part one, part two"
+    pool.release(conn1)
+    assert not pool._idle
+
+    conn2, sink2 = await fetch(pool)
+    pool.release(conn2)
+    assert sink2.data == b"ok"
+    assert conn2 is not conn1 and server.accepted == 2
+    assert sink1.ends == [None]
+
+
+# -- 2. keep-alive expiry ------------------------------------------------------------------
+
+
+async def test_idle_connection_expires_after_keepalive_seconds(rig):
+    server = await rig.server(serve(OK))
+    pool = rig.pool(server.url, keepalive_seconds=0.2)
+
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    await asyncio.sleep(0.4)
+    assert not server.peers[0].eof.is_set()  # expiry is noticed when the pool is next used
+    conn2, sink2 = await fetch(pool)
+    pool.release(conn2)
+
+    assert sink2.ends == [None]
+    assert server.accepted == 2 and conn2 is not conn1
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)  # closed by us
+    assert not server.peers[0].closed_by_server
+    assert [len(p.requests) for p in server.peers] == [1, 1]
+
+
+async def test_connection_within_keepalive_seconds_is_reused(rig):
+    server = await rig.server(serve(OK))
+    pool = rig.pool(server.url, keepalive_seconds=5.0)
+
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    await asyncio.sleep(0.2)
+    conn2, _ = await fetch(pool)
+    pool.release(conn2)
+    assert server.accepted == 1 and conn2 is conn1
+
+
+# -- 3. stale connections and the retry ----------------------------------------------------
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.2], ids=["at-once", "after-a-while"])
+async def test_server_closing_idle_connection_is_survived(rig, pause):
+    async def script(peer: Peer) -> None:
+        if peer.index == 0:
+            await peer.read_request()
+            peer.send(response(b"one"))
+            peer.close()  # e.g. a server whose keep-alive is shorter than ours
+        else:
+            await serve(response(b"two"))(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+
+    conn1, _ = await fetch(pool, "POST", "/first", [], b"1")
+    pool.release(conn1)
+    await asyncio.sleep(pause)
+    conn2, sink2 = await fetch(pool, "POST", "/second", [], b"2")
+    pool.release(conn2)
+
+    assert (sink2.data, sink2.ends) == (b"two", [None])
+    assert server.accepted == 2
+    second = [r for r in server.requests if r.startswith(b"POST /second ")]
+    assert len(second) == 1 and second == server.peers[1].requests
+
+
+@pytest.mark.parametrize(
+    "method, headers, body, retried",
+    [
+        ("GET", [], None, True),
+        ("PUT", [("Content-Type", "application/json")], b'{"n":2}', True),
+        ("POST", [("Content-Type", "application/json"), ("Idempotency-Key", "k1")], b'{"n":2}', True),
+        # A POST may have been read by a server that then died: never sent twice.
+        ("POST", [("Content-Type", "application/json")], b'{"n":2}', False),
+    ],
+)
+async def test_stale_reused_connection_retries_only_idempotent_requests(rig, method, headers, body, retried):
+    async def script(peer: Peer) -> None:
+        if peer.index == 0:
+            await peer.read_request()
+            peer.send(OK)
+            await peer.go.wait()  # the test shuts this side down; nothing more is read
+        else:
+            await serve(response(b"fresh"))(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    exchanges = 0
+    real_exchange = pool._exchange
+
+    async def counting_exchange(*args, **kwargs):
+        nonlocal exchanges
+        exchanges += 1
+        return await real_exchange(*args, **kwargs)
+
+    pool._exchange = counting_exchange  # type: ignore[method-assign]
+
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    exchanges = 0
+    # The server closes, and the request goes out before our loop has read the FIN: the
+    # race a keep-alive client always has. Deterministic: no await in between.
+    server.peers[0].hard_close()
+    pending = pool.request(method, "/again", headers, body)
+    if not retried:
+        with pytest.raises(UpstreamError) as info:
+            await pending
+        assert info.value.kind == "upstream_disconnected" and info.value.status == 502
+        assert exchanges == 1 and server.accepted == 1
+        return
+    conn2 = await pending
+    assert conn2 is not conn1 and not conn2.reused and conn1.closed
+    sink = Sink()
+    conn2.push(sink)
+    assert await sink.wait() is None
+    pool.release(conn2)
+
+    assert sink.data == b"fresh"
+    assert exchanges == 2  # the stale connection, then one retry
+    assert server.accepted == 2
+    assert len(server.peers[1].requests) == 1
+    assert server.peers[1].requests[0].startswith(b"%s /again HTTP/1.1\r\n" % method.encode())
+    assert len([r for r in server.requests if r.startswith(b"%s /again " % method.encode())]) == 1
+
+
+async def test_streamed_body_on_a_stale_reused_connection_is_not_retried(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(OK)
+        await peer.go.wait()
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    server.peers[0].hard_close()
+    body = Chunks([b"not ", b"replayable"])
+    with pytest.raises(UpstreamError) as caught:
+        await pool.request("POST", "/stream", [], body)
+
+    assert caught.value.kind == "upstream_disconnected" and caught.value.status == 502
+    assert server.accepted == 1  # no second attempt
+    assert conn1.closed and not pool._all
+
+
+async def test_pool_close_while_waiting_for_head_does_not_resend_elsewhere(rig):
+    """pool.close() closes a reused connection whose request the server already read: the
+    request fails; the pool must not reopen a connection after close() and send it again."""
+
+    async def script(peer: Peer) -> None:
+        if peer.index == 0:
+            await peer.read_request()
+            peer.send(OK)
+            await peer.read_request()  # read, never answered; then we close
+        else:
+            await serve(OK)(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    pending = asyncio.create_task(pool.request("POST", "/slow", [], b"{}"))
+    await wait_for(lambda: len(server.requests) == 2)
+    await pool.close()
+    (outcome,) = await asyncio.wait_for(asyncio.gather(pending, return_exceptions=True), 5)
+    if isinstance(outcome, UpstreamConnection):
+        pool.release(outcome)
+
+    assert server.accepted == 1, "a connection was opened after pool.close()"
+    assert len(server.requests) == 2, "the request the server already had was sent again"
+    assert isinstance(outcome, UpstreamError)
+
+
+# -- 4. the request bytes ------------------------------------------------------------------
+
+
+async def _one_request(rig, method, target, headers, body, base=""):
+    server = await rig.server(serve(OK if method != "HEAD" else b"HTTP/1.1 200 OK\r\n\r\n"))
+    pool = rig.pool(server.url + base)
+    conn, sink = await fetch(pool, method, target, headers, body)
+    pool.release(conn)
+    assert sink.ends == [None]
+    assert server.accepted == 1 and len(server.requests) == 1
+    return server, server.requests[0]
+
+
+async def test_get_request_bytes(rig):
+    headers = [("Accept", "text/event-stream"), ("X-B", "2"), ("x-a", "1"), ("X-B", "3")]
+    server, raw = await _one_request(rig, "GET", "/v1/models?x=1&y=%20", headers, None, base="/base/")
+    assert raw == (
+        b"GET /base/v1/models?x=1&y=%%20 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Accept: text/event-stream\r\nX-B: 2\r\nx-a: 1\r\nX-B: 3\r\n\r\n" % server.port
+    )
+    assert bytes(server.peers[0].received) == raw  # nothing else was sent
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS"])
+async def test_bodyless_methods_send_no_content_length(rig, method):
+    server, raw = await _one_request(rig, method, "/x", [], None)
+    assert raw == b"%b /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (method.encode(), server.port)
+
+
+async def test_post_bytes_body_gets_content_length(rig):
+    body = b'{"model":"m","stream":true}'
+    server, raw = await _one_request(rig, "POST", "/v1/chat/completions", [("Content-Type", "application/json")], body)
+    assert raw == (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (server.port, len(body), body)
+    )
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+async def test_bodyless_post_gets_content_length_zero(rig, method):
+    server, raw = await _one_request(rig, method, "/x", [("X-A", "1")], None)
+    assert raw == b"%b /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n" % (
+        method.encode(),
+        server.port,
+    )
+
+
+async def test_bodyless_post_with_given_content_length_is_not_duplicated(rig):
+    server, raw = await _one_request(rig, "POST", "/x", [("content-length", "0"), ("X-A", "1")], None)
+    assert raw == b"POST /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\ncontent-length: 0\r\nX-A: 1\r\n\r\n" % server.port
+    assert raw.lower().count(b"content-length") == 1
+
+
+async def test_empty_bytes_body_gets_content_length_zero(rig):
+    server, raw = await _one_request(rig, "POST", "/x", [], b"")
+    assert raw == b"POST /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 0\r\n\r\n" % server.port
+
+
+async def test_bytes_body_with_a_content_length_header_is_refused(rig):
+    server = await rig.server(serve(OK))
+    pool = rig.pool(server.url)
+    with pytest.raises(ValueError):
+        await pool.request("POST", "/x", [("Content-Length", "3")], b"abc")
+    assert server.accepted == 0
+
+
+async def test_streamed_body_is_sent_chunked(rig):
+    body = Chunks([b"hello", b"", b" world", b"x" * 300], delay=0.01)
+    server, raw = await _one_request(rig, "POST", "/up", [("Content-Type", "text/plain")], body)
+    assert raw == (
+        b"POST /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n12c\r\n%b\r\n0\r\n\r\n" % (server.port, b"x" * 300)
+    )
+    assert body.taken == 4
+
+
+async def test_empty_streamed_body_is_one_last_chunk(rig):
+    server, raw = await _one_request(rig, "POST", "/up", [], Chunks([]))
+    assert raw == b"POST /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" % server.port
+
+
+async def test_streamed_body_with_content_length_is_sent_raw(rig):
+    body = Chunks([b"hello", b" ", b"world"], delay=0.01)
+    server, raw = await _one_request(rig, "PUT", "/up", [("Content-Length", "11")], body)
+    assert raw == b"PUT /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 11\r\n\r\nhello world" % server.port
+    assert b"transfer-encoding" not in raw.lower()
+
+
+# -- 5. errors -----------------------------------------------------------------------------
+
+
+async def test_connection_refused_is_unreachable(rig):
+    pool = rig.pool(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(UpstreamError) as caught:
+        await pool.request("GET", "/", [], None)
+    assert (caught.value.kind, caught.value.status) == ("upstream_unreachable", 502)
+    assert not pool._all
+
+
+async def test_server_that_never_answers_is_a_timeout(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()  # then silence until we close
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
+    start = now()
+    with pytest.raises(UpstreamError) as caught:
+        await pool.request("GET", "/", [], None)
+    elapsed = now() - start
+    assert (caught.value.kind, caught.value.status) == ("upstream_timeout", 504)
+    assert READ_TIMEOUT - SLACK <= elapsed < 1.5
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)  # and we closed the connection
+    assert server.accepted == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/9 nonsense\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+    ],
+    ids=["status-line", "conflicting-length", "transfer-coding", "bare-lf"],
+)
+async def test_garbage_response_is_invalid(rig, answer):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(answer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    with pytest.raises(UpstreamError) as caught:
+        await pool.request("GET", "/", [], None)
+    assert (caught.value.kind, caught.value.status) == ("upstream_invalid_response", 502)
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)
+    assert server.accepted == 1
+
+
+@pytest.mark.parametrize("partial", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"], ids=["nothing", "partial-head"])
+async def test_close_before_complete_head_is_disconnected(rig, partial):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        if partial:
+            peer.send(partial)
+            await asyncio.sleep(0.05)
+        peer.close()
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    with pytest.raises(UpstreamError) as caught:
+        await pool.request("POST", "/", [], b"x")
+    assert (caught.value.kind, caught.value.status) == ("upstream_disconnected", 502)
+    assert server.accepted == 1  # a fresh connection: no retry
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "head, first",
+    [(CHUNKED_HEAD, chunk(b"data: 1\n\n")), (response(b"x" * 100)[:-100], b"x" * 10)],
+    ids=["chunked", "content-length"],
+)
+async def test_mid_body_stall_is_a_read_timeout(rig, head, first):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(head)
+        await asyncio.sleep(0.05)
+        peer.send(first)  # then silence
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    conn.push(sink)
+    assert await sink.wait() == "upstream_read_timeout"
+
+    assert len(sink.pieces) == 1
+    waited = sink.end_time - sink.times[-1]
+    assert READ_TIMEOUT - SLACK <= waited < 1.5
+    assert conn.closed
+    pool.release(conn)
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)
+    await asyncio.sleep(0.05)
+    assert sink.ends == ["upstream_read_timeout"]
+
+
+@pytest.mark.parametrize("when", ["after-push", "before-push"])
+@pytest.mark.parametrize(
+    "head, body",
+    [(CHUNKED_HEAD, chunk(b"data: 1\n\n") + b"5\r\nda"), (response(b"y" * 50)[:-50], b"y" * 20)],
+    ids=["chunked", "content-length"],
+)
+async def test_mid_body_close_is_disconnected(rig, head, body, when):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(head)
+        await peer.go.wait()
+        peer.send(body)
+        await asyncio.sleep(0.05)
+        peer.close()
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    if when == "after-push":
+        conn.push(sink)
+    server.peers[0].go.set()
+    if when == "before-push":
+        await wait_for(lambda: conn.closed)
+        conn.push(sink)
+    assert await sink.wait() == "upstream_disconnected"
+
+    expected = b"data: 1\n\nda" if head is CHUNKED_HEAD else b"y" * 20
+    assert sink.data == expected
+    pool.release(conn)
+    await asyncio.sleep(0.05)
+    assert sink.ends == ["upstream_disconnected"] and not pool._idle
+
+
+@pytest.mark.parametrize("when", ["after-push", "before-push"])
+async def test_invalid_body_framing_is_invalid_response(rig, when):
+    """A broken chunk after the head: the body ends with upstream_invalid_response (never a
+    clean end), whether the bad bytes arrive before or after the relay called push()."""
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD)
+        await peer.go.wait()
+        peer.send(chunk(b"good"))
+        await asyncio.sleep(0.05)
+        peer.send(b"zz\r\nbad\r\n")
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    if when == "after-push":
+        conn.push(sink)
+    server.peers[0].go.set()
+    if when == "before-push":
+        await wait_for(lambda: conn.closed)
+        conn.push(sink)
+    end = await sink.wait()
+    pool.release(conn)
+    await asyncio.sleep(0.05)
+
+    assert sink.data == b"good"
+    assert end == "upstream_invalid_response"
+    assert len(sink.ends) == 1
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)
+
+
+# -- 6. the lazy read timer ----------------------------------------------------------------
+
+
+async def test_steady_trickle_longer_than_the_timeout_is_not_a_timeout(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD)
+        for i in range(10):
+            await asyncio.sleep(0.1)
+            peer.send(chunk(b"data: %d\n\n" % i))
+        await asyncio.sleep(0.1)
+        peer.send(LAST_CHUNK)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
+    start = now()
+    conn, sink = await fetch(pool)
+    pool.release(conn)
+
+    assert sink.ends == [None]
+    assert sink.data == b"".join(b"data: %d\n\n" % i for i in range(10))
+    assert now() - start >= 1.0  # it really lasted longer than three timeouts
+    assert pool._idle == [conn]  # complete: pooled
+
+
+async def test_paused_time_is_not_idle_time(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD + chunk(b"one "))
+        await asyncio.sleep(0.1)
+        peer.send(chunk(b"two "))  # arrives while we are paused: waits in the kernel
+        await asyncio.sleep(0.1)
+        peer.send(chunk(b"three") + LAST_CHUNK)
+        await serve(OK)(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink(on_body=lambda piece: conn.pause_reading())  # a client that never drains
+    conn.push(sink)
+    await wait_for(lambda: sink.pieces)
+    paused_at = now()
+    await asyncio.sleep(2 * READ_TIMEOUT)
+    assert now() - paused_at >= 2 * READ_TIMEOUT
+    assert sink.ends == [] and not conn.closed  # no timeout while paused
+    assert sink.data == b"one "  # nothing read while paused
+
+    sink._on_body = None
+    conn.resume_reading()
+    assert await sink.wait() is None
+    assert sink.data == b"one two three"
+    pool.release(conn)
+    assert pool._idle == [conn]
+
+    conn2, sink2 = await fetch(pool)  # the connection is still good
+    pool.release(conn2)
+    assert conn2 is conn and sink2.data == b"ok" and server.accepted == 1
+
+
+async def test_idle_clock_restarts_at_resume(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD + chunk(b"only"))  # then silence
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    conn.push(sink)
+    await wait_for(lambda: sink.pieces)
+    conn.pause_reading()
+    await asyncio.sleep(2 * READ_TIMEOUT)
+    assert sink.ends == []
+    resumed_at = now()
+    conn.resume_reading()
+    assert await sink.wait() == "upstream_read_timeout"
+    assert READ_TIMEOUT - SLACK <= sink.end_time - resumed_at < 1.5
+    pool.release(conn)
+
+
+# -- 7. push() -----------------------------------------------------------------------------
+
+
+async def test_pieces_that_came_before_push_are_delivered_first_in_order(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD + chunk(b"a"))  # with the head, in one write
+        await asyncio.sleep(0.05)
+        peer.send(chunk(b"b"))
+        await asyncio.sleep(0.05)
+        peer.send(chunk(b"c"))
+        await peer.go.wait()
+        peer.send(chunk(b"d"))
+        await asyncio.sleep(0.05)
+        peer.send(chunk(b"e") + LAST_CHUNK)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    await asyncio.sleep(0.3)  # a, b and c arrive before the relay is ready
+    sink = Sink()
+    conn.push(sink)
+    assert sink.data == b"abc"  # delivered inside push(), in order
+    assert sink.ends == []
+    server.peers[0].go.set()
+    assert await sink.wait() is None
+    assert sink.data == b"abcde"
+    pool.release(conn)
+    assert pool._idle == [conn]
+
+
+async def test_response_complete_before_push_ends_from_push(rig):
+    server = await rig.server(serve(response(b"all of it")))  # head and body in one write
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    await asyncio.sleep(0.1)
+    sink = Sink()
+    conn.push(sink)
+    assert (sink.data, sink.ends) == (b"all of it", [None])  # before push() returned
+    pool.release(conn)
+    conn2, _ = await fetch(pool)
+    pool.release(conn2)
+    assert conn2 is conn and server.accepted == 1
+    assert sink.ends == [None]
+
+
+async def test_complete_response_waiting_for_push_is_not_a_read_timeout(rig):
+    """The body arrived whole with the head; the relay calls push() later than read_timeout
+    (e.g. a slow prepare()). Nothing is idle: the upstream sent everything."""
+    server = await rig.server(serve(response(b"all of it")))
+    pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
+    conn = await pool.request("GET", "/", [], None)
+    await asyncio.sleep(2 * READ_TIMEOUT)
+    sink = Sink()
+    conn.push(sink)
+    assert sink.data == b"all of it"
+    assert sink.ends == [None]
+    pool.release(conn)
+
+
+async def test_close_delimited_body_complete_before_push(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
+        peer.close()
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    await wait_for(lambda: conn.closed)
+    sink = Sink()
+    conn.push(sink)
+    assert (sink.data, sink.ends) == (b"until the end", [None])
+    pool.release(conn)
+    assert not pool._idle
+
+
+async def test_head_request_has_no_body_despite_content_length(rig):
+    server = await rig.server(serve(b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n", OK))
+    pool = rig.pool(server.url)
+    conn = await pool.request("HEAD", "/", [], None)
+    assert conn.head.status == 200 and conn.head.get("content-length") == "1234"
+    sink = Sink()
+    conn.push(sink)
+    assert (sink.pieces, sink.ends) == ([], [None])
+    pool.release(conn)
+
+    conn2, sink2 = await fetch(pool)  # the connection is in step: no 1234 bytes expected
+    pool.release(conn2)
+    assert conn2 is conn and sink2.data == b"ok" and server.accepted == 1
+
+
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+async def test_no_body_statuses_end_at_the_head(rig, status):
+    server = await rig.server(serve(b"HTTP/1.1 %b\r\n\r\n" % status, OK))
+    pool = rig.pool(server.url)
+    conn, sink = await fetch(pool)
+    pool.release(conn)
+    assert (sink.pieces, sink.ends) == ([], [None])
+    conn2, sink2 = await fetch(pool)
+    pool.release(conn2)
+    assert conn2 is conn and sink2.data == b"ok"
+
+
+async def test_interim_response_is_skipped(rig):
+    server = await rig.server(serve(b"HTTP/1.1 100 Continue\r\n\r\n" + response(b"final", b"201 Created")))
+    pool = rig.pool(server.url)
+    conn, sink = await fetch(pool, "POST", "/", [], b"x")
+    pool.release(conn)
+    assert conn.head.status == 201 and sink.data == b"final"
+
+
+# -- 8. bytes while idle -------------------------------------------------------------------
+
+
+async def test_bytes_while_idle_in_the_pool_retire_the_connection(rig):
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(OK)
+        if peer.index == 0:
+            await peer.go.wait()
+            peer.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno")  # answers nothing asked
+        await serve(OK)(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    assert pool._idle == [conn1]
+    server.peers[0].go.set()
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)  # we closed it on receipt
+
+    conn2, sink2 = await fetch(pool)
+    pool.release(conn2)
+    assert conn2 is not conn1 and server.accepted == 2
+    assert sink2.data == b"ok"
+    assert [len(p.requests) for p in server.peers] == [1, 1]
+
+
+async def test_bytes_after_the_response_in_the_same_read_retire_the_connection(rig):
+    server = await rig.server(serve(OK + b"HTTP/1.1 200 OK\r\n"))
+    pool = rig.pool(server.url)
+    conn1, sink1 = await fetch(pool)
+    assert sink1.data == b"ok" and sink1.ends == [None]
+    pool.release(conn1)
+    conn2, _ = await fetch(pool)
+    pool.release(conn2)
+    assert conn2 is not conn1 and server.accepted == 2
+
+
+# -- 9. an early response to a streamed body -----------------------------------------------
+
+
+async def test_early_response_before_the_body_was_read_closes_the_connection(rig):
+    async def script(peer: Peer) -> None:
+        if peer.index == 0:
+            await peer.read_head()  # not the body
+            peer.send(response(b"large", b"413 Content Too Large"))  # keep-alive, even
+            await peer.go.wait()
+        else:
+            await serve(OK)(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    body = Endless()
+    conn = await pool.request("POST", "/upload", [], body)
+    assert conn.head.status == 413
+    sink = Sink()
+    conn.push(sink)
+    assert await sink.wait() is None
+    assert sink.data == b"large"
+    pool.release(conn)
+
+    assert conn.closed and not pool._idle
+    taken = body.taken
+    await asyncio.sleep(0.1)
+    assert body.taken == taken  # the body is no longer read
+    server.peers[0].go.set()
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)
+
+    conn2, sink2 = await fetch(pool)
+    pool.release(conn2)
+    assert conn2 is not conn and sink2.data == b"ok" and server.accepted == 2
+    assert sink.ends == [None]
+
+
+async def test_streamed_body_error_propagates_and_closes(rig):
+    class Boom(Exception):
+        pass
+
+    class Failing(Chunks):
+        async def __anext__(self) -> bytes:
+            if self.taken == 1:
+                raise Boom
+            return await super().__anext__()
+
+    async def script(peer: Peer) -> None:
+        await peer.read_head()
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    with pytest.raises(Boom):
+        await pool.request("POST", "/", [], Failing([b"a", b"b"]))
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)
+    assert not pool._all
+
+
+# -- 10. pool.close() ----------------------------------------------------------------------
+
+
+async def test_pool_close_closes_idle_and_busy_connections(rig):
+    async def script(peer: Peer) -> None:
+        while (raw := await peer.read_request()) is not None:
+            if raw.startswith(b"GET /slow "):
+                peer.send(CHUNKED_HEAD + chunk(b"partial"))
+                return  # and read until we close
+            else:
+                peer.send(OK)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    fast1, fast2, slow = await asyncio.gather(
+        pool.request("GET", "/1", [], None),
+        pool.request("GET", "/2", [], None),
+        pool.request("GET", "/slow", [], None),
+    )
+    assert server.accepted == 3
+    sinks = [Sink(), Sink(), Sink()]
+    for conn, sink in zip((fast1, fast2, slow), sinks):
+        conn.push(sink)
+    await sinks[0].wait()
+    await sinks[1].wait()
+    pool.release(fast1)
+    pool.release(fast2)
+    await wait_for(lambda: sinks[2].pieces)
+    assert len(pool._idle) == 2 and len(pool._all) == 3
+
+    await pool.close()
+    assert await sinks[2].wait() == "upstream_disconnected"
+    for peer in server.peers:
+        await asyncio.wait_for(peer.eof.wait(), 5)
+        assert not peer.closed_by_server
+    assert not pool._all and not pool._idle
+    assert fast1.closed and fast2.closed and slow.closed
+
+    pool.release(slow)
+    await asyncio.sleep(0.05)
+    assert [s.ends for s in sinks] == [[None], [None], ["upstream_disconnected"]]
+    assert sinks[2].data == b"partial"
+
+
+async def test_release_after_close_does_not_pool(rig):
+    server = await rig.server(serve(OK))
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    conn.push(sink)
+    await pool.close()
+    pool.release(conn)
+    assert not pool._idle and conn.closed
+    await asyncio.wait_for(server.peers[0].eof.wait(), 5)
+    assert sink.ends == [None]
