@@ -8,9 +8,13 @@ bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed ro
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from functools import reduce
+from operator import add
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.values import MutexValue
 
 from .buckets import (
     E2E_BUCKETS,
@@ -22,7 +26,7 @@ from .buckets import (
 )
 from .timeline import Outcome, RequestTimeline
 
-__all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds"]
+__all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
 
 OTHER_MODEL = "other"
 UNKNOWN_MODEL = "unknown"
@@ -219,9 +223,7 @@ class SidecarMetrics:
         if t.ttfat is not None:
             self.ttfat.labels(*mr).observe(t.ttfat, ex)
         if t.gaps:
-            observe = self.itl.labels(*mr).observe
-            for gap in t.gaps:
-                observe(gap)
+            observe_many(self.itl.labels(*mr), t.gaps)
         tpot = t.tpot
         if tpot is not None:
             self.tpot.labels(*mr).observe(tpot, ex)
@@ -243,3 +245,44 @@ class SidecarMetrics:
                 self.tokens.labels(model, route, kind).inc(value)
             if distribution and t.outcome is Outcome.OK:
                 self.request_tokens.labels(model, route, kind).observe(value)
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for every ``v`` in ``values``, with the same result, at a
+    fraction of the cost: one lock per touched bucket and one for the sum, instead of two
+    locks and a bucket search per value. A request's ITL has one value per token.
+
+    ``histogram`` is a labelled child (or an unlabelled histogram). Exactly equal, sample
+    for sample, to observing one by one:
+
+    - the sum is accumulated in the same order, one value at a time, starting from the
+      current sum (so even float rounding is the same);
+    - each value counts in the first bucket whose upper bound it does not exceed, as
+      ``observe`` does; in a sorted copy the values up to a bound are ``bisect_right`` of
+      it. NaN, which exceeds no bound and so is counted in no bucket (yet is added to the
+      sum), is the one value sorting mishandles: it is taken out first when present, which
+      a NaN sum gives away cheaply;
+    - a bucket count is a float, and adding n once equals adding 1 n times below 2**53.
+
+    No exemplars (the ITL histogram records none). This reads prometheus_client's histogram
+    internals (``_sum``, ``_buckets``, ``_upper_bounds``, the value's ``_lock``); where the
+    values are not plain in-process ones (multiprocess mode) it observes one by one.
+    """
+    histogram._raise_if_not_observable()  # a labelled parent refuses, as observe() does
+    total = histogram._sum
+    if type(total) is not MutexValue:
+        for value in values:
+            histogram.observe(value)
+        return
+    with total._lock:
+        total._value = reduce(add, values, total._value)
+        has_nan = total._value != total._value  # NaN in, NaN out (also an earlier NaN)
+    ordered = sorted([v for v in values if v == v] if has_nan else values)
+    done, end = 0, len(ordered)
+    for bound, bucket in zip(histogram._upper_bounds, histogram._buckets):
+        upto = bisect_right(ordered, bound, done)
+        if upto > done:
+            bucket.inc(upto - done)
+            if upto == end:
+                break
+            done = upto

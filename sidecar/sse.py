@@ -18,6 +18,12 @@ fragment is dispatched as if whole), and reports one :class:`SSEOverflow`. The r
 bytes are unaffected; only the measurement of that event is lost. Work is O(n) in the
 bytes fed: each byte is scanned once for a line end, except the held-back tail of an
 incomplete line, which is bounded.
+
+Fast paths: this runs once per streamed token, so the common case is cheap. Between events
+(``_idle``), a chunk of whole ``data: ...\n\n`` events is split with ``find`` instead of
+line by line (:meth:`SSEDecoder._whole_events`), and :meth:`SSEDecoder.lone_data` gives a
+one-event chunk's data to the dialects without building an event. Both hand anything else
+to the general path, and both are tested against it (``tests/unit/test_sse_fast_path.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class SSEDecoder:
         "_retry",
         "_max_line",
         "_max_event",
+        "_idle",
     )
 
     def __init__(
@@ -86,9 +93,18 @@ class SSEDecoder:
         self._event = ""
         self._last_id: str | None = None  # "last event ID" persists across events
         self._retry: int | None = None
+        # Nothing carried over and no event under way: the fast paths may run. Kept by
+        # _settle at the end of the general path; False is always safe (just slower).
+        self._idle = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent | SSEOverflow]:
         out: list[SSEEvent | SSEOverflow] = []
+        if self._idle and 13 not in chunk:  # no CR (an int operand makes `in` a bare memchr)
+            # The common case: whole LF-ended events with nothing carried over.
+            pos = self._whole_events(chunk, out)
+            if pos < len(chunk):
+                self._lines(chunk, pos, False, out)
+            return out
         if not chunk:
             return out
         if self._after_cr:
@@ -106,10 +122,64 @@ class SSEDecoder:
             self._started = True
             if buf.startswith(_BOM):
                 buf = buf[3:]
+        self._lines(buf, 0, 13 in buf, out)
+        return out
 
-        pos = 0
+    def lone_data(self, chunk: bytes) -> bytes | None:
+        """``chunk``'s data if it is exactly one ``data: ...\\n\\n`` event and the decoder
+        holds nothing; the event is then consumed. Otherwise ``None``, nothing consumed:
+        call :meth:`feed`.
+
+        For the dialects, which read only an event's ``data`` and type: nearly every chunk
+        a server flushes is one such event, and this hands its data over without building
+        an :class:`SSEEvent` and a list per token. Equivalence with :meth:`feed`: when idle
+        (see :meth:`_whole_events`), a chunk of one LF-ended ``data`` line with no CR and
+        within both bounds, then an empty line, is dispatched by :meth:`feed` as exactly
+        ``SSEEvent(data, "message", last id, retry)`` and leaves every piece of state as it
+        was, so returning ``data`` is the same event minus the fields the caller ignores
+        (the type is always ``"message"``).
+        """
+        if not self._idle:
+            return None
+        end = len(chunk) - 2  # where the line's LF must be, followed by the blank line's LF
+        if (
+            chunk.startswith(b"data:")
+            and chunk.find(b"\n", 5) == end
+            and chunk[-1] == 10
+            and 13 not in chunk
+            and end <= self._max_line
+        ):
+            start = 6 if chunk[5] == 32 else 5  # chunk[5] is the LF when the value is empty
+            if end - start < self._max_event:  # the general path counts len(value) + 1
+                return chunk[start:end]
+        return None
+
+    def close(self) -> list[SSEEvent | SSEOverflow]:
+        """End of stream. Per the spec an event not ended by a blank line is discarded;
+        an unterminated final line is still interpreted as a field (it may complete
+        nothing, but `id:`/`retry:` state stays consistent)."""
+        out: list[SSEEvent | SSEOverflow] = []
+        if self._tail and not self._skipping:
+            tail, self._tail = self._tail, b""
+            if self._started or not _BOM.startswith(tail):
+                self._line(tail, out)
+        self._reset_event()
+        self._settle()
+        return out
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Recompute :attr:`_idle` once the state may have changed (after the general path)."""
+        self._idle = self._started and not (
+            self._tail or self._after_cr or self._skipping or self._has_data or self._event or self._discarding
+        )
+
+    def _lines(self, buf: bytes, pos: int, has_cr: bool, out: list) -> None:
+        """The general path: ``buf[pos:]`` starts at a line start; interpret every complete
+        line, then hold back (or start skipping) an incomplete last one."""
+        self._idle = False  # until _settle says otherwise, whatever happens below
         end = len(buf)
-        has_cr = b"\r" in buf
         while pos < end:
             if has_cr:
                 lf = buf.find(b"\n", pos)
@@ -141,30 +211,43 @@ class SSEDecoder:
                 continue
             self._line(line, out)
 
-        if pos < end:
+        if pos < end and not self._skipping:
             rest = buf[pos:]
-            if self._skipping:
-                return out
             if len(rest) > self._max_line:
                 self._overflow(out, "line longer than %d bytes" % self._max_line)
                 self._skipping = True
             else:
                 self._tail = rest
-        return out
+        self._settle()
 
-    def close(self) -> list[SSEEvent | SSEOverflow]:
-        """End of stream. Per the spec an event not ended by a blank line is discarded;
-        an unterminated final line is still interpreted as a field (it may complete
-        nothing, but `id:`/`retry:` state stays consistent)."""
-        out: list[SSEEvent | SSEOverflow] = []
-        if self._tail and not self._skipping:
-            tail, self._tail = self._tail, b""
-            if self._started or not _BOM.startswith(tail):
-                self._line(tail, out)
-        self._reset_event()
-        return out
+    def _whole_events(self, buf: bytes, out: list) -> int:
+        """Fast path: dispatch the leading ``data: ...\\n\\n`` events of ``buf``; return
+        where the general path must take over (``len(buf)`` when nothing is left).
 
-    # -- internals ---------------------------------------------------------------------
+        Walking each line through :meth:`_line` costs more than the rest of the measuring
+        together, and nearly every chunk is one or more such events. The caller comes here
+        only when ``_idle`` (started, nothing carried over: no tail, no CR to pair with an
+        LF, no line being skipped, no event under way) and ``buf`` has no CR, so ``buf``
+        starts at a line start of a fresh event and every line ends at an LF. An LF-ended
+        ``data`` line within ``max_line_bytes`` followed by an empty line is then, per the
+        general path, one data value (one leading space removed) of at most
+        ``max_event_bytes``, dispatched with the default type and the current ``id`` and
+        ``retry``, after which the state is fresh again. Anything else (a comment, another
+        field, several data lines, a bound exceeded, an event not complete yet) stops the
+        loop at that event's first line, where the general path resumes in that same state.
+        """
+        pos = 0
+        end = len(buf)
+        while buf.startswith(b"data:", pos):
+            nl = buf.find(b"\n", pos + 5)
+            if nl == -1 or nl + 1 == end or buf[nl + 1] != 10 or nl - pos > self._max_line:
+                break
+            start = pos + 6 if buf[pos + 5] == 32 else pos + 5  # buf[pos + 5] may be the LF
+            if nl - start >= self._max_event:  # the general path counts len(value) + 1
+                break
+            out.append(SSEEvent(buf[start:nl], "message", self._last_id, self._retry))
+            pos = nl + 2
+        return pos
 
     def _overflow(self, out: list, reason: str) -> None:
         self._reset_event()

@@ -37,6 +37,9 @@ from .protocols.events import (
 
 __all__ = ["Outcome", "RequestTimeline"]
 
+_ANSWER = TokenKind.ANSWER
+_REASONING = TokenKind.REASONING
+
 
 class Outcome(str, Enum):
     OK = "ok"
@@ -123,7 +126,20 @@ class RequestTimeline:
         for ev in events:
             t = type(ev)
             if t is Tokens:
-                self._tokens(ev, now)
+                k = ev.count
+                if k == 1 and self.first_token is not None:
+                    # Steady decode, nearly every event: _tokens' k == 1 branch, inline.
+                    self.gaps.append(now - self.last_token)  # type: ignore[operator]
+                    self.last_token = now
+                    self.stream_tokens += k
+                    kind = ev.kind
+                    if kind is _ANSWER:
+                        if self.first_answer_token is None:
+                            self.first_answer_token = now
+                    elif kind is _REASONING:
+                        self.reasoning_stream_tokens += k
+                else:
+                    self._tokens(ev, now)
             elif t is Usage:
                 self.usage = ev
             elif t is ResponseInfo:

@@ -58,7 +58,8 @@ class UsageEventFilter:
         if self._passthrough:
             return chunk
         # Fast path, nearly every chunk: whole LF-framed events that mention no usage.
-        if not self._held and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b'"usage"' not in chunk:
+        # (`13 in` is a bare memchr, and find() beats `in` for a substring: same answers.)
+        if not self._held and chunk[-2:] == b"\n\n" and 13 not in chunk and chunk.find(b'"usage"') == -1:
             return chunk
         data = self._held + chunk if self._held else chunk
         last = None

@@ -42,7 +42,14 @@ class SSEJSONDialect:
         self._sse = SSEDecoder(max_line_bytes) if max_line_bytes else SSEDecoder()
 
     def feed(self, chunk: bytes) -> list[DialectEvent]:
-        return self._interpret(self._sse.feed(chunk))
+        # Nearly every chunk is one plain event: take its data without building the
+        # SSEEvent and the list that feed() would (SSEDecoder.lone_data says why it is the same).
+        data = self._sse.lone_data(chunk)
+        if data is None:
+            return self._interpret(self._sse.feed(chunk))
+        out: list[DialectEvent] = []
+        self._data(data, "message", out)
+        return out
 
     def close(self) -> list[DialectEvent]:
         return self._interpret(self._sse.close())
@@ -50,25 +57,30 @@ class SSEJSONDialect:
     def _interpret(self, framed: list) -> list[DialectEvent]:
         out: list[DialectEvent] = []
         for ev in framed:
-            if type(ev) is not SSEEvent:
+            if type(ev) is SSEEvent:
+                self._data(ev.data, ev.event, out)
+            else:
                 out.append(ParseError(ev.reason))
-                continue
-            data = ev.data
-            if data == _DONE:
-                out.append(StreamEnd())
-                continue
-            if not data.strip():
-                continue  # an empty data: line carries nothing to measure
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                out.append(ParseError("data is not JSON"))
-                continue
-            if type(obj) is not dict:
-                out.append(ParseError("data is not a JSON object"))
-                continue
-            self._object(obj, ev.event, out)
         return out
+
+    def _data(self, data: bytes, event: str, out: list[DialectEvent]) -> None:
+        """One event's data: ``[DONE]``, nothing (blank), or a JSON object for _object."""
+        if data == _DONE:
+            out.append(StreamEnd())
+            return
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            # Blank data (only ASCII whitespace, which is never valid JSON, so it always
+            # lands here) carries nothing to measure; testing for it after the parse
+            # rather than before spares every good event a strip().
+            if data.strip():
+                out.append(ParseError("data is not JSON"))
+            return
+        if type(obj) is not dict:
+            out.append(ParseError("data is not a JSON object"))
+            return
+        self._object(obj, event, out)
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         raise NotImplementedError

@@ -54,13 +54,12 @@ class OpenAIStreamDialect(SSEJSONDialect):
         self._usage_per_chunk = True
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
-        self._chunk(obj, out)
-
-    def _chunk(self, obj: dict[str, Any], out: list[DialectEvent]) -> None:
-        err = _error_of(obj)
-        if err is not None:
-            out.append(err)
-            return
+        # _error_of finds nothing unless one of these holds; two lookups spare the call.
+        if obj.get("error") is not None or obj.get("object") == "error":
+            err = _error_of(obj)
+            if err is not None:
+                out.append(err)
+                return
         if not self._seen_info:
             self._seen_info = True
             model, rid = obj.get("model"), obj.get("id")
@@ -100,6 +99,20 @@ class OpenAIStreamDialect(SSEJSONDialect):
 def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
     carried more (``grown`` > deltas, one kind only: the surplus goes to that kind)."""
+    if grown is None and len(choices) == 1:
+        # Nearly every chunk: one unfinished choice whose delta holds only content. The
+        # loop below would count one answer token and nothing else; this says so sooner.
+        choice = choices[0]
+        if type(choice) is dict:
+            delta = choice.get("delta")
+            if (
+                type(delta) is dict
+                and len(delta) == 1
+                and delta.get("content")
+                and choice.get("finish_reason") is None
+            ):
+                out.append(_ONE_ANSWER)
+                return 1
     answer = reasoning = tool = 0
     finish: list[str] | None = None
     for choice in choices:
@@ -108,12 +121,16 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
             continue
         delta = choice.get("delta")
         if type(delta) is dict:
-            if delta.get("content") or delta.get("refusal"):
-                answer += 1
-            if delta.get("reasoning_content") or delta.get("reasoning"):
-                reasoning += 1
-            if delta.get("tool_calls") or delta.get("function_call"):
-                tool += 1
+            content = delta.get("content")
+            if content and len(delta) == 1:
+                answer += 1  # the usual delta: no other key, so no other kind to look for
+            else:
+                if content or delta.get("refusal"):
+                    answer += 1
+                if delta.get("reasoning_content") or delta.get("reasoning"):
+                    reasoning += 1
+                if delta.get("tool_calls") or delta.get("function_call"):
+                    tool += 1
         elif choice.get("text"):  # legacy completions
             answer += 1
         reason = choice.get("finish_reason")

@@ -1,0 +1,114 @@
+"""Per-token cost of the measuring path, without any network: ``python -m bench.micro_measure``.
+
+The relay benchmark (``bench.run``) says how much CPU a token costs end to end; this says
+which part of the sidecar's own Python work it goes to, so a change to one part can be
+judged in isolation. Three parts, each fed a typical vLLM chat stream (one whole
+``data: {...}\\n\\n`` event per chunk, as servers flush them):
+
+- observer: ``ResponseObserver.feed`` per chunk (SSE framing, OpenAI dialect, timeline);
+- usage filter: ``UsageEventFilter.feed`` per chunk;
+- metrics: ``SidecarMetrics.started`` + ``record`` of the finished timeline, per token.
+
+Each figure is the best of several repeats (the least disturbed by the rest of the
+machine), in microseconds per token. No figure here is asserted anywhere: timings belong
+in benchmarks, not in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from sidecar.metrics import SidecarMetrics
+from sidecar.observe import ResponseObserver
+from sidecar.routes import match_route
+from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.usage_injection import UsageEventFilter
+
+TOKENS = 200  # tokens per request
+ITL = 0.02  # seconds between tokens (puts every gap in one ITL bucket, as steady decode does)
+
+
+def chunk(i: int) -> bytes:
+    """One vLLM chat-completion chunk carrying one token, framed as its own SSE event."""
+    doc = {
+        "id": "chatcmpl-abc",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": " tok%d" % i}, "logprobs": None, "finish_reason": None}],
+    }
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def _best(fn, requests: int, repeats: int) -> float:
+    """Best of ``repeats`` runs of ``fn(requests)``, in microseconds per token."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(requests)
+        best = min(best, time.perf_counter() - t0)
+    return best / (requests * TOKENS) * 1e6
+
+
+def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
+    route, _ = match_route("/v1/chat/completions", "POST")
+    chunks = [chunk(i) for i in range(TOKENS)]
+    timed = [(c, i * ITL) for i, c in enumerate(chunks)]
+
+    def observer(n: int) -> None:
+        for _ in range(n):
+            tl = RequestTimeline(0.0, "POST", route.template, "m")
+            ob = ResponseObserver(route, tl, "text/event-stream")
+            feed = ob.feed
+            for c, now in timed:
+                feed(c, now)
+            ob.close(TOKENS * ITL)
+
+    def usage_filter(n: int) -> None:
+        for _ in range(n):
+            feed = UsageEventFilter().feed
+            for c in chunks:
+                feed(c)
+
+    def finished_timeline() -> RequestTimeline:
+        tl = RequestTimeline(0.0, "POST", route.template, "m")
+        tl.response_started(0.01, 200, True)
+        ob = ResponseObserver(route, tl, "text/event-stream")
+        for c, now in timed:
+            ob.feed(c, now)
+        ob.close(TOKENS * ITL)
+        tl.finish(Outcome.OK, TOKENS * ITL)
+        return tl
+
+    timelines = [finished_timeline() for _ in range(requests)]
+    metrics = SidecarMetrics(CollectorRegistry())
+
+    def record(n: int) -> None:
+        for tl in timelines[:n]:
+            metrics.started("m", route.template)
+            metrics.record(tl, "m")
+
+    return {
+        "observer": _best(observer, requests, repeats),
+        "usage filter": _best(usage_filter, requests, repeats),
+        "metrics": _best(record, requests, repeats),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--requests", type=int, default=200, help="requests per repeat")
+    parser.add_argument("--repeats", type=int, default=7, help="best of this many repeats")
+    args = parser.parse_args(argv)
+    figures = measure(args.requests, args.repeats)
+    for part, us in figures.items():
+        print(f"{part:<14}{us:8.3f} µs/token")
+    print(f"{'total':<14}{sum(figures.values()):8.3f} µs/token")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""The per-token fast paths against the plain code they shortcut: same output, always.
+
+Each oracle below is the straightforward implementation as it stood before the fast paths
+(kept here verbatim, not imported, so a later edit to the module cannot change both sides):
+
+- the OpenAI dialect, from bytes: general SSE framing only, blank ``data`` skipped before
+  parsing, ``_error_of`` on every object, every delta key looked up;
+- the timeline applying every :class:`Tokens` through ``_tokens``;
+- the usage filter's original fast-path test.
+
+The SSE decoder's own fast paths are compared in ``test_sse_fast_path.py``; the batched
+histogram observation in ``test_metrics_observe_many.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.protocols.events import (
+    DialectEvent,
+    EngineTimings,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    Usage,
+)
+from sidecar.protocols.llamacpp import engine_timings_from_llamacpp
+from sidecar.protocols.openai import OpenAIStreamDialect, _count_choices, _error_of, usage_from_openai
+from sidecar.sse import SSEDecoder, SSEEvent
+from sidecar.timeline import RequestTimeline
+from sidecar.usage_injection import _EVENT_END, UsageEventFilter
+from tests.fixtures.streams.harness import objects_from
+
+FAST = settings(max_examples=300, deadline=None)
+
+# -- the OpenAI dialect ------------------------------------------------------------------------
+
+
+class GeneralOnlyFraming(SSEDecoder):
+    """The dialect's SSE decoder with its fast paths off (never idle): the general path."""
+
+    __slots__ = ()
+
+    def _settle(self) -> None:
+        self._idle = False
+
+
+class OracleOpenAI(OpenAIStreamDialect):
+    """The dialect as it was: ``_interpret`` and ``_chunk`` before the fast paths."""
+
+    __slots__ = ()
+
+    def __init__(self, max_line_bytes: int | None = None) -> None:
+        super().__init__(max_line_bytes)
+        self._sse = GeneralOnlyFraming(max_line_bytes) if max_line_bytes else GeneralOnlyFraming()
+
+    def feed(self, chunk: bytes) -> list[DialectEvent]:
+        return self._oracle_interpret(self._sse.feed(chunk))
+
+    def close(self) -> list[DialectEvent]:
+        return self._oracle_interpret(self._sse.close())
+
+    def _oracle_interpret(self, framed: list) -> list[DialectEvent]:
+        out: list[DialectEvent] = []
+        for ev in framed:
+            if type(ev) is not SSEEvent:
+                out.append(ParseError(ev.reason))
+                continue
+            data = ev.data
+            if data == b"[DONE]":
+                out.append(StreamEnd())
+                continue
+            if not data.strip():
+                continue
+            try:
+                obj = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                out.append(ParseError("data is not JSON"))
+                continue
+            if type(obj) is not dict:
+                out.append(ParseError("data is not a JSON object"))
+                continue
+            self._oracle_chunk(obj, out)
+        return out
+
+    def _oracle_chunk(self, obj: dict[str, Any], out: list[DialectEvent]) -> None:
+        err = _error_of(obj)
+        if err is not None:
+            out.append(err)
+            return
+        if not self._seen_info:
+            self._seen_info = True
+            model, rid = obj.get("model"), obj.get("id")
+            if isinstance(model, str) or isinstance(rid, str):
+                out.append(
+                    ResponseInfo(
+                        response_model=model if isinstance(model, str) else None,
+                        response_id=rid if isinstance(rid, str) else None,
+                    )
+                )
+        usage = obj.get("usage")
+        parsed = usage_from_openai(usage) if usage else None
+        choices = obj.get("choices")
+        if choices:
+            if type(choices) is not list:
+                out.append(ParseError("choices is not a list"))
+            else:
+                grown = None
+                if parsed is None or parsed.output_tokens is None:
+                    if oracle_count_choices(choices, out):
+                        self._usage_per_chunk = False
+                else:
+                    if self._usage_per_chunk:
+                        grown = parsed.output_tokens - self._completion_so_far
+                    oracle_count_choices(choices, out, grown)
+        if parsed is not None:
+            if parsed.output_tokens is not None:
+                self._completion_so_far = parsed.output_tokens
+            out.append(parsed)
+        timings = obj.get("timings")
+        if timings:
+            engine = engine_timings_from_llamacpp(timings)
+            if engine is not None:
+                out.append(engine)
+
+
+def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
+    answer = reasoning = tool = 0
+    finish: list[str] | None = None
+    for choice in choices:
+        if type(choice) is not dict:
+            out.append(ParseError("choice is not an object"))
+            continue
+        delta = choice.get("delta")
+        if type(delta) is dict:
+            if delta.get("content") or delta.get("refusal"):
+                answer += 1
+            if delta.get("reasoning_content") or delta.get("reasoning"):
+                reasoning += 1
+            if delta.get("tool_calls") or delta.get("function_call"):
+                tool += 1
+        elif choice.get("text"):
+            answer += 1
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            if finish is None:
+                finish = []
+            finish.append(reason)
+    if grown is not None and grown > answer + reasoning + tool and (answer > 0) + (reasoning > 0) + (tool > 0) == 1:
+        if answer:
+            answer = grown
+        elif reasoning:
+            reasoning = grown
+        else:
+            tool = grown
+    if reasoning:
+        out.append(Tokens(TokenKind.REASONING, reasoning))
+    if tool:
+        out.append(Tokens(TokenKind.TOOL, tool))
+    if answer:
+        out.append(Tokens(TokenKind.ANSWER, answer))
+    if finish:
+        out.append(ResponseInfo(finish_reasons=tuple(finish)))
+    return answer + reasoning + tool
+
+
+values = st.sampled_from([None, "", "x", " tok", 0, 1, True, False, [], [{}], {}, {"a": 1}, "stop", 5])
+delta = st.fixed_dictionaries(
+    {},
+    optional={
+        k: values
+        for k in ("role", "content", "refusal", "reasoning_content", "reasoning", "tool_calls", "function_call")
+    },
+)
+# What servers send: vLLM's content-only delta, SGLang's delta with every key (mostly null).
+common_delta = st.one_of(
+    st.fixed_dictionaries({"content": values}),
+    st.fixed_dictionaries({"content": values, "reasoning_content": values}),
+    st.fixed_dictionaries({"role": values, "content": values, "reasoning_content": values, "tool_calls": values}),
+    st.fixed_dictionaries({"reasoning_content": values}),
+)
+finish = st.sampled_from(["stop", None, "length", 5, ""])
+choice = st.one_of(
+    st.fixed_dictionaries(
+        {"index": st.just(0), "delta": common_delta, "logprobs": st.none(), "finish_reason": finish}
+    ),
+    st.fixed_dictionaries(
+        {"index": st.integers(0, 2), "delta": delta},
+        optional={"finish_reason": values, "logprobs": st.none(), "text": values},
+    ),
+    st.fixed_dictionaries({"index": st.integers(0, 2), "text": values}, optional={"finish_reason": values}),
+    values,  # not an object at all
+)
+usage = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt_tokens": st.integers(-1, 50),
+            "completion_tokens": st.integers(-1, 50) | st.none(),
+            "completion_tokens_details": st.fixed_dictionaries({}, optional={"reasoning_tokens": st.integers(0, 9)}),
+        },
+    ),
+)
+chunk_object = st.one_of(
+    st.fixed_dictionaries(
+        {"id": st.just("chatcmpl-1"), "object": st.just("chat.completion.chunk"), "model": st.just("m")},
+        optional={
+            "choices": st.lists(choice, min_size=1, max_size=1) | st.lists(choice, max_size=3) | values,
+            "usage": usage,
+            "error": st.sampled_from([None, "boom", {"message": "m", "type": "t", "code": 1}, 3, {}]),
+            "timings": st.sampled_from([None, {}, {"prompt_ms": 1.5, "predicted_ms": 3.0}]),
+        },
+    ),
+    st.fixed_dictionaries({"object": st.sampled_from(["error", "chat.completion.chunk"]), "message": values}),
+    objects_from(["id", "object", "model", "choices", "index", "delta", "content", "reasoning_content",
+                  "reasoning", "tool_calls", "text", "finish_reason", "usage", "completion_tokens",
+                  "prompt_tokens", "error", "message", "type", "code", "timings", "refusal"]),
+)  # fmt: skip
+@FAST
+@given(st.lists(choice, min_size=1, max_size=1) | st.lists(choice, max_size=3), st.none() | st.integers(-2, 6))
+def test_count_choices_equals_the_plain_implementation(choices, grown):
+    got: list = []
+    want: list = []
+    assert _count_choices(choices, got, grown) == oracle_count_choices(choices, want, grown)
+    assert got == want
+
+
+def test_count_choices_fast_shape_with_a_finish_reason_or_growth():
+    """The shape the shortcut takes, except for the one thing it must not skip."""
+    for choices, grown in (
+        ([{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}], None),
+        ([{"index": 0, "delta": {"content": "x"}, "finish_reason": None}], 3),
+        ([{"index": 0, "delta": {"content": "x", "reasoning_content": "y"}, "finish_reason": None}], None),
+        ([{"index": 0, "delta": {"content": "x"}, "finish_reason": 5}], None),
+    ):
+        got: list = []
+        want: list = []
+        assert _count_choices(choices, got, grown) == oracle_count_choices(choices, want, grown)
+        assert got == want
+
+
+event_bytes = st.one_of(
+    chunk_object.map(lambda o: b"data: " + orjson.dumps(o) + b"\n\n"),
+    chunk_object.map(lambda o: b"data: " + json.dumps(o).encode() + b"\n\n"),  # spaced separators
+    st.sampled_from(
+        [
+            b"data: [DONE]\n\n",
+            b"data: \n\n",
+            b"data:  \t \n\n",
+            b"data:\x0b\n\n",
+            b"data: \x0c\n\n",
+            b"data:\ndata:\n\n",  # "\n": blank, skipped
+            b"data: nope\n\n",
+            b"data: [1]\n\n",
+            b"data: {\n\n",
+            b": ping\n\n",
+            b"data: {}\r\n\r\n",
+            b'event: x\ndata: {"choices":[{"delta":{"content":"a"}}]}\n\n',
+        ]
+    ),
+)
+
+
+@FAST
+@given(st.lists(event_bytes, max_size=12), st.data())
+def test_openai_dialect_equals_the_plain_implementation(events, data):
+    fast, oracle = OpenAIStreamDialect(), OracleOpenAI()
+    raw = b"".join(events)
+    if data.draw(st.booleans()):
+        chunks = events  # one event per chunk: the fast path's case
+    else:
+        cuts = sorted(set(data.draw(st.lists(st.integers(0, len(raw)), max_size=8))))
+        chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    for chunk in chunks:
+        assert fast.feed(chunk) == oracle.feed(chunk)
+        assert (fast._seen_info, fast._completion_so_far, fast._usage_per_chunk) == (
+            oracle._seen_info,
+            oracle._completion_so_far,
+            oracle._usage_per_chunk,
+        )
+    assert fast.close() == oracle.close()
+
+
+# -- the timeline ---------------------------------------------------------------------------------
+
+
+class OracleTimeline(RequestTimeline):
+    """``events`` as it was: every Tokens through ``_tokens``."""
+
+    __slots__ = ()
+
+    def events(self, events: list[DialectEvent], now: float) -> None:
+        for ev in events:
+            if type(ev) is Tokens:
+                self._tokens(ev, now)
+            else:
+                super().events([ev], now)
+
+
+kinds = st.sampled_from(list(TokenKind))
+timeline_event = st.one_of(
+    st.builds(Tokens, kinds, st.just(1)),
+    st.builds(Tokens, kinds, st.integers(1, 4)),  # dialects never send 0
+    st.builds(Usage, st.none() | st.integers(0, 9), st.none() | st.integers(0, 9)),
+    st.builds(ResponseInfo, st.none() | st.just("m"), st.none() | st.just("id"), st.just(("stop",))),
+    st.builds(StreamEnd),
+    st.builds(StreamError, st.just("e")),
+    st.builds(ParseError, st.just("p")),
+    st.builds(EngineTimings, st.none() | st.just(0.5)),
+)
+
+
+@FAST
+@given(st.lists(st.tuples(st.lists(timeline_event, max_size=4), st.floats(0, 0.5)), max_size=20))
+def test_timeline_equals_tokens_one_by_one(batches):
+    fast, oracle = RequestTimeline(100.0), OracleTimeline(100.0)
+    now = 100.0
+    for events, step in batches:
+        now += step
+        fast.events(events, now)
+        oracle.events(events, now)
+    for name in RequestTimeline.__slots__:
+        a, b = getattr(fast, name), getattr(oracle, name)
+        assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), name
+        assert type(a) is type(b), name
+
+
+# -- the usage filter ----------------------------------------------------------------------------
+
+
+class OracleFilter(UsageEventFilter):
+    __slots__ = ()
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._passthrough:
+            return chunk
+        if not self._held and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b'"usage"' not in chunk:
+            return chunk
+        data = self._held + chunk if self._held else chunk
+        last = None
+        for last in _EVENT_END.finditer(data):
+            pass
+        if last is None:
+            if len(data) > self._limit:
+                self._passthrough = True
+                self._held = b""
+                return data
+            self._held = data
+            return b""
+        cut = last.end()
+        self._held = data[cut:]
+        complete = data[:cut]
+        if b'"usage"' not in complete or b'"choices"' not in complete:
+            return complete
+        return self._without_usage_events(complete)
+
+
+USAGE_ONLY = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
+filter_piece = st.one_of(
+    event_bytes,
+    st.sampled_from([USAGE_ONLY + b"\n\n", USAGE_ONLY + b"\r\n\r\n", b"\r", b"\n", b"\r\n", b'"usage"', b"x"]),
+)
+
+
+@FAST
+@given(st.lists(filter_piece, max_size=12), st.data())
+def test_usage_filter_equals_the_plain_implementation(pieces, data):
+    fast, oracle = UsageEventFilter(max_held_bytes=200), OracleFilter(max_held_bytes=200)
+    raw = b"".join(pieces)
+    if data.draw(st.booleans()):
+        chunks = pieces
+    else:
+        cuts = sorted(set(data.draw(st.lists(st.integers(0, len(raw)), max_size=8))))
+        chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    for chunk in chunks:
+        assert fast.feed(chunk) == oracle.feed(chunk)
+    assert fast.close() == oracle.close()
+    assert fast.dropped == oracle.dropped
+
+
+def test_usage_filter_cr_before_a_final_blank_line():
+    """Ends in LF LF but holds a CR: the plain implementation takes its general path here."""
+    for chunk in (b"data: a\n\r\n\n", b"data: a\r\n\n", b"data: a\rdata: b\n\n"):
+        fast, oracle = UsageEventFilter(), OracleFilter()
+        assert fast.feed(chunk) == oracle.feed(chunk)
+        assert fast.close() == oracle.close()
