@@ -106,17 +106,30 @@ class ResponseParser:
         """The connection may carry another request once this response is done."""
         return self.done and not self.trailing and self.head is not None and self.head.keep_alive
 
-    def feed(self, data: bytes) -> list[bytes]:
-        state = self._state
-        # The hot path: a whole chunk, alone in its read, while between chunks: the shape of
-        # almost every read of a token stream ("1a3\r\n" + event + "\r\n").
-        if state == _SIZE and not self._buf:
-            eol = data.find(_CRLF, 0, _MAX_SIZE_LINE)
+    def whole_chunk(self, data: bytes) -> bytes | None:
+        """The hot path: when ``data`` is exactly one whole chunk and the parser is between
+        chunks, its payload (the parser's state is then unchanged: it is between chunks
+        again); else None and nothing happened, so call :meth:`feed`.
+
+        This is the shape of almost every read of a token stream ("1a3\r\n" + event +
+        "\r\n"). It also tells the relay that ``data`` is a complete, well-formed chunk
+        with no extension, which it may pass on to a chunked client as it is.
+        """
+        if self._state == _SIZE and not self._buf:
+            eol = data.find(_CRLF, 0, 17)
             if 0 < eol <= 15 and _HEX.issuperset(data[:eol]):  # no extension: else _chunk_size
                 size = int(data[:eol], 16)
                 end = eol + 2 + size
                 if size and len(data) == end + 2 and data[end:] == _CRLF:
-                    return [data[eol + 2 : end]]
+                    return data[eol + 2 : end]
+        return None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        state = self._state
+        if state == _SIZE and not self._buf:
+            piece = self.whole_chunk(data)
+            if piece is not None:
+                return [piece]
         elif state == _LENGTH and len(data) < self._remaining:
             self._remaining -= len(data)
             return [data] if data else []

@@ -468,15 +468,31 @@ class _Relay:
             return
         self._observer.feed(piece, now)
 
+    def chunk(self, frame: bytes, piece: bytes) -> None:
+        """A read that was one whole, well-formed chunk: when the filter lets the piece
+        through unchanged and the client's response is chunked too, the upstream's frame
+        is already the right bytes, so it goes out as received: no re-framing copy."""
+        now = self._clock()
+        if self.ended is not None:
+            return
+        out = piece if self._filter is None else self._filter.feed(piece)
+        if out is piece and self._chunked:
+            if not self._write_framed(frame):
+                return
+        elif out and not self.write(out):
+            return
+        self._observer.feed(piece, now)
+
     def write(self, data: bytes) -> bool:
         """Write to the client; False (and the relay ends) when the client is gone."""
+        return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+
+    def _write_framed(self, data: bytes) -> bool:
         transport = self._transport
         if transport.is_closing():
             self._conn.close()  # stop the server generating for nobody
             self._end(_CLIENT_GONE)
             return False
-        if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
         transport.write(data)
         self.sent += len(data)
         if not self.paused and transport.get_write_buffer_size() > _HIGH_WATER:

@@ -83,6 +83,10 @@ class BodySink(Protocol):
     def body(self, piece: bytes) -> None:
         """One decoded piece of the body, as soon as its read arrived."""
 
+    def chunk(self, frame: bytes, piece: bytes) -> None:
+        """Like :meth:`body`, for a read that was exactly one well-formed chunk: ``frame``
+        is that chunk as received (size line, ``piece``, CRLF)."""
+
     def end(self, error: str | None) -> None:
         """Called exactly once: ``None`` when the body is complete, else the error_type
         (``upstream_disconnected``, ``upstream_read_timeout``, ``upstream_invalid_response``)."""
@@ -124,8 +128,13 @@ class UpstreamConnection(asyncio.Protocol):
         sink = self._sink
         if sink is not None:
             # The hot path: decode the framing and hand the body on, nothing else.
+            parser = self._parser
             try:
-                for piece in self._parser.feed(data):  # type: ignore[union-attr]
+                piece = parser.whole_chunk(data)  # type: ignore[union-attr]
+                if piece is not None:
+                    sink.chunk(data, piece)
+                    return
+                for piece in parser.feed(data):  # type: ignore[union-attr]
                     sink.body(piece)
             except ProtocolError as exc:
                 for piece in exc.pieces:  # the valid bytes before the fault still go through

@@ -221,6 +221,7 @@ class Sink:
         self.pieces: list[bytes] = []
         self.times: list[float] = []
         self.ends: list[str | None] = []
+        self.frames: list[bytes] = []
         self.end_time: float | None = None
         self._done = asyncio.Event()
         self._on_body = on_body
@@ -230,6 +231,12 @@ class Sink:
         self.times.append(self._loop.time())
         if self._on_body is not None:
             self._on_body(piece)
+
+    def chunk(self, frame: bytes, piece: bytes) -> None:
+        # The frame is the whole chunk as received, around exactly this piece.
+        assert frame == b"%x\r\n%b\r\n" % (len(piece), piece) or frame.endswith(b"\r\n" + piece + b"\r\n")
+        self.frames.append(frame)
+        self.body(piece)
 
     def end(self, error: str | None) -> None:
         self.ends.append(error)

@@ -1010,3 +1010,35 @@ def test_protocol_error_carries_the_body_decoded_before_the_fault():
     with pytest.raises(ProtocolError) as info:
         parser.feed(b"4\r\ngood\r\n3\r\nok!\r\nzz\r\nbad\r\n")
     assert info.value.pieces == [b"good", b"ok!"]
+
+
+@pytest.mark.parametrize(
+    "read, piece",
+    [
+        (b"5\r\nhello\r\n", b"hello"),
+        (b"0005\r\nhello\r\n", b"hello"),  # leading zeros: still one well-formed chunk
+        (b"A\r\n0123456789\r\n", b"0123456789"),
+        (b"5;ext=1\r\nhello\r\n", None),  # an extension: only the general path knows them
+        (b"5\r\nhello\r\n3\r\nabc\r\n", None),  # two chunks
+        (b"5\r\nhel", None),  # part of one
+        (b"0\r\n\r\n", None),  # the last chunk ends the body: not a piece
+        (b"5\r\nhelloXY", None),  # bad chunk end: for feed() to refuse
+        (b"+5\r\nhello\r\n", None),
+        (b"1_0\r\n0123456789abcdef\r\n", None),  # int() would accept the underscore
+    ],
+)
+def test_whole_chunk_answers_only_for_exactly_one_well_formed_chunk(read, piece):
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert parser.whole_chunk(read) == piece
+    # Either way the parser's state is unchanged: feeding a chunk afterwards works.
+    assert parser.feed(b"3\r\nabc\r\n") == [b"abc"]
+    assert parser.whole_chunk(b"3\r\nabc\r\n") == b"abc"
+
+
+def test_whole_chunk_is_none_outside_chunked_bodies():
+    parser = ResponseParser()
+    assert parser.whole_chunk(b"5\r\nhello\r\n") is None  # still in the head
+    parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n")
+    assert parser.whole_chunk(b"5\r\nhello\r\n") is None
+    assert parser.feed(b"5\r\nhello\r\n") == [b"5\r\nhello\r\n"]

@@ -1,0 +1,129 @@
+"""The relay's body sink (``sidecar.proxy._Relay``) with fake transports: what it writes to
+the client for each shape of read, before it measures. No sockets: the integration tests
+cover the same path end to end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sidecar.observe import ResponseObserver
+from sidecar.proxy import _Relay
+from sidecar.routes import match_route
+from sidecar.timeline import RequestTimeline
+from sidecar.usage_injection import UsageEventFilter
+
+
+class Transport:
+    def __init__(self, closing: bool = False, buffered: int = 0) -> None:
+        self.written: list[bytes] = []
+        self.closing = closing
+        self.buffered = buffered
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+
+class Writer:
+    def __init__(self, chunked: bool) -> None:
+        self.chunked = chunked
+
+
+class Request:
+    def __init__(self, transport: Transport, chunked: bool) -> None:
+        self.transport = transport
+        self.writer = Writer(chunked)
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.closed = False
+        self.paused = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
+
+
+def _relay(transport: Transport, chunked: bool = True, hide_usage: bool = False):
+    route, _ = match_route("/v1/chat/completions", "POST")
+    timeline = RequestTimeline(0.0, "POST", route.template, "m")
+    observer = ResponseObserver(route, timeline, "text/event-stream")
+    conn = Conn()
+    relay = _Relay(Request(transport, chunked), conn, observer, UsageEventFilter() if hide_usage else None, lambda: 1.0)
+    return relay, conn, timeline
+
+
+@pytest.mark.parametrize("hide_usage", [False, True])
+def test_a_whole_chunk_goes_out_as_received(hide_usage):
+    transport = Transport()
+    relay, _, timeline = _relay(transport, hide_usage=hide_usage)
+    frame = b"%08X\r\n%b\r\n" % (len(EVENT), EVENT)  # unusual but valid: upper case, zeros
+    relay.chunk(frame, EVENT)
+    assert transport.written == [frame]
+    assert transport.written[0] is frame  # not a copy
+    assert timeline.stream_tokens == 1  # measured after the write
+
+
+def test_a_chunk_the_filter_changes_is_reframed():
+    transport = Transport()
+    relay, _, timeline = _relay(transport, hide_usage=True)
+    piece = EVENT + USAGE
+    relay.chunk(b"%x\r\n%b\r\n" % (len(piece), piece), piece)
+    assert transport.written == [b"%x\r\n%b\r\n" % (len(EVENT), EVENT)]
+    assert timeline.usage is not None  # the observer still saw the usage the client did not
+
+
+def test_a_client_response_that_is_not_chunked_gets_the_bare_piece():
+    transport = Transport()
+    relay, _, _ = _relay(transport, chunked=False)
+    relay.chunk(b"%x\r\n%b\r\n" % (len(EVENT), EVENT), EVENT)
+    relay.body(EVENT)
+    assert transport.written == [EVENT, EVENT]
+
+
+def test_a_gone_client_ends_the_relay_and_closes_the_upstream():
+    transport = Transport(closing=True)
+    relay, conn, timeline = _relay(transport)
+    relay.chunk(b"%x\r\n%b\r\n" % (len(EVENT), EVENT), EVENT)
+    assert transport.written == [] and conn.closed
+    assert relay.ended == "client_disconnected"
+    assert timeline.stream_tokens == 0
+    relay.body(EVENT)  # anything later is dropped
+    assert transport.written == []
+
+
+def test_a_full_client_buffer_pauses_the_upstream():
+    transport = Transport(buffered=1 << 20)
+    relay, conn, _ = _relay(transport)
+    relay.body(EVENT)
+    assert conn.paused and relay.paused
+    assert transport.written  # the piece itself was still written
+
+
+def test_run_returns_how_the_body_ended():
+    async def main():
+        transport = Transport()
+        relay, _, _ = _relay(transport)
+
+        class PushingConn(Conn):
+            def push(self, sink):
+                asyncio.get_running_loop().call_soon(sink.end, "upstream_read_timeout")
+
+        relay._conn = PushingConn()
+        return await relay.run()
+
+    assert asyncio.run(main()) == "upstream_read_timeout"
