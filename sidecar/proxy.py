@@ -308,10 +308,16 @@ class Proxy:
             # Streamed. A declared length is within the limit already; a chunked body is
             # counted as it streams.
             return _BoundedBody(request.content, self._max_body, self.client_body_timeout), None, False
-        parts: list[bytes] = []
-        while chunk := await _read_some(request.content, self.client_body_timeout):
-            parts.append(chunk)
-        body = b"".join(parts)
+        content = request.content
+        if content.is_eof():
+            # The usual case: the whole (small) body came in with the head, so it is all
+            # buffered already; take it without a wait and its timer.
+            body = content.read_nowait()
+        else:
+            parts: list[bytes] = []
+            while chunk := await _read_some(content, self.client_body_timeout):
+                parts.append(chunk)
+            body = b"".join(parts)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
