@@ -160,10 +160,11 @@ class UpstreamConnection(asyncio.Protocol):
         except ProtocolError as exc:
             if parser.head is None:
                 self._fail_head(_invalid(exc))
-            else:  # the head is out already: the body is what broke
-                self._early.extend(exc.pieces)
-                self._end("upstream_invalid_response")
-            return
+                return
+            # The head is complete: the body is what broke. The head still goes to the
+            # relay, then every valid byte, then the cut.
+            self._early.extend(exc.pieces)
+            self._end("upstream_invalid_response")
         if parser.done:
             self._cancel_timer()  # complete: nothing left to time out while push() is pending
         if parser.head is not None and self._head_waiter is not None:
