@@ -145,6 +145,7 @@ def _error_type(t: RequestTimeline) -> str | None:
     Values: the HTTP status as a string for an upstream 5xx (and, as HTTP client spans
     do, a 4xx); otherwise the sidecar's own cause: ``upstream_unreachable``,
     ``upstream_timeout``, ``upstream_disconnected``, ``upstream_read_timeout``,
+    ``upstream_invalid_response`` (the upstream broke HTTP/1.1 framing),
     ``stream_error`` (an error event inside a 200 stream), ``internal``. A cancelled request
     is not an error (the client left; ``llm_sidecar.cancelled`` says so).
     """
