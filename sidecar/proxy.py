@@ -24,7 +24,7 @@ Faults map to what a client can act on:
 
 Framing is never relayed as received: aiohttp's parser has already refused conflicting or
 obfuscated ``Content-Length``/``Transfer-Encoding`` (see :mod:`sidecar.app`), the body is
-decoded, and the upstream request is framed afresh by the client library. An HTTP/1.0
+decoded, and the upstream request is framed afresh (:mod:`sidecar.upstream`). An HTTP/1.0
 request that carries ``Transfer-Encoding`` is refused with 400 (RFC 9112 section 6.1: its
 framing is faulty), a transfer coding other than plain ``chunked`` with 501 (section 6.1
 again: aiohttp would not decode it), and the connection is closed after either.
@@ -142,29 +142,25 @@ class _BodyRefused(Exception):
 
 
 class _BoundedBody:
-    """A streamed request body held to the size and idle-time limits. Past one, the
-    upstream request fails (its body is cut off, so the upstream never sees a complete
-    request) and the proxy answers with ``refused`` instead of 502."""
+    """A streamed request body held to the size and idle-time limits. Past one, sending
+    it raises :class:`_BodyRefused` out of the upstream request (its body is cut off, so
+    the upstream never sees a complete request) and the proxy answers with the refusal
+    instead of 502."""
 
-    __slots__ = ("_content", "_limit", "_timeout", "refused")
+    __slots__ = ("_content", "_limit", "_timeout")
 
     def __init__(self, content: aiohttp.StreamReader, limit: int, timeout: float) -> None:
         self._content = content
         self._limit = limit
         self._timeout = timeout
-        self.refused: tuple[int, str, str] | None = None
 
     async def __aiter__(self):
         seen = 0
         while True:
-            try:
-                chunk = await _read_some(self._content, self._timeout)
-                seen += len(chunk)
-                if seen > self._limit:
-                    raise _BodyRefused(_too_large(self._limit))
-            except _BodyRefused as exc:
-                self.refused = exc.refusal
-                raise
+            chunk = await _read_some(self._content, self._timeout)
+            seen += len(chunk)
+            if seen > self._limit:
+                raise _BodyRefused(_too_large(self._limit))
             if not chunk:
                 return
             yield chunk
