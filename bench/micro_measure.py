@@ -2,11 +2,10 @@
 
 The relay benchmark (``bench.run``) says how much CPU a token costs end to end; this says
 which part of the sidecar's own Python work it goes to, so a change to one part can be
-judged in isolation. Three parts, each fed a typical vLLM chat stream (one whole
+judged in isolation. Two parts, each fed a typical vLLM chat stream (one whole
 ``data: {...}\\n\\n`` event per chunk, as servers flush them):
 
 - observer: ``ResponseObserver.feed`` per chunk (SSE framing, OpenAI dialect, timeline);
-- usage filter: ``UsageEventFilter.feed`` per chunk;
 - metrics: ``SidecarMetrics.started`` + ``record`` of the finished timeline, per token.
 
 Each figure is the best of several repeats (the least disturbed by the rest of the
@@ -26,7 +25,6 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.observe import ResponseObserver
 from sidecar.routes import match_route
 from sidecar.timeline import Outcome, RequestTimeline
-from sidecar.usage_injection import UsageEventFilter
 
 TOKENS = 200  # tokens per request
 ITL = 0.02  # seconds between tokens (puts every gap in one ITL bucket, as steady decode does)
@@ -68,12 +66,6 @@ def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
                 feed(c, now)
             ob.close(TOKENS * ITL)
 
-    def usage_filter(n: int) -> None:
-        for _ in range(n):
-            feed = UsageEventFilter().feed
-            for c in chunks:
-                feed(c)
-
     def finished_timeline() -> RequestTimeline:
         tl = RequestTimeline(0.0, "POST", route.template, "m")
         tl.response_started(0.01, 200, True)
@@ -94,7 +86,6 @@ def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
 
     return {
         "observer": _best(observer, requests, repeats),
-        "usage filter": _best(usage_filter, requests, repeats),
         "metrics": _best(record, requests, repeats),
     }
 

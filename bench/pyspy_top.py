@@ -31,7 +31,6 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("observe: dialect + JSON decode", ("Dialect.", "_count_choices", "orjson")),
     ("observe: timeline", ("RequestTimeline.",)),
     ("observe: other", ("ResponseObserver.feed",)),
-    ("usage-event filter", ("UsageEventFilter.",)),
     ("metrics at request end", ("SidecarMetrics.", "Proxy._safely", "observe_many")),
     ("relay: write to client", ("_Relay.write", "_Relay._write_framed")),
     ("relay: upstream framing", ("ResponseParser.", "UpstreamConnection.data_received")),

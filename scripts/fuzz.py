@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The suite's fuzz properties, run much longer: every stream dialect and JSON parser of the
-route table, the observer, the SSE decoder and the usage-event filter, over hostile bytes at
+route table, the observer, and the SSE decoder, over hostile bytes at
 any split points (see ``tests/unit/test_fuzz_dialects.py`` for the properties and the byte mix).
 
 Hypothesis by default (``--examples`` per property); with ``--atheris`` (if the ``atheris``
@@ -23,8 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sidecar.usage_injection import UsageEventFilter  # noqa: E402
-from tests.fixtures.streams.harness import split_at  # noqa: E402
 from tests.unit.test_fuzz_dialects import (  # noqa: E402
     JSON_ROUTES,
     STREAM_ROUTES,
@@ -37,26 +35,6 @@ from tests.unit.test_fuzz_dialects import (  # noqa: E402
     prop_observer,
     prop_sse,
 )
-
-
-def prop_usage_filter(data: bytes, cuts: list[int], limit: int) -> None:
-    """Relayed bytes do not depend on the split while events fit the hold limit, and only
-    whole usage-only events are ever dropped.
-
-    Past the limit the filter stops holding and relays everything from there on, so what
-    it relays then depends on where the reads fell, by design: an unfiltered usage event
-    may reach the client, but no other byte is ever lost (hence ``>=``).
-    """
-    whole = UsageEventFilter(limit)
-    expected = whole.feed(data) + whole.close()
-    f = UsageEventFilter(limit)
-    got = b"".join(f.feed(c) for c in split_at(data, cuts)) + f.close()
-    if len(data) <= limit:
-        assert got == expected
-    else:
-        assert len(data) >= len(got) >= len(expected)
-    if not whole.dropped and not f.dropped:
-        assert got == data
 
 
 def hypothesis_run(examples: int) -> None:
@@ -85,13 +63,7 @@ def hypothesis_run(examples: int) -> None:
         raw = data.draw(hostile_bytes)
         prop_sse(raw, data.draw(cuts_for(raw)), max_line)
 
-    @cfg
-    @given(st.data(), st.sampled_from([16, 256, 1 << 20]))
-    def usage_filter(data, limit):
-        raw = data.draw(hostile_bytes)
-        prop_usage_filter(raw, data.draw(cuts_for(raw)), limit)
-
-    for prop in (dialects, observer, json_bodies, sse, usage_filter):
+    for prop in (dialects, observer, json_bodies, sse):
         t0 = time.monotonic()
         prop()
         print(f"{prop.__name__:<14} {examples} examples  {time.monotonic() - t0:6.1f} s  ok", flush=True)
@@ -111,7 +83,6 @@ def atheris_run(seconds: float) -> None:
         prop_dialect(template, data, cuts, max_line)
         prop_observer(template, data, cuts, max_line)
         prop_sse(data, cuts, max_line)
-        prop_usage_filter(data, cuts, 256)
         prop_json(JSON_ROUTES[len(data) % len(JSON_ROUTES)], data)
 
     atheris.Setup([sys.argv[0], f"-max_total_time={int(seconds)}"], one_input)

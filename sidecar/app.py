@@ -114,7 +114,6 @@ def build_sidecar(
         max_request_body_bytes=settings.max_request_body_bytes,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
-        inject_stream_usage=settings.inject_stream_usage,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
     sc = Sidecar(settings, registry, metrics, proxy)

@@ -82,10 +82,11 @@ class Settings(BaseModel):
     max_response_inspect_bytes: int = Field(
         16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
     )
-    inject_stream_usage: bool = Field(
-        True,
-        description="Ask OpenAI-style streams for usage when the client did not, and hide that "
-        "extra event from the client, so token counts are exact",
+    inject_stream_usage: Literal[False] = Field(
+        False,
+        description="Removed: the sidecar never rewrites a request, not even to ask for usage "
+        "(real servers answer such a request with other changes too). Kept so old config files "
+        "that say false still load; true is refused",
     )
     max_request_body_bytes: int = Field(
         64 << 20,

@@ -48,7 +48,6 @@ from .observe import ResponseObserver
 from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
-from .usage_injection import UsageEventFilter, request_with_usage
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response", "CLIENT_BODY_TIMEOUT"]
 
@@ -195,7 +194,6 @@ class Proxy:
         client_body_timeout: float = CLIENT_BODY_TIMEOUT,
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
-        inject_stream_usage: bool = True,
         tracer: RequestTracer | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -208,7 +206,6 @@ class Proxy:
         self.client_body_timeout = client_body_timeout
         self._max_json = max_response_inspect_bytes
         self._max_line = max_line_bytes
-        self._inject_usage = inject_stream_usage
         self._tracer = tracer
         self._clock = clock
         self.in_flight = 0
@@ -217,10 +214,10 @@ class Proxy:
         start = self._clock()
         route, model = match_route(request.path, request.method)
         refusal = self._refusal(request)
-        body, doc, injected = None, None, False
+        body, doc = None, None
         if refusal is None:
             try:
-                body, doc, injected = await self._request_body(request, route)
+                body, doc = await self._request_body(request, route)
             except _BodyRefused as exc:
                 refusal = exc.refusal
         if doc is not None:
@@ -241,7 +238,7 @@ class Proxy:
             if refusal is not None:
                 outcome, error_type, response = self._refuse(timeline, *refusal)
             else:
-                outcome, error_type, response = await self._relay(request, route, body, timeline, injected)
+                outcome, error_type, response = await self._relay(request, route, body, timeline)
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, "client_disconnected"
@@ -289,21 +286,21 @@ class Proxy:
         return Outcome.OK, None, response
 
     async def _request_body(self, request: web.Request, route: Route):
-        """The body to forward, the request's JSON object on known API routes (else None),
-        and whether usage reporting was added to the forwarded body.
+        """The body to forward (exactly as the client sent it) and the request's JSON object
+        on known API routes (else None).
 
         A known API route's JSON body is read whole (bounded by ``max_request_inspect_bytes``)
         so the model can label the figures: the server needs the whole JSON before it can
         start anyway, so this adds no time to first token. Every other body is streamed.
-        See usage_injection for the last value.
+        The body is never rewritten (not even to ask for usage): see DESIGN, "Where it sits".
         """
         if not request.body_exists:
-            return None, None, False
+            return None, None
         length = request.content_length
         if route is OTHER or request.method != "POST" or length is None or length > self._max_inspect:
             # Streamed. A declared length is within the limit already; a chunked body is
             # counted as it streams.
-            return _BoundedBody(request.content, self._max_body, self.client_body_timeout), None, False
+            return _BoundedBody(request.content, self._max_body, self.client_body_timeout), None
         content = request.content
         if content.is_eof():
             # The usual case: the whole (small) body came in with the head, so it is all
@@ -317,14 +314,8 @@ class Proxy:
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return body, None, False
-        if type(doc) is not dict:
-            return body, None, False
-        if self._inject_usage and route.usage_injectable:
-            rewritten = request_with_usage(doc)
-            if rewritten is not None:
-                return orjson.dumps(rewritten), doc, True
-        return body, doc, False
+            return body, None
+        return body, (doc if type(doc) is dict else None)
 
     def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
         headers = _filter_headers(request.headers, _NOT_FORWARDED_TO_UPSTREAM)
@@ -342,7 +333,7 @@ class Proxy:
 
     # -- response ----------------------------------------------------------------------
 
-    async def _relay(self, request: web.Request, route: Route, body, timeline: RequestTimeline, injected: bool):
+    async def _relay(self, request: web.Request, route: Route, body, timeline: RequestTimeline):
         target = request.raw_path
         if not target.startswith("/"):
             # Absolute form (GET http://host/path): only its path and query are ours to use;
@@ -358,7 +349,7 @@ class Proxy:
         except UpstreamError as exc:
             return self._fail(timeline, exc.status, exc.kind, str(exc))
         try:
-            return await self._stream(request, route, conn, timeline, injected)
+            return await self._stream(request, route, conn, timeline)
         finally:
             # A complete keep-alive response returns the connection to the pool; anything
             # else closes it, which is how the server learns to stop generating for a gone
@@ -369,7 +360,7 @@ class Proxy:
         timeline.response_started(self._clock(), status, streamed=False)
         return Outcome.ERROR, kind, error_response(status, kind, message)
 
-    async def _stream(self, request, route, conn: UpstreamConnection, timeline, injected: bool):
+    async def _stream(self, request, route, conn: UpstreamConnection, timeline):
         now = self._clock()
         head = conn.head
         upstream_headers = CIMultiDict(head.headers)
@@ -388,21 +379,11 @@ class Proxy:
         if request.transport is None or request.transport.is_closing():
             return Outcome.CANCELLED, "client_disconnected", response
 
-        # The client did not ask for usage, we did: drop the usage event it never asked for.
-        hide_usage = (
-            UsageEventFilter()
-            if injected and observer.streaming and "Content-Length" not in upstream_headers
-            else None
-        )
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = "upstream_status" if head.status >= 500 else None
-        relay = _Relay(request, conn, observer, hide_usage, self._clock)
+        relay = _Relay(request, conn, observer, self._clock)
         try:
             ended = await relay.run()
-            if ended != _CLIENT_GONE and hide_usage is not None:
-                held = hide_usage.close()  # never lose a byte, even of a broken stream
-                if held and not relay.write(held):
-                    ended = _CLIENT_GONE
         finally:
             request.writer.output_size += relay.sent
             observer.close(self._clock())
@@ -446,14 +427,13 @@ class _Relay:
     client drained it.
     """
 
-    __slots__ = ("_request", "_transport", "_conn", "_observer", "_filter", "_clock", "_chunked", "_waiter", "ended", "paused", "sent")
+    __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "ended", "paused", "sent")
 
-    def __init__(self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, hide_usage, clock) -> None:
+    def __init__(self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, clock) -> None:
         self._request = request
         self._transport = request.transport
         self._conn = conn
         self._observer = observer
-        self._filter = hide_usage
         self._clock = clock
         self._chunked = request.writer.chunked
         self._waiter: asyncio.Future | None = None
@@ -465,23 +445,18 @@ class _Relay:
         now = self._clock()
         if self.ended is not None:
             return
-        out = piece if self._filter is None else self._filter.feed(piece)
-        if out and not self.write(out):
+        if piece and not self.write(piece):
             return
         self._observer.feed(piece, now)
 
     def chunk(self, frame: bytes, piece: bytes) -> None:
-        """A read that was one whole, well-formed chunk: when the filter lets the piece
-        through unchanged and the client's response is chunked too, the upstream's frame
-        is already the right bytes, so it goes out as received: no re-framing copy."""
+        """A read that was one whole, well-formed chunk: when the client's response is
+        chunked too, the upstream's frame is already the right bytes, so it goes out as
+        received: no re-framing copy."""
         now = self._clock()
         if self.ended is not None:
             return
-        out = piece if self._filter is None else self._filter.feed(piece)
-        if out is piece and self._chunked:
-            if not self._write_framed(frame):
-                return
-        elif out and not self.write(out):
+        if not (self._write_framed(frame) if self._chunked else self.write(piece)):
             return
         self._observer.feed(piece, now)
 

@@ -28,7 +28,6 @@ class Route:
     stream_dialect: Callable[..., object] | None = None  # SSE/NDJSON bytes -> events
     json_parser: Callable[[bytes], list] | None = None  # whole JSON response -> events
     model_from_path: bool = False
-    usage_injectable: bool = False  # OpenAI stream_options.include_usage is understood
     stream_mime: str = "text/event-stream"  # Ollama streams NDJSON instead
 
     @property
@@ -41,8 +40,8 @@ OTHER = Route("other", "other")
 ROUTES: dict[str, Route] = {
     r.template: r
     for r in (
-        Route("/v1/chat/completions", "chat", OpenAIStreamDialect, parse_openai_response, usage_injectable=True),
-        Route("/v1/completions", "text_completion", OpenAIStreamDialect, parse_openai_response, usage_injectable=True),
+        Route("/v1/chat/completions", "chat", OpenAIStreamDialect, parse_openai_response),
+        Route("/v1/completions", "text_completion", OpenAIStreamDialect, parse_openai_response),
         Route("/v1/responses", "chat", ResponsesStreamDialect, parse_responses_response),
         Route("/v1/messages", "chat", AnthropicStreamDialect, parse_anthropic_response),
         Route("/generate_stream", "text_completion", TGIStreamDialect, parse_tgi_response),

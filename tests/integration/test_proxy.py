@@ -114,7 +114,7 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
 
 
-async def test_usage_is_requested_for_the_client_and_hidden_from_it(upstream, sidecar_factory):
+async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(upstream, sidecar_factory):
     seen: list[dict] = []
 
     async def handler(request):
@@ -126,16 +126,20 @@ async def test_usage_is_requested_for_the_client_and_hidden_from_it(upstream, si
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", handler))
     sc = await sidecar_factory(up.url)
     body, _, _ = await post_stream(sc.url + "/v1/chat/completions", {"model": "m1", "stream": True, "messages": []})
-    assert seen[0]["stream_options"] == {"include_usage": True}
+    assert seen[0] == {"model": "m1", "stream": True, "messages": []}  # never asked for usage
     assert body == b"".join(data for _, data in STREAM if data != USAGE)
     labels = {"model": "m1", "route": "/v1/chat/completions"}
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
-    assert sc.sample("llm_tokens_total", type="input", **labels) == 7
+    assert not sc.sample("llm_tokens_total", type="input", **labels)
 
-    sc2 = await sidecar_factory(up.url, inject_stream_usage=False)
-    body, _, _ = await post_stream(sc2.url + "/v1/chat/completions", {"model": "m1", "stream": True, "messages": []})
-    assert "stream_options" not in seen[1]
-    assert body == b"".join(data for _, data in STREAM if data != USAGE)
+    body, _, _ = await post_stream(
+        sc.url + "/v1/chat/completions",
+        {"model": "m1", "stream": True, "messages": [], "stream_options": {"include_usage": True}},
+    )
+    assert seen[1]["stream_options"] == {"include_usage": True}
+    assert body == b"".join(data for _, data in STREAM)
+    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 2)
+    assert sc.sample("llm_tokens_total", type="input", **labels) == 7
 
 
 async def test_chunks_are_relayed_as_they_arrive_not_buffered(upstream, sidecar_factory):

@@ -63,7 +63,7 @@ async def test_broken_chunk_mid_stream_truncates_after_every_valid_byte(sidecar_
     answer = CHUNK_HEAD + b"%x\r\n%b\r\n" % (len(EVENT), EVENT) + b"%x\r\n%b\r\nzz\r\n" % (len(EVENT), EVENT)
     server, url = await raw_upstream(answer)
     async with server:
-        sc = await sidecar_factory(url, inject_stream_usage=False)
+        sc = await sidecar_factory(url)
         received = b""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
             async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:

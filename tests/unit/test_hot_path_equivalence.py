@@ -5,8 +5,7 @@ Each oracle below is the straightforward implementation as it stood before the f
 
 - the OpenAI dialect, from bytes: general SSE framing only, blank ``data`` skipped before
   parsing, ``_error_of`` on every object, every delta key looked up;
-- the timeline applying every :class:`Tokens` through ``_tokens``;
-- the usage filter's original fast-path test.
+- the timeline applying every :class:`Tokens` through ``_tokens``.
 
 The SSE decoder's own fast paths are compared in ``test_sse_fast_path.py``; the batched
 histogram observation in ``test_metrics_observe_many.py``.
@@ -37,7 +36,6 @@ from sidecar.protocols.llamacpp import engine_timings_from_llamacpp
 from sidecar.protocols.openai import OpenAIStreamDialect, _count_choices, _error_of, usage_from_openai
 from sidecar.sse import SSEDecoder, SSEEvent
 from sidecar.timeline import RequestTimeline
-from sidecar.usage_injection import _EVENT_END, UsageEventFilter
 from tests.fixtures.streams.harness import objects_from
 
 FAST = settings(max_examples=300, deadline=None)
@@ -333,64 +331,3 @@ def test_timeline_equals_tokens_one_by_one(batches):
         a, b = getattr(fast, name), getattr(oracle, name)
         assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), name
         assert type(a) is type(b), name
-
-
-# -- the usage filter ----------------------------------------------------------------------------
-
-
-class OracleFilter(UsageEventFilter):
-    __slots__ = ()
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self._passthrough:
-            return chunk
-        if not self._held and chunk[-2:] == b"\n\n" and b"\r" not in chunk and b'"usage"' not in chunk:
-            return chunk
-        data = self._held + chunk if self._held else chunk
-        last = None
-        for last in _EVENT_END.finditer(data):
-            pass
-        if last is None:
-            if len(data) > self._limit:
-                self._passthrough = True
-                self._held = b""
-                return data
-            self._held = data
-            return b""
-        cut = last.end()
-        self._held = data[cut:]
-        complete = data[:cut]
-        if b'"usage"' not in complete or b'"choices"' not in complete:
-            return complete
-        return self._without_usage_events(complete)
-
-
-USAGE_ONLY = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
-filter_piece = st.one_of(
-    event_bytes,
-    st.sampled_from([USAGE_ONLY + b"\n\n", USAGE_ONLY + b"\r\n\r\n", b"\r", b"\n", b"\r\n", b'"usage"', b"x"]),
-)
-
-
-@FAST
-@given(st.lists(filter_piece, max_size=12), st.data())
-def test_usage_filter_equals_the_plain_implementation(pieces, data):
-    fast, oracle = UsageEventFilter(max_held_bytes=200), OracleFilter(max_held_bytes=200)
-    raw = b"".join(pieces)
-    if data.draw(st.booleans()):
-        chunks = pieces
-    else:
-        cuts = sorted(set(data.draw(st.lists(st.integers(0, len(raw)), max_size=8))))
-        chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
-    for chunk in chunks:
-        assert fast.feed(chunk) == oracle.feed(chunk)
-    assert fast.close() == oracle.close()
-    assert fast.dropped == oracle.dropped
-
-
-def test_usage_filter_cr_before_a_final_blank_line():
-    """Ends in LF LF but holds a CR: the plain implementation takes its general path here."""
-    for chunk in (b"data: a\n\r\n\n", b"data: a\r\n\n", b"data: a\rdata: b\n\n"):
-        fast, oracle = UsageEventFilter(), OracleFilter()
-        assert fast.feed(chunk) == oracle.feed(chunk)
-        assert fast.close() == oracle.close()

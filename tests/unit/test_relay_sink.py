@@ -12,7 +12,6 @@ from sidecar.observe import ResponseObserver
 from sidecar.proxy import _Relay
 from sidecar.routes import match_route
 from sidecar.timeline import RequestTimeline
-from sidecar.usage_injection import UsageEventFilter
 
 
 class Transport:
@@ -58,19 +57,18 @@ EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
 
 
-def _relay(transport: Transport, chunked: bool = True, hide_usage: bool = False):
+def _relay(transport: Transport, chunked: bool = True):
     route, _ = match_route("/v1/chat/completions", "POST")
     timeline = RequestTimeline(0.0, "POST", route.template, "m")
     observer = ResponseObserver(route, timeline, "text/event-stream")
     conn = Conn()
-    relay = _Relay(Request(transport, chunked), conn, observer, UsageEventFilter() if hide_usage else None, lambda: 1.0)
+    relay = _Relay(Request(transport, chunked), conn, observer, lambda: 1.0)
     return relay, conn, timeline
 
 
-@pytest.mark.parametrize("hide_usage", [False, True])
-def test_a_whole_chunk_goes_out_as_received(hide_usage):
+def test_a_whole_chunk_goes_out_as_received():
     transport = Transport()
-    relay, _, timeline = _relay(transport, hide_usage=hide_usage)
+    relay, _, timeline = _relay(transport)
     frame = b"%08X\r\n%b\r\n" % (len(EVENT), EVENT)  # unusual but valid: upper case, zeros
     relay.chunk(frame, EVENT)
     assert transport.written == [frame]
@@ -78,13 +76,14 @@ def test_a_whole_chunk_goes_out_as_received(hide_usage):
     assert timeline.stream_tokens == 1  # measured after the write
 
 
-def test_a_chunk_the_filter_changes_is_reframed():
+def test_a_usage_chunk_goes_out_as_received_and_is_measured():
     transport = Transport()
-    relay, _, timeline = _relay(transport, hide_usage=True)
+    relay, _, timeline = _relay(transport)
     piece = EVENT + USAGE
-    relay.chunk(b"%x\r\n%b\r\n" % (len(piece), piece), piece)
-    assert transport.written == [b"%x\r\n%b\r\n" % (len(EVENT), EVENT)]
-    assert timeline.usage is not None  # the observer still saw the usage the client did not
+    frame = b"%x\r\n%b\r\n" % (len(piece), piece)
+    relay.chunk(frame, piece)
+    assert transport.written == [frame]
+    assert timeline.usage is not None
 
 
 def test_a_client_response_that_is_not_chunked_gets_the_bare_piece():
