@@ -82,7 +82,7 @@ class Settings(BaseModel):
     max_response_inspect_bytes: int = Field(
         16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
     )
-    inject_stream_usage: Literal[False] = Field(
+    inject_stream_usage: bool = Field(
         False,
         description="Removed: the sidecar never rewrites a request, not even to ask for usage "
         "(real servers answer such a request with other changes too). Kept so old config files "
@@ -114,6 +114,13 @@ class Settings(BaseModel):
         "over OTLP; needs OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. "
         "Traces need no setting: they are on whenever an OTLP endpoint is configured",
     )
+
+    @field_validator("inject_stream_usage")
+    @classmethod
+    def _no_injection(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("removed: the sidecar never rewrites a request; token counts come from the stream")
+        return value
 
     @field_validator("upstream")
     @classmethod
