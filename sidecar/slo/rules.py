@@ -306,6 +306,9 @@ def _history_rule(spec: SLOSpec) -> Rule:
     were recorded in the oldest 1/30 of the period (the day from 30d to 29d ago), the period
     window holds less than the period: the retention is shorter, or the deployment or the
     rules are younger. ``unless on (grouping)`` keeps each group's own labels for routing.
+    Both sides look over a whole slice, not at an instant: this rule's group runs apart from
+    the groups that record the series (Prometheus evaluates groups independently), so an
+    instant read could fall between two of their evaluations.
     """
     by = ", ".join(spec.grouping)
     alert = spec.alerts.history_short
@@ -315,7 +318,7 @@ def _history_rule(spec: SLOSpec) -> Rule:
     period = spec.period_name
     who = _who(spec.grouping)
     return Rule(
-        f"group by ({by}) ({events}) unless on ({by}) "
+        f"group by ({by}) (last_over_time({events}[{format_duration(slice_)}])) unless on ({by}) "
         f"group by ({by}) (last_over_time({events}[{format_duration(slice_)}] offset {format_duration(spec.period - slice_)}))",
         alert=c.ALERT_HISTORY_SHORT,
         labels={c.LABEL_SEVERITY: alert.severity},
