@@ -10,6 +10,7 @@ under 30d. Skipped without promtool locally; fails under CI=true (Debian's `prom
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,7 +52,8 @@ def unit_test_results() -> dict[str, subprocess.CompletedProcess]:
 
 
 def rendered_variants(tmp_path: Path) -> list[Path]:
-    """The default spec with a 28d period, and a spec with every SLI kind and overrides."""
+    """The default spec with a 28d period, a 12h drill period and five grouping labels, and a
+    spec with every SLI kind and overrides."""
     out = []
     d28 = default_spec_data()
     d28["period"] = "28d"
@@ -67,7 +69,11 @@ def rendered_variants(tmp_path: Path) -> list[Path]:
             {"name": "e2e", "sli": "e2e", "target": 99, "threshold_seconds": 120.0},
         ],
     }
-    for name, data in (("default-28d.yaml", d28), ("every-kind.yaml", every)):
+    drill = default_spec_data()
+    drill["period"] = "12h"
+    grouped = default_spec_data()
+    grouped["grouping"] = ["cluster", "namespace", "service", "model", "route"]
+    for name, data in (("default-28d.yaml", d28), ("every-kind.yaml", every), ("drill-12h.yaml", drill), ("grouped.yaml", grouped)):
         path = tmp_path / name
         path.write_text(render_rules(generate(parse_spec(data))), encoding="utf-8")
         out.append(path)
@@ -174,3 +180,75 @@ def test_default_spec_renders_to_the_committed_file():
     """Guards the promtool tests above: they run against the committed rules."""
     assert RULE_FILES == [ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"]
     assert RULE_FILES[0].read_text(encoding="utf-8") == render_rules(generate(load_spec(str(DEFAULT_SPEC))))
+
+
+# --------------------------------------------------------------------- cheap long windows
+
+
+def test_long_windows_read_recorded_rates_not_raw_series():
+    """No rule of the committed file runs rate() over a day or more of raw series."""
+    text = RULE_FILES[0].read_text(encoding="utf-8")
+    assert "sum_over_time(llm:sli_bad_events:rate5m" in text
+    for window in ("1d", "3d", "30d"):
+        assert not any(
+            f"[{window}]" in line and "rate(llm_" in line for line in text.splitlines()
+        ), f"a raw rate over {window} is left"
+    raw = render_rules(generate(load_spec(str(DEFAULT_SPEC)), long_windows="raw"))
+    assert "rate(llm_time_to_first_token_seconds_bucket{" in raw and "[30d]))" in raw
+
+
+def _labels(metric: str, labels: dict) -> str:
+    return metric + "{" + ",".join(f"{k}={json.dumps(str(v))}" for k, v in labels.items()) + "}"
+
+
+def verdicts_only(doc: dict, rules: Path) -> dict:
+    """A promtool test file reduced to its verdicts: which alerts fire, with which labels, at
+    every checked time. Recorded values and annotations are dropped: the two forms' numbers
+    differ a little (the recorded form's window edges taper over 5m); the verdicts must not.
+    Each alert_rule_test becomes the same check on the firing ``ALERTS`` series."""
+    tests = []
+    for group in doc["tests"]:
+        checks = [t for t in group.get("promql_expr_test", []) if t["expr"].startswith("ALERTS")]
+        for t in group.get("alert_rule_test", []):
+            name = t["alertname"]
+            checks.append(
+                {
+                    "expr": f'ALERTS{{alertname="{name}",alertstate="firing"}}',
+                    "eval_time": t["eval_time"],
+                    "exp_samples": [
+                        {
+                            "labels": _labels("ALERTS", {"alertname": name, "alertstate": "firing", **a["exp_labels"]}),
+                            "value": 1,
+                        }
+                        for a in t.get("exp_alerts", [])
+                    ],
+                }
+            )
+        kept = {k: v for k, v in group.items() if k not in ("promql_expr_test", "alert_rule_test")}
+        tests.append({**kept, "promql_expr_test": checks})
+    return {**doc, "rule_files": [str(rules)], "tests": tests}
+
+
+# history.yaml checks LLMSLOHistoryShort, the same rule in both forms, over 30 days of
+# one-minute samples: there the raw form's rate[30d] stops promtool with "query processing
+# would load too many samples into memory", which is the cost this issue removes.
+VERDICT_FILES = [p.name for p in PROMTOOL_TESTS if p.name != "history.yaml"]
+
+
+@pytest.mark.parametrize("name", VERDICT_FILES)
+def test_recorded_and_raw_long_windows_reach_the_same_verdicts(tmp_path, name):
+    """Every hand-written promtool test, reduced to its verdicts, passes against the rules
+    with recorded long windows (the committed form) and against the raw ``rate[30d]`` form
+    rendered from the same spec: on the same series both fire the same alerts at the same
+    checked times, and stay quiet at the same times."""
+    spec = load_spec(str(DEFAULT_SPEC))
+    doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
+    checks = sum(len(g["promql_expr_test"]) for g in verdicts_only(doc, tmp_path).get("tests", []))
+    assert checks, f"{name} has no verdicts to compare"
+    for form in ("recorded", "raw"):
+        rules = tmp_path / f"{form}.rules.yaml"
+        rules.write_text(render_rules(generate(spec, long_windows=form)), encoding="utf-8")
+        test_file = tmp_path / f"{form}.{name}"
+        test_file.write_text(yaml.safe_dump(verdicts_only(doc, rules), sort_keys=False), encoding="utf-8")
+        result = promtool("test", "rules", test_file.name, cwd=tmp_path)
+        assert result.returncode == 0, f"{form} form, {name}:\n{result.stdout}{result.stderr}"
