@@ -33,6 +33,7 @@ __all__ = [
     "LABEL_LONG_WINDOW",
     "LABEL_SHORT_WINDOW",
     "LABEL_PROMPT_CLASS",
+    "TARGET_LABELS",
     "REQUESTS_TOTAL",
     "REQUESTS_WITHIN_SLO_TOTAL",
     "ERROR_BUDGET_REMAINING",
@@ -65,6 +66,11 @@ LABEL_LONG_WINDOW = "long_window"
 LABEL_SHORT_WINDOW = "short_window"
 LABEL_PROMPT_CLASS = "prompt_class"
 """On ``llm_time_to_first_token_seconds`` only: the request's prompt-length class."""
+
+TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod", "service", "job", "instance")
+"""Labels a series gets from where it was scraped, not from the sidecar: Prometheus' ``job`` and
+``instance``; the Prometheus Operator's PodMonitor/ServiceMonitor add ``namespace``, ``pod``
+(and ``service``); ``cluster`` comes from an external label or a Thanos/Mimir ruler."""
 
 # What the sidecar exports (sidecar/metrics.py; a test compares these with a live /metrics).
 REQUESTS_TOTAL = "llm_requests_total"

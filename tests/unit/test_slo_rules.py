@@ -271,3 +271,31 @@ def test_alertmanager_example_routes_every_severity_the_rules_use():
             label, _, value = matcher.partition("=")
             if label == "alertname":
                 assert value.strip('"') in names
+
+
+def test_prompt_class_objective_reads_only_its_class():
+    rs = generate(parse_spec({"version": 1, "objectives": [
+        {"name": "ttft-long", "sli": "ttft", "target": 90, "threshold_seconds": 10.0, "prompt_class": "gt8192"},
+    ]}))  # fmt: skip
+    bad = next(r for r in rs.rules() if r.record == "llm:sli_bad_events:rate5m")
+    assert 'llm_time_to_first_token_seconds_bucket{prompt_class="gt8192",le="10.0"}' in bad.expr
+    assert 'llm_time_to_first_token_seconds_count{prompt_class="gt8192"}' in bad.expr
+    a = alerts(rs)[0]
+    assert "time to first token (prompt class gt8192) <= 10s for 90%" in a.annotations["description"]
+
+
+def test_alerts_carry_the_grouping_labels_through_their_expression():
+    """The burn-rate alert compares records that are summed by the grouping, so each firing
+    series (and so each alert) has the grouping labels; its text names the deployment."""
+    rs = generate(parse_spec({"version": 1, "grouping": ["cluster", "namespace", "model"], "objectives": [
+        {"name": "availability", "sli": "availability", "target": 99.5},
+    ]}))  # fmt: skip
+    events = next(r for r in rs.rules() if r.record == "llm:sli_events:rate5m")
+    assert events.expr.startswith("sum by (cluster, namespace, model) (rate(")
+    page = alerts(rs)[0]
+    assert page.annotations["summary"].startswith(
+        "{{ with $labels.cluster }}{{ . }}/{{ end }}{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.model }}: "
+    )
+    assert 'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" $labels.cluster $labels.namespace $labels.model' in (
+        page.annotations["description"]
+    )
