@@ -34,7 +34,7 @@ from .windows import (
     record_windows,
 )
 
-__all__ = ["Rule", "Group", "RuleSet", "LongWindows", "generate", "promql_string", "sli_error_expr", "sli_event_exprs", "history_needed"]
+__all__ = ["Rule", "Group", "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "promql_string", "sli_error_expr", "sli_event_exprs", "history_needed"]
 
 Matcher = tuple[str, str, str]  # (label, operator, value)
 
@@ -110,14 +110,37 @@ def _static_labels(scope: Scope) -> dict[str, str]:
     return labels
 
 
-def _on(by: Sequence[str]) -> str:
-    return f"on ({', '.join((c.LABEL_SLO, *by))})"
+class Numbers:
+    """How a scope's target and threshold are written into the rules: as the spec's numbers.
+
+    :class:`sidecar.slo.helm.HelmNumbers` writes placeholders for values lookups instead, so
+    the chart's rules take their targets and thresholds from Helm values.
+    """
+
+    def target(self, scope: Scope) -> str:
+        return format_number(scope.target)
+
+    def budget(self, scope: Scope) -> str:
+        return format_number(scope.error_budget)
+
+    def threshold(self, scope: Scope) -> str:
+        return format_number(scope.threshold or 0)
+
+    def le(self, scope: Scope) -> str:
+        """The ``le`` label value prometheus_client writes for the bucket bound ("2.0", "0.1")."""
+        assert scope.threshold is not None  # validated by the spec
+        return _le(scope.threshold)
+
+
+LITERAL = Numbers()
 
 
 # ---------------------------------------------------------------------- the SLIs
 
 
-def sli_event_exprs(scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING) -> tuple[str, str]:
+def sli_event_exprs(
+    scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING, numbers: Numbers = LITERAL
+) -> tuple[str, str]:
     """(bad events/s, all events/s) over ``window`` for one scope, summed by the grouping."""
     sm = _scope_matchers(scope)
     sli = scope.objective.sli
@@ -136,19 +159,21 @@ def sli_event_exprs(scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUP
         base.append((c.LABEL_PROMPT_CLASS, "=", scope.objective.prompt_class))
     base += sm
     total = _sum_rate(f"{latency.histogram}_count", base, window, by)
-    good = _sum_rate(f"{latency.histogram}_bucket", [*base, ("le", "=", _le(scope.threshold))], window, by)
+    good = _sum_rate(f"{latency.histogram}_bucket", [*base, ("le", "=", numbers.le(scope))], window, by)
     return f"{total} - {good}", total
 
 
-def sli_error_expr(scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING) -> str:
+def sli_error_expr(
+    scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING, numbers: Numbers = LITERAL
+) -> str:
     """Share of bad events over ``window`` for one scope, straight from the raw series."""
-    bad, total = sli_event_exprs(scope, window, by)
+    bad, total = sli_event_exprs(scope, window, by, numbers)
     return f"({bad}) / {total}"
 
 
-def objective_text(scope: Scope) -> str:
+def objective_text(scope: Scope, numbers: Numbers = LITERAL) -> str:
     """One sentence a person on call can read: what must be true, how often."""
-    target = format_number(scope.target)
+    target = numbers.target(scope)
     sli = scope.objective.sli
     if sli == "availability":
         return f"{target}% of requests succeed (client cancellations not counted)"
@@ -156,7 +181,7 @@ def objective_text(scope: Scope) -> str:
     measure = latency.measure
     if scope.objective.prompt_class is not None:
         measure += f" (prompt class {scope.objective.prompt_class})"
-    return f"{measure} <= {format_number(scope.threshold or 0)}s for {target}% of {latency.events}"
+    return f"{measure} <= {numbers.threshold(scope)}s for {target}% of {latency.events}"
 
 
 # ------------------------------------------------------------------- generation
@@ -164,7 +189,7 @@ def objective_text(scope: Scope) -> str:
 LongWindows = Literal["recorded", "raw"]
 
 
-def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows) -> list[Rule]:
+def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers: Numbers) -> list[Rule]:
     """A scope's records, then its alerts.
 
     The cheap form: the base window's bad and total event *rates* are recorded once, and
@@ -177,10 +202,10 @@ def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows) -> list
     by = spec.grouping
     labels = _static_labels(scope)
     rm = _record_matchers(scope)
-    budget = format_number(scope.error_budget)
+    budget = numbers.budget(scope)
     windows = record_windows(spec.alert_windows)
     base = windows[0]
-    bad, total = sli_event_exprs(scope, base, by)
+    bad, total = sli_event_exprs(scope, base, by, numbers)
     rules: list[Rule] = [
         Rule(bad, record=c.sli_bad_events_record(base), labels=labels),
         Rule(total, record=c.sli_events_record(base), labels=labels),
@@ -195,7 +220,7 @@ def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows) -> list
                 f" / sum_over_time({selector(c.sli_events_record(base), rm)}[{span}])"
             )
         else:
-            expr = sli_error_expr(scope, w, by)
+            expr = sli_error_expr(scope, w, by, numbers)
         rules.append(Rule(expr, record=c.sli_error_record(w), labels=labels))
     for w in windows:
         rules.append(
@@ -209,7 +234,7 @@ def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows) -> list
         )
     )
     for window in spec.alert_windows:
-        rules.append(_burn_alert(spec, scope, window))
+        rules.append(_burn_alert(spec, scope, window, numbers))
     return rules
 
 
@@ -219,7 +244,7 @@ def _who(by: Sequence[str]) -> str:
     return "".join(parts) + "{{ $labels.model }}"
 
 
-def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
+def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbers) -> Rule:
     name = scope.objective.name
     alert = c.alert_name(name)
     factor = format_number(burn_rate_factor(window, spec.period))
@@ -256,7 +281,7 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
     ):
         budget_text = budget_text.replace(marker, value)
     description = (
-        f"Objective: {objective_text(scope)}, over {period}. "
+        f"Objective: {objective_text(scope, numbers)}, over {period}. "
         f"Over the last {window.long_name}, and still over the last {window.short_name}, model "
         f'{who} spent its error budget {{{{ printf "%.1f" $value }}}}x as fast as the '
         f"{period} budget allows (this {window.severity} alert fires above {factor}x, "
@@ -380,7 +405,7 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
     ]
 
 
-def generate(spec: SLOSpec, long_windows: LongWindows = "recorded") -> RuleSet:
+def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL) -> RuleSet:
     """All groups for ``spec``. Never empty: a spec has at least one objective.
 
     ``long_windows="raw"`` reads the long windows straight from the raw series (today's
@@ -390,7 +415,7 @@ def generate(spec: SLOSpec, long_windows: LongWindows = "recorded") -> RuleSet:
     for objective in spec.objectives:
         rules: list[Rule] = []
         for scope in objective.scopes():
-            rules.extend(_scope_rules(spec, scope, long_windows))
+            rules.extend(_scope_rules(spec, scope, long_windows, numbers))
         groups.append(Group(c.group_name(objective.name), tuple(rules)))
     groups.append(Group(c.GOODPUT_GROUP, tuple(_goodput_rules(spec))))
     health = _health_rules(spec)
