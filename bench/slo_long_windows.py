@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -30,10 +31,15 @@ from sidecar.buckets import TTFT_BUCKETS
 from sidecar.slo import conventions as c
 from sidecar.slo import parse_spec
 from sidecar.slo.rules import sli_error_expr
-from tests.conftest import free_port
 
 MODEL = "m"
 STEP = 60
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _bucket_share(le: float) -> float:
