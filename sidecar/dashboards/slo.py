@@ -224,7 +224,7 @@ def _breakdown_query(scope: Scope) -> str:
 
 def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
     name = objective.name
-    scopes = objective.scopes()
+    scopes = spec.scopes(objective)
     default = scopes[0]
     period = spec.period_name
     target_text = f"{format_number(default.target)}%"

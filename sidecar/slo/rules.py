@@ -92,9 +92,14 @@ def _le(bound: float) -> str:
 
 
 def _scope_matchers(scope: Scope) -> list[Matcher]:
+    selected: list[Matcher] = [(label, "=", value) for label, value in scope.selector]
     if scope.model is not None:
-        return [(c.LABEL_MODEL, "=", scope.model)]
-    return [(c.LABEL_MODEL, "!=", m) for m in scope.excluded]
+        return [*selected, (c.LABEL_MODEL, "=", scope.model)]
+    return [*selected, *((c.LABEL_MODEL, "!=", m) for m in scope.excluded)]
+
+
+def _spec_matchers(spec: SLOSpec) -> list[Matcher]:
+    return [(label, "=", value) for label, value in sorted(spec.selector.items())]
 
 
 def _record_matchers(scope: Scope) -> list[Matcher]:
@@ -311,8 +316,9 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbe
 
 def _goodput_rules(spec: SLOSpec) -> list[Rule]:
     five_min = 5 * 60
-    ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok")], five_min, spec.grouping)
-    good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, [], five_min, spec.grouping)
+    sel = _spec_matchers(spec)
+    ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok"), *sel], five_min, spec.grouping)
+    good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, spec.grouping)
     return [
         Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
         Rule(f"({good} or 0 * {ok}) / {ok}", record=c.GOODPUT_RATIO),
@@ -338,7 +344,7 @@ def _history_rule(spec: SLOSpec) -> Rule:
     by = ", ".join(spec.grouping)
     alert = spec.alerts.history_short
     base = record_windows(spec.alert_windows)[0]
-    events = c.sli_events_record(base)
+    events = selector(c.sli_events_record(base), _spec_matchers(spec))
     slice_ = spec.period // 30
     period = spec.period_name
     who = _who(spec.grouping)
@@ -365,7 +371,8 @@ def _history_rule(spec: SLOSpec) -> Rule:
 def _health_rules(spec: SLOSpec) -> list[Rule]:
     down = spec.alerts.target_down
     no_traffic = spec.alerts.no_traffic
-    up = selector("up", [("job", "=", down.job)])
+    up = selector("up", [("job", "=", down.job), *_spec_matchers(spec)])
+    requests = selector(c.REQUESTS_TOTAL, _spec_matchers(spec))
     url = spec.alerts.runbook_url
     quiet = format_duration(no_traffic.for_)
     return [
@@ -388,7 +395,7 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
             },
         ),
         Rule(
-            f"absent({c.REQUESTS_TOTAL}) or sum(rate({c.REQUESTS_TOTAL}[5m])) == 0",
+            f"absent({requests}) or sum(rate({requests}[5m])) == 0",
             alert=c.ALERT_NO_TRAFFIC,
             for_=no_traffic.for_,
             labels={c.LABEL_SEVERITY: no_traffic.severity},
@@ -414,7 +421,7 @@ def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Num
     groups = []
     for objective in spec.objectives:
         rules: list[Rule] = []
-        for scope in objective.scopes():
+        for scope in spec.scopes(objective):
             rules.extend(_scope_rules(spec, scope, long_windows, numbers))
         groups.append(Group(c.group_name(objective.name), tuple(rules)))
     groups.append(Group(c.GOODPUT_GROUP, tuple(_goodput_rules(spec))))

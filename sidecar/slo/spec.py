@@ -5,6 +5,7 @@
     version: 1
     period: 30d                      # compliance period; 28d also common; 12h for a drill
     grouping: [cluster, namespace, model]   # one SLO and error budget per deployment
+    selector: {namespace: team-a-prod}      # optional: only these deployments (one spec each)
     objectives:
       - name: ttft                   # the `slo` label, and the alert name LLMTTFTBurnRate
         sli: ttft                    # availability | ttft | tpot | itl | e2e
@@ -186,14 +187,15 @@ class Objective(BaseModel):
                     raise ValueError(f"models.{model}: {exc}") from None
         return self
 
-    def scopes(self) -> list[Scope]:
-        """The default scope (every model without an override), then one per override."""
+    def scopes(self, selector: tuple[tuple[str, str], ...] = ()) -> list[Scope]:
+        """The default scope (every model without an override), then one per override.
+        ``selector``: the spec's label matchers (the deployments the spec covers)."""
         overridden = tuple(self.models)
-        out = [Scope(self, None, self.target, self.threshold_seconds, overridden)]
+        out = [Scope(self, None, self.target, self.threshold_seconds, overridden, selector)]
         for model, o in self.models.items():
             target = self.target if o.target is None else o.target
             threshold = self.threshold_seconds if o.threshold_seconds is None else o.threshold_seconds
-            out.append(Scope(self, model, target, threshold, ()))
+            out.append(Scope(self, model, target, threshold, (), selector))
         return out
 
 
@@ -208,6 +210,8 @@ class Scope:
     threshold: float | None
     excluded: tuple[str, ...]
     """Models the default scope leaves to their overrides."""
+    selector: tuple[tuple[str, str], ...] = ()
+    """Label equalities every series of the spec must have (its ``selector``)."""
 
     @property
     def error_budget(self) -> Fraction:
@@ -255,6 +259,10 @@ class SLOSpec(BaseModel):
     version: int
     period: Duration = 30 * 24 * 3600
     grouping: tuple[str, ...] = DEFAULT_GROUPING
+    selector: dict[str, str] = Field(default_factory=dict)
+    """Only series with these label values (e.g. ``{namespace: team-a-prod}``): one spec per
+    deployment, each with its own targets, side by side in one Prometheus. Each label must be
+    a grouping label, so the records of two specs never collide."""
     objectives: list[Objective]
     alerts: Alerts = Field(default_factory=Alerts)
 
@@ -293,6 +301,21 @@ class SLOSpec(BaseModel):
         if "model" not in v:
             raise ValueError("grouping must include model (per-model overrides and goodput are per model)")
         return v
+
+    @model_validator(mode="after")
+    def _selector(self) -> SLOSpec:
+        for label, value in self.selector.items():
+            if label not in self.grouping:
+                raise ValueError(
+                    f"selector: {label!r} must be a grouping label too (else two specs' records would collide)"
+                )
+            if not value:
+                raise ValueError(f"selector: {label} needs a value")
+        return self
+
+    def scopes(self, objective: Objective) -> list[Scope]:
+        """``objective``'s scopes, restricted to the spec's selector."""
+        return objective.scopes(tuple(sorted(self.selector.items())))
 
     @field_validator("objectives")
     @classmethod

@@ -252,3 +252,68 @@ def test_recorded_and_raw_long_windows_reach_the_same_verdicts(tmp_path, name):
         test_file.write_text(yaml.safe_dump(verdicts_only(doc, rules), sort_keys=False), encoding="utf-8")
         result = promtool("test", "rules", test_file.name, cwd=tmp_path)
         assert result.returncode == 0, f"{form} form, {name}:\n{result.stdout}{result.stderr}"
+
+
+# --------------------------------------------------------------------- one spec per deployment
+
+
+def deployment_spec(namespace: str, target: float) -> dict:
+    return {
+        "version": 1,
+        "grouping": ["cluster", "namespace", "model"],
+        "selector": {"namespace": namespace},
+        "objectives": [{"name": "availability", "sli": "availability", "target": target}],
+        "alerts": {"target_down": {"job": "llm-sidecar"}},
+    }
+
+
+def test_one_spec_per_deployment_side_by_side_in_one_prometheus(tmp_path):
+    """Prod (99.5%) and staging (90%) serve the same model with the same 5% errors, each with
+    its own spec (`selector: {namespace: ...}`), both rule files in one Prometheus. Prod burns
+    at 5% / 0.5% = 10: the 6h page (above 6) and both tickets fire, not the 1h page (14.4).
+    Staging burns at 5% / 10% = 0.5 and stays quiet. Neither spec's rules read the other's
+    series (and promtool's lint passes with both loaded)."""
+    files = []
+    for namespace, target in (("prod", 99.5), ("staging", 90)):
+        path = tmp_path / f"{namespace}.yaml"
+        path.write_text(render_rules(generate(parse_spec(deployment_spec(namespace, target)))), encoding="utf-8")
+        files.append(path.name)
+    check = promtool("check", "rules", "--lint=all", "--lint-fatal", *files, cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    series = []
+    for namespace in ("prod", "staging"):
+        labels = f'namespace="{namespace}",model="m",route="/v1/chat/completions"'
+        series.append({"series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}', "values": "0+950x60"})
+        series.append({"series": f'llm_requests_total{{{labels},code="500",outcome="error"}}', "values": "0+50x60"})
+    firing = [
+        {
+            "labels": 'ALERTS{alertname="LLMAvailabilityBurnRate",alertstate="firing",severity="%s",slo="availability",'
+            'namespace="prod",model="m",long_window="%s",short_window="%s"}' % arm,
+            "value": 1,
+        }
+        for arm in (("page", "6h", "30m"), ("ticket", "1d", "2h"), ("ticket", "3d", "6h"))
+    ]
+    test = {
+        "rule_files": files,
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {"expr": 'ALERTS{alertname="LLMAvailabilityBurnRate"}', "eval_time": "1h", "exp_samples": firing},
+                    {
+                        "expr": "round(llm:burn_rate:ratio_rate1h * 100) / 100",
+                        "eval_time": "1h",
+                        "exp_samples": [
+                            {"labels": '{slo="availability",namespace="prod",model="m"}', "value": 10},
+                            {"labels": '{slo="availability",namespace="staging",model="m"}', "value": 0.5},
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
+    result = promtool("test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -139,6 +139,7 @@ def test_period_28d():
         ({**spec(), "grouping": ["model", "severity"]}, "'severity' cannot be a grouping label"),
         ({**spec(), "grouping": ["model", "my-label"]}, "'my-label' is not a Prometheus label name"),
         ({**spec(), "grouping": ["model", "model"]}, "a grouping label is repeated"),
+        ({**spec(), "selector": {"pod": "p-1"}}, "selector: 'pod' must be a grouping label too"),
         (spec(prompt_class="long"), "prompt_class"),
         (spec(sli="tpot", name="tpot", threshold_seconds=0.1, prompt_class="le1024"), "prompt_class applies to ttft objectives only"),
         ({**spec(), "alerts": {"history_short": {"severity": "sms"}}}, "alerts.history_short.severity"),
