@@ -235,22 +235,35 @@ def verdicts_only(doc: dict, rules: Path) -> dict:
 VERDICT_FILES = [p.name for p in PROMTOOL_TESTS if p.name != "history.yaml"]
 
 
+@pytest.fixture(scope="module")
+def verdict_results(tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """Every hand-written test reduced to its verdicts, run against both forms at once."""
+    require_tool("promtool")
+    tmp = tmp_path_factory.mktemp("verdicts")
+    spec = load_spec(str(DEFAULT_SPEC))
+    jobs = {}
+    for form in ("recorded", "raw"):
+        rules = tmp / f"{form}.rules.yaml"
+        rules.write_text(render_rules(generate(spec, long_windows=form)), encoding="utf-8")
+        for name in VERDICT_FILES:
+            doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
+            reduced = verdicts_only(doc, rules)
+            assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), f"{name} has no verdicts to compare"
+            (tmp / f"{form}.{name}").write_text(yaml.safe_dump(reduced, sort_keys=False), encoding="utf-8")
+            jobs[(name, form)] = f"{form}.{name}"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {key: pool.submit(promtool, "test", "rules", file, cwd=tmp) for key, file in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
 @pytest.mark.parametrize("name", VERDICT_FILES)
-def test_recorded_and_raw_long_windows_reach_the_same_verdicts(tmp_path, name):
+def test_recorded_and_raw_long_windows_reach_the_same_verdicts(verdict_results, name):
     """Every hand-written promtool test, reduced to its verdicts, passes against the rules
     with recorded long windows (the committed form) and against the raw ``rate[30d]`` form
     rendered from the same spec: on the same series both fire the same alerts at the same
     checked times, and stay quiet at the same times."""
-    spec = load_spec(str(DEFAULT_SPEC))
-    doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
-    checks = sum(len(g["promql_expr_test"]) for g in verdicts_only(doc, tmp_path).get("tests", []))
-    assert checks, f"{name} has no verdicts to compare"
     for form in ("recorded", "raw"):
-        rules = tmp_path / f"{form}.rules.yaml"
-        rules.write_text(render_rules(generate(spec, long_windows=form)), encoding="utf-8")
-        test_file = tmp_path / f"{form}.{name}"
-        test_file.write_text(yaml.safe_dump(verdicts_only(doc, rules), sort_keys=False), encoding="utf-8")
-        result = promtool("test", "rules", test_file.name, cwd=tmp_path)
+        result = verdict_results[(name, form)]
         assert result.returncode == 0, f"{form} form, {name}:\n{result.stdout}{result.stderr}"
 
 
