@@ -38,6 +38,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from .config import Settings
 from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .prompt_class import PromptClasses
 from .proxy import Proxy, error_response
 from .tracing import RequestTelemetry, providers_from_env
 from .upstream import UpstreamPool
@@ -87,6 +88,7 @@ def build_sidecar(
         registry,
         ModelLabeler(settings.model_allowlist, settings.max_models),
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
+        PromptClasses(settings.ttft_prompt_classes),
     )
     recorders = [metrics.record]
     telemetry: RequestTelemetry | None = None

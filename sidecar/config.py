@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from .prompt_class import parse_bounds
 
 __all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 
@@ -105,6 +106,12 @@ class Settings(BaseModel):
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")
     slo_e2e_seconds: float = Field(60.0, gt=0, description="Goodput: e2e objective (a bucket bound)")
+    ttft_prompt_classes: list[int] = Field(
+        default_factory=list,
+        description="Input-token bounds of the TTFT histogram's prompt_class label, e.g. 1024,8192 "
+        "(classes le1024, le8192, gt8192, unknown when the count is not reported; at most 4 bounds). "
+        "Empty: every request is class 'all'",
+    )
     log_format: Literal["json", "console"] = Field("json", description="Request log format")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     access_log: bool = Field(True, description="One structured line per request")
@@ -146,6 +153,11 @@ class Settings(BaseModel):
         if not v.startswith("/"):
             raise ValueError(f"must start with '/', got {v!r}")
         return v
+
+    @field_validator("ttft_prompt_classes", mode="before")
+    @classmethod
+    def _prompt_classes(cls, v: Any) -> list[int]:
+        return parse_bounds(v)
 
     @field_validator("slo_ttft_seconds", "slo_tpot_seconds", "slo_e2e_seconds")
     @classmethod

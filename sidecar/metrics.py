@@ -24,6 +24,7 @@ from .buckets import (
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
+from .prompt_class import PromptClasses
 from .timeline import Outcome, RequestTimeline
 
 __all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
@@ -92,10 +93,12 @@ class SidecarMetrics:
         registry: CollectorRegistry,
         labeler: ModelLabeler | None = None,
         slo: SLOThresholds | None = None,
+        prompt_classes: PromptClasses | None = None,
     ) -> None:
         self.registry = registry
         self.model_label = labeler or ModelLabeler()
         self.slo = slo
+        self.prompt_class = prompt_classes or PromptClasses()
         mr = ("model", "route")
         h = dict(registry=registry, namespace="llm")
         self.requests = Counter(
@@ -116,8 +119,10 @@ class SidecarMetrics:
         self.ttft = Histogram(
             "time_to_first_token_seconds",
             "Streamed requests: seconds to the first generated token of any kind "
-            "(content, reasoning or tool call); a role-only chunk is not a token.",
-            mr, buckets=TTFT_BUCKETS, **h,
+            "(content, reasoning or tool call); a role-only chunk is not a token. "
+            "prompt_class: the input-token class (--ttft-prompt-classes), 'unknown' when the "
+            "response did not report the count, 'all' when no classes are configured.",
+            (*mr, "prompt_class"), buckets=TTFT_BUCKETS, **h,
         )  # fmt: skip
         self.ttfat = Histogram(
             "time_to_first_answer_token_seconds",
@@ -219,7 +224,7 @@ class SidecarMetrics:
 
     def _record_stream(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
         if t.ttft is not None:
-            self.ttft.labels(*mr).observe(t.ttft, ex)
+            self.ttft.labels(*mr, self.prompt_class(t.input_tokens)).observe(t.ttft, ex)
         if t.ttfat is not None:
             self.ttfat.labels(*mr).observe(t.ttfat, ex)
         if t.gaps:

@@ -43,9 +43,10 @@ def test_streamed_request_feeds_every_histogram():
     get = reg.get_sample_value
     assert get("llm_requests_in_flight", mr) == 0
     assert get("llm_requests_total", {**mr, "code": "200", "outcome": "ok"}) == 1
-    assert get("llm_time_to_first_token_seconds_sum", mr) == pytest.approx(0.2)
-    assert get("llm_time_to_first_token_seconds_bucket", {**mr, "le": "0.25"}) == 1
-    assert get("llm_time_to_first_token_seconds_bucket", {**mr, "le": "0.15"}) == 0
+    mrc = {**mr, "prompt_class": "all"}  # no classes configured
+    assert get("llm_time_to_first_token_seconds_sum", mrc) == pytest.approx(0.2)
+    assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.25"}) == 1
+    assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.15"}) == 0
     assert get("llm_time_to_first_byte_seconds_sum", mr) == pytest.approx(0.01)
     assert get("llm_inter_token_latency_seconds_count", mr) == 3
     assert get("llm_inter_token_latency_seconds_sum", mr) == pytest.approx(0.2)
@@ -68,7 +69,7 @@ def test_reasoning_first_feeds_time_to_first_answer_token():
     t = streamed([100.1, 100.2, 100.9], kinds=[TokenKind.REASONING, TokenKind.REASONING, TokenKind.ANSWER])
     m.record(t, "m")
     mr = {"model": "m", "route": ROUTE}
-    assert reg.get_sample_value("llm_time_to_first_token_seconds_sum", mr) == pytest.approx(0.1)
+    assert reg.get_sample_value("llm_time_to_first_token_seconds_sum", {**mr, "prompt_class": "all"}) == pytest.approx(0.1)
     assert reg.get_sample_value("llm_time_to_first_answer_token_seconds_sum", mr) == pytest.approx(0.9)
     assert reg.get_sample_value("llm_tokens_total", {**mr, "type": "reasoning"}) == 2
 
