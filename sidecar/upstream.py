@@ -470,9 +470,12 @@ class UpstreamPool:
                 continue
             if now - conn.idle_since > self._keepalive:
                 conn.close()
-                for old in self._idle:  # older ones are staler still
+                # Older ones are staler still. Detach the list first: close() -> _forget()
+                # removes from self._idle, and iterating the list it shrinks skips every
+                # other connection (which clear() then dropped unclosed: a leak).
+                stale, self._idle = self._idle, []
+                for old in stale:
                     old.close()
-                self._idle.clear()
                 return None
             return conn
         return None
