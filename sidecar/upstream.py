@@ -439,7 +439,11 @@ class UpstreamPool:
         waiter = conn.begin(no_body=method == "HEAD")
         writer: asyncio.Task | None = None
         if body is None or isinstance(body, bytes):
-            conn.write(head + body if body else head)
+            if body and len(body) > 1 << 16:
+                conn.write(head)  # no joined copy of a large body; the transport sends both
+                conn.write(body)
+            else:
+                conn.write(head + body if body else head)
         else:
             conn.write(head)
             writer = conn._body_writer = self.loop.create_task(_send_body(conn, body, chunked_body))
