@@ -112,6 +112,8 @@ def build_sidecar(
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
         max_request_body_bytes=settings.max_request_body_bytes,
+        client_body_timeout=settings.client_body_timeout,
+        send_timeout=settings.send_timeout,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,

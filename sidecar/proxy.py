@@ -33,6 +33,7 @@ again: aiohttp would not decode it), and the connection is closed after either.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Protocol
@@ -45,6 +46,13 @@ from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
 from .observe import ResponseObserver
+
+try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
+    import fcntl
+    from termios import TIOCOUTQ as _SIOCOUTQ
+except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
+    fcntl = None  # type: ignore[assignment]
+    _SIOCOUTQ = None
 from .request_fields import RequestFieldScanner, RequestFields
 from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
@@ -75,6 +83,56 @@ _log = structlog.get_logger("sidecar.proxy")
 CLIENT_BODY_TIMEOUT = 60.0
 """Idle seconds allowed between two reads of a request body from the client (nginx's
 ``client_body_timeout`` and its default); past it the request gets 408."""
+
+SEND_TIMEOUT = 60.0
+"""Seconds a client may take no bytes at all of a response that waits for it (nginx's
+``send_timeout`` and its default). Past it the upstream request is closed, so the server
+stops generating for a reader that stopped, and the client connection is closed. Any
+progress restarts the time: a slow but live reader is never cut off."""
+
+
+class _SendTimeout(Exception):
+    """The client took nothing for ``send_timeout`` seconds."""
+
+
+async def drain_client(request: web.Request, timeout: float) -> None:
+    """Wait until the client has taken the response bytes queued for it (down to the
+    transport's low-water mark), for as long as it makes progress.
+
+    Raises :class:`_SendTimeout` after ``timeout`` seconds in which the queue did not
+    shrink, ``ConnectionError`` when the client is gone. aiohttp's ``drain`` itself waits
+    forever, and cancelling it would cancel the writer's shared waiter, so it is only
+    cancelled when the connection is let go anyway.
+    """
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client is gone")
+    drained = asyncio.ensure_future(request.writer.drain())
+    while True:
+        queued = _unsent(transport)
+        done, _ = await asyncio.wait((drained,), timeout=timeout)  # never cancels it
+        if done:
+            return drained.result()
+        if transport.is_closing():
+            raise ConnectionResetError("the client is gone")
+        if _unsent(transport) >= queued:
+            drained.cancel()
+            raise _SendTimeout()
+
+
+def _unsent(transport: asyncio.Transport) -> int:
+    """Bytes not yet taken by the client: the transport's buffer plus the kernel's send
+    queue (Linux ``SIOCOUTQ``). The kernel queue is what shows a slow reader's progress: the
+    transport's buffer only shrinks once a third of the socket buffer is free, which a
+    reader taking a few KiB a second may not reach in minutes."""
+    queued = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None and _SIOCOUTQ is not None:
+        try:
+            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            pass
+    return queued
 
 Recorder = Callable[[RequestTimeline, str], None]
 """Called once per finished request with the timeline and its bounded model label."""
@@ -179,6 +237,7 @@ class Proxy:
         max_request_inspect_bytes: int = 32 << 20,
         max_request_body_bytes: int = 64 << 20,
         client_body_timeout: float = CLIENT_BODY_TIMEOUT,
+        send_timeout: float = SEND_TIMEOUT,
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
         tracer: RequestTracer | None = None,
@@ -191,6 +250,7 @@ class Proxy:
         self._max_inspect = max_request_inspect_bytes
         self._max_body = max_request_body_bytes
         self.client_body_timeout = client_body_timeout
+        self.send_timeout = send_timeout
         self._max_json = max_response_inspect_bytes
         self._max_line = max_line_bytes
         self._tracer = tracer
@@ -374,7 +434,7 @@ class Proxy:
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = "upstream_status" if head.status >= 500 else None
-        relay = _Relay(request, conn, observer, self._clock)
+        relay = _Relay(request, conn, observer, self._clock, self.send_timeout)
         try:
             ended = await relay.run()
         finally:
@@ -383,6 +443,8 @@ class Proxy:
 
         if ended == _CLIENT_GONE:
             return Outcome.CANCELLED, "client_disconnected", response
+        if ended == _SEND_TIMED_OUT:
+            return self._stalled_reader(request, response)
         if ended is not _COMPLETE:
             # Flush what was relayed, then close: a truncated stream, never a false clean end.
             response.force_close()
@@ -391,9 +453,25 @@ class Proxy:
             return Outcome.ERROR, ended, response
         try:
             await response.write_eof()
+            # aiohttp's write_eof does not wait for the client to take the bytes: without
+            # this, a client that pipelines requests and never reads gets each next one
+            # forwarded while the answers pile up in memory.
+            await drain_client(request, self.send_timeout)
         except ConnectionError:
             return Outcome.CANCELLED, "client_disconnected", response
+        except _SendTimeout:
+            return self._stalled_reader(request, response)
         return outcome, error_type, response
+
+    @staticmethod
+    def _stalled_reader(request: web.Request, response: web.StreamResponse):
+        """The client stopped reading for ``send_timeout``: let it go (its unread bytes
+        with it). The upstream connection is already closed."""
+        response.force_close()
+        if request.transport is not None:
+            # abort, not close: close() would wait to flush the unread bytes, forever.
+            request.transport.abort()
+        return Outcome.CANCELLED, _SEND_TIMED_OUT, response
 
     @staticmethod
     def _safely(fn, *args) -> None:
@@ -405,6 +483,7 @@ class Proxy:
 
 _COMPLETE = "complete"
 _CLIENT_GONE = "client_disconnected"
+_SEND_TIMED_OUT = "client_send_timeout"
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
 
@@ -420,9 +499,11 @@ class _Relay:
     client drained it.
     """
 
-    __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "ended", "paused", "sent")
+    __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout", "ended", "paused", "sent")
 
-    def __init__(self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, clock) -> None:
+    def __init__(
+        self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, clock, send_timeout: float
+    ) -> None:
         self._request = request
         self._transport = request.transport
         self._conn = conn
@@ -430,6 +511,7 @@ class _Relay:
         self._clock = clock
         self._chunked = request.writer.chunked
         self._waiter: asyncio.Future | None = None
+        self._send_timeout = send_timeout
         self.ended: str | None = None
         self.paused = False
         self.sent = 0
@@ -492,10 +574,14 @@ class _Relay:
         while self.ended is None:
             if self.paused:
                 try:
-                    await self._request.writer.drain()
+                    await drain_client(self._request, self._send_timeout)
                 except ConnectionError:
                     self._conn.close()
                     self._end(_CLIENT_GONE)
+                    break
+                except _SendTimeout:
+                    self._conn.close()  # the server stops generating for a reader that stopped
+                    self._end(_SEND_TIMED_OUT)
                     break
                 self.paused = False
                 self._conn.resume_reading()
