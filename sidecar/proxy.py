@@ -45,6 +45,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
+from .client_head import RawHeadResponse, client_head
 from .observe import ResponseObserver
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
@@ -373,7 +374,9 @@ class Proxy:
         if isinstance(body, bytes):
             headers.popall("Content-Length", None)  # aiohttp sets it from the bytes
         peer = request.remote or ""
-        prior = request.headers.get("X-Forwarded-For")
+        # Every X-Forwarded-For the client sent, joined, then the peer (nginx's
+        # $proxy_add_x_forwarded_for): a second header must not be dropped.
+        prior = ", ".join(request.headers.getall("X-Forwarded-For", ()))
         headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
         headers["X-Forwarded-Proto"] = request.scheme
         if request.host:
@@ -426,15 +429,18 @@ class Proxy:
             max_line_bytes=self._max_line,
         )
         timeline.response_started(now, head.status, observer.streaming)
-        response = web.StreamResponse(status=head.status, reason=head.reason)
-        response.headers.extend(_filter_headers(upstream_headers, HOP_BY_HOP))
+        # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
+        out_head = client_head(
+            head, http11=request.version >= HttpVersion11, method=request.method, client_keep_alive=request.keep_alive
+        )
+        response = RawHeadResponse(out_head, head.status)
         await response.prepare(request)
         if request.transport is None or request.transport.is_closing():
             return Outcome.CANCELLED, "client_disconnected", response
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = "upstream_status" if head.status >= 500 else None
-        relay = _Relay(request, conn, observer, self._clock, self.send_timeout)
+        relay = _Relay(request, conn, observer, self._clock, self.send_timeout, out_head.chunked)
         try:
             ended = await relay.run()
         finally:
@@ -452,7 +458,7 @@ class Proxy:
                 request.transport.close()
             return Outcome.ERROR, ended, response
         try:
-            await response.write_eof()
+            await response.finish(request)
             # aiohttp's write_eof does not wait for the client to take the bytes: without
             # this, a client that pipelines requests and never reads gets each next one
             # forwarded while the answers pile up in memory.
@@ -502,14 +508,20 @@ class _Relay:
     __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout", "ended", "paused", "sent")
 
     def __init__(
-        self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, clock, send_timeout: float
+        self,
+        request: web.Request,
+        conn: UpstreamConnection,
+        observer: ResponseObserver,
+        clock,
+        send_timeout: float,
+        chunked: bool,
     ) -> None:
         self._request = request
         self._transport = request.transport
         self._conn = conn
         self._observer = observer
         self._clock = clock
-        self._chunked = request.writer.chunked
+        self._chunked = chunked
         self._waiter: asyncio.Future | None = None
         self._send_timeout = send_timeout
         self.ended: str | None = None

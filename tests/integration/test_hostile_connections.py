@@ -61,7 +61,10 @@ async def read_to_eof(reader: asyncio.StreamReader, wait: float = 5.0) -> bytes:
 async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(serve_process, upstream):
     from aiohttp import web
 
-    await upstream.start(lambda app: app.router.add_get("/v1/models", lambda r: web.json_response({"data": []})))
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": []})
+
+    await upstream.start(lambda app: app.router.add_get("/v1/models", models))
     sc = LimitedServe(upstream.url, 256)
     try:
         await sc.wait_alive()
