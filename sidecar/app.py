@@ -130,6 +130,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     # client_max_size only bounds request.read(); larger bodies are streamed, not read.
     # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
     app = web.Application(
+        middlewares=[_unrouted_to(sc.proxy)],
         client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
         handler_args={
             "max_line_size": settings.max_request_line_bytes,
@@ -156,6 +157,21 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     app.cleanup_ctx.append(upstream_session)
     app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
+
+
+def _unrouted_to(proxy: Proxy):
+    """Send to the proxy what aiohttp's router cannot match: its path patterns never match a
+    target that is not a path (``OPTIONS *``, ``CONNECT host:port``, an absolute form with no
+    path) nor a decoded path holding a line end (``%0A``, ``%0D``), and answered those with
+    its text 404. The proxy port is a pass-through for every target."""
+
+    @web.middleware
+    async def unrouted(request: web.Request, handler):
+        if request.match_info.http_exception is not None:
+            return await proxy.handle(request)
+        return await handler(request)
+
+    return unrouted
 
 
 def _admin_app(sc: Sidecar) -> web.Application:

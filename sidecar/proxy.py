@@ -315,6 +315,9 @@ class Proxy:
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str] | None:
         """Why the request is refused without asking the upstream, or None."""
+        if request.method == "CONNECT":
+            # A tunnel to wherever the client names: never what an inference server is for.
+            return 405, "method_not_allowed", "CONNECT is not relayed"
         length = request.content_length
         if length is not None and length > self._max_body:
             return _too_large(self._max_body)
@@ -390,10 +393,12 @@ class Proxy:
     async def _relay(self, request: web.Request, route: Route, held: list, timeline: RequestTimeline):
         body = held.pop()
         target = request.raw_path
-        if not target.startswith("/"):
+        if target != "*" and not target.startswith("/"):
             # Absolute form (GET http://host/path): only its path and query are ours to use;
-            # the host it names is never where the request goes.
-            target = request.rel_url.raw_path_qs
+            # the host it names is never where the request goes. No path means "/".
+            target = request.rel_url.raw_path_qs or "/"
+            if not target.startswith("/"):
+                target = "/" + target
         pool = self._pool()
         try:
             conn = await pool.request(

@@ -395,7 +395,8 @@ class UpstreamPool:
         elif not has_length:
             headers.append(("Transfer-Encoding", "chunked"))
             chunked_body = True
-        head = request_head(method, self.base_path + target, self.host_header, headers)
+        # "*" (OPTIONS *) names the server itself, never a path under the base URL.
+        head = request_head(method, target if target == "*" else self.base_path + target, self.host_header, headers)
         retry = _replayable(method, headers, body)
         fresh = False
         while True:
