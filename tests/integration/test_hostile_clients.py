@@ -176,3 +176,48 @@ async def test_slow_but_live_reader_is_never_cut_off(upstream, rig_factory):
     assert rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT) is None
     sock.close()
     await wait_for(lambda: "closed" in state)
+
+
+async def test_long_unterminated_event_in_small_pieces_never_stalls_the_loop(upstream, rig_factory):
+    """Issue 17 item 4: the usage filter held an incomplete event and rescanned it per
+    piece (23 s of CPU per MiB in 200-byte pieces, the admin port stalled). The filter is
+    gone; this keeps a quadratic hold from coming back anywhere on the path (the SSE
+    decoder's held line included): a 1 MiB event in 200-byte pieces is relayed byte for byte
+    while /healthz on the admin port keeps answering."""
+    import aiohttp
+
+    line = b"data: {" + b'"x":"' + b"y" * ((1 << 20) - 20) + b'"}'
+    pieces = [line[i : i + 200] for i in range(0, len(line), 200)] + [b"\n\n", b"data: [DONE]\n\n"]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    await upstream.start(lambda app: app.router.add_post(CHAT, handler))
+    rig = await rig_factory(upstream=upstream.url)
+    worst = 0.0
+    done = asyncio.Event()
+
+    async def probe(session: aiohttp.ClientSession) -> None:
+        nonlocal worst
+        while not done.is_set():
+            t0 = time.monotonic()
+            async with session.get(f"http://127.0.0.1:{rig.admin_port}/healthz") as r:
+                assert r.status == 200
+            worst = max(worst, time.monotonic() - t0)
+            await asyncio.sleep(0.02)
+
+    async with aiohttp.ClientSession(auto_decompress=False) as s:
+        prober = asyncio.create_task(probe(s))
+        async with s.post(rig.url + CHAT, json={"model": "m", "stream": True}) as r:
+            got = await r.read()
+        done.set()
+        await prober
+    assert got == b"".join(pieces)
+    # Generous: a probe answers in milliseconds; the quadratic filter stalled it 24 s.
+    assert worst < 2.0, worst
