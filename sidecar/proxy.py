@@ -108,6 +108,8 @@ async def drain_client(request: web.Request, timeout: float) -> None:
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client is gone")
+    if not transport.get_write_buffer_size():
+        return  # the usual case: all handed to the kernel, so writing is not paused either
     drained = asyncio.ensure_future(request.writer.drain())
     while True:
         queued = _unsent(transport)
