@@ -14,6 +14,11 @@ Faults map to what a client can act on:
   of a clean end (and never hangs)
 - client goes away -> the upstream response is closed at once, so the server stops
   generating; outcome ``cancelled`` with the partial figures
+- client stops taking bytes for ``send_timeout`` (a full socket, no progress) -> the
+  upstream response is closed (the server stops generating) and the client connection
+  aborted; outcome ``cancelled``, error type ``client_send_timeout``. After each response
+  the relay also waits for the client to take it, so a client that pipelines requests
+  without reading gets no further request forwarded
 - request body larger than ``max_request_body_bytes`` -> 413 with a JSON error body: before
   the upstream is asked when ``Content-Length`` says so (also in answer to
   ``Expect: 100-continue``, so the client never sends it), else as soon as a chunked body

@@ -58,22 +58,22 @@ def tcp_state(sock: socket.socket) -> int:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
 
 
-async def small_window_connection(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def raw_socket(port: int, rcvbuf: int = 4096) -> socket.socket:
+    """A connected non-blocking socket with a small receive buffer. Raw, with no reader
+    buffering on our side: what the test does not recv stays in the kernel, so the sidecar
+    sees exactly the reading the test does."""
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    return await asyncio.open_connection(sock=sock, limit=1 << 16)
+    return sock
 
 
 async def test_pipelining_without_reading_is_bounded_and_let_go(rig_factory):
     up = CountingUpstream(b"x" * 65536)
     rig = await rig_factory(upstream=await up.start(), send_timeout=1.5)
     loop = asyncio.get_running_loop()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    await loop.sock_connect(sock, ("127.0.0.1", rig.port))
+    sock = await raw_socket(rig.port)
     request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
     sending = asyncio.ensure_future(loop.sock_sendall(sock, request * 5000))  # never read back
 
@@ -118,13 +118,8 @@ def _endless_stream(up_state: dict):
 
 
 async def _post_stream(port: int, rcvbuf: int = 4096) -> socket.socket:
-    """A raw non-blocking socket (no reader buffering on our side: what the test does not
-    recv stays in the kernel, so the sidecar sees exactly the reading the test does)."""
     loop = asyncio.get_running_loop()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    await loop.sock_connect(sock, ("127.0.0.1", port))
+    sock = await raw_socket(port, rcvbuf)
     body = b'{"model":"m","stream":true,"messages":[]}'
     await loop.sock_sendall(sock, b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (CHAT.encode(), len(body), body))
     return sock

@@ -9,7 +9,6 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import time
 
 import aiohttp
