@@ -59,7 +59,7 @@ try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOU
 except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
     fcntl = None  # type: ignore[assignment]
     _SIOCOUTQ = None
-from .request_fields import RequestFieldScanner, RequestFields
+from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
@@ -364,19 +364,18 @@ class Proxy:
             # counted as it streams.
             return _BoundedBody(request.content, self._max_body, self.client_body_timeout), None
         content = request.content
-        scanner = RequestFieldScanner()
         if content.is_eof():
             # The usual case: the whole (small) body came in with the head, so it is all
             # buffered already; take it without a wait and its timer.
             body = content.read_nowait()
-            scanner.feed(body)
-        else:
-            parts: list[bytes] = []
-            while chunk := await _read_some(content, self.client_body_timeout):
-                parts.append(chunk)
-                scanner.feed(chunk)
-            body = b"".join(parts)
-            parts.clear()
+            return body, scan_request_fields(body)
+        scanner = RequestFieldScanner()
+        parts: list[bytes] = []
+        while chunk := await _read_some(content, self.client_body_timeout):
+            parts.append(chunk)
+            scanner.feed(chunk)
+        body = b"".join(parts)
+        parts.clear()
         return body, scanner.close()
 
     def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:

@@ -95,11 +95,40 @@ class RequestFields:
     max_tokens: int | None = None
 
 
+SMALL_BODY_BYTES = 64 << 10
+"""Up to this size a whole body is parsed with orjson: 100 times faster than the scanner on
+a typical chat body (0.4 vs 36 us for 220 bytes) and its objects stay small (a 64 KiB body
+of ``{},`` is about 1.5 MiB of dicts, freed at once)."""
+
+
 def scan_request_fields(body: bytes, max_value_bytes: int = 1024) -> RequestFields | None:
-    """The fields of a whole body (a convenience for tests and callers that have it all)."""
+    """The fields of a whole body: parsed when small, scanned when large."""
+    if len(body) <= SMALL_BODY_BYTES:
+        return _parsed_fields(body)
     scanner = RequestFieldScanner(max_value_bytes)
     scanner.feed(body)
     return scanner.close()
+
+
+def _parsed_fields(body: bytes) -> RequestFields | None:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict:
+        return None
+    model = doc.get("model")
+    max_tokens = None
+    for holder in (doc, doc.get("parameters"), doc.get("options")):
+        if type(holder) is dict:
+            for key in MAX_TOKEN_KEYS:
+                value = holder.get(key)
+                if type(value) is int:
+                    max_tokens = value
+                    break
+            if max_tokens is not None:
+                break
+    return RequestFields(model if isinstance(model, str) else None, doc.get("stream") is True, max_tokens)
 
 
 class RequestFieldScanner:
