@@ -130,7 +130,8 @@ async def measure(stream_counts: list[int], body_limit: int) -> dict:
     port, admin = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--upstream", f"http://127.0.0.1:{up_port}",
-         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{admin}", "--access-log", "false"],
+         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{admin}", "--access-log", "false",
+         "--drain-seconds", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))},
     )  # fmt: skip
@@ -172,8 +173,9 @@ async def measure(stream_counts: list[int], body_limit: int) -> dict:
         }
         w.close()
     finally:
+        # Waited for off the event loop: the upstream the sidecar drains against runs here.
         proc.terminate()
-        proc.wait(10)
+        await asyncio.to_thread(proc.wait, 30)
         upstream.server.close()
     limit = chart_memory_limit()
     per_stream = max(s["kib_per_stream"] for s in report["streams"]) * 1024
