@@ -98,8 +98,8 @@ class SlowUpstream:
                     writer.write(b"%x\r\n%b\r\n" % (len(token), token))
                     await writer.drain()
                     await asyncio.sleep(self.tpot)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client left, or the bench ends (its streams are cancelled then)
         finally:
             writer.close()
 
