@@ -524,15 +524,17 @@ class _Relay:
         conn: UpstreamConnection,
         observer: ResponseObserver,
         clock,
-        send_timeout: float,
-        chunked: bool,
+        send_timeout: float = SEND_TIMEOUT,
+        chunked: bool | None = None,
     ) -> None:
         self._request = request
         self._transport = request.transport
         self._conn = conn
         self._observer = observer
         self._clock = clock
-        self._chunked = chunked
+        # Whether the client's body goes out in chunks: the head the proxy wrote says
+        # (RawHeadResponse); None reads aiohttp's writer, for a head aiohttp wrote.
+        self._chunked = request.writer.chunked if chunked is None else chunked
         self._waiter: asyncio.Future | None = None
         self._send_timeout = send_timeout
         self.ended: str | None = None
