@@ -102,6 +102,32 @@ class Settings(BaseModel):
         8190, gt=0, description="Longest request header field (name and value); longer gets 431"
     )
     max_request_headers: int = Field(128, gt=0, description="Most request header fields; more gets 431")
+    client_header_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a client may take to send a request head, and to start the next one on "
+        "a kept-alive connection (nginx's client_header_timeout); past it the connection is closed",
+    )
+    client_body_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Idle seconds allowed between two reads of a request body; past it 408 (nginx's "
+        "client_body_timeout)",
+    )
+    send_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a client may take no bytes of a response waiting for it (nginx's "
+        "send_timeout); past it the upstream request and the client connection are closed. Any "
+        "progress restarts it, so a slow but live reader is never cut off",
+    )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="Client connections open at once on the proxy port; more get 503 with Retry-After. "
+        "0: derived from the open-files limit (half of it, leaving room for the upstream sockets "
+        "and the admin port)",
+    )
     max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")
