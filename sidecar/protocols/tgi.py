@@ -43,6 +43,7 @@ from .events import (
 __all__ = ["TGIStreamDialect", "parse_tgi_response"]
 
 _ANSWER = Tokens(TokenKind.ANSWER, 1)
+_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class TGIStreamDialect(SSEJSONDialect):
@@ -72,8 +73,9 @@ def _details(details: Any, out: list[DialectEvent]) -> None:
     usage = Usage(
         input_tokens=int_or_none(details.get("input_length")),
         output_tokens=int_or_none(details.get("generated_tokens")),
+        engine=True,
     )
-    if usage != Usage():
+    if usage != _NO_ENGINE_COUNTS:
         out.append(usage)
 
 

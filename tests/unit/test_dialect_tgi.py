@@ -43,7 +43,7 @@ CASES = {
     "generate_stream.txt": [
         *[ANSWER] * 10,
         ResponseInfo(finish_reasons=("eos_token",)),
-        Usage(input_tokens=7, output_tokens=11),
+        Usage(input_tokens=7, output_tokens=11, engine=True),
         StreamEnd(),
     ],
     # details not requested: no usage, no finish reason; empty-text byte tokens still count
@@ -137,7 +137,7 @@ def test_final_event_details_without_input_length():
         ANSWER,
         ANSWER,
         ResponseInfo(finish_reasons=("length",)),
-        Usage(output_tokens=2),  # TGI 1.x: no input_length
+        Usage(output_tokens=2, engine=True),  # TGI 1.x: no input_length
         StreamEnd(),
     ]
 
@@ -174,7 +174,7 @@ def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
 def test_parse_generate_with_details():
     assert parse_tgi_response(load("tgi", "generate.json")) == [
         ResponseInfo(finish_reasons=("length",)),
-        Usage(output_tokens=10),
+        Usage(output_tokens=10, engine=True),
     ]
 
 
@@ -194,7 +194,7 @@ def test_parse_generate_error():
 
 def test_parse_compat_route_list():
     body = b'[{"generated_text":"x","details":{"finish_reason":"stop_sequence","generated_tokens":3,"seed":null,"prefill":[],"tokens":[]}}]'
-    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("stop_sequence",)), Usage(output_tokens=3)]
+    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("stop_sequence",)), Usage(output_tokens=3, engine=True)]
 
 
 @pytest.mark.parametrize(
