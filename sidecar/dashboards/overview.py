@@ -32,6 +32,7 @@ TOKENS = "llm_tokens_total"
 REQUEST_TOKENS = "llm_request_tokens"
 TPS = "llm_output_tokens_per_second"
 PARSE_ERRORS = "llm_stream_parse_errors_total"
+TOKEN_COUNT_SOURCE = "llm_token_count_source_total"
 
 OK: tuple[Matcher, ...] = (("outcome", "=", "ok"),)
 ERROR: tuple[Matcher, ...] = (("outcome", "=", "error"),)
@@ -278,6 +279,26 @@ def _tokens(board: Board) -> None:
             w=24,
             h=7,
         ),
+        _exact_counts_panel(),
+    )
+
+
+def _exact_counts_panel():
+    """How far the token panels above can be trusted: the share of counted requests whose
+    output count the server reported (usage or the engine's own), by route."""
+    exact = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "=~", "usage|engine"),))
+    counted = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "!=", "none"),))
+    return timeseries_panel(
+        "Requests with exact token counts (%)",
+        "Of the requests with an output token count, the share whose count the response carried, "
+        "by route: usage (asked by the client or sent by the server anyway) or the engine's own "
+        "counts (llama.cpp timings, TGI details, Ollama). The rest were estimated from the stream, "
+        "one token per content-bearing event, with input tokens unknown. The sidecar never asks "
+        "for usage: enable it on the server (vLLM --enable-force-include-usage) to raise this.",
+        [Query(ratio_or_zero(exact, counted), "{{route}}")],
+        "percentunit",
+        w=24,
+        h=7,
     )
 
 
