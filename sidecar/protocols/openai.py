@@ -100,7 +100,8 @@ class OpenAIStreamDialect(SSEJSONDialect):
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
             out.append(parsed)
-        _engine_accounting(obj, out)
+        if "timings" in obj or "metrics" in obj:  # llama.cpp, vLLM: rarely, so tested first
+            _engine_accounting(obj, out)
 
 
 def _engine_accounting(obj: dict[str, Any], out: list[DialectEvent]) -> None:
