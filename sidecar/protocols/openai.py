@@ -100,28 +100,31 @@ class OpenAIStreamDialect(SSEJSONDialect):
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
             out.append(parsed)
-        if "timings" in obj or "metrics" in obj:  # llama.cpp, vLLM: rarely, so tested first
-            _engine_accounting(obj, out)
+            metrics = obj.get("metrics")  # vLLM's per-request metrics come with usage only
+            if metrics:
+                _vllm_metrics(metrics, out)
+        timings = obj.get("timings")
+        if timings:
+            _llamacpp_timings(timings, out)
 
 
-def _engine_accounting(obj: dict[str, Any], out: list[DialectEvent]) -> None:
-    """What the engine adds beside ``usage``: llama.cpp's ``timings`` (counts and times, on
-    the finish chunk, or on the usage chunk when the client asked for usage; on every chunk
-    with ``timings_per_token``, cumulative, so the last wins) and vLLM's per-request
-    ``metrics`` (``--enable-per-request-metrics``: times only, on the usage chunk)."""
-    timings = obj.get("timings")
-    if timings:
-        counts = engine_counts_from_llamacpp(timings)
-        if counts is not None:
-            out.append(counts)
-        engine = engine_timings_from_llamacpp(timings)
-        if engine is not None:
-            out.append(engine)
-    metrics = obj.get("metrics")
-    if metrics:
-        engine = engine_timings_from_vllm(metrics)
-        if engine is not None:
-            out.append(engine)
+def _llamacpp_timings(timings: Any, out: list[DialectEvent]) -> None:
+    """llama.cpp's ``timings``: its own counts and times, on the finish chunk, or on the usage
+    chunk when the client asked for usage (on every chunk with ``timings_per_token``,
+    cumulative, so the last wins)."""
+    counts = engine_counts_from_llamacpp(timings)
+    if counts is not None:
+        out.append(counts)
+    engine = engine_timings_from_llamacpp(timings)
+    if engine is not None:
+        out.append(engine)
+
+
+def _vllm_metrics(metrics: Any, out: list[DialectEvent]) -> None:
+    """vLLM's per-request ``metrics`` (``--enable-per-request-metrics``): times only."""
+    engine = engine_timings_from_vllm(metrics)
+    if engine is not None:
+        out.append(engine)
 
 
 def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
@@ -277,5 +280,10 @@ def parse_openai_response(body: bytes) -> list[DialectEvent]:
     usage = usage_from_openai(obj.get("usage"))
     if usage is not None:
         out.append(usage)
-    _engine_accounting(obj, out)
+        metrics = obj.get("metrics")
+        if metrics:
+            _vllm_metrics(metrics, out)
+    timings = obj.get("timings")
+    if timings:
+        _llamacpp_timings(timings, out)
     return out
