@@ -229,3 +229,53 @@ def test_vllm_metrics_garbage_is_ignored():
     assert not any(type(e) is EngineTimings for e in out)
     out = d.feed(b'data: {"choices":[],"metrics":{}}\n\n')
     assert not any(type(e) is EngineTimings for e in out)
+
+
+# -- recorded from real servers (see SOURCES.md): the same checks on genuine bytes ------------
+
+# name -> (route, (source, output, input, cached))
+RECORDED: dict[str, tuple[str, tuple]] = {
+    # llama.cpp b11434, no include_usage: timings on the finish chunk, prompt_n 25, cache_n 0.
+    "llamacpp_b11434_chat.txt": ("/v1/chat/completions", (TokenCountSource.ENGINE, 6, 25, 0)),
+    # The same request again with include_usage: usage says prompt_tokens 25 with 24 cached,
+    # and its timings say prompt_n 1 + cache_n 24: the engine formula agrees with usage.
+    "llamacpp_b11434_chat_include_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 6, 25, 24)),
+    # llama.cpp's /v1/completions puts usage on its finish chunk without being asked.
+    "llamacpp_b11434_completions.txt": ("/v1/completions", (TokenCountSource.USAGE, 4, 5, 0)),
+}
+RECORDED_NAMES = sorted(RECORDED)
+
+
+@pytest.mark.parametrize("name", RECORDED_NAMES)
+def test_recorded_whole_equals_bytewise(name):
+    raw = load("openai", name)
+    assert run_whole(make, raw) == run_bytewise(make, raw)
+
+
+@FAST
+@given(st.data())
+def test_recorded_random_splits(data):
+    name = data.draw(st.sampled_from(RECORDED_NAMES))
+    raw = load("openai", name)
+    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
+    assert run(make, split_at(raw, cuts)) == run_whole(make, raw)
+
+
+@pytest.mark.parametrize("name", RECORDED_NAMES)
+def test_recorded_counts_and_their_source(name):
+    route, (source, output, input_, cached) = RECORDED[name]
+    raw = load("openai", name)
+    t = observed(route, [raw[i : i + 64] for i in range(0, len(raw), 64)])
+    assert (t.outcome, t.token_count_source) == (Outcome.OK, source)
+    assert (t.output_tokens, t.input_tokens, t.cached_input_tokens) == (output, input_, cached)
+
+
+def test_recorded_llamacpp_engine_counts_match_its_usage():
+    """Both figures from one real chunk: prompt_n + cache_n is usage.prompt_tokens."""
+    events = run_whole(make, load("openai", "llamacpp_b11434_chat_include_usage.txt"))
+    usage = [e for e in events if type(e) is Usage and not e.engine]
+    engine = [e for e in events if type(e) is Usage and e.engine]
+    assert len(usage) == len(engine) == 1
+    assert (usage[0].input_tokens, usage[0].output_tokens, usage[0].cached_input_tokens) == (
+        engine[0].input_tokens, engine[0].output_tokens, engine[0].cached_input_tokens,
+    )  # fmt: skip
