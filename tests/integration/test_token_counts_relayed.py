@@ -102,21 +102,21 @@ def sdk(s: RunningSidecar) -> openai.AsyncOpenAI:
 async def test_client_asked_usage_through_the_openai_sdk(upstream, traced, spans):
     _, exporter = spans
     received: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(load("openai", "vllm_force_usage.txt"), received)))
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(load("openai", "vllm032_chat_include_usage.txt"), received)))
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.chat.completions.create(
-            model="tiny-llama", messages=[{"role": "user", "content": "hi"}], stream=True,
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
             stream_options={"include_usage": True},
         )  # fmt: skip
         chunks = [c async for c in stream]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     assert json.loads(received[0])["stream_options"] == {"include_usage": True}  # as the client sent it
-    await counted(s, "tiny-llama", CHAT, "usage")
-    assert tokens(s, "tiny-llama", CHAT, "output") == 3 and tokens(s, "tiny-llama", CHAT, "input") == 12
+    await counted(s, "tiny", CHAT, "usage")
+    assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
     span = await one_span(exporter)
-    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
-    assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 12
+    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+    assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 17
     assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "usage"
     assert span.attributes[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] is False
 
@@ -125,36 +125,39 @@ async def test_force_included_usage_the_client_did_not_ask_for(upstream, traced,
     """vLLM --enable-force-include-usage: the usage chunk reaches every client; the sidecar
     reads it and never adds stream_options to the request."""
     _, exporter = spans
-    raw = load("openai", "vllm_force_usage.txt")
+    raw = load("openai", "vllm032_chat_force_usage.txt")
     received: list[bytes] = []
     up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, received)))
     s = await traced(up.url)
     async with sdk(s) as client:
         async with client.chat.completions.with_streaming_response.create(
-            model="tiny-llama", messages=[{"role": "user", "content": "hi"}], stream=True,
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
         ) as resp:  # fmt: skip
             body = b"".join([c async for c in resp.iter_bytes()])
     assert body == raw
     assert "stream_options" not in json.loads(received[0])
-    await counted(s, "tiny-llama", CHAT, "usage")
-    assert tokens(s, "tiny-llama", CHAT, "output") == 3 and tokens(s, "tiny-llama", CHAT, "input") == 12
+    await counted(s, "tiny", CHAT, "usage")
+    assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
+    # usage on every chunk grew by one each time: 4 tokens, 3 gaps, not 4 x 4
+    assert s.sample("llm_inter_token_latency_seconds_count", model="tiny", route=CHAT) == 3
+    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny", route=CHAT) == 1  # vLLM metrics
     span = await one_span(exporter)
     assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "usage"
-    assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 12
+    assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 17
 
 
 async def test_per_chunk_usage_on_completions(upstream, traced, spans):
     _, exporter = spans
-    raw = load("openai", "vllm_completions_force_usage.txt")
+    raw = load("openai", "vllm032_completions_force_usage.txt")
     up = await upstream.start(lambda app: app.router.add_post(COMPLETIONS, replaying(raw, [])))
     s = await traced(up.url)
     async with sdk(s) as client:
-        stream = await client.completions.create(model="tiny-llama", prompt="count", stream=True)
+        stream = await client.completions.create(model="tiny", prompt="count", stream=True)
         texts = [c.choices[0].text async for c in stream if c.choices]
-    assert texts == [" one", " two", " three", " four"]
-    await counted(s, "tiny-llama", COMPLETIONS, "usage")
-    assert tokens(s, "tiny-llama", COMPLETIONS, "output") == 4  # the last cumulative count, not a sum
-    assert tokens(s, "tiny-llama", COMPLETIONS, "input") == 5
+    assert texts == [" w", "a", "MPL", "MPL"]
+    await counted(s, "tiny", COMPLETIONS, "usage")
+    assert tokens(s, "tiny", COMPLETIONS, "output") == 4  # the last cumulative count, not a sum
+    assert tokens(s, "tiny", COMPLETIONS, "input") == 5
     span = await one_span(exporter)
     assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
 
@@ -205,18 +208,17 @@ async def test_llamacpp_timings(upstream, traced, spans, name, source):
 async def test_no_usage_at_all_is_estimated_with_input_unknown(upstream, traced, spans):
     """A server that sends neither usage nor its own counts: one token per content event."""
     _, exporter = spans
-    raw = load("openai", "vllm_force_usage.txt")
-    no_usage = b"".join(e + b"\n\n" for e in raw.split(b"\n\n") if e and b'"usage"' not in e)
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(no_usage, [])))
+    raw = load("openai", "vllm032_chat_no_usage.txt")  # vLLM without usage: no usage key at all
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.chat.completions.create(
-            model="tiny-llama", messages=[{"role": "user", "content": "hi"}], stream=True
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
         )
-        assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "Hello!"
-    await counted(s, "tiny-llama", CHAT, "estimated")
-    assert tokens(s, "tiny-llama", CHAT, "output") == 3 and tokens(s, "tiny-llama", CHAT, "input") is None
-    assert s.sample("llm_time_per_output_token_seconds_count", model="tiny-llama", route=CHAT) == 1
+        assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "ditions included included defini"
+    await counted(s, "tiny", CHAT, "estimated")
+    assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") is None
+    assert s.sample("llm_time_per_output_token_seconds_count", model="tiny", route=CHAT) == 1
     span = await one_span(exporter)
     assert sc.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
     assert span.attributes[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] is True

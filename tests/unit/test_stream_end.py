@@ -20,9 +20,10 @@ from tests.fixtures.streams.harness import load
 
 # (fixture dir, name, request path, content type)
 STREAMS = [
-    ("openai", "vllm_force_usage.txt", "/v1/chat/completions", "text/event-stream"),
-    ("openai", "vllm_completions_force_usage.txt", "/v1/completions", "text/event-stream"),
-    ("openai", "llamacpp_chat_timings.txt", "/v1/chat/completions", "text/event-stream"),
+    ("openai", "vllm032_chat_force_usage.txt", "/v1/chat/completions", "text/event-stream"),
+    ("openai", "vllm032_completions_force_usage.txt", "/v1/completions", "text/event-stream"),
+    ("openai", "vllm032_chat_no_usage.txt", "/v1/chat/completions", "text/event-stream"),
+    ("openai", "llamacpp_b11434_chat.txt", "/v1/chat/completions", "text/event-stream"),
     ("anthropic", "basic.txt", "/v1/messages", "text/event-stream; charset=utf-8"),
     ("responses", "text.txt", "/v1/responses", "text/event-stream; charset=utf-8"),
     ("responses", "incomplete.txt", "/v1/responses", "text/event-stream; charset=utf-8"),

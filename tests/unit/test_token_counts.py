@@ -31,51 +31,6 @@ LLAMA_TIMINGS = EngineTimings(prefill_seconds=12.5 / MS, decode_seconds=30.0 / M
 
 # name -> (route, expected events, (source, output, input, cached))
 CASES: dict[str, tuple[str, list, tuple]] = {
-    "vllm_force_usage.txt": (
-        "/v1/chat/completions",
-        [
-            ResponseInfo(response_model="tiny-llama", response_id="chatcmpl-7c1e0a"),
-            ANSWER,
-            ANSWER,
-            ANSWER,
-            ResponseInfo(finish_reasons=("stop",)),
-            Usage(input_tokens=12, output_tokens=3),
-            DONE,
-        ],
-        (TokenCountSource.USAGE, 3, 12, None),
-    ),
-    "vllm_per_request_metrics.txt": (
-        "/v1/chat/completions",
-        [
-            ResponseInfo(response_model="tiny-llama", response_id="chatcmpl-7c1e0a"),
-            ANSWER,
-            ANSWER,
-            ANSWER,
-            ResponseInfo(finish_reasons=("stop",)),
-            Usage(input_tokens=12, output_tokens=3),
-            EngineTimings(prefill_seconds=41.5 / MS, decode_seconds=22.0 / MS),
-            DONE,
-        ],
-        (TokenCountSource.USAGE, 3, 12, None),
-    ),
-    "vllm_completions_force_usage.txt": (
-        "/v1/completions",
-        [
-            ResponseInfo(response_model="tiny-llama", response_id="cmpl-5d9b"),
-            ANSWER,
-            Usage(input_tokens=5, output_tokens=1),
-            ANSWER,
-            Usage(input_tokens=5, output_tokens=2),
-            ANSWER,
-            Usage(input_tokens=5, output_tokens=3),
-            ANSWER,
-            ResponseInfo(finish_reasons=("length",)),
-            Usage(input_tokens=5, output_tokens=4),
-            Usage(input_tokens=5, output_tokens=4),
-            DONE,
-        ],
-        (TokenCountSource.USAGE, 4, 5, None),
-    ),
     "usage_null.txt": (
         "/v1/chat/completions",
         [
@@ -235,6 +190,15 @@ def test_vllm_metrics_garbage_is_ignored():
 
 # name -> (route, (source, output, input, cached))
 RECORDED: dict[str, tuple[str, tuple]] = {
+    # vLLM 0.32 --enable-force-include-usage --enable-per-request-metrics, a client that did
+    # not ask: cumulative usage on EVERY chunk (the role chunk's completion_tokens is 0),
+    # then a choices: [] usage chunk with the per-request metrics.
+    "vllm032_chat_force_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 17, None)),
+    "vllm032_completions_force_usage.txt": ("/v1/completions", (TokenCountSource.USAGE, 4, 5, None)),
+    # vLLM 0.32 without those flags: the client asked include_usage (one usage chunk) ...
+    "vllm032_chat_include_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 17, None)),
+    # ... or did not: no usage key at all; estimated, input unknown.
+    "vllm032_chat_no_usage.txt": ("/v1/chat/completions", (TokenCountSource.ESTIMATED, 4, None, None)),
     # llama.cpp b11434, no include_usage: timings on the finish chunk, prompt_n 25, cache_n 0.
     "llamacpp_b11434_chat.txt": ("/v1/chat/completions", (TokenCountSource.ENGINE, 6, 25, 0)),
     # The same request again with include_usage: usage says prompt_tokens 25 with 24 cached,
@@ -268,6 +232,22 @@ def test_recorded_counts_and_their_source(name):
     t = observed(route, [raw[i : i + 64] for i in range(0, len(raw), 64)])
     assert (t.outcome, t.token_count_source) == (Outcome.OK, source)
     assert (t.output_tokens, t.input_tokens, t.cached_input_tokens) == (output, input_, cached)
+
+
+@pytest.mark.parametrize(
+    "name,prefill_ms,decode_ms",
+    [
+        ("vllm032_chat_force_usage.txt", 127.4029689998315, 105.76010100021449),
+        ("vllm032_completions_force_usage.txt", 27.27981899988663, 29.06002500003524),
+    ],
+)
+def test_recorded_vllm_per_chunk_usage_and_metrics(name, prefill_ms, decode_ms):
+    """Per-chunk usage grows by one per chunk: one token each, one ITL gap each; the
+    per-request metrics give the engine's prefill and decode times."""
+    raw = load("openai", name)
+    t = observed(RECORDED[name][0], [e + b"\n\n" for e in raw.split(b"\n\n") if e])
+    assert (t.stream_tokens, len(t.gaps)) == (4, 3)
+    assert t.engine == EngineTimings(prefill_seconds=prefill_ms / MS, decode_seconds=decode_ms / MS)
 
 
 def test_recorded_llamacpp_engine_counts_match_its_usage():
