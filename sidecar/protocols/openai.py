@@ -11,11 +11,11 @@ token.
 
 Where exact counts come from (read only; the request is never changed to ask for them):
 - ``usage``, in its own final chunk with ``choices: []`` when the client asked
-  (``stream_options.include_usage``) or the server sends it anyway (vLLM
-  ``--enable-force-include-usage``); on every chunk (vLLM ``continuous_usage_stats``, and
-  vLLM's ``/v1/completions`` under force-include); or on the last content chunk. The last
-  one seen wins, as the counts are cumulative. ``"usage": null`` on every chunk (OpenAI,
-  older vLLM) says nothing and is ignored, never read as zero.
+  (``stream_options.include_usage``); on every chunk (vLLM ``continuous_usage_stats``, and
+  every vLLM 0.32 stream under ``--enable-force-include-usage``, asked or not); or on the
+  last content chunk (llama.cpp ``/v1/completions``). The last one seen wins, as the counts
+  are cumulative. ``"usage": null`` on every chunk (OpenAI, older vLLM) says nothing and
+  is ignored, never read as zero; vLLM 0.32 without usage sends no ``usage`` key at all.
 - llama.cpp's ``timings`` (``prompt_n``, ``cache_n``, ``predicted_n``): the engine's own
   counts, used when no ``usage`` came (:class:`Usage` with ``engine=True``).
 - vLLM's per-request ``metrics`` (``--enable-per-request-metrics``) carries times only.
