@@ -234,3 +234,16 @@ def test_any_json_events_never_raise_and_split_invariant(objs, data):
     for o in objs:
         parse_tgi_response(orjson.dumps(o))
         parse_tgi_response(orjson.dumps([o]))
+
+
+@pytest.mark.parametrize(
+    "details,expected",
+    [
+        ({"generated_tokens": 3, "input_length": 9, "prefill": [{"id": 1}]}, Usage(input_tokens=9, output_tokens=3, engine=True)),
+        ({"generated_tokens": 3, "prefill": [{"id": 1, "text": "<s>"}, {"id": 2, "text": "Hi"}]}, Usage(input_tokens=2, output_tokens=3, engine=True)),
+        ({"generated_tokens": 3, "prefill": []}, Usage(output_tokens=3, engine=True)),  # not listed: unknown, not 0
+    ],
+)
+def test_generate_input_from_input_length_else_listed_prefill(details, expected):
+    body = orjson.dumps({"generated_text": "abc", "details": {"finish_reason": "length", **details}})
+    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("length",)), expected]
