@@ -279,13 +279,18 @@ def _tokens(board: Board) -> None:
             w=24,
             h=7,
         ),
-        _exact_counts_panel(),
     )
 
 
+def _token_count_sources(board: Board) -> None:
+    """How far the token panels can be trusted: the share of counted requests whose output
+    count the server reported (usage or the engine's own), by route. Its own last row, so
+    adding it moved no other panel."""
+    board.row("Token count sources")
+    board.add(_exact_counts_panel())
+
+
 def _exact_counts_panel():
-    """How far the token panels above can be trusted: the share of counted requests whose
-    output count the server reported (usage or the engine's own), by route."""
     exact = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "=~", "usage|engine"),))
     counted = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "!=", "none"),))
     return timeseries_panel(
@@ -424,4 +429,5 @@ def build():
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
     _engine(board)
+    _token_count_sources(board)
     return board.build()
