@@ -22,8 +22,9 @@ from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
 from sidecar.timeline import STREAM_TRUNCATED
 from tests.conftest import RunningSidecar, start_app, wait_for
-from tests.fixtures.streams.harness import load
-from tests.unit.test_stream_end import STREAMS, cut_before_marker
+from sidecar.routes import match_route
+from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
+from tests.fixtures.streams.harness import cut_before_marker, load
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ async def finished(s: RunningSidecar, outcome: str) -> dict:
 
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 async def test_truncated_stream_is_an_error_and_relayed_untouched(rig, where, name, path, ctype):
-    cut = cut_before_marker(path, load(where, name), ctype == "application/x-ndjson")
+    cut = cut_before_marker(match_route(path)[0].stream_dialect, load(where, name), ctype == "application/x-ndjson")
     with structlog.testing.capture_logs() as logs:
         s, exporter = await rig(path, cut, ctype)
         status, body = await post(s.url + path)

@@ -12,49 +12,17 @@ from __future__ import annotations
 import pytest
 
 from sidecar.observe import ResponseObserver
-from sidecar.protocols.events import StreamEnd
 from sidecar.protocols.openai import OpenAIStreamDialect
 from sidecar.routes import ROUTES, match_route
 from sidecar.timeline import STREAM_TRUNCATED, Outcome, RequestTimeline
-from tests.fixtures.streams.harness import load
+from tests.fixtures.streams.harness import END_MARKER_STREAMS, cut_before_marker, load
 
-# (fixture dir, name, request path, content type)
-STREAMS = [
-    ("openai", "vllm032_chat_force_usage.txt", "/v1/chat/completions", "text/event-stream"),
-    ("openai", "vllm032_completions_force_usage.txt", "/v1/completions", "text/event-stream"),
-    ("openai", "vllm032_chat_no_usage.txt", "/v1/chat/completions", "text/event-stream"),
-    ("openai", "llamacpp_b11434_chat.txt", "/v1/chat/completions", "text/event-stream"),
-    ("anthropic", "basic.txt", "/v1/messages", "text/event-stream; charset=utf-8"),
-    ("responses", "text.txt", "/v1/responses", "text/event-stream; charset=utf-8"),
-    ("responses", "incomplete.txt", "/v1/responses", "text/event-stream; charset=utf-8"),
-    ("tgi", "generate_stream.txt", "/generate_stream", "text/event-stream"),
-    ("tgi", "no_details.txt", "/generate_stream", "text/event-stream"),
-    ("ollama", "chat.ndjson", "/api/chat", "application/x-ndjson"),
-    ("ollama", "generate.ndjson", "/api/generate", "application/x-ndjson"),
-    ("llamacpp", "completion.txt", "/completion", "text/event-stream"),
-]
+STREAMS = END_MARKER_STREAMS
 IDS = [f"{d}/{n}" for d, n, _, _ in STREAMS]
 
 
-def events_of(raw: bytes, ndjson: bool) -> list[bytes]:
-    """The stream as whole events (SSE: up to a blank line; NDJSON: one line each)."""
-    sep = b"\n" if ndjson else b"\n\n"
-    parts = raw.split(sep)
-    out = [p + sep for p in parts[:-1]]
-    if parts[-1]:
-        out.append(parts[-1])
-    return out
-
-
-def cut_before_marker(path: str, raw: bytes, ndjson: bool) -> bytes:
-    route, _ = match_route(path)
-    dialect = route.stream_dialect()
-    kept = []
-    for event in events_of(raw, ndjson):
-        if any(type(e) is StreamEnd for e in dialect.feed(event)):
-            return b"".join(kept)
-        kept.append(event)
-    raise AssertionError("the fixture has no end marker")
+def cut(path: str, raw: bytes, ndjson: bool) -> bytes:
+    return cut_before_marker(match_route(path)[0].stream_dialect, raw, ndjson)
 
 
 def replay(path: str, content_type: str, chunks: list[bytes], status: int = 200, method: str = "POST") -> RequestTimeline:
@@ -80,9 +48,9 @@ def test_whole_stream_is_ok(where, name, path, ctype):
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 def test_clean_end_without_marker_is_truncated(where, name, path, ctype):
     raw = load(where, name)
-    cut = cut_before_marker(path, raw, ctype == "application/x-ndjson")
-    assert 0 < len(cut) < len(raw)
-    t = replay(path, ctype, [cut[i : i + 5] for i in range(0, len(cut), 5)])
+    short = cut(path, raw, ctype == "application/x-ndjson")
+    assert 0 < len(short) < len(raw)
+    t = replay(path, ctype, [short[i : i + 5] for i in range(0, len(short), 5)])
     assert not t.saw_end_marker
     assert (t.outcome, t.error_type) == (Outcome.ERROR, STREAM_TRUNCATED)
 
