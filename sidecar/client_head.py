@@ -13,7 +13,7 @@ what this connection does; every other byte is the upstream's.
 
 :class:`RawHeadResponse` is the one place that depends on aiohttp internals: it overrides
 ``StreamResponse._prepare_headers`` and ``_write_headers``, which ``prepare()`` calls in that
-order (checked against aiohttp 3.10 to 3.14.5; ``tests/unit/test_client_head.py`` and the
+order (checked against aiohttp 3.14.5, the version the suite installs; ``tests/unit/test_client_head.py`` and the
 header tests in ``tests/integration/test_hostile_headers.py`` pin the bytes on the wire).
 """
 

@@ -25,6 +25,7 @@ from .buckets import (
     TTFT_BUCKETS,
 )
 from .prompt_class import PromptClasses
+from .routes import ROUTES
 from .timeline import Outcome, RequestTimeline
 
 __all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
@@ -148,14 +149,15 @@ class SidecarMetrics:
         )  # fmt: skip
         self.tokens = Counter(
             "tokens",
-            "Tokens by type, from the response's usage when it reports one; otherwise output "
-            "tokens are counted from the stream, one per content-bearing event.",
+            "Tokens by type, from the response's usage, else the engine's own counts in its "
+            "stream; otherwise output tokens are estimated from the stream, one per "
+            "content-bearing event, and input is not counted (llm_token_count_source_total).",
             ("model", "route", "type"), **h,
         )  # fmt: skip
         self.request_tokens = Histogram(
             "request_tokens",
             "Tokens per request by type (input, output): prompt and output length distributions; "
-            "usage when reported, else output counted from the stream.",
+            "usage or the engine's counts when reported, else output estimated from the stream.",
             ("model", "route", "type"), buckets=TOKEN_COUNT_BUCKETS, **h,
         )  # fmt: skip
         self.within_slo = Counter(
@@ -180,6 +182,13 @@ class SidecarMetrics:
             "stream_parse_errors",
             "Stream events the dialect could not understand (the bytes were still relayed).",
             ("route",), **h,
+        )  # fmt: skip
+        self.token_count_source = Counter(
+            "token_count_source",
+            "API requests by where their output token count came from: usage (the response's "
+            "usage object), engine (the engine's own counts in its stream), estimated (counted "
+            "from the stream; input unknown) or none. One per request.",
+            ("model", "route", "source"), **h,
         )  # fmt: skip
 
     # -- lifecycle hooks, called by the proxy -------------------------------------------
@@ -210,6 +219,8 @@ class SidecarMetrics:
         if t.streamed:
             self._record_stream(t, mr, ex)
         self._record_tokens(t, mr)
+        if route in ROUTES:  # API routes only: a health check has no tokens to count
+            self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
         engine = t.engine
         if engine is not None:
             for hist, value in (

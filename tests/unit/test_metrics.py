@@ -114,7 +114,41 @@ def test_failed_before_response_gets_a_code():
 def test_tokens_help_text_says_where_counts_come_from():
     m, reg = make()
     helps = {metric.name: metric.documentation for metric in reg.collect()}
-    assert "usage" in helps["llm_tokens"] and "counted from the stream" in helps["llm_tokens"]
+    assert "usage" in helps["llm_tokens"] and "engine's own counts" in helps["llm_tokens"]
+    assert "estimated from the stream" in helps["llm_tokens"] and "input is not counted" in helps["llm_tokens"]
+
+
+@pytest.mark.parametrize(
+    "usage,source",
+    [
+        (Usage(input_tokens=10, output_tokens=2), "usage"),
+        (Usage(input_tokens=10, output_tokens=2, engine=True), "engine"),
+        (Usage(input_tokens=10), "estimated"),  # input alone says nothing about the output
+        (None, "estimated"),
+    ],
+)
+def test_token_count_source_one_per_request(usage, source):
+    m, reg = make()
+    m.started("m", ROUTE)
+    m.record(streamed([100.2, 100.3], usage=usage), "m")
+    get = reg.get_sample_value
+    mr = {"model": "m", "route": ROUTE}
+    assert get("llm_token_count_source_total", {**mr, "source": source}) == 1
+    assert sum(get("llm_token_count_source_total", {**mr, "source": s}) or 0 for s in ("usage", "engine", "estimated", "none")) == 1
+    assert get("llm_tokens_total", {**mr, "type": "output"}) == 2
+    assert get("llm_tokens_total", {**mr, "type": "input"}) == (None if usage is None else 10)
+
+
+def test_token_count_source_none_for_json_without_usage_and_absent_off_api_routes():
+    m, reg = make()
+    for route in (ROUTE, "other"):
+        t = RequestTimeline(100.0, "POST", route, "m")
+        t.response_started(100.1, 200, streamed=False)
+        t.finish(Outcome.OK, 100.2)
+        m.started("m", route)
+        m.record(t, "m")
+    assert reg.get_sample_value("llm_token_count_source_total", {"model": "m", "route": ROUTE, "source": "none"}) == 1
+    assert reg.get_sample_value("llm_token_count_source_total", {"model": "m", "route": "other", "source": "none"}) is None
 
 
 def test_model_labeler_bounds():
