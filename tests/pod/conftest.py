@@ -7,6 +7,7 @@ the tests skip locally and fail under CI=true.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import pytest
 from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "localhost/llm-sidecar:test"
+# LLM_SIDECAR_POD_IMAGE: another build to test (e.g. an old one, to see these tests fail on it).
+IMAGE = os.environ.get("LLM_SIDECAR_POD_IMAGE", "localhost/llm-sidecar:test")
 
 
 def podman(*args: str, check: bool = True, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
