@@ -67,18 +67,24 @@ class Sidecar:
     def draining(self) -> bool:
         return self.drain.draining
 
-    async def upstream_status(self) -> int:
+    async def upstream_status(self, session: aiohttp.ClientSession | None = None) -> int:
         """The status of one GET of the upstream's health path (raises when unreachable)."""
-        if self.session is None:
+        session = session or self.session
+        if session is None:
             raise aiohttp.ClientConnectionError("the proxy app has not started")
         url = self.settings.upstream + self.settings.health_path
         timeout = aiohttp.ClientTimeout(total=self.settings.readiness_timeout)
-        async with self.session.get(url, timeout=timeout) as resp:
+        async with session.get(url, timeout=timeout) as resp:
             await resp.read()
             return resp.status
 
     async def upstream_up(self) -> bool:
-        return 200 <= await self.upstream_status() < 300
+        """For the drain: does the upstream still accept a NEW connection? (A server that is
+        stopping closes its listener first; a pooled keep-alive connection could still
+        answer and hide that.)"""
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as fresh:
+            return 200 <= await self.upstream_status(fresh) < 300
 
     def get_pool(self) -> UpstreamPool:
         assert self.pool is not None, "the proxy app has not started"
