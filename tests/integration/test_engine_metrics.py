@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import subprocess
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 from aiohttp import web
 
+from sidecar.dashboards.inspect import panel_queries, substitute
 from sidecar.simulate import SimulatorConfig, build_simulator_app
 from tests.conftest import free_port, require_tool, start_app
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def answer(status: int = 200, body: bytes = b""):
@@ -138,12 +143,32 @@ async def test_upstreamz_follows_the_server_and_ignores_draining(upstream, sidec
             assert r.status == 503 and (await r.json())["alive"] is False
 
 
-async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_counts_no_request(sidecar_factory, tmp_path):
-    """Real Prometheus, configured like the chart's two scrape jobs (PodMonitor endpoints):
-    the simulated vLLM's series arrive under job llm-engine with the pod's labels, and
-    llm_requests_total has not moved."""
+RECORDED_VLLM = ROOT / "tests" / "fixtures" / "real" / "vllm-0.32.0" / "metrics.txt"
+"""A real vLLM 0.32 (CPU) server's /metrics, recorded after six requests."""
+OVERVIEW = ROOT / "dashboards" / "llm-sidecar-overview.json"
+
+
+async def _recorded_vllm(request: web.Request) -> web.Response:
+    return web.Response(body=RECORDED_VLLM.read_bytes(), content_type="text/plain", charset="utf-8")
+
+
+@pytest.mark.parametrize("engine", ["simulator", "recorded-vllm-0.32"])
+async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_counts_no_request(
+    engine, sidecar_factory, tmp_path
+):
+    """Real Prometheus, configured like the chart's two scrape jobs (PodMonitor endpoints),
+    in front of the simulator or of a real vLLM's recorded /metrics: the engine's series
+    arrive under job llm-engine with the pod's labels, every query of the dashboard's engine
+    row returns data, and llm_requests_total has not moved."""
     binary = require_tool("prometheus")
-    runner, sim_port = await start_app(build_simulator_app(SimulatorConfig(model="m", seed=1)), handler_cancellation=True)
+    if engine == "simulator":
+        app = build_simulator_app(SimulatorConfig(model="m", seed=1))
+        model_name = "m"
+    else:
+        app = web.Application()
+        app.router.add_get("/metrics", _recorded_vllm)
+        model_name = "tiny"
+    runner, sim_port = await start_app(app, handler_cancellation=True)
     sc = await sidecar_factory(f"http://127.0.0.1:{sim_port}")
     labels = {"namespace": "llm", "pod": "llm-sidecar-0"}
     target = {"targets": [f"127.0.0.1:{sc.admin_port}"], "labels": labels}
@@ -173,7 +198,7 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
             while time.monotonic() < deadline:
                 try:
                     found = await query('vllm:num_requests_running{job="llm-engine"}')
-                    scrapes = await query('scrape_samples_scraped{job="llm-sidecar"}')
+                    scrapes = await query('count_over_time(up{job="llm-engine"}[1m]) >= 4')
                     if found and scrapes:
                         break
                 except aiohttp.ClientError:
@@ -181,12 +206,38 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
                 await asyncio.sleep(0.5)
             assert found, "the engine's series never reached Prometheus"
             series = found[0]["metric"]
-            assert {k: series[k] for k in ("namespace", "pod", "model_name")} == {**labels, "model_name": "m"}
-            for name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"):
-                assert await query(f'{name}{{job="llm-engine", pod="llm-sidecar-0"}}'), name
+            assert {k: series[k] for k in ("namespace", "pod", "model_name")} == {**labels, "model_name": model_name}
+            row = [q for q in panel_queries(json.loads(OVERVIEW.read_text(encoding="utf-8"))) if "vllm:" in q.expr]
+            assert len(row) == 4, "waiting, running, KV cache, preemptions"
+            for q in row:
+                result = await query(substitute(q.expr))
+                assert result, f"{q.panel_title}: no data"
+                assert {r["metric"]["pod"] for r in result} == {"llm-sidecar-0"}, q.expr
             assert await query('up{job="llm-engine"} == 1')
             assert not await query("llm_requests_total"), "no scrape was counted as an LLM request"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
         await runner.cleanup()
+
+
+async def test_the_simulated_vllm_series_are_named_and_labelled_as_the_real_ones():
+    """The simulator's vllm:* series exist in a real vLLM's /metrics, and the engine row's
+    four carry the same labels there (model_name, engine), so the dashboard tests that run
+    on the simulator hold for vLLM."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    def samples(text: str) -> dict[str, set[str]]:
+        return {s.name: set(s.labels) for f in text_string_to_metric_families(text) for s in f.samples}
+
+    runner, port = await start_app(build_simulator_app(SimulatorConfig(model="m", seed=1)))
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+                simulated = samples(await r.text())
+    finally:
+        await runner.cleanup()
+    real = samples(RECORDED_VLLM.read_text(encoding="utf-8"))
+    assert set(simulated) <= set(real), set(simulated) - set(real)
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"):
+        assert simulated[name] == real[name] == {"model_name", "engine"}, name
