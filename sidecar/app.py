@@ -179,6 +179,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
         await sc.session.close()
 
     app.cleanup_ctx.append(upstream_session)
+    app.on_response_prepare.append(sc.drain.close_connections)
     app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
 

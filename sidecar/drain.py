@@ -13,7 +13,8 @@ Closing the listener on SIGTERM (what aiohttp does) turned every request of thos
 into a connection error. Instead, on SIGTERM the sidecar:
 
 1. turns ``/readyz`` to 503 and keeps relaying, new requests included, for as long as the
-   upstream answers its health path (it is asked every :data:`POLL_SECONDS`);
+   upstream answers its health path on a new connection (asked every :data:`POLL_SECONDS`),
+   each response closing its connection so pooled clients reconnect elsewhere;
 2. once the upstream is gone, answers each new request with 503, a JSON error body and
    ``Retry-After`` (never a 502: it knows why), while in-flight streams finish;
 3. closes when nothing is in flight.
@@ -80,6 +81,17 @@ class Drain:
         response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         response.force_close()
         return response
+
+    async def close_connections(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The proxy app's ``on_response_prepare`` hook: once draining, every response says
+        ``Connection: close`` (a hop-by-hop header), so a client that pools connections opens
+        its next one through the Service, to a pod that is not stopping; endpoint removal
+        alone never moves an open connection."""
+        if self.draining:
+            response.force_close()
+            # aiohttp runs this hook after it has chosen the Connection header: say it here,
+            # or the client reuses a connection the server is about to close, and loses a request.
+            response.headers["Connection"] = "close"
 
     async def run(self, drain_seconds: float) -> None:
         """Steps 1 to 3; returns when the proxy may close (``drain_seconds`` at the latest)."""

@@ -171,6 +171,7 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
                         async with aiohttp.ClientSession() as s2:
                             async with s2.get(sc.url + "/v1/models") as new:
                                 seen["while_up"] = (new.status, await new.json())
+                                seen["connection"] = new.headers.get("Connection")
                             async with s2.get(f"http://127.0.0.1:{sc.admin_port}/readyz") as ready:
                                 seen["readyz"] = ready.status
                             health["status"] = 503  # the upstream is going away
@@ -179,6 +180,7 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
                                 seen["gone"] = (refused.status, refused.headers.get("Retry-After"), await refused.json())
             stream_end = time.monotonic()
         assert seen["while_up"] == (200, {"data": [{"id": "m1"}]})
+        assert seen["connection"] == "close", "pooled clients reconnect, through the Service, elsewhere"
         assert seen["readyz"] == 503
         status, retry_after, body = seen["gone"]
         assert (status, retry_after) == (503, "1")

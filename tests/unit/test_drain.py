@@ -81,3 +81,13 @@ async def test_gate_refuses_with_503_json_and_retry_after_only_when_refusing(ref
     assert response.content_type == "application/json"
     assert orjson.loads(response.body)["error"]["type"] == "draining"
     assert not response.keep_alive, "the client reconnects, to another pod"
+
+
+@pytest.mark.parametrize("draining", [False, True])
+async def test_responses_close_their_connection_once_draining(draining):
+    drain = Drain(Upstream(), lambda: 0)
+    drain.draining = draining
+    response = web.StreamResponse()
+    await drain.close_connections(make_mocked_request("GET", "/v1/models"), response)
+    assert response.keep_alive is (False if draining else None)
+    assert response.headers.get("Connection") == ("close" if draining else None)
