@@ -53,7 +53,11 @@ async def record(server: RealServer) -> Path:
     version = server.version()
     folder = OUT / server.kind.fixture_dir(version)
     folder.mkdir(parents=True, exist_ok=True)
-    async with aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300)) as session:
+    # One connection per request: llama.cpp closes a kept-alive connection after a stream,
+    # and a reused one would race that close.
+    connector = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False, timeout=timeout) as session:
         for case in cases(server.kind):
             status, headers, body = await fetch(session, server.url, case)
             for stale in folder.glob(f"{case.name}.*"):

@@ -74,7 +74,7 @@ class ServerKind:
             ]  # fmt: skip
         return [
             str(LLAMA_SERVER), "-m", str(GGUF_MODEL), "--alias", MODEL,
-            "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "1", "--no-webui",
+            "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "1", "--no-webui", "--metrics",
             *self.flags,
         ]  # fmt: skip
 
