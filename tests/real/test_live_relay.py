@@ -13,7 +13,8 @@ through the sidecar (temperature 0 and a seed: the same tokens each time) and ch
   identical direct requests (``test_mask_is_minimal``, after the cases);
 - the relay changes nothing: the body through the sidecar equals the direct one under the
   same mask, byte for byte, and so do status and end-to-end headers;
-- the measurements: one TTFT per streamed request, ITL count = content chunks - 1, output
+- the measurements: one TTFT per streamed request, ITL count = content chunks - 1 (more
+  where vLLM's per-chunk usage shows a chunk carried several tokens), output
   and input tokens = the server's usage (or llama.cpp's native counts) when it reported
   them, else the stream's content chunks, flagged as not from usage.
 
@@ -39,6 +40,7 @@ from tests.real.wire import (
     json_events,
     mask,
     reported_usage,
+    token_arrivals,
 )
 
 pytestmark = pytest.mark.real
@@ -50,14 +52,14 @@ _LLAMACPP_TIMINGS = {
 VOLATILE = {
     # A random 16-hex id per request and the creation second.
     "vllm": {"id", "created"},
-    # Also its slot, the engine's timings, and the prompt cache's share of the prompt (the
-    # first of two identical requests computes the prompt, the second finds it cached).
-    "llama.cpp": {"id", "created", "id_slot", "cache_n", "prompt_n", "cached_tokens", "tokens_cached"}
-    | _LLAMACPP_TIMINGS,
+    # Also the engine's timings, and the prompt cache's share of the prompt (the first of
+    # two identical requests computes the prompt, the second finds it cached).
+    "llama.cpp": {"id", "created", "cache_n", "prompt_n", "cached_tokens"} | _LLAMACPP_TIMINGS,
 }
 
-# Hop-by-hop headers belong to each connection; Date is the second the answer left.
-_PER_CONNECTION = {"connection", "keep-alive", "transfer-encoding", "date"}
+# Hop-by-hop headers belong to each connection; Date is the second the answer left;
+# Content-Length follows the body's volatile values (checked against each body instead).
+_PER_CONNECTION = {"connection", "keep-alive", "transfer-encoding", "date", "content-length"}
 
 _observed: dict[str, set[str]] = defaultdict(set)  # kind -> keys that differed, over the run
 _cases_run: dict[str, int] = defaultdict(int)
@@ -68,8 +70,27 @@ PARAMS = [pytest.param(kind, case, id=f"{kind.name}-{case.name}") for kind in LI
 async def fetch(session: aiohttp.ClientSession, base: str, case: Case) -> tuple[int, dict[str, str], bytes]:
     async with session.post(base + case.route, json=case.body()) as resp:
         body = b"".join([chunk async for chunk in resp.content.iter_any()])
+        if "Content-Length" in resp.headers:
+            assert int(resp.headers["Content-Length"]) == len(body)
         headers = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in _PER_CONNECTION}
         return resp.status, headers, body
+
+
+RECHUNK_ATTEMPTS = 5
+
+
+def same_events(a: bytes, b: bytes, c: bytes, streamed: bool) -> bool:
+    """Whether three streams carry the same number of events.
+
+    vLLM's API process merges the engine's outputs for a request when it falls behind (the
+    tiny model decodes in about a millisecond per token), so two identical requests can
+    come back split into different events: " here"," here" once, " here here" the next
+    time. That is the server's timing, not a difference the sidecar made, and no value mask
+    can hide it; the test asks again until all three answers are split alike."""
+    if not streamed:
+        return True
+    counts = {len(json_events(body, True)) for body in (a, b, c)}
+    return len(counts) == 1
 
 
 def next_second() -> None:
@@ -92,21 +113,27 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     live_servers, sidecar_factory, kind: ServerKind, case: Case
 ):
     server = live_servers.get(kind)
-    running = await sidecar_factory(server.url)
-    timelines = []
-    # The proxy's recorders are fixed at build time; add a capture beside the metrics.
-    proxy = running.sidecar.proxy
-    proxy._recorders = (*proxy._recorders, lambda t, label: timelines.append(t))
 
     timeout = aiohttp.ClientTimeout(total=120)
     # A fresh connection per request, as a new client would open (llama.cpp closes a
     # kept-alive connection after a stream; a reused one would race that close).
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False, timeout=timeout) as session:
-        status1, headers1, direct1 = await fetch(session, server.url, case)
-        next_second()
-        status2, headers2, direct2 = await fetch(session, server.url, case)
-        status, headers, via = await fetch(session, running.url, case)
+        for _attempt in range(RECHUNK_ATTEMPTS):
+            running = await sidecar_factory(server.url)  # fresh metrics for each attempt
+            timelines: list = []
+            # The proxy's recorders are fixed at build time; add a capture beside the metrics.
+            proxy = running.sidecar.proxy
+            proxy._recorders = (*proxy._recorders, lambda t, label, into=timelines: into.append(t))
+            status1, headers1, direct1 = await fetch(session, server.url, case)
+            next_second()
+            status2, headers2, direct2 = await fetch(session, server.url, case)
+            status, headers, via = await fetch(session, running.url, case)
+            await wait_for(lambda: len(timelines) == 1, timeout=10)
+            if same_events(direct1, direct2, via, case.stream):
+                break
+        else:
+            pytest.fail(f"{kind.name} split identical answers into different events {RECHUNK_ATTEMPTS} times running")
 
     volatile = VOLATILE[kind.engine]
     differing = differing_keys(direct1, direct2)
@@ -121,7 +148,6 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     assert headers == {k: v for k, v in headers1.items()}, "the sidecar changed the response headers"
     assert mask(via, volatile) == mask(direct1, volatile), "the sidecar changed the response body"
 
-    await wait_for(lambda: len(timelines) == 1, timeout=10)
     timeline = timelines[0]
     registry = running.registry
     route = {"route": case.route}
@@ -139,11 +165,9 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     if case.stream:
         assert chunks >= 2, "the tiny model should stream several content chunks"
         assert metric(registry, "llm_time_to_first_token_seconds_count", **route) == 1
-        per_chunk_usage = sum(1 for e in events if e.get("usage") and e.get("choices"))
-        if per_chunk_usage:  # continuous usage stats: tokens per chunk from usage deltas
-            assert metric(registry, "llm_inter_token_latency_seconds_count", **route) == usage["output"] - 1
-        else:
-            assert metric(registry, "llm_inter_token_latency_seconds_count", **route) == chunks - 1
+        # One gap between consecutive arrivals: content chunks - 1 (more when per-chunk usage
+        # says a chunk carried several tokens).
+        assert metric(registry, "llm_inter_token_latency_seconds_count", **route) == token_arrivals(events) - 1
     else:
         assert metric(registry, "llm_time_to_first_token_seconds_count", **route) == 0
     if usage is not None:

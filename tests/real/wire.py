@@ -86,6 +86,23 @@ def content_events(events: list[dict]) -> int:
     return sum(1 for e in events if content_of(e))
 
 
+def token_arrivals(events: list[dict]) -> int:
+    """Tokens the client saw arrive: one per content event, or more when per-chunk usage
+    (vLLM's continuous usage stats) grew by more since the previous event: the server merged
+    several tokens into one event. Tokens whose text was empty (a random model's stray UTF-8
+    bytes) arrive as no content at all and are not counted here."""
+    arrivals, so_far = 0, None
+    for event in events:
+        usage = event.get("usage") if event.get("choices") else None
+        output = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if content_of(event):
+            grown = output - so_far if output is not None and so_far is not None else 1
+            arrivals += max(grown, 1)
+        if output is not None:
+            so_far = output
+    return arrivals
+
+
 def reported_usage(events: list[dict]) -> dict | None:
     """The server's own token counts: ``usage`` (OpenAI routes) or llama.cpp's native
     ``tokens_predicted``/``tokens_evaluated``, from the last event that has them."""
