@@ -86,7 +86,8 @@ def same_events(a: bytes, b: bytes, c: bytes, streamed: bool) -> bool:
     tiny model decodes in about a millisecond per token), so two identical requests can
     come back split into different events: " here"," here" once, " here here" the next
     time. That is the server's timing, not a difference the sidecar made, and no value mask
-    can hide it; the test asks again until all three answers are split alike."""
+    can hide it. The test asks again until all three answers are split alike; a sidecar that
+    adds or drops an event never gets there, and then fails the byte comparison."""
     if not streamed:
         return True
     counts = {len(json_events(body, True)) for body in (a, b, c)}
@@ -132,8 +133,7 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
             await wait_for(lambda: len(timelines) == 1, timeout=10)
             if same_events(direct1, direct2, via, case.stream):
                 break
-        else:
-            pytest.fail(f"{kind.name} split identical answers into different events {RECHUNK_ATTEMPTS} times running")
+        # Still split differently after every attempt: the assertions below say which differed.
 
     volatile = VOLATILE[kind.engine]
     differing = differing_keys(direct1, direct2)
