@@ -152,7 +152,7 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
 
     # The relay: status, headers and body as the server sent them.
     assert status == status1
-    assert headers == {k: v for k, v in headers1.items()}, "the sidecar changed the response headers"
+    assert headers == headers1, "the sidecar changed the response headers"
     assert mask(via, volatile) == mask(direct1, volatile), "the sidecar changed the response body"
 
     timeline = timelines[0]
