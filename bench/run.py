@@ -547,6 +547,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="module run as `python -m MODULE serve ...` for the sidecar target (A/B a patched build)",
     )
     p.add_argument("--keep-logs", default=None, metavar="DIR", help="keep process logs here")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="also run bench.memory: RSS per concurrent stream and for the largest accepted body vs the chart's limit",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.streams, args.tokens, args.duration = "10", 20, 1.0
@@ -630,6 +635,13 @@ def main(argv: list[str] | None = None) -> int:
                 summary = summarize(rounds)
                 report.setdefault("summaries", []).append(summary)
                 print_summary(summary)
+        if args.memory:
+            import asyncio
+
+            from bench.memory import measure, print_report
+
+            report["memory"] = asyncio.run(measure(args.stream_counts, 32 << 20))
+            print_report(report["memory"])
     finally:
         procs.stop_all()
         if not args.keep_logs:

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import yaml
 
+from sidecar.slo import helm as helm_rules
+from sidecar.slo import load_spec
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "llm-sidecar"
 HELM = Path(os.environ.get("LLM_SIDECAR_HELM", ROOT / ".tools" / "bin" / "helm"))
@@ -44,10 +47,8 @@ KUBE_VERSION = "1.33.0"
 KUBE_VERSION_LEGACY = "1.28.0"
 
 # chart file (relative to CHART) -> the repo source it copies (relative to ROOT)
-COPIES = (
-    ("files/rules", "deploy/prometheus", "*.yaml"),
-    ("files/dashboards", "dashboards", "*.json"),
-)
+COPIES = (("files/dashboards", "dashboards", "*.json"),)
+# files/rules/ is rendered, not copied: see expected_copies.
 
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 GOLDEN_DIR = ROOT / "tests" / "golden" / "helm"
@@ -134,6 +135,10 @@ def expected_copies() -> dict[Path, bytes]:
     for dest, src, pattern in COPIES:
         for path in sorted((ROOT / src).glob(pattern)):
             out[CHART / dest / path.name] = path.read_bytes()
+    # The chart's rules are the same rules with each objective's target and threshold as a
+    # values lookup (sidecar/slo/helm.py); the generator, not a copy, writes them.
+    for name, spec in helm_rules.SHIPPED.items():
+        out[CHART / "files" / "rules" / name] = helm_rules.render_helm_rules(load_spec(str(ROOT / spec))).encode()
     return out
 
 

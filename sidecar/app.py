@@ -38,6 +38,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from .config import Settings
 from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .prompt_class import PromptClasses
 from .proxy import Proxy, error_response
 from .tracing import RequestTelemetry, providers_from_env
 from .upstream import UpstreamPool
@@ -87,6 +88,7 @@ def build_sidecar(
         registry,
         ModelLabeler(settings.model_allowlist, settings.max_models),
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
+        PromptClasses(settings.ttft_prompt_classes),
     )
     recorders = [metrics.record]
     telemetry: RequestTelemetry | None = None
@@ -112,6 +114,8 @@ def build_sidecar(
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
         max_request_body_bytes=settings.max_request_body_bytes,
+        client_body_timeout=settings.client_body_timeout,
+        send_timeout=settings.send_timeout,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
@@ -128,6 +132,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     # client_max_size only bounds request.read(); larger bodies are streamed, not read.
     # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
     app = web.Application(
+        middlewares=[_unrouted_to(sc.proxy)],
         client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
         handler_args={
             "max_line_size": settings.max_request_line_bytes,
@@ -154,6 +159,21 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     app.cleanup_ctx.append(upstream_session)
     app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
+
+
+def _unrouted_to(proxy: Proxy):
+    """Send to the proxy what aiohttp's router cannot match: its path patterns never match a
+    target that is not a path (``OPTIONS *``, ``CONNECT host:port``, an absolute form with no
+    path) nor a decoded path holding a line end (``%0A``, ``%0D``), and answered those with
+    its text 404. The proxy port is a pass-through for every target."""
+
+    @web.middleware
+    async def unrouted(request: web.Request, handler):
+        if request.match_info.http_exception is not None:
+            return await proxy.handle(request)
+        return await handler(request)
+
+    return unrouted
 
 
 def _admin_app(sc: Sidecar) -> web.Application:
@@ -209,9 +229,74 @@ def _refusal(exc: BaseException) -> tuple[int, str, str]:
     return 400, "bad_request", "the request is not valid HTTP/1.1 (framing or header syntax)"
 
 
+_BUSY_RETRY_AFTER = 1  # seconds: connections free up as fast as streams end
+_BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: %d\r\nX-LLM-Sidecar-Error: too_many_connections\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%b"
+)
+
+
+def _busy_response() -> bytes:
+    body = orjson.dumps(
+        {
+            "error": {
+                "message": "the sidecar has as many client connections open as it accepts; retry shortly",
+                "type": "too_many_connections",
+                "code": 503,
+            }
+        }
+    )
+    return _BUSY_RESPONSE % (_BUSY_RETRY_AFTER, len(body), body)
+
+
+class _RefusalLog:
+    """One log line per ``every`` seconds at most while connections are being refused, with
+    the number refused since the last line: a flood must not become a flood of lines."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self._every = every
+        self._last = float("-inf")
+        self._count = 0
+
+    def refused(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._count += 1
+        now = loop.time()
+        if now - self._last >= self._every:
+            _log.warning("connection_limit_reached", max_connections=limit, refused=self._count)
+            self._last, self._count = now, 0
+
+
 class _RefusingRequestHandler(RequestHandler):
     """aiohttp's connection handler, with parser refusals answered by the proxy's JSON error
-    body and logged without the request bytes (aiohttp quotes them in both places)."""
+    body and logged without the request bytes (aiohttp quotes them in both places), and
+    connections past the server's cap answered with 503 at once and closed: the process
+    keeps file descriptors for the admin port, the upstream sockets and its own files."""
+
+    _over_cap = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        server = self._manager
+        cap = getattr(server, "max_connections", 0)
+        if cap and len(server._connections) >= cap:  # type: ignore[union-attr]
+            self._over_cap = True
+            transport.write(_busy_response())
+            transport.close()
+            server.refusal_log.refused(self._loop, cap)  # type: ignore[union-attr]
+            return
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._over_cap:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if not self._over_cap:
+            super().eof_received()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._over_cap:
+            super().connection_lost(exc)
 
     def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
         if status != 400 or not isinstance(exc, HttpProcessingError):
@@ -227,6 +312,9 @@ class _RefusingRequestHandler(RequestHandler):
 
 
 class _RefusingServer(web.Server):
+    max_connections = 0  # no cap
+    refusal_log = _RefusalLog()
+
     def __call__(self) -> RequestHandler:
         return _RefusingRequestHandler(self, loop=self._loop, **self._kwargs)
 
@@ -240,13 +328,40 @@ class SidecarRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         built = await super()._make_server()
-        return _RefusingServer(
+        kwargs = dict(built._kwargs)
+        sc = self.app.get(SIDECAR) if isinstance(self.app, web.Application) else None
+        if sc is not None:
+            # aiohttp's keep-alive timer starts when a connection opens and again after each
+            # response, and closes the connection if no complete request head arrived by
+            # then: that is nginx's client_header_timeout (and keepalive_timeout). Left to
+            # itself, AppRunner's handler waits 3,630 s, so a head sent a byte at a time
+            # (or nothing at all) held a connection for an hour.
+            kwargs["keepalive_timeout"] = sc.settings.client_header_timeout
+        server = _RefusingServer(
             built.request_handler,
             request_factory=built.request_factory,
             handler_cancellation=built.handler_cancellation,
             loop=asyncio.get_running_loop(),
-            **built._kwargs,
+            **kwargs,
         )
+        if sc is not None and self.app is sc.proxy_app:
+            server.max_connections = connection_cap(sc.settings.max_connections)
+            server.refusal_log = _RefusalLog()
+        return server
+
+
+def connection_cap(configured: int) -> int:
+    """Client connections the proxy port accepts at once: as configured, else half the
+    open-files limit (each stream also holds an upstream socket) less a reserve for the
+    admin port, the pooled upstream connections and the process's own files."""
+    if configured:
+        return configured
+    if resource is None:
+        return 0
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 0
+    return max((soft - 128) // 2, 16)
 
 
 def raise_open_file_limit() -> int | None:

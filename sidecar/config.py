@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from .prompt_class import parse_bounds
 
 __all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 
@@ -82,7 +83,7 @@ class Settings(BaseModel):
     max_response_inspect_bytes: int = Field(
         16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
     )
-    inject_stream_usage: Literal[False] = Field(
+    inject_stream_usage: bool = Field(
         False,
         description="Removed: the sidecar never rewrites a request, not even to ask for usage "
         "(real servers answer such a request with other changes too). Kept so old config files "
@@ -101,10 +102,42 @@ class Settings(BaseModel):
         8190, gt=0, description="Longest request header field (name and value); longer gets 431"
     )
     max_request_headers: int = Field(128, gt=0, description="Most request header fields; more gets 431")
+    client_header_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a client may take to send a request head, and to start the next one on "
+        "a kept-alive connection (nginx's client_header_timeout); past it the connection is closed",
+    )
+    client_body_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Idle seconds allowed between two reads of a request body; past it 408 (nginx's "
+        "client_body_timeout)",
+    )
+    send_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a client may take no bytes of a response waiting for it (nginx's "
+        "send_timeout); past it the upstream request and the client connection are closed. Any "
+        "progress restarts it, so a slow but live reader is never cut off",
+    )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="Client connections open at once on the proxy port; more get 503 with Retry-After. "
+        "0: derived from the open-files limit (half of it, leaving room for the upstream sockets "
+        "and the admin port)",
+    )
     max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")
     slo_e2e_seconds: float = Field(60.0, gt=0, description="Goodput: e2e objective (a bucket bound)")
+    ttft_prompt_classes: list[int] = Field(
+        default_factory=list,
+        description="Input-token bounds of the TTFT histogram's prompt_class label, e.g. 1024,8192 "
+        "(classes le1024, le8192, gt8192, unknown when the count is not reported; at most 4 bounds). "
+        "Empty: every request is class 'all'",
+    )
     log_format: Literal["json", "console"] = Field("json", description="Request log format")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     access_log: bool = Field(True, description="One structured line per request")
@@ -114,6 +147,13 @@ class Settings(BaseModel):
         "over OTLP; needs OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. "
         "Traces need no setting: they are on whenever an OTLP endpoint is configured",
     )
+
+    @field_validator("inject_stream_usage")
+    @classmethod
+    def _no_injection(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("removed: the sidecar never rewrites a request; token counts come from the stream")
+        return value
 
     @field_validator("upstream")
     @classmethod
@@ -139,6 +179,11 @@ class Settings(BaseModel):
         if not v.startswith("/"):
             raise ValueError(f"must start with '/', got {v!r}")
         return v
+
+    @field_validator("ttft_prompt_classes", mode="before")
+    @classmethod
+    def _prompt_classes(cls, v: Any) -> list[int]:
+        return parse_bounds(v)
 
     @field_validator("slo_ttft_seconds", "slo_tpot_seconds", "slo_e2e_seconds")
     @classmethod

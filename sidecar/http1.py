@@ -57,13 +57,25 @@ class ResponseHead:
     UTF-8 with ``surrogateescape`` so valid UTF-8 round-trips exactly.
     """
 
-    __slots__ = ("version", "status", "reason", "headers", "keep_alive", "chunked", "length")
+    __slots__ = ("version", "status", "reason", "headers", "keep_alive", "chunked", "length", "raw_reason", "raw_fields")
 
-    def __init__(self, version: str, status: int, reason: str, headers: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        version: str,
+        status: int,
+        reason: str,
+        headers: list[tuple[str, str]],
+        raw_reason: bytes = b"",
+        raw_fields: list[bytes] | None = None,
+    ) -> None:
         self.version = version
         self.status = status
         self.reason = reason
         self.headers = headers
+        # The bytes as received, for relaying the head unchanged: the status line after the
+        # code (with its space, if any) and each header field line (without its CRLF).
+        self.raw_reason = raw_reason
+        self.raw_fields = raw_fields if raw_fields is not None else []
         self.keep_alive = True
         self.chunked = False
         self.length: int | None = None  # declared Content-Length, when framed by it
@@ -257,7 +269,7 @@ class ResponseParser:
             if status == 101:
                 raise ProtocolError("the upstream switched protocols, which is not relayed")
             return after  # interim response (100 Continue, 103 Early Hints): skip it
-        head = ResponseHead(version, status, reason, headers)
+        head = ResponseHead(version, status, reason, headers, lines[0][12:], lines[1:])
         self._frame(head)
         self.head = head
         return after

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from .timeline import RequestTimeline
+from .timeline import Outcome, RequestTimeline
 
 __all__ = ["configure_logging", "RequestLogger"]
 
@@ -63,7 +63,10 @@ class RequestLogger:
         self._log = logger or structlog.get_logger("sidecar.request")
 
     def __call__(self, t: RequestTimeline, model_label: str) -> None:
-        self._log.info(
+        # A failed request is an error line, so level filters and log alerts find it; a
+        # client that went away or a 4xx (outcome ok) is routine traffic.
+        emit = self._log.error if t.outcome is Outcome.ERROR else self._log.info
+        emit(
             "request",
             method=t.method,
             route=t.route,
@@ -78,5 +81,6 @@ class RequestLogger:
             duration_ms=_ms(t.e2e),
             input_tokens=t.input_tokens,
             output_tokens=t.output_tokens,
+            tokens_source=t.token_count_source.value,
             trace_id=t.trace_id,
         )

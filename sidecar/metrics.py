@@ -24,6 +24,8 @@ from .buckets import (
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
+from .prompt_class import PromptClasses
+from .routes import ROUTES
 from .timeline import Outcome, RequestTimeline
 
 __all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
@@ -92,10 +94,12 @@ class SidecarMetrics:
         registry: CollectorRegistry,
         labeler: ModelLabeler | None = None,
         slo: SLOThresholds | None = None,
+        prompt_classes: PromptClasses | None = None,
     ) -> None:
         self.registry = registry
         self.model_label = labeler or ModelLabeler()
         self.slo = slo
+        self.prompt_class = prompt_classes or PromptClasses()
         mr = ("model", "route")
         h = dict(registry=registry, namespace="llm")
         self.requests = Counter(
@@ -116,8 +120,10 @@ class SidecarMetrics:
         self.ttft = Histogram(
             "time_to_first_token_seconds",
             "Streamed requests: seconds to the first generated token of any kind "
-            "(content, reasoning or tool call); a role-only chunk is not a token.",
-            mr, buckets=TTFT_BUCKETS, **h,
+            "(content, reasoning or tool call); a role-only chunk is not a token. "
+            "prompt_class: the input-token class (--ttft-prompt-classes), 'unknown' when the "
+            "response did not report the count, 'all' when no classes are configured.",
+            (*mr, "prompt_class"), buckets=TTFT_BUCKETS, **h,
         )  # fmt: skip
         self.ttfat = Histogram(
             "time_to_first_answer_token_seconds",
@@ -143,14 +149,15 @@ class SidecarMetrics:
         )  # fmt: skip
         self.tokens = Counter(
             "tokens",
-            "Tokens by type, from the response's usage when it reports one; otherwise output "
-            "tokens are counted from the stream, one per content-bearing event.",
+            "Tokens by type, from the response's usage, else the engine's own counts in its "
+            "stream; otherwise output tokens are estimated from the stream, one per "
+            "content-bearing event, and input is not counted (llm_token_count_source_total).",
             ("model", "route", "type"), **h,
         )  # fmt: skip
         self.request_tokens = Histogram(
             "request_tokens",
             "Tokens per request by type (input, output): prompt and output length distributions; "
-            "usage when reported, else output counted from the stream.",
+            "usage or the engine's counts when reported, else output estimated from the stream.",
             ("model", "route", "type"), buckets=TOKEN_COUNT_BUCKETS, **h,
         )  # fmt: skip
         self.within_slo = Counter(
@@ -175,6 +182,13 @@ class SidecarMetrics:
             "stream_parse_errors",
             "Stream events the dialect could not understand (the bytes were still relayed).",
             ("route",), **h,
+        )  # fmt: skip
+        self.token_count_source = Counter(
+            "token_count_source",
+            "API requests by where their output token count came from: usage (the response's "
+            "usage object), engine (the engine's own counts in its stream), estimated (counted "
+            "from the stream; input unknown) or none. One per request.",
+            ("model", "route", "source"), **h,
         )  # fmt: skip
 
     # -- lifecycle hooks, called by the proxy -------------------------------------------
@@ -205,6 +219,8 @@ class SidecarMetrics:
         if t.streamed:
             self._record_stream(t, mr, ex)
         self._record_tokens(t, mr)
+        if route in ROUTES:  # API routes only: a health check has no tokens to count
+            self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
         engine = t.engine
         if engine is not None:
             for hist, value in (
@@ -219,7 +235,7 @@ class SidecarMetrics:
 
     def _record_stream(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
         if t.ttft is not None:
-            self.ttft.labels(*mr).observe(t.ttft, ex)
+            self.ttft.labels(*mr, self.prompt_class(t.input_tokens)).observe(t.ttft, ex)
         if t.ttfat is not None:
             self.ttfat.labels(*mr).observe(t.ttfat, ex)
         if t.gaps:

@@ -47,6 +47,7 @@ class ResponseObserver:
             if route.model_from_path:
                 kwargs["model"] = timeline.model or None
             self._dialect = route.stream_dialect(**kwargs)
+            timeline.end_marker_expected = getattr(self._dialect, "HAS_END_MARKER", False)
         elif mime == "application/json" and route.json_parser is not None:
             self._json_parser = route.json_parser
 
@@ -98,3 +99,5 @@ class ResponseObserver:
         _log.exception("dialect_failed", where=where, route=self._timeline.route)
         self._dialect = None
         self._timeline.parse_errors += 1
+        # Unread from here on: whether the end marker came is unknown, not missing.
+        self._timeline.end_marker_expected = False

@@ -14,6 +14,11 @@ Faults map to what a client can act on:
   of a clean end (and never hangs)
 - client goes away -> the upstream response is closed at once, so the server stops
   generating; outcome ``cancelled`` with the partial figures
+- client stops taking bytes for ``send_timeout`` (a full socket, no progress) -> the
+  upstream response is closed (the server stops generating) and the client connection
+  aborted; outcome ``cancelled``, error type ``client_send_timeout``. After each response
+  the relay also waits for the client to take it, so a client that pipelines requests
+  without reading gets no further request forwarded
 - request body larger than ``max_request_body_bytes`` -> 413 with a JSON error body: before
   the upstream is asked when ``Content-Length`` says so (also in answer to
   ``Expect: 100-continue``, so the client never sends it), else as soon as a chunked body
@@ -33,6 +38,7 @@ again: aiohttp would not decode it), and the connection is closed after either.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Protocol
@@ -44,7 +50,16 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
+from .client_head import RawHeadResponse, client_head
 from .observe import ResponseObserver
+
+try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
+    import fcntl
+    from termios import TIOCOUTQ as _SIOCOUTQ
+except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
+    fcntl = None  # type: ignore[assignment]
+    _SIOCOUTQ = None
+from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from .routes import OTHER, Route, match_route
 from .timeline import Outcome, RequestTimeline
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
@@ -74,6 +89,58 @@ _log = structlog.get_logger("sidecar.proxy")
 CLIENT_BODY_TIMEOUT = 60.0
 """Idle seconds allowed between two reads of a request body from the client (nginx's
 ``client_body_timeout`` and its default); past it the request gets 408."""
+
+SEND_TIMEOUT = 60.0
+"""Seconds a client may take no bytes at all of a response that waits for it (nginx's
+``send_timeout`` and its default). Past it the upstream request is closed, so the server
+stops generating for a reader that stopped, and the client connection is closed. Any
+progress restarts the time: a slow but live reader is never cut off."""
+
+
+class _SendTimeout(Exception):
+    """The client took nothing for ``send_timeout`` seconds."""
+
+
+async def drain_client(request: web.Request, timeout: float) -> None:
+    """Wait until the client has taken the response bytes queued for it (down to the
+    transport's low-water mark), for as long as it makes progress.
+
+    Raises :class:`_SendTimeout` after ``timeout`` seconds in which the queue did not
+    shrink, ``ConnectionError`` when the client is gone. aiohttp's ``drain`` itself waits
+    forever, and cancelling it would cancel the writer's shared waiter, so it is only
+    cancelled when the connection is let go anyway.
+    """
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client is gone")
+    if not transport.get_write_buffer_size():
+        return  # the usual case: all handed to the kernel, so writing is not paused either
+    drained = asyncio.ensure_future(request.writer.drain())
+    while True:
+        queued = _unsent(transport)
+        done, _ = await asyncio.wait((drained,), timeout=timeout)  # never cancels it
+        if done:
+            return drained.result()
+        if transport.is_closing():
+            raise ConnectionResetError("the client is gone")
+        if _unsent(transport) >= queued:
+            drained.cancel()
+            raise _SendTimeout()
+
+
+def _unsent(transport: asyncio.Transport) -> int:
+    """Bytes not yet taken by the client: the transport's buffer plus the kernel's send
+    queue (Linux ``SIOCOUTQ``). The kernel queue is what shows a slow reader's progress: the
+    transport's buffer only shrinks once a third of the socket buffer is free, which a
+    reader taking a few KiB a second may not reach in minutes."""
+    queued = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None and _SIOCOUTQ is not None:
+        try:
+            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            pass
+    return queued
 
 Recorder = Callable[[RequestTimeline, str], None]
 """Called once per finished request with the timeline and its bounded model label."""
@@ -105,20 +172,6 @@ def _filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str
             continue
         out.add(name, value)
     return out
-
-
-# Where each API puts its output-length limit: top level, TGI's parameters, Ollama's options.
-_MAX_TOKEN_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "max_new_tokens", "n_predict")
-
-
-def _max_tokens_of(doc: dict) -> int | None:
-    for holder in (doc, doc.get("parameters"), doc.get("options")):
-        if type(holder) is dict:
-            for key in (*_MAX_TOKEN_KEYS, "num_predict"):
-                value = holder.get(key)
-                if type(value) is int:
-                    return value
-    return None
 
 
 def error_response(status: int, kind: str, message: str) -> web.Response:
@@ -192,6 +245,7 @@ class Proxy:
         max_request_inspect_bytes: int = 32 << 20,
         max_request_body_bytes: int = 64 << 20,
         client_body_timeout: float = CLIENT_BODY_TIMEOUT,
+        send_timeout: float = SEND_TIMEOUT,
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
         tracer: RequestTracer | None = None,
@@ -204,6 +258,7 @@ class Proxy:
         self._max_inspect = max_request_inspect_bytes
         self._max_body = max_request_body_bytes
         self.client_body_timeout = client_body_timeout
+        self.send_timeout = send_timeout
         self._max_json = max_response_inspect_bytes
         self._max_line = max_line_bytes
         self._tracer = tracer
@@ -214,19 +269,18 @@ class Proxy:
         start = self._clock()
         route, model = match_route(request.path, request.method)
         refusal = self._refusal(request)
-        body, doc = None, None
+        body, fields = None, None
         if refusal is None:
             try:
-                body, doc = await self._request_body(request, route)
+                body, fields = await self._request_body(request, route)
             except _BodyRefused as exc:
                 refusal = exc.refusal
-        if doc is not None:
-            value = doc.get("model")
-            model = model or (value if isinstance(value, str) else None)
+        if fields is not None:
+            model = model or fields.model
         timeline = RequestTimeline(start, request.method, route.template, model or "")
-        if doc is not None:
-            timeline.request_stream = doc.get("stream") is True
-            timeline.request_max_tokens = _max_tokens_of(doc)
+        if fields is not None:
+            timeline.request_stream = fields.stream
+            timeline.request_max_tokens = fields.max_tokens
         label = self._model_label(model)
         self.in_flight += 1
         if self._on_start is not None:
@@ -238,7 +292,10 @@ class Proxy:
             if refusal is not None:
                 outcome, error_type, response = self._refuse(timeline, *refusal)
             else:
-                outcome, error_type, response = await self._relay(request, route, body, timeline)
+                # Handed over in a box the relay empties once the upstream has the request,
+                # so a large body is not kept alive for the whole stream by this frame.
+                held, body = [body], None
+                outcome, error_type, response = await self._relay(request, route, held, timeline)
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, "client_disconnected"
@@ -265,6 +322,9 @@ class Proxy:
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str] | None:
         """Why the request is refused without asking the upstream, or None."""
+        if request.method == "CONNECT":
+            # A tunnel to wherever the client names: never what an inference server is for.
+            return 405, "method_not_allowed", "CONNECT is not relayed"
         length = request.content_length
         if length is not None and length > self._max_body:
             return _too_large(self._max_body)
@@ -285,14 +345,16 @@ class Proxy:
         response.force_close()
         return Outcome.OK, None, response
 
-    async def _request_body(self, request: web.Request, route: Route):
-        """The body to forward (exactly as the client sent it) and the request's JSON object
-        on known API routes (else None).
+    async def _request_body(self, request: web.Request, route: Route) -> tuple[object, RequestFields | None]:
+        """The body to forward (exactly as the client sent it) and, on known API routes, the
+        fields the figures are labelled with (model, stream, max tokens), else None.
 
         A known API route's JSON body is read whole (bounded by ``max_request_inspect_bytes``)
         so the model can label the figures: the server needs the whole JSON before it can
-        start anyway, so this adds no time to first token. Every other body is streamed.
-        The body is never rewritten (not even to ask for usage): see DESIGN, "Where it sits".
+        start anyway, so this adds no time to first token. It is never parsed into objects
+        (a parsed body costs 15-30 times its bytes): :class:`RequestFieldScanner` reads the
+        few fields as the pieces arrive. Every other body is streamed. The body is never
+        rewritten (not even to ask for usage): see DESIGN, "Where it sits".
         """
         if not request.body_exists:
             return None, None
@@ -306,23 +368,24 @@ class Proxy:
             # The usual case: the whole (small) body came in with the head, so it is all
             # buffered already; take it without a wait and its timer.
             body = content.read_nowait()
-        else:
-            parts: list[bytes] = []
-            while chunk := await _read_some(content, self.client_body_timeout):
-                parts.append(chunk)
-            body = b"".join(parts)
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body, None
-        return body, (doc if type(doc) is dict else None)
+            return body, scan_request_fields(body)
+        scanner = RequestFieldScanner()
+        parts: list[bytes] = []
+        while chunk := await _read_some(content, self.client_body_timeout):
+            parts.append(chunk)
+            scanner.feed(chunk)
+        body = b"".join(parts)
+        parts.clear()
+        return body, scanner.close()
 
     def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
         headers = _filter_headers(request.headers, _NOT_FORWARDED_TO_UPSTREAM)
         if isinstance(body, bytes):
             headers.popall("Content-Length", None)  # aiohttp sets it from the bytes
         peer = request.remote or ""
-        prior = request.headers.get("X-Forwarded-For")
+        # Every X-Forwarded-For the client sent, joined, then the peer (nginx's
+        # $proxy_add_x_forwarded_for): a second header must not be dropped.
+        prior = ", ".join(request.headers.getall("X-Forwarded-For", ()))
         headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
         headers["X-Forwarded-Proto"] = request.scheme
         if request.host:
@@ -333,12 +396,15 @@ class Proxy:
 
     # -- response ----------------------------------------------------------------------
 
-    async def _relay(self, request: web.Request, route: Route, body, timeline: RequestTimeline):
+    async def _relay(self, request: web.Request, route: Route, held: list, timeline: RequestTimeline):
+        body = held.pop()
         target = request.raw_path
-        if not target.startswith("/"):
+        if target != "*" and not target.startswith("/"):
             # Absolute form (GET http://host/path): only its path and query are ours to use;
-            # the host it names is never where the request goes.
-            target = request.rel_url.raw_path_qs
+            # the host it names is never where the request goes. No path means "/".
+            target = request.rel_url.raw_path_qs or "/"
+            if not target.startswith("/"):
+                target = "/" + target
         pool = self._pool()
         try:
             conn = await pool.request(
@@ -348,6 +414,7 @@ class Proxy:
             return self._refuse(timeline, *exc.refusal)
         except UpstreamError as exc:
             return self._fail(timeline, exc.status, exc.kind, str(exc))
+        body = None  # sent: not kept for the stream's lifetime
         try:
             return await self._stream(request, route, conn, timeline)
         finally:
@@ -373,15 +440,18 @@ class Proxy:
             max_line_bytes=self._max_line,
         )
         timeline.response_started(now, head.status, observer.streaming)
-        response = web.StreamResponse(status=head.status, reason=head.reason)
-        response.headers.extend(_filter_headers(upstream_headers, HOP_BY_HOP))
+        # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
+        out_head = client_head(
+            head, http11=request.version >= HttpVersion11, method=request.method, client_keep_alive=request.keep_alive
+        )
+        response = RawHeadResponse(out_head, head.status)
         await response.prepare(request)
         if request.transport is None or request.transport.is_closing():
             return Outcome.CANCELLED, "client_disconnected", response
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = "upstream_status" if head.status >= 500 else None
-        relay = _Relay(request, conn, observer, self._clock)
+        relay = _Relay(request, conn, observer, self._clock, self.send_timeout, out_head.chunked)
         try:
             ended = await relay.run()
         finally:
@@ -390,6 +460,8 @@ class Proxy:
 
         if ended == _CLIENT_GONE:
             return Outcome.CANCELLED, "client_disconnected", response
+        if ended == _SEND_TIMED_OUT:
+            return self._stalled_reader(request, response)
         if ended is not _COMPLETE:
             # Flush what was relayed, then close: a truncated stream, never a false clean end.
             response.force_close()
@@ -397,10 +469,26 @@ class Proxy:
                 request.transport.close()
             return Outcome.ERROR, ended, response
         try:
-            await response.write_eof()
+            await response.finish(request)
+            # aiohttp's write_eof does not wait for the client to take the bytes: without
+            # this, a client that pipelines requests and never reads gets each next one
+            # forwarded while the answers pile up in memory.
+            await drain_client(request, self.send_timeout)
         except ConnectionError:
             return Outcome.CANCELLED, "client_disconnected", response
+        except _SendTimeout:
+            return self._stalled_reader(request, response)
         return outcome, error_type, response
+
+    @staticmethod
+    def _stalled_reader(request: web.Request, response: web.StreamResponse):
+        """The client stopped reading for ``send_timeout``: let it go (its unread bytes
+        with it). The upstream connection is already closed."""
+        response.force_close()
+        if request.transport is not None:
+            # abort, not close: close() would wait to flush the unread bytes, forever.
+            request.transport.abort()
+        return Outcome.CANCELLED, _SEND_TIMED_OUT, response
 
     @staticmethod
     def _safely(fn, *args) -> None:
@@ -412,6 +500,7 @@ class Proxy:
 
 _COMPLETE = "complete"
 _CLIENT_GONE = "client_disconnected"
+_SEND_TIMED_OUT = "client_send_timeout"
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
 
@@ -427,16 +516,27 @@ class _Relay:
     client drained it.
     """
 
-    __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "ended", "paused", "sent")
+    __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout", "ended", "paused", "sent")
 
-    def __init__(self, request: web.Request, conn: UpstreamConnection, observer: ResponseObserver, clock) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        conn: UpstreamConnection,
+        observer: ResponseObserver,
+        clock,
+        send_timeout: float = SEND_TIMEOUT,
+        chunked: bool | None = None,
+    ) -> None:
         self._request = request
         self._transport = request.transport
         self._conn = conn
         self._observer = observer
         self._clock = clock
-        self._chunked = request.writer.chunked
+        # Whether the client's body goes out in chunks: the head the proxy wrote says
+        # (RawHeadResponse); None reads aiohttp's writer, for a head aiohttp wrote.
+        self._chunked = request.writer.chunked if chunked is None else chunked
         self._waiter: asyncio.Future | None = None
+        self._send_timeout = send_timeout
         self.ended: str | None = None
         self.paused = False
         self.sent = 0
@@ -499,10 +599,14 @@ class _Relay:
         while self.ended is None:
             if self.paused:
                 try:
-                    await self._request.writer.drain()
+                    await drain_client(self._request, self._send_timeout)
                 except ConnectionError:
                     self._conn.close()
                     self._end(_CLIENT_GONE)
+                    break
+                except _SendTimeout:
+                    self._conn.close()  # the server stops generating for a reader that stopped
+                    self._end(_SEND_TIMED_OUT)
                     break
                 self.paused = False
                 self._conn.resume_reading()

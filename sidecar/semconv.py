@@ -67,6 +67,10 @@ LLM_SIDECAR_TTFAT = "llm_sidecar.time_to_first_answer_token"  # seconds, when !=
 LLM_SIDECAR_TPOT = "llm_sidecar.time_per_output_token"  # seconds
 LLM_SIDECAR_TPS = "llm_sidecar.output_tokens_per_second"  # tokens/s of decode
 LLM_SIDECAR_TOKENS_FROM_USAGE = "llm_sidecar.usage.reported"  # false: output counted from the stream
+# Where gen_ai.usage.output_tokens came from: usage | engine | estimated (none: not set).
+LLM_SIDECAR_TOKEN_COUNT_SOURCE = "llm_sidecar.usage.token_count_source"
+# true when gen_ai.usage.output_tokens is the sidecar's count of stream events, not the server's.
+LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED = "llm_sidecar.usage.output_tokens_estimated"
 LLM_SIDECAR_REASONING_TOKENS = "llm_sidecar.usage.reasoning_tokens"
 LLM_SIDECAR_PARSE_ERRORS = "llm_sidecar.stream.parse_errors"
 LLM_SIDECAR_STREAM_ERROR_TYPE = "llm_sidecar.stream.error_type"  # the server's own error type

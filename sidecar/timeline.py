@@ -13,8 +13,23 @@ timestamps, not durations, so every figure is derived one way in one place:
 - TPS    (output tokens - 1) / (last token - first token): decode speed, 1 / TPOT
 - E2E    end - start, where end is when the last byte was relayed (or the request failed)
 
-Output tokens are the server's ``usage`` when it reported one, else the number of
-token-bearing deltas seen in the stream (``tokens_from_usage`` says which).
+Token counts, one precedence for every dialect (:attr:`RequestTimeline.token_count_source`):
+
+1. ``usage``      the API's own usage object, when the response carried one;
+2. ``engine``     the engine's own counts in its stream (llama.cpp ``timings``, TGI
+                  ``details``, Ollama ``eval_count``), when no usage did;
+3. ``estimated``  output only: the token-bearing deltas seen in the stream (one per
+                  content-bearing event, k when per-chunk usage says k); input unknown;
+4. ``none``       nothing to count from (a JSON body without usage, a non-API response).
+
+Each count is taken field by field from the first source that has it, so a usage object
+without ``cached_tokens`` still gets llama.cpp's ``cache_n``; input is never estimated.
+
+Outcome: a streamed 2xx response that ended cleanly at the HTTP level but without its
+dialect's end marker (``[DONE]``, ``message_stop``, ``response.completed``, ``done: true``
+...) is what a server that died between two chunks looks like, so :meth:`finish` turns its
+``ok`` into ``error`` / ``upstream_stream_truncated``. The dialect says whether its protocol
+has a marker (``end_marker_expected``) and whether it saw it (:class:`StreamEnd`).
 The clock is injected so tests can script exact timings.
 """
 
@@ -35,7 +50,7 @@ from .protocols.events import (
     Usage,
 )
 
-__all__ = ["Outcome", "RequestTimeline"]
+__all__ = ["Outcome", "RequestTimeline", "TokenCountSource", "STREAM_TRUNCATED"]
 
 _ANSWER = TokenKind.ANSWER
 _REASONING = TokenKind.REASONING
@@ -45,6 +60,19 @@ class Outcome(str, Enum):
     OK = "ok"
     ERROR = "error"
     CANCELLED = "cancelled"
+
+
+class TokenCountSource(str, Enum):
+    """Where a request's output token count came from (see the module docstring)."""
+
+    USAGE = "usage"
+    ENGINE = "engine"
+    ESTIMATED = "estimated"
+    NONE = "none"
+
+
+STREAM_TRUNCATED = "upstream_stream_truncated"
+"""error_type of a stream that ended cleanly without its protocol's end marker."""
 
 
 class RequestTimeline:
@@ -67,11 +95,13 @@ class RequestTimeline:
         "stream_tokens",
         "reasoning_stream_tokens",
         "usage",
+        "engine_usage",
         "response_model",
         "response_id",
         "finish_reasons",
         "stream_error",
         "saw_end_marker",
+        "end_marker_expected",
         "parse_errors",
         "outcome",
         "error_type",
@@ -98,12 +128,14 @@ class RequestTimeline:
         self.gaps = array("d")
         self.stream_tokens = 0
         self.reasoning_stream_tokens = 0
-        self.usage: Usage | None = None
+        self.usage: Usage | None = None  # the API's usage object
+        self.engine_usage: Usage | None = None  # the engine's own counts
         self.response_model: str | None = None
         self.response_id: str | None = None
         self.finish_reasons: list[str] = []
         self.stream_error: StreamError | None = None
         self.saw_end_marker = False
+        self.end_marker_expected = False  # the stream's dialect has an end marker to see
         self.parse_errors = 0
         self.outcome: Outcome | None = None
         self.error_type: str | None = None  # short machine-readable cause, never content
@@ -141,7 +173,10 @@ class RequestTimeline:
                 else:
                     self._tokens(ev, now)
             elif t is Usage:
-                self.usage = ev
+                if ev.engine:
+                    self.engine_usage = ev
+                else:
+                    self.usage = ev
             elif t is ResponseInfo:
                 if ev.response_model is not None:
                     self.response_model = ev.response_model
@@ -189,6 +224,8 @@ class RequestTimeline:
         # just how the API words a client error, which stays outcome ok with its code.
         if outcome is Outcome.OK and self.stream_error is not None and (self.status is None or self.status < 400):
             outcome, error_type = Outcome.ERROR, error_type or "stream_error"
+        elif outcome is Outcome.OK and self.truncated:
+            outcome, error_type = Outcome.ERROR, STREAM_TRUNCATED
         self.outcome = outcome
         self.error_type = error_type
         self.end = now
@@ -220,28 +257,64 @@ class RequestTimeline:
         return self.first_answer_token - self.start
 
     @property
+    def truncated(self) -> bool:
+        """A 2xx token stream whose protocol has an end marker, and that never sent it.
+        (HEAD and 204 have no body to end; a stream the observer gave up on is unknown.)"""
+        return (
+            self.streamed
+            and self.end_marker_expected
+            and not self.saw_end_marker
+            and self.status is not None
+            and 200 <= self.status < 300
+            and self.status != 204
+            and self.method != "HEAD"
+        )
+
+    def _exact(self, field: str) -> int | None:
+        """One count, from the first source that has it: usage, then the engine's own."""
+        for counts in (self.usage, self.engine_usage):
+            if counts is not None:
+                value = getattr(counts, field)
+                if value is not None:
+                    return value
+        return None
+
+    @property
+    def token_count_source(self) -> TokenCountSource:
+        """Where :attr:`output_tokens` came from; the precedence lives here, once."""
+        if self.usage is not None and self.usage.output_tokens is not None:
+            return TokenCountSource.USAGE
+        if self.engine_usage is not None and self.engine_usage.output_tokens is not None:
+            return TokenCountSource.ENGINE
+        return TokenCountSource.ESTIMATED if self.streamed else TokenCountSource.NONE
+
+    @property
     def tokens_from_usage(self) -> bool:
-        return self.usage is not None and self.usage.output_tokens is not None
+        """The output count is exact (the server's usage or the engine's own count)."""
+        return self.token_count_source in (TokenCountSource.USAGE, TokenCountSource.ENGINE)
 
     @property
     def output_tokens(self) -> int | None:
-        if self.tokens_from_usage:
-            return self.usage.output_tokens  # type: ignore[union-attr]
+        exact = self._exact("output_tokens")
+        if exact is not None:
+            return exact
         return self.stream_tokens if self.streamed else None
 
     @property
     def input_tokens(self) -> int | None:
-        return None if self.usage is None else self.usage.input_tokens
+        """Never estimated: None unless the response carried it."""
+        return self._exact("input_tokens")
 
     @property
     def reasoning_tokens(self) -> int | None:
-        if self.usage is not None and self.usage.reasoning_tokens is not None:
-            return self.usage.reasoning_tokens
+        exact = self._exact("reasoning_tokens")
+        if exact is not None:
+            return exact
         return self.reasoning_stream_tokens if self.reasoning_stream_tokens else None
 
     @property
     def cached_input_tokens(self) -> int | None:
-        return None if self.usage is None else self.usage.cached_input_tokens
+        return self._exact("cached_input_tokens")
 
     @property
     def decode_seconds(self) -> float | None:

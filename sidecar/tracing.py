@@ -53,7 +53,7 @@ from . import __version__
 from . import semconv as sc
 from .metrics import OTHER_MODEL, UNKNOWN_MODEL
 from .routes import OTHER, ROUTES
-from .timeline import Outcome, RequestTimeline
+from .timeline import Outcome, RequestTimeline, TokenCountSource
 
 __all__ = [
     "RequestTelemetry",
@@ -373,7 +373,10 @@ class RequestTelemetry:
             if value is not None:
                 attrs[key] = value
         if t.output_tokens is not None:
+            source = t.token_count_source
             attrs[sc.LLM_SIDECAR_TOKENS_FROM_USAGE] = t.tokens_from_usage
+            attrs[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] = source.value
+            attrs[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] = source is TokenCountSource.ESTIMATED
         for key, value in (
             (sc.LLM_SIDECAR_TTFB, t.ttfb),
             (sc.LLM_SIDECAR_TTFT, t.ttft),

@@ -395,7 +395,8 @@ class UpstreamPool:
         elif not has_length:
             headers.append(("Transfer-Encoding", "chunked"))
             chunked_body = True
-        head = request_head(method, self.base_path + target, self.host_header, headers)
+        # "*" (OPTIONS *) names the server itself, never a path under the base URL.
+        head = request_head(method, target if target == "*" else self.base_path + target, self.host_header, headers)
         retry = _replayable(method, headers, body)
         fresh = False
         while True:
@@ -439,7 +440,11 @@ class UpstreamPool:
         waiter = conn.begin(no_body=method == "HEAD")
         writer: asyncio.Task | None = None
         if body is None or isinstance(body, bytes):
-            conn.write(head + body if body else head)
+            if body and len(body) > 1 << 16:
+                conn.write(head)  # no joined copy of a large body; the transport sends both
+                conn.write(body)
+            else:
+                conn.write(head + body if body else head)
         else:
             conn.write(head)
             writer = conn._body_writer = self.loop.create_task(_send_body(conn, body, chunked_body))
@@ -470,9 +475,12 @@ class UpstreamPool:
                 continue
             if now - conn.idle_since > self._keepalive:
                 conn.close()
-                for old in self._idle:  # older ones are staler still
+                # Older ones are staler still. Detach the list first: close() -> _forget()
+                # removes from self._idle, and iterating the list it shrinks skips every
+                # other connection (which clear() then dropped unclosed: a leak).
+                stale, self._idle = self._idle, []
+                for old in stale:
                     old.close()
-                self._idle.clear()
                 return None
             return conn
         return None

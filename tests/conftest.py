@@ -98,6 +98,10 @@ class RunningSidecar:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def sample(self, name: str, **labels) -> float | None:
+        # TTFT carries prompt_class; without configured classes it is always "all", which
+        # tests that are not about classes need not spell out.
+        if name.startswith("llm_time_to_first_token_seconds") and not self.sidecar.settings.ttft_prompt_classes:
+            labels.setdefault("prompt_class", "all")
         return self.registry.get_sample_value(name, labels)
 
 

@@ -21,6 +21,7 @@ __all__ = [
 
 ALL_VALUES: Mapping[str, str] = {
     "__rate_interval": "1m",
+    "cluster": ".*",
     "namespace": ".*",
     "pod": ".*",
     "model": ".*",

@@ -32,6 +32,7 @@ TOKENS = "llm_tokens_total"
 REQUEST_TOKENS = "llm_request_tokens"
 TPS = "llm_output_tokens_per_second"
 PARSE_ERRORS = "llm_stream_parse_errors_total"
+TOKEN_COUNT_SOURCE = "llm_token_count_source_total"
 
 OK: tuple[Matcher, ...] = (("outcome", "=", "ok"),)
 ERROR: tuple[Matcher, ...] = (("outcome", "=", "error"),)
@@ -281,6 +282,31 @@ def _tokens(board: Board) -> None:
     )
 
 
+def _token_count_sources(board: Board) -> None:
+    """How far the token panels can be trusted: the share of counted requests whose output
+    count the server reported (usage or the engine's own), by route. Its own last row, so
+    adding it moved no other panel."""
+    board.row("Token count sources")
+    board.add(_exact_counts_panel())
+
+
+def _exact_counts_panel():
+    exact = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "=~", "usage|engine"),))
+    counted = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "!=", "none"),))
+    return timeseries_panel(
+        "Requests with exact token counts (%)",
+        "Of the requests with an output token count, the share whose count the response carried, "
+        "by route: usage (asked by the client or sent by the server anyway) or the engine's own "
+        "counts (llama.cpp timings, TGI details, Ollama). The rest were estimated from the stream, "
+        "one token per content-bearing event, with input tokens unknown. The sidecar never asks "
+        "for usage: enable it on the server (vLLM --enable-force-include-usage) to raise this.",
+        [Query(ratio_or_zero(exact, counted), "{{route}}")],
+        "percentunit",
+        w=24,
+        h=7,
+    )
+
+
 def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what: str) -> None:
     board.row(title)
     board.add(
@@ -403,4 +429,5 @@ def build():
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
     _engine(board)
+    _token_count_sources(board)
     return board.build()

@@ -233,6 +233,8 @@ def _instant(q: Query) -> Query:
 
 
 _VARIABLE_HELP = {
+    "cluster": "The `cluster` label, where Prometheus adds one (an external label, a Thanos or "
+    "Mimir ruler). All also matches series without the label.",
     "namespace": "Kubernetes namespace of the scraped sidecar (the `namespace` target label "
     "kube-prometheus-stack adds). All also matches series without the label.",
     "pod": "Pod of the scraped sidecar (the `pod` target label). All also matches series without the label.",
@@ -243,7 +245,7 @@ _VARIABLE_HELP = {
 
 
 def variables() -> list[cogbuilder.Builder[dash_m.VariableModel]]:
-    """``datasource`` (any Prometheus), then namespace, pod, model and route, each narrowed by
+    """``datasource`` (any Prometheus), then cluster, namespace, pod, model and route, each narrowed by
     the ones before it. Multi-valued with All = ``.*``, so every panel's ``label=~"$label"``
     also matches a Prometheus outside Kubernetes, whose series have no namespace or pod."""
     out: list[cogbuilder.Builder[dash_m.VariableModel]] = [

@@ -3,7 +3,8 @@
 Every raw-metric selector carries the dashboard's filter variables; every range is
 ``$__rate_interval`` (Grafana's window that always holds at least four scrapes), so a panel
 never goes blank when the time range or the scrape interval changes. Recorded series
-(``llm:*``) are aggregated by ``model`` and carry ``slo``; they only take the model filter.
+(``llm:*``) are aggregated by the SLO spec's grouping labels and carry ``slo``; they take the
+filters of the grouping labels that are variables (cluster, namespace, model by default).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ __all__ = [
 
 RATE_INTERVAL = "$__rate_interval"
 
-TARGET_LABELS: tuple[str, ...] = ("namespace", "pod")
+TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod")
 """Labels Prometheus adds to each scraped series (kube-prometheus-stack's ServiceMonitor and
-PodMonitor add ``namespace`` and ``pod``); the sidecar itself does not export them."""
+PodMonitor add ``namespace`` and ``pod``; ``cluster`` comes from an external label or a
+Thanos/Mimir setup); the sidecar itself does not export them."""
 
 FILTER_LABELS: tuple[str, ...] = (*TARGET_LABELS, "model", "route")
 """Each is a dashboard variable of the same name, used as ``label=~"$label"``."""
@@ -90,6 +92,7 @@ def zero_if_absent(expr: str, label: str | None = None) -> str:
     return f"{expr} or on () {zero}"
 
 
-def recorded(record: str, extra: Sequence[Matcher] = ()) -> str:
-    """A recorded SLO series, filtered by the model variable only (rules sum over pods)."""
-    return selector(record, extra, labels=("model",))
+def recorded(record: str, extra: Sequence[Matcher] = (), grouping: Iterable[str] = ("cluster", "namespace", "model")) -> str:
+    """A recorded SLO series, filtered by the variables among the rules' grouping labels (the
+    rules sum over everything else, e.g. pods and routes)."""
+    return selector(record, extra, labels=[label for label in grouping if label in FILTER_LABELS])

@@ -10,6 +10,7 @@ per-pod breakdown at the end of each objective reads the raw metrics instead.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from grafana_foundation_sdk.models import dashboard as dash_m
@@ -18,7 +19,7 @@ from prometheus_client.utils import floatToGoString
 from ..slo import conventions as c
 from ..slo.rules import objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
-from ..slo.windows import WORKBOOK_WINDOWS, AlertWindow, burn_rate_factor, format_duration, format_number
+from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
 from .panels import (
     Board,
     Query,
@@ -30,7 +31,7 @@ from .panels import (
     thresholds,
     timeseries_panel,
 )
-from .queries import Matcher, ratio_or_zero, recorded, sum_rate
+from .queries import FILTER_LABELS, Matcher, ratio_or_zero, recorded, sum_rate
 
 __all__ = ["UID", "TITLE", "BURN_RATE_UNIT", "alert_names", "build"]
 
@@ -38,21 +39,37 @@ UID = "llm-sidecar-slo"
 TITLE = "LLM sidecar / SLOs"
 BURN_RATE_UNIT = "suffix:×"
 
-SEVERITIES = ("page", "ticket")
+SEVERITIES = ("page", "ticket", "info")
 BREAKDOWN_BY = ("namespace", "pod", "route", "model")
 
 
 def alert_names(spec: SLOSpec) -> list[str]:
     """Every alert the rules rendered from ``spec`` can raise."""
-    return [*(c.alert_name(o.name) for o in spec.objectives), c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC]
+    names = [*(c.alert_name(o.name) for o in spec.objectives), c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC]
+    if spec.alerts.history_short.enabled:
+        names.append(c.ALERT_HISTORY_SHORT)
+    return names
+
+
+def _rec(spec: SLOSpec, record: str, extra: Sequence[Matcher] = ()) -> str:
+    """A recorded series of the spec's rules, filtered by the grouping variables."""
+    return recorded(record, extra, spec.grouping)
+
+
+def _who(spec: SLOSpec) -> str:
+    """Legend naming a deployment: its grouping labels (``{{cluster}} {{namespace}} {{model}}``),
+    the model last, so a per-model override can match the name's end."""
+    labels = [label for label in spec.grouping if label != c.LABEL_MODEL] + [c.LABEL_MODEL]
+    return " ".join(f"{{{{{label}}}}}" for label in labels)
 
 
 def _alerts_selector(spec: SLOSpec, severity: str | None = None) -> str:
-    """Firing alerts of the spec's rules. ``model=~"$model|"``: those of the selected models,
-    and the health alerts, which have no model label."""
+    """Firing alerts of the spec's rules. ``label=~"$label|"``: those of the selected
+    deployments (grouping variables), and the health alerts, which lack some labels."""
     names = "|".join(alert_names(spec))
     extra = f', severity="{severity}"' if severity else ""
-    return f'ALERTS{{alertstate="firing", alertname=~"{names}", model=~"$model|"{extra}}}'
+    groups = "".join(f', {label}=~"${label}|"' for label in spec.grouping if label in FILTER_LABELS)
+    return f'ALERTS{{alertstate="firing", alertname=~"{names}"{groups}{extra}}}'
 
 
 def _scope_matchers(scope: Scope) -> list[Matcher]:
@@ -85,9 +102,10 @@ def _summary(board: Board, spec: SLOSpec) -> None:
         stat_panel(
             "Alerts firing",
             "Firing llm-sidecar alerts by severity (the ALERTS series Prometheus writes for the "
-            "rules rendered from the SLO spec): burn-rate alerts of the selected models, plus "
-            "LLMSidecarDown and LLMNoTrafficData, which have no model. page: act now; ticket: "
-            "within working hours.",
+            "rules rendered from the SLO spec): burn-rate alerts of the selected deployments, plus "
+            "LLMSidecarDown and LLMNoTrafficData. page: act now; ticket: within working hours; "
+            "info: LLMSLOHistoryShort, the error budget covers less than the period (a young "
+            "deployment, or Prometheus keeps too little history: see the README's Retention).",
             [
                 Query(f"count({_alerts_selector(spec, severity)}) or on () vector(0)", severity)
                 for severity in SEVERITIES
@@ -113,7 +131,7 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             f"Every objective and model: 1 - (bad-event share over the last {spec.period_name}) / "
             "(error budget, 1 - target), from llm:error_budget_remaining:ratio. 100% = untouched, "
             "0 = spent, below 0 = overspent (the bar is empty, the number says by how much).",
-            [Query(recorded(c.ERROR_BUDGET_REMAINING), "{{slo}} · {{model}}")],
+            [Query(_rec(spec, c.ERROR_BUDGET_REMAINING), f"{{{{slo}}}} · {_who(spec)}")],
             "percentunit",
             w=10,
             h=8,
@@ -126,14 +144,14 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "Share of ok requests that met every latency objective at once (the sidecar's "
             "--slo-ttft-seconds, --slo-tpot-seconds, --slo-e2e-seconds), per model, over 5 minutes: "
             "llm:goodput:ratio_rate5m. Keep those settings in line with the spec's thresholds.",
-            [Query(recorded(c.GOODPUT_RATIO), "{{model}}")],
+            [Query(_rec(spec, c.GOODPUT_RATIO), _who(spec))],
             "percentunit",
         ),
         timeseries_panel(
             "Goodput (5m)",
             "Requests per second that met every latency objective at once, per model, over 5 "
             "minutes: llm:goodput:rate5m.",
-            [Query(recorded(c.GOODPUT_RATE), "{{model}}")],
+            [Query(_rec(spec, c.GOODPUT_RATE), _who(spec))],
             "reqps",
         ),
     )
@@ -151,7 +169,8 @@ def _target_overrides(
             continue
         out.append(
             dash_m.DashboardFieldConfigSourceOverrides(
-                matcher=dash_m.MatcherConfig(id_val="byName", options=scope.model),
+                # The legend ends with the model (see _who): match the name's end.
+                matcher=dash_m.MatcherConfig(id_val="byRegexp", options=f"^(.* )?{re.escape(scope.model or '')}$"),
                 properties=[
                     dash_m.DynamicConfigValue(
                         id_val="thresholds",
@@ -175,8 +194,8 @@ def _burn_panel(spec: SLOSpec, name: str, arm: AlertWindow, period_text: str):
         f"above the dashed threshold {format_number(factor)}× ({spent}% of the budget gone in "
         f"{arm.long_name}; factor = {spent}% × {period_text} / {arm.long_name}).",
         [
-            Query(recorded(c.burn_rate_record(arm.long), _slo(name)), f"{{{{model}}}} {arm.long_name}"),
-            Query(recorded(c.burn_rate_record(arm.short), _slo(name)), f"{{{{model}}}} {arm.short_name}"),
+            Query(_rec(spec, c.burn_rate_record(arm.long), _slo(name)), f"{_who(spec)} {arm.long_name}"),
+            Query(_rec(spec, c.burn_rate_record(arm.short), _slo(name)), f"{_who(spec)} {arm.short_name}"),
         ],
         BURN_RATE_UNIT,
         w=6,
@@ -205,7 +224,7 @@ def _breakdown_query(scope: Scope) -> str:
 
 def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
     name = objective.name
-    scopes = objective.scopes()
+    scopes = spec.scopes(objective)
     default = scopes[0]
     period = spec.period_name
     target_text = f"{format_number(default.target)}%"
@@ -218,7 +237,7 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
         f"{name}: SLI over {period}",
         f"Share of good events over the last {period} (1 - llm:sli_error:ratio_rate{period}) per "
         f"model, against the target {target_text}: green at or above it, red below.{overrides}",
-        [Query(f"1 - {recorded(c.sli_error_record(spec.period), sel)}", "{{model}}")],
+        [Query(f"1 - {_rec(spec, c.sli_error_record(spec.period), sel)}", _who(spec))],
         "percentunit",
         w=4,
         h=7,
@@ -230,7 +249,7 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
         f"{name}: error budget remaining",
         f"1 - (bad-event share over {period}) / (1 - target), per model "
         f"(llm:error_budget_remaining:ratio): 100% untouched, 0 spent, negative overspent.",
-        [Query(recorded(c.ERROR_BUDGET_REMAINING, sel), "{{model}}")],
+        [Query(_rec(spec, c.ERROR_BUDGET_REMAINING, sel), _who(spec))],
         "percentunit",
         w=4,
         h=7,
@@ -238,12 +257,12 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
         decimals=1,
     )
 
-    fast, slow = WORKBOOK_WINDOWS[0].long, WORKBOOK_WINDOWS[-1].long
+    fast, slow = spec.alert_windows[0].long, spec.alert_windows[-1].long
     exhaustion = [
         Query(
-            f"clamp_max(clamp_min({recorded(c.ERROR_BUDGET_REMAINING, sel)}, 0) * {spec.period} / "
-            f"{recorded(c.burn_rate_record(window), sel)}, {spec.period})",
-            f"{{{{model}}}} at the {format_duration(window)} rate",
+            f"clamp_max(clamp_min({_rec(spec, c.ERROR_BUDGET_REMAINING, sel)}, 0) * {spec.period} / "
+            f"{_rec(spec, c.burn_rate_record(window), sel)}, {spec.period})",
+            f"{_who(spec)} at the {format_duration(window)} rate",
         )
         for window in (fast, slow)
     ]
@@ -280,15 +299,15 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
         ],
     )
 
-    short, long_ = WORKBOOK_WINDOWS[0].short, WORKBOOK_WINDOWS[0].long
+    short, long_ = spec.alert_windows[0].short, spec.alert_windows[0].long
     sli_queries = [
-        Query(f"1 - {recorded(c.sli_error_record(w), sel)}", f"{{{{model}}}} {format_duration(w)}")
+        Query(f"1 - {_rec(spec, c.sli_error_record(w), sel)}", f"{_who(spec)} {format_duration(w)}")
         for w in (short, long_)
     ]
     target_queries = [
         Query(
-            f"0 * {recorded(c.sli_error_record(spec.period), [*sel, *_scope_matchers(s)])} + {_pct(s.target):g}",
-            "{{model}} target",
+            f"0 * {_rec(spec, c.sli_error_record(spec.period), [*sel, *_scope_matchers(s)])} + {_pct(s.target):g}",
+            f"{_who(spec)} target",
         )
         for s in scopes
     ]
@@ -305,7 +324,7 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
     ).overrides(_wrap(_dashed_queries(len(sli_queries), len(target_queries))))
 
     board.add(sli_stat, budget_stat, exhaustion_stat, sli_series)
-    board.add(*(_burn_panel(spec, name, arm, period) for arm in WORKBOOK_WINDOWS))
+    board.add(*(_burn_panel(spec, name, arm, period) for arm in spec.alert_windows))
     board.add(
         timeseries_panel(
             f"{name}: bad-event share by pod and route",

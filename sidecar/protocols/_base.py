@@ -34,9 +34,15 @@ _DONE = b"[DONE]"
 
 
 class SSEJSONDialect:
-    """SSE framing + one JSON object per ``data``; ``data: [DONE]`` is a :class:`StreamEnd`."""
+    """SSE framing + one JSON object per ``data``; ``data: [DONE]`` is a :class:`StreamEnd`.
+
+    ``HAS_END_MARKER``: the protocol always ends a complete stream with a marker the
+    dialect reports as :class:`StreamEnd`, so a stream without one was cut short. A
+    dialect whose protocol just stops (Triton) sets it False.
+    """
 
     __slots__ = ("_sse",)
+    HAS_END_MARKER = True
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         self._sse = SSEDecoder(max_line_bytes) if max_line_bytes else SSEDecoder()
@@ -87,9 +93,10 @@ class SSEJSONDialect:
 
 
 class NDJSONDialect:
-    """NDJSON framing + one JSON object per line."""
+    """NDJSON framing + one JSON object per line (``HAS_END_MARKER`` as for SSE)."""
 
     __slots__ = ("_nd",)
+    HAS_END_MARKER = True
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         self._nd = NDJSONDecoder(max_line_bytes) if max_line_bytes else NDJSONDecoder()

@@ -39,12 +39,19 @@ class Tokens:
 
 @dataclass(slots=True, frozen=True)
 class Usage:
-    """Authoritative token counts reported by the server. ``None`` means not reported."""
+    """Exact token counts the response carried. ``None`` means not reported.
+
+    ``engine`` says where they came from: False for the API's own ``usage`` object
+    (OpenAI, Anthropic, Responses), True for the engine's own accounting in its stream
+    (llama.cpp ``timings``/``tokens_predicted``, TGI ``details``, Ollama ``eval_count``).
+    Both are exact; the timeline prefers ``usage`` when a stream carries both.
+    """
 
     input_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
     cached_input_tokens: int | None = None
+    engine: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,7 +74,9 @@ class StreamError:
 
 @dataclass(slots=True, frozen=True)
 class StreamEnd:
-    """The stream's own end marker (``[DONE]``, ``message_stop``, ``done: true``)."""
+    """The stream's own end marker (``[DONE]``, ``message_stop``, ``response.completed``,
+    ``done: true``, ``stop: true``, TGI's ``generated_text``). A stream that ends cleanly
+    without it is how a server that died between two chunks looks."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -48,11 +48,17 @@ from .events import (
     Usage,
 )
 
-__all__ = ["LlamaCppStreamDialect", "parse_llamacpp_response", "engine_timings_from_llamacpp"]
+__all__ = [
+    "LlamaCppStreamDialect",
+    "parse_llamacpp_response",
+    "engine_timings_from_llamacpp",
+    "engine_counts_from_llamacpp",
+]
 
 _MS = 1000.0
 _OLD_STOP_FLAGS = ("eos", "word", "limit")
 _ANSWER = Tokens(TokenKind.ANSWER, 1)
+_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class LlamaCppStreamDialect(SSEJSONDialect):
@@ -87,8 +93,9 @@ def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
         input_tokens=int_or_none(obj.get("tokens_evaluated")),
         output_tokens=int_or_none(obj.get("tokens_predicted")),
         cached_input_tokens=int_or_none(timings.get("cache_n")) if type(timings) is dict else None,
+        engine=True,
     )
-    if usage != Usage():
+    if usage != _NO_ENGINE_COUNTS:
         out.append(usage)
     engine = engine_timings_from_llamacpp(timings)
     if engine is not None:
@@ -108,6 +115,27 @@ def engine_timings_from_llamacpp(timings: Any) -> EngineTimings | None:
         decode_seconds=seconds_or_none(timings.get("predicted_ms"), _MS),
     )
     return None if engine == EngineTimings() else engine
+
+
+def engine_counts_from_llamacpp(timings: Any) -> Usage | None:
+    """A llama.cpp ``timings`` object -> the engine's token counts, as on the finish chunk
+    of its OpenAI-compatible streams (or on the usage chunk when the client asked for one).
+
+    ``predicted_n`` is the output; ``prompt_n`` is the prompt tokens evaluated this time and
+    ``cache_n`` those reused from the slot's KV cache, so the whole prompt is their sum (what
+    llama.cpp's own ``usage.prompt_tokens`` reports) and ``cache_n`` is the cached input.
+    Builds without ``cache_n`` evaluated the whole prompt: ``prompt_n`` alone.
+    """
+    if type(timings) is not dict:
+        return None
+    prompt, cached = int_or_none(timings.get("prompt_n")), int_or_none(timings.get("cache_n"))
+    usage = Usage(
+        input_tokens=None if prompt is None else prompt + (cached or 0),
+        output_tokens=int_or_none(timings.get("predicted_n")),
+        cached_input_tokens=cached,
+        engine=True,
+    )
+    return None if usage == _NO_ENGINE_COUNTS else usage
 
 
 def _error_of(obj: dict[str, Any]) -> StreamError | None:

@@ -50,6 +50,7 @@ _NS = 1e9
 _ANSWER = Tokens(TokenKind.ANSWER, 1)
 _REASONING = Tokens(TokenKind.REASONING, 1)
 _TOOL = Tokens(TokenKind.TOOL, 1)
+_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class OllamaStreamDialect(NDJSONDialect):
@@ -96,8 +97,9 @@ def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
     usage = Usage(
         input_tokens=int_or_none(obj.get("prompt_eval_count")),
         output_tokens=int_or_none(obj.get("eval_count")),
+        engine=True,
     )
-    if usage != Usage():
+    if usage != _NO_ENGINE_COUNTS:
         out.append(usage)
     timings = engine_timings_from_ollama(obj)
     if timings is not None:

@@ -7,9 +7,19 @@ What counts as a token (one per choice delta that carries any of these):
 - ``delta.tool_calls`` / ``delta.function_call``     -> tool
 - ``delta.refusal`` non-empty                        -> answer
 A role-only first chunk (``{"role":"assistant","content":""}`` or no content) is not a
-token. ``usage`` may come in its own chunk with ``choices: []`` (``include_usage``), on
-the last content chunk (some servers, often without ``[DONE]``), or on every chunk (vLLM's
-``continuous_usage_stats``); the last one seen wins, as the counts are cumulative.
+token.
+
+Where exact counts come from (read only; the request is never changed to ask for them):
+- ``usage``, in its own final chunk with ``choices: []`` when the client asked
+  (``stream_options.include_usage``); on every chunk (vLLM ``continuous_usage_stats``, and
+  every vLLM 0.32 stream under ``--enable-force-include-usage``, asked or not); or on the
+  last content chunk (llama.cpp ``/v1/completions``). The last one seen wins, as the counts
+  are cumulative. ``"usage": null`` on every chunk (OpenAI, older vLLM) says nothing and
+  is ignored, never read as zero; vLLM 0.32 without usage sends no ``usage`` key at all.
+- llama.cpp's ``timings`` (``prompt_n``, ``cache_n``, ``predicted_n``): the engine's own
+  counts, used when no ``usage`` came (:class:`Usage` with ``engine=True``).
+- vLLM's per-request ``metrics`` (``--enable-per-request-metrics``) carries times only.
+The stream ends with ``data: [DONE]`` (vLLM, llama.cpp, SGLang, TGI, Ollama all send it).
 An error can arrive inside a 200 stream as ``{"error": {...}}`` or, from older vLLM, as a
 top-level ``{"object": "error", ...}``.
 """
@@ -20,9 +30,10 @@ from typing import Any
 
 import orjson
 
-from ._base import SSEJSONDialect
+from ._base import SSEJSONDialect, seconds_or_none
 from .events import (
     DialectEvent,
+    EngineTimings,
     ParseError,
     ResponseInfo,
     StreamError,
@@ -30,9 +41,9 @@ from .events import (
     Tokens,
     Usage,
 )
-from .llamacpp import engine_timings_from_llamacpp
+from .llamacpp import engine_counts_from_llamacpp, engine_timings_from_llamacpp
 
-__all__ = ["OpenAIStreamDialect", "parse_openai_response", "usage_from_openai"]
+__all__ = ["OpenAIStreamDialect", "parse_openai_response", "usage_from_openai", "engine_timings_from_vllm"]
 
 class OpenAIStreamDialect(SSEJSONDialect):
     """SSE bytes in, :mod:`events` out. Sans-I/O; safe to feed arbitrary splits.
@@ -89,11 +100,50 @@ class OpenAIStreamDialect(SSEJSONDialect):
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
             out.append(parsed)
-        timings = obj.get("timings")  # llama.cpp: last chunk (every chunk with timings_per_token)
+            metrics = obj.get("metrics")  # vLLM's per-request metrics come with usage only
+            if metrics:
+                _vllm_metrics(metrics, out)
+        timings = obj.get("timings")
         if timings:
-            engine = engine_timings_from_llamacpp(timings)
-            if engine is not None:
-                out.append(engine)
+            _llamacpp_timings(timings, out)
+
+
+def _llamacpp_timings(timings: Any, out: list[DialectEvent]) -> None:
+    """llama.cpp's ``timings``: its own counts and times, on the finish chunk, or on the usage
+    chunk when the client asked for usage (on every chunk with ``timings_per_token``,
+    cumulative, so the last wins)."""
+    counts = engine_counts_from_llamacpp(timings)
+    if counts is not None:
+        out.append(counts)
+    engine = engine_timings_from_llamacpp(timings)
+    if engine is not None:
+        out.append(engine)
+
+
+def _vllm_metrics(metrics: Any, out: list[DialectEvent]) -> None:
+    """vLLM's per-request ``metrics`` (``--enable-per-request-metrics``): times only."""
+    engine = engine_timings_from_vllm(metrics)
+    if engine is not None:
+        out.append(engine)
+
+
+def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
+    """vLLM's per-request ``metrics`` object (milliseconds) -> :class:`EngineTimings`.
+
+    Its ``time_to_first_token_ms`` runs from when the scheduler took the request to the
+    first token (the engine's prefill, queueing excluded) and ``generation_time_ms`` from
+    the first token to the last (decode). ``queue_time_ms`` has no field here yet.
+    """
+    if type(metrics) is not dict:
+        return None
+    engine = EngineTimings(
+        prefill_seconds=seconds_or_none(metrics.get("time_to_first_token_ms"), _MS),
+        decode_seconds=seconds_or_none(metrics.get("generation_time_ms"), _MS),
+    )
+    return None if engine == EngineTimings() else engine
+
+
+_MS = 1000.0
 
 
 def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
@@ -230,4 +280,10 @@ def parse_openai_response(body: bytes) -> list[DialectEvent]:
     usage = usage_from_openai(obj.get("usage"))
     if usage is not None:
         out.append(usage)
+        metrics = obj.get("metrics")
+        if metrics:
+            _vllm_metrics(metrics, out)
+    timings = obj.get("timings")
+    if timings:
+        _llamacpp_timings(timings, out)
     return out

@@ -8,7 +8,9 @@ token::
 
 The last event also carries ``generated_text`` (the whole text) and, when the request set
 ``parameters.details``, ``details``: ``finish_reason`` (``length``, ``eos_token``,
-``stop_sequence``), ``generated_tokens``, ``seed`` and, on TGI 2.x, ``input_length``.
+``stop_sequence``), ``generated_tokens``, ``seed`` and, on TGI 2.x, ``input_length``
+(``/generate``'s details also list the ``prefill`` tokens when ``decoder_input_details``
+is set). These are the engine's own counts (:class:`Usage` with ``engine=True``).
 There is no ``[DONE]``; a non-null ``generated_text`` is the end marker.
 
 What counts as a token: every event whose ``token`` is an object with ``special`` not
@@ -43,6 +45,7 @@ from .events import (
 __all__ = ["TGIStreamDialect", "parse_tgi_response"]
 
 _ANSWER = Tokens(TokenKind.ANSWER, 1)
+_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class TGIStreamDialect(SSEJSONDialect):
@@ -70,11 +73,22 @@ def _details(details: Any, out: list[DialectEvent]) -> None:
     if isinstance(reason, str):
         out.append(ResponseInfo(finish_reasons=(reason,)))
     usage = Usage(
-        input_tokens=int_or_none(details.get("input_length")),
+        input_tokens=_input_tokens(details),
         output_tokens=int_or_none(details.get("generated_tokens")),
+        engine=True,
     )
-    if usage != Usage():
+    if usage != _NO_ENGINE_COUNTS:
         out.append(usage)
+
+
+def _input_tokens(details: dict[str, Any]) -> int | None:
+    """``input_length`` (TGI 2.x), else the ``prefill`` tokens that ``/generate`` lists when
+    the request set ``decoder_input_details`` (an empty list means not listed, not zero)."""
+    length = int_or_none(details.get("input_length"))
+    if length is not None:
+        return length
+    prefill = details.get("prefill")
+    return len(prefill) if type(prefill) is list and prefill else None
 
 
 def _error_of(obj: dict[str, Any]) -> StreamError | None:

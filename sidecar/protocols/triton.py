@@ -42,6 +42,7 @@ class TritonStreamDialect(SSEJSONDialect):
     """
 
     __slots__ = ("_model", "_info_sent")
+    HAS_END_MARKER = False  # the stream just ends: a cut-short one cannot be told apart
 
     def __init__(self, model: str | None = None, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)

@@ -1,8 +1,11 @@
 """Every name the SLO rules use or produce, in one place.
 
 Recording rules follow Prometheus' ``level:metric:operations`` convention with the ``llm``
-level, and carry the labels ``slo`` (the objective's name) and ``model``::
+level, and carry the label ``slo`` (the objective's name) and the spec's grouping labels
+(by default ``cluster``, ``namespace`` and ``model``; a label the series lack stays absent)::
 
+    llm:sli_bad_events:rate5m          bad events/s over the base window (the shortest)
+    llm:sli_events:rate5m              all events/s over the base window
     llm:sli_error:ratio_rate<W>        share of bad events over window W (5m ... 3d, and the period)
     llm:burn_rate:ratio_rate<W>        that share divided by the error budget (1 - target)
     llm:error_budget_remaining:ratio   1 - error ratio over the period / error budget
@@ -29,6 +32,8 @@ __all__ = [
     "LABEL_SEVERITY",
     "LABEL_LONG_WINDOW",
     "LABEL_SHORT_WINDOW",
+    "LABEL_PROMPT_CLASS",
+    "TARGET_LABELS",
     "REQUESTS_TOTAL",
     "REQUESTS_WITHIN_SLO_TOTAL",
     "ERROR_BUDGET_REMAINING",
@@ -36,6 +41,9 @@ __all__ = [
     "GOODPUT_RATIO",
     "ALERT_TARGET_DOWN",
     "ALERT_NO_TRAFFIC",
+    "ALERT_HISTORY_SHORT",
+    "sli_bad_events_record",
+    "sli_events_record",
     "LatencySLI",
     "LATENCY_SLIS",
     "SLI_KINDS",
@@ -56,6 +64,13 @@ LABEL_MODEL = "model"
 LABEL_SEVERITY = "severity"
 LABEL_LONG_WINDOW = "long_window"
 LABEL_SHORT_WINDOW = "short_window"
+LABEL_PROMPT_CLASS = "prompt_class"
+"""On ``llm_time_to_first_token_seconds`` only: the request's prompt-length class."""
+
+TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod", "service", "job", "instance")
+"""Labels a series gets from where it was scraped, not from the sidecar: Prometheus' ``job`` and
+``instance``; the Prometheus Operator's PodMonitor/ServiceMonitor add ``namespace``, ``pod``
+(and ``service``); ``cluster`` comes from an external label or a Thanos/Mimir ruler."""
 
 # What the sidecar exports (sidecar/metrics.py; a test compares these with a live /metrics).
 REQUESTS_TOTAL = "llm_requests_total"
@@ -110,6 +125,16 @@ def sli_error_record(window: int) -> str:
     return f"{LEVEL}:sli_error:ratio_rate{format_duration(window)}"
 
 
+def sli_bad_events_record(window: int) -> str:
+    """``llm:sli_bad_events:rate5m``: bad events/s over the base window."""
+    return f"{LEVEL}:sli_bad_events:rate{format_duration(window)}"
+
+
+def sli_events_record(window: int) -> str:
+    """``llm:sli_events:rate5m``: all events/s (good and bad) over the base window."""
+    return f"{LEVEL}:sli_events:rate{format_duration(window)}"
+
+
 def burn_rate_record(window: int) -> str:
     """``llm:burn_rate:ratio_rate1h`` for a window of 3600 s."""
     return f"{LEVEL}:burn_rate:ratio_rate{format_duration(window)}"
@@ -118,6 +143,7 @@ def burn_rate_record(window: int) -> str:
 # Alerts.
 ALERT_TARGET_DOWN = "LLMSidecarDown"
 ALERT_NO_TRAFFIC = "LLMNoTrafficData"
+ALERT_HISTORY_SHORT = "LLMSLOHistoryShort"
 _ACRONYMS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "slo": "SLO", "llm": "LLM"}
 
 

@@ -7,7 +7,8 @@ from typing import Any
 import yaml
 
 from .rules import Rule, RuleSet
-from .windows import WORKBOOK_WINDOWS, burn_rate_factor, format_duration, format_number
+from .rules import history_needed
+from .windows import burn_rate_factor, format_duration, format_number, record_windows
 
 __all__ = ["HEADER", "render_rules"]
 
@@ -47,7 +48,7 @@ def render_rules(ruleset: RuleSet) -> str:
     spec = ruleset.spec
     factors = ", ".join(
         f"{w.severity} {format_number(burn_rate_factor(w, spec.period))}x over {w.long_name} and {w.short_name}"
-        for w in WORKBOOK_WINDOWS
+        for w in spec.alert_windows
     )
     scopes = sum(len(o.scopes()) for o in spec.objectives)
     header = [
@@ -56,6 +57,9 @@ def render_rules(ruleset: RuleSet) -> str:
         f"# Spec version {spec.version}; period {spec.period_name}; {len(spec.objectives)} objectives "
         f"in {scopes} scopes.",
         f"# Burn-rate alerts (SRE workbook): {factors}.",
+        f"# One SLO per {', '.join(spec.grouping)}. Long windows sum the recorded "
+        f"{format_duration(record_windows(spec.alert_windows)[0])} event rates; "
+        f"Prometheus must keep {format_duration(history_needed(spec))} of history.",
     ]
     doc = {"groups": [{"name": g.name, "rules": [_rule(r) for r in g.rules]} for g in ruleset.groups]}
     body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10**9, default_flow_style=False)

@@ -1,11 +1,14 @@
 """Pure rule generation: an :class:`~.spec.SLOSpec` in, plain rule data out (no I/O, no YAML).
 
-For every objective and scope (the objective's default, then each per-model override):
+For every objective and scope (the objective's default, then each per-model override), all
+summed by the spec's ``grouping`` labels (one SLO per deployment, not per Prometheus):
 
-1. ``llm:sli_error:ratio_rate<W>`` for every window the alerts read and for the period;
+0. ``llm:sli_bad_events:rate5m`` and ``llm:sli_events:rate5m``, the base window's event rates;
+1. ``llm:sli_error:ratio_rate<W>`` for every window the alerts read and for the period; the
+   short ones from the raw series, those of a day or more from (0) with ``sum_over_time``;
 2. ``llm:burn_rate:ratio_rate<W>`` = that ratio / error budget, for the alert windows;
 3. ``llm:error_budget_remaining:ratio`` = 1 - period error ratio / error budget;
-4. one ``LLM<Objective>BurnRate`` alert per row of :data:`~.windows.WORKBOOK_WINDOWS`:
+4. one ``LLM<Objective>BurnRate`` alert per alert window (:func:`~.windows.windows_for_period`):
    burn rate over the long window *and* over the short window above the row's factor.
 
 A scope's records and alerts live in the objective's group, records first, so an alert reads
@@ -16,21 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
-from .spec import SLOSpec, Scope
+from .spec import DEFAULT_GROUPING, SLOSpec, Scope
 from .windows import (
-    WORKBOOK_WINDOWS,
     AlertWindow,
     burn_rate_factor,
     format_duration,
     format_number,
+    is_long_window,
     record_windows,
 )
 
-__all__ = ["Rule", "Group", "RuleSet", "generate", "promql_string"]
+__all__ = ["Rule", "Group", "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "promql_string", "sli_error_expr", "sli_event_exprs", "history_needed"]
 
 Matcher = tuple[str, str, str]  # (label, operator, value)
 
@@ -78,8 +82,8 @@ def selector(metric: str, matchers: Sequence[Matcher] = ()) -> str:
     return metric + "{" + ",".join(f"{k}{op}{promql_string(v)}" for k, op, v in matchers) + "}"
 
 
-def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int) -> str:
-    return f"sum by ({c.LABEL_MODEL}) (rate({selector(metric, matchers)}[{format_duration(window)}]))"
+def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int, by: Sequence[str]) -> str:
+    return f"sum by ({', '.join(by)}) (rate({selector(metric, matchers)}[{format_duration(window)}]))"
 
 
 def _le(bound: float) -> str:
@@ -88,9 +92,14 @@ def _le(bound: float) -> str:
 
 
 def _scope_matchers(scope: Scope) -> list[Matcher]:
+    selected: list[Matcher] = [(label, "=", value) for label, value in scope.selector]
     if scope.model is not None:
-        return [(c.LABEL_MODEL, "=", scope.model)]
-    return [(c.LABEL_MODEL, "!=", m) for m in scope.excluded]
+        return [*selected, (c.LABEL_MODEL, "=", scope.model)]
+    return [*selected, *((c.LABEL_MODEL, "!=", m) for m in scope.excluded)]
+
+
+def _spec_matchers(spec: SLOSpec) -> list[Matcher]:
+    return [(label, "=", value) for label, value in sorted(spec.selector.items())]
 
 
 def _record_matchers(scope: Scope) -> list[Matcher]:
@@ -106,50 +115,118 @@ def _static_labels(scope: Scope) -> dict[str, str]:
     return labels
 
 
+class Numbers:
+    """How a scope's target and threshold are written into the rules: as the spec's numbers.
+
+    :class:`sidecar.slo.helm.HelmNumbers` writes placeholders for values lookups instead, so
+    the chart's rules take their targets and thresholds from Helm values.
+    """
+
+    def target(self, scope: Scope) -> str:
+        return format_number(scope.target)
+
+    def budget(self, scope: Scope) -> str:
+        return format_number(scope.error_budget)
+
+    def threshold(self, scope: Scope) -> str:
+        return format_number(scope.threshold or 0)
+
+    def le(self, scope: Scope) -> str:
+        """The ``le`` label value prometheus_client writes for the bucket bound ("2.0", "0.1")."""
+        assert scope.threshold is not None  # validated by the spec
+        return _le(scope.threshold)
+
+
+LITERAL = Numbers()
+
+
 # ---------------------------------------------------------------------- the SLIs
 
 
-def sli_error_expr(scope: Scope, window: int) -> str:
-    """Share of bad events over ``window`` for one scope, by model."""
+def sli_event_exprs(
+    scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING, numbers: Numbers = LITERAL
+) -> tuple[str, str]:
+    """(bad events/s, all events/s) over ``window`` for one scope, summed by the grouping."""
     sm = _scope_matchers(scope)
     sli = scope.objective.sli
     if sli == "availability":
         # Bad: failed by the server (5xx, upstream failure, broken stream). Client
         # cancellations are neither good nor bad; 4xx answers are the client's doing (ok).
-        bad = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sm], window)
-        total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sm], window)
+        bad = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sm], window, by)
+        total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sm], window, by)
         # The error series appears only after a first error: "or 0 * total" keeps a ratio
-        # (of 0) for models that never failed.
-        return f"({bad} or 0 * {total}) / {total}"
+        # (of 0) for groups that never failed.
+        return f"{bad} or 0 * {total}", total
     latency = c.LATENCY_SLIS[sli]
     assert scope.threshold is not None  # validated by the spec
-    base = [(k, "=", v) for k, v in latency.matchers] + sm
-    total = _sum_rate(f"{latency.histogram}_count", base, window)
-    good = _sum_rate(f"{latency.histogram}_bucket", [*base, ("le", "=", _le(scope.threshold))], window)
-    return f"({total} - {good}) / {total}"
+    base = [(k, "=", v) for k, v in latency.matchers]
+    if scope.objective.prompt_class is not None:
+        base.append((c.LABEL_PROMPT_CLASS, "=", scope.objective.prompt_class))
+    base += sm
+    total = _sum_rate(f"{latency.histogram}_count", base, window, by)
+    good = _sum_rate(f"{latency.histogram}_bucket", [*base, ("le", "=", numbers.le(scope))], window, by)
+    return f"{total} - {good}", total
 
 
-def objective_text(scope: Scope) -> str:
+def sli_error_expr(
+    scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING, numbers: Numbers = LITERAL
+) -> str:
+    """Share of bad events over ``window`` for one scope, straight from the raw series."""
+    bad, total = sli_event_exprs(scope, window, by, numbers)
+    return f"({bad}) / {total}"
+
+
+def objective_text(scope: Scope, numbers: Numbers = LITERAL) -> str:
     """One sentence a person on call can read: what must be true, how often."""
-    target = format_number(scope.target)
+    target = numbers.target(scope)
     sli = scope.objective.sli
     if sli == "availability":
         return f"{target}% of requests succeed (client cancellations not counted)"
     latency = c.LATENCY_SLIS[sli]
-    return f"{latency.measure} <= {format_number(scope.threshold or 0)}s for {target}% of {latency.events}"
+    measure = latency.measure
+    if scope.objective.prompt_class is not None:
+        measure += f" (prompt class {scope.objective.prompt_class})"
+    return f"{measure} <= {numbers.threshold(scope)}s for {target}% of {latency.events}"
 
 
 # ------------------------------------------------------------------- generation
 
+LongWindows = Literal["recorded", "raw"]
 
-def _scope_rules(spec: SLOSpec, scope: Scope) -> list[Rule]:
+
+def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers: Numbers) -> list[Rule]:
+    """A scope's records, then its alerts.
+
+    The cheap form: the base window's bad and total event *rates* are recorded once, and
+    every window of a day or more (and the period) is the ratio of their ``sum_over_time``:
+    a sum of rates sampled at the rule interval, so numerator and denominator are the same
+    multiple of the event counts and the ratio is the count ratio, exactly as ``rate`` over
+    the long window would give. It reads one recorded series per group instead of every
+    bucket series of every pod, route and class for 30 days at every evaluation.
+    """
+    by = spec.grouping
     labels = _static_labels(scope)
     rm = _record_matchers(scope)
-    budget = format_number(scope.error_budget)
-    windows = record_windows()
-    rules: list[Rule] = []
+    budget = numbers.budget(scope)
+    windows = record_windows(spec.alert_windows)
+    base = windows[0]
+    bad, total = sli_event_exprs(scope, base, by, numbers)
+    rules: list[Rule] = [
+        Rule(bad, record=c.sli_bad_events_record(base), labels=labels),
+        Rule(total, record=c.sli_events_record(base), labels=labels),
+    ]
     for w in [*windows, spec.period]:
-        rules.append(Rule(sli_error_expr(scope, w), record=c.sli_error_record(w), labels=labels))
+        if w == base:
+            expr = f"{selector(c.sli_bad_events_record(base), rm)} / {selector(c.sli_events_record(base), rm)}"
+        elif long_windows == "recorded" and is_long_window(w, spec.period):
+            span = format_duration(w)
+            expr = (
+                f"sum_over_time({selector(c.sli_bad_events_record(base), rm)}[{span}])"
+                f" / sum_over_time({selector(c.sli_events_record(base), rm)}[{span}])"
+            )
+        else:
+            expr = sli_error_expr(scope, w, by, numbers)
+        rules.append(Rule(expr, record=c.sli_error_record(w), labels=labels))
     for w in windows:
         rules.append(
             Rule(f"{selector(c.sli_error_record(w), rm)} / {budget}", record=c.burn_rate_record(w), labels=labels)
@@ -161,12 +238,18 @@ def _scope_rules(spec: SLOSpec, scope: Scope) -> list[Rule]:
             labels=labels,
         )
     )
-    for window in WORKBOOK_WINDOWS:
-        rules.append(_burn_alert(spec, scope, window))
+    for window in spec.alert_windows:
+        rules.append(_burn_alert(spec, scope, window, numbers))
     return rules
 
 
-def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
+def _who(by: Sequence[str]) -> str:
+    """Prometheus template naming the deployment: ``prod/llama`` (grouping labels, model last)."""
+    parts = [f"{{{{ with $labels.{label} }}}}{{{{ . }}}}/{{{{ end }}}}" for label in by if label != c.LABEL_MODEL]
+    return "".join(parts) + "{{ $labels.model }}"
+
+
+def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbers) -> Rule:
     name = scope.objective.name
     alert = c.alert_name(name)
     factor = format_number(burn_rate_factor(window, spec.period))
@@ -177,11 +260,16 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
     )
     period = spec.period_name
     spent = format_number(window.budget_consumed * 100)
+    who = _who(spec.grouping)
+    # The remaining budget of the same group: a label the alert lacks reads as "", which
+    # matches the series that lack it too.
+    group_fmt = ",".join(f"{label}=%q" for label in spec.grouping)
+    group_args = " ".join(f"$labels.{label}" for label in spec.grouping)
     # Prometheus templates have no arithmetic; `query` evaluates a little PromQL instead.
     budget_text = (
         'At this rate a whole budget lasts {{ with query (printf "<PERIOD_S> / %g" $value) }}'
         "{{ . | first | value | humanizeDuration }}{{ end }}. "
-        '{{ with query (printf "<REMAINING>{slo=%q,model=%q}" "<SLO>" $labels.model) }}'
+        '{{ with query (printf "<REMAINING>{slo=%q,<GROUP_FMT>}" "<SLO>" <GROUP_ARGS>) }}'
         "{{ $left := . | first | value }}{{ $left | humanizePercentage }} of the budget for the "
         "last <PERIOD> is left{{ if gt $left 0.0 }}, gone in "
         '{{ with query (printf "%g * <PERIOD_S> / %g" $left $value) }}'
@@ -193,12 +281,14 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
         ("<PERIOD>", period),
         ("<REMAINING>", c.ERROR_BUDGET_REMAINING),
         ("<SLO>", name),
+        ("<GROUP_FMT>", group_fmt),
+        ("<GROUP_ARGS>", group_args),
     ):
         budget_text = budget_text.replace(marker, value)
     description = (
-        f"Objective: {objective_text(scope)}, over {period}. "
+        f"Objective: {objective_text(scope, numbers)}, over {period}. "
         f"Over the last {window.long_name}, and still over the last {window.short_name}, model "
-        '{{ $labels.model }} spent its error budget {{ printf "%.1f" $value }}x as fast as the '
+        f'{who} spent its error budget {{{{ printf "%.1f" $value }}}}x as fast as the '
         f"{period} budget allows (this {window.severity} alert fires above {factor}x, "
         f"i.e. when {spent}% of the budget is gone in {window.long_name}). {budget_text}"
     )
@@ -214,7 +304,7 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
         labels=labels,
         annotations={
             "summary": (
-                f"{{{{ $labels.model }}}}: {name} error budget burning at "
+                f"{who}: {name} error budget burning at "
                 '{{ printf "%.1f" $value }}x the sustainable rate'
                 f" over {window.long_name}"
             ),
@@ -224,20 +314,65 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow) -> Rule:
     )
 
 
-def _goodput_rules() -> list[Rule]:
+def _goodput_rules(spec: SLOSpec) -> list[Rule]:
     five_min = 5 * 60
-    ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok")], five_min)
-    good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, [], five_min)
+    sel = _spec_matchers(spec)
+    ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok"), *sel], five_min, spec.grouping)
+    good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, spec.grouping)
     return [
         Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
         Rule(f"({good} or 0 * {ok}) / {ok}", record=c.GOODPUT_RATIO),
     ]
 
 
+def history_needed(spec: SLOSpec) -> int:
+    """Seconds of history the rules read: the period plus its first slice (see below)."""
+    return spec.period + spec.period // 30
+
+
+def _history_rule(spec: SLOSpec) -> Rule:
+    """Fires for each group whose recorded SLO series reach less than the period back.
+
+    The long windows (and so the error budget) read the recorded base-window rates. If none
+    were recorded in the oldest 1/30 of the period (the day from 30d to 29d ago), the period
+    window holds less than the period: the retention is shorter, or the deployment or the
+    rules are younger. ``unless on (grouping)`` keeps each group's own labels for routing.
+    Both sides look over a whole slice, not at an instant: this rule's group runs apart from
+    the groups that record the series (Prometheus evaluates groups independently), so an
+    instant read could fall between two of their evaluations.
+    """
+    by = ", ".join(spec.grouping)
+    alert = spec.alerts.history_short
+    base = record_windows(spec.alert_windows)[0]
+    events = selector(c.sli_events_record(base), _spec_matchers(spec))
+    slice_ = spec.period // 30
+    period = spec.period_name
+    who = _who(spec.grouping)
+    return Rule(
+        f"group by ({by}) (last_over_time({events}[{format_duration(slice_)}])) unless on ({by}) "
+        f"group by ({by}) (last_over_time({events}[{format_duration(slice_)}] offset {format_duration(spec.period - slice_)}))",
+        alert=c.ALERT_HISTORY_SHORT,
+        labels={c.LABEL_SEVERITY: alert.severity},
+        annotations={
+            "summary": f"{who}: the {period} SLO windows hold less than {period} of history",
+            "description": (
+                f"Prometheus has no recorded SLO series ({events}) for {who} from {period} ago, so "
+                f"the error budget and the slow burn-rate alerts cover less than the {period} "
+                "period. Either the deployment or these rules are younger than that (this clears "
+                f"by itself), or Prometheus keeps less than the {format_duration(history_needed(spec))} "
+                "the rules need (Prometheus keeps 15d by default, kube-prometheus-stack 10d): raise "
+                "--storage.tsdb.retention.time, or evaluate the rules in a Thanos or Mimir ruler."
+            ),
+            "runbook_url": f"{spec.alerts.runbook_url}#{c.runbook_anchor(c.ALERT_HISTORY_SHORT)}",
+        },
+    )
+
+
 def _health_rules(spec: SLOSpec) -> list[Rule]:
     down = spec.alerts.target_down
     no_traffic = spec.alerts.no_traffic
-    up = selector("up", [("job", "=", down.job)])
+    up = selector("up", [("job", "=", down.job), *_spec_matchers(spec)])
+    requests = selector(c.REQUESTS_TOTAL, _spec_matchers(spec))
     url = spec.alerts.runbook_url
     quiet = format_duration(no_traffic.for_)
     return [
@@ -260,7 +395,7 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
             },
         ),
         Rule(
-            f"absent({c.REQUESTS_TOTAL}) or sum(rate({c.REQUESTS_TOTAL}[5m])) == 0",
+            f"absent({requests}) or sum(rate({requests}[5m])) == 0",
             alert=c.ALERT_NO_TRAFFIC,
             for_=no_traffic.for_,
             labels={c.LABEL_SEVERITY: no_traffic.severity},
@@ -277,16 +412,23 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
     ]
 
 
-def generate(spec: SLOSpec) -> RuleSet:
-    """All groups for ``spec``. Never empty: a spec has at least one objective."""
+def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL) -> RuleSet:
+    """All groups for ``spec``. Never empty: a spec has at least one objective.
+
+    ``long_windows="raw"`` reads the long windows straight from the raw series (today's
+    expensive form), only so tests can show both forms reach the same verdicts.
+    """
     groups = []
     for objective in spec.objectives:
         rules: list[Rule] = []
-        for scope in objective.scopes():
-            rules.extend(_scope_rules(spec, scope))
+        for scope in spec.scopes(objective):
+            rules.extend(_scope_rules(spec, scope, long_windows, numbers))
         groups.append(Group(c.group_name(objective.name), tuple(rules)))
-    groups.append(Group(c.GOODPUT_GROUP, tuple(_goodput_rules())))
-    groups.append(Group(c.HEALTH_GROUP, tuple(_health_rules(spec))))
+    groups.append(Group(c.GOODPUT_GROUP, tuple(_goodput_rules(spec))))
+    health = _health_rules(spec)
+    if spec.alerts.history_short.enabled:
+        health.append(_history_rule(spec))
+    groups.append(Group(c.HEALTH_GROUP, tuple(health)))
     if not any(g.rules for g in groups[:-2]):  # pragma: no cover - the spec guarantees it
         raise ValueError("the spec produced no SLO rules")
     return RuleSet(spec, tuple(groups))

@@ -3,18 +3,27 @@
 ::
 
     version: 1
-    period: 30d                      # compliance period; 28d also common
+    period: 30d                      # compliance period; 28d also common; 12h for a drill
+    grouping: [cluster, namespace, model]   # one SLO and error budget per deployment
+    selector: {namespace: team-a-prod}      # optional: only these deployments (one spec each)
     objectives:
       - name: ttft                   # the `slo` label, and the alert name LLMTTFTBurnRate
         sli: ttft                    # availability | ttft | tpot | itl | e2e
         target: 95                   # percent of events that must be good
         threshold_seconds: 2.0       # latency SLIs: a histogram bucket bound
+        prompt_class: le1024         # ttft only: one prompt-length class (sidecar --ttft-prompt-classes)
         models:                      # per-model overrides of target and/or threshold
           my-405b: {threshold_seconds: 5.0}
     alerts:
       runbook_url: https://.../README.md
       target_down: {job: llm-sidecar, for: 5m, severity: page}
       no_traffic: {for: 30m, severity: ticket}
+      history_short: {severity: info}   # the period reaches back before the first data
+
+``grouping`` names the labels every SLO is per: each distinct combination gets its own
+records, error budget and alerts, and the alerts carry those labels for Alertmanager routing.
+A label the series lack (``cluster`` on a single Prometheus) simply stays empty, so the default
+keeps ``cluster`` where a Thanos or Mimir ruler sees it.
 
 A latency SLI reads the histogram's cumulative bucket at its threshold, so a threshold that
 is not a bucket bound would silently read nothing: such a spec is refused.
@@ -22,6 +31,7 @@ is not a bucket bound would silently read nothing: such a spec is refused.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Annotated, Any, Literal
@@ -38,7 +48,15 @@ from pydantic import (
 )
 
 from .conventions import LATENCY_SLIS, SLI_KINDS
-from .windows import WORKBOOK_WINDOWS, Severity, format_duration, parse_duration
+from .windows import (
+    WORKBOOK_WINDOWS,
+    AlertWindow,
+    Severity,
+    format_duration,
+    is_drill_period,
+    parse_duration,
+    windows_for_period,
+)
 
 __all__ = [
     "SPEC_VERSION",
@@ -48,7 +66,10 @@ __all__ = [
     "Objective",
     "TargetDownAlert",
     "NoTrafficAlert",
+    "HistoryShortAlert",
     "Alerts",
+    "DEFAULT_GROUPING",
+    "PROMPT_CLASS_PATTERN",
     "SLOSpec",
     "Scope",
     "parse_spec",
@@ -114,6 +135,16 @@ class ModelOverride(BaseModel):
         return self
 
 
+PROMPT_CLASS_PATTERN = r"^(le[1-9][0-9]*|gt[1-9][0-9]*|unknown|all)$"
+"""The values of the TTFT histogram's ``prompt_class`` label (sidecar/prompt_class.py)."""
+
+DEFAULT_GROUPING = ("cluster", "namespace", "model")
+"""A deployment's identity after scrape: Prometheus' target labels, the model, and ``cluster``
+where an external label or a Thanos/Mimir ruler keeps it."""
+
+_RESERVED_LABELS = frozenset({"slo", "severity", "long_window", "short_window", "le", "outcome", "__name__"})
+
+
 class Objective(BaseModel):
     """One SLO: which SLI, how good it must be, and per-model exceptions."""
 
@@ -123,6 +154,8 @@ class Objective(BaseModel):
     sli: Literal["availability", "ttft", "tpot", "itl", "e2e"]
     target: float
     threshold_seconds: float | None = None
+    prompt_class: str | None = Field(None, pattern=PROMPT_CLASS_PATTERN)
+    """TTFT only: count only requests of this prompt-length class (``le1024``, ``gt8192``, ...)."""
     models: dict[str, ModelOverride] = Field(default_factory=dict)
 
     @field_validator("target")
@@ -134,6 +167,8 @@ class Objective(BaseModel):
     def _thresholds(self) -> Objective:
         if any(not model for model in self.models):
             raise ValueError("models: a model name is empty")
+        if self.prompt_class is not None and self.sli != "ttft":
+            raise ValueError(f"prompt_class applies to ttft objectives only (the TTFT histogram has it), not {self.sli}")
         if self.sli == "availability":
             if self.threshold_seconds is not None:
                 raise ValueError("availability has no threshold_seconds (it counts server errors)")
@@ -152,14 +187,15 @@ class Objective(BaseModel):
                     raise ValueError(f"models.{model}: {exc}") from None
         return self
 
-    def scopes(self) -> list[Scope]:
-        """The default scope (every model without an override), then one per override."""
+    def scopes(self, selector: tuple[tuple[str, str], ...] = ()) -> list[Scope]:
+        """The default scope (every model without an override), then one per override.
+        ``selector``: the spec's label matchers (the deployments the spec covers)."""
         overridden = tuple(self.models)
-        out = [Scope(self, None, self.target, self.threshold_seconds, overridden)]
+        out = [Scope(self, None, self.target, self.threshold_seconds, overridden, selector)]
         for model, o in self.models.items():
             target = self.target if o.target is None else o.target
             threshold = self.threshold_seconds if o.threshold_seconds is None else o.threshold_seconds
-            out.append(Scope(self, model, target, threshold, ()))
+            out.append(Scope(self, model, target, threshold, (), selector))
         return out
 
 
@@ -174,6 +210,8 @@ class Scope:
     threshold: float | None
     excluded: tuple[str, ...]
     """Models the default scope leaves to their overrides."""
+    selector: tuple[tuple[str, str], ...] = ()
+    """Label equalities every series of the spec must have (its ``selector``)."""
 
     @property
     def error_budget(self) -> Fraction:
@@ -196,6 +234,13 @@ class NoTrafficAlert(BaseModel):
     severity: Severity = "ticket"
 
 
+class HistoryShortAlert(BaseModel):
+    model_config = _STRICT
+
+    enabled: bool = True
+    severity: Literal["page", "ticket", "info"] = "info"
+
+
 class Alerts(BaseModel):
     model_config = _STRICT
 
@@ -203,6 +248,7 @@ class Alerts(BaseModel):
     """The README the alerts link into; ``#runbook-<alert>`` is appended."""
     target_down: TargetDownAlert = Field(default_factory=TargetDownAlert)
     no_traffic: NoTrafficAlert = Field(default_factory=NoTrafficAlert)
+    history_short: HistoryShortAlert = Field(default_factory=HistoryShortAlert)
 
 
 class SLOSpec(BaseModel):
@@ -212,6 +258,11 @@ class SLOSpec(BaseModel):
 
     version: int
     period: Duration = 30 * 24 * 3600
+    grouping: tuple[str, ...] = DEFAULT_GROUPING
+    selector: dict[str, str] = Field(default_factory=dict)
+    """Only series with these label values (e.g. ``{namespace: team-a-prod}``): one spec per
+    deployment, each with its own targets, side by side in one Prometheus. Each label must be
+    a grouping label, so the records of two specs never collide."""
     objectives: list[Objective]
     alerts: Alerts = Field(default_factory=Alerts)
 
@@ -225,13 +276,46 @@ class SLOSpec(BaseModel):
     @field_validator("period")
     @classmethod
     def _period(cls, v: int) -> int:
+        if is_drill_period(v):
+            windows_for_period(v)  # raises when the scaled windows are not whole seconds
+            return v
         longest = max(w.long for w in WORKBOOK_WINDOWS)
         if v % (24 * 3600) or v <= longest:
             raise ValueError(
                 f"period must be whole days and longer than the {format_duration(longest)} alert window "
-                f"(30d or 28d are usual), got {format_duration(v)}"
+                f"(30d or 28d are usual; a drill period under 1d, such as 12h, scales the windows), "
+                f"got {format_duration(v)}"
             )
         return v
+
+    @field_validator("grouping")
+    @classmethod
+    def _grouping(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for label in v:
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label):
+                raise ValueError(f"{label!r} is not a Prometheus label name")
+            if label in _RESERVED_LABELS:
+                raise ValueError(f"{label!r} cannot be a grouping label: the rules set or read it themselves")
+        if len(set(v)) != len(v):
+            raise ValueError("a grouping label is repeated")
+        if "model" not in v:
+            raise ValueError("grouping must include model (per-model overrides and goodput are per model)")
+        return v
+
+    @model_validator(mode="after")
+    def _selector(self) -> SLOSpec:
+        for label, value in self.selector.items():
+            if label not in self.grouping:
+                raise ValueError(
+                    f"selector: {label!r} must be a grouping label too (else two specs' records would collide)"
+                )
+            if not value:
+                raise ValueError(f"selector: {label} needs a value")
+        return self
+
+    def scopes(self, objective: Objective) -> list[Scope]:
+        """``objective``'s scopes, restricted to the spec's selector."""
+        return objective.scopes(tuple(sorted(self.selector.items())))
 
     @field_validator("objectives")
     @classmethod
@@ -247,6 +331,11 @@ class SLOSpec(BaseModel):
     @property
     def period_name(self) -> str:
         return format_duration(self.period)
+
+    @property
+    def alert_windows(self) -> tuple[AlertWindow, ...]:
+        """The burn-rate arms for this period (the workbook's, scaled for a drill period)."""
+        return windows_for_period(self.period)
 
 
 def _where(loc: tuple[Any, ...], data: Any) -> str:

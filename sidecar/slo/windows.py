@@ -33,6 +33,10 @@ __all__ = [
     "format_duration",
     "format_number",
     "record_windows",
+    "REFERENCE_PERIOD",
+    "windows_for_period",
+    "is_drill_period",
+    "is_long_window",
 ]
 
 Severity = Literal["page", "ticket"]
@@ -96,6 +100,39 @@ WORKBOOK_WINDOWS: tuple[AlertWindow, ...] = (
 )
 
 
+REFERENCE_PERIOD = 30 * DAY
+"""The period the workbook's windows were written for."""
+
+
+def is_drill_period(period: int) -> bool:
+    """A period under a day is a drill (an end-to-end test, a game day): its windows shrink."""
+    return period < DAY
+
+
+def windows_for_period(period: int) -> tuple[AlertWindow, ...]:
+    """The alert windows of a compliance period.
+
+    Periods of whole days keep the workbook's absolute windows (1h/5m ... 3d/6h), and the
+    factors move with the period (30d: 14.4, 28d: 13.44). A drill period under a day scales
+    every window by ``period / 30d`` instead (12h: 1m/5s, 6m/30s, 24m/2m, 72m/6m), so the
+    factors stay the 30d ones and an alert fires after the same *share* of the period. A
+    window that would not be whole seconds raises :class:`ValueError`.
+    """
+    if not is_drill_period(period):
+        return WORKBOOK_WINDOWS
+    out = []
+    for w in WORKBOOK_WINDOWS:
+        long, short = Fraction(w.long * period, REFERENCE_PERIOD), Fraction(w.short * period, REFERENCE_PERIOD)
+        if long.denominator != 1 or short.denominator != 1:
+            raise ValueError(
+                f"a drill period of {format_duration(period)} scales the {w.long_name}/{w.short_name} "
+                "windows to fractions of a second; a drill period must be a multiple of 2h24m "
+                "(12h gives windows 1m/5s ... 72m/6m)"
+            )
+        out.append(AlertWindow(w.severity, int(long), int(short), w.budget_consumed))
+    return tuple(out)
+
+
 def burn_rate_factor(window: AlertWindow, period: int) -> Fraction:
     """The burn rate above which ``window`` fires, for a compliance period of ``period`` s."""
     return window.budget_consumed * period / window.long
@@ -110,6 +147,12 @@ def detection_seconds(window: AlertWindow, period: int, burn_rate: float) -> flo
     if burn_rate <= float(factor):  # as the rule compares: a float threshold
         return None
     return float(window.budget_consumed * period) / burn_rate
+
+
+def is_long_window(window: int, period: int) -> bool:
+    """Windows of a day or more (1/30 of the period for a drill) are read from recorded
+    short-window event rates with ``sum_over_time``, never by ``rate`` over raw series."""
+    return window * 30 >= period
 
 
 def record_windows(windows: tuple[AlertWindow, ...] = WORKBOOK_WINDOWS) -> list[int]:

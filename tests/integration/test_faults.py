@@ -306,9 +306,11 @@ async def test_upstream_closes_without_done(rig_factory):
     status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="truncate"))
     # Exactly what the upstream sent, ending cleanly: the sidecar adds no [DONE] and cuts nothing.
     assert status == 200 and end is None and b"[DONE]" not in body and body.count(b'"content":"') == 11
-    # Counted as the upstream ended it: a clean HTTP end is ok; tokens from the stream (no usage).
-    await counted(rig, "200", "ok")
+    # A clean HTTP end without [DONE] is how a server that died between chunks looks: an
+    # error (upstream_stream_truncated) with the upstream's 200; tokens estimated from the stream.
+    await counted(rig, "200", "error")
     assert rig.sample("llm_tokens_total", type="output", **LABELS) == 10
+    assert rig.sample("llm_token_count_source_total", source="estimated", **LABELS) == 1
     assert rig.sim.truncated == 1
     # A cleanly ended response returns its upstream connection to the pool, on purpose.
     await settles_to(before.plus(tasks=1, fds=2, established=2))

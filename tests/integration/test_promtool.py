@@ -10,6 +10,7 @@ under 30d. Skipped without promtool locally; fails under CI=true (Debian's `prom
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,7 +52,8 @@ def unit_test_results() -> dict[str, subprocess.CompletedProcess]:
 
 
 def rendered_variants(tmp_path: Path) -> list[Path]:
-    """The default spec with a 28d period, and a spec with every SLI kind and overrides."""
+    """The default spec with a 28d period, a 12h drill period and five grouping labels, and a
+    spec with every SLI kind and overrides."""
     out = []
     d28 = default_spec_data()
     d28["period"] = "28d"
@@ -67,7 +69,11 @@ def rendered_variants(tmp_path: Path) -> list[Path]:
             {"name": "e2e", "sli": "e2e", "target": 99, "threshold_seconds": 120.0},
         ],
     }
-    for name, data in (("default-28d.yaml", d28), ("every-kind.yaml", every)):
+    drill = default_spec_data()
+    drill["period"] = "12h"
+    grouped = default_spec_data()
+    grouped["grouping"] = ["cluster", "namespace", "service", "model", "route"]
+    for name, data in (("default-28d.yaml", d28), ("every-kind.yaml", every), ("drill-12h.yaml", drill), ("grouped.yaml", grouped)):
         path = tmp_path / name
         path.write_text(render_rules(generate(parse_spec(data))), encoding="utf-8")
         out.append(path)
@@ -174,3 +180,153 @@ def test_default_spec_renders_to_the_committed_file():
     """Guards the promtool tests above: they run against the committed rules."""
     assert RULE_FILES == [ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"]
     assert RULE_FILES[0].read_text(encoding="utf-8") == render_rules(generate(load_spec(str(DEFAULT_SPEC))))
+
+
+# --------------------------------------------------------------------- cheap long windows
+
+
+def test_long_windows_read_recorded_rates_not_raw_series():
+    """No rule of the committed file runs rate() over a day or more of raw series."""
+    text = RULE_FILES[0].read_text(encoding="utf-8")
+    assert "sum_over_time(llm:sli_bad_events:rate5m" in text
+    for window in ("1d", "3d", "30d"):
+        assert not any(
+            f"[{window}]" in line and "rate(llm_" in line for line in text.splitlines()
+        ), f"a raw rate over {window} is left"
+    raw = render_rules(generate(load_spec(str(DEFAULT_SPEC)), long_windows="raw"))
+    assert "rate(llm_time_to_first_token_seconds_bucket{" in raw and "[30d]))" in raw
+
+
+def _labels(metric: str, labels: dict) -> str:
+    return metric + "{" + ",".join(f"{k}={json.dumps(str(v))}" for k, v in labels.items()) + "}"
+
+
+def verdicts_only(doc: dict, rules: Path) -> dict:
+    """A promtool test file reduced to its verdicts: which alerts fire, with which labels, at
+    every checked time. Recorded values and annotations are dropped: the two forms' numbers
+    differ a little (the recorded form's window edges taper over 5m); the verdicts must not.
+    Each alert_rule_test becomes the same check on the firing ``ALERTS`` series."""
+    tests = []
+    for group in doc["tests"]:
+        checks = [t for t in group.get("promql_expr_test", []) if t["expr"].startswith("ALERTS")]
+        for t in group.get("alert_rule_test", []):
+            name = t["alertname"]
+            checks.append(
+                {
+                    "expr": f'ALERTS{{alertname="{name}",alertstate="firing"}}',
+                    "eval_time": t["eval_time"],
+                    "exp_samples": [
+                        {
+                            "labels": _labels("ALERTS", {"alertname": name, "alertstate": "firing", **a["exp_labels"]}),
+                            "value": 1,
+                        }
+                        for a in t.get("exp_alerts", [])
+                    ],
+                }
+            )
+        kept = {k: v for k, v in group.items() if k not in ("promql_expr_test", "alert_rule_test")}
+        tests.append({**kept, "promql_expr_test": checks})
+    return {**doc, "rule_files": [str(rules)], "tests": tests}
+
+
+# history.yaml checks LLMSLOHistoryShort, the same rule in both forms, over 30 days of
+# one-minute samples: there the raw form's rate[30d] stops promtool with "query processing
+# would load too many samples into memory", which is the cost this issue removes.
+VERDICT_FILES = [p.name for p in PROMTOOL_TESTS if p.name != "history.yaml"]
+
+
+@pytest.fixture(scope="module")
+def verdict_results(tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """Every hand-written test reduced to its verdicts, run against both forms at once."""
+    require_tool("promtool")
+    tmp = tmp_path_factory.mktemp("verdicts")
+    spec = load_spec(str(DEFAULT_SPEC))
+    jobs = {}
+    for form in ("recorded", "raw"):
+        rules = tmp / f"{form}.rules.yaml"
+        rules.write_text(render_rules(generate(spec, long_windows=form)), encoding="utf-8")
+        for name in VERDICT_FILES:
+            doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
+            reduced = verdicts_only(doc, rules)
+            assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), f"{name} has no verdicts to compare"
+            (tmp / f"{form}.{name}").write_text(yaml.safe_dump(reduced, sort_keys=False), encoding="utf-8")
+            jobs[(name, form)] = f"{form}.{name}"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {key: pool.submit(promtool, "test", "rules", file, cwd=tmp) for key, file in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", VERDICT_FILES)
+def test_recorded_and_raw_long_windows_reach_the_same_verdicts(verdict_results, name):
+    """Every hand-written promtool test, reduced to its verdicts, passes against the rules
+    with recorded long windows (the committed form) and against the raw ``rate[30d]`` form
+    rendered from the same spec: on the same series both fire the same alerts at the same
+    checked times, and stay quiet at the same times."""
+    for form in ("recorded", "raw"):
+        result = verdict_results[(name, form)]
+        assert result.returncode == 0, f"{form} form, {name}:\n{result.stdout}{result.stderr}"
+
+
+# --------------------------------------------------------------------- one spec per deployment
+
+
+def deployment_spec(namespace: str, target: float) -> dict:
+    return {
+        "version": 1,
+        "grouping": ["cluster", "namespace", "model"],
+        "selector": {"namespace": namespace},
+        "objectives": [{"name": "availability", "sli": "availability", "target": target}],
+        "alerts": {"target_down": {"job": "llm-sidecar"}},
+    }
+
+
+def test_one_spec_per_deployment_side_by_side_in_one_prometheus(tmp_path):
+    """Prod (99.5%) and staging (90%) serve the same model with the same 5% errors, each with
+    its own spec (`selector: {namespace: ...}`), both rule files in one Prometheus. Prod burns
+    at 5% / 0.5% = 10: the 6h page (above 6) and both tickets fire, not the 1h page (14.4).
+    Staging burns at 5% / 10% = 0.5 and stays quiet. Neither spec's rules read the other's
+    series (and promtool's lint passes with both loaded)."""
+    files = []
+    for namespace, target in (("prod", 99.5), ("staging", 90)):
+        path = tmp_path / f"{namespace}.yaml"
+        path.write_text(render_rules(generate(parse_spec(deployment_spec(namespace, target)))), encoding="utf-8")
+        files.append(path.name)
+    check = promtool("check", "rules", "--lint=all", "--lint-fatal", *files, cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    series = []
+    for namespace in ("prod", "staging"):
+        labels = f'namespace="{namespace}",model="m",route="/v1/chat/completions"'
+        series.append({"series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}', "values": "0+950x60"})
+        series.append({"series": f'llm_requests_total{{{labels},code="500",outcome="error"}}', "values": "0+50x60"})
+    firing = [
+        {
+            "labels": 'ALERTS{alertname="LLMAvailabilityBurnRate",alertstate="firing",severity="%s",slo="availability",'
+            'namespace="prod",model="m",long_window="%s",short_window="%s"}' % arm,
+            "value": 1,
+        }
+        for arm in (("page", "6h", "30m"), ("ticket", "1d", "2h"), ("ticket", "3d", "6h"))
+    ]
+    test = {
+        "rule_files": files,
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {"expr": 'ALERTS{alertname="LLMAvailabilityBurnRate"}', "eval_time": "1h", "exp_samples": firing},
+                    {
+                        "expr": "round(llm:burn_rate:ratio_rate1h * 100) / 100",
+                        "eval_time": "1h",
+                        "exp_samples": [
+                            {"labels": '{slo="availability",namespace="prod",model="m"}', "value": 10},
+                            {"labels": '{slo="availability",namespace="staging",model="m"}', "value": 0.5},
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
+    result = promtool("test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1194,3 +1194,28 @@ async def test_release_after_close_does_not_pool(rig):
     assert not pool._idle and conn.closed
     await asyncio.wait_for(server.peers[0].eof.wait(), 5)
     assert sink.ends == [None]
+
+
+async def test_every_stale_idle_connection_is_closed_not_dropped(rig):
+    # A burst leaves many idle connections; after the keep-alive time the next request must
+    # close every one of them. Closing while iterating the list close() shrinks used to skip
+    # every other one and then drop it from the pool unclosed: a leaked upstream connection.
+    server = await rig.server(serve(OK))
+    pool = rig.pool(server.url, keepalive_seconds=0.2)
+    burst = 9
+    conns = [await pool.request("GET", "/", [], None) for _ in range(burst)]
+    for conn in conns:
+        sink = Sink()
+        conn.push(sink)
+        await sink.wait()
+        pool.release(conn)
+    assert len(pool._idle) == burst and server.accepted == burst
+    await asyncio.sleep(0.4)
+
+    conn, _ = await fetch(pool)
+    pool.release(conn)
+
+    assert conn not in conns
+    await wait_for(lambda: all(p.eof.is_set() for p in server.peers[:burst]), timeout=5.0)
+    assert not any(p.closed_by_server for p in server.peers[:burst])
+    assert pool._all == {conn} and pool._idle == [conn]

@@ -15,8 +15,8 @@ through the sidecar (temperature 0 and a seed: the same tokens each time) and ch
   same mask, byte for byte, and so do status and end-to-end headers;
 - the measurements: one TTFT per streamed request, ITL count = content chunks - 1 (more
   where vLLM's per-chunk usage shows a chunk carried several tokens), output
-  and input tokens = the server's usage (or llama.cpp's native counts) when it reported
-  them, else the stream's content chunks, flagged as not from usage.
+  and input tokens = the server's usage when it reported one, else llama.cpp's own counts
+  (its ``timings``), else the stream's content chunks, flagged as estimated.
 
 Marked ``real``: deselected from the default run; ``make test-real`` installs the servers
 (cached under .tools/) and runs this.
@@ -30,13 +30,14 @@ from collections import defaultdict
 import aiohttp
 import pytest
 
+from sidecar.timeline import TokenCountSource
 from tests.conftest import wait_for
 from tests.real.conftest import LIVE_KINDS
 from tests.real.servers import Case, ServerKind, cases
 from tests.real.wire import (
     content_events,
     differing_keys,
-    engine_predicted,
+    engine_counts,
     json_events,
     mask,
     reported_usage,
@@ -177,17 +178,17 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
         assert metric(registry, "llm_inter_token_latency_seconds_count", **route) == token_arrivals(events) - 1
     else:
         assert metric(registry, "llm_time_to_first_token_seconds_count", **route) == 0
+    engine = engine_counts(events)
     if usage is not None:
-        assert timeline.tokens_from_usage
+        assert timeline.token_count_source is TokenCountSource.USAGE
         assert (outputs, inputs) == (usage["output"], usage["input"])
+    elif engine is not None:  # llama.cpp without usage: its timings still count
+        assert timeline.token_count_source is TokenCountSource.ENGINE
+        assert (outputs, inputs) == (engine["output"], engine["input"])
     else:
         assert case.stream, "a non-streamed answer always carries its counts"
-        assert not timeline.tokens_from_usage, "an estimate must not be flagged as the server's count"
-        assert outputs == chunks and inputs == 0
-        # What the server knew but did not put in usage: llama.cpp's own decode count.
-        predicted = engine_predicted(events)
-        if predicted is not None:
-            assert outputs == predicted
+        assert timeline.token_count_source is TokenCountSource.ESTIMATED, "an estimate must be flagged"
+        assert outputs == token_arrivals(events) and inputs == 0
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, id=k.name) for k in LIVE_KINDS])

@@ -104,21 +104,22 @@ def token_arrivals(events: list[dict]) -> int:
 
 
 def reported_usage(events: list[dict]) -> dict | None:
-    """The server's own token counts: ``usage`` (OpenAI routes) or llama.cpp's native
-    ``tokens_predicted``/``tokens_evaluated``, from the last event that has them."""
+    """The API's ``usage`` object (OpenAI routes), from the last event that has one."""
     for event in reversed(events):
         usage = event.get("usage")
         if isinstance(usage, dict):
             return {"output": usage.get("completion_tokens"), "input": usage.get("prompt_tokens")}
-        if "tokens_predicted" in event and event.get("stop"):
-            return {"output": event.get("tokens_predicted"), "input": event.get("tokens_evaluated")}
     return None
 
 
-def engine_predicted(events: list[dict]) -> int | None:
-    """llama.cpp's ``timings.predicted_n`` (its decode count), when the stream carries it."""
+def engine_counts(events: list[dict]) -> dict | None:
+    """llama.cpp's own counts: on its native route the final result's ``tokens_predicted``
+    and ``tokens_evaluated``; on its OpenAI routes the ``timings``: output ``predicted_n``,
+    input the prompt evaluated now plus the part reused from the cache (``prompt_n + cache_n``)."""
     for event in reversed(events):
+        if "tokens_predicted" in event and event.get("stop"):
+            return {"output": event["tokens_predicted"], "input": event.get("tokens_evaluated")}
         timings = event.get("timings")
         if isinstance(timings, dict) and "predicted_n" in timings:
-            return int(timings["predicted_n"])
+            return {"output": timings["predicted_n"], "input": timings["prompt_n"] + timings.get("cache_n", 0)}
     return None

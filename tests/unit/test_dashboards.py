@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(str(ROOT / "deploy" / "slo" / "default.yaml"))
 RULES = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-FILTERS = ("namespace", "pod", "model", "route")
+FILTERS = ("cluster", "namespace", "pod", "model", "route")
+# Recorded series are filtered by the spec's grouping labels (all variables by default).
+GROUP_FILTERS = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model"'
 UIDS = {"llm-sidecar-overview.json": overview.UID, "llm-sidecar-slo.json": slo.UID}
 
 
@@ -91,8 +93,10 @@ def test_datasource_variable_then_the_four_filter_variables(name):
     queries = {q.name: q for q in variable_queries(DASHBOARDS[name])}
     assert {n: q.label for n, q in queries.items()} == {n: n for n in FILTERS}
     # Each narrows by the ones before it.
-    assert queries["namespace"].selector == "llm_requests_total"
-    assert queries["route"].selector == 'llm_requests_total{namespace=~"$namespace", pod=~"$pod", model=~"$model"}'
+    assert queries["cluster"].selector == "llm_requests_total"
+    assert queries["route"].selector == (
+        'llm_requests_total{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod", model=~"$model"}'
+    )
 
 
 @all_dashboards
@@ -135,7 +139,7 @@ def test_every_range_is_rate_interval_and_every_variable_is_defined(name):
 def test_raw_metric_selectors_carry_every_filter_variable():
     for q in panel_queries(OVERVIEW):
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
-            wanted = ("namespace", "pod", "route") if metric == "llm_stream_parse_errors_total" else FILTERS
+            wanted = ("cluster", "namespace", "pod", "route") if metric == "llm_stream_parse_errors_total" else FILTERS
             for label in wanted:
                 assert f'{label}=~"${label}"' in body, f"{q.where}: {metric} lacks the {label} filter"
 
@@ -235,8 +239,8 @@ def test_burn_rate_thresholds_are_the_alert_rules_factors():
             assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed"
             exprs = [t["expr"] for t in p["targets"]]
             assert exprs == [
-                f'llm:burn_rate:ratio_rate{arm.long_name}{{model=~"$model", slo="{o.name}"}}',
-                f'llm:burn_rate:ratio_rate{arm.short_name}{{model=~"$model", slo="{o.name}"}}',
+                f'llm:burn_rate:ratio_rate{arm.long_name}{{{GROUP_FILTERS}, slo="{o.name}"}}',
+                f'llm:burn_rate:ratio_rate{arm.short_name}{{{GROUP_FILTERS}, slo="{o.name}"}}',
             ]
             checked += 1
     assert checked == len(fires_above) == len(WORKBOOK_WINDOWS) * len(SPEC.objectives)
@@ -256,11 +260,15 @@ def test_targets_drawn_are_the_specs_targets_per_scope():
                 assert f'model!="{excluded}"' in expr
         stat = by_title(SLO, f"{o.name}: SLI over 30d")
         assert stat["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == o.target / 100
+        # The legend names the deployment, model last; an override matches the name's end.
         overrides = {
             ov["matcher"]["options"]: ov["properties"][0]["value"]["steps"][1]["value"]
             for ov in stat["fieldConfig"]["overrides"]
         }
-        assert overrides == {s.model: s.target / 100 for s in scopes[1:] if s.target != o.target}
+        assert all(ov["matcher"]["id"] == "byRegexp" for ov in stat["fieldConfig"]["overrides"])
+        assert overrides == {f"^(.* )?{re.escape(s.model)}$": s.target / 100 for s in scopes[1:] if s.target != o.target}
+        for pattern in overrides:
+            assert re.match(pattern, f"eu-1 prod {scopes[1].model}") and not re.match(pattern, "eu-1 prod other")
     assert any(o.models for o in SPEC.objectives), "the default spec exercises an override"
 
 
@@ -284,7 +292,7 @@ def test_alert_panels_name_exactly_the_rules_alerts():
     in_rules = {r["alert"] for r in alert_rules()}
     assert set(slo.alert_names(SPEC)) == in_rules
     alerts_exprs = [q.expr for q in panel_queries(SLO) if "ALERTS{" in q.expr]
-    assert len(alerts_exprs) == 3
+    assert len(alerts_exprs) == len(slo.SEVERITIES) + 1  # a count per severity, and the table
     for expr in alerts_exprs:
         (names,) = re.findall(r'alertname=~"([^"]+)"', expr)
         assert set(names.split("|")) == in_rules

@@ -127,6 +127,18 @@ def recorded_labels() -> dict[str, set[str]]:
                 out[r["record"]] |= set(r.get("labels", {}))
                 for _, labels in GROUPING.findall(r["expr"]):
                     out[r["record"]] |= {x.strip() for x in labels.split(",") if x.strip()}
+    # A record computed from other records (a ratio of two recorded rates) carries theirs.
+    reads = {
+        r["record"]: set(re.findall(r"llm:[a-z0-9_:]+", r["expr"])) for g in RULES["groups"] for r in g["rules"] if "record" in r
+    }
+    changed = True
+    while changed:
+        changed = False
+        for record, sources in reads.items():
+            inherited = set().union(*(out[s] for s in sources)) if sources else set()
+            if not inherited <= out[record]:
+                out[record] |= inherited
+                changed = True
     return out
 
 

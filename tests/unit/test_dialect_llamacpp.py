@@ -51,21 +51,21 @@ CASES = {
     "completion.txt": [
         *[ANSWER] * 6,
         ResponseInfo(response_model="Llama-3.2-1B-Instruct-Q4_K_M.gguf", finish_reasons=("limit",)),
-        Usage(input_tokens=12, output_tokens=6, cached_input_tokens=5),
+        Usage(input_tokens=12, output_tokens=6, cached_input_tokens=5, engine=True),
         EngineTimings(prefill_seconds=35.187 / MS, decode_seconds=92.301 / MS),
         StreamEnd(),
     ],
     "progress_eos.txt": [
         *[ANSWER] * 5,  # two progress updates and one empty partial are not tokens
         ResponseInfo(response_model="gemma-3-4b-it", finish_reasons=("eos",)),
-        Usage(input_tokens=2048, output_tokens=7, cached_input_tokens=1024),
+        Usage(input_tokens=2048, output_tokens=7, cached_input_tokens=1024, engine=True),
         EngineTimings(prefill_seconds=403.112 / MS, decode_seconds=118.52 / MS),
         StreamEnd(),
     ],
     "completion_old.txt": [
         *[ANSWER] * 4,  # the final result repeats " Hello, world!": not a token
         ResponseInfo(response_model="models/llama-2-7b.Q4_0.gguf", finish_reasons=("limit",)),
-        Usage(input_tokens=5, output_tokens=4),
+        Usage(input_tokens=5, output_tokens=4, engine=True),
         EngineTimings(prefill_seconds=71.3 / MS, decode_seconds=120.25 / MS),
         StreamEnd(),
     ],

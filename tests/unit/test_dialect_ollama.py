@@ -50,7 +50,7 @@ CASES = {
         ResponseInfo(response_model="llama3.2"),
         *[ANSWER] * 9,
         STOP,
-        Usage(input_tokens=26, output_tokens=10),
+        Usage(input_tokens=26, output_tokens=10, engine=True),
         EngineTimings(6338219291 / NS, 130079000 / NS, 4232710000 / NS),
         StreamEnd(),
     ],
@@ -59,7 +59,7 @@ CASES = {
         *[REASONING] * 4,  # the first line ("response":"") is not a token
         *[ANSWER] * 6,
         STOP,
-        Usage(input_tokens=74, output_tokens=31),
+        Usage(input_tokens=74, output_tokens=31, engine=True),
         EngineTimings(94587125 / NS, 213458000 / NS, 1482931417 / NS),
         StreamEnd(),
     ],
@@ -68,7 +68,7 @@ CASES = {
         *[REASONING] * 4,
         *[ANSWER] * 7,
         STOP,
-        Usage(input_tokens=26, output_tokens=282),
+        Usage(input_tokens=26, output_tokens=282, engine=True),
         EngineTimings(1334875 / NS, 342546000 / NS, 4535599000 / NS),
         StreamEnd(),
     ],
@@ -76,7 +76,7 @@ CASES = {
         ResponseInfo(response_model="llama3.2"),
         TOOL,
         STOP,
-        Usage(output_tokens=33),  # prompt_eval_count omitted (omitempty): not known
+        Usage(output_tokens=33, engine=True),  # prompt_eval_count omitted (omitempty): not known
         EngineTimings(load_seconds=3753500 / NS, decode_seconds=552222000 / NS),
         StreamEnd(),
     ],
@@ -225,7 +225,7 @@ def test_parse_generate():
     assert parse_ollama_response(load("ollama", "generate.json")) == [
         ResponseInfo(response_model="llama3.2"),
         STOP,
-        Usage(input_tokens=26, output_tokens=290),
+        Usage(input_tokens=26, output_tokens=290, engine=True),
         EngineTimings(5025959 / NS, 325953000 / NS, 4709213000 / NS),
     ]
 
@@ -234,7 +234,7 @@ def test_parse_chat():
     assert parse_ollama_response(load("ollama", "chat.json")) == [
         ResponseInfo(response_model="llama3.2"),
         ResponseInfo(finish_reasons=("length",)),
-        Usage(input_tokens=26, output_tokens=298),
+        Usage(input_tokens=26, output_tokens=298, engine=True),
         EngineTimings(2154458 / NS, 383809000 / NS, 4799921000 / NS),
     ]
 

@@ -43,7 +43,7 @@ CASES = {
     "generate_stream.txt": [
         *[ANSWER] * 10,
         ResponseInfo(finish_reasons=("eos_token",)),
-        Usage(input_tokens=7, output_tokens=11),
+        Usage(input_tokens=7, output_tokens=11, engine=True),
         StreamEnd(),
     ],
     # details not requested: no usage, no finish reason; empty-text byte tokens still count
@@ -137,7 +137,7 @@ def test_final_event_details_without_input_length():
         ANSWER,
         ANSWER,
         ResponseInfo(finish_reasons=("length",)),
-        Usage(output_tokens=2),  # TGI 1.x: no input_length
+        Usage(output_tokens=2, engine=True),  # TGI 1.x: no input_length
         StreamEnd(),
     ]
 
@@ -174,7 +174,7 @@ def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
 def test_parse_generate_with_details():
     assert parse_tgi_response(load("tgi", "generate.json")) == [
         ResponseInfo(finish_reasons=("length",)),
-        Usage(output_tokens=10),
+        Usage(output_tokens=10, engine=True),
     ]
 
 
@@ -194,7 +194,7 @@ def test_parse_generate_error():
 
 def test_parse_compat_route_list():
     body = b'[{"generated_text":"x","details":{"finish_reason":"stop_sequence","generated_tokens":3,"seed":null,"prefill":[],"tokens":[]}}]'
-    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("stop_sequence",)), Usage(output_tokens=3)]
+    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("stop_sequence",)), Usage(output_tokens=3, engine=True)]
 
 
 @pytest.mark.parametrize(
@@ -234,3 +234,16 @@ def test_any_json_events_never_raise_and_split_invariant(objs, data):
     for o in objs:
         parse_tgi_response(orjson.dumps(o))
         parse_tgi_response(orjson.dumps([o]))
+
+
+@pytest.mark.parametrize(
+    "details,expected",
+    [
+        ({"generated_tokens": 3, "input_length": 9, "prefill": [{"id": 1}]}, Usage(input_tokens=9, output_tokens=3, engine=True)),
+        ({"generated_tokens": 3, "prefill": [{"id": 1, "text": "<s>"}, {"id": 2, "text": "Hi"}]}, Usage(input_tokens=2, output_tokens=3, engine=True)),
+        ({"generated_tokens": 3, "prefill": []}, Usage(output_tokens=3, engine=True)),  # not listed: unknown, not 0
+    ],
+)
+def test_generate_input_from_input_length_else_listed_prefill(details, expected):
+    body = orjson.dumps({"generated_text": "abc", "details": {"finish_reason": "length", **details}})
+    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("length",)), expected]

@@ -43,9 +43,10 @@ def test_streamed_request_feeds_every_histogram():
     get = reg.get_sample_value
     assert get("llm_requests_in_flight", mr) == 0
     assert get("llm_requests_total", {**mr, "code": "200", "outcome": "ok"}) == 1
-    assert get("llm_time_to_first_token_seconds_sum", mr) == pytest.approx(0.2)
-    assert get("llm_time_to_first_token_seconds_bucket", {**mr, "le": "0.25"}) == 1
-    assert get("llm_time_to_first_token_seconds_bucket", {**mr, "le": "0.15"}) == 0
+    mrc = {**mr, "prompt_class": "all"}  # no classes configured
+    assert get("llm_time_to_first_token_seconds_sum", mrc) == pytest.approx(0.2)
+    assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.25"}) == 1
+    assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.15"}) == 0
     assert get("llm_time_to_first_byte_seconds_sum", mr) == pytest.approx(0.01)
     assert get("llm_inter_token_latency_seconds_count", mr) == 3
     assert get("llm_inter_token_latency_seconds_sum", mr) == pytest.approx(0.2)
@@ -68,7 +69,7 @@ def test_reasoning_first_feeds_time_to_first_answer_token():
     t = streamed([100.1, 100.2, 100.9], kinds=[TokenKind.REASONING, TokenKind.REASONING, TokenKind.ANSWER])
     m.record(t, "m")
     mr = {"model": "m", "route": ROUTE}
-    assert reg.get_sample_value("llm_time_to_first_token_seconds_sum", mr) == pytest.approx(0.1)
+    assert reg.get_sample_value("llm_time_to_first_token_seconds_sum", {**mr, "prompt_class": "all"}) == pytest.approx(0.1)
     assert reg.get_sample_value("llm_time_to_first_answer_token_seconds_sum", mr) == pytest.approx(0.9)
     assert reg.get_sample_value("llm_tokens_total", {**mr, "type": "reasoning"}) == 2
 
@@ -113,7 +114,41 @@ def test_failed_before_response_gets_a_code():
 def test_tokens_help_text_says_where_counts_come_from():
     m, reg = make()
     helps = {metric.name: metric.documentation for metric in reg.collect()}
-    assert "usage" in helps["llm_tokens"] and "counted from the stream" in helps["llm_tokens"]
+    assert "usage" in helps["llm_tokens"] and "engine's own counts" in helps["llm_tokens"]
+    assert "estimated from the stream" in helps["llm_tokens"] and "input is not counted" in helps["llm_tokens"]
+
+
+@pytest.mark.parametrize(
+    "usage,source",
+    [
+        (Usage(input_tokens=10, output_tokens=2), "usage"),
+        (Usage(input_tokens=10, output_tokens=2, engine=True), "engine"),
+        (Usage(input_tokens=10), "estimated"),  # input alone says nothing about the output
+        (None, "estimated"),
+    ],
+)
+def test_token_count_source_one_per_request(usage, source):
+    m, reg = make()
+    m.started("m", ROUTE)
+    m.record(streamed([100.2, 100.3], usage=usage), "m")
+    get = reg.get_sample_value
+    mr = {"model": "m", "route": ROUTE}
+    assert get("llm_token_count_source_total", {**mr, "source": source}) == 1
+    assert sum(get("llm_token_count_source_total", {**mr, "source": s}) or 0 for s in ("usage", "engine", "estimated", "none")) == 1
+    assert get("llm_tokens_total", {**mr, "type": "output"}) == 2
+    assert get("llm_tokens_total", {**mr, "type": "input"}) == (None if usage is None else 10)
+
+
+def test_token_count_source_none_for_json_without_usage_and_absent_off_api_routes():
+    m, reg = make()
+    for route in (ROUTE, "other"):
+        t = RequestTimeline(100.0, "POST", route, "m")
+        t.response_started(100.1, 200, streamed=False)
+        t.finish(Outcome.OK, 100.2)
+        m.started("m", route)
+        m.record(t, "m")
+    assert reg.get_sample_value("llm_token_count_source_total", {"model": "m", "route": ROUTE, "source": "none"}) == 1
+    assert reg.get_sample_value("llm_token_count_source_total", {"model": "m", "route": "other", "source": "none"}) is None
 
 
 def test_model_labeler_bounds():

@@ -210,6 +210,7 @@ LLAMACPP_EVENTS = [
     ANSWER,
     ResponseInfo(finish_reasons=("stop",)),
     Usage(input_tokens=11, output_tokens=3),
+    Usage(input_tokens=11, output_tokens=3, engine=True),  # timings: the engine's own counts
     EngineTimings(prefill_seconds=35.2 / 1000, decode_seconds=41.7 / 1000),
 ]
 

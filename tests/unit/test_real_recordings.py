@@ -10,8 +10,9 @@ usage grows (tokens that decode to half a UTF-8 character), llama.cpp's ``timing
 Each body goes through :class:`ResponseObserver` (the proxy's own entry point) whole, byte
 by byte, and at random split points, and must give the same events every way, no parse
 error, a token count that matches an independent count of the client's view
-(tests/real/wire.py), ITL observations = arrivals - 1, and the server's usage and timings
-where the body carries them.
+(tests/real/wire.py), ITL observations = arrivals - 1, the counts' source (the API's usage,
+else llama.cpp's own counts, else an estimate) and the engine's timings (llama.cpp's
+``timings``, vLLM's per-request ``metrics``) where the body carries them.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from hypothesis import strategies as st
 from sidecar.observe import ResponseObserver
 from sidecar.protocols.events import EngineTimings, ParseError, StreamEnd, StreamError, Tokens, Usage
 from sidecar.routes import match_route
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.timeline import Outcome, RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, split_at
-from tests.real.wire import engine_predicted, json_events, reported_usage, token_arrivals
+from tests.real.wire import engine_counts, json_events, reported_usage, token_arrivals
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 
@@ -85,17 +86,7 @@ def test_there_are_recordings_of_every_server():
         assert (folder / "metrics.txt").read_text().strip(), f"{folder.name} has no /metrics recording"
 
 
-def _known_gap(path: Path):
-    """Marks the recordings whose genuine content the sidecar does not read yet."""
-    route = meta(path)["request"]["path"]
-    if path.parent.name.startswith("llama.cpp-") and path.suffix == ".json" and route.startswith("/v1/"):
-        # llama.cpp puts `timings` in its non-streamed OpenAI answers too; parse_openai_response
-        # reads them only from streams (sidecar/protocols/openai.py), so no engine timings.
-        return pytest.param(path, marks=pytest.mark.xfail(strict=True, reason="timings of non-streamed llama.cpp /v1 answers are not read"))
-    return path
-
-
-@pytest.mark.parametrize("path", [_known_gap(p) for p in RECORDINGS], ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_replayed_whole_the_sidecar_reads_what_the_server_said(path: Path):
     body = path.read_bytes()
     info = meta(path)
@@ -120,20 +111,29 @@ def test_replayed_whole_the_sidecar_reads_what_the_server_said(path: Path):
         assert len(timeline.gaps) == arrivals - 1
         assert timeline.ttft is not None
         assert any(isinstance(e, StreamEnd) for e in events)
+    engine = engine_counts(client_view)
     if usage is not None:
-        assert timeline.tokens_from_usage
+        assert timeline.token_count_source is TokenCountSource.USAGE
         assert (timeline.output_tokens, timeline.input_tokens) == (usage["output"], usage["input"])
+    elif engine is not None:
+        assert timeline.token_count_source is TokenCountSource.ENGINE
+        assert (timeline.output_tokens, timeline.input_tokens) == (engine["output"], engine["input"])
     else:
         assert streamed, "every non-streamed answer carries its counts"
-        assert not timeline.tokens_from_usage
+        assert timeline.token_count_source is TokenCountSource.ESTIMATED
         assert timeline.output_tokens == timeline.stream_tokens
-    predicted = engine_predicted(client_view)
-    if predicted is not None:  # llama.cpp's timings: the engine's own prefill and decode
-        engine = [e for e in events if isinstance(e, EngineTimings)]
-        assert engine and engine[-1].decode_seconds is not None and engine[-1].decode_seconds > 0
+    if engine is not None:  # llama.cpp's timings: the engine's own prefill and decode
         timings = next(e["timings"] for e in reversed(client_view) if isinstance(e.get("timings"), dict))
-        assert engine[-1].decode_seconds == pytest.approx(timings["predicted_ms"] / 1000)
-        assert engine[-1].prefill_seconds == pytest.approx(timings["prompt_ms"] / 1000)
+        measured = [e for e in events if isinstance(e, EngineTimings)]
+        assert measured, "llama.cpp's timings were not read"
+        assert measured[-1].decode_seconds == pytest.approx(timings["predicted_ms"] / 1000)
+        assert measured[-1].prefill_seconds == pytest.approx(timings["prompt_ms"] / 1000)
+    metrics = next((e["metrics"] for e in reversed(client_view) if isinstance(e.get("metrics"), dict)), None)
+    if metrics is not None:  # vLLM --enable-per-request-metrics: the engine's prefill and decode
+        measured = [e for e in events if isinstance(e, EngineTimings)]
+        assert measured, "vLLM's per-request metrics were not read"
+        assert measured[-1].prefill_seconds == pytest.approx(metrics["time_to_first_token_ms"] / 1000)
+        assert measured[-1].decode_seconds == pytest.approx(metrics["generation_time_ms"] / 1000)
 
 
 def _summary(timeline: RequestTimeline, events: list) -> tuple:

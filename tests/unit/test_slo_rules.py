@@ -51,8 +51,9 @@ def test_groups_one_per_objective_then_goodput_and_health():
     ]
     for group in rs.groups[:4]:
         kinds = ["alert" if r.alert else "record" for r in group.rules]
-        # Per scope, records come before the alerts that read them.
-        assert kinds[:16] == ["record"] * 16 and kinds[16:20] == ["alert"] * 4
+        # Per scope, records come before the alerts that read them: 2 event rates, 8 error
+        # ratios (7 windows and the period), 7 burn rates, the remaining budget; 4 alerts.
+        assert kinds[:18] == ["record"] * 18 and kinds[18:22] == ["alert"] * 4
 
 
 def test_record_names_follow_the_convention_and_carry_slo_label():
@@ -98,11 +99,15 @@ def test_28d_period_changes_factors_and_period_window():
 
 def test_availability_counts_server_errors_over_non_cancelled_requests():
     scope = parse_spec({"version": 1, "objectives": [{"name": "a", "sli": "availability", "target": 99}]}).objectives[0].scopes()[0]
-    expr = sli_error_expr(scope, 3600)
+    expr = sli_error_expr(scope, 3600, ("model",))
     assert expr == (
         '(sum by (model) (rate(llm_requests_total{outcome="error"}[1h])) '
         'or 0 * sum by (model) (rate(llm_requests_total{outcome!="cancelled"}[1h]))) '
         '/ sum by (model) (rate(llm_requests_total{outcome!="cancelled"}[1h]))'
+    )
+    # The default grouping: one SLO per deployment.
+    assert sli_error_expr(scope, 3600).startswith(
+        '(sum by (cluster, namespace, model) (rate(llm_requests_total{outcome="error"}[1h]))'
     )
 
 
@@ -119,7 +124,7 @@ def test_latency_sli_reads_the_bucket_at_the_threshold(sli, threshold, metric, e
     scope = parse_spec(
         {"version": 1, "objectives": [{"name": sli, "sli": sli, "target": 99, "threshold_seconds": threshold}]}
     ).objectives[0].scopes()[0]
-    expr = sli_error_expr(scope, 300)
+    expr = sli_error_expr(scope, 300, ("model",))
     le = floatToGoString(threshold)  # what prometheus_client writes: "2.0", "0.1", "0.0025"
     count = f"sum by (model) (rate({metric}_count{{{extra.rstrip(',')}}}[5m]))" if extra else f"sum by (model) (rate({metric}_count[5m]))"
     good = f'sum by (model) (rate({metric}_bucket{{{extra}le="{le}"}}[5m]))'
@@ -129,9 +134,9 @@ def test_latency_sli_reads_the_bucket_at_the_threshold(sli, threshold, metric, e
 def test_override_scope_reads_its_own_threshold_and_budget():
     rs = ruleset()
     ttft = next(g for g in rs.groups if g.name == "llm-sidecar-slo-ttft")
-    sli_5m = [r for r in ttft.rules if r.record == "llm:sli_error:ratio_rate5m"]
-    assert 'model!="big",le="2.0"' in sli_5m[0].expr
-    assert 'model="big",le="5.0"' in sli_5m[1].expr
+    events_5m = [r for r in ttft.rules if r.record == "llm:sli_bad_events:rate5m"]
+    assert 'model!="big",le="2.0"' in events_5m[0].expr
+    assert 'model="big",le="5.0"' in events_5m[1].expr
     burn_1h = [r for r in ttft.rules if r.record == "llm:burn_rate:ratio_rate1h"]
     assert [r.expr for r in burn_1h] == [
         'llm:sli_error:ratio_rate1h{slo="ttft",model!="big"} / 0.05',
@@ -156,12 +161,12 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_in_the_readm
     rs = generate(load_spec(str(DEFAULT_SPEC)))
     rs_itl = ruleset()
     for a in [*alerts(rs), *alerts(rs_itl)]:
-        assert a.labels["severity"] in ("page", "ticket")
+        assert a.labels["severity"] in ("page", "ticket", "info")
         assert a.annotations["summary"] and a.annotations["description"]
         url, _, anchor = a.annotations["runbook_url"].partition("#")
         assert url == "https://github.com/llm-sidecar/llm-sidecar/blob/main/README.md"
         assert anchor in anchors, (a.alert, anchor)
-        if a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC):
+        if a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC, c.ALERT_HISTORY_SHORT):
             d = a.annotations["description"]
             assert {"slo", "long_window", "short_window"} <= a.labels.keys()
             assert '{{ printf "%.1f" $value }}x' in d  # the burn rate
@@ -254,14 +259,43 @@ def test_alertmanager_example_routes_every_severity_the_rules_use():
     am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8"))
     receivers = {r["name"] for r in am["receivers"]}
     routes = {m: r["receiver"] for r in am["route"]["routes"] for m in r["matchers"]}
-    assert routes == {'severity="page"': "pager", 'severity="ticket"': "tickets"}
+    assert routes == {'severity="page"': "pager", 'severity="ticket"': "tickets", 'severity="info"': "tickets"}
     assert set(routes.values()) | {am["route"]["receiver"]} <= receivers
-    assert {"slo", "model"} <= set(am["route"]["group_by"])
     rs = generate(load_spec(str(DEFAULT_SPEC)))
-    assert {a.labels["severity"] for a in alerts(rs)} == {"page", "ticket"}
+    assert {"slo", *rs.spec.grouping} <= set(am["route"]["group_by"])
+    assert set(am["inhibit_rules"][0]["equal"]) == {"alertname", "slo", *rs.spec.grouping}
+    assert {a.labels["severity"] for a in alerts(rs)} == {"page", "ticket", "info"}
     names = {a.alert for a in alerts(rs)}
     for rule in am["inhibit_rules"]:
         for matcher in rule["source_matchers"] + rule["target_matchers"]:
             label, _, value = matcher.partition("=")
             if label == "alertname":
                 assert value.strip('"') in names
+
+
+def test_prompt_class_objective_reads_only_its_class():
+    rs = generate(parse_spec({"version": 1, "objectives": [
+        {"name": "ttft-long", "sli": "ttft", "target": 90, "threshold_seconds": 10.0, "prompt_class": "gt8192"},
+    ]}))  # fmt: skip
+    bad = next(r for r in rs.rules() if r.record == "llm:sli_bad_events:rate5m")
+    assert 'llm_time_to_first_token_seconds_bucket{prompt_class="gt8192",le="10.0"}' in bad.expr
+    assert 'llm_time_to_first_token_seconds_count{prompt_class="gt8192"}' in bad.expr
+    a = alerts(rs)[0]
+    assert "time to first token (prompt class gt8192) <= 10s for 90%" in a.annotations["description"]
+
+
+def test_alerts_carry_the_grouping_labels_through_their_expression():
+    """The burn-rate alert compares records that are summed by the grouping, so each firing
+    series (and so each alert) has the grouping labels; its text names the deployment."""
+    rs = generate(parse_spec({"version": 1, "grouping": ["cluster", "namespace", "model"], "objectives": [
+        {"name": "availability", "sli": "availability", "target": 99.5},
+    ]}))  # fmt: skip
+    events = next(r for r in rs.rules() if r.record == "llm:sli_events:rate5m")
+    assert events.expr.startswith("sum by (cluster, namespace, model) (rate(")
+    page = alerts(rs)[0]
+    assert page.annotations["summary"].startswith(
+        "{{ with $labels.cluster }}{{ . }}/{{ end }}{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.model }}: "
+    )
+    assert 'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" $labels.cluster $labels.namespace $labels.model' in (
+        page.annotations["description"]
+    )

@@ -134,6 +134,15 @@ def test_period_28d():
         ({**spec(), "period": "a month"}, "is not a duration"),
         ({**spec(), "alerts": {"target_down": {"job": ""}}}, "alerts.target_down.job"),
         ({**spec(), "alerts": {"no_traffic": {"severity": "sms"}}}, "alerts.no_traffic.severity"),
+        ({**spec(), "period": "1h"}, "a drill period must be a multiple of 2h24m"),
+        ({**spec(), "grouping": ["namespace"]}, "grouping must include model"),
+        ({**spec(), "grouping": ["model", "severity"]}, "'severity' cannot be a grouping label"),
+        ({**spec(), "grouping": ["model", "my-label"]}, "'my-label' is not a Prometheus label name"),
+        ({**spec(), "grouping": ["model", "model"]}, "a grouping label is repeated"),
+        ({**spec(), "selector": {"pod": "p-1"}}, "selector: 'pod' must be a grouping label too"),
+        (spec(prompt_class="long"), "prompt_class"),
+        (spec(sli="tpot", name="tpot", threshold_seconds=0.1, prompt_class="le1024"), "prompt_class applies to ttft objectives only"),
+        ({**spec(), "alerts": {"history_short": {"severity": "sms"}}}, "alerts.history_short.severity"),
         (None, "the spec is empty; there would be nothing to render"),
         (["version: 1"], "expected a mapping with version and objectives"),
     ],
@@ -217,3 +226,26 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+# --------------------------------------------------------------------- grouping, drills, classes
+
+
+def test_default_grouping_is_the_deployment_with_cluster_kept():
+    assert parse_spec(spec()).grouping == ("cluster", "namespace", "model")
+    assert parse_spec({**spec(), "grouping": ["namespace", "service", "model"]}).grouping == ("namespace", "service", "model")
+
+
+def test_drill_period_scales_every_window_and_keeps_the_30d_factors():
+    drill = parse_spec({**spec(), "period": "12h"})
+    rows = [(w.severity, w.long_name, w.short_name) for w in drill.alert_windows]
+    assert rows == [("page", "1m", "5s"), ("page", "6m", "30s"), ("ticket", "24m", "2m"), ("ticket", "72m", "6m")]
+    assert [burn_rate_factor(w, drill.period) for w in drill.alert_windows] == [
+        burn_rate_factor(w, 30 * DAY) for w in WORKBOOK_WINDOWS
+    ]
+    assert parse_spec(spec()).alert_windows == WORKBOOK_WINDOWS
+
+
+def test_prompt_class_targets_one_class():
+    o = parse_spec(spec(prompt_class="gt8192", threshold_seconds=10.0)).objectives[0]
+    assert o.prompt_class == "gt8192"

@@ -1,0 +1,134 @@
+"""Over real sockets, for every dialect: a stream the upstream ends cleanly (chunked
+terminator) but without its protocol's end marker is counted ``error`` /
+``upstream_stream_truncated`` with the upstream's 200, logged at level error, marked on the
+span; and the client receives exactly the upstream's bytes, no more, no less. The same
+stream with its marker is ``ok``.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+import structlog
+from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry
+
+from sidecar import semconv as sc
+from sidecar.app import RUNNER_KWARGS, build_sidecar
+from sidecar.config import Settings
+from sidecar.timeline import STREAM_TRUNCATED
+from tests.conftest import RunningSidecar, start_app, wait_for
+from sidecar.routes import match_route
+from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
+from tests.fixtures.streams.harness import cut_before_marker, load
+
+pytestmark = pytest.mark.integration
+
+IDS = [f"{d}/{n}" for d, n, _, _ in STREAMS]
+
+
+def sending(raw: bytes, content_type: str):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        for i in range(0, len(raw), 64):
+            await resp.write(raw[i : i + 64])
+        await resp.write_eof()  # a clean end at the HTTP level, whatever the body said
+        return resp
+
+    return handler
+
+
+@pytest.fixture
+async def rig(upstream):
+    """Upstream answering ``path`` with given bytes, a traced and access-logged sidecar."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    runners: list[web.AppRunner] = []
+
+    async def make(path: str, raw: bytes, content_type: str) -> tuple[RunningSidecar, InMemorySpanExporter]:
+        if path.startswith("/v2/models/"):
+            up = await upstream.start(lambda app: app.router.add_post("/v2/models/{m}/generate_stream", sending(raw, content_type)))
+        else:
+            up = await upstream.start(lambda app: app.router.add_post(path, sending(raw, content_type)))
+        registry = CollectorRegistry()
+        s = build_sidecar(Settings(upstream=up.url), registry, access_log=True, tracer_provider=provider)
+        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
+        runners.extend([proxy_runner, admin_runner])
+        return RunningSidecar(s, registry, port, admin_port), exporter
+
+    yield make
+    for runner in runners:
+        await runner.cleanup()
+    provider.shutdown()
+
+
+async def post(url: str) -> tuple[int, bytes]:
+    body = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        async with session.post(url, json=body) as r:
+            return r.status, await r.read()
+
+
+async def finished(s: RunningSidecar, outcome: str) -> dict:
+    def sample():
+        for metric in s.registry.collect():
+            if metric.name == "llm_requests":
+                for smp in metric.samples:
+                    if smp.name == "llm_requests_total" and smp.labels["outcome"] == outcome and smp.value == 1:
+                        return smp.labels
+        return None
+
+    await wait_for(lambda: sample() is not None)
+    return sample()
+
+
+@pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
+async def test_truncated_stream_is_an_error_and_relayed_untouched(rig, where, name, path, ctype):
+    cut = cut_before_marker(match_route(path)[0].stream_dialect, load(where, name), ctype == "application/x-ndjson")
+    with structlog.testing.capture_logs() as logs:
+        s, exporter = await rig(path, cut, ctype)
+        status, body = await post(s.url + path)
+        assert (status, body) == (200, cut)
+        labels = await finished(s, "error")
+    assert labels["code"] == "200"
+    (line,) = [entry for entry in logs if entry.get("event") == "request"]
+    assert (line["log_level"], line["outcome"], line["error"]) == ("error", "error", STREAM_TRUNCATED)
+    await wait_for(lambda: len(exporter.get_finished_spans()) == 1)
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes[sc.ERROR_TYPE] == STREAM_TRUNCATED
+
+
+@pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
+async def test_complete_stream_is_ok(rig, where, name, path, ctype):
+    raw = load(where, name)
+    with structlog.testing.capture_logs() as logs:
+        s, _ = await rig(path, raw, ctype)
+        assert await post(s.url + path) == (200, raw)
+        labels = await finished(s, "ok")
+    assert labels["code"] == "200"
+    (line,) = [entry for entry in logs if entry.get("event") == "request"]
+    assert line["log_level"] == "info"
+
+
+async def test_triton_stream_has_no_marker_and_stays_ok(rig):
+    raw = load("triton", "trtllm_ensemble.txt")
+    half = raw[: raw.index(b"\n\n", len(raw) // 2) + 2]
+    s, _ = await rig("/v2/models/ensemble/generate_stream", half, "text/event-stream; charset=utf-8")
+    assert await post(s.url + "/v2/models/ensemble/generate_stream") == (200, half)
+    await finished(s, "ok")
+
+
+async def test_non_streamed_json_is_ok_without_a_marker(rig):
+    body = load("anthropic", "message.json")
+    s, _ = await rig("/v1/messages", body, "application/json")
+    assert await post(s.url + "/v1/messages") == (200, body)
+    await finished(s, "ok")

@@ -1,0 +1,236 @@
+"""Token counts through a real sidecar over real sockets, read only from what the response
+carries: client-asked usage, usage the server sends anyway, per-chunk usage, ``"usage":
+null`` on every chunk, llama.cpp ``timings``, and nothing at all (estimated, input unknown).
+
+Each case checks the three places a count goes: Prometheus (``llm_tokens_total`` and
+``llm_token_count_source_total``), the span (``gen_ai.usage.*`` and the source attributes),
+and that the request the server received is the client's, byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from aiohttp import web
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from prometheus_client import CollectorRegistry
+
+from sidecar import semconv as sc
+from sidecar.app import RUNNER_KWARGS, build_sidecar
+from sidecar.config import Settings
+from tests.conftest import RunningSidecar, start_app, wait_for
+from tests.fixtures.streams.harness import load
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.create({"service.name": "test"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+@pytest.fixture
+async def traced(spans):
+    """A sidecar with tracing on, in front of ``url``."""
+    provider, _ = spans
+    runners: list[web.AppRunner] = []
+
+    async def make(url: str) -> RunningSidecar:
+        registry = CollectorRegistry()
+        s = build_sidecar(Settings(upstream=url), registry, access_log=False, tracer_provider=provider)
+        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
+        runners.extend([proxy_runner, admin_runner])
+        return RunningSidecar(s, registry, port, admin_port)
+
+    yield make
+    for runner in runners:
+        await runner.cleanup()
+
+
+def replaying(raw: bytes, received: list[bytes]):
+    """An upstream handler that records the request body and sends ``raw`` in small pieces."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        received.append(await request.read())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(raw), 97):
+            await resp.write(raw[i : i + 97])
+            await asyncio.sleep(0.002)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+async def one_span(exporter: InMemorySpanExporter):
+    await wait_for(lambda: len(exporter.get_finished_spans()) >= 1)
+    (span,) = exporter.get_finished_spans()
+    return span
+
+
+async def counted(s: RunningSidecar, model: str, route: str, source: str) -> None:
+    labels = {"model": model, "route": route}
+    await wait_for(lambda: s.sample("llm_token_count_source_total", source=source, **labels) == 1)
+    others = {"usage", "engine", "estimated", "none"} - {source}
+    assert all(s.sample("llm_token_count_source_total", source=o, **labels) is None for o in others)
+
+
+def tokens(s: RunningSidecar, model: str, route: str, kind: str) -> float | None:
+    return s.sample("llm_tokens_total", model=model, route=route, type=kind)
+
+
+def sdk(s: RunningSidecar) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="sk-test", max_retries=0)
+
+
+async def test_client_asked_usage_through_the_openai_sdk(upstream, traced, spans):
+    _, exporter = spans
+    received: list[bytes] = []
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(load("openai", "vllm032_chat_include_usage.txt"), received)))
+    s = await traced(up.url)
+    async with sdk(s) as client:
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = [c async for c in stream]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert json.loads(received[0])["stream_options"] == {"include_usage": True}  # as the client sent it
+    await counted(s, "tiny", CHAT, "usage")
+    assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
+    span = await one_span(exporter)
+    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+    assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 17
+    assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "usage"
+    assert span.attributes[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] is False
+
+
+async def test_force_included_usage_the_client_did_not_ask_for(upstream, traced, spans):
+    """vLLM --enable-force-include-usage: the usage chunk reaches every client; the sidecar
+    reads it and never adds stream_options to the request."""
+    _, exporter = spans
+    raw = load("openai", "vllm032_chat_force_usage.txt")
+    received: list[bytes] = []
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, received)))
+    s = await traced(up.url)
+    async with sdk(s) as client:
+        async with client.chat.completions.with_streaming_response.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True,
+        ) as resp:  # fmt: skip
+            body = b"".join([c async for c in resp.iter_bytes()])
+    assert body == raw
+    assert "stream_options" not in json.loads(received[0])
+    await counted(s, "tiny", CHAT, "usage")
+    assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
+    # usage on every chunk grew by one each time: 4 tokens, 3 gaps, not 4 x 4
+    assert s.sample("llm_inter_token_latency_seconds_count", model="tiny", route=CHAT) == 3
+    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny", route=CHAT) == 1  # vLLM metrics
+    span = await one_span(exporter)
+    assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "usage"
+    assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 17
+
+
+async def test_per_chunk_usage_on_completions(upstream, traced, spans):
+    _, exporter = spans
+    raw = load("openai", "vllm032_completions_force_usage.txt")
+    up = await upstream.start(lambda app: app.router.add_post(COMPLETIONS, replaying(raw, [])))
+    s = await traced(up.url)
+    async with sdk(s) as client:
+        stream = await client.completions.create(model="tiny", prompt="count", stream=True)
+        texts = [c.choices[0].text async for c in stream if c.choices]
+    assert texts == [" w", "a", "MPL", "MPL"]
+    await counted(s, "tiny", COMPLETIONS, "usage")
+    assert tokens(s, "tiny", COMPLETIONS, "output") == 4  # the last cumulative count, not a sum
+    assert tokens(s, "tiny", COMPLETIONS, "input") == 5
+    span = await one_span(exporter)
+    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
+
+
+async def test_usage_null_on_every_chunk_is_estimated_not_zero(upstream, traced, spans):
+    _, exporter = spans
+    raw = load("openai", "usage_null.txt")
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
+    s = await traced(up.url)
+    async with sdk(s) as client:
+        stream = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert [c.usage async for c in stream] == [None] * 4
+    await counted(s, "gpt-4o-mini", CHAT, "estimated")
+    assert tokens(s, "gpt-4o-mini", CHAT, "output") == 2
+    assert tokens(s, "gpt-4o-mini", CHAT, "input") is None  # unknown, never invented
+    assert s.sample("llm_request_tokens_count", model="gpt-4o-mini", route=CHAT, type="input") is None
+    span = await one_span(exporter)
+    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+    assert sc.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
+    assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "estimated"
+    assert span.attributes[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] is True
+
+
+@pytest.mark.parametrize(
+    "name,source", [("llamacpp_chat_timings.txt", "engine"), ("llamacpp_chat_include_usage.txt", "usage")]
+)
+async def test_llamacpp_timings(upstream, traced, spans, name, source):
+    _, exporter = spans
+    raw = load("openai", name)
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
+    s = await traced(up.url)
+    async with sdk(s) as client:
+        async with client.chat.completions.with_streaming_response.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "hi"}], stream=True,
+        ) as resp:  # fmt: skip
+            assert b"".join([c async for c in resp.iter_bytes()]) == raw
+    await counted(s, "tiny-llama", CHAT, source)
+    for kind, value in (("output", 3), ("input", 9), ("cached_input", 4)):
+        assert tokens(s, "tiny-llama", CHAT, kind) == value, kind
+    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny-llama", route=CHAT) == 1
+    span = await one_span(exporter)
+    assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == source
+    assert span.attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 4
+
+
+async def test_no_usage_at_all_is_estimated_with_input_unknown(upstream, traced, spans):
+    """A server that sends neither usage nor its own counts: one token per content event."""
+    _, exporter = spans
+    raw = load("openai", "vllm032_chat_no_usage.txt")  # vLLM without usage: no usage key at all
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
+    s = await traced(up.url)
+    async with sdk(s) as client:
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "ditions included included defini"
+    await counted(s, "tiny", CHAT, "estimated")
+    assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") is None
+    assert s.sample("llm_time_per_output_token_seconds_count", model="tiny", route=CHAT) == 1
+    span = await one_span(exporter)
+    assert sc.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
+    assert span.attributes[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] is True
+
+
+async def test_non_api_route_counts_no_source(upstream, traced):
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    up = await upstream.start(lambda app: app.router.add_get("/health", health))
+    s = await traced(up.url)
+    async with openai.AsyncOpenAI(base_url=s.url, api_key="x", max_retries=0) as client:
+        await client.get("/health", cast_to=object)
+    await wait_for(lambda: s.sample("llm_requests_total", model="unknown", route="other", code="200", outcome="ok") == 1)
+    assert s.sample("llm_token_count_source_total", model="unknown", route="other", source="none") is None
