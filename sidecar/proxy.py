@@ -448,6 +448,7 @@ class Proxy:
             upstream_headers.get("Content-Encoding", ""),
             max_json_bytes=self._max_json,
             max_line_bytes=self._max_line,
+            headers=upstream_headers,
         )
         timeline.response_started(now, head.status, observer.streaming)
         # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
