@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .panels import Board, Query, heatmap_panel, timeseries_panel
+from .where_time_goes import add_where_time_goes_row
 from .queries import (
     TARGET_LABELS,
     Matcher,
@@ -429,5 +430,6 @@ def build():
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
     _engine(board)
+    add_where_time_goes_row(board)
     _token_count_sources(board)
     return board.build()

@@ -117,6 +117,9 @@ async def exported(upstream, sidecar_factory):
                     texts.append(await r.text())
     finally:
         await sim_runner.cleanup()
+    # The "where the time goes" row's vllm:* series: a real vLLM 0.32's /metrics, recorded,
+    # which Prometheus scrapes beside the sidecar's (tests/real/ runs them live).
+    texts.append((ROOT / "tests" / "fixtures" / "real" / "vllm-0.32.0" / "metrics.txt").read_text(encoding="utf-8"))
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     families = {}
     for text in texts:
