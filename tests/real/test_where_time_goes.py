@@ -243,3 +243,8 @@ async def test_where_time_goes_row_has_data_for_the_pod(stack):
                 if [s["metric"] for s in result] != [{"namespace": NAMESPACE, "pod": POD}]:
                     problems.append(f"{q.where}: join gave {result}")
         assert not problems, "\n".join(problems)
+        # For the record (pytest -s): the split the first panel draws.
+        for q in queries:
+            if q.panel_title.startswith("TTFT per pod") or q.panel_title.startswith("What the sidecar adds"):
+                for s in await _query(session, prom, substitute(q.expr)):
+                    print(f"{q.panel_title[:22]} {q.ref_id}: {float(s['value'][1]) * 1000:.3f} ms {s['metric']}")
