@@ -40,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from functools import partial
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from functools import partial
 from typing import Protocol
 
 import aiohttp

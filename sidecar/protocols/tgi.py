@@ -39,11 +39,10 @@ stream or body is read exactly as before.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
-
-from collections.abc import Mapping
 
 from ._base import SSEJSONDialect, int_or_none, seconds_or_none, str_or_none
 from .events import (
