@@ -95,6 +95,24 @@ def test_vllm_bad_queue_value_is_dropped_and_keeps_the_rest(bad):
     assert [e for e in events if type(e) is EngineTimings] == [EngineTimings(prefill_seconds=0.005)]
 
 
+# -- llama.cpp -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llamacpp_b11434_chat.txt", "llamacpp_b11434_chat_include_usage.txt"])
+def test_llamacpp_recorded_timings_give_prefill_and_decode_and_no_queue(name):
+    """A real llama-server b11434 stream: ``prompt_ms`` is prefill, ``predicted_ms`` decode;
+    llama.cpp reports no queue time per request, so none is invented."""
+    raw = load("openai", name)
+    timings = None
+    for line in raw.split(b"\n"):
+        if b'"timings"' in line:
+            timings = orjson.loads(line[6:])["timings"]
+    assert timings is not None
+    assert _engine(run_whole(OpenAIStreamDialect, raw)) == EngineTimings(
+        prefill_seconds=timings["prompt_ms"] / 1000, decode_seconds=timings["predicted_ms"] / 1000
+    )
+
+
 # -- merging: one account from several places -------------------------------------------------
 
 
