@@ -16,6 +16,7 @@ __all__ = [
     "TPS_BUCKETS",
     "TOKEN_COUNT_BUCKETS",
     "ENGINE_PHASE_BUCKETS",
+    "OVERHEAD_BUCKETS",
 ]
 
 # Seconds. semconv TTFT: 0.001 .. 10; added 0.15-0.4, 1.5-3 and a long-prefill tail.
@@ -49,7 +50,14 @@ TOKEN_COUNT_BUCKETS: tuple[float, ...] = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
 )  # fmt: skip
 
-# Seconds, engine-reported load / prefill / decode phases (Ollama, llama.cpp).
+# Seconds, engine-reported load / prefill / decode / queue phases (Ollama, llama.cpp,
+# vLLM, TGI, SGLang).
 ENGINE_PHASE_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+
+# Seconds the sidecar itself adds to one request, one way (llm_sidecar_overhead_seconds):
+# tens of microseconds when healthy, so the low end is fine; the top shows a stuck loop.
+OVERHEAD_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip

@@ -19,6 +19,7 @@ from prometheus_client.values import MutexValue
 from .buckets import (
     E2E_BUCKETS,
     ENGINE_PHASE_BUCKETS,
+    OVERHEAD_BUCKETS,
     ITL_BUCKETS,
     TOKEN_COUNT_BUCKETS,
     TPS_BUCKETS,
@@ -178,6 +179,20 @@ class SidecarMetrics:
             "upstream_decode_seconds", "Generation time reported by the engine in its stream.",
             mr, buckets=ENGINE_PHASE_BUCKETS, **h,
         )  # fmt: skip
+        self.upstream_queue = Histogram(
+            "upstream_queue_seconds",
+            "Time the request waited in the engine's queue before it ran, as the engine "
+            "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
+            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            "sidecar_overhead_seconds",
+            "Time the sidecar itself added, per request and direction: request (body in -> "
+            "written to the upstream) and response (upstream head in -> written to the client).",
+            ("direction",), buckets=OVERHEAD_BUCKETS, **h,
+        )  # fmt: skip
+        self._overhead_request = self.overhead.labels("request")
+        self._overhead_response = self.overhead.labels("response")
         self.parse_errors = Counter(
             "stream_parse_errors",
             "Stream events the dialect could not understand (the bytes were still relayed).",
@@ -227,9 +242,16 @@ class SidecarMetrics:
                 (self.upstream_load, engine.load_seconds),
                 (self.upstream_prefill, engine.prefill_seconds),
                 (self.upstream_decode, engine.decode_seconds),
+                (self.upstream_queue, engine.queue_seconds),
             ):
                 if value is not None:
                     hist.labels(*mr).observe(value)
+        overhead = t.request_overhead
+        if overhead is not None:
+            self._overhead_request.observe(overhead)
+        overhead = t.response_overhead
+        if overhead is not None:
+            self._overhead_response.observe(overhead)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr).inc()
 

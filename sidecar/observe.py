@@ -32,8 +32,11 @@ class ResponseObserver:
         content_encoding: str = "",
         max_json_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
+        headers=None,
     ) -> None:
         self._timeline = timeline
+        if route.head_parser is not None and headers is not None:
+            self._head(route.head_parser, headers)
         self._dialect = None
         self._json_parser = None
         self._json_parts: list[bytes] = []
@@ -94,6 +97,18 @@ class ResponseObserver:
                 self._timeline.events([ParseError("parser failed")], now)
                 return
             self._timeline.events(events, now)
+
+    def _head(self, parser, headers) -> None:
+        """Facts the response head carries (TGI's timing headers); they have no time of
+        their own, so they are stamped with the request's start."""
+        try:
+            events = parser(headers)
+        except Exception:  # a parser bug must never reach the relay
+            _log.exception("head_parser_failed", route=self._timeline.route)
+            self._timeline.parse_errors += 1
+            return
+        if events:
+            self._timeline.events(events, self._timeline.start)
 
     def _give_up(self, where: str) -> None:
         _log.exception("dialect_failed", where=where, route=self._timeline.route)

@@ -41,6 +41,7 @@ import asyncio
 import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from functools import partial
 from typing import Protocol
 
 import aiohttp
@@ -278,6 +279,8 @@ class Proxy:
         if fields is not None:
             model = model or fields.model
         timeline = RequestTimeline(start, request.method, route.template, model or "")
+        if refusal is None and (body is None or type(body) is bytes):
+            timeline.body_received = self._clock()  # a streamed body has no overhead figure
         if fields is not None:
             timeline.request_stream = fields.stream
             timeline.request_max_tokens = fields.max_tokens
@@ -408,7 +411,11 @@ class Proxy:
         pool = self._pool()
         try:
             conn = await pool.request(
-                request.method, target, self._upstream_headers(request, body, timeline).items(), body
+                request.method,
+                target,
+                self._upstream_headers(request, body, timeline).items(),
+                body,
+                None if timeline.body_received is None else partial(self._sent, timeline),
             )
         except _BodyRefused as exc:
             return self._refuse(timeline, *exc.refusal)
@@ -422,6 +429,9 @@ class Proxy:
             # else closes it, which is how the server learns to stop generating for a gone
             # client.
             pool.release(conn)
+
+    def _sent(self, timeline: RequestTimeline) -> None:
+        timeline.upstream_sent = self._clock()
 
     def _fail(self, timeline: RequestTimeline, status: int, kind: str, message: str):
         timeline.response_started(self._clock(), status, streamed=False)
@@ -438,6 +448,7 @@ class Proxy:
             upstream_headers.get("Content-Encoding", ""),
             max_json_bytes=self._max_json,
             max_line_bytes=self._max_line,
+            headers=upstream_headers,
         )
         timeline.response_started(now, head.status, observer.streaming)
         # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
@@ -446,6 +457,7 @@ class Proxy:
         )
         response = RawHeadResponse(out_head, head.status)
         await response.prepare(request)
+        timeline.client_head_sent = self._clock()
         if request.transport is None or request.transport.is_closing():
             return Outcome.CANCELLED, "client_disconnected", response
 

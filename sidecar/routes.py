@@ -15,7 +15,7 @@ from .protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
 from .protocols.ollama import OllamaStreamDialect, parse_ollama_response
 from .protocols.openai import OpenAIStreamDialect, parse_openai_response
 from .protocols.responses import ResponsesStreamDialect, parse_responses_response
-from .protocols.tgi import TGIStreamDialect, parse_tgi_response
+from .protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
 from .protocols.triton import TritonStreamDialect, parse_triton_response
 
 __all__ = ["Route", "match_route", "OTHER", "ROUTES"]
@@ -29,6 +29,7 @@ class Route:
     json_parser: Callable[[bytes], list] | None = None  # whole JSON response -> events
     model_from_path: bool = False
     stream_mime: str = "text/event-stream"  # Ollama streams NDJSON instead
+    head_parser: Callable[..., list] | None = None  # response headers -> events (TGI's timings)
 
     @property
     def measured(self) -> bool:
@@ -45,9 +46,10 @@ ROUTES: dict[str, Route] = {
         Route("/v1/responses", "chat", ResponsesStreamDialect, parse_responses_response),
         Route("/v1/messages", "chat", AnthropicStreamDialect, parse_anthropic_response),
         Route("/generate_stream", "text_completion", TGIStreamDialect, parse_tgi_response),
-        Route("/generate", "text_completion", TGIStreamDialect, parse_tgi_response),
+        # TGI's and SGLang's native API both: the dialect tells them apart by SGLang's meta_info.
+        Route("/generate", "text_completion", TGIStreamDialect, parse_tgi_response, head_parser=tgi_head_events),
         # TGI's compat route: huggingface_hub's InferenceClient(model="http://tgi:8080") posts here.
-        Route("/", "text_completion", TGIStreamDialect, parse_tgi_response),
+        Route("/", "text_completion", TGIStreamDialect, parse_tgi_response, head_parser=tgi_head_events),
         Route("/api/chat", "chat", OllamaStreamDialect, parse_ollama_response, stream_mime="application/x-ndjson"),
         Route("/api/generate", "text_completion", OllamaStreamDialect, parse_ollama_response, stream_mime="application/x-ndjson"),
         Route("/completion", "text_completion", LlamaCppStreamDialect, parse_llamacpp_response),

@@ -79,6 +79,11 @@ LLM_SIDECAR_TOKEN_KIND = "llm_sidecar.token.kind"  # on first-token events: answ
 LLM_SIDECAR_ENGINE_LOAD = "llm_sidecar.engine.load_time"
 LLM_SIDECAR_ENGINE_PREFILL = "llm_sidecar.engine.prefill_time"
 LLM_SIDECAR_ENGINE_DECODE = "llm_sidecar.engine.decode_time"
+# Waiting in the engine's queue (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).
+LLM_SIDECAR_ENGINE_QUEUE = "llm_sidecar.engine.queue_time"
+# What the sidecar itself added, in seconds, each way (see sidecar/timeline.py).
+LLM_SIDECAR_OVERHEAD_REQUEST = "llm_sidecar.overhead.request"
+LLM_SIDECAR_OVERHEAD_RESPONSE = "llm_sidecar.overhead.response"
 
 # -- span events ---------------------------------------------------------------------------------
 EVENT_FIRST_TOKEN = "gen_ai.first_token"

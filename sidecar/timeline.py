@@ -13,6 +13,18 @@ timestamps, not durations, so every figure is derived one way in one place:
 - TPS    (output tokens - 1) / (last token - first token): decode speed, 1 / TPOT
 - E2E    end - start, where end is when the last byte was relayed (or the request failed)
 
+The sidecar's own cost, one figure per direction (``llm_sidecar_overhead_seconds``):
+
+- request   the request body was in (or its head, without a body) -> the request was
+            written to the upstream socket; includes connecting to the upstream when the
+            pool had no idle connection. Receiving the body is the client's time, not ours,
+            and a body too large to inspect is streamed, so it has no figure.
+- response  the upstream's response head was read -> the head was written to the client.
+            That is the first byte each way; later pieces go out in the same call that
+            read them (one clock read per piece, already taken), so the first byte is where
+            the sidecar can add time, and a second clock read per token would cost more
+            than it tells.
+
 Token counts, one precedence for every dialect (:attr:`RequestTimeline.token_count_source`):
 
 1. ``usage``      the API's own usage object, when the response carried one;
@@ -110,6 +122,9 @@ class RequestTimeline:
         "trace_id",
         "engine",
         "request_stream",
+        "body_received",
+        "upstream_sent",
+        "client_head_sent",
     )
 
     def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
@@ -144,6 +159,9 @@ class RequestTimeline:
         self.trace_id: str | None = None  # hex trace id, for exemplars and logs
         self.request_stream: bool | None = None  # the request body's "stream" flag, if JSON
         self.engine: EngineTimings | None = None  # the engine's own load/prefill/decode times
+        self.body_received: float | None = None  # request body in, ready to send upstream
+        self.upstream_sent: float | None = None  # request written to the upstream socket
+        self.client_head_sent: float | None = None  # response head written to the client
 
     # -- feeding ---------------------------------------------------------------------
 
@@ -192,7 +210,8 @@ class RequestTimeline:
             elif t is ParseError:
                 self.parse_errors += 1
             elif t is EngineTimings:
-                self.engine = ev  # cumulative where repeated: the last one wins
+                # Field by field, the later one winning (EngineTimings.merged says why).
+                self.engine = ev if self.engine is None else self.engine.merged(ev)
 
     def _tokens(self, ev: Tokens, now: float) -> None:
         k = ev.count
@@ -240,6 +259,20 @@ class RequestTimeline:
     @property
     def e2e(self) -> float | None:
         return None if self.end is None else self.end - self.start
+
+    @property
+    def request_overhead(self) -> float | None:
+        """Seconds the sidecar held the request before the upstream had it (module doc)."""
+        if self.body_received is None or self.upstream_sent is None:
+            return None
+        return self.upstream_sent - self.body_received
+
+    @property
+    def response_overhead(self) -> float | None:
+        """Seconds from the upstream's response head to the client's (module doc)."""
+        if self.first_byte is None or self.client_head_sent is None:
+            return None
+        return self.client_head_sent - self.first_byte
 
     @property
     def ttfb(self) -> float | None:

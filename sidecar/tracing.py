@@ -395,6 +395,7 @@ class RequestTelemetry:
             ):
                 if value is not None:
                     attrs[key] = value
+        where_time_went_attributes(t, attrs)
         if t.parse_errors:
             attrs[sc.LLM_SIDECAR_PARSE_ERRORS] = t.parse_errors
         if t.stream_error is not None and t.stream_error.type:
@@ -436,6 +437,20 @@ _SUPPORTED_EXPORTERS = frozenset({"otlp", "console"})
 _PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PROTOCOL = "http/protobuf"  # the OTLP exporter spec's default
 SHUTDOWN_TIMEOUT_SECONDS = 5.0  # the most a SIGTERM exit waits for the last export
+
+
+def where_time_went_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
+    """Span attributes for the engine's queue time and the sidecar's own cost each way
+    (the engine's load/prefill/decode are set beside the other figures)."""
+    engine = t.engine
+    if engine is not None and engine.queue_seconds is not None:
+        attrs[sc.LLM_SIDECAR_ENGINE_QUEUE] = engine.queue_seconds
+    overhead = t.request_overhead
+    if overhead is not None:
+        attrs[sc.LLM_SIDECAR_OVERHEAD_REQUEST] = overhead
+    overhead = t.response_overhead
+    if overhead is not None:
+        attrs[sc.LLM_SIDECAR_OVERHEAD_RESPONSE] = overhead
 
 
 def _truthy(value: str | None) -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -379,9 +379,12 @@ class UpstreamPool:
         target: str,
         headers: Iterable[tuple[str, str]],
         body: bytes | AsyncIterable[bytes] | None,
+        on_sent: Callable[[], None] | None = None,
     ) -> UpstreamConnection:
         """Send a request; return its connection once the response head arrived (``.head``).
-        Raises :class:`UpstreamError`; a streamed body's own exception propagates."""
+        Raises :class:`UpstreamError`; a streamed body's own exception propagates.
+        ``on_sent`` is called once a whole (bytes or absent) body and its head were written
+        to the socket: how the proxy measures its own cost."""
         headers = list(headers)
         has_length = any(name.lower() == "content-length" for name, _ in headers)
         chunked_body = False
@@ -406,7 +409,7 @@ class UpstreamPool:
             if conn is None:
                 conn = await self._connect()
             try:
-                return await self._exchange(conn, method, head, body, chunked_body)
+                return await self._exchange(conn, method, head, body, chunked_body, on_sent)
             except UpstreamError as exc:
                 if retry and conn.reused and exc.kind == "upstream_disconnected" and conn._received == 0:
                     # The server closed a keep-alive connection as we reused it. Once, on
@@ -436,7 +439,7 @@ class UpstreamPool:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _exchange(self, conn, method, head: bytes, body, chunked_body: bool) -> UpstreamConnection:
+    async def _exchange(self, conn, method, head: bytes, body, chunked_body: bool, on_sent=None) -> UpstreamConnection:
         waiter = conn.begin(no_body=method == "HEAD")
         writer: asyncio.Task | None = None
         if body is None or isinstance(body, bytes):
@@ -445,6 +448,8 @@ class UpstreamPool:
                 conn.write(body)
             else:
                 conn.write(head + body if body else head)
+            if on_sent is not None:
+                on_sent()
         else:
             conn.write(head)
             writer = conn._body_writer = self.loop.create_task(_send_body(conn, body, chunked_body))

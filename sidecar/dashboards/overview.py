@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .engine import add_engine_row
 from .panels import Board, Query, heatmap_panel, timeseries_panel
+from .where_time_goes import add_where_time_goes_row
 from .queries import (
     TARGET_LABELS,
     Matcher,
@@ -430,6 +431,7 @@ def build():
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
     _engine(board)
+    add_where_time_goes_row(board)
     _token_count_sources(board)
     add_engine_row(board)  # the engine's own metrics (vLLM), collapsed: sidecar/dashboards/engine.py
     return board.build()

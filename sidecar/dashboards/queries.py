@@ -65,14 +65,18 @@ def sum_rate(
     return f"sum{grouping} ({rate(metric, extra, labels)})"
 
 
-def quantile(q: float, histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = ()) -> str:
+def quantile(
+    q: float, histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+) -> str:
     """The q-quantile of a histogram over the rate window, from its cumulative buckets."""
-    return f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra)})"
+    return f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra, labels)})"
 
 
-def mean(histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = ()) -> str:
+def mean(
+    histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+) -> str:
     """Average observation over the rate window: rate of the sum / rate of the count."""
-    return f"{sum_rate(histogram + '_sum', by, extra)} / {sum_rate(histogram + '_count', by, extra)}"
+    return f"{sum_rate(histogram + '_sum', by, extra, labels)} / {sum_rate(histogram + '_count', by, extra, labels)}"
 
 
 def ratio_or_zero(numerator: str, denominator: str) -> str:

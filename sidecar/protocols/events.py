@@ -88,13 +88,31 @@ class ParseError:
 
 @dataclass(slots=True, frozen=True)
 class EngineTimings:
-    """The engine's own account of where the time went, in seconds, when its stream says
+    """The engine's own account of where the time went, in seconds, when its response says
     (Ollama ``load_duration``/``prompt_eval_duration``/``eval_duration``, llama.cpp
-    ``timings``). Lets users split TTFT into queue and network overhead versus model time."""
+    ``timings``, vLLM's per-request ``metrics``, TGI's ``x-queue-time`` header, SGLang's
+    ``meta_info.queue_time``). Lets users split TTFT into engine queue, engine prefill and
+    the rest (network, tokenisation, HTTP, the sidecar).
+
+    ``queue_seconds``: waiting in the engine's scheduler queue before the request ran.
+    A field left ``None`` was not reported; several events for one request merge field by
+    field, the later one winning (:meth:`merged`)."""
 
     load_seconds: float | None = None
     prefill_seconds: float | None = None
     decode_seconds: float | None = None
+    queue_seconds: float | None = None
+
+    def merged(self, later: "EngineTimings") -> "EngineTimings":
+        """This account updated by a later one: each field the later one reports wins (the
+        figures are cumulative where repeated); the others are kept (a header's queue time
+        and a body's prefill time are two halves of one account)."""
+        return EngineTimings(
+            load_seconds=self.load_seconds if later.load_seconds is None else later.load_seconds,
+            prefill_seconds=self.prefill_seconds if later.prefill_seconds is None else later.prefill_seconds,
+            decode_seconds=self.decode_seconds if later.decode_seconds is None else later.decode_seconds,
+            queue_seconds=self.queue_seconds if later.queue_seconds is None else later.queue_seconds,
+        )
 
 
 DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | ParseError | EngineTimings

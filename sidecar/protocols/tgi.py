@@ -22,17 +22,32 @@ being the server's own count, it wins as usage.
 
 Errors inside a 200 stream are ``data:{"error":"...","error_type":"generation"}``; the
 same object is the body of a failed ``/generate``.
+
+Times: TGI's final event carries none; a non-streamed ``/generate`` answers with timing
+headers (huggingface/text-generation-inference ``router/src/server.rs``, ``generate``,
+commit d957e32601a99f9ec458ff081dc3b4c6659da8a4): ``x-queue-time`` (ms, queued -> batch
+start), ``x-inference-time`` (ms, batch start -> end: prefill and decode together, so not
+split here), ``x-validation-time``, ``x-total-time``, ``x-time-per-token`` (ms, integers),
+``x-prompt-tokens`` and ``x-generated-tokens``. ``/generate_stream`` sends only
+``x-compute-type`` and ``x-compute-characters``, as its times are not known at the head.
+:func:`tgi_head_events` reads the queue time and the counts.
+
+``/generate`` is also SGLang's native API (:mod:`.sglang`): its objects carry
+``meta_info``, which TGI's never do, so each object says which engine sent it, and a TGI
+stream or body is read exactly as before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from ._base import SSEJSONDialect, int_or_none, str_or_none
+from ._base import SSEJSONDialect, int_or_none, seconds_or_none, str_or_none
 from .events import (
     DialectEvent,
+    EngineTimings,
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -41,8 +56,9 @@ from .events import (
     Tokens,
     Usage,
 )
+from .sglang import SGLangState, is_sglang, sglang_object, sglang_response
 
-__all__ = ["TGIStreamDialect", "parse_tgi_response"]
+__all__ = ["TGIStreamDialect", "parse_tgi_response", "tgi_head_events"]
 
 _ANSWER = Tokens(TokenKind.ANSWER, 1)
 _NO_ENGINE_COUNTS = Usage(engine=True)
@@ -51,12 +67,21 @@ _NO_ENGINE_COUNTS = Usage(engine=True)
 class TGIStreamDialect(SSEJSONDialect):
     """``/generate_stream`` SSE bytes in, :mod:`events` out. Sans-I/O; safe at any split."""
 
-    __slots__ = ()
+    __slots__ = ("_sglang",)
+
+    def __init__(self, max_line_bytes: int | None = None) -> None:
+        super().__init__(max_line_bytes)
+        self._sglang: SGLangState | None = None
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         err = _error_of(obj)
         if err is not None:
             out.append(err)
+            return
+        if is_sglang(obj):  # SGLang's /generate stream (module doc)
+            if self._sglang is None:
+                self._sglang = SGLangState()
+            sglang_object(obj, self._sglang, out)
             return
         token = obj.get("token")
         if type(token) is dict and token.get("special") is not True:
@@ -108,8 +133,12 @@ def parse_tgi_response(body: bytes) -> list[DialectEvent]:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return [ParseError("response is not JSON")]
+    if type(obj) is list and obj and all(type(o) is dict and is_sglang(o) for o in obj):
+        return sglang_response(obj)  # SGLang's batch of prompts
     if type(obj) is list and len(obj) == 1:
         obj = obj[0]
+    if type(obj) is dict and is_sglang(obj):
+        return sglang_response([obj])
     if type(obj) is not dict:
         return [ParseError("response is not a JSON object")]
     err = _error_of(obj)
@@ -118,3 +147,28 @@ def parse_tgi_response(body: bytes) -> list[DialectEvent]:
     out: list[DialectEvent] = []
     _details(obj.get("details"), out)
     return out
+
+
+def tgi_head_events(headers: Mapping[str, str]) -> list[DialectEvent]:
+    """TGI's timing and count headers on a non-streamed ``/generate`` (module doc) ->
+    events: the queue time and the engine's counts. Anything else, or a malformed value,
+    gives nothing."""
+    out: list[DialectEvent] = []
+    queue = _header_int(headers.get("x-queue-time"))
+    if queue is not None:
+        out.append(EngineTimings(queue_seconds=seconds_or_none(queue, 1000.0)))
+    usage = Usage(
+        input_tokens=_header_int(headers.get("x-prompt-tokens")),
+        output_tokens=_header_int(headers.get("x-generated-tokens")),
+        engine=True,
+    )
+    if usage != _NO_ENGINE_COUNTS:
+        out.append(usage)
+    return out
+
+
+def _header_int(value: str | None) -> int | None:
+    """A header holding a non-negative decimal integer (how TGI writes them), else None."""
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)

@@ -139,7 +139,12 @@ def test_every_range_is_rate_interval_and_every_variable_is_defined(name):
 def test_raw_metric_selectors_carry_every_filter_variable():
     for q in panel_queries(OVERVIEW):
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
-            wanted = ("cluster", "namespace", "pod", "route") if metric == "llm_stream_parse_errors_total" else FILTERS
+            if metric == "llm_stream_parse_errors_total":
+                wanted = ("cluster", "namespace", "pod", "route")
+            elif metric.startswith("llm_sidecar_overhead_seconds"):  # per direction: no model, no route
+                wanted = ("cluster", "namespace", "pod")
+            else:
+                wanted = FILTERS
             for label in wanted:
                 assert f'{label}=~"${label}"' in body, f"{q.where}: {metric} lacks the {label} filter"
 

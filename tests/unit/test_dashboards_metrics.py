@@ -66,6 +66,21 @@ async def _garbled(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _vllm_per_request_metrics(request: web.Request) -> web.StreamResponse:
+    """A real vLLM 0.32 stream whose usage chunk carries per-request metrics (queue time)."""
+    await request.read()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write((ROOT / "tests" / "fixtures" / "streams" / "openai" / "vllm032_chat_per_request_metrics.txt").read_bytes())
+    await resp.write_eof()
+    return resp
+
+
+def _bad_upstream(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", _garbled)
+    app.router.add_post("/v1/completions", _vllm_per_request_metrics)
+
+
 @pytest.fixture
 async def exported(upstream, sidecar_factory):
     """{sample name: {label name: {values}}} from live sidecars' /metrics."""
@@ -73,7 +88,7 @@ async def exported(upstream, sidecar_factory):
         build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, seed=3)), handler_cancellation=True
     )
     try:
-        up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", _garbled))
+        up = await upstream.start(_bad_upstream)
         sim_sc = await sidecar_factory(f"http://127.0.0.1:{sim_port}")
         bad_sc = await sidecar_factory(up.url)
         msgs = [{"role": "user", "content": "hi"}]
@@ -87,6 +102,7 @@ async def exported(upstream, sidecar_factory):
                 (chat, stream, {**FAST, "x-sim-fail": "500"}),
                 (f"{sim_sc.url}/api/chat", {"model": MODEL, "messages": msgs}, FAST),
                 (f"{bad_sc.url}/v1/chat/completions", stream, {}),
+                (f"{bad_sc.url}/v1/completions", {"model": MODEL, "prompt": "hi", "stream": True}, {}),
             ):
                 async with s.post(url, json=body, headers=headers) as r:
                     await r.read()
@@ -107,6 +123,9 @@ async def exported(upstream, sidecar_factory):
                 texts.append(await r.text())
     finally:
         await sim_runner.cleanup()
+    # The "where the time goes" row's vllm:* series: a real vLLM 0.32's /metrics, recorded,
+    # which Prometheus scrapes beside the sidecar's (tests/real/ runs them live).
+    texts.append((ROOT / "tests" / "fixtures" / "real" / "vllm-0.32.0" / "metrics.txt").read_text(encoding="utf-8"))
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     families = {}
     for text in texts:

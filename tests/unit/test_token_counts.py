@@ -235,19 +235,21 @@ def test_recorded_counts_and_their_source(name):
 
 
 @pytest.mark.parametrize(
-    "name,prefill_ms,decode_ms",
+    "name,prefill_ms,decode_ms,queue_ms",
     [
-        ("vllm032_chat_force_usage.txt", 127.4029689998315, 105.76010100021449),
-        ("vllm032_completions_force_usage.txt", 27.27981899988663, 29.06002500003524),
+        ("vllm032_chat_force_usage.txt", 127.4029689998315, 105.76010100021449, 0.03214800017303787),
+        ("vllm032_completions_force_usage.txt", 27.27981899988663, 29.06002500003524, 0.027349999982106965),
     ],
 )
-def test_recorded_vllm_per_chunk_usage_and_metrics(name, prefill_ms, decode_ms):
+def test_recorded_vllm_per_chunk_usage_and_metrics(name, prefill_ms, decode_ms, queue_ms):
     """Per-chunk usage grows by one per chunk: one token each, one ITL gap each; the
-    per-request metrics give the engine's prefill and decode times."""
+    per-request metrics give the engine's queue, prefill and decode times."""
     raw = load("openai", name)
     t = observed(RECORDED[name][0], [e + b"\n\n" for e in raw.split(b"\n\n") if e])
     assert (t.stream_tokens, len(t.gaps)) == (4, 3)
-    assert t.engine == EngineTimings(prefill_seconds=prefill_ms / MS, decode_seconds=decode_ms / MS)
+    assert t.engine == EngineTimings(
+        prefill_seconds=prefill_ms / MS, decode_seconds=decode_ms / MS, queue_seconds=queue_ms / MS
+    )
 
 
 def test_recorded_llamacpp_engine_counts_match_its_usage():
