@@ -21,7 +21,10 @@ It does not emit the ``gen_ai.server.*`` metrics: those are the model server's o
 sidecar's figures include the HTTP hop, tokenisation and queueing as a client sees them,
 and two sources under one server name would be summed together by any dashboard.
 
-Names the conventions do not define live under ``llm_sidecar.*``.
+Names the conventions do not define live under ``llm_sidecar.*``, except the span events
+``gen_ai.first_token`` and ``gen_ai.first_answer_token``, kept under the names they shipped
+with (the registry defines no event for the first chunk; its attribute
+``gen_ai.response.time_to_first_chunk`` is set too).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 
 # gen_ai.operation.name well-known values used by the route table (sidecar/routes.py).
@@ -87,6 +91,8 @@ LLM_SIDECAR_TOKENS_FROM_USAGE = "llm_sidecar.usage.reported"  # false: output co
 LLM_SIDECAR_TOKEN_COUNT_SOURCE = "llm_sidecar.usage.token_count_source"
 # true when gen_ai.usage.output_tokens is the sidecar's count of stream events, not the server's.
 LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED = "llm_sidecar.usage.output_tokens_estimated"
+# Kept beside gen_ai.usage.reasoning.output_tokens, which the registry added later, so
+# queries written against the old name keep working.
 LLM_SIDECAR_REASONING_TOKENS = "llm_sidecar.usage.reasoning_tokens"
 LLM_SIDECAR_PARSE_ERRORS = "llm_sidecar.stream.parse_errors"
 LLM_SIDECAR_STREAM_ERROR_TYPE = "llm_sidecar.stream.error_type"  # the server's own error type

@@ -378,6 +378,7 @@ class RequestTelemetry:
             (sc.GEN_AI_USAGE_INPUT_TOKENS, t.input_tokens),
             (sc.GEN_AI_USAGE_OUTPUT_TOKENS, t.output_tokens),
             (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cached_input_tokens),
+            (sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, t.reasoning_tokens),
             (sc.LLM_SIDECAR_REASONING_TOKENS, t.reasoning_tokens),
         ):
             if value is not None:

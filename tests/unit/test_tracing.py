@@ -340,12 +340,16 @@ async def test_first_answer_token_event_after_reasoning(upstream, traced_sidecar
         (0.0, chunk(role=True)),
         (0.02, chunk(reasoning="hmm")),
         (0.05, chunk("answer", finish="stop")),
+        (0.0, b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,'
+              b'"completion_tokens_details":{"reasoning_tokens":3}}}\n\n'),
         (0.0, b"data: [DONE]\n\n"),
-    ]
+    ]  # fmt: skip
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(script)))
     s = await traced_sidecar(up.url, tracer_provider=provider)
     await post(s.url + ROUTE)
     span = await one_span(exporter)
+    assert span.attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == 3
+    assert span.attributes[sc.LLM_SIDECAR_REASONING_TOKENS] == 3
     first, answer = span.events
     assert (first.name, first.attributes[sc.LLM_SIDECAR_TOKEN_KIND]) == (sc.EVENT_FIRST_TOKEN, "reasoning")
     assert answer.name == sc.EVENT_FIRST_ANSWER_TOKEN
