@@ -60,6 +60,11 @@ class ModelLabeler:
         self._seen.add(model)
         return model
 
+    def known(self, model: str | None) -> bool:
+        """Whether ``model`` is a label value already, without admitting it as one: for
+        names that must not use up a slot (the response's model on OTel metrics)."""
+        return bool(model) and (model in self._allow if self._allow else model in self._seen)
+
 
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""

@@ -281,6 +281,10 @@ class RequestTelemetry:
         name = route.operation if label in (UNKNOWN_MODEL, OTHER_MODEL) else f"{route.operation} {label}"
         return name, attrs
 
+    def _response_model_known(self, name: str) -> bool:
+        known = getattr(self._model_label, "known", None)
+        return known(name) if known is not None else False
+
     def _provider(self, template: str) -> str | None:
         return self._provider_name or PROVIDER_BY_ROUTE.get(template)
 
@@ -431,10 +435,10 @@ class RequestTelemetry:
             attrs[sc.GEN_AI_PROVIDER_NAME] = provider
         if label != UNKNOWN_MODEL:
             attrs[sc.GEN_AI_REQUEST_MODEL] = label  # bounded: at most max_models values + "other"
-            if t.response_model:
-                # Recommended; bounded like the request model (the same labeler), so an
-                # upstream cannot mint series either.
-                attrs[sc.GEN_AI_RESPONSE_MODEL] = self._model_label(t.response_model)
+            if t.response_model and self._response_model_known(t.response_model):
+                # Recommended; only a name that is a model label already, so an upstream
+                # can neither mint series nor use up the labeler's slots.
+                attrs[sc.GEN_AI_RESPONSE_MODEL] = t.response_model
         # With the span in the context, the SDK's trace-based exemplar filter links a
         # bucket to this trace (OTEL_METRICS_EXEMPLAR_FILTER, default trace_based).
         ctx = trace_api.set_span_in_context(handle.span) if handle is not None and t.trace_id else None

@@ -458,7 +458,9 @@ async def test_otel_genai_client_metrics_with_semconv_buckets_and_exemplars(upst
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM)))
-    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters)
+    # The response's model is on the metrics only when it is a model label already (here
+    # allowlisted), so an upstream cannot mint series.
+    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters, model_allowlist=["m1", "m1-2025"])
     await post(s.url + ROUTE)
     span = await one_span(exporter)
     points = metric_points(reader)
@@ -542,6 +544,10 @@ async def test_otel_provider_name_is_configurable(upstream, traced_sidecar, span
     assert span.attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
     points = metric_points(reader)
     assert {p.attributes[sc.GEN_AI_PROVIDER_NAME] for ps in points.values() for p in ps} == {"vllm"}
+    # "m1-2025" is not a model label (no allowlist; only requested names are admitted), so it
+    # is left off the metrics and does not take one of the labeler's slots.
+    assert not [p for ps in points.values() for p in ps if sc.GEN_AI_RESPONSE_MODEL in p.attributes]
+    assert not s.sidecar.metrics.model_label.known("m1-2025")
     meters.shutdown()
 
 
