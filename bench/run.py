@@ -315,9 +315,11 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
             time.sleep(0.2)  # the last request is finalised just after its client saw EOF
             res["sidecar_counted"] = scrape_sidecar(admin_port)
     finally:
+        # The upstream first: the sidecar drains for as long as its upstream answers
+        # (sidecar/drain.py), as in a pod with a native sidecar.
+        procs.stop(upstream)
         if proxy is not None:
             procs.stop(proxy)
-        procs.stop(upstream)
     # The upstream's own count (its last log line) must match what the client received.
     lines = procs.log(f"upstream-{tag}").strip().splitlines()
     try:

@@ -80,9 +80,15 @@ class Case:
         return " ".join(parts)
 
 
+# The first release with native sidecars, whose named ports on init containers Services
+# cannot resolve yet (kubernetes#127958, fixed in 1.32), and before the preStop sleep action.
+KUBE_VERSION_FIRST_NATIVE = "1.29.0"
+
 CASES = (
     Case("default"),
     Case("default-k8s-1.28", kube_version=KUBE_VERSION_LEGACY),
+    Case("default-k8s-1.29", kube_version=KUBE_VERSION_FIRST_NATIVE),
+    Case("model-server-liveness", sets=("modelServer.liveness.enabled=true",)),
     Case("monitoring-only", values=("ci/monitoring-only-values.yaml",)),
     Case("otel-slo", values=("ci/otel-slo-values.yaml",)),
 )
@@ -209,8 +215,10 @@ def sidecar_snippet() -> str:
         "# Under spec.template.spec.containers; on Kubernetes >= 1.29 better under initContainers\n"
         "# with `restartPolicy: Always` added (a native sidecar: up before the server, down after it).\n"
         "# The upstream is your server on 127.0.0.1:8000 in the same pod. Then point your Service's\n"
-        "# targetPort at `http` (8080), label the pods for the chart's existingServer.podSelector,\n"
-        "# and set terminationGracePeriodSeconds above LLM_SIDECAR_DRAIN_SECONDS (e.g. 45).\n"
+        "# targetPort at 8080 (a number: before Kubernetes 1.32 a port name declared on an init\n"
+        "# container gives the Service no endpoints), label the pods for the chart's\n"
+        "# existingServer.podSelector, give your server a preStop sleep of ~10 s, and set\n"
+        "# terminationGracePeriodSeconds above that plus LLM_SIDECAR_DRAIN_SECONDS (e.g. 55).\n"
         + body
     )
 

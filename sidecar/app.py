@@ -36,6 +36,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .config import Settings
+from .drain import Drain
+from .engine_metrics import engine_metrics_handler
 from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
 from .tenant import TenantLabeler
@@ -59,9 +61,32 @@ class Sidecar:
     proxy: Proxy
     session: aiohttp.ClientSession | None = None  # readiness probes only
     pool: UpstreamPool | None = None  # the relay's connections
-    draining: bool = False
+    drain: Drain = field(init=False)
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.draining
+
+    async def upstream_status(self, session: aiohttp.ClientSession | None = None) -> int:
+        """The status of one GET of the upstream's health path (raises when unreachable)."""
+        session = session or self.session
+        if session is None:
+            raise aiohttp.ClientConnectionError("the proxy app has not started")
+        url = self.settings.upstream + self.settings.health_path
+        timeout = aiohttp.ClientTimeout(total=self.settings.readiness_timeout)
+        async with session.get(url, timeout=timeout) as resp:
+            await resp.read()
+            return resp.status
+
+    async def upstream_up(self) -> bool:
+        """For the drain: does the upstream still accept a NEW connection? (A server that is
+        stopping closes its listener first; a pooled keep-alive connection could still
+        answer and hide that.)"""
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as fresh:
+            return 200 <= await self.upstream_status(fresh) < 300
 
     def get_pool(self) -> UpstreamPool:
         assert self.pool is not None, "the proxy app has not started"
@@ -129,6 +154,7 @@ def build_sidecar(
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
     sc = Sidecar(settings, registry, metrics, proxy)
+    sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
     holder["s"] = sc
     sc.proxy_app = _proxy_app(sc)
     sc.admin_app = _admin_app(sc)
@@ -140,7 +166,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     # client_max_size only bounds request.read(); larger bodies are streamed, not read.
     # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
     app = web.Application(
-        middlewares=[_unrouted_to(sc.proxy)],
+        middlewares=[sc.drain.gate, _unrouted_to(sc.proxy)],
         client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
         handler_args={
             "max_line_size": settings.max_request_line_bytes,
@@ -165,6 +191,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
         await sc.session.close()
 
     app.cleanup_ctx.append(upstream_session)
+    app.on_response_prepare.append(sc.drain.close_connections)
     app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
 
@@ -187,8 +214,6 @@ def _unrouted_to(proxy: Proxy):
 def _admin_app(sc: Sidecar) -> web.Application:
     app = web.Application()
     app[SIDECAR] = sc
-    probe_timeout = aiohttp.ClientTimeout(total=sc.settings.readiness_timeout)
-    health_url = sc.settings.upstream + sc.settings.health_path
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
@@ -198,20 +223,32 @@ def _admin_app(sc: Sidecar) -> web.Application:
             return _json(503, {"ready": False, "reason": "draining"})
         if sc.session is None:
             return _json(503, {"ready": False, "reason": "starting"})
-        try:
-            async with sc.session.get(health_url, timeout=probe_timeout) as resp:
-                await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return _json(503, {"ready": False, "reason": f"upstream unreachable: {type(exc).__name__}"})
-        if 200 <= status < 300:
-            return _json(200, {"ready": True, "upstream_status": status})
-        return _json(503, {"ready": False, "reason": "upstream not healthy", "upstream_status": status})
+        return await _upstream_health(sc, "ready")
+
+    async def upstreamz(request: web.Request) -> web.Response:
+        """The upstream's health for a probe of the model server's container (the kubelet
+        cannot reach a loopback server): unlike /readyz, it does not turn 503 on draining,
+        so a liveness probe never restarts a server that is finishing its streams."""
+        return await _upstream_health(sc, "alive")
 
     app.router.add_get("/metrics", make_aiohttp_handler(sc.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/upstreamz", upstreamz)
+    if sc.settings.engine_metrics_path:
+        app.router.add_get("/metrics/engine", engine_metrics_handler(lambda: sc.session, sc.settings))
     return app
+
+
+async def _upstream_health(sc: Sidecar, key: str) -> web.Response:
+    """200 ``{key: true}`` when the upstream's health path answers 2xx, else 503 and why."""
+    try:
+        status = await sc.upstream_status()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return _json(503, {key: False, "reason": f"upstream unreachable: {type(exc).__name__}"})
+    if 200 <= status < 300:
+        return _json(200, {key: True, "upstream_status": status})
+    return _json(503, {key: False, "reason": "upstream not healthy", "upstream_status": status})
 
 
 def _json(status: int, doc: dict) -> web.Response:
@@ -395,9 +432,10 @@ def raise_open_file_limit() -> int | None:
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
-    Shutdown order: readiness goes 503, the proxy stops accepting and in-flight requests
-    get ``drain_seconds`` to finish (aiohttp cancels the rest), then the admin port closes
-    last so the final figures can still be scraped during the drain.
+    Shutdown order (:mod:`sidecar.drain`): readiness goes 503 and the proxy keeps relaying
+    while the upstream answers; once it is gone new requests get 503 + Retry-After and
+    in-flight ones finish, all within ``drain_seconds`` (aiohttp cancels what is left); the
+    admin port closes last so the final figures can still be scraped during the drain.
     """
     open_files = raise_open_file_limit()
     providers = providers_from_env(metrics=settings.otel_metrics)
@@ -434,8 +472,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             open_files_limit=open_files,
         )
         await stop.wait()
-        sc.draining = True
         _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
+        started = loop.time()
+        await sc.drain.run(settings.drain_seconds)
+        # What is still in flight at the deadline gets no more time than is left (aiohttp
+        # reads a timeout <= 0 as none at all, hence the floor).
+        proxy_runner._shutdown_timeout = max(0.1, settings.drain_seconds - (loop.time() - started))
     finally:
         await proxy_runner.cleanup()
         await admin_runner.cleanup()

@@ -70,6 +70,14 @@ class Settings(BaseModel):
     drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish")
     health_path: str = Field("/health", description="Upstream path whose 2xx makes /readyz ready")
     readiness_timeout: float = Field(2.0, gt=0, description="Seconds a readiness probe of the upstream may take")
+    engine_metrics_path: str = Field(
+        "/metrics",
+        description="The upstream's own metrics path, relayed on the admin port as /metrics/engine "
+        "(so Prometheus can scrape a server that listens on loopback); empty turns it off",
+    )
+    engine_metrics_timeout: float = Field(
+        10.0, gt=0, description="Seconds /metrics/engine waits for the upstream (less if the scraper's timeout is shorter)"
+    )
     model_allowlist: list[str] = Field(
         default_factory=list, description="If set, only these model label values; others become 'other'"
     )
@@ -201,6 +209,15 @@ class Settings(BaseModel):
             raise ValueError(f"bad port in {v!r}") from exc
         return v.rstrip("/")
 
+    @field_validator("inject_stream_usage", mode="before")
+    @classmethod
+    def _false_from_text(cls, v: Any) -> Any:
+        """LLM_SIDECAR_INJECT_STREAM_USAGE=false (an old chart's env) reads as the text
+        'false', which a Literal[False] refuses: read the usual spellings of false as False."""
+        if isinstance(v, str) and v.strip().lower() in ("false", "0", "no", "off"):
+            return False
+        return v
+
     @field_validator("listen", "metrics_listen")
     @classmethod
     def _address(cls, v: str) -> str:
@@ -218,6 +235,13 @@ class Settings(BaseModel):
     @classmethod
     def _prompt_classes(cls, v: Any) -> list[int]:
         return parse_bounds(v)
+
+    @field_validator("engine_metrics_path")
+    @classmethod
+    def _optional_path(cls, v: str) -> str:
+        if v and not v.startswith("/"):
+            raise ValueError(f"must start with '/', got {v!r}")
+        return v
 
     @field_validator("slo_ttft_seconds", "slo_tpot_seconds", "slo_e2e_seconds")
     @classmethod

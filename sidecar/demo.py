@@ -694,8 +694,10 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 raise DemoError(f"cannot scrape {metrics_url} for the summary: {exc!r}") from None
 
-        codes["sidecar"] = sidecar.stop(SIDECAR_STOP_TIMEOUT)
+        # As a pod with a native sidecar stops: the server first, then the sidecar, which
+        # drains for as long as its upstream answers (sidecar/drain.py).
         codes["simulator"] = simulator.stop(SIMULATOR_STOP_TIMEOUT)
+        codes["sidecar"] = sidecar.stop(SIDECAR_STOP_TIMEOUT)
         screen.text("\n" + _summary(first, last, stats, codes))
         if codes["sidecar"] != 0:
             raise DemoError(_exited_message(sidecar, "on SIGTERM (expected 0 after draining)"))
@@ -703,7 +705,7 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
     finally:
         for task in load_tasks:
             task.cancel()
-        for child in reversed(children):  # sidecar first, then its upstream
+        for child in children:  # the upstream first, then the sidecar (it follows it down)
             child.stop(SIDECAR_STOP_TIMEOUT if child.name == "sidecar" else SIMULATOR_STOP_TIMEOUT)
             child.close()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -110,6 +110,9 @@ log = logging.getLogger(__name__)
 MAX_MODEL_LEN = 8192
 """Reported by ``/v1/models``."""
 
+SIMULATED_KV_CACHE_SEQS = 256
+"""Streams that would fill the simulated KV cache (``vllm:kv_cache_usage_perc`` = 1)."""
+
 SHUTDOWN_TIMEOUT = 2.0
 """Seconds :func:`run_simulator` lets live streams drain when cancelled."""
 
@@ -892,10 +895,21 @@ async def _metrics(request: web.Request) -> web.Response:
     sim = request.app[_SIM]
     s = sim.stats
     label = '{model_name="%s"}' % sim.config.model.replace("\\", "\\\\").replace('"', '\\"')
+    # vLLM's V1 engine labels its scheduler and cache series by model and engine index.
+    engine = label[:-1] + ',engine="0"}'
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{label} {float(s.in_flight)}",
+        f"vllm:num_requests_running{engine} {float(s.in_flight)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{engine} 0.0",  # the simulator admits every request at once
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{engine} {min(1.0, s.in_flight / SIMULATED_KV_CACHE_SEQS)}",
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{engine} 0.0",  # it never runs out of cache
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
         f"vllm:request_success_total{label} {float(s.completed)}",

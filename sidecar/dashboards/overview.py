@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engine import add_engine_row
 from .panels import Board, Query, heatmap_panel, timeseries_panel
 from .queries import (
     TARGET_LABELS,
@@ -430,4 +431,5 @@ def build():
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
     _engine(board)
     _token_count_sources(board)
+    add_engine_row(board)  # the engine's own metrics (vLLM), collapsed: sidecar/dashboards/engine.py
     return board.build()

@@ -352,6 +352,27 @@ class Board:
         self._y += 1
         return self
 
+    def collapsed_row(self, title: str, *panels) -> Board:
+        """A row that starts collapsed, holding ``panels``: one line on the board until it
+        is opened (Grafana keeps a collapsed row's panels inside the row), so a section that
+        has no data on some deployments costs a line there, not a screen of empty panels."""
+        self._newline()
+        row = dash.Row(title).id(self._id()).collapsed(True).build()
+        row.grid_pos = dash_m.GridPos(h=1, w=24, x=0, y=self._y)
+        x, y, line_h = 0, self._y + 1, 0
+        for panel in panels:
+            model = panel.id(self._id()).build()
+            w, h = model.grid_pos.w, model.grid_pos.h
+            if x + w > 24:
+                x, y, line_h = 0, y + line_h, 0
+            model.grid_pos = dash_m.GridPos(h=h, w=w, x=x, y=y)
+            row.panels.append(model)
+            x += w
+            line_h = max(line_h, h)
+        self.builder = self.builder.with_row(_Built(row))
+        self._y += 1
+        return self
+
     def add(self, *panels) -> Board:
         for panel in panels:
             model = panel.id(self._id()).build()

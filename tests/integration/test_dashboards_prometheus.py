@@ -114,7 +114,17 @@ def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
                     {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "namespace": NAMESPACE, "pod": pod}}
                     for pod, port in targets.items()
                 ],
-            }
+            },
+            {
+                # The chart's second scrape: the model server's own metrics, relayed by the
+                # sidecar's admin port (the engine row of the overview dashboard).
+                "job_name": "llm-engine",
+                "metrics_path": "/metrics/engine",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": NAMESPACE, "pod": pod}}
+                    for pod, port in targets.items()
+                ],
+            },
         ],
     }
     path = tmp / "prometheus.yml"

@@ -208,13 +208,20 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
 
 
-def check_endpoint(endpoint: dict, jobs: str) -> None:
+def check_endpoint(endpoint: dict, jobs: str, path: str = "/metrics") -> None:
     assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings"}
-    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["port"] == "metrics" and endpoint["path"] == path
     for key in ("interval", "scrapeTimeout"):
         if key in endpoint:
             assert DURATION.fullmatch(endpoint[key])
     assert {"action": "replace", "targetLabel": "job", "replacement": jobs} in endpoint["relabelings"]
+
+
+def check_endpoints(endpoints: list[dict], values: dict) -> None:
+    """The sidecar's /metrics, then the model server's own, relayed as /metrics/engine."""
+    assert len(endpoints) == 2
+    check_endpoint(endpoints[0], values["job"])
+    check_endpoint(endpoints[1], "llm-engine", "/metrics/engine")
 
 
 def check_crd(obj: dict, values: dict) -> None:
@@ -229,13 +236,11 @@ def check_crd(obj: dict, values: dict) -> None:
     if obj["kind"] == "PodMonitor":
         assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints"}
         assert spec["selector"]["matchLabels"]
-        assert len(spec["podMetricsEndpoints"]) == 1
-        check_endpoint(spec["podMetricsEndpoints"][0], values["job"])
+        check_endpoints(spec["podMetricsEndpoints"], values)
     elif obj["kind"] == "ServiceMonitor":
         assert set(spec) <= {"selector", "namespaceSelector", "endpoints"}
         assert spec["selector"]["matchLabels"]
-        assert len(spec["endpoints"]) == 1
-        check_endpoint(spec["endpoints"][0], values["job"])
+        check_endpoints(spec["endpoints"], values)
     elif obj["kind"] == "PrometheusRule":
         assert set(spec) == {"groups"} and spec["groups"]
         for group in spec["groups"]:
@@ -251,6 +256,8 @@ def check_crd(obj: dict, values: dict) -> None:
 CRD_EXPECTATIONS = {
     "default": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
     "default-k8s-1.28": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
+    "default-k8s-1.29": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
+    "model-server-liveness": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
     "monitoring-only": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
     "otel-slo": {"release": "prometheus", "job": "llm-sidecar", "kinds": {"ServiceMonitor", "PrometheusRule"}},
 }
@@ -284,7 +291,7 @@ def test_every_request_to_the_service_passes_through_the_sidecar(parsed, name):
     all_ports = [p for c in spec.get("initContainers", []) + spec["containers"] for p in c.get("ports", [])]
     assert len({p["name"] for p in all_ports}) == len(all_ports), "port names are unique in the pod"
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-    assert targets == {"http": "http", "metrics": "metrics"}, "every Service port lands on the sidecar"
+    assert targets == {"http": 8080, "metrics": 9464}, "every Service port lands on the sidecar, by number"
     # The model server listens on loopback only, on the port the sidecar forwards to.
     server = [c for c in spec["containers"] if c["name"] != "llm-sidecar"]
     assert len(server) == 1
@@ -355,16 +362,24 @@ def test_sidecar_security_context(parsed, name):
 def test_grace_period_outlasts_the_drain(parsed, name):
     spec = pod_spec(parsed[name])
     drain = float(literal_env(sidecar_container(spec))["LLM_SIDECAR_DRAIN_SECONDS"])
-    assert spec["terminationGracePeriodSeconds"] > drain + 5, "drain, then up to 5 s of trace flush"
+    server = [c for c in spec["containers"] if c["name"] == "model-server"][0]
+    pre_stop = server["lifecycle"]["preStop"]
+    slept = pre_stop["sleep"]["seconds"] if "sleep" in pre_stop else int(pre_stop["exec"]["command"][1])
+    assert spec["terminationGracePeriodSeconds"] > slept + drain + 5, "preStop, drain, then up to 5 s of trace flush"
 
 
 def test_grace_period_is_computed_or_refused(helm_ok):
     spec = pod_spec(render("--set", "sidecar.drainSeconds=100", "--show-only", "templates/deployment.yaml"))
-    assert spec["terminationGracePeriodSeconds"] == 115
+    assert spec["terminationGracePeriodSeconds"] == 125  # 10 s preStop + 100 s drain + 15
     spec = pod_spec(render("--set", "sidecar.drainSeconds=12.5", "--show-only", "templates/deployment.yaml"))
-    assert spec["terminationGracePeriodSeconds"] == 28
-    error = render_error("--set", "terminationGracePeriodSeconds=30")
-    assert "terminationGracePeriodSeconds (30) must exceed sidecar.drainSeconds (30)" in error
+    assert spec["terminationGracePeriodSeconds"] == 38
+    spec = pod_spec(render("--set", "modelServer.preStopSeconds=0", "--show-only", "templates/deployment.yaml"))
+    assert spec["terminationGracePeriodSeconds"] == 45
+    assert "lifecycle" not in [c for c in spec["containers"] if c["name"] == "model-server"][0]
+    error = render_error("--set", "terminationGracePeriodSeconds=40")
+    assert "terminationGracePeriodSeconds (40) must exceed sidecar.drainSeconds (30) plus modelServer.preStopSeconds (10)" in error
+    error = render_error("--set", "modelServer.preStopSeconds=30")
+    assert "sidecar.drainSeconds must exceed modelServer.preStopSeconds" in error
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -542,7 +557,7 @@ def test_monitoring_only_notes_print_the_snippet(helm_ok):
     printed = yaml.safe_load(notes.split("pod template", 1)[1].split("\n\n", 1)[1].split("\n\n", 1)[0])
     snippet = yaml.safe_load((sync.DEPLOY_DIR / "snippets" / "sidecar-container.yaml").read_text(encoding="utf-8"))
     assert printed == snippet
-    assert "targetPort at the sidecar (8080" in notes and "terminationGracePeriodSeconds: 45" in notes
+    assert "targetPort at the sidecar's port number, 8080" in notes and "terminationGracePeriodSeconds: 55" in notes
     full = sync.render_extra(sync.NOTES_TEMPLATE, CASES["default"].args())["text"]
     assert "a native sidecar" in full and "port-forward svc/llm-sidecar 8000:8000" in full
 
@@ -551,7 +566,7 @@ def test_monitoring_only_with_a_servicemonitor_adds_a_metrics_service(helm_ok):
     objs = render("-f", str(CHART / "ci" / "monitoring-only-values.yaml"), "--set", "prometheus.monitor.kind=ServiceMonitor")
     service, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")
     assert service["spec"]["selector"] == {"app": "my-vllm"}
-    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", "metrics")]
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", 9464)]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert not by_kind(objs, "Deployment")
 
@@ -591,3 +606,85 @@ def test_bad_values_are_refused_at_render_time(helm_ok):
     assert "ttftSeconds" in render_error("--set", "sidecar.slo.ttftSeconds=2.2")
     assert "settings" in render_error("--set", "sidecar.settings.no_such_setting=1")
     assert "must differ" in render_error("--set", "sidecar.port=8000")
+
+
+# ------------------------------------------------------------------------------ rollouts and probes
+
+
+def resolves(target, pod: dict, kube_version: str) -> bool:
+    """Whether Kubernetes gives a Service port with this targetPort an endpoint on this pod.
+    A number always resolves (the endpoint is pod IP:number; here it must also be a port a
+    container declares, or nothing listens). A name resolves only if a container declares
+    it, and before 1.32 only a regular container: names on init containers, native sidecars
+    included, were not looked up (kubernetes#127958, fixed in 1.32)."""
+    regular = [p for c in pod["containers"] for p in c.get("ports", [])]
+    init = [p for c in pod.get("initContainers", []) for p in c.get("ports", [])]
+    if isinstance(target, int):
+        return target in {p["containerPort"] for p in regular + init}
+    major, minor = (int(x) for x in kube_version.split(".")[:2])
+    declared = regular + (init if (major, minor) >= (1, 32) else [])
+    return target in {p.get("name") for p in declared}
+
+
+@pytest.mark.parametrize("kube_version", ["1.28.0", "1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"])
+def test_services_resolve_on_every_kubernetes_version(helm_ok, kube_version):
+    objs = sync.objects(sync.template(["--kube-version", kube_version]))
+    pod = pod_spec(objs)
+    for port in one(objs, "Service")["spec"]["ports"]:
+        assert resolves(port["targetPort"], pod, kube_version), (kube_version, port)
+    monitoring = sync.objects(
+        sync.template(["--kube-version", kube_version, "-f", str(CHART / "ci" / "monitoring-only-values.yaml"),
+                       "--set", "prometheus.monitor.kind=ServiceMonitor"])
+    )  # fmt: skip
+    snippet = sync.render_extra(sync.SNIPPET_TEMPLATE, CASES["monitoring-only"].args())["container"]
+    as_native = {"containers": [], "initContainers": [snippet]}
+    for port in one(monitoring, "Service")["spec"]["ports"]:
+        assert resolves(port["targetPort"], as_native, kube_version), (kube_version, port)
+
+
+@pytest.mark.parametrize("kube_version, expected", [("1.29.0", False), ("1.31.0", False), ("1.32.0", True)])
+def test_the_resolution_check_catches_named_ports_on_native_sidecars(helm_ok, kube_version, expected):
+    """Today's chart before this fix: `targetPort: http` on a native sidecar has no endpoint
+    before 1.32; the check above would have failed on it."""
+    pod = pod_spec(sync.objects(sync.template(["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"])))
+    assert "initContainers" in pod
+    assert resolves("http", pod, kube_version) is expected
+    legacy = pod_spec(sync.objects(sync.template(["--kube-version", "1.28.0", "--show-only", "templates/deployment.yaml"])))
+    assert resolves("http", legacy, "1.28.0")
+
+
+@pytest.mark.parametrize(
+    "kube_version, action",
+    [("1.28.0", {"exec": {"command": ["sleep", "10"]}}), ("1.29.0", {"exec": {"command": ["sleep", "10"]}}),
+     ("1.30.0", {"sleep": {"seconds": 10}}), ("1.33.0", {"sleep": {"seconds": 10}})],
+)  # fmt: skip
+def test_model_server_keeps_serving_while_endpoints_are_removed(helm_ok, kube_version, action):
+    """A preStop sleep on the model server (the kubelet's sleep action from 1.30, `sleep`
+    before); the sidecar gets none: it follows the server down (sidecar/drain.py)."""
+    pod = pod_spec(sync.objects(sync.template(["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"])))
+    server = [c for c in pod["containers"] if c["name"] == "model-server"][0]
+    assert server["lifecycle"] == {"preStop": action}
+    assert "lifecycle" not in sidecar_container(pod)
+
+
+def test_model_server_liveness_is_off_by_default_and_asks_the_sidecar_when_on(parsed):
+    server = [c for c in pod_spec(parsed["default"])["containers"] if c["name"] == "model-server"][0]
+    assert "livenessProbe" not in server and "startupProbe" not in server
+    pod = pod_spec(parsed["model-server-liveness"])
+    server = [c for c in pod["containers"] if c["name"] == "model-server"][0]
+    admin = int(literal_env(sidecar_container(pod))["LLM_SIDECAR_METRICS_LISTEN"].rsplit(":", 1)[1])
+    for probe in ("startupProbe", "livenessProbe"):
+        # A number: the kubelet resolves a named probe port in the probed container only.
+        assert server[probe]["httpGet"] == {"path": "/upstreamz", "port": admin}
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 1800, "the load allowance"
+    assert server["livenessProbe"]["failureThreshold"] * server["livenessProbe"]["periodSeconds"] == 60
+    own = pod_spec(render("--set", "modelServer.liveness.enabled=true", "--set-string", "modelServer.livenessProbe.exec.command={true}",
+                          "--show-only", "templates/deployment.yaml"))  # fmt: skip
+    server = [c for c in own["containers"] if c["name"] == "model-server"][0]
+    assert server["livenessProbe"] == {"exec": {"command": ["true"]}}, "an explicit probe wins"
+
+
+def test_engine_metrics_scrape_can_be_switched_off(helm_ok):
+    monitor = one(render("--set", "prometheus.monitor.engine.enabled=false"), "PodMonitor")
+    assert [e["path"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["/metrics"]

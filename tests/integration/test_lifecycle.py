@@ -135,27 +135,59 @@ async def test_request_log_line_has_figures_and_no_secrets(upstream):
         assert secret not in out and secret not in err
 
 
-async def test_sigterm_drains_in_flight_stream_refuses_new_and_exits_zero(upstream):
-    script = [(0.0, chat_chunk(role=True))] + [(0.15, chat_chunk(f"t{i}")) for i in range(10)] + [(0.0, b"data: [DONE]\n\n")]
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
-    sc = ServeProcess(up.url, "--drain-seconds", "10")
+async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_with_503(upstream):
+    """The drain of sidecar/drain.py over real sockets: after SIGTERM, new requests are still
+    relayed while the upstream's health path answers; once it stops, they get 503 JSON with
+    Retry-After (not a 502, not a refused connection); the in-flight stream finishes whole
+    and the process exits 0 as soon as it has, well before drain_seconds."""
+    script = [(0.0, chat_chunk(role=True))] + [(0.15, chat_chunk(f"t{i}")) for i in range(12)] + [(0.0, b"data: [DONE]\n\n")]
+    health = {"status": 200}
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "m1"}]})
+
+    async def health_check(request):
+        return web.json_response({}, status=health["status"])
+
+    def routes(app):
+        app.router.add_post("/v1/chat/completions", scripted(script))
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", health_check)
+
+    up = await upstream.start(routes)
+    sc = ServeProcess(up.url, "--drain-seconds", "20")
     try:
         await sc.wait_alive()
         received = b""
+        seen: dict[str, object] = {}
         async with aiohttp.ClientSession() as s:
             async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
                 async for chunk in r.content.iter_any():
                     received += chunk
-                    if b"t1" in received and sc.proc.poll() is None and not getattr(sc, "signalled", False):
+                    if b"t1" in received and "signalled" not in seen:
                         sc.proc.send_signal(signal.SIGTERM)
-                        sc.signalled = True
+                        seen["signalled"] = time.monotonic()
                         await asyncio.sleep(0.3)
-                        # New connections are refused while the stream drains.
-                        with pytest.raises(aiohttp.ClientConnectionError):
-                            async with aiohttp.ClientSession() as s2:
-                                await s2.get(sc.url + "/v1/models")
+                        async with aiohttp.ClientSession() as s2:
+                            async with s2.get(sc.url + "/v1/models") as new:
+                                seen["while_up"] = (new.status, await new.json())
+                                seen["connection"] = new.headers.get("Connection")
+                            async with s2.get(f"http://127.0.0.1:{sc.admin_port}/readyz") as ready:
+                                seen["readyz"] = ready.status
+                            health["status"] = 503  # the upstream is going away
+                            await asyncio.sleep(0.8)
+                            async with s2.get(sc.url + "/v1/models") as refused:
+                                seen["gone"] = (refused.status, refused.headers.get("Retry-After"), await refused.json())
+            stream_end = time.monotonic()
+        assert seen["while_up"] == (200, {"data": [{"id": "m1"}]})
+        assert seen["connection"] == "close", "pooled clients reconnect, through the Service, elsewhere"
+        assert seen["readyz"] == 503
+        status, retry_after, body = seen["gone"]
+        assert (status, retry_after) == (503, "1")
+        assert body["error"]["type"] == "draining"
         assert received.endswith(b"data: [DONE]\n\n")  # the in-flight stream finished whole
         assert sc.proc.wait(timeout=10) == 0
+        assert time.monotonic() - stream_end < 5, "exits once nothing is in flight, not at drain_seconds"
     finally:
         sc.stop()
 

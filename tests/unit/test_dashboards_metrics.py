@@ -1,4 +1,5 @@
-"""Every metric a dashboard names is one the sidecar exports or a rule records.
+"""Every metric a dashboard names is one the sidecar exports or a rule records (or, for the
+engine row's vllm:* series, one the simulated vLLM exports on the admin port's /metrics/engine).
 
 The reference is a live sidecar's /metrics: a sidecar in front of the simulator relays
 streamed, reasoning, Ollama (engine timings), whole, failed and cancelled requests, and a
@@ -39,7 +40,7 @@ RULES = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml
 MODEL = "sim-llama-3-8b"
 FAST = {"x-sim-ttft": "0.01", "x-sim-tpot": "0.002", "x-sim-tokens": "5"}
 
-FUNCTIONS = {"sum", "count", "rate", "histogram_quantile", "clamp_min", "clamp_max", "vector", "label_replace"}
+FUNCTIONS = {"sum", "max", "count", "rate", "histogram_quantile", "clamp_min", "clamp_max", "vector", "label_replace"}
 KEYWORDS = {"by", "on", "and", "or"}
 GROUPING = re.compile(r"\b(by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 SELECTOR = re.compile(r"([A-Za-z_:][\w:]*)\s*\{([^}]*)\}")
@@ -99,6 +100,11 @@ async def exported(upstream, sidecar_factory):
             for sc in (sim_sc, bad_sc):
                 async with s.get(f"{sc.admin_url}/metrics") as r:
                     texts.append(await r.text())
+            # The engine row's vllm:* series: the simulated vLLM's own /metrics, as the
+            # chart's second scrape job reads it through the admin port.
+            async with s.get(f"{sim_sc.admin_url}/metrics/engine") as r:
+                assert r.status == 200
+                texts.append(await r.text())
     finally:
         await sim_runner.cleanup()
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))

@@ -100,11 +100,24 @@ def test_dockerfile_runs_as_a_non_root_numeric_user_matching_the_chart():
     assert ctx["runAsNonRoot"] and ctx["readOnlyRootFilesystem"]
 
 
-def test_dockerfile_entrypoint_serves_and_ports_match_the_settings():
-    entry = [a for i, a in final_stage() if i == "ENTRYPOINT"]
-    assert json.loads(entry[-1]) == ["llm-sidecar", "serve"]
+def image_entrypoint_and_cmd() -> tuple[list[str], list[str]]:
+    """The runtime stage's ENTRYPOINT and CMD, exec form (a shell form would wrap the
+    kubelet's args in `sh -c` and lose them)."""
+    found = {i: json.loads(a) for i, a in final_stage() if i in ("ENTRYPOINT", "CMD")}
+    return found.get("ENTRYPOINT", []), found.get("CMD", [])
+
+
+def test_dockerfile_entrypoint_is_the_program_and_cmd_the_subcommand():
+    """One source of truth for the command line: the image names the program, the chart's
+    `args` (which replace CMD) name the subcommand; tests/integration/test_kubelet_argv.py
+    runs what the two compose."""
+    entry, cmd = image_entrypoint_and_cmd()
+    assert entry == ["llm-sidecar"] and cmd == ["serve"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     assert "llm-sidecar" in scripts
+
+
+def test_dockerfile_ports_match_the_settings():
     exposed = {int(p) for i, a in final_stage() if i == "EXPOSE" for p in a.split()}
     proxy_port = parse_host_port(Settings.model_fields["listen"].default)[1]
     admin_port = parse_host_port(Settings.model_fields["metrics_listen"].default)[1]

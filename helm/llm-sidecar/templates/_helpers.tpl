@@ -65,6 +65,22 @@ relabelings:
     replacement: {{ .Values.prometheus.monitor.jobLabel | quote }}
 {{- end -}}
 
+{{/* The model server's own /metrics, relayed by the sidecar's admin port, as job=<engine.jobLabel>. */}}
+{{- define "llm-sidecar.engineScrapeEndpoint" -}}
+port: metrics
+path: /metrics/engine
+{{- with .Values.prometheus.monitor.interval }}
+interval: {{ . }}
+{{- end }}
+{{- with .Values.prometheus.monitor.scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+relabelings:
+  - action: replace
+    targetLabel: job
+    replacement: {{ .Values.prometheus.monitor.engine.jobLabel | quote }}
+{{- end -}}
+
 {{/* "true" when the sidecar is a native sidecar (an init container with restartPolicy: Always). */}}
 {{- define "llm-sidecar.native" -}}
 {{- $native := toString .Values.sidecar.native -}}
@@ -90,18 +106,49 @@ true
 {{- if eq (float64 .) (float64 (int64 .)) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
 {{- end -}}
 
-{{/* terminationGracePeriodSeconds: set and checked, or computed from the drain time. */}}
+{{/* The model server's preStop seconds (none in monitoring-only mode: not our container). */}}
+{{- define "llm-sidecar.preStopSeconds" -}}
+{{- if eq .Values.mode "full" -}}{{ int64 .Values.modelServer.preStopSeconds }}{{- else -}}0{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: set and checked, or computed from the preStop and drain. */}}
 {{- define "llm-sidecar.terminationGracePeriodSeconds" -}}
 {{- $drain := float64 .Values.sidecar.drainSeconds -}}
+{{- $preStop := int64 (include "llm-sidecar.preStopSeconds" .) -}}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds -}}
-{{- add (int64 (ceil $drain)) 15 -}}
+{{- add (int64 (ceil $drain)) $preStop 15 -}}
 {{- else -}}
 {{- $grace := int64 .Values.terminationGracePeriodSeconds -}}
-{{- if le (float64 $grace) $drain -}}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed sidecar.drainSeconds (%v): the kubelet would kill in-flight streams before the sidecar has drained them" $grace $drain) -}}
+{{- if le (float64 $grace) (addf $drain $preStop) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must exceed sidecar.drainSeconds (%v) plus modelServer.preStopSeconds (%d): the kubelet would kill in-flight streams before the sidecar has drained them" $grace $drain $preStop) -}}
 {{- end -}}
 {{- $grace -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+A preStop that sleeps: the kubelet's own sleep action from Kubernetes 1.30 (beta, on by
+default), an exec of `sleep` before it (the server's image must have one; vLLM's does).
+*/}}
+{{- define "llm-sidecar.preStopSleep" -}}
+{{- if semverCompare ">=1.30-0" .root.Capabilities.KubeVersion.Version -}}
+sleep:
+  seconds: {{ int64 .seconds }}
+{{- else -}}
+exec:
+  command: [sleep, {{ int64 .seconds | toString | quote }}]
+{{- end -}}
+{{- end -}}
+
+{{/* An httpGet probe of the sidecar's /upstreamz (the model server's health, asked on loopback). */}}
+{{- define "llm-sidecar.upstreamProbe" -}}
+{{- $l := .root.Values.modelServer.liveness -}}
+httpGet:
+  path: /upstreamz
+  port: {{ .root.Values.sidecar.adminPort }}
+periodSeconds: {{ $l.periodSeconds }}
+timeoutSeconds: {{ $l.timeoutSeconds }}
+failureThreshold: {{ .failureThreshold }}
 {{- end -}}
 
 {{/* The sidecar's environment: its settings, OpenTelemetry, and the downward API. */}}
@@ -240,6 +287,9 @@ securityContext:
 {{- end -}}
 {{- if eq (int .Values.sidecar.port) (int .Values.sidecar.adminPort) -}}
 {{- fail "sidecar.port and sidecar.adminPort must differ" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "full") (ge (float64 .Values.modelServer.preStopSeconds) (float64 .Values.sidecar.drainSeconds)) -}}
+{{- fail "sidecar.drainSeconds must exceed modelServer.preStopSeconds: the sidecar keeps relaying while the server sleeps in its preStop, and stops at drainSeconds at the latest" -}}
 {{- end -}}
 {{- if and (eq .Values.mode "full") (eq (int .Values.sidecar.port) (int .Values.modelServer.port)) -}}
 {{- fail "sidecar.port and modelServer.port must differ: both listen in the same pod" -}}

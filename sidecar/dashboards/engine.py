@@ -1,0 +1,70 @@
+"""The inference engine's own view (vLLM): its queue, its batch, its KV cache, preemptions.
+
+The sidecar measures what users get; these explain why. vLLM exports them on its own
+``/metrics``, which the chart scrapes through the sidecar's admin port (``/metrics/engine``,
+job ``llm-engine``), so they carry the same ``namespace`` and ``pod`` target labels as the
+sidecar's series and the dashboard's filters apply (vLLM labels its series ``model_name``,
+not ``model``, so the model and route filters do not).
+
+Names are vLLM's V1 engine's (``vllm/v1/metrics/loggers.py``): ``vllm:num_requests_waiting``
+and ``vllm:num_requests_running`` (gauges), ``vllm:kv_cache_usage_perc`` (gauge, 1 = full)
+and ``vllm:num_preemptions`` (a counter, exposed as ``vllm:num_preemptions_total``). The row
+starts collapsed: a deployment on another engine (SGLang, TGI, llama.cpp) has no such series.
+"""
+
+from __future__ import annotations
+
+from .panels import Board, Query, timeseries_panel
+from .queries import RATE_INTERVAL, TARGET_LABELS, selector
+
+__all__ = ["ROW_TITLE", "WAITING", "RUNNING", "KV_CACHE", "PREEMPTIONS", "add_engine_row"]
+
+ROW_TITLE = "Inference engine (vLLM): queue, batch, KV cache, preemptions"
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_CACHE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+_BY_POD = "namespace, pod"
+_LEGEND = "{{namespace}}/{{pod}}"
+
+
+def _gauge(metric: str, how: str = "sum") -> str:
+    return f"{how} by ({_BY_POD}) ({selector(metric, labels=TARGET_LABELS)})"
+
+
+def add_engine_row(board: Board) -> None:
+    """Append the engine row (collapsed) to ``board``."""
+    board.collapsed_row(
+        ROW_TITLE,
+        timeseries_panel(
+            "Engine queue: waiting and running requests",
+            "vLLM's scheduler per pod: requests waiting for a slot in the batch "
+            f"({WAITING}) and requests in the batch ({RUNNING}), at each scrape. A waiting "
+            "queue that grows while running stays flat is a server at capacity: TTFT grows by "
+            "the queue time, not by a slower model.",
+            [
+                Query(_gauge(WAITING), f"{_LEGEND} waiting"),
+                Query(_gauge(RUNNING), f"{_LEGEND} running"),
+            ],
+            "short",
+            w=8,
+        ),
+        timeseries_panel(
+            "KV-cache usage",
+            f"Share of vLLM's KV-cache blocks in use per pod ({KV_CACHE}, 1 = full). Near "
+            "full, vLLM preempts running requests to make room, and their tokens stall.",
+            [Query(_gauge(KV_CACHE, "max"), _LEGEND)],
+            "percentunit",
+            w=8,
+        ),
+        timeseries_panel(
+            "Preemptions per second",
+            "Requests vLLM evicted from the batch to free KV cache, per second per pod (the rate "
+            f"of {PREEMPTIONS} over each {RATE_INTERVAL} window). Each one recomputes or "
+            "swaps the request's cache: a burst of inter-token latency for that stream.",
+            [Query(f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=TARGET_LABELS)}[{RATE_INTERVAL}]))", _LEGEND)],
+            "ops",
+            w=8,
+        ),
+    )

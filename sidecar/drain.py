@@ -1,0 +1,111 @@
+"""Shutdown that loses no request: follow the upstream down, then refuse cleanly.
+
+Kubernetes removes a terminating pod from its Service's endpoints a few seconds after it
+starts stopping the pod's containers, so new requests keep arriving for a while. Which
+container hears SIGTERM first depends on how the sidecar runs (README "Kubernetes"):
+
+- native sidecar: the model server first (after its preStop), the sidecar only once the
+  model server has exited;
+- regular container: both at once (each after its own preStop), so the sidecar hears
+  SIGTERM while the model server still sleeps in its preStop and still answers.
+
+Closing the listener on SIGTERM (what aiohttp does) turned every request of those seconds
+into a connection error. Instead, on SIGTERM the sidecar:
+
+1. turns ``/readyz`` to 503 and keeps relaying, new requests included, for as long as the
+   upstream answers its health path on a new connection (asked every :data:`POLL_SECONDS`),
+   each response closing its connection so pooled clients reconnect elsewhere;
+2. once the upstream is gone, answers each new request with 503, a JSON error body and
+   ``Retry-After`` (never a 502: it knows why), while in-flight streams finish;
+3. closes when nothing is in flight.
+
+``drain_seconds`` bounds all three, counted from SIGTERM. A request refused in step 2 never
+reached the upstream and is not an LLM request: it is logged, not counted in
+``llm_requests_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from .proxy import error_response
+
+__all__ = ["POLL_SECONDS", "RETRY_AFTER_SECONDS", "Drain"]
+
+_log = structlog.get_logger("sidecar.drain")
+
+POLL_SECONDS = 0.25
+"""How often a draining sidecar asks whether the upstream still answers: the longest a new
+request can meet a stopped upstream (and get its 502) before refusals start."""
+
+RETRY_AFTER_SECONDS = 1
+"""What a refused client is told to wait: by then the pod has left the endpoints, so its
+retry lands on another pod."""
+
+
+class Drain:
+    """The shutdown state of one sidecar and the steps above, for :func:`sidecar.app.serve`.
+
+    ``upstream_up`` asks the upstream's health path once (True: a 2xx); ``in_flight`` reads
+    the proxy's count of requests being relayed. Both are injected so tests can drive it.
+    """
+
+    def __init__(
+        self,
+        upstream_up: Callable[[], Awaitable[bool]],
+        in_flight: Callable[[], int],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._upstream_up = upstream_up
+        self._in_flight = in_flight
+        self._clock = clock
+        self.draining = False
+        self.refusing = False  # step 2: the upstream is gone
+
+    @web.middleware
+    async def gate(self, request: web.Request, handler) -> web.StreamResponse:
+        """The proxy app's middleware: in step 2, a new request gets 503 + Retry-After."""
+        if not self.refusing:
+            return await handler(request)
+        _log.info("refused_draining", method=request.method, peer=request.remote)
+        response = error_response(
+            503, "draining", "this pod is shutting down and its inference server has stopped; retry"
+        )
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        response.force_close()
+        return response
+
+    async def close_connections(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The proxy app's ``on_response_prepare`` hook: once draining, every response says
+        ``Connection: close`` (a hop-by-hop header), so a client that pools connections opens
+        its next one through the Service, to a pod that is not stopping; endpoint removal
+        alone never moves an open connection."""
+        if self.draining:
+            response.force_close()
+            # aiohttp runs this hook after it has chosen the Connection header: say it here,
+            # or the client reuses a connection the server is about to close, and loses a request.
+            response.headers["Connection"] = "close"
+
+    async def run(self, drain_seconds: float) -> None:
+        """Steps 1 to 3; returns when the proxy may close (``drain_seconds`` at the latest)."""
+        self.draining = True
+        deadline = self._clock() + drain_seconds
+        while self._clock() < deadline and await self._still_up(deadline):
+            await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - self._clock())))
+        self.refusing = True
+        _log.info("upstream_gone_refusing_new", in_flight=self._in_flight())
+        while self._in_flight() > 0 and self._clock() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _still_up(self, deadline: float) -> bool:
+        try:
+            return await asyncio.wait_for(self._upstream_up(), timeout=max(0.05, deadline - self._clock()))
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+            return False

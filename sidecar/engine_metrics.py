@@ -1,0 +1,82 @@
+"""``GET /metrics/engine`` on the admin port: the inference server's own ``/metrics``, relayed.
+
+vLLM, SGLang and TGI export their queue, KV-cache and phase metrics on ``/metrics``, but in
+the chart's pod the server listens on loopback, where Prometheus cannot reach it. Scraping
+it through the proxy port would work, yet every scrape would then be relayed and counted as
+a request (``route="other"``). So the admin port fetches it on each scrape and relays the
+answer as it is: status, body, ``Content-Type`` and ``Content-Encoding`` (the session does
+not decompress), with the scraper's ``Accept`` and ``Accept-Encoding``. Prometheus adds the
+pod's labels as for any target.
+
+Failures are the scraper's to see, never a traceback: an unreachable server is a 502 and a
+slow one a 504, each with a JSON body, so ``up`` of the engine job goes to 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from .config import Settings
+from .proxy import error_response
+
+__all__ = ["MAX_ENGINE_METRICS_BYTES", "engine_metrics_handler", "scrape_timeout"]
+
+MAX_ENGINE_METRICS_BYTES = 32 << 20
+"""A vLLM exposition is a few hundred kB; more than this is not a metrics page."""
+
+_FORWARDED_REQUEST = ("Accept", "Accept-Encoding")
+_RELAYED_RESPONSE = ("Content-Type", "Content-Encoding")
+_SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+
+
+def scrape_timeout(headers, configured: float) -> float:
+    """The configured timeout, shortened to stay inside the scraper's own (Prometheus sends
+    it in a header), so the scraper gets our 504 instead of its own timeout."""
+    try:
+        theirs = float(headers.get(_SCRAPE_TIMEOUT_HEADER, ""))
+    except ValueError:
+        return configured
+    return max(0.1, min(configured, theirs - 0.5)) if theirs > 0 else configured
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None once it passes ``limit``."""
+    chunks, size = [], 0
+    async for chunk in content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def engine_metrics_handler(session: Callable[[], aiohttp.ClientSession | None], settings: Settings):
+    """The aiohttp handler; ``session`` returns the sidecar's client session once started."""
+    url = settings.upstream + settings.engine_metrics_path
+
+    async def engine_metrics(request: web.Request) -> web.StreamResponse:
+        client = session()
+        if client is None:
+            return error_response(503, "starting", "the sidecar has not started yet")
+        timeout = aiohttp.ClientTimeout(total=scrape_timeout(request.headers, settings.engine_metrics_timeout))
+        headers = {k: request.headers[k] for k in _FORWARDED_REQUEST if k in request.headers}
+        try:
+            async with client.get(url, headers=headers, timeout=timeout) as upstream:
+                body = await _read_bounded(upstream.content, MAX_ENGINE_METRICS_BYTES)
+                if body is None:
+                    return error_response(502, "engine_metrics_too_large", "the inference server's metrics page is too large")
+                response = web.Response(status=upstream.status, body=body)
+                for name in _RELAYED_RESPONSE:
+                    if name in upstream.headers:
+                        response.headers[name] = upstream.headers[name]
+                return response
+        except asyncio.TimeoutError:
+            return error_response(504, "upstream_timeout", "the inference server's metrics did not answer in time")
+        except aiohttp.ClientError:
+            return error_response(502, "upstream_unreachable", "the inference server's metrics are unreachable")
+
+    return engine_metrics
