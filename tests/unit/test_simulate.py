@@ -84,8 +84,9 @@ async def test_chat_stream_shape(aiohttp_client: Any) -> None:
     parsed = await post_stream(client, CHAT, chat_body(stream=True), {**EXACT, "x-sim-tokens": "5"})
 
     first = parsed[0]
-    assert list(first) == ["id", "object", "created", "model", "choices"]
-    assert first["id"].startswith("chatcmpl-") and len(first["id"]) == len("chatcmpl-") + 32
+    assert list(first) == ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
+    assert first["prompt_token_ids"] is None and first["prompt_text"] is None  # vLLM 0.32
+    assert first["id"].startswith("chatcmpl-") and len(first["id"]) == len("chatcmpl-") + 16
     assert first["object"] == "chat.completion.chunk"
     assert isinstance(first["created"], int)
     assert first["model"] == MODEL
@@ -97,12 +98,17 @@ async def test_chat_stream_shape(aiohttp_client: Any) -> None:
     assert all(c["id"] == first["id"] and c["created"] == first["created"] for c in tokens)
     assert all("usage" not in c for c in parsed)  # only with include_usage
     for c in tokens[:-1]:
-        assert list(c["choices"][0]) == ["index", "delta", "logprobs", "finish_reason"]
+        assert list(c) == ["id", "object", "created", "model", "choices"]
+        assert list(c["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "token_ids"]
         assert list(c["choices"][0]["delta"]) == ["content"]
         assert c["choices"][0]["finish_reason"] is None
     last = tokens[-1]["choices"][0]
+    assert list(last) == ["index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids"]
     assert last["finish_reason"] == "stop" and last["stop_reason"] is None
     assert last["delta"]["content"]
+    # Without include_usage the finishing chunk carries the fingerprint (vLLM 0.32).
+    assert list(tokens[-1]) == ["id", "object", "created", "model", "choices", "system_fingerprint"]
+    assert tokens[-1]["system_fingerprint"].startswith("vllm-0.32.0-")
 
 
 async def test_chat_stream_include_usage(aiohttp_client: Any) -> None:
@@ -113,7 +119,8 @@ async def test_chat_stream_include_usage(aiohttp_client: Any) -> None:
     *rest, usage_chunk = parsed
     assert all("usage" not in c for c in rest)  # current vLLM: exclude_unset, no usage key
     assert usage_chunk["choices"] == []
-    assert list(usage_chunk) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(usage_chunk) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
+    assert all("system_fingerprint" not in c for c in rest)  # it moved to the usage chunk
     usage = usage_chunk["usage"]
     assert list(usage) == ["prompt_tokens", "total_tokens", "completion_tokens"]
     content = deltas(parsed)
@@ -151,7 +158,7 @@ async def test_chat_stream_reasoning(aiohttp_client: Any) -> None:
     parsed = await post_stream(client, CHAT, body, headers)
 
     kinds = [list(c["choices"][0]["delta"]) for c in parsed[1:-1]]
-    assert kinds == [["reasoning_content"]] * 3 + [["content"]] * 4
+    assert kinds == [["reasoning"]] * 3 + [["content"]] * 4  # vLLM 0.32 renamed reasoning_content
     assert parsed[-1]["usage"]["completion_tokens"] == 7
 
     # from the config as well, and per choice
@@ -160,7 +167,7 @@ async def test_chat_stream_reasoning(aiohttp_client: Any) -> None:
     parsed = await post_stream(client, CHAT, chat_body(stream=True, n=2))
     for i in (0, 1):
         mine = [list(c["choices"][0]["delta"]) for c in parsed if c["choices"][0]["index"] == i]
-        assert mine == [["role", "content"]] + [["reasoning_content"]] * 2 + [["content"]] * 3
+        assert mine == [["role", "content"]] + [["reasoning"]] * 2 + [["content"]] * 3
 
 
 async def test_max_tokens_caps_and_finish_length(aiohttp_client: Any) -> None:
@@ -184,11 +191,11 @@ async def test_completions_stream_shape(aiohttp_client: Any) -> None:
 
     assert len(parsed) == 4  # no role chunk
     for c in parsed:
-        assert list(c) == ["id", "object", "created", "model", "choices", "usage"]
+        fingerprint = ["system_fingerprint"] if c is parsed[-1] else []  # on the finishing chunk
+        assert list(c) == ["id", "object", "created", "model", "choices", *fingerprint]
         assert c["id"].startswith("cmpl-") and c["object"] == "text_completion"
-        assert c["usage"] is None  # vLLM dumps completions chunks with exclude_unset=False
         assert list(c["choices"][0]) == [
-            "index", "text", "logprobs", "finish_reason", "stop_reason"
+            "index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids", "token_ids"
         ]
         assert c["choices"][0]["text"]
     assert [c["choices"][0]["finish_reason"] for c in parsed] == [None, None, None, "stop"]
@@ -206,23 +213,24 @@ async def test_non_streaming_bodies(aiohttp_client: Any) -> None:
     assert resp.status == 200 and resp.headers["Content-Type"] == "application/json"
     data = await resp.json()
     assert list(data) == ["id", "object", "created", "model", "choices", "service_tier",
-                          "system_fingerprint", "usage", "prompt_logprobs", "kv_transfer_params"]
+                          "system_fingerprint", "usage", "prompt_logprobs", "prompt_token_ids",
+                          "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"]
     assert data["object"] == "chat.completion" and data["id"].startswith("chatcmpl-")
     assert [c["index"] for c in data["choices"]] == [0, 1]
     msg = data["choices"][0]["message"]
-    assert msg["role"] == "assistant" and msg["content"] and msg["reasoning_content"]
-    assert msg["tool_calls"] == []
+    assert msg["role"] == "assistant" and msg["content"] and msg["reasoning"]
+    assert "tool_calls" not in msg  # vLLM 0.32 leaves it out when there are none
     assert data["choices"][0]["finish_reason"] == "stop"
     usage = data["usage"]
     assert usage["completion_tokens"] == 2 * (5 + 2)
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert usage["prompt_tokens_details"] is None
+    assert usage["prompt_tokens_details"] is None and usage["completion_tokens_details"] is None
 
     resp = await client.post(COMPLETIONS, json=completion_body(max_tokens=4))
     data = await resp.json()
     assert data["object"] == "text_completion" and data["id"].startswith("cmpl-")
-    assert list(data["choices"][0]) == ["index", "text", "logprobs", "finish_reason",
-                                        "stop_reason", "prompt_logprobs"]
+    assert list(data["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
+                                        "token_ids", "prompt_logprobs", "prompt_token_ids", "routed_experts"]
     assert data["choices"][0]["finish_reason"] == "length"
     assert data["usage"]["completion_tokens"] == 4
 
