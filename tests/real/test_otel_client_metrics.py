@@ -3,16 +3,12 @@ the number of ``time_per_output_chunk`` observations is the number of content ch
 client received, less the first; ``time_to_first_chunk`` is the span's
 ``gen_ai.response.time_to_first_chunk``; ``token.usage`` output is llama.cpp's own count.
 
-Marked ``real`` (deselected by default). The server and model are the ones the ``real``
-work installs under ``.tools/`` (``scripts/install-llamacpp.sh``); ``TOOLS_DIR`` points
-elsewhere. Skipped when missing locally, failed under CI=true.
+Marked ``real`` (deselected by default; ``make test-real``). Starts its own llama.cpp from
+tests/real/servers.py (only that one: the session's ``live_servers`` would start vLLM too).
+Skipped when the install is missing locally, failed under CI=true.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -20,53 +16,30 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from prometheus_client import CollectorRegistry
 
 from sidecar import semconv as sc
 from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
-from tests.conftest import IN_CI, RunningSidecar, free_port, start_app, wait_for
+from tests.conftest import IN_CI, RunningSidecar, start_app, wait_for
+from tests.real.servers import LLAMACPP, MODEL, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.real]
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = Path(os.environ.get("TOOLS_DIR", ROOT / ".tools"))
-LLAMA_SERVER = TOOLS / "llama.cpp" / "bin" / "llama-server"
-GGUF_MODEL = TOOLS / "models" / "tiny-llama.gguf"
 
-
-@pytest.fixture
-async def llama_server(tmp_path):
-    for path in (LLAMA_SERVER, GGUF_MODEL):
-        if not path.exists():
-            message = f"{path} is missing (scripts/install-llamacpp.sh, or TOOLS_DIR)"
-            if IN_CI:
-                pytest.fail(message)
-            pytest.skip(message)
-    port = free_port()
-    log = (tmp_path / "llama.log").open("wb")
-    proc = subprocess.Popen(
-        [str(LLAMA_SERVER), "-m", str(GGUF_MODEL), "--alias", "tiny", "--host", "127.0.0.1", "--port", str(port),
-         "-c", "2048", "-t", "1", "--no-webui"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def llama_server():
+    why = LLAMACPP.missing()
+    if why is not None:
+        if IN_CI:
+            pytest.fail(why)
+        pytest.skip(why)
+    server = start(LLAMACPP)
     try:
-        import aiohttp
-
-        async def healthy() -> bool:
-            try:
-                async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/health") as r:
-                    return r.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(healthy, timeout=60)
-        yield f"http://127.0.0.1:{port}"
+        server.wait_ready()
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
+        server.stop()
 
 
 @pytest.fixture
@@ -100,7 +73,7 @@ async def test_client_metrics_match_what_the_openai_sdk_received(llama_server, t
     s = await traced_sidecar_factory(llama_server, tracer_provider=tracer, meter_provider=meters)
     client = AsyncOpenAI(base_url=s.url + "/v1", api_key="unused")
     stream = await client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Count to ten."}], max_tokens=24,
+        model=MODEL, messages=[{"role": "user", "content": "Count to ten."}], max_tokens=24,
         temperature=0, seed=1, stream=True,
     )  # fmt: skip
     content_chunks = 0
@@ -121,7 +94,7 @@ async def test_client_metrics_match_what_the_openai_sdk_received(llama_server, t
     # llama.cpp's own count (its timings), which the span reports as the engine's.
     assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "engine"
     assert usage["output"].sum == span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS]
-    assert dict(tpoc.attributes)[sc.GEN_AI_REQUEST_MODEL] == "tiny"
+    assert dict(tpoc.attributes)[sc.GEN_AI_REQUEST_MODEL] == MODEL
     assert dict(tpoc.attributes)[sc.SERVER_PORT] == int(llama_server.rsplit(":", 1)[1])
     meters.shutdown()
     tracer.shutdown()
