@@ -40,6 +40,7 @@ from .drain import Drain
 from .engine_metrics import engine_metrics_handler
 from .logs import RequestLogger
 from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .tenant import TenantLabeler
 from .prompt_class import PromptClasses
 from .proxy import Proxy, error_response
 from .tracing import RequestTelemetry, providers_from_env
@@ -114,6 +115,7 @@ def build_sidecar(
         ModelLabeler(settings.model_allowlist, settings.max_models),
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
         PromptClasses(settings.ttft_prompt_classes),
+        tenants=settings.tenant_header is not None,
     )
     recorders = [metrics.record]
     telemetry: RequestTelemetry | None = None
@@ -124,6 +126,7 @@ def build_sidecar(
                 tracer_provider=tracer_provider,
                 meter_provider=meter_provider,
                 model_label=metrics.model_label,
+                provider_name=settings.otel_provider_name,
             )
             # First: the span ends (and OTel metrics record) before the Prometheus observation.
             recorders.insert(0, telemetry.record)
@@ -136,6 +139,11 @@ def build_sidecar(
         lambda: holder["s"].get_pool(),
         model_label=metrics.model_label,
         on_start=metrics.started,
+        tenant_label=(
+            TenantLabeler(settings.tenant_header, settings.tenant_allowlist, settings.max_tenants)
+            if settings.tenant_header is not None
+            else None
+        ),
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
         max_request_body_bytes=settings.max_request_body_bytes,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from .prompt_class import parse_bounds
+from .tenant import check_tenant_header
 
 __all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 
@@ -82,6 +83,18 @@ class Settings(BaseModel):
     )
     max_models: int = Field(
         50, ge=1, description="Distinct model label values kept before new ones become 'other'"
+    )
+    tenant_header: str | None = Field(
+        None,
+        description="Opt-in tenant label: the request header naming the tenant (e.g. X-Tenant or an "
+        "API-key id header) on requests, tokens, TTFT and goodput. Credential headers "
+        "(Authorization, Cookie, X-Api-Key, ...) are refused. Unset: no tenant label anywhere",
+    )
+    tenant_allowlist: list[str] = Field(
+        default_factory=list, description="If set, only these tenant label values; others become 'other'"
+    )
+    max_tenants: int = Field(
+        20, ge=1, description="Distinct tenant label values kept before new ones become 'other'"
     )
     max_request_inspect_bytes: int = Field(
         32 << 20,
@@ -151,9 +164,15 @@ class Settings(BaseModel):
     access_log: bool = Field(True, description="One structured line per request")
     otel_metrics: bool = Field(
         False,
-        description="Also export GenAI semconv metrics (gen_ai.server.time_to_first_token, ...) "
+        description="Also export the GenAI client metrics (gen_ai.client.operation.duration, "
+        "gen_ai.client.operation.time_to_first_chunk, ...) "
         "over OTLP; needs OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. "
         "Traces need no setting: they are on whenever an OTLP endpoint is configured",
+    )
+    otel_provider_name: str | None = Field(
+        None,
+        description="gen_ai.provider.name on spans and OTel metrics instead of the API flavour of "
+        "the route (openai for /v1/*, anthropic for /v1/messages, ...), e.g. vllm",
     )
 
     @field_validator("inject_stream_usage")
@@ -162,6 +181,21 @@ class Settings(BaseModel):
         if value:
             raise ValueError("removed: the sidecar never rewrites a request; token counts come from the stream")
         return value
+
+    @field_validator("tenant_header", "otel_provider_name", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("tenant_header")
+    @classmethod
+    def _tenant_header(cls, v: str | None) -> str | None:
+        return None if v is None else check_tenant_header(v.strip())
+
+    @field_validator("tenant_allowlist", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        return [m.strip() for m in v.split(",") if m.strip()] if isinstance(v, str) else v
 
     @field_validator("upstream")
     @classmethod

@@ -61,6 +61,11 @@ class ModelLabeler:
         self._seen.add(model)
         return model
 
+    def known(self, model: str | None) -> bool:
+        """Whether ``model`` is a label value already, without admitting it as one: for
+        names that must not use up a slot (the response's model on OTel metrics)."""
+        return bool(model) and (model in self._allow if self._allow else model in self._seen)
+
 
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""
@@ -96,8 +101,13 @@ class SidecarMetrics:
         labeler: ModelLabeler | None = None,
         slo: SLOThresholds | None = None,
         prompt_classes: PromptClasses | None = None,
+        tenants: bool = False,
     ) -> None:
         self.registry = registry
+        # The opt-in tenant label (sidecar/tenant.py) goes last on the series that answer
+        # "who": requests, tokens, TTFT and goodput. Off, the label sets are unchanged.
+        self.tenants = tenants
+        tl: tuple[str, ...] = ("tenant",) if tenants else ()
         self.model_label = labeler or ModelLabeler()
         self.slo = slo
         self.prompt_class = prompt_classes or PromptClasses()
@@ -105,7 +115,7 @@ class SidecarMetrics:
         h = dict(registry=registry, namespace="llm")
         self.requests = Counter(
             "requests", "Proxied requests by final outcome and HTTP status.",
-            ("model", "route", "code", "outcome"), **h,
+            ("model", "route", "code", "outcome", *tl), **h,
         )  # fmt: skip
         self.in_flight = Gauge("requests_in_flight", "Requests being relayed now.", mr, **h)
         self.duration = Histogram(
@@ -124,7 +134,7 @@ class SidecarMetrics:
             "(content, reasoning or tool call); a role-only chunk is not a token. "
             "prompt_class: the input-token class (--ttft-prompt-classes), 'unknown' when the "
             "response did not report the count, 'all' when no classes are configured.",
-            (*mr, "prompt_class"), buckets=TTFT_BUCKETS, **h,
+            (*mr, "prompt_class", *tl), buckets=TTFT_BUCKETS, **h,
         )  # fmt: skip
         self.ttfat = Histogram(
             "time_to_first_answer_token_seconds",
@@ -153,7 +163,7 @@ class SidecarMetrics:
             "Tokens by type, from the response's usage, else the engine's own counts in its "
             "stream; otherwise output tokens are estimated from the stream, one per "
             "content-bearing event, and input is not counted (llm_token_count_source_total).",
-            ("model", "route", "type"), **h,
+            ("model", "route", "type", *tl), **h,
         )  # fmt: skip
         self.request_tokens = Histogram(
             "request_tokens",
@@ -165,7 +175,7 @@ class SidecarMetrics:
             "requests_within_slo",
             "Goodput: 2xx ok requests that met every latency objective at once (TTFT, TPOT, e2e "
             "thresholds from the sidecar's config).",
-            mr, **h,
+            (*mr, *tl), **h,
         )  # fmt: skip
         self.upstream_load = Histogram(
             "upstream_load_seconds", "Model load time reported by the engine in its stream.",
@@ -221,7 +231,8 @@ class SidecarMetrics:
             code = str(t.status)
         else:  # no response reached the client: nginx's 499 for a client that left
             code = "499" if t.outcome is Outcome.CANCELLED else "500"
-        self.requests.labels(model_label, route, code, outcome).inc()
+        tenant = self._tenant(t)
+        self.requests.labels(model_label, route, code, outcome, *tenant).inc()
         # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
         ex = {"trace_id": t.trace_id} if t.trace_id else None
         e2e = t.e2e
@@ -232,8 +243,8 @@ class SidecarMetrics:
         if t.parse_errors:
             self.parse_errors.labels(route).inc(t.parse_errors)
         if t.streamed:
-            self._record_stream(t, mr, ex)
-        self._record_tokens(t, mr)
+            self._record_stream(t, mr, ex, tenant)
+        self._record_tokens(t, mr, tenant)
         if route in ROUTES:  # API routes only: a health check has no tokens to count
             self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
         engine = t.engine
@@ -253,11 +264,17 @@ class SidecarMetrics:
         if overhead is not None:
             self._overhead_response.observe(overhead)
         if self.slo is not None and self.slo.met_by(t):
-            self.within_slo.labels(*mr).inc()
+            self.within_slo.labels(*mr, *tenant).inc()
 
-    def _record_stream(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
+    def _tenant(self, t: RequestTimeline) -> tuple[str, ...]:
+        """The tenant label value as a 0- or 1-tuple to splat after the other labels."""
+        return (t.tenant or UNKNOWN_MODEL,) if self.tenants else ()
+
+    def _record_stream(
+        self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None, tenant: tuple[str, ...] = ()
+    ) -> None:
         if t.ttft is not None:
-            self.ttft.labels(*mr, self.prompt_class(t.input_tokens)).observe(t.ttft, ex)
+            self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant).observe(t.ttft, ex)
         if t.ttfat is not None:
             self.ttfat.labels(*mr).observe(t.ttfat, ex)
         if t.gaps:
@@ -269,7 +286,7 @@ class SidecarMetrics:
         if tps is not None:
             self.tps.labels(*mr).observe(tps)
 
-    def _record_tokens(self, t: RequestTimeline, mr: tuple[str, str]) -> None:
+    def _record_tokens(self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()) -> None:
         model, route = mr
         for kind, value, distribution in (
             ("input", t.input_tokens, True),
@@ -280,7 +297,7 @@ class SidecarMetrics:
             if value is None:
                 continue
             if value:
-                self.tokens.labels(model, route, kind).inc(value)
+                self.tokens.labels(model, route, kind, *tenant).inc(value)
             if distribution and t.outcome is Outcome.OK:
                 self.request_tokens.labels(model, route, kind).observe(value)
 

@@ -250,8 +250,10 @@ class Proxy:
         max_response_inspect_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
         tracer: RequestTracer | None = None,
+        tenant_label: Callable[[Mapping[str, str]], str] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        self._tenant_label = tenant_label
         self._pool = pool_getter
         self._model_label = model_label
         self._on_start = on_start
@@ -285,6 +287,11 @@ class Proxy:
             timeline.request_stream = fields.stream
             timeline.request_max_tokens = fields.max_tokens
         label = self._model_label(model)
+        if self._tenant_label is not None:  # read only: the header is forwarded as sent
+            try:
+                timeline.tenant = self._tenant_label(request.headers)
+            except Exception:
+                _log.exception("tenant_label_failed")
         self.in_flight += 1
         if self._on_start is not None:
             self._safely(self._on_start, label, route.template)

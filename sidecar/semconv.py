@@ -2,12 +2,29 @@
 names, well-known values and recommended bucket boundaries. One module, so a rename is one
 line and a reviewer can check the whole vocabulary against the spec in one place.
 
-Sources: the OpenTelemetry GenAI semantic conventions (``docs/gen-ai/gen-ai-spans.md``,
-``gen-ai-metrics.md`` and the ``gen_ai`` attribute registry, status Development), the
-stable HTTP, server, URL and error attributes, and the Kubernetes resource attributes.
-Names the conventions do not define live under ``llm_sidecar.*``; the two exceptions are
-``gen_ai.request.stream`` and the ``gen_ai.first_token`` events, which the issue asked for
-by name (several GenAI instrumentations already use ``gen_ai.request.stream``).
+Version: the GenAI conventions now live in ``open-telemetry/semantic-conventions-genai``
+(status Development, no release tag yet); the names, units, buckets and requirement levels
+here are checked against its ``model/gen-ai/metrics.yaml``, ``model/gen-ai/registry.yaml``
+and ``docs/gen-ai/gen-ai-metrics.md`` at commit ``004902b8cb70aa5ae6ca4ae07132b7daabcd3e10``
+(which pins the stable ``server.*``/``error.*`` attributes to semantic-conventions v1.42.0).
+The client chunk metrics and ``gen_ai.response.time_to_first_chunk`` came from
+semantic-conventions PRs #3377 and #3607 before the move. That repository's changelog
+lists, unreleased, a breaking replacement of ``gen_ai.client.token.usage`` by
+``gen_ai.client.inference.*`` counters; it is not in its metrics model yet, so the
+histogram stays until it is.
+
+What the sidecar is: it observes every request as a *client* of the inference server beside
+it (it sends the request and times the response stream exactly as a client would, minus
+the client's own network), so it emits the ``gen_ai.client.*`` metrics and a CLIENT span.
+It does not emit the ``gen_ai.server.*`` metrics: those are the model server's own account
+(time to *generate* the first token), which vLLM and friends export themselves; the
+sidecar's figures include the HTTP hop, tokenisation and queueing as a client sees them,
+and two sources under one server name would be summed together by any dashboard.
+
+Names the conventions do not define live under ``llm_sidecar.*``, except the span events
+``gen_ai.first_token`` and ``gen_ai.first_answer_token``, kept under the names they shipped
+with (the registry defines no event for the first chunk; its attribute
+``gen_ai.response.time_to_first_chunk`` is set too).
 """
 
 from __future__ import annotations
@@ -17,13 +34,16 @@ GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
-GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"  # not (yet) in the registry; see above
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+# seconds (double) from the request to the first chunk of a streamed response
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 
 # gen_ai.operation.name well-known values used by the route table (sidecar/routes.py).
@@ -71,6 +91,8 @@ LLM_SIDECAR_TOKENS_FROM_USAGE = "llm_sidecar.usage.reported"  # false: output co
 LLM_SIDECAR_TOKEN_COUNT_SOURCE = "llm_sidecar.usage.token_count_source"
 # true when gen_ai.usage.output_tokens is the sidecar's count of stream events, not the server's.
 LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED = "llm_sidecar.usage.output_tokens_estimated"
+# Kept beside gen_ai.usage.reasoning.output_tokens, which the registry added later, so
+# queries written against the old name keep working.
 LLM_SIDECAR_REASONING_TOKENS = "llm_sidecar.usage.reasoning_tokens"
 LLM_SIDECAR_PARSE_ERRORS = "llm_sidecar.stream.parse_errors"
 LLM_SIDECAR_STREAM_ERROR_TYPE = "llm_sidecar.stream.error_type"  # the server's own error type
@@ -89,21 +111,18 @@ LLM_SIDECAR_OVERHEAD_RESPONSE = "llm_sidecar.overhead.response"
 EVENT_FIRST_TOKEN = "gen_ai.first_token"
 EVENT_FIRST_ANSWER_TOKEN = "gen_ai.first_answer_token"
 
-# -- metrics (GenAI semconv names, units and recommended ExplicitBucketBoundaries) ---------------
-METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"
-METRIC_SERVER_TPOT = "gen_ai.server.time_per_output_token"
-METRIC_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
+# -- metrics (GenAI client metrics: names, units, advised ExplicitBucketBoundaries) ------------
+# A "chunk" is a stream event that carries output (content, reasoning or a tool call), the
+# events TTFT and ITL are measured on: a role-only first chunk carries nothing and is not one.
+METRIC_CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"  # every request, error.type on errors
+METRIC_CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"  # streamed only
+METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"  # per chunk after the first
 METRIC_CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
 UNIT_SECONDS = "s"
 UNIT_TOKENS = "{token}"
 
-BUCKETS_SERVER_TTFT: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-)  # fmt: skip
-BUCKETS_SERVER_TPOT: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-)  # fmt: skip
-BUCKETS_SERVER_REQUEST_DURATION: tuple[float, ...] = (
+# gen-ai-metrics.md gives the three duration metrics the same boundaries.
+BUCKETS_CLIENT_SECONDS: tuple[float, ...] = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
 BUCKETS_TOKEN_USAGE: tuple[float, ...] = (

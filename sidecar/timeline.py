@@ -125,6 +125,8 @@ class RequestTimeline:
         "body_received",
         "upstream_sent",
         "client_head_sent",
+        "_grouped",
+        "tenant",
     )
 
     def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
@@ -141,6 +143,10 @@ class RequestTimeline:
         self.last_token: float | None = None
         self.end: float | None = None
         self.gaps = array("d")
+        # Where a multi-token event spread its gap over several ``gaps`` entries: (index of
+        # the first, how many, whether they stand for a chunk gap). Only :meth:`chunk_gaps`
+        # reads it; the one-token path, nearly every event, never touches it.
+        self._grouped: list[tuple[int, int, bool]] | None = None
         self.stream_tokens = 0
         self.reasoning_stream_tokens = 0
         self.usage: Usage | None = None  # the API's usage object
@@ -162,6 +168,7 @@ class RequestTimeline:
         self.body_received: float | None = None  # request body in, ready to send upstream
         self.upstream_sent: float | None = None  # request written to the upstream socket
         self.client_head_sent: float | None = None  # response head written to the client
+        self.tenant: str | None = None  # bounded tenant label, only when --tenant-header is set
 
     # -- feeding ---------------------------------------------------------------------
 
@@ -219,6 +226,7 @@ class RequestTimeline:
             self.first_token = now
             self.first_token_kind = ev.kind
             if k > 1:  # k tokens in the first event arrived together: k - 1 gaps of 0
+                self._group(len(self.gaps), k - 1, False)
                 self.gaps.extend([0.0] * (k - 1))
         elif k == 1:
             self.gaps.append(now - self.last_token)  # type: ignore[operator]
@@ -226,6 +234,7 @@ class RequestTimeline:
             # k tokens in one event: the gap since the previous event is split evenly
             # into k observations, so ITL's count matches the token count and its sum
             # still equals the time spent decoding.
+            self._group(len(self.gaps), k, True)
             self.gaps.extend([(now - self.last_token) / k] * k)  # type: ignore[operator]
         self.last_token = now
         self.stream_tokens += ev.count
@@ -234,6 +243,28 @@ class RequestTimeline:
                 self.first_answer_token = now
         elif ev.kind is TokenKind.REASONING:
             self.reasoning_stream_tokens += ev.count
+
+    def _group(self, index: int, count: int, chunk_gap: bool) -> None:
+        if self._grouped is None:
+            self._grouped = []
+        self._grouped.append((index, count, chunk_gap))
+
+    def chunk_gaps(self) -> list[float]:
+        """One value per token-bearing event after the first: the time from the previous
+        such event (OTel's ``time_per_output_chunk``). ``gaps`` is per *token*: an event
+        of k tokens put k shares of its gap there, which are summed back into one here."""
+        grouped = self._grouped
+        if not grouped:
+            return list(self.gaps)
+        out: list[float] = []
+        gaps, i = self.gaps, 0
+        for index, count, chunk_gap in grouped:
+            out.extend(gaps[i:index])
+            if chunk_gap:
+                out.append(sum(gaps[index : index + count]))
+            i = index + count
+        out.extend(gaps[i:])
+        return out
 
     def finish(self, outcome: Outcome, now: float, error_type: str | None = None) -> bool:
         """Finalise once. Returns False (and changes nothing) if already finished."""

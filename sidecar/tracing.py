@@ -159,24 +159,25 @@ def _error_type(t: RequestTimeline) -> str | None:
 
 
 class _Instruments:
-    """The opt-in GenAI semconv histograms, with the conventions' recommended buckets."""
+    """The opt-in GenAI client metrics, with the conventions' advised bucket boundaries."""
 
     def __init__(self, meter_provider) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
-        self.ttft = meter.create_histogram(
-            sc.METRIC_SERVER_TTFT, unit=sc.UNIT_SECONDS,
-            description="Time to generate first token for successful responses.",
-            explicit_bucket_boundaries_advisory=sc.BUCKETS_SERVER_TTFT,
-        )  # fmt: skip
-        self.tpot = meter.create_histogram(
-            sc.METRIC_SERVER_TPOT, unit=sc.UNIT_SECONDS,
-            description="Time per output token generated after the first token for successful responses.",
-            explicit_bucket_boundaries_advisory=sc.BUCKETS_SERVER_TPOT,
-        )  # fmt: skip
         self.duration = meter.create_histogram(
-            sc.METRIC_SERVER_REQUEST_DURATION, unit=sc.UNIT_SECONDS,
-            description="Generative AI server request duration such as time-to-last byte or last output token.",
-            explicit_bucket_boundaries_advisory=sc.BUCKETS_SERVER_REQUEST_DURATION,
+            sc.METRIC_CLIENT_OPERATION_DURATION, unit=sc.UNIT_SECONDS,
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=sc.BUCKETS_CLIENT_SECONDS,
+        )  # fmt: skip
+        self.ttfc = meter.create_histogram(
+            sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, unit=sc.UNIT_SECONDS,
+            description="Time to receive the first chunk, measured from when the client issues the "
+            "generation request to when the first chunk is received in the response stream.",
+            explicit_bucket_boundaries_advisory=sc.BUCKETS_CLIENT_SECONDS,
+        )  # fmt: skip
+        self.tpoc = meter.create_histogram(
+            sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, unit=sc.UNIT_SECONDS,
+            description="Time per output chunk, recorded for each chunk received after the first one.",
+            explicit_bucket_boundaries_advisory=sc.BUCKETS_CLIENT_SECONDS,
         )  # fmt: skip
         self.tokens = meter.create_histogram(
             sc.METRIC_CLIENT_TOKEN_USAGE, unit=sc.UNIT_TOKENS,
@@ -192,6 +193,8 @@ class RequestTelemetry:
     ``model_label`` is the sidecar's bounded model labeler: span names and metric attributes
     use the bounded name, so a client cannot mint unbounded span names or series; the raw
     requested model (truncated) is still the ``gen_ai.request.model`` span attribute.
+    ``provider_name`` (the ``otel_provider_name`` setting) replaces the per-route
+    ``gen_ai.provider.name`` (:data:`PROVIDER_BY_ROUTE`) on spans and metrics alike.
     """
 
     def __init__(
@@ -201,8 +204,10 @@ class RequestTelemetry:
         tracer_provider=None,
         meter_provider=None,
         model_label: Callable[[str | None], str] | None = None,
+        provider_name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        self._provider_name = provider_name
         parts = urlsplit(upstream)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self._server: dict[str, Any] = {sc.SERVER_ADDRESS: parts.hostname or "", sc.SERVER_PORT: port}
@@ -265,7 +270,7 @@ class RequestTelemetry:
             return (method if method in sc.HTTP_KNOWN_METHODS else "HTTP"), attrs
         attrs[sc.URL_TEMPLATE] = route.template
         attrs[sc.GEN_AI_OPERATION_NAME] = route.operation
-        provider = PROVIDER_BY_ROUTE.get(route.template)
+        provider = self._provider(route.template)
         if provider is not None:
             attrs[sc.GEN_AI_PROVIDER_NAME] = provider
         if t.model:
@@ -275,6 +280,13 @@ class RequestTelemetry:
         label = self._model_label(t.model or None)
         name = route.operation if label in (UNKNOWN_MODEL, OTHER_MODEL) else f"{route.operation} {label}"
         return name, attrs
+
+    def _response_model_known(self, name: str) -> bool:
+        known = getattr(self._model_label, "known", None)
+        return known(name) if known is not None else False
+
+    def _provider(self, template: str) -> str | None:
+        return self._provider_name or PROVIDER_BY_ROUTE.get(template)
 
     def inject(self, timeline: RequestTimeline, headers: MutableMapping[str, str]) -> None:
         """Replace the client's ``traceparent``/``tracestate`` with this span's context (the
@@ -356,6 +368,8 @@ class RequestTelemetry:
             attrs[sc.GEN_AI_REQUEST_STREAM] = True
         if t.first_byte is not None:
             attrs[sc.LLM_SIDECAR_STREAMED] = t.streamed
+        if t.streamed and t.ttft is not None:
+            attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = t.ttft
         if t.response_model:
             attrs[sc.GEN_AI_RESPONSE_MODEL] = _bounded(t.response_model)
         if t.response_id:
@@ -368,6 +382,7 @@ class RequestTelemetry:
             (sc.GEN_AI_USAGE_INPUT_TOKENS, t.input_tokens),
             (sc.GEN_AI_USAGE_OUTPUT_TOKENS, t.output_tokens),
             (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cached_input_tokens),
+            (sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, t.reasoning_tokens),
             (sc.LLM_SIDECAR_REASONING_TOKENS, t.reasoning_tokens),
         ):
             if value is not None:
@@ -402,17 +417,29 @@ class RequestTelemetry:
             attrs[sc.LLM_SIDECAR_STREAM_ERROR_TYPE] = _bounded(t.stream_error.type, 64)
 
     def _record_metrics(self, t: RequestTimeline, label: str, handle: _Trace | None, error_type: str | None) -> None:
+        """The GenAI client metrics of one finished request (gen-ai-metrics.md).
+
+        ``operation.duration``: every request, ``error.type`` when it ended in one.
+        ``time_to_first_chunk`` and ``time_per_output_chunk``: streamed responses only (the
+        spec: "SHOULD NOT be reported otherwise"), whatever the outcome, since a client saw
+        those chunks arrive; one ``time_per_output_chunk`` observation per chunk after the
+        first. ``token.usage``: input and output counts when known.
+        """
         ins = self._instruments
         assert ins is not None
         route = ROUTES.get(t.route)
         if route is None:
             return
         attrs: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: route.operation, **self._server}
-        provider = PROVIDER_BY_ROUTE.get(route.template)
+        provider = self._provider(route.template)
         if provider is not None:
             attrs[sc.GEN_AI_PROVIDER_NAME] = provider
         if label != UNKNOWN_MODEL:
             attrs[sc.GEN_AI_REQUEST_MODEL] = label  # bounded: at most max_models values + "other"
+            if t.response_model and self._response_model_known(t.response_model):
+                # Recommended; only a name that is a model label already, so an upstream
+                # can neither mint series nor use up the labeler's slots.
+                attrs[sc.GEN_AI_RESPONSE_MODEL] = t.response_model
         # With the span in the context, the SDK's trace-based exemplar filter links a
         # bucket to this trace (OTEL_METRICS_EXEMPLAR_FILTER, default trace_based).
         ctx = trace_api.set_span_in_context(handle.span) if handle is not None and t.trace_id else None
@@ -420,12 +447,11 @@ class RequestTelemetry:
         if e2e is not None:
             duration_attrs = attrs if error_type is None else {**attrs, sc.ERROR_TYPE: error_type}
             ins.duration.record(e2e, duration_attrs, context=ctx)
-        if error_type is None and t.outcome is Outcome.OK:  # "for successful responses"
-            if t.ttft is not None:
-                ins.ttft.record(t.ttft, attrs, context=ctx)
-            tpot = t.tpot
-            if tpot is not None:
-                ins.tpot.record(tpot, attrs, context=ctx)
+        if t.streamed and t.ttft is not None:
+            ins.ttfc.record(t.ttft, attrs, context=ctx)
+            record = ins.tpoc.record
+            for gap in t.chunk_gaps():
+                record(gap, attrs)
         for kind, value in ((sc.GEN_AI_TOKEN_TYPE_INPUT, t.input_tokens), (sc.GEN_AI_TOKEN_TYPE_OUTPUT, t.output_tokens)):
             if value is not None:
                 ins.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: kind}, context=ctx)

@@ -67,6 +67,13 @@ LABEL_SHORT_WINDOW = "short_window"
 LABEL_PROMPT_CLASS = "prompt_class"
 """On ``llm_time_to_first_token_seconds`` only: the request's prompt-length class."""
 
+LABEL_TENANT = "tenant"
+"""The opt-in tenant label (``--tenant-header``, sidecar/tenant.py)."""
+TENANT_SLIS = frozenset({"availability", "ttft"})
+"""SLIs whose series carry ``tenant`` when it is on (``llm_requests_total``, the TTFT histogram;
+goodput's ``llm_requests_within_slo_total`` too). The per-token histograms and e2e do not, to
+keep their series count bounded, so they cannot be grouped by tenant."""
+
 TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod", "service", "job", "instance")
 """Labels a series gets from where it was scraped, not from the sidecar: Prometheus' ``job`` and
 ``instance``; the Prometheus Operator's PodMonitor/ServiceMonitor add ``namespace``, ``pod``

@@ -47,7 +47,7 @@ from pydantic import (
     model_validator,
 )
 
-from .conventions import LATENCY_SLIS, SLI_KINDS
+from .conventions import LABEL_TENANT, LATENCY_SLIS, SLI_KINDS, TENANT_SLIS
 from .windows import (
     WORKBOOK_WINDOWS,
     AlertWindow,
@@ -301,6 +301,17 @@ class SLOSpec(BaseModel):
         if "model" not in v:
             raise ValueError("grouping must include model (per-model overrides and goodput are per model)")
         return v
+
+    @model_validator(mode="after")
+    def _tenant_grouping(self) -> SLOSpec:
+        if LABEL_TENANT in self.grouping:
+            for o in self.objectives:
+                if o.sli not in TENANT_SLIS:
+                    raise ValueError(
+                        f"objectives.{o.name}: grouping by {LABEL_TENANT} needs an SLI whose series carry it "
+                        f"({', '.join(sorted(TENANT_SLIS))}); {o.sli} has no {LABEL_TENANT} label"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _selector(self) -> SLOSpec:

@@ -507,7 +507,7 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
     out, err = sc.stop()
 
     # The outputs are real, so finding nothing means something.
-    assert '"name": "chat m1"' in out and "gen_ai.server.request.duration" in out  # a span, OTel metrics
+    assert '"name": "chat m1"' in out and "gen_ai.client.operation.duration" in out  # a span, OTel metrics
     assert out.count('"event": "request"') == 5 and '"event": "request_refused"' in out
     assert 'llm_requests_total{code="413"' in metrics
     for where, text in (("stdout (logs, spans, OTel metrics)", out), ("stderr", err), ("/metrics", metrics)):

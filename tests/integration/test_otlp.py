@@ -87,6 +87,17 @@ class Received:
                                 out.setdefault(m.name, []).extend(m.histogram.data_points)
         return out
 
+    def metric_units(self) -> dict[str, set[str]]:
+        """Every unit each metric name was exported with."""
+        out: dict[str, set[str]] = {}
+        with self.lock:
+            for req in self.metrics:
+                for rm in req.resource_metrics:
+                    for sm in rm.scope_metrics:
+                        for m in sm.metrics:
+                            out.setdefault(m.name, set()).add(m.unit)
+        return out
+
 
 def value(v: AnyValue):
     kind = v.WhichOneof("value")
@@ -259,19 +270,42 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
     ttft = [ln for ln in exposition.splitlines() if ln.startswith("llm_time_to_first_token_seconds_bucket{")]
     assert any(f'# {{trace_id="{CLIENT_TRACE}"}}' in ln for ln in ttft), ttft
 
-    # The opt-in GenAI metrics, with the conventions' bucket boundaries.
+    # The opt-in GenAI client metrics (semantic-conventions-genai, see sidecar/semconv.py):
+    # names, units, advised bucket boundaries and the required attributes, as the receiver
+    # decoded them. Cumulative temporality: the last export holds the whole run.
     points = received.metric_points()
-    for name, buckets in (
-        (sc.METRIC_SERVER_TTFT, sc.BUCKETS_SERVER_TTFT),
-        (sc.METRIC_SERVER_TPOT, sc.BUCKETS_SERVER_TPOT),
-        (sc.METRIC_SERVER_REQUEST_DURATION, sc.BUCKETS_SERVER_REQUEST_DURATION),
-        (sc.METRIC_CLIENT_TOKEN_USAGE, sc.BUCKETS_TOKEN_USAGE),
-    ):
+    units = received.metric_units()
+    assert not [n for n in points if n.startswith("gen_ai.server.")], sorted(points)
+    required = {
+        sc.GEN_AI_OPERATION_NAME: "chat",
+        sc.GEN_AI_PROVIDER_NAME: "openai",
+        sc.GEN_AI_REQUEST_MODEL: "m1",
+        sc.GEN_AI_RESPONSE_MODEL: "m1",
+        sc.SERVER_ADDRESS: "127.0.0.1",
+        sc.SERVER_PORT: up.port,
+    }
+    expected = {
+        # name: (unit, buckets, count, extra attributes)
+        sc.METRIC_CLIENT_OPERATION_DURATION: ("s", sc.BUCKETS_CLIENT_SECONDS, 1, {}),
+        sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK: ("s", sc.BUCKETS_CLIENT_SECONDS, 1, {}),
+        # three content chunks: one observation for each after the first
+        sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK: ("s", sc.BUCKETS_CLIENT_SECONDS, 2, {}),
+    }
+    for name, (unit, buckets, count, extra) in expected.items():
         assert points.get(name), (name, sorted(points))
+        assert units[name] == {unit}, name
         point = points[name][-1]
         assert tuple(point.explicit_bounds) == buckets, name
-        assert attributes(point.attributes)[sc.GEN_AI_OPERATION_NAME] == "chat"
-    assert sum(p.count for p in points[sc.METRIC_SERVER_TTFT]) >= 1
+        assert attributes(point.attributes) == {**required, **extra}, name
+        assert point.count == count, name
+    assert units[sc.METRIC_CLIENT_TOKEN_USAGE] == {"{token}"}
+    usage = {attributes(p.attributes)[sc.GEN_AI_TOKEN_TYPE]: p for p in points[sc.METRIC_CLIENT_TOKEN_USAGE]}
+    assert tuple(usage["output"].explicit_bounds) == sc.BUCKETS_TOKEN_USAGE
+    assert (usage["input"].sum, usage["output"].sum) == (4, 3)
+    assert attributes(usage["input"].attributes) == {**required, sc.GEN_AI_TOKEN_TYPE: "input"}
+    (ttfc,) = {p.sum for p in points[sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK]}
+    assert ttfc == attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert attrs[sc.GEN_AI_REQUEST_STREAM] is True
 
 
 async def test_otlp_grpc_traces_and_metrics(upstream, grpc_receiver, tmp_path):

@@ -159,6 +159,14 @@ def test_model_labeler_bounds():
     assert [allow(x) for x in ["b", "a", "c"]] == ["other", "a", "other"]
 
 
+def test_model_labeler_known_never_admits():
+    lab = ModelLabeler(max_models=1)
+    assert not lab.known("a") and not lab.known("a")  # asking twice does not take the slot
+    assert lab("a") == "a" and lab.known("a")
+    assert not lab.known("b") and not lab.known(None) and not lab.known("")
+    assert ModelLabeler(allowlist=["x"]).known("x") and not ModelLabeler(allowlist=["x"]).known("y")
+
+
 @pytest.mark.parametrize("buckets", [TTFT_BUCKETS, ITL_BUCKETS, E2E_BUCKETS, TPS_BUCKETS, TOKEN_COUNT_BUCKETS])
 def test_buckets_sorted_and_unique(buckets):
     assert list(buckets) == sorted(set(buckets))

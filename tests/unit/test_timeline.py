@@ -202,6 +202,27 @@ def test_tokens_count_k_splits_the_gap_into_k_observations():
     assert tl.tpot == pytest.approx(0.3 / 7)
 
 
+def test_chunk_gaps_are_one_per_event_after_the_first():
+    """OTel's time_per_output_chunk is per chunk, ITL per token: an event of k tokens is k
+    ITL observations but one chunk gap, the whole time since the previous event."""
+    tl = RequestTimeline(start=START)
+    tl.response_started(HEADERS, 200, streamed=True)
+    tl.events([Tokens(TokenKind.ANSWER, 3)], 100.3)
+    assert tl.chunk_gaps() == []  # the first chunk has no gap, however many tokens it held
+    tl.events([Tokens(TokenKind.ANSWER, 1)], 100.35)
+    tl.events([Tokens(TokenKind.ANSWER, 4)], 100.45)
+    tl.events([Tokens(TokenKind.REASONING, 1), Tokens(TokenKind.ANSWER, 2)], 100.6)
+    tl.events([Tokens(TokenKind.ANSWER, 1)], 100.9)
+    assert tl.chunk_gaps() == pytest.approx([0.05, 0.1, 0.15, 0.0, 0.3])
+    assert sum(tl.chunk_gaps()) == pytest.approx(sum(tl.gaps))
+    assert len(tl.gaps) == tl.stream_tokens - 1 == 11
+
+
+def test_chunk_gaps_equal_gaps_for_one_token_events():
+    tl = play(BASIC, end=100.64)
+    assert tl.chunk_gaps() == list(tl.gaps) and tl.chunk_gaps()
+
+
 def test_gap_count_is_tokens_minus_one():
     tl = play(BASIC, end=100.64)
     assert len(tl.gaps) == tl.stream_tokens - 1

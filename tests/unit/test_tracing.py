@@ -201,6 +201,8 @@ async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans):
     assert 0.09 <= a[sc.LLM_SIDECAR_TTFT] < 0.3
     assert 0.015 <= a[sc.LLM_SIDECAR_TPOT] < 0.06
     assert a[sc.LLM_SIDECAR_TTFB] < a[sc.LLM_SIDECAR_TTFT]
+    # The 2026 registry's name for what a client sees: the same first chunk as TTFT.
+    assert a[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == a[sc.LLM_SIDECAR_TTFT]
 
     # Timestamps: the first-token event sits at start + TTFT; the span lasts e2e.
     (event,) = span.events
@@ -338,12 +340,16 @@ async def test_first_answer_token_event_after_reasoning(upstream, traced_sidecar
         (0.0, chunk(role=True)),
         (0.02, chunk(reasoning="hmm")),
         (0.05, chunk("answer", finish="stop")),
+        (0.0, b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":4,'
+              b'"completion_tokens_details":{"reasoning_tokens":3}}}\n\n'),
         (0.0, b"data: [DONE]\n\n"),
-    ]
+    ]  # fmt: skip
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(script)))
     s = await traced_sidecar(up.url, tracer_provider=provider)
     await post(s.url + ROUTE)
     span = await one_span(exporter)
+    assert span.attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == 3
+    assert span.attributes[sc.LLM_SIDECAR_REASONING_TOKENS] == 3
     first, answer = span.events
     assert (first.name, first.attributes[sc.LLM_SIDECAR_TOKEN_KIND]) == (sc.EVENT_FIRST_TOKEN, "reasoning")
     assert answer.name == sc.EVENT_FIRST_ANSWER_TOKEN
@@ -447,12 +453,14 @@ def metric_points(reader: InMemoryMetricReader) -> dict[str, list]:
     return out
 
 
-async def test_otel_genai_metrics_with_semconv_buckets_and_exemplars(upstream, traced_sidecar, spans):
+async def test_otel_genai_client_metrics_with_semconv_buckets_and_exemplars(upstream, traced_sidecar, spans):
     provider, exporter = spans
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM)))
-    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters)
+    # The response's model is on the metrics only when it is a model label already (here
+    # allowlisted), so an upstream cannot mint series.
+    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters, model_allowlist=["m1", "m1-2025"])
     await post(s.url + ROUTE)
     span = await one_span(exporter)
     points = metric_points(reader)
@@ -460,22 +468,31 @@ async def test_otel_genai_metrics_with_semconv_buckets_and_exemplars(upstream, t
         sc.GEN_AI_OPERATION_NAME: "chat",
         sc.GEN_AI_PROVIDER_NAME: "openai",
         sc.GEN_AI_REQUEST_MODEL: "m1",
+        sc.GEN_AI_RESPONSE_MODEL: "m1-2025",
         sc.SERVER_ADDRESS: "127.0.0.1",
         sc.SERVER_PORT: up.port,
     }
-    for name, buckets in (
-        (sc.METRIC_SERVER_TTFT, sc.BUCKETS_SERVER_TTFT),
-        (sc.METRIC_SERVER_TPOT, sc.BUCKETS_SERVER_TPOT),
-        (sc.METRIC_SERVER_REQUEST_DURATION, sc.BUCKETS_SERVER_REQUEST_DURATION),
-    ):
+    # The client view only: the model server's own names are the server's to emit.
+    assert not [name for name in points if name.startswith("gen_ai.server.")]
+    for name in (sc.METRIC_CLIENT_OPERATION_DURATION, sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK):
         (point,) = points[name]
         assert dict(point.attributes) == common, name
-        assert tuple(point.explicit_bounds) == buckets, name
+        assert tuple(point.explicit_bounds) == sc.BUCKETS_CLIENT_SECONDS, name
         assert point.count == 1
         assert [e.trace_id for e in point.exemplars] == [span.context.trace_id], name
+    (ttfc,) = points[sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK]
+    assert ttfc.sum == pytest.approx(span.attributes[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK])
+    # Five content chunks (the role-only chunk carries nothing): four after the first,
+    # about 20 ms apart, one observation each.
+    (tpoc,) = points[sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK]
+    assert dict(tpoc.attributes) == common
+    assert tuple(tpoc.explicit_bounds) == sc.BUCKETS_CLIENT_SECONDS
+    assert tpoc.count == 4
+    assert 0.06 <= tpoc.sum < 0.25
     usage = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in points[sc.METRIC_CLIENT_TOKEN_USAGE]}
     assert (usage["input"].sum, usage["output"].sum) == (7, 5)
     assert tuple(usage["input"].explicit_bounds) == sc.BUCKETS_TOKEN_USAGE
+    assert dict(usage["output"].attributes) == {**common, sc.GEN_AI_TOKEN_TYPE: "output"}
     meters.shutdown()
 
 
@@ -488,11 +505,49 @@ async def test_otel_metrics_error_request_only_in_duration(upstream, traced_side
     s = await traced_sidecar(up.url, meter_provider=meters)  # metrics without tracing
     assert s.sidecar.proxy._tracer is None
     await post(s.url + ROUTE)
-    await wait_for(lambda: sc.METRIC_SERVER_REQUEST_DURATION in metric_points(reader))
+    await wait_for(lambda: sc.METRIC_CLIENT_OPERATION_DURATION in metric_points(reader))
     points = metric_points(reader)
-    (point,) = points[sc.METRIC_SERVER_REQUEST_DURATION]
+    (point,) = points[sc.METRIC_CLIENT_OPERATION_DURATION]
     assert point.attributes[sc.ERROR_TYPE] == "500"
-    assert sc.METRIC_SERVER_TTFT not in points
+    assert sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK not in points  # not a stream
+    assert sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK not in points
+    meters.shutdown()
+
+
+async def test_otel_non_streamed_response_has_no_chunk_metrics(upstream, traced_sidecar):
+    body = json.dumps(
+        {"id": "c1", "model": "m1", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+         "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    ).encode()  # fmt: skip
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted([(0, body)], content_type="application/json")))
+    s = await traced_sidecar(up.url, meter_provider=meters)
+    await post(s.url + ROUTE, {"model": "m1", "messages": []})
+    await wait_for(lambda: sc.METRIC_CLIENT_TOKEN_USAGE in metric_points(reader))
+    points = metric_points(reader)
+    (point,) = points[sc.METRIC_CLIENT_OPERATION_DURATION]
+    assert sc.ERROR_TYPE not in point.attributes
+    assert sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK not in points
+    assert sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK not in points
+    meters.shutdown()
+
+
+async def test_otel_provider_name_is_configurable(upstream, traced_sidecar, spans):
+    provider, exporter = spans
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM)))
+    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters, otel_provider_name="vllm")
+    await post(s.url + ROUTE)
+    span = await one_span(exporter)
+    assert span.attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
+    points = metric_points(reader)
+    assert {p.attributes[sc.GEN_AI_PROVIDER_NAME] for ps in points.values() for p in ps} == {"vllm"}
+    # "m1-2025" is not a model label (no allowlist; only requested names are admitted), so it
+    # is left off the metrics and does not take one of the labeler's slots.
+    assert not [p for ps in points.values() for p in ps if sc.GEN_AI_RESPONSE_MODEL in p.attributes]
+    assert not s.sidecar.metrics.model_label.known("m1-2025")
     meters.shutdown()
 
 
