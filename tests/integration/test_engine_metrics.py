@@ -22,7 +22,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from sidecar.dashboards import engine
+from sidecar.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAITING
 from sidecar.dashboards.inspect import panel_queries, substitute
 from sidecar.simulate import SimulatorConfig, build_simulator_app
 from tests.conftest import free_port, require_tool, start_app
@@ -208,7 +208,7 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
             assert found, "the engine's series never reached Prometheus"
             series = found[0]["metric"]
             assert {k: series[k] for k in ("namespace", "pod", "model_name")} == {**labels, "model_name": model_name}
-            engine_row = (engine.WAITING, engine.RUNNING, engine.KV_CACHE, engine.PREEMPTIONS)
+            engine_row = (WAITING, RUNNING, KV_CACHE, PREEMPTIONS)
             queries = panel_queries(json.loads(OVERVIEW.read_text(encoding="utf-8")))
             row = [q for q in queries if any(metric in q.expr for metric in engine_row)]
             assert len(row) == 4, "waiting, running, KV cache, preemptions"
