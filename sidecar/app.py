@@ -36,15 +36,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .config import Settings
-from .drain import Drain
-from .engine_metrics import engine_metrics_handler
-from .logs import RequestLogger
-from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
-from .tenant import TenantLabeler
-from .prompt_class import PromptClasses
-from .proxy import Proxy, error_response
-from .tracing import RequestTelemetry, providers_from_env
-from .upstream import UpstreamPool
+from .relay.drain import Drain
+from .relay.engine_metrics import engine_metrics_handler
+from .export.logs import RequestLogger
+from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .export.tenant import TenantLabeler
+from .measure.prompt_class import PromptClasses
+from .relay.proxy import Proxy, error_response
+from .export.tracing import RequestTelemetry, providers_from_env
+from .relay.upstream import UpstreamPool
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
@@ -432,7 +432,7 @@ def raise_open_file_limit() -> int | None:
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
-    Shutdown order (:mod:`sidecar.drain`): readiness goes 503 and the proxy keeps relaying
+    Shutdown order (:mod:`sidecar.relay.drain`): readiness goes 503 and the proxy keeps relaying
     while the upstream answers; once it is gone new requests get 503 + Retry-After and
     in-flight ones finish, all within ``drain_seconds`` (aiohttp cancels what is left); the
     admin port closes last so the final figures can still be scraped during the drain.

@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             return _die(str(exc))
         from .app import serve  # noqa: PLC0415 - keep `--help` fast
-        from .logs import configure_logging  # noqa: PLC0415
+        from .export.logs import configure_logging  # noqa: PLC0415
 
         configure_logging(settings.log_format, settings.log_level)
         _install_fast_loop()

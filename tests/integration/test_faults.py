@@ -569,7 +569,7 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
         await asyncio.sleep(0.2)
         sc.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.2)
-        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/drain.py)
+        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/relay/drain.py)
             async with s.get(sc.url + "/v1/models") as r:
                 assert r.status == 200
         bodies = await asyncio.gather(*streams)

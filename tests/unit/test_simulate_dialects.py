@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 import pytest
 
-from sidecar.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
+from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
     ResponseInfo,
@@ -30,11 +30,11 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
-from sidecar.protocols.ollama import OllamaStreamDialect, parse_ollama_response
-from sidecar.protocols.responses import ResponsesStreamDialect, parse_responses_response
-from sidecar.protocols.tgi import TGIStreamDialect, parse_tgi_response
-from sidecar.protocols.triton import TritonStreamDialect, parse_triton_response
+from sidecar.streams.protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
+from sidecar.streams.protocols.ollama import OllamaStreamDialect, parse_ollama_response
+from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response
+from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response
+from sidecar.streams.protocols.triton import TritonStreamDialect, parse_triton_response
 from sidecar.simulate import SIM_STATS, SimulatorConfig, build_simulator_app
 from sidecar.simulate_dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 
