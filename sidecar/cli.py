@@ -106,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _die(f"cannot listen: {exc.strerror or exc}")
         return 0
     if args.command == "simulate":
-        from .simulate import SimulatorConfig, run_simulator  # noqa: PLC0415
+        from .sim.core import SimulatorConfig  # noqa: PLC0415
+        from .sim.server import run_simulator  # noqa: PLC0415
 
         try:
             host, port = parse_host_port(args.listen)
