@@ -91,7 +91,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import math
 import random
 import time
@@ -107,7 +106,6 @@ __all__ = [
     "SimulatorConfig",
 ]
 
-log = logging.getLogger(__name__)
 
 MAX_MODEL_LEN = 8192
 """Reported by ``/v1/models``."""
@@ -171,6 +169,9 @@ class SimulatorConfig:
     """Share of streams whose connection is aborted after about half the tokens."""
     reasoning_tokens: int = 0
     """Chat only: ``reasoning_content`` deltas before the answer, per choice."""
+    max_body_bytes: int = 128 << 20
+    """Largest request body read (else 413). Above the sidecar's own 64 MiB default
+    (``--max-request-body-bytes``), so the sidecar's limits can be tried through it."""
 
     def __post_init__(self) -> None:
         for name in ("ttft", "tpot", "jitter", "tokens_spread"):
@@ -187,8 +188,19 @@ class SimulatorConfig:
             raise ValueError(
                 f"reasoning_tokens must be an integer >= 0, got {self.reasoning_tokens!r}"
             )
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
         if not self.model:
             raise ValueError("model must be a non-empty string")
+
+    def describe(self, host: str, port: int) -> str:
+        """The one line ``llm-sidecar simulate`` prints at start."""
+        spread = "exactly" if self.tokens_spread == 0 else f"mean, spread {self.tokens_spread:g}"
+        return (
+            f"simulator serving model {self.model!r} on http://{host}:{port}: ttft {self.ttft:g}s, "
+            f"tpot {self.tpot:g}s, jitter {self.jitter:g}, {self.tokens} tokens ({spread}), "
+            f"fail-rate {self.fail_rate:g}, drop-rate {self.drop_rate:g}"
+        )
 
 
 @dataclass(slots=True)

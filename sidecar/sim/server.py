@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -25,7 +26,6 @@ from .core import (
     _metrics,
     _models,
     _Sim,
-    log,
 )
 from .dialects import add_dialect_routes
 
@@ -48,7 +48,7 @@ async def _reset_faults(request: web.Request, handler: Any) -> web.StreamRespons
 def build_simulator_app(config: SimulatorConfig) -> web.Application:
     """The simulated server as an aiohttp app; ``app[SIM_STATS]`` counts what it saw."""
     sim = _Sim(config)
-    app = web.Application(middlewares=[_reset_faults])
+    app = web.Application(middlewares=[_reset_faults], client_max_size=config.max_body_bytes)
     app[_SIM] = sim
     app[SIM_STATS] = sim.stats
     app.router.add_post("/v1/chat/completions", _chat_completions)
@@ -78,7 +78,7 @@ async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
         await site.start()
-        log.info("simulator serving model %s on http://%s:%d", config.model, host, port)
+        print(config.describe(host, port), file=sys.stderr, flush=True)
         await stop.wait()
     finally:
         await runner.cleanup()
