@@ -113,3 +113,13 @@ def test_the_simulator_no_longer_has_its_two_halves_importing_each_other():
     graph = package_graph()
     assert "sidecar.sim.dialects" not in graph["sidecar.sim.core"]
     assert not (PACKAGE / "simulate.py").exists() and not (PACKAGE / "simulate_dialects.py").exists()
+
+
+def test_every_folder_of_modules_is_a_package_the_build_ships():
+    # setuptools' find (pyproject: include = ["sidecar*"]) skips a folder without
+    # __init__.py: it would import from a checkout and be missing from the wheel and image.
+    from setuptools import find_packages
+
+    shipped = set(find_packages(str(PACKAGE.parent), include=["sidecar*"]))
+    folders = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("*.py")}
+    assert folders <= shipped, folders - shipped
