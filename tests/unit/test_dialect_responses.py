@@ -11,6 +11,9 @@ and the event shapes of the streaming events reference
 stream_failure.txtar and stream_error.txtar; ``llamacpp_reasoning.txt`` what llama.cpp's
 ``/v1/responses`` writes (tools/server/server-task.cpp ``to_json_oaicompat_resp*``: no
 ``sequence_number``, ``response.reasoning_text.delta``, no model until completion).
+
+The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
+(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
 """
 
 from __future__ import annotations
@@ -36,118 +39,23 @@ from sidecar.protocols.responses import (
 )
 from tests.fixtures.streams.harness import (
     FAST,
-    SSE_EOLS,
     load,
     objects_from,
     run,
-    run_bytewise,
     run_whole,
     split_at,
-    with_eol,
 )
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
 REASONING = Tokens(TokenKind.REASONING, 1)
 TOOL = Tokens(TokenKind.TOOL, 1)
 
-CASES = {
-    "text.txt": [
-        ResponseInfo(
-            response_model="gpt-4o-mini-2024-07-18",
-            response_id="resp_68f1c2a9d4e8819b8a3c6f0d2e7b5a410c9e3d7f2a1b4c68",
-        ),
-        *[ANSWER] * 7,
-        ResponseInfo(finish_reasons=("completed",)),
-        Usage(input_tokens=14, output_tokens=8, reasoning_tokens=0, cached_input_tokens=0),
-        StreamEnd(),
-    ],
-    "reasoning_tool.txt": [
-        ResponseInfo(
-            response_model="o4-mini-2025-04-16",
-            response_id="resp_0a7c3e5f9b1d2468ace13579bdf02468ace1357bdf0246",
-        ),
-        *[REASONING] * 4,
-        *[TOOL] * 5,
-        ResponseInfo(finish_reasons=("completed",)),
-        Usage(input_tokens=1290, output_tokens=213, reasoning_tokens=192, cached_input_tokens=1152),
-        StreamEnd(),
-    ],
-    "incomplete.txt": [
-        ResponseInfo(
-            response_model="gpt-4o-mini-2024-07-18",
-            response_id="resp_77aa00bb11cc22dd33ee44ff5566778899aabbccddeeff00",
-        ),
-        *[ANSWER] * 3,
-        ResponseInfo(finish_reasons=("max_output_tokens",)),
-        Usage(input_tokens=9, output_tokens=16, reasoning_tokens=0, cached_input_tokens=0),
-        StreamEnd(),
-    ],
-    "failed.txt": [
-        ResponseInfo(response_id="resp_5b8d"),
-        ANSWER,
-        StreamError("The model failed to generate a response.", None, "server_error"),
-        StreamEnd(),
-    ],
-    "error.txt": [
-        ResponseInfo(response_id="resp_9e1f"),
-        ANSWER,
-        StreamError("Rate limit reached for gpt-4o-mini.", None, "rate_limit_exceeded"),
-    ],
-    "llamacpp_reasoning.txt": [
-        ResponseInfo(response_id="resp_Q3mZr8Lk2Wv6Tn0Xb4Hd9Fy1"),
-        REASONING,
-        REASONING,
-        ANSWER,
-        ANSWER,
-        ResponseInfo(response_model="gpt-oss-20b"),
-        ResponseInfo(finish_reasons=("completed",)),
-        Usage(input_tokens=71, output_tokens=16),
-        StreamEnd(),
-    ],
-}
-NAMES = sorted(CASES)
 make = ResponsesStreamDialect
 
 
 def sse(obj: bytes, event: str | None = None) -> bytes:
     head = b"event: " + event.encode() + b"\n" if event else b""
     return head + b"data: " + obj + b"\n\n"
-
-
-# -- the fixtures, every way --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("responses", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("responses", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("eol", SSE_EOLS[1:], ids=["crlf", "cr"])
-@pytest.mark.parametrize("name", NAMES)
-def test_other_line_ends(name, eol):
-    data = with_eol(load("responses", name), eol)
-    assert run_whole(make, data) == CASES[name]
-    assert run_bytewise(make, data) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_unterminated_last_event_adds_nothing(name):
-    tail = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"x"}\n'
-    assert run_whole(make, load("responses", name) + tail) == CASES[name]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("responses", name), data.draw(st.sampled_from(SSE_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name]
 
 
 # -- individual rules ---------------------------------------------------------------------
