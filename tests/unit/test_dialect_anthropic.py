@@ -14,10 +14,7 @@ The fixtures, whole and every way split, are driven by tests/unit/test_dialect_c
 
 from __future__ import annotations
 
-import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sidecar.protocols.anthropic import (
     AnthropicStreamDialect,
@@ -34,12 +31,8 @@ from sidecar.protocols.events import (
     Usage,
 )
 from tests.fixtures.streams.harness import (
-    FAST,
     load,
-    objects_from,
-    run,
     run_whole,
-    split_at,
 )
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
@@ -208,31 +201,3 @@ def test_parse_error_body():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_anthropic_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["type", "message", "usage", "input_tokens", "output_tokens", "cache_read_input_tokens",
-        "cache_creation_input_tokens", "model", "id", "delta", "text", "thinking", "partial_json",
-        "stop_reason", "content_block", "error", "index"]
-anthropic_objects = objects_from(KEYS)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_anthropic_response(raw)
-
-
-@FAST
-@given(st.lists(anthropic_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(
-        sse(data.draw(st.sampled_from(["message_start", "content_block_delta", "message_delta", "error", "x"])), orjson.dumps(o))
-        for o in objs
-    )
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_anthropic_response(orjson.dumps(o))

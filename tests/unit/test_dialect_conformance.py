@@ -10,6 +10,7 @@ dialect's own (its rules, its non-streamed bodies, its fuzzing keys) stays in
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from tests.fixtures.streams.harness import (
     NDJSON_EOLS,
     SSE_EOLS,
     load,
+    objects_from,
     run,
     run_bytewise,
     run_whole,
@@ -93,3 +95,32 @@ def test_random_splits(data):
     raw = with_eol(load(dialect.folder, name), data.draw(st.sampled_from(eols(dialect))))
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
     assert run(dialect.make, split_at(raw, cuts)) == expected(dialect, name)
+
+
+# -- properties: whatever arrives, no dialect raises, and splitting changes nothing --------
+
+BY_NAME = {d.folder: d for d in DIALECTS}
+OBJECTS = {d.folder: objects_from(list(d.keys)) for d in DIALECTS}
+
+
+@pytest.mark.parametrize("folder", sorted(BY_NAME))
+@FAST
+@given(raw=st.binary(max_size=400), cuts=st.lists(st.integers(0, 400), max_size=10))
+def test_any_bytes_never_raise(folder, raw, cuts):
+    dialect = BY_NAME[folder]
+    run(dialect.make, split_at(raw, cuts))
+    dialect.parse(raw)
+
+
+@pytest.mark.parametrize("folder", sorted(BY_NAME))
+@FAST
+@given(data=st.data())
+def test_any_json_events_never_raise_and_split_invariant(folder, data):
+    dialect = BY_NAME[folder]
+    objs = data.draw(st.lists(OBJECTS[folder], min_size=1, max_size=4))
+    events = [data.draw(st.sampled_from(dialect.event_names)) if dialect.event_names else None for _ in objs]
+    raw = b"".join(dialect.frame(orjson.dumps(o), e) for o, e in zip(objs, events))
+    expected = run_whole(dialect.make, raw)
+    assert run(dialect.make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
+    for o in objs:
+        dialect.parse(orjson.dumps(o))

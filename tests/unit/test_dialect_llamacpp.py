@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sidecar.protocols.events import (
     EngineTimings,
@@ -36,12 +34,8 @@ from sidecar.protocols.llamacpp import (
 )
 from tests.fixtures.streams.expected import LLAMACPP
 from tests.fixtures.streams.harness import (
-    FAST,
     load,
-    objects_from,
-    run,
     run_whole,
-    split_at,
 )
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
@@ -154,27 +148,3 @@ def test_parse_error_body():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_llamacpp_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["content", "stop", "model", "tokens_predicted", "tokens_evaluated", "stop_type", "stopped_eos",
-        "stopped_limit", "timings", "prompt_ms", "predicted_ms", "cache_n", "error", "code", "message", "type"]
-llamacpp_objects = objects_from(KEYS)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_llamacpp_response(raw)
-
-
-@FAST
-@given(st.lists(llamacpp_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(sse(o) for o in objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_llamacpp_response(orjson.dumps(o))

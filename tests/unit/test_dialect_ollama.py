@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sidecar.protocols.events import (
     EngineTimings,
@@ -31,12 +29,8 @@ from sidecar.protocols.events import (
 )
 from sidecar.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
 from tests.fixtures.streams.harness import (
-    FAST,
     load,
-    objects_from,
-    run,
     run_whole,
-    split_at,
 )
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
@@ -172,27 +166,3 @@ def test_parse_error():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_ollama_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["model", "message", "role", "content", "thinking", "tool_calls", "response", "done", "done_reason",
-        "prompt_eval_count", "eval_count", "load_duration", "prompt_eval_duration", "eval_duration", "error"]
-ollama_objects = objects_from(KEYS)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_ollama_response(raw)
-
-
-@FAST
-@given(st.lists(ollama_objects, min_size=1, max_size=4), st.data())
-def test_any_json_lines_never_raise_and_split_invariant(objs, data):
-    raw = nd(*objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_ollama_response(orjson.dumps(o))

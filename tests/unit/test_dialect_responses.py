@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sidecar.protocols.events import (
     ParseError,
@@ -38,12 +36,8 @@ from sidecar.protocols.responses import (
     usage_from_responses,
 )
 from tests.fixtures.streams.harness import (
-    FAST,
     load,
-    objects_from,
-    run,
     run_whole,
-    split_at,
 )
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
@@ -213,30 +207,3 @@ def test_parse_failed_and_incomplete_response_objects():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_responses_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["type", "delta", "response", "usage", "input_tokens", "output_tokens", "input_tokens_details",
-        "output_tokens_details", "cached_tokens", "reasoning_tokens", "model", "id", "status",
-        "incomplete_details", "reason", "error", "code", "message", "object"]
-response_objects = objects_from(KEYS)
-TYPES = ["response.created", "response.completed", "response.incomplete", "response.failed", "error",
-         "response.output_text.delta", "response.function_call_arguments.delta"]
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_responses_response(raw)
-
-
-@FAST
-@given(st.lists(response_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(sse(orjson.dumps(o), data.draw(st.sampled_from(TYPES))) for o in objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_responses_response(orjson.dumps(o))

@@ -16,18 +16,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sidecar.protocols.events import ParseError, ResponseInfo, StreamError, TokenKind, Tokens
 from sidecar.protocols.triton import TritonStreamDialect, parse_triton_response
 from tests.fixtures.streams.harness import (
-    FAST,
     load,
-    objects_from,
-    run,
     run_whole,
-    split_at,
 )
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
@@ -109,25 +103,3 @@ def test_parse_error():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_triton_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-triton_objects = objects_from(["model_name", "model_version", "text_output", "error", "message", "type"])
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_triton_response(raw)
-
-
-@FAST
-@given(st.lists(triton_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(sse(o) for o in objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_triton_response(orjson.dumps(o))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import orjson
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from sidecar.protocols.events import (
     ParseError,
@@ -29,7 +28,8 @@ from sidecar.protocols.events import (
 )
 from sidecar.protocols.openai import OpenAIStreamDialect, parse_openai_response, usage_from_openai
 from sidecar.timeline import RequestTimeline
-from tests.fixtures.streams.harness import load, run, run_whole, split_at
+from tests.fixtures.streams.expected import DIALECTS
+from tests.fixtures.streams.harness import load, objects_from, run_whole
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -73,10 +73,6 @@ def vllm_text(text: bytes, finish: bytes = b"null") -> bytes:
 
 def read(data: bytes) -> list:
     return run_whole(OpenAIStreamDialect, data)
-
-
-def read_chunks(chunks: list[bytes]) -> list:
-    return run(OpenAIStreamDialect, chunks)
 
 
 # -- individual rules -----------------------------------------------------------------------
@@ -385,48 +381,11 @@ def test_parse_response_bad_choices_never_raise(choices):
 
 
 # -- properties: never raise ----------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
-    max_leaves=15,
-)
-KEYS = ["choices", "delta", "content", "text", "reasoning", "reasoning_content", "tool_calls", "function_call",
-        "refusal", "finish_reason", "usage", "prompt_tokens", "completion_tokens", "prompt_tokens_details",
-        "completion_tokens_details", "cached_tokens", "reasoning_tokens", "error", "object", "message",
-        "type", "code", "model", "id", "index"]
-# Objects built from the keys the dialect reads, so the fuzzer reaches the deep branches.
-scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["", "x", "stop", "error"])
-
-
-def _objects(kids):
-    return st.fixed_dictionaries({}, optional={k: kids for k in KEYS})
-
-
-nested = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3) | _objects(kids), max_leaves=8)
-chunk_like = _objects(nested)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    read_chunks(split_at(raw, [c for c in cuts if c <= len(raw)]))
-    parse_openai_response(raw)
-
-
-@FAST
-@given(st.lists(chunk_like, min_size=1, max_size=3), st.data())
-def test_any_json_chunks_never_raise_and_split_invariant(objs, data):
-    raw = sse(*(orjson.dumps(o) for o in objs))
-    expected = read(raw)
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=10))
-    assert read_chunks(split_at(raw, cuts)) == expected
-    for o in objs:
-        parse_openai_response(orjson.dumps(o))
-
+# (any bytes, any JSON chunks through the stream reader: tests/unit/test_dialect_conformance.py)
 
 TOP_KEYS = ["id", "model", "object", "choices", "usage", "error", "message", "type", "code"]
-response_like = st.fixed_dictionaries({}, optional={k: scalars | nested for k in TOP_KEYS})
+# a whole response body, nested with the keys the chunk reader knows too, to reach deep branches
+response_like = objects_from(sorted({*TOP_KEYS, *next(d for d in DIALECTS if d.folder == "openai").keys}))
 
 
 @FAST
