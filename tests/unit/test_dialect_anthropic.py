@@ -8,36 +8,18 @@ with the spaced ``{"type": "ping"}`` the API really sends), the extended-thinkin
 (no usage at all, ``signature_delta``) and the web-search stream (cache counts, a
 ``server_tool_use`` block, ``"index":1 }``, final input counts in ``message_delta``).
 
-The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
-(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.protocols.anthropic import (
-    AnthropicStreamDialect,
-    parse_anthropic_response,
-    usage_from_anthropic,
-)
-from sidecar.protocols.events import (
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
-from tests.fixtures.streams.harness import (
-    load,
-    run_whole,
-)
+from sidecar.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response, usage_from_anthropic
+from sidecar.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 MODEL = "claude-sonnet-4-5-20250929"
 
 make = AnthropicStreamDialect

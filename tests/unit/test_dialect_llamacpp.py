@@ -9,8 +9,7 @@ as ``data: {...}\\n\\n`` SSE events, with the response fields of tools/server/RE
 result repeating the whole text); ``progress_eos.txt`` has ``return_progress`` updates and
 an empty partial (half of a UTF-8 character).
 
-The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
-(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
@@ -18,27 +17,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.protocols.events import (
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-)
-from sidecar.protocols.llamacpp import (
-    LlamaCppStreamDialect,
-    engine_timings_from_llamacpp,
-    parse_llamacpp_response,
-)
-from tests.fixtures.streams.expected import LLAMACPP
-from tests.fixtures.streams.harness import (
-    load,
-    run_whole,
-)
+from sidecar.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError
+from sidecar.protocols.llamacpp import LlamaCppStreamDialect, engine_timings_from_llamacpp, parse_llamacpp_response
+from tests.fixtures.streams.expected import ANSWER, LLAMACPP
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
 
 make = LlamaCppStreamDialect
 

@@ -8,8 +8,7 @@ metrics, ``\\u003c``-style HTML escaping, raw UTF-8) plus ``\\n``, as server/rou
 and qwen3, and ``docs_streaming.ndjson``, the example of docs/api/streaming.mdx with its
 hand-edited last line (``"done":true, "done_reason": "stop"`` carrying text).
 
-The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
-(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
@@ -17,25 +16,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.protocols.events import (
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from sidecar.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError, Usage
 from sidecar.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
-from tests.fixtures.streams.harness import (
-    load,
-    run_whole,
-)
+from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 NS = 1e9
 STOP = ResponseInfo(finish_reasons=("stop",))
 

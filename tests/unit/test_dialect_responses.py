@@ -12,8 +12,7 @@ stream_failure.txtar and stream_error.txtar; ``llamacpp_reasoning.txt`` what lla
 ``/v1/responses`` writes (tools/server/server-task.cpp ``to_json_oaicompat_resp*``: no
 ``sequence_number``, ``response.reasoning_text.delta``, no model until completion).
 
-The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
-(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
@@ -21,28 +20,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.protocols.events import (
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
-from sidecar.protocols.responses import (
-    ResponsesStreamDialect,
-    parse_responses_response,
-    usage_from_responses,
-)
-from tests.fixtures.streams.harness import (
-    load,
-    run_whole,
-)
+from sidecar.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from sidecar.protocols.responses import ResponsesStreamDialect, parse_responses_response, usage_from_responses
+from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 
 make = ResponsesStreamDialect
 

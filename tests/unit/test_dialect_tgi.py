@@ -6,8 +6,7 @@ router/src/lib.rs serialised by serde_json (compact, raw UTF-8, ryu floats such 
 ``-5.9604645e-7``) into axum SSE events (``data:`` without a space, ``:`` keep-alive
 comments), as in docs/source/conceptual/streaming.md.
 
-The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
-(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
@@ -16,24 +15,11 @@ import orjson
 import pytest
 from hypothesis import given
 
-from sidecar.protocols.events import (
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from sidecar.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
 from sidecar.protocols.tgi import TGIStreamDialect, parse_tgi_response
-from tests.fixtures.streams.harness import (
-    FAST,
-    load,
-    objects_from,
-    run_whole,
-)
+from tests.fixtures.streams.expected import ANSWER
+from tests.fixtures.streams.harness import FAST, load, objects_from, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
 
 make = TGIStreamDialect
 

@@ -8,8 +8,7 @@ and Triton LLM guides (alphabetical keys, the other output tensors alongside, an
 ``output_log_probs`` scalar first and then a growing list), including the
 ``accumulate_tokens`` variant where every event holds the whole text so far.
 
-The fixtures, whole and every way split, are driven by tests/unit/test_dialect_conformance.py
-(expected events in tests/fixtures/streams/expected.py); here are this dialect's own rules.
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
@@ -17,16 +16,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.protocols.events import ParseError, ResponseInfo, StreamError, TokenKind, Tokens
+from sidecar.protocols.events import ParseError, ResponseInfo, StreamError
 from sidecar.protocols.triton import TritonStreamDialect, parse_triton_response
-from tests.fixtures.streams.harness import (
-    load,
-    run_whole,
-)
+from tests.fixtures.streams.expected import ANSWER
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
 ENSEMBLE = ResponseInfo(response_model="ensemble")
-
 
 
 def make() -> TritonStreamDialect:

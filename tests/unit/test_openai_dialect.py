@@ -17,25 +17,14 @@ import orjson
 import pytest
 from hypothesis import given, settings
 
-from sidecar.protocols.events import (
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from sidecar.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, TokenKind, Tokens, Usage
 from sidecar.protocols.openai import OpenAIStreamDialect, parse_openai_response, usage_from_openai
 from sidecar.timeline import RequestTimeline
-from tests.fixtures.streams.expected import DIALECTS
+from tests.fixtures.streams.expected import ANSWER, DIALECTS, REASONING, TOOL
 from tests.fixtures.streams.harness import load, objects_from, run_whole
 
 FAST = settings(max_examples=200, deadline=None)
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 DONE = b"data: [DONE]\n\n"
 
 
