@@ -33,6 +33,7 @@ from tests.fixtures.streams.harness import (
 FIXTURES = [(d, name) for d in DIALECTS for name in sorted(d.cases)]
 IDS = [f"{d.folder}/{name}" for d, name in FIXTURES]
 SPELLED_OUT = [(d, n) for d, n in FIXTURES if d.cases[n] is not None]
+BY_NAME = {d.folder: d for d in DIALECTS}
 WITH_UTF8 = [(d, n) for d, n in FIXTURES if any(b >= 0x80 for b in load(d.folder, n))]
 
 
@@ -88,10 +89,13 @@ def test_utf8_character_split_inside(dialect, name):
     assert run(dialect.make, [raw[: first + 1], raw[first + 1 :]]) == expected(dialect, name)
 
 
+@pytest.mark.parametrize("folder", sorted(BY_NAME))
 @FAST
-@given(st.data())
-def test_random_splits(data):
-    dialect, name = data.draw(st.sampled_from(FIXTURES))
+@given(data=st.data())
+def test_random_splits(folder, data):
+    """Per dialect, so each gets the full number of examples."""
+    dialect = BY_NAME[folder]
+    name = data.draw(st.sampled_from(sorted(dialect.cases)))
     raw = with_eol(load(dialect.folder, name), data.draw(st.sampled_from(eols(dialect))))
     cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
     assert run(dialect.make, split_at(raw, cuts)) == expected(dialect, name)
@@ -99,7 +103,6 @@ def test_random_splits(data):
 
 # -- properties: whatever arrives, no dialect raises, and splitting changes nothing --------
 
-BY_NAME = {d.folder: d for d in DIALECTS}
 OBJECTS = {d.folder: objects_from(list(d.keys)) for d in DIALECTS}
 
 
