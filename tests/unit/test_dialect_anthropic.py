@@ -7,142 +7,26 @@ https://docs.claude.com/en/docs/build-with-claude/streaming: the "basic streamin
 with the spaced ``{"type": "ping"}`` the API really sends), the extended-thinking stream
 (no usage at all, ``signature_delta``) and the web-search stream (cache counts, a
 ``server_tool_use`` block, ``"index":1 }``, final input counts in ``message_delta``).
+
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
 
-import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from sidecar.streams.protocols.anthropic import (
-    AnthropicStreamDialect,
-    parse_anthropic_response,
-    usage_from_anthropic,
-)
-from sidecar.streams.protocols.events import (
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
-from tests.fixtures.streams.harness import (
-    FAST,
-    SSE_EOLS,
-    load,
-    objects_from,
-    run,
-    run_bytewise,
-    run_whole,
-    split_at,
-    with_eol,
-)
+from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response, usage_from_anthropic
+from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 MODEL = "claude-sonnet-4-5-20250929"
 
-CASES = {
-    "basic.txt": [
-        ResponseInfo(response_model=MODEL, response_id="msg_01Xk3pR8wq2vN7tYb5sLm9Ad"),
-        Usage(input_tokens=12),
-        ANSWER,
-        ANSWER,
-        ANSWER,
-        ResponseInfo(finish_reasons=("end_turn",)),
-        Usage(input_tokens=12, output_tokens=6),
-        StreamEnd(),
-    ],
-    "tool_use.txt": [
-        ResponseInfo(response_model=MODEL, response_id="msg_01Hq7WbN4cR2sLx9TzVkPd3E"),
-        Usage(input_tokens=391),
-        ANSWER,
-        ANSWER,
-        ANSWER,
-        TOOL,  # the first input_json_delta has partial_json "" and is not a token
-        TOOL,
-        TOOL,
-        ResponseInfo(finish_reasons=("tool_use",)),
-        Usage(input_tokens=391, output_tokens=57),
-        StreamEnd(),
-    ],
-    "thinking.txt": [
-        ResponseInfo(response_model=MODEL, response_id="msg_01Lr4Sx8Gm2Nq6Vp9Tc3Wd7F"),
-        REASONING,
-        REASONING,
-        REASONING,  # then signature_delta: not a token
-        ANSWER,
-        ANSWER,
-        ResponseInfo(finish_reasons=("end_turn",)),
-        StreamEnd(),
-    ],
-    "web_search_cache.txt": [
-        ResponseInfo(response_model=MODEL, response_id="msg_01Gd2Hx7Kp4Rt9Wm3Ns6Vb8Q"),
-        Usage(input_tokens=2679 + 2048, cached_input_tokens=2048),
-        ANSWER,
-        ANSWER,
-        TOOL,
-        TOOL,
-        ANSWER,  # citations_delta in between: not a token
-        ANSWER,
-        ResponseInfo(finish_reasons=("end_turn",)),
-        Usage(input_tokens=10682 + 2048, output_tokens=510, cached_input_tokens=2048),
-        StreamEnd(),
-    ],
-    "error.txt": [
-        ResponseInfo(response_model=MODEL, response_id="msg_01Ty8Vc3Mb6Qn2Wp5Rk9Lh4S"),
-        Usage(input_tokens=25, cached_input_tokens=0),
-        ANSWER,
-        StreamError("Overloaded", "overloaded_error"),
-    ],
-}
-NAMES = sorted(CASES)
 make = AnthropicStreamDialect
 
 
 def sse(event: str, data: bytes) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
-
-
-# -- the fixtures, every way --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("anthropic", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("anthropic", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("eol", SSE_EOLS[1:], ids=["crlf", "cr"])
-@pytest.mark.parametrize("name", NAMES)
-def test_other_line_ends(name, eol):
-    data = with_eol(load("anthropic", name), eol)
-    assert run_whole(make, data) == CASES[name]
-    assert run_bytewise(make, data) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_unterminated_last_event_adds_nothing(name):
-    tail = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}\n'
-    assert run_whole(make, load("anthropic", name) + tail) == CASES[name]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("anthropic", name), data.draw(st.sampled_from(SSE_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name]
 
 
 # -- individual rules ---------------------------------------------------------------------
@@ -299,31 +183,3 @@ def test_parse_error_body():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_anthropic_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["type", "message", "usage", "input_tokens", "output_tokens", "cache_read_input_tokens",
-        "cache_creation_input_tokens", "model", "id", "delta", "text", "thinking", "partial_json",
-        "stop_reason", "content_block", "error", "index"]
-anthropic_objects = objects_from(KEYS)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_anthropic_response(raw)
-
-
-@FAST
-@given(st.lists(anthropic_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(
-        sse(data.draw(st.sampled_from(["message_start", "content_block_delta", "message_delta", "error", "x"])), orjson.dumps(o))
-        for o in objs
-    )
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_anthropic_response(orjson.dumps(o))

@@ -8,110 +8,26 @@ as ``data: {...}\\n\\n`` SSE events, with the response fields of tools/server/RE
 ``completion_old.txt`` is the 2024 shape (``stopped_*`` flags, no ``cache_n``, the final
 result repeating the whole text); ``progress_eos.txt`` has ``return_progress`` updates and
 an empty partial (half of a UTF-8 character).
+
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from sidecar.streams.protocols.events import (
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
-from sidecar.streams.protocols.llamacpp import (
-    LlamaCppStreamDialect,
-    engine_timings_from_llamacpp,
-    parse_llamacpp_response,
-)
-from tests.fixtures.streams.harness import (
-    FAST,
-    SSE_EOLS,
-    load,
-    objects_from,
-    run,
-    run_bytewise,
-    run_whole,
-    split_at,
-    with_eol,
-)
+from sidecar.streams.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError
+from sidecar.streams.protocols.llamacpp import LlamaCppStreamDialect, engine_timings_from_llamacpp, parse_llamacpp_response
+from tests.fixtures.streams.expected import ANSWER, LLAMACPP
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-MS = 1000.0
 
-CASES = {
-    "completion.txt": [
-        *[ANSWER] * 6,
-        ResponseInfo(response_model="Llama-3.2-1B-Instruct-Q4_K_M.gguf", finish_reasons=("limit",)),
-        Usage(input_tokens=12, output_tokens=6, cached_input_tokens=5, engine=True),
-        EngineTimings(prefill_seconds=35.187 / MS, decode_seconds=92.301 / MS),
-        StreamEnd(),
-    ],
-    "progress_eos.txt": [
-        *[ANSWER] * 5,  # two progress updates and one empty partial are not tokens
-        ResponseInfo(response_model="gemma-3-4b-it", finish_reasons=("eos",)),
-        Usage(input_tokens=2048, output_tokens=7, cached_input_tokens=1024, engine=True),
-        EngineTimings(prefill_seconds=403.112 / MS, decode_seconds=118.52 / MS),
-        StreamEnd(),
-    ],
-    "completion_old.txt": [
-        *[ANSWER] * 4,  # the final result repeats " Hello, world!": not a token
-        ResponseInfo(response_model="models/llama-2-7b.Q4_0.gguf", finish_reasons=("limit",)),
-        Usage(input_tokens=5, output_tokens=4, engine=True),
-        EngineTimings(prefill_seconds=71.3 / MS, decode_seconds=120.25 / MS),
-        StreamEnd(),
-    ],
-    "error.txt": [ANSWER, ANSWER, StreamError("Context size has been exceeded.", "server_error", 500)],
-}
-NAMES = sorted(CASES)
 make = LlamaCppStreamDialect
 
 
 def sse(obj: dict | bytes) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
-
-
-# -- the fixtures, every way --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("llamacpp", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("llamacpp", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("eol", SSE_EOLS[1:], ids=["crlf", "cr"])
-@pytest.mark.parametrize("name", NAMES)
-def test_other_line_ends(name, eol):
-    data = with_eol(load("llamacpp", name), eol)
-    assert run_whole(make, data) == CASES[name]
-    assert run_bytewise(make, data) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_unterminated_last_event_adds_nothing(name):
-    assert run_whole(make, load("llamacpp", name) + b'data: {"content":"x","stop":false}\n') == CASES[name]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("llamacpp", name), data.draw(st.sampled_from(SSE_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name]
 
 
 # -- individual rules ---------------------------------------------------------------------
@@ -170,7 +86,7 @@ def test_engine_timings_from_llamacpp():
     assert engine_timings_from_llamacpp(None) is None
     # what llama.cpp's OpenAI-compatible stream puts on its last chunk
     last_chunk = load("llamacpp", "completion.txt").split(b"\n\n")[-2][len(b"data: "):]
-    assert engine_timings_from_llamacpp(orjson.loads(last_chunk)["timings"]) == CASES["completion.txt"][-2]
+    assert engine_timings_from_llamacpp(orjson.loads(last_chunk)["timings"]) == LLAMACPP["completion.txt"][-2]
 
 
 @pytest.mark.parametrize(
@@ -201,7 +117,7 @@ def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
 
 
 def test_parse_completion():
-    assert parse_llamacpp_response(load("llamacpp", "completion.json")) == CASES["completion.txt"][6:-1]
+    assert parse_llamacpp_response(load("llamacpp", "completion.json")) == LLAMACPP["completion.txt"][6:-1]
 
 
 def test_parse_error_body():
@@ -215,27 +131,3 @@ def test_parse_error_body():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_llamacpp_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["content", "stop", "model", "tokens_predicted", "tokens_evaluated", "stop_type", "stopped_eos",
-        "stopped_limit", "timings", "prompt_ms", "predicted_ms", "cache_n", "error", "code", "message", "type"]
-llamacpp_objects = objects_from(KEYS)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_llamacpp_response(raw)
-
-
-@FAST
-@given(st.lists(llamacpp_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(sse(o) for o in objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_llamacpp_response(orjson.dumps(o))

@@ -7,132 +7,28 @@ metrics, ``\\u003c``-style HTML escaping, raw UTF-8) plus ``\\n``, as server/rou
 (final ``done: true`` object with nanosecond durations), the thinking streams of gpt-oss
 and qwen3, and ``docs_streaming.ndjson``, the example of docs/api/streaming.mdx with its
 hand-edited last line (``"done":true, "done_reason": "stop"`` carrying text).
+
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from sidecar.streams.protocols.events import (
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from sidecar.streams.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError, Usage
 from sidecar.streams.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
-from tests.fixtures.streams.harness import (
-    FAST,
-    NDJSON_EOLS,
-    load,
-    objects_from,
-    run,
-    run_bytewise,
-    run_whole,
-    split_at,
-    with_eol,
-)
+from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 NS = 1e9
 STOP = ResponseInfo(finish_reasons=("stop",))
 
-CASES = {
-    "generate.ndjson": [
-        ResponseInfo(response_model="llama3.2"),
-        *[ANSWER] * 9,
-        STOP,
-        Usage(input_tokens=26, output_tokens=10, engine=True),
-        EngineTimings(6338219291 / NS, 130079000 / NS, 4232710000 / NS),
-        StreamEnd(),
-    ],
-    "generate_thinking.ndjson": [
-        ResponseInfo(response_model="gpt-oss:20b"),
-        *[REASONING] * 4,  # the first line ("response":"") is not a token
-        *[ANSWER] * 6,
-        STOP,
-        Usage(input_tokens=74, output_tokens=31, engine=True),
-        EngineTimings(94587125 / NS, 213458000 / NS, 1482931417 / NS),
-        StreamEnd(),
-    ],
-    "chat.ndjson": [
-        ResponseInfo(response_model="qwen3:8b"),
-        *[REASONING] * 4,
-        *[ANSWER] * 7,
-        STOP,
-        Usage(input_tokens=26, output_tokens=282, engine=True),
-        EngineTimings(1334875 / NS, 342546000 / NS, 4535599000 / NS),
-        StreamEnd(),
-    ],
-    "chat_tool_calls.ndjson": [
-        ResponseInfo(response_model="llama3.2"),
-        TOOL,
-        STOP,
-        Usage(output_tokens=33, engine=True),  # prompt_eval_count omitted (omitempty): not known
-        EngineTimings(load_seconds=3753500 / NS, decode_seconds=552222000 / NS),
-        StreamEnd(),
-    ],
-    "chat_error.ndjson": [
-        ResponseInfo(response_model="llama3.2"),
-        ANSWER,
-        ANSWER,
-        StreamError("an error was encountered while running the model: unexpected EOF"),
-    ],
-    "docs_streaming.ndjson": [
-        ResponseInfo(response_model="gemma3"),
-        *[ANSWER] * 5,  # the done line carries "!" and is a token
-        STOP,
-        StreamEnd(),
-    ],
-}
-NAMES = sorted(CASES)
 make = OllamaStreamDialect
 
 
 def nd(*objs: dict) -> bytes:
     return b"".join(orjson.dumps(o) + b"\n" for o in objs)
-
-
-# -- the fixtures, every way --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("ollama", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("ollama", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_crlf(name):
-    data = with_eol(load("ollama", name), b"\r\n")
-    assert run_whole(make, data) == CASES[name]
-    assert run_bytewise(make, data) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_without_final_newline(name):
-    assert run_whole(make, load("ollama", name).rstrip(b"\n")) == CASES[name]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("ollama", name), data.draw(st.sampled_from(NDJSON_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name]
 
 
 # -- individual rules ---------------------------------------------------------------------
@@ -255,27 +151,3 @@ def test_parse_error():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_ollama_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["model", "message", "role", "content", "thinking", "tool_calls", "response", "done", "done_reason",
-        "prompt_eval_count", "eval_count", "load_duration", "prompt_eval_duration", "eval_duration", "error"]
-ollama_objects = objects_from(KEYS)
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_ollama_response(raw)
-
-
-@FAST
-@given(st.lists(ollama_objects, min_size=1, max_size=4), st.data())
-def test_any_json_lines_never_raise_and_split_invariant(objs, data):
-    raw = nd(*objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_ollama_response(orjson.dumps(o))

@@ -11,143 +11,27 @@ and the event shapes of the streaming events reference
 stream_failure.txtar and stream_error.txtar; ``llamacpp_reasoning.txt`` what llama.cpp's
 ``/v1/responses`` writes (tools/server/server-task.cpp ``to_json_oaicompat_resp*``: no
 ``sequence_number``, ``response.reasoning_text.delta``, no model until completion).
+
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from sidecar.streams.protocols.events import (
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
-from sidecar.streams.protocols.responses import (
-    ResponsesStreamDialect,
-    parse_responses_response,
-    usage_from_responses,
-)
-from tests.fixtures.streams.harness import (
-    FAST,
-    SSE_EOLS,
-    load,
-    objects_from,
-    run,
-    run_bytewise,
-    run_whole,
-    split_at,
-    with_eol,
-)
+from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response, usage_from_responses
+from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
-REASONING = Tokens(TokenKind.REASONING, 1)
-TOOL = Tokens(TokenKind.TOOL, 1)
 
-CASES = {
-    "text.txt": [
-        ResponseInfo(
-            response_model="gpt-4o-mini-2024-07-18",
-            response_id="resp_68f1c2a9d4e8819b8a3c6f0d2e7b5a410c9e3d7f2a1b4c68",
-        ),
-        *[ANSWER] * 7,
-        ResponseInfo(finish_reasons=("completed",)),
-        Usage(input_tokens=14, output_tokens=8, reasoning_tokens=0, cached_input_tokens=0),
-        StreamEnd(),
-    ],
-    "reasoning_tool.txt": [
-        ResponseInfo(
-            response_model="o4-mini-2025-04-16",
-            response_id="resp_0a7c3e5f9b1d2468ace13579bdf02468ace1357bdf0246",
-        ),
-        *[REASONING] * 4,
-        *[TOOL] * 5,
-        ResponseInfo(finish_reasons=("completed",)),
-        Usage(input_tokens=1290, output_tokens=213, reasoning_tokens=192, cached_input_tokens=1152),
-        StreamEnd(),
-    ],
-    "incomplete.txt": [
-        ResponseInfo(
-            response_model="gpt-4o-mini-2024-07-18",
-            response_id="resp_77aa00bb11cc22dd33ee44ff5566778899aabbccddeeff00",
-        ),
-        *[ANSWER] * 3,
-        ResponseInfo(finish_reasons=("max_output_tokens",)),
-        Usage(input_tokens=9, output_tokens=16, reasoning_tokens=0, cached_input_tokens=0),
-        StreamEnd(),
-    ],
-    "failed.txt": [
-        ResponseInfo(response_id="resp_5b8d"),
-        ANSWER,
-        StreamError("The model failed to generate a response.", None, "server_error"),
-        StreamEnd(),
-    ],
-    "error.txt": [
-        ResponseInfo(response_id="resp_9e1f"),
-        ANSWER,
-        StreamError("Rate limit reached for gpt-4o-mini.", None, "rate_limit_exceeded"),
-    ],
-    "llamacpp_reasoning.txt": [
-        ResponseInfo(response_id="resp_Q3mZr8Lk2Wv6Tn0Xb4Hd9Fy1"),
-        REASONING,
-        REASONING,
-        ANSWER,
-        ANSWER,
-        ResponseInfo(response_model="gpt-oss-20b"),
-        ResponseInfo(finish_reasons=("completed",)),
-        Usage(input_tokens=71, output_tokens=16),
-        StreamEnd(),
-    ],
-}
-NAMES = sorted(CASES)
 make = ResponsesStreamDialect
 
 
 def sse(obj: bytes, event: str | None = None) -> bytes:
     head = b"event: " + event.encode() + b"\n" if event else b""
     return head + b"data: " + obj + b"\n\n"
-
-
-# -- the fixtures, every way --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("responses", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("responses", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("eol", SSE_EOLS[1:], ids=["crlf", "cr"])
-@pytest.mark.parametrize("name", NAMES)
-def test_other_line_ends(name, eol):
-    data = with_eol(load("responses", name), eol)
-    assert run_whole(make, data) == CASES[name]
-    assert run_bytewise(make, data) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_unterminated_last_event_adds_nothing(name):
-    tail = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"x"}\n'
-    assert run_whole(make, load("responses", name) + tail) == CASES[name]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("responses", name), data.draw(st.sampled_from(SSE_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name]
 
 
 # -- individual rules ---------------------------------------------------------------------
@@ -305,30 +189,3 @@ def test_parse_failed_and_incomplete_response_objects():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_responses_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-KEYS = ["type", "delta", "response", "usage", "input_tokens", "output_tokens", "input_tokens_details",
-        "output_tokens_details", "cached_tokens", "reasoning_tokens", "model", "id", "status",
-        "incomplete_details", "reason", "error", "code", "message", "object"]
-response_objects = objects_from(KEYS)
-TYPES = ["response.created", "response.completed", "response.incomplete", "response.failed", "error",
-         "response.output_text.delta", "response.function_call_arguments.delta"]
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_responses_response(raw)
-
-
-@FAST
-@given(st.lists(response_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(sse(orjson.dumps(o), data.draw(st.sampled_from(TYPES))) for o in objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_responses_response(orjson.dumps(o))

@@ -7,46 +7,21 @@ byte layout of the TensorRT-LLM ``ensemble`` stream published in the TensorRT-LL
 and Triton LLM guides (alphabetical keys, the other output tensors alongside, an
 ``output_log_probs`` scalar first and then a growing list), including the
 ``accumulate_tokens`` variant where every event holds the whole text so far.
+
+Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamError, TokenKind, Tokens
+from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamError
 from sidecar.streams.protocols.triton import TritonStreamDialect, parse_triton_response
-from tests.fixtures.streams.harness import (
-    FAST,
-    SSE_EOLS,
-    load,
-    objects_from,
-    run,
-    run_bytewise,
-    run_whole,
-    split_at,
-    with_eol,
-)
+from tests.fixtures.streams.expected import ANSWER
+from tests.fixtures.streams.harness import load, run_whole
 
-ANSWER = Tokens(TokenKind.ANSWER, 1)
 ENSEMBLE = ResponseInfo(response_model="ensemble")
-
-CASES = {
-    "trtllm_ensemble.txt": [ENSEMBLE, *[ANSWER] * 7],  # the last event's text_output is ""
-    "accumulate.txt": [ENSEMBLE, *[ANSWER] * 8],  # events are counted, not text
-    "error.txt": [
-        ENSEMBLE,
-        ANSWER,
-        ANSWER,
-        StreamError(
-            "in ensemble 'ensemble', Executor failed process requestId 7 due to the following error: "
-            "Encountered an error in forwardAsync function: CUDA out of memory"
-        ),
-    ],
-}
-NAMES = sorted(CASES)
 
 
 def make() -> TritonStreamDialect:
@@ -55,41 +30,6 @@ def make() -> TritonStreamDialect:
 
 def sse(obj: dict | bytes) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
-
-
-# -- the fixtures, every way --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("triton", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("triton", name)) == CASES[name]
-
-
-@pytest.mark.parametrize("eol", SSE_EOLS[1:], ids=["crlf", "cr"])
-@pytest.mark.parametrize("name", NAMES)
-def test_other_line_ends(name, eol):
-    data = with_eol(load("triton", name), eol)
-    assert run_whole(make, data) == CASES[name]
-    assert run_bytewise(make, data) == CASES[name]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_unterminated_last_event_adds_nothing(name):
-    assert run_whole(make, load("triton", name) + b'data: {"text_output":"x"}\n') == CASES[name]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("triton", name), data.draw(st.sampled_from(SSE_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name]
 
 
 # -- individual rules ---------------------------------------------------------------------
@@ -158,25 +98,3 @@ def test_parse_error():
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_triton_response(body) == expected
-
-
-# -- properties: never raise --------------------------------------------------------------
-
-triton_objects = objects_from(["model_name", "model_version", "text_output", "error", "message", "type"])
-
-
-@FAST
-@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=10))
-def test_any_bytes_never_raise(raw, cuts):
-    run(make, split_at(raw, cuts))
-    parse_triton_response(raw)
-
-
-@FAST
-@given(st.lists(triton_objects, min_size=1, max_size=4), st.data())
-def test_any_json_events_never_raise_and_split_invariant(objs, data):
-    raw = b"".join(sse(o) for o in objs)
-    expected = run_whole(make, raw)
-    assert run(make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
-    for o in objs:
-        parse_triton_response(orjson.dumps(o))

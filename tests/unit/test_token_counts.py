@@ -6,104 +6,37 @@ chunk (``--enable-force-include-usage``), its per-chunk usage on ``/v1/completio
 per-request ``metrics``; OpenAI's ``"usage": null`` on every chunk; llama.cpp's ``timings``
 on the finish chunk, or on the usage chunk when the client asked for usage.
 
-Each stream is fed whole, byte by byte and at random splits; then through the observer and
-the timeline, which say what the exporters will report: the counts and their source.
+Each stream goes through the observer and the timeline, which say what the exporters will
+report: the counts and their source. The events each stream reads as (and that they do
+however the bytes arrive) are tests/unit/test_dialect_conformance.py's part.
 """
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sidecar.measure.observe import ResponseObserver
-from sidecar.streams.protocols.events import EngineTimings, ResponseInfo, StreamEnd, TokenKind, Tokens, Usage
+from sidecar.streams.protocols.events import EngineTimings, TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
 from sidecar.relay.routes import ROUTES
 from sidecar.measure.timeline import Outcome, RequestTimeline, TokenCountSource
-from tests.fixtures.streams.harness import FAST, SSE_EOLS, load, run, run_bytewise, run_whole, split_at, with_eol
+from tests.fixtures.streams.harness import load, run_whole
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)
-DONE = StreamEnd()
 MS = 1000.0
 
-LLAMA_TIMINGS = EngineTimings(prefill_seconds=12.5 / MS, decode_seconds=30.0 / MS)
 
-# name -> (route, expected events, (source, output, input, cached))
-CASES: dict[str, tuple[str, list, tuple]] = {
-    "usage_null.txt": (
-        "/v1/chat/completions",
-        [
-            ResponseInfo(response_model="gpt-4o-mini-2024-07-18", response_id="chatcmpl-Bx21"),
-            ANSWER,
-            ANSWER,
-            ResponseInfo(finish_reasons=("stop",)),
-            DONE,
-        ],
-        # "usage": null is not a count of zero: estimated from the stream, input unknown.
-        (TokenCountSource.ESTIMATED, 2, None, None),
-    ),
-    "llamacpp_chat_timings.txt": (
-        "/v1/chat/completions",
-        [
-            ResponseInfo(response_model="tiny-llama", response_id="chatcmpl-Qm4r8"),
-            ANSWER,
-            ANSWER,
-            ANSWER,
-            ResponseInfo(finish_reasons=("stop",)),
-            Usage(input_tokens=9, output_tokens=3, cached_input_tokens=4, engine=True),
-            LLAMA_TIMINGS,
-            DONE,
-        ],
-        # prompt_n (5 evaluated) + cache_n (4 reused) = the whole prompt of 9.
-        (TokenCountSource.ENGINE, 3, 9, 4),
-    ),
-    "llamacpp_chat_include_usage.txt": (
-        "/v1/chat/completions",
-        [
-            ResponseInfo(response_model="tiny-llama", response_id="chatcmpl-Qm4r8"),
-            ANSWER,
-            ANSWER,
-            ANSWER,
-            ResponseInfo(finish_reasons=("stop",)),
-            Usage(input_tokens=9, output_tokens=3, cached_input_tokens=4),
-            Usage(input_tokens=9, output_tokens=3, cached_input_tokens=4, engine=True),
-            LLAMA_TIMINGS,
-            DONE,
-        ],
-        (TokenCountSource.USAGE, 3, 9, 4),
-    ),
+# name -> (route, (source, output, input, cached)); the events each stream reads as, and
+# that they read the same however the bytes arrive, are in tests/fixtures/streams/expected.py
+# and tests/unit/test_dialect_conformance.py.
+CASES: dict[str, tuple[str, tuple]] = {
+    # "usage": null is not a count of zero: estimated from the stream, input unknown.
+    "usage_null.txt": ("/v1/chat/completions", (TokenCountSource.ESTIMATED, 2, None, None)),
+    # prompt_n (5 evaluated) + cache_n (4 reused) = the whole prompt of 9.
+    "llamacpp_chat_timings.txt": ("/v1/chat/completions", (TokenCountSource.ENGINE, 3, 9, 4)),
+    "llamacpp_chat_include_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 3, 9, 4)),
 }
 NAMES = sorted(CASES)
-
-
-def make() -> OpenAIStreamDialect:
-    return OpenAIStreamDialect()
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_whole(name):
-    assert run_whole(make, load("openai", name)) == CASES[name][1]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bytewise(name):
-    assert run_bytewise(make, load("openai", name)) == CASES[name][1]
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("eol", SSE_EOLS[1:], ids=["crlf", "cr"])
-def test_other_line_ends(name, eol):
-    assert run_whole(make, with_eol(load("openai", name), eol)) == CASES[name][1]
-
-
-@FAST
-@given(st.data())
-def test_random_splits(data):
-    name = data.draw(st.sampled_from(NAMES))
-    raw = with_eol(load("openai", name), data.draw(st.sampled_from(SSE_EOLS)))
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == CASES[name][1]
 
 
 def observed(route: str, chunks: list[bytes]) -> RequestTimeline:
@@ -120,7 +53,7 @@ def observed(route: str, chunks: list[bytes]) -> RequestTimeline:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_counts_and_their_source(name):
-    route, _, (source, output, input_, cached) = CASES[name]
+    route, (source, output, input_, cached) = CASES[name]
     raw = load("openai", name)
     t = observed(route, [raw[i : i + 7] for i in range(0, len(raw), 7)])
     assert t.outcome is Outcome.OK
@@ -211,21 +144,6 @@ RECORDED_NAMES = sorted(RECORDED)
 
 
 @pytest.mark.parametrize("name", RECORDED_NAMES)
-def test_recorded_whole_equals_bytewise(name):
-    raw = load("openai", name)
-    assert run_whole(make, raw) == run_bytewise(make, raw)
-
-
-@FAST
-@given(st.data())
-def test_recorded_random_splits(data):
-    name = data.draw(st.sampled_from(RECORDED_NAMES))
-    raw = load("openai", name)
-    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=25))
-    assert run(make, split_at(raw, cuts)) == run_whole(make, raw)
-
-
-@pytest.mark.parametrize("name", RECORDED_NAMES)
 def test_recorded_counts_and_their_source(name):
     route, (source, output, input_, cached) = RECORDED[name]
     raw = load("openai", name)
@@ -254,7 +172,7 @@ def test_recorded_vllm_per_chunk_usage_and_metrics(name, prefill_ms, decode_ms, 
 
 def test_recorded_llamacpp_engine_counts_match_its_usage():
     """Both figures from one real chunk: prompt_n + cache_n is usage.prompt_tokens."""
-    events = run_whole(make, load("openai", "llamacpp_b11434_chat_include_usage.txt"))
+    events = run_whole(OpenAIStreamDialect, load("openai", "llamacpp_b11434_chat_include_usage.txt"))
     usage = [e for e in events if type(e) is Usage and not e.engine]
     engine = [e for e in events if type(e) is Usage and e.engine]
     assert len(usage) == len(engine) == 1
