@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, Sidecar, build_sidecar
@@ -136,3 +141,32 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: flo
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met within %.1f s" % timeout)
         await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def spans():
+    """A tracer provider that samples everything into memory, and its exporter."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.create({"service.name": "test"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+@pytest.fixture
+async def traced(spans):
+    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``."""
+    provider, _ = spans
+    runners: list[web.AppRunner] = []
+
+    async def make(url: str) -> RunningSidecar:
+        registry = CollectorRegistry()
+        s = build_sidecar(Settings(upstream=url), registry, access_log=False, tracer_provider=provider)
+        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
+        runners.extend([proxy_runner, admin_runner])
+        return RunningSidecar(s, registry, port, admin_port)
+
+    yield make
+    for runner in runners:
+        await runner.cleanup()

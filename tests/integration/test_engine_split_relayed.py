@@ -7,24 +7,16 @@ server's bytes and headers unchanged all along.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from prometheus_client import CollectorRegistry
 
 from sidecar.export import semconv as sc
-from sidecar.app import RUNNER_KWARGS, build_sidecar
-from sidecar.config import Settings
 from sidecar.export.metrics import UNKNOWN_MODEL
-from tests.conftest import RunningSidecar, start_app, wait_for
+from tests.conftest import wait_for
 from tests.fixtures.streams.harness import load
 
 pytestmark = pytest.mark.integration
@@ -32,33 +24,6 @@ pytestmark = pytest.mark.integration
 CHAT = "/v1/chat/completions"
 VLLM = load("openai", "vllm032_chat_per_request_metrics.txt")
 SERVER_WAIT = 1.0  # how long the slow upstream thinks; none of it is the sidecar's (long, so a loaded CI machine's scheduling stalls stay far below half of it)
-
-
-@pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.create({"service.name": "test"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
-
-
-@pytest.fixture
-async def traced(spans):
-    provider, _ = spans
-    runners: list[web.AppRunner] = []
-
-    async def make(url: str) -> RunningSidecar:
-        registry = CollectorRegistry()
-        s = build_sidecar(Settings(upstream=url), registry, access_log=False, tracer_provider=provider)
-        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        return RunningSidecar(s, registry, port, admin_port)
-
-    yield make
-    for runner in runners:
-        await runner.cleanup()
 
 
 def sse(raw: bytes, headers: dict | None = None, wait: float = 0.0):
