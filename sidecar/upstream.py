@@ -27,6 +27,7 @@ is sent once more on a new connection (see :func:`_replayable`); anything else g
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Protocol
@@ -61,8 +62,21 @@ class UpstreamError(Exception):
         self.status = status
 
 
-def _unreachable() -> UpstreamError:
-    return UpstreamError("upstream_unreachable", 502, "the inference server refused or is unreachable")
+def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
+    """Name the cause (DNS, TLS, refused, other) in the message: the error type stays
+    ``upstream_unreachable`` (a label value), but an operator reading one 502 should not
+    have to open ``/readyz`` to learn which of these it was."""
+    where = f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        reason = f"cannot resolve the inference server's host name {host!r} ({exc.strerror or exc})"
+    elif isinstance(exc, ssl.SSLError):
+        detail = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
+        reason = f"TLS handshake with the inference server at {where} failed ({detail})"
+    elif isinstance(exc, ConnectionRefusedError):
+        reason = f"the inference server at {where} refused the connection (is it listening?)"
+    else:
+        reason = f"the inference server at {where} is unreachable ({exc.strerror or exc})"
+    return UpstreamError("upstream_unreachable", 502, reason)
 
 
 def _timeout() -> UpstreamError:
@@ -502,8 +516,8 @@ class UpstreamPool:
                 )
         except TimeoutError:
             raise _timeout() from None
-        except (OSError, ssl.SSLError):
-            raise _unreachable() from None
+        except (OSError, ssl.SSLError) as exc:
+            raise _unreachable(exc, self.host, self.port) from None
         self._all.add(conn)
         return conn
 
