@@ -65,15 +65,16 @@ class UpstreamError(Exception):
 def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
     """Name the cause (DNS, TLS, refused, other) in the message: the error type stays
     ``upstream_unreachable`` (a label value), but an operator reading one 502 should not
-    have to open ``/readyz`` to learn which of these it was."""
+    have to open ``/readyz`` to learn which of these it was. Each message keeps the word
+    "unreachable" that clients and log searches already match."""
     where = f"{host}:{port}"
     if isinstance(exc, socket.gaierror):
-        reason = f"cannot resolve the inference server's host name {host!r} ({exc.strerror or exc})"
+        reason = f"the inference server is unreachable: cannot resolve its host name {host!r} ({exc.strerror or exc})"
     elif isinstance(exc, ssl.SSLError):
         detail = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
-        reason = f"TLS handshake with the inference server at {where} failed ({detail})"
+        reason = f"the inference server at {where} is unreachable: TLS handshake failed ({detail})"
     elif isinstance(exc, ConnectionRefusedError):
-        reason = f"the inference server at {where} refused the connection (is it listening?)"
+        reason = f"the inference server at {where} is unreachable: connection refused (is it listening on that port?)"
     else:
         reason = f"the inference server at {where} is unreachable ({exc.strerror or exc})"
     return UpstreamError("upstream_unreachable", 502, reason)

@@ -161,8 +161,8 @@ def test_unreachable_upstream_502_names_its_cause(cause):
     assert body["error"]["type"] == "upstream_unreachable"
     message = body["error"]["message"]
     expected = {
-        "refused": "refused the connection",
-        "dns": "cannot resolve the inference server's host name 'no-such-host.invalid'",
-        "tls": "TLS handshake with the inference server",
+        "refused": "is unreachable: connection refused",
+        "dns": "is unreachable: cannot resolve its host name 'no-such-host.invalid'",
+        "tls": "is unreachable: TLS handshake failed",
     }[cause]
     assert expected in message, message
