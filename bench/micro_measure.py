@@ -21,10 +21,10 @@ import time
 import orjson
 from prometheus_client import CollectorRegistry
 
-from sidecar.metrics import SidecarMetrics
-from sidecar.observe import ResponseObserver
-from sidecar.routes import match_route
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.observe import ResponseObserver
+from sidecar.relay.routes import match_route
+from sidecar.measure.timeline import Outcome, RequestTimeline
 
 TOKENS = 200  # tokens per request
 ITL = 0.02  # seconds between tokens (puts every gap in one ITL bucket, as steady decode does)

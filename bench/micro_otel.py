@@ -22,11 +22,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
 from bench.micro_measure import ITL, TOKENS, _best, chunk
-from sidecar.metrics import SidecarMetrics
-from sidecar.observe import ResponseObserver
-from sidecar.routes import match_route
-from sidecar.timeline import Outcome, RequestTimeline
-from sidecar.tracing import RequestTelemetry
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.observe import ResponseObserver
+from sidecar.relay.routes import match_route
+from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.export.tracing import RequestTelemetry
 
 
 def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:

@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from sidecar.buckets import TTFT_BUCKETS
+from sidecar.measure.buckets import TTFT_BUCKETS
 from sidecar.slo import conventions as c
 from sidecar.slo import parse_spec
 from sidecar.slo.rules import sli_error_expr

@@ -20,6 +20,7 @@ import asyncio
 import gc
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 try:
     import resource
@@ -31,20 +32,28 @@ import orjson
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
-from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .config import Settings
-from .drain import Drain
-from .engine_metrics import engine_metrics_handler
-from .logs import RequestLogger
-from .metrics import ModelLabeler, SidecarMetrics, SLOThresholds
-from .tenant import TenantLabeler
-from .prompt_class import PromptClasses
-from .proxy import Proxy, error_response
-from .tracing import RequestTelemetry, providers_from_env
-from .upstream import UpstreamPool
+from .relay.aiohttp_internals import (
+    HandlerServer,
+    RebuildingRunner,
+    RequestHandler,
+    handler_loop,
+    handler_server,
+    open_connections,
+    set_shutdown_timeout,
+)
+from .relay.drain import Drain
+from .relay.engine_metrics import engine_metrics_handler
+from .export.logs import RequestLogger
+from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .export.tenant import TenantLabeler
+from .measure.prompt_class import PromptClasses
+from .relay.proxy import Proxy, error_response
+from .export.tracing import RequestTelemetry, providers_from_env
+from .relay.upstream import UpstreamPool
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
@@ -321,13 +330,13 @@ class _RefusingRequestHandler(RequestHandler):
     _over_cap = False
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        server = self._manager
+        server = handler_server(self)
         cap = getattr(server, "max_connections", 0)
-        if cap and len(server._connections) >= cap:  # type: ignore[union-attr]
+        if cap and open_connections(server) >= cap:
             self._over_cap = True
             transport.write(_busy_response())
             transport.close()
-            server.refusal_log.refused(self._loop, cap)  # type: ignore[union-attr]
+            server.refusal_log.refused(handler_loop(self), cap)  # type: ignore[union-attr]
             return
         super().connection_made(transport)
 
@@ -356,24 +365,20 @@ class _RefusingRequestHandler(RequestHandler):
         return response
 
 
-class _RefusingServer(web.Server):
+class _RefusingServer(HandlerServer):
+    handler_class = _RefusingRequestHandler
     max_connections = 0  # no cap
     refusal_log = _RefusalLog()
 
-    def __call__(self) -> RequestHandler:
-        return _RefusingRequestHandler(self, loop=self._loop, **self._kwargs)
 
-
-class SidecarRunner(web.AppRunner):
+class SidecarRunner(RebuildingRunner):
     """``web.AppRunner`` whose connections answer requests the HTTP parser refuses with the
     proxy's JSON error body: 414 (request line), 431 (header field, header count), else 400.
     aiohttp has no public hook for this (its error path runs no middleware), so the server
     aiohttp builds is rebuilt around :class:`_RefusingRequestHandler` with the same
     arguments; tests over real sockets pin the result."""
 
-    async def _make_server(self) -> web.Server:
-        built = await super()._make_server()
-        kwargs = dict(built._kwargs)
+    def rebuild_server(self, built: web.Server, kwargs: dict[str, Any]) -> web.Server:
         sc = self.app.get(SIDECAR) if isinstance(self.app, web.Application) else None
         if sc is not None:
             # aiohttp's keep-alive timer starts when a connection opens and again after each
@@ -432,7 +437,7 @@ def raise_open_file_limit() -> int | None:
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
-    Shutdown order (:mod:`sidecar.drain`): readiness goes 503 and the proxy keeps relaying
+    Shutdown order (:mod:`sidecar.relay.drain`): readiness goes 503 and the proxy keeps relaying
     while the upstream answers; once it is gone new requests get 503 + Retry-After and
     in-flight ones finish, all within ``drain_seconds`` (aiohttp cancels what is left); the
     admin port closes last so the final figures can still be scraped during the drain.
@@ -479,7 +484,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await sc.drain.run(settings.drain_seconds)
         # What is still in flight at the deadline gets no more time than is left (aiohttp
         # reads a timeout <= 0 as none at all, hence the floor).
-        proxy_runner._shutdown_timeout = max(0.1, settings.drain_seconds - (loop.time() - started))
+        set_shutdown_timeout(proxy_runner, max(0.1, settings.drain_seconds - (loop.time() - started)))
     finally:
         await proxy_runner.cleanup()
         await admin_runner.cleanup()

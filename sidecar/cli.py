@@ -48,6 +48,25 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", dest="config", default=None, help=f"YAML settings file [env {ENV_PREFIX}CONFIG]")
 
 
+SIMULATOR_HEADERS_HELP = """\
+per-request headers (any x-sim-* header makes the whole request exact: means, no jitter,
+no random failures):
+  x-sim-ttft: SECONDS        time to first token
+  x-sim-tpot: SECONDS        time per output token
+  x-sim-tokens: N            exact output tokens per choice (not capped by max_tokens)
+  x-sim-reasoning: N         reasoning tokens first (chat, Responses, Anthropic, Ollama)
+  x-sim-fail: MODE           500 | drop (cut mid-stream) | stream (in-stream error event) |
+                             reset (abort before any header; every route); on
+                             /v1/chat/completions and /v1/completions also truncate (no
+                             [DONE]) | stall (hold the connection) | longline
+  x-sim-line-bytes: N        length of the longline fault's one line (default 4 MiB)
+"""
+
+
+class _DefaultsAndRawEpilog(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default in its help, and the epilog's table kept as written."""
+
+
 def _env(name: str, default):
     return os.environ.get(ENV_PREFIX + name.upper(), default)
 
@@ -72,19 +91,39 @@ def _build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser(
         "simulate",
         help="run a simulated inference server (OpenAI/vLLM, Responses, Anthropic, TGI, Ollama, llama.cpp, Triton wire formats)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsAndRawEpilog,
+        epilog=SIMULATOR_HEADERS_HELP,
     )
     sim.add_argument("--listen", default=_env("listen", "0.0.0.0:8000"), help="HOST:PORT")
     sim.add_argument("--ttft", type=float, default=float(_env("ttft", 0.2)), help="mean seconds to first token")
     sim.add_argument("--tpot", type=float, default=float(_env("tpot", 0.02)), help="mean seconds per output token")
-    sim.add_argument("--tokens", type=int, default=int(_env("tokens", 64)), help="mean output tokens")
-    sim.add_argument("--jitter", type=float, default=float(_env("jitter", 0.1)), help="relative timing spread")
-    sim.add_argument("--model", default=_env("model", "sim-llama-3-8b"), help="served model name")
+    sim.add_argument(
+        "--tokens",
+        type=int,
+        default=int(_env("tokens", 64)),
+        help="mean output tokens per choice, spread by --tokens-spread; a request's max_tokens caps it",
+    )
+    sim.add_argument(
+        "--tokens-spread",
+        type=float,
+        default=float(_env("tokens_spread", 0.5)),
+        help="relative spread of output length (lognormal); 0 gives exactly --tokens",
+    )
+    sim.add_argument(
+        "--jitter", type=float, default=float(_env("jitter", 0.1)), help="relative spread of TTFT and token gaps; 0 = exact"
+    )
+    sim.add_argument("--model", default=_env("model", "sim-llama-3-8b"), help="served model name; others get 404")
     sim.add_argument("--seed", type=int, default=None, help="random seed for reproducible runs")
     sim.add_argument("--fail-rate", type=float, default=float(_env("fail_rate", 0.0)), help="share of 500s")
     sim.add_argument("--drop-rate", type=float, default=float(_env("drop_rate", 0.0)), help="share of streams cut mid-way")
     sim.add_argument(
         "--reasoning-tokens", type=int, default=int(_env("reasoning_tokens", 0)), help="reasoning deltas before the answer"
+    )
+    sim.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("max_body_bytes", 128 << 20)),
+        help="largest request body read, else 413 (above the sidecar's own 64 MiB limit)",
     )
 
     demo = sub.add_parser("demo", help="simulated server + sidecar + load, with live figures")
@@ -134,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             return _die(str(exc))
         from .app import serve  # noqa: PLC0415 - keep `--help` fast
-        from .logs import configure_logging  # noqa: PLC0415
+        from .export.logs import configure_logging  # noqa: PLC0415
 
         configure_logging(settings.log_format, settings.log_level)
         _install_fast_loop()
@@ -144,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _die(f"cannot listen: {exc.strerror or exc}")
         return 0
     if args.command == "simulate":
-        from .simulate import SimulatorConfig, run_simulator  # noqa: PLC0415
+        from .sim.core import SimulatorConfig  # noqa: PLC0415
+        from .sim.server import run_simulator  # noqa: PLC0415
 
         try:
             host, port = parse_host_port(args.listen)
@@ -152,12 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ttft=args.ttft,
                 tpot=args.tpot,
                 tokens=args.tokens,
+                tokens_spread=args.tokens_spread,
                 jitter=args.jitter,
                 model=args.model,
                 seed=args.seed,
                 fail_rate=args.fail_rate,
                 drop_rate=args.drop_rate,
                 reasoning_tokens=args.reasoning_tokens,
+                max_body_bytes=args.max_body_bytes,
             )
         except ValueError as exc:
             return _die(f"invalid simulate option: {exc}")

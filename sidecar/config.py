@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
-from .prompt_class import parse_bounds
-from .tenant import check_tenant_header
+from .measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from .measure.prompt_class import parse_bounds
+from .export.tenant import check_tenant_header
 
 __all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 

@@ -1,6 +1,6 @@
 """The latency overview: how fast users get tokens, per model, route and pod.
 
-Every figure is computed from the sidecar's own metrics (``sidecar/metrics.py``) filtered by
+Every figure is computed from the sidecar's own metrics (``sidecar/export/metrics.py``) filtered by
 the namespace, pod, model and route variables, over ``$__rate_interval``.
 """
 

@@ -35,7 +35,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from sidecar.simulate import SimulatorConfig, build_simulator_app
+from sidecar.sim.core import SimulatorConfig
+from sidecar.sim.server import build_simulator_app
 from sidecar.slo import generate, parse_spec, render_rules
 from tests.conftest import free_port, require_tool, start_app
 

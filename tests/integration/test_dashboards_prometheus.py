@@ -38,7 +38,8 @@ import pytest
 import yaml
 
 from sidecar.dashboards.inspect import panel_queries, substitute, variable_queries
-from sidecar.simulate import SimulatorConfig, build_simulator_app
+from sidecar.sim.core import SimulatorConfig
+from sidecar.sim.server import build_simulator_app
 from tests.conftest import free_port, require_tool, start_app
 
 pytestmark = pytest.mark.integration

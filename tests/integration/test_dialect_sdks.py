@@ -21,8 +21,9 @@ import openai
 import pytest
 from huggingface_hub.errors import GenerationError
 
-from sidecar.simulate import SimulatorConfig, build_simulator_app
-from sidecar.simulate_dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
+from sidecar.sim.core import SimulatorConfig
+from sidecar.sim.server import build_simulator_app
+from sidecar.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 from tests.conftest import RunningSidecar, start_app, wait_for
 
 pytestmark = pytest.mark.integration

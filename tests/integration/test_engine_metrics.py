@@ -24,7 +24,8 @@ from aiohttp import web
 
 from sidecar.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAITING
 from sidecar.dashboards.inspect import panel_queries, substitute
-from sidecar.simulate import SimulatorConfig, build_simulator_app
+from sidecar.sim.core import SimulatorConfig
+from sidecar.sim.server import build_simulator_app
 from tests.conftest import free_port, require_tool, start_app
 
 pytestmark = pytest.mark.integration

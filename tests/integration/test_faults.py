@@ -34,7 +34,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
-from sidecar.simulate import SIM_STATS, SimStats, SimulatorConfig, build_simulator_app
+from sidecar.sim.core import SIM_STATS, SimStats, SimulatorConfig
+from sidecar.sim.server import build_simulator_app
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -569,7 +570,7 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
         await asyncio.sleep(0.2)
         sc.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.2)
-        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/drain.py)
+        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/relay/drain.py)
             async with s.get(sc.url + "/v1/models") as r:
                 assert r.status == 200
         bodies = await asyncio.gather(*streams)

@@ -34,7 +34,7 @@ import aiohttp
 import pytest
 import yaml
 
-from sidecar import semconv
+from sidecar.export import semconv
 from sidecar.config import load_settings
 from tests.conftest import IN_CI, free_port
 
@@ -385,7 +385,7 @@ def test_grace_period_is_computed_or_refused(helm_ok):
 @pytest.mark.parametrize("name", list(CASES))
 def test_sidecar_environment_is_accepted_by_the_sidecar(parsed, name):
     """The chart's LLM_SIDECAR_* values load into the real Settings model, and the pod's
-    identity comes from the downward API under the names sidecar/tracing.py reads."""
+    identity comes from the downward API under the names sidecar/export/tracing.py reads."""
     if name == "monitoring-only":
         container = sync.render_extra(sync.SNIPPET_TEMPLATE, CASES[name].args())["container"]
     else:
@@ -660,7 +660,7 @@ def test_the_resolution_check_catches_named_ports_on_native_sidecars(helm_ok, ku
 )  # fmt: skip
 def test_model_server_keeps_serving_while_endpoints_are_removed(helm_ok, kube_version, action):
     """A preStop sleep on the model server (the kubelet's sleep action from 1.30, `sleep`
-    before); the sidecar gets none: it follows the server down (sidecar/drain.py)."""
+    before); the sidecar gets none: it follows the server down (sidecar/relay/drain.py)."""
     pod = pod_spec(sync.objects(sync.template(["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"])))
     server = [c for c in pod["containers"] if c["name"] == "model-server"][0]
     assert server["lifecycle"] == {"preStop": action}

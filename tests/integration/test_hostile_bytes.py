@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
-from sidecar.routes import ROUTES
+from sidecar.relay.routes import ROUTES
 from tests.fixtures.streams.harness import split_at
 from tests.unit.test_fuzz_dialects import hostile_bytes
 

@@ -7,7 +7,8 @@ import re
 import openai
 import pytest
 
-from sidecar.simulate import SimulatorConfig, build_simulator_app
+from sidecar.sim.core import SimulatorConfig
+from sidecar.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
 
 pytestmark = pytest.mark.integration

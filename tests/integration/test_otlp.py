@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from sidecar import semconv as sc
+from sidecar.export import semconv as sc
 from tests.conftest import free_port, start_app, wait_for
 
 pytestmark = pytest.mark.integration
@@ -270,7 +270,7 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
     ttft = [ln for ln in exposition.splitlines() if ln.startswith("llm_time_to_first_token_seconds_bucket{")]
     assert any(f'# {{trace_id="{CLIENT_TRACE}"}}' in ln for ln in ttft), ttft
 
-    # The opt-in GenAI client metrics (semantic-conventions-genai, see sidecar/semconv.py):
+    # The opt-in GenAI client metrics (semantic-conventions-genai, see sidecar/export/semconv.py):
     # names, units, advised bucket boundaries and the required attributes, as the receiver
     # decoded them. Cumulative temporality: the last export holds the whole run.
     points = received.metric_points()

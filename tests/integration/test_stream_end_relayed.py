@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
-from sidecar import semconv as sc
+from sidecar.export import semconv as sc
 from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
-from sidecar.timeline import STREAM_TRUNCATED
+from sidecar.measure.timeline import STREAM_TRUNCATED
 from tests.conftest import RunningSidecar, start_app, wait_for
-from sidecar.routes import match_route
+from sidecar.relay.routes import match_route
 from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
 from tests.fixtures.streams.harness import cut_before_marker, load
 

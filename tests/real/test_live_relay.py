@@ -30,7 +30,7 @@ from collections import defaultdict
 import aiohttp
 import pytest
 
-from sidecar.timeline import TokenCountSource
+from sidecar.measure.timeline import TokenCountSource
 from tests.conftest import wait_for
 from tests.real.conftest import LIVE_KINDS
 from tests.real.servers import Case, ServerKind, cases

@@ -1,7 +1,7 @@
 """Reading response bodies the way a test reads them: independent of the sidecar's parsers.
 
 - :func:`json_events` splits an SSE body into its ``data:`` JSON objects (or takes a JSON
-  body whole), so a test can count what the client saw without trusting ``sidecar.sse``.
+  body whole), so a test can count what the client saw without trusting ``sidecar.streams.sse``.
 - :func:`scalars`, :func:`differing_keys` and :func:`mask` compare two bodies byte for byte
   except the values of named keys: the scanner walks JSON strings whole (so nothing inside a
   generated text is mistaken for a key) and replaces only scalar values, leaving every other

@@ -31,7 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.dashboards.inspect import panel_queries, variable_queries
 from sidecar.dashboards.queries import TARGET_LABELS
-from sidecar.simulate import SimulatorConfig, build_simulator_app
+from sidecar.sim.core import SimulatorConfig
+from sidecar.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

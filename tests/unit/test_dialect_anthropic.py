@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.protocols.anthropic import (
+from sidecar.streams.protocols.anthropic import (
     AnthropicStreamDialect,
     parse_anthropic_response,
     usage_from_anthropic,
 )
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     ParseError,
     ResponseInfo,
     StreamEnd,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
     ResponseInfo,
@@ -27,7 +27,7 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.llamacpp import (
+from sidecar.streams.protocols.llamacpp import (
     LlamaCppStreamDialect,
     engine_timings_from_llamacpp,
     parse_llamacpp_response,

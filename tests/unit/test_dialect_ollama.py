@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
     ResponseInfo,
@@ -26,7 +26,7 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
+from sidecar.streams.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
 from tests.fixtures.streams.harness import (
     FAST,
     NDJSON_EOLS,

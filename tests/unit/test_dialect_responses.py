@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -29,7 +29,7 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.responses import (
+from sidecar.streams.protocols.responses import (
     ResponsesStreamDialect,
     parse_responses_response,
     usage_from_responses,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -23,7 +23,7 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.tgi import TGIStreamDialect, parse_tgi_response
+from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response
 from tests.fixtures.streams.harness import (
     FAST,
     SSE_EOLS,

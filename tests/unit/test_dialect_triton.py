@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import ParseError, ResponseInfo, StreamError, TokenKind, Tokens
-from sidecar.protocols.triton import TritonStreamDialect, parse_triton_response
+from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamError, TokenKind, Tokens
+from sidecar.streams.protocols.triton import TritonStreamDialect, parse_triton_response
 from tests.fixtures.streams.harness import (
     FAST,
     SSE_EOLS,

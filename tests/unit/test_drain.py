@@ -1,4 +1,4 @@
-"""sidecar/drain.py: the three steps of a shutdown that loses no request, driven directly."""
+"""sidecar/relay/drain.py: the three steps of a shutdown that loses no request, driven directly."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from sidecar.drain import POLL_SECONDS, RETRY_AFTER_SECONDS, Drain
+from sidecar.relay.drain import POLL_SECONDS, RETRY_AFTER_SECONDS, Drain
 
 
 class Upstream:

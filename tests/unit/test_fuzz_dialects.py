@@ -25,9 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from sidecar.metrics import SidecarMetrics
-from sidecar.observe import ResponseObserver
-from sidecar.protocols.events import (
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.observe import ResponseObserver
+from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
     ResponseInfo,
@@ -36,9 +36,9 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.routes import ROUTES
-from sidecar.sse import SSEDecoder
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.relay.routes import ROUTES
+from sidecar.streams.sse import SSEDecoder
+from sidecar.measure.timeline import Outcome, RequestTimeline
 from tests.fixtures.streams.harness import HERE, objects_from, run, split_at
 
 EVENT_TYPES = (Tokens, Usage, ResponseInfo, StreamError, StreamEnd, ParseError, EngineTimings)

@@ -21,7 +21,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     DialectEvent,
     EngineTimings,
     ParseError,
@@ -32,10 +32,10 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.llamacpp import engine_timings_from_llamacpp
-from sidecar.protocols.openai import OpenAIStreamDialect, _count_choices, _error_of, usage_from_openai
-from sidecar.sse import SSEDecoder, SSEEvent
-from sidecar.timeline import RequestTimeline
+from sidecar.streams.protocols.llamacpp import engine_timings_from_llamacpp
+from sidecar.streams.protocols.openai import OpenAIStreamDialect, _count_choices, _error_of, usage_from_openai
+from sidecar.streams.sse import SSEDecoder, SSEEvent
+from sidecar.measure.timeline import RequestTimeline
 from tests.fixtures.streams.harness import objects_from
 
 FAST = settings(max_examples=300, deadline=None)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, TPS_BUCKETS, TTFT_BUCKETS
+from sidecar.measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, TPS_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings
-from sidecar.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
-from sidecar.protocols.events import TokenKind, Tokens, Usage
-from sidecar.routes import OTHER, ROUTES, match_route
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
+from sidecar.relay.routes import OTHER, ROUTES, match_route
+from sidecar.measure.timeline import Outcome, RequestTimeline
 
 ROUTE = "/v1/chat/completions"
 
@@ -194,7 +194,7 @@ def test_route_table():
 
 
 def test_error_body_in_a_4xx_stays_ok_but_in_a_200_is_an_error():
-    from sidecar.protocols.events import StreamError
+    from sidecar.streams.protocols.events import StreamError
 
     for status, expected in ((404, Outcome.OK), (200, Outcome.ERROR)):
         t = RequestTimeline(1.0, "POST", ROUTE, "m")

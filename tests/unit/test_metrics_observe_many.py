@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from sidecar.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
-from sidecar.metrics import SidecarMetrics, observe_many
-from sidecar.protocols.events import TokenKind, Tokens
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.measure.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
+from sidecar.export.metrics import SidecarMetrics, observe_many
+from sidecar.streams.protocols.events import TokenKind, Tokens
+from sidecar.measure.timeline import Outcome, RequestTimeline
 
 FAST = settings(max_examples=300, deadline=None)
 LABELS = ("m", "/v1/chat/completions")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.ndjson import DEFAULT_MAX_LINE_BYTES, NDJSONDecoder, NDJSONOverflow
+from sidecar.streams.ndjson import DEFAULT_MAX_LINE_BYTES, NDJSONDecoder, NDJSONOverflow
 from tests.fixtures.streams.harness import FAST, load, split_at
 
 LINES = [b'{"a":1}', b'{"b":"\\u003c\xc3\xa9\xe6\x97\xa5"}', b"[1,2]", b'"x"', b"not json at all"]

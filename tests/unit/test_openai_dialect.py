@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
     ResponseInfo,
@@ -24,8 +24,8 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.openai import OpenAIStreamDialect, parse_openai_response, usage_from_openai
-from sidecar.timeline import RequestTimeline
+from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response, usage_from_openai
+from sidecar.measure.timeline import RequestTimeline
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -747,7 +747,7 @@ def test_parse_response_any_json_never_raises(obj):
 def test_continuous_usage_counts_k_tokens_per_chunk():
     """vLLM continuous_usage_stats: usage on every chunk; a chunk whose completion_tokens
     grew by k (speculative decoding) counts as k tokens."""
-    from sidecar.protocols.openai import OpenAIStreamDialect
+    from sidecar.streams.protocols.openai import OpenAIStreamDialect
 
     def chunk(text, completion):
         return (
@@ -764,7 +764,7 @@ def test_continuous_usage_counts_k_tokens_per_chunk():
 
 
 def test_usage_only_on_last_content_chunk_is_a_total_not_k_tokens():
-    from sidecar.protocols.openai import OpenAIStreamDialect
+    from sidecar.streams.protocols.openai import OpenAIStreamDialect
 
     d = OpenAIStreamDialect()
     plain = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'

@@ -24,10 +24,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.observe import ResponseObserver
-from sidecar.protocols.events import EngineTimings, ParseError, StreamEnd, StreamError, Tokens, Usage
-from sidecar.routes import match_route
-from sidecar.timeline import Outcome, RequestTimeline, TokenCountSource
+from sidecar.measure.observe import ResponseObserver
+from sidecar.streams.protocols.events import EngineTimings, ParseError, StreamEnd, StreamError, Tokens, Usage
+from sidecar.relay.routes import match_route
+from sidecar.measure.timeline import Outcome, RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, split_at
 from tests.real.wire import engine_counts, json_events, reported_usage, token_arrivals
 

@@ -1,4 +1,4 @@
-"""The relay's body sink (``sidecar.proxy._Relay``) with fake transports: what it writes to
+"""The relay's body sink (``sidecar.relay.proxy._Relay``) with fake transports: what it writes to
 the client for each shape of read, before it measures. No sockets: the integration tests
 cover the same path end to end."""
 
@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from sidecar.observe import ResponseObserver
-from sidecar.proxy import _Relay
-from sidecar.routes import match_route
-from sidecar.timeline import RequestTimeline
+from sidecar.measure.observe import ResponseObserver
+from sidecar.relay.proxy import _Relay
+from sidecar.relay.routes import match_route
+from sidecar.measure.timeline import RequestTimeline
 
 
 class Transport:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.request_fields import (
+from sidecar.relay.request_fields import (
     MAX_TOKEN_KEYS,
     SMALL_BODY_BYTES,
     RequestFields,

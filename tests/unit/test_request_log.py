@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from sidecar.logs import RequestLogger
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.export.logs import RequestLogger
+from sidecar.measure.timeline import Outcome, RequestTimeline
 
 
 def finished(status: int | None, outcome: Outcome, error_type: str | None = None) -> RequestTimeline:

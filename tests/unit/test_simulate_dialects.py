@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 import pytest
 
-from sidecar.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
-from sidecar.protocols.events import (
+from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
+from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
     ResponseInfo,
@@ -30,13 +30,14 @@ from sidecar.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
-from sidecar.protocols.ollama import OllamaStreamDialect, parse_ollama_response
-from sidecar.protocols.responses import ResponsesStreamDialect, parse_responses_response
-from sidecar.protocols.tgi import TGIStreamDialect, parse_tgi_response
-from sidecar.protocols.triton import TritonStreamDialect, parse_triton_response
-from sidecar.simulate import SIM_STATS, SimulatorConfig, build_simulator_app
-from sidecar.simulate_dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
+from sidecar.streams.protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
+from sidecar.streams.protocols.ollama import OllamaStreamDialect, parse_ollama_response
+from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response
+from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response
+from sidecar.streams.protocols.triton import TritonStreamDialect, parse_triton_response
+from sidecar.sim.core import SIM_STATS, SimulatorConfig
+from sidecar.sim.server import build_simulator_app
+from sidecar.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 
 MODEL = "sim-model"
 FAST = SimulatorConfig(ttft=0.005, tpot=0.001, jitter=0.0, tokens=8, tokens_spread=0.0, seed=7, model=MODEL)
@@ -431,7 +432,7 @@ async def test_ollama_escapes_like_go_and_echoes_the_model(aiohttp_client: Any) 
     data = await resp.json()
     assert data["model"] == f"{MODEL}:latest"
 
-    from sidecar.simulate_dialects import _go_json
+    from sidecar.sim.dialects import _go_json
 
     assert _go_json({"t": "<a & b>\u2028"}) == b'{"t":"\\u003ca \\u0026 b\\u003e\\u2028"}'
 

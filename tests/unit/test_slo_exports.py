@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.slo import conventions as c
 from sidecar.slo import generate, parse_spec, render_rules
-from sidecar.timeline import Outcome
+from sidecar.measure.timeline import Outcome
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from sidecar.measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.slo.spec import SpecError, load_spec, parse_spec
 from sidecar.slo.windows import (
     WORKBOOK_WINDOWS,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.sse import SSEDecoder, SSEEvent, SSEOverflow
+from sidecar.streams.sse import SSEDecoder, SSEEvent, SSEOverflow
 
 FAST = settings(max_examples=250, deadline=None)
 BOM = b"\xef\xbb\xbf"

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.protocols.openai import OpenAIStreamDialect
-from sidecar.sse import SSEDecoder, SSEEvent
+from sidecar.streams.protocols.openai import OpenAIStreamDialect
+from sidecar.streams.sse import SSEDecoder, SSEEvent
 
 FAST = settings(max_examples=400, deadline=None)
 BOM = b"\xef\xbb\xbf"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from sidecar.sse import SSEDecoder, SSEEvent, SSEOverflow
+from sidecar.streams.sse import SSEDecoder, SSEEvent, SSEOverflow
 
 
 def _pieces(data: bytes, size: int) -> list[bytes]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.observe import ResponseObserver
-from sidecar.protocols.openai import OpenAIStreamDialect
-from sidecar.routes import ROUTES, match_route
-from sidecar.timeline import STREAM_TRUNCATED, Outcome, RequestTimeline
+from sidecar.measure.observe import ResponseObserver
+from sidecar.streams.protocols.openai import OpenAIStreamDialect
+from sidecar.relay.routes import ROUTES, match_route
+from sidecar.measure.timeline import STREAM_TRUNCATED, Outcome, RequestTimeline
 from tests.fixtures.streams.harness import END_MARKER_STREAMS, cut_before_marker, load
 
 STREAMS = END_MARKER_STREAMS

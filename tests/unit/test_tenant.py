@@ -12,7 +12,7 @@ from multidict import CIMultiDict
 
 from sidecar.config import ConfigError, load_settings
 from sidecar.slo import parse_spec
-from sidecar.tenant import TenantLabeler, check_tenant_header
+from sidecar.export.tenant import TenantLabeler, check_tenant_header
 from tests.conftest import wait_for
 
 ROUTE = "/v1/chat/completions"

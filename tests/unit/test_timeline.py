@@ -9,9 +9,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.protocols.events import ParseError, StreamError, TokenKind, Tokens, Usage
-from sidecar.protocols.openai import OpenAIStreamDialect, parse_openai_response
-from sidecar.timeline import Outcome, RequestTimeline
+from sidecar.streams.protocols.events import ParseError, StreamError, TokenKind, Tokens, Usage
+from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
+from sidecar.measure.timeline import Outcome, RequestTimeline
 
 START = 100.0
 HEADERS = 100.05

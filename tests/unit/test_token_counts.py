@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.observe import ResponseObserver
-from sidecar.protocols.events import EngineTimings, ResponseInfo, StreamEnd, TokenKind, Tokens, Usage
-from sidecar.protocols.openai import OpenAIStreamDialect, parse_openai_response
-from sidecar.routes import ROUTES
-from sidecar.timeline import Outcome, RequestTimeline, TokenCountSource
+from sidecar.measure.observe import ResponseObserver
+from sidecar.streams.protocols.events import EngineTimings, ResponseInfo, StreamEnd, TokenKind, Tokens, Usage
+from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
+from sidecar.relay.routes import ROUTES
+from sidecar.measure.timeline import Outcome, RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, SSE_EOLS, load, run, run_bytewise, run_whole, split_at, with_eol
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)

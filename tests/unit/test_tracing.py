@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
-from sidecar import semconv as sc
+from sidecar.export import semconv as sc
 from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
 from tests.conftest import RunningSidecar, free_port, start_app, wait_for

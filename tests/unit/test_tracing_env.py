@@ -11,8 +11,8 @@ import time
 import pytest
 
 from sidecar import __version__
-from sidecar import semconv as sc
-from sidecar.tracing import (
+from sidecar.export import semconv as sc
+from sidecar.export.tracing import (
     TelemetryProviders,
     _metric_exporter,
     _span_exporter,

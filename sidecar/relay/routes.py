@@ -10,13 +10,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
-from .protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
-from .protocols.ollama import OllamaStreamDialect, parse_ollama_response
-from .protocols.openai import OpenAIStreamDialect, parse_openai_response
-from .protocols.responses import ResponsesStreamDialect, parse_responses_response
-from .protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
-from .protocols.triton import TritonStreamDialect, parse_triton_response
+from ..streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
+from ..streams.protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
+from ..streams.protocols.ollama import OllamaStreamDialect, parse_ollama_response
+from ..streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
+from ..streams.protocols.responses import ResponsesStreamDialect, parse_responses_response
+from ..streams.protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
+from ..streams.protocols.triton import TritonStreamDialect, parse_triton_response
 
 __all__ = ["Route", "match_route", "OTHER", "ROUTES"]
 

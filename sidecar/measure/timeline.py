@@ -50,7 +50,7 @@ from __future__ import annotations
 from array import array
 from enum import Enum
 
-from .protocols.events import (
+from ..streams.protocols.events import (
     DialectEvent,
     EngineTimings,
     ParseError,

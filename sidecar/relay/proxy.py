@@ -2,8 +2,8 @@
 chunk by chunk, handing a copy of each chunk to the observer *after* writing it.
 
 Order of duties for every chunk: read from upstream, note the time, write to the client,
-then measure. Measuring never raises into this loop (see :mod:`sidecar.observe`) and the
-figures flow out through one :class:`~sidecar.timeline.RequestTimeline` per request,
+then measure. Measuring never raises into this loop (see :mod:`sidecar.measure.observe`) and the
+figures flow out through one :class:`~sidecar.measure.timeline.RequestTimeline` per request,
 finalised exactly once in ``finally``.
 
 Faults map to what a client can act on:
@@ -29,7 +29,7 @@ Faults map to what a client can act on:
 
 Framing is never relayed as received: aiohttp's parser has already refused conflicting or
 obfuscated ``Content-Length``/``Transfer-Encoding`` (see :mod:`sidecar.app`), the body is
-decoded, and the upstream request is framed afresh (:mod:`sidecar.upstream`). An HTTP/1.0
+decoded, and the upstream request is framed afresh (:mod:`sidecar.relay.upstream`). An HTTP/1.0
 request that carries ``Transfer-Encoding`` is refused with 400 (RFC 9112 section 6.1: its
 framing is faulty), a transfer coding other than plain ``chunked`` with 501 (section 6.1
 again: aiohttp would not decode it), and the connection is closed after either.
@@ -52,7 +52,7 @@ from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
 from .client_head import RawHeadResponse, client_head
-from .observe import ResponseObserver
+from ..measure.observe import ResponseObserver
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
     import fcntl
@@ -62,7 +62,7 @@ except ImportError:  # pragma: no cover - Windows: progress is seen in the trans
     _SIOCOUTQ = None
 from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from .routes import OTHER, Route, match_route
-from .timeline import Outcome, RequestTimeline
+from ..measure.timeline import Outcome, RequestTimeline
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response", "CLIENT_BODY_TIMEOUT"]
@@ -148,7 +148,7 @@ Recorder = Callable[[RequestTimeline, str], None]
 
 
 class RequestTracer(Protocol):
-    """What the proxy needs from tracing (see :mod:`sidecar.tracing`)."""
+    """What the proxy needs from tracing (see :mod:`sidecar.export.tracing`)."""
 
     def start(self, headers: Mapping[str, str], timeline: RequestTimeline) -> None:
         """Begin the request's span in the client's trace; set ``timeline.trace``/``trace_id``."""
@@ -525,7 +525,7 @@ _HIGH_WATER = 64 << 10
 
 
 class _Relay:
-    """The body sink of one response (:class:`~sidecar.upstream.BodySink`).
+    """The body sink of one response (:class:`~sidecar.relay.upstream.BodySink`).
 
     Called from the upstream connection's ``data_received`` for each piece: note the time,
     write the piece to the client (re-framed as one HTTP chunk when the client's response

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from .timeline import Outcome, RequestTimeline
+from ..measure.timeline import Outcome, RequestTimeline
 
 __all__ = ["configure_logging", "RequestLogger"]
 

@@ -16,7 +16,7 @@ read Prometheus would see them:
   ``. _ : @ / -``, starting with a letter or digit, and without the prefix of a well-known
   secret format (``sk-``, ``Bearer``, a JWT's ``eyJ``, ...). Anything else is ``other``.
 
-Bounding reuses :class:`~sidecar.metrics.ModelLabeler`: an allowlist, else the first
+Bounding reuses :class:`~sidecar.export.metrics.ModelLabeler`: an allowlist, else the first
 ``max_tenants`` distinct values and ``other`` after; a request without the header is
 ``unknown``. The header is read, never changed: the upstream gets it as the client sent it.
 """

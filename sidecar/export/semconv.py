@@ -46,7 +46,7 @@ GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 
-# gen_ai.operation.name well-known values used by the route table (sidecar/routes.py).
+# gen_ai.operation.name well-known values used by the route table (sidecar/relay/routes.py).
 GEN_AI_OPERATION_CHAT = "chat"
 GEN_AI_OPERATION_TEXT_COMPLETION = "text_completion"
 
@@ -103,7 +103,7 @@ LLM_SIDECAR_ENGINE_PREFILL = "llm_sidecar.engine.prefill_time"
 LLM_SIDECAR_ENGINE_DECODE = "llm_sidecar.engine.decode_time"
 # Waiting in the engine's queue (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).
 LLM_SIDECAR_ENGINE_QUEUE = "llm_sidecar.engine.queue_time"
-# What the sidecar itself added, in seconds, each way (see sidecar/timeline.py).
+# What the sidecar itself added, in seconds, each way (see sidecar/measure/timeline.py).
 LLM_SIDECAR_OVERHEAD_REQUEST = "llm_sidecar.overhead.request"
 LLM_SIDECAR_OVERHEAD_RESPONSE = "llm_sidecar.overhead.response"
 

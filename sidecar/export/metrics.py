@@ -3,7 +3,7 @@
 Names, labels and meanings are the contract in DESIGN.md. The registry is injected (tests
 build a fresh ``CollectorRegistry()``); nothing here is a module global. Label values are
 bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed route table,
-``outcome`` by :class:`~sidecar.timeline.Outcome`, ``code`` by HTTP itself.
+``outcome`` by :class:`~sidecar.measure.timeline.Outcome`, ``code`` by HTTP itself.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from operator import add
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.values import MutexValue
 
-from .buckets import (
+from ..measure.buckets import (
     E2E_BUCKETS,
     ENGINE_PHASE_BUCKETS,
     OVERHEAD_BUCKETS,
@@ -25,9 +25,9 @@ from .buckets import (
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
-from .prompt_class import PromptClasses
-from .routes import ROUTES
-from .timeline import Outcome, RequestTimeline
+from ..measure.prompt_class import PromptClasses
+from ..relay.routes import ROUTES
+from ..measure.timeline import Outcome, RequestTimeline
 
 __all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
 
@@ -104,7 +104,7 @@ class SidecarMetrics:
         tenants: bool = False,
     ) -> None:
         self.registry = registry
-        # The opt-in tenant label (sidecar/tenant.py) goes last on the series that answer
+        # The opt-in tenant label (sidecar/export/tenant.py) goes last on the series that answer
         # "who": requests, tokens, TTFT and goodput. Off, the label sets are unchanged.
         self.tenants = tenants
         tl: tuple[str, ...] = ("tenant",) if tenants else ()

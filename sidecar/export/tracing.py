@@ -3,8 +3,8 @@ metrics, and OTLP export configured by the standard ``OTEL_*`` environment varia
 
 Three parts, each usable alone:
 
-- :class:`RequestTelemetry` is the proxy's :class:`~sidecar.proxy.RequestTracer` (``start``
-  and ``inject``) and a :data:`~sidecar.proxy.Recorder` (``record``) that ends the span from
+- :class:`RequestTelemetry` is the proxy's :class:`~sidecar.relay.proxy.RequestTracer` (``start``
+  and ``inject``) and a :data:`~sidecar.relay.proxy.Recorder` (``record``) that ends the span from
   the finished timeline and records the OTel metrics. Providers are injected, never taken
   from the global API state, so tests hand in in-memory ones.
 - :func:`providers_from_env` builds the SDK tracer and meter providers with OTLP exporters,
@@ -49,11 +49,11 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import __version__
+from .. import __version__
 from . import semconv as sc
 from .metrics import OTHER_MODEL, UNKNOWN_MODEL
-from .routes import OTHER, ROUTES
-from .timeline import Outcome, RequestTimeline, TokenCountSource
+from ..relay.routes import OTHER, ROUTES
+from ..measure.timeline import Outcome, RequestTimeline, TokenCountSource
 
 __all__ = [
     "RequestTelemetry",
@@ -537,7 +537,7 @@ def _parse_resource_attributes(raw: str) -> dict[str, str]:
 def resource_attributes(environ: Mapping[str, str]) -> dict[str, str]:
     """Resource attributes, lowest precedence first: defaults (``service.name`` =
     ``llm-sidecar``, ``service.version``), Kubernetes downward-API variables
-    (``K8S_POD_NAME`` -> ``k8s.pod.name``, see :data:`sidecar.semconv.K8S_ENV_ATTRIBUTES`),
+    (``K8S_POD_NAME`` -> ``k8s.pod.name``, see :data:`sidecar.export.semconv.K8S_ENV_ATTRIBUTES`),
     ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``."""
     attrs: dict[str, str] = {sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.SERVICE_VERSION: __version__}
     for var, key in sc.K8S_ENV_ATTRIBUTES:

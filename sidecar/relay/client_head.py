@@ -11,10 +11,10 @@ built here from the upstream's raw status line and field lines: hop-by-hop field
 chunked`` it adds for a re-framed body, one plain ``Content-Length``), ``Connection`` says
 what this connection does; every other byte is the upstream's.
 
-:class:`RawHeadResponse` is the one place that depends on aiohttp internals: it overrides
-``StreamResponse._prepare_headers`` and ``_write_headers``, which ``prepare()`` calls in that
-order (checked against aiohttp 3.14.5, the version the suite installs; ``tests/unit/test_client_head.py`` and the
-header tests in ``tests/integration/test_hostile_headers.py`` pin the bytes on the wire).
+:class:`RawHeadResponse` writes the head through
+:class:`~sidecar.relay.aiohttp_internals.OwnHeadResponse`, where the aiohttp internals this
+takes are named and pinned (``tests/unit/test_client_head.py`` and the header tests in
+``tests/integration/test_hostile_headers.py`` pin the bytes on the wire).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from .aiohttp_internals import OwnHeadResponse
 from .http1 import ResponseHead
 
 __all__ = ["ClientHead", "RawHeadResponse", "client_head"]
@@ -84,7 +85,7 @@ def client_head(head: ResponseHead, *, http11: bool, method: str, client_keep_al
     return ClientHead(b"".join(out), chunked, keep_alive)
 
 
-class RawHeadResponse(web.StreamResponse):
+class RawHeadResponse(OwnHeadResponse):
     """A ``StreamResponse`` whose head is :class:`ClientHead` bytes, written as they are.
 
     The body is written by the relay straight to the transport (framed by it when
@@ -93,21 +94,14 @@ class RawHeadResponse(web.StreamResponse):
     """
 
     def __init__(self, head: ClientHead, status: int) -> None:
-        super().__init__(status=status)
+        super().__init__(status=status, keep_alive=head.keep_alive)
         self._raw_head = head
-        self._keep_alive = head.keep_alive
 
-    async def _prepare_headers(self) -> None:  # aiohttp internal, see the module docstring
-        pass  # nothing of aiohttp's: no Date, Server, Content-Type, chunking or Connection
-
-    async def _write_headers(self) -> None:  # aiohttp internal, see the module docstring
-        request = self._req
-        assert request is not None and request.transport is not None
+    def head_bytes(self) -> bytes:
         data = self._raw_head.data
-        if self._raw_head.keep_alive and not self._keep_alive:
+        if self._raw_head.keep_alive and self.closing:
             data = _closing(data)
-        request.transport.write(data)
-        request.writer.output_size += len(data)
+        return data
 
     @property
     def chunked(self) -> bool:

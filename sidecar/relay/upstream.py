@@ -4,7 +4,7 @@ response body to the relay.
 Why not aiohttp's client: with it, every token costs a stream-buffer append, a future, a
 task wake-up through several ``await`` layers and a re-armed read timer before the relay
 even sees the bytes. That machinery was ~40 % of the sidecar's CPU per token. Here the
-connection's ``data_received`` decodes the framing (:mod:`sidecar.http1`, sans-I/O) and
+connection's ``data_received`` decodes the framing (:mod:`sidecar.relay.http1`, sans-I/O) and
 hands each body piece straight to a :class:`BodySink`, which writes it to the client and
 then measures it, inside the same callback: one read, one write, no task switch. The relay
 task only wakes for what is rare: the end, an error, or back-pressure.

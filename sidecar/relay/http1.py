@@ -3,7 +3,7 @@
 Why our own and not aiohttp's client: the relay wants the upstream's body *pushed* to it,
 one decoded piece per socket read, straight from the connection's ``data_received``, so
 that a token costs one read, one write and the measuring, with no future, task wake-up,
-stream buffer or per-read timer in between (see :mod:`sidecar.upstream`). Parsing is
+stream buffer or per-read timer in between (see :mod:`sidecar.relay.upstream`). Parsing is
 the same job whoever does the I/O, so it lives here, free of sockets and asyncio, and is
 tested whole, byte by byte and at random splits like every other parser in the project.
 

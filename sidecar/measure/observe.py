@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import structlog
 
-from .protocols.events import ParseError
-from .routes import Route
+from ..streams.protocols.events import ParseError
+from ..relay.routes import Route
 from .timeline import RequestTimeline
 
 __all__ = ["ResponseObserver"]

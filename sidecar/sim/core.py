@@ -6,7 +6,7 @@ It generates no text worth reading, but its bytes, framing and timing are those 
 vLLM server, so everything the sidecar measures can be checked against a known schedule.
 This module serves ``/v1/chat/completions`` and ``/v1/completions``; the other dialects
 (OpenAI Responses, Anthropic Messages, TGI, Ollama, llama.cpp, Triton) live in
-:mod:`sidecar.simulate_dialects`, on the same app, with the same timing model and headers.
+:mod:`sidecar.sim.dialects`, on the same app, with the same timing model and headers.
 
 Wire format: what was copied from where
 ---------------------------------------
@@ -91,10 +91,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import math
 import random
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -106,11 +104,8 @@ __all__ = [
     "SIM_STATS",
     "SimStats",
     "SimulatorConfig",
-    "build_simulator_app",
-    "run_simulator",
 ]
 
-log = logging.getLogger(__name__)
 
 MAX_MODEL_LEN = 8192
 """Reported by ``/v1/models``."""
@@ -174,6 +169,9 @@ class SimulatorConfig:
     """Share of streams whose connection is aborted after about half the tokens."""
     reasoning_tokens: int = 0
     """Chat only: ``reasoning_content`` deltas before the answer, per choice."""
+    max_body_bytes: int = 128 << 20
+    """Largest request body read (else 413). Above the sidecar's own 64 MiB default
+    (``--max-request-body-bytes``), so the sidecar's limits can be tried through it."""
 
     def __post_init__(self) -> None:
         for name in ("ttft", "tpot", "jitter", "tokens_spread"):
@@ -190,8 +188,19 @@ class SimulatorConfig:
             raise ValueError(
                 f"reasoning_tokens must be an integer >= 0, got {self.reasoning_tokens!r}"
             )
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
         if not self.model:
             raise ValueError("model must be a non-empty string")
+
+    def describe(self, host: str, port: int) -> str:
+        """The one line ``llm-sidecar simulate`` prints at start."""
+        spread = "exactly" if self.tokens_spread == 0 else f"mean, spread {self.tokens_spread:g}"
+        return (
+            f"simulator serving model {self.model!r} on http://{host}:{port}: ttft {self.ttft:g}s, "
+            f"tpot {self.tpot:g}s, jitter {self.jitter:g}, {self.tokens} tokens ({spread}), "
+            f"fail-rate {self.fail_rate:g}, drop-rate {self.drop_rate:g}"
+        )
 
 
 @dataclass(slots=True)
@@ -971,58 +980,3 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 # ---------------------------------------------------------------- public API
-
-
-@web.middleware
-async def _reset_faults(request: web.Request, handler: Any) -> web.StreamResponse:
-    """``x-sim-fail: reset`` on any route: read the request, then abort before any header."""
-    if request.headers.get("x-sim-fail", "").strip().lower() != "reset":
-        return await handler(request)
-    await request.read()
-    stats = request.app[SIM_STATS]
-    stats.started += 1
-    stats.dropped += 1
-    _abort(request)
-    return web.Response(status=499, reason="Client Closed Request")
-
-
-def build_simulator_app(config: SimulatorConfig) -> web.Application:
-    """The simulated server as an aiohttp app; ``app[SIM_STATS]`` counts what it saw."""
-    sim = _Sim(config)
-    app = web.Application(middlewares=[_reset_faults])
-    app[_SIM] = sim
-    app[SIM_STATS] = sim.stats
-    app.router.add_post("/v1/chat/completions", _chat_completions)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
-    # Imported here: the dialects build on this module's timing model and request parsing.
-    from .simulate_dialects import add_dialect_routes  # noqa: PLC0415
-
-    add_dialect_routes(app)
-    return app
-
-
-async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
-    """Serve the simulator on ``host:port`` until cancelled, SIGTERM or SIGINT; live streams
-    get ``SHUTDOWN_TIMEOUT`` seconds to finish, like a real server's graceful shutdown."""
-    app = build_simulator_app(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
-            pass
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT
-    )
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        log.info("simulator serving model %s on http://%s:%d", config.model, host, port)
-        await stop.wait()
-    finally:
-        await runner.cleanup()

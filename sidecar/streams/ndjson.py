@@ -15,7 +15,7 @@ Why bytes, not text: LF is ASCII and never occurs inside a UTF-8 multi-byte sequ
 character that a TCP read cuts in half simply waits in the buffer with the rest of its line,
 and the dialect hands the complete line to orjson without a decode/encode round trip.
 
-Bounded memory, as in :mod:`sidecar.sse`: a peer that never sends a line end must not make
+Bounded memory, as in :mod:`sidecar.streams.sse`: a peer that never sends a line end must not make
 us buffer without limit. Past ``max_line_bytes`` of one line (CRLF excluded; the buffer may
 hold one byte more, the CR whose LF has not arrived yet) the decoder drops what it holds,
 reports one :class:`NDJSONOverflow`, and discards the rest of that line up to its LF; the

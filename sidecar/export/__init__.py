@@ -1,0 +1,1 @@
+"""One finished record -> Prometheus metrics, OpenTelemetry spans and metrics, the log line."""

@@ -1,0 +1,1 @@
+"""Events and the clock -> one :class:`~sidecar.measure.timeline.RequestTimeline` per request."""

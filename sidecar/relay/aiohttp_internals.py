@@ -1,0 +1,112 @@
+"""Every use of aiohttp's private names, in one place.
+
+aiohttp has no public hook for three things the sidecar needs, so it leans on internals:
+
+* answering a request its HTTP parser refuses (414/431/400) with the proxy's JSON body and
+  capping connections: the error path runs no middleware, so :class:`HandlerServer` builds
+  the connection handler (``aiohttp.web_protocol.RequestHandler``, whose ``_manager`` and
+  ``_loop`` the handler reads) and :class:`RebuildingRunner` rebuilds the server
+  ``AppRunner._make_server`` made, with the same ``web.Server._kwargs``;
+* writing the upstream's own head bytes: :class:`OwnHeadResponse` replaces
+  ``StreamResponse._prepare_headers`` and ``_write_headers`` (which ``prepare()`` calls in
+  that order) and reads ``_req`` / sets ``_keep_alive``;
+* shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
+  (:func:`set_shutdown_timeout`).
+
+Checked against aiohttp 3.14.5 (the version ``make install`` resolves; pyproject pins
+``<3.15`` for this reason). ``tests/unit/test_aiohttp_internals.py`` pins each name used
+here on the installed aiohttp, so an upgrade that renames one fails there by name rather
+than as a wrong byte on the wire; the behaviour is pinned over real sockets by
+``tests/unit/test_client_head.py``, ``tests/integration/test_hostile*.py`` and the drain tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+__all__ = [
+    "CHECKED_AIOHTTP",
+    "HandlerServer",
+    "OwnHeadResponse",
+    "RebuildingRunner",
+    "RequestHandler",
+    "handler_loop",
+    "handler_server",
+    "open_connections",
+    "set_shutdown_timeout",
+]
+
+CHECKED_AIOHTTP = "3.14.5"
+
+
+def handler_server(handler: RequestHandler) -> web.Server:
+    """The server (connection manager) a connection handler belongs to."""
+    return handler._manager  # type: ignore[return-value]
+
+
+def handler_loop(handler: RequestHandler) -> asyncio.AbstractEventLoop:
+    return handler._loop
+
+
+def open_connections(server: web.Server) -> int:
+    """Connections the server holds now (the one being opened not yet among them)."""
+    return len(server._connections)
+
+
+class HandlerServer(web.Server):
+    """``web.Server`` that builds its connection handlers from ``handler_class``."""
+
+    handler_class: type[RequestHandler] = RequestHandler
+
+    def __call__(self) -> RequestHandler:
+        return self.handler_class(self, loop=self._loop, **self._kwargs)
+
+
+class RebuildingRunner(web.AppRunner):
+    """``web.AppRunner`` whose server is rebuilt by :meth:`rebuild_server` from the one
+    aiohttp made and the keyword arguments it was made with (a copy, free to change)."""
+
+    async def _make_server(self) -> web.Server:
+        built = await super()._make_server()
+        return self.rebuild_server(built, dict(built._kwargs))
+
+    def rebuild_server(self, built: web.Server, kwargs: dict[str, Any]) -> web.Server:
+        return built
+
+
+def set_shutdown_timeout(runner: web.BaseRunner, seconds: float) -> None:
+    """How long ``runner.cleanup()`` waits for handlers still running."""
+    if not hasattr(runner, "_shutdown_timeout"):  # a renamed attribute must not pass silently
+        raise AttributeError("aiohttp BaseRunner has no _shutdown_timeout: recheck aiohttp_internals")
+    runner._shutdown_timeout = seconds
+
+
+class OwnHeadResponse(web.StreamResponse):
+    """``StreamResponse`` whose head is written by :meth:`write_head`, none of aiohttp's
+    (no Date, Server, Content-Type, chunking or Connection added)."""
+
+    def __init__(self, status: int, keep_alive: bool) -> None:
+        super().__init__(status=status)
+        self._keep_alive = keep_alive
+
+    @property
+    def closing(self) -> bool:
+        """True once ``force_close()`` was called (an ``on_response_prepare`` hook may)."""
+        return not self._keep_alive
+
+    def head_bytes(self) -> bytes:  # pragma: no cover - subclasses say what the head is
+        raise NotImplementedError
+
+    async def _prepare_headers(self) -> None:
+        pass
+
+    async def _write_headers(self) -> None:
+        request = self._req
+        assert request is not None and request.transport is not None
+        data = self.head_bytes()
+        request.transport.write(data)
+        request.writer.output_size += len(data)

@@ -1,0 +1,84 @@
+"""The simulated server's app and process: the core's OpenAI/vLLM routes and every other
+dialect's routes (:mod:`sidecar.sim.dialects`) on one aiohttp app.
+
+This module sits on top: it imports the core and the dialects, and neither imports it, so
+the simulator has no import circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from .core import (
+    _SIM,
+    SHUTDOWN_TIMEOUT,
+    SIM_STATS,
+    SimulatorConfig,
+    _abort,
+    _chat_completions,
+    _completions,
+    _health,
+    _metrics,
+    _models,
+    _Sim,
+)
+from .dialects import add_dialect_routes
+
+__all__ = ["build_simulator_app", "run_simulator"]
+
+
+@web.middleware
+async def _reset_faults(request: web.Request, handler: Any) -> web.StreamResponse:
+    """``x-sim-fail: reset`` on any route: read the request, then abort before any header."""
+    if request.headers.get("x-sim-fail", "").strip().lower() != "reset":
+        return await handler(request)
+    await request.read()
+    stats = request.app[SIM_STATS]
+    stats.started += 1
+    stats.dropped += 1
+    _abort(request)
+    return web.Response(status=499, reason="Client Closed Request")
+
+
+def build_simulator_app(config: SimulatorConfig) -> web.Application:
+    """The simulated server as an aiohttp app; ``app[SIM_STATS]`` counts what it saw."""
+    sim = _Sim(config)
+    app = web.Application(middlewares=[_reset_faults], client_max_size=config.max_body_bytes)
+    app[_SIM] = sim
+    app[SIM_STATS] = sim.stats
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    add_dialect_routes(app)
+    return app
+
+
+async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
+    """Serve the simulator on ``host:port`` until cancelled, SIGTERM or SIGINT; live streams
+    get ``SHUTDOWN_TIMEOUT`` seconds to finish, like a real server's graceful shutdown."""
+    app = build_simulator_app(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread
+            pass
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        print(config.describe(host, port), file=sys.stderr, flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,1 @@
+"""Sans-I/O: relayed bytes -> framing (SSE, NDJSON) -> per-dialect token events."""

@@ -1,0 +1,114 @@
+"""Pins every aiohttp private name :mod:`sidecar.relay.aiohttp_internals` uses, on the
+installed aiohttp, over a real socket: an upgrade that renames one fails here by name."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from sidecar.relay import aiohttp_internals as ai
+
+
+async def _hello(request: web.Request) -> web.Response:
+    return web.Response(text="hi")
+
+
+async def test_rebuilt_server_gets_aiohttp_kwargs_and_builds_its_handler_class():
+    seen: dict[str, object] = {}
+
+    class Handler(ai.RequestHandler):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            server = ai.handler_server(self)
+            seen["server"] = server
+            seen["loop"] = ai.handler_loop(self)
+            seen["open_before"] = ai.open_connections(server)
+            super().connection_made(transport)
+
+    class Server(ai.HandlerServer):
+        handler_class = Handler
+
+    class Runner(ai.RebuildingRunner):
+        def rebuild_server(self, built, kwargs):
+            seen["kwargs"] = dict(kwargs)
+            server = Server(
+                built.request_handler,
+                request_factory=built.request_factory,
+                handler_cancellation=built.handler_cancellation,
+                loop=asyncio.get_running_loop(),
+                **kwargs,
+            )
+            seen["rebuilt"] = server
+            return server
+
+    app = web.Application()
+    app.router.add_get("/", _hello)
+    runner = Runner(app, access_log=None, keepalive_timeout=7.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/") as resp:
+                assert await resp.text() == "hi"
+                assert ai.open_connections(seen["rebuilt"]) == 1  # type: ignore[arg-type]
+    finally:
+        await runner.cleanup()
+    assert seen["kwargs"]["keepalive_timeout"] == 7.5  # web.Server._kwargs as passed
+    assert seen["server"] is seen["rebuilt"]  # RequestHandler._manager
+    assert seen["loop"] is asyncio.get_running_loop()  # RequestHandler._loop
+    assert seen["open_before"] == 0  # web.Server._connections
+
+
+async def test_shutdown_timeout_is_the_attribute_cleanup_reads():
+    runner = web.AppRunner(web.Application(), shutdown_timeout=60.0)
+    assert runner._shutdown_timeout == 60.0  # the name aiohttp stores the argument under
+    ai.set_shutdown_timeout(runner, 0.25)
+    assert runner._shutdown_timeout == 0.25
+
+
+def test_shutdown_timeout_refuses_a_runner_without_the_attribute():
+    class NotARunner:
+        pass
+
+    with pytest.raises(AttributeError, match="aiohttp_internals"):
+        ai.set_shutdown_timeout(NotARunner(), 1.0)  # type: ignore[arg-type]
+
+
+async def test_own_head_response_writes_only_its_head_and_sees_force_close():
+    class Head(ai.OwnHeadResponse):
+        def head_bytes(self) -> bytes:
+            state = b"close" if self.closing else b"keep-alive"
+            return b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: " + state + b"\r\n\r\n"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = Head(status=203, keep_alive=True)
+        if request.query.get("close"):
+            resp.force_close()
+        await resp.prepare(request)
+        request.transport.write(b"ok")  # type: ignore[union-attr]
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        for query, state in (("", b"keep-alive"), ("?close=1", b"close")):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET /{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head == (
+                b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: " + state + b"\r\n\r\n"
+            )  # no Date, Server or Content-Type of aiohttp's
+            assert await reader.readexactly(2) == b"ok"
+            writer.close()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,125 @@
+"""The package layout has no import circle: a static check of the module graph (every
+``import`` in sidecar/**/*.py, relative ones resolved, lazy ones inside functions included)
+and a dynamic one (each module imported alone in a fresh interpreter, so a circle that only
+bites in some import order cannot hide behind an earlier import)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path) -> set[str]:
+    """The package modules ``name`` imports, anywhere in its body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # `from pkg import mod` imports the submodule (its package is already running or
+            # done); `from mod import name` imports the module.
+            targets = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a path ``a -> b -> ... -> a``, or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Edges between modules; a package's ``__init__`` counts only for what it imports itself,
+    not as a parent of its submodules (Python runs it first, but it imports none of them)."""
+    return {name: imported_modules(name, path) for name, path in MODULES.items()}
+
+
+def test_the_static_import_graph_of_the_package_has_no_cycle():
+    assert find_cycle(package_graph()) is None
+
+
+def test_the_cycle_finder_reports_a_circle_it_is_given():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_graph_sees_relative_and_lazy_imports():
+    graph = package_graph()
+    assert "sidecar.sim.core" in graph["sidecar.sim.dialects"]  # from .core import (...)
+    assert "sidecar.sim.server" in graph["sidecar.cli"]  # imported inside main()
+    assert "sidecar.export.semconv" in graph["sidecar.export.tracing"]  # from . import semconv
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if not n.endswith("__main__")])
+def test_each_module_imports_alone_in_a_fresh_interpreter(name):
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PACKAGE.parent,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_simulator_no_longer_has_its_two_halves_importing_each_other():
+    graph = package_graph()
+    assert "sidecar.sim.dialects" not in graph["sidecar.sim.core"]
+    assert not (PACKAGE / "simulate.py").exists() and not (PACKAGE / "simulate_dialects.py").exists()
+
+
+def test_every_folder_of_modules_is_a_package_the_build_ships():
+    # setuptools' find (pyproject: include = ["sidecar*"]) skips a folder without
+    # __init__.py: it would import from a checkout and be missing from the wheel and image.
+    from setuptools import find_packages
+
+    shipped = set(find_packages(str(PACKAGE.parent), include=["sidecar*"]))
+    folders = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("*.py")}
+    assert folders <= shipped, folders - shipped
