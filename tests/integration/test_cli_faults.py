@@ -22,6 +22,7 @@ from tests.conftest import free_port
 
 CLI = str(Path(sys.executable).with_name("llm-sidecar"))
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LLM_SIDECAR_") and not k.startswith("OTEL_")}
+ENV["COLUMNS"] = "250"  # argparse wraps help to the terminal; one line per option is easier to check
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -45,9 +46,10 @@ def test_serve_help_shows_upstream_as_required_and_explains_logging():
 
 
 def test_simulate_help_shows_defaults():
-    out = " ".join(run("simulate", "--help").stdout.split())
+    help_lines = run("simulate", "--help").stdout.splitlines()  # COLUMNS=250: one line per option
     for flag, default in (("--ttft", "0.2"), ("--tokens", "64"), ("--jitter", "0.1"), ("--model", "sim-llama-3-8b")):
-        assert f"(default: {default})" in out.split(flag.upper().lstrip("-"), 1)[-1], flag
+        line = next(ln for ln in help_lines if ln.strip().startswith(f"{flag} {flag[2:].upper()} "))
+        assert f"(default: {default})" in line, line
 
 
 @pytest.mark.parametrize(
