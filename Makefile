@@ -2,11 +2,14 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Two stamps: the demo needs only the package's own dependencies; the tests add the `test`
+# extra (SDKs, grpcio, the Grafana SDK, ...) on top of the same venv.
+BASE_STAMP := $(VENV)/.installed-base
+STAMP      := $(VENV)/.installed
 
 .PHONY: demo test test-real real-servers test-pod install system-deps tools podman image clean
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
 
 test: $(STAMP) system-deps tools
@@ -14,9 +17,13 @@ test: $(STAMP) system-deps tools
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 

@@ -464,6 +464,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
     await proxy_runner.setup()
     await admin_runner.setup()
+    started = False  # a bind failure (port taken) is reported by the CLI alone, no "stopped" line
     try:
         host, port = settings.listen_addr
         await web.TCPSite(proxy_runner, host, port, backlog=1024).start()
@@ -476,6 +477,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             upstream=settings.upstream,
             open_files_limit=open_files,
         )
+        started = True
         await stop.wait()
         _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
         started = loop.time()
@@ -488,4 +490,5 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await admin_runner.cleanup()
         if providers.enabled:  # flush the spans and metrics of the drained requests
             await asyncio.to_thread(providers.shutdown)
-        _log.info("stopped")
+        if started:
+            _log.info("stopped")

@@ -11,7 +11,9 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from typing import Literal, get_args, get_origin
 
+from . import __version__
 from .config import ENV_PREFIX, ConfigError, Settings, load_settings, parse_host_port
 
 __all__ = ["main"]
@@ -38,6 +40,10 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if name == "model_allowlist":
             kwargs["type"] = lambda s: [m.strip() for m in s.split(",") if m.strip()]
             kwargs["metavar"] = "M1,M2"
+        if get_origin(info.annotation) is Literal:
+            kwargs["choices"] = get_args(info.annotation)
+        if name == "upstream":
+            kwargs["metavar"] = "URL"
         parser.add_argument(_flag(name), **kwargs)
     parser.add_argument("--config", dest="config", default=None, help=f"YAML settings file [env {ENV_PREFIX}CONFIG]")
 
@@ -70,9 +76,16 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="llm-sidecar",
         description="Latency observability sidecar for LLM inference servers.",
     )
+    parser.add_argument("--version", action="version", version=f"llm-sidecar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the measuring reverse proxy")
+    # --upstream is required, but may come from the environment or --config instead of a
+    # flag, so argparse cannot enforce it; the usage line says so and load_settings checks.
+    serve = sub.add_parser(
+        "serve",
+        help="run the measuring reverse proxy",
+        usage="llm-sidecar serve --upstream URL [options]",
+    )
     _add_settings_flags(serve)
 
     sim = sub.add_parser(
@@ -130,8 +143,29 @@ def _die(message: str) -> int:
     return 2
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, and report an unknown flag with the usage of the command it was given to
+    (argparse's own check runs at the top level and prints the top-level usage)."""
+    parser = _build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the deepest command ``args`` names."""
+    for dest in ("command", "slo_command"):
+        name = getattr(args, dest, None)
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if name is None or not subs:
+            break
+        parser = subs[0].choices[name]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "serve":
         flags = {name: getattr(args, name) for name in Settings.model_fields}
         try:

@@ -8,6 +8,7 @@ with one line that names the setting and where it came from (see :func:`load_set
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -22,6 +23,10 @@ from .export.tenant import check_tenant_header
 __all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 
 ENV_PREFIX = "LLM_SIDECAR_"
+
+# An upstream URL ending in /v1 (or /v2, /v1beta...) is a client's base URL, not a server's
+# root: the relayed path already starts with it, so every request would 404 as /v1/v1/...
+_API_VERSION_PATH = re.compile(r"/v\d+(?:alpha\d*|beta\d*)?$")
 
 
 class ConfigError(Exception):
@@ -58,7 +63,10 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    upstream: str = Field(description="Base URL of the inference server, e.g. http://127.0.0.1:8000")
+    upstream: str = Field(
+        description="Required. Root URL of the inference server, e.g. http://127.0.0.1:8000 (no /v1: "
+        "each client's path is relayed as-is; a path given here is a prefix put before it)"
+    )
     listen: str = Field("0.0.0.0:8080", description="Proxy address HOST:PORT")
     metrics_listen: str = Field("0.0.0.0:9464", description="Admin address for /metrics /healthz /readyz")
     connect_timeout: float = Field(5.0, gt=0, description="Seconds to open a connection to the upstream")
@@ -159,8 +167,12 @@ class Settings(BaseModel):
         "(classes le1024, le8192, gt8192, unknown when the count is not reported; at most 4 bounds). "
         "Empty: every request is class 'all'",
     )
-    log_format: Literal["json", "console"] = Field("json", description="Request log format")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+    log_format: Literal["json", "console"] = Field(
+        "json", description="Log line format: json (one object a line, for collectors) or console (for a terminal)"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Least severe level logged; failed requests are error lines, served ones info"
+    )
     access_log: bool = Field(True, description="One structured line per request")
     otel_metrics: bool = Field(
         False,
@@ -207,6 +219,13 @@ class Settings(BaseModel):
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
             raise ValueError(f"bad port in {v!r}") from exc
+        if _API_VERSION_PATH.search(parts.path.rstrip("/")):
+            root = f"{parts.scheme}://{parts.netloc}{_API_VERSION_PATH.sub('', parts.path.rstrip('/'))}"
+            raise ValueError(
+                f"{v!r} ends in an API version path (the OpenAI base-URL habit); the sidecar relays "
+                f"each client's path as-is, so /v1/chat/completions would go to "
+                f"{parts.path.rstrip('/')}/v1/chat/completions. Give the server's root instead: {root}"
+            )
         return v.rstrip("/")
 
     @field_validator("inject_stream_usage", mode="before")

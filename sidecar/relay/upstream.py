@@ -27,6 +27,7 @@ is sent once more on a new connection (see :func:`_replayable`); anything else g
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Protocol
@@ -61,8 +62,22 @@ class UpstreamError(Exception):
         self.status = status
 
 
-def _unreachable() -> UpstreamError:
-    return UpstreamError("upstream_unreachable", 502, "the inference server refused or is unreachable")
+def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
+    """Name the cause (DNS, TLS, refused, other) in the message: the error type stays
+    ``upstream_unreachable`` (a label value), but an operator reading one 502 should not
+    have to open ``/readyz`` to learn which of these it was. Each message keeps the word
+    "unreachable" that clients and log searches already match."""
+    where = f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        reason = f"the inference server is unreachable: cannot resolve its host name {host!r} ({exc.strerror or exc})"
+    elif isinstance(exc, ssl.SSLError):
+        detail = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
+        reason = f"the inference server at {where} is unreachable: TLS handshake failed ({detail})"
+    elif isinstance(exc, ConnectionRefusedError):
+        reason = f"the inference server at {where} is unreachable: connection refused (is it listening on that port?)"
+    else:
+        reason = f"the inference server at {where} is unreachable ({exc.strerror or exc})"
+    return UpstreamError("upstream_unreachable", 502, reason)
 
 
 def _timeout() -> UpstreamError:
@@ -502,8 +517,8 @@ class UpstreamPool:
                 )
         except TimeoutError:
             raise _timeout() from None
-        except (OSError, ssl.SSLError):
-            raise _unreachable() from None
+        except (OSError, ssl.SSLError) as exc:
+            raise _unreachable(exc, self.host, self.port) from None
         self._all.add(conn)
         return conn
 
