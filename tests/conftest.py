@@ -6,10 +6,12 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 from aiohttp import web
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -170,3 +172,16 @@ async def traced(spans):
     yield make
     for runner in runners:
         await runner.cleanup()
+
+
+def start_prometheus(binary: str, workdir, config: dict) -> tuple[subprocess.Popen, int]:
+    """A real Prometheus on a free loopback port, with ``config`` (a prometheus.yml as a
+    dict) and its data under ``workdir``. The caller terminates it."""
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc, port

@@ -51,8 +51,12 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
-from .client_head import RawHeadResponse, client_head
 from ..measure.observe import ResponseObserver
+from ..measure.timeline import Outcome, RequestTimeline
+from .client_head import RawHeadResponse, client_head
+from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
+from .routes import OTHER, Route, match_route
+from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
     import fcntl
@@ -60,10 +64,6 @@ try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOU
 except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
     fcntl = None  # type: ignore[assignment]
     _SIOCOUTQ = None
-from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
-from .routes import OTHER, Route, match_route
-from ..measure.timeline import Outcome, RequestTimeline
-from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response", "CLIENT_BODY_TIMEOUT"]
 

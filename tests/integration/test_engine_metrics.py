@@ -13,20 +13,18 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 from aiohttp import web
 
 from sidecar.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAITING
 from sidecar.dashboards.inspect import panel_queries, substitute
 from sidecar.sim.core import SimulatorConfig
 from sidecar.sim.server import build_simulator_app
-from tests.conftest import free_port, require_tool, start_app
+from tests.conftest import free_port, require_tool, start_app, start_prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -181,13 +179,7 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
             {"job_name": "llm-engine", "metrics_path": "/metrics/engine", "static_configs": [target]},
         ],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc, port = start_prometheus(binary, tmp_path, config)
     try:
         async with aiohttp.ClientSession() as s:
 

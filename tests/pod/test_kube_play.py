@@ -32,7 +32,6 @@ import asyncio
 import copy
 import importlib.util
 import re
-import subprocess
 import sys
 import time
 import uuid
@@ -42,7 +41,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import IN_CI, free_port, require_tool
+from tests.conftest import IN_CI, free_port, require_tool, start_prometheus
 from tests.pod.conftest import ROOT, podman
 
 pytestmark = pytest.mark.pod
@@ -213,13 +212,7 @@ async def test_prometheus_scrapes_the_pod_with_its_labels_and_counts_no_scrape(p
             {"job_name": "llm-engine", "metrics_path": "/metrics/engine", "static_configs": [target]},
         ],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc, port = start_prometheus(binary, tmp_path, config)
     try:
         async with aiohttp.ClientSession() as s:
 
