@@ -120,6 +120,8 @@ class OracleOpenAI(OpenAIStreamDialect):
                     if self._usage_per_chunk:
                         grown = parsed.output_tokens - self._completion_so_far
                     oracle_count_choices(choices, out, grown)
+                if not self._done:  # not a fast path: the same tracking as the dialect's
+                    self._track(choices, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens

@@ -21,7 +21,11 @@ Where exact counts come from (read only; the request is never changed to ask for
 - vLLM's per-request ``metrics`` (``--enable-per-request-metrics``) carries times only:
   ``queue_time_ms``, ``time_to_first_token_ms``, ``generation_time_ms`` (see
   :func:`engine_timings_from_vllm`).
-The stream ends with ``data: [DONE]`` (vLLM, llama.cpp, SGLang, TGI, Ollama all send it).
+The stream ends with ``data: [DONE]`` (vLLM, llama.cpp, SGLang, TGI, Ollama all send it;
+``transformers serve`` never does). Generation is over once every choice seen has a
+``finish_reason`` (:class:`GenerationDone`, once): the choices are told apart by ``index``,
+so with ``n`` > 1 each must have appeared before the first finishes (vLLM and SGLang open
+every choice with a role chunk first); a usage-only chunk after it changes nothing.
 An error can arrive inside a 200 stream as ``{"error": {...}}`` or, from older vLLM, as a
 top-level ``{"object": "error", ...}``.
 """
@@ -36,6 +40,7 @@ from ._base import SSEJSONDialect, seconds_or_none
 from .events import (
     DialectEvent,
     EngineTimings,
+    GenerationDone,
     ParseError,
     ResponseInfo,
     StreamError,
@@ -56,7 +61,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
     timeline splits its gap evenly into k inter-token observations.
     """
 
-    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk")
+    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk", "_open", "_finished", "_done")
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)
@@ -65,6 +70,10 @@ class OpenAIStreamDialect(SSEJSONDialect):
         # True while every token-bearing chunk so far carried usage. Usage on only the last
         # content chunk (llama.cpp and others) is a total, not a per-chunk count.
         self._usage_per_chunk = True
+        # Choice indices seen without / with a finish_reason, until every one finished.
+        self._open: set[int] = set()
+        self._finished: set[int] = set()
+        self._done = False
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         # _error_of finds nothing unless one of these holds; two lookups spare the call.
@@ -98,6 +107,8 @@ class OpenAIStreamDialect(SSEJSONDialect):
                     if self._usage_per_chunk:
                         grown = parsed.output_tokens - self._completion_so_far
                     _count_choices(choices, out, grown)
+                if not self._done:
+                    self._track(choices, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
@@ -108,6 +119,29 @@ class OpenAIStreamDialect(SSEJSONDialect):
         timings = obj.get("timings")
         if timings:
             _llamacpp_timings(timings, out)
+
+    def _track(self, choices: list, out: list[DialectEvent]) -> None:
+        """:class:`GenerationDone` once every choice seen so far has finished."""
+        finished = False
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            index = choice.get("index", 0)
+            if type(index) is not int:
+                index = 0
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self._finished.add(index)
+                self._open.discard(index)
+                finished = True
+            elif index not in self._finished:
+                self._open.add(index)
+        if finished and not self._open:
+            self._done = True
+            out.append(_GENERATION_DONE)
+
+
+_GENERATION_DONE = GenerationDone()
 
 
 def _llamacpp_timings(timings: Any, out: list[DialectEvent]) -> None:
