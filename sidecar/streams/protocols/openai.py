@@ -6,8 +6,12 @@ What counts as a token (one per choice delta that carries any of these):
 - ``delta.reasoning_content`` / ``delta.reasoning``  -> reasoning (vLLM, SGLang, DeepSeek)
 - ``delta.tool_calls`` / ``delta.function_call``     -> tool
 - ``delta.refusal`` non-empty                        -> answer
+- ``delta.content`` empty (``""``), once a token came -> answer: vLLM sends such a chunk for
+  a token whose bytes do not yet form a whole character (a multi-byte character split over
+  two tokens); it is a token that arrived, so ITL keeps one observation per token
 A role-only first chunk (``{"role":"assistant","content":""}`` or no content) is not a
-token.
+token, nor is a delta that carries ``role`` or a ``finish_reason`` and no text, nor an empty
+delta before the first token (so TTFT never starts at a chunk without text).
 
 Where exact counts come from (read only; the request is never changed to ask for them):
 - ``usage``, in its own final chunk with ``choices: []`` when the client asked
@@ -61,7 +65,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
     timeline splits its gap evenly into k inter-token observations.
     """
 
-    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk", "_open", "_finished", "_done")
+    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk", "_started", "_open", "_finished", "_done")
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)
@@ -70,6 +74,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
         # True while every token-bearing chunk so far carried usage. Usage on only the last
         # content chunk (llama.cpp and others) is a total, not a per-chunk count.
         self._usage_per_chunk = True
+        self._started = False  # a token came: an empty content delta now counts as one
         # Choice indices seen without / with a finish_reason, until every one finished.
         self._open: set[int] = set()
         self._finished: set[int] = set()
@@ -101,12 +106,14 @@ class OpenAIStreamDialect(SSEJSONDialect):
             else:
                 grown = None
                 if parsed is None or parsed.output_tokens is None:
-                    if _count_choices(choices, out):
+                    if _count_choices(choices, out, None, self._started):
                         self._usage_per_chunk = False
+                        self._started = True
                 else:
                     if self._usage_per_chunk:
                         grown = parsed.output_tokens - self._completion_so_far
-                    _count_choices(choices, out, grown)
+                    if _count_choices(choices, out, grown, self._started):
+                        self._started = True
                 if not self._done:
                     self._track(choices, out)
         if parsed is not None:
@@ -187,9 +194,10 @@ def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
 _MS = 1000.0
 
 
-def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
+def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False) -> int:
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
-    carried more (``grown`` > deltas, one kind only: the surplus goes to that kind)."""
+    carried more (``grown`` > deltas, one kind only: the surplus goes to that kind).
+    ``started``: a token came before, so an empty ``content`` delta is a token too (module doc)."""
     if grown is None and len(choices) == 1:
         # Nearly every chunk: one unfinished choice whose delta holds only content. The
         # loop below would count one answer token and nothing else; this says so sooner.
@@ -216,12 +224,21 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
             if content and len(delta) == 1:
                 answer += 1  # the usual delta: no other key, so no other kind to look for
             else:
+                before = answer + reasoning + tool
                 if content or delta.get("refusal"):
                     answer += 1
                 if delta.get("reasoning_content") or delta.get("reasoning"):
                     reasoning += 1
                 if delta.get("tool_calls") or delta.get("function_call"):
                     tool += 1
+                if (
+                    started
+                    and content == ""
+                    and answer + reasoning + tool == before
+                    and "role" not in delta
+                    and choice.get("finish_reason") is None
+                ):
+                    answer += 1  # a token whose bytes are not a whole character yet
         elif choice.get("text"):  # legacy completions
             answer += 1
         reason = choice.get("finish_reason")
