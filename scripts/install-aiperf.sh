@@ -4,9 +4,10 @@
 # independent client that measures TTFT/ITL itself and counts its own successes.
 #
 # Recipe: a venv of its own (aiperf pins its own pydantic/transformers versions); no torch is
-# needed (the tokenizer is loaded with `tokenizers`/`transformers` only). It runs offline:
-# point `--tokenizer` at a local folder (the tiny model, .tools/models/tiny-llama, built by
-# scripts/install-vllm.sh) and set HF_HUB_OFFLINE=1.
+# needed (the tokenizer is loaded with `tokenizers`/`transformers` only). It needs no network
+# when `--tokenizer` is a local folder (the tiny model, .tools/models/tiny-llama, built by
+# scripts/install-vllm.sh). Do NOT set HF_HUB_OFFLINE=1: aiperf 0.13 then looks every
+# tokenizer name up as a Hub cache entry and refuses a local path (HFValidationError).
 # A stamp file makes reruns instant; a changed AIPERF_VERSION reinstalls.
 # Usage: scripts/install-aiperf.sh          (idempotent; `make real-servers` runs it)
 #        then .tools/aiperf-venv/bin/aiperf profile --help
