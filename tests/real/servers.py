@@ -51,8 +51,14 @@ class ServerKind:
     @property
     def model(self) -> str:
         """The ``model`` every request names: ``transformers serve`` pinned to a folder takes
-        only that folder's path (any other name is a 400)."""
-        return str(HF_MODEL) if self.engine == "transformers" else MODEL
+        only that folder's path as given (any other name is a 400); it is started in the
+        models folder with the relative name, so its answers name ``tiny-llama@main`` rather
+        than a machine's path."""
+        return HF_MODEL.name if self.engine == "transformers" else MODEL
+
+    @property
+    def cwd(self) -> Path:
+        return HF_MODEL.parent if self.engine == "transformers" else ROOT
 
     def fixture_dir(self, version: str) -> str:
         return f"{self.engine}-{version}{self.variant}"
@@ -89,7 +95,7 @@ class ServerKind:
         if self.engine == "transformers":
             # The positional model is preloaded and serves every request, whatever its "model".
             return [
-                str(TRANSFORMERS_SERVE), "serve", str(HF_MODEL),
+                str(TRANSFORMERS_SERVE), "serve", HF_MODEL.name,
                 "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
                 *self.flags,
             ]  # fmt: skip
@@ -205,7 +211,7 @@ def start(kind: ServerKind) -> RealServer:
     log_path = LOGS / f"{kind.name}.log"
     log = open(log_path, "wb")
     process = subprocess.Popen(
-        kind.command(port), env=kind.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT
+        kind.command(port), env=kind.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=kind.cwd
     )
     log.close()  # the child holds its own descriptor
     return RealServer(kind, port, process, log_path)
