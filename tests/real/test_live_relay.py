@@ -1,7 +1,8 @@
 """Real vLLM (CPU; default flags and --enable-force-include-usage), real llama.cpp and real
 Hugging Face ``transformers serve`` (whose streams end with a finish_reason + usage chunk and
-never send ``[DONE]``: every request must still be ``ok``) behind the sidecar: the client's bytes through the sidecar equal a direct request's, and what the
-sidecar measured agrees with what the server reported.
+never send ``[DONE]``: every request must still be ``ok``) behind the sidecar: the client's
+bytes through the sidecar equal a direct request's, and what the sidecar measured agrees
+with what the server reported.
 
 For each route a server serves, streamed and not, with and without
 ``stream_options.include_usage``, one test makes two identical direct requests and one
