@@ -115,7 +115,16 @@ class OpenAIStreamDialect(SSEJSONDialect):
                     if _count_choices(choices, out, grown, self._started):
                         self._started = True
                 if not self._done:
-                    self._track(choices, out)
+                    # Nearly every chunk: one open choice, still going; nothing to track.
+                    choice = choices[0]
+                    index = choice.get("index", 0) if type(choice) is dict else None
+                    if not (
+                        len(choices) == 1
+                        and type(index) is int
+                        and index in self._open
+                        and choice.get("finish_reason") is None
+                    ):
+                        self._track(choices, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
