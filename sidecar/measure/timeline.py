@@ -285,9 +285,13 @@ class RequestTimeline:
         """Finalise once. Returns False (and changes nothing) if already finished."""
         if self.outcome is not None:
             return False
-        # The client left after the whole answer was relayed to it (module doc): not a cancel.
+        # The client left after the whole answer was relayed to it (module doc): not a cancel,
+        # but what the exchange would have been had it stayed (a 5xx stays an upstream error).
         if outcome is Outcome.CANCELLED and error_type == CLIENT_DISCONNECTED and self.complete:
-            outcome, error_type = Outcome.OK, None
+            if self.status is not None and self.status >= 500:
+                outcome, error_type = Outcome.ERROR, "upstream_status"  # as the relay files a 5xx
+            else:
+                outcome, error_type = Outcome.OK, None
         # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
         # just how the API words a client error, which stays outcome ok with its code.
         if outcome is Outcome.OK and self.stream_error is not None and (self.status is None or self.status < 400):

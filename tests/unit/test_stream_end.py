@@ -255,3 +255,9 @@ def test_client_leaving_after_an_error_event_and_marker_is_an_error():
     stream = [b'data: {"error":{"message":"boom","type":"x"}}\n\n', b"data: [DONE]\n\n"]
     t = replay("/v1/chat/completions", "text/event-stream", stream, outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
     assert (t.outcome, t.error_type) == (Outcome.ERROR, "stream_error")
+
+
+def test_client_leaving_a_complete_5xx_stream_is_an_upstream_error():
+    raw = load("openai", "vllm032_chat_no_usage.txt")
+    t = replay("/v1/chat/completions", "text/event-stream", [raw], status=503, outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
+    assert (t.outcome, t.error_type) == (Outcome.ERROR, "upstream_status")
