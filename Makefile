@@ -49,13 +49,16 @@ image: podman
 
 # Live tests against real servers (tests/real/, marker `real`, not in `make test`): a real
 # vLLM on CPU (.tools/vllm-venv, ~3.5 GB) and a llama.cpp server built from source
-# (.tools/llama.cpp), both serving a tiny random model built offline. Cold ~15 min, cached ~1.5 min.
+# (.tools/llama.cpp) and Hugging Face `transformers serve` (.tools/transformers-venv), all serving a
+# tiny random model built offline, plus the aiperf load generator (.tools/aiperf-venv). Cold ~15 min, cached ~1.5 min.
 test-real: $(STAMP) real-servers
 	$(BIN)/pytest -q -m real tests/real $(PYTEST_ARGS)
 
 real-servers:
 	@bash scripts/install-vllm.sh
 	@bash scripts/install-llamacpp.sh
+	@bash scripts/install-transformers.sh
+	@bash scripts/install-aiperf.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .hypothesis *.egg-info

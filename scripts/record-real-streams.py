@@ -1,7 +1,7 @@
 """Records genuine response bodies from real inference servers as test fixtures.
 
 For each server kind (vLLM 0.32 with default flags, with ``--enable-force-include-usage``,
-with ``--enable-per-request-metrics``; llama.cpp) this starts the server from the repo's
+with ``--enable-per-request-metrics``; llama.cpp; ``transformers serve``) this starts the server from the repo's
 cached install, asks every case of ``tests/real/servers.py`` (each route, streamed or not,
 with or without ``stream_options.include_usage``) and writes:
 
@@ -10,13 +10,15 @@ with or without ``stream_options.include_usage``) and writes:
                                                                     (HTTP chunking removed)
   tests/fixtures/real/<engine>-<version><variant>/<case>.meta.json  request, status, headers
   tests/fixtures/real/<engine>-<version><variant>/metrics.txt       the server's /metrics text
+                                                                    (transformers serve has none)
 
 The fast unit tests (tests/unit/test_real_recordings.py) replay these bytes through the
 sidecar's dialects; the simulator's fidelity test compares its output shape with them.
 Prompts are fixed and the model is a tiny random one, so nothing private is recorded.
 
 Usage: .venv/bin/python scripts/record-real-streams.py [KIND ...]
-       (kinds: vllm vllm-force-usage vllm-per-request-metrics llama.cpp; default all)
+       (kinds: vllm vllm-force-usage vllm-per-request-metrics llama.cpp transformers-serve;
+       default all)
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from tests.real.servers import KINDS, Case, RealServer, cases, start  # noqa: E4
 OUT = ROOT / "tests" / "fixtures" / "real"
 
 
-async def fetch(session: aiohttp.ClientSession, base: str, case: Case) -> tuple[int, dict, bytes]:
+async def fetch(session: aiohttp.ClientSession, base: str, case: Case, model: str) -> tuple[int, dict, bytes]:
     """The response's status, headers and body bytes as received, nothing decoded."""
-    async with session.post(base + case.route, json=case.body()) as resp:
+    async with session.post(base + case.route, json=case.body(model)) as resp:
         body = b"".join([chunk async for chunk in resp.content.iter_any()])
         return resp.status, dict(resp.headers), body
 
@@ -59,18 +61,19 @@ async def record(server: RealServer) -> Path:
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False, timeout=timeout) as session:
         for case in cases(server.kind):
-            status, headers, body = await fetch(session, server.url, case)
+            status, headers, body = await fetch(session, server.url, case, server.kind.model)
             for stale in folder.glob(f"{case.name}.*"):
                 stale.unlink()
             (folder / f"{case.name}.{extension(headers)}").write_bytes(body)
             meta = {
                 "server": {"engine": server.kind.engine, "version": version, "flags": list(server.kind.flags)},
-                "request": {"method": "POST", "path": case.route, "body": case.body()},
+                "request": {"method": "POST", "path": case.route, "body": case.body(server.kind.model)},
                 "response": {"status": status, "headers": headers},
             }
             (folder / f"{case.name}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
             print(f"  {case.name}: {status} {len(body)} bytes")
-    (folder / "metrics.txt").write_text(server.get_text("/metrics"))
+    if server.kind.engine != "transformers":  # transformers serve has no /metrics
+        (folder / "metrics.txt").write_text(server.get_text("/metrics"))
     return folder
 
 

@@ -37,11 +37,18 @@ Token counts, one precedence for every dialect (:attr:`RequestTimeline.token_cou
 Each count is taken field by field from the first source that has it, so a usage object
 without ``cached_tokens`` still gets llama.cpp's ``cache_n``; input is never estimated.
 
-Outcome: a streamed 2xx response that ended cleanly at the HTTP level but without its
-dialect's end marker (``[DONE]``, ``message_stop``, ``response.completed``, ``done: true``
-...) is what a server that died between two chunks looks like, so :meth:`finish` turns its
-``ok`` into ``error`` / ``upstream_stream_truncated``. The dialect says whether its protocol
-has a marker (``end_marker_expected``) and whether it saw it (:class:`StreamEnd`).
+Outcome, at the end of a stream (docs/metrics.md, "End of stream"): a stream is
+*complete* when its dialect's end marker came (``[DONE]``, ``message_stop``,
+``response.completed``, ``done: true`` ...: :class:`StreamEnd`) or when its content says
+generation finished (every OpenAI choice has a ``finish_reason``, Anthropic's
+``stop_reason``: :class:`GenerationDone`). A streamed 2xx response that ended cleanly at
+the HTTP level but was not complete is what a server that died between two chunks looks
+like, so :meth:`finish` turns its ``ok`` into ``error`` / ``upstream_stream_truncated``
+(only where the protocol has a marker: ``end_marker_expected``). A client that disconnects
+once the stream was complete (a load generator stops reading at ``[DONE]`` and closes before
+the response's last chunk) got its whole answer: :meth:`finish` turns that ``cancelled`` into
+``ok``. The events were observed after their bytes were written to the client, so what the
+timeline saw, the client was sent.
 The clock is injected so tests can script exact timings.
 """
 
@@ -53,6 +60,7 @@ from enum import Enum
 from ..streams.protocols.events import (
     DialectEvent,
     EngineTimings,
+    GenerationDone,
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -62,7 +70,7 @@ from ..streams.protocols.events import (
     Usage,
 )
 
-__all__ = ["Outcome", "RequestTimeline", "TokenCountSource", "STREAM_TRUNCATED"]
+__all__ = ["Outcome", "RequestTimeline", "TokenCountSource", "STREAM_TRUNCATED", "CLIENT_DISCONNECTED"]
 
 _ANSWER = TokenKind.ANSWER
 _REASONING = TokenKind.REASONING
@@ -85,6 +93,9 @@ class TokenCountSource(str, Enum):
 
 STREAM_TRUNCATED = "upstream_stream_truncated"
 """error_type of a stream that ended cleanly without its protocol's end marker."""
+
+CLIENT_DISCONNECTED = "client_disconnected"
+"""error_type of a request whose client went away before the sidecar finished relaying."""
 
 
 class RequestTimeline:
@@ -113,6 +124,7 @@ class RequestTimeline:
         "finish_reasons",
         "stream_error",
         "saw_end_marker",
+        "generation_done",
         "end_marker_expected",
         "parse_errors",
         "outcome",
@@ -156,6 +168,7 @@ class RequestTimeline:
         self.finish_reasons: list[str] = []
         self.stream_error: StreamError | None = None
         self.saw_end_marker = False
+        self.generation_done = False  # the content said generation finished (GenerationDone)
         self.end_marker_expected = False  # the stream's dialect has an end marker to see
         self.parse_errors = 0
         self.outcome: Outcome | None = None
@@ -211,6 +224,8 @@ class RequestTimeline:
                     self.finish_reasons.extend(ev.finish_reasons)
             elif t is StreamEnd:
                 self.saw_end_marker = True
+            elif t is GenerationDone:
+                self.generation_done = True
             elif t is StreamError:
                 if self.stream_error is None:
                     self.stream_error = ev
@@ -270,6 +285,13 @@ class RequestTimeline:
         """Finalise once. Returns False (and changes nothing) if already finished."""
         if self.outcome is not None:
             return False
+        # The client left after the whole answer was relayed to it (module doc): not a cancel,
+        # but what the exchange would have been had it stayed (a 5xx stays an upstream error).
+        if outcome is Outcome.CANCELLED and error_type == CLIENT_DISCONNECTED and self.complete:
+            if self.status is not None and self.status >= 500:
+                outcome, error_type = Outcome.ERROR, "upstream_status"  # as the relay files a 5xx
+            else:
+                outcome, error_type = Outcome.OK, None
         # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
         # just how the API words a client error, which stays outcome ok with its code.
         if outcome is Outcome.OK and self.stream_error is not None and (self.status is None or self.status < 400):
@@ -321,13 +343,20 @@ class RequestTimeline:
         return self.first_answer_token - self.start
 
     @property
+    def complete(self) -> bool:
+        """A token stream whose end marker came or whose content said generation finished."""
+        return self.streamed and (self.saw_end_marker or self.generation_done)
+
+    @property
     def truncated(self) -> bool:
-        """A 2xx token stream whose protocol has an end marker, and that never sent it.
-        (HEAD and 204 have no body to end; a stream the observer gave up on is unknown.)"""
+        """A 2xx token stream whose protocol has an end marker, that never sent it, and whose
+        content never said generation finished. (HEAD and 204 have no body to end; a stream
+        the observer gave up on is unknown.)"""
         return (
             self.streamed
             and self.end_marker_expected
             and not self.saw_end_marker
+            and not self.generation_done
             and self.status is not None
             and 200 <= self.status < 300
             and self.status != 204

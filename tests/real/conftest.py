@@ -4,17 +4,20 @@ Every kind the session needs is launched at the first request for any of them, s
 slow vLLM start-ups (about a minute each, mostly compiling CPU graphs) overlap; each test
 then waits only for its own server's ``/health``. A server whose install is missing skips
 its tests locally with the reason and FAILS them under CI=true (``make test-real`` installs
-everything first).
+everything first). ``REAL_SERVERS=transformers-serve,llama.cpp`` starts only the kinds
+named (the others' tests skip), to run one server's tests without waiting for vLLM.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.conftest import IN_CI
-from tests.real.servers import LLAMACPP, VLLM, VLLM_FORCE_USAGE, RealServer, ServerKind, start
+from tests.real.servers import LLAMACPP, TRANSFORMERS, VLLM, VLLM_FORCE_USAGE, RealServer, ServerKind, start
 
-LIVE_KINDS = (VLLM, VLLM_FORCE_USAGE, LLAMACPP)
+LIVE_KINDS = (VLLM, VLLM_FORCE_USAGE, LLAMACPP, TRANSFORMERS)
 
 
 class Launcher:
@@ -28,7 +31,10 @@ class Launcher:
 
     def _launch(self) -> None:
         self._launched = True
+        only = {n for n in os.environ.get("REAL_SERVERS", "").split(",") if n}
         for kind in self._kinds:
+            if only and kind.name not in only:  # REAL_SERVERS=transformers-serve,...: start just these
+                continue
             why = kind.missing()
             if why is None:
                 self._servers[kind.name] = start(kind)
@@ -38,6 +44,8 @@ class Launcher:
     def get(self, kind: ServerKind) -> RealServer:
         if not self._launched:
             self._launch()
+        if kind.name not in self._servers and kind.name not in self._failures:
+            pytest.skip(f"{kind.name} is not in REAL_SERVERS")
         if kind.name in self._failures:
             message = self._failures[kind.name]
             if IN_CI:

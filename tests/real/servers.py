@@ -3,7 +3,8 @@ the requests every live test and recording makes.
 
 Shared by ``tests/real/`` and ``scripts/record-real-streams.py`` so both start a server with
 the same flags and ask it the same things. The installs are the repo's own scripts
-(``scripts/install-vllm.sh``, ``scripts/install-llamacpp.sh``), cached under ``.tools/``.
+(``scripts/install-vllm.sh``, ``scripts/install-llamacpp.sh``,
+``scripts/install-transformers.sh``), cached under ``.tools/``.
 This module starts processes and polls ``/health``; it never imports the sidecar.
 """
 
@@ -25,6 +26,7 @@ if not TOOLS.is_absolute():
     TOOLS = ROOT / TOOLS
 VLLM_PYTHON = TOOLS / "vllm-venv" / "bin" / "python"
 LLAMA_SERVER = TOOLS / "llama.cpp" / "bin" / "llama-server"
+TRANSFORMERS_SERVE = TOOLS / "transformers-venv" / "bin" / "transformers"
 HF_MODEL = TOOLS / "models" / "tiny-llama"
 GGUF_MODEL = TOOLS / "models" / "tiny-llama.gguf"
 LOGS = TOOLS / "logs"
@@ -41,10 +43,22 @@ class ServerKind:
     """One way of running one server: the flags, the routes it serves, where recordings go."""
 
     name: str  # pytest id and log file name
-    engine: str  # "vllm" or "llama.cpp"
+    engine: str  # "vllm", "llama.cpp" or "transformers"
     flags: tuple[str, ...] = ()
     routes: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
     variant: str = ""  # the recordings folder: <engine>-<version><variant>
+
+    @property
+    def model(self) -> str:
+        """The ``model`` every request names: ``transformers serve`` pinned to a folder takes
+        only that folder's path as given (any other name is a 400); it is started in the
+        models folder with the relative name, so its answers name ``tiny-llama@main`` rather
+        than a machine's path."""
+        return HF_MODEL.name if self.engine == "transformers" else MODEL
+
+    @property
+    def cwd(self) -> Path:
+        return HF_MODEL.parent if self.engine == "transformers" else ROOT
 
     def fixture_dir(self, version: str) -> str:
         return f"{self.engine}-{version}{self.variant}"
@@ -54,6 +68,12 @@ class ServerKind:
         if self.engine == "vllm":
             if not VLLM_PYTHON.exists():
                 return f"vLLM is not installed ({VLLM_PYTHON}; run scripts/install-vllm.sh)"
+            if not (HF_MODEL / "config.json").exists():
+                return f"the tiny model is missing ({HF_MODEL}; run scripts/install-vllm.sh)"
+            return None
+        if self.engine == "transformers":
+            if not TRANSFORMERS_SERVE.exists():
+                return f"transformers serve is not installed ({TRANSFORMERS_SERVE}; run scripts/install-transformers.sh)"
             if not (HF_MODEL / "config.json").exists():
                 return f"the tiny model is missing ({HF_MODEL}; run scripts/install-vllm.sh)"
             return None
@@ -72,6 +92,13 @@ class ServerKind:
                 "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8",
                 *self.flags,
             ]  # fmt: skip
+        if self.engine == "transformers":
+            # The positional model is preloaded and serves every request, whatever its "model".
+            return [
+                str(TRANSFORMERS_SERVE), "serve", HF_MODEL.name,
+                "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
+                *self.flags,
+            ]  # fmt: skip
         return [
             str(LLAMA_SERVER), "-m", str(GGUF_MODEL), "--alias", MODEL,
             "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "-t", "1", "--no-webui", "--metrics",
@@ -82,6 +109,11 @@ class ServerKind:
         env = dict(os.environ)
         if self.engine == "vllm":
             env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1")
+        elif self.engine == "transformers":
+            # Offline; /v1/models answers 500 unless HF_HOME/hub exists.
+            home = TOOLS / "transformers-home"
+            (home / "hub").mkdir(parents=True, exist_ok=True)
+            env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(home))
         return env
 
 
@@ -93,7 +125,8 @@ VLLM_REQUEST_METRICS = ServerKind(
     "vllm-per-request-metrics", "vllm", ("--enable-per-request-metrics",), variant="-per-request-metrics"
 )
 LLAMACPP = ServerKind("llama.cpp", "llama.cpp", routes=("/v1/chat/completions", "/v1/completions", "/completion"))
-KINDS = {k.name: k for k in (VLLM, VLLM_FORCE_USAGE, VLLM_REQUEST_METRICS, LLAMACPP)}
+TRANSFORMERS = ServerKind("transformers-serve", "transformers")
+KINDS = {k.name: k for k in (VLLM, VLLM_FORCE_USAGE, VLLM_REQUEST_METRICS, LLAMACPP, TRANSFORMERS)}
 
 
 def free_port() -> int:
@@ -154,6 +187,10 @@ class RealServer:
         """The server's own version string: vLLM's ``/version``, llama.cpp's ``/props`` build."""
         if self.kind.engine == "vllm":
             return str(self.get_json("/version")["version"])
+        if self.kind.engine == "transformers":
+            out = subprocess.run([str(TRANSFORMERS_SERVE.parent / "python"), "-c", "import transformers; print(transformers.__version__)"],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            return out.stdout.strip()
         build = str(self.get_json("/props").get("build_info", "unknown"))
         return build.split("-", 1)[0]  # "b11434-unknown": the tarball has no git commit
 
@@ -174,7 +211,7 @@ def start(kind: ServerKind) -> RealServer:
     log_path = LOGS / f"{kind.name}.log"
     log = open(log_path, "wb")
     process = subprocess.Popen(
-        kind.command(port), env=kind.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT
+        kind.command(port), env=kind.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=kind.cwd
     )
     log.close()  # the child holds its own descriptor
     return RealServer(kind, port, process, log_path)
@@ -201,12 +238,12 @@ class Case:
         base = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/completion": "completion"}[self.route]
         return base + ("-stream" if self.stream else "") + ("-usage" if self.include_usage else "")
 
-    def body(self) -> dict:
+    def body(self, model: str = MODEL) -> dict:
         """Greedy (temperature 0) with a seed: two identical requests give the same tokens."""
         if self.route == "/v1/chat/completions":
-            body: dict = {"model": MODEL, "messages": CHAT_MESSAGES, "max_tokens": MAX_TOKENS}
+            body: dict = {"model": model, "messages": CHAT_MESSAGES, "max_tokens": MAX_TOKENS}
         elif self.route == "/v1/completions":
-            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS}
+            body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS}
         else:  # llama.cpp's native route
             body = {"prompt": PROMPT, "n_predict": MAX_TOKENS}
         body.update(temperature=0, seed=SEED)

@@ -1,6 +1,8 @@
-"""Real vLLM (CPU; default flags and --enable-force-include-usage) and real llama.cpp behind
-the sidecar: the client's bytes through the sidecar equal a direct request's, and what the
-sidecar measured agrees with what the server reported.
+"""Real vLLM (CPU; default flags and --enable-force-include-usage), real llama.cpp and real
+Hugging Face ``transformers serve`` (whose streams end with a finish_reason + usage chunk and
+never send ``[DONE]``: every request must still be ``ok``) behind the sidecar: the client's
+bytes through the sidecar equal a direct request's, and what the sidecar measured agrees
+with what the server reported.
 
 For each route a server serves, streamed and not, with and without
 ``stream_options.include_usage``, one test makes two identical direct requests and one
@@ -56,7 +58,11 @@ VOLATILE = {
     # Also the engine's timings, and the prompt cache's share of the prompt (the first of
     # two identical requests computes the prompt, the second finds it cached).
     "llama.cpp": {"id", "created", "cache_n", "prompt_n", "cached_tokens"} | _LLAMACPP_TIMINGS,
+    # A random UUID per request (also in the x-request-id header) and the creation second.
+    "transformers": {"id", "created"},
 }
+VOLATILE_HEADERS = {"transformers": {"x-request-id"}}
+"""Headers whose value is new for every request: compared by name, not value."""
 
 # Hop-by-hop headers belong to each connection; Date is the second the answer left;
 # Content-Length follows the body's volatile values (checked against each body instead).
@@ -68,12 +74,17 @@ _cases_run: dict[str, int] = defaultdict(int)
 PARAMS = [pytest.param(kind, case, id=f"{kind.name}-{case.name}") for kind in LIVE_KINDS for case in cases(kind)]
 
 
-async def fetch(session: aiohttp.ClientSession, base: str, case: Case) -> tuple[int, dict[str, str], bytes]:
-    async with session.post(base + case.route, json=case.body()) as resp:
+async def fetch(session: aiohttp.ClientSession, base: str, case: Case, kind: ServerKind) -> tuple[int, dict[str, str], bytes]:
+    async with session.post(base + case.route, json=case.body(kind.model)) as resp:
         body = b"".join([chunk async for chunk in resp.content.iter_any()])
         if "Content-Length" in resp.headers:
             assert int(resp.headers["Content-Length"]) == len(body)
-        headers = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in _PER_CONNECTION}
+        volatile = VOLATILE_HEADERS.get(kind.engine, set())
+        headers = {
+            k.lower(): ("<volatile>" if k.lower() in volatile else v)
+            for k, v in resp.headers.items()
+            if k.lower() not in _PER_CONNECTION
+        }
         return resp.status, headers, body
 
 
@@ -128,10 +139,10 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
             # The proxy's recorders are fixed at build time; add a capture beside the metrics.
             proxy = running.sidecar.proxy
             proxy._recorders = (*proxy._recorders, lambda t, label, into=timelines: into.append(t))
-            first = await fetch(session, server.url, case)
+            first = await fetch(session, server.url, case, kind)
             next_second()
-            second = await fetch(session, server.url, case)
-            through = await fetch(session, running.url, case)
+            second = await fetch(session, server.url, case, kind)
+            through = await fetch(session, running.url, case, kind)
             await wait_for(lambda: len(timelines) == 1, timeout=10)
             attempts.append((first, second, through, running, timelines))
             if same_events(first[2], second[2], through[2], case.stream):

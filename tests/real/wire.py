@@ -86,16 +86,32 @@ def content_events(events: list[dict]) -> int:
     return sum(1 for e in events if content_of(e))
 
 
+def partial_token(event: dict) -> bool:
+    """vLLM's chunk for a token whose bytes are not a whole character yet (a random model's
+    stray UTF-8 bytes): a delta with ``"content": ""`` and nothing else to say, no ``role``,
+    no ``finish_reason``."""
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta")
+        if (
+            isinstance(delta, dict)
+            and delta.get("content") == ""
+            and "role" not in delta
+            and choice.get("finish_reason") is None
+            and not any(delta.get(k) for k in ("reasoning", "reasoning_content", "tool_calls", "refusal"))
+        ):
+            return True
+    return False
+
+
 def token_arrivals(events: list[dict]) -> int:
-    """Tokens the client saw arrive: one per content event, or more when per-chunk usage
-    (vLLM's continuous usage stats) grew by more since the previous event: the server merged
-    several tokens into one event. Tokens whose text was empty (a random model's stray UTF-8
-    bytes) arrive as no content at all and are not counted here."""
+    """Tokens the client saw arrive: one per content event (and, once text came, one per
+    :func:`partial_token` event), or more when per-chunk usage (vLLM's continuous usage
+    stats) grew by more since the previous event: the server merged several tokens into one."""
     arrivals, so_far = 0, None
     for event in events:
         usage = event.get("usage") if event.get("choices") else None
         output = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if content_of(event):
+        if content_of(event) or (arrivals and partial_token(event)):
             grown = output - so_far if output is not None and so_far is not None else 1
             arrivals += max(grown, 1)
         if output is not None:

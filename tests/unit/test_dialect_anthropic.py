@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response, usage_from_anthropic
-from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from sidecar.streams.protocols.events import GenerationDone, ParseError, ResponseInfo, StreamEnd, StreamError, Usage
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
 
@@ -106,9 +106,10 @@ def test_message_delta_usage_merges_with_start():
         "message_start",
         b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"cache_read_input_tokens":3}}}',
     ) + sse("message_delta", b'{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}')
-    assert run_whole(make, raw)[-2:] == [
+    assert run_whole(make, raw)[-3:] == [
         ResponseInfo(finish_reasons=("max_tokens",)),
         Usage(input_tokens=8, output_tokens=9, cached_input_tokens=3),
+        GenerationDone(),
     ]
 
 

@@ -114,12 +114,16 @@ class OracleOpenAI(OpenAIStreamDialect):
             else:
                 grown = None
                 if parsed is None or parsed.output_tokens is None:
-                    if oracle_count_choices(choices, out):
+                    if oracle_count_choices(choices, out, None, self._started):
                         self._usage_per_chunk = False
+                        self._started = True
                 else:
                     if self._usage_per_chunk:
                         grown = parsed.output_tokens - self._completion_so_far
-                    oracle_count_choices(choices, out, grown)
+                    if oracle_count_choices(choices, out, grown, self._started):
+                        self._started = True
+                if not self._done:  # not a fast path: the same tracking as the dialect's
+                    self._track(choices, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
@@ -131,7 +135,7 @@ class OracleOpenAI(OpenAIStreamDialect):
                 out.append(engine)
 
 
-def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
+def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False) -> int:
     answer = reasoning = tool = 0
     finish: list[str] | None = None
     for choice in choices:
@@ -140,12 +144,19 @@ def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | No
             continue
         delta = choice.get("delta")
         if type(delta) is dict:
+            kinds = 0
             if delta.get("content") or delta.get("refusal"):
                 answer += 1
+                kinds += 1
             if delta.get("reasoning_content") or delta.get("reasoning"):
                 reasoning += 1
+                kinds += 1
             if delta.get("tool_calls") or delta.get("function_call"):
                 tool += 1
+                kinds += 1
+            empty = delta.get("content") == "" and "role" not in delta and choice.get("finish_reason") is None
+            if started and empty and not kinds:
+                answer += 1
         elif choice.get("text"):
             answer += 1
         reason = choice.get("finish_reason")
@@ -281,10 +292,11 @@ def test_openai_dialect_equals_the_plain_implementation(events, data):
         chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
     for chunk in chunks:
         assert fast.feed(chunk) == oracle.feed(chunk)
-        assert (fast._seen_info, fast._completion_so_far, fast._usage_per_chunk) == (
+        assert (fast._seen_info, fast._completion_so_far, fast._usage_per_chunk, fast._started) == (
             oracle._seen_info,
             oracle._completion_so_far,
             oracle._usage_per_chunk,
+            oracle._started,
         )
     assert fast.close() == oracle.close()
 

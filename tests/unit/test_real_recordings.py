@@ -1,7 +1,8 @@
 """Genuine bytes from real servers, replayed through the sidecar's observer and dialects.
 
 The recordings under tests/fixtures/real/<engine>-<version><variant>/ were written by
-``scripts/record-real-streams.py`` from real vLLM 0.32 (CPU) and llama.cpp servers serving
+``scripts/record-real-streams.py`` from real vLLM 0.32 (CPU), llama.cpp and ``transformers
+serve`` 5.23 (whose streams never send ``[DONE]``: complete all the same) serving
 a tiny random model: every route, streamed and not, with and without include_usage. They
 hold what docs-shaped fixtures miss: vLLM's ``prompt_token_ids``/``token_ids`` nulls, its
 per-chunk usage under ``--enable-force-include-usage``, chunks whose text is empty while
@@ -82,7 +83,10 @@ def test_there_are_recordings_of_every_server():
     folders = {p.parent.name for p in RECORDINGS}
     assert {"vllm-0.32.0", "vllm-0.32.0-force-include-usage", "vllm-0.32.0-per-request-metrics"} <= folders
     assert any(f.startswith("llama.cpp-") for f in folders)
+    assert any(f.startswith("transformers-") for f in folders)
     for folder in {p.parent for p in RECORDINGS}:
+        if folder.name.startswith("transformers-"):
+            continue  # transformers serve has no /metrics
         assert (folder / "metrics.txt").read_text().strip(), f"{folder.name} has no /metrics recording"
 
 
@@ -110,7 +114,11 @@ def test_replayed_whole_the_sidecar_reads_what_the_server_said(path: Path):
         assert timeline.stream_tokens == arrivals
         assert len(timeline.gaps) == arrivals - 1
         assert timeline.ttft is not None
-        assert any(isinstance(e, StreamEnd) for e in events)
+        # Complete: the end marker, or (transformers serve never sends [DONE]) every choice
+        # finished; either way the request is ok, not upstream_stream_truncated.
+        assert timeline.complete
+        assert any(isinstance(e, StreamEnd) for e in events) or not body.rstrip().endswith(b"data: [DONE]")
+        assert (timeline.outcome, timeline.error_type) == (Outcome.OK, None)
     engine = engine_counts(client_view)
     if usage is not None:
         assert timeline.token_count_source is TokenCountSource.USAGE

@@ -34,6 +34,7 @@ from .events import (
     DialectEvent,
     ParseError,
     ResponseInfo,
+    GenerationDone,
     StreamEnd,
     StreamError,
     TokenKind,
@@ -107,6 +108,8 @@ class AnthropicStreamDialect(SSEJSONDialect):
                     out.append(ResponseInfo(finish_reasons=(reason,)))
             if self._merge(obj.get("usage"), with_output=True):
                 out.append(self._usage())
+            if type(delta) is dict and isinstance(delta.get("stop_reason"), str):
+                out.append(GenerationDone())  # the answer is whole; message_stop only closes
         elif kind == "message_stop":
             out.append(StreamEnd())
         elif kind == "error":

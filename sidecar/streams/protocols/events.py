@@ -16,6 +16,7 @@ __all__ = [
     "ResponseInfo",
     "StreamError",
     "StreamEnd",
+    "GenerationDone",
     "ParseError",
     "EngineTimings",
     "DialectEvent",
@@ -80,6 +81,17 @@ class StreamEnd:
 
 
 @dataclass(slots=True, frozen=True)
+class GenerationDone:
+    """The stream's content says generation finished, end marker or not: every OpenAI
+    choice seen has a ``finish_reason``, Anthropic's ``message_delta`` has a
+    ``stop_reason``. Servers that end a complete stream without the marker
+    (``transformers serve`` never sends ``data: [DONE]``), and clients that leave as soon as
+    every choice finished, are complete, not truncated or cancelled (docs/metrics.md,
+    "End of stream"). Dialects whose only sign of the end *is* the marker send
+    :class:`StreamEnd` alone."""
+
+
+@dataclass(slots=True, frozen=True)
 class ParseError:
     """An event the dialect could not understand; the bytes were relayed regardless."""
 
@@ -115,4 +127,4 @@ class EngineTimings:
         )
 
 
-DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | ParseError | EngineTimings
+DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | GenerationDone | ParseError | EngineTimings

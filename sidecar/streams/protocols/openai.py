@@ -6,8 +6,12 @@ What counts as a token (one per choice delta that carries any of these):
 - ``delta.reasoning_content`` / ``delta.reasoning``  -> reasoning (vLLM, SGLang, DeepSeek)
 - ``delta.tool_calls`` / ``delta.function_call``     -> tool
 - ``delta.refusal`` non-empty                        -> answer
+- ``delta.content`` empty (``""``), once a token came -> answer: vLLM sends such a chunk for
+  a token whose bytes do not yet form a whole character (a multi-byte character split over
+  two tokens); it is a token that arrived, so ITL keeps one observation per token
 A role-only first chunk (``{"role":"assistant","content":""}`` or no content) is not a
-token.
+token, nor is a delta that carries ``role`` or a ``finish_reason`` and no text, nor an empty
+delta before the first token (so TTFT never starts at a chunk without text).
 
 Where exact counts come from (read only; the request is never changed to ask for them):
 - ``usage``, in its own final chunk with ``choices: []`` when the client asked
@@ -21,7 +25,11 @@ Where exact counts come from (read only; the request is never changed to ask for
 - vLLM's per-request ``metrics`` (``--enable-per-request-metrics``) carries times only:
   ``queue_time_ms``, ``time_to_first_token_ms``, ``generation_time_ms`` (see
   :func:`engine_timings_from_vllm`).
-The stream ends with ``data: [DONE]`` (vLLM, llama.cpp, SGLang, TGI, Ollama all send it).
+The stream ends with ``data: [DONE]`` (vLLM, llama.cpp, SGLang, TGI, Ollama all send it;
+``transformers serve`` never does). Generation is over once every choice seen has a
+``finish_reason`` (:class:`GenerationDone`, once): the choices are told apart by ``index``,
+so with ``n`` > 1 each must have appeared before the first finishes (vLLM and SGLang open
+every choice with a role chunk first); a usage-only chunk after it changes nothing.
 An error can arrive inside a 200 stream as ``{"error": {...}}`` or, from older vLLM, as a
 top-level ``{"object": "error", ...}``.
 """
@@ -36,6 +44,7 @@ from ._base import SSEJSONDialect, seconds_or_none
 from .events import (
     DialectEvent,
     EngineTimings,
+    GenerationDone,
     ParseError,
     ResponseInfo,
     StreamError,
@@ -56,7 +65,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
     timeline splits its gap evenly into k inter-token observations.
     """
 
-    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk")
+    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk", "_started", "_open", "_finished", "_done")
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)
@@ -65,6 +74,11 @@ class OpenAIStreamDialect(SSEJSONDialect):
         # True while every token-bearing chunk so far carried usage. Usage on only the last
         # content chunk (llama.cpp and others) is a total, not a per-chunk count.
         self._usage_per_chunk = True
+        self._started = False  # a token came: an empty content delta now counts as one
+        # Choice indices seen without / with a finish_reason, until every one finished.
+        self._open: set[int] = set()
+        self._finished: set[int] = set()
+        self._done = False
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         # _error_of finds nothing unless one of these holds; two lookups spare the call.
@@ -92,12 +106,25 @@ class OpenAIStreamDialect(SSEJSONDialect):
             else:
                 grown = None
                 if parsed is None or parsed.output_tokens is None:
-                    if _count_choices(choices, out):
+                    if _count_choices(choices, out, None, self._started):
                         self._usage_per_chunk = False
+                        self._started = True
                 else:
                     if self._usage_per_chunk:
                         grown = parsed.output_tokens - self._completion_so_far
-                    _count_choices(choices, out, grown)
+                    if _count_choices(choices, out, grown, self._started):
+                        self._started = True
+                if not self._done:
+                    # Nearly every chunk: one open choice, still going; nothing to track.
+                    choice = choices[0]
+                    index = choice.get("index", 0) if type(choice) is dict else None
+                    if not (
+                        len(choices) == 1
+                        and type(index) is int
+                        and index in self._open
+                        and choice.get("finish_reason") is None
+                    ):
+                        self._track(choices, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
@@ -108,6 +135,29 @@ class OpenAIStreamDialect(SSEJSONDialect):
         timings = obj.get("timings")
         if timings:
             _llamacpp_timings(timings, out)
+
+    def _track(self, choices: list, out: list[DialectEvent]) -> None:
+        """:class:`GenerationDone` once every choice seen so far has finished."""
+        finished = False
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            index = choice.get("index", 0)
+            if type(index) is not int:
+                index = 0
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self._finished.add(index)
+                self._open.discard(index)
+                finished = True
+            elif index not in self._finished:
+                self._open.add(index)
+        if finished and not self._open:
+            self._done = True
+            out.append(_GENERATION_DONE)
+
+
+_GENERATION_DONE = GenerationDone()
 
 
 def _llamacpp_timings(timings: Any, out: list[DialectEvent]) -> None:
@@ -153,9 +203,10 @@ def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
 _MS = 1000.0
 
 
-def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None) -> int:
+def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False) -> int:
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
-    carried more (``grown`` > deltas, one kind only: the surplus goes to that kind)."""
+    carried more (``grown`` > deltas, one kind only: the surplus goes to that kind).
+    ``started``: a token came before, so an empty ``content`` delta is a token too (module doc)."""
     if grown is None and len(choices) == 1:
         # Nearly every chunk: one unfinished choice whose delta holds only content. The
         # loop below would count one answer token and nothing else; this says so sooner.
@@ -182,12 +233,21 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
             if content and len(delta) == 1:
                 answer += 1  # the usual delta: no other key, so no other kind to look for
             else:
+                before = answer + reasoning + tool
                 if content or delta.get("refusal"):
                     answer += 1
                 if delta.get("reasoning_content") or delta.get("reasoning"):
                     reasoning += 1
                 if delta.get("tool_calls") or delta.get("function_call"):
                     tool += 1
+                if (
+                    started
+                    and content == ""
+                    and answer + reasoning + tool == before
+                    and "role" not in delta
+                    and choice.get("finish_reason") is None
+                ):
+                    answer += 1  # a token whose bytes are not a whole character yet
         elif choice.get("text"):  # legacy completions
             answer += 1
         reason = choice.get("finish_reason")
