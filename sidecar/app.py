@@ -176,7 +176,7 @@ def build_sidecar(
         max_line_bytes=settings.max_sse_line_bytes,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
-    sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(registry, budget))
+    sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(registry))
     sc.tenants = tenants
     sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
     holder["s"] = sc
@@ -225,8 +225,8 @@ def _proxy_app(sc: Sidecar) -> web.Application:
 
 async def _refresh_labels(sc: Sidecar) -> None:
     """In the background, never on a request's path: learn the models the upstream serves
-    (the ``model`` label admits only those, sidecar/export/labels.py), forget label values
-    idle too long, and measure the series count for the budget when nobody scraped lately."""
+    (the ``model`` label admits only those, sidecar/export/labels.py) and forget label values
+    idle too long."""
     labeler = sc.metrics.model_label
     while True:
         try:
@@ -237,7 +237,6 @@ async def _refresh_labels(sc: Sidecar) -> None:
             labeler.expire()
             if sc.tenants is not None:
                 sc.tenants.bound.expire()
-            await sc.renderer.measure()
         except asyncio.CancelledError:
             raise
         except Exception:  # measuring never stops the proxy

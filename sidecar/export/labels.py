@@ -41,23 +41,20 @@ MAX_LABEL_CHARS = 200
 
 
 class SeriesBudget:
-    """The process's total series budget: new label values are admitted only while the last
-    measured exposition held fewer than ``max_series`` samples. Measured off the event loop
-    when ``/metrics`` is rendered (and by the background refresh when nobody scrapes)."""
+    """The process's total series budget: a new label value is admitted only while the
+    registry holds fewer than ``max_series`` samples. ``count`` (set by the metrics owner)
+    counts them from the registry's own bookkeeping, cheaply enough to ask at each admission,
+    which is rare (at most ``max_models`` + ``max_tenants`` per idle period)."""
 
-    __slots__ = ("max_series", "series", "measured_at")
+    __slots__ = ("max_series", "count")
 
-    def __init__(self, max_series: int = 12_000) -> None:
+    def __init__(self, max_series: int = 12_000, count: Callable[[], int] | None = None) -> None:
         self.max_series = max_series
-        self.series = 0
-        self.measured_at: float | None = None
-
-    def measured(self, series: int, now: float) -> None:
-        self.series, self.measured_at = series, now
+        self.count = count
 
     @property
     def room(self) -> bool:
-        return self.series < self.max_series
+        return self.count is None or self.count() < self.max_series
 
 
 class BoundedLabel:
@@ -80,7 +77,7 @@ class BoundedLabel:
         self._allow = frozenset(allowlist)
         self._max = max_values
         self._idle = idle_seconds
-        self._budget = budget
+        self.budget = budget
         self._clock = clock
         self._vouched: frozenset[str] = frozenset()
         self.authoritative = False  # the upstream listed its values: only those pass
@@ -112,7 +109,7 @@ class BoundedLabel:
             return OTHER  # not earned (yet): nothing to count, a 4xx is the client's
         if len(self._earned) + len(self._vouched) >= self._max:
             return self._overflow("max_values")
-        if self._budget is not None and not self._budget.room:
+        if self.budget is not None and not self.budget.room:
             return self._overflow("series_budget")
         self._earned[value] = self._clock()
         return value

@@ -203,6 +203,22 @@ class SidecarMetrics:
         self._overflow_children: dict[tuple[str, str], Counter] = {}
         self.model_label.on_overflow = self._overflowed("model")
         self.model_label.on_forget = lambda value: self.forget("model", value)
+        if self.model_label.budget is not None:
+            self.model_label.budget.count = self.series_count
+
+    def _labelled(self):
+        """The labelled instruments (parents, not the children some attributes cache)."""
+        return [
+            m
+            for m in vars(self).values()
+            if isinstance(m, (Counter, Gauge, Histogram)) and m._labelnames and not m._labelvalues
+        ]
+
+    def series_count(self) -> int:
+        """Samples the registry's labelled instruments expose now (a histogram child has its
+        buckets, ``+Inf``, ``_sum``, ``_count`` and ``_created``; a counter child its total and
+        ``_created``), for the series budget."""
+        return sum(len(label_children(m)) * _samples_per_child(m) for m in self._labelled())
 
     def _overflowed(self, label: str):
         def count(reason: str) -> None:
@@ -217,14 +233,12 @@ class SidecarMetrics:
         """Count the tenant label's overflows and drop its forgotten values' series too."""
         tenants.on_overflow = self._overflowed("tenant")
         tenants.on_forget = lambda value: self.forget("tenant", value)
+        if tenants.budget is not None:
+            tenants.budget.count = self.series_count
 
     def forget(self, label: str, value: str) -> int:
         """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back)."""
-        return sum(
-            drop_label_value(metric, label, value)
-            for metric in vars(self).values()
-            if isinstance(metric, (Counter, Gauge, Histogram)) and label in metric._labelnames
-        )
+        return sum(drop_label_value(m, label, value) for m in self._labelled() if label in m._labelnames)
 
     # -- lifecycle hooks, called by the proxy -------------------------------------------
 
@@ -357,16 +371,25 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
             done = upto
 
 
-def drop_label_value(metric, label: str, value: str) -> int:
-    """Remove ``metric``'s children whose ``label`` is ``value``; how many were removed.
+def _samples_per_child(metric) -> int:
+    if isinstance(metric, Histogram):
+        return len(metric._upper_bounds) + 3
+    return 2 if isinstance(metric, Counter) else 1
 
-    prometheus_client removes a child only by its full tuple of label values, and lists its
-    children only in the private ``_metrics`` dict (read under the metric's ``_lock``, as
-    ``remove`` itself does); this and :func:`observe_many` are the only places that read it.
-    """
-    index = metric._labelnames.index(label)
+
+def label_children(metric) -> list[tuple[str, ...]]:
+    """The label-value tuples of ``metric``'s children. prometheus_client lists them only in
+    the private ``_metrics`` dict (read under the metric's ``_lock``, as ``remove`` itself
+    does); this, :func:`drop_label_value` and :func:`observe_many` are the only readers."""
     with metric._lock:
-        doomed = [key for key in metric._metrics if key[index] == value]
+        return list(metric._metrics)
+
+
+def drop_label_value(metric, label: str, value: str) -> int:
+    """Remove ``metric``'s children whose ``label`` is ``value``; how many were removed
+    (prometheus_client removes a child only by its full tuple of label values)."""
+    index = metric._labelnames.index(label)
+    doomed = [key for key in label_children(metric) if key[index] == value]
     for key in doomed:
         try:
             metric.remove(*key)

@@ -24,8 +24,6 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from .labels import SeriesBudget
-
 __all__ = ["ScrapeRenderer", "count_series"]
 
 
@@ -38,12 +36,10 @@ class ScrapeRenderer:
     def __init__(
         self,
         registry: CollectorRegistry,
-        budget: SeriesBudget | None = None,
         max_age: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._registry = registry
-        self._budget = budget
         self._max_age = max_age
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-render")
@@ -55,8 +51,6 @@ class ScrapeRenderer:
         encoder, content_type = choose_encoder(accept)
         registry = self._registry.restricted_registry(list(names)) if names else self._registry
         page = encoder(registry)
-        if self._budget is not None and not names and content_type.startswith("text/plain"):
-            self._budget.measured(count_series(page), self._clock())
         return page, content_type, self._clock() - began
 
     def _reuse_for(self, took: float) -> float:
@@ -79,12 +73,6 @@ class ScrapeRenderer:
         page, content_type, took = await asyncio.shield(running)
         self._pages[key] = (self._clock() + self._reuse_for(took), page, content_type)
         return page, content_type
-
-    async def measure(self) -> None:
-        """Render once for the series count when no scrape did lately."""
-        measured = self._budget.measured_at if self._budget is not None else None
-        if self._budget is not None and (measured is None or self._clock() - measured > 30.0):
-            await self.page()
 
     async def handler(self, request: web.Request) -> web.Response:
         accept = ",".join(request.headers.getall(hdrs.ACCEPT, []))
