@@ -53,7 +53,11 @@ GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # default names only
 GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"  # latest names: required on usage counters
-GEN_AI_TOKEN_MODALITY_TEXT = "text"  # the text APIs the sidecar reads count text tokens
+# The token-metrics doc: "When the provider does not break usage down by modality and the
+# modality cannot be reliably determined, instrumentations SHOULD report the tokens under the
+# `unknown` modality." The usage blocks the sidecar reads (OpenAI-style, vLLM, llama.cpp, ...)
+# give one total that may include image or audio tokens of a multimodal model.
+GEN_AI_TOKEN_MODALITY_UNKNOWN = "unknown"
 
 # gen_ai.operation.name well-known values used by the route table (sidecar/relay/routes.py).
 GEN_AI_OPERATION_CHAT = "chat"

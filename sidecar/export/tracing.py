@@ -515,7 +515,7 @@ class RequestTelemetry:
 def _record_usage_latest(ins: _Instruments, t: RequestTimeline, attrs: dict[str, Any], ctx) -> None:
     """Token metrics under the current names: the per-operation histograms carry the common
     attributes; the usage counters add the required ``gen_ai.token.modality``."""
-    counted = {**attrs, sc.GEN_AI_TOKEN_MODALITY: sc.GEN_AI_TOKEN_MODALITY_TEXT}
+    counted = {**attrs, sc.GEN_AI_TOKEN_MODALITY: sc.GEN_AI_TOKEN_MODALITY_UNKNOWN}
     if t.input_tokens is not None:
         ins.op_input.record(t.input_tokens, attrs, context=ctx)
         ins.usage_input.add(t.input_tokens, counted, context=ctx)
