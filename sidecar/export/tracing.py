@@ -204,30 +204,30 @@ class _Instruments:
             return
         # latest: per-request histograms and running counters (token-metrics.yaml)
         self.op_input = meter.create_histogram(
-            sc.METRIC_CLIENT_OPERATION_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
             description="The number of input (prompt) tokens used per inference operation.",
             explicit_bucket_boundaries_advisory=sc.BUCKETS_TOKEN_USAGE,
         )  # fmt: skip
         self.op_output = meter.create_histogram(
-            sc.METRIC_CLIENT_OPERATION_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
             description="The number of output (completion) tokens used per inference operation.",
             explicit_bucket_boundaries_advisory=sc.BUCKETS_TOKEN_USAGE,
         )  # fmt: skip
         counter = meter.create_counter
         self.usage_input = counter(
-            sc.METRIC_CLIENT_USAGE_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
             description="The number of input (prompt) tokens used, including cached tokens.",
         )  # fmt: skip
         self.usage_output = counter(
-            sc.METRIC_CLIENT_USAGE_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
             description="The number of output (completion) tokens used, including reasoning tokens.",
         )  # fmt: skip
         self.usage_cache_read = counter(
-            sc.METRIC_CLIENT_USAGE_CACHE_READ_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
             description="The number of input tokens served from a provider-managed cache.",
         )  # fmt: skip
         self.usage_reasoning = counter(
-            sc.METRIC_CLIENT_USAGE_REASONING_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            sc.METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
             description="The number of output tokens used for reasoning (e.g. chain-of-thought, extended thinking).",
         )  # fmt: skip
         # cache_write.input_tokens: no server the sidecar reads reports cache writes; not created.

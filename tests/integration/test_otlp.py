@@ -317,20 +317,20 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
     if latest:
         assert not [n for n in points if n.startswith("gen_ai.client.operation.")], sorted(points)
         assert sc.METRIC_CLIENT_TOKEN_USAGE not in points, sorted(points)
-        for name, total in ((sc.METRIC_CLIENT_OPERATION_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_OPERATION_OUTPUT_TOKENS, 3)):
+        for name, total in ((sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 3)):
             point = points[name][-1]
             assert units[name] == {"{token}"}, name
             assert (point.count, point.sum) == (1, total), name
             assert tuple(point.explicit_bounds) == sc.BUCKETS_TOKEN_USAGE, name
             assert attributes(point.attributes) == required, name
         counted = {**required, sc.GEN_AI_TOKEN_MODALITY: "unknown"}
-        for name, total in ((sc.METRIC_CLIENT_USAGE_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_USAGE_OUTPUT_TOKENS, 3)):
+        for name, total in ((sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS, 3)):
             point = points[name][-1]  # a monotonic cumulative Sum: the last export holds the run
             assert units[name] == {"{token}"}, name
             assert point.as_int == total, name
             assert attributes(point.attributes) == counted, name
         # the stream reported no cached or reasoning tokens: nothing recorded
-        assert sc.METRIC_CLIENT_USAGE_CACHE_READ_INPUT_TOKENS not in points
+        assert sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS not in points
         (ttfc,) = {p.sum for p in points[first]}
         assert ttfc == attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
         return

@@ -567,23 +567,23 @@ async def test_otel_latest_genai_names_behind_opt_in(upstream, traced_sidecar, m
         (point,) = points[name]
         assert tuple(point.explicit_bounds) == sc.BUCKETS_CLIENT_SECONDS, name
         assert point.count == 2, name
-    for name, value in ((sc.METRIC_CLIENT_OPERATION_INPUT_TOKENS, 9), (sc.METRIC_CLIENT_OPERATION_OUTPUT_TOKENS, 4)):
+    for name, value in ((sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 9), (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 4)):
         (point,) = points[name]
         assert (point.count, point.sum) == (2, 2 * value), name
         assert tuple(point.explicit_bounds) == sc.BUCKETS_TOKEN_USAGE, name
         assert sc.GEN_AI_TOKEN_MODALITY not in point.attributes, name
     counters = {
-        sc.METRIC_CLIENT_USAGE_INPUT_TOKENS: 9,
-        sc.METRIC_CLIENT_USAGE_OUTPUT_TOKENS: 4,
-        sc.METRIC_CLIENT_USAGE_CACHE_READ_INPUT_TOKENS: 6,
-        sc.METRIC_CLIENT_USAGE_REASONING_OUTPUT_TOKENS: 3,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS: 9,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS: 4,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS: 6,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS: 3,
     }
     for name, value in counters.items():
         (point,) = points[name]
         assert point.value == 2 * value, name  # a counter: summed over the two requests
         assert point.attributes[sc.GEN_AI_TOKEN_MODALITY] == "unknown", name
         assert point.attributes[sc.GEN_AI_OPERATION_NAME] == "chat", name
-    assert sc.METRIC_CLIENT_USAGE_CACHE_WRITE_INPUT_TOKENS not in points  # no server reports it
+    assert sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS not in points  # no server reports it
     meters.shutdown()
 
 
