@@ -19,6 +19,7 @@ chart passes the file through ``tpl``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
 from .render import render_rules
-from .rules import Numbers, Rule, generate
+from .rules import Numbers, Rule, RuleSet, generate
 from .spec import SLOSpec, Scope
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "HelmNumbers",
     "release_scope",
     "scoped_spec",
+    "release_rules",
     "render_helm_rules",
     "values_section",
     "schema_section",
@@ -118,26 +120,44 @@ def _action(what: str, objective: str) -> str:
     return f'{{{{ if eq {t} (floor {t}) }}}}{{{{ printf "%.1f" {t} }}}}{{{{ else }}}}{{{{ {t} }}}}{{{{ end }}}}'
 
 
-def _helm_rule(rule: Rule, runbook_url: str) -> Rule:
-    labels = dict(rule.labels)
-    if c.LABEL_SEVERITY in labels:
-        labels[c.LABEL_SEVERITY] = f"@@helm:severity:{labels[c.LABEL_SEVERITY]}@@"
-    annotations = dict(rule.annotations)
-    if annotations.get("runbook_url", "").startswith(runbook_url + "#"):
-        annotations["runbook_url"] = "@@helm:runbook:url@@" + annotations["runbook_url"][len(runbook_url) :]
-    return replace(rule, labels=labels, annotations=annotations)
+def _relabel(ruleset: RuleSet, severity: Callable[[str], str], runbook_url: str) -> RuleSet:
+    """``ruleset`` with each severity label mapped and each runbook link rebased."""
+    old_url = ruleset.spec.alerts.runbook_url
+
+    def one(rule: Rule) -> Rule:
+        labels = dict(rule.labels)
+        if c.LABEL_SEVERITY in labels:
+            labels[c.LABEL_SEVERITY] = severity(labels[c.LABEL_SEVERITY])
+        annotations = dict(rule.annotations)
+        link = annotations.get("runbook_url", "")
+        if link.startswith(old_url + "#"):
+            annotations["runbook_url"] = runbook_url + link[len(old_url) :]
+        return replace(rule, labels=labels, annotations=annotations)
+
+    return replace(ruleset, groups=tuple(replace(g, rules=tuple(one(r) for r in g.rules)) for g in ruleset.groups))
+
+
+def release_rules(
+    spec: SLOSpec,
+    namespace: str,
+    deployment: str,
+    severities: Mapping[str, str] = SEVERITIES,
+    runbook_url: str | None = None,
+) -> RuleSet:
+    """The rules one release of the chart gets (what its template renders, as plain rules)."""
+    ruleset = generate(scoped_spec(spec, namespace, deployment))
+    return _relabel(ruleset, lambda s: severities[s], runbook_url or spec.alerts.runbook_url)
 
 
 def render_helm_rules(spec: SLOSpec) -> str:
     """The rules file as a Helm template (the chart ``tpl``s it with the release's values).
 
-    Scoped to the release: every rule selects and carries ``namespace`` and ``deployment``
-    (:func:`release_scope`); severities and the runbook URL are values lookups too."""
-    spec = scoped_spec(spec, "@@helm:release:namespace@@", "@@helm:release:deployment@@")
-    ruleset = generate(spec, numbers=HelmNumbers())
-    url = spec.alerts.runbook_url
-    ruleset = replace(
-        ruleset, groups=tuple(replace(g, rules=tuple(_helm_rule(r, url) for r in g.rules)) for g in ruleset.groups)
+    :func:`release_rules` with each release-specific part as a lookup: every rule selects and
+    carries ``namespace`` and ``deployment`` (:func:`release_scope`); targets, thresholds,
+    severities and the runbook URL come from values."""
+    scoped = scoped_spec(spec, "@@helm:release:namespace@@", "@@helm:release:deployment@@")
+    ruleset = _relabel(
+        generate(scoped, numbers=HelmNumbers()), lambda s: f"@@helm:severity:{s}@@", "@@helm:runbook:url@@"
     )
     text = render_rules(ruleset)
     text = re.sub(r"\{\{|\}\}", lambda m: "{{`" + m.group() + "`}}", text)
