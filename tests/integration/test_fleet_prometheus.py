@@ -51,6 +51,14 @@ async def _get(session: aiohttp.ClientSession, url: str, **params) -> dict:
         return doc["data"]
 
 
+async def _ready(session: aiohttp.ClientSession, base: str) -> bool:
+    try:
+        async with session.get(f"{base}/-/ready") as r:
+            return r.status == 200
+    except aiohttp.ClientConnectionError:
+        return False
+
+
 async def _stream(session: aiohttp.ClientSession, base: str, model: str) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with session.post(f"{base}/v1/chat/completions", json=body, headers=FAST) as r:
@@ -85,16 +93,16 @@ async def test_three_releases_rules_evaluate_cleanly_in_one_prometheus(fleet, tm
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             deadline = time.monotonic() + 60
+            while not await _ready(session, base):
+                assert proc.poll() is None and time.monotonic() < deadline, "prometheus did not become ready"
+                await asyncio.sleep(0.2)
             want = {(ns, deployment(r)) for r, (_, _, ns, _) in fleet.items()}
             got: set = set()
             while time.monotonic() < deadline and got != want:
                 assert proc.poll() is None, "prometheus exited"
-                try:
-                    await asyncio.gather(*(_stream(session, url, model) for url, _, _, model in fleet.values()))
-                    data = await _get(session, f"{base}/api/v1/query", query='llm:sli_events:rate5m{slo="ttft"} > 0')
-                    got = {(s["metric"]["namespace"], s["metric"]["deployment"]) for s in data["result"]}
-                except aiohttp.ClientConnectionError:
-                    pass  # Prometheus still starting
+                await asyncio.gather(*(_stream(session, url, model) for url, _, _, model in fleet.values()))
+                data = await _get(session, f"{base}/api/v1/query", query='llm:sli_events:rate5m{slo="ttft"} > 0')
+                got = {(s["metric"]["namespace"], s["metric"].get("deployment")) for s in data["result"]}
                 await asyncio.sleep(0.5)
             assert got == want
             counts = await _get(session, f"{base}/api/v1/query", query="count by (namespace, deployment, slo) (llm:sli_events:rate5m)")
