@@ -47,7 +47,8 @@ SLO = DASHBOARDS["llm-sidecar-slo.json"]
 
 
 def panels(d: dict) -> list[dict]:
-    return [p for p in d["panels"] if p["type"] != "row"]
+    """Every panel, those inside collapsed rows too."""
+    return [q for p in d["panels"] for q in (p.get("panels", []) if p["type"] == "row" else [p])]
 
 
 def by_title(d: dict, title: str) -> dict:
@@ -173,6 +174,21 @@ def test_heatmaps_read_bucket_rates_by_le():
         assert re.match(r"sum by \(le\) \(rate\(llm_\w+_bucket\{", t["expr"]), p["title"]
         assert p["options"]["calculate"] is False
         assert p["options"]["yAxis"]["unit"] == p["fieldConfig"]["defaults"]["unit"]
+
+
+def test_vllm_row_open_before_the_collapsed_ollama_row_and_ttft_quantiles_by_model():
+    from sidecar.dashboards.engine import ROW_TITLE
+
+    rows = [p for p in OVERVIEW["panels"] if p["type"] == "row"]
+    titles = [r["title"] for r in rows]
+    vllm, ollama = rows[titles.index(ROW_TITLE)], rows[titles.index("Engine timings (Ollama, llama.cpp)")]
+    assert not vllm["collapsed"] and ollama["collapsed"] and ollama["panels"]
+    assert titles.index(ROW_TITLE) < titles.index("Engine timings (Ollama, llama.cpp)")
+    assert titles.index(ROW_TITLE) <= 6, titles  # high on the board, not at the bottom
+    (ttft,) = [p for p in panels(OVERVIEW) if p["title"].startswith("TTFT") and p["title"].endswith("by model")]
+    assert [t["expr"].split(",")[0] for t in ttft["targets"]] == [
+        "histogram_quantile(0.5", "histogram_quantile(0.95", "histogram_quantile(0.99"
+    ]
 
 
 def test_overview_covers_what_the_issue_lists():
