@@ -71,7 +71,9 @@ def _alerts_selector(spec: SLOSpec, severity: str | None = None) -> str:
     # The spec's severity, or the one the Helm chart maps it to (page -> critical, ...).
     names_of = sorted({severity, CHART_SEVERITIES.get(severity, severity)}) if severity else []
     extra = f', severity=~"{"|".join(names_of)}"' if severity else ""
-    groups = "".join(f', {label}=~"${label}|"' for label in spec.grouping if label in FILTER_LABELS)
+    labels = [label for label in spec.grouping if label in FILTER_LABELS]
+    labels += ["deployment"] if "deployment" not in labels else []  # the chart's rules carry it
+    groups = "".join(f', {label}=~"${label}|"' for label in labels)
     return f'ALERTS{{alertstate="firing", alertname=~"{names}"{groups}{extra}}}'
 
 
