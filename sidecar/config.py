@@ -195,8 +195,8 @@ class Settings(BaseModel):
     otel_metrics: bool = Field(
         False,
         description="Also export the GenAI client metrics (gen_ai.client.operation.duration, "
-        "gen_ai.client.operation.time_to_first_chunk, ...) "
-        "over OTLP; needs OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. "
+        "gen_ai.client.operation.time_to_first_chunk, ...; the current gen_ai.client.inference.* "
+        "names with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental) over OTLP; needs OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT. "
         "Traces need no setting: they are on whenever an OTLP endpoint is configured",
     )
     otel_provider_name: str | None = Field(

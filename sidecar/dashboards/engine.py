@@ -9,7 +9,8 @@ not ``model``, so the model and route filters do not).
 Names are vLLM's V1 engine's (``vllm/v1/metrics/loggers.py``): ``vllm:num_requests_waiting``
 and ``vllm:num_requests_running`` (gauges), ``vllm:kv_cache_usage_perc`` (gauge, 1 = full)
 and ``vllm:num_preemptions`` (a counter, exposed as ``vllm:num_preemptions_total``). The row
-starts collapsed: a deployment on another engine (SGLang, TGI, llama.cpp) has no such series.
+is open, high on the overview: vLLM is the chart's default engine; on another engine (SGLang,
+TGI, llama.cpp) its panels are empty and the row can be folded away.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def _gauge(metric: str, how: str = "sum") -> str:
 
 
 def add_engine_row(board: Board) -> None:
-    """Append the engine row (collapsed) to ``board``."""
-    board.collapsed_row(
-        ROW_TITLE,
+    """Append the engine row (open) to ``board``."""
+    board.row(ROW_TITLE)
+    board.add(
         timeseries_panel(
             "Engine queue: waiting and running requests",
             "vLLM's scheduler per pod: requests waiting for a slot in the batch "

@@ -23,6 +23,7 @@ ALL_VALUES: Mapping[str, str] = {
     "__rate_interval": "1m",
     "cluster": ".*",
     "namespace": ".*",
+    "deployment": ".*",
     "pod": ".*",
     "model": ".*",
     "route": ".*",

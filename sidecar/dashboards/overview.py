@@ -337,14 +337,7 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
             "short",
             w=8,
         ),
-        timeseries_panel(
-            f"TTFT p90 by {what}",
-            f"90th percentile of time to first token (streamed requests, first token of any kind), "
-            f"by {what}. {_QUANTILES}",
-            [Query(quantile(0.9, "llm_time_to_first_token_seconds", by), legend)],
-            "s",
-            w=8,
-        ),
+        _ttft_by(by, legend, what),
         timeseries_panel(
             f"TPOT p90 by {what}",
             f"90th percentile of time per output token, by {what}: (last token - first token) / "
@@ -365,6 +358,22 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
     )
 
 
+def _ttft_by(by: tuple[str, ...], legend: str, what: str):
+    """TTFT quantiles per ``what``: p50/p95/p99 per model (where objectives are set), p90 per pod."""
+    qs = (0.5, 0.95, 0.99) if what == "model" else (0.9,)
+    names = " / ".join(f"p{round(q * 100)}" for q in qs)
+    return timeseries_panel(
+        f"TTFT {names} by {what}",
+        f"{names} of time to first token (streamed requests, first token of any kind), by {what}. {_QUANTILES}",
+        [
+            Query(quantile(q, "llm_time_to_first_token_seconds", by), legend if len(qs) == 1 else f"{legend} p{round(q * 100)}")
+            for q in qs
+        ],
+        "s",
+        w=8,
+    )
+
+
 ENGINE_PHASES = (
     ("llm_upstream_load_seconds", "load"),
     ("llm_upstream_prefill_seconds", "prefill"),
@@ -373,7 +382,7 @@ ENGINE_PHASES = (
 
 
 def _engine(board: Board) -> None:
-    board.row("Engine timings (Ollama, llama.cpp)")
+    """Ollama's and llama.cpp's own timings: collapsed, empty on vLLM (the chart's default)."""
     ttft = "llm_time_to_first_token_seconds"
     prefill = "llm_upstream_prefill_seconds"
     # Mean TTFT over the same series (pod, model, route) as report engine timings.
@@ -383,7 +392,8 @@ def _engine(board: Board) -> None:
         f"sum(rate({selector(ttft + '_count')}[$__rate_interval]) and {same})"
     )
     load_mean = f"({mean('llm_upstream_load_seconds')} or on () vector(0))"
-    board.add(
+    board.collapsed_row(
+        "Engine timings (Ollama, llama.cpp)",
         timeseries_panel(
             "Engine-reported phases: p50 / p90",
             "The inference engine's own account of each request, read from its stream (Ollama's "
@@ -430,8 +440,8 @@ def build():
     _tokens(board)
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
-    _engine(board)
+    add_engine_row(board)  # the engine's own metrics (vLLM), open: sidecar/dashboards/engine.py
     add_where_time_goes_row(board)
     _token_count_sources(board)
-    add_engine_row(board)  # the engine's own metrics (vLLM), collapsed: sidecar/dashboards/engine.py
+    _engine(board)  # Ollama's and llama.cpp's timings, collapsed
     return board.build()

@@ -30,9 +30,10 @@ __all__ = [
 
 RATE_INTERVAL = "$__rate_interval"
 
-TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod")
+TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "deployment", "pod")
 """Labels Prometheus adds to each scraped series (kube-prometheus-stack's ServiceMonitor and
-PodMonitor add ``namespace`` and ``pod``; ``cluster`` comes from an external label or a
+PodMonitor add ``namespace`` and ``pod``, the chart's monitors ``deployment`` (the release);
+``cluster`` comes from an external label or a
 Thanos/Mimir setup); the sidecar itself does not export them."""
 
 FILTER_LABELS: tuple[str, ...] = (*TARGET_LABELS, "model", "route")
@@ -99,4 +100,8 @@ def zero_if_absent(expr: str, label: str | None = None) -> str:
 def recorded(record: str, extra: Sequence[Matcher] = (), grouping: Iterable[str] = ("cluster", "namespace", "model")) -> str:
     """A recorded SLO series, filtered by the variables among the rules' grouping labels (the
     rules sum over everything else, e.g. pods and routes)."""
-    return selector(record, extra, labels=[label for label in grouping if label in FILTER_LABELS])
+    # The Helm chart's rules also carry ``deployment`` (its release); plain rules match All.
+    labels = [label for label in grouping if label in FILTER_LABELS]
+    if "deployment" not in labels:
+        labels.append("deployment")
+    return selector(record, extra, labels=labels)

@@ -17,6 +17,7 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from prometheus_client.utils import floatToGoString
 
 from ..slo import conventions as c
+from ..slo.helm import SEVERITIES as CHART_SEVERITIES
 from ..slo.rules import objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
@@ -67,8 +68,12 @@ def _alerts_selector(spec: SLOSpec, severity: str | None = None) -> str:
     """Firing alerts of the spec's rules. ``label=~"$label|"``: those of the selected
     deployments (grouping variables), and the health alerts, which lack some labels."""
     names = "|".join(alert_names(spec))
-    extra = f', severity="{severity}"' if severity else ""
-    groups = "".join(f', {label}=~"${label}|"' for label in spec.grouping if label in FILTER_LABELS)
+    # The spec's severity, or the one the Helm chart maps it to (page -> critical, ...).
+    names_of = sorted({severity, CHART_SEVERITIES.get(severity, severity)}) if severity else []
+    extra = f', severity=~"{"|".join(names_of)}"' if severity else ""
+    labels = [label for label in spec.grouping if label in FILTER_LABELS]
+    labels += ["deployment"] if "deployment" not in labels else []  # the chart's rules carry it
+    groups = "".join(f', {label}=~"${label}|"' for label in labels)
     return f'ALERTS{{alertstate="firing", alertname=~"{names}"{groups}{extra}}}'
 
 
@@ -105,7 +110,8 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "rules rendered from the SLO spec): burn-rate alerts of the selected deployments, plus "
             "LLMSidecarDown and LLMNoTrafficData. page: act now; ticket: within working hours; "
             "info: LLMSLOHistoryShort, the error budget covers less than the period (a young "
-            "deployment, or Prometheus keeps too little history: see the README's Retention).",
+            "deployment, or Prometheus keeps too little history: see the README's Retention). "
+            "The Helm chart's critical and warning count as page and ticket.",
             [
                 Query(f"count({_alerts_selector(spec, severity)}) or on () vector(0)", severity)
                 for severity in SEVERITIES

@@ -3,15 +3,22 @@ names, well-known values and recommended bucket boundaries. One module, so a ren
 line and a reviewer can check the whole vocabulary against the spec in one place.
 
 Version: the GenAI conventions now live in ``open-telemetry/semantic-conventions-genai``
-(status Development, no release tag yet); the names, units, buckets and requirement levels
-here are checked against its ``model/gen-ai/metrics.yaml``, ``model/gen-ai/registry.yaml``
-and ``docs/gen-ai/gen-ai-metrics.md`` at commit ``004902b8cb70aa5ae6ca4ae07132b7daabcd3e10``
-(which pins the stable ``server.*``/``error.*`` attributes to semantic-conventions v1.42.0).
-The client chunk metrics and ``gen_ai.response.time_to_first_chunk`` came from
-semantic-conventions PRs #3377 and #3607 before the move. That repository's changelog
-lists, unreleased, a breaking replacement of ``gen_ai.client.token.usage`` by
-``gen_ai.client.inference.*`` counters; it is not in its metrics model yet, so the
-histogram stays until it is.
+(status Development, no release tag yet). Two sets of metric names, chosen once at start by
+``OTEL_SEMCONV_STABILITY_OPT_IN`` (a comma list, as the contrib instrumentations read it):
+
+- default: the last *released* names (semantic-conventions v1.41.0 and genai ``model/gen-ai/
+  metrics.yaml`` at commit ``9ba9b77579bd6d44b6c124877405e99920a2fe96``):
+  ``gen_ai.client.operation.duration``, ``...operation.time_to_first_chunk``,
+  ``...operation.time_per_output_chunk`` and the ``gen_ai.client.token.usage`` histogram.
+- ``gen_ai_latest_experimental``: the current names, checked against ``model/gen-ai/
+  token-metrics.yaml`` at commit ``9b2ce3b4e6b351a44025a289eefc1a6f6108a938`` and the
+  repository's migration guide (PRs #521 and #374): ``gen_ai.client.inference.duration``,
+  ``...inference.time_to_first_chunk``, ``...inference.time_per_output_chunk``; the token
+  histogram replaced by ``gen_ai.client.inference.usage.*`` counters (``gen_ai.token.modality``
+  required) and the per-operation histograms ``gen_ai.client.inference.operation.*``. No span
+  attribute the sidecar sets was renamed there (``gen_ai.usage.cache_creation.input_tokens``
+  became ``...cache_write...``; the sidecar never set it), so spans are the same either way.
+  The YAML gives no bucket boundaries; the advised ones below are from ``gen-ai-metrics.md``.
 
 What the sidecar is: it observes every request as a *client* of the inference server beside
 it (it sends the request and times the response stream exactly as a client would, minus
@@ -44,7 +51,13 @@ GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
-GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # default names only
+GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"  # latest names: required on usage counters
+# The token-metrics doc: "When the provider does not break usage down by modality and the
+# modality cannot be reliably determined, instrumentations SHOULD report the tokens under the
+# `unknown` modality." The usage blocks the sidecar reads (OpenAI-style, vLLM, llama.cpp, ...)
+# give one total that may include image or audio tokens of a multimodal model.
+GEN_AI_TOKEN_MODALITY_UNKNOWN = "unknown"
 
 # gen_ai.operation.name well-known values used by the route table (sidecar/relay/routes.py).
 GEN_AI_OPERATION_CHAT = "chat"
@@ -118,6 +131,22 @@ METRIC_CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"  # every r
 METRIC_CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"  # streamed only
 METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"  # per chunk after the first
 METRIC_CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
+# The current names (OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental), see above.
+SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
+SEMCONV_OPT_IN_GEN_AI_LATEST = "gen_ai_latest_experimental"
+SEMCONV_GEN_AI_COMMIT = "9b2ce3b4e6b351a44025a289eefc1a6f6108a938"
+METRIC_CLIENT_INFERENCE_DURATION = "gen_ai.client.inference.duration"
+METRIC_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK = "gen_ai.client.inference.time_to_first_chunk"
+METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.inference.time_per_output_chunk"
+# counters, summed over requests ("_total" in Prometheus)
+METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS = "gen_ai.client.inference.usage.input_tokens"
+METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS = "gen_ai.client.inference.usage.output_tokens"
+METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.client.inference.usage.cache_read.input_tokens"
+METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS = "gen_ai.client.inference.usage.cache_write.input_tokens"
+METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.client.inference.usage.reasoning.output_tokens"
+# histograms, one observation per request
+METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
+METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
 UNIT_SECONDS = "s"
 UNIT_TOKENS = "{token}"
 

@@ -158,32 +158,79 @@ def _error_type(t: RequestTimeline) -> str | None:
     return None
 
 
-class _Instruments:
-    """The opt-in GenAI client metrics, with the conventions' advised bucket boundaries."""
+def genai_latest_names(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``OTEL_SEMCONV_STABILITY_OPT_IN`` (a comma list, read as the OTel contrib
+    instrumentations read it: entries trimmed, case-insensitive) names
+    ``gen_ai_latest_experimental``: then the current GenAI metric names are emitted."""
+    env = os.environ if environ is None else environ
+    entries = {e.strip().lower() for e in env.get(sc.SEMCONV_OPT_IN_ENV, "").split(",")}
+    return sc.SEMCONV_OPT_IN_GEN_AI_LATEST in entries
 
-    def __init__(self, meter_provider) -> None:
+
+class _Instruments:
+    """The opt-in GenAI client metrics, with the conventions' advised bucket boundaries.
+
+    ``latest``: the current names (see :mod:`sidecar.export.semconv`); otherwise the last
+    released ones. Chosen once here, so the per-chunk path is the same either way."""
+
+    def __init__(self, meter_provider, *, latest: bool = False) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
+        self.latest = latest
         self.duration = meter.create_histogram(
-            sc.METRIC_CLIENT_OPERATION_DURATION, unit=sc.UNIT_SECONDS,
+            sc.METRIC_CLIENT_INFERENCE_DURATION if latest else sc.METRIC_CLIENT_OPERATION_DURATION,
+            unit=sc.UNIT_SECONDS,
             description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=sc.BUCKETS_CLIENT_SECONDS,
         )  # fmt: skip
         self.ttfc = meter.create_histogram(
-            sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, unit=sc.UNIT_SECONDS,
+            sc.METRIC_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK if latest else sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK,
+            unit=sc.UNIT_SECONDS,
             description="Time to receive the first chunk, measured from when the client issues the "
             "generation request to when the first chunk is received in the response stream.",
             explicit_bucket_boundaries_advisory=sc.BUCKETS_CLIENT_SECONDS,
         )  # fmt: skip
         self.tpoc = meter.create_histogram(
-            sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK, unit=sc.UNIT_SECONDS,
+            sc.METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK if latest else sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK,
+            unit=sc.UNIT_SECONDS,
             description="Time per output chunk, recorded for each chunk received after the first one.",
             explicit_bucket_boundaries_advisory=sc.BUCKETS_CLIENT_SECONDS,
         )  # fmt: skip
-        self.tokens = meter.create_histogram(
-            sc.METRIC_CLIENT_TOKEN_USAGE, unit=sc.UNIT_TOKENS,
-            description="Number of input and output tokens used.",
+        if not latest:
+            self.tokens = meter.create_histogram(
+                sc.METRIC_CLIENT_TOKEN_USAGE, unit=sc.UNIT_TOKENS,
+                description="Number of input and output tokens used.",
+                explicit_bucket_boundaries_advisory=sc.BUCKETS_TOKEN_USAGE,
+            )  # fmt: skip
+            return
+        # latest: per-request histograms and running counters (token-metrics.yaml)
+        self.op_input = meter.create_histogram(
+            sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            description="The number of input (prompt) tokens used per inference operation.",
             explicit_bucket_boundaries_advisory=sc.BUCKETS_TOKEN_USAGE,
         )  # fmt: skip
+        self.op_output = meter.create_histogram(
+            sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            description="The number of output (completion) tokens used per inference operation.",
+            explicit_bucket_boundaries_advisory=sc.BUCKETS_TOKEN_USAGE,
+        )  # fmt: skip
+        counter = meter.create_counter
+        self.usage_input = counter(
+            sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            description="The number of input (prompt) tokens used, including cached tokens.",
+        )  # fmt: skip
+        self.usage_output = counter(
+            sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            description="The number of output (completion) tokens used, including reasoning tokens.",
+        )  # fmt: skip
+        self.usage_cache_read = counter(
+            sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            description="The number of input tokens served from a provider-managed cache.",
+        )  # fmt: skip
+        self.usage_reasoning = counter(
+            sc.METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS, unit=sc.UNIT_TOKENS,
+            description="The number of output tokens used for reasoning (e.g. chain-of-thought, extended thinking).",
+        )  # fmt: skip
+        # cache_write.input_tokens: no server the sidecar reads reports cache writes; not created.
 
 
 class RequestTelemetry:
@@ -206,6 +253,7 @@ class RequestTelemetry:
         model_label: Callable[[str | None], str] | None = None,
         provider_name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        latest_genai_names: bool | None = None,
     ) -> None:
         self._provider_name = provider_name
         parts = urlsplit(upstream)
@@ -216,7 +264,11 @@ class RequestTelemetry:
         self._tracer = (
             tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__) if tracer_provider is not None else None
         )
-        self._instruments = _Instruments(meter_provider) if meter_provider is not None else None
+        if latest_genai_names is None:  # OTEL_SEMCONV_STABILITY_OPT_IN, as the contrib packages
+            latest_genai_names = genai_latest_names()
+        self._instruments = (
+            _Instruments(meter_provider, latest=latest_genai_names) if meter_provider is not None else None
+        )
         self._propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 
     @property
@@ -456,9 +508,30 @@ class RequestTelemetry:
             record = ins.tpoc.record
             for gap in t.chunk_gaps():
                 record(gap, attrs)
+        if ins.latest:
+            _record_usage_latest(ins, t, attrs, ctx)
+            return
         for kind, value in ((sc.GEN_AI_TOKEN_TYPE_INPUT, t.input_tokens), (sc.GEN_AI_TOKEN_TYPE_OUTPUT, t.output_tokens)):
             if value is not None:
                 ins.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: kind}, context=ctx)
+
+
+def _record_usage_latest(ins: _Instruments, t: RequestTimeline, attrs: dict[str, Any], ctx) -> None:
+    """Token metrics under the current names: the per-operation histograms carry the common
+    attributes; the usage counters add the required ``gen_ai.token.modality``."""
+    counted = {**attrs, sc.GEN_AI_TOKEN_MODALITY: sc.GEN_AI_TOKEN_MODALITY_UNKNOWN}
+    if t.input_tokens is not None:
+        ins.op_input.record(t.input_tokens, attrs, context=ctx)
+        ins.usage_input.add(t.input_tokens, counted, context=ctx)
+    if t.output_tokens is not None:
+        ins.op_output.record(t.output_tokens, attrs, context=ctx)
+        ins.usage_output.add(t.output_tokens, counted, context=ctx)
+    cached = t.cached_input_tokens
+    if cached is not None:
+        ins.usage_cache_read.add(cached, counted, context=ctx)
+    reasoning = t.reasoning_tokens
+    if reasoning is not None:
+        ins.usage_reasoning.add(reasoning, counted, context=ctx)
 
 
 # -- providers from the environment ------------------------------------------------------------

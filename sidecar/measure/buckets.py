@@ -1,9 +1,14 @@
 """Histogram bucket bounds, as named constants shared by metrics, config and SLO rules.
 
-Starting points are the OpenTelemetry GenAI semantic conventions' recommended boundaries
-(``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``,
-``gen_ai.server.request.duration``, ``gen_ai.client.token.usage``), refined where a
-latency SLO threshold needs an exact bound: a latency SLI reads the bucket *at* its
+Starting points are the OpenTelemetry GenAI semantic conventions' advised boundaries. For
+TTFT and ITL/TPOT those of the *server* metrics (``gen_ai.server.time_to_first_token`` from
+1 ms, ``gen_ai.server.time_per_output_token``), which step by round numbers, where the
+client chunk metrics' boundaries double from 0.01 to 81.92. Only the bounds are borrowed:
+the sidecar measures as a client and emits no ``gen_ai.server.*`` metric (see
+``sidecar/export/semconv.py``). End to end starts from the doubling 0.01 .. 81.92 of the
+request-duration metrics, tokens from the powers of 4 of ``gen_ai.client.token.usage``
+(now ``gen_ai.client.inference.operation.*_tokens``), each refined where a latency SLO
+threshold needs an exact bound: a latency SLI reads the bucket *at* its
 threshold, so every threshold a user can choose must be one of these numbers.
 """
 
@@ -45,7 +50,8 @@ TPS_BUCKETS: tuple[float, ...] = (
     150.0, 200.0, 300.0, 500.0, 1000.0,
 )  # fmt: skip
 
-# Tokens per request: semconv gen_ai.client.token.usage, powers of 4.
+# Tokens per request: semconv gen_ai.client.token.usage (gen_ai.client.inference.operation.*),
+# powers of 4.
 TOKEN_COUNT_BUCKETS: tuple[float, ...] = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
 )  # fmt: skip

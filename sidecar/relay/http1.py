@@ -136,6 +136,35 @@ class ResponseParser:
                     return data[eol + 2 : end]
         return None
 
+    def whole_chunks(self, data: bytes) -> list[bytes] | None:
+        """Like :meth:`whole_chunk` for a read that is one or more whole, well-formed data
+        chunks back to back (what a busy upstream's coalesced reads look like): their
+        payloads, the parser's state unchanged; else None and nothing happened, so call
+        :meth:`feed`. The last chunk (size 0) is never part of it: that goes to :meth:`feed`.
+
+        The relay may then pass ``data`` on to a chunked client as it is, in one write.
+        """
+        if self._state != _SIZE or self._buf:
+            return None
+        pieces = []
+        pos = 0
+        end = len(data)
+        find = data.find
+        while pos < end:
+            eol = find(_CRLF, pos, pos + 17)
+            if eol <= pos or eol - pos > 15:
+                return None
+            digits = data[pos:eol]
+            if not _HEX.issuperset(digits):  # an extension or garbage: the general path
+                return None
+            start = eol + 2
+            stop = start + int(digits, 16)
+            if stop == start or stop + 2 > end or data[stop : stop + 2] != _CRLF:
+                return None
+            pieces.append(data[start:stop])
+            pos = stop + 2
+        return pieces or None
+
     def feed(self, data: bytes) -> list[bytes]:
         state = self._state
         if state == _SIZE and not self._buf:

@@ -598,6 +598,19 @@ class _Relay:
             return
         self._observer.feed(piece, now)
 
+    def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
+        """A read that was several whole, well-formed chunks (a busy upstream's reads
+        coalesce): one write to the client, not one per piece, then each piece measured
+        as if it had come alone, all at the time of the read."""
+        now = self._clock()
+        if self.ended is not None:
+            return
+        if not self._write_framed(frames if self._chunked else b"".join(pieces)):
+            return
+        feed = self._observer.feed
+        for piece in pieces:
+            feed(piece, now)
+
     def write(self, data: bytes) -> bool:
         """Write to the client; False (and the relay ends) when the client is gone."""
         return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)

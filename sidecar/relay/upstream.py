@@ -102,6 +102,10 @@ class BodySink(Protocol):
         """Like :meth:`body`, for a read that was exactly one well-formed chunk: ``frame``
         is that chunk as received (size line, ``piece``, CRLF)."""
 
+    def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
+        """Like :meth:`chunk`, for a read that was several whole, well-formed chunks:
+        ``frames`` is the read as received, ``pieces`` their payloads in order."""
+
     def end(self, error: str | None) -> None:
         """Called exactly once: ``None`` when the body is complete, else the error_type
         (``upstream_disconnected``, ``upstream_read_timeout``, ``upstream_invalid_response``)."""
@@ -148,6 +152,10 @@ class UpstreamConnection(asyncio.Protocol):
                 piece = parser.whole_chunk(data)  # type: ignore[union-attr]
                 if piece is not None:
                     sink.chunk(data, piece)
+                    return
+                pieces = parser.whole_chunks(data)  # type: ignore[union-attr]
+                if pieces is not None:  # several whole chunks in one read (a busy upstream)
+                    sink.chunks(data, pieces)
                     return
                 for piece in parser.feed(data):  # type: ignore[union-attr]
                     sink.body(piece)

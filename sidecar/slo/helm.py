@@ -19,16 +19,30 @@ chart passes the file through ``tpl``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
 from .render import render_rules
-from .rules import Numbers, generate
+from .rules import Numbers, Rule, RuleSet, generate
 from .spec import SLOSpec, Scope
 
-__all__ = ["VALUES_PATH", "SHIPPED", "HelmNumbers", "render_helm_rules", "values_section", "schema_section"]
+__all__ = [
+    "VALUES_PATH",
+    "SHIPPED",
+    "LABEL_DEPLOYMENT",
+    "SEVERITIES",
+    "HelmNumbers",
+    "release_scope",
+    "scoped_spec",
+    "release_rules",
+    "render_helm_rules",
+    "values_section",
+    "schema_section",
+]
 
 VALUES_PATH = ("prometheus", "rules", "objectives")
 """Where the objectives live in the chart's values."""
@@ -37,6 +51,28 @@ SHIPPED = {"llm-sidecar-rules.yaml": "deploy/slo/default.yaml"}
 """Chart rules file (helm/llm-sidecar/files/rules/) -> the spec it is rendered from."""
 
 _TOKEN = re.compile(r"@@helm:([a-z_]+):([a-z][a-z0-9_-]*)@@")
+
+LABEL_DEPLOYMENT = "deployment"
+"""The label the chart's PodMonitor/ServiceMonitor gives every series of a release (its
+fullname); with the namespace it names one deployment, and every rule of the release
+selects and carries both, so releases never read or write each other's series."""
+
+SEVERITIES = {"page": "critical", "ticket": "warning", "info": "info"}
+"""The chart's default ``prometheus.rules.severities``: the spec's severity -> the label
+value the alerts carry (kube-prometheus-stack routes critical/warning/info)."""
+
+
+def release_scope(namespace: str, deployment: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(extra grouping labels, selector) of one release's rules: the one place that says how a
+    release is scoped, for every generator of chart rules (SLO, capacity, ...)."""
+    return (LABEL_DEPLOYMENT,), {"namespace": namespace, LABEL_DEPLOYMENT: deployment}
+
+
+def scoped_spec(spec: SLOSpec, namespace: str, deployment: str) -> SLOSpec:
+    """``spec`` as one release applies it: grouped by, and selecting, its own deployment."""
+    extra, selector = release_scope(namespace, deployment)
+    grouping = tuple(spec.grouping) + tuple(label for label in extra if label not in spec.grouping)
+    return spec.model_copy(update={"grouping": grouping, "selector": {**spec.selector, **selector}})
 
 
 class HelmNumbers(Numbers):
@@ -64,7 +100,15 @@ def _lookup(objective: str, key: str) -> str:
 
 
 def _action(what: str, objective: str) -> str:
-    """The Helm action that writes one number the way the literal rules do."""
+    """The Helm action that writes one number (or a release label) the way the literal rules do."""
+    if what == "release":
+        if objective == "namespace":
+            return "{{ $.Release.Namespace }}"
+        return '{{ include "llm-sidecar.fullname" $ }}'
+    if what == "severity":
+        return f'{{{{ index $.Values.prometheus.rules.severities "{objective}" }}}}'
+    if what == "runbook":
+        return "{{ $.Values.prometheus.rules.runbookUrl }}"
     if what == "target":
         return f'{{{{ printf "%.6g" {_lookup(objective, "target")} }}}}'
     if what == "budget":
@@ -76,9 +120,46 @@ def _action(what: str, objective: str) -> str:
     return f'{{{{ if eq {t} (floor {t}) }}}}{{{{ printf "%.1f" {t} }}}}{{{{ else }}}}{{{{ {t} }}}}{{{{ end }}}}'
 
 
+def _relabel(ruleset: RuleSet, severity: Callable[[str], str], runbook_url: str) -> RuleSet:
+    """``ruleset`` with each severity label mapped and each runbook link rebased."""
+    old_url = ruleset.spec.alerts.runbook_url
+
+    def one(rule: Rule) -> Rule:
+        labels = dict(rule.labels)
+        if c.LABEL_SEVERITY in labels:
+            labels[c.LABEL_SEVERITY] = severity(labels[c.LABEL_SEVERITY])
+        annotations = dict(rule.annotations)
+        link = annotations.get("runbook_url", "")
+        if link.startswith(old_url + "#"):
+            annotations["runbook_url"] = runbook_url + link[len(old_url) :]
+        return replace(rule, labels=labels, annotations=annotations)
+
+    return replace(ruleset, groups=tuple(replace(g, rules=tuple(one(r) for r in g.rules)) for g in ruleset.groups))
+
+
+def release_rules(
+    spec: SLOSpec,
+    namespace: str,
+    deployment: str,
+    severities: Mapping[str, str] = SEVERITIES,
+    runbook_url: str | None = None,
+) -> RuleSet:
+    """The rules one release of the chart gets (what its template renders, as plain rules)."""
+    ruleset = generate(scoped_spec(spec, namespace, deployment))
+    return _relabel(ruleset, lambda s: severities[s], runbook_url or spec.alerts.runbook_url)
+
+
 def render_helm_rules(spec: SLOSpec) -> str:
-    """The rules file as a Helm template (the chart ``tpl``s it with the release's values)."""
-    text = render_rules(generate(spec, numbers=HelmNumbers()))
+    """The rules file as a Helm template (the chart ``tpl``s it with the release's values).
+
+    :func:`release_rules` with each release-specific part as a lookup: every rule selects and
+    carries ``namespace`` and ``deployment`` (:func:`release_scope`); targets, thresholds,
+    severities and the runbook URL come from values."""
+    scoped = scoped_spec(spec, "@@helm:release:namespace@@", "@@helm:release:deployment@@")
+    ruleset = _relabel(
+        generate(scoped, numbers=HelmNumbers()), lambda s: f"@@helm:severity:{s}@@", "@@helm:runbook:url@@"
+    )
+    text = render_rules(ruleset)
     text = re.sub(r"\{\{|\}\}", lambda m: "{{`" + m.group() + "`}}", text)
     text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2)), text)
     # A Helm comment, so that the rendered rules are exactly the plain ones.

@@ -368,6 +368,11 @@ def _history_rule(spec: SLOSpec) -> Rule:
     )
 
 
+def _sum_by_selector(spec: SLOSpec) -> str:
+    labels = sorted(spec.selector)
+    return f"sum by ({', '.join(labels)}) " if labels else "sum"
+
+
 def _health_rules(spec: SLOSpec) -> list[Rule]:
     down = spec.alerts.target_down
     no_traffic = spec.alerts.no_traffic
@@ -395,7 +400,8 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
             },
         ),
         Rule(
-            f"absent({requests}) or sum(rate({requests}[5m])) == 0",
+            # Per deployment where the spec selects one (absent() keeps the selector's labels).
+            f"absent({requests}) or {_sum_by_selector(spec)}(rate({requests}[5m])) == 0",
             alert=c.ALERT_NO_TRAFFIC,
             for_=no_traffic.for_,
             labels={c.LABEL_SEVERITY: no_traffic.severity},

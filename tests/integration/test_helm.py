@@ -484,7 +484,11 @@ def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
 
 
 def test_prometheus_rule_carries_exactly_the_rules_promtool_tests(parsed):
-    """Each PrometheusRule's spec is the rules file the promtool unit tests load."""
+    """Each PrometheusRule's spec is the rules of the spec the promtool unit tests load, as
+    the release applies it (scoped to its namespace and deployment, severities mapped)."""
+    from sidecar.slo import load_spec, render_rules
+    from sidecar.slo.helm import SHIPPED, release_rules
+
     rules = by_kind(parsed["default"], "PrometheusRule")
     sources = {r["metadata"]["annotations"]["llm-sidecar/source"]: r for r in rules}
     shipped = {str(p.relative_to(ROOT)) for p in (ROOT / "deploy" / "prometheus").glob("*.yaml")}
@@ -495,7 +499,9 @@ def test_prometheus_rule_carries_exactly_the_rules_promtool_tests(parsed):
             tested.add(str((test_file.parent / rule_file).resolve().relative_to(ROOT)))
     assert tested <= shipped and tested
     for source, rule in sources.items():
-        assert rule["spec"] == yaml.safe_load((ROOT / source).read_text(encoding="utf-8")), source
+        spec = load_spec(str(ROOT / SHIPPED[source.rsplit("/", 1)[1]]))
+        want = render_rules(release_rules(spec, sync.NAMESPACE, sync.RELEASE))
+        assert rule["spec"] == yaml.safe_load(want), source
 
 
 def test_dashboard_configmaps_equal_the_dashboards(parsed):

@@ -1,8 +1,10 @@
 """SLOs from Helm values: `helm install --set` changes a target or threshold, and the chart's
 rules are still exactly what the generator renders for that target and threshold.
 
-- With the default values the chart's PrometheusRule holds deploy/prometheus/'s rules, text
-  for text (so every promtool test of those rules covers the chart too).
+- With the default values the chart's PrometheusRule holds deploy/prometheus/'s rules as the
+  release applies them (sidecar.slo.helm.release_rules: scoped to its namespace and
+  deployment, kube-prometheus-stack severities), and --set changes severities and the
+  runbook URL.
 - With --set (ttft: 99% within 5 s), the rules equal `llm-sidecar slo render` of the spec
   changed the same way, promtool's lint passes, and a promtool unit test shows the changed
   verdict: a TTFT of 3% over 5 s is a ticket under 99% (burn 3) where the shipped 95%
@@ -21,8 +23,8 @@ import subprocess
 import pytest
 import yaml
 
-from sidecar.slo import generate, load_spec, parse_spec, render_rules
-from sidecar.slo.helm import VALUES_PATH, schema_section, values_section
+from sidecar.slo import load_spec, parse_spec, render_rules
+from sidecar.slo.helm import VALUES_PATH, release_rules, schema_section, values_section
 from tests.conftest import require_tool
 from tests.integration.test_helm import CHART, ROOT, by_kind, render, render_error, sync
 
@@ -56,17 +58,35 @@ def helm_ok():
         require_tool(str(sync.HELM))  # skips locally, fails under CI=true
 
 
-def test_default_values_give_the_committed_rules(helm_ok):
-    committed = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
-    assert rules_of(render()) == committed
+def released(spec, **kw) -> dict:
+    return yaml.safe_load(render_rules(release_rules(spec, sync.NAMESPACE, sync.RELEASE, **kw)))
+
+
+def test_default_values_give_the_committed_rules_scoped_to_the_release(helm_ok):
+    got = rules_of(render())
+    assert got == released(load_spec(str(SPEC)))
+    text = json.dumps(got)
+    assert 'deployment=\\"llm-sidecar\\",namespace=\\"llm\\"' in text
+    assert "severity\": \"critical" in text and "severity\": \"page" not in text
+
+
+def test_set_changes_severities_and_runbook_url(helm_ok):
+    severities = {"page": "page", "ticket": "ticket", "info": "none"}
+    url = "https://runbooks.example.com/llm"
+    args = [a for k, v in severities.items() for a in ("--set", f"prometheus.rules.severities.{k}={v}")]
+    got = rules_of(render(*args, "--set", f"prometheus.rules.runbookUrl={url}"))
+    assert got == released(load_spec(str(SPEC)), severities=severities, runbook_url=url)
+    assert got != rules_of(render())
+    links = {r["annotations"]["runbook_url"] for g in got["groups"] for r in g["rules"] if "alert" in r}
+    assert links and all(link.startswith(url + "#runbook-") for link in links)
 
 
 def test_set_changes_target_and_threshold_as_the_generator_would(helm_ok, tmp_path):
     args = ["--set", f"{KEY}.ttft.target=99", "--set", f"{KEY}.ttft.thresholdSeconds=5.0"]
     got = rules_of(render(*args))
-    want = yaml.safe_load(render_rules(generate(parse_spec(spec_with(target=99, threshold_seconds=5.0)))))
+    want = released(parse_spec(spec_with(target=99, threshold_seconds=5.0)))
     assert got == want
-    assert got != yaml.safe_load(render_rules(generate(load_spec(str(SPEC)))))
+    assert got != released(load_spec(str(SPEC)))
     # The per-model override keeps the spec's own numbers.
     text = json.dumps(got)
     assert 'model=\\"meta-llama/Llama-3.1-405B-Instruct\\",le=\\"5.0\\"' in text
@@ -94,13 +114,13 @@ def test_promtool_agrees_with_the_values(helm_ok, tmp_path):
     ]
     inputs = [
         {
-            "series": "llm_time_to_first_token_seconds" + suffix + '{model="m",route="/v1/chat/completions",prompt_class="all"'
+            "series": "llm_time_to_first_token_seconds" + suffix + '{namespace="llm",deployment="llm-sidecar",model="m",route="/v1/chat/completions",prompt_class="all"'
             + (f',le="{le}"' if le else "") + "}",
             "values": values,
         }
         for suffix, le, values in series
     ]
-    alert = 'ALERTS{alertname="LLMTTFTBurnRate",alertstate="firing",severity="ticket",slo="ttft",model="m",long_window="3d",short_window="6h"}'
+    alert = 'ALERTS{alertname="LLMTTFTBurnRate",alertstate="firing",severity="warning",slo="ttft",namespace="llm",deployment="llm-sidecar",model="m",long_window="3d",short_window="6h"}'
     for name, firing in (("default", False), ("set", True)):
         test = {
             "rule_files": [f"{name}.yaml"],

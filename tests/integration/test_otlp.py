@@ -83,8 +83,12 @@ class Received:
                 for rm in req.resource_metrics:
                     for sm in rm.scope_metrics:
                         for m in sm.metrics:
-                            if m.WhichOneof("data") == "histogram":
+                            kind = m.WhichOneof("data")
+                            if kind == "histogram":
                                 out.setdefault(m.name, []).extend(m.histogram.data_points)
+                            elif kind == "sum":  # counters: only monotonic cumulative ones are sent
+                                assert m.sum.is_monotonic, m.name
+                                out.setdefault(m.name, []).extend(m.sum.data_points)
         return out
 
     def metric_units(self) -> dict[str, set[str]]:
@@ -203,7 +207,7 @@ async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
     return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", out
 
 
-async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_path: Path) -> None:
+async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_path: Path, *, latest: bool = False) -> None:
     seen: list = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -284,12 +288,24 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
         sc.SERVER_ADDRESS: "127.0.0.1",
         sc.SERVER_PORT: up.port,
     }
+    if latest:  # OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental
+        duration, first, per_chunk = (
+            sc.METRIC_CLIENT_INFERENCE_DURATION,
+            sc.METRIC_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK,
+            sc.METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+        )
+    else:
+        duration, first, per_chunk = (
+            sc.METRIC_CLIENT_OPERATION_DURATION,
+            sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK,
+            sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK,
+        )
     expected = {
         # name: (unit, buckets, count, extra attributes)
-        sc.METRIC_CLIENT_OPERATION_DURATION: ("s", sc.BUCKETS_CLIENT_SECONDS, 1, {}),
-        sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK: ("s", sc.BUCKETS_CLIENT_SECONDS, 1, {}),
+        duration: ("s", sc.BUCKETS_CLIENT_SECONDS, 1, {}),
+        first: ("s", sc.BUCKETS_CLIENT_SECONDS, 1, {}),
         # three content chunks: one observation for each after the first
-        sc.METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK: ("s", sc.BUCKETS_CLIENT_SECONDS, 2, {}),
+        per_chunk: ("s", sc.BUCKETS_CLIENT_SECONDS, 2, {}),
     }
     for name, (unit, buckets, count, extra) in expected.items():
         assert points.get(name), (name, sorted(points))
@@ -298,11 +314,27 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
         assert tuple(point.explicit_bounds) == buckets, name
         assert attributes(point.attributes) == {**required, **extra}, name
         assert point.count == count, name
-    assert units[sc.METRIC_CLIENT_TOKEN_USAGE] == {"{token}"}
-    usage = {attributes(p.attributes)[sc.GEN_AI_TOKEN_TYPE]: p for p in points[sc.METRIC_CLIENT_TOKEN_USAGE]}
-    assert tuple(usage["output"].explicit_bounds) == sc.BUCKETS_TOKEN_USAGE
-    assert (usage["input"].sum, usage["output"].sum) == (4, 3)
-    assert attributes(usage["input"].attributes) == {**required, sc.GEN_AI_TOKEN_TYPE: "input"}
+    if latest:
+        assert not [n for n in points if n.startswith("gen_ai.client.operation.")], sorted(points)
+        assert sc.METRIC_CLIENT_TOKEN_USAGE not in points, sorted(points)
+        for name, total in ((sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 3)):
+            point = points[name][-1]
+            assert units[name] == {"{token}"}, name
+            assert (point.count, point.sum) == (1, total), name
+            assert tuple(point.explicit_bounds) == sc.BUCKETS_TOKEN_USAGE, name
+            assert attributes(point.attributes) == required, name
+        counted = {**required, sc.GEN_AI_TOKEN_MODALITY: "unknown"}
+        for name, total in ((sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS, 3)):
+            point = points[name][-1]  # a monotonic cumulative Sum: the last export holds the run
+            assert units[name] == {"{token}"}, name
+            assert point.as_int == total, name
+            assert attributes(point.attributes) == counted, name
+        # the stream reported no cached or reasoning tokens: nothing recorded
+        assert sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS not in points
+        (ttfc,) = {p.sum for p in points[first]}
+        assert ttfc == attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
+        return
+    assert not [n for n in points if n.startswith("gen_ai.client.inference.")], sorted(points)
     (ttfc,) = {p.sum for p in points[sc.METRIC_CLIENT_TIME_TO_FIRST_CHUNK]}
     assert ttfc == attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
     assert attrs[sc.GEN_AI_REQUEST_STREAM] is True
@@ -327,3 +359,16 @@ async def test_otlp_http_protobuf_traces_and_metrics(upstream, http_receiver, tm
         "LLM_SIDECAR_OTEL_METRICS": "true",
     }
     await exercise(upstream, received, env, tmp_path)
+
+
+async def test_otlp_latest_genai_metric_names_behind_opt_in(upstream, http_receiver, tmp_path):
+    """OTEL_SEMCONV_STABILITY_OPT_IN (a comma list) with gen_ai_latest_experimental: the
+    current semantic-conventions-genai names reach the receiver, the released ones do not."""
+    received, base = http_receiver
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": base + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": base + "/v1/metrics",
+        "LLM_SIDECAR_OTEL_METRICS": "true",
+        "OTEL_SEMCONV_STABILITY_OPT_IN": "http, gen_ai_latest_experimental",
+    }
+    await exercise(upstream, received, env, tmp_path, latest=True)

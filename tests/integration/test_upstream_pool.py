@@ -238,6 +238,13 @@ class Sink:
         self.frames.append(frame)
         self.body(piece)
 
+    def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
+        # The read is these pieces' chunks back to back, exactly.
+        assert frames == b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) or frames.endswith(b"\r\n" + pieces[-1] + b"\r\n")
+        self.frames.append(frames)
+        for piece in pieces:
+            self.body(piece)
+
     def end(self, error: str | None) -> None:
         self.ends.append(error)
         self.end_time = self._loop.time()

@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(str(ROOT / "deploy" / "slo" / "default.yaml"))
 RULES = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-FILTERS = ("cluster", "namespace", "pod", "model", "route")
-# Recorded series are filtered by the spec's grouping labels (all variables by default).
-GROUP_FILTERS = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model"'
+FILTERS = ("cluster", "namespace", "deployment", "pod", "model", "route")
+# Recorded series are filtered by the spec's grouping labels (all variables by default), and
+# by deployment, which the chart's rules carry.
+GROUP_FILTERS = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model", deployment=~"$deployment"'
 UIDS = {"llm-sidecar-overview.json": overview.UID, "llm-sidecar-slo.json": slo.UID}
 
 
@@ -47,7 +48,8 @@ SLO = DASHBOARDS["llm-sidecar-slo.json"]
 
 
 def panels(d: dict) -> list[dict]:
-    return [p for p in d["panels"] if p["type"] != "row"]
+    """Every panel, those inside collapsed rows too."""
+    return [q for p in d["panels"] for q in (p.get("panels", []) if p["type"] == "row" else [p])]
 
 
 def by_title(d: dict, title: str) -> dict:
@@ -95,7 +97,7 @@ def test_datasource_variable_then_the_four_filter_variables(name):
     # Each narrows by the ones before it.
     assert queries["cluster"].selector == "llm_requests_total"
     assert queries["route"].selector == (
-        'llm_requests_total{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod", model=~"$model"}'
+        'llm_requests_total{cluster=~"$cluster", namespace=~"$namespace", deployment=~"$deployment", pod=~"$pod", model=~"$model"}'
     )
 
 
@@ -173,6 +175,21 @@ def test_heatmaps_read_bucket_rates_by_le():
         assert re.match(r"sum by \(le\) \(rate\(llm_\w+_bucket\{", t["expr"]), p["title"]
         assert p["options"]["calculate"] is False
         assert p["options"]["yAxis"]["unit"] == p["fieldConfig"]["defaults"]["unit"]
+
+
+def test_vllm_row_open_before_the_collapsed_ollama_row_and_ttft_quantiles_by_model():
+    from sidecar.dashboards.engine import ROW_TITLE
+
+    rows = [p for p in OVERVIEW["panels"] if p["type"] == "row"]
+    titles = [r["title"] for r in rows]
+    vllm, ollama = rows[titles.index(ROW_TITLE)], rows[titles.index("Engine timings (Ollama, llama.cpp)")]
+    assert not vllm["collapsed"] and ollama["collapsed"] and ollama["panels"]
+    assert titles.index(ROW_TITLE) < titles.index("Engine timings (Ollama, llama.cpp)")
+    assert titles.index(ROW_TITLE) <= 6, titles  # high on the board, not at the bottom
+    (ttft,) = [p for p in panels(OVERVIEW) if p["title"].startswith("TTFT") and p["title"].endswith("by model")]
+    assert [t["expr"].split(",")[0] for t in ttft["targets"]] == [
+        "histogram_quantile(0.5", "histogram_quantile(0.95", "histogram_quantile(0.99"
+    ]
 
 
 def test_overview_covers_what_the_issue_lists():

@@ -33,11 +33,19 @@ from sidecar.dashboards.inspect import panel_queries, variable_queries
 from sidecar.dashboards.queries import TARGET_LABELS
 from sidecar.sim.core import SimulatorConfig
 from sidecar.sim.server import build_simulator_app
+from sidecar.slo import load_spec, render_rules
+from sidecar.slo.helm import release_rules
 from tests.conftest import start_app, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
-RULES = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
+_PLAIN = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
+# The committed rules and the same rules as one Helm release applies them (they also carry
+# namespace and deployment): the dashboards read both.
+_RELEASE = yaml.safe_load(
+    render_rules(release_rules(load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "llm", "llm-sidecar"))
+)
+RULES = {"groups": _PLAIN["groups"] + _RELEASE["groups"]}
 MODEL = "sim-llama-3-8b"
 FAST = {"x-sim-ttft": "0.01", "x-sim-tpot": "0.002", "x-sim-tokens": "5"}
 

@@ -1042,3 +1042,39 @@ def test_whole_chunk_is_none_outside_chunked_bodies():
     parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n")
     assert parser.whole_chunk(b"5\r\nhello\r\n") is None
     assert parser.feed(b"5\r\nhello\r\n") == [b"5\r\nhello\r\n"]
+
+
+@pytest.mark.parametrize(
+    "read, pieces",
+    [
+        (b"5\r\nhello\r\n", [b"hello"]),
+        (b"5\r\nhello\r\n3\r\nabc\r\n", [b"hello", b"abc"]),
+        (b"5\r\nhello\r\nA\r\n0123456789\r\n1\r\nx\r\n", [b"hello", b"0123456789", b"x"]),
+        (b"5\r\nhello\r\n0\r\n\r\n", None),  # the last chunk: only feed() ends the body
+        (b"5\r\nhello\r\n3\r\nab", None),  # part of the second
+        (b"5\r\nhello\r\n3;e\r\nabc\r\n", None),  # an extension in the second
+        (b"5\r\nhello\r\n3\r\nabcXY", None),  # bad end of the second
+        (b"5\r\nhello\r\n1_0\r\n0123456789abcdef\r\n", None),
+        (b"5\r\nhello\r\n\r\n", None),  # an empty size line
+        (b"", None),
+    ],
+)
+def test_whole_chunks_answers_only_for_whole_well_formed_chunks_back_to_back(read, pieces):
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert parser.whole_chunks(read) == pieces
+    if pieces is not None:
+        # The same pieces the general path gives for that read, and the state is unchanged.
+        general = ResponseParser()
+        general.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        assert general.feed(read) == pieces
+    assert parser.feed(b"3\r\nabc\r\n") == [b"abc"]
+    assert parser.whole_chunks(b"3\r\nabc\r\n3\r\ndef\r\n") == [b"abc", b"def"]
+
+
+def test_whole_chunks_is_none_mid_chunk_and_outside_chunked_bodies():
+    parser = ResponseParser()
+    assert parser.whole_chunks(b"5\r\nhello\r\n") is None  # still in the head
+    parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel")
+    assert parser.whole_chunks(b"3\r\nabc\r\n") is None  # inside a chunk
+    assert parser.feed(b"lo\r\n3\r\nabc\r\n") == [b"lo", b"abc"]

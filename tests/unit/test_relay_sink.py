@@ -86,6 +86,26 @@ def test_a_usage_chunk_goes_out_as_received_and_is_measured():
     assert timeline.usage is not None
 
 
+def test_several_whole_chunks_in_one_read_go_out_in_one_write_and_are_each_measured():
+    transport = Transport()
+    relay, _, timeline = _relay(transport)
+    frames = b"".join(b"%x\r\n%b\r\n" % (len(EVENT), EVENT) for _ in range(3))
+    relay.chunks(frames, [EVENT, EVENT, EVENT])
+    assert transport.written == [frames]
+    assert transport.written[0] is frames  # not a copy
+    assert timeline.stream_tokens == 3
+    assert list(timeline.gaps) == [0.0, 0.0]  # arrived in the same read: gaps of 0
+
+
+def test_several_chunks_to_a_client_that_is_not_chunked_go_out_bare_in_one_write():
+    transport = Transport()
+    relay, _, timeline = _relay(transport, chunked=False)
+    frames = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in (EVENT, USAGE))
+    relay.chunks(frames, [EVENT, USAGE])
+    assert transport.written == [EVENT + USAGE]
+    assert timeline.stream_tokens == 1 and timeline.usage is not None
+
+
 def test_a_client_response_that_is_not_chunked_gets_the_bare_piece():
     transport = Transport()
     relay, _, _ = _relay(transport, chunked=False)

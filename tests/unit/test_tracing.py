@@ -540,6 +540,53 @@ async def test_otel_provider_name_is_configurable(upstream, traced_sidecar, span
     meters.shutdown()
 
 
+async def test_otel_latest_genai_names_behind_opt_in(upstream, traced_sidecar, monkeypatch):
+    """OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental: the current names
+    (semantic-conventions-genai, see semconv.py): inference.* histograms, usage counters
+    with gen_ai.token.modality (cache_read and reasoning too), per-operation token histograms."""
+    monkeypatch.setenv(sc.SEMCONV_OPT_IN_ENV, "http,gen_ai_latest_experimental")
+    script = [
+        (0.0, chunk(role=True)),
+        (0.02, chunk(reasoning="hmm")),
+        (0.02, chunk("answer", finish="stop")),
+        (0.0, b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,'
+              b'"prompt_tokens_details":{"cached_tokens":6},'
+              b'"completion_tokens_details":{"reasoning_tokens":3}}}\n\n'),
+        (0.0, b"data: [DONE]\n\n"),
+    ]  # fmt: skip
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(script)))
+    s = await traced_sidecar(up.url, meter_provider=meters)
+    for _ in range(2):
+        await post(s.url + ROUTE)
+    await wait_for(lambda: sum(p.count for p in metric_points(reader).get(sc.METRIC_CLIENT_INFERENCE_DURATION, ())) == 2)
+    points = metric_points(reader)
+    assert not [n for n in points if n.startswith("gen_ai.client.operation.") or n == sc.METRIC_CLIENT_TOKEN_USAGE]
+    for name in (sc.METRIC_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK, sc.METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK):
+        (point,) = points[name]
+        assert tuple(point.explicit_bounds) == sc.BUCKETS_CLIENT_SECONDS, name
+        assert point.count == 2, name
+    for name, value in ((sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 9), (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 4)):
+        (point,) = points[name]
+        assert (point.count, point.sum) == (2, 2 * value), name
+        assert tuple(point.explicit_bounds) == sc.BUCKETS_TOKEN_USAGE, name
+        assert sc.GEN_AI_TOKEN_MODALITY not in point.attributes, name
+    counters = {
+        sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS: 9,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS: 4,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS: 6,
+        sc.METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS: 3,
+    }
+    for name, value in counters.items():
+        (point,) = points[name]
+        assert point.value == 2 * value, name  # a counter: summed over the two requests
+        assert point.attributes[sc.GEN_AI_TOKEN_MODALITY] == "unknown", name
+        assert point.attributes[sc.GEN_AI_OPERATION_NAME] == "chat", name
+    assert sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS not in points  # no server reports it
+    meters.shutdown()
+
+
 # -- telemetry never breaks the relay ---------------------------------------------------------------
 
 

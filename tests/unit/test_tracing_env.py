@@ -16,6 +16,7 @@ from sidecar.export.tracing import (
     TelemetryProviders,
     _metric_exporter,
     _span_exporter,
+    genai_latest_names,
     otlp_protocol,
     providers_from_env,
     resource_attributes,
@@ -149,3 +150,26 @@ def test_shutdown_is_bounded_when_the_collector_hangs():
     assert time.perf_counter() - started < 1.0
     release.set()
     assert TelemetryProviders(Fine(), None).shutdown(timeout=1.0) is True and Fine.shut
+
+
+@pytest.mark.parametrize(
+    ("value", "latest"),
+    [
+        (None, False),
+        ("", False),
+        ("gen_ai_latest_experimental", True),
+        ("http, GEN_AI_LATEST_EXPERIMENTAL ,database", True),  # a comma list, as contrib reads it
+        ("http/dup", False),
+        ("gen_ai_latest", False),
+        ("gen_ai_latest_experimental_x", False),
+    ],
+)
+def test_semconv_opt_in_is_a_comma_list(value, latest):
+    env = {} if value is None else {sc.SEMCONV_OPT_IN_ENV: value}
+    assert genai_latest_names(env) is latest
+
+
+def test_semconv_opt_in_default_reads_the_process_environment(monkeypatch):
+    assert genai_latest_names() is False
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    assert genai_latest_names() is True

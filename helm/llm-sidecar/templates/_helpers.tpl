@@ -63,6 +63,10 @@ relabelings:
   - action: replace
     targetLabel: job
     replacement: {{ .Values.prometheus.monitor.jobLabel | quote }}
+  # The release's own series: its rules select namespace and deployment (docs/kubernetes.md).
+  - action: replace
+    targetLabel: deployment
+    replacement: {{ include "llm-sidecar.fullname" . | quote }}
 {{- end -}}
 
 {{/* The model server's own /metrics, relayed by the sidecar's admin port, as job=<engine.jobLabel>. */}}
@@ -79,6 +83,10 @@ relabelings:
   - action: replace
     targetLabel: job
     replacement: {{ .Values.prometheus.monitor.engine.jobLabel | quote }}
+  # The release's own series: its rules select namespace and deployment (docs/kubernetes.md).
+  - action: replace
+    targetLabel: deployment
+    replacement: {{ include "llm-sidecar.fullname" . | quote }}
 {{- end -}}
 
 {{/* "true" when the sidecar is a native sidecar (an init container with restartPolicy: Always). */}}
