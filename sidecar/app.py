@@ -33,7 +33,6 @@ import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
 from prometheus_client import CollectorRegistry
-from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .config import Settings
 from .relay.aiohttp_internals import (
@@ -48,11 +47,14 @@ from .relay.aiohttp_internals import (
 from .relay.drain import Drain
 from .relay.engine_metrics import engine_metrics_handler
 from .export.logs import RequestLogger
+from .export.labels import SeriesBudget
 from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .export.scrape import ScrapeRenderer
 from .export.tenant import TenantLabeler
 from .measure.prompt_class import PromptClasses
 from .relay.proxy import Proxy, error_response
 from .export.tracing import RequestTelemetry, providers_from_env
+from .relay.model_discovery import served_models
 from .relay.upstream import UpstreamPool
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
@@ -68,8 +70,10 @@ class Sidecar:
     registry: CollectorRegistry
     metrics: SidecarMetrics
     proxy: Proxy
-    session: aiohttp.ClientSession | None = None  # readiness probes only
+    renderer: ScrapeRenderer
+    session: aiohttp.ClientSession | None = None  # readiness probes and model listings only
     pool: UpstreamPool | None = None  # the relay's connections
+    tenants: TenantLabeler | None = None
     drain: Drain = field(init=False)
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
@@ -119,9 +123,12 @@ def build_sidecar(
     """Wire the parts. OpenTelemetry is on only for the providers passed in (``serve`` builds
     them from ``OTEL_*``; tests pass in-memory ones); with neither, the proxy has no tracer."""
     registry = registry if registry is not None else CollectorRegistry()
+    budget = SeriesBudget(settings.max_series)
     metrics = SidecarMetrics(
         registry,
-        ModelLabeler(settings.model_allowlist, settings.max_models),
+        ModelLabeler(
+            settings.model_allowlist, settings.max_models, idle_seconds=settings.label_idle_seconds, budget=budget
+        ),
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
@@ -144,15 +151,22 @@ def build_sidecar(
     if settings.access_log if access_log is None else access_log:
         recorders.append(RequestLogger())
     holder: dict[str, Sidecar] = {}
+    tenants = None
+    if settings.tenant_header is not None:
+        tenants = TenantLabeler(
+            settings.tenant_header,
+            settings.tenant_allowlist,
+            settings.max_tenants,
+            idle_seconds=settings.label_idle_seconds,
+            budget=budget,
+        )
+        metrics.bound_tenants(tenants.bound)
     proxy = Proxy(
         lambda: holder["s"].get_pool(),
         model_label=metrics.model_label,
         on_start=metrics.started,
-        tenant_label=(
-            TenantLabeler(settings.tenant_header, settings.tenant_allowlist, settings.max_tenants)
-            if settings.tenant_header is not None
-            else None
-        ),
+        on_end=metrics.ended,
+        tenant_label=tenants,
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
         max_request_body_bytes=settings.max_request_body_bytes,
@@ -162,7 +176,8 @@ def build_sidecar(
         max_line_bytes=settings.max_sse_line_bytes,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
-    sc = Sidecar(settings, registry, metrics, proxy)
+    sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(registry))
+    sc.tenants = tenants
     sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
     holder["s"] = sc
     sc.proxy_app = _proxy_app(sc)
@@ -195,14 +210,38 @@ def _proxy_app(sc: Sidecar) -> web.Application:
             connect_timeout=sc.settings.connect_timeout,
             read_timeout=sc.settings.read_timeout,
         )
+        refresh = asyncio.ensure_future(_refresh_labels(sc))
         yield
+        refresh.cancel()
         await sc.pool.close()
         await sc.session.close()
+        sc.renderer.close()
 
     app.cleanup_ctx.append(upstream_session)
     app.on_response_prepare.append(sc.drain.close_connections)
     app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
+
+
+async def _refresh_labels(sc: Sidecar) -> None:
+    """In the background, never on a request's path: learn the models the upstream serves
+    (the ``model`` label admits only those, sidecar/export/labels.py) and forget label values
+    idle too long."""
+    labeler = sc.metrics.model_label
+    while True:
+        try:
+            if sc.session is not None and not sc.settings.model_allowlist:
+                names = await served_models(sc.session, sc.settings.upstream, sc.settings.readiness_timeout)
+                if names is not None:
+                    labeler.vouch(names)
+            labeler.expire()
+            if sc.tenants is not None:
+                sc.tenants.bound.expire()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # measuring never stops the proxy
+            _log.exception("label_refresh_failed")
+        await asyncio.sleep(sc.settings.model_refresh_seconds)
 
 
 def _unrouted_to(proxy: Proxy):
@@ -240,7 +279,7 @@ def _admin_app(sc: Sidecar) -> web.Application:
         so a liveness probe never restarts a server that is finishing its streams."""
         return await _upstream_health(sc, "alive")
 
-    app.router.add_get("/metrics", make_aiohttp_handler(sc.registry))
+    app.router.add_get("/metrics", sc.renderer.handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/upstreamz", upstreamz)

@@ -92,6 +92,24 @@ class Settings(BaseModel):
     max_models: int = Field(
         50, ge=1, description="Distinct model label values kept before new ones become 'other'"
     )
+    model_refresh_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How often the upstream is asked which models it serves (/v1/models, /api/tags, /info); "
+        "once it lists them, only those names are model label values",
+    )
+    label_idle_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="A model or tenant label value that earned its slot and was unseen this long gives it "
+        "back (its series are removed)",
+    )
+    max_series: int = Field(
+        12_000,
+        ge=1,
+        description="Series budget of /metrics: no new model or tenant label value is admitted while the "
+        "last rendered page held this many samples (llm_label_overflow_total counts what fell into 'other')",
+    )
     tenant_header: str | None = Field(
         None,
         description="Opt-in tenant label: the request header naming the tenant (e.g. X-Tenant or an "

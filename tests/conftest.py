@@ -104,12 +104,26 @@ class RunningSidecar:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
+    def in_flight(self) -> float:
+        return in_flight_total(self.registry)
+
     def sample(self, name: str, **labels) -> float | None:
         # TTFT carries prompt_class; without configured classes it is always "all", which
         # tests that are not about classes need not spell out.
         if name.startswith("llm_time_to_first_token_seconds") and not self.sidecar.settings.ttft_prompt_classes:
             labels.setdefault("prompt_class", "all")
         return self.registry.get_sample_value(name, labels)
+
+
+def in_flight_total(registry: CollectorRegistry) -> float:
+    """``llm_requests_in_flight`` summed over its label sets: a request counts in flight under
+    the label it started with, which for a model not yet vouched for is ``other``."""
+    return sum(
+        sample.value
+        for family in registry.collect()
+        if family.name == "llm_requests_in_flight"
+        for sample in family.samples
+    )
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ REQUEST_TOKENS = "llm_request_tokens"
 TPS = "llm_output_tokens_per_second"
 PARSE_ERRORS = "llm_stream_parse_errors_total"
 TOKEN_COUNT_SOURCE = "llm_token_count_source_total"
+LABEL_OVERFLOW = "llm_label_overflow_total"
 
 OK: tuple[Matcher, ...] = (("outcome", "=", "ok"),)
 ERROR: tuple[Matcher, ...] = (("outcome", "=", "error"),)
@@ -290,6 +291,22 @@ def _token_count_sources(board: Board) -> None:
     adding it moved no other panel."""
     board.row("Token count sources")
     board.add(_exact_counts_panel())
+    board.add(_label_overflow_panel())
+
+
+def _label_overflow_panel():
+    return timeseries_panel(
+        "Requests filed under model/tenant 'other' (/s)",
+        "Requests that named a model or tenant but were counted under 'other', by label and "
+        "reason: not_listed (the allowlist or the server's own model list does not have the "
+        "name), max_values (--max-models / --max-tenants reached) or series_budget (--max-series "
+        "reached). A model the server serves never lands here; a steady rate means clients send "
+        "names the server does not serve.",
+        [Query(sum_rate(LABEL_OVERFLOW, ("label", "reason"), labels=TARGET_LABELS), "{{label}} {{reason}}")],
+        "reqps",
+        w=12,
+        h=7,
+    )
 
 
 def _exact_counts_panel():
@@ -304,7 +321,7 @@ def _exact_counts_panel():
         "for usage: enable it on the server (vLLM --enable-force-include-usage) to raise this.",
         [Query(ratio_or_zero(exact, counted), "{{route}}")],
         "percentunit",
-        w=24,
+        w=12,
         h=7,
     )
 

@@ -26,45 +26,22 @@ from ..measure.buckets import (
     TTFT_BUCKETS,
 )
 from ..measure.prompt_class import PromptClasses
+from .labels import OTHER, UNKNOWN, BoundedLabel
 from ..relay.routes import ROUTES
 from ..measure.timeline import Outcome, RequestTimeline
 
-__all__ = ["SidecarMetrics", "ModelLabeler", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
+__all__ = ["SidecarMetrics", "ModelLabeler", "drop_label_value", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
 
-OTHER_MODEL = "other"
-UNKNOWN_MODEL = "unknown"
-_MAX_MODEL_LABEL_CHARS = 200
+OTHER_MODEL = OTHER
+UNKNOWN_MODEL = UNKNOWN
 
 
-class ModelLabeler:
-    """Maps a request's model name to a bounded label value.
+class ModelLabeler(BoundedLabel):
+    """The ``model`` label: the allowlist, else the names the upstream serves, else names
+    that earned a slot with an answer that was not a 4xx (sidecar/export/labels.py has the rules)."""
 
-    With an allowlist, only listed names pass. Without one, the first ``max_models``
-    distinct names pass and every later new name becomes ``other``; a name that passed
-    keeps passing, so a series never flips between its name and ``other``.
-    """
-
-    def __init__(self, allowlist: Iterable[str] = (), max_models: int = 50) -> None:
-        self._allow = frozenset(allowlist)
-        self._max = max_models
-        self._seen: set[str] = set()
-
-    def __call__(self, model: str | None) -> str:
-        if not model:
-            return UNKNOWN_MODEL
-        if self._allow:
-            return model if model in self._allow else OTHER_MODEL
-        if model in self._seen:
-            return model
-        if len(self._seen) >= self._max or len(model) > _MAX_MODEL_LABEL_CHARS:
-            return OTHER_MODEL
-        self._seen.add(model)
-        return model
-
-    def known(self, model: str | None) -> bool:
-        """Whether ``model`` is a label value already, without admitting it as one: for
-        names that must not use up a slot (the response's model on OTel metrics)."""
-        return bool(model) and (model in self._allow if self._allow else model in self._seen)
+    def __init__(self, allowlist: Iterable[str] = (), max_models: int = 50, **kwargs) -> None:
+        super().__init__(allowlist, max_models, **kwargs)
 
 
 class SLOThresholds:
@@ -216,17 +193,68 @@ class SidecarMetrics:
             ("model", "route", "source"), **h,
         )  # fmt: skip
 
+        self.label_overflow = Counter(
+            "label_overflow",
+            "Requests whose model or tenant label value became 'other' although they named one: "
+            "reason not_listed (the allowlist or the upstream's model list does not have it), "
+            "max_values (--max-models / --max-tenants reached) or series_budget (--max-series reached).",
+            ("label", "reason"), **h,
+        )  # fmt: skip
+        self._overflow_children: dict[tuple[str, str], Counter] = {}
+        self.model_label.on_overflow = self._overflowed("model")
+        self.model_label.on_forget = lambda value: self.forget("model", value)
+        if self.model_label.budget is not None:
+            self.model_label.budget.count = self.series_count
+
+    def _labelled(self):
+        """The labelled instruments (parents, not the children some attributes cache)."""
+        return [
+            m
+            for m in vars(self).values()
+            if isinstance(m, (Counter, Gauge, Histogram)) and m._labelnames and not m._labelvalues
+        ]
+
+    def series_count(self) -> int:
+        """Samples the registry's labelled instruments expose now (a histogram child has its
+        buckets, ``+Inf``, ``_sum``, ``_count`` and ``_created``; a counter child its total and
+        ``_created``), for the series budget."""
+        return sum(len(label_children(m)) * _samples_per_child(m) for m in self._labelled())
+
+    def _overflowed(self, label: str):
+        def count(reason: str) -> None:
+            child = self._overflow_children.get((label, reason))
+            if child is None:
+                child = self._overflow_children[(label, reason)] = self.label_overflow.labels(label, reason)
+            child.inc()
+
+        return count
+
+    def bound_tenants(self, tenants: BoundedLabel) -> None:
+        """Count the tenant label's overflows and drop its forgotten values' series too."""
+        tenants.on_overflow = self._overflowed("tenant")
+        tenants.on_forget = lambda value: self.forget("tenant", value)
+        if tenants.budget is not None:
+            tenants.budget.count = self.series_count
+
+    def forget(self, label: str, value: str) -> int:
+        """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back)."""
+        return sum(drop_label_value(m, label, value) for m in self._labelled() if label in m._labelnames)
+
     # -- lifecycle hooks, called by the proxy -------------------------------------------
 
     def started(self, model_label: str, route: str) -> None:
         self.in_flight.labels(model_label, route).inc()
+
+    def ended(self, model_label: str, route: str) -> None:
+        """The in-flight gauge ends under the label the request started with (the record's
+        label may differ: a value can earn its slot as the request finishes)."""
+        self.in_flight.labels(model_label, route).dec()
 
     def record(self, t: RequestTimeline, model_label: str) -> None:
         """Observe one finished request. Called exactly once per request."""
         route = t.route
         mr = (model_label, route)
         outcome = t.outcome.value if t.outcome else Outcome.ERROR.value
-        self.in_flight.labels(*mr).dec()
         if t.status is not None:
             code = str(t.status)
         else:  # no response reached the client: nginx's 499 for a client that left
@@ -341,3 +369,30 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
             if upto == end:
                 break
             done = upto
+
+
+def _samples_per_child(metric) -> int:
+    if isinstance(metric, Histogram):
+        return len(metric._upper_bounds) + 3
+    return 2 if isinstance(metric, Counter) else 1
+
+
+def label_children(metric) -> list[tuple[str, ...]]:
+    """The label-value tuples of ``metric``'s children. prometheus_client lists them only in
+    the private ``_metrics`` dict (read under the metric's ``_lock``, as ``remove`` itself
+    does); this, :func:`drop_label_value` and :func:`observe_many` are the only readers."""
+    with metric._lock:
+        return list(metric._metrics)
+
+
+def drop_label_value(metric, label: str, value: str) -> int:
+    """Remove ``metric``'s children whose ``label`` is ``value``; how many were removed
+    (prometheus_client removes a child only by its full tuple of label values)."""
+    index = metric._labelnames.index(label)
+    doomed = [key for key in label_children(metric) if key[index] == value]
+    for key in doomed:
+        try:
+            metric.remove(*key)
+        except KeyError:  # removed meanwhile
+            pass
+    return len(doomed)

@@ -16,9 +16,9 @@ read Prometheus would see them:
   ``. _ : @ / -``, starting with a letter or digit, and without the prefix of a well-known
   secret format (``sk-``, ``Bearer``, a JWT's ``eyJ``, ...). Anything else is ``other``.
 
-Bounding reuses :class:`~sidecar.export.metrics.ModelLabeler`: an allowlist, else the first
-``max_tenants`` distinct values and ``other`` after; a request without the header is
-``unknown``. The header is read, never changed: the upstream gets it as the client sent it.
+Bounding is :class:`~sidecar.export.labels.BoundedLabel`'s: an allowlist, else values that
+got an answer that was not a 4xx, at most ``max_tenants`` of them, idle ones forgotten; ``other`` otherwise; a
+request without the header is ``unknown``. The header is read, never changed: the upstream gets it as the client sent it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from .metrics import OTHER_MODEL, ModelLabeler
+from .labels import OTHER, BoundedLabel
 
 __all__ = ["TenantLabeler", "check_tenant_header", "CREDENTIAL_HEADER_HINT"]
 
@@ -55,14 +55,25 @@ def _name_like(value: str) -> bool:
 
 
 class TenantLabeler:
-    """Request headers -> a bounded ``tenant`` label value."""
+    """Request headers -> a bounded ``tenant`` label value. No server lists its tenants, so a
+    value earns its slot with an answer that is not a 4xx (:class:`~sidecar.export.labels.BoundedLabel`)."""
 
-    def __init__(self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20) -> None:
+    def __init__(self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20, **kwargs) -> None:
         self.header = check_tenant_header(header)
-        self._bound = ModelLabeler(allowlist, max_tenants)
+        self.bound = BoundedLabel(allowlist, max_tenants, **kwargs)
+
+    def _value(self, headers: Mapping[str, str]) -> str | None:
+        value = (headers.get(self.header) or "").strip()
+        return value or None
 
     def __call__(self, headers: Mapping[str, str]) -> str:
-        value = (headers.get(self.header) or "").strip()
+        value = self._value(headers)
         if value and not _name_like(value):
-            return OTHER_MODEL
-        return self._bound(value or None)
+            return OTHER
+        return self.bound(value)
+
+    def settle(self, headers: Mapping[str, str], status: int | None) -> str:
+        value = self._value(headers)
+        if value and not _name_like(value):
+            return OTHER
+        return self.bound.settle(value, status)

@@ -367,7 +367,7 @@ class RequestTelemetry:
         try:
             error_type = _error_type(t)
             if handle is not None:
-                self._end_span(t, handle, error_type)
+                self._end_span(t, handle, error_type, model_label)
         except Exception:
             _log.exception("trace_end_failed")
             if handle is not None:
@@ -381,12 +381,16 @@ class RequestTelemetry:
             except Exception:
                 _log.exception("otel_metrics_failed")
 
-    def _end_span(self, t: RequestTimeline, handle: _Trace, error_type: str | None) -> None:
+    def _end_span(self, t: RequestTimeline, handle: _Trace, error_type: str | None, model_label: str = "") -> None:
         span = handle.span
         end_ns = handle.ns(t.end) if t.end is not None else None
         if not span.is_recording():
             span.end(end_time=end_ns)
             return
+        route = ROUTES.get(t.route)
+        if route is not None and route is not OTHER and model_label not in ("", UNKNOWN_MODEL, OTHER_MODEL):
+            # The model may have earned its label as the request finished (sidecar/export/labels.py).
+            span.update_name(f"{route.operation} {model_label}")
         attrs: dict[str, Any] = {}
         outcome = t.outcome.value if t.outcome is not None else Outcome.ERROR.value
         attrs[sc.LLM_SIDECAR_OUTCOME] = outcome

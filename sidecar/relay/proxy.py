@@ -242,6 +242,7 @@ class Proxy:
         *,
         model_label: Callable[[str | None], str],
         on_start: Callable[[str, str], None] | None = None,
+        on_end: Callable[[str, str], None] | None = None,
         recorders: Iterable[Recorder] = (),
         max_request_inspect_bytes: int = 32 << 20,
         max_request_body_bytes: int = 64 << 20,
@@ -257,6 +258,7 @@ class Proxy:
         self._pool = pool_getter
         self._model_label = model_label
         self._on_start = on_start
+        self._on_end = on_end
         self._recorders = tuple(recorders)
         self._max_inspect = max_request_inspect_bytes
         self._max_body = max_request_body_bytes
@@ -312,7 +314,10 @@ class Proxy:
             raise
         finally:
             self.in_flight -= 1
+            if self._on_end is not None:  # the in-flight gauge ends under the label it began with
+                self._safely(self._on_end, label, route.template)
             if timeline.finish(outcome, self._clock(), error_type):
+                label = self._settled(model, label, request.headers, timeline)
                 for recorder in self._recorders:
                     self._safely(recorder, timeline, label)
 
@@ -508,6 +513,20 @@ class Proxy:
             # abort, not close: close() would wait to flush the unread bytes, forever.
             request.transport.abort()
         return Outcome.CANCELLED, _SEND_TIMED_OUT, response
+
+    def _settled(self, model: str | None, label: str, headers, timeline: RequestTimeline) -> str:
+        """The labels a finished request is recorded with: a model or tenant the upstream
+        answered (not 4xx) may earn its own label now (sidecar/export/labels.py); a 4xx never does."""
+        try:
+            settle = getattr(self._model_label, "settle", None)
+            if settle is not None:
+                label = settle(model, timeline.status)
+            settle = getattr(self._tenant_label, "settle", None)
+            if settle is not None:
+                timeline.tenant = settle(headers, timeline.status)
+        except Exception:  # telemetry never breaks the relay
+            _log.exception("label_settle_failed")
+        return label
 
     @staticmethod
     def _safely(fn, *args) -> None:

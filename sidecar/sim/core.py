@@ -921,7 +921,9 @@ async def _models(request: web.Request) -> web.Response:
         "parent": None,
         "max_model_len": MAX_MODEL_LEN,
         "permission": [{
-            "id": f"modelperm-{sim.rng.getrandbits(128):032x}",
+            # Random per call as vLLM's, but not from the seeded generator: a listing (the
+            # sidecar asks for one in the background) must not change the seeded answers.
+            "id": f"modelperm-{random.getrandbits(128):032x}",
             "object": "model_permission",
             "created": sim.created,
             "allow_create_engine": False,

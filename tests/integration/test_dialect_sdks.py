@@ -254,7 +254,7 @@ async def test_anthropic_errors(simulator, sidecar_factory):
 
         with pytest.raises(anthropic.NotFoundError):
             await client.messages.create(model="claude-9", max_tokens=100, messages=MESSAGES)
-    await answered_4xx(sc, route, "claude-9", "404")
+    await answered_4xx(sc, route, "other", "404")  # a name answered 4xx never takes a label slot
 
 
 # ---------------------------------------------------------------- Hugging Face TGI
@@ -379,7 +379,7 @@ async def test_ollama_errors(simulator, sidecar_factory):
         async for _ in await _ollama(sc.url, {}).chat(model="llama9", messages=MESSAGES, stream=True):
             pass
     assert info.value.status_code == 404
-    await answered_4xx(sc, route, "llama9", "404")
+    await answered_4xx(sc, route, "other", "404")  # a name answered 4xx never takes a label slot
 
 
 # ---------------------------------------------------------------- llama.cpp and Triton (plain aiohttp)

@@ -36,7 +36,7 @@ from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.sim.core import SIM_STATS, SimStats, SimulatorConfig
 from sidecar.sim.server import build_simulator_app
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, in_flight_total, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -224,7 +224,7 @@ async def read_all(url: str, body: dict, headers: dict) -> tuple[int | None, byt
 
 async def counted(rig: Rig, code: str, outcome: str, labels: dict = LABELS) -> None:
     await wait_for(lambda: rig.sample("llm_requests_total", code=code, outcome=outcome, **labels) == 1)
-    assert rig.sample("llm_requests_in_flight", **labels) == 0
+    assert in_flight_total(rig.registry) == 0
 
 
 # -- the simulator's fault modes, directly --------------------------------------------------------

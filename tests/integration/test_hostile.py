@@ -22,9 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.relay.routes import ROUTES
 from tests.conftest import wait_for
+from sidecar.relay.model_discovery import USER_AGENT
 from tests.integration.test_faults import CHAT, quiet_census, rig_factory, serve_process, settles_to, tcp_sockets  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
+DISCOVERY_UA = b"User-Agent: " + USER_AGENT.encode()
 
 
 # -- a raw upstream that records bytes ----------------------------------------------------------
@@ -36,8 +38,14 @@ class RawUpstream:
 
     def __init__(self, response: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok") -> None:
         self.response = response
-        self.requests: list[bytes] = []
+        self.received: list[bytes] = []
         self.server: asyncio.base_events.Server | None = None
+
+    @property
+    def requests(self) -> list[bytes]:
+        """What the clients' relayed requests brought, without the sidecar's own background
+        requests (its model listing, sidecar/relay/model_discovery.py)."""
+        return [r for r in self.received if DISCOVERY_UA not in r]
 
     @property
     def url(self) -> str:
@@ -67,15 +75,15 @@ class RawUpstream:
 
     async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         data = b""
-        index = len(self.requests)
-        self.requests.append(b"")
+        index = len(self.received)
+        self.received.append(b"")
         try:
             while not self._complete(data):
                 chunk = await asyncio.wait_for(reader.read(65536), 5)
                 if not chunk:
                     return
                 data += chunk
-                self.requests[index] = data
+                self.received[index] = data
             writer.write(self.response)
             await writer.drain()
         except (asyncio.TimeoutError, ConnectionError):
@@ -381,7 +389,8 @@ async def test_admin_port_is_bound_separately(upstream, serve_process):
     seen: list[str] = []
 
     async def anything(request: web.Request) -> web.Response:
-        seen.append(request.path)
+        if request.headers.get("User-Agent") != USER_AGENT:  # not the sidecar's model listing
+            seen.append(request.path)
         return web.Response(text="upstream")
 
     def routes(app: web.Application) -> None:

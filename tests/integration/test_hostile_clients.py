@@ -14,7 +14,7 @@ import time
 import pytest
 from aiohttp import web
 
-from tests.conftest import wait_for
+from tests.conftest import in_flight_total, wait_for
 from tests.integration.test_faults import CHAT, rig_factory  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
@@ -145,7 +145,7 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
     assert state["closed"] - state["started"] < 5.0
     labels = {"model": "m", "route": CHAT}
     await wait_for(lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
-    assert rig.sample("llm_requests_in_flight", **labels) == 0
+    assert in_flight_total(rig.registry) == 0
     async with asyncio.timeout(10):
         while await _recv(sock, 1 << 16):
             pass  # ends with EOF: the sidecar closed the connection

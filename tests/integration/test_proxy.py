@@ -110,7 +110,7 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     assert sc.sample("llm_request_tokens_count", type="output", **labels) == 1
     e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **labels)
     assert 0.39 <= e2e < 0.7
-    assert sc.sample("llm_requests_in_flight", **labels) == 0
+    assert sc.in_flight() == 0
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
 
 
@@ -239,7 +239,7 @@ async def test_upstream_refused_is_502_json(sidecar_factory):
     assert doc["error"]["code"] == 502
     labels = {"model": "m1", "route": "/v1/chat/completions"}
     await wait_for(lambda: sc.sample("llm_requests_total", code="502", outcome="error", **labels) == 1)
-    assert sc.sample("llm_requests_in_flight", **labels) == 0
+    assert sc.in_flight() == 0
 
 
 async def test_upstream_slow_headers_is_504_json(upstream, sidecar_factory):
@@ -333,7 +333,7 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
     assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1
     assert sc.sample("llm_inter_token_latency_seconds_count", **labels) >= 3
-    assert sc.sample("llm_requests_in_flight", **labels) == 0
+    assert sc.in_flight() == 0
 
 
 async def test_client_disconnect_during_prefill_is_cancelled(upstream, sidecar_factory):
@@ -364,7 +364,7 @@ async def test_client_disconnect_during_prefill_is_cancelled(upstream, sidecar_f
     assert time.perf_counter() - closed_at < 1.0
     labels = {"model": "m1", "route": "/v1/chat/completions"}
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1, timeout=2)
-    assert sc.sample("llm_requests_in_flight", **labels) == 0
+    assert sc.in_flight() == 0
 
 
 async def test_malformed_stream_passes_through_and_counts_parse_errors(upstream, sidecar_factory):

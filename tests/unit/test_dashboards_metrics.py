@@ -103,9 +103,12 @@ async def exported(upstream, sidecar_factory):
         msgs = [{"role": "user", "content": "hi"}]
         chat = f"{sim_sc.url}/v1/chat/completions"
         stream = {"model": MODEL, "messages": msgs, "stream": True}
+        # The simulator lists its model (/v1/models): a name it does not list is "other".
+        await wait_for(lambda: sim_sc.sidecar.metrics.model_label.authoritative)
         async with aiohttp.ClientSession() as s:
             for url, body, headers in (
                 (chat, stream, FAST),
+                (chat, {**stream, "model": "no-such-model"}, FAST),
                 (chat, stream, {**FAST, "x-sim-reasoning": "2"}),
                 (chat, {"model": MODEL, "messages": msgs}, FAST),
                 (chat, stream, {**FAST, "x-sim-fail": "500"}),

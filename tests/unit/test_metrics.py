@@ -38,6 +38,7 @@ def test_streamed_request_feeds_every_histogram():
     m.started("m", ROUTE)
     assert reg.get_sample_value("llm_requests_in_flight", {"model": "m", "route": ROUTE}) == 1
     t = streamed([100.2, 100.25, 100.3, 100.4], usage=Usage(input_tokens=10, output_tokens=4, cached_input_tokens=3))
+    m.ended("m", ROUTE)
     m.record(t, "m")
     mr = {"model": "m", "route": ROUTE}
     get = reg.get_sample_value
@@ -153,16 +154,20 @@ def test_token_count_source_none_for_json_without_usage_and_absent_off_api_route
 
 def test_model_labeler_bounds():
     lab = ModelLabeler(max_models=2)
-    assert [lab(x) for x in ["a", "b", "c", "a", None, ""]] == ["a", "b", "other", "a", "unknown", "unknown"]
-    assert ModelLabeler(max_models=5)("x" * 500) == "other"
+    # A request starting with a name nobody vouched for is "other"; a 2xx answer earns it a slot.
+    assert [lab(x) for x in ["a", None, ""]] == ["other", "unknown", "unknown"]
+    assert [lab.settle(x, 200) for x in ["a", "b", "c", "a"]] == ["a", "b", "other", "a"]
+    assert [lab(x) for x in ["a", "b", "c"]] == ["a", "b", "other"]
+    assert ModelLabeler(max_models=5).settle("x" * 500, 200) == "other"
     allow = ModelLabeler(allowlist=["a"], max_models=1)
-    assert [allow(x) for x in ["b", "a", "c"]] == ["other", "a", "other"]
+    assert [allow.settle(x, 200) for x in ["b", "a", "c"]] == ["other", "a", "other"]
 
 
 def test_model_labeler_known_never_admits():
     lab = ModelLabeler(max_models=1)
     assert not lab.known("a") and not lab.known("a")  # asking twice does not take the slot
-    assert lab("a") == "a" and lab.known("a")
+    assert lab("a") == "other" and not lab.known("a")  # nor does a request starting
+    assert lab.settle("a", 200) == "a" and lab.known("a")
     assert not lab.known("b") and not lab.known(None) and not lab.known("")
     assert ModelLabeler(allowlist=["x"]).known("x") and not ModelLabeler(allowlist=["x"]).known("y")
 

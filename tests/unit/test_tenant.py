@@ -44,9 +44,11 @@ def test_not_a_header_name_is_refused():
 def test_values_are_bounded_like_models():
     label = TenantLabeler("X-Tenant", max_tenants=2)
     h = lambda v: CIMultiDict({"x-tenant": v})  # noqa: E731 - header names are case-insensitive
-    assert label(h("team-a")) == "team-a"
-    assert label(h("team-b")) == "team-b"
-    assert label(h("team-c")) == "other"  # the third distinct value
+    assert label(h("team-a")) == "other"  # not yet earned: no 2xx answer so far
+    assert label.settle(h("team-a"), 404) == "other"  # a 4xx never takes a slot
+    assert label.settle(h("team-a"), 200) == "team-a"
+    assert label.settle(h("team-b"), 200) == "team-b"
+    assert label.settle(h("team-c"), 200) == "other"  # the third distinct value
     assert label(h("team-a")) == "team-a"  # a value that passed keeps passing
     assert label(CIMultiDict()) == "unknown"
     assert label(h("  ")) == "unknown"
