@@ -20,6 +20,7 @@ import asyncio
 import gc
 import signal
 from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from typing import Any
 
 try:
@@ -45,7 +46,7 @@ from .relay.aiohttp_internals import (
     open_connections,
     set_shutdown_timeout,
 )
-from .relay.drain import Drain
+from .relay.drain import Drain, needs_full_drain
 from .relay.engine_metrics import engine_metrics_handler
 from .export.logs import RequestLogger
 from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
@@ -434,6 +435,17 @@ def raise_open_file_limit() -> int | None:
     return soft
 
 
+async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
+    """Run the drain until it ends or a second signal sets ``force``."""
+    task = asyncio.ensure_future(drain)
+    forced = asyncio.ensure_future(force.wait())
+    try:
+        await asyncio.wait({task, forced}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, forced):
+            t.cancel()
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
@@ -455,9 +467,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     gc.set_threshold(10_000, 50, 100)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    force = asyncio.Event()  # a second SIGTERM/SIGINT: stop draining, exit now
+
+    def on_signal() -> None:
+        if stop.is_set():
+            if not force.is_set():
+                _log.warning("forced_exit", in_flight=sc.proxy.in_flight)
+            force.set()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
             pass
     proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=settings.drain_seconds, **RUNNER_KWARGS)
@@ -479,12 +500,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         started = True
         await stop.wait()
-        _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
-        started = loop.time()
-        await sc.drain.run(settings.drain_seconds)
-        # What is still in flight at the deadline gets no more time than is left (aiohttp
-        # reads a timeout <= 0 as none at all, hence the floor).
-        set_shutdown_timeout(proxy_runner, max(0.1, settings.drain_seconds - (loop.time() - started)))
+        if not needs_full_drain(sc.proxy.in_flight):  # idle, not in a pod: nothing to wait for
+            _log.info("stopping", in_flight=0)
+            set_shutdown_timeout(proxy_runner, 0.1)
+        else:
+            _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
+            started = loop.time()
+            await _until_forced(sc.drain.run(settings.drain_seconds), force)
+            # What is still in flight at the deadline gets no more time than is left (aiohttp
+            # reads a timeout <= 0 as none at all, hence the floor); nothing after a second signal.
+            left = 0.0 if force.is_set() else settings.drain_seconds - (loop.time() - started)
+            set_shutdown_timeout(proxy_runner, max(0.1, left))
     finally:
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
