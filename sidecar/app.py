@@ -55,6 +55,7 @@ from .measure.prompt_class import PromptClasses
 from .relay.proxy import Proxy, error_response
 from .export.tracing import RequestTelemetry, providers_from_env
 from .relay.upstream import UpstreamPool
+from .relay.upstream_watch import UpstreamWatch, describe_failure, watch
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
@@ -72,6 +73,7 @@ class Sidecar:
     session: aiohttp.ClientSession | None = None  # readiness probes only
     pool: UpstreamPool | None = None  # the relay's connections
     drain: Drain = field(init=False)
+    watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
 
@@ -255,10 +257,15 @@ async def _upstream_health(sc: Sidecar, key: str) -> web.Response:
     try:
         status = await sc.upstream_status()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return _json(503, {key: False, "reason": f"upstream unreachable: {type(exc).__name__}"})
+        reason = describe_failure(exc, sc.settings.upstream)  # the words of the proxy's 502s
+        sc.watch.report(False, reason)
+        return _json(503, {key: False, "reason": reason})
     if 200 <= status < 300:
+        sc.watch.report(True)
         return _json(200, {key: True, "upstream_status": status})
-    return _json(503, {key: False, "reason": "upstream not healthy", "upstream_status": status})
+    reason = f"the inference server is not healthy: {sc.settings.health_path} answered {status}"
+    sc.watch.report(False, reason)
+    return _json(503, {key: False, "reason": reason, "upstream_status": status})
 
 
 def _json(status: int, doc: dict) -> web.Response:
@@ -499,6 +506,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             open_files_limit=open_files,
         )
         started = True
+        watcher = asyncio.create_task(watch(lambda: _upstream_health(sc, "ready")))
         await stop.wait()
         if not needs_full_drain(sc.proxy.in_flight):  # idle, not in a pod: nothing to wait for
             _log.info("stopping", in_flight=0)
@@ -512,6 +520,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             left = 0.0 if force.is_set() else settings.drain_seconds - (loop.time() - started)
             set_shutdown_timeout(proxy_runner, max(0.1, left))
     finally:
+        if started:
+            watcher.cancel()
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
         if providers.enabled:  # flush the spans and metrics of the drained requests

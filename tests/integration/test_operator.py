@@ -177,3 +177,26 @@ def test_config_errors_are_located(tmp_path):
     misspelled.write_text("upstream: http://127.0.0.1:1\nread_timout: 3\n")
     done = run("serve", "--config", str(misspelled))
     assert "did you mean read_timeout?" in done.stderr, done.stderr
+
+
+def test_upstream_outage_is_logged_once_each_way_in_plain_words(procs):
+    server, up = procs.simulator()
+    sidecar, port, admin = procs.sidecar(up)
+    server.send_signal(signal.SIGTERM)
+    server.communicate(timeout=10)
+    status, body = _get(admin, "/readyz")
+    assert status == 503
+    reason = json.loads(body)["reason"]
+    assert "connection refused (is it listening on that port?)" in reason, reason
+    assert "Error" not in reason, reason  # no Python class name (main: ClientConnectorError)
+    time.sleep(5)  # a few watch intervals and probes: still one line
+    procs.start("simulate", "--listen", f"127.0.0.1:{up}")
+    _wait(lambda: _get(admin, "/readyz")[0] == 200)
+    time.sleep(3)
+    sidecar.send_signal(signal.SIGTERM)
+    out, err = sidecar.communicate(timeout=15)
+    lines = [json.loads(ln) for ln in (out + err).splitlines() if ln.startswith("{")]
+    down = [ln for ln in lines if ln.get("event") == "upstream_unreachable"]
+    back = [ln for ln in lines if ln.get("event") == "upstream_reachable"]
+    assert len(down) == 1 and "connection refused" in down[0]["reason"], down
+    assert len(back) == 1 and back[0]["down_seconds"] >= 4, back
