@@ -10,7 +10,7 @@ STAMP      := $(VENV)/.installed
 .PHONY: demo test test-real real-servers test-pod install system-deps tools podman image clean
 
 demo: $(BASE_STAMP)
-	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
+	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION)) $(if $(PORT),--port $(PORT))
 
 test: $(STAMP) system-deps tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -442,6 +442,21 @@ def raise_open_file_limit() -> int | None:
     return soft
 
 
+class ListenError(OSError):
+    """A port could not be bound; ``flag`` names the setting that chose it."""
+
+    def __init__(self, flag: str, address: str, exc: OSError) -> None:
+        super().__init__(exc.errno, f"cannot listen on {address} ({flag}): {exc.strerror or exc}")
+        self.flag = flag
+
+
+async def _bind(site: web.TCPSite, flag: str, address: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ListenError(flag, address, exc) from exc
+
+
 async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
     """Run the drain until it ends or a second signal sets ``force``."""
     task = asyncio.ensure_future(drain)
@@ -495,9 +510,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     started = False  # a bind failure (port taken) is reported by the CLI alone, no "stopped" line
     try:
         host, port = settings.listen_addr
-        await web.TCPSite(proxy_runner, host, port, backlog=1024).start()
+        await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
         mhost, mport = settings.metrics_addr
-        await web.TCPSite(admin_runner, mhost, mport).start()
+        await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
         _log.info(
             "started",
             listen=settings.listen,

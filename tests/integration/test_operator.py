@@ -200,3 +200,26 @@ def test_upstream_outage_is_logged_once_each_way_in_plain_words(procs):
     back = [ln for ln in lines if ln.get("event") == "upstream_reachable"]
     assert len(down) == 1 and "connection refused" in down[0]["reason"], down
     assert len(back) == 1 and back[0]["down_seconds"] >= 4, back
+
+
+def test_bind_error_names_the_flag_of_the_admin_port():
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run(
+            "serve", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{free_port()}",
+            "--metrics-listen", f"127.0.0.1:{port}",
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert f"127.0.0.1:{port} (--metrics-listen)" in done.stderr, done.stderr
+
+
+def test_make_demo_takes_port():
+    if subprocess.run(["which", "make"], capture_output=True).returncode != 0:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["make", "-n", "demo", "PORT=18123", "DURATION=1"], cwd=root, capture_output=True, text=True)
+    assert "--port 18123" in done.stdout, done.stdout
