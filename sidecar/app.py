@@ -20,6 +20,7 @@ import asyncio
 import gc
 import signal
 from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from typing import Any
 
 try:
@@ -44,7 +45,7 @@ from .relay.aiohttp_internals import (
     open_connections,
     set_shutdown_timeout,
 )
-from .relay.drain import Drain
+from .relay.drain import Drain, needs_full_drain
 from .relay.engine_metrics import engine_metrics_handler
 from .export.logs import RequestLogger
 from .export.labels import SeriesBudget
@@ -56,6 +57,7 @@ from .relay.proxy import Proxy, error_response
 from .export.tracing import RequestTelemetry, providers_from_env
 from .relay.model_discovery import served_models
 from .relay.upstream import UpstreamPool
+from .relay.upstream_watch import UpstreamWatch, describe_failure, watch
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
@@ -75,6 +77,7 @@ class Sidecar:
     pool: UpstreamPool | None = None  # the relay's connections
     tenants: TenantLabeler | None = None
     drain: Drain = field(init=False)
+    watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
 
@@ -293,10 +296,15 @@ async def _upstream_health(sc: Sidecar, key: str) -> web.Response:
     try:
         status = await sc.upstream_status()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return _json(503, {key: False, "reason": f"upstream unreachable: {type(exc).__name__}"})
+        reason = describe_failure(exc, sc.settings.upstream)  # the words of the proxy's 502s
+        sc.watch.report(False, reason)
+        return _json(503, {key: False, "reason": reason})
     if 200 <= status < 300:
+        sc.watch.report(True)
         return _json(200, {key: True, "upstream_status": status})
-    return _json(503, {key: False, "reason": "upstream not healthy", "upstream_status": status})
+    reason = f"the inference server is not healthy: {sc.settings.health_path} answered {status}"
+    sc.watch.report(False, reason)
+    return _json(503, {key: False, "reason": reason, "upstream_status": status})
 
 
 def _json(status: int, doc: dict) -> web.Response:
@@ -473,6 +481,32 @@ def raise_open_file_limit() -> int | None:
     return soft
 
 
+class ListenError(OSError):
+    """A port could not be bound; ``flag`` names the setting that chose it."""
+
+    def __init__(self, flag: str, address: str, exc: OSError) -> None:
+        super().__init__(exc.errno, f"cannot listen on {address} ({flag}): {exc.strerror or exc}")
+        self.flag = flag
+
+
+async def _bind(site: web.TCPSite, flag: str, address: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ListenError(flag, address, exc) from exc
+
+
+async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
+    """Run the drain until it ends or a second signal sets ``force``."""
+    task = asyncio.ensure_future(drain)
+    forced = asyncio.ensure_future(force.wait())
+    try:
+        await asyncio.wait({task, forced}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, forced):
+            t.cancel()
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
@@ -494,9 +528,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     gc.set_threshold(10_000, 50, 100)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    force = asyncio.Event()  # a second SIGTERM/SIGINT: stop draining, exit now
+
+    def on_signal() -> None:
+        if stop.is_set():
+            if not force.is_set():
+                _log.warning("forced_exit", in_flight=sc.proxy.in_flight)
+            force.set()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
             pass
     proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=settings.drain_seconds, **RUNNER_KWARGS)
@@ -506,9 +549,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     started = False  # a bind failure (port taken) is reported by the CLI alone, no "stopped" line
     try:
         host, port = settings.listen_addr
-        await web.TCPSite(proxy_runner, host, port, backlog=1024).start()
+        await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
         mhost, mport = settings.metrics_addr
-        await web.TCPSite(admin_runner, mhost, mport).start()
+        await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
         _log.info(
             "started",
             listen=settings.listen,
@@ -517,14 +560,22 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             open_files_limit=open_files,
         )
         started = True
+        watcher = asyncio.create_task(watch(lambda: _upstream_health(sc, "ready")))
         await stop.wait()
-        _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
-        started = loop.time()
-        await sc.drain.run(settings.drain_seconds)
-        # What is still in flight at the deadline gets no more time than is left (aiohttp
-        # reads a timeout <= 0 as none at all, hence the floor).
-        set_shutdown_timeout(proxy_runner, max(0.1, settings.drain_seconds - (loop.time() - started)))
+        if not needs_full_drain(sc.proxy.in_flight):  # idle, not in a pod: nothing to wait for
+            _log.info("stopping", in_flight=0)
+            set_shutdown_timeout(proxy_runner, 0.1)
+        else:
+            _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
+            started = loop.time()
+            await _until_forced(sc.drain.run(settings.drain_seconds), force)
+            # What is still in flight at the deadline gets no more time than is left (aiohttp
+            # reads a timeout <= 0 as none at all, hence the floor); nothing after a second signal.
+            left = 0.0 if force.is_set() else settings.drain_seconds - (loop.time() - started)
+            set_shutdown_timeout(proxy_runner, max(0.1, left))
     finally:
+        if started:
+            watcher.cancel()
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
         if providers.enabled:  # flush the spans and metrics of the drained requests

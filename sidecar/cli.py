@@ -179,8 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _install_fast_loop()
         try:
             asyncio.run(serve(settings))
-        except OSError as exc:  # e.g. the port is taken
-            return _die(f"cannot listen: {exc.strerror or exc}")
+        except OSError as exc:  # e.g. the port is taken; serve's ListenError names the flag
+            return _die(exc.strerror if getattr(exc, "flag", None) else f"cannot listen: {exc.strerror or exc}")
         return 0
     if args.command == "simulate":
         from .sim.core import SimulatorConfig  # noqa: PLC0415

@@ -7,6 +7,7 @@ with one line that names the setting and where it came from (see :func:`load_set
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -27,6 +28,13 @@ ENV_PREFIX = "LLM_SIDECAR_"
 # An upstream URL ending in /v1 (or /v2, /v1beta...) is a client's base URL, not a server's
 # root: the relayed path already starts with it, so every request would 404 as /v1/v1/...
 _API_VERSION_PATH = re.compile(r"/v\d+(?:alpha\d*|beta\d*)?$")
+# An API path anywhere in the upstream URL (/v1/chat/completions, Ollama's /api/chat, TGI's
+# /generate_stream, llama.cpp's /completion): the part before it is the root.
+_API_PATH = re.compile(
+    r"/(?:v\d+(?:alpha\d*|beta\d*)?(?:/.*)?|api/(?:chat|generate)|generate(?:_stream)?|completions?)$"
+)
+# Environment variables the sidecar reads that are not settings.
+_OTHER_ENV = {"CONFIG"}
 
 
 class ConfigError(Exception):
@@ -227,16 +235,44 @@ class Settings(BaseModel):
     def _comma_list(cls, v: Any) -> Any:
         return [m.strip() for m in v.split(",") if m.strip()] if isinstance(v, str) else v
 
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower_case(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
     @field_validator("upstream")
     @classmethod
     def _upstream_url(cls, v: str) -> str:
         parts = urlsplit(v)
+        if parts.username is not None or parts.password is not None:
+            # Refused, not redacted: the relay never sends URL credentials (each client's own
+            # Authorization header goes through), so accepting them would fail quietly. The
+            # URL is not echoed: it holds a secret.
+            host = parts.hostname or ""
+            port = parts.netloc.rpartition("@")[2].rpartition(":")[2] if ":" in parts.netloc.rpartition("@")[2] else ""
+            root = f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
+            raise ValueError(
+                "must not hold credentials (user:password@): the sidecar never sends them; clients' "
+                f"own Authorization headers are relayed unchanged. Use {root}"
+            )
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"must be an http(s) URL with a host, got {v!r}")
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
             raise ValueError(f"bad port in {v!r}") from exc
+        if parts.query or parts.fragment:
+            raise ValueError(
+                f"{v!r} has a query string or fragment, which the sidecar would not send; "
+                f"give the server's root: {parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+            )
+        api = _API_PATH.search(parts.path.rstrip("/"))
+        if api and not _API_VERSION_PATH.search(parts.path.rstrip("/")):
+            root = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')[: api.start()]}"
+            raise ValueError(
+                f"{v!r} is an API path; the sidecar relays each client's path as-is, so clients "
+                f"would reach {parts.path.rstrip('/')}/v1/chat/completions. Give the server's root instead: {root}"
+            )
         if _API_VERSION_PATH.search(parts.path.rstrip("/")):
             root = f"{parts.scheme}://{parts.netloc}{_API_VERSION_PATH.sub('', parts.path.rstrip('/'))}"
             raise ValueError(
@@ -297,7 +333,16 @@ class Settings(BaseModel):
         return parse_host_port(self.metrics_listen)
 
 
+def _closest(name: str, valid: list[str]) -> str:
+    match = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    known = [ENV_PREFIX + n.upper() for n in Settings.model_fields] + [ENV_PREFIX + n for n in _OTHER_ENV]
+    for key in environ:
+        if key.startswith(ENV_PREFIX) and key not in known:
+            raise ConfigError(f"unknown environment variable {key}{_closest(key, known)}")
     out: dict[str, Any] = {}
     for name in Settings.model_fields:
         key = ENV_PREFIX + name.upper()
@@ -317,7 +362,10 @@ def _file_values(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"--config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"--config {path}: not valid YAML{where} ({problem})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -347,7 +395,9 @@ def load_settings(
     try:
         return Settings(**merged)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        # An unknown key first: a misplaced block (``sidecar: {upstream: ...}``) would otherwise
+        # read as "upstream is required".
+        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
         field = str(err["loc"][0]) if err["loc"] else "settings"
         origin = sources.get(field, "default")
         where = {
@@ -359,7 +409,8 @@ def load_settings(
             msg = f"is required (--{field.replace('_', '-')} or {ENV_PREFIX}{field.upper()})"
             return _raise(f"{field} {msg}")
         if err["type"] == "extra_forbidden":
-            return _raise(f"unknown setting {field!r} in {where}")
+            valid = list(Settings.model_fields)
+            return _raise(f"unknown setting {field!r} in {where}{_closest(field, valid)}")
         return _raise(f"invalid {field} ({where}): {msg}")
 
 

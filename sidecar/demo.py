@@ -730,7 +730,7 @@ def run_demo(duration: float | None = None, concurrency: int = 8, port: int = 80
         return fail("--duration must be a positive number of seconds", 2)
     for p, what in ((port, "proxy"), (admin, "metrics")):
         if not _port_free(p):
-            return fail(f"{HOST}:{p} ({what} port) is already in use; pick another with --port", 2)
+            return fail(f"{HOST}:{p} ({what} port) is already in use; pick another with --port (make demo PORT=...)", 2)
 
     screen = _Screen(sys.stdout, live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb")
     try:

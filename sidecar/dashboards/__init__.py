@@ -15,8 +15,21 @@ dependency only, never imported by the running sidecar). Every panel reads the
 
 from __future__ import annotations
 
-from . import overview, slo
-from .render import configmap_text, json_text, to_json_dict
+import sys
+
+try:
+    from . import overview, slo
+    from .render import configmap_text, json_text, to_json_dict
+except ModuleNotFoundError as exc:  # the generator's one dependency is an extra
+    if exc.name != "grafana_foundation_sdk":
+        raise
+    _MISSING = (
+        "python -m sidecar.dashboards needs the Grafana SDK, in the dashboards extra: "
+        "pip install 'llm-sidecar-proxy[dashboards]' (the generated JSON is in dashboards/)"
+    )
+    if sys.argv[:1] == ["-m"]:  # `python -m sidecar.dashboards`: runpy imports this first
+        sys.exit(_MISSING)
+    raise ModuleNotFoundError(_MISSING, name=exc.name) from None
 
 __all__ = ["DEFAULT_SPEC", "DASHBOARD_DIR", "CONFIGMAP", "build_dashboards", "render_files"]
 

@@ -19,7 +19,10 @@ into a connection error. Instead, on SIGTERM the sidecar:
    ``Retry-After`` (never a 502: it knows why), while in-flight streams finish;
 3. closes when nothing is in flight.
 
-``drain_seconds`` bounds all three, counted from SIGTERM. A request refused in step 2 never
+``drain_seconds`` bounds all three, counted from SIGTERM. The drain is for a pod: a process
+that has nothing in flight when the signal comes (Ctrl-C on an idle ``serve``, ``docker
+stop``) and does not run in Kubernetes exits at once (:func:`needs_full_drain`), and a second
+SIGTERM/SIGINT during a drain forces the exit. A request refused in step 2 never
 reached the upstream and is not an LLM request: it is logged, not counted in
 ``llm_requests_total``.
 """
@@ -27,6 +30,7 @@ reached the upstream and is not an LLM request: it is logged, not counted in
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 
@@ -36,7 +40,7 @@ from aiohttp import web
 
 from .proxy import error_response
 
-__all__ = ["POLL_SECONDS", "RETRY_AFTER_SECONDS", "Drain"]
+__all__ = ["POLL_SECONDS", "RETRY_AFTER_SECONDS", "Drain", "needs_full_drain"]
 
 _log = structlog.get_logger("sidecar.drain")
 
@@ -47,6 +51,17 @@ request can meet a stopped upstream (and get its 502) before refusals start."""
 RETRY_AFTER_SECONDS = 1
 """What a refused client is told to wait: by then the pod has left the endpoints, so its
 retry lands on another pod."""
+
+
+def needs_full_drain(in_flight: int, environ: dict[str, str] | None = None) -> bool:
+    """Whether a stop signal starts the full drain (steps 1 to 3) or an immediate exit.
+
+    Full drain when streams are live, or inside Kubernetes (the kubelet sets
+    ``KUBERNETES_SERVICE_HOST`` in every container), where requests keep arriving for a few
+    seconds after SIGTERM even when none is in flight at that instant. Elsewhere an idle
+    process has nothing to wait for."""
+    environ = os.environ if environ is None else environ
+    return in_flight > 0 or bool(environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 class Drain:
@@ -100,7 +115,8 @@ class Drain:
         while self._clock() < deadline and await self._still_up(deadline):
             await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - self._clock())))
         self.refusing = True
-        _log.info("upstream_gone_refusing_new", in_flight=self._in_flight())
+        if self._clock() < deadline:  # the upstream went away (not merely the time ran out)
+            _log.info("upstream_gone_refusing_new", in_flight=self._in_flight())
         while self._in_flight() > 0 and self._clock() < deadline:
             await asyncio.sleep(0.05)
 

@@ -85,7 +85,7 @@ def test_port_in_use_is_one_clear_line_and_no_stopped_event():
             "--metrics-listen", f"127.0.0.1:{free_port()}",
         )
     assert done.returncode == 2
-    assert done.stderr.startswith("llm-sidecar: cannot listen:")
+    assert done.stderr.startswith(f"llm-sidecar: cannot listen on 127.0.0.1:{port} (--listen):")
     assert f"{port}" in done.stderr and "address already in use" in done.stderr.lower()
     assert len(done.stderr.strip().splitlines()) == 1
     assert '"stopped"' not in done.stdout + done.stderr

@@ -1,0 +1,37 @@
+"""The distribution's name and extras (issue 25)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_distribution_name_is_not_the_taken_one():
+    # `pip index versions llm-sidecar` lists another project's releases (0.6.0 ...).
+    assert PYPROJECT["project"]["name"] == "llm-sidecar-proxy"
+    assert PYPROJECT["project"]["scripts"]["llm-sidecar-proxy"] == "sidecar.cli:main"
+
+
+def test_dashboards_generator_dependency_is_an_extra_named_in_the_docs():
+    extra = PYPROJECT["project"]["optional-dependencies"]["dashboards"]
+    assert any(dep.startswith("grafana-foundation-sdk") for dep in extra)
+    assert "llm-sidecar-proxy[dashboards]" in (ROOT / "docs" / "dashboards.md").read_text()
+
+
+def test_dashboards_generator_names_the_extra_when_the_sdk_is_missing(tmp_path):
+    (tmp_path / "grafana_foundation_sdk.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'grafana_foundation_sdk'\", name='grafana_foundation_sdk')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar.dashboards", "--check"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
+    assert done.returncode != 0
+    assert "pip install 'llm-sidecar-proxy[dashboards]'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

