@@ -47,6 +47,7 @@ from .relay.aiohttp_internals import (
 )
 from .relay.drain import Drain
 from .relay.engine_metrics import engine_metrics_handler
+from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
 from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
 from .export.tenant import TenantLabeler
@@ -126,7 +127,8 @@ def build_sidecar(
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
     )
-    recorders = [metrics.record]
+    capacity = CapacityMetrics(registry)
+    recorders = [metrics.record, capacity.record]
     telemetry: RequestTelemetry | None = None
     if tracer_provider is not None or meter_provider is not None:
         try:
@@ -148,6 +150,7 @@ def build_sidecar(
         lambda: holder["s"].get_pool(),
         model_label=metrics.model_label,
         on_start=metrics.started,
+        decode_tracker=capacity.trackers,
         tenant_label=(
             TenantLabeler(settings.tenant_header, settings.tenant_allowlist, settings.max_tenants)
             if settings.tenant_header is not None
