@@ -20,6 +20,7 @@ from ..slo import conventions as c
 from ..slo.rules import objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
+from .capacity import capacity_row
 from .panels import (
     Board,
     Query,
@@ -384,4 +385,5 @@ def build(spec: SLOSpec):
     _summary(board, spec)
     for objective in spec.objectives:
         _objective(board, spec, objective)
+    capacity_row(board, spec)  # the throughput-latency curve (#24)
     return board.build()
