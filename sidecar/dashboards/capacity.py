@@ -21,7 +21,10 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     threshold = objective.threshold_seconds
     q = format_number(objective.target)
     legend = " ".join(f"{{{{{label}}}}}" for label in spec.grouping) + " band {{concurrency}}"
-    itl = selector(cap.ITL_BY_CONCURRENCY + "_bucket", (), labels=[label for label in spec.grouping if label in FILTER_LABELS])
+    def sel(metric: str) -> str:
+        return selector(metric, (), labels=[label for label in spec.grouping if label in FILTER_LABELS])
+
+    itl = sel(cap.ITL_BY_CONCURRENCY + "_bucket")
     board.row(
         f"Capacity: the throughput-latency curve (p{q} ITL within the {objective.name} objective's "
         f"{format_number(threshold)}s)"
@@ -29,11 +32,11 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     latency = timeseries_panel(
         "ITL by decode concurrency",
         "p50 and p95 gap between tokens per concurrency band (streams decoding when the gap "
-        "ended), over 1h; the dashed line is the objective's threshold. Where p95 crosses it "
-        "is the knee. See docs/capacity.md.",
+        "ended), over the rate interval; the dashed line is the objective's threshold. Where "
+        "p95 crosses it is the knee. See docs/capacity.md.",
         [
-            Query(f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[1h])))", "p50 " + legend),
-            Query(f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[1h])))", "p95 " + legend),
+            Query(f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval])))", "p50 " + legend),
+            Query(f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval])))", "p95 " + legend),
         ],
         "s",
     )
@@ -41,9 +44,15 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         dashed_threshold_lines(latency, ((None, "green"), (threshold, "red"))),
         timeseries_panel(
             "Decode tokens/s by concurrency",
-            "Output tokens per second of decode wall time at each band over 1h: throughput "
-            "rises with concurrency until the batch saturates.",
-            [Query(recorded(cap.THROUGHPUT, (), spec.grouping), legend)],
+            "Output tokens per second of decode wall time at each band (decode tokens / decode "
+            "seconds at the band): throughput rises with concurrency until the batch saturates.",
+            [
+                Query(
+                    f"sum by ({by}, concurrency) (rate({sel(cap.TOKENS)}[$__rate_interval])) / "
+                    f"sum by ({by}, concurrency) (rate({sel(cap.SECONDS)}[$__rate_interval]))",
+                    legend,
+                )
+            ],
             "short",
         ),
     )
@@ -59,7 +68,8 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         ),
         stat_panel(
             "Capacity: tokens/s",
-            "Decode tokens/s at the capacity band.",
+            "Decode tokens per second of decode wall time at the capacity band, over 1h: the "
+            "throughput the deployment gives while still meeting the objective.",
             [Query(recorded(cap.CAPACITY_TPS, (), spec.grouping), who)],
             "short",
             w=8,

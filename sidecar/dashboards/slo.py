@@ -20,6 +20,7 @@ from ..slo import conventions as c
 from ..slo.rules import objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
+from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
 from .capacity import capacity_row
 from .panels import (
     Board,
@@ -49,6 +50,8 @@ def alert_names(spec: SLOSpec) -> list[str]:
     names = [*(c.alert_name(o.name) for o in spec.objectives), c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC]
     if spec.alerts.history_short.enabled:
         names.append(c.ALERT_HISTORY_SHORT)
+    if capacity_objective(spec) is not None:
+        names.append(ALERT_NEAR_CAPACITY)
     return names
 
 

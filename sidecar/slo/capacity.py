@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from ..measure.concurrency import BANDS
 from . import conventions as c
-from .rules import Group, Rule, _spec_matchers, _who, selector
+from .rules import LITERAL, Group, LongWindows, Numbers, Rule, RuleSet, _spec_matchers, _who, selector
+from .rules import generate as generate_slo
 from .spec import SLOSpec
 from .windows import format_number
 
 __all__ = [
+    "generate",
     "CAPACITY_GROUP", "ALERT_NEAR_CAPACITY", "MIN_GAPS", "WINDOW", "capacity_objective", "capacity_group",
     "CAPACITY", "CAPACITY_BAND", "CAPACITY_TPS", "LOAD_P95", "LOAD_RATIO", "THROUGHPUT",
 ]
@@ -123,3 +125,11 @@ def capacity_group(spec: SLOSpec) -> Group | None:
         ),
     )
     return Group(CAPACITY_GROUP, rules)
+
+
+def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL) -> RuleSet:
+    """The SLO rules of :func:`.rules.generate`, then the capacity group when the spec has
+    an ITL or TPOT objective: what ``llm-sidecar slo render`` and the chart render."""
+    ruleset = generate_slo(spec, long_windows, numbers)
+    group = capacity_group(spec)
+    return ruleset if group is None else RuleSet(ruleset.spec, (*ruleset.groups, group))

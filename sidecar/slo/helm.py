@@ -25,7 +25,8 @@ from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
 from .render import render_rules
-from .rules import Numbers, generate
+from .capacity import generate
+from .rules import Numbers
 from .spec import SLOSpec, Scope
 
 __all__ = ["VALUES_PATH", "SHIPPED", "HelmNumbers", "render_helm_rules", "values_section", "schema_section"]

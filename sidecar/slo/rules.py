@@ -431,9 +431,4 @@ def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Num
     groups.append(Group(c.HEALTH_GROUP, tuple(health)))
     if not any(g.rules for g in groups[:-2]):  # pragma: no cover - the spec guarantees it
         raise ValueError("the spec produced no SLO rules")
-    from .capacity import capacity_group  # noqa: PLC0415 - it builds on this module
-
-    capacity = capacity_group(spec)
-    if capacity is not None:  # last: SLO capacity (#24), from an itl or tpot objective
-        groups.append(capacity)
     return RuleSet(spec, tuple(groups))

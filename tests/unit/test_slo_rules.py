@@ -11,6 +11,7 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.cli import main
 from sidecar.slo import conventions as c
+from sidecar.slo import generate as slo_generate  # the SLO rules and the capacity group (#24)
 from sidecar.slo.cli import render_command
 from sidecar.slo.render import HEADER, render_rules
 from sidecar.slo.rules import generate, promql_string, sli_error_expr
@@ -48,7 +49,6 @@ def test_groups_one_per_objective_then_goodput_and_health():
         "llm-sidecar-slo-e2e",
         "llm-sidecar-goodput",
         "llm-sidecar-health",
-        "llm-sidecar-capacity",  # from the tpot objective (sidecar/slo/capacity.py)
     ]
     for group in rs.groups[:4]:
         kinds = ["alert" if r.alert else "record" for r in group.rules]
@@ -65,9 +65,8 @@ def test_record_names_follow_the_convention_and_carry_slo_label():
     assert {f"llm:sli_error:ratio_rate{w}" for w in [*windows, "30d"]} <= records
     assert {f"llm:burn_rate:ratio_rate{w}" for w in windows} <= records
     assert {"llm:error_budget_remaining:ratio", "llm:goodput:rate5m", "llm:goodput:ratio_rate5m"} <= records
-    capacity = {r.record for g in rs.groups if g.name == "llm-sidecar-capacity" for r in g.rules}
     for r in rs.rules():
-        if r.record and not r.record.startswith("llm:goodput") and r.record not in capacity:
+        if r.record and not r.record.startswith("llm:goodput"):
             assert r.labels["slo"] in {"availability", "ttft", "itl"}
 
 
@@ -168,7 +167,7 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_in_the_readm
         url, _, anchor = a.annotations["runbook_url"].partition("#")
         assert url == "https://github.com/llm-sidecar/llm-sidecar/blob/main/README.md"
         assert anchor in anchors, (a.alert, anchor)
-        if a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC, c.ALERT_HISTORY_SHORT, "LLMNearCapacity"):
+        if a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC, c.ALERT_HISTORY_SHORT):
             d = a.annotations["description"]
             assert {"slo", "long_window", "short_window"} <= a.labels.keys()
             assert '{{ printf "%.1f" $value }}x' in d  # the burn rate
@@ -221,7 +220,7 @@ def test_render_is_deterministic():
 def test_render_command_writes_the_file(tmp_path):
     out = tmp_path / "rules.yaml"
     assert render_command(str(DEFAULT_SPEC), str(out)) == 0
-    assert out.read_text() == render_rules(generate(load_spec(str(DEFAULT_SPEC))))
+    assert out.read_text() == render_rules(slo_generate(load_spec(str(DEFAULT_SPEC))))
     assert out.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["rules.yaml"]
 
