@@ -47,6 +47,7 @@ from .relay.aiohttp_internals import (
 )
 from .relay.drain import Drain, needs_full_drain
 from .relay.engine_metrics import engine_metrics_handler
+from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
 from .export.labels import SeriesBudget
 from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
@@ -136,7 +137,8 @@ def build_sidecar(
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
     )
-    recorders = [metrics.record]
+    capacity = CapacityMetrics(registry)
+    recorders = [metrics.record, capacity.record]
     telemetry: RequestTelemetry | None = None
     if tracer_provider is not None or meter_provider is not None:
         try:
@@ -169,6 +171,7 @@ def build_sidecar(
         model_label=metrics.model_label,
         on_start=metrics.started,
         on_end=metrics.ended,
+        decode_tracker=capacity.trackers,
         tenant_label=tenants,
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,

@@ -120,6 +120,21 @@ def _build_parser() -> argparse.ArgumentParser:
         "--reasoning-tokens", type=int, default=int(_env("reasoning_tokens", 0)), help="reasoning deltas before the answer"
     )
     sim.add_argument(
+        "--batch-alpha",
+        type=float,
+        default=float(_env("batch_alpha", 0.0)),
+        help="continuous batching: with n streams decoding each gap is tpot * (1 + alpha * (n - 1))",
+    )
+    sim.add_argument(
+        "--batch-knee",
+        type=int,
+        default=int(_env("batch_knee", 0)),
+        help="streams beyond this many slow the others --batch-knee-factor times more (0 = no knee)",
+    )
+    sim.add_argument(
+        "--batch-knee-factor", type=float, default=float(_env("batch_knee_factor", 4.0)), help="slow-down beyond the knee"
+    )
+    sim.add_argument(
         "--max-body-bytes",
         type=int,
         default=int(_env("max_body_bytes", 128 << 20)),
@@ -199,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fail_rate=args.fail_rate,
                 drop_rate=args.drop_rate,
                 reasoning_tokens=args.reasoning_tokens,
+                batch_alpha=args.batch_alpha,
+                batch_knee=args.batch_knee,
+                batch_knee_factor=args.batch_knee_factor,
                 max_body_bytes=args.max_body_bytes,
             )
         except ValueError as exc:

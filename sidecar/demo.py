@@ -67,6 +67,9 @@ HOST = "127.0.0.1"
 SIMULATOR_ARGS = (
     "--ttft", "0.25", "--tpot", "0.03", "--jitter", "0.3", "--tokens", "80",
     "--fail-rate", "0.01", "--model", MODEL,
+    # Continuous batching with a knee past 4 streams (docs/capacity.md): the default 8
+    # clients land in band 8, slower per stream, faster in total than band 4.
+    "--batch-alpha", "0.1", "--batch-knee", "4", "--batch-knee-factor", "3",
 )  # fmt: skip
 
 # How long each child gets to exit after SIGTERM before it is killed.

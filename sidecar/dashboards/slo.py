@@ -21,6 +21,8 @@ from ..slo.helm import SEVERITIES as CHART_SEVERITIES
 from ..slo.rules import objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
+from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
+from .capacity import capacity_row
 from .panels import (
     Board,
     Query,
@@ -49,6 +51,8 @@ def alert_names(spec: SLOSpec) -> list[str]:
     names = [*(c.alert_name(o.name) for o in spec.objectives), c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC]
     if spec.alerts.history_short.enabled:
         names.append(c.ALERT_HISTORY_SHORT)
+    if capacity_objective(spec) is not None:
+        names.append(ALERT_NEAR_CAPACITY)
     return names
 
 
@@ -390,4 +394,5 @@ def build(spec: SLOSpec):
     _summary(board, spec)
     for objective in spec.objectives:
         _objective(board, spec, objective)
+    capacity_row(board, spec)  # the throughput-latency curve (#24)
     return board.build()

@@ -69,6 +69,7 @@ from ..streams.protocols.events import (
     Tokens,
     Usage,
 )
+from .concurrency import NO_TRACKER, DecodeConcurrency
 
 __all__ = ["Outcome", "RequestTimeline", "TokenCountSource", "STREAM_TRUNCATED", "CLIENT_DISCONNECTED"]
 
@@ -115,6 +116,8 @@ class RequestTimeline:
         "last_token",
         "end",
         "gaps",
+        "gap_streams",
+        "decode",
         "stream_tokens",
         "reasoning_stream_tokens",
         "usage",
@@ -155,6 +158,10 @@ class RequestTimeline:
         self.last_token: float | None = None
         self.end: float | None = None
         self.gaps = array("d")
+        # Beside each ``gaps`` entry: how many streams of this model were decoding when the
+        # gap ended (sidecar/measure/concurrency.py); one integer read per token.
+        self.gap_streams = array("I")
+        self.decode: DecodeConcurrency = NO_TRACKER
         # Where a multi-token event spread its gap over several ``gaps`` entries: (index of
         # the first, how many, whether they stand for a chunk gap). Only :meth:`chunk_gaps`
         # reads it; the one-token path, nearly every event, never touches it.
@@ -200,6 +207,7 @@ class RequestTimeline:
                 if k == 1 and self.first_token is not None:
                     # Steady decode, nearly every event: _tokens' k == 1 branch, inline.
                     self.gaps.append(now - self.last_token)  # type: ignore[operator]
+                    self.gap_streams.append(self.decode.n)
                     self.last_token = now
                     self.stream_tokens += k
                     kind = ev.kind
@@ -240,17 +248,21 @@ class RequestTimeline:
         if self.first_token is None:
             self.first_token = now
             self.first_token_kind = ev.kind
+            self.decode.enter(now)
             if k > 1:  # k tokens in the first event arrived together: k - 1 gaps of 0
                 self._group(len(self.gaps), k - 1, False)
                 self.gaps.extend([0.0] * (k - 1))
+                self.gap_streams.extend([self.decode.n] * (k - 1))
         elif k == 1:
             self.gaps.append(now - self.last_token)  # type: ignore[operator]
+            self.gap_streams.append(self.decode.n)
         else:
             # k tokens in one event: the gap since the previous event is split evenly
             # into k observations, so ITL's count matches the token count and its sum
             # still equals the time spent decoding.
             self._group(len(self.gaps), k, True)
             self.gaps.extend([(now - self.last_token) / k] * k)  # type: ignore[operator]
+            self.gap_streams.extend([self.decode.n] * k)
         self.last_token = now
         self.stream_tokens += ev.count
         if ev.kind is TokenKind.ANSWER:
@@ -301,6 +313,8 @@ class RequestTimeline:
         self.outcome = outcome
         self.error_type = error_type
         self.end = now
+        if self.first_token is not None:
+            self.decode.leave(now)
         return True
 
     # -- figures (seconds; None when not applicable) --------------------------------------

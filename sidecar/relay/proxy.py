@@ -51,6 +51,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
+from ..measure.concurrency import DecodeConcurrency
 from ..measure.observe import ResponseObserver
 from ..measure.timeline import Outcome, RequestTimeline
 from .client_head import RawHeadResponse, client_head
@@ -252,9 +253,11 @@ class Proxy:
         max_line_bytes: int | None = None,
         tracer: RequestTracer | None = None,
         tenant_label: Callable[[Mapping[str, str]], str] | None = None,
+        decode_tracker: Callable[[str], DecodeConcurrency] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._tenant_label = tenant_label
+        self._decode_tracker = decode_tracker
         self._pool = pool_getter
         self._model_label = model_label
         self._on_start = on_start
@@ -289,6 +292,8 @@ class Proxy:
             timeline.request_stream = fields.stream
             timeline.request_max_tokens = fields.max_tokens
         label = self._model_label(model)
+        if self._decode_tracker is not None:  # streams decoding per model label (#24)
+            timeline.decode = self._decode_tracker(label)
         if self._tenant_label is not None:  # read only: the header is forwarded as sent
             try:
                 timeline.tenant = self._tenant_label(request.headers)

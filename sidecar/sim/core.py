@@ -169,12 +169,19 @@ class SimulatorConfig:
     """Share of streams whose connection is aborted after about half the tokens."""
     reasoning_tokens: int = 0
     """Chat only: ``reasoning_content`` deltas before the answer, per choice."""
+    batch_alpha: float = 0.0
+    """Continuous batching: with n streams decoding, each token gap is
+    ``tpot * (1 + batch_alpha * (n - 1))`` (0 = streams do not slow each other)."""
+    batch_knee: int = 0
+    """With ``batch_knee`` > 0, streams beyond it slow each other ``batch_knee_factor``
+    times more: a knee in the throughput-latency curve."""
+    batch_knee_factor: float = 4.0
     max_body_bytes: int = 128 << 20
     """Largest request body read (else 413). Above the sidecar's own 64 MiB default
     (``--max-request-body-bytes``), so the sidecar's limits can be tried through it."""
 
     def __post_init__(self) -> None:
-        for name in ("ttft", "tpot", "jitter", "tokens_spread"):
+        for name in ("ttft", "tpot", "jitter", "tokens_spread", "batch_alpha", "batch_knee_factor"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -188,6 +195,8 @@ class SimulatorConfig:
             raise ValueError(
                 f"reasoning_tokens must be an integer >= 0, got {self.reasoning_tokens!r}"
             )
+        if not isinstance(self.batch_knee, int) or self.batch_knee < 0:
+            raise ValueError(f"batch_knee must be an integer >= 0, got {self.batch_knee!r}")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
         if not self.model:
@@ -200,7 +209,18 @@ class SimulatorConfig:
             f"simulator serving model {self.model!r} on http://{host}:{port}: ttft {self.ttft:g}s, "
             f"tpot {self.tpot:g}s, jitter {self.jitter:g}, {self.tokens} tokens ({spread}), "
             f"fail-rate {self.fail_rate:g}, drop-rate {self.drop_rate:g}"
+            + (f", batch-alpha {self.batch_alpha:g}" if self.batch_alpha else "")
+            + (f", batch-knee {self.batch_knee} x{self.batch_knee_factor:g}" if self.batch_knee else "")
         )
+
+    def batch_factor(self, n: int) -> float:
+        """How much slower each stream's tokens come with ``n`` streams decoding."""
+        if n <= 1 or not self.batch_alpha:
+            return 1.0
+        extra = n - 1
+        if self.batch_knee and n > self.batch_knee:
+            extra = self.batch_knee - 1 + (n - self.batch_knee) * self.batch_knee_factor
+        return 1.0 + self.batch_alpha * extra
 
 
 @dataclass(slots=True)
@@ -294,13 +314,14 @@ class _Sim:
 
     __slots__ = (
         "config", "rng", "stats", "created", "model_json", "fingerprint", "tok_json", "tok_text",
-        "gaps",
+        "gaps", "decoding",
     )
 
     def __init__(self, config: SimulatorConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
         self.stats = SimStats()
+        self.decoding = 0  # streams between their first token and their end (batching model)
         self.created = int(time.time())
         self.model_json = orjson.dumps(config.model)
         self.fingerprint = orjson.dumps(_fingerprint(config.model))
@@ -644,18 +665,22 @@ async def _stream(
     steps = max(totals)
     fail_at = steps // 2 if plan.fail in _MID_STREAM_FAULTS else -1
     emitted = 0
+    factor = sim.config.batch_factor
+    decoding = False
 
     resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
     try:
         await resp.prepare(request)
         deadline = start + plan.ttft
         await _sleep_until(loop, deadline, request)
+        sim.decoding += 1
+        decoding = True
         if chat:
             for i in range(n):
                 await resp.write(encoder.role(i))
         for k in range(steps):
             if k:
-                deadline += sim.gap(plan, k)
+                deadline += sim.gap(plan, k) * factor(sim.decoding)
                 await _sleep_until(loop, deadline, request)
             if k == fail_at and plan.fail == "longline":
                 await _write_long_line(resp, plan.line_bytes)
@@ -694,6 +719,9 @@ async def _stream(
         stats.cancelled += 1
         stats.completion_tokens += emitted
         return resp
+    finally:
+        if decoding:
+            sim.decoding -= 1
     stats.completed += 1
     stats.completion_tokens += emitted
     return resp

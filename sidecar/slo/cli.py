@@ -7,7 +7,7 @@ import sys
 import tempfile
 
 from .render import render_rules
-from .rules import generate
+from .capacity import generate
 from .spec import SpecError, load_spec
 
 __all__ = ["render_command"]

@@ -27,7 +27,8 @@ from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
 from .render import render_rules
-from .rules import Numbers, Rule, RuleSet, generate
+from .capacity import generate
+from .rules import Numbers, Rule, RuleSet
 from .spec import SLOSpec, Scope
 
 __all__ = [

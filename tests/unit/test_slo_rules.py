@@ -11,6 +11,7 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.cli import main
 from sidecar.slo import conventions as c
+from sidecar.slo import generate as slo_generate  # the SLO rules and the capacity group (#24)
 from sidecar.slo.cli import render_command
 from sidecar.slo.render import HEADER, render_rules
 from sidecar.slo.rules import generate, promql_string, sli_error_expr
@@ -219,7 +220,7 @@ def test_render_is_deterministic():
 def test_render_command_writes_the_file(tmp_path):
     out = tmp_path / "rules.yaml"
     assert render_command(str(DEFAULT_SPEC), str(out)) == 0
-    assert out.read_text() == render_rules(generate(load_spec(str(DEFAULT_SPEC))))
+    assert out.read_text() == render_rules(slo_generate(load_spec(str(DEFAULT_SPEC))))
     assert out.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["rules.yaml"]
 

@@ -1,0 +1,85 @@
+"""The SLO dashboard's "Capacity" row (issue #24): the throughput-latency curve per
+deployment, read from the capacity records of sidecar/slo/capacity.py (same spec)."""
+
+from __future__ import annotations
+
+from ..slo import capacity as cap
+from ..slo.spec import SLOSpec
+from ..slo.windows import format_number
+from .panels import Board, Query, dashed_threshold_lines, stat_panel, timeseries_panel
+from .queries import FILTER_LABELS, recorded, selector
+
+__all__ = ["capacity_row"]
+
+
+def capacity_row(board: Board, spec: SLOSpec) -> None:
+    """Adds the row, or nothing when the spec has no ITL or TPOT objective."""
+    objective = cap.capacity_objective(spec)
+    if objective is None:
+        return
+    by = ", ".join(spec.grouping)
+    threshold = objective.threshold_seconds
+    q = format_number(objective.target)
+    legend = " ".join(f"{{{{{label}}}}}" for label in spec.grouping) + " band {{concurrency}}"
+    def sel(metric: str) -> str:
+        return selector(metric, (), labels=[label for label in spec.grouping if label in FILTER_LABELS])
+
+    itl = sel(cap.ITL_BY_CONCURRENCY + "_bucket")
+    board.row(
+        f"Capacity: the throughput-latency curve (p{q} ITL within the {objective.name} objective's "
+        f"{format_number(threshold)}s)"
+    )
+    latency = timeseries_panel(
+        "ITL by decode concurrency",
+        "p50 and p95 gap between tokens per concurrency band (streams decoding when the gap "
+        "ended), over the rate interval; the dashed line is the objective's threshold. Where "
+        "p95 crosses it is the knee. See docs/capacity.md.",
+        [
+            Query(f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval])))", "p50 " + legend),
+            Query(f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval])))", "p95 " + legend),
+        ],
+        "s",
+    )
+    board.add(
+        dashed_threshold_lines(latency, ((None, "green"), (threshold, "red"))),
+        timeseries_panel(
+            "Decode tokens/s by concurrency",
+            "Output tokens per second of decode wall time at each band (decode tokens / decode "
+            "seconds at the band): throughput rises with concurrency until the batch saturates.",
+            [
+                Query(
+                    f"sum by ({by}, concurrency) (rate({sel(cap.TOKENS)}[$__rate_interval])) / "
+                    f"sum by ({by}, concurrency) (rate({sel(cap.SECONDS)}[$__rate_interval]))",
+                    legend,
+                )
+            ],
+            "short",
+        ),
+    )
+    who = " ".join(f"{{{{{label}}}}}" for label in spec.grouping)
+    board.add(
+        stat_panel(
+            "Capacity: streams",
+            f"Largest concurrency band whose p{q} ITL meets the threshold (at least "
+            f"{cap.MIN_GAPS} gaps in 1h).",
+            [Query(recorded(cap.CAPACITY, (), spec.grouping), who)],
+            "short",
+            w=8,
+        ),
+        stat_panel(
+            "Capacity: tokens/s",
+            "Decode tokens per second of decode wall time at the capacity band, over 1h: the "
+            "throughput the deployment gives while still meeting the objective.",
+            [Query(recorded(cap.CAPACITY_TPS, (), spec.grouping), who)],
+            "short",
+            w=8,
+        ),
+        stat_panel(
+            "Now at (p95 band)",
+            "The band under which 95% of the last hour's decode time ran; red at or above capacity "
+            "(the LLMNearCapacity ticket).",
+            [Query(recorded(cap.LOAD_P95, (), spec.grouping), who)],
+            "short",
+            w=8,
+        ),
+    )

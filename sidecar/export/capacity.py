@@ -1,0 +1,71 @@
+"""Load-conditioned decode metrics: the throughput-latency curve from live traffic (#24).
+
+- ``llm_inter_token_latency_by_concurrency_seconds{model, concurrency}``: every gap that
+  ``llm_inter_token_latency_seconds`` observes, again, labelled by the band of this
+  sidecar's streams of that model decoding when the gap ended (sidecar/measure/concurrency.py).
+  Its counts per model sum to the plain ITL histogram's count.
+- ``llm_decode_tokens_by_concurrency_total``: output tokens after each stream's first (one
+  per gap) observed at the band; ``llm_decode_seconds_by_concurrency_total``: wall time with
+  at least one stream decoding, at the band. Throughput per band = tokens / seconds.
+
+Gaps are grouped by band when the request is recorded, so the hot path pays only the
+integer read the timeline does per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ..measure.buckets import ITL_BUCKETS
+from ..measure.concurrency import BANDS, DecodeTrackers, band
+from ..measure.timeline import RequestTimeline
+from .metrics import observe_many
+
+__all__ = ["CapacityMetrics"]
+
+
+class CapacityMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        h = dict(registry=registry, namespace="llm")
+        mc = ("model", "concurrency")
+        self.itl = Histogram(
+            "inter_token_latency_by_concurrency_seconds",
+            "Every llm_inter_token_latency_seconds gap again, by the band (upper bound: "
+            + ", ".join(BANDS)
+            + ") of this sidecar's streams of the model decoding when the gap ended.",
+            mc, buckets=ITL_BUCKETS, **h,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "decode_tokens_by_concurrency",
+            "Output tokens after each stream's first (one per gap), by decode-concurrency band.",
+            mc, **h,
+        )  # fmt: skip
+        self.seconds = Counter(
+            "decode_seconds_by_concurrency",
+            "Wall seconds with at least one stream of the model decoding, by decode-concurrency band.",
+            mc, **h,
+        )  # fmt: skip
+        self.trackers = DecodeTrackers(self._sink_for)
+
+    def _sink_for(self, label: str) -> Callable[[str, float], None]:
+        children = {b: self.seconds.labels(label, b) for b in BANDS}
+        return lambda b, elapsed: children[b].inc(elapsed)
+
+    def record(self, t: RequestTimeline, model_label: str) -> None:
+        """Observe one finished request's gaps by band (a recorder, called once)."""
+        gaps, streams = t.gaps, t.gap_streams
+        if not gaps or len(gaps) != len(streams):
+            return
+        by_band: dict[str, list[float]] = {}
+        for gap, n in zip(gaps, streams):
+            b = band(n)
+            values = by_band.get(b)
+            if values is None:
+                by_band[b] = [gap]
+            else:
+                values.append(gap)
+        for b, values in by_band.items():
+            observe_many(self.itl.labels(model_label, b), values)
+            self.tokens.labels(model_label, b).inc(len(values))

@@ -1,0 +1,135 @@
+"""SLO capacity from live traffic (issue #24): recorded rules and a ticket alert, generated
+from the same spec as the SLO rules and summed by its ``grouping``.
+
+Which objective: the spec's first ``itl`` objective, else its first ``tpot`` one (no such
+objective, no capacity rules). Its target is the quantile (95 -> p95) and its default
+threshold the bound. Capacity is read from **ITL**, not TPOT, because a gap ends at one
+moment and so at one concurrency band, while a request's TPOT averages over every band it
+decoded through and has no band of its own. A p95 ITL within the TPOT threshold is the
+stricter test: a request's TPOT is the mean of its gaps.
+
+Records, each per grouping (and ``concurrency`` band where it says so):
+
+- ``llm:itl_by_concurrency:p<q>_1h{concurrency}``: the quantile over 1h, only for bands that
+  saw at least MIN_GAPS gaps in that hour (too few samples give no verdict);
+- ``llm:decode_throughput_by_concurrency:rate1h{concurrency}``: decode tokens/s at the band;
+- ``llm:slo_capacity:band{concurrency}``: for each finite band whose quantile meets the
+  threshold, the band's number; ``llm:slo_capacity:concurrency`` the largest of them;
+- ``llm:slo_capacity:tokens_per_second``: the throughput at the capacity band;
+- ``llm:decode_concurrency:p95_1h``: where the load is: the smallest band below which 95 %
+  of the hour's decode time was spent; ``llm:slo_capacity:load_ratio`` = that / capacity.
+
+Alert ``LLMNearCapacity`` (ticket): the load's p95 band at or above the capacity band.
+"""
+
+from __future__ import annotations
+
+from ..measure.concurrency import BANDS
+from . import conventions as c
+from .rules import LITERAL, Group, LongWindows, Numbers, Rule, RuleSet, _spec_matchers, _who, selector
+from .rules import generate as generate_slo
+from .spec import SLOSpec
+from .windows import format_number
+
+__all__ = [
+    "generate",
+    "CAPACITY_GROUP", "ALERT_NEAR_CAPACITY", "MIN_GAPS", "WINDOW", "capacity_objective", "capacity_group",
+    "CAPACITY", "CAPACITY_BAND", "CAPACITY_TPS", "LOAD_P95", "LOAD_RATIO", "THROUGHPUT",
+]
+
+CAPACITY_GROUP = "llm-sidecar-capacity"
+ALERT_NEAR_CAPACITY = "LLMNearCapacity"
+ITL_BY_CONCURRENCY = "llm_inter_token_latency_by_concurrency_seconds"
+TOKENS = "llm_decode_tokens_by_concurrency_total"
+SECONDS = "llm_decode_seconds_by_concurrency_total"
+WINDOW = "1h"
+MIN_GAPS = 100
+FOR = "15m"
+THROUGHPUT = "llm:decode_throughput_by_concurrency:rate1h"
+CAPACITY_BAND = "llm:slo_capacity:band"
+CAPACITY = "llm:slo_capacity:concurrency"
+CAPACITY_TPS = "llm:slo_capacity:tokens_per_second"
+LOAD_P95 = "llm:decode_concurrency:p95_1h"
+LOAD_RATIO = "llm:slo_capacity:load_ratio"
+FINITE_BANDS = tuple(b for b in BANDS if b != "+Inf")
+
+
+def capacity_objective(spec: SLOSpec):
+    for sli in ("itl", "tpot"):
+        for o in spec.objectives:
+            if o.sli == sli:
+                return o
+    return None
+
+
+def quantile_record(objective) -> str:
+    return f"llm:itl_by_concurrency:p{format_number(objective.target)}_{WINDOW}".replace(".", "_")
+
+
+def capacity_group(spec: SLOSpec) -> Group | None:
+    """The capacity group, or None when the spec has no ITL or TPOT objective."""
+    objective = capacity_objective(spec)
+    if objective is None:
+        return None
+    sel = _spec_matchers(spec)
+    by = ", ".join(spec.grouping)
+    byc = f"{by}, concurrency"
+    q = objective.target / 100
+    threshold = format_number(objective.threshold_seconds)
+    p = quantile_record(objective)
+
+    def inc(metric: str, suffix: str = "") -> str:
+        return f"sum by ({byc}) (increase({selector(metric + suffix, sel)}[{WINDOW}]))"
+
+    quantile = (
+        f"histogram_quantile({format_number(q)}, sum by ({byc}, le) "
+        f"(rate({selector(ITL_BY_CONCURRENCY + '_bucket', sel)}[{WINDOW}]))) "
+        f"and on ({byc}) {inc(ITL_BY_CONCURRENCY, '_count')} >= {MIN_GAPS}"
+    )
+    throughput = f"{inc(TOKENS)} / ({inc(SECONDS)} > 0)"
+    bands = " or ".join(f'({p}{{concurrency="{b}"}} <= {threshold}) * 0 + {b}' for b in FINITE_BANDS)
+    at_capacity = f"{CAPACITY_BAND} == on ({by}) group_left () {CAPACITY}"
+    total = f"sum by ({by}) (increase({selector(SECONDS, sel)}[{WINDOW}]))"
+    cumulative = []
+    for i, b in enumerate(BANDS):
+        upto = "|".join(x.replace("+", "\\+") for x in BANDS[: i + 1])
+        share = f'sum by ({by}) (increase({selector(SECONDS, [*sel, ("concurrency", "=~", upto)])}[{WINDOW}])) / ({total} > 0)'
+        value = "256" if b == "+Inf" else b  # above every finite band
+        cumulative.append(f'label_replace({share} >= 0.95, "concurrency", "{b}", "", "") * 0 + {value}')
+    load = f"min by ({by}) ({' or '.join(cumulative)})"
+    who = _who(spec.grouping)
+    rules = (
+        Rule(quantile, record=p),
+        Rule(throughput, record=THROUGHPUT),
+        Rule(bands, record=CAPACITY_BAND),
+        Rule(f"max by ({by}) ({CAPACITY_BAND})", record=CAPACITY),
+        Rule(f"max by ({by}) ({THROUGHPUT} and on ({byc}) ({at_capacity}))", record=CAPACITY_TPS),
+        Rule(load, record=LOAD_P95),
+        Rule(f"{LOAD_P95} / on ({by}) {CAPACITY}", record=LOAD_RATIO),
+        Rule(
+            f"{LOAD_P95} >= on ({by}) {CAPACITY}",
+            alert=ALERT_NEAR_CAPACITY,
+            for_=15 * 60,
+            labels={c.LABEL_SEVERITY: "ticket"},
+            annotations={
+                "summary": f"{who}: running near its SLO capacity",
+                "description": (
+                    f"Over the last {WINDOW}, 95% of decode time ran with up to "
+                    "{{ $value }} streams decoding at once, at or above the capacity band: the "
+                    f"largest concurrency band whose p{format_number(objective.target)} inter-token "
+                    f"latency is within the {objective.name} objective's {threshold}s. More load "
+                    "will breach the objective: add replicas or lower max concurrency."
+                ),
+                "runbook_url": f"{spec.alerts.runbook_url}#{c.runbook_anchor(ALERT_NEAR_CAPACITY)}",
+            },
+        ),
+    )
+    return Group(CAPACITY_GROUP, rules)
+
+
+def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL) -> RuleSet:
+    """The SLO rules of :func:`.rules.generate`, then the capacity group when the spec has
+    an ITL or TPOT objective: what ``llm-sidecar slo render`` and the chart render."""
+    ruleset = generate_slo(spec, long_windows, numbers)
+    group = capacity_group(spec)
+    return ruleset if group is None else RuleSet(ruleset.spec, (*ruleset.groups, group))

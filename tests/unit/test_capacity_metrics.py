@@ -1,0 +1,109 @@
+"""Decode concurrency bands and the by-concurrency instruments (issue #24), from scripted
+timelines on a fake clock: each phase runs n streams whose gap follows a batching model."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.export.capacity import CapacityMetrics
+from sidecar.export.metrics import ModelLabeler, SidecarMetrics
+from sidecar.measure.concurrency import BANDS, DecodeConcurrency, band
+from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.streams.protocols.events import TokenKind, Tokens
+
+ROUTE = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    "n, expected",
+    [(1, "1"), (2, "2"), (3, "4"), (4, "4"), (5, "8"), (8, "8"), (9, "16"), (128, "128"), (129, "+Inf")],
+)
+def test_band_is_named_by_its_upper_bound(n, expected):
+    assert band(n) == expected
+    assert expected in BANDS
+
+
+def test_wall_time_goes_to_the_band_that_held_between_transitions():
+    spent: list[tuple[str, float]] = []
+    c = DecodeConcurrency(lambda b, s: spent.append((b, s)))
+    c.enter(10.0)  # 1 from 10
+    c.enter(11.0)  # 2 from 11
+    c.enter(11.5)  # 3 from 11.5
+    c.leave(13.5)  # 2 from 13.5
+    c.leave(14.0)
+    c.leave(16.0)
+    c.leave(17.0)  # more leaves than enters: ignored, never negative
+    assert c.n == 0
+    assert spent == [("1", 1.0), ("2", 0.5), ("4", 2.0), ("2", 0.5), ("1", 2.0)]
+
+
+def tpot_model(n: int, tpot: float = 0.02, alpha: float = 0.25) -> float:
+    return tpot * (1 + alpha * (n - 1))
+
+
+def run_phase(metrics: SidecarMetrics, capacity: CapacityMetrics, n: int, t0: float, tokens: int) -> float:
+    """n streams, first tokens within a hair of each other, then one token per tpot(n) each."""
+    gap = tpot_model(n)
+    heap: list[tuple[float, int, int]] = []
+    timelines = []
+    for i in range(n):
+        t = RequestTimeline(t0, "POST", ROUTE, "m")
+        t.decode = capacity.trackers("m")
+        t.response_started(t0, 200, streamed=True)
+        timelines.append(t)
+        heapq.heappush(heap, (t0 + 0.01 + i * 1e-4, i, 0))
+    end = t0
+    while heap:
+        at, i, k = heapq.heappop(heap)
+        t = timelines[i]
+        t.events([Tokens(TokenKind.ANSWER)], at)
+        if k + 1 < tokens:
+            heapq.heappush(heap, (at + gap, i, k + 1))
+        else:
+            t.finish(Outcome.OK, at)
+            metrics.record(t, "m")
+            capacity.record(t, "m")
+            end = at
+    return end + 1.0
+
+
+def test_per_band_gap_and_throughput_follow_the_batching_model_and_counts_add_up():
+    reg = CollectorRegistry()
+    metrics = SidecarMetrics(reg, ModelLabeler())
+    capacity = CapacityMetrics(reg)
+    t0 = 1000.0
+    for n in (1, 2, 4, 8):
+        t0 = run_phase(metrics, capacity, n, t0, tokens=200)
+    total = 0.0
+    for n in (1, 2, 4, 8):
+        labels = {"model": "m", "concurrency": band(n)}
+        count = reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels)
+        gap_sum = reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_sum", labels)
+        assert gap_sum / count == pytest.approx(tpot_model(n), rel=0.2)
+        tokens = reg.get_sample_value("llm_decode_tokens_by_concurrency_total", labels)
+        seconds = reg.get_sample_value("llm_decode_seconds_by_concurrency_total", labels)
+        assert tokens / seconds == pytest.approx(n / tpot_model(n), rel=0.25)
+    for b in BANDS:
+        labels = {"model": "m", "concurrency": b}
+        total += reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) or 0
+    plain = reg.get_sample_value("llm_inter_token_latency_seconds_count", {"model": "m", "route": ROUTE})
+    assert plain == total == (1 + 2 + 4 + 8) * 199
+    assert capacity.trackers("m").n == 0
+
+
+def test_a_stream_that_ends_before_its_first_token_never_counts_as_decoding():
+    capacity = CapacityMetrics(CollectorRegistry())
+    tracker = capacity.trackers("m")
+    t = RequestTimeline(1.0, "POST", ROUTE, "m")
+    t.decode = tracker
+    t.finish(Outcome.CANCELLED, 2.0)
+    assert tracker.n == 0
+    u = RequestTimeline(1.0, "POST", ROUTE, "m")
+    u.decode = tracker
+    u.events([Tokens(TokenKind.ANSWER)], 1.5)
+    assert tracker.n == 1
+    u.finish(Outcome.CANCELLED, 2.0)
+    assert tracker.n == 0
