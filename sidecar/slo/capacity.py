@@ -87,8 +87,13 @@ def capacity_group(spec: SLOSpec) -> Group | None:
         f"and on ({byc}) {inc(ITL_BY_CONCURRENCY, '_count')} >= {MIN_GAPS}"
     )
     throughput = f"{inc(TOKENS)} / ({inc(SECONDS)} > 0)"
-    bands = " or ".join(f'({p}{{concurrency="{b}"}} <= {threshold}) * 0 + {b}' for b in FINITE_BANDS)
-    at_capacity = f"{CAPACITY_BAND} == on ({by}) group_left () {CAPACITY}"
+    # Recorded series are read through the spec's selector too: in a fleet, each release's
+    # rules must read (and so write) only its own deployment's series.
+    def rec(name: str, *extra: tuple[str, str, str]) -> str:
+        return selector(name, [*sel, *extra])
+
+    bands = " or ".join(f"({rec(p, ('concurrency', '=', b))} <= {threshold}) * 0 + {b}" for b in FINITE_BANDS)
+    at_capacity = f"{rec(CAPACITY_BAND)} == on ({by}) group_left () {rec(CAPACITY)}"
     total = f"sum by ({by}) (increase({selector(SECONDS, sel)}[{WINDOW}]))"
     cumulative = []
     for i, b in enumerate(BANDS):
@@ -102,12 +107,12 @@ def capacity_group(spec: SLOSpec) -> Group | None:
         Rule(quantile, record=p),
         Rule(throughput, record=THROUGHPUT),
         Rule(bands, record=CAPACITY_BAND),
-        Rule(f"max by ({by}) ({CAPACITY_BAND})", record=CAPACITY),
-        Rule(f"max by ({by}) ({THROUGHPUT} and on ({byc}) ({at_capacity}))", record=CAPACITY_TPS),
+        Rule(f"max by ({by}) ({rec(CAPACITY_BAND)})", record=CAPACITY),
+        Rule(f"max by ({by}) ({rec(THROUGHPUT)} and on ({byc}) ({at_capacity}))", record=CAPACITY_TPS),
         Rule(load, record=LOAD_P95),
-        Rule(f"{LOAD_P95} / on ({by}) {CAPACITY}", record=LOAD_RATIO),
+        Rule(f"{rec(LOAD_P95)} / on ({by}) {rec(CAPACITY)}", record=LOAD_RATIO),
         Rule(
-            f"{LOAD_P95} >= on ({by}) {CAPACITY}",
+            f"{rec(LOAD_P95)} >= on ({by}) {rec(CAPACITY)}",
             alert=ALERT_NEAR_CAPACITY,
             for_=15 * 60,
             labels={c.LABEL_SEVERITY: "ticket"},
