@@ -131,6 +131,12 @@ class Settings(BaseModel):
         8190, gt=0, description="Longest request header field (name and value); longer gets 431"
     )
     max_request_headers: int = Field(128, gt=0, description="Most request header fields; more gets 431")
+    max_request_head_bytes: int = Field(
+        64 * 1024,
+        gt=0,
+        description="Largest whole request head (request line and all header fields) on either port; "
+        "larger gets 431 (nginx refuses over 32 KiB, Envoy over 60 KiB)",
+    )
     client_header_timeout: float = Field(
         60.0,
         gt=0,

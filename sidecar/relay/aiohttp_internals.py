@@ -36,7 +36,9 @@ __all__ = [
     "RequestHandler",
     "handler_loop",
     "handler_server",
+    "last_message",
     "open_connections",
+    "request_count",
     "set_shutdown_timeout",
 ]
 
@@ -50,6 +52,17 @@ def handler_server(handler: RequestHandler) -> web.Server:
 
 def handler_loop(handler: RequestHandler) -> asyncio.AbstractEventLoop:
     return handler._loop
+
+
+def request_count(handler: RequestHandler) -> int:
+    """Request heads the handler's parser has completed on this connection."""
+    return handler._request_count
+
+
+def last_message(handler: RequestHandler) -> tuple[Any, Any]:
+    """The request head the parser completed last and its body stream (``is_eof()`` once
+    the body is read), or (None, None)."""
+    return handler._messages[-1] if handler._messages else (None, None)
 
 
 def open_connections(server: web.Server) -> int:
