@@ -428,6 +428,9 @@ class SidecarRunner(RebuildingRunner):
         if sc is not None and self.app is sc.proxy_app:
             server.max_connections = connection_cap(sc.settings.max_connections)
             server.refusal_log = _RefusalLog()
+        elif sc is not None and self.app is sc.admin_app:  # within connection_cap's reserve of 128
+            server.max_connections = sc.settings.max_admin_connections
+            server.refusal_log = _RefusalLog()
         return server
 
 

@@ -163,6 +163,12 @@ class Settings(BaseModel):
         "0: derived from the open-files limit (half of it, leaving room for the upstream sockets "
         "and the admin port)",
     )
+    max_admin_connections: int = Field(
+        64,
+        ge=0,
+        description="Connections open at once on the admin port (probes, scrapes); more get 503 with "
+        "Retry-After, so idle admin connections cannot use up the process's open files. 0: no cap",
+    )
     max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")

@@ -1,12 +1,15 @@
-"""A whole request head has a budget on both ports (issue 23, finding 1): a client that sends
+"""Hostile clients, round two (issue 23): a whole request head has a budget on both ports (finding 1): a client that sends
 many fields, each within the per-field limit, and never ends the head is answered 431 with
 the JSON error body as soon as it passes the budget, instead of pinning up to ~1 MiB per
 connection until the head timeout. Request bodies do not count. Raw sockets, real ports."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.test_faults import CHAT, rig_factory  # noqa: F401 - fixture
 from tests.integration.test_hostile import RawUpstream, raw_exchange, raw_upstream, status_and_json  # noqa: F401 - fixture
 
@@ -46,3 +49,23 @@ async def test_heads_within_the_budget_and_large_bodies_are_relayed(rig_factory,
     raw = await raw_exchange(rig.port, two, wait=5.0)
     assert raw.count(b"HTTP/1.1 200") == 2 and b" 431 " not in raw
     assert len(up.requests) == 3
+
+
+async def test_the_admin_port_caps_its_connections_and_answers_503_past_the_cap(rig_factory, raw_upstream):
+    """Issue 23, finding 5: 1,100 idle admin connections used to use up the open files."""
+    up = await raw_upstream()
+    rig = await rig_factory(upstream=up.url, max_admin_connections=5)
+    idle = [await asyncio.open_connection("127.0.0.1", rig.admin_port) for _ in range(5)]
+    raw = await raw_exchange(rig.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", wait=5.0)
+    status, doc, head = status_and_json(raw)
+    assert (status, doc["error"]["type"]) == (503, "too_many_connections")
+    assert b"retry-after: 1" in head.lower()
+    # The proxy port is not affected, and the admin port answers again once the idle ones go.
+    assert (await raw_exchange(rig.port, b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).endswith(b"ok")
+    for _, writer in idle:
+        writer.close()
+
+    async def healthz_ok() -> bool:
+        return (await raw_exchange(rig.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).startswith(b"HTTP/1.1 200")
+
+    await wait_for(healthz_ok)
