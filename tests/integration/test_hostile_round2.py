@@ -1,7 +1,9 @@
-"""Hostile clients, round two (issue 23): a whole request head has a budget on both ports (finding 1): a client that sends
-many fields, each within the per-field limit, and never ends the head is answered 431 with
-the JSON error body as soon as it passes the budget, instead of pinning up to ~1 MiB per
-connection until the head timeout. Request bodies do not count. Raw sockets, real ports."""
+"""Hostile clients, round two (issue 23), over raw sockets and real ports.
+
+Finding 1: a whole request head has a budget on both ports: a client that sends many fields,
+each within the per-field limit, and never ends the head gets 431 with the JSON error body as
+soon as it passes the budget, instead of pinning up to ~1 MiB per connection until the head
+timeout; request bodies do not count. Finding 5: the admin port caps its connections."""
 
 from __future__ import annotations
 
