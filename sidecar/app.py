@@ -46,6 +46,7 @@ from .relay.aiohttp_internals import (
     open_connections,
     request_count,
     set_shutdown_timeout,
+    upgraded,
 )
 from .relay.drain import Drain
 from .relay.head_budget import HeadBudget, head_size, head_too_large_response
@@ -349,7 +350,7 @@ class _RefusingRequestHandler(RequestHandler):
         if self._over_cap:
             return
         budget = getattr(handler_server(self), "head_budget", 0)
-        if not budget:
+        if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
             super().data_received(data)
             return
         # Bytes that arrive while no request body is being read count towards the next head.
