@@ -42,10 +42,14 @@ from .relay.aiohttp_internals import (
     RequestHandler,
     handler_loop,
     handler_server,
+    last_message,
     open_connections,
+    request_count,
     set_shutdown_timeout,
+    upgraded,
 )
 from .relay.drain import Drain, needs_full_drain
+from .relay.head_budget import HeadBudget, head_size, head_too_large_response
 from .relay.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
@@ -378,6 +382,8 @@ class _RefusingRequestHandler(RequestHandler):
     keeps file descriptors for the admin port, the upstream sockets and its own files."""
 
     _over_cap = False
+    _head_payload = None  # the body of the last request whose head completed
+    _head_bytes: HeadBudget | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         server = handler_server(self)
@@ -391,8 +397,31 @@ class _RefusingRequestHandler(RequestHandler):
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self._over_cap:
+        if self._over_cap:
+            return
+        budget = getattr(handler_server(self), "head_budget", 0)
+        if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
             super().data_received(data)
+            return
+        # Bytes that arrive while no request body is being read count towards the next head.
+        payload = self._head_payload
+        in_head = payload is None or payload.is_eof()
+        count = request_count(self)
+        super().data_received(data)
+        head_done = request_count(self) != count
+        size = 0
+        if head_done:
+            message, self._head_payload = last_message(self)
+            size = head_size(message) if hasattr(message, "raw_headers") else 0
+        if self._head_bytes is None:
+            self._head_bytes = HeadBudget(budget)
+        if not self._head_bytes.received(len(data), in_head=in_head, head_done=head_done, head_size=size):
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(head_too_large_response())
+                transport.close()
+            _log.info("request_refused", status=431, reason="request_head_too_large", peer=None)
+            self.force_close()
 
     def eof_received(self) -> None:
         if not self._over_cap:
@@ -418,6 +447,7 @@ class _RefusingRequestHandler(RequestHandler):
 class _RefusingServer(HandlerServer):
     handler_class = _RefusingRequestHandler
     max_connections = 0  # no cap
+    head_budget = 0  # bytes of one request head; 0: aiohttp's per-field limits alone
     refusal_log = _RefusalLog()
 
 
@@ -444,8 +474,13 @@ class SidecarRunner(RebuildingRunner):
             loop=asyncio.get_running_loop(),
             **kwargs,
         )
+        if sc is not None:
+            server.head_budget = sc.settings.max_request_head_bytes
         if sc is not None and self.app is sc.proxy_app:
             server.max_connections = connection_cap(sc.settings.max_connections)
+            server.refusal_log = _RefusalLog()
+        elif sc is not None and self.app is sc.admin_app:  # within connection_cap's reserve of 128
+            server.max_connections = sc.settings.max_admin_connections
             server.refusal_log = _RefusalLog()
         return server
 

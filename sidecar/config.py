@@ -157,6 +157,12 @@ class Settings(BaseModel):
         8190, gt=0, description="Longest request header field (name and value); longer gets 431"
     )
     max_request_headers: int = Field(128, gt=0, description="Most request header fields; more gets 431")
+    max_request_head_bytes: int = Field(
+        64 * 1024,
+        gt=0,
+        description="Largest whole request head (request line and all header fields) on either port; "
+        "larger gets 431 (nginx refuses over 32 KiB, Envoy over 60 KiB)",
+    )
     client_header_timeout: float = Field(
         60.0,
         gt=0,
@@ -182,6 +188,12 @@ class Settings(BaseModel):
         description="Client connections open at once on the proxy port; more get 503 with Retry-After. "
         "0: derived from the open-files limit (half of it, leaving room for the upstream sockets "
         "and the admin port)",
+    )
+    max_admin_connections: int = Field(
+        64,
+        ge=0,
+        description="Connections open at once on the admin port (probes, scrapes); more get 503 with "
+        "Retry-After, so idle admin connections cannot use up the process's open files. 0: no cap",
     )
     max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")

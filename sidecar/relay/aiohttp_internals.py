@@ -1,6 +1,6 @@
 """Every use of aiohttp's private names, in one place.
 
-aiohttp has no public hook for three things the sidecar needs, so it leans on internals:
+aiohttp has no public hook for four things the sidecar needs, so it leans on internals:
 
 * answering a request its HTTP parser refuses (414/431/400) with the proxy's JSON body and
   capping connections: the error path runs no middleware, so :class:`HandlerServer` builds
@@ -10,6 +10,8 @@ aiohttp has no public hook for three things the sidecar needs, so it leans on in
 * writing the upstream's own head bytes: :class:`OwnHeadResponse` replaces
   ``StreamResponse._prepare_headers`` and ``_write_headers`` (which ``prepare()`` calls in
   that order) and reads ``_req`` / sets ``_keep_alive``;
+* the whole-head budget (sidecar/relay/head_budget.py): the handler's ``_request_count``,
+  ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
   (:func:`set_shutdown_timeout`).
 
@@ -36,8 +38,11 @@ __all__ = [
     "RequestHandler",
     "handler_loop",
     "handler_server",
+    "last_message",
     "open_connections",
+    "request_count",
     "set_shutdown_timeout",
+    "upgraded",
 ]
 
 CHECKED_AIOHTTP = "3.14.5"
@@ -50,6 +55,22 @@ def handler_server(handler: RequestHandler) -> web.Server:
 
 def handler_loop(handler: RequestHandler) -> asyncio.AbstractEventLoop:
     return handler._loop
+
+
+def request_count(handler: RequestHandler) -> int:
+    """Request heads the handler's parser has completed on this connection."""
+    return handler._request_count
+
+
+def last_message(handler: RequestHandler) -> tuple[Any, Any]:
+    """The request head the parser completed last and its body stream (``is_eof()`` once
+    the body is read), or (None, None)."""
+    return handler._messages[-1] if handler._messages else (None, None)
+
+
+def upgraded(handler: RequestHandler) -> bool:
+    """True once the connection was upgraded (its bytes no longer pass the HTTP parser)."""
+    return handler._upgraded
 
 
 def open_connections(server: web.Server) -> int:

@@ -54,29 +54,52 @@ async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | No
     return b"".join(chunks)
 
 
+async def _fetch(client: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: float) -> tuple:
+    """One upstream scrape: ("ok", status, body, relayed headers) or ("error", status, kind, text)."""
+    try:
+        async with client.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as upstream:
+            body = await _read_bounded(upstream.content, MAX_ENGINE_METRICS_BYTES)
+            if body is None:
+                return ("error", 502, "engine_metrics_too_large", "the inference server's metrics page is too large")
+            relayed = {name: upstream.headers[name] for name in _RELAYED_RESPONSE if name in upstream.headers}
+            return ("ok", upstream.status, body, relayed)
+    except asyncio.TimeoutError:
+        return ("error", 504, "upstream_timeout", "the inference server's metrics did not answer in time")
+    except aiohttp.ClientError:
+        return ("error", 502, "upstream_unreachable", "the inference server's metrics are unreachable")
+
+
 def engine_metrics_handler(session: Callable[[], aiohttp.ClientSession | None], settings: Settings):
-    """The aiohttp handler; ``session`` returns the sidecar's client session once started."""
+    """The aiohttp handler; ``session`` returns the sidecar's client session once started.
+
+    Single-flight (issue 23, finding 6): concurrent scrapes with the same forwarded headers
+    share one upstream fetch, so 300 scrapes at once open one upstream connection, not 300.
+    Each scraper still waits no longer than its own timeout; a scraper that leaves does not
+    cancel the fetch the others wait for."""
     url = settings.upstream + settings.engine_metrics_path
+    in_flight: dict[tuple[str, ...], asyncio.Task] = {}
 
     async def engine_metrics(request: web.Request) -> web.StreamResponse:
         client = session()
         if client is None:
             return error_response(503, "starting", "the sidecar has not started yet")
-        timeout = aiohttp.ClientTimeout(total=scrape_timeout(request.headers, settings.engine_metrics_timeout))
+        timeout = scrape_timeout(request.headers, settings.engine_metrics_timeout)
         headers = {k: request.headers[k] for k in _FORWARDED_REQUEST if k in request.headers}
+        key = tuple(headers.get(k, "") for k in _FORWARDED_REQUEST)
+        task = in_flight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(_fetch(client, url, headers, timeout))
+            in_flight[key] = task
+            task.add_done_callback(lambda t, key=key: in_flight.pop(key, None) if in_flight.get(key) is t else None)
         try:
-            async with client.get(url, headers=headers, timeout=timeout) as upstream:
-                body = await _read_bounded(upstream.content, MAX_ENGINE_METRICS_BYTES)
-                if body is None:
-                    return error_response(502, "engine_metrics_too_large", "the inference server's metrics page is too large")
-                response = web.Response(status=upstream.status, body=body)
-                for name in _RELAYED_RESPONSE:
-                    if name in upstream.headers:
-                        response.headers[name] = upstream.headers[name]
-                return response
+            result = await asyncio.wait_for(asyncio.shield(task), timeout)
         except asyncio.TimeoutError:
-            return error_response(504, "upstream_timeout", "the inference server's metrics did not answer in time")
-        except aiohttp.ClientError:
-            return error_response(502, "upstream_unreachable", "the inference server's metrics are unreachable")
+            result = ("error", 504, "upstream_timeout", "the inference server's metrics did not answer in time")
+        if result[0] == "error":
+            return error_response(result[1], result[2], result[3])
+        response = web.Response(status=result[1], body=result[2])
+        for name, value in result[3].items():
+            response.headers[name] = value
+        return response
 
     return engine_metrics

@@ -24,7 +24,7 @@ from sidecar.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAITING
 from sidecar.dashboards.inspect import panel_queries, substitute
 from sidecar.sim.core import SimulatorConfig
 from sidecar.sim.server import build_simulator_app
-from tests.conftest import free_port, require_tool, start_app, start_prometheus
+from tests.conftest import free_port, require_tool, start_app, start_prometheus, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +85,41 @@ async def test_servers_error_status_is_relayed(upstream, sidecar_factory):
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{sc.admin_url}/metrics/engine") as r:
             assert (r.status, await r.text()) == (500, "boom")
+
+
+async def test_concurrent_scrapes_share_one_upstream_fetch(upstream, sidecar_factory):
+    """Issue 23, finding 6: 300 concurrent scrapes used to open 300 upstream connections."""
+    calls = 0
+    release = asyncio.Event()
+
+    async def metrics(request):
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return web.Response(body=EXPOSITION, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    up = await upstream.start(lambda app: app.router.add_get("/metrics", metrics))
+    sc = await sidecar_factory(up.url)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
+        async def scrape() -> tuple[int, bytes, str]:
+            async with s.get(f"{sc.admin_url}/metrics/engine") as r:
+                return r.status, await r.read(), r.headers.get("Content-Type", "")
+
+        scrapes = [asyncio.create_task(scrape()) for _ in range(60)]
+        await wait_for(lambda: calls >= 1)
+        await asyncio.sleep(1.0)  # the other scrapes reach the sidecar while the first fetch is held
+        held = calls
+        release.set()
+        results = await asyncio.gather(*scrapes)
+    assert all(r == (200, EXPOSITION, "text/plain; version=0.0.4") for r in results)
+    assert held == 1, f"{held} upstream fetches for 60 concurrent scrapes"
+    assert calls < 10  # any scrape that arrived after the release starts one more fetch at most
+    # Once the shared fetch is done, the next scrape fetches a fresh page.
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{sc.admin_url}/metrics/engine") as r:
+            assert r.status == 200
+    assert calls >= 2
 
 
 async def test_unreachable_server_is_a_502_and_a_slow_one_a_504_within_the_scrape_timeout(upstream, sidecar_factory):

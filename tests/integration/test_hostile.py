@@ -265,7 +265,7 @@ async def test_stalled_request_bodies_get_408(rig_factory, raw_upstream):
 
 async def test_header_floods_get_431_and_long_request_lines_414(rig_factory, raw_upstream):
     up = await raw_upstream()
-    rig = await rig_factory(upstream=up.url, max_request_headers=40, max_header_field_bytes=4096, max_request_line_bytes=2048)
+    rig = await rig_factory(upstream=up.url, max_request_headers=40, max_header_field_bytes=4096, max_request_line_bytes=2048, max_request_head_bytes=128 << 10)
     before = await quiet_census()
     cases = {
         "too many headers": (b"GET /x HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-F%d: v\r\n" % i for i in range(60)) + b"\r\n", 431, "too_many_headers"),

@@ -112,3 +112,15 @@ async def test_own_head_response_writes_only_its_head_and_sees_force_close():
             writer.close()
     finally:
         await runner.cleanup()
+
+
+def test_request_count_and_last_message_are_the_handler_slots_data_received_fills():
+    # The head budget (sidecar/app.py) reads these right after RequestHandler.data_received.
+    slots = {name for cls in ai.RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
+    assert {"_request_count", "_messages", "_upgraded"} <= slots  # _upgraded: BaseProtocol's
+    handler = ai.RequestHandler.__new__(ai.RequestHandler)
+    handler._request_count, handler._messages = 3, __import__("collections").deque([("m", "p")])
+    assert ai.request_count(handler) == 3 and ai.last_message(handler) == ("m", "p")
+    handler._messages.clear()
+    handler._upgraded = True
+    assert ai.last_message(handler) == (None, None) and ai.upgraded(handler)
