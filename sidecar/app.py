@@ -81,6 +81,7 @@ class Sidecar:
     session: aiohttp.ClientSession | None = None  # readiness probes and model listings only
     pool: UpstreamPool | None = None  # the relay's connections
     tenants: TenantLabeler | None = None
+    capacity: CapacityMetrics | None = None
     drain: Drain = field(init=False)
     watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
@@ -106,7 +107,9 @@ class Sidecar:
         stopping closes its listener first; a pooled keep-alive connection could still
         answer and hide that.)"""
         connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as fresh:
+        async with aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), headers=OWN_REQUEST_HEADERS
+        ) as fresh:
             return 200 <= await self.upstream_status(fresh) < 300
 
     def get_pool(self) -> UpstreamPool:
@@ -115,6 +118,11 @@ class Sidecar:
 
 
 SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
+
+OWN_REQUEST_HEADERS = {"User-Agent": "llm-sidecar"}
+"""On the sidecar's own requests to the upstream (health probes, the upstream watch, engine
+metrics; the model listing adds what it is), so the server's access log, and a test, can
+tell them from the clients' requests it relays, which keep the client's User-Agent."""
 
 # aiohttp's own per-request access log would duplicate ours and log raw paths (queries).
 RUNNER_KWARGS = {"handler_cancellation": True, "access_log": None}
@@ -188,6 +196,7 @@ def build_sidecar(
     )
     sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(registry))
     sc.tenants = tenants
+    sc.capacity = capacity
     sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
     holder["s"] = sc
     sc.proxy_app = _proxy_app(sc)
@@ -213,7 +222,10 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     async def upstream_session(app: web.Application):
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True)
         sc.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            headers=OWN_REQUEST_HEADERS,
         )
         sc.pool = UpstreamPool(
             sc.settings.upstream,

@@ -33,11 +33,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["BoundedLabel", "SeriesBudget", "OTHER", "UNKNOWN", "MAX_LABEL_CHARS"]
+__all__ = ["BoundedLabel", "SeriesBudget", "OTHER", "UNKNOWN", "MAX_LABEL_CHARS", "OVERFLOW_REASONS"]
 
 OTHER = "other"
 UNKNOWN = "unknown"
 MAX_LABEL_CHARS = 200
+OVERFLOW_REASONS = ("not_listed", "max_values", "series_budget")
+"""Why a value that a request named was filed under ``other`` (``llm_label_overflow_total``)."""
 
 
 class SeriesBudget:

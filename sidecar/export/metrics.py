@@ -26,7 +26,7 @@ from ..measure.buckets import (
     TTFT_BUCKETS,
 )
 from ..measure.prompt_class import PromptClasses
-from .labels import OTHER, UNKNOWN, BoundedLabel
+from .labels import OTHER, OVERFLOW_REASONS, UNKNOWN, BoundedLabel
 from ..relay.routes import ROUTES
 from ..measure.timeline import Outcome, RequestTimeline
 
@@ -201,7 +201,7 @@ class SidecarMetrics:
             ("label", "reason"), **h,
         )  # fmt: skip
         self._overflow_children: dict[tuple[str, str], Counter] = {}
-        self.model_label.on_overflow = self._overflowed("model")
+        self.model_label.on_overflow = self._overflowed("model")  # series start at 0, so rate() has data
         self.model_label.on_forget = lambda value: self.forget("model", value)
         if self.model_label.budget is not None:
             self.model_label.budget.count = self.series_count
@@ -221,6 +221,9 @@ class SidecarMetrics:
         return sum(len(label_children(m)) * _samples_per_child(m) for m in self._labelled())
 
     def _overflowed(self, label: str):
+        for reason in OVERFLOW_REASONS:
+            self._overflow_children[(label, reason)] = self.label_overflow.labels(label, reason)
+
         def count(reason: str) -> None:
             child = self._overflow_children.get((label, reason))
             if child is None:

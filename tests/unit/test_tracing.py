@@ -611,7 +611,7 @@ async def test_broken_telemetry_never_breaks_the_relay(upstream, traced_sidecar)
 def test_without_providers_the_proxy_has_no_tracer():
     s = build_sidecar(Settings(upstream="http://127.0.0.1:1"), CollectorRegistry(), access_log=False)
     assert s.proxy._tracer is None
-    assert s.proxy._recorders == (s.metrics.record,)
+    assert s.proxy._recorders == (s.metrics.record, s.capacity.record)
 
 
 async def test_ollama_native_route_provider_and_engine_timings(upstream, traced_sidecar, spans):
