@@ -50,6 +50,7 @@ from .relay.aiohttp_internals import (
 )
 from .relay.drain import Drain, needs_full_drain
 from .relay.head_budget import HeadBudget, head_size, head_too_large_response
+from .relay.http1 import raw_error_response
 from .relay.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
@@ -350,24 +351,14 @@ def _refusal(exc: BaseException) -> tuple[int, str, str]:
 
 
 _BUSY_RETRY_AFTER = 1  # seconds: connections free up as fast as streams end
-_BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Retry-After: %d\r\nX-LLM-Sidecar-Error: too_many_connections\r\nConnection: close\r\n"
-    b"Content-Length: %d\r\n\r\n%b"
-)
 
 
 def _busy_response() -> bytes:
-    body = orjson.dumps(
-        {
-            "error": {
-                "message": "the sidecar has as many client connections open as it accepts; retry shortly",
-                "type": "too_many_connections",
-                "code": 503,
-            }
-        }
-    )
-    return _BUSY_RESPONSE % (_BUSY_RETRY_AFTER, len(body), body)
+    return raw_error_response(
+        503, "Service Unavailable", "too_many_connections",
+        "the sidecar has as many client connections open as it accepts; retry shortly",
+        b"Retry-After: %d\r\n" % _BUSY_RETRY_AFTER,
+    )  # fmt: skip
 
 
 class _RefusalLog:

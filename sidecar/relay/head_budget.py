@@ -13,7 +13,7 @@ connection handler (sidecar/app.py) writes :func:`head_too_large_response` and c
 
 from __future__ import annotations
 
-import orjson
+from .http1 import raw_error_response
 
 __all__ = ["HeadBudget", "head_size", "head_too_large_response"]
 
@@ -48,21 +48,8 @@ class HeadBudget:
         return self.used <= self.limit
 
 
-_RESPONSE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
-    b"X-LLM-Sidecar-Error: request_head_too_large\r\nConnection: close\r\n"
-    b"Content-Length: %d\r\n\r\n%b"
-)
-
-
 def head_too_large_response() -> bytes:
-    body = orjson.dumps(
-        {
-            "error": {
-                "message": "the request head is larger than the sidecar accepts",
-                "type": "request_head_too_large",
-                "code": 431,
-            }
-        }
-    )
-    return _RESPONSE % (len(body), body)
+    return raw_error_response(
+        431, "Request Header Fields Too Large", "request_head_too_large",
+        "the request head is larger than the sidecar accepts",
+    )  # fmt: skip

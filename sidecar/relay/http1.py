@@ -30,7 +30,9 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 
 from __future__ import annotations
 
-__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head"]
+import orjson
+
+__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head", "raw_error_response"]
 
 _CRLF = b"\r\n"
 _MAX_SIZE_LINE = 4096  # a chunk-size line with extensions; a real one is "1a3\r\n"
@@ -389,3 +391,15 @@ def request_head(method: str, target: str, host: str, headers) -> bytes:
         parts.append(f"{name}: {value}\r\n")
     parts.append("\r\n")
     return "".join(parts).encode("utf-8", "surrogateescape")
+
+
+def raw_error_response(status: int, reason: str, kind: str, message: str, extra_headers: bytes = b"") -> bytes:
+    """A whole ``Connection: close`` response carrying the sidecar's JSON error body, for the
+    places that answer on a bare transport before aiohttp has a request (a connection past the
+    cap, a request head past its budget). ``extra_headers``: complete ``Name: value\\r\\n`` lines."""
+    body = orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+    return (
+        b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\n%bX-LLM-Sidecar-Error: %b\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b"
+        % (status, reason.encode(), extra_headers, kind.encode(), len(body), body)
+    )
