@@ -2,57 +2,11 @@
 
 - :func:`json_events` splits an SSE body into its ``data:`` JSON objects (or takes a JSON
   body whole), so a test can count what the client saw without trusting ``sidecar.streams.sse``.
-- :func:`scalars`, :func:`differing_keys` and :func:`mask` compare two bodies byte for byte
-  except the values of named keys: the scanner walks JSON strings whole (so nothing inside a
-  generated text is mistaken for a key) and replaces only scalar values, leaving every other
-  byte (framing, spacing, field order, escapes) to be compared exactly.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable
-
-# A JSON string, optionally followed by ":" and a scalar value (then it was a key).
-_STRING = rb'"(?:[^"\\]|\\.)*"'
-_SCALAR = rb'"(?:[^"\\]|\\.)*"|-?\d[\d.eE+-]*|null|true|false'
-_TOKEN = re.compile(rb"(" + _STRING + rb")(?:(\s*:\s*)(" + _SCALAR + rb"))?", re.S)
-
-
-def scalars(body: bytes) -> list[tuple[str, bytes, int, int]]:
-    """Every ``"key": scalar`` in ``body``, in order: (key, value bytes, value start, end)."""
-    out = []
-    for m in _TOKEN.finditer(body):
-        if m.group(3) is not None:
-            key = json.loads(m.group(1))
-            out.append((key, m.group(3), m.start(3), m.end(3)))
-    return out
-
-
-def differing_keys(a: bytes, b: bytes) -> set[str]:
-    """Keys whose scalar values differ between two bodies of the same shape.
-
-    Raises AssertionError when the sequences of keys differ: then the bodies differ in shape,
-    which no value mask may hide."""
-    sa, sb = scalars(a), scalars(b)
-    keys_a, keys_b = [k for k, *_ in sa], [k for k, *_ in sb]
-    if keys_a != keys_b:
-        raise AssertionError(f"the bodies differ in shape:\n{a[:2000]!r}\n{b[:2000]!r}")
-    return {ka for (ka, va, *_), (_, vb, *_) in zip(sa, sb) if va != vb}
-
-
-def mask(body: bytes, keys: Iterable[str]) -> bytes:
-    """``body`` with the scalar value of every key in ``keys`` replaced by ``<key>``."""
-    keys = set(keys)
-    parts, last = [], 0
-    for key, _value, start, end in scalars(body):
-        if key in keys:
-            parts += [body[last:start], b"<" + key.encode() + b">"]
-            last = end
-    parts.append(body[last:])
-    return b"".join(parts)
-
 
 def json_events(body: bytes, streamed: bool) -> list[dict]:
     """The JSON objects of an SSE body's ``data:`` lines (``[DONE]`` skipped), or ``[body]``."""
