@@ -52,6 +52,10 @@ _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
+_YIELD_AFTER_READ = 64 << 10
+"""A read this large means the upstream is ahead of the relay: yield a loop turn after it."""
+
+
 class UpstreamError(Exception):
     """The upstream could not give a response head. ``kind`` is the outcome's error_type;
     ``status`` the answer the proxy gives the client (502 or 504)."""
@@ -106,6 +110,9 @@ class BodySink(Protocol):
         """Like :meth:`chunk`, for a read that was several whole, well-formed chunks:
         ``frames`` is the read as received, ``pieces`` their payloads in order."""
 
+    def several(self, pieces: list[bytes]) -> None:
+        """Several body pieces from one read, not (all) whole chunks: written on at once."""
+
     def end(self, error: str | None) -> None:
         """Called exactly once: ``None`` when the body is complete, else the error_type
         (``upstream_disconnected``, ``upstream_read_timeout``, ``upstream_invalid_response``)."""
@@ -134,6 +141,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
+        self._yielding = False  # reading paused until the loop's next turn (_yield_turn)
         self._write_waiter: asyncio.Future[None] | None = None
         self._writing_paused = False
 
@@ -157,8 +165,11 @@ class UpstreamConnection(asyncio.Protocol):
                 if pieces is not None:  # several whole chunks in one read (a busy upstream)
                     sink.chunks(data, pieces)
                     return
-                for piece in parser.feed(data):  # type: ignore[union-attr]
-                    sink.body(piece)
+                pieces = parser.feed(data)  # type: ignore[union-attr]
+                if len(pieces) == 1:
+                    sink.body(pieces[0])
+                elif pieces:  # one write to the client for the whole read, not one per piece
+                    sink.several(pieces)
             except ProtocolError as exc:
                 for piece in exc.pieces:  # the valid bytes before the fault still go through
                     sink.body(piece)
@@ -170,6 +181,8 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             if self._parser.done:  # type: ignore[union-attr]
                 self._end(None)
+            elif len(data) >= _YIELD_AFTER_READ:
+                self._yield_turn()
             return
         self._received += len(data)
         parser = self._parser
@@ -278,12 +291,34 @@ class UpstreamConnection(asyncio.Protocol):
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closed:
             self._reading_paused = True
-            self.transport.pause_reading()
+            if not self._yielding:
+                self.transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and not self.closed:
             self._reading_paused = False
             self._last_read = self._time()  # the wait was the client's, not the upstream's
+            if not self._yielding:
+                self.transport.resume_reading()
+
+    def _yield_turn(self) -> None:
+        """After a large read, stop reading until the event loop's next turn.
+
+        An upstream sending faster than it is relayed fills every read; libuv then reads
+        the same socket again and again (up to 32 full reads) before it looks at any other
+        socket or timer, so one fast stream of tiny events held uvloop for over half a
+        second at a time: probes and other clients waited (#23, finding 4). Pausing for one
+        turn lets everything else ready run between two reads. Only full reads pay for it;
+        a token stream's reads are a few hundred bytes."""
+        if self._yielding or self._reading_paused or self.transport is None or self.closed:
+            return
+        self._yielding = True
+        self.transport.pause_reading()
+        self._loop.call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._yielding = False
+        if not self._reading_paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
     @property

@@ -222,6 +222,7 @@ class Sink:
         self.times: list[float] = []
         self.ends: list[str | None] = []
         self.frames: list[bytes] = []
+        self.reads: list[int] = []  # pieces per several() call
         self.end_time: float | None = None
         self._done = asyncio.Event()
         self._on_body = on_body
@@ -242,6 +243,11 @@ class Sink:
         # The read is these pieces' chunks back to back, exactly.
         assert frames == b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) or frames.endswith(b"\r\n" + pieces[-1] + b"\r\n")
         self.frames.append(frames)
+        for piece in pieces:
+            self.body(piece)
+
+    def several(self, pieces: list[bytes]) -> None:
+        self.reads.append(len(pieces))
         for piece in pieces:
             self.body(piece)
 

@@ -1,0 +1,99 @@
+"""Issue 23, finding 4: one fast stream must not starve everyone else.
+
+The real ``llm-sidecar serve`` (uvloop, as deployed) relays an upstream that writes 200,000
+tiny SSE events as fast as it can, to a client that reads as fast as it can. Meanwhile a
+probe asks ``/healthz`` every 20 ms. Before the relay yielded a loop turn after each full
+read, libuv read the flooding socket up to 32 times in a row before looking at anything
+else, and probes waited 1-3 s (the chart's readiness timeout is 3 s). The upstream and the
+sidecar are separate processes, so the stall measured is the sidecar's own."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import free_port, wait_for
+from tests.integration.test_faults import ServeProcess, serve_process  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.integration
+
+EVENTS = 200_000
+FLOOD = """
+import sys
+from aiohttp import web
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}\\n\\n'
+async def flood(request):
+    await request.read()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for _ in range(%d):
+        await resp.write(EVENT)  # one write per event: the reads arrive full of tiny chunks
+    await resp.write(b"data: [DONE]\\n\\n")
+    return resp
+app = web.Application()
+app.router.add_post("/v1/chat/completions", flood)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+""" % EVENTS
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+CLIENT = """
+import asyncio, sys, aiohttp
+async def main():
+    async with aiohttp.ClientSession() as s:
+        async with s.post(sys.argv[1], json={"model": "m", "stream": True}) as resp:
+            total, tail = 0, b""
+            async for data in resp.content.iter_any():
+                total += len(data)
+                tail = (tail + data)[-64:]
+    print(total, tail.decode())
+asyncio.run(main())
+"""
+"""An aiohttp client in a process of its own, reading as it comes (as the probe did)."""
+
+
+async def probe(port: int) -> float:
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(HEALTHZ)
+    reply = await reader.read()
+    writer.close()
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:100]
+    return time.perf_counter() - start
+
+
+async def test_healthz_answers_within_500_ms_while_one_stream_floods(serve_process):
+    up_port = free_port()
+    upstream = subprocess.Popen([sys.executable, "-c", FLOOD, str(up_port)])
+    try:
+        sidecar = serve_process(f"http://127.0.0.1:{up_port}")
+        await sidecar.wait_alive()
+
+        async def upstream_up() -> bool:
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", up_port)
+            except OSError:
+                return False
+            w.close()
+            return True
+
+        await wait_for(upstream_up, timeout=20)
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, sidecar.url + "/v1/chat/completions"], stdout=subprocess.PIPE, text=True
+        )
+        waits = []
+        while client.poll() is None:
+            waits.append(await probe(sidecar.admin_port))
+            await asyncio.sleep(0.02)
+        total, tail = client.communicate(timeout=60)[0].split(" ", 1)
+    finally:
+        upstream.kill()
+        upstream.wait()
+    assert tail.endswith("data: [DONE]\n\n\n"), tail  # relayed whole
+    assert int(total) > EVENTS * 80
+    assert max(waits) < 0.5, f"/healthz waited {max(waits) * 1000:.0f} ms behind one stream (probes: {len(waits)})"
+    assert len(waits) >= 5, "the flood ended before the probes could judge it"
