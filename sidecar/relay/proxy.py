@@ -546,6 +546,8 @@ _CLIENT_GONE = "client_disconnected"
 _SEND_TIMED_OUT = "client_send_timeout"
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
+_PROGRESS_CHECK_SECONDS = 1.0
+"""How often, at most, a relay asks the kernel whether its client took anything."""
 
 
 class _Relay:
@@ -559,7 +561,10 @@ class _Relay:
     client drained it.
     """
 
-    __slots__ = ("_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout", "ended", "paused", "sent")
+    __slots__ = (
+        "_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
+        "_check_at", "_taken", "_taken_at", "ended", "paused", "sent",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -583,12 +588,16 @@ class _Relay:
         self.ended: str | None = None
         self.paused = False
         self.sent = 0
+        # The client's progress, as last seen (see _reader_alive).
+        start = clock()
+        self._check_at = start + _PROGRESS_CHECK_SECONDS
+        self._taken, self._taken_at = 0, start
 
     def body(self, piece: bytes) -> None:
         now = self._clock()
         if self.ended is not None:
             return
-        if piece and not self.write(piece):
+        if piece and not self.write(piece, now):
             return
         self._observer.feed(piece, now)
 
@@ -599,7 +608,7 @@ class _Relay:
         now = self._clock()
         if self.ended is not None:
             return
-        if not (self._write_framed(frame) if self._chunked else self.write(piece)):
+        if not (self._write_framed(frame, now) if self._chunked else self.write(piece, now)):
             return
         self._observer.feed(piece, now)
 
@@ -610,7 +619,7 @@ class _Relay:
         now = self._clock()
         if self.ended is not None:
             return
-        if not self._write_framed(frames if self._chunked else b"".join(pieces)):
+        if not self._write_framed(frames if self._chunked else b"".join(pieces), now):
             return
         feed = self._observer.feed
         for piece in pieces:
@@ -631,17 +640,17 @@ class _Relay:
             data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p])
         else:
             data = b"".join(pieces)
-        if data and not self._write_framed(data):
+        if data and not self._write_framed(data, now):
             return
         feed = self._observer.feed
         for piece in pieces:
             feed(piece, now)
 
-    def write(self, data: bytes) -> bool:
+    def write(self, data: bytes, now: float) -> bool:
         """Write to the client; False (and the relay ends) when the client is gone."""
-        return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data, now)
 
-    def _write_framed(self, data: bytes) -> bool:
+    def _write_framed(self, data: bytes, now: float) -> bool:
         transport = self._transport
         if transport.is_closing():
             self._conn.close()  # stop the server generating for nobody
@@ -653,7 +662,31 @@ class _Relay:
             self.paused = True
             self._conn.pause_reading()
             self._wake()
+        elif now >= self._check_at:
+            return self._reader_alive(now)
         return True
+
+    def _reader_alive(self, now: float) -> bool:
+        """Whether the client took any bytes in the last ``send_timeout`` seconds; checked
+        at most once a second while the response is being written.
+
+        The transport's buffer alone cannot tell: the kernel's send buffer grows to MiBs for
+        a connection and absorbs a paced token stream for minutes before a write ever
+        queues, so a reader that stopped held the server's generation slot for 126 s with
+        a 60 s ``send_timeout`` (#23, finding 7). What the client has taken is what was
+        written minus what the kernel still holds unacknowledged (``SIOCOUTQ``). A slow
+        reader that takes anything at all keeps its stream."""
+        self._check_at = now + _PROGRESS_CHECK_SECONDS
+        unsent = _unsent(self._transport)
+        taken = self.sent - unsent
+        if taken > self._taken or not unsent:
+            self._taken, self._taken_at = taken, now
+            return True
+        if now - self._taken_at < self._send_timeout:
+            return True
+        self._conn.close()  # the server stops generating for a reader that stopped
+        self._end(_SEND_TIMED_OUT)
+        return False
 
     def end(self, error: str | None) -> None:
         self._end(_COMPLETE if error is None else error)

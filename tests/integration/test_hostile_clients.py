@@ -152,6 +152,43 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
     sock.close()
 
 
+def _paced_stream(up_state: dict, interval: float):
+    """A stream at a real generation pace: one 1 KiB event every ``interval`` seconds."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        up_state["started"] = time.monotonic()
+        event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"z" * 1000 + b'"}}]}\n\n'
+        try:
+            while True:
+                await response.write(event)
+                await asyncio.sleep(interval)
+        except (ConnectionError, asyncio.CancelledError):
+            up_state["closed"] = time.monotonic()
+            raise
+        return response
+
+    return handler
+
+
+async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout(upstream, rig_factory):
+    """Issue 23, finding 7: at a token pace the kernel's send buffer (autotuned to MiBs)
+    took the stream for a minute or more before any write queued, and only then did the
+    send timeout start: the server generated for nobody for 126 s with send_timeout 60 s.
+    Now the client's progress is read from the kernel: let go within send_timeout + ~2 s."""
+    state: dict = {}
+    await upstream.start(lambda app: app.router.add_post(CHAT, _paced_stream(state, 0.01)))  # ~100 KiB/s
+    rig = await rig_factory(upstream=upstream.url, send_timeout=1.0)
+    sock = await _post_stream(rig.port)  # 4 KiB receive buffer, never read
+    await wait_for(lambda: "started" in state)
+    await wait_for(lambda: "closed" in state, timeout=15.0)
+    assert state["closed"] - state["started"] < 4.0, state["closed"] - state["started"]
+    await wait_for(lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT) == 1)
+    sock.close()
+
+
 async def test_slow_but_live_reader_is_never_cut_off(upstream, rig_factory):
     state: dict = {}
     await upstream.start(lambda app: app.router.add_post(CHAT, _endless_stream(state)))
