@@ -48,6 +48,7 @@ from .relay.aiohttp_internals import (
     set_shutdown_timeout,
     upgraded,
 )
+from .relay.body_budget import BodyBudget
 from .relay.drain import Drain, needs_full_drain
 from .relay.head_budget import HeadBudget, head_size, head_too_large_response
 from .relay.http1 import raw_error_response
@@ -189,6 +190,7 @@ def build_sidecar(
         recorders=recorders,
         max_request_inspect_bytes=settings.max_request_inspect_bytes,
         max_request_body_bytes=settings.max_request_body_bytes,
+        body_budget=BodyBudget(settings.max_buffered_request_bytes),
         client_body_timeout=settings.client_body_timeout,
         send_timeout=settings.send_timeout,
         max_response_inspect_bytes=settings.max_response_inspect_bytes,

@@ -135,6 +135,12 @@ class Settings(BaseModel):
         ge=0,
         description="Largest JSON request body read to learn its model; larger bodies are streamed unread",
     )
+    max_buffered_request_bytes: int = Field(
+        64 << 20,
+        gt=0,
+        description="Request bytes held at once, across all connections, while JSON bodies are read "
+        "whole; past it a body is streamed to the upstream as it arrives (its model read in flight)",
+    )
     max_response_inspect_bytes: int = Field(
         16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
     )

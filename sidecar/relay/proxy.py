@@ -54,6 +54,7 @@ from multidict import CIMultiDict
 from ..measure.concurrency import DecodeConcurrency
 from ..measure.observe import ResponseObserver
 from ..measure.timeline import Outcome, RequestTimeline
+from .body_budget import BodyBudget
 from .client_head import RawHeadResponse, client_head
 from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from .routes import OTHER, Route, match_route
@@ -201,23 +202,43 @@ class _BoundedBody:
     the upstream never sees a complete request) and the proxy answers with the refusal
     instead of 502."""
 
-    __slots__ = ("_content", "_limit", "_timeout")
+    __slots__ = ("_content", "_limit", "_timeout", "_scanner", "fields")
 
-    def __init__(self, content: aiohttp.StreamReader, limit: int, timeout: float) -> None:
+    def __init__(
+        self, content: aiohttp.StreamReader, limit: int, timeout: float, scanner: RequestFieldScanner | None = None
+    ) -> None:
         self._content = content
         self._limit = limit
         self._timeout = timeout
+        # An API body streamed because the body budget was spent: its fields are read in
+        # flight and known once it has all been sent.
+        self._scanner = scanner
+        self.fields: RequestFields | None = None
 
     async def __aiter__(self):
         seen = 0
+        scanner = self._scanner
         while True:
             chunk = await _read_some(self._content, self._timeout)
             seen += len(chunk)
             if seen > self._limit:
                 raise _BodyRefused(_too_large(self._limit))
             if not chunk:
+                if scanner is not None:
+                    self.fields = scanner.close()
                 return
+            if scanner is not None:
+                scanner.feed(chunk)
             yield chunk
+
+
+def _late_fields(timeline: RequestTimeline, fields: RequestFields) -> None:
+    """The fields of an API body that was streamed (the body budget was spent), read as it
+    went: known once it has been sent, before the response is measured."""
+    if not timeline.model and fields.model:
+        timeline.model = fields.model
+    timeline.request_stream = fields.stream
+    timeline.request_max_tokens = fields.max_tokens
 
 
 async def _read_some(content: aiohttp.StreamReader, timeout: float) -> bytes:
@@ -247,6 +268,7 @@ class Proxy:
         recorders: Iterable[Recorder] = (),
         max_request_inspect_bytes: int = 32 << 20,
         max_request_body_bytes: int = 64 << 20,
+        body_budget: BodyBudget | None = None,
         client_body_timeout: float = CLIENT_BODY_TIMEOUT,
         send_timeout: float = SEND_TIMEOUT,
         max_response_inspect_bytes: int = 16 << 20,
@@ -265,6 +287,7 @@ class Proxy:
         self._recorders = tuple(recorders)
         self._max_inspect = max_request_inspect_bytes
         self._max_body = max_request_body_bytes
+        self._budget = body_budget if body_budget is not None else BodyBudget(4 * max_request_inspect_bytes)
         self.client_body_timeout = client_body_timeout
         self.send_timeout = send_timeout
         self._max_json = max_response_inspect_bytes
@@ -322,6 +345,7 @@ class Proxy:
             if self._on_end is not None:  # the in-flight gauge ends under the label it began with
                 self._safely(self._on_end, label, route.template)
             if timeline.finish(outcome, self._clock(), error_type):
+                model = model or timeline.model or None  # a streamed body's model comes late
                 label = self._settled(model, label, request.headers, timeline)
                 for recorder in self._recorders:
                     self._safely(recorder, timeline, label)
@@ -390,12 +414,21 @@ class Proxy:
             body = content.read_nowait()
             return body, scan_request_fields(body)
         scanner = RequestFieldScanner()
-        parts: list[bytes] = []
-        while chunk := await _read_some(content, self.client_body_timeout):
-            parts.append(chunk)
-            scanner.feed(chunk)
-        body = b"".join(parts)
-        parts.clear()
+        budget = self._budget
+        if not budget.reserve(length):
+            # Held bodies are at their process-wide limit: stream this one (body_budget).
+            return _BoundedBody(content, self._max_body, self.client_body_timeout, scanner), None
+        try:
+            parts: list[bytes] = []
+            while chunk := await _read_some(content, self.client_body_timeout):
+                parts.append(chunk)
+                scanner.feed(chunk)
+            body = b"".join(parts)
+            parts.clear()
+        finally:
+            # Held from here by the request alone, and only until the upstream has it: a
+            # body that arrived is released from the budget, which bounds slow arrivals.
+            budget.release(length)
         return body, scanner.close()
 
     def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
@@ -438,6 +471,8 @@ class Proxy:
             return self._refuse(timeline, *exc.refusal)
         except UpstreamError as exc:
             return self._fail(timeline, exc.status, exc.kind, str(exc))
+        if type(body) is _BoundedBody and body.fields is not None:
+            _late_fields(timeline, body.fields)
         body = None  # sent: not kept for the stream's lifetime
         try:
             return await self._stream(request, route, conn, timeline)
