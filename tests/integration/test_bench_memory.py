@@ -31,7 +31,10 @@ def test_chart_limit_is_read_from_the_chart():
 def test_memory_bench_reports_streams_and_the_largest_body(tmp_path):
     out = tmp_path / "memory.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.memory", "--streams", "20", "--body-bytes", str(4 << 20), "--json", str(out)],
+        [
+            sys.executable, "-m", "bench.memory", "--streams", "20", "--body-bytes", str(4 << 20), "--json", str(out),
+            "--attacks", "unended_heads",  # the cheapest hostile mix: the report's shape, not the figures
+        ],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -43,3 +46,6 @@ def test_memory_bench_reports_streams_and_the_largest_body(tmp_path):
     assert (4 << 20) - 64 < body["bytes"] <= 4 << 20
     assert body["peak_rss_mib"] >= body["rss_while_streaming_mib"] * 0.9
     assert "streams that fit" in proc.stdout
+    (name, attack), = report["attacks"].items()
+    assert name == "unended_heads" and attack["peak_rss_mib"] >= attack["rss_before_mib"] * 0.9
+    assert attack["healthz_max_ms"] > 0 and "attack unended_heads" in proc.stdout
