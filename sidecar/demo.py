@@ -78,10 +78,16 @@ SIDECAR_STOP_TIMEOUT = SIDECAR_DRAIN_SECONDS + 3.0
 SIMULATOR_STOP_TIMEOUT = 3.0
 LOAD_GRACE_SECONDS = 3.0  # in-flight client requests may finish before they are cancelled
 
+RAMP_SECONDS = 2.0
+"""Clients join one at a time, this far apart, so the curve fills in band by band."""
+
 TTFT = "llm_time_to_first_token_seconds"
 ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 HISTOGRAMS = (TTFT, ITL, TPOT)
+ITL_BY_BAND = "llm_inter_token_latency_by_concurrency_seconds"
+TOKENS_BY_BAND = "llm_decode_tokens_by_concurrency_total"
+SECONDS_BY_BAND = "llm_decode_seconds_by_concurrency_total"
 
 Buckets = tuple[tuple[float, float], ...]
 """Cumulative histogram buckets ``((le, count), ...)`` sorted by ``le``, ending at +Inf."""
@@ -108,6 +114,17 @@ class Snapshot:
     """``llm_tokens_total{type="output"}``."""
     histograms: Mapping[str, Buckets] = field(default_factory=dict)
     """Cumulative buckets of each histogram in :data:`HISTOGRAMS`."""
+    bands: Mapping[str, "BandFigures"] = field(default_factory=dict)
+    """The throughput-latency curve so far, by decode-concurrency band (docs/capacity.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BandFigures:
+    """One band of the curve, cumulative: ITL buckets, decode tokens and decode seconds."""
+
+    itl: Buckets = ()
+    tokens: float = 0.0
+    seconds: float = 0.0
 
 
 def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS) -> Snapshot:
@@ -120,10 +137,21 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
     wanted = set(histograms)
     requests = errors = cancelled = in_flight = output_tokens = 0.0
     buckets: dict[str, dict[float, float]] = {name: {} for name in wanted}
+    band_buckets: dict[str, dict[float, float]] = {}
+    band_tokens: dict[str, float] = {}
+    band_seconds: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name, labels, value = s.name, s.labels, s.value
-            if name == "llm_requests_total":
+            if name == ITL_BY_BAND + "_bucket":
+                per_le = band_buckets.setdefault(labels["concurrency"], {})
+                le = float(labels["le"])
+                per_le[le] = per_le.get(le, 0.0) + value
+            elif name == TOKENS_BY_BAND:
+                band_tokens[labels["concurrency"]] = band_tokens.get(labels["concurrency"], 0.0) + value
+            elif name == SECONDS_BY_BAND:
+                band_seconds[labels["concurrency"]] = band_seconds.get(labels["concurrency"], 0.0) + value
+            elif name == "llm_requests_total":
                 requests += value
                 outcome = labels.get("outcome")
                 if outcome == "error":
@@ -146,6 +174,10 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
         in_flight=in_flight,
         output_tokens=output_tokens,
         histograms={name: tuple(sorted(b.items())) for name, b in buckets.items()},
+        bands={
+            band: BandFigures(tuple(sorted(per_le.items())), band_tokens.get(band, 0.0), band_seconds.get(band, 0.0))
+            for band, per_le in band_buckets.items()
+        },
     )
 
 
@@ -259,6 +291,37 @@ def window_figures(new: Snapshot, old: Snapshot) -> WindowFigures:
     )
 
 
+def _band_order(band: str) -> float:
+    return math.inf if band == "+Inf" else float(band)
+
+
+def curve_lines(new: Snapshot, old: Snapshot, width: int = 24) -> list[str]:
+    """The throughput-latency curve since ``old``: per decode-concurrency band with gaps,
+    ITL p50/p95, decode tokens/s at that band and a bar of the p95 (the longest is full).
+    What ``llm:slo_capacity:*`` reads (docs/capacity.md), from this sidecar's own traffic."""
+    rows = []
+    for band in sorted(new.bands, key=_band_order):
+        now, then = new.bands[band], old.bands.get(band, BandFigures())
+        deltas = bucket_deltas(now.itl, then.itl)
+        if not deltas or deltas[-1][1] <= 0:
+            continue
+        seconds = counter_delta(now.seconds, then.seconds)
+        tokens = counter_delta(now.tokens, then.tokens)
+        p95 = histogram_quantile(0.95, deltas)
+        rows.append((band, histogram_quantile(0.5, deltas), p95, tokens / seconds if seconds > 0 else None))
+    if not rows:
+        return []
+    longest = max((r[2] for r in rows if r[2] is not None and math.isfinite(r[2])), default=0.0)
+    lines = ["  decode streams   ITL p50    ITL p95   tok/s   (the pod's curve: latency grows with load)"]
+    for band, p50, p95, rate in rows:
+        filled = round(width * p95 / longest) if longest and p95 is not None and math.isfinite(p95) else 0
+        speed = "-" if rate is None else f"{rate:.0f}"
+        lines.append(
+            f"  {'<= ' + band if band != '+Inf' else '> 128':>14}  {format_seconds(p50):>8}  {format_seconds(p95):>9}  {speed:>6}   {'█' * filled}"
+        )
+    return lines
+
+
 def format_seconds(value: float | None) -> str:
     """``0.2625`` -> ``"262 ms"``; ``12.3`` -> ``"12.3 s"``; ``None`` -> ``"-"``."""
     if value is None or math.isnan(value):
@@ -288,8 +351,8 @@ def plain_line(f: WindowFigures, elapsed: float) -> str:
     )
 
 
-def table_lines(f: WindowFigures, elapsed: float, concurrency: int) -> list[str]:
-    """The live table, redrawn in place on a terminal."""
+def table_lines(f: WindowFigures, elapsed: float, concurrency: int, curve: Sequence[str] = ()) -> list[str]:
+    """The live table, redrawn in place on a terminal; the curve since the start below it."""
     w = min(f.seconds, WINDOW_SECONDS)
     return [
         f"  up {elapsed:4.0f}s   {concurrency} clients   figures over the last {w:.0f}s, from /metrics",
@@ -301,6 +364,8 @@ def table_lines(f: WindowFigures, elapsed: float, concurrency: int) -> list[str]
         f"  output tok/s  {f.output_tokens_per_s:8.0f}",
         f"  errors        {f.errors:8.0f}      ratio      {format_ratio(f.error_ratio):>10}",
         "",
+        *curve,
+        *([""] if curve else []),
         "  Ctrl-C to stop",
     ]
 
@@ -313,11 +378,11 @@ class _Screen:
         self.live = live
         self._drawn = 0
 
-    def show(self, figures: WindowFigures, elapsed: float, concurrency: int) -> None:
+    def show(self, figures: WindowFigures, elapsed: float, concurrency: int, curve: Sequence[str] = ()) -> None:
         if not self.live:
             self._out.write(plain_line(figures, elapsed) + "\n")
         else:
-            lines = table_lines(figures, elapsed, concurrency)
+            lines = table_lines(figures, elapsed, concurrency, curve)
             prefix = f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
             self._out.write(prefix + "\n".join(lines) + "\n")
             self._drawn = len(lines)
@@ -500,9 +565,11 @@ async def _one_request(session: aiohttp.ClientSession, base: str, rng: random.Ra
 
 
 async def _client_loop(
-    session: aiohttp.ClientSession, base: str, stats: LoadStats, stop: asyncio.Event, seed: int
+    session: aiohttp.ClientSession, base: str, stats: LoadStats, stop: asyncio.Event, seed: int, delay: float = 0.0
 ) -> None:
     rng = random.Random(seed)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay)  # join the ramp (or leave if stopped first)
     while not stop.is_set():
         stats.sent += 1
         try:
@@ -567,7 +634,7 @@ def _intro(port: int, admin: int, sim_port: int, concurrency: int, duration: flo
             f"  sidecar metrics    http://{HOST}:{admin}/metrics   (what Prometheus would scrape)",
             "  try it:",
             f"    curl -N http://{HOST}:{port}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'",
-            f"  load: {concurrency} concurrent clients until {until}",
+            f"  load: {concurrency} concurrent clients (joining {RAMP_SECONDS:g}s apart) until {until}",
             "",
         ]
     )
@@ -596,6 +663,7 @@ def _summary(first: Snapshot, last: Snapshot, load: LoadStats, codes: Mapping[st
             f"  TPOT           p50 {format_seconds(f.tpot_p50)}",
             f"  output tokens  {counter_delta(last.output_tokens, first.output_tokens):.0f} "
             f"({f.output_tokens_per_s:.0f}/s)",
+            *curve_lines(last, first),
             f"  load generator sent {load.sent}: {load.ok} ok, {load.errors} error, "
             f"{load.stopped} stopped by the end of the demo",
             f"  {exits}" if exits else "",
@@ -654,7 +722,7 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
                 base = f"http://{HOST}:{port}"
                 seed = random.randrange(1 << 30)
                 load_tasks = [
-                    asyncio.create_task(_client_loop(load_session, base, stats, stop, seed + i))
+                    asyncio.create_task(_client_loop(load_session, base, stats, stop, seed + i, i * RAMP_SECONDS))
                     for i in range(concurrency)
                 ]
                 started = first.at
@@ -681,7 +749,7 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: _Sc
                     failed_scrapes = 0
                     history.append(snap)
                     base_snap = window_baseline(history, snap.at, WINDOW_SECONDS)
-                    screen.show(window_figures(snap, base_snap), snap.at - started, concurrency)
+                    screen.show(window_figures(snap, base_snap), snap.at - started, concurrency, curve_lines(snap, first))
                     if deadline is not None and snap.at >= deadline - 1e-3:
                         break
 

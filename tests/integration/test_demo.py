@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from sidecar.demo import (
+    curve_lines,
     ADMIN_PORT_OFFSET,
     Snapshot,
     bucket_deltas,
@@ -120,6 +121,28 @@ def test_parse_snapshot_sums_label_sets():
     assert snap.histograms["llm_inter_token_latency_seconds"] == ()  # no series yet
 
 
+def test_the_curve_is_read_per_band_from_the_capacity_metrics():
+    """The demo's curve uses the sidecar's own capacity metrics, through the real exporter."""
+    from sidecar.export.capacity import CapacityMetrics
+
+    registry = CollectorRegistry()
+    capacity = CapacityMetrics(registry)
+    for band, gap, n in (("1", 0.02, 50), ("4", 0.05, 40), ("8", 0.2, 30)):
+        for _ in range(n):
+            capacity.itl.labels("m", band).observe(gap)
+        capacity.tokens.labels("m", band).inc(n)
+        capacity.seconds.labels("m", band).inc(n * gap)
+    snap = parse_snapshot(generate_latest(registry).decode(), at=1.0)
+    lines = curve_lines(snap, Snapshot(at=0.0))
+    assert lines[0].split()[:3] == ["decode", "streams", "ITL"]
+    rows = [line.split() for line in lines[1:]]
+    assert [r[1] for r in rows] == ["1", "4", "8"]  # ordered by band, empty bands left out
+    assert [float(r[-2]) for r in rows] == [50.0, 20.0, 5.0]  # tokens / decode seconds
+    bars = [len(r[-1]) for r in rows]
+    assert bars == sorted(bars) and bars[-1] == 24  # the slowest band's p95 fills the bar
+    assert curve_lines(snap, snap) == []  # nothing new since the baseline: no curve
+
+
 def test_window_figures_are_rates_and_quantiles_of_deltas():
     old = Snapshot(at=0.0)
     new = parse_snapshot(_exposition(), at=5.0)
@@ -202,6 +225,9 @@ def test_demo_runs_shows_live_figures_and_leaves_nothing_behind():
     ]
     assert busy, out
     assert "summary over" in out and "sidecar exited with code 0" in out
+    # Clients join one by one, so the summary's curve has more than one band.
+    curve = out[out.index("decode streams") :].splitlines()[1:]
+    assert len([line for line in curve if line.strip().startswith("<=")]) >= 2, out
 
     sim = re.search(r"simulated server\s+http://127\.0\.0\.1:(\d+)", out)
     assert sim, out
