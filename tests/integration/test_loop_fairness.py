@@ -5,14 +5,18 @@ tiny SSE events as fast as it can, to a client that reads as fast as it can. Mea
 probe asks ``/healthz`` every 20 ms. Before the relay yielded a loop turn after each full
 read, libuv read the flooding socket up to 32 times in a row before looking at anything
 else, and probes waited 1-3 s (the chart's readiness timeout is 3 s). The upstream and the
-sidecar are separate processes, so the stall measured is the sidecar's own."""
+sidecar are separate processes, so the stall measured is the sidecar's own: the CPU time
+the sidecar spent while a probe waited (wall time would add the time it waited for a CPU
+when the machine is busy with other work)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,13 +60,19 @@ asyncio.run(main())
 """An aiohttp client in a process of its own, reading as it comes (as the probe did)."""
 
 
-async def probe(port: int) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def probe(port: int, expect: bytes = b"HTTP/1.1 200") -> float:
     start = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(HEALTHZ)
     reply = await reader.read()
     writer.close()
-    assert reply.startswith(b"HTTP/1.1 200"), reply[:100]
+    assert reply.startswith(expect), reply[:100]
     return time.perf_counter() - start
 
 
@@ -73,21 +83,24 @@ async def test_healthz_answers_within_500_ms_while_one_stream_floods(serve_proce
         sidecar = serve_process(f"http://127.0.0.1:{up_port}")
         await sidecar.wait_alive()
 
-        async def upstream_up() -> bool:
+        async def listening(port: int) -> bool:
             try:
-                _, w = await asyncio.open_connection("127.0.0.1", up_port)
+                _, w = await asyncio.open_connection("127.0.0.1", port)
             except OSError:
                 return False
             w.close()
             return True
 
-        await wait_for(upstream_up, timeout=20)
+        await wait_for(lambda: listening(up_port), timeout=20)
         client = subprocess.Popen(
             [sys.executable, "-c", CLIENT, sidecar.url + "/v1/chat/completions"], stdout=subprocess.PIPE, text=True
         )
-        waits = []
+        waits, busy = [], []  # per probe: seconds waited, and the sidecar's CPU seconds meanwhile
+        pid = sidecar.proc.pid
         while client.poll() is None:
+            before = cpu_seconds(pid)
             waits.append(await probe(sidecar.admin_port))
+            busy.append(cpu_seconds(pid) - before)
             await asyncio.sleep(0.02)
         total, tail = client.communicate(timeout=60)[0].split(" ", 1)
     finally:
@@ -95,5 +108,13 @@ async def test_healthz_answers_within_500_ms_while_one_stream_floods(serve_proce
         upstream.wait()
     assert tail.endswith("data: [DONE]\n\n\n"), tail  # relayed whole
     assert int(total) > EVENTS * 80
-    assert max(waits) < 0.5, f"/healthz waited {max(waits) * 1000:.0f} ms behind one stream (probes: {len(waits)})"
+    # The bound is on the sidecar's own CPU time while a probe waited, which is what one
+    # stream holding the loop costs the others; on a quiet machine it is the wall time too
+    # (about 0.1 s now, 1.3-2.5 s before). Wall time alone would also count the time the
+    # sidecar waited for a CPU on a machine busy with other work.
+    worst = max(range(len(waits)), key=busy.__getitem__)
+    assert busy[worst] < 0.5, (
+        f"/healthz waited {waits[worst] * 1000:.0f} ms behind one stream while the sidecar spent "
+        f"{busy[worst] * 1000:.0f} ms of CPU (probes: {len(waits)}; longest wait {max(waits) * 1000:.0f} ms)"
+    )
     assert len(waits) >= 5, "the flood ended before the probes could judge it"
