@@ -345,7 +345,7 @@ def render_helm_rules(spec: SLOSpec) -> str:
         text = text.replace(slot.text, f"{{{{ {slot.lookup[1:-1]} }}}}")
     by_key = {slot.key: slot for slot in slots}
     text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2), spec.period, by_key), text)
-    assert "@@" not in text and str(_SENTINEL_BASE)[:4] not in text, "a stand-in was left in the chart's rules"
+    assert "@@" not in text and not any(slot.text in text for slot in slots), "a stand-in was left in the chart's rules"
     # A Helm comment, so that the rendered rules are exactly the plain ones.
     header = (
         "{{- /* Helm template of the rules (the chart passes it through tpl): each objective's\n"
