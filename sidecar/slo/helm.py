@@ -3,9 +3,21 @@ Helm values lookup, so ``helm install --set prometheus.rules.objectives.ttft.tar
 (or a values file) changes an SLO without rendering rules by hand.
 
 Why this way: the generator stays the single source of every rule; only the numbers that a
-user may change are left to Helm. The burn-rate factors depend on the period alone, and the
-windows, names and labels on the spec, so they stay fixed; per-model overrides keep the
-spec's numbers. With the default values, ``helm template`` gives the rules
+user may change are left to Helm. The period, names and labels stay the spec's.
+
+Burn-rate windows (``prometheus.rules.windows``: each arm's long and short window and budget
+share) and per-model overrides (``prometheus.rules.modelOverrides``) are values too. The
+generator renders them from stand-ins: each arm window is a sentinel duration (``7000001s``
+...) replaced by its values lookup, its factor and budget share are computed by Helm as
+:func:`~.windows.burn_rate_factor` does, and whether a window is read from the recorded
+base-window rates or the raw series follows its length (the template decides with both
+expressions at hand, as :meth:`~.rules.Numbers.window_error` does). A window two arms share
+is recorded once (each window's records are wrapped in an ``if`` that the window is new).
+Each objective gets one stand-in override model: its scope's rules are wrapped in a
+``range`` over the overrides of that objective, with the model, target and threshold as
+lookups, and the default scope's ``model!=`` matcher for it becomes a ``range`` over the
+same list, so the other models' rules leave every overridden model out exactly as
+:meth:`~.spec.Objective.scopes` does. With the default values, ``helm template`` gives the rules
 ``llm-sidecar slo render`` gives, byte for byte (a test checks it): Helm formats each number
 with ``%.6g`` as :func:`~.windows.format_number` does, and a bucket bound as
 prometheus_client writes it (``2.0``, ``0.1``). ``values.schema.json`` admits only bucket
@@ -20,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
@@ -29,7 +41,8 @@ from . import conventions as c
 from .render import render_rules
 from .capacity import generate
 from .rules import Numbers, Rule, RuleSet
-from .spec import SLOSpec, Scope
+from .spec import ModelOverride, SLOSpec, Scope, WindowSetting
+from .windows import AlertWindow
 
 __all__ = [
     "VALUES_PATH",
@@ -51,7 +64,20 @@ VALUES_PATH = ("prometheus", "rules", "objectives")
 SHIPPED = {"llm-sidecar-rules.yaml": "deploy/slo/default.yaml"}
 """Chart rules file (helm/llm-sidecar/files/rules/) -> the spec it is rendered from."""
 
-_TOKEN = re.compile(r"@@helm:([a-z_]+):([a-z][a-z0-9_-]*)@@")
+_TOKEN = re.compile(r"@@helm:([a-z_]+):([a-z][a-z0-9_.-]*)@@")
+_MARK = re.compile(r"^ *- record: '?@@mark(\d+)@@'?\n *expr: '?@@helm:mark@@'?\n", re.MULTILINE)
+
+WINDOWS_PATH = ("prometheus", "rules", "windows")
+"""Where the burn-rate alert arms live in the chart's values."""
+
+OVERRIDES_PATH = ("prometheus", "rules", "modelOverrides")
+"""Where the per-model overrides live in the chart's values (a list: ``--set x[0].model=...``)."""
+
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+"""Model names an override may name from values (kept out of PromQL and YAML quoting)."""
+
+_SENTINEL_BASE = 7_000_001
+"""First stand-in window in seconds (odd, so never a whole minute: it renders as ``7000001s``)."""
 
 LABEL_DEPLOYMENT = "deployment"
 """The label the chart's PodMonitor/ServiceMonitor gives every series of a release (its
@@ -76,11 +102,66 @@ def scoped_spec(spec: SLOSpec, namespace: str, deployment: str) -> SLOSpec:
     return spec.model_copy(update={"grouping": grouping, "selector": {**spec.selector, **selector}})
 
 
+def _stand_in_model(objective: str) -> str:
+    return f"@@helm:model:{objective}@@"
+
+
+def _is_stand_in(model: str | None) -> bool:
+    return model is not None and model.startswith("@@helm:model:")
+
+
+@dataclass(frozen=True)
+class _Slot:
+    arm: str
+    kind: str  # "long" | "short"
+    seconds: int  # the stand-in
+
+    @property
+    def key(self) -> str:
+        return f"{self.arm}.{self.kind}"
+
+    @property
+    def text(self) -> str:
+        return f"{self.seconds}s"
+
+    @property
+    def lookup(self) -> str:
+        path = ".".join(("$.Values", *WINDOWS_PATH))
+        return f'(index {path} "{self.arm}" "{self.kind}")'
+
+
+def _slots(spec: SLOSpec) -> list[_Slot]:
+    """Every arm's long and short window, ordered as the spec's own windows are (so the
+    records come out in the generator's order with the default values), as stand-ins."""
+    pairs = [(w.name, kind, getattr(w, kind)) for w in spec.alert_windows for kind in ("short", "long")]
+    pairs.sort(key=lambda p: p[2])
+    return [_Slot(arm, kind, _SENTINEL_BASE + 2 * i) for i, (arm, kind, _) in enumerate(pairs)]
+
+
 class HelmNumbers(Numbers):
-    """Placeholders for an objective's default scope; overrides keep their literal numbers."""
+    """Placeholders for an objective's default scope and for the stand-in override of values;
+    the spec's own overrides keep their literal numbers. Windows' factors and budget shares,
+    and the choice between recorded and raw long windows, are Helm's too."""
+
+    def __init__(self, slots: list[_Slot] | None = None) -> None:
+        self.slots = {slot.seconds: slot for slot in slots or ()}
 
     def _token(self, scope: Scope, what: str, literal: str) -> str:
+        if _is_stand_in(scope.model):
+            return f"@@helm:o{what}:{scope.objective.name}@@"
         return literal if scope.model is not None else f"@@helm:{what}:{scope.objective.name}@@"
+
+    def factor(self, window: AlertWindow, period: int) -> str:
+        return f"@@helm:factor:{window.name}@@" if self.slots else super().factor(window, period)
+
+    def spent(self, window: AlertWindow) -> str:
+        return f"@@helm:spent:{window.name}@@" if self.slots else super().spent(window)
+
+    def window_error(self, window: int, period: int, recorded: str, raw: str) -> str:
+        slot = self.slots.get(window)
+        if slot is None:
+            return super().window_error(window, period, recorded, raw)
+        return f"@@helm:iflong:{slot.key}@@{recorded}@@helm:else:x@@{raw}@@helm:end:x@@"
 
     def target(self, scope: Scope) -> str:
         return self._token(scope, "target", super().target(scope))
@@ -100,8 +181,51 @@ def _lookup(objective: str, key: str) -> str:
     return f'(float64 (index {path} "{objective}" "{key}"))'
 
 
-def _action(what: str, objective: str) -> str:
+def _override_lookup(objective: str, key: str) -> str:
+    """The override's own number, else its objective's (``$o``: the override being ranged over)."""
+    path = ".".join(("$.Values", *VALUES_PATH))
+    return f'(float64 (default (index {path} "{objective}" "{key}") (index $o "{key}")))'
+
+
+def _number(what: str, lookup: Callable[[str, str], str], objective: str) -> str:
+    if what == "target":
+        return f'{{{{ printf "%.6g" {lookup(objective, "target")} }}}}'
+    if what == "budget":
+        return f'{{{{ printf "%.6g" (subf 1 (divf {lookup(objective, "target")} 100)) }}}}'
+    if what == "threshold":
+        return f'{{{{ printf "%.6g" {lookup(objective, "thresholdSeconds")} }}}}'
+    # le: prometheus_client's floatToGoString; "2.0" for a whole number, else Go's shortest form.
+    t = lookup(objective, "thresholdSeconds")
+    return f'{{{{ if eq {t} (floor {t}) }}}}{{{{ printf "%.1f" {t} }}}}{{{{ else }}}}{{{{ {t} }}}}{{{{ end }}}}'
+
+
+def _seconds(lookup: str) -> str:
+    return f'(include "llm-sidecar.seconds" {lookup} | atoi)'
+
+
+def _arm(arm: str, key: str) -> str:
+    path = ".".join(("$.Values", *WINDOWS_PATH))
+    return f'(index {path} "{arm}" "{key}")'
+
+
+def _action(what: str, objective: str, period: int = 0, slots: dict[str, _Slot] | None = None) -> str:
     """The Helm action that writes one number (or a release label) the way the literal rules do."""
+    if what == "model":
+        return "{{ $o.model }}"
+    if what in ("otarget", "obudget", "othreshold", "ole"):
+        return _number(what[1:], _override_lookup, objective)
+    if what == "factor":  # budget share x period / long window, as windows.burn_rate_factor
+        budget = f'(float64 {_arm(objective, "budgetPercent")})'
+        return f'{{{{ printf "%.6g" (divf (mulf {budget} {period}) (mulf 100 {_seconds(_arm(objective, "long"))})) }}}}'
+    if what == "spent":
+        return f'{{{{ printf "%.6g" (float64 {_arm(objective, "budgetPercent")}) }}}}'
+    if what == "iflong":  # windows.is_long_window
+        assert slots is not None
+        return f"{{{{ if ge (mul 30 {_seconds(slots[objective].lookup)}) {period} }}}}"
+    if what == "else":
+        return "{{ else }}"
+    if what == "end":
+        return "{{ end }}"
     if what == "release":
         if objective == "namespace":
             return "{{ $.Release.Namespace }}"
@@ -110,15 +234,7 @@ def _action(what: str, objective: str) -> str:
         return f'{{{{ index $.Values.prometheus.rules.severities "{objective}" }}}}'
     if what == "runbook":
         return "{{ $.Values.prometheus.rules.runbookUrl }}"
-    if what == "target":
-        return f'{{{{ printf "%.6g" {_lookup(objective, "target")} }}}}'
-    if what == "budget":
-        return f'{{{{ printf "%.6g" (subf 1 (divf {_lookup(objective, "target")} 100)) }}}}'
-    if what == "threshold":
-        return f'{{{{ printf "%.6g" {_lookup(objective, "thresholdSeconds")} }}}}'
-    # le: prometheus_client's floatToGoString; "2.0" for a whole number, else Go's shortest form.
-    t = _lookup(objective, "thresholdSeconds")
-    return f'{{{{ if eq {t} (floor {t}) }}}}{{{{ printf "%.1f" {t} }}}}{{{{ else }}}}{{{{ {t} }}}}{{{{ end }}}}'
+    return _number(what, _lookup, objective)
 
 
 def _relabel(ruleset: RuleSet, severity: Callable[[str], str], runbook_url: str) -> RuleSet:
@@ -150,36 +266,154 @@ def release_rules(
     return _relabel(ruleset, lambda s: severities[s], runbook_url or spec.alerts.runbook_url)
 
 
+def _stand_ins(spec: SLOSpec, slots: list[_Slot]) -> SLOSpec:
+    """``spec`` with a stand-in window per arm window and a stand-in override per objective
+    (built without validation: stand-ins are not real durations or models)."""
+    by_arm: dict[str, dict[str, int]] = {}
+    for slot in slots:
+        by_arm.setdefault(slot.arm, {})[slot.kind] = slot.seconds
+    windows = {arm: WindowSetting.model_construct(long=w["long"], short=w["short"], budget_percent=None) for arm, w in by_arm.items()}
+    objectives = [
+        o.model_copy(update={"models": {**o.models, _stand_in_model(o.name): ModelOverride(target=o.target)}})
+        for o in spec.objectives
+    ]
+    return spec.model_copy(update={"windows": windows, "objectives": objectives})
+
+
+def _marked(ruleset: RuleSet, slots: list[_Slot], marks: list[str]) -> RuleSet:
+    """``ruleset`` with marker rules (replaced by Helm actions in the text) around each stand-in
+    override's rules (a range over the overrides of its objective) and around each window's
+    records but the base window's (an if that no earlier arm window has the same value)."""
+    path = ".".join(("$.Values", *OVERRIDES_PATH))
+    ends = {slot.text: i for i, slot in enumerate(slots) if i}
+
+    def mark(action: str) -> Rule:
+        marks.append(action)
+        return Rule("@@helm:mark@@", record=f"@@mark{len(marks) - 1}@@")
+
+    groups = []
+    for g in ruleset.groups:
+        rules: list[Rule] = []
+        open_model = None
+        for r in g.rules:
+            model = r.labels.get(c.LABEL_MODEL)
+            if open_model is not None and model != open_model:
+                rules.append(mark("{{- end }}{{- end }}"))
+                open_model = None
+            if _is_stand_in(model) and open_model is None:
+                objective = r.labels[c.LABEL_SLO]
+                rules.append(mark(f'{{{{- range $o := {path} }}}}{{{{- if eq $o.objective "{objective}" }}}}'))
+                open_model = model
+            i = next((i for text, i in ends.items() if r.record and r.record.endswith(text)), None)
+            if i is None:
+                rules.append(r)
+            else:
+                earlier = " ".join(slot.lookup for slot in slots[:i])
+                rules += [mark(f"{{{{- if not (has {slots[i].lookup} (list {earlier})) }}}}"), r, mark("{{- end }}")]
+        if open_model is not None:
+            rules.append(mark("{{- end }}{{- end }}"))
+        groups.append(replace(g, rules=tuple(rules)))
+    return replace(ruleset, groups=tuple(groups))
+
+
 def render_helm_rules(spec: SLOSpec) -> str:
     """The rules file as a Helm template (the chart ``tpl``s it with the release's values).
 
     :func:`release_rules` with each release-specific part as a lookup: every rule selects and
     carries ``namespace`` and ``deployment`` (:func:`release_scope`); targets, thresholds,
-    severities and the runbook URL come from values."""
-    scoped = scoped_spec(spec, "@@helm:release:namespace@@", "@@helm:release:deployment@@")
+    severities, the runbook URL, the burn-rate windows and per-model overrides come from
+    values."""
+    slots = _slots(spec)
+    scoped = scoped_spec(_stand_ins(spec, slots), "@@helm:release:namespace@@", "@@helm:release:deployment@@")
     ruleset = _relabel(
-        generate(scoped, numbers=HelmNumbers()), lambda s: f"@@helm:severity:{s}@@", "@@helm:runbook:url@@"
+        generate(scoped, numbers=HelmNumbers(slots)), lambda s: f"@@helm:severity:{s}@@", "@@helm:runbook:url@@"
     )
-    text = render_rules(ruleset)
+    marks: list[str] = []
+    text = render_rules(_marked(ruleset, slots, marks))
+    # The plain file's header comments would name the stand-ins: the Helm comment below says it.
+    text = text[text.index("\ngroups:\n") + 1 :]
     text = re.sub(r"\{\{|\}\}", lambda m: "{{`" + m.group() + "`}}", text)
-    text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2)), text)
+    text = _MARK.sub(lambda m: marks[int(m.group(1))] + "\n", text)
+    overrides = ".".join(("$.Values", *OVERRIDES_PATH))
+    for o in spec.objectives:
+        text = text.replace(
+            f',{c.LABEL_MODEL}!="{_stand_in_model(o.name)}"',
+            f'{{{{ range $x := {overrides} }}}}{{{{ if eq $x.objective "{o.name}" }}}},'
+            f'{c.LABEL_MODEL}!="{{{{ $x.model }}}}"{{{{ end }}}}{{{{ end }}}}',
+        )
+    for slot in slots:
+        text = text.replace(slot.text, f"{{{{ {slot.lookup[1:-1]} }}}}")
+    by_key = {slot.key: slot for slot in slots}
+    text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2), spec.period, by_key), text)
+    assert "@@" not in text and not any(slot.text in text for slot in slots), "a stand-in was left in the chart's rules"
     # A Helm comment, so that the rendered rules are exactly the plain ones.
     header = (
         "{{- /* Helm template of the rules (the chart passes it through tpl): each objective's\n"
-        f"target and threshold come from .Values.{'.'.join(VALUES_PATH)}. Rendered by\n"
+        f"target and threshold come from .Values.{'.'.join(VALUES_PATH)}, the burn-rate\n"
+        f"windows from .Values.{'.'.join(WINDOWS_PATH)}, per-model overrides from\n"
+        f".Values.{'.'.join(OVERRIDES_PATH)}. Period {spec.period_name}. Rendered by\n"
         "sidecar/slo/helm.py from the spec; refresh with scripts/sync-chart.sh. */ -}}\n"
     )
-    return header + _guard() + text
+    return header + _guard(spec, slots) + text
 
 
-def _guard() -> str:
-    """Refuse an out-of-range target at render time (the schema cannot bound a string)."""
+def _guard(spec: SLOSpec, slots: list[_Slot]) -> str:
+    """Refuse at render time what the schema cannot: a target out of range (a string from
+    --set), a window not in canonical form or not shorter than its long window or the period,
+    a base window (the shortest arm window, whose rates the long windows sum) that is not the
+    shortest, and an override given twice."""
     path = ".".join(("$.Values", *VALUES_PATH))
+    key = ".".join(VALUES_PATH)
+    wkey = ".".join(WINDOWS_PATH)
+    okey = ".".join(OVERRIDES_PATH)
+    windows = ".".join(("$.Values", *WINDOWS_PATH))
+    overrides = ".".join(("$.Values", *OVERRIDES_PATH))
+    base = slots[0]
+    target_check = (
+        "{{- if or (lt (float64 %(t)s) 50.0) (ge (float64 %(t)s) 100.0) }}"
+        '{{- fail (printf "%(what)s must be at least 50 and below 100, got %%v" %(args)s) }}'
+        "{{- end }}"
+    )
     return (
         f"{{{{- range $name, $o := {path} }}}}"
-        "{{- if or (lt (float64 $o.target) 50.0) (ge (float64 $o.target) 100.0) }}"
-        f'{{{{- fail (printf "{".".join(VALUES_PATH)}.%s.target must be at least 50 and below 100, got %v" $name $o.target) }}}}'
-        "{{- end }}{{- end -}}\n"
+        + target_check % {"t": "$o.target", "what": f"{key}.%s.target", "args": "$name $o.target"}
+        + "{{- end }}"
+        f"{{{{- $base := {_seconds(base.lookup)} }}}}"
+        f"{{{{- range $arm, $w := {windows} }}}}"
+        '{{- range $kind := list "short" "long" }}'
+        "{{- $d := toString (index $w $kind) }}"
+        '{{- if not (regexMatch "^[1-9][0-9]*[smhd]$" $d) }}'
+        f'{{{{- fail (printf "{wkey}.%s.%s must be a duration such as 5m, 6h or 3d, got %s" $arm $kind $d) }}}}'
+        "{{- end }}"
+        '{{- $canonical := include "llm-sidecar.duration" (include "llm-sidecar.seconds" $d) }}'
+        "{{- if ne $canonical $d }}"
+        f'{{{{- fail (printf "{wkey}.%s.%s: write %s as %s (the name the rules give the window)" $arm $kind $d $canonical) }}}}'
+        "{{- end }}"
+        '{{- if lt (include "llm-sidecar.seconds" $d | atoi) $base }}'
+        f'{{{{- fail (printf "{wkey}.%s.%s (%s) is shorter than {base.key} (%s), the base window the long windows sum; shorten {base.key}" $arm $kind $d {base.lookup}) }}}}'
+        "{{- end }}"
+        "{{- end }}"
+        '{{- if ge (include "llm-sidecar.seconds" $w.short | atoi) (include "llm-sidecar.seconds" $w.long | atoi) }}'
+        f'{{{{- fail (printf "{wkey}.%s: the short window (%s) must be shorter than the long one (%s)" $arm $w.short $w.long) }}}}'
+        "{{- end }}"
+        f'{{{{- if ge (include "llm-sidecar.seconds" $w.long | atoi) {spec.period} }}}}'
+        f'{{{{- fail (printf "{wkey}.%s.long (%s) must be shorter than the period ({spec.period_name})" $arm $w.long) }}}}'
+        "{{- end }}"
+        "{{- if or (le (float64 $w.budgetPercent) 0.0) (gt (float64 $w.budgetPercent) 100.0) }}"
+        f'{{{{- fail (printf "{wkey}.%s.budgetPercent must be above 0 and at most 100, got %v" $arm $w.budgetPercent) }}}}'
+        "{{- end }}"
+        "{{- end }}"
+        "{{- $seen := list }}"
+        f"{{{{- range $i, $o := {overrides} }}}}"
+        '{{- $id := printf "%s %s" $o.objective $o.model }}'
+        "{{- if has $id $seen }}"
+        f'{{{{- fail (printf "{okey}[%d]: objective %s has a second override for model %s" $i $o.objective $o.model) }}}}'
+        "{{- end }}"
+        "{{- $seen = append $seen $id }}"
+        '{{- if hasKey $o "target" }}'
+        + target_check % {"t": "$o.target", "what": f"{okey}[%d].target", "args": "$i $o.target"}
+        + "{{- end }}"
+        "{{- end -}}\n"
     )
 
 
@@ -224,4 +458,88 @@ def schema_section(spec: SLOSpec) -> dict[str, Any]:
         "required": [o.name for o in spec.objectives],
         "description": "Target and threshold of each SLO objective of the shipped spec (deploy/slo/default.yaml)",
         "properties": props,
+    }
+
+
+def windows_values(spec: SLOSpec) -> dict[str, dict[str, Any]]:
+    """The chart's default ``prometheus.rules.windows``: each alert arm of ``spec``."""
+    out: dict[str, dict[str, Any]] = {}
+    for w in spec.alert_windows:
+        percent = w.budget_consumed * 100
+        out[w.name] = {
+            "long": w.long_name,
+            "short": w.short_name,
+            "budgetPercent": int(percent) if percent.denominator == 1 else float(percent),
+        }
+    return out
+
+
+_DURATION_SCHEMA = {
+    "type": "string",
+    "pattern": r"^[1-9][0-9]*[smhd]$",
+    "description": "a Prometheus duration of one unit in its largest exact unit (5m, 6h, 1d; not 60m)",
+}
+
+
+def windows_schema(spec: SLOSpec) -> dict[str, Any]:
+    """JSON schema of ``prometheus.rules.windows``: the spec's arms, each with its windows and
+    budget share (the template refuses what a schema cannot say: see :func:`_guard`)."""
+    budget = {
+        "anyOf": [
+            {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+            {"type": "string", "pattern": r"^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$"},
+        ],
+        "description": "percent of the period's error budget spent within the long window when the arm fires",
+    }
+    arm = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["long", "short", "budgetPercent"],
+        "properties": {"long": _DURATION_SCHEMA, "short": _DURATION_SCHEMA, "budgetPercent": budget},
+    }
+    names = [w.name for w in spec.alert_windows]
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": names,
+        "description": (
+            "Burn-rate alert arms (SRE workbook): each fires when the burn rate over its long and "
+            "its short window exceeds budgetPercent/100 x period / long"
+        ),
+        "properties": {name: arm for name in names},
+    }
+
+
+def overrides_schema(spec: SLOSpec) -> dict[str, Any]:
+    """JSON schema of ``prometheus.rules.modelOverrides``: per objective, the fields it allows
+    (a threshold only for latency objectives, and then only a bucket bound of its histogram)."""
+    objectives = schema_section(spec)["properties"]
+    rules = []
+    for o in spec.objectives:
+        then: dict[str, Any] = {"properties": {}}
+        if "thresholdSeconds" in objectives[o.name]["properties"]:
+            then["properties"]["thresholdSeconds"] = objectives[o.name]["properties"]["thresholdSeconds"]
+        else:
+            then["not"] = {"required": ["thresholdSeconds"]}
+        rules.append({"if": {"properties": {"objective": {"const": o.name}}}, "then": then})
+    item = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["objective", "model"],
+        "anyOf": [{"required": ["target"]}, {"required": ["thresholdSeconds"]}],
+        "properties": {
+            "objective": {"enum": [o.name for o in spec.objectives], "description": "the objective it changes"},
+            "model": {"type": "string", "pattern": MODEL_PATTERN, "description": "the `model` label value"},
+            "target": schema_section(spec)["properties"][spec.objectives[0].name]["properties"]["target"],
+            "thresholdSeconds": {"description": "a bucket bound of the objective's histogram"},
+        },
+        "allOf": rules,
+    }
+    return {
+        "type": "array",
+        "items": item,
+        "description": (
+            "Per-model overrides: the model's rules use this target and/or threshold, and the "
+            "objective's rules for every other model leave it out"
+        ),
     }

@@ -136,6 +136,19 @@ class Numbers:
         assert scope.threshold is not None  # validated by the spec
         return _le(scope.threshold)
 
+    def factor(self, window: AlertWindow, period: int) -> str:
+        """The burn rate above which an alert arm fires."""
+        return format_number(burn_rate_factor(window, period))
+
+    def spent(self, window: AlertWindow) -> str:
+        """Percent of the period's budget spent within the arm's long window when it fires."""
+        return format_number(window.budget_consumed * 100)
+
+    def window_error(self, window: int, period: int, recorded: str, raw: str) -> str:
+        """The error ratio over ``window``: from the recorded base-window rates for a window
+        of a day or more (1/30 of the period), else from the raw series."""
+        return recorded if is_long_window(window, period) else raw
+
 
 LITERAL = Numbers()
 
@@ -218,14 +231,19 @@ def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers
     for w in [*windows, spec.period]:
         if w == base:
             expr = f"{selector(c.sli_bad_events_record(base), rm)} / {selector(c.sli_events_record(base), rm)}"
-        elif long_windows == "recorded" and is_long_window(w, spec.period):
+        else:
             span = format_duration(w)
-            expr = (
+            recorded = (
                 f"sum_over_time({selector(c.sli_bad_events_record(base), rm)}[{span}])"
                 f" / sum_over_time({selector(c.sli_events_record(base), rm)}[{span}])"
             )
-        else:
-            expr = sli_error_expr(scope, w, by, numbers)
+            raw = sli_error_expr(scope, w, by, numbers)
+            if long_windows == "raw":
+                expr = raw
+            elif w == spec.period:
+                expr = recorded
+            else:
+                expr = numbers.window_error(w, spec.period, recorded, raw)
         rules.append(Rule(expr, record=c.sli_error_record(w), labels=labels))
     for w in windows:
         rules.append(
@@ -252,14 +270,14 @@ def _who(by: Sequence[str]) -> str:
 def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbers) -> Rule:
     name = scope.objective.name
     alert = c.alert_name(name)
-    factor = format_number(burn_rate_factor(window, spec.period))
+    factor = numbers.factor(window, spec.period)
     rm = _record_matchers(scope)
     expr = (
         f"{selector(c.burn_rate_record(window.long), rm)} > {factor}"
         f" and {selector(c.burn_rate_record(window.short), rm)} > {factor}"
     )
     period = spec.period_name
-    spent = format_number(window.budget_consumed * 100)
+    spent = numbers.spent(window)
     who = _who(spec.grouping)
     # The remaining budget of the same group: a label the alert lacks reads as "", which
     # matches the series that lack it too.

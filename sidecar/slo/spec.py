@@ -19,6 +19,8 @@
       target_down: {job: llm-sidecar, for: 5m, severity: page}
       no_traffic: {for: 30m, severity: ticket}
       history_short: {severity: info}   # the period reaches back before the first data
+    windows:                         # optional: change a burn-rate alert arm (default: the SRE workbook's)
+      page-fast: {long: 2h, short: 10m, budget_percent: 2}   # page-slow, ticket-fast, ticket-slow
 
 ``grouping`` names the labels every SLO is per: each distinct combination gets its own
 records, error budget and alerts, and the alerts carry those labels for Alertmanager routing.
@@ -49,6 +51,7 @@ from pydantic import (
 
 from .conventions import LABEL_TENANT, LATENCY_SLIS, SLI_KINDS, TENANT_SLIS
 from .windows import (
+    ARM_NAMES,
     WORKBOOK_WINDOWS,
     AlertWindow,
     Severity,
@@ -68,6 +71,7 @@ __all__ = [
     "NoTrafficAlert",
     "HistoryShortAlert",
     "Alerts",
+    "WindowSetting",
     "DEFAULT_GROUPING",
     "PROMPT_CLASS_PATTERN",
     "SLOSpec",
@@ -251,6 +255,23 @@ class Alerts(BaseModel):
     history_short: HistoryShortAlert = Field(default_factory=HistoryShortAlert)
 
 
+class WindowSetting(BaseModel):
+    """What a spec changes in one burn-rate alert arm (``windows: {page-fast: {long: 2h}}``)."""
+
+    model_config = _STRICT
+
+    long: Duration | None = None
+    short: Duration | None = None
+    budget_percent: float | None = Field(None, gt=0, le=100)
+    """Percent of the period's error budget spent within ``long`` when the arm fires."""
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> WindowSetting:
+        if self.long is None and self.short is None and self.budget_percent is None:
+            raise ValueError("a window setting sets long, short, budget_percent or some of them")
+        return self
+
+
 class SLOSpec(BaseModel):
     """A whole spec (``version: 1``)."""
 
@@ -265,6 +286,10 @@ class SLOSpec(BaseModel):
     a grouping label, so the records of two specs never collide."""
     objectives: list[Objective]
     alerts: Alerts = Field(default_factory=Alerts)
+    windows: dict[str, WindowSetting] = Field(default_factory=dict)
+    """Changes to the burn-rate alert arms (page-fast, page-slow, ticket-fast, ticket-slow):
+    their long and short windows and budget share; the factor follows. Default: the SRE
+    workbook's (scaled for a drill period)."""
 
     @field_validator("version")
     @classmethod
@@ -324,6 +349,20 @@ class SLOSpec(BaseModel):
                 raise ValueError(f"selector: {label} needs a value")
         return self
 
+    @model_validator(mode="after")
+    def _windows(self) -> SLOSpec:
+        for name in self.windows:
+            if name not in ARM_NAMES:
+                raise ValueError(f"windows: unknown alert arm {name!r}; choose one of {', '.join(ARM_NAMES)}")
+        for w in self.alert_windows:
+            if w.short >= w.long:
+                raise ValueError(
+                    f"windows.{w.name}: the short window ({w.short_name}) must be shorter than the long one ({w.long_name})"
+                )
+            if w.long >= self.period:
+                raise ValueError(f"windows.{w.name}: the long window ({w.long_name}) must be shorter than the period")
+        return self
+
     def scopes(self, objective: Objective) -> list[Scope]:
         """``objective``'s scopes, restricted to the spec's selector."""
         return objective.scopes(tuple(sorted(self.selector.items())))
@@ -345,8 +384,21 @@ class SLOSpec(BaseModel):
 
     @property
     def alert_windows(self) -> tuple[AlertWindow, ...]:
-        """The burn-rate arms for this period (the workbook's, scaled for a drill period)."""
-        return windows_for_period(self.period)
+        """The burn-rate arms for this period (the workbook's, scaled for a drill period),
+        with the spec's ``windows`` changes."""
+        out = []
+        for w in windows_for_period(self.period):
+            setting = self.windows.get(w.name)
+            if setting is not None:
+                w = AlertWindow(
+                    w.severity,
+                    w.long if setting.long is None else setting.long,
+                    w.short if setting.short is None else setting.short,
+                    w.budget_consumed if setting.budget_percent is None else Fraction(str(setting.budget_percent)) / 100,
+                    w.name,
+                )
+            out.append(w)
+        return tuple(out)
 
 
 def _where(loc: tuple[Any, ...], data: Any) -> str:

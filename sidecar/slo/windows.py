@@ -27,6 +27,7 @@ __all__ = [
     "Severity",
     "AlertWindow",
     "WORKBOOK_WINDOWS",
+    "ARM_NAMES",
     "burn_rate_factor",
     "detection_seconds",
     "parse_duration",
@@ -81,6 +82,9 @@ class AlertWindow:
     """Seconds of the short window: is it still being spent now."""
     budget_consumed: Fraction
     """Share of the period's budget spent within ``long`` when the arm fires."""
+    name: str = ""
+    """The arm's name (``page-fast`` ...): the key a spec's ``windows`` or the chart's
+    ``prometheus.rules.windows`` changes it by."""
 
     @property
     def long_name(self) -> str:
@@ -93,11 +97,13 @@ class AlertWindow:
 
 # The workbook's recommended parameters, for any period length.
 WORKBOOK_WINDOWS: tuple[AlertWindow, ...] = (
-    AlertWindow("page", 1 * HOUR, 5 * MINUTE, Fraction(2, 100)),
-    AlertWindow("page", 6 * HOUR, 30 * MINUTE, Fraction(5, 100)),
-    AlertWindow("ticket", 1 * DAY, 2 * HOUR, Fraction(10, 100)),
-    AlertWindow("ticket", 3 * DAY, 6 * HOUR, Fraction(10, 100)),
+    AlertWindow("page", 1 * HOUR, 5 * MINUTE, Fraction(2, 100), "page-fast"),
+    AlertWindow("page", 6 * HOUR, 30 * MINUTE, Fraction(5, 100), "page-slow"),
+    AlertWindow("ticket", 1 * DAY, 2 * HOUR, Fraction(10, 100), "ticket-fast"),
+    AlertWindow("ticket", 3 * DAY, 6 * HOUR, Fraction(10, 100), "ticket-slow"),
 )
+ARM_NAMES: tuple[str, ...] = tuple(w.name for w in WORKBOOK_WINDOWS)
+"""The alert arms, fastest first; a spec's ``windows`` may change each one's windows and budget share."""
 
 
 REFERENCE_PERIOD = 30 * DAY
@@ -129,7 +135,7 @@ def windows_for_period(period: int) -> tuple[AlertWindow, ...]:
                 "windows to fractions of a second; a drill period must be a multiple of 2h24m "
                 "(12h gives windows 1m/5s ... 72m/6m)"
             )
-        out.append(AlertWindow(w.severity, int(long), int(short), w.budget_consumed))
+        out.append(AlertWindow(w.severity, int(long), int(short), w.budget_consumed, w.name))
     return tuple(out)
 
 

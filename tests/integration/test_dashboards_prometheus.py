@@ -3,7 +3,7 @@
 Two simulated inference servers (one per model: the spec's default scope and its per-model
 override) each sit behind their own sidecar, the two "pods" of a deployment. Debian's
 Prometheus scrapes both admin ports every second, with the static target labels `namespace`
-and `pod` that kube-prometheus-stack would add (and `deployment`, as the chart's PodMonitor does) (and `cluster`, as a Thanos setup would), and evaluates the committed SLO rules every
+and `pod` that kube-prometheus-stack would add (and `deployment`, as the chart's PodMonitor does) (and `cluster`, as a Thanos setup would), and evaluates the SLO rules every
 second. A load generator streams a mix through both sidecars: answers, reasoning (so time to
 first answer token has data), Ollama /api/chat (engine timings), non-streamed answers, 500s,
 in-stream errors, client cancellations and a few answers with a 2.5 s TTFT. About 15% fail,
@@ -20,8 +20,10 @@ scrapes (the values are those of the short history, not of 30 days). Objectives 
 burn at 0, and "budget runs out in" shows the period (remaining x period / 0 is +Inf, clamped)
 rather than Infinity. A counter that never moved (stream parse errors) is 0, not absent.
 
-The slow answers also check the per-model override through the dashboard: a 2.5 s TTFT is
-bad for the default model (threshold 2 s) and good for the override (5 s).
+The slow answers also check a per-model override through the dashboard: Prometheus evaluates
+the rules of the shipped spec with an override added for the second model (none is shipped;
+the same rules as the committed file otherwise), and the SLO dashboard of that spec shows a
+2.5 s TTFT bad for the default model (threshold 2 s) and good for the override (5 s).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ import pytest
 import yaml
 
 from sidecar.dashboards.inspect import panel_queries, substitute, variable_queries
+from sidecar.dashboards.render import to_json_dict
+from sidecar.dashboards.slo import build as build_slo_dashboard
+from sidecar.slo import generate, parse_spec, render_rules
 from sidecar.sim.core import SimulatorConfig
 from sidecar.sim.server import build_simulator_app
 from tests.conftest import free_port, require_tool, start_app
@@ -46,9 +51,9 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
-RULES = ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"
 
-# The default spec's objectives apply to every model but this one, which has an override.
+# The shipped spec has no per-model override; the override check builds the SLO dashboard
+# of the spec with one for this model (a looser TTFT: 90% within 5 s), as a user would.
 DEFAULT_MODEL = "sim-llama-3-8b"
 OVERRIDE_MODEL = "meta-llama/Llama-3.1-405B-Instruct"
 NAMESPACE = "llm"
@@ -61,6 +66,14 @@ FAST = {"x-sim-ttft": "0.03", "x-sim-tpot": "0.004", "x-sim-tokens": "12"}
 # only real engines report. The "where the time goes" queries that read them run against a
 # real Prometheus scraping a real vLLM and a sidecar in front of it (make test-real).
 LIVE_ONLY = ("vllm:request_", "llm_upstream_queue_seconds")
+
+
+def spec_with_override():
+    """The shipped spec with a TTFT override for OVERRIDE_MODEL (90% within 5 s)."""
+    data = yaml.safe_load((ROOT / "deploy" / "slo" / "default.yaml").read_text(encoding="utf-8"))
+    (ttft,) = [o for o in data["objectives"] if o["name"] == "ttft"]
+    ttft["models"] = {OVERRIDE_MODEL: {"threshold_seconds": 5.0, "target": 90}}
+    return parse_spec(data)
 
 
 async def _request(session: aiohttp.ClientSession, url: str, body: dict, headers: dict, cancel: bool = False) -> None:
@@ -108,10 +121,17 @@ async def _load(base: str, model: str, deadline: float) -> int:
     return sent
 
 
+def _rules_with_override(tmp: Path) -> Path:
+    """The committed rules' spec with OVERRIDE_MODEL's override (the committed file has none)."""
+    path = tmp / "rules-with-override.yaml"
+    path.write_text(render_rules(generate(spec_with_override())), encoding="utf-8")
+    return path
+
+
 def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
+        "rule_files": [str(_rules_with_override(tmp))],
         "scrape_configs": [
             {
                 # The job the spec's LLMSidecarDown alert watches.
@@ -260,7 +280,7 @@ async def test_every_dashboard_query_returns_data(pods, prometheus_server):
         assert {s["metric"]["severity"] for s in firing["result"]} == {"page", "ticket"}
 
         # The TTFT objective's SLI panel honours the override: 2.5 s is bad only under 2 s.
-        slo = json.loads((ROOT / "dashboards" / "llm-sidecar-slo.json").read_text(encoding="utf-8"))
+        slo = to_json_dict(build_slo_dashboard(spec_with_override()))
         (sli,) = [q for q in panel_queries(slo) if q.panel_title == "ttft: SLI vs target" and q.ref_id == "A"]
         data = await _get(session, f"{base}/api/v1/query", query=substitute(sli.expr))
         by_model = {s["metric"]["model"]: float(s["value"][1]) for s in data["result"]}

@@ -235,6 +235,13 @@ def test_values_files_satisfy_the_schema(values_file):
         (("sidecar", "drainSeconds"), -1),
         (("terminationGracePeriodSeconds",), 0),
         (("sidecar", "nope"), 1),
+        (("prometheus", "rules", "windows", "page-fast", "long"), "1 hour"),
+        (("prometheus", "rules", "windows", "page-fast", "budgetPercent"), 0),
+        (("prometheus", "rules", "windows", "page-medium"), {"long": "3h", "short": "15m", "budgetPercent": 3}),
+        (("prometheus", "rules", "modelOverrides"), [{"objective": "ttft", "model": "a"}]),
+        (("prometheus", "rules", "modelOverrides"), [{"objective": "ttft", "model": "a", "thresholdSeconds": 1.7}]),
+        (("prometheus", "rules", "modelOverrides"), [{"objective": "availability", "model": "a", "thresholdSeconds": 2.0}]),
+        (("prometheus", "rules", "modelOverrides"), [{"objective": "ttft", "model": "a b", "target": 90}]),
     ],
 )
 def test_schema_refuses_bad_values(path, bad):
@@ -245,6 +252,17 @@ def test_schema_refuses_bad_values(path, bad):
     node[path[-1]] = bad
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft7Validator(schema()).validate(values)
+
+
+def test_schema_accepts_a_model_override_and_changed_windows():
+    values = chart_values()
+    rules = values["prometheus"]["rules"]
+    rules["modelOverrides"] = [
+        {"objective": "ttft", "model": "meta-llama/Llama-3.1-405B-Instruct", "thresholdSeconds": 5.0, "target": 90},
+        {"objective": "availability", "model": "qwen", "target": "99.9"},
+    ]
+    rules["windows"]["page-fast"] = {"long": "2h", "short": "10m", "budgetPercent": "2.5"}
+    jsonschema.Draft7Validator(schema()).validate(values)
 
 
 def test_schema_slo_thresholds_are_exactly_the_bucket_bounds():

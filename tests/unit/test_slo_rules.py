@@ -19,7 +19,6 @@ from sidecar.slo.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = ROOT / "deploy" / "slo" / "default.yaml"
-BIG = "meta-llama/Llama-3.1-405B-Instruct"
 RECORD_NAME = re.compile(r"^llm:[a-z_]+:[a-z0-9_]+$")
 
 

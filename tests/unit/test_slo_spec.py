@@ -47,11 +47,12 @@ def test_shipped_default_spec_is_valid_and_covers_every_objective_kind():
     assert s.period == 30 * DAY
     assert {o.sli for o in s.objectives} == {"availability", "ttft", "tpot", "e2e"}
     ttft = next(o for o in s.objectives if o.name == "ttft")
-    default, override = ttft.scopes()
-    assert (default.model, default.threshold, default.excluded) == (None, 2.0, ("meta-llama/Llama-3.1-405B-Instruct",))
-    assert (override.model, override.threshold, override.target) == ("meta-llama/Llama-3.1-405B-Instruct", 5.0, 90)
+    # No per-model override is shipped active (the spec keeps one as a commented example).
+    (default,) = ttft.scopes()
+    assert (default.model, default.threshold, default.excluded) == (None, 2.0, ())
     assert default.error_budget == Fraction(1, 20)
-    assert override.error_budget == Fraction(1, 10)
+    assert all(not o.models for o in s.objectives)
+    assert "#   meta-llama/Llama-3.1-405B-Instruct:" in DEFAULT_SPEC.read_text(encoding="utf-8")
 
 
 def test_default_spec_latency_thresholds_match_the_sidecars_goodput_defaults():
@@ -143,6 +144,11 @@ def test_period_28d():
         (spec(prompt_class="long"), "prompt_class"),
         (spec(sli="tpot", name="tpot", threshold_seconds=0.1, prompt_class="le1024"), "prompt_class applies to ttft objectives only"),
         ({**spec(), "alerts": {"history_short": {"severity": "sms"}}}, "alerts.history_short.severity"),
+        ({**spec(), "windows": {"page-medium": {"long": "3h"}}}, "windows: unknown alert arm 'page-medium'"),
+        ({**spec(), "windows": {"page-fast": {}}}, "a window setting sets long, short, budget_percent"),
+        ({**spec(), "windows": {"page-fast": {"short": "1h"}}}, "windows.page-fast: the short window (1h) must be shorter"),
+        ({**spec(), "windows": {"ticket-slow": {"long": "30d"}}}, "windows.ticket-slow: the long window (30d) must be shorter than the period"),
+        ({**spec(), "windows": {"ticket-slow": {"budget_percent": 0}}}, "windows.ticket-slow.budget_percent"),
         (None, "the spec is empty; there would be nothing to render"),
         (["version: 1"], "expected a mapping with version and objectives"),
     ],
@@ -187,6 +193,20 @@ def test_window_table_is_the_workbooks():
     ]
     for w in WORKBOOK_WINDOWS:
         assert w.short * 12 == w.long  # the workbook's short window is 1/12 of the long one
+
+
+def test_windows_change_an_arm_and_its_factor_follows():
+    """What the chart's prometheus.rules.windows mirror: an arm's windows and budget share."""
+    s = parse_spec({**spec(), "windows": {"page-fast": {"long": "2h"}, "ticket-slow": {"long": "7d", "budget_percent": 2.5}}})
+    rows = [(w.name, w.severity, w.long_name, w.short_name, w.budget_consumed) for w in s.alert_windows]
+    assert rows == [
+        ("page-fast", "page", "2h", "5m", Fraction(2, 100)),
+        ("page-slow", "page", "6h", "30m", Fraction(5, 100)),
+        ("ticket-fast", "ticket", "1d", "2h", Fraction(10, 100)),
+        ("ticket-slow", "ticket", "7d", "6h", Fraction(25, 1000)),
+    ]
+    assert [burn_rate_factor(w, s.period) for w in s.alert_windows] == [Fraction(36, 5), 6, 3, Fraction(3, 28)]
+    assert [w.name for w in WORKBOOK_WINDOWS] == ["page-fast", "page-slow", "ticket-fast", "ticket-slow"]
 
 
 def test_factors_for_30d_are_the_workbooks_14_4_6_3_1():

@@ -303,3 +303,17 @@ securityContext:
 {{- fail "sidecar.port and modelServer.port must differ: both listen in the same pod" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A Prometheus duration of one unit (90s, 5m, 6h, 3d) -> whole seconds: the rules' burn-rate
+windows (prometheus.rules.windows), checked against the canonical form below. */}}
+{{- define "llm-sidecar.seconds" -}}
+{{- $d := toString . -}}
+{{- mul (regexFind "^[0-9]+" $d | atoi) (get (dict "s" 1 "m" 60 "h" 3600 "d" 86400) (regexFind "[smhd]$" $d)) -}}
+{{- end -}}
+
+{{/* Whole seconds -> the duration in the largest exact unit up to days, as the rule generator
+names windows (sidecar/slo/windows.py format_duration): 3600 -> 1h, 86400 -> 1d. */}}
+{{- define "llm-sidecar.duration" -}}
+{{- $s := int64 . -}}
+{{- if eq (mod $s 86400) 0 }}{{ div $s 86400 }}d{{ else if eq (mod $s 3600) 0 }}{{ div $s 3600 }}h{{ else if eq (mod $s 60) 0 }}{{ div $s 60 }}m{{ else }}{{ $s }}s{{ end -}}
+{{- end -}}
