@@ -66,8 +66,13 @@ def quantile_record(objective) -> str:
     return f"llm:itl_by_concurrency:p{format_number(objective.target)}_{WINDOW}".replace(".", "_")
 
 
-def capacity_group(spec: SLOSpec) -> Group | None:
-    """The capacity group, or None when the spec has no ITL or TPOT objective."""
+def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
+    """The capacity group, or None when the spec has no ITL or TPOT objective.
+
+    The bound is the objective's threshold as ``numbers`` writes it, so in the chart it is
+    the same values lookup the objective's own rules use: ``--set
+    prometheus.rules.objectives.<name>.thresholdSeconds`` moves the capacity with the SLO.
+    The quantile stays the spec's target (it names the recorded series dashboards read)."""
     objective = capacity_objective(spec)
     if objective is None:
         return None
@@ -75,7 +80,7 @@ def capacity_group(spec: SLOSpec) -> Group | None:
     by = ", ".join(spec.grouping)
     byc = f"{by}, concurrency"
     q = objective.target / 100
-    threshold = format_number(objective.threshold_seconds)
+    threshold = numbers.threshold(spec.scopes(objective)[0])  # the default scope's
     p = quantile_record(objective)
 
     def inc(metric: str, suffix: str = "") -> str:
@@ -136,5 +141,5 @@ def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Num
     """The SLO rules of :func:`.rules.generate`, then the capacity group when the spec has
     an ITL or TPOT objective: what ``llm-sidecar slo render`` and the chart render."""
     ruleset = generate_slo(spec, long_windows, numbers)
-    group = capacity_group(spec)
+    group = capacity_group(spec, numbers)
     return ruleset if group is None else RuleSet(ruleset.spec, (*ruleset.groups, group))

@@ -109,6 +109,19 @@ def test_set_changes_target_and_threshold_as_the_generator_would(helm_ok, tmp_pa
     assert got != released(load_spec(str(SPEC)))
 
 
+def test_the_capacity_bound_follows_the_objective_threshold_from_values(helm_ok):
+    """The capacity rules judge each band against the TPOT objective's threshold: set from
+    values, both move together (they used to keep the spec's number)."""
+    got = rules_of(render("--set", f"{KEY}.tpot.thresholdSeconds=0.075"))
+    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    for o in data["objectives"]:
+        if o["name"] == "tpot":
+            o["threshold_seconds"] = 0.075
+    assert got == released(parse_spec(data))
+    (band,) = [r["expr"] for g in got["groups"] for r in g["rules"] if r.get("record") == "llm:slo_capacity:band"]
+    assert band.count("<= 0.075") == 8 and "<= 0.1)" not in band  # every finite band
+
+
 def test_promtool_agrees_with_the_values(helm_ok, tmp_path):
     promtool = require_tool("promtool")
     files = {
