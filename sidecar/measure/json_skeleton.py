@@ -405,8 +405,9 @@ def _small_value(data: bytes, pos: int, end: int) -> bytes | None:
     value = value.group()
     if value.count(b",") >= MAX_MEMBERS or _LONG_SCALAR.search(value) is not None:
         return None
-    if len(value) > MAX_STRING_BYTES and (0x5C in value or max(map(len, value.split(b'"'))) > MAX_STRING_BYTES):
-        return None
+    if len(value) > MAX_STRING_BYTES and 0x22 in value:  # are its strings short? (odd parts)
+        if 0x5C in value or max(map(len, value.split(b'"')[1::2])) > MAX_STRING_BYTES:
+            return None
     return value
 
 
