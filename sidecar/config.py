@@ -136,7 +136,7 @@ class Settings(BaseModel):
         description="Largest JSON request body read to learn its model; larger bodies are streamed unread",
     )
     max_response_inspect_bytes: int = Field(
-        16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
+        16 << 20, ge=0, description="Largest non-streaming JSON response read for its usage; past 64 KiB only a bounded skeleton of it is kept (at most 1 MiB), larger ones are relayed unread"
     )
     inject_stream_usage: bool = Field(
         False,
