@@ -25,6 +25,13 @@ document and the parsers run unchanged on it:
   reader gives up: :meth:`close` returns ``None`` and the response counts as not
   inspected (as a body over ``max_response_inspect_bytes`` always did).
 
+What the parsers read lies within these bounds in every response seen so far; past them
+a few figures are read from the kept part only (the first 256 choices' finish reasons, the
+first 256 prompts of an SGLang batch, at most 256 of TGI's ``prefill`` tokens, which are
+read only when TGI 2.x's ``input_length`` is missing): docs/reliability.md, known limits.
+:class:`~sidecar.measure.observe.ResponseObserver` parses bodies up to 64 KiB whole, so
+only larger ones go through the copy.
+
 Within those bounds the copy is the document itself (minus insignificant whitespace), so
 the parsers give exactly the events they give on the whole body; tests check every route's
 parser on recorded responses and generated documents, whole, byte by byte and at random
