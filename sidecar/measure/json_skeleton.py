@@ -106,7 +106,7 @@ _WHOLE_ESCAPES = re.compile(
 )
 
 
-_SMALL_LEVELS = 3
+_SMALL_LEVELS = 4
 _SMALL_BYTES = 4096
 
 
