@@ -48,7 +48,7 @@ Work is O(n) with a small constant, nearly all of it in C:
   :mod:`sidecar.relay.request_fields` (strings, plain bytes and whole containers up to
   three levels deep; about 40 MB/s), with Python stepping in only at a bracket it leaves;
 - a long string's body is one expression per piece, escapes included;
-- a kept container that is small (whole within 4 KiB of the piece, no more than three
+- a kept container that is small (whole within 4 KiB of the piece, no more than four
   levels, no long string or scalar, few members: a ``usage`` object, one logprobs entry)
   is copied in one step; the rest of what is kept is read a token at a time.
 
