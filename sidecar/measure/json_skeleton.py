@@ -164,6 +164,8 @@ class JsonSkeleton:
     def feed(self, data: bytes) -> None:
         if self._state == _FAILED:
             return
+        if type(data) is not bytes:  # bytes methods and slices below (the relay gives bytes)
+            data = bytes(data)
         end = len(data)
         self._fed += end
         self._budget = _STEP_ALLOWANCE + self._fed // _BYTES_PER_STEP
