@@ -142,7 +142,7 @@ class Settings(BaseModel):
         "whole; past it a body is streamed to the upstream as it arrives (its model read in flight)",
     )
     max_response_inspect_bytes: int = Field(
-        16 << 20, ge=0, description="Largest non-streaming JSON response copied to read its usage"
+        16 << 20, ge=0, description="Largest non-streaming JSON response read for its usage; past 64 KiB only a bounded skeleton of it is kept (at most 1 MiB), larger ones are relayed unread"
     )
     inject_stream_usage: bool = Field(
         False,

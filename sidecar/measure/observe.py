@@ -4,6 +4,12 @@ The proxy has already written each chunk to the client when it hands the same ch
 so nothing in this module can delay or alter what the client receives. Any exception from
 a dialect is contained: the observer stops interpreting that response, counts one parse
 error and lets the relay go on.
+
+A non-streamed JSON body is kept as it came while it is small (up to
+``SMALL_JSON_BYTES``) and parsed whole at the end, as always; a larger one is read by a
+:class:`~sidecar.measure.json_skeleton.JsonSkeleton` as it arrives, and only the small copy
+it keeps is parsed (issue 23, finding 3: a 15.9 MiB body of ``{"choices":[{},{},...]}``
+parsed whole took the sidecar from 53 to 553 MiB).
 """
 
 from __future__ import annotations
@@ -12,9 +18,15 @@ import structlog
 
 from ..streams.protocols.events import ParseError
 from ..relay.routes import Route
+from .json_skeleton import JsonSkeleton
 from .timeline import RequestTimeline
 
-__all__ = ["ResponseObserver"]
+__all__ = ["ResponseObserver", "SMALL_JSON_BYTES"]
+
+SMALL_JSON_BYTES = 64 << 10
+"""Up to this size a JSON body is kept whole and parsed by orjson (as
+``RequestFieldScanner``'s callers do): exactly what the parsers always read, far cheaper
+than the skeleton for the common small body, and at most ~1.5 MiB of objects, freed at once."""
 
 _log = structlog.get_logger("sidecar.observe")
 
@@ -22,7 +34,7 @@ _log = structlog.get_logger("sidecar.observe")
 class ResponseObserver:
     """Per-response: decides how to read the body from its content type, then reads it."""
 
-    __slots__ = ("_timeline", "_dialect", "_json_parser", "_json_parts", "_json_size", "_json_limit")
+    __slots__ = ("_timeline", "_dialect", "_json_parser", "_json_parts", "_json_size", "_json_limit", "_skeleton")
 
     def __init__(
         self,
@@ -42,6 +54,7 @@ class ResponseObserver:
         self._json_parts: list[bytes] = []
         self._json_size = 0
         self._json_limit = max_json_bytes
+        self._skeleton: JsonSkeleton | None = None  # once the body outgrew SMALL_JSON_BYTES
         if content_encoding and content_encoding.lower() != "identity":
             return  # compressed bytes: relayed untouched, not interpreted
         mime = content_type.split(";", 1)[0].strip().lower()
@@ -71,11 +84,35 @@ class ResponseObserver:
         elif self._json_parser is not None:
             self._json_size += len(chunk)
             if self._json_size > self._json_limit:
-                self._json_parser = None
-                self._json_parts = []
-                self._timeline.parse_errors += 1
-            else:
+                self._not_inspected()
+                return
+            skeleton = self._skeleton
+            if skeleton is None:
                 self._json_parts.append(chunk)
+                if self._json_size <= SMALL_JSON_BYTES:
+                    return
+                # Too large to keep: from here on only its skeleton is kept.
+                self._skeleton = skeleton = JsonSkeleton()
+                parts, self._json_parts = self._json_parts, []
+            else:
+                parts = (chunk,)
+            try:
+                for part in parts:
+                    skeleton.feed(part)
+            except Exception:  # a reader bug must never reach the relay
+                _log.exception("json_skeleton_failed", route=self._timeline.route)
+                self._not_inspected()
+                return
+            if skeleton.failed:
+                self._not_inspected()
+
+    def _not_inspected(self) -> None:
+        """Past a bound (``max_response_inspect_bytes``, or the skeleton's): the body is
+        relayed unread and counts one parse error."""
+        self._json_parser = None
+        self._json_parts = []
+        self._skeleton = None
+        self._timeline.parse_errors += 1
 
     def close(self, now: float) -> None:
         """The body ended (cleanly or not): flush what the framing still holds."""
@@ -87,9 +124,20 @@ class ResponseObserver:
                 return
             if events:
                 self._timeline.events(events, now)
-        elif self._json_parser is not None and self._json_parts:
-            body = b"".join(self._json_parts)
-            self._json_parts = []
+        elif self._json_parser is not None and (self._json_parts or self._skeleton is not None):
+            if self._skeleton is not None:
+                skeleton, self._skeleton = self._skeleton, None
+                try:
+                    body = skeleton.close()
+                except Exception:
+                    _log.exception("json_skeleton_failed", route=self._timeline.route)
+                    body = None
+                if body is None:
+                    self._not_inspected()
+                    return
+            else:
+                body = b"".join(self._json_parts)
+                self._json_parts = []
             try:
                 events = self._json_parser(body)
             except Exception:

@@ -5,6 +5,10 @@ with a short stream; the peak (``VmHWM``) and current RSS of the sidecar process
 from /proc. The bodies are the probe's: 33 MB of one million small chat messages, and 33 MB
 of ``[{},{},...]``. Parsing them whole held 450 and 874 MiB (peaks 563 and 1,073) for the
 whole stream, past the chart's 512Mi limit.
+
+The same for a response (issue 23, finding 3): an upstream answering a non-streamed chat
+completion with 15.9 MiB of ``{"choices":[{},{},...]}`` took the sidecar from 55 to 554 MiB
+and stalled its loop 1.5 s when the body was parsed whole.
 """
 
 from __future__ import annotations
@@ -130,3 +134,87 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
     assert peak < CHART_LIMIT // 2
     # Nothing of the body is kept while the response streams.
     assert during - before < 40 * MiB, (before, during)
+
+
+# -- a hostile non-streamed JSON response (issue 23, finding 3) -------------------------------
+
+
+def choices_body() -> bytes:
+    """The finding's body: just under the default ``max_response_inspect_bytes`` (16 MiB) of
+    ``{"choices":[{},{},...]}``, with a usage the sidecar must still read."""
+    body = b'{"id":"x","model":"m","choices":[' + b",".join([b"{}"] * 5_550_000) + b'],"usage":{"prompt_tokens":7,"completion_tokens":11}}'
+    assert 15.8 * MiB < len(body) < 16 * MiB
+    return body
+
+
+async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the_loop(serve_process):
+    """Parsed whole, this body took the sidecar from 53 to 553 MiB and stalled its loop 1.5 s.
+    Read by the skeleton reader: the client gets every byte, the usage is counted, the
+    peak stays within tens of MiB of idle and ``/healthz`` keeps answering at once."""
+    import aiohttp
+    from aiohttp import web
+
+    from tests.integration.test_faults import sample_of
+
+    big = choices_body()
+    small = b'{"id":"w","model":"m","choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=big if request.headers.get("x-big") else small, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    sc = serve_process(f"http://127.0.0.1:{port}")
+    try:
+        await sc.wait_alive()
+        pid = sc.proc.pid
+
+
+        async with aiohttp.ClientSession() as s:
+            for _ in range(2):  # warm the code paths (the JSON path included), then measure
+                async with s.post(sc.url + "/v1/chat/completions", json={"model": "m"}) as r:
+                    assert await r.read() == small
+            await asyncio.sleep(0.3)
+            before = proc_status(pid, "VmRSS")
+            reset_peak(pid)
+
+            waits: list[float] = []
+            done = asyncio.Event()
+
+            async def probe() -> None:
+                loop = asyncio.get_running_loop()
+                while not done.is_set():
+                    t = loop.time()
+                    async with s.get(sc.admin_url + "/healthz") as r:
+                        assert r.status == 200
+                        await r.read()
+                    waits.append(loop.time() - t)
+                    await asyncio.sleep(0.02)
+
+            prober = asyncio.create_task(probe())
+            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m"}, headers={"x-big": "1"}) as r:
+                got = await r.read()
+                status = r.status
+            await asyncio.sleep(0.3)  # the observer's close runs after the last byte
+            done.set()
+            await prober
+            peak = proc_status(pid, "VmHWM")
+            metrics = await sc.metrics()
+    finally:
+        await runner.cleanup()
+
+    assert status == 200 and got == big  # byte-exact
+    labels = {"route": "/v1/chat/completions", "model": "m"}
+    assert sample_of(metrics, "llm_tokens_total", type="input", **labels) == 1 + 1 + 7
+    assert sample_of(metrics, "llm_tokens_total", type="output", **labels) == 1 + 1 + 11
+    print(f"rss before {before / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB; /healthz slowest {max(waits) * 1e3:.0f} ms of {len(waits)}")
+    # Before: +500 MiB (the body joined, then ~5.5 M dicts). The relay's own buffers and
+    # the skeleton's 64 KiB pieces remain.
+    assert peak - before < 64 * MiB, (before, peak)
+    assert len(waits) >= 5 and max(waits) < 0.5, waits
