@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import orjson
 import pytest
@@ -141,10 +142,37 @@ def test_known_bodies(body, expected):
 
 def test_deeper_than_orjson_still_scanned_without_recursion():
     # orjson refuses nesting past 1024 levels; the scanner keeps a counter, not a stack.
-    body = b'{"model":"m","x":' + b"[" * 100_000 + b"]" * 100_000 + b',"stream":true}'
+    body = b'{"model":"m","x":' + b"[" * 20_000 + b"]" * 20_000 + b',"stream":true,"pad":"' + b"p" * 30_000 + b'"}'
     assert reference(body) is None
     assert len(body) > SMALL_BODY_BYTES
     assert scan_request_fields(body) == scanned(body) == RequestFields("m", True)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # Every bracket past the skip pattern's three levels is a Python step: given up.
+        (b'{"model":"m","messages":' + b"[0," * 4_000_000 + b"0" + b"]" * 4_000_000 + b"}", None),
+        (b'{"model":"m","x":' + b'{"a":' * 3_000_000 + b"0" + b"}" * 3_000_000 + b"}", None),
+        # Escapes are skipped in C, in a skipped string and past a kept value's limit.
+        (b'{"model":"m","messages":[{"role":"user","content":"' + b"\\n" * 15_000_000 + b'"}]}', RequestFields("m")),
+        (b'{"stream":true,"model":"' + b"\\n" * 15_000_000 + b'"}', "cut"),
+    ],
+    ids=["deep-arrays", "deep-objects", "escaped-content", "escaped-model"],
+)
+def test_costly_shapes_take_bounded_cpu(body, expected):
+    """A body built to cost Python steps per byte took 5-14 s of CPU (helper finding while
+    bounding responses, issue 23): now one step per 8 bytes at most, then it is given up."""
+    start = time.process_time()
+    scanner = RequestFieldScanner(max_value_bytes=1024)
+    for i in range(0, len(body), 65536):
+        scanner.feed(body[i : i + 65536])
+    got = scanner.close()
+    assert time.process_time() - start < 2.0  # 5.6-13.8 s before
+    if expected == "cut":
+        assert got is not None and got.stream and len(got.model) <= 1024
+    else:
+        assert got == expected
 
 
 def test_hostile_bodies_are_scanned_in_bounded_memory_and_linear_time():
