@@ -125,8 +125,10 @@ def token_times(record: dict) -> list[int]:
     """aiperf's receive time (perf_ns) of each generated token of one raw record: a chunk
     with text, or one with an empty ``content`` after the first token (vLLM's token whose
     bytes are not yet a whole character), not the role-only first chunk, the usage chunk or
-    ``[DONE]``. Chunks of one read share a timestamp. This counts vLLM's usage exactly (64
-    per request, asserted); the sidecar does not count an empty ``content`` on the chunk
+    ``[DONE]``. Chunks of one read share a timestamp. That is one per token unless vLLM
+    sent several tokens in one chunk (it merges the deltas of a request whose stream is
+    read late, as on these loaded cores): then one gap spans them, as in the sidecar, which
+    counts one token per chunk without per-chunk usage. The sidecar does not count an empty ``content`` on the chunk
     that carries ``finish_reason`` (sidecar/streams/protocols/openai.py), so a request that
     ends on a split character loses its last gap there: the table shows both counts."""
     times: list[int] = []
@@ -151,7 +153,7 @@ def token_gaps(artifacts) -> list[float]:
     for line in raw.read_text().splitlines():
         if line.strip():
             times = token_times(json.loads(line))
-            assert len(times) == OUTPUT_TOKENS, len(times)
+            assert 0 < len(times) <= OUTPUT_TOKENS, len(times)
             gaps.extend((b - a) / 1e9 for a, b in zip(times, times[1:]))
     return gaps
 
@@ -313,7 +315,8 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
         f"{summary['aiperf_version']} closed loop, streamed chat, {OUTPUT_TOKENS} output tokens, "
         f"{ROUNDS} requests per stream per level.",
         "",
-        "| level | aiperf mean ITL | sidecar mean ITL, all bands | diff | gaps: aiperf, sidecar | sidecar gaps by band "
+        "| level | aiperf mean ITL | sidecar mean ITL, all bands | diff | gaps: tokens, aiperf chunks, sidecar "
+        "| sidecar gaps by band "
         "| sidecar band-N mean ITL "
         "| aiperf p95 ITL (per request) | aiperf p95 gap (per token) | aiperf tok/s | sidecar band-N tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -323,7 +326,7 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
         bands = ", ".join(f"{b}: {c}" for b, c in r["bands"].items())
         lines.append(
             f"| {r['level']} | {1000 * r['aiperf_itl']:.2f} ms | {1000 * r['sidecar_itl']:.2f} ms | {100 * diff:+.1f} % "
-            f"| {r['aiperf_gaps']}, {r['gaps']:.0f} | {bands} | {1000 * r['band_itl']:.2f} ms | {1000 * r['aiperf_itl_p95']:.1f} ms "
+            f"| {ROUNDS * r['level'] * (OUTPUT_TOKENS - 1)}, {r['aiperf_gaps']}, {r['gaps']:.0f} | {bands} | {1000 * r['band_itl']:.2f} ms | {1000 * r['aiperf_itl_p95']:.1f} ms "
             f"| {1000 * r['aiperf_gap_p95']:.1f} ms | {r['aiperf_tps']:.1f} | {r['band_tps']:.1f} |"
         )
     lines += [
