@@ -24,15 +24,24 @@ both sides. With every request the same length, aiperf's mean of per-request ITL
 per-gap mean.
 
 Then the capacity rule: a real Prometheus (Debian's) scrapes the sidecar every second
-during the sweep. After it, the ITL threshold is chosen among the ITL bucket bounds (a
-spec's threshold must be one) as the one farthest, in ratio, from every level's p95
-per-chunk gap as aiperf measured it (its ``inter_chunk_latency``: the rule is a per-gap
-quantile, aiperf's ITL p95 is a quantile of per-request means, a different statistic).
-The expected capacity is the largest level whose aiperf p95 meets it. The rules
-``llm-sidecar slo render`` generates for a spec with that ITL objective (p95) are then
-loaded (SIGHUP) and evaluated by Prometheus over the scraped series, unchanged: their
-1h windows cover the whole sweep, which is the data wanted, so nothing is shortened.
-``llm:slo_capacity:concurrency`` must be the expected band.
+during the sweep. The threshold and the expected band come from aiperf alone: every
+token's receive time from its raw export (``--export-level raw``) gives each level's
+per-token gaps. aiperf's own figures will not do: the rule reads a quantile of single
+gaps, aiperf's "ITL p95" is a quantile of per-request means, and its
+``inter_chunk_latency`` skips vLLM's empty-content chunks, merging two gaps. A p95 ITL
+objective at bound T is met by a level when at least 95 % of its gaps are within T; of the
+ITL bucket bounds (a spec's threshold must be one) that some level meets and some fails,
+the test takes the one whose closest level is farthest from 95 %, and the expected capacity
+is the largest level meeting it. The rules ``llm-sidecar slo render`` generates for a spec
+with that ITL objective (p95) are then loaded (SIGHUP) and evaluated by Prometheus over the
+scraped series, unchanged: their 1h windows cover the whole sweep, which is the data
+wanted, so nothing is shortened. ``llm:slo_capacity:concurrency`` must be the expected
+band. Prometheus's own count and share per band over the window are printed beside the
+sidecar's registry (they differed by 20-25 % until every band's series existed at zero
+from a model's first stream: sidecar/export/capacity.py).
+
+The curve itself is not asserted: on 2 cores shared with other jobs, CPU contention, not
+batching, sets most of the latency, and it is not monotone in concurrency.
 
 The table (also in docs/capacity.md, "Measured against real vLLM") is printed with ``-s``.
 vLLM warms up with a few requests sent to it directly, not through the sidecar, so both
@@ -331,7 +340,8 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
         bands = ", ".join(f"{b}: {c}" for b, c in r["bands"].items())
         lines.append(
             f"| {r['level']} | {1000 * r['aiperf_itl']:.2f} ms | {1000 * r['sidecar_itl']:.2f} ms | {100 * diff:+.1f} % "
-            f"| {ROUNDS * r['level'] * (OUTPUT_TOKENS - 1)}, {r['aiperf_gaps']}, {r['gaps']:.0f} | {bands} | {1000 * r['band_itl']:.2f} ms | {1000 * r['aiperf_itl_p95']:.1f} ms "
+            f"| {ROUNDS * r['level'] * (OUTPUT_TOKENS - 1)}, {r['aiperf_gaps']}, {r['gaps']:.0f} | {bands} "
+            f"| {1000 * r['band_itl']:.2f} ms | {1000 * r['aiperf_itl_p95']:.1f} ms "
             f"| {1000 * r['aiperf_gap_p95']:.1f} ms | {r['aiperf_tps']:.1f} | {r['band_tps']:.1f} |"
         )
     lines += [
