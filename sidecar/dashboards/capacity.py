@@ -25,6 +25,12 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         return selector(metric, (), labels=[label for label in spec.grouping if label in FILTER_LABELS])
 
     itl = sel(cap.ITL_BY_CONCURRENCY + "_bucket")
+    # Every band's series exists from a model's first stream (sidecar/export/capacity.py):
+    # only bands with gaps (decode time) in the interval are drawn, not their 0/0 NaN.
+    seen = (
+        f" and on ({by}, concurrency) sum by ({by}, concurrency) "
+        f"(rate({sel(cap.ITL_BY_CONCURRENCY + '_count')}[$__rate_interval])) > 0"
+    )
     board.row(
         f"Capacity: the throughput-latency curve (p{q} ITL within the {objective.name} objective's "
         f"{format_number(threshold)}s)"
@@ -35,8 +41,8 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         "ended), over the rate interval; the dashed line is the objective's threshold. Where "
         "p95 crosses it is the knee. See docs/capacity.md.",
         [
-            Query(f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval])))", "p50 " + legend),
-            Query(f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval])))", "p95 " + legend),
+            Query(f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}", "p50 " + legend),
+            Query(f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}", "p95 " + legend),
         ],
         "s",
     )
@@ -49,7 +55,7 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
             [
                 Query(
                     f"sum by ({by}, concurrency) (rate({sel(cap.TOKENS)}[$__rate_interval])) / "
-                    f"sum by ({by}, concurrency) (rate({sel(cap.SECONDS)}[$__rate_interval]))",
+                    f"(sum by ({by}, concurrency) (rate({sel(cap.SECONDS)}[$__rate_interval])) > 0)",
                     legend,
                 )
             ],

@@ -50,6 +50,15 @@ class CapacityMetrics:
         self.trackers = DecodeTrackers(self._sink_for)
 
     def _sink_for(self, label: str) -> Callable[[str, float], None]:
+        """Called once per model label, at its first stream: every band's series of all
+        three metrics are created then, at zero. A series that appeared only with its first
+        observations would enter Prometheus already holding them, and ``rate``/``increase``
+        never count a series' first sample: the capacity rules' 1h window lost a band's
+        first requests (20-25 % of each band's gaps in the aiperf sweep of
+        tests/real/test_capacity_sweep.py, enough to flip a band's p95 verdict)."""
+        for b in BANDS:
+            self.itl.labels(label, b)
+            self.tokens.labels(label, b)
         children = {b: self.seconds.labels(label, b) for b in BANDS}
         return lambda b, elapsed: children[b].inc(elapsed)
 

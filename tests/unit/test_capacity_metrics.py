@@ -107,3 +107,24 @@ def test_a_stream_that_ends_before_its_first_token_never_counts_as_decoding():
     assert tracker.n == 1
     u.finish(Outcome.CANCELLED, 2.0)
     assert tracker.n == 0
+
+
+def test_every_band_exists_at_zero_from_a_models_first_stream():
+    """Prometheus's rate and increase never count a series' first sample, so a band whose
+    series appeared only with its first request's gaps lost them from the capacity rules'
+    window (20-25 % of each band in tests/real/test_capacity_sweep.py): all three
+    instruments have every band of a model at zero once its first stream starts."""
+    registry = CollectorRegistry()
+    capacity = CapacityMetrics(registry)
+    assert registry.get_sample_value(
+        "llm_inter_token_latency_by_concurrency_seconds_count", {"model": "m", "concurrency": "1"}
+    ) is None
+    capacity.trackers("m")  # the proxy asks for the model's tracker as a request starts
+    for b in BANDS:
+        labels = {"model": "m", "concurrency": b}
+        assert registry.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) == 0
+        assert registry.get_sample_value(
+            "llm_inter_token_latency_by_concurrency_seconds_bucket", {**labels, "le": "+Inf"}
+        ) == 0
+        assert registry.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) == 0
+        assert registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels) == 0

@@ -1,0 +1,385 @@
+"""The throughput-latency curve against an independent load generator (issue #24).
+
+aiperf (from PyPI, scripts/install-aiperf.sh) sweeps closed-loop concurrency 1, 2, 4 and 8
+(streamed chat, 64 output tokens, ``ROUNDS`` requests per stream) through one sidecar in
+front of real vLLM (CPU, tiny random model). Per level:
+
+- the sidecar's mean inter-token latency over every gap the level produced, whatever band
+  each gap landed in (delta sum / delta count of
+  ``llm_inter_token_latency_by_concurrency_seconds`` summed over bands), is within 15 % of
+  aiperf's own mean ITL for the level. The all-band mean is the like-for-like figure:
+  aiperf's ITL covers every gap of every request of the level, including those of the ramp
+  at the start and the tail at the end, where fewer than N streams are decoding and the
+  sidecar files the gap in a lower band. The band of the level (band N) must still hold
+  nearly all of them (``DOMINANT``), and its own mean is printed beside;
+- the by-concurrency counts sum to the plain ITL histogram's count.
+
+aiperf's ITL is ``(last content chunk - first content chunk) / (OSL - 1)`` per request,
+averaged over requests. Its OSL is by default the *re-tokenized answer text*: for the tiny
+random model's output that is 73-75 tokens for 64 generated (vLLM's usage says 64), so
+its default ITL is ~13 % below the real per-token gap. ``--use-server-token-count`` makes
+it take vLLM's usage count, which is what the sidecar counts (one gap per generated token,
+vLLM's empty-content chunks of split characters included): the comparison is per token on
+both sides. With every request the same length, aiperf's mean of per-request ITLs is the
+per-gap mean.
+
+Then the capacity rule: a real Prometheus (Debian's) scrapes the sidecar every second
+during the sweep. The threshold and the expected band come from aiperf alone: every
+token's receive time from its raw export (``--export-level raw``) gives each level's
+per-token gaps. aiperf's own figures will not do: the rule reads a quantile of single
+gaps, aiperf's "ITL p95" is a quantile of per-request means, and its
+``inter_chunk_latency`` skips vLLM's empty-content chunks, merging two gaps. A p95 ITL
+objective at bound T is met by a level when at least 95 % of its gaps are within T; of the
+ITL bucket bounds (a spec's threshold must be one) that some level meets and some fails,
+the test takes the one whose closest level is farthest from 95 %, and the expected capacity
+is the largest level meeting it. The rules ``llm-sidecar slo render`` generates for a spec
+with that ITL objective (p95) are then loaded (SIGHUP) and evaluated by Prometheus over the
+scraped series, unchanged: their 1h windows cover the whole sweep, which is the data
+wanted, so nothing is shortened. ``llm:slo_capacity:concurrency`` must be the expected
+band. Prometheus's own count and share per band over the window are printed beside the
+sidecar's registry (they differed by 20-25 % until every band's series existed at zero
+from a model's first stream: sidecar/export/capacity.py).
+
+The curve itself is not asserted: on 2 cores shared with other jobs, CPU contention, not
+batching, sets most of the latency, and it is not monotone in concurrency.
+
+The table (also in docs/capacity.md, "Measured against real vLLM") is printed with ``-s``.
+vLLM warms up with a few requests sent to it directly, not through the sidecar, so both
+sides see exactly the same requests. Skipped without aiperf or prometheus locally; fails
+under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import time
+
+import aiohttp
+import pytest
+from prometheus_client.utils import floatToGoString
+
+from sidecar.measure.buckets import ITL_BUCKETS
+from sidecar.measure.concurrency import BANDS, band
+from sidecar.slo.capacity import CAPACITY, CAPACITY_GROUP, CAPACITY_TPS, capacity_group, generate
+from sidecar.slo.render import render_rules
+from sidecar.slo.spec import parse_spec
+from tests.conftest import IN_CI, require_tool, start_prometheus, wait_for
+from tests.real.servers import HF_MODEL, MODEL, TOOLS, VLLM
+from tests.real.test_load_generator import outcome_counts
+
+pytestmark = pytest.mark.real
+
+AIPERF = TOOLS / "aiperf-venv" / "bin" / "aiperf"
+LEVELS = (1, 2, 4, 8)  # vLLM runs with --max-num-seqs 8 (tests/real/servers.py)
+ROUNDS = 4  # requests per level = ROUNDS * level
+OUTPUT_TOKENS = 64
+TOLERANCE = 0.15
+DOMINANT = 0.9  # share of a level's gaps in its own band, at least
+ITL = "llm_inter_token_latency_by_concurrency_seconds"
+PLAIN_ITL = "llm_inter_token_latency_seconds"
+
+
+def band_figures(registry) -> dict:
+    """{(name, band, le): value} for the by-concurrency series of the tiny model."""
+    out: dict = {}
+    wanted = (ITL + "_sum", ITL + "_count", ITL + "_bucket", PLAIN_ITL + "_count",
+              "llm_decode_tokens_by_concurrency_total", "llm_decode_seconds_by_concurrency_total")  # fmt: skip
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name in wanted and s.labels.get("model") == MODEL:
+                key = (s.name, s.labels.get("concurrency"), s.labels.get("le"))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def fraction_within(d: dict, b: str, bound: float) -> float | None:
+    """Share of band ``b``'s gaps in ``d`` at or below the bucket bound ``bound``."""
+    count = d.get((ITL + "_count", b, None), 0.0)
+    if not count:
+        return None
+    return d.get((ITL + "_bucket", b, floatToGoString(bound)), 0.0) / count
+
+
+async def run_aiperf(url: str, level: int, artifacts, tmp_path) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
+    process = await asyncio.create_subprocess_exec(
+        str(AIPERF), "profile",
+        "--model", MODEL, "--tokenizer", str(HF_MODEL),
+        "--url", url, "--endpoint-type", "chat", "--streaming",
+        "--request-count", str(ROUNDS * level), "--concurrency", str(level),
+        "--isl", "32", "--isl-stddev", "0", "--osl", str(OUTPUT_TOKENS), "--osl-stddev", "0",
+        "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{OUTPUT_TOKENS}",
+        "--use-server-token-count",  # OSL from vLLM's usage, not re-tokenized text (module doc)
+        "--random-seed", "1", "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
+        "--export-level", "raw", "--artifact-dir", str(artifacts),
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=tmp_path,
+    )  # fmt: skip
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=300)
+    text = output.decode(errors="replace")
+    assert process.returncode == 0, text[-4000:]
+    (summary,) = list(artifacts.rglob("profile_export_aiperf.json"))
+    return json.loads(summary.read_text()), text
+
+
+def token_times(record: dict) -> list[int]:
+    """aiperf's receive time (perf_ns) of each generated token of one raw record: a chunk
+    with text, or one with an empty ``content`` after the first token (vLLM's token whose
+    bytes are not yet a whole character), not the role-only first chunk, the usage chunk or
+    ``[DONE]``. Chunks of one read share a timestamp. That is one per token unless vLLM
+    sent several tokens in one chunk (it merges the deltas of a request whose stream is
+    read late, as on these loaded cores): then one gap spans them, as in the sidecar, which
+    counts one token per chunk without per-chunk usage. The sidecar does not count an empty ``content`` on the chunk
+    that carries ``finish_reason`` (sidecar/streams/protocols/openai.py), so a request that
+    ends on a split character loses its last gap there: the table shows both counts."""
+    times: list[int] = []
+    for response in record.get("responses") or []:
+        for packet in response.get("packets") or []:
+            if packet.get("name") != "data" or packet.get("value") in (None, "[DONE]"):
+                continue
+            for choice in json.loads(packet["value"]).get("choices") or []:
+                delta = choice.get("delta") or {}
+                content = delta.get("content")
+                if content or delta.get("reasoning_content") or delta.get("reasoning"):
+                    times.append(response["perf_ns"])
+                elif times and content == "" and "role" not in delta:
+                    times.append(response["perf_ns"])
+    return times
+
+
+def token_gaps(artifacts) -> list[float]:
+    """Every gap between consecutive tokens of every request, in seconds, by aiperf's clock."""
+    (raw,) = list(artifacts.rglob("profile_export_raw.jsonl"))
+    gaps: list[float] = []
+    for line in raw.read_text().splitlines():
+        if line.strip():
+            times = token_times(json.loads(line))
+            assert 0 < len(times) <= OUTPUT_TOKENS, len(times)
+            gaps.extend((b - a) / 1e9 for a, b in zip(times, times[1:]))
+    return gaps
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+async def warm_up(url: str, n: int = 3) -> None:
+    """A few streamed requests straight to vLLM (not through the sidecar)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 16, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(n):
+            async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+                await r.read()
+
+
+async def prom_query(session: aiohttp.ClientSession, base: str, query: str) -> list:
+    async with session.get(f"{base}/api/v1/query", params={"query": query}) as r:
+        doc = await r.json()
+        assert r.status == 200 and doc["status"] == "success", f"{query}: {r.status} {doc}"
+        return doc["data"]["result"]
+
+
+def choose_threshold(gaps_by_level: dict[int, list[float]]) -> tuple[float, int, float]:
+    """(threshold, expected capacity level, margin) from the generator's gaps alone.
+
+    A p95 objective at bound T is met by a level when at least 95 % of its gaps are <= T
+    (what the rule's histogram_quantile says at a bucket bound, interpolation aside). Of
+    the ITL bucket bounds that some level meets and some fails, the one whose closest
+    level is farthest from 95 % (margin, in shares); capacity = the largest level meeting."""
+    best = None
+    for bound in ITL_BUCKETS:
+        shares = {lvl: sum(g <= bound for g in gaps) / len(gaps) for lvl, gaps in gaps_by_level.items()}
+        meeting = [lvl for lvl, f in shares.items() if f >= 0.95]
+        if not meeting or len(meeting) == len(shares):
+            continue
+        margin = min(abs(f - 0.95) for f in shares.values())
+        if best is None or margin > best[2]:
+            best = (bound, max(meeting), margin)
+    assert best is not None, f"no ITL bucket bound separates the levels' p95 gaps: " + str(
+        {lvl: quantile(g, 0.95) for lvl, g in gaps_by_level.items()}
+    )
+    return best
+
+
+async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory, tmp_path):
+    if not AIPERF.exists():
+        message = f"aiperf is not installed ({AIPERF}; run scripts/install-aiperf.sh)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    prometheus = require_tool("prometheus")
+    t_session = time.monotonic()
+    server = live_servers.get(VLLM)
+    t_start = time.monotonic()
+    cold = server.ready_after
+    running = await sidecar_factory(server.url)
+    await warm_up(server.url)
+
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text("groups: []\n", encoding="utf-8")
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules_file)],
+        "scrape_configs": [{"job_name": "llm-sidecar", "static_configs": [{"targets": [f"127.0.0.1:{running.admin_port}"]}]}],
+    }
+    proc, port = start_prometheus(prometheus, tmp_path, config)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            # Ready, and the sidecar scraped at least once before any traffic.
+            async def scraped() -> bool:
+                try:
+                    return bool(await prom_query(session, base, 'up{job="llm-sidecar"} == 1'))
+                except (aiohttp.ClientError, AssertionError):
+                    return False
+
+            await wait_for(scraped, timeout=60)
+
+            rows = []
+            gaps_by_level: dict[int, list[float]] = {}
+            requests = 0
+            for level in LEVELS:
+                before = band_figures(running.registry)
+                t0 = time.monotonic()
+                summary, output = await run_aiperf(running.url, level, tmp_path / f"aiperf-c{level}", tmp_path)
+                wall = time.monotonic() - t0
+                gaps_by_level[level] = token_gaps(tmp_path / f"aiperf-c{level}")
+                requests += ROUNDS * level
+                # Each request is filed just after its connection ends; aiperf may exit first.
+                await wait_for(lambda: sum(outcome_counts(running.registry).values()) == requests, timeout=30)
+                assert outcome_counts(running.registry) == {"ok": requests}, output[-3000:]
+                d = delta(band_figures(running.registry), before)
+                counts = {b: d.get((ITL + "_count", b, None), 0.0) for b in BANDS}
+                total = sum(counts.values())
+                assert total == d[(PLAIN_ITL + "_count", None, None)]
+                own = band(level)
+                assert summary["request_count"]["avg"] == ROUNDS * level, summary["request_count"]
+                rows.append(
+                    {
+                        "level": level,
+                        "aiperf_itl": summary["inter_token_latency"]["avg"] / 1000,
+                        "aiperf_itl_p95": summary["inter_token_latency"]["p95"] / 1000,
+                        "aiperf_icl_p95": summary["inter_chunk_latency"]["p95"] / 1000,
+                        "aiperf_gap_p95": quantile(gaps_by_level[level], 0.95),
+                        "aiperf_gaps": len(gaps_by_level[level]),
+                        "aiperf_tps": summary["output_token_throughput"]["avg"],
+                        "aiperf_osl": summary["output_sequence_length"]["avg"],
+                        "gaps": total,
+                        "bands": {b: int(c) for b, c in counts.items() if c},
+                        "sidecar_itl": sum(d.get((ITL + "_sum", b, None), 0.0) for b in BANDS) / total,
+                        "band_itl": d[(ITL + "_sum", own, None)] / counts[own],
+                        "share": counts[own] / total,
+                        "band_tps": d[("llm_decode_tokens_by_concurrency_total", own, None)]
+                        / d[("llm_decode_seconds_by_concurrency_total", own, None)],
+                        "delta": d,
+                        "wall": wall,
+                    }
+                )
+
+            print("\nsweep:", json.dumps([{k: v for k, v in r.items() if k != "delta"} for r in rows]))
+            # The threshold, from aiperf's sweep alone.
+            threshold, expected, margin = choose_threshold(gaps_by_level)
+            totals = band_figures(running.registry)  # the whole sweep, as the rule's 1h window sees it
+            spec = parse_spec(
+                {"version": 1, "objectives": [{"name": "itl", "sli": "itl", "target": 95, "threshold_seconds": threshold}]}
+            )
+            assert capacity_group(spec) is not None
+            rules_file.write_text(render_rules(generate(spec)), encoding="utf-8")
+            proc.send_signal(signal.SIGHUP)
+
+            async def capacity_group_evaluated() -> bool:
+                async with session.get(f"{base}/api/v1/rules") as r:
+                    groups = (await r.json())["data"]["groups"]
+                return any(g["name"] == CAPACITY_GROUP and g.get("evaluationTime", 0) > 0 for g in groups)
+
+            await wait_for(capacity_group_evaluated, timeout=30)
+            await asyncio.sleep(2)  # one more whole evaluation after the reload
+            result = await prom_query(session, base, CAPACITY)
+            capacity = result[0] if result else None
+            p95s = {
+                s["metric"]["concurrency"]: float(s["value"][1])
+                for s in await prom_query(session, base, "llm:itl_by_concurrency:p95_1h")
+            }
+            tps = await prom_query(session, base, CAPACITY_TPS)
+            # What the rule's 1h window holds per band: gaps, and the share within the threshold.
+            window = f"sum by (concurrency) (increase({ITL}_count[1h]))"
+            prom_gaps = {s["metric"]["concurrency"]: float(s["value"][1]) for s in await prom_query(session, base, window)}
+            within = f'sum by (concurrency) (increase({ITL}_bucket{{le="{floatToGoString(threshold)}"}}[1h])) / {window}'
+            prom_share = {s["metric"]["concurrency"]: float(s["value"][1]) for s in await prom_query(session, base, within)}
+            async with session.get(f"{base}/api/v1/rules") as r:
+                groups = (await r.json())["data"]["groups"]
+            bad = [(r.get("name"), r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") != "ok"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    elapsed = time.monotonic() - t_start
+
+    own_bands = {r["level"]: band(r["level"]) for r in rows}
+    lines = [
+        f"vLLM {server.version()} on CPU (2 shared cores), tiny random model (tests/real); aiperf "
+        f"{summary['aiperf_version']} closed loop, streamed chat, {OUTPUT_TOKENS} output tokens, "
+        f"{ROUNDS} requests per stream per level.",
+        "",
+        "| level | aiperf mean ITL | sidecar mean ITL, all bands | diff | gaps: tokens, aiperf chunks, sidecar "
+        "| sidecar gaps by band "
+        "| sidecar band-N mean ITL "
+        "| aiperf p95 ITL (per request) | aiperf p95 gap (per token) | aiperf tok/s | sidecar band-N tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = r["sidecar_itl"] / r["aiperf_itl"] - 1
+        bands = ", ".join(f"{b}: {c}" for b, c in r["bands"].items())
+        lines.append(
+            f"| {r['level']} | {1000 * r['aiperf_itl']:.2f} ms | {1000 * r['sidecar_itl']:.2f} ms | {100 * diff:+.1f} % "
+            f"| {ROUNDS * r['level'] * (OUTPUT_TOKENS - 1)}, {r['aiperf_gaps']}, {r['gaps']:.0f} | {bands} "
+            f"| {1000 * r['band_itl']:.2f} ms | {1000 * r['aiperf_itl_p95']:.1f} ms "
+            f"| {1000 * r['aiperf_gap_p95']:.1f} ms | {r['aiperf_tps']:.1f} | {r['band_tps']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Capacity at a p95 ITL objective of {threshold:g} s (the bucket bound that best separates aiperf's levels; "
+        f"closest level {100 * margin:.1f} points from 95 %):",
+        "",
+        f"| level | aiperf: gaps <= {threshold:g} s | sidecar band N, this level | sidecar band N, whole sweep "
+        "| Prometheus 1h: gaps, share | rule's p95 (Prometheus, 1h) | meets (aiperf) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        own = own_bands[r["level"]]
+        mine = sum(g <= threshold for g in gaps_by_level[r["level"]]) / len(gaps_by_level[r["level"]])
+        level_share = fraction_within(r["delta"], own, threshold)
+        sweep_share = fraction_within(totals, own, threshold)
+        p95 = p95s.get(own)
+        lines.append(
+            f"| {r['level']} | {100 * mine:.1f} % | {100 * (level_share or 0):.1f} % | {100 * (sweep_share or 0):.1f} % "
+            f"| {prom_gaps.get(own, 0):.0f} of {totals.get((ITL + '_count', own, None), 0):.0f}, "
+            f"{100 * prom_share.get(own, float('nan')):.1f} % "
+            f"| {'-' if p95 is None else f'{1000 * p95:.1f} ms'} | {'yes' if mine >= 0.95 else 'no'} |"
+        )
+    got = None if capacity is None else capacity["value"][1]
+    walls = ", ".join(f"c{r['level']} {r['wall']:.0f} s" for r in rows)
+    lines += [
+        "",
+        f"aiperf's sweep: capacity {expected} streams; `{CAPACITY}` = {got}, "
+        f"`{CAPACITY_TPS}` = {tps[0]['value'][1] if tps else '-'}.",
+        f"Wall: vLLM cold start {cold:.0f} s; test body (sidecar, Prometheus, 4 aiperf runs, rules) {elapsed:.0f} s; "
+        f"test including the wait for vLLM {time.monotonic() - t_session:.0f} s; aiperf runs {walls}.",
+    ]
+    print("\n" + "\n".join(lines))
+    (tmp_path / "table.md").write_text("\n".join(lines) + "\n")
+
+    for r in rows:
+        assert r["aiperf_osl"] == OUTPUT_TOKENS, r
+        assert abs(r["sidecar_itl"] / r["aiperf_itl"] - 1) <= TOLERANCE, r
+        assert r["share"] >= DOMINANT, r
+    assert not bad, bad
+    assert got == str(expected), "\n".join(lines)
