@@ -152,6 +152,14 @@ def build_sidecar(
         tenants=settings.tenant_header is not None,
     )
     capacity = CapacityMetrics(registry)
+    forget_model = metrics.model_label.on_forget
+
+    def forget_everywhere(value: str) -> None:  # an idle model label: every metric lets it go
+        if forget_model is not None:
+            forget_model(value)
+        capacity.forget(value)
+
+    metrics.model_label.on_forget = forget_everywhere
     recorders = [metrics.record, capacity.record]
     telemetry: RequestTelemetry | None = None
     if tracer_provider is not None or meter_provider is not None:

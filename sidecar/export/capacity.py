@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ..measure.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.timeline import RequestTimeline
-from .metrics import observe_many
+from .metrics import drop_label_value, observe_many
 
 __all__ = ["CapacityMetrics"]
 
@@ -61,6 +61,14 @@ class CapacityMetrics:
             self.tokens.labels(label, b)
         children = {b: self.seconds.labels(label, b) for b in BANDS}
         return lambda b, elapsed: children[b].inc(elapsed)
+
+    def forget(self, label: str) -> int:
+        """An idle model label gave its slot back (sidecar/export/labels.py): drop its series
+        of all three metrics and its tracker, so a label that comes back starts afresh (and
+        its series are made again at its first stream). Without this, every model ever
+        labelled kept its 9 bands of series for good. Returns the series removed."""
+        self.trackers.forget(label)
+        return sum(drop_label_value(m, "model", label) for m in (self.itl, self.tokens, self.seconds))
 
     def record(self, t: RequestTimeline, model_label: str) -> None:
         """Observe one finished request's gaps by band (a recorder, called once)."""

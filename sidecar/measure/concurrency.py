@@ -78,6 +78,10 @@ class DecodeTrackers:
         self._by_label: dict[str, DecodeConcurrency] = {}
         self._sink_for = sink_for
 
+    def forget(self, label: str) -> None:
+        """Drop ``label``'s tracker (the label went idle: no stream of it is decoding)."""
+        self._by_label.pop(label, None)
+
     def __call__(self, label: str) -> DecodeConcurrency:
         tracker = self._by_label.get(label)
         if tracker is None:

@@ -128,3 +128,31 @@ def test_every_band_exists_at_zero_from_a_models_first_stream():
         ) == 0
         assert registry.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) == 0
         assert registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels) == 0
+
+
+def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
+    """A model label forgotten for idleness (sidecar/export/labels.py) leaves nothing behind
+    in the capacity metrics either; if it comes back, its bands are made afresh."""
+    from sidecar.app import build_sidecar
+    from sidecar.config import Settings
+
+    registry = CollectorRegistry()
+    sc = build_sidecar(Settings(upstream="http://127.0.0.1:9"), registry)
+    capacity = sc.capacity
+
+    def series(model: str) -> int:
+        return sum(
+            1
+            for family in registry.collect()
+            if family.name.startswith(("llm_inter_token_latency_by_concurrency", "llm_decode_"))
+            for s in family.samples
+            if s.labels.get("model") == model
+        )
+
+    tracker = capacity.trackers("a")
+    capacity.trackers("b")
+    assert series("a") > 0 and series("b") == series("a")
+    sc.metrics.model_label.on_forget("a")  # what the label refresh calls for an idle value
+    assert series("a") == 0 and series("b") > 0
+    assert capacity.trackers("a") is not tracker  # back again: a fresh tracker and series
+    assert series("a") == series("b")
