@@ -61,6 +61,7 @@ from ..streams.protocols.events import (
     DialectEvent,
     EngineTimings,
     GenerationDone,
+    MaybeLastToken,
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -128,6 +129,7 @@ class RequestTimeline:
         "stream_error",
         "saw_end_marker",
         "generation_done",
+        "_maybe_last",
         "end_marker_expected",
         "parse_errors",
         "outcome",
@@ -176,6 +178,7 @@ class RequestTimeline:
         self.stream_error: StreamError | None = None
         self.saw_end_marker = False
         self.generation_done = False  # the content said generation finished (GenerationDone)
+        self._maybe_last: tuple[float, int] | None = None  # a MaybeLastToken: (when, streams decoding)
         self.end_marker_expected = False  # the stream's dialect has an end marker to see
         self.parse_errors = 0
         self.outcome: Outcome | None = None
@@ -223,6 +226,11 @@ class RequestTimeline:
                     self.engine_usage = ev
                 else:
                     self.usage = ev
+                    if self._maybe_last is not None:
+                        self._settle_last(ev)
+            elif t is MaybeLastToken:
+                if self.first_token is not None:
+                    self._maybe_last = (now, self.decode.n)
             elif t is ResponseInfo:
                 if ev.response_model is not None:
                     self.response_model = ev.response_model
@@ -270,6 +278,22 @@ class RequestTimeline:
                 self.first_answer_token = now
         elif ev.kind is TokenKind.REASONING:
             self.reasoning_stream_tokens += ev.count
+
+    def _settle_last(self, usage: Usage) -> None:
+        """A :class:`MaybeLastToken` was a token when the usage counts exactly one more than
+        arrived (vLLM counts its end-of-sequence token; a bare terminator adds nothing). It
+        arrived then, so its gap is observed and TPOT's span ends there, as the usage count
+        it is divided by says. Counting it otherwise left vLLM's every naturally finished
+        stream one gap short and its TPOT low by 1/(n-1)."""
+        at, decoding = self._maybe_last  # type: ignore[misc]
+        self._maybe_last = None
+        last = self.last_token
+        if usage.output_tokens != self.stream_tokens + 1 or last is None or at < last:
+            return
+        self.gaps.append(at - last)
+        self.gap_streams.append(decoding)
+        self.last_token = at
+        self.stream_tokens += 1
 
     def _group(self, index: int, count: int, chunk_gap: bool) -> None:
         if self._grouped is None:

@@ -57,19 +57,42 @@ def partial_token(event: dict) -> bool:
     return False
 
 
+def finishing_without_text(event: dict) -> bool:
+    """A choice that finishes on an empty ``content`` (or ``text``) and nothing else: vLLM's
+    last token when it has no text of its own, or a bare terminator (llama.cpp,
+    ``transformers serve``); the final usage tells which."""
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta")
+        empty = (
+            delta.get("content") == "" and "role" not in delta and not any(delta.get(k) for k in ("reasoning", "reasoning_content", "tool_calls", "refusal"))
+            if isinstance(delta, dict)
+            else choice.get("text") == ""
+        )
+        if empty and choice.get("finish_reason"):
+            return True
+    return False
+
+
 def token_arrivals(events: list[dict]) -> int:
     """Tokens the client saw arrive: one per content event (and, once text came, one per
     :func:`partial_token` event), or more when per-chunk usage (vLLM's continuous usage
-    stats) grew by more since the previous event: the server merged several tokens into one."""
-    arrivals, so_far = 0, None
+    stats) grew by more since the previous event: the server merged several tokens into one.
+    A last event :func:`finishing_without_text` is one more when the final usage counts
+    exactly one more than that."""
+    arrivals, so_far, maybe_last = 0, None, False
     for event in events:
         usage = event.get("usage") if event.get("choices") else None
         output = usage.get("completion_tokens") if isinstance(usage, dict) else None
         if content_of(event) or (arrivals and partial_token(event)):
             grown = output - so_far if output is not None and so_far is not None else 1
             arrivals += max(grown, 1)
+        elif arrivals and finishing_without_text(event):
+            maybe_last = True
         if output is not None:
             so_far = output
+    final = reported_usage(events)
+    if maybe_last and final is not None and final["output"] == arrivals + 1:
+        arrivals += 1
     return arrivals
 
 

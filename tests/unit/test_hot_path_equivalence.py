@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from sidecar.streams.protocols.events import (
     DialectEvent,
     EngineTimings,
+    MaybeLastToken,
     ParseError,
     ResponseInfo,
     StreamEnd,
@@ -138,6 +139,7 @@ class OracleOpenAI(OpenAIStreamDialect):
 def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False) -> int:
     answer = reasoning = tool = 0
     finish: list[str] | None = None
+    maybe_last = False
     for choice in choices:
         if type(choice) is not dict:
             out.append(ParseError("choice is not an object"))
@@ -157,8 +159,13 @@ def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | No
             empty = delta.get("content") == "" and "role" not in delta and choice.get("finish_reason") is None
             if started and empty and not kinds:
                 answer += 1
+            finishing = delta.get("content") == "" and "role" not in delta and choice.get("finish_reason")
+            if started and finishing and not kinds:
+                maybe_last = True
         elif choice.get("text"):
             answer += 1
+        elif started and choice.get("text") == "" and choice.get("finish_reason"):
+            maybe_last = True
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
             if finish is None:
@@ -177,6 +184,8 @@ def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | No
         out.append(Tokens(TokenKind.TOOL, tool))
     if answer:
         out.append(Tokens(TokenKind.ANSWER, answer))
+    elif maybe_last and not (reasoning or tool):
+        out.append(MaybeLastToken())
     if finish:
         out.append(ResponseInfo(finish_reasons=tuple(finish)))
     return answer + reasoning + tool

@@ -13,6 +13,8 @@ rules that are the OpenAI dialect's own.
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -258,8 +260,52 @@ def test_continuous_usage_last_wins_in_timeline():
     assert tl.usage == Usage(input_tokens=7, output_tokens=3)
     assert tl.output_tokens == 3
     assert tl.tokens_from_usage
-    assert tl.stream_tokens == 2
+    # Two chunks with text, then the finishing chunk with "content": "" whose usage grew to
+    # 3: vLLM's last token had no text of its own, and it arrived with that chunk.
+    assert tl.stream_tokens == 3 and len(tl.gaps) == 2 and tl.last_token == pytest.approx(0.4)
     assert tl.saw_end_marker
+
+
+def _timeline_of(body: bytes) -> RequestTimeline:
+    d = OpenAIStreamDialect()
+    tl = RequestTimeline(start=0.0)
+    tl.response_started(0.01, 200, streamed=True)
+    for i, event in enumerate(body.split(b"\n\n")[:-1]):
+        tl.events(d.feed(event + b"\n\n"), 0.1 * (i + 1))
+    tl.events(d.close(), 1.0)
+    return tl
+
+
+def _chunk(delta: str, finish: str | None = None, usage: int | None = None, legacy: bool = False) -> bytes:
+    choice = {"index": 0, "text": delta} if legacy else {"index": 0, "delta": {"content": delta}}
+    choice["finish_reason"] = finish
+    event: dict = {"choices": [choice]}
+    if usage is not None:
+        event["usage"] = {"prompt_tokens": 1, "completion_tokens": usage, "total_tokens": usage + 1}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["chat", "completions"])
+@pytest.mark.parametrize(
+    ("usage", "counted"),
+    [
+        (4, 4),  # vLLM: the usage counts the token the finishing chunk stands for
+        (3, 3),  # llama.cpp, transformers serve: a bare terminator, not a token
+        (None, 3),  # no usage: nothing says it was a token
+    ],
+)
+def test_a_finishing_chunk_without_text_is_a_token_when_the_usage_says_so(legacy, usage, counted):
+    final_usage = b"" if usage is None else b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (usage, usage + 1)
+    body = (
+        _chunk("a", legacy=legacy) + _chunk("b", legacy=legacy) + _chunk("c", legacy=legacy)
+        + _chunk("", "stop", legacy=legacy) + final_usage + b"data: [DONE]\n\n"
+    )  # fmt: skip
+    tl = _timeline_of(body)
+    assert tl.stream_tokens == counted and len(tl.gaps) == counted - 1
+    assert tl.last_token == pytest.approx(0.4 if counted == 4 else 0.3)  # when it arrived
+    if usage is not None:
+        assert tl.output_tokens == usage
+        assert tl.tpot == pytest.approx((tl.last_token - tl.first_token) / (usage - 1))
 
 
 # -- non-streaming --------------------------------------------------------------------------

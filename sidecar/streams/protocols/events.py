@@ -17,6 +17,7 @@ __all__ = [
     "StreamError",
     "StreamEnd",
     "GenerationDone",
+    "MaybeLastToken",
     "ParseError",
     "EngineTimings",
     "DialectEvent",
@@ -92,6 +93,16 @@ class GenerationDone:
 
 
 @dataclass(slots=True, frozen=True)
+class MaybeLastToken:
+    """A choice finished on a delta whose ``content`` (or ``text``) is empty, after tokens
+    came. vLLM sends this for its last token when it has no text of its own (the end of
+    sequence token, or the tail of a character split over tokens) and counts it in the
+    usage; llama.cpp and ``transformers serve`` send the same shape as a bare terminator
+    and do not. So it is a token exactly when the usage that follows counts one more than
+    arrived: the timeline decides then (:class:`~sidecar.measure.timeline.RequestTimeline`)."""
+
+
+@dataclass(slots=True, frozen=True)
 class ParseError:
     """An event the dialect could not understand; the bytes were relayed regardless."""
 
@@ -127,4 +138,6 @@ class EngineTimings:
         )
 
 
-DialectEvent = Tokens | Usage | ResponseInfo | StreamError | StreamEnd | GenerationDone | ParseError | EngineTimings
+DialectEvent = (
+    Tokens | Usage | ResponseInfo | StreamError | StreamEnd | GenerationDone | MaybeLastToken | ParseError | EngineTimings
+)

@@ -11,7 +11,10 @@ What counts as a token (one per choice delta that carries any of these):
   two tokens); it is a token that arrived, so ITL keeps one observation per token
 A role-only first chunk (``{"role":"assistant","content":""}`` or no content) is not a
 token, nor is a delta that carries ``role`` or a ``finish_reason`` and no text, nor an empty
-delta before the first token (so TTFT never starts at a chunk without text).
+delta before the first token (so TTFT never starts at a chunk without text). A finishing
+delta with an empty ``content`` (or ``text``) after tokens came is :class:`MaybeLastToken`:
+vLLM's last token when it has no text (end of sequence, or a split character's tail), or
+llama.cpp's and ``transformers serve``'s bare terminator; the usage that follows tells.
 
 Where exact counts come from (read only; the request is never changed to ask for them):
 - ``usage``, in its own final chunk with ``choices: []`` when the client asked
@@ -45,6 +48,7 @@ from .events import (
     DialectEvent,
     EngineTimings,
     GenerationDone,
+    MaybeLastToken,
     ParseError,
     ResponseInfo,
     StreamError,
@@ -223,6 +227,7 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
                 return 1
     answer = reasoning = tool = 0
     finish: list[str] | None = None
+    maybe_last = False
     for choice in choices:
         if type(choice) is not dict:
             out.append(ParseError("choice is not an object"))
@@ -248,8 +253,18 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
                     and choice.get("finish_reason") is None
                 ):
                     answer += 1  # a token whose bytes are not a whole character yet
+                elif (
+                    started
+                    and content == ""
+                    and answer + reasoning + tool == before
+                    and "role" not in delta
+                    and choice.get("finish_reason")
+                ):
+                    maybe_last = True  # vLLM's last token without text, or a terminator
         elif choice.get("text"):  # legacy completions
             answer += 1
+        elif started and choice.get("text") == "" and choice.get("finish_reason"):
+            maybe_last = True
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
             if finish is None:
@@ -269,6 +284,8 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
         out.append(Tokens(TokenKind.TOOL, tool))
     if answer:
         out.append(_ONE_ANSWER if answer == 1 else Tokens(TokenKind.ANSWER, answer))
+    elif maybe_last and not (reasoning or tool):
+        out.append(_MAYBE_LAST)
     if finish:
         out.append(ResponseInfo(finish_reasons=tuple(finish)))
     return answer + reasoning + tool
@@ -276,6 +293,7 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
 
 # The event of nearly every chunk, shared (events are never mutated after creation).
 _ONE_ANSWER = Tokens(TokenKind.ANSWER, 1)
+_MAYBE_LAST = MaybeLastToken()
 
 
 def _int_or_none(value: Any) -> int | None:
