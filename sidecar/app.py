@@ -188,6 +188,8 @@ def build_sidecar(
             budget=budget,
         )
         metrics.bound_tenants(tenants.bound)
+    # The series budget counts every labelled series, the capacity metrics' too.
+    budget.count = lambda: metrics.series_count() + capacity.series_count()
     proxy = Proxy(
         lambda: holder["s"].get_pool(),
         model_label=metrics.model_label,

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ..measure.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.timeline import RequestTimeline
-from .metrics import drop_label_value, observe_many
+from .metrics import drop_label_value, label_children, observe_many, samples_per_child
 
 __all__ = ["CapacityMetrics"]
 
@@ -61,6 +61,11 @@ class CapacityMetrics:
             self.tokens.labels(label, b)
         children = {b: self.seconds.labels(label, b) for b in BANDS}
         return lambda b, elapsed: children[b].inc(elapsed)
+
+    def series_count(self) -> int:
+        """Samples these metrics expose now, counted into the process's series budget
+        (``--max-series``) beside the main metrics': each model label brings 9 bands of each."""
+        return sum(len(label_children(m)) * samples_per_child(m) for m in (self.itl, self.tokens, self.seconds))
 
     def forget(self, label: str) -> int:
         """An idle model label gave its slot back (sidecar/export/labels.py): drop its series

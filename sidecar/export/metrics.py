@@ -30,7 +30,7 @@ from .labels import OTHER, OVERFLOW_REASONS, UNKNOWN, BoundedLabel
 from ..relay.routes import ROUTES
 from ..measure.timeline import Outcome, RequestTimeline
 
-__all__ = ["SidecarMetrics", "ModelLabeler", "drop_label_value", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many"]
+__all__ = ["SidecarMetrics", "ModelLabeler", "drop_label_value", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many", "label_children", "samples_per_child"]
 
 OTHER_MODEL = OTHER
 UNKNOWN_MODEL = UNKNOWN
@@ -218,7 +218,7 @@ class SidecarMetrics:
         """Samples the registry's labelled instruments expose now (a histogram child has its
         buckets, ``+Inf``, ``_sum``, ``_count`` and ``_created``; a counter child its total and
         ``_created``), for the series budget."""
-        return sum(len(label_children(m)) * _samples_per_child(m) for m in self._labelled())
+        return sum(len(label_children(m)) * samples_per_child(m) for m in self._labelled())
 
     def _overflowed(self, label: str):
         for reason in OVERFLOW_REASONS:
@@ -374,7 +374,7 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
             done = upto
 
 
-def _samples_per_child(metric) -> int:
+def samples_per_child(metric) -> int:
     if isinstance(metric, Histogram):
         return len(metric._upper_bounds) + 3
     return 2 if isinstance(metric, Counter) else 1

@@ -156,3 +156,25 @@ def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
     assert series("a") == 0 and series("b") > 0
     assert capacity.trackers("a") is not tracker  # back again: a fresh tracker and series
     assert series("a") == series("b")
+
+
+def test_the_series_budget_counts_the_capacity_series_too():
+    """--max-series bounds every labelled series: a model label's 9 bands of capacity series
+    count against it, so the budget refuses new label values as soon as they would pass it."""
+    from sidecar.app import build_sidecar
+    from sidecar.config import Settings
+
+    registry = CollectorRegistry()
+    sc = build_sidecar(Settings(upstream="http://127.0.0.1:9"), registry)
+    budget = sc.metrics.model_label.budget
+    before = budget.count()
+    sc.capacity.trackers("a")  # a model's first stream makes its bands' series
+    grown = budget.count() - before
+    assert grown == sc.capacity.series_count() > 0
+    exposed = sum(
+        1
+        for family in registry.collect()
+        if family.name.startswith(("llm_inter_token_latency_by_concurrency", "llm_decode_"))
+        for s in family.samples
+    )
+    assert grown == exposed  # counted as the exposition has them
