@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.observe import ResponseObserver
-from sidecar.relay.routes import match_route
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.routes import match_route
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 
 TOKENS = 200  # tokens per request
 ITL = 0.02  # seconds between tokens (puts every gap in one ITL bucket, as steady decode does)

@@ -24,8 +24,9 @@ from prometheus_client import CollectorRegistry
 from bench.micro_measure import ITL, TOKENS, _best, chunk
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.observe import ResponseObserver
-from sidecar.relay.routes import match_route
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.routes import match_route
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 from sidecar.export.tracing import RequestTelemetry
 
 

@@ -2,7 +2,7 @@
 
 The rules used to evaluate ``rate(llm_time_to_first_token_seconds_bucket[3d])`` (and
 ``[30d]``) over every pod, route and class at every evaluation; now the 1d, 3d and period
-windows are ``sum_over_time`` of the recorded base-window rates (``sidecar/slo/rules.py``).
+windows are ``sum_over_time`` of the recorded base-window rates (``sidecar/tools/slo/rules.py``).
 This builds a TSDB with ``promtool tsdb create-blocks-from openmetrics``: DAYS days of a TTFT
 histogram (PODS x ROUTES series of every bucket, one sample a minute) and the two recorded
 rate series the rules would have written, opens it with Debian's Prometheus (no scraping),
@@ -27,10 +27,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from sidecar.measure.buckets import TTFT_BUCKETS
-from sidecar.slo import conventions as c
-from sidecar.slo import parse_spec
-from sidecar.slo.rules import sli_error_expr
+from sidecar.base.buckets import TTFT_BUCKETS
+from sidecar.tools.slo import conventions as c
+from sidecar.tools.slo import parse_spec
+from sidecar.tools.slo.rules import sli_error_expr
 
 MODEL = "m"
 STEP = 60

@@ -3,7 +3,7 @@ recompute every stream it should receive and compare byte for byte.
 
 A stream is fully determined by its id (the ``X-Bench-Stream`` request header) and its
 token count (``max_tokens`` in the request body): the vLLM chat chunk shape of
-``sidecar/sim/core.py`` (role chunk first, one ``data: {...chat.completion.chunk...}``
+``sidecar/tools/sim/core.py`` (role chunk first, one ``data: {...chat.completion.chunk...}``
 event per token, the last with ``finish_reason``, an optional usage-only chunk when the
 request asked for ``stream_options.include_usage``, then ``data: [DONE]``). The token texts
 are picked by a hash of (stream, position) from a list that includes 2, 3 and 4 byte UTF-8

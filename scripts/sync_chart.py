@@ -31,8 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from sidecar.slo import helm as helm_rules
-from sidecar.slo import load_spec
+from sidecar.tools.slo import helm as helm_rules
+from sidecar.tools.slo import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "llm-sidecar"
@@ -142,7 +142,7 @@ def expected_copies() -> dict[Path, bytes]:
         for path in sorted((ROOT / src).glob(pattern)):
             out[CHART / dest / path.name] = path.read_bytes()
     # The chart's rules are the same rules with each objective's target and threshold as a
-    # values lookup (sidecar/slo/helm.py); the generator, not a copy, writes them.
+    # values lookup (sidecar/tools/slo/helm.py); the generator, not a copy, writes them.
     for name, spec in helm_rules.SHIPPED.items():
         out[CHART / "files" / "rules" / name] = helm_rules.render_helm_rules(load_spec(str(ROOT / spec))).encode()
     return out

@@ -55,11 +55,12 @@ from .relay.http1 import raw_error_response
 from .relay.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
-from .export.labels import SeriesBudget
-from .export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from .base.labels import SeriesBudget
+from .base.labels import ModelLabeler
+from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.scrape import ScrapeRenderer
-from .export.tenant import TenantLabeler
-from .measure.prompt_class import PromptClasses
+from .base.tenant import TenantLabeler
+from .base.prompt_class import PromptClasses
 from .relay.proxy import Proxy, error_response
 from .export.tracing import RequestTelemetry, providers_from_env
 from .relay.model_discovery import served_models
@@ -260,7 +261,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
 
 async def _refresh_labels(sc: Sidecar) -> None:
     """In the background, never on a request's path: learn the models the upstream serves
-    (the ``model`` label admits only those, sidecar/export/labels.py) and forget label values
+    (the ``model`` label admits only those, sidecar/base/labels.py) and forget label values
     idle too long."""
     labeler = sc.metrics.model_label
     while True:
@@ -319,7 +320,9 @@ def _admin_app(sc: Sidecar) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/upstreamz", upstreamz)
     if sc.settings.engine_metrics_path:
-        app.router.add_get("/metrics/engine", engine_metrics_handler(lambda: sc.session, sc.settings))
+        app.router.add_get("/metrics/engine", engine_metrics_handler(
+            lambda: sc.session, sc.settings.upstream + sc.settings.engine_metrics_path, sc.settings.engine_metrics_timeout
+        ))
     return app
 
 

@@ -223,8 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _die(exc.strerror if getattr(exc, "flag", None) else f"cannot listen: {exc.strerror or exc}")
         return 0
     if args.command == "simulate":
-        from .sim.core import SimulatorConfig  # noqa: PLC0415
-        from .sim.server import run_simulator  # noqa: PLC0415
+        from .tools.sim.core import SimulatorConfig  # noqa: PLC0415
+        from .tools.sim.server import run_simulator  # noqa: PLC0415
 
         try:
             host, port = parse_host_port(args.listen)
@@ -255,12 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _die(f"cannot listen: {exc.strerror or exc}")
         return 0
     if args.command == "demo":
-        from .demo import run_demo  # noqa: PLC0415
+        from .tools.demo import run_demo  # noqa: PLC0415
 
         _install_fast_loop()
         return run_demo(duration=args.duration, concurrency=args.concurrency, port=args.port)
     if args.command == "slo":
-        from .slo.cli import render_command  # noqa: PLC0415
+        from .tools.slo.cli import render_command  # noqa: PLC0415
 
         return render_command(args.spec, args.output)
     return _die(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards it

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
-from .measure.prompt_class import parse_bounds
-from .export.tenant import check_tenant_header
+from .base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from .base.prompt_class import parse_bounds
+from .base.tenant import check_tenant_header
 
 __all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ..measure.buckets import ITL_BUCKETS
+from ..base.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.timeline import RequestTimeline
 from .metrics import drop_label_value, label_children, observe_many, samples_per_child
@@ -68,7 +68,7 @@ class CapacityMetrics:
         return sum(len(label_children(m)) * samples_per_child(m) for m in (self.itl, self.tokens, self.seconds))
 
     def forget(self, label: str) -> int:
-        """An idle model label gave its slot back (sidecar/export/labels.py): drop its series
+        """An idle model label gave its slot back (sidecar/base/labels.py): drop its series
         of all three metrics and its tracker, so a label that comes back starts afresh (and
         its series are made again at its first stream). Without this, every model ever
         labelled kept its 9 bands of series for good. Returns the series removed."""

@@ -12,7 +12,8 @@ from typing import Any
 
 import structlog
 
-from ..measure.timeline import Outcome, RequestTimeline
+from ..base.outcomes import Outcome
+from ..measure.timeline import RequestTimeline
 
 __all__ = ["configure_logging", "RequestLogger"]
 

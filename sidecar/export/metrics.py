@@ -9,14 +9,14 @@ bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed ro
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import reduce
 from operator import add
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.values import MutexValue
 
-from ..measure.buckets import (
+from ..base.buckets import (
     E2E_BUCKETS,
     ENGINE_PHASE_BUCKETS,
     OVERHEAD_BUCKETS,
@@ -25,24 +25,13 @@ from ..measure.buckets import (
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
-from ..measure.prompt_class import PromptClasses
-from .labels import OTHER, OVERFLOW_REASONS, UNKNOWN, BoundedLabel
-from ..relay.routes import ROUTES
-from ..measure.timeline import Outcome, RequestTimeline
+from ..base.prompt_class import PromptClasses
+from ..base.labels import OVERFLOW_REASONS, UNKNOWN, BoundedLabel, ModelLabeler
+from ..base.routes import ROUTES
+from ..base.outcomes import Outcome
+from ..measure.timeline import RequestTimeline
 
-__all__ = ["SidecarMetrics", "ModelLabeler", "drop_label_value", "OTHER_MODEL", "UNKNOWN_MODEL", "SLOThresholds", "observe_many", "label_children", "samples_per_child"]
-
-OTHER_MODEL = OTHER
-UNKNOWN_MODEL = UNKNOWN
-
-
-class ModelLabeler(BoundedLabel):
-    """The ``model`` label: the allowlist, else the names the upstream serves, else names
-    that earned a slot with an answer that was not a 4xx (sidecar/export/labels.py has the rules)."""
-
-    def __init__(self, allowlist: Iterable[str] = (), max_models: int = 50, **kwargs) -> None:
-        super().__init__(allowlist, max_models, **kwargs)
-
+__all__ = ["SidecarMetrics", "drop_label_value", "SLOThresholds", "observe_many", "label_children", "samples_per_child"]
 
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""
@@ -81,7 +70,7 @@ class SidecarMetrics:
         tenants: bool = False,
     ) -> None:
         self.registry = registry
-        # The opt-in tenant label (sidecar/export/tenant.py) goes last on the series that answer
+        # The opt-in tenant label (sidecar/base/tenant.py) goes last on the series that answer
         # "who": requests, tokens, TTFT and goodput. Off, the label sets are unchanged.
         self.tenants = tenants
         tl: tuple[str, ...] = ("tenant",) if tenants else ()
@@ -299,7 +288,7 @@ class SidecarMetrics:
 
     def _tenant(self, t: RequestTimeline) -> tuple[str, ...]:
         """The tenant label value as a 0- or 1-tuple to splat after the other labels."""
-        return (t.tenant or UNKNOWN_MODEL,) if self.tenants else ()
+        return (t.tenant or UNKNOWN,) if self.tenants else ()
 
     def _record_stream(
         self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None, tenant: tuple[str, ...] = ()

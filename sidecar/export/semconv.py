@@ -59,7 +59,7 @@ GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"  # latest names: required on usa
 # give one total that may include image or audio tokens of a multimodal model.
 GEN_AI_TOKEN_MODALITY_UNKNOWN = "unknown"
 
-# gen_ai.operation.name well-known values used by the route table (sidecar/relay/routes.py).
+# gen_ai.operation.name well-known values used by the route table (sidecar/base/routes.py).
 GEN_AI_OPERATION_CHAT = "chat"
 GEN_AI_OPERATION_TEXT_COMPLETION = "text_completion"
 

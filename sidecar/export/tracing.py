@@ -51,9 +51,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .. import __version__
 from . import semconv as sc
-from .metrics import OTHER_MODEL, UNKNOWN_MODEL
-from ..relay.routes import OTHER, ROUTES
-from ..measure.timeline import Outcome, RequestTimeline, TokenCountSource
+from ..base.labels import OTHER as OTHER_MODEL, UNKNOWN as UNKNOWN_MODEL
+from ..base.routes import OTHER, ROUTES
+from ..base.outcomes import Outcome
+from ..measure.timeline import RequestTimeline, TokenCountSource
 
 __all__ = [
     "RequestTelemetry",
@@ -389,7 +390,7 @@ class RequestTelemetry:
             return
         route = ROUTES.get(t.route)
         if route is not None and route is not OTHER and model_label not in ("", UNKNOWN_MODEL, OTHER_MODEL):
-            # The model may have earned its label as the request finished (sidecar/export/labels.py).
+            # The model may have earned its label as the request finished (sidecar/base/labels.py).
             span.update_name(f"{route.operation} {model_label}")
         attrs: dict[str, Any] = {}
         outcome = t.outcome.value if t.outcome is not None else Outcome.ERROR.value

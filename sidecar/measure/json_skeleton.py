@@ -45,7 +45,7 @@ Work is O(n) with a small constant, nearly all of it in C:
 - skipped content is first tried with bytes methods only (:meth:`JsonSkeleton._skip_counted`:
   split at quotes, brackets counted, a few hundred MB/s), which settle a whole piece when
   the skipped region provably goes on past it; otherwise by the regular expression of
-  :mod:`sidecar.relay.request_fields` (strings, plain bytes and whole containers up to
+  :mod:`sidecar.measure.request_fields` (strings, plain bytes and whole containers up to
   three levels deep; about 40 MB/s), with Python stepping in only at a bracket it leaves;
 - a long string's body is one expression per piece, escapes included;
 - a kept container that is small (whole within 4 KiB of the piece, no more than four
@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import re
 
-from ..relay.request_fields import _SKIP_RUN
+from .request_fields import _SKIP_RUN
 
 __all__ = [
     "JsonSkeleton",

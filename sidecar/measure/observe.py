@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import structlog
 
+from ..base.routes import Route
+from ..streams.dialects import dialect_of
 from ..streams.protocols.events import ParseError
-from ..relay.routes import Route
 from .json_skeleton import JsonSkeleton
 from .timeline import RequestTimeline
 
@@ -47,8 +48,9 @@ class ResponseObserver:
         headers=None,
     ) -> None:
         self._timeline = timeline
-        if route.head_parser is not None and headers is not None:
-            self._head(route.head_parser, headers)
+        dialect = dialect_of(route)
+        if dialect is not None and dialect.head is not None and route.reads_head and headers is not None:
+            self._head(dialect.head, headers)
         self._dialect = None
         self._json_parser = None
         self._json_parts: list[bytes] = []
@@ -58,14 +60,16 @@ class ResponseObserver:
         if content_encoding and content_encoding.lower() != "identity":
             return  # compressed bytes: relayed untouched, not interpreted
         mime = content_type.split(";", 1)[0].strip().lower()
-        if mime == route.stream_mime and route.stream_dialect is not None:
+        if dialect is None:
+            return
+        if mime == route.stream_mime:
             kwargs = {"max_line_bytes": max_line_bytes} if max_line_bytes else {}
             if route.model_from_path:
                 kwargs["model"] = timeline.model or None
-            self._dialect = route.stream_dialect(**kwargs)
+            self._dialect = dialect.stream(**kwargs)
             timeline.end_marker_expected = getattr(self._dialect, "HAS_END_MARKER", False)
-        elif mime == "application/json" and route.json_parser is not None:
-            self._json_parser = route.json_parser
+        elif mime == "application/json":
+            self._json_parser = dialect.json
 
     @property
     def streaming(self) -> bool:

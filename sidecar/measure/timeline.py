@@ -70,18 +70,13 @@ from ..streams.protocols.events import (
     Tokens,
     Usage,
 )
+from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_TRUNCATED, Outcome
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
-__all__ = ["Outcome", "RequestTimeline", "TokenCountSource", "STREAM_TRUNCATED", "CLIENT_DISCONNECTED"]
+__all__ = ["RequestTimeline", "TokenCountSource"]
 
 _ANSWER = TokenKind.ANSWER
 _REASONING = TokenKind.REASONING
-
-
-class Outcome(str, Enum):
-    OK = "ok"
-    ERROR = "error"
-    CANCELLED = "cancelled"
 
 
 class TokenCountSource(str, Enum):
@@ -93,11 +88,6 @@ class TokenCountSource(str, Enum):
     NONE = "none"
 
 
-STREAM_TRUNCATED = "upstream_stream_truncated"
-"""error_type of a stream that ended cleanly without its protocol's end marker."""
-
-CLIENT_DISCONNECTED = "client_disconnected"
-"""error_type of a request whose client went away before the sidecar finished relaying."""
 
 
 class RequestTimeline:

@@ -1,7 +1,7 @@
 """A process-wide budget for request bodies held in memory while they arrive.
 
 A known API route's JSON body is read whole before it is forwarded, so its model can label
-the figures (:mod:`sidecar.relay.request_fields`). Each body is bounded
+the figures (:mod:`sidecar.measure.request_fields`). Each body is bounded
 (``max_request_inspect_bytes``), but nothing bounded them together: 16 clients sending 30
 MiB each and withholding the last byte (a byte a minute keeps them alive) held 536 MiB, past
 the chart's 512Mi limit, and the kubelet killed every stream in the pod (#23, finding 2).

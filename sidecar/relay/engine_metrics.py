@@ -20,7 +20,6 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from ..config import Settings
 from .proxy import error_response
 
 __all__ = ["MAX_ENGINE_METRICS_BYTES", "engine_metrics_handler", "scrape_timeout"]
@@ -69,21 +68,22 @@ async def _fetch(client: aiohttp.ClientSession, url: str, headers: dict[str, str
         return ("error", 502, "upstream_unreachable", "the inference server's metrics are unreachable")
 
 
-def engine_metrics_handler(session: Callable[[], aiohttp.ClientSession | None], settings: Settings):
-    """The aiohttp handler; ``session`` returns the sidecar's client session once started.
+def engine_metrics_handler(session: Callable[[], aiohttp.ClientSession | None], url: str, timeout: float):
+    """The aiohttp handler for the engine's metrics at ``url``, each scrape given at most
+    ``timeout`` seconds; ``session`` returns the sidecar's client session once started.
 
     Single-flight (issue 23, finding 6): concurrent scrapes with the same forwarded headers
     share one upstream fetch, so 300 scrapes at once open one upstream connection, not 300.
     Each scraper still waits no longer than its own timeout; a scraper that leaves does not
     cancel the fetch the others wait for."""
-    url = settings.upstream + settings.engine_metrics_path
+    configured_timeout = timeout
     in_flight: dict[tuple[str, ...], asyncio.Task] = {}
 
     async def engine_metrics(request: web.Request) -> web.StreamResponse:
         client = session()
         if client is None:
             return error_response(503, "starting", "the sidecar has not started yet")
-        timeout = scrape_timeout(request.headers, settings.engine_metrics_timeout)
+        timeout = scrape_timeout(request.headers, configured_timeout)
         headers = {k: request.headers[k] for k in _FORWARDED_REQUEST if k in request.headers}
         key = tuple(headers.get(k, "") for k in _FORWARDED_REQUEST)
         task = in_flight.get(key)

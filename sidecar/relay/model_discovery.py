@@ -1,6 +1,6 @@
 """Which models the upstream serves, asked of the upstream itself, in the background.
 
-The ``model`` label admits only names the server vouches for (sidecar/export/labels.py), so
+The ``model`` label admits only names the server vouches for (sidecar/base/labels.py), so
 the sidecar asks the server what it serves: the OpenAI-compatible ``/v1/models`` (vLLM,
 SGLang, llama.cpp, TGI, Ollama, LM Studio, LiteLLM, ``transformers serve``), else Ollama's
 ``/api/tags``, else TGI's ``/info``. Never on a request's path: a refresh task calls

@@ -53,11 +53,12 @@ from multidict import CIMultiDict
 
 from ..measure.concurrency import DecodeConcurrency
 from ..measure.observe import ResponseObserver
-from ..measure.timeline import Outcome, RequestTimeline
+from ..base.outcomes import Outcome
+from ..measure.timeline import RequestTimeline
 from .body_budget import BodyBudget
 from .client_head import RawHeadResponse, client_head
-from .request_fields import RequestFields, RequestFieldScanner, scan_request_fields
-from .routes import OTHER, Route, match_route
+from ..measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
+from ..base.routes import OTHER, Route, match_route
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
@@ -556,7 +557,7 @@ class Proxy:
 
     def _settled(self, model: str | None, label: str, headers, timeline: RequestTimeline) -> str:
         """The labels a finished request is recorded with: a model or tenant the upstream
-        answered (not 4xx) may earn its own label now (sidecar/export/labels.py); a 4xx never does."""
+        answered (not 4xx) may earn its own label now (sidecar/base/labels.py); a 4xx never does."""
         try:
             settle = getattr(self._model_label, "settle", None)
             if settle is not None:

@@ -1,7 +1,7 @@
 """The committed dashboards and their ConfigMap are exactly what the generator makes.
 
-Refresh after changing the generator (sidecar/dashboards/) or the SLO spec:
-    python -m sidecar.dashboards
+Refresh after changing the generator (sidecar/tools/dashboards/) or the SLO spec:
+    python -m sidecar.tools.dashboards
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.dashboards import CONFIGMAP, DEFAULT_SPEC, build_dashboards, render_files
-from sidecar.dashboards.render import CONFIGMAP_HEADER
-from sidecar.slo import load_spec, parse_spec
+from sidecar.tools.dashboards import CONFIGMAP, DEFAULT_SPEC, build_dashboards, render_files
+from sidecar.tools.dashboards.render import CONFIGMAP_HEADER
+from sidecar.tools.slo import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_DATA = yaml.safe_load((ROOT / DEFAULT_SPEC).read_text(encoding="utf-8"))
@@ -32,7 +32,7 @@ def test_committed_file_is_what_the_generator_makes(path):
         diff = "".join(
             list(difflib.unified_diff(committed.splitlines(True), expected.splitlines(True), path, "generated"))[:60]
         )
-        pytest.fail(f"{path} is stale; refresh it:\n  python -m sidecar.dashboards\n{diff}")
+        pytest.fail(f"{path} is stale; refresh it:\n  python -m sidecar.tools.dashboards\n{diff}")
 
 
 def test_every_generated_file_is_accounted_for():
@@ -63,7 +63,7 @@ def test_configmap_validates_against_the_kubernetes_schema():
 def test_the_command_writes_the_same_files_and_check_reports_stale(tmp_path):
     (tmp_path / "deploy" / "slo").mkdir(parents=True)
     (tmp_path / DEFAULT_SPEC).write_text((ROOT / DEFAULT_SPEC).read_text(encoding="utf-8"), encoding="utf-8")
-    cmd = [sys.executable, "-m", "sidecar.dashboards", "--root", str(tmp_path)]
+    cmd = [sys.executable, "-m", "sidecar.tools.dashboards", "--root", str(tmp_path)]
     stale = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert stale.returncode == 1 and "stale" in stale.stderr
     assert not (tmp_path / "dashboards").exists()

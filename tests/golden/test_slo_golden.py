@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.slo import generate, load_spec, render_rules
-from sidecar.slo.render import HEADER
+from sidecar.tools.slo import generate, load_spec, render_rules
+from sidecar.tools.slo.render import HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -35,9 +35,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
-from sidecar.slo import generate, parse_spec, render_rules
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
+from sidecar.tools.slo import generate, parse_spec, render_rules
 from tests.conftest import free_port, require_tool, start_app
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.memory import chart_memory_limit, largest_body
-from sidecar.relay.request_fields import scan_request_fields
+from sidecar.measure.request_fields import scan_request_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration

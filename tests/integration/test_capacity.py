@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from sidecar.measure.concurrency import BANDS, band
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
 
 ROUTE = "/v1/chat/completions"

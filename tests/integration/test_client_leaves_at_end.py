@@ -22,7 +22,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from sidecar.relay.routes import match_route
+from sidecar.base.routes import match_route
+from sidecar.streams.dialects import dialect_of
 from tests.conftest import wait_for
 from tests.fixtures.streams.harness import (
     END_MARKER_STREAMS,
@@ -113,7 +114,7 @@ async def test_close_right_after_the_end_marker_is_ok(upstream, sidecar_factory,
 @pytest.mark.parametrize("where,name,path,ctype", FINISHED_BEFORE_MARKER, ids=FINISHED_IDS)
 async def test_close_once_every_choice_finished_is_ok(upstream, sidecar_factory, where, name, path, ctype):
     """The finish_reason (stop_reason) chunk is in, the usage chunk and the marker not yet."""
-    sent = up_to_generation_done(match_route(path)[0].stream_dialect, load(where, name), False)
+    sent = up_to_generation_done(dialect_of(match_route(path)[0]).stream, load(where, name), False)
     counts = await rounds(upstream, sidecar_factory, path, ctype, sent, True, ROUNDS // 5)
     assert counts == {"ok": ROUNDS // 5}
 
@@ -121,6 +122,6 @@ async def test_close_once_every_choice_finished_is_ok(upstream, sidecar_factory,
 @pytest.mark.parametrize("where,name,path,ctype", END_MARKER_STREAMS, ids=IDS)
 async def test_leaving_mid_answer_is_cancelled(upstream, sidecar_factory, where, name, path, ctype):
     raw = load(where, name)
-    sent = cut_before_marker(match_route(path)[0].stream_dialect, raw, ctype == "application/x-ndjson")
+    sent = cut_before_marker(dialect_of(match_route(path)[0]).stream, raw, ctype == "application/x-ndjson")
     counts = await rounds(upstream, sidecar_factory, path, ctype, sent, True, ROUNDS // 5)
     assert counts == {"cancelled": ROUNDS // 5}

@@ -39,12 +39,12 @@ import aiohttp
 import pytest
 import yaml
 
-from sidecar.dashboards.inspect import panel_queries, substitute, variable_queries
-from sidecar.dashboards.render import to_json_dict
-from sidecar.dashboards.slo import build as build_slo_dashboard
-from sidecar.slo import generate, parse_spec, render_rules
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.dashboards.inspect import panel_queries, substitute, variable_queries
+from sidecar.tools.dashboards.render import to_json_dict
+from sidecar.tools.dashboards.slo import build as build_slo_dashboard
+from sidecar.tools.slo import generate, parse_spec, render_rules
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import free_port, require_tool, start_app
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from sidecar.demo import (
+from sidecar.tools.demo import (
     curve_lines,
     ADMIN_PORT_OFFSET,
     Snapshot,

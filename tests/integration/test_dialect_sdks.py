@@ -21,9 +21,9 @@ import openai
 import pytest
 from huggingface_hub.errors import GenerationError
 
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
-from sidecar.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
+from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 from tests.conftest import RunningSidecar, start_app, wait_for
 
 pytestmark = pytest.mark.integration

@@ -20,10 +20,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sidecar.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAITING
-from sidecar.dashboards.inspect import panel_queries, substitute
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAITING
+from sidecar.tools.dashboards.inspect import panel_queries, substitute
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import free_port, require_tool, start_app, start_prometheus, wait_for
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.export import semconv as sc
-from sidecar.export.metrics import UNKNOWN_MODEL
+from sidecar.base.labels import UNKNOWN as UNKNOWN_MODEL
 from tests.conftest import wait_for
 from tests.fixtures.streams.harness import load
 

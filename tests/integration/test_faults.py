@@ -34,8 +34,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
-from sidecar.sim.core import SIM_STATS, SimStats, SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import free_port, in_flight_total, wait_for
 
 pytestmark = pytest.mark.integration

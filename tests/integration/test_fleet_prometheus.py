@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 import yaml
 
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import require_tool, start_app, start_prometheus
 from tests.integration.test_helm import by_kind, sync
 from tests.integration.test_helm_fleet import RELEASES, deployment, render_release

@@ -486,8 +486,8 @@ def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
 def test_prometheus_rule_carries_exactly_the_rules_promtool_tests(parsed):
     """Each PrometheusRule's spec is the rules of the spec the promtool unit tests load, as
     the release applies it (scoped to its namespace and deployment, severities mapped)."""
-    from sidecar.slo import load_spec, render_rules
-    from sidecar.slo.helm import SHIPPED, release_rules
+    from sidecar.tools.slo import load_spec, render_rules
+    from sidecar.tools.slo.helm import SHIPPED, release_rules
 
     rules = by_kind(parsed["default"], "PrometheusRule")
     sources = {r["metadata"]["annotations"]["llm-sidecar/source"]: r for r in rules}

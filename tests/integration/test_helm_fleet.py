@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.slo.helm import LABEL_DEPLOYMENT
+from sidecar.tools.slo.helm import LABEL_DEPLOYMENT
 from tests.conftest import require_tool
 from tests.integration.test_helm import CHART, by_kind, sync
 

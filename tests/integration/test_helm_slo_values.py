@@ -2,7 +2,7 @@
 rules are still exactly what the generator renders for that target and threshold.
 
 - With the default values the chart's PrometheusRule holds deploy/prometheus/'s rules as the
-  release applies them (sidecar.slo.helm.release_rules: scoped to its namespace and
+  release applies them (sidecar.tools.slo.helm.release_rules: scoped to its namespace and
   deployment, kube-prometheus-stack severities), and --set changes severities and the
   runbook URL.
 - With --set (ttft: 99% within 5 s), the rules equal `llm-sidecar slo render` of the spec
@@ -10,7 +10,7 @@ rules are still exactly what the generator renders for that target and threshold
   verdict: a TTFT of 3% over 5 s is a ticket under 99% (burn 3) where the shipped 95%
   within 2 s reads 4% over 2 s (burn 0.8), quiet.
 - values.schema.json refuses a threshold that is not a bucket bound, a target of 100, an
-  unknown objective; its objectives section and the values are what sidecar/slo/helm.py
+  unknown objective; its objectives section and the values are what sidecar/tools/slo/helm.py
   derives from the spec.
 - Burn-rate windows (prometheus.rules.windows) and per-model overrides
   (prometheus.rules.modelOverrides) from --set alone: the rules equal `llm-sidecar slo render`
@@ -33,8 +33,8 @@ import subprocess
 import pytest
 import yaml
 
-from sidecar.slo import load_spec, parse_spec, render_rules
-from sidecar.slo.helm import (
+from sidecar.tools.slo import load_spec, parse_spec, render_rules
+from sidecar.tools.slo.helm import (
     OVERRIDES_PATH,
     VALUES_PATH,
     WINDOWS_PATH,

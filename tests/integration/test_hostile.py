@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.relay.routes import ROUTES
+from sidecar.base.routes import ROUTES
 from tests.conftest import wait_for
 from tests.integration.test_faults import CHAT, quiet_census, rig_factory, serve_process, settles_to, tcp_sockets  # noqa: F401 - fixtures
 

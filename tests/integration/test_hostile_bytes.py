@@ -20,14 +20,14 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
-from sidecar.relay.routes import ROUTES
+from sidecar.base.routes import ROUTES
 from tests.fixtures.streams.harness import split_at
 from tests.unit.test_fuzz_dialects import hostile_bytes
 
 pytestmark = pytest.mark.integration
 
 # A concrete path for each route template, with the content type its stream is read as.
-PATHS = {t.replace("{model}", "m"): r.stream_mime for t, r in ROUTES.items() if r.stream_dialect is not None}
+PATHS = {t.replace("{model}", "m"): r.stream_mime for t, r in ROUTES.items() if r.measured}
 PATHS["/not/measured"] = "text/event-stream"
 
 

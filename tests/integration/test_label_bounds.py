@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sidecar.export.labels import BoundedLabel
-from sidecar.export.metrics import ModelLabeler, SidecarMetrics
-from sidecar.relay.routes import ROUTES
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.base.labels import BoundedLabel
+from sidecar.base.labels import ModelLabeler
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.base.routes import ROUTES
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ import re
 import openai
 import pytest
 
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
 
 pytestmark = pytest.mark.integration

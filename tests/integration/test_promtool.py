@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.slo import generate, load_spec, parse_spec, render_rules
+from sidecar.tools.slo import generate, load_spec, parse_spec, render_rules
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.integration

@@ -20,9 +20,10 @@ from prometheus_client import CollectorRegistry
 from sidecar.export import semconv as sc
 from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
-from sidecar.measure.timeline import STREAM_TRUNCATED
+from sidecar.base.outcomes import STREAM_TRUNCATED
 from tests.conftest import RunningSidecar, start_app, wait_for
-from sidecar.relay.routes import match_route
+from sidecar.base.routes import match_route
+from sidecar.streams.dialects import dialect_of
 from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
 from tests.fixtures.streams.harness import cut_before_marker, load
 
@@ -92,7 +93,7 @@ async def finished(s: RunningSidecar, outcome: str) -> dict:
 
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 async def test_truncated_stream_is_an_error_and_relayed_untouched(rig, where, name, path, ctype):
-    cut = cut_before_marker(match_route(path)[0].stream_dialect, load(where, name), ctype == "application/x-ndjson")
+    cut = cut_before_marker(dialect_of(match_route(path)[0]).stream, load(where, name), ctype == "application/x-ndjson")
     with structlog.testing.capture_logs() as logs:
         s, exporter = await rig(path, cut, ctype)
         status, body = await post(s.url + path)

@@ -14,7 +14,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.slo import generate, parse_spec, render_rules
+from sidecar.tools.slo import generate, parse_spec, render_rules
 from tests.conftest import require_tool, wait_for
 
 pytestmark = pytest.mark.integration

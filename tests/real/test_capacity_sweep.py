@@ -62,11 +62,11 @@ import aiohttp
 import pytest
 from prometheus_client.utils import floatToGoString
 
-from sidecar.measure.buckets import ITL_BUCKETS
+from sidecar.base.buckets import ITL_BUCKETS
 from sidecar.measure.concurrency import BANDS, band
-from sidecar.slo.capacity import CAPACITY, CAPACITY_GROUP, CAPACITY_TPS, capacity_group, generate
-from sidecar.slo.render import render_rules
-from sidecar.slo.spec import parse_spec
+from sidecar.tools.slo.capacity import CAPACITY, CAPACITY_GROUP, CAPACITY_TPS, capacity_group, generate
+from sidecar.tools.slo.render import render_rules
+from sidecar.tools.slo.spec import parse_spec
 from tests.conftest import IN_CI, require_tool, start_prometheus, wait_for
 from tests.real.servers import HF_MODEL, MODEL, TOOLS, VLLM
 from tests.real.test_load_generator import outcome_counts

@@ -30,8 +30,8 @@ import aiohttp
 import pytest
 import yaml
 
-from sidecar.dashboards.inspect import panel_queries, substitute
-from sidecar.dashboards.where_time_goes import ROW_TITLE
+from sidecar.tools.dashboards.inspect import panel_queries, substitute
+from sidecar.tools.dashboards.where_time_goes import ROW_TITLE
 from tests.conftest import IN_CI, free_port, require_tool
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]

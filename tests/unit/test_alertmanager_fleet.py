@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from sidecar.slo import load_spec
-from sidecar.slo.helm import LABEL_DEPLOYMENT, SEVERITIES, release_rules
+from sidecar.tools.slo import load_spec
+from sidecar.tools.slo.helm import LABEL_DEPLOYMENT, SEVERITIES, release_rules
 from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

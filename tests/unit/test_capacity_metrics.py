@@ -9,9 +9,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.export.capacity import CapacityMetrics
-from sidecar.export.metrics import ModelLabeler, SidecarMetrics
+from sidecar.base.labels import ModelLabeler
+from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.concurrency import BANDS, DecodeConcurrency, band
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import TokenKind, Tokens
 
 ROUTE = "/v1/chat/completions"
@@ -131,7 +133,7 @@ def test_every_band_exists_at_zero_from_a_models_first_stream():
 
 
 def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
-    """A model label forgotten for idleness (sidecar/export/labels.py) leaves nothing behind
+    """A model label forgotten for idleness (sidecar/base/labels.py) leaves nothing behind
     in the capacity metrics either; if it comes back, its bands are made afresh."""
     from sidecar.app import build_sidecar
     from sidecar.config import Settings

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.dashboards import overview, slo
-from sidecar.dashboards.inspect import panel_queries, variable_queries
-from sidecar.slo import conventions as c
-from sidecar.slo import load_spec, parse_spec
-from sidecar.slo.windows import WORKBOOK_WINDOWS, burn_rate_factor, format_number
+from sidecar.tools.dashboards import overview, slo
+from sidecar.tools.dashboards.inspect import panel_queries, variable_queries
+from sidecar.tools.slo import conventions as c
+from sidecar.tools.slo import load_spec, parse_spec
+from sidecar.tools.slo.windows import WORKBOOK_WINDOWS, burn_rate_factor, format_number
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(str(ROOT / "deploy" / "slo" / "default.yaml"))
@@ -178,7 +178,7 @@ def test_heatmaps_read_bucket_rates_by_le():
 
 
 def test_vllm_row_open_before_the_collapsed_ollama_row_and_ttft_quantiles_by_model():
-    from sidecar.dashboards.engine import ROW_TITLE
+    from sidecar.tools.dashboards.engine import ROW_TITLE
 
     rows = [p for p in OVERVIEW["panels"] if p["type"] == "row"]
     titles = [r["title"] for r in rows]
@@ -281,7 +281,7 @@ def spec_with_override():
 
 @pytest.mark.parametrize("which", ["shipped", "with-override"])
 def test_targets_drawn_are_the_specs_targets_per_scope(which):
-    from sidecar.dashboards.render import to_json_dict
+    from sidecar.tools.dashboards.render import to_json_dict
 
     spec, slo = (SPEC, SLO) if which == "shipped" else (spec_with_override(), None)
     if slo is None:

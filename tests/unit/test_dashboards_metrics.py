@@ -29,12 +29,12 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.dashboards.inspect import panel_queries, variable_queries
-from sidecar.dashboards.queries import TARGET_LABELS
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
-from sidecar.slo import load_spec, render_rules
-from sidecar.slo.helm import release_rules
+from sidecar.tools.dashboards.inspect import panel_queries, variable_queries
+from sidecar.tools.dashboards.queries import TARGET_LABELS
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
+from sidecar.tools.slo import load_spec, render_rules
+from sidecar.tools.slo.helm import release_rules
 from tests.conftest import start_app, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.dashboards.inspect import ALL_VALUES, panel_queries, substitute, variable_queries
+from sidecar.tools.dashboards.inspect import ALL_VALUES, panel_queries, substitute, variable_queries
 from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

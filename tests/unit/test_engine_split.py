@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from sidecar.streams.protocols.events import EngineTimings, ResponseInfo, StreamEnd, TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
 from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
-from sidecar.measure.timeline import Outcome, RequestTimeline, TokenCountSource
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, load, run_bytewise, run_whole, split_at
 
 VLLM_CHAT = load("openai", "vllm032_chat_per_request_metrics.txt")

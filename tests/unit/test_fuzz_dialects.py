@@ -36,16 +36,18 @@ from sidecar.streams.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.relay.routes import ROUTES
+from sidecar.base.routes import ROUTES
 from sidecar.streams.sse import SSEDecoder
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.dialects import dialect_of
 from tests.fixtures.streams.harness import HERE, objects_from, run, split_at
 
 EVENT_TYPES = (Tokens, Usage, ResponseInfo, StreamError, StreamEnd, ParseError, EngineTimings)
 
 # Every measured route, by its template; Triton's dialect takes the model from the path.
-STREAM_ROUTES = sorted(t for t, r in ROUTES.items() if r.stream_dialect is not None)
-JSON_ROUTES = sorted(t for t, r in ROUTES.items() if r.json_parser is not None)
+STREAM_ROUTES = sorted(t for t, r in ROUTES.items() if r.measured)
+JSON_ROUTES = sorted(t for t, r in ROUTES.items() if r.measured)
 
 
 def make_dialect(template: str, max_line: int | None = None):
@@ -53,7 +55,7 @@ def make_dialect(template: str, max_line: int | None = None):
     kwargs: dict = {"max_line_bytes": max_line} if max_line else {}
     if route.model_from_path:
         kwargs["model"] = "m"
-    return route.stream_dialect(**kwargs)
+    return dialect_of(route).stream(**kwargs)
 
 
 # -- the hostile byte mix ------------------------------------------------------------------------
@@ -131,7 +133,7 @@ def prop_observer(template: str, data: bytes, cuts: list[int], max_line: int | N
 
 
 def prop_json(template: str, data: bytes) -> None:
-    events = ROUTES[template].json_parser(data)
+    events = dialect_of(ROUTES[template]).json(data)
     assert all(isinstance(e, EVENT_TYPES) for e in events), events
 
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import sidecar
-from sidecar.measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings, parse_host_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,9 @@ from __future__ import annotations
 import pytest
 
 from sidecar.measure.observe import ResponseObserver
-from sidecar.measure.timeline import Outcome, RequestTimeline
-from sidecar.relay.routes import match_route
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
+from sidecar.base.routes import match_route
 
 
 def chunk(delta: str, finish: str = "null") -> bytes:

@@ -24,14 +24,15 @@ from sidecar.measure.json_skeleton import (
 )
 from sidecar.measure.observe import SMALL_JSON_BYTES, ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.relay.routes import ROUTES
+from sidecar.base.routes import ROUTES
 from sidecar.streams.protocols.events import ParseError
+from sidecar.streams.dialects import DIALECTS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # Every recorded non-streamed body: real servers' answers and the dialects' recorded shapes.
 BODIES = sorted(p for p in FIXTURES.rglob("*.json") if not p.name.endswith(".meta.json"))
 BODY_IDS = [str(p.relative_to(FIXTURES)) for p in BODIES]
-PARSERS = {r.json_parser for r in ROUTES.values() if r.json_parser is not None}
+PARSERS = {d.json for d in DIALECTS.values()}
 PARSER_IDS = sorted(p.__name__ for p in PARSERS)
 
 

@@ -1,7 +1,20 @@
-"""The package layout has no import circle: a static check of the module graph (every
-``import`` in sidecar/**/*.py, relative ones resolved, lazy ones inside functions included)
-and a dynamic one (each module imported alone in a fresh interpreter, so a circle that only
-bites in some import order cannot hide behind an earlier import)."""
+"""The package is layered and has no import circle.
+
+Layers, each importing only the ones below it (docs/design.md, "Code layout"):
+
+    base -> streams -> measure -> relay | export -> config -> app -> cli
+
+``relay`` and ``export`` sit side by side and never import each other: measuring flows from
+the relay into one record per request, and the exporters read that record. Neither reads the
+settings model: ``app`` builds them from it with plain arguments. The tools
+(``sidecar.tools``: simulator, demo, dashboards and SLO generators) sit beside the runtime:
+they may import it, the runtime never imports them, except the command line, which starts a
+tool inside the function that runs its subcommand (so ``import sidecar.cli`` loads none).
+
+Checked statically on the module graph (every ``import`` in sidecar/**/*.py, relative ones
+resolved, lazy ones inside functions included) and dynamically (each module imported alone in
+a fresh interpreter, so a circle that only bites in some import order cannot hide behind an
+earlier import)."""
 
 from __future__ import annotations
 
@@ -23,11 +36,12 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imported_modules(name: str, path: Path) -> set[str]:
-    """The package modules ``name`` imports, anywhere in its body."""
+def imported_modules(name: str, path: Path, *, top_level_only: bool = False) -> set[str]:
+    """The package modules ``name`` imports, anywhere in its body (or only where the module
+    itself runs: not inside a function)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _import_nodes(ast.parse(path.read_text(), str(path)), top_level_only):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -50,6 +64,68 @@ def imported_modules(name: str, path: Path) -> set[str]:
             if target and target != name:
                 found.add(target)
     return found
+
+
+def _import_nodes(tree: ast.AST, top_level_only: bool):
+    if not top_level_only:
+        yield from ast.walk(tree)
+        return
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(
+            child for child in ast.iter_child_nodes(node)
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        )
+
+
+# The runtime's layers, lowest first. A module's layer is its folder (or, at the top, its
+# own name); ``sidecar`` itself (the version) is base.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"base"}),
+    frozenset({"streams"}),
+    frozenset({"measure"}),
+    frozenset({"relay", "export"}),
+    frozenset({"config"}),
+    frozenset({"app"}),
+    frozenset({"cli"}),
+)
+TOOLS = "tools"
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "base"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def rank(layer: str) -> int:
+    if layer == TOOLS:
+        return len(LAYERS)
+    return next(i for i, members in enumerate(LAYERS) if layer in members)
+
+
+def backward_imports(
+    graph: dict[str, set[str]], top_level: dict[str, set[str]] | None = None
+) -> list[str]:
+    """Every import that points up, sideways across folders of one layer, or from the runtime
+    into the tools (only the command line may, and only inside a function)."""
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        here = layer_of(module)
+        for target in sorted(targets):
+            there = layer_of(target)
+            if here == there:
+                continue
+            if there == TOOLS and here == "cli" and top_level is not None:
+                if target not in top_level.get(module, set()):
+                    continue  # started inside the subcommand's function
+            if here == TOOLS or rank(there) < rank(here):
+                continue
+            wrong.append(f"{module} -> {target}")
+    return wrong
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -81,6 +157,36 @@ def package_graph() -> dict[str, set[str]]:
     return {name: imported_modules(name, path) for name, path in MODULES.items()}
 
 
+def top_level_graph() -> dict[str, set[str]]:
+    return {name: imported_modules(name, path, top_level_only=True) for name, path in MODULES.items()}
+
+
+def test_every_import_points_down_the_layers():
+    assert backward_imports(package_graph(), top_level_graph()) == []
+
+
+def test_every_module_of_the_package_has_a_layer():
+    unknown = {layer_of(m) for m in MODULES} - {TOOLS} - set().union(*LAYERS)
+    assert not unknown, f"modules outside every layer: {unknown} (add them to LAYERS)"
+
+
+def test_the_layer_check_reports_what_points_the_wrong_way():
+    graph = {
+        "sidecar.measure.observe": {"sidecar.relay.upstream", "sidecar.streams.sse", "sidecar.base.routes"},
+        "sidecar.export.metrics": {"sidecar.relay.proxy"},
+        "sidecar.relay.proxy": {"sidecar.tools.sim.core", "sidecar.measure.observe"},
+        "sidecar.cli": {"sidecar.tools.demo", "sidecar.tools.sim.core"},
+        "sidecar.tools.demo": {"sidecar.app", "sidecar.cli"},
+    }
+    top_level = {"sidecar.cli": {"sidecar.tools.sim.core"}}
+    assert backward_imports(graph, top_level) == [
+        "sidecar.cli -> sidecar.tools.sim.core",  # at import time: not lazy
+        "sidecar.export.metrics -> sidecar.relay.proxy",  # sideways across one layer
+        "sidecar.measure.observe -> sidecar.relay.upstream",  # up
+        "sidecar.relay.proxy -> sidecar.tools.sim.core",  # runtime into the tools
+    ]
+
+
 def test_the_static_import_graph_of_the_package_has_no_cycle():
     assert find_cycle(package_graph()) is None
 
@@ -92,8 +198,8 @@ def test_the_cycle_finder_reports_a_circle_it_is_given():
 
 def test_the_graph_sees_relative_and_lazy_imports():
     graph = package_graph()
-    assert "sidecar.sim.core" in graph["sidecar.sim.dialects"]  # from .core import (...)
-    assert "sidecar.sim.server" in graph["sidecar.cli"]  # imported inside main()
+    assert "sidecar.tools.sim.core" in graph["sidecar.tools.sim.dialects"]  # from .core import (...)
+    assert "sidecar.tools.sim.server" in graph["sidecar.cli"]  # imported inside main()
     assert "sidecar.export.semconv" in graph["sidecar.export.tracing"]  # from . import semconv
 
 
@@ -111,7 +217,7 @@ def test_each_module_imports_alone_in_a_fresh_interpreter(name):
 
 def test_the_simulator_no_longer_has_its_two_halves_importing_each_other():
     graph = package_graph()
-    assert "sidecar.sim.dialects" not in graph["sidecar.sim.core"]
+    assert "sidecar.tools.sim.dialects" not in graph["sidecar.tools.sim.core"]
     assert not (PACKAGE / "simulate.py").exists() and not (PACKAGE / "simulate_dialects.py").exists()
 
 

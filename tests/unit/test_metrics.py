@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, TPS_BUCKETS, TTFT_BUCKETS
+from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, TPS_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings
-from sidecar.export.metrics import ModelLabeler, SidecarMetrics, SLOThresholds
+from sidecar.base.labels import ModelLabeler
+from sidecar.export.metrics import SidecarMetrics, SLOThresholds
 from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
-from sidecar.relay.routes import OTHER, ROUTES, match_route
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.routes import OTHER, ROUTES, match_route
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 
 ROUTE = "/v1/chat/completions"
 

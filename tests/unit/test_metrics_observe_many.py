@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from sidecar.measure.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
+from sidecar.base.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
 from sidecar.export.metrics import SidecarMetrics, observe_many
 from sidecar.streams.protocols.events import TokenKind, Tokens
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 
 FAST = settings(max_examples=300, deadline=None)
 LABELS = ("m", "/v1/chat/completions")

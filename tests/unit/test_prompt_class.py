@@ -6,8 +6,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import ConfigError, load_settings
-from sidecar.export.metrics import ModelLabeler, SidecarMetrics
-from sidecar.measure.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
+from sidecar.base.labels import ModelLabeler
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.base.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
 from sidecar.streams.protocols.events import Usage
 from tests.unit.test_metrics import ROUTE, streamed
 

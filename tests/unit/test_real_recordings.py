@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from sidecar.measure.observe import ResponseObserver
 from sidecar.streams.protocols.events import EngineTimings, ParseError, StreamEnd, StreamError, Tokens, Usage
-from sidecar.relay.routes import match_route
-from sidecar.measure.timeline import Outcome, RequestTimeline, TokenCountSource
+from sidecar.base.routes import match_route
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, split_at
 from tests.real.wire import engine_counts, json_events, reported_usage, token_arrivals
 

@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.measure.observe import ResponseObserver
 from sidecar.relay.proxy import _Relay
-from sidecar.relay.routes import match_route
+from sidecar.base.routes import match_route
 from sidecar.measure.timeline import RequestTimeline
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.relay.request_fields import (
+from sidecar.measure.request_fields import (
     MAX_TOKEN_KEYS,
     SMALL_BODY_BYTES,
     RequestFields,

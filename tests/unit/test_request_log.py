@@ -6,7 +6,8 @@ import pytest
 import structlog
 
 from sidecar.export.logs import RequestLogger
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 
 
 def finished(status: int | None, outcome: Outcome, error_type: str | None = None) -> RequestTimeline:

@@ -12,8 +12,8 @@ import pytest
 
 from sidecar.cli import _build_parser
 from sidecar.config import Settings
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import free_port
 
 MODEL = "sim-llama-3-8b"

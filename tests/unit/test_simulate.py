@@ -12,8 +12,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from sidecar.sim.core import SIM_STATS, SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SIM_STATS, SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 
 MODEL = "sim-llama-3-8b"
 CHAT = "/v1/chat/completions"

@@ -35,9 +35,9 @@ from sidecar.streams.protocols.ollama import OllamaStreamDialect, parse_ollama_r
 from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response
 from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response
 from sidecar.streams.protocols.triton import TritonStreamDialect, parse_triton_response
-from sidecar.sim.core import SIM_STATS, SimulatorConfig
-from sidecar.sim.server import build_simulator_app
-from sidecar.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
+from sidecar.tools.sim.core import SIM_STATS, SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
+from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 
 MODEL = "sim-model"
 FAST = SimulatorConfig(ttft=0.005, tpot=0.001, jitter=0.0, tokens=8, tokens_spread=0.0, seed=7, model=MODEL)
@@ -432,7 +432,7 @@ async def test_ollama_escapes_like_go_and_echoes_the_model(aiohttp_client: Any) 
     data = await resp.json()
     assert data["model"] == f"{MODEL}:latest"
 
-    from sidecar.sim.dialects import _go_json
+    from sidecar.tools.sim.dialects import _go_json
 
     assert _go_json({"t": "<a & b>\u2028"}) == b'{"t":"\\u003ca \\u0026 b\\u003e\\u2028"}'
 

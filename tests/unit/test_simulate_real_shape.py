@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.sim.core import SimulatorConfig
-from sidecar.sim.server import build_simulator_app
+from sidecar.tools.sim.core import SimulatorConfig
+from sidecar.tools.sim.server import build_simulator_app
 from tests.real.wire import json_events
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0"

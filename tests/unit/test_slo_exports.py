@@ -20,9 +20,9 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.slo import conventions as c
-from sidecar.slo import generate, parse_spec, render_rules
-from sidecar.measure.timeline import Outcome
+from sidecar.tools.slo import conventions as c
+from sidecar.tools.slo import generate, parse_spec, render_rules
+from sidecar.base.outcomes import Outcome
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

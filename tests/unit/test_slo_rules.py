@@ -10,12 +10,12 @@ import yaml
 from prometheus_client.utils import floatToGoString
 
 from sidecar.cli import main
-from sidecar.slo import conventions as c
-from sidecar.slo import generate as slo_generate  # the SLO rules and the capacity group (#24)
-from sidecar.slo.cli import render_command
-from sidecar.slo.render import HEADER, render_rules
-from sidecar.slo.rules import generate, promql_string, sli_error_expr
-from sidecar.slo.spec import load_spec, parse_spec
+from sidecar.tools.slo import conventions as c
+from sidecar.tools.slo import generate as slo_generate  # the SLO rules and the capacity group (#24)
+from sidecar.tools.slo.cli import render_command
+from sidecar.tools.slo.render import HEADER, render_rules
+from sidecar.tools.slo.rules import generate, promql_string, sli_error_expr
+from sidecar.tools.slo.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = ROOT / "deploy" / "slo" / "default.yaml"

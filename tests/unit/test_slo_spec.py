@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
-from sidecar.slo.spec import SpecError, load_spec, parse_spec
-from sidecar.slo.windows import (
+from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from sidecar.tools.slo.spec import SpecError, load_spec, parse_spec
+from sidecar.tools.slo.windows import (
     WORKBOOK_WINDOWS,
     burn_rate_factor,
     detection_seconds,

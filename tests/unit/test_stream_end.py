@@ -15,8 +15,10 @@ import pytest
 
 from sidecar.measure.observe import ResponseObserver
 from sidecar.streams.protocols.openai import OpenAIStreamDialect
-from sidecar.relay.routes import ROUTES, match_route
-from sidecar.measure.timeline import CLIENT_DISCONNECTED, STREAM_TRUNCATED, Outcome, RequestTimeline
+from sidecar.base.routes import ROUTES, match_route
+from sidecar.base.outcomes import CLIENT_DISCONNECTED, STREAM_TRUNCATED, Outcome
+from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.dialects import dialect_of
 from tests.fixtures.streams.harness import (
     END_MARKER_STREAMS,
     FINISHED_BEFORE_MARKER,
@@ -31,7 +33,7 @@ IDS = [f"{d}/{n}" for d, n, _, _ in STREAMS]
 
 
 def cut(path: str, raw: bytes, ndjson: bool) -> bytes:
-    return cut_before_marker(match_route(path)[0].stream_dialect, raw, ndjson)
+    return cut_before_marker(dialect_of(match_route(path)[0]).stream, raw, ndjson)
 
 
 def replay(
@@ -150,7 +152,7 @@ FINISHED_IDS = [f"{d}/{n}" for d, n, _, _ in FINISHED_BEFORE_MARKER]
 @pytest.mark.parametrize("where,name,path,ctype", FINISHED_BEFORE_MARKER, ids=FINISHED_IDS)
 def test_finished_stream_without_marker_is_ok(where, name, path, ctype):
     """Every choice has its finish_reason (Anthropic: the stop_reason), no end marker: ok."""
-    short = without_marker(match_route(path)[0].stream_dialect, load(where, name), False)
+    short = without_marker(dialect_of(match_route(path)[0]).stream, load(where, name), False)
     t = replay(path, ctype, [short[i : i + 7] for i in range(0, len(short), 7)])
     assert not t.saw_end_marker and t.generation_done
     assert (t.outcome, t.error_type) == (Outcome.OK, None)
@@ -232,14 +234,14 @@ def test_client_leaving_after_the_marker_is_ok(where, name, path, ctype):
 @pytest.mark.parametrize("where,name,path,ctype", FINISHED_BEFORE_MARKER, ids=FINISHED_IDS)
 def test_client_leaving_once_generation_finished_is_ok(where, name, path, ctype):
     """Every choice finished, the usage chunk and [DONE] not yet relayed: still the whole answer."""
-    done = up_to_generation_done(match_route(path)[0].stream_dialect, load(where, name), False)
+    done = up_to_generation_done(dialect_of(match_route(path)[0]).stream, load(where, name), False)
     t = replay(path, ctype, [done], outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
     assert (t.outcome, t.error_type) == (Outcome.OK, None)
 
 
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 def test_client_leaving_mid_answer_is_cancelled(where, name, path, ctype):
-    cut = cut_before_marker(match_route(path)[0].stream_dialect, load(where, name), ctype == "application/x-ndjson")
+    cut = cut_before_marker(dialect_of(match_route(path)[0]).stream, load(where, name), ctype == "application/x-ndjson")
     t = replay(path, ctype, [cut], outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
     assert (t.outcome, t.error_type) == (Outcome.CANCELLED, CLIENT_DISCONNECTED)
 

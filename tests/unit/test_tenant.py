@@ -11,8 +11,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from sidecar.config import ConfigError, load_settings
-from sidecar.slo import parse_spec
-from sidecar.export.tenant import TenantLabeler, check_tenant_header
+from sidecar.tools.slo import parse_spec
+from sidecar.base.tenant import TenantLabeler, check_tenant_header
 from tests.conftest import wait_for
 
 ROUTE = "/v1/chat/completions"

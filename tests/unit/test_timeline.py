@@ -11,7 +11,8 @@ import pytest
 
 from sidecar.streams.protocols.events import ParseError, StreamError, TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
-from sidecar.measure.timeline import Outcome, RequestTimeline
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline
 
 START = 100.0
 HEADERS = 100.05

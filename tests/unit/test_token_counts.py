@@ -18,8 +18,9 @@ import pytest
 from sidecar.measure.observe import ResponseObserver
 from sidecar.streams.protocols.events import EngineTimings, TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
-from sidecar.relay.routes import ROUTES
-from sidecar.measure.timeline import Outcome, RequestTimeline, TokenCountSource
+from sidecar.base.routes import ROUTES
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import load, run_whole
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)

@@ -312,7 +312,7 @@ windows (prometheus.rules.windows), checked against the canonical form below. */
 {{- end -}}
 
 {{/* Whole seconds -> the duration in the largest exact unit up to days, as the rule generator
-names windows (sidecar/slo/windows.py format_duration): 3600 -> 1h, 86400 -> 1d. */}}
+names windows (sidecar/tools/slo/windows.py format_duration): 3600 -> 1h, 86400 -> 1d. */}}
 {{- define "llm-sidecar.duration" -}}
 {{- $s := int64 . -}}
 {{- if eq (mod $s 86400) 0 }}{{ div $s 86400 }}d{{ else if eq (mod $s 3600) 0 }}{{ div $s 3600 }}h{{ else if eq (mod $s 60) 0 }}{{ div $s 60 }}m{{ else }}{{ $s }}s{{ end -}}

@@ -24,7 +24,7 @@ Alert ``LLMNearCapacity`` (ticket): the load's p95 band at or above the capacity
 
 from __future__ import annotations
 
-from ..measure.concurrency import BANDS
+from ...measure.concurrency import BANDS
 from . import conventions as c
 from .rules import LITERAL, Group, LongWindows, Numbers, Rule, RuleSet, _spec_matchers, _who, selector
 from .rules import generate as generate_slo

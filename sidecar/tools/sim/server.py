@@ -1,5 +1,5 @@
 """The simulated server's app and process: the core's OpenAI/vLLM routes and every other
-dialect's routes (:mod:`sidecar.sim.dialects`) on one aiohttp app.
+dialect's routes (:mod:`sidecar.tools.sim.dialects`) on one aiohttp app.
 
 This module sits on top: it imports the core and the dialects, and neither imports it, so
 the simulator has no import circle.

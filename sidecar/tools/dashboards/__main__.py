@@ -1,4 +1,4 @@
-"""``python -m sidecar.dashboards [--spec SPEC] [--root DIR] [--check]``: write (or check) the
+"""``python -m sidecar.tools.dashboards [--spec SPEC] [--root DIR] [--check]``: write (or check) the
 generated dashboards and their ConfigMap."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _write(path: str, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sidecar.dashboards", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sidecar.tools.dashboards", description=__doc__)
     parser.add_argument("--root", default=".", help="repository root to write under (default: .)")
     parser.add_argument("--spec", default=None, help=f"SLO spec (default: ROOT/{DEFAULT_SPEC})")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             _write(path, text)
     if args.check and stale:
-        print("stale (run python -m sidecar.dashboards): " + ", ".join(stale), file=sys.stderr)
+        print("stale (run python -m sidecar.tools.dashboards): " + ", ".join(stale), file=sys.stderr)
         return 1
     for rel in stale:
         print(f"wrote {rel}")

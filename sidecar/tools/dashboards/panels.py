@@ -2,7 +2,7 @@
 dashboards share, so every panel gets the same data source, a unit and a description.
 
 The SDK (``grafana-foundation-sdk``, pinned in pyproject's ``test`` extra) is needed only to
-generate the dashboards, never to run the sidecar: nothing outside ``sidecar.dashboards``
+generate the dashboards, never to run the sidecar: nothing outside ``sidecar.tools.dashboards``
 imports this package.
 """
 

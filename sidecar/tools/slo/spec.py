@@ -140,7 +140,7 @@ class ModelOverride(BaseModel):
 
 
 PROMPT_CLASS_PATTERN = r"^(le[1-9][0-9]*|gt[1-9][0-9]*|unknown|all)$"
-"""The values of the TTFT histogram's ``prompt_class`` label (sidecar/measure/prompt_class.py)."""
+"""The values of the TTFT histogram's ``prompt_class`` label (sidecar/base/prompt_class.py)."""
 
 DEFAULT_GROUPING = ("cluster", "namespace", "model")
 """A deployment's identity after scrape: Prometheus' target labels, the model, and ``cluster``

@@ -16,7 +16,7 @@ read Prometheus would see them:
   ``. _ : @ / -``, starting with a letter or digit, and without the prefix of a well-known
   secret format (``sk-``, ``Bearer``, a JWT's ``eyJ``, ...). Anything else is ``other``.
 
-Bounding is :class:`~sidecar.export.labels.BoundedLabel`'s: an allowlist, else values that
+Bounding is :class:`~sidecar.base.labels.BoundedLabel`'s: an allowlist, else values that
 got an answer that was not a 4xx, at most ``max_tenants`` of them, idle ones forgotten; ``other`` otherwise; a
 request without the header is ``unknown``. The header is read, never changed: the upstream gets it as the client sent it.
 """
@@ -56,7 +56,7 @@ def _name_like(value: str) -> bool:
 
 class TenantLabeler:
     """Request headers -> a bounded ``tenant`` label value. No server lists its tenants, so a
-    value earns its slot with an answer that is not a 4xx (:class:`~sidecar.export.labels.BoundedLabel`)."""
+    value earns its slot with an answer that is not a 4xx (:class:`~sidecar.base.labels.BoundedLabel`)."""
 
     def __init__(self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20, **kwargs) -> None:
         self.header = check_tenant_header(header)

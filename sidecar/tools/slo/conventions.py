@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..measure.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from ...base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from .windows import format_duration
 
 __all__ = [
@@ -68,7 +68,7 @@ LABEL_PROMPT_CLASS = "prompt_class"
 """On ``llm_time_to_first_token_seconds`` only: the request's prompt-length class."""
 
 LABEL_TENANT = "tenant"
-"""The opt-in tenant label (``--tenant-header``, sidecar/export/tenant.py)."""
+"""The opt-in tenant label (``--tenant-header``, sidecar/base/tenant.py)."""
 TENANT_SLIS = frozenset({"availability", "ttft"})
 """SLIs whose series carry ``tenant`` when it is on (``llm_requests_total``, the TTFT histogram;
 goodput's ``llm_requests_within_slo_total`` too). The per-token histograms and e2e do not, to

@@ -6,7 +6,7 @@ It generates no text worth reading, but its bytes, framing and timing are those 
 vLLM server, so everything the sidecar measures can be checked against a known schedule.
 This module serves ``/v1/chat/completions`` and ``/v1/completions``; the other dialects
 (OpenAI Responses, Anthropic Messages, TGI, Ollama, llama.cpp, Triton) live in
-:mod:`sidecar.sim.dialects`, on the same app, with the same timing model and headers.
+:mod:`sidecar.tools.sim.dialects`, on the same app, with the same timing model and headers.
 
 Wire format: what was copied from where
 ---------------------------------------

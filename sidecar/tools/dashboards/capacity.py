@@ -1,5 +1,5 @@
 """The SLO dashboard's "Capacity" row (issue #24): the throughput-latency curve per
-deployment, read from the capacity records of sidecar/slo/capacity.py (same spec)."""
+deployment, read from the capacity records of sidecar/tools/slo/capacity.py (same spec)."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def _static_labels(scope: Scope) -> dict[str, str]:
 class Numbers:
     """How a scope's target and threshold are written into the rules: as the spec's numbers.
 
-    :class:`sidecar.slo.helm.HelmNumbers` writes placeholders for values lookups instead, so
+    :class:`sidecar.tools.slo.helm.HelmNumbers` writes placeholders for values lookups instead, so
     the chart's rules take their targets and thresholds from Helm values.
     """
 

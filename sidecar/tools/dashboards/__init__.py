@@ -1,6 +1,6 @@
 """Grafana dashboards as code: the latency overview and the SLO dashboard.
 
-``python -m sidecar.dashboards`` regenerates the committed files from code and from the SLO
+``python -m sidecar.tools.dashboards`` regenerates the committed files from code and from the SLO
 spec (``deploy/slo/default.yaml``, the spec the committed rules are rendered from), so the
 SLO dashboard's targets, windows and burn-rate thresholds are the alert rules' own:
 
@@ -24,10 +24,10 @@ except ModuleNotFoundError as exc:  # the generator's one dependency is an extra
     if exc.name != "grafana_foundation_sdk":
         raise
     _MISSING = (
-        "python -m sidecar.dashboards needs the Grafana SDK, in the dashboards extra: "
+        "python -m sidecar.tools.dashboards needs the Grafana SDK, in the dashboards extra: "
         "pip install 'llm-sidecar-proxy[dashboards]' (the generated JSON is in dashboards/)"
     )
-    if sys.argv[:1] == ["-m"]:  # `python -m sidecar.dashboards`: runpy imports this first
+    if sys.argv[:1] == ["-m"]:  # `python -m sidecar.tools.dashboards`: runpy imports this first
         sys.exit(_MISSING)
     raise ModuleNotFoundError(_MISSING, name=exc.name) from None
 
@@ -39,7 +39,7 @@ CONFIGMAP = "deploy/grafana/dashboards-configmap.yaml"
 
 
 def build_dashboards(spec) -> dict[str, dict]:
-    """File name -> dashboard JSON data, for an :class:`~sidecar.slo.SLOSpec`."""
+    """File name -> dashboard JSON data, for an :class:`~sidecar.tools.slo.SLOSpec`."""
     return {
         f"{overview.UID}.json": to_json_dict(overview.build()),
         f"{slo.UID}.json": to_json_dict(slo.build(spec)),

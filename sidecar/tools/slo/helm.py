@@ -352,7 +352,7 @@ def render_helm_rules(spec: SLOSpec) -> str:
         f"target and threshold come from .Values.{'.'.join(VALUES_PATH)}, the burn-rate\n"
         f"windows from .Values.{'.'.join(WINDOWS_PATH)}, per-model overrides from\n"
         f".Values.{'.'.join(OVERRIDES_PATH)}. Period {spec.period_name}. Rendered by\n"
-        "sidecar/slo/helm.py from the spec; refresh with scripts/sync-chart.sh. */ -}}\n"
+        "sidecar/tools/slo/helm.py from the spec; refresh with scripts/sync-chart.sh. */ -}}\n"
     )
     return header + _guard(spec, slots) + text
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["BoundedLabel", "SeriesBudget", "OTHER", "UNKNOWN", "MAX_LABEL_CHARS", "OVERFLOW_REASONS"]
+__all__ = ["BoundedLabel", "ModelLabeler", "SeriesBudget", "OTHER", "UNKNOWN", "MAX_LABEL_CHARS", "OVERFLOW_REASONS"]
 
 OTHER = "other"
 UNKNOWN = "unknown"
@@ -156,3 +156,11 @@ class BoundedLabel:
     @property
     def values(self) -> frozenset[str]:
         return self._allow or (self._vouched | self._earned.keys())
+
+
+class ModelLabeler(BoundedLabel):
+    """The ``model`` label: the allowlist, else the names the upstream serves, else names
+    that earned a slot with an answer that was not a 4xx (sidecar/base/labels.py has the rules)."""
+
+    def __init__(self, allowlist: Iterable[str] = (), max_models: int = 50, **kwargs) -> None:
+        super().__init__(allowlist, max_models, **kwargs)

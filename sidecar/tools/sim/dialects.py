@@ -1,5 +1,5 @@
 """The simulator's other dialects: every API the sidecar measures besides OpenAI chat and
-completions, on the same app as :mod:`sidecar.sim.core` and with its timing model.
+completions, on the same app as :mod:`sidecar.tools.sim.core` and with its timing model.
 
 Each dialect is one small encoder class: request parsing, the stream's bytes (``start``
 right after the headers, one ``token`` per generation step, ``end`` with the last token,
@@ -7,7 +7,7 @@ right after the headers, one ``token`` per generation step, ``end`` with the las
 driver (:func:`_serve_stream`) schedules every stream exactly as the vLLM routes are
 scheduled: first token at ``start + ttft``, then one step per (jittered) TPOT, against
 absolute deadlines. ``x-sim-*`` headers, ``fail_rate``/``drop_rate``, seeds and
-``SIM_STATS`` behave as documented in :mod:`sidecar.sim.core`.
+``SIM_STATS`` behave as documented in :mod:`sidecar.tools.sim.core`.
 
 Wire formats (byte shapes copied from ``tests/fixtures/streams``; its SOURCES.md cites
 each server's documentation and source):
@@ -245,7 +245,7 @@ class _Dialect:
 async def _serve_stream(
     request: web.Request, d: _Dialect, start: float, headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
-    """Write one dialect's stream on the plan's schedule (see :func:`sidecar.sim.core._stream`)."""
+    """Write one dialect's stream on the plan's schedule (see :func:`sidecar.tools.sim.core._stream`)."""
     loop = asyncio.get_running_loop()
     sim, plan = d.sim, d.plan
     stats = sim.stats
