@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -38,9 +42,141 @@ def require_tool(name: str) -> str:
 
 
 def free_port() -> int:
+    """A port that was free a moment ago. Racy (another process may take it before the caller
+    binds), so only for third-party servers that cannot bind port 0 and say which port they
+    got; start those with :func:`retry_on_port_clash`. Everything else binds port 0."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def retry_on_port_clash(start: Callable[[], tuple[subprocess.Popen, int]], attempts: int = 5) -> tuple[subprocess.Popen, int]:
+    """Start a server on a :func:`free_port`; if it exits at once (the port was taken between
+    the probe and its bind), pick another port and start again."""
+    for _ in range(attempts - 1):
+        proc, port = start()
+        try:
+            proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            return proc, port  # still up: it bound its port
+    return start()
+
+
+@pytest.fixture
+def refused_url():
+    """A loopback URL that refuses connections: a socket bound but not listening, held for
+    the test so no other process can take its port (a closed probe port could be reused)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+_BOUND = re.compile(r"\b(bound|metrics_bound)\W+(?:\[?[0-9a-fA-F.:]+\]?):(\d+)")
+
+
+class ServeProcess:
+    """``llm-sidecar serve`` as a subprocess on ports the kernel picks (``127.0.0.1:0``); the
+    ports are read back from its ``started`` log line. stdout and stderr are read by threads
+    as they arrive, so a chatty process never blocks on a full pipe."""
+
+    def __init__(
+        self, upstream_url: str, *extra: str, env: dict | None = None, clean_env: bool = False,
+        listen: str = "127.0.0.1:0", metrics_listen: str = "127.0.0.1:0", **popen: object,
+    ) -> None:  # fmt: skip
+        base = os.environ
+        if clean_env:
+            base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))}
+        self.port = self.admin_port = 0
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.started = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", "--upstream", upstream_url,
+             "--listen", listen, "--metrics-listen", metrics_listen, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**base, **(env or {})}, **popen,
+        )  # fmt: skip
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, stream, into: list[str]) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace")
+            into.append(line)
+            if not self.started.is_set() and "started" in line:
+                ports = {key: int(port) for key, port in _BOUND.findall(line)}
+                if "bound" in ports and "metrics_bound" in ports:
+                    self.port, self.admin_port = ports["bound"], ports["metrics_bound"]
+                    self.started.set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    async def wait_started(self, timeout: float = 30) -> None:
+        def up() -> bool:
+            if self.started.is_set():
+                return True
+            assert self.proc.poll() is None, "".join(self.err) + "".join(self.out)
+            return False
+
+        await wait_for(up, timeout=timeout)
+
+    async def wait_alive(self, timeout: float = 30) -> None:
+        """Started, and its admin port answers /healthz 200 (the upstream is ready)."""
+        import aiohttp  # noqa: PLC0415
+
+        await self.wait_started(timeout)
+
+        async def alive() -> bool:
+            assert self.proc.poll() is None, "".join(self.err)
+            try:
+                async with aiohttp.ClientSession() as s:
+                    async with s.get(self.admin_url + "/healthz") as r:
+                        return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(alive, timeout=timeout)
+
+    async def metrics(self) -> str:
+        import aiohttp  # noqa: PLC0415
+
+        async with aiohttp.ClientSession() as s:
+            async with s.get(self.admin_url + "/metrics") as r:
+                return await r.text()
+
+    def stop(self) -> tuple[str, str]:
+        """Kill it if still running; everything it wrote to stdout and stderr."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for t in self._readers:
+            t.join(timeout=10)
+        return "".join(self.out), "".join(self.err)
+
+
+@pytest.fixture
+def serve_process():
+    """Start ``ServeProcess`` es; each is killed at the end of the test."""
+    started: list[ServeProcess] = []
+
+    def make(*args, **kwargs) -> ServeProcess:
+        p = ServeProcess(*args, **kwargs)
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop()
 
 
 async def start_app(app: web.Application, **runner_kwargs) -> tuple[web.AppRunner, int]:

@@ -14,63 +14,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import ServeProcess, serve_process, wait_for  # noqa: F401 - fixture
 from tests.integration.test_proxy import USAGE, chat_chunk, scripted
 
 pytestmark = pytest.mark.integration
 
 
-class ServeProcess:
-    def __init__(self, upstream_url: str, *extra: str, env: dict | None = None) -> None:
-        self.port, self.admin_port = free_port(), free_port()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "sidecar", "serve",
-                "--upstream", upstream_url,
-                "--listen", f"127.0.0.1:{self.port}",
-                "--metrics-listen", f"127.0.0.1:{self.admin_port}",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, **(env or {})},
-        )  # fmt: skip
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def wait_alive(self) -> None:
-        async def alive() -> bool:
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
-            try:
-                async with aiohttp.ClientSession() as s:
-                    async with s.get(f"http://127.0.0.1:{self.admin_port}/healthz") as r:
-                        return r.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(alive, timeout=15)
-
-    def stop(self) -> tuple[str, str]:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        out, err = self.proc.communicate(timeout=10)
-        return out.decode(), err.decode()
-
-
 @pytest.fixture
-def serve_processes():
-    started: list[ServeProcess] = []
-
-    def make(*args, **kwargs) -> ServeProcess:
-        p = ServeProcess(*args, **kwargs)
-        started.append(p)
-        return p
-
-    yield make
-    for p in started:
-        p.stop()
+def serve_processes(serve_process):
+    return serve_process
 
 
 def test_bad_setting_exits_with_one_line_naming_it():
@@ -118,7 +70,7 @@ async def test_request_log_line_has_figures_and_no_secrets(upstream):
                 headers={"Authorization": "Bearer sk-AUTH-SECRET", "api-key": "HEADER-SECRET", "Cookie": "s=COOKIE-SECRET"},
             ) as r:
                 assert b"COMPLETION-SECRET" in await r.read()
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: any('"request"' in line for line in sc.out), timeout=30)  # logged after EOF
         sc.proc.send_signal(signal.SIGTERM)
         sc.proc.wait(timeout=10)
     finally:
@@ -130,7 +82,7 @@ async def test_request_log_line_has_figures_and_no_secrets(upstream):
     assert rec["route"] == "/v1/chat/completions" and rec["model"] == "m1"
     assert rec["status"] == 200 and rec["outcome"] == "ok" and rec["method"] == "POST"
     assert rec["output_tokens"] == 5 and rec["input_tokens"] == 7
-    assert 40 <= rec["ttft_ms"] < 500 and rec["duration_ms"] >= rec["ttft_ms"]
+    assert 40 <= rec["ttft_ms"] < 10_000 and rec["duration_ms"] >= rec["ttft_ms"]
     for secret in ("COMPLETION-SECRET", "PROMPT-SECRET", "AUTH-SECRET", "HEADER-SECRET", "COOKIE-SECRET", "QUERY-SECRET"):
         assert secret not in out and secret not in err
 
@@ -140,7 +92,9 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
     relayed while the upstream's health path answers; once it stops, they get 503 JSON with
     Retry-After (not a 502, not a refused connection); the in-flight stream finishes whole
     and the process exits 0 as soon as it has, well before drain_seconds."""
-    script = [(0.0, chat_chunk(role=True))] + [(0.15, chat_chunk(f"t{i}")) for i in range(12)] + [(0.0, b"data: [DONE]\n\n")]
+    checked = asyncio.Event()  # the stream stays in flight until the checks below are done
+    script = [(0.0, chat_chunk(role=True)), (0.15, chat_chunk("t0")), (0.15, chat_chunk("t1")), (checked, b"")]
+    script += [(0.15, chat_chunk(f"t{i}")) for i in range(2, 12)] + [(0.0, b"data: [DONE]\n\n")]
     health = {"status": 200}
 
     async def models(request):
@@ -155,7 +109,7 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
         app.router.add_get("/health", health_check)
 
     up = await upstream.start(routes)
-    sc = ServeProcess(up.url, "--drain-seconds", "20")
+    sc = ServeProcess(up.url, "--drain-seconds", "60")
     try:
         await sc.wait_alive()
         received = b""
@@ -166,18 +120,30 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
                     received += chunk
                     if b"t1" in received and "signalled" not in seen:
                         sc.proc.send_signal(signal.SIGTERM)
-                        seen["signalled"] = time.monotonic()
-                        await asyncio.sleep(0.3)
+                        seen["signalled"] = True
                         async with aiohttp.ClientSession() as s2:
+
+                            async def not_ready() -> bool:  # the signal is handled
+                                async with s2.get(f"http://127.0.0.1:{sc.admin_port}/readyz") as ready:
+                                    seen["readyz"] = ready.status
+                                    return ready.status == 503
+
+                            await wait_for(not_ready, timeout=30)
                             async with s2.get(sc.url + "/v1/models") as new:
                                 seen["while_up"] = (new.status, await new.json())
                                 seen["connection"] = new.headers.get("Connection")
-                            async with s2.get(f"http://127.0.0.1:{sc.admin_port}/readyz") as ready:
-                                seen["readyz"] = ready.status
                             health["status"] = 503  # the upstream is going away
-                            await asyncio.sleep(0.8)
-                            async with s2.get(sc.url + "/v1/models") as refused:
-                                seen["gone"] = (refused.status, refused.headers.get("Retry-After"), await refused.json())
+                            statuses = []
+
+                            async def refused() -> bool:  # once the drain's health poll sees it
+                                async with s2.get(sc.url + "/v1/models") as gone:
+                                    statuses.append(gone.status)
+                                    seen["gone"] = (gone.status, gone.headers.get("Retry-After"), await gone.json())
+                                    return gone.status != 200
+
+                            await wait_for(refused, timeout=30)
+                            assert set(statuses) <= {200, 503}, statuses  # relayed or refused, nothing else
+                        checked.set()
             stream_end = time.monotonic()
         assert seen["while_up"] == (200, {"data": [{"id": "m1"}]})
         assert seen["connection"] == "close", "pooled clients reconnect, through the Service, elsewhere"
@@ -186,14 +152,14 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
         assert (status, retry_after) == (503, "1")
         assert body["error"]["type"] == "draining"
         assert received.endswith(b"data: [DONE]\n\n")  # the in-flight stream finished whole
-        assert sc.proc.wait(timeout=10) == 0
-        assert time.monotonic() - stream_end < 5, "exits once nothing is in flight, not at drain_seconds"
+        assert sc.proc.wait(timeout=45) == 0
+        assert time.monotonic() - stream_end < 30, "exits once nothing is in flight, not at drain_seconds (60)"
     finally:
         sc.stop()
 
 
 async def test_drain_time_bounds_shutdown(upstream):
-    script = [(0.0, chat_chunk(role=True))] + [(0.2, chat_chunk(f"t{i}")) for i in range(100)]
+    script = [(0.0, chat_chunk(role=True))] + [(0.2, chat_chunk(f"t{i}")) for i in range(300)]  # 60 s
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
     sc = ServeProcess(up.url, "--drain-seconds", "1")
     try:
@@ -205,7 +171,25 @@ async def test_drain_time_bounds_shutdown(upstream):
                 sc.proc.send_signal(signal.SIGTERM)
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await r.read()
-        assert sc.proc.wait(timeout=10) == 0
-        assert time.perf_counter() - t0 < 4
+        assert sc.proc.wait(timeout=45) == 0
+        assert time.perf_counter() - t0 < 30, "cut at drain_seconds (1), not at the stream's end (60 s)"
+    finally:
+        sc.stop()
+
+
+async def test_started_line_reports_the_ports_bound_for_port_0(upstream):
+    """``--listen 127.0.0.1:0``: the kernel picks the ports, and the ``started`` line says which
+    (beside the addresses as configured), so a caller needs no port probe that could race."""
+    up = await upstream.start(lambda app: None)
+    sc = ServeProcess(up.url)
+    try:
+        await sc.wait_started()
+        started = next(json.loads(line) for line in sc.out if '"started"' in line)
+        assert (started["listen"], started["metrics_listen"]) == ("127.0.0.1:0", "127.0.0.1:0")
+        assert started["bound"] == [f"127.0.0.1:{sc.port}"] and started["metrics_bound"] == [f"127.0.0.1:{sc.admin_port}"]
+        assert 0 not in (sc.port, sc.admin_port) and sc.port != sc.admin_port
+        async with aiohttp.ClientSession() as s:
+            async with s.get(sc.admin_url + "/metrics") as r:
+                assert r.status == 200
     finally:
         sc.stop()
