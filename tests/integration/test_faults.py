@@ -36,7 +36,8 @@ from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import free_port, in_flight_total, wait_for
+from tests import conftest
+from tests.conftest import in_flight_total, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -258,8 +259,8 @@ async def test_simulator_fault_modes(rig_factory):
 # -- faults ------------------------------------------------------------------------------------------
 
 
-async def test_upstream_refuses(rig_factory):
-    rig = await rig_factory(upstream=f"http://127.0.0.1:{free_port()}")
+async def test_upstream_refuses(rig_factory, refused_url):
+    rig = await rig_factory(upstream=refused_url)
     before = await quiet_census()
     status, body, _ = await read_all(rig.url + CHAT, chat_body(), {})
     assert status == 502 and b'"type":"upstream_unreachable"' in body
@@ -357,9 +358,8 @@ async def test_client_disconnects_before_headers(rig_factory):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    left = time.perf_counter()
-    await wait_for(lambda: rig.sim.cancelled == 1, timeout=2)
-    assert time.perf_counter() - left < 1.0  # the upstream stops generating at once
+    # A stall holds the upstream for a day: only the client's leaving, passed on, ends it.
+    await wait_for(lambda: rig.sim.cancelled == 1, timeout=30)
     # nginx's 499: no response ever reached the client.
     await counted(rig, "499", "cancelled")
     await settles_to(before)
@@ -384,51 +384,12 @@ async def test_client_disconnects_mid_stream(rig_factory):
 # -- slow client: backpressure reaches the upstream -----------------------------------------------
 
 
-class ServeProcess:
-    """``llm-sidecar serve`` as a subprocess, on 127.0.0.1 ephemeral ports."""
+class ServeProcess(conftest.ServeProcess):
+    """``llm-sidecar serve`` as a subprocess on ports it reports, without the caller's
+    ``OTEL_*``/``LLM_SIDECAR_*`` environment."""
 
-    def __init__(self, upstream_url: str, *extra: str, env: dict | None = None) -> None:
-        self.port, self.admin_port = free_port(), free_port()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "sidecar", "serve", "--upstream", upstream_url,
-                "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.admin_port}",
-                *extra,
-            ],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))}, **(env or {})},
-        )  # fmt: skip
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    async def wait_alive(self) -> None:
-        async def alive() -> bool:
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
-            try:
-                async with aiohttp.ClientSession() as s:
-                    async with s.get(self.admin_url + "/healthz") as r:
-                        return r.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(alive, timeout=20)
-
-    async def metrics(self) -> str:
-        async with aiohttp.ClientSession() as s:
-            async with s.get(self.admin_url + "/metrics") as r:
-                return await r.text()
-
-    def stop(self) -> tuple[str, str]:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        out, err = self.proc.communicate(timeout=10)
-        return out.decode(), err.decode()
+    def __init__(self, upstream_url: str, *extra: str, **kwargs) -> None:
+        super().__init__(upstream_url, *extra, clean_env=True, **kwargs)
 
 
 @pytest.fixture

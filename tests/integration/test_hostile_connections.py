@@ -24,18 +24,10 @@ class LimitedServe(ServeProcess):
     """``serve`` with its open-files limit (soft and hard) set before it starts."""
 
     def __init__(self, upstream_url: str, nofile: int, *extra: str) -> None:
-        super().__init__(upstream_url, *extra)
-        self.proc.kill()  # replaced by one started under the limit
-        self.proc.wait()
-        args = self.proc.args
-
         def limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit,
-            env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))},
-        )  # fmt: skip
+        super().__init__(upstream_url, *extra, preexec_fn=limit)
 
 
 async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:

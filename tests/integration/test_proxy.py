@@ -40,14 +40,17 @@ USAGE = (
 
 
 def scripted(script: list[tuple[float, bytes]], *, status: int = 200, content_type: str = "text/event-stream", headers=None, sent=None):
-    """A handler that writes each (delay, bytes) pair after its delay, flushed on its own."""
+    """A handler that writes each (delay, bytes) pair after its delay, flushed on its own; a
+    delay that is an :class:`asyncio.Event` waits for the test to set it."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         await request.read()
         resp = web.StreamResponse(status=status, headers={"Content-Type": content_type, **(headers or {})})
         await resp.prepare(request)
         for delay, data in script:
-            if delay:
+            if isinstance(delay, asyncio.Event):
+                await delay.wait()
+            elif delay:
                 await asyncio.sleep(delay)
             await resp.write(data)
             if sent is not None:
