@@ -24,7 +24,7 @@ from sidecar.tools.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAIT
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import free_port, require_tool, start_app, start_prometheus, wait_for
+from tests.conftest import require_tool, start_app, start_prometheus, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -122,8 +122,8 @@ async def test_concurrent_scrapes_share_one_upstream_fetch(upstream, sidecar_fac
     assert calls >= 2
 
 
-async def test_unreachable_server_is_a_502_and_a_slow_one_a_504_within_the_scrape_timeout(upstream, sidecar_factory):
-    sc = await sidecar_factory(f"http://127.0.0.1:{free_port()}")
+async def test_unreachable_server_is_a_502_and_a_slow_one_a_504_within_the_scrape_timeout(upstream, sidecar_factory, refused_url):
+    sc = await sidecar_factory(refused_url)
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{sc.admin_url}/metrics/engine") as r:
             assert r.status == 502
@@ -154,7 +154,7 @@ async def test_engine_metrics_path_is_configurable_and_can_be_turned_off(upstrea
             assert r.status == 404
 
 
-async def test_upstreamz_follows_the_server_and_ignores_draining(upstream, sidecar_factory):
+async def test_upstreamz_follows_the_server_and_ignores_draining(upstream, sidecar_factory, refused_url):
     health = {"status": 200}
     async def health_check(request: web.Request) -> web.Response:
         return web.Response(status=health["status"])
@@ -172,7 +172,7 @@ async def test_upstreamz_follows_the_server_and_ignores_draining(upstream, sidec
         assert await statuses() == (200, 503), "a liveness probe must not restart a draining server"
         health["status"] = 500
         assert await statuses() == (503, 503)
-    dead = await sidecar_factory(f"http://127.0.0.1:{free_port()}")
+    dead = await sidecar_factory(refused_url)
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{dead.admin_url}/upstreamz") as r:
             assert r.status == 503 and (await r.json())["alive"] is False

@@ -124,7 +124,7 @@ async def quiet_census(pid: int | str = "self") -> Census:
     return last
 
 
-async def settles_to(expected: Census, pid: int | str = "self", timeout: float = 5.0) -> None:
+async def settles_to(expected: Census, pid: int | str = "self", timeout: float = 30.0) -> None:
     """Wait until the census equals ``expected``; fail with both when it never does."""
     deadline = time.monotonic() + timeout
     while True:
@@ -292,13 +292,12 @@ async def test_upstream_resets_mid_stream(rig_factory):
 async def test_upstream_stalls_past_idle_timeout(rig_factory):
     rig = await rig_factory(read_timeout=0.5)
     before = await quiet_census()
-    t0 = time.perf_counter()
+    # The stall lasts a day and read_all gives up after 10 s: a cut before that is the 0.5 s timeout.
     status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="stall"))
-    assert time.perf_counter() - t0 < 2.0
     assert status == 200 and isinstance(end, aiohttp.ClientPayloadError)
     assert body.count(b'"content":"') == 11 and b"[DONE]" not in body
     await counted(rig, "200", "error")
-    await wait_for(lambda: rig.sim.cancelled == 1, timeout=2)  # the stalled upstream is let go
+    await wait_for(lambda: rig.sim.cancelled == 1, timeout=30)  # the stalled upstream is let go
     await settles_to(before)
 
 
@@ -495,12 +494,12 @@ async def test_slow_client_backpressure_reaches_upstream(upstream, serve_process
     print(f"\nslow client: read {len(got)} B one byte at a time; upstream wrote {marks['end'] >> 10} KiB then blocked; sidecar RSS {rss_start >> 20} -> {rss_end >> 20} MiB")
 
     sock.close()
-    await wait_for(lambda: state["ended"] == "client gone", timeout=3)
+    await wait_for(lambda: state["ended"] == "client gone", timeout=30)
 
     async def cancelled() -> bool:
         return sample_of(await sc.metrics(), "llm_requests_total", code="200", outcome="cancelled") == 1
 
-    await wait_for(cancelled, timeout=3)
+    await wait_for(cancelled, timeout=30)
     await settles_to(before, pid)
 
 
@@ -518,7 +517,7 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
     sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     sim_port = await _site(sim_runner)
     try:
-        sc = serve_process(f"http://127.0.0.1:{sim_port}", "--drain-seconds", "10", env={"PYTHONDEVMODE": "1"})
+        sc = serve_process(f"http://127.0.0.1:{sim_port}", "--drain-seconds", "60", env={"PYTHONDEVMODE": "1"})
         await sc.wait_alive()
 
         async def stream() -> bytes:
@@ -527,11 +526,15 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
                     return await r.read()
 
         streams = [asyncio.create_task(stream()) for _ in range(5)]
-        await wait_for(lambda: app[SIM_STATS].started == 5)
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: app[SIM_STATS].started == 5, timeout=30)
         sc.proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.2)
         async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/relay/drain.py)
+
+            async def draining() -> bool:
+                async with s.get(sc.admin_url + "/readyz") as r:
+                    return r.status == 503
+
+            await wait_for(draining, timeout=30)
             async with s.get(sc.url + "/v1/models") as r:
                 assert r.status == 200
         bodies = await asyncio.gather(*streams)
@@ -539,8 +542,8 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
         t0 = time.monotonic()
         for site in list(sim_runner.sites):  # the server stops listening, as in a pod's shutdown
             await site.stop()  # (its idle keep-alive connections stay open: the drain must not be fooled)
-        assert await asyncio.to_thread(sc.proc.wait, 10) == 0
-        assert time.monotonic() - t0 < 5
+        assert await asyncio.to_thread(sc.proc.wait, 45) == 0
+        assert time.monotonic() - t0 < 30, "exits once the upstream is gone, not at drain_seconds (60)"
         out, err = sc.stop()
         for sign in _LEAK_SIGNS:
             assert sign not in out and sign not in err, (sign, out, err)

@@ -124,10 +124,8 @@ async def test_sdk_non_streaming_and_completions(simulator, sidecar_factory):
     assert sc.sample("llm_tokens_total", model="sim-model", route="/v1/completions", type="output") == 6
 
 
-async def test_sdk_sees_clean_errors(simulator, sidecar_factory):
-    from tests.conftest import free_port
-
-    sc = await sidecar_factory(f"http://127.0.0.1:{free_port()}")
+async def test_sdk_sees_clean_errors(simulator, sidecar_factory, refused_url):
+    sc = await sidecar_factory(refused_url)
     async with _client(sc.url) as client:
         with pytest.raises(openai.APIStatusError) as info:
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])

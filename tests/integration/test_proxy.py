@@ -230,10 +230,8 @@ async def test_any_method_path_query_and_body_pass_through(upstream, sidecar_fac
     await wait_for(lambda: sc.sample("llm_requests_total", model="unknown", route="other", code="207", outcome="ok") == 1)
 
 
-async def test_upstream_refused_is_502_json(sidecar_factory):
-    from tests.conftest import free_port
-
-    sc = await sidecar_factory(f"http://127.0.0.1:{free_port()}")
+async def test_upstream_refused_is_502_json(sidecar_factory, refused_url):
+    sc = await sidecar_factory(refused_url)
     async with aiohttp.ClientSession() as s:
         async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
             assert r.status == 502
@@ -247,7 +245,7 @@ async def test_upstream_refused_is_502_json(sidecar_factory):
 
 async def test_upstream_slow_headers_is_504_json(upstream, sidecar_factory):
     async def slow(request):
-        await asyncio.sleep(2)
+        await asyncio.sleep(60)
         return web.Response(text="late")
 
     up = await upstream.start(lambda app: app.router.add_post("/v1/completions", slow))
@@ -257,7 +255,7 @@ async def test_upstream_slow_headers_is_504_json(upstream, sidecar_factory):
         async with s.post(sc.url + "/v1/completions", json={"model": "m1", "prompt": "x"}) as r:
             assert r.status == 504
             assert (await r.json())["error"]["type"] == "upstream_timeout"
-    assert time.perf_counter() - t0 < 1.5
+    assert time.perf_counter() - t0 < 20, "the 0.3 s read timeout, not the answer at 60 s"
     await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/completions", code="504", outcome="error") == 1)
 
 
@@ -290,7 +288,7 @@ async def test_upstream_dying_mid_stream_ends_client_stream_with_error(upstream,
 
 
 async def test_upstream_stalling_past_idle_timeout_ends_stream(upstream, sidecar_factory):
-    script = [(0.0, chat_chunk(role=True)), (0.0, chat_chunk("a")), (3.0, chat_chunk("late"))]
+    script = [(0.0, chat_chunk(role=True)), (0.0, chat_chunk("a")), (60.0, chat_chunk("late"))]
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
     sc = await sidecar_factory(up.url, read_timeout=0.4)
     t0 = time.perf_counter()
@@ -298,7 +296,7 @@ async def test_upstream_stalling_past_idle_timeout_ends_stream(upstream, sidecar
         async with aiohttp.ClientSession() as s:
             async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
                 await r.read()
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 20, "cut by the 0.4 s read timeout, not by the late chunk (60 s)"
     await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/chat/completions", code="200", outcome="error") == 1)
 
 
@@ -311,7 +309,7 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
         await resp.prepare(request)
         await resp.write(chat_chunk(role=True))
         try:
-            for i in range(1000):
+            for i in range(10_000):  # 500 s
                 await resp.write(chat_chunk(f"t{i}"))
                 await asyncio.sleep(0.05)
         except (ConnectionError, asyncio.CancelledError):
@@ -330,8 +328,10 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
                     break
             closed_at = time.perf_counter()
             r.close()
-    await wait_for(lambda: state["cancelled_at"] is not None, timeout=3)
-    assert state["cancelled_at"] - closed_at < 1.0
+    await wait_for(lambda: state["cancelled_at"] is not None, timeout=30)
+    # Typically within milliseconds; the margin is for a loaded machine, and still far short of
+    # the stream's own end.
+    assert state["cancelled_at"] - closed_at < 20
     labels = {"model": "m1", "route": "/v1/chat/completions"}
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
     assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1
@@ -341,14 +341,15 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
 
 async def test_client_disconnect_during_prefill_is_cancelled(upstream, sidecar_factory):
     """No bytes yet: only handler cancellation can notice the client left."""
-    state = {"cancelled": False}
+    state = {"cancelled": False, "prefilling": False}
 
     async def slow_prefill(request):
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        state["prefilling"] = True
         try:
-            await asyncio.sleep(10)
+            await asyncio.sleep(60)
         except asyncio.CancelledError:
             state["cancelled"] = True
             raise
@@ -360,13 +361,13 @@ async def test_client_disconnect_during_prefill_is_cancelled(upstream, sidecar_f
     async with aiohttp.ClientSession() as s:
         task = asyncio.create_task(s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}))
         resp = await task
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: state["prefilling"])
         closed_at = time.perf_counter()
         resp.close()
-    await wait_for(lambda: state["cancelled"], timeout=1.0)  # the server stops generating
-    assert time.perf_counter() - closed_at < 1.0
+    await wait_for(lambda: state["cancelled"])  # the server stops generating
+    assert time.perf_counter() - closed_at < 20, "cancelled when the client left, not after the 60 s prefill"
     labels = {"model": "m1", "route": "/v1/chat/completions"}
-    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1, timeout=2)
+    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
     assert sc.in_flight() == 0
 
 
@@ -444,10 +445,8 @@ async def test_readiness_follows_upstream_health(upstream, sidecar_factory):
     assert "llm_time_to_first_token_seconds" in text
 
 
-async def test_readiness_unreachable_upstream(sidecar_factory):
-    from tests.conftest import free_port
-
-    sc = await sidecar_factory(f"http://127.0.0.1:{free_port()}")
+async def test_readiness_unreachable_upstream(sidecar_factory, refused_url):
+    sc = await sidecar_factory(refused_url)
     async with aiohttp.ClientSession() as s:
         async with s.get(sc.admin_url + "/readyz") as r:
             assert r.status == 503

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.export import semconv as sc
 from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
-from tests.conftest import RunningSidecar, free_port, start_app, wait_for
+from tests.conftest import RunningSidecar, start_app, wait_for
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -246,9 +246,9 @@ async def test_upstream_502_is_error_span(upstream, traced_sidecar, spans):
     assert span.events == ()
 
 
-async def test_upstream_unreachable_is_error_span(traced_sidecar, spans):
+async def test_upstream_unreachable_is_error_span(traced_sidecar, spans, refused_url):
     provider, exporter = spans
-    s = await traced_sidecar(f"http://127.0.0.1:{free_port()}", tracer_provider=provider)
+    s = await traced_sidecar(refused_url, tracer_provider=provider)
     status, _ = await post(s.url + ROUTE)
     assert status == 502
     span = await one_span(exporter)
