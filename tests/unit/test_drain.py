@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from sidecar.relay.drain import POLL_SECONDS, RETRY_AFTER_SECONDS, Drain
+from sidecar.relay.drain import RETRY_AFTER_SECONDS, Drain
+from tests.conftest import wait_for
 
 
 class Upstream:
@@ -29,28 +30,49 @@ class Upstream:
 async def test_keeps_serving_while_the_upstream_answers_then_refuses():
     upstream, in_flight = Upstream(True), [0]
     drain = Drain(upstream, lambda: in_flight[0])
-    task = asyncio.create_task(drain.run(10))
-    await asyncio.sleep(3 * POLL_SECONDS)
-    assert drain.draining and not drain.refusing and upstream.asked >= 2
+    task = asyncio.create_task(drain.run(60))
+    await wait_for(lambda: upstream.asked >= 2)  # asked again after a poll
+    assert drain.draining and not drain.refusing and not task.done()
     upstream.up = None  # the server closed its listener
-    await asyncio.sleep(2 * POLL_SECONDS)
-    assert drain.refusing and task.done(), "nothing in flight: the proxy may close"
+    await wait_for(task.done)  # "nothing in flight: the proxy may close", long before the 60 s
+    assert drain.refusing
+    task.result()
 
 
 async def test_waits_for_in_flight_requests_once_the_upstream_is_gone():
     in_flight = [2]
     drain = Drain(Upstream(False), lambda: in_flight[0])
-    task = asyncio.create_task(drain.run(10))
-    await asyncio.sleep(0.2)
-    assert drain.refusing and not task.done()
+    task = asyncio.create_task(drain.run(60))
+    await wait_for(lambda: drain.refusing)
+    await asyncio.sleep(0.2)  # a few turns of its in-flight poll: it must still be waiting
+    assert not task.done()
     in_flight[0] = 0
-    await asyncio.wait_for(task, 1)
+    await asyncio.wait_for(task, 30)
+
+
+class Clock:
+    """A clock the test moves; the drain reads its deadline from it."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def test_drain_seconds_bounds_every_step():
-    started = time.monotonic()
-    await Drain(Upstream(True), lambda: 1).run(0.6)  # upstream never leaves, a stream never ends
-    assert 0.5 < time.monotonic() - started < 1.5
+    clock, upstream = Clock(), Upstream(True)  # upstream never leaves, a stream never ends
+    drain = Drain(upstream, lambda: 1, clock=clock)
+    task = asyncio.create_task(drain.run(0.6))
+    await wait_for(lambda: upstream.asked >= 3)  # polling, however long that took in real time
+    assert not task.done() and not drain.refusing
+    clock.now += 0.59
+    asked = upstream.asked
+    await wait_for(lambda: upstream.asked > asked)
+    assert not task.done(), "before drain_seconds"
+    clock.now += 0.02  # past the deadline: both steps end
+    await asyncio.wait_for(task, 30)
+    assert drain.refusing
 
 
 async def test_a_hanging_health_check_counts_as_gone_at_the_deadline():
@@ -61,7 +83,8 @@ async def test_a_hanging_health_check_counts_as_gone_at_the_deadline():
     drain = Drain(hangs, lambda: 0)
     started = time.monotonic()
     await drain.run(0.5)
-    assert drain.refusing and time.monotonic() - started < 1.5
+    # Cut at the deadline (0.5 s, late on a loaded machine), not when the check returns (60 s).
+    assert drain.refusing and time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize("refusing", [False, True])
