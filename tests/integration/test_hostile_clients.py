@@ -141,8 +141,8 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
 
     # The client reads nothing at all. Within send_timeout (plus a poll) the sidecar closes
     # the upstream request, so the server stops generating, and closes the client.
-    await wait_for(lambda: "closed" in state, timeout=6.0)
-    assert state["closed"] - state["started"] < 5.0
+    await wait_for(lambda: "closed" in state)
+    assert state["closed"] - state["started"] < 10, "let go after send_timeout (1 s), not never"
     labels = {"model": "m", "route": CHAT}
     await wait_for(lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
     assert in_flight_total(rig.registry) == 0
@@ -183,8 +183,10 @@ async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout
     rig = await rig_factory(upstream=upstream.url, send_timeout=1.0)
     sock = await _post_stream(rig.port)  # 4 KiB receive buffer, never read
     await wait_for(lambda: "started" in state)
-    await wait_for(lambda: "closed" in state, timeout=15.0)
-    assert state["closed"] - state["started"] < 4.0, state["closed"] - state["started"]
+    await wait_for(lambda: "closed" in state)
+    # send_timeout + ~2 s on a quiet machine; the margin is for a loaded one, and still far
+    # short of the minute the kernel's buffer used to hide the stall for.
+    assert state["closed"] - state["started"] < 12, state["closed"] - state["started"]
     await wait_for(lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT) == 1)
     sock.close()
 

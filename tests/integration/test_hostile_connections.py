@@ -14,6 +14,7 @@ import time
 import aiohttp
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.test_faults import ServeProcess, serve_process  # noqa: F401 - fixture
 from tests.integration.test_hostile_clients import TCP_ESTABLISHED, tcp_state
 
@@ -60,7 +61,6 @@ async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(
     try:
         await sc.wait_alive()
         held = await open_idle(sc.port, 200)  # above the cap (256 - 128) // 2 = 64
-        await asyncio.sleep(0.3)
         answers = []
         for reader, _ in held[64:]:
             answers.append(await read_to_eof(reader))
@@ -76,10 +76,16 @@ async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(
 
         for _, writer in held:
             writer.close()
-        await asyncio.sleep(0.3)
-        async with aiohttp.ClientSession() as s:
-            async with s.get(sc.url + "/v1/models") as r:
-                assert r.status == 200 and await r.json() == {"data": []}
+
+        async def admitted() -> bool:  # once the sidecar has seen the closes
+            async with aiohttp.ClientSession() as s:
+                async with s.get(sc.url + "/v1/models") as r:
+                    if r.status == 503:
+                        return False
+                    assert r.status == 200 and await r.json() == {"data": []}
+                    return True
+
+        await wait_for(admitted)
     finally:
         out, err = sc.stop()
         err = out + err
@@ -95,10 +101,22 @@ async def test_configured_connection_cap(serve_process):
     assert (await read_to_eof(reader)).startswith(b"HTTP/1.1 503 ")
     await admin_answers(sc)
     held[0][1].close()
-    await asyncio.sleep(0.2)
-    reader, writer = await asyncio.open_connection("127.0.0.1", sc.port)
-    writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert (await read_to_eof(reader)).startswith(b"HTTP/1.1 502 ")  # admitted: no upstream there
+
+    async def admitted() -> bool:  # once the sidecar has seen the close
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.port)
+        try:
+            writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = await read_to_eof(reader)
+        except ConnectionResetError:  # refused: its 503 and close crossed our request
+            return False
+        finally:
+            writer.close()
+        if answer.startswith(b"HTTP/1.1 503 "):
+            return False
+        assert answer.startswith(b"HTTP/1.1 502 "), answer  # admitted: no upstream there
+        return True
+
+    await wait_for(admitted)
     for _, w in held:
         w.close()
 
@@ -108,10 +126,10 @@ async def test_heads_that_never_finish_are_let_go_after_client_header_timeout(se
     await sc.wait_alive()
     idle = await open_idle(sc.port, 100)
     dribble_reader, dribble = await asyncio.open_connection("127.0.0.1", sc.port)
-    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 300
     started = time.monotonic()
     closed_at = None
-    for byte in head:  # one byte every 0.1 s: 10 s for the head
+    for byte in head:  # one byte every 0.1 s: 30 s for the head
         try:
             dribble.write(bytes([byte]))
             await dribble.drain()
@@ -128,7 +146,8 @@ async def test_heads_that_never_finish_are_let_go_after_client_header_timeout(se
                 break
         except TimeoutError:
             pass
-    assert closed_at is not None and closed_at - started < 4.0, "the half head kept its connection"
+    # Let go after the 1 s timeout (late on a loaded machine), long before the head is done.
+    assert closed_at is not None and closed_at - started < 15, "the half head kept its connection"
     for reader, _ in idle:  # idle ones too, never a byte sent
         assert await read_to_eof(reader) == b""
     await admin_answers(sc)
