@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -82,17 +83,18 @@ class ServeProcess:
 
     def __init__(
         self, upstream_url: str, *extra: str, env: dict | None = None, clean_env: bool = False,
-        listen: str = "127.0.0.1:0", metrics_listen: str = "127.0.0.1:0", **popen: object,
+        listen: str = "127.0.0.1:0", metrics_listen: str = "127.0.0.1:0",
+        command: tuple[str, ...] = (sys.executable, "-m", "sidecar"), **popen: object,
     ) -> None:  # fmt: skip
         base = os.environ
         if clean_env:
-            base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))}
+            base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_", "KUBERNETES_"))}
         self.port = self.admin_port = 0
         self.out: list[str] = []
         self.err: list[str] = []
         self.started = threading.Event()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--upstream", upstream_url,
+            [*command, "serve", "--upstream", upstream_url,
              "--listen", listen, "--metrics-listen", metrics_listen, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**base, **(env or {})}, **popen,
         )  # fmt: skip
@@ -120,6 +122,14 @@ class ServeProcess:
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
+
+    def ports(self, timeout: float = 30) -> tuple[int, int]:
+        """Block until started; the proxy and admin ports (for tests without an event loop)."""
+        deadline = time.monotonic() + timeout
+        while not self.started.wait(0.05):
+            assert self.proc.poll() is None, "".join(self.err) + "".join(self.out)
+            assert time.monotonic() < deadline, "serve did not start"
+        return self.port, self.admin_port
 
     async def wait_started(self, timeout: float = 30) -> None:
         def up() -> bool:
@@ -162,6 +172,21 @@ class ServeProcess:
         for t in self._readers:
             t.join(timeout=10)
         return "".join(self.out), "".join(self.err)
+
+
+def start_simulator(*args: str, command: tuple[str, ...] = (sys.executable, "-m", "sidecar"), **popen) -> tuple[subprocess.Popen, int]:
+    """``llm-sidecar simulate`` on a port the kernel picks, read back from the line it prints
+    at start (stderr, text). The caller terminates it."""
+    proc = subprocess.Popen(
+        [*command, "simulate", "--listen", "127.0.0.1:0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
+    )  # fmt: skip
+    line = proc.stderr.readline()  # type: ignore[union-attr]
+    found = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+    if found is None:
+        proc.kill()
+        raise AssertionError(f"simulate did not start: {line}{proc.communicate(timeout=10)[1]}")
+    return proc, int(found[1])
 
 
 @pytest.fixture

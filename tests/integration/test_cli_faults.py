@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sidecar import __version__
-from tests.conftest import free_port
+from tests.conftest import ServeProcess
 
 CLI = str(Path(sys.executable).with_name("llm-sidecar"))
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LLM_SIDECAR_") and not k.startswith("OTEL_")}
@@ -82,7 +82,7 @@ def test_port_in_use_is_one_clear_line_and_no_stopped_event():
         port = taken.getsockname()[1]
         done = run(
             "serve", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", f"127.0.0.1:{free_port()}",
+            "--metrics-listen", "127.0.0.1:0",
         )
     assert done.returncode == 2
     assert done.stderr.startswith(f"llm-sidecar: cannot listen on 127.0.0.1:{port} (--listen):")
@@ -93,14 +93,11 @@ def test_port_in_use_is_one_clear_line_and_no_stopped_event():
 
 @contextmanager
 def _sidecar(upstream: str):
-    port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [CLI, "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
-         "--metrics-listen", f"127.0.0.1:{admin}", "--connect-timeout", "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
-    )
+    sc = ServeProcess(upstream, "--connect-timeout", "3", command=(CLI,), clean_env=True, env={"COLUMNS": "250"})
+    proc = sc.proc
     try:
-        deadline = time.monotonic() + 20
+        port, admin = sc.ports()
+        deadline = time.monotonic() + 30
         while True:
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=1).close()
@@ -112,6 +109,7 @@ def _sidecar(upstream: str):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        sc.stop()
 
 
 def _post(port: int) -> tuple[int, dict]:
@@ -150,10 +148,10 @@ def _plain_http_server():
 
 
 @pytest.mark.parametrize("cause", ["refused", "dns", "tls"])
-def test_unreachable_upstream_502_names_its_cause(cause):
+def test_unreachable_upstream_502_names_its_cause(cause, refused_url):
     with _plain_http_server() as tls_port:
         upstream = {
-            "refused": f"http://127.0.0.1:{free_port()}",
+            "refused": refused_url,
             "dns": "http://no-such-host.invalid:8000",
             "tls": f"https://127.0.0.1:{tls_port}",
         }[cause]

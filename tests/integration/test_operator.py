@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import ServeProcess, start_simulator
 
 pytestmark = pytest.mark.integration
 
@@ -48,9 +48,31 @@ def _wait(predicate, timeout: float = 20.0) -> None:
     raise AssertionError("condition not met in time")
 
 
+class Sidecar(ServeProcess):
+    """``llm-sidecar serve`` on ports it reports, read like a ``Popen``."""
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        self.proc.wait(timeout=timeout)
+        return self.stop()
+
+    def logged(self, event: str) -> bool:
+        return f'"{event}"' in "".join(self.out)
+
+
 class Procs:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
+        self.sidecars: list[Sidecar] = []
 
     def start(self, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -58,25 +80,27 @@ class Procs:
         return proc
 
     def simulator(self, *extra: str) -> tuple[subprocess.Popen, int]:
-        port = free_port()
-        proc = self.start("simulate", "--listen", f"127.0.0.1:{port}", *extra)
+        proc, port = start_simulator(*extra, command=(CLI,), env=ENV)
+        self.procs.append(proc)
         _wait(lambda: _get(port, "/health")[0] == 200)
         return proc, port
 
-    def sidecar(self, upstream_port: int, *extra: str) -> tuple[subprocess.Popen, int, int]:
-        port, admin = free_port(), free_port()
-        proc = self.start(
-            "serve", "--upstream", f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", f"127.0.0.1:{admin}", "--log-format", "json", *extra,
-        )  # fmt: skip
+    def sidecar(self, upstream_port: int, *extra: str, env: dict | None = None) -> tuple[Sidecar, int, int]:
+        sc = Sidecar(
+            f"http://127.0.0.1:{upstream_port}", "--log-format", "json", *extra, command=(CLI,), clean_env=True, env=env
+        )
+        self.sidecars.append(sc)
+        port, admin = sc.ports()
         _wait(lambda: _get(admin, "/readyz")[0] == 200)
-        return proc, port, admin
+        return sc, port, admin
 
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
             proc.communicate(timeout=10)
+        for sc in self.sidecars:
+            sc.stop()
 
 
 @pytest.fixture
@@ -119,7 +143,7 @@ def test_second_signal_forces_exit_while_a_stream_is_live(procs):
     assert resp.status == 200
     resp.fp.readline()  # the stream is live
     sidecar.send_signal(signal.SIGINT)
-    time.sleep(1.0)
+    _wait(lambda: sidecar.logged("draining"))  # the first signal is handled
     assert sidecar.poll() is None, "a live stream is drained, not cut, on the first signal"
     sidecar.send_signal(signal.SIGINT)
     out, err = sidecar.communicate(timeout=10)  # on main: the second signal is ignored (60 s)
@@ -137,7 +161,7 @@ def test_second_signal_forces_exit_while_a_stream_is_live(procs):
     ],
 )
 def test_bad_upstream_urls_are_refused_naming_the_root(upstream, says, root):
-    done = run("serve", "--upstream", upstream, "--listen", f"127.0.0.1:{free_port()}")
+    done = run("serve", "--upstream", upstream, "--listen", "127.0.0.1:0")
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and root in done.stderr, done.stderr
     assert "s3cret" not in done.stdout + done.stderr
@@ -151,15 +175,9 @@ def test_misspelled_environment_variable_named_with_the_closest(tmp_path):
 
 def test_log_level_is_case_insensitive(procs):
     _, up = procs.simulator()
-    port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [CLI, "serve", "--upstream", f"http://127.0.0.1:{up}", "--listen", f"127.0.0.1:{port}",
-         "--metrics-listen", f"127.0.0.1:{admin}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "LLM_SIDECAR_LOG_LEVEL": "DEBUG"},
-    )  # fmt: skip
-    procs.procs.append(proc)
-    _wait(lambda: proc.poll() is not None or _get(admin, "/healthz")[0] == 200)
-    assert proc.poll() is None, proc.communicate()[1]
+    sc, _, admin = procs.sidecar(up, env={"LLM_SIDECAR_LOG_LEVEL": "DEBUG"})  # started at all: it was accepted
+    assert _get(admin, "/healthz")[0] == 200
+    assert sc.poll() is None
 
 
 def test_config_errors_are_located(tmp_path):
@@ -190,6 +208,8 @@ def test_upstream_outage_is_logged_once_each_way_in_plain_words(procs):
     assert "connection refused (is it listening on that port?)" in reason, reason
     assert "Error" not in reason, reason  # no Python class name (main: ClientConnectorError)
     time.sleep(5)  # a few watch intervals and probes: still one line
+    # The same port again (a server coming back where it was): taken meanwhile, this fails at
+    # start, never passes wrongly; the kernel hands out ephemeral ports in turn, not the last freed.
     procs.start("simulate", "--listen", f"127.0.0.1:{up}")
     _wait(lambda: _get(admin, "/readyz")[0] == 200)
     time.sleep(3)
@@ -210,7 +230,7 @@ def test_bind_error_names_the_flag_of_the_admin_port():
         taken.listen()
         port = taken.getsockname()[1]
         done = run(
-            "serve", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{free_port()}",
+            "serve", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0",
             "--metrics-listen", f"127.0.0.1:{port}",
         )  # fmt: skip
     assert done.returncode == 2

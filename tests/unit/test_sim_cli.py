@@ -14,7 +14,8 @@ from sidecar.cli import _build_parser
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import free_port
+import re
+import urllib.request
 
 MODEL = "sim-llama-3-8b"
 
@@ -34,9 +35,8 @@ def test_simulate_help_shows_defaults_and_the_per_request_headers():
 
 
 def test_simulate_prints_one_line_at_start_with_address_model_and_timing():
-    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "simulate", "--listen", f"127.0.0.1:{port}", "--ttft", "0.3",
+        [sys.executable, "-m", "sidecar", "simulate", "--listen", "127.0.0.1:0", "--ttft", "0.3",
          "--tokens", "7", "--tokens-spread", "0", "--model", "m-x"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -44,10 +44,13 @@ def test_simulate_prints_one_line_at_start_with_address_model_and_timing():
     )
     try:
         line = proc.stderr.readline()  # type: ignore[union-attr]
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line)[1])  # port 0: the one the kernel picked
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
+            assert r.status == 200
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=30)
-    assert f"http://127.0.0.1:{port}" in line and "'m-x'" in line
+    assert port != 0 and "'m-x'" in line
     assert "ttft 0.3s" in line and "7 tokens (exactly)" in line
     assert out == "" and err == ""  # one line, nothing after it (a clean SIGTERM)
 
