@@ -76,6 +76,17 @@ def refused_url():
 _BOUND = re.compile(r"\b(bound|metrics_bound)\W+(?:\[?[0-9a-fA-F.:]+\]?):(\d+)")
 
 
+def bound_ports(log: str) -> tuple[int, int] | None:
+    """The proxy and admin ports from serve's ``started`` line in ``log`` (JSON or console
+    format), or None before that line (whole lines only: a port half written is no port)."""
+    for line in log.splitlines(keepends=True):
+        if "started" in line and line.endswith("\n"):
+            ports = {key: int(port) for key, port in _BOUND.findall(line)}
+            if "bound" in ports and "metrics_bound" in ports:
+                return ports["bound"], ports["metrics_bound"]
+    return None
+
+
 class ServeProcess:
     """``llm-sidecar serve`` as a subprocess on ports the kernel picks (``127.0.0.1:0``); the
     ports are read back from its ``started`` log line. stdout and stderr are read by threads
@@ -109,11 +120,9 @@ class ServeProcess:
         for raw in stream:
             line = raw.decode(errors="replace")
             into.append(line)
-            if not self.started.is_set() and "started" in line:
-                ports = {key: int(port) for key, port in _BOUND.findall(line)}
-                if "bound" in ports and "metrics_bound" in ports:
-                    self.port, self.admin_port = ports["bound"], ports["metrics_bound"]
-                    self.started.set()
+            if not self.started.is_set() and (ports := bound_ports(line)):
+                self.port, self.admin_port = ports
+                self.started.set()
 
     @property
     def url(self) -> str:

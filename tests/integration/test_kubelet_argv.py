@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import bound_ports, start_simulator
 from tests.unit.test_helm_files import image_entrypoint_and_cmd
 
 pytestmark = pytest.mark.integration
@@ -89,23 +89,24 @@ def local_executable(argv0: str) -> str:
 
 @pytest.fixture(scope="module")
 def simulator():
-    port = free_port()
     exe = local_executable("llm-sidecar")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
-    proc = subprocess.Popen(
-        [exe, "simulate", "--listen", f"127.0.0.1:{port}", "--ttft", "0.01", "--tpot", "0.001", "--tokens", "3"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc, port = start_simulator("--ttft", "0.01", "--tpot", "0.001", "--tokens", "3", command=(exe,), env=env)
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
 
 
-async def _ready(admin: str, proc: subprocess.Popen, err: Path) -> None:
-    deadline = time.monotonic() + 20
+async def _ready(out: Path, proc: subprocess.Popen, err: Path) -> None:
+    deadline = time.monotonic() + 30
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"exited {proc.returncode}: {err.read_text()}"
+            ports = bound_ports(out.read_text())  # port 0: the ports it bound, from its started line
+            if ports is None:
+                await asyncio.sleep(0.05)
+                continue
+            admin = f"http://127.0.0.1:{ports[1]}"
             try:
                 async with http.get(f"{admin}/healthz") as alive, http.get(f"{admin}/readyz") as ready:
                     if alive.status == 200 and ready.status == 200:
@@ -113,7 +114,7 @@ async def _ready(admin: str, proc: subprocess.Popen, err: Path) -> None:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)
-    raise AssertionError(f"not ready within 20 s: {err.read_text()}")
+    raise AssertionError(f"not ready within 30 s: {err.read_text()}")
 
 
 @pytest.mark.parametrize("path", [p for p in RENDERINGS if p.name not in MONITORING_ONLY], ids=lambda p: str(p.relative_to(ROOT)))
@@ -127,17 +128,16 @@ def test_rendered_sidecar_starts_with_the_kubelets_argv(path, simulator, tmp_pat
         env = literal_env(container)
         for name in [k for k in env if k.startswith("OTEL_EXPORTER_OTLP")] + ["LLM_SIDECAR_OTEL_METRICS"]:
             env.pop(name, None)  # no collector here
-        admin = free_port()
         env.update(
             LLM_SIDECAR_UPSTREAM=simulator,
-            LLM_SIDECAR_LISTEN=f"127.0.0.1:{free_port()}",
-            LLM_SIDECAR_METRICS_LISTEN=f"127.0.0.1:{admin}",
+            LLM_SIDECAR_LISTEN="127.0.0.1:0",
+            LLM_SIDECAR_METRICS_LISTEN="127.0.0.1:0",
         )
         base = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
-        err = tmp_path / f"err-{i}"
-        proc = subprocess.Popen(argv, env={**base, **env}, stdout=subprocess.DEVNULL, stderr=err.open("w"))
+        out, err = tmp_path / f"out-{i}", tmp_path / f"err-{i}"
+        proc = subprocess.Popen(argv, env={**base, **env}, stdout=out.open("w"), stderr=err.open("w"))
         try:
-            asyncio.run(_ready(f"http://127.0.0.1:{admin}", proc, err))
+            asyncio.run(_ready(out, proc, err))
         finally:
             # (SIGTERM would drain for as long as the simulator answers: tests/integration/test_rollout.py)
             proc.kill()
