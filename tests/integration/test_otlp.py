@@ -27,7 +27,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from sidecar.export import semconv as sc
-from tests.conftest import free_port, start_app, wait_for
+from tests.conftest import bound_ports, start_app, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -174,13 +174,12 @@ async def http_receiver():
 
 
 async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
-    port, admin = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "K8S_", "LLM_SIDECAR_"))}
     env.update(
         {
             "LLM_SIDECAR_UPSTREAM": upstream_url,
-            "LLM_SIDECAR_LISTEN": f"127.0.0.1:{port}",
-            "LLM_SIDECAR_METRICS_LISTEN": f"127.0.0.1:{admin}",
+            "LLM_SIDECAR_LISTEN": "127.0.0.1:0",  # the ports it bound are in its started line
+            "LLM_SIDECAR_METRICS_LISTEN": "127.0.0.1:0",
             "LLM_SIDECAR_DRAIN_SECONDS": "1",
             "OTEL_SERVICE_NAME": "sidecar-under-test",
             "K8S_POD_NAME": "vllm-0",
@@ -193,18 +192,24 @@ async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
         sys.executable, "-m", "sidecar", "serve", env=env, stdout=out, stderr=asyncio.subprocess.STDOUT
     )
 
+    ports: list[int] = []
+
     async def ready() -> bool:
         if proc.returncode is not None:
             raise AssertionError(f"sidecar exited {proc.returncode}: {log.read_text()}")
+        if not ports:
+            ports.extend(bound_ports(log.read_text()) or ())
+            if not ports:
+                return False
         try:
             async with aiohttp.ClientSession() as s:
-                async with s.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                async with s.get(f"http://127.0.0.1:{ports[1]}/healthz") as r:
                     return r.status == 200
         except aiohttp.ClientError:
             return False
 
-    await wait_for(ready, timeout=20)
-    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", out
+    await wait_for(ready, timeout=30)
+    return proc, f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", out
 
 
 async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_path: Path, *, latest: bool = False) -> None:
