@@ -36,7 +36,7 @@ import yaml
 
 from sidecar.export import semconv
 from sidecar.config import load_settings
-from tests.conftest import IN_CI, free_port
+from tests.conftest import IN_CI, bound_ports, start_simulator
 
 pytestmark = pytest.mark.integration
 
@@ -428,27 +428,32 @@ def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
     env = literal_env(sidecar)
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT")  # no collector here
     env.pop("LLM_SIDECAR_OTEL_METRICS")
-    upstream, proxy, admin = free_port(), free_port(), free_port()
+    exe = shutil.which("llm-sidecar", path=str(Path(sys.executable).parent)) or "llm-sidecar"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
+    server, upstream = start_simulator(
+        "--model", "meta-llama/Llama-3.1-8B-Instruct", "--ttft", "0.01", "--tpot", "0.001", "--tokens", "4",
+        command=(exe,), env=base_env,
+    )  # fmt: skip
     env.update(
         LLM_SIDECAR_UPSTREAM=f"http://127.0.0.1:{upstream}",
-        LLM_SIDECAR_LISTEN=f"127.0.0.1:{proxy}",
-        LLM_SIDECAR_METRICS_LISTEN=f"127.0.0.1:{admin}",
+        LLM_SIDECAR_LISTEN="127.0.0.1:0",  # the ports it bound are in its started line
+        LLM_SIDECAR_METRICS_LISTEN="127.0.0.1:0",
         K8S_POD_NAME="llm-sidecar-0",
         K8S_NAMESPACE_NAME="llm",
     )
-    exe = shutil.which("llm-sidecar", path=str(Path(sys.executable).parent)) or "llm-sidecar"
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
-    simulate = [exe, "simulate", "--listen", f"127.0.0.1:{upstream}", "--model", "meta-llama/Llama-3.1-8B-Instruct",
-                "--ttft", "0.01", "--tpot", "0.001", "--tokens", "4"]  # fmt: skip
-    server = subprocess.Popen(simulate, env=base_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc = subprocess.Popen([exe, "serve"], env={**base_env, **env}, stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([exe, "serve"], env={**base_env, **env}, stdout=out.open("w"), stderr=(tmp_path / "err").open("w"))
     try:
 
         async def exercise() -> None:
             async with aiohttp.ClientSession() as http:
-                deadline = time.monotonic() + 15
+                deadline = time.monotonic() + 30
                 status = None
                 while time.monotonic() < deadline:
+                    if (ports := bound_ports(out.read_text())) is None:
+                        await asyncio.sleep(0.05)
+                        continue
+                    proxy, admin = ports
                     try:
                         async with http.get(f"http://127.0.0.1:{admin}/readyz") as r:
                             status = r.status

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 from tests.integration.test_faults import ServeProcess, serve_process  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
 EVENTS = 200_000
 FLOOD = """
-import sys
+import socket
 from aiohttp import web
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}\\n\\n'
 async def flood(request):
@@ -40,7 +40,10 @@ async def flood(request):
     return resp
 app = web.Application()
 app.router.add_post("/v1/chat/completions", flood)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))  # the kernel picks the port; the parent reads it from stdout
+print(sock.getsockname()[1], flush=True)
+web.run_app(app, sock=sock, print=None)
 """ % EVENTS
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
@@ -77,9 +80,9 @@ async def probe(port: int, expect: bytes = b"HTTP/1.1 200") -> float:
 
 
 async def test_healthz_answers_within_500_ms_while_one_stream_floods(serve_process):
-    up_port = free_port()
-    upstream = subprocess.Popen([sys.executable, "-c", FLOOD, str(up_port)])
+    upstream = subprocess.Popen([sys.executable, "-c", FLOOD], stdout=subprocess.PIPE, text=True)
     try:
+        up_port = int(upstream.stdout.readline())  # type: ignore[union-attr]
         sidecar = serve_process(f"http://127.0.0.1:{up_port}")
         await sidecar.wait_alive()
 

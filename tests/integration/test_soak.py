@@ -47,14 +47,12 @@ def test_serve_raises_its_open_file_limit(tmp_path):
     import resource
     import time
 
-    from tests.conftest import free_port
-
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard <= 256:
         pytest.skip("needs a finite hard limit above 256")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--upstream", "http://127.0.0.1:9",
-         "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen", f"127.0.0.1:{free_port()}"],
+         "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
     )  # fmt: skip
