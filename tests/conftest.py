@@ -51,16 +51,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def retry_on_port_clash(start: Callable[[], tuple[subprocess.Popen, int]], attempts: int = 5) -> tuple[subprocess.Popen, int]:
-    """Start a server on a :func:`free_port`; if it exits at once (the port was taken between
-    the probe and its bind), pick another port and start again."""
-    for _ in range(attempts - 1):
-        proc, port = start()
-        try:
-            proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            return proc, port  # still up: it bound its port
-    return start()
+def retry_on_port_clash(start: Callable[[int], subprocess.Popen], attempts: int = 5, grace: float = 10.0) -> tuple[subprocess.Popen, int]:
+    """Start a third-party server (Prometheus, Alertmanager) that cannot bind port 0 and say
+    which port it got: ``start(port)`` on a :func:`free_port`. Another process may take that
+    port between the probe and the server's bind; then the server exits, and this picks
+    another port and starts it again. Returns once the port accepts connections with the
+    server still running (or after ``grace`` seconds alive)."""
+    for attempt in range(attempts):
+        port = free_port()
+        proc = start(port)
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            time.sleep(0.1)  # a server that lost the port exits at once
+            if proc.poll() is None:
+                return proc, port
+        if proc.poll() is None:
+            return proc, port  # alive but slow to listen: the caller's readiness wait decides
+        if attempt == attempts - 1:
+            return proc, port  # still failing: the caller reports its exit
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture
@@ -360,13 +374,13 @@ async def traced(spans):
 
 
 def start_prometheus(binary: str, workdir, config: dict) -> tuple[subprocess.Popen, int]:
-    """A real Prometheus on a free loopback port, with ``config`` (a prometheus.yml as a
+    """A real Prometheus on a free loopback port (retried if the port is taken), with ``config`` (a prometheus.yml as a
     dict) and its data under ``workdir``. The caller terminates it."""
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    return retry_on_port_clash(
+        lambda port: subprocess.Popen(
+            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
     )  # fmt: skip
-    return proc, port

@@ -38,7 +38,7 @@ from aiohttp import web
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import generate, parse_spec, render_rules
-from tests.conftest import free_port, require_tool, start_app
+from tests.conftest import require_tool, retry_on_port_clash, start_app
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +170,6 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
         rules = tmp_path / "rules.yaml"
         rules.write_text(render_rules(generate(parse_spec(DRILL_SPEC))), encoding="utf-8")
 
-        am_port, prom_port = free_port(), free_port()
         hook = f"http://127.0.0.1:{recv_port}"
         am_config = _write_yaml(
             tmp_path / "alertmanager.yml",
@@ -190,15 +189,18 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
             },
         )
         am_log = tmp_path / "alertmanager.log"
-        am = processes.start(
-            [
-                alertmanager,
-                f"--config.file={am_config}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-            am_log,
+        # Neither can bind port 0 and say which it got: a free port, retried if taken meanwhile.
+        am, am_port = retry_on_port_clash(
+            lambda port: processes.start(
+                [
+                    alertmanager,
+                    f"--config.file={am_config}",
+                    f"--storage.path={tmp_path / 'am-data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--cluster.listen-address=",
+                ],
+                am_log,
+            )
         )
         prom_config = _write_yaml(
             tmp_path / "prometheus.yml",
@@ -220,15 +222,17 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
             },
         )
         prom_log = tmp_path / "prometheus.log"
-        prom = processes.start(
-            [
-                prometheus,
-                f"--config.file={prom_config}",
-                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-            prom_log,
+        prom, prom_port = retry_on_port_clash(
+            lambda port: processes.start(
+                [
+                    prometheus,
+                    f"--config.file={prom_config}",
+                    f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                prom_log,
+            )
         )
         base = f"http://127.0.0.1:{prom_port}"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:

@@ -45,7 +45,7 @@ from sidecar.tools.dashboards.slo import build as build_slo_dashboard
 from sidecar.tools.slo import generate, parse_spec, render_rules
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import free_port, require_tool, start_app
+from tests.conftest import require_tool, retry_on_port_clash, start_app
 
 pytestmark = pytest.mark.integration
 
@@ -203,18 +203,20 @@ def prometheus_server(tmp_path):
     procs: list[subprocess.Popen] = []
 
     def start(targets: dict[str, int]) -> tuple[str, subprocess.Popen]:
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={_prometheus_config(tmp_path, targets)}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+        config = _prometheus_config(tmp_path, targets)
+        proc, port = retry_on_port_clash(
+            lambda port: subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
         procs.append(proc)
         return f"http://127.0.0.1:{port}", proc
