@@ -7,14 +7,13 @@ this runs the program."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 
 import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port, start_app, wait_for
+from tests.conftest import ServeProcess, start_app, wait_for
 
 BLOCKER = """
 import importlib.abc, sys
@@ -60,18 +59,16 @@ async def test_serve_relays_and_measures_with_every_tool_import_failing():
     app.router.add_post("/v1/chat/completions", _upstream)
     app.router.add_get("/health", _health)
     runner, up_port = await start_app(app)
-    port, admin = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BLOCKER, "serve", "--upstream", f"http://127.0.0.1:{up_port}",
-         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{admin}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    sc = ServeProcess(f"http://127.0.0.1:{up_port}", command=(sys.executable, "-c", BLOCKER))
+    proc = sc.proc
     try:
+        await sc.wait_started()
+        port, admin = sc.port, sc.admin_port
         async with aiohttp.ClientSession() as session:
 
             async def ready() -> bool:
                 if proc.poll() is not None:
-                    raise AssertionError(proc.stdout.read())
+                    raise AssertionError("".join(sc.out + sc.err))
                 try:
                     async with session.get(f"http://127.0.0.1:{admin}/healthz") as r:
                         return r.status == 200
@@ -96,7 +93,9 @@ async def test_serve_relays_and_measures_with_every_tool_import_failing():
             await wait_for(counted, timeout=10)
     finally:
         proc.terminate()
-        out, _ = await asyncio.to_thread(proc.communicate, timeout=30)
+        await asyncio.to_thread(proc.wait, 30)
+        out, err = sc.stop()
+        out += err
         await runner.cleanup()
     assert proc.returncode == 0, out
     assert "TOOLS_LOADED []" in out, out
