@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import tracemalloc
 from collections import Counter

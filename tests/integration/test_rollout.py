@@ -24,7 +24,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
