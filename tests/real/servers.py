@@ -130,6 +130,10 @@ KINDS = {k.name: k for k in (VLLM, VLLM_FORCE_USAGE, VLLM_REQUEST_METRICS, LLAMA
 
 
 def free_port() -> int:
+    """A port free a moment ago, for servers that cannot report a port-0 bind before they
+    are ready (vLLM binds after loading the model). Racy: a server that lost its port exits,
+    and :meth:`RealServer.wait_ready` reports that with its log. (tests/conftest.py's
+    ``retry_on_port_clash`` is the retrying form, for servers that start in seconds.)"""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
