@@ -166,7 +166,6 @@ def build_sidecar(
             _log.exception("otel_setup_failed")
     if settings.access_log if access_log is None else access_log:
         recorders.append(RequestLogger())
-    holder: dict[str, Sidecar] = {}
     tenants = None
     if settings.tenant_header is not None:
         tenants = TenantLabeler(
@@ -180,7 +179,7 @@ def build_sidecar(
     # The series budget counts every labelled series, the capacity metrics' too.
     budget.count = lambda: metrics.series_count() + capacity.series_count()
     proxy = Proxy(
-        lambda: holder["s"].get_pool(),
+        lambda: sc.get_pool(),  # the Sidecar below owns the pool, made when the app starts
         model_label=metrics.model_label,
         on_start=metrics.started,
         on_end=metrics.ended,
@@ -200,7 +199,6 @@ def build_sidecar(
     sc.tenants = tenants
     sc.capacity = capacity
     sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
-    holder["s"] = sc
     sc.proxy_app = _proxy_app(sc)
     sc.admin_app = _admin_app(sc)
     return sc
