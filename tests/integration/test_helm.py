@@ -159,7 +159,18 @@ def test_plain_manifests_are_a_fresh_render_of_the_chart(helm_ok):
 
 def test_sync_check_agrees(helm_ok):
     """`scripts/sync-chart.sh --check` (what CI or a reviewer can run) sees everything in step."""
-    assert sync.main(["--check"]) == 0
+    done = subprocess.run(["bash", "scripts/sync-chart.sh", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_sync_check_reports_a_stale_render(helm_ok, monkeypatch, capsys):
+    """A committed manifest that is not what the chart renders (edited by hand, say) fails."""
+    want = sync.expected_manifests()
+    path = sync.DEPLOY_DIR / "monitoring.yaml"
+    want[path] += "# the chart changed\n"
+    monkeypatch.setattr(sync, "expected_manifests", lambda: want)
+    assert sync.main(["--check"]) == 1
+    assert "deploy/kubernetes/monitoring.yaml: differs from a fresh render" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ schemas
