@@ -32,26 +32,13 @@ import aiohttp
 import orjson
 import structlog
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
 from prometheus_client import CollectorRegistry
 
 from .config import Settings
-from .relay.aiohttp_internals import (
-    HandlerServer,
-    RebuildingRunner,
-    RequestHandler,
-    handler_loop,
-    handler_server,
-    last_message,
-    open_connections,
-    request_count,
-    set_shutdown_timeout,
-    upgraded,
-)
+from .relay.aiohttp_internals import GuardedServer, RebuildingRunner, set_shutdown_timeout
+from .relay.client_guard import ConnectionGuard, connection_cap
 from .relay.body_budget import BodyBudget
 from .relay.drain import Drain, needs_full_drain
-from .relay.head_budget import HeadBudget, head_size, head_too_large_response
-from .relay.http1 import raw_error_response
 from .relay.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
@@ -61,7 +48,8 @@ from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
-from .relay.proxy import Proxy, error_response
+from .relay.errors import error_response
+from .relay.proxy import Proxy
 from .export.tracing import RequestTelemetry, providers_from_env
 from .relay.model_discovery import served_models
 from .relay.upstream import UpstreamPool
@@ -178,7 +166,6 @@ def build_sidecar(
             _log.exception("otel_setup_failed")
     if settings.access_log if access_log is None else access_log:
         recorders.append(RequestLogger())
-    holder: dict[str, Sidecar] = {}
     tenants = None
     if settings.tenant_header is not None:
         tenants = TenantLabeler(
@@ -192,7 +179,7 @@ def build_sidecar(
     # The series budget counts every labelled series, the capacity metrics' too.
     budget.count = lambda: metrics.series_count() + capacity.series_count()
     proxy = Proxy(
-        lambda: holder["s"].get_pool(),
+        lambda: sc.get_pool(),  # the Sidecar below owns the pool, made when the app starts
         model_label=metrics.model_label,
         on_start=metrics.started,
         on_end=metrics.ended,
@@ -212,7 +199,6 @@ def build_sidecar(
     sc.tenants = tenants
     sc.capacity = capacity
     sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
-    holder["s"] = sc
     sc.proxy_app = _proxy_app(sc)
     sc.admin_app = _admin_app(sc)
     return sc
@@ -346,135 +332,13 @@ def _json(status: int, doc: dict) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 
-# -- requests the HTTP parser refuses -----------------------------------------------------
-
-
-def _refusal(exc: BaseException) -> tuple[int, str, str]:
-    """Status, error type and message for a request aiohttp's parser refused.
-
-    aiohttp raises ``LineTooLong`` for the request line with a ``bytearray`` excerpt and for
-    a header field with ``bytes``; "Too many headers received" is a plain BadHttpMessage.
-    Anything else the parser refuses (framing conflicts, bad characters) stays a 400.
-    """
-    if isinstance(exc, LineTooLong):
-        if isinstance(exc.args[0], bytearray):
-            return 414, "request_line_too_long", "the request line is longer than the sidecar accepts"
-        return 431, "header_too_large", "a request header field is larger than the sidecar accepts"
-    if isinstance(exc, HttpProcessingError) and "Too many headers" in (exc.message or ""):
-        return 431, "too_many_headers", "the request has more header fields than the sidecar accepts"
-    return 400, "bad_request", "the request is not valid HTTP/1.1 (framing or header syntax)"
-
-
-_BUSY_RETRY_AFTER = 1  # seconds: connections free up as fast as streams end
-
-
-def _busy_response() -> bytes:
-    return raw_error_response(
-        503, "Service Unavailable", "too_many_connections",
-        "the sidecar has as many client connections open as it accepts; retry shortly",
-        b"Retry-After: %d\r\n" % _BUSY_RETRY_AFTER,
-    )  # fmt: skip
-
-
-class _RefusalLog:
-    """One log line per ``every`` seconds at most while connections are being refused, with
-    the number refused since the last line: a flood must not become a flood of lines."""
-
-    def __init__(self, every: float = 10.0) -> None:
-        self._every = every
-        self._last = float("-inf")
-        self._count = 0
-
-    def refused(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
-        self._count += 1
-        now = loop.time()
-        if now - self._last >= self._every:
-            _log.warning("connection_limit_reached", max_connections=limit, refused=self._count)
-            self._last, self._count = now, 0
-
-
-class _RefusingRequestHandler(RequestHandler):
-    """aiohttp's connection handler, with parser refusals answered by the proxy's JSON error
-    body and logged without the request bytes (aiohttp quotes them in both places), and
-    connections past the server's cap answered with 503 at once and closed: the process
-    keeps file descriptors for the admin port, the upstream sockets and its own files."""
-
-    _over_cap = False
-    _head_payload = None  # the body of the last request whose head completed
-    _head_bytes: HeadBudget | None = None
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        server = handler_server(self)
-        cap = getattr(server, "max_connections", 0)
-        if cap and open_connections(server) >= cap:
-            self._over_cap = True
-            transport.write(_busy_response())
-            transport.close()
-            server.refusal_log.refused(handler_loop(self), cap)  # type: ignore[union-attr]
-            return
-        super().connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self._over_cap:
-            return
-        budget = getattr(handler_server(self), "head_budget", 0)
-        if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
-            super().data_received(data)
-            return
-        # Bytes that arrive while no request body is being read count towards the next head.
-        payload = self._head_payload
-        in_head = payload is None or payload.is_eof()
-        count = request_count(self)
-        super().data_received(data)
-        head_done = request_count(self) != count
-        size = 0
-        if head_done:
-            message, self._head_payload = last_message(self)
-            size = head_size(message) if hasattr(message, "raw_headers") else 0
-        if self._head_bytes is None:
-            self._head_bytes = HeadBudget(budget)
-        if not self._head_bytes.received(len(data), in_head=in_head, head_done=head_done, head_size=size):
-            transport = self.transport
-            if transport is not None and not transport.is_closing():
-                transport.write(head_too_large_response())
-                transport.close()
-            _log.info("request_refused", status=431, reason="request_head_too_large", peer=None)
-            self.force_close()
-
-    def eof_received(self) -> None:
-        if not self._over_cap:
-            super().eof_received()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if not self._over_cap:
-            super().connection_lost(exc)
-
-    def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
-        if status != 400 or not isinstance(exc, HttpProcessingError):
-            return super().handle_error(request, status, exc, message)
-        if request.writer.output_size > 0:  # as aiohttp: too late for another response
-            raise ConnectionError("a response was already sent")
-        status, kind, text = _refusal(exc)
-        if not isinstance(exc, BadHttpMethod):  # not HTTP at all (TLS, scanners): not worth a line
-            _log.info("request_refused", status=status, reason=kind, peer=request.remote)
-        response = error_response(status, kind, text)
-        response.force_close()
-        return response
-
-
-class _RefusingServer(HandlerServer):
-    handler_class = _RefusingRequestHandler
-    max_connections = 0  # no cap
-    head_budget = 0  # bytes of one request head; 0: aiohttp's per-field limits alone
-    refusal_log = _RefusalLog()
-
-
 class SidecarRunner(RebuildingRunner):
-    """``web.AppRunner`` whose connections answer requests the HTTP parser refuses with the
-    proxy's JSON error body: 414 (request line), 431 (header field, header count), else 400.
-    aiohttp has no public hook for this (its error path runs no middleware), so the server
-    aiohttp builds is rebuilt around :class:`_RefusingRequestHandler` with the same
-    arguments; tests over real sockets pin the result."""
+    """``web.AppRunner`` whose connections are guarded (sidecar/relay/client_guard.py): parser
+    refusals answered with the proxy's JSON error body, a connection cap and a request head
+    budget per port. aiohttp has no public hook for this (its error path runs no middleware),
+    so the server aiohttp builds is rebuilt around
+    :class:`~sidecar.relay.aiohttp_internals.GuardedRequestHandler` with the same arguments;
+    tests over real sockets pin the result."""
 
     def rebuild_server(self, built: web.Server, kwargs: dict[str, Any]) -> web.Server:
         sc = self.app.get(SIDECAR) if isinstance(self.app, web.Application) else None
@@ -485,36 +349,21 @@ class SidecarRunner(RebuildingRunner):
             # itself, AppRunner's handler waits 3,630 s, so a head sent a byte at a time
             # (or nothing at all) held a connection for an hour.
             kwargs["keepalive_timeout"] = sc.settings.client_header_timeout
-        server = _RefusingServer(
+        server = GuardedServer(
             built.request_handler,
             request_factory=built.request_factory,
             handler_cancellation=built.handler_cancellation,
             loop=asyncio.get_running_loop(),
             **kwargs,
         )
+        server.guard = ConnectionGuard()
         if sc is not None:
-            server.head_budget = sc.settings.max_request_head_bytes
+            server.guard.head_budget = sc.settings.max_request_head_bytes
         if sc is not None and self.app is sc.proxy_app:
-            server.max_connections = connection_cap(sc.settings.max_connections)
-            server.refusal_log = _RefusalLog()
+            server.guard.max_connections = connection_cap(sc.settings.max_connections)
         elif sc is not None and self.app is sc.admin_app:  # within connection_cap's reserve of 128
-            server.max_connections = sc.settings.max_admin_connections
-            server.refusal_log = _RefusalLog()
+            server.guard.max_connections = sc.settings.max_admin_connections
         return server
-
-
-def connection_cap(configured: int) -> int:
-    """Client connections the proxy port accepts at once: as configured, else half the
-    open-files limit (each stream also holds an upstream socket) less a reserve for the
-    admin port, the pooled upstream connections and the process's own files."""
-    if configured:
-        return configured
-    if resource is None:
-        return 0
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 0
-    return max((soft - 128) // 2, 16)
 
 
 def raise_open_file_limit() -> int | None:
@@ -623,11 +472,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             set_shutdown_timeout(proxy_runner, 0.1)
         else:
             _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
-            started = loop.time()
+            drain_started = loop.time()
             await _until_forced(sc.drain.run(settings.drain_seconds), force)
             # What is still in flight at the deadline gets no more time than is left (aiohttp
             # reads a timeout <= 0 as none at all, hence the floor); nothing after a second signal.
-            left = 0.0 if force.is_set() else settings.drain_seconds - (loop.time() - started)
+            left = 0.0 if force.is_set() else settings.drain_seconds - (loop.time() - drain_started)
             set_shutdown_timeout(proxy_runner, max(0.1, left))
     finally:
         if started:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Outcome", "STREAM_TRUNCATED", "CLIENT_DISCONNECTED"]
+__all__ = ["Outcome", "STREAM_TRUNCATED", "CLIENT_DISCONNECTED", "UPSTREAM_STATUS", "INTERNAL"]
 
 
 class Outcome(str, Enum):
@@ -24,3 +24,9 @@ STREAM_TRUNCATED = "upstream_stream_truncated"
 
 CLIENT_DISCONNECTED = "client_disconnected"
 """error_type of a request whose client went away before the sidecar finished relaying."""
+
+UPSTREAM_STATUS = "upstream_status"
+"""error_type of a response the upstream answered with a 5xx status."""
+
+INTERNAL = "internal"
+"""error_type of a request the sidecar itself failed (a bug: logged with its traceback)."""

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ..base.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.timeline import RequestTimeline
-from .metrics import drop_label_value, label_children, observe_many, samples_per_child
+from .prometheus_internals import drop_label_value, label_children, observe_many, samples_per_child
 
 __all__ = ["CapacityMetrics"]
 

@@ -8,13 +8,8 @@ bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed ro
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Sequence
-from functools import reduce
-from operator import add
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.values import MutexValue
 
 from ..base.buckets import (
     E2E_BUCKETS,
@@ -29,9 +24,10 @@ from ..base.prompt_class import PromptClasses
 from ..base.labels import OVERFLOW_REASONS, UNKNOWN, BoundedLabel, ModelLabeler
 from ..base.routes import ROUTES
 from ..base.outcomes import Outcome
+from .prometheus_internals import drop_label_value, is_labelled_parent, label_children, label_names, observe_many, samples_per_child
 from ..measure.timeline import RequestTimeline
 
-__all__ = ["SidecarMetrics", "drop_label_value", "SLOThresholds", "observe_many", "label_children", "samples_per_child"]
+__all__ = ["SidecarMetrics", "SLOThresholds"]
 
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""
@@ -200,7 +196,7 @@ class SidecarMetrics:
         return [
             m
             for m in vars(self).values()
-            if isinstance(m, (Counter, Gauge, Histogram)) and m._labelnames and not m._labelvalues
+            if isinstance(m, (Counter, Gauge, Histogram)) and is_labelled_parent(m)
         ]
 
     def series_count(self) -> int:
@@ -230,7 +226,7 @@ class SidecarMetrics:
 
     def forget(self, label: str, value: str) -> int:
         """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back)."""
-        return sum(drop_label_value(m, label, value) for m in self._labelled() if label in m._labelnames)
+        return sum(drop_label_value(m, label, value) for m in self._labelled() if label in label_names(m))
 
     # -- lifecycle hooks, called by the proxy -------------------------------------------
 
@@ -320,71 +316,3 @@ class SidecarMetrics:
                 self.tokens.labels(model, route, kind, *tenant).inc(value)
             if distribution and t.outcome is Outcome.OK:
                 self.request_tokens.labels(model, route, kind).observe(value)
-
-
-def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
-    """``histogram.observe(v)`` for every ``v`` in ``values``, with the same result, at a
-    fraction of the cost: one lock per touched bucket and one for the sum, instead of two
-    locks and a bucket search per value. A request's ITL has one value per token.
-
-    ``histogram`` is a labelled child (or an unlabelled histogram). Exactly equal, sample
-    for sample, to observing one by one:
-
-    - the sum is accumulated in the same order, one value at a time, starting from the
-      current sum (so even float rounding is the same);
-    - each value counts in the first bucket whose upper bound it does not exceed, as
-      ``observe`` does; in a sorted copy the values up to a bound are ``bisect_right`` of
-      it. NaN, which exceeds no bound and so is counted in no bucket (yet is added to the
-      sum), is the one value sorting mishandles: it is taken out first when present, which
-      a NaN sum gives away cheaply;
-    - a bucket count is a float, and adding n once equals adding 1 n times below 2**53.
-
-    No exemplars (the ITL histogram records none). This reads prometheus_client's histogram
-    internals (``_sum``, ``_buckets``, ``_upper_bounds``, the value's ``_lock``); where the
-    values are not plain in-process ones (multiprocess mode) it observes one by one.
-    """
-    histogram._raise_if_not_observable()  # a labelled parent refuses, as observe() does
-    total = histogram._sum
-    if type(total) is not MutexValue:
-        for value in values:
-            histogram.observe(value)
-        return
-    with total._lock:
-        total._value = reduce(add, values, total._value)
-        has_nan = total._value != total._value  # NaN in, NaN out (also an earlier NaN)
-    ordered = sorted([v for v in values if v == v] if has_nan else values)
-    done, end = 0, len(ordered)
-    for bound, bucket in zip(histogram._upper_bounds, histogram._buckets):
-        upto = bisect_right(ordered, bound, done)
-        if upto > done:
-            bucket.inc(upto - done)
-            if upto == end:
-                break
-            done = upto
-
-
-def samples_per_child(metric) -> int:
-    if isinstance(metric, Histogram):
-        return len(metric._upper_bounds) + 3
-    return 2 if isinstance(metric, Counter) else 1
-
-
-def label_children(metric) -> list[tuple[str, ...]]:
-    """The label-value tuples of ``metric``'s children. prometheus_client lists them only in
-    the private ``_metrics`` dict (read under the metric's ``_lock``, as ``remove`` itself
-    does); this, :func:`drop_label_value` and :func:`observe_many` are the only readers."""
-    with metric._lock:
-        return list(metric._metrics)
-
-
-def drop_label_value(metric, label: str, value: str) -> int:
-    """Remove ``metric``'s children whose ``label`` is ``value``; how many were removed
-    (prometheus_client removes a child only by its full tuple of label values)."""
-    index = metric._labelnames.index(label)
-    doomed = [key for key in label_children(metric) if key[index] == value]
-    for key in doomed:
-        try:
-            metric.remove(*key)
-        except KeyError:  # removed meanwhile
-            pass
-    return len(doomed)

@@ -70,7 +70,7 @@ from ..streams.protocols.events import (
     Tokens,
     Usage,
 )
-from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_TRUNCATED, Outcome
+from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_TRUNCATED, UPSTREAM_STATUS, Outcome
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
 __all__ = ["RequestTimeline", "TokenCountSource"]
@@ -315,7 +315,7 @@ class RequestTimeline:
         # but what the exchange would have been had it stayed (a 5xx stays an upstream error).
         if outcome is Outcome.CANCELLED and error_type == CLIENT_DISCONNECTED and self.complete:
             if self.status is not None and self.status >= 500:
-                outcome, error_type = Outcome.ERROR, "upstream_status"  # as the relay files a 5xx
+                outcome, error_type = Outcome.ERROR, UPSTREAM_STATUS  # as the relay files a 5xx
             else:
                 outcome, error_type = Outcome.OK, None
         # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is

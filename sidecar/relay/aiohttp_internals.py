@@ -3,10 +3,13 @@
 aiohttp has no public hook for four things the sidecar needs, so it leans on internals:
 
 * answering a request its HTTP parser refuses (414/431/400) with the proxy's JSON body and
-  capping connections: the error path runs no middleware, so :class:`HandlerServer` builds
-  the connection handler (``aiohttp.web_protocol.RequestHandler``, whose ``_manager`` and
-  ``_loop`` the handler reads) and :class:`RebuildingRunner` rebuilds the server
-  ``AppRunner._make_server`` made, with the same ``web.Server._kwargs``;
+  capping connections: the error path runs no middleware, so :class:`GuardedRequestHandler`
+  overrides the connection handler's ``connection_made``, ``data_received``,
+  ``eof_received``, ``connection_lost`` and ``handle_error``
+  (``aiohttp.web_protocol.RequestHandler``, whose ``_manager`` and ``_loop`` it reads; what
+  to answer is :mod:`sidecar.relay.client_guard`'s), :class:`HandlerServer` builds it, and
+  :class:`RebuildingRunner` rebuilds the server ``AppRunner._make_server`` made, with the
+  same ``web.Server._kwargs``;
 * writing the upstream's own head bytes: :class:`OwnHeadResponse` replaces
   ``StreamResponse._prepare_headers`` and ``_write_headers`` (which ``prepare()`` calls in
   that order) and reads ``_req`` / sets ``_keep_alive``;
@@ -28,10 +31,15 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
+
+from .head_budget import HeadBudget, head_size
 
 __all__ = [
     "CHECKED_AIOHTTP",
+    "GuardedRequestHandler",
+    "GuardedServer",
     "HandlerServer",
     "OwnHeadResponse",
     "RebuildingRunner",
@@ -131,3 +139,78 @@ class OwnHeadResponse(web.StreamResponse):
         data = self.head_bytes()
         request.transport.write(data)
         request.writer.output_size += len(data)
+
+
+class GuardedRequestHandler(RequestHandler):
+    """aiohttp's connection handler, asking its server's ``guard``
+    (:class:`sidecar.relay.client_guard.ConnectionGuard`) at each step: a connection past
+    the cap is answered at once and closed (the process keeps file descriptors for the admin
+    port, the upstream sockets and its own files); a request head past the byte budget is
+    answered 431 and the connection closed; a request the parser refuses gets the guard's
+    answer instead of aiohttp's (which quotes the request bytes)."""
+
+    _over_cap = False
+    _head_payload = None  # the body of the last request whose head completed
+    _head_bytes = None  # a HeadBudget once the first bytes arrive
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        server = handler_server(self)
+        guard = server.guard  # type: ignore[attr-defined]
+        cap = guard.max_connections
+        if cap and open_connections(server) >= cap:
+            self._over_cap = True
+            transport.write(guard.refuse_connection(handler_loop(self)))
+            transport.close()
+            return
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._over_cap:
+            return
+        guard = handler_server(self).guard  # type: ignore[attr-defined]
+        budget = guard.head_budget
+        if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
+            super().data_received(data)
+            return
+        # Bytes that arrive while no request body is being read count towards the next head.
+        payload = self._head_payload
+        in_head = payload is None or payload.is_eof()
+        count = request_count(self)
+        super().data_received(data)
+        head_done = request_count(self) != count
+        size = 0
+        if head_done:
+            message, self._head_payload = last_message(self)
+            size = head_size(message) if hasattr(message, "raw_headers") else 0
+        if self._head_bytes is None:
+            self._head_bytes = HeadBudget(budget)
+        if not self._head_bytes.received(len(data), in_head=in_head, head_done=head_done, head_size=size):
+            transport = self.transport
+            answer = guard.head_too_large()
+            if transport is not None and not transport.is_closing():
+                transport.write(answer)
+                transport.close()
+            self.force_close()
+
+    def eof_received(self) -> None:
+        if not self._over_cap:
+            super().eof_received()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._over_cap:
+            super().connection_lost(exc)
+
+    def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
+        if status != 400 or not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        if request.writer.output_size > 0:  # as aiohttp: too late for another response
+            raise ConnectionError("a response was already sent")
+        return handler_server(self).guard.parse_refused(exc, request.remote)  # type: ignore[attr-defined]
+
+
+class GuardedServer(HandlerServer):
+    """``web.Server`` of :class:`GuardedRequestHandler` connections; ``guard`` is set by
+    whoever builds it (the default: no cap, no head budget, parser refusals as JSON)."""
+
+    handler_class = GuardedRequestHandler
+    guard = None  # a ConnectionGuard

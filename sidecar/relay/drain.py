@@ -38,7 +38,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from .proxy import error_response
+from .errors import error_response
 
 __all__ = ["POLL_SECONDS", "RETRY_AFTER_SECONDS", "Drain", "needs_full_drain"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from .proxy import error_response
+from .errors import error_response
 
 __all__ = ["MAX_ENGINE_METRICS_BYTES", "engine_metrics_handler", "scrape_timeout"]
 

@@ -30,7 +30,7 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 
 from __future__ import annotations
 
-import orjson
+from ..base.errors import ERROR_HEADER, error_body
 
 __all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head", "raw_error_response"]
 
@@ -397,9 +397,9 @@ def raw_error_response(status: int, reason: str, kind: str, message: str, extra_
     """A whole ``Connection: close`` response carrying the sidecar's JSON error body, for the
     places that answer on a bare transport before aiohttp has a request (a connection past the
     cap, a request head past its budget). ``extra_headers``: complete ``Name: value\\r\\n`` lines."""
-    body = orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+    body = error_body(status, kind, message)
     return (
-        b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\n%bX-LLM-Sidecar-Error: %b\r\n"
+        b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\n%b%b: %b\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%b"
-        % (status, reason.encode(), extra_headers, kind.encode(), len(body), body)
+        % (status, reason.encode(), extra_headers, ERROR_HEADER.encode(), kind.encode(), len(body), body)
     )

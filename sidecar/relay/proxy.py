@@ -42,10 +42,9 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from functools import partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import aiohttp
-import orjson
 import structlog
 from aiohttp import web
 from aiohttp.http import HttpVersion11
@@ -53,12 +52,13 @@ from multidict import CIMultiDict
 
 from ..measure.concurrency import DecodeConcurrency
 from ..measure.observe import ResponseObserver
-from ..base.outcomes import Outcome
+from ..base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
 from ..measure.timeline import RequestTimeline
 from .body_budget import BodyBudget
 from .client_head import RawHeadResponse, client_head
 from ..measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from ..base.routes import OTHER, Route, match_route
+from .errors import error_response
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
@@ -68,7 +68,7 @@ except ImportError:  # pragma: no cover - Windows: progress is seen in the trans
     fcntl = None  # type: ignore[assignment]
     _SIOCOUTQ = None
 
-__all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "error_response", "CLIENT_BODY_TIMEOUT"]
+__all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
 
 # RFC 9110 section 7.6.1, plus the de-facto Proxy-Connection and Keep-Alive.
 HOP_BY_HOP = frozenset(
@@ -178,15 +178,13 @@ def _filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str
     return out
 
 
-def error_response(status: int, kind: str, message: str) -> web.Response:
-    """An OpenAI-style error body, so SDKs surface a clean message instead of a parse error."""
-    body = orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
-    return web.Response(
-        status=status,
-        body=body,
-        content_type="application/json",
-        headers={"X-LLM-Sidecar-Error": kind},
-    )
+class Ended(NamedTuple):
+    """How the relay of one request ended: its outcome, the error_type that says why (None
+    when ok) and the response the handler returns."""
+
+    outcome: Outcome
+    error_type: str | None
+    response: web.StreamResponse
 
 
 class _BodyRefused(Exception):
@@ -328,7 +326,7 @@ class Proxy:
             self._safely(self._on_start, label, route.template)
         if self._tracer is not None:
             self._safely(self._tracer.start, request.headers, timeline)
-        outcome, error_type = Outcome.ERROR, "internal"
+        outcome, error_type = Outcome.ERROR, INTERNAL
         try:
             if refusal is not None:
                 outcome, error_type, response = self._refuse(timeline, *refusal)
@@ -339,7 +337,7 @@ class Proxy:
                 outcome, error_type, response = await self._relay(request, route, held, timeline)
             return response
         except asyncio.CancelledError:
-            outcome, error_type = Outcome.CANCELLED, "client_disconnected"
+            outcome, error_type = Outcome.CANCELLED, CLIENT_DISCONNECTED
             raise
         finally:
             self.in_flight -= 1
@@ -382,13 +380,13 @@ class Proxy:
                 return 501, "unsupported_transfer_coding", "only Transfer-Encoding: chunked is supported"
         return None
 
-    def _refuse(self, timeline: RequestTimeline, status: int, kind: str, message: str):
+    def _refuse(self, timeline: RequestTimeline, status: int, kind: str, message: str) -> Ended:
         """A client error the sidecar answers itself: outcome ok with its 4xx code, as an
         upstream's 4xx is. The unread body is not wanted: the connection closes after."""
         timeline.response_started(self._clock(), status, streamed=False)
         response = error_response(status, kind, message)
         response.force_close()
-        return Outcome.OK, None, response
+        return Ended(Outcome.OK, None, response)
 
     async def _request_body(self, request: web.Request, route: Route) -> tuple[object, RequestFields | None]:
         """The body to forward (exactly as the client sent it) and, on known API routes, the
@@ -450,7 +448,7 @@ class Proxy:
 
     # -- response ----------------------------------------------------------------------
 
-    async def _relay(self, request: web.Request, route: Route, held: list, timeline: RequestTimeline):
+    async def _relay(self, request: web.Request, route: Route, held: list, timeline: RequestTimeline) -> Ended:
         body = held.pop()
         target = request.raw_path
         if target != "*" and not target.startswith("/"):
@@ -486,11 +484,11 @@ class Proxy:
     def _sent(self, timeline: RequestTimeline) -> None:
         timeline.upstream_sent = self._clock()
 
-    def _fail(self, timeline: RequestTimeline, status: int, kind: str, message: str):
+    def _fail(self, timeline: RequestTimeline, status: int, kind: str, message: str) -> Ended:
         timeline.response_started(self._clock(), status, streamed=False)
-        return Outcome.ERROR, kind, error_response(status, kind, message)
+        return Ended(Outcome.ERROR, kind, error_response(status, kind, message))
 
-    async def _stream(self, request, route, conn: UpstreamConnection, timeline):
+    async def _stream(self, request, route, conn: UpstreamConnection, timeline) -> Ended:
         now = self._clock()
         head = conn.head
         upstream_headers = CIMultiDict(head.headers)
@@ -512,10 +510,10 @@ class Proxy:
         await response.prepare(request)
         timeline.client_head_sent = self._clock()
         if request.transport is None or request.transport.is_closing():
-            return Outcome.CANCELLED, "client_disconnected", response
+            return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
-        error_type = "upstream_status" if head.status >= 500 else None
+        error_type = UPSTREAM_STATUS if head.status >= 500 else None
         relay = _Relay(request, conn, observer, self._clock, self.send_timeout, out_head.chunked)
         try:
             ended = await relay.run()
@@ -524,7 +522,7 @@ class Proxy:
             observer.close(self._clock())
 
         if ended == _CLIENT_GONE:
-            return Outcome.CANCELLED, "client_disconnected", response
+            return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
         if ended == _SEND_TIMED_OUT:
             return self._stalled_reader(request, response)
         if ended is not _COMPLETE:
@@ -532,7 +530,7 @@ class Proxy:
             response.force_close()
             if request.transport is not None:
                 request.transport.close()
-            return Outcome.ERROR, ended, response
+            return Ended(Outcome.ERROR, ended, response)
         try:
             await response.finish(request)
             # aiohttp's write_eof does not wait for the client to take the bytes: without
@@ -540,20 +538,20 @@ class Proxy:
             # forwarded while the answers pile up in memory.
             await drain_client(request, self.send_timeout)
         except ConnectionError:
-            return Outcome.CANCELLED, "client_disconnected", response
+            return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
         except _SendTimeout:
             return self._stalled_reader(request, response)
-        return outcome, error_type, response
+        return Ended(outcome, error_type, response)
 
     @staticmethod
-    def _stalled_reader(request: web.Request, response: web.StreamResponse):
+    def _stalled_reader(request: web.Request, response: web.StreamResponse) -> Ended:
         """The client stopped reading for ``send_timeout``: let it go (its unread bytes
         with it). The upstream connection is already closed."""
         response.force_close()
         if request.transport is not None:
             # abort, not close: close() would wait to flush the unread bytes, forever.
             request.transport.abort()
-        return Outcome.CANCELLED, _SEND_TIMED_OUT, response
+        return Ended(Outcome.CANCELLED, _SEND_TIMED_OUT, response)
 
     def _settled(self, model: str | None, label: str, headers, timeline: RequestTimeline) -> str:
         """The labels a finished request is recorded with: a model or tenant the upstream
@@ -578,7 +576,7 @@ class Proxy:
 
 
 _COMPLETE = "complete"
-_CLIENT_GONE = "client_disconnected"
+_CLIENT_GONE = CLIENT_DISCONNECTED  # a relay that ended this way
 _SEND_TIMED_OUT = "client_send_timeout"
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""

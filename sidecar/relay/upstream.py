@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from ..base.outcomes import INTERNAL
 from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 __all__ = [
@@ -88,8 +89,12 @@ def _timeout() -> UpstreamError:
     return UpstreamError("upstream_timeout", 504, "the inference server did not answer in time")
 
 
+UPSTREAM_DISCONNECTED = "upstream_disconnected"
+"""error_type of a response cut off by the server closing the connection."""
+
+
 def _disconnected() -> UpstreamError:
-    return UpstreamError("upstream_disconnected", 502, "the inference server closed the connection")
+    return UpstreamError(UPSTREAM_DISCONNECTED, 502, "the inference server closed the connection")
 
 
 def _invalid(exc: ProtocolError) -> UpstreamError:
@@ -150,6 +155,12 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
 
+    @property
+    def answered(self) -> bool:
+        """Whether any byte of the current response has arrived: a reused connection the
+        server closed before answering may be retried once on a new one."""
+        return self._received > 0
+
     def data_received(self, data: bytes) -> None:
         self._last_read = self._time()
         sink = self._sink
@@ -177,7 +188,7 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             except Exception:  # a bug in the sink must not kill the event loop's callback
                 _log.exception("relay_sink_failed")
-                self._end("internal")
+                self._end(INTERNAL)
                 return
             if self._parser.done:  # type: ignore[union-attr]
                 self._end(None)
@@ -228,7 +239,7 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             pieces = parser.feed_eof()
         except ProtocolError:
-            self._end("upstream_disconnected")
+            self._end(UPSTREAM_DISCONNECTED)
             return
         if self._sink is None:
             self._early.extend(pieces)  # a close-delimited body that ended before push()
@@ -286,7 +297,7 @@ class UpstreamConnection(asyncio.Protocol):
         elif parser is not None and parser.done:
             self._end(None)
         elif self.closed:
-            self._end("upstream_disconnected")
+            self._end(UPSTREAM_DISCONNECTED)
 
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closed:
@@ -469,7 +480,7 @@ class UpstreamPool:
             try:
                 return await self._exchange(conn, method, head, body, chunked_body, on_sent)
             except UpstreamError as exc:
-                if retry and conn.reused and exc.kind == "upstream_disconnected" and conn._received == 0:
+                if retry and conn.reused and exc.kind == UPSTREAM_DISCONNECTED and not conn.answered:
                     # The server closed a keep-alive connection as we reused it. Once, on
                     # a new connection.
                     retry, fresh = False, True

@@ -124,3 +124,19 @@ def test_request_count_and_last_message_are_the_handler_slots_data_received_fill
     handler._messages.clear()
     handler._upgraded = True
     assert ai.last_message(handler) == (None, None) and ai.upgraded(handler)
+
+
+def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_signatures():
+    import inspect
+
+    for name, params in {
+        "connection_made": ["self", "transport"],
+        "data_received": ["self", "data"],
+        "eof_received": ["self"],
+        "connection_lost": ["self", "exc"],
+        "handle_error": ["self", "request", "status", "exc", "message"],
+    }.items():
+        method = getattr(ai.RequestHandler, name)
+        assert method is not getattr(object, name, None), name
+        assert list(inspect.signature(method).parameters) == params, name
+    assert issubclass(ai.GuardedServer, ai.HandlerServer) and ai.GuardedServer.handler_class is ai.GuardedRequestHandler

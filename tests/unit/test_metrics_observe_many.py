@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from sidecar.base.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
-from sidecar.export.metrics import SidecarMetrics, observe_many
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.export.prometheus_internals import observe_many
 from sidecar.streams.protocols.events import TokenKind, Tokens
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline

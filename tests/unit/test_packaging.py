@@ -18,10 +18,12 @@ def test_distribution_name_is_not_the_taken_one():
     assert PYPROJECT["project"]["scripts"]["llm-sidecar-proxy"] == "sidecar.cli:main"
 
 
-def test_dashboards_generator_dependency_is_an_extra_named_in_the_docs():
-    extra = PYPROJECT["project"]["optional-dependencies"]["dashboards"]
-    assert any(dep.startswith("grafana-foundation-sdk") for dep in extra)
-    assert "llm-sidecar-proxy[dashboards]" in (ROOT / "docs" / "dashboards.md").read_text()
+def test_the_tools_dependencies_are_an_extra_named_in_the_docs():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert any(dep.startswith("grafana-foundation-sdk") for dep in extras["tools"])
+    assert extras["dashboards"] == extras["tools"]  # the old name still installs
+    assert not any(dep.startswith("grafana") for dep in PYPROJECT["project"]["dependencies"])
+    assert "llm-sidecar-proxy[tools]" in (ROOT / "docs" / "dashboards.md").read_text()
 
 
 def test_dashboards_generator_names_the_extra_when_the_sdk_is_missing(tmp_path):
@@ -33,5 +35,5 @@ def test_dashboards_generator_names_the_extra_when_the_sdk_is_missing(tmp_path):
         [sys.executable, "-m", "sidecar.tools.dashboards", "--check"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
     )
     assert done.returncode != 0
-    assert "pip install 'llm-sidecar-proxy[dashboards]'" in done.stderr, done.stderr
+    assert "pip install 'llm-sidecar-proxy[tools]'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

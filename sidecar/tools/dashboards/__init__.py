@@ -9,7 +9,7 @@ SLO dashboard's targets, windows and burn-rate thresholds are the alert rules' o
     dashboards/kustomization.yaml          both as ConfigMaps for Grafana's sidecar
                                            (kubectl apply --server-side -k dashboards/)
 
-Built with grafana-foundation-sdk (pinned in pyproject's ``test`` extra; a generation-time
+Built with grafana-foundation-sdk (pinned in pyproject's ``tools`` extra; a generation-time
 dependency only, never imported by the running sidecar). Every panel reads the
 ``datasource`` variable (no ``__inputs``), so the JSON imports as is into Grafana 10 or 11.
 """
@@ -25,8 +25,8 @@ except ModuleNotFoundError as exc:  # the generator's one dependency is an extra
     if exc.name != "grafana_foundation_sdk":
         raise
     _MISSING = (
-        "python -m sidecar.tools.dashboards needs the Grafana SDK, in the dashboards extra: "
-        "pip install 'llm-sidecar-proxy[dashboards]' (the generated JSON is in dashboards/)"
+        "python -m sidecar.tools.dashboards needs the Grafana SDK, in the tools extra: "
+        "pip install 'llm-sidecar-proxy[tools]' (the generated JSON is in dashboards/)"
     )
     if sys.argv[:1] == ["-m"]:  # `python -m sidecar.tools.dashboards`: runpy imports this first
         sys.exit(_MISSING)

@@ -1,7 +1,7 @@
 """Thin helpers over grafana-foundation-sdk: the variables, panel kinds and queries both
 dashboards share, so every panel gets the same data source, a unit and a description.
 
-The SDK (``grafana-foundation-sdk``, pinned in pyproject's ``test`` extra) is needed only to
+The SDK (``grafana-foundation-sdk``, pinned in pyproject's ``tools`` extra) is needed only to
 generate the dashboards, never to run the sidecar: nothing outside ``sidecar.tools.dashboards``
 imports this package.
 """

@@ -1,0 +1,115 @@
+"""What the client-facing HTTP server refuses before a request reaches the proxy, and how.
+
+Policy only: the numbers (connection cap, request head budget), the answers (503 with
+Retry-After, 431, the parser's 414/431/400 as the proxy's JSON error body) and the log lines.
+The mechanics, which ride on aiohttp's connection handler, are in
+:class:`sidecar.relay.aiohttp_internals.GuardedRequestHandler`, which asks a
+:class:`ConnectionGuard` at each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not on Linux
+    resource = None  # type: ignore[assignment]
+
+from .errors import error_response
+from .head_budget import head_too_large_response
+from .http1 import raw_error_response
+
+__all__ = ["ConnectionGuard", "RefusalLog", "connection_cap", "parse_refusal"]
+
+_log = structlog.get_logger("sidecar.app")
+
+
+def parse_refusal(exc: BaseException) -> tuple[int, str, str]:
+    """Status, error type and message for a request aiohttp's parser refused.
+
+    aiohttp raises ``LineTooLong`` for the request line with a ``bytearray`` excerpt and for
+    a header field with ``bytes``; "Too many headers received" is a plain BadHttpMessage.
+    Anything else the parser refuses (framing conflicts, bad characters) stays a 400.
+    """
+    if isinstance(exc, LineTooLong):
+        if isinstance(exc.args[0], bytearray):
+            return 414, "request_line_too_long", "the request line is longer than the sidecar accepts"
+        return 431, "header_too_large", "a request header field is larger than the sidecar accepts"
+    if isinstance(exc, HttpProcessingError) and "Too many headers" in (exc.message or ""):
+        return 431, "too_many_headers", "the request has more header fields than the sidecar accepts"
+    return 400, "bad_request", "the request is not valid HTTP/1.1 (framing or header syntax)"
+
+
+_BUSY_RETRY_AFTER = 1  # seconds: connections free up as fast as streams end
+
+
+def busy_response() -> bytes:
+    return raw_error_response(
+        503, "Service Unavailable", "too_many_connections",
+        "the sidecar has as many client connections open as it accepts; retry shortly",
+        b"Retry-After: %d\r\n" % _BUSY_RETRY_AFTER,
+    )  # fmt: skip
+
+
+class RefusalLog:
+    """One log line per ``every`` seconds at most while connections are being refused, with
+    the number refused since the last line: a flood must not become a flood of lines."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self._every = every
+        self._last = float("-inf")
+        self._count = 0
+
+    def refused(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._count += 1
+        now = loop.time()
+        if now - self._last >= self._every:
+            _log.warning("connection_limit_reached", max_connections=limit, refused=self._count)
+            self._last, self._count = now, 0
+
+
+class ConnectionGuard:
+    """The limits of one listening port and the answers past them (see the module doc)."""
+
+    def __init__(self, max_connections: int = 0, head_budget: int = 0) -> None:
+        self.max_connections = max_connections  # 0: no cap
+        self.head_budget = head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
+        self.refusal_log = RefusalLog()
+
+    def refuse_connection(self, loop: asyncio.AbstractEventLoop) -> bytes:
+        """A connection past the cap: the bytes to answer it with before closing it."""
+        self.refusal_log.refused(loop, self.max_connections)
+        return busy_response()
+
+    def head_too_large(self) -> bytes:
+        _log.info("request_refused", status=431, reason="request_head_too_large", peer=None)
+        return head_too_large_response()
+
+    def parse_refused(self, exc: HttpProcessingError, peer: str | None) -> web.Response:
+        """The JSON answer to a request aiohttp's parser refused, logged without the request
+        bytes (aiohttp would quote them in its answer and its log)."""
+        status, kind, text = parse_refusal(exc)
+        if not isinstance(exc, BadHttpMethod):  # not HTTP at all (TLS, scanners): not worth a line
+            _log.info("request_refused", status=status, reason=kind, peer=peer)
+        response = error_response(status, kind, text)
+        response.force_close()
+        return response
+
+
+def connection_cap(configured: int) -> int:
+    """Client connections the proxy port accepts at once: as configured, else half the
+    open-files limit (each stream also holds an upstream socket) less a reserve for the
+    admin port, the pooled upstream connections and the process's own files."""
+    if configured:
+        return configured
+    if resource is None:
+        return 0
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 0
+    return max((soft - 128) // 2, 16)
