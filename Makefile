@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 STAMP      := $(VENV)/.installed
 
-.PHONY: image-push demo test test-real real-servers test-pod install system-deps tools podman image clean
+.PHONY: generate image-push demo test test-real real-servers test-pod install system-deps tools podman image clean
 
 demo: $(BASE_STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION)) $(if $(PORT),--port $(PORT))
@@ -26,6 +26,15 @@ $(BASE_STAMP): pyproject.toml
 $(STAMP): $(BASE_STAMP)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# Every generated artefact from its one source, in order: the SLO spec -> the plain rules
+# (deploy/prometheus/) -> the dashboards and their kustomization (dashboards/) -> the chart's
+# rules, the plain manifests and the golden renders (scripts/sync-chart.sh, which needs helm).
+# Nothing generated is edited by hand; the golden tests fail when a file is stale.
+generate: $(STAMP) tools
+	$(BIN)/llm-sidecar slo render deploy/slo/default.yaml -o deploy/prometheus/llm-sidecar-rules.yaml
+	$(BIN)/python -m sidecar.tools.dashboards
+	bash scripts/sync-chart.sh
 
 # Debian packages the tests use (promtool from prometheus, nginx for the benchmark).
 system-deps:

@@ -1,14 +1,15 @@
-"""Keep the Helm chart and everything derived from it in step with the repo's sources.
+"""Render what is derived from the Helm chart, and check it is in step.
 
-Helm can only read files inside the chart, and the chart is the one source of truth for the
-Kubernetes manifests, so one command refreshes, in order:
+Helm can only read files inside the chart. The dashboards need nothing: the chart's
+files/dashboards is a link to dashboards/ (helm follows it, and `helm package` stores the
+files). The rest is rendered, in order:
 
-1. the chart's copies of the shipped rules and dashboards:
-   deploy/prometheus/*.yaml -> helm/llm-sidecar/files/rules/,
-   dashboards/*.json        -> helm/llm-sidecar/files/dashboards/ (stale copies removed);
+1. the chart's rules, helm/llm-sidecar/files/rules/: the SLO spec rendered as a Helm
+   template by sidecar/tools/slo/helm.py (targets, thresholds and windows from values);
 2. the plain manifests, rendered from the chart: deploy/kubernetes/llm-sidecar.yaml (the
-   Deployment and Service), deploy/kubernetes/monitoring.yaml (monitor, rules, dashboards)
-   and deploy/kubernetes/snippets/sidecar-container.yaml (the container that monitoring-only
+   Deployment and Service), deploy/kubernetes/monitoring.yaml (monitor and rules; the
+   dashboards are applied from dashboards/, a kustomization) and
+   deploy/kubernetes/snippets/sidecar-container.yaml (the container that monitoring-only
    mode asks users to paste);
 3. the golden renders in tests/golden/helm/, one per entry of CASES.
 
@@ -45,10 +46,6 @@ NAMESPACE = "llm"
 # tests check each render against the schemas of its version (kubernetes-validate).
 KUBE_VERSION = "1.33.0"
 KUBE_VERSION_LEGACY = "1.28.0"
-
-# chart file (relative to CHART) -> the repo source it copies (relative to ROOT)
-COPIES = (("files/dashboards", "dashboards", "*.json"),)
-# files/rules/ is rendered, not copied: see expected_copies.
 
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 GOLDEN_DIR = ROOT / "tests" / "golden" / "helm"
@@ -132,45 +129,16 @@ def objects(rendered: str) -> list[dict]:
     return [yaml.safe_load(doc) for doc in documents(rendered)]
 
 
-# ------------------------------------------------------------------------------ 1. copies
+# ------------------------------------------------------------------------------ 1. chart rules
 
 
-def expected_copies() -> dict[Path, bytes]:
-    """Chart path -> the bytes it must hold, for every copied source file."""
-    out = {}
-    for dest, src, pattern in COPIES:
-        for path in sorted((ROOT / src).glob(pattern)):
-            out[CHART / dest / path.name] = path.read_bytes()
-    # The chart's rules are the same rules with each objective's target and threshold as a
-    # values lookup (sidecar/tools/slo/helm.py); the generator, not a copy, writes them.
-    for name, spec in helm_rules.SHIPPED.items():
-        out[CHART / "files" / "rules" / name] = helm_rules.render_helm_rules(load_spec(str(ROOT / spec))).encode()
-    return out
-
-
-def copy_drift() -> list[str]:
-    """What differs between the chart's copies and their sources (empty: in step)."""
-    want = expected_copies()
-    have = {p for dest, _, pattern in COPIES for p in (CHART / dest).glob(pattern)}
-    drift = [f"{p.relative_to(ROOT)}: stale copy (its source is gone)" for p in sorted(have - set(want))]
-    for path, data in want.items():
-        if not path.exists():
-            drift.append(f"{path.relative_to(ROOT)}: missing copy")
-        elif path.read_bytes() != data:
-            drift.append(f"{path.relative_to(ROOT)}: differs from its source")
-    return drift
-
-
-def write_copies() -> None:
-    want = expected_copies()
-    for dest, _, pattern in COPIES:
-        (CHART / dest).mkdir(parents=True, exist_ok=True)
-        for path in (CHART / dest).glob(pattern):
-            if path not in want:
-                path.unlink()
-    for path, data in want.items():
-        if not path.exists() or path.read_bytes() != data:
-            path.write_bytes(data)
+def expected_rules() -> dict[Path, str]:
+    """helm/llm-sidecar/files/rules/ file -> its text: the generator's rules with each
+    objective's target and threshold as a values lookup (sidecar/tools/slo/helm.py)."""
+    return {
+        CHART / "files" / "rules" / name: helm_rules.render_helm_rules(load_spec(str(ROOT / spec)))
+        for name, spec in helm_rules.SHIPPED.items()
+    }
 
 
 # ------------------------------------------------------------------------------ 2. plain manifests
@@ -230,8 +198,9 @@ def expected_manifests() -> dict[Path, str]:
     core, monitoring = [], []
     for doc in docs:
         obj = yaml.safe_load(doc)
-        is_dashboard = obj["kind"] == "ConfigMap" and "llm-sidecar/source" in obj["metadata"].get("annotations", {})
-        (monitoring if obj["kind"] in MONITORING_KINDS or is_dashboard else core).append(doc)
+        if obj["kind"] == "ConfigMap" and "llm-sidecar/source" in obj["metadata"].get("annotations", {}):
+            continue  # a dashboard: dashboards/ is its one copy (kubectl apply -k dashboards/)
+        (monitoring if obj["kind"] in MONITORING_KINDS else core).append(doc)
     command = case.command()
     return {
         DEPLOY_DIR / "llm-sidecar.yaml": _header(
@@ -239,7 +208,9 @@ def expected_manifests() -> dict[Path, str]:
         )
         + "---\n".join(core),
         DEPLOY_DIR / "monitoring.yaml": _header(
-            "PodMonitor, PrometheusRule and Grafana dashboards (needs Prometheus Operator's CRDs).", command
+            "PodMonitor and PrometheusRule (needs Prometheus Operator's CRDs); the dashboards' ConfigMaps\n"
+            "# are left out: kubectl apply --server-side -n monitoring -k dashboards/",
+            command,
         )
         + "---\n".join(monitoring),
         DEPLOY_DIR / "snippets" / "sidecar-container.yaml": sidecar_snippet(),
@@ -285,26 +256,39 @@ def expected_golden(case: Case) -> str:
 
 # ------------------------------------------------------------------------------ main
 
+# Directories whose files are all rendered here: a file no step renders is stale.
+OWNED = ((CHART / "files" / "rules", "*.yaml"), (GOLDEN_DIR, "*.yaml"), (DEPLOY_DIR, "**/*.yaml"))
+
 
 def expected_outputs() -> dict[Path, str]:
+    """Everything rendered from the chart (call once the chart's rules are in step)."""
     out = expected_manifests()
     for case in CASES:
         out[golden_path(case)] = expected_golden(case)
     return out
 
 
-def stale_outputs() -> list[str]:
-    """Generated files that differ from a fresh render (call after the copies are in step)."""
-    stale = []
-    want = expected_outputs()
+def stale(want: dict[Path, str], complete: bool = True) -> list[str]:
+    """What differs from ``want``; with ``complete``, also owned files it does not name."""
+    out = [f"{p.relative_to(ROOT)}: differs from a fresh render" for p, text in want.items()
+           if not p.exists() or p.read_text(encoding="utf-8") != text]  # fmt: skip
+    if complete:
+        have = {p for directory, pattern in OWNED for p in directory.glob(pattern)}
+        out += [f"{p.relative_to(ROOT)}: rendered by nothing (remove it)" for p in sorted(have - set(want))]
+    return out
+
+
+def write(want: dict[Path, str], remove: bool = False) -> None:
+    if remove:
+        for directory, pattern in OWNED:
+            for path in directory.glob(pattern):
+                if path not in want:
+                    path.unlink()
     for path, text in want.items():
         if not path.exists() or path.read_text(encoding="utf-8") != text:
-            stale.append(f"{path.relative_to(ROOT)}: differs from a fresh render")
-    for directory, pattern in ((GOLDEN_DIR, "*.yaml"), (DEPLOY_DIR, "**/*.yaml")):
-        for path in directory.glob(pattern):
-            if path not in want:
-                stale.append(f"{path.relative_to(ROOT)}: not rendered by any case (remove it)")
-    return stale
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,27 +297,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check:
-            problems = copy_drift()
-            if not problems:
-                problems = stale_outputs()
+            # The rules first: the manifests and goldens render them.
+            rules = expected_rules()
+            problems = stale(rules, complete=False) or stale({**rules, **expected_outputs()})
             for p in problems:
                 print(f"stale: {p}", file=sys.stderr)
             if problems:
                 print("refresh with: scripts/sync-chart.sh", file=sys.stderr)
             return 1 if problems else 0
-        write_copies()
-        want = expected_outputs()
-        for directory, pattern in ((GOLDEN_DIR, "*.yaml"), (DEPLOY_DIR, "**/*.yaml")):
-            for path in directory.glob(pattern):
-                if path not in want:
-                    path.unlink()
-        for path, text in want.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                path.write_text(text, encoding="utf-8")
-                print(f"wrote {path.relative_to(ROOT)}")
+        rules = expected_rules()
+        write(rules)
+        want = {**rules, **expected_outputs()}
+        write(want, remove=True)
         helm("lint", "--strict", str(CHART))
-        print(f"chart in step: {len(expected_copies())} copied files, {len(want)} rendered files")
+        print(f"chart in step: {len(want)} rendered files")
         return 0
     except SyncError as exc:
         print(f"sync-chart: {exc}", file=sys.stderr)

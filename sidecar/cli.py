@@ -95,6 +95,16 @@ def _env(name: str, default):
     return os.environ.get(ENV_PREFIX + name.upper(), default)
 
 
+def _env_option(parser: argparse.ArgumentParser):
+    """``add(flag, kind, default, help)``: an option whose default the environment may set
+    (``--tokens-spread``: ``LLM_SIDECAR_TOKENS_SPREAD``), read as ``kind``."""
+
+    def add(flag: str, kind: type, default, help: str) -> None:
+        parser.add_argument(flag, type=kind, default=kind(_env(flag[2:].replace("-", "_"), default)), help=help)
+
+    return add
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-sidecar",
@@ -118,52 +128,22 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=_DefaultsAndRawEpilog,
         epilog=SIMULATOR_HEADERS_HELP,
     )
-    sim.add_argument("--listen", default=_env("listen", "0.0.0.0:8000"), help="HOST:PORT")
-    sim.add_argument("--ttft", type=float, default=float(_env("ttft", 0.2)), help="mean seconds to first token")
-    sim.add_argument("--tpot", type=float, default=float(_env("tpot", 0.02)), help="mean seconds per output token")
-    sim.add_argument(
-        "--tokens",
-        type=int,
-        default=int(_env("tokens", 64)),
-        help="mean output tokens per choice, spread by --tokens-spread; a request's max_tokens caps it",
-    )
-    sim.add_argument(
-        "--tokens-spread",
-        type=float,
-        default=float(_env("tokens_spread", 0.5)),
-        help="relative spread of output length (lognormal); 0 gives exactly --tokens",
-    )
-    sim.add_argument(
-        "--jitter", type=float, default=float(_env("jitter", 0.1)), help="relative spread of TTFT and token gaps; 0 = exact"
-    )
-    sim.add_argument("--model", default=_env("model", "sim-llama-3-8b"), help="served model name; others get 404")
+    sim_option = _env_option(sim)
+    sim_option("--listen", str, "0.0.0.0:8000", "HOST:PORT")
+    sim_option("--ttft", float, 0.2, "mean seconds to first token")
+    sim_option("--tpot", float, 0.02, "mean seconds per output token")
+    sim_option("--tokens", int, 64, "mean output tokens per choice, spread by --tokens-spread; a request's max_tokens caps it")
+    sim_option("--tokens-spread", float, 0.5, "relative spread of output length (lognormal); 0 gives exactly --tokens")
+    sim_option("--jitter", float, 0.1, "relative spread of TTFT and token gaps; 0 = exact")
+    sim_option("--model", str, "sim-llama-3-8b", "served model name; others get 404")
     sim.add_argument("--seed", type=int, default=None, help="random seed for reproducible runs")
-    sim.add_argument("--fail-rate", type=float, default=float(_env("fail_rate", 0.0)), help="share of 500s")
-    sim.add_argument("--drop-rate", type=float, default=float(_env("drop_rate", 0.0)), help="share of streams cut mid-way")
-    sim.add_argument(
-        "--reasoning-tokens", type=int, default=int(_env("reasoning_tokens", 0)), help="reasoning deltas before the answer"
-    )
-    sim.add_argument(
-        "--batch-alpha",
-        type=float,
-        default=float(_env("batch_alpha", 0.0)),
-        help="continuous batching: with n streams decoding each gap is tpot * (1 + alpha * (n - 1))",
-    )
-    sim.add_argument(
-        "--batch-knee",
-        type=int,
-        default=int(_env("batch_knee", 0)),
-        help="streams beyond this many slow the others --batch-knee-factor times more (0 = no knee)",
-    )
-    sim.add_argument(
-        "--batch-knee-factor", type=float, default=float(_env("batch_knee_factor", 4.0)), help="slow-down beyond the knee"
-    )
-    sim.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=int(_env("max_body_bytes", 128 << 20)),
-        help="largest request body read, else 413 (above the sidecar's own 64 MiB limit)",
-    )
+    sim_option("--fail-rate", float, 0.0, "share of 500s")
+    sim_option("--drop-rate", float, 0.0, "share of streams cut mid-way")
+    sim_option("--reasoning-tokens", int, 0, "reasoning deltas before the answer")
+    sim_option("--batch-alpha", float, 0.0, "continuous batching: with n streams decoding each gap is tpot * (1 + alpha * (n - 1))")
+    sim_option("--batch-knee", int, 0, "streams beyond this many slow the others --batch-knee-factor times more (0 = no knee)")
+    sim_option("--batch-knee-factor", float, 4.0, "slow-down beyond the knee")
+    sim_option("--max-body-bytes", int, 128 << 20, "largest request body read, else 413 (above the sidecar's own 64 MiB limit)")
 
     demo = sub.add_parser("demo", help="simulated server + sidecar + load, with live figures")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")

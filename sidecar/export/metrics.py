@@ -29,6 +29,19 @@ from ..measure.timeline import RequestTimeline
 
 __all__ = ["SidecarMetrics", "SLOThresholds"]
 
+# llm_upstream_{phase}_seconds, one histogram per phase of the engine's own account
+# (EngineTimings), in this order: load, prefill, decode, queue.
+_ENGINE_PHASES = (
+    ("load", "Model load time reported by the engine in its stream."),
+    ("prefill", "Prompt processing time reported by the engine in its stream."),
+    ("decode", "Generation time reported by the engine in its stream."),
+    (
+        "queue",
+        "Time the request waited in the engine's queue before it ran, as the engine "
+        "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
+    ),
+)
+
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""
 
@@ -75,6 +88,11 @@ class SidecarMetrics:
         self.prompt_class = prompt_classes or PromptClasses()
         mr = ("model", "route")
         h = dict(registry=registry, namespace="llm")
+
+        def per_model_route(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            """A histogram labelled by model and route alone (most latency figures)."""
+            return Histogram(name, documentation, mr, buckets=buckets, **h)
+
         self.requests = Counter(
             "requests", "Proxied requests by final outcome and HTTP status.",
             ("model", "route", "code", "outcome", *tl), **h,
@@ -85,11 +103,11 @@ class SidecarMetrics:
             "End-to-end seconds from request headers received to the last response byte relayed.",
             ("model", "route", "outcome"), buckets=E2E_BUCKETS, **h,
         )  # fmt: skip
-        self.ttfb = Histogram(
+        self.ttfb = per_model_route(
             "time_to_first_byte_seconds",
             "Seconds from request headers received to upstream response headers.",
-            mr, buckets=TTFT_BUCKETS, **h,
-        )  # fmt: skip
+            TTFT_BUCKETS,
+        )
         self.ttft = Histogram(
             "time_to_first_token_seconds",
             "Streamed requests: seconds to the first generated token of any kind "
@@ -98,28 +116,27 @@ class SidecarMetrics:
             "response did not report the count, 'all' when no classes are configured.",
             (*mr, "prompt_class", *tl), buckets=TTFT_BUCKETS, **h,
         )  # fmt: skip
-        self.ttfat = Histogram(
+        self.ttfat = per_model_route(
             "time_to_first_answer_token_seconds",
             "Streamed requests whose first token was reasoning or a tool call: "
             "seconds to the first answer (non-reasoning) token.",
-            mr, buckets=TTFT_BUCKETS, **h,
-        )  # fmt: skip
-        self.itl = Histogram(
+            TTFT_BUCKETS,
+        )
+        self.itl = per_model_route(
             "inter_token_latency_seconds",
-            "Every gap between consecutive token-bearing stream events (0 for tokens that "
-            "arrived together).",
-            mr, buckets=ITL_BUCKETS, **h,
-        )  # fmt: skip
-        self.tpot = Histogram(
+            "Every gap between consecutive token-bearing stream events (0 for tokens that arrived together).",
+            ITL_BUCKETS,
+        )
+        self.tpot = per_model_route(
             "time_per_output_token_seconds",
             "Streamed requests: (last token - first token) / (output tokens - 1).",
-            mr, buckets=ITL_BUCKETS, **h,
-        )  # fmt: skip
-        self.tps = Histogram(
+            ITL_BUCKETS,
+        )
+        self.tps = per_model_route(
             "output_tokens_per_second",
             "Streamed requests: decode speed, (output tokens - 1) / (last token - first token).",
-            mr, buckets=TPS_BUCKETS, **h,
-        )  # fmt: skip
+            TPS_BUCKETS,
+        )
         self.tokens = Counter(
             "tokens",
             "Tokens by type, from the response's usage, else the engine's own counts in its "
@@ -139,24 +156,10 @@ class SidecarMetrics:
             "thresholds from the sidecar's config).",
             (*mr, *tl), **h,
         )  # fmt: skip
-        self.upstream_load = Histogram(
-            "upstream_load_seconds", "Model load time reported by the engine in its stream.",
-            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
-        )  # fmt: skip
-        self.upstream_prefill = Histogram(
-            "upstream_prefill_seconds", "Prompt processing time reported by the engine in its stream.",
-            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
-        )  # fmt: skip
-        self.upstream_decode = Histogram(
-            "upstream_decode_seconds", "Generation time reported by the engine in its stream.",
-            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
-        )  # fmt: skip
-        self.upstream_queue = Histogram(
-            "upstream_queue_seconds",
-            "Time the request waited in the engine's queue before it ran, as the engine "
-            "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
-            mr, buckets=ENGINE_PHASE_BUCKETS, **h,
-        )  # fmt: skip
+        self.upstream_load, self.upstream_prefill, self.upstream_decode, self.upstream_queue = (
+            per_model_route(f"upstream_{phase}_seconds", documentation, ENGINE_PHASE_BUCKETS)
+            for phase, documentation in _ENGINE_PHASES
+        )
         self.overhead = Histogram(
             "sidecar_overhead_seconds",
             "Time the sidecar itself added, per request and direction: request (body in -> "

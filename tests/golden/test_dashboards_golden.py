@@ -1,4 +1,4 @@
-"""The committed dashboards and their ConfigMap are exactly what the generator makes.
+"""The committed dashboards and their kustomization are exactly what the generator makes.
 
 Refresh after changing the generator (sidecar/tools/dashboards/) or the SLO spec:
     python -m sidecar.tools.dashboards
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.tools.dashboards import CONFIGMAP, DEFAULT_SPEC, build_dashboards, render_files
-from sidecar.tools.dashboards.render import CONFIGMAP_HEADER
+from sidecar.tools.dashboards import DEFAULT_SPEC, KUSTOMIZATION, build_dashboards, render_files
+from sidecar.tools.dashboards.render import GENERATED_HEADER
 from sidecar.tools.slo import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,25 +39,48 @@ def test_committed_file_is_what_the_generator_makes(path):
 def test_every_generated_file_is_accounted_for():
     dashboards = {f"dashboards/{p.name}" for p in (ROOT / "dashboards").iterdir()}
     assert dashboards == {p for p in EXPECTED if p.startswith("dashboards/")}
-    assert len(dashboards) == 2
-    assert (ROOT / CONFIGMAP).read_text(encoding="utf-8").startswith(CONFIGMAP_HEADER + "\n")
+    assert len([p for p in dashboards if p.endswith(".json")]) == 2
+    assert (ROOT / KUSTOMIZATION).read_text(encoding="utf-8").startswith(GENERATED_HEADER + "\n")
 
 
-def test_configmap_carries_the_json_files_byte_for_byte():
-    docs = list(yaml.safe_load_all((ROOT / CONFIGMAP).read_text(encoding="utf-8")))
+def test_kustomization_makes_one_configmap_per_json_file():
+    """`kubectl apply -k dashboards/` reads the JSON files themselves (no second copy)."""
+    k = yaml.safe_load((ROOT / KUSTOMIZATION).read_text(encoding="utf-8"))
+    assert k["kind"] == "Kustomization"
+    assert k["generatorOptions"]["labels"]["grafana_dashboard"] == "1"
+    assert k["generatorOptions"]["disableNameSuffixHash"] is True, "a stable name: re-applying replaces it"
+    files = sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
+    assert [g["files"] for g in k["configMapGenerator"]] == [[name] for name in files]
+    assert [g["name"] for g in k["configMapGenerator"]] == [name.removesuffix(".json") for name in files]
+
+
+def kustomize_build() -> list[dict]:
+    """`kubectl kustomize dashboards/` (kubectl carries kustomize); skipped without kubectl,
+    which the suite does not install: the test above checks the file itself."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    proc = subprocess.run([kubectl, "kustomize", str(ROOT / "dashboards")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return list(yaml.safe_load_all(proc.stdout))
+
+
+def test_kustomize_builds_configmaps_carrying_the_json_files_byte_for_byte():
+    docs = kustomize_build()
     assert len(docs) == 2
     for doc in docs:
         assert doc["kind"] == "ConfigMap" and doc["apiVersion"] == "v1"
         assert doc["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert doc["metadata"]["annotations"]["grafana_folder"] == "LLM"
         ((name, text),) = doc["data"].items()
         assert doc["metadata"]["name"] == name.removesuffix(".json")
         assert text == (ROOT / "dashboards" / name).read_text(encoding="utf-8")
         assert len(json.dumps(doc)) < 256 * 1024  # kubectl apply's last-applied annotation limit
 
 
-def test_configmap_validates_against_the_kubernetes_schema():
+def test_kustomized_configmaps_validate_against_the_kubernetes_schema():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    for doc in yaml.safe_load_all((ROOT / CONFIGMAP).read_text(encoding="utf-8")):
+    for doc in kustomize_build():
         kubernetes_validate.validate(doc, "1.29.0", strict=True)
 
 

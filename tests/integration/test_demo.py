@@ -15,15 +15,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from sidecar.tools.demo import (
-    curve_lines,
-    ADMIN_PORT_OFFSET,
-    Snapshot,
+from sidecar.tools.demo import ADMIN_PORT_OFFSET
+from sidecar.tools.demo.draw import curve_lines, plain_line
+from sidecar.tools.demo.exposition import Snapshot, parse_snapshot
+from sidecar.tools.demo.quantiles import (
     bucket_deltas,
     counter_delta,
     histogram_quantile,
-    parse_snapshot,
-    plain_line,
     window_baseline,
     window_figures,
 )

@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -148,7 +149,7 @@ def test_golden_dir_holds_exactly_the_cases(helm_ok):
 
 
 def test_plain_manifests_are_a_fresh_render_of_the_chart(helm_ok):
-    assert not sync.copy_drift(), "chart copies are stale: scripts/sync-chart.sh"
+    assert not sync.stale(sync.expected_rules(), complete=False), "the chart's rules are stale: scripts/sync-chart.sh"
     want = sync.expected_manifests()
     have = set(sync.DEPLOY_DIR.glob("**/*.yaml"))
     assert have == set(want), "deploy/kubernetes/ holds only rendered files: scripts/sync-chart.sh"
@@ -158,7 +159,18 @@ def test_plain_manifests_are_a_fresh_render_of_the_chart(helm_ok):
 
 def test_sync_check_agrees(helm_ok):
     """`scripts/sync-chart.sh --check` (what CI or a reviewer can run) sees everything in step."""
-    assert sync.main(["--check"]) == 0
+    done = subprocess.run(["bash", "scripts/sync-chart.sh", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_sync_check_reports_a_stale_render(helm_ok, monkeypatch, capsys):
+    """A committed manifest that is not what the chart renders (edited by hand, say) fails."""
+    want = sync.expected_manifests()
+    path = sync.DEPLOY_DIR / "monitoring.yaml"
+    want[path] += "# the chart changed\n"
+    monkeypatch.setattr(sync, "expected_manifests", lambda: want)
+    assert sync.main(["--check"]) == 1
+    assert "deploy/kubernetes/monitoring.yaml: differs from a fresh render" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ schemas
@@ -519,6 +531,17 @@ def test_dashboard_configmaps_equal_the_dashboards(parsed):
         assert list(cm["data"]) == [path.name]
         assert json.loads(cm["data"][path.name]) == json.loads(path.read_text(encoding="utf-8"))
         assert len(json.dumps(cm).encode()) < 1 << 20, "a ConfigMap holds at most 1 MiB"
+
+
+def test_the_packaged_chart_holds_the_dashboards_themselves(helm_ok, tmp_path):
+    """files/dashboards is a link to dashboards/: `helm package` (what the release publishes)
+    must store the files it points at, and only the JSON."""
+    sync.helm("package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("llm-sidecar-*.tgz")
+    with tarfile.open(package) as tar:
+        stored = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if "/files/dashboards/" in m.name}
+    shipped = {f"llm-sidecar/files/dashboards/{p.name}": p.read_bytes() for p in (ROOT / "dashboards").glob("*.json")}
+    assert shipped and stored == shipped
 
 
 @pytest.mark.parametrize("count", [0, 1, 3])

@@ -1,5 +1,5 @@
 """The image and chart files that need no helm binary: Dockerfile, .dockerignore, the chart's
-copies of the rules and dashboards, values.yaml against values.schema.json, and the values
+rules (rendered) and dashboards (a link), values.yaml against values.schema.json, and the values
 that must agree with the rest of the repo (settings, buckets, SLO spec, versions).
 
 Rendering tests (helm lint, helm template, goldens, Kubernetes schemas) are in
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
 import sys
@@ -188,12 +189,21 @@ def test_dockerignore_keeps_everything_the_build_copies():
 # ------------------------------------------------------------------------------ chart files
 
 
-def test_chart_copies_of_rules_and_dashboards_equal_the_repo_sources():
-    drift = sync.copy_drift()
+def test_chart_rules_are_a_fresh_render_of_the_spec():
+    drift = sync.stale(sync.expected_rules(), complete=False)
     assert not drift, "refresh with scripts/sync-chart.sh:\n" + "\n".join(drift)
 
 
-def test_chart_copies_every_rules_file_the_repo_ships():
+def test_chart_dashboards_are_a_link_to_the_repos_dashboards():
+    """One copy of each dashboard: helm follows the link (and `helm package` stores the files,
+    tests/integration/test_helm.py checks it), so nothing is copied into the chart."""
+    link = CHART / "files" / "dashboards"
+    assert link.is_symlink(), "helm/llm-sidecar/files/dashboards must stay a link to dashboards/"
+    assert link.resolve() == (ROOT / "dashboards").resolve()
+    assert os.readlink(link) == "../../../dashboards", "relative, so it holds in every checkout"
+
+
+def test_chart_renders_every_rules_file_the_repo_ships():
     rules = sorted(p.name for p in (ROOT / "deploy" / "prometheus").glob("*.yaml"))
     assert rules, "an empty rules directory would render no PrometheusRule"
     assert sorted(p.name for p in (CHART / "files" / "rules").glob("*.yaml")) == rules

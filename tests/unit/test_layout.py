@@ -101,10 +101,11 @@ def layer_of(module: str) -> str:
     return "cli" if parts[1] == "__main__" else parts[1]
 
 
-def rank(layer: str) -> int:
+def rank(layer: str) -> int | None:
+    """The layer's place, lowest first (the tools above all); None outside every layer."""
     if layer == TOOLS:
         return len(LAYERS)
-    return next(i for i, members in enumerate(LAYERS) if layer in members)
+    return next((i for i, members in enumerate(LAYERS) if layer in members), None)
 
 
 def backward_imports(
@@ -122,6 +123,9 @@ def backward_imports(
             if there == TOOLS and here == "cli" and top_level is not None:
                 if target not in top_level.get(module, set()):
                     continue  # started inside the subcommand's function
+            if rank(here) is None or rank(there) is None:
+                wrong.append(f"{module} -> {target} (outside every layer)")
+                continue
             if here == TOOLS or rank(there) < rank(here):
                 continue
             wrong.append(f"{module} -> {target}")

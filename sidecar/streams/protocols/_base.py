@@ -13,22 +13,39 @@ a duration a finite non-negative number. Garbage in one field never hides the ot
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from ..ndjson import NDJSONDecoder
 from ..sse import SSEDecoder, SSEEvent
-from .events import DialectEvent, ParseError, StreamEnd
+from .events import DialectEvent, ParseError, StreamEnd, StreamError, TokenKind, Tokens, Usage
 
 __all__ = [
     "SSEJSONDialect",
     "NDJSONDialect",
+    "ANSWER",
+    "REASONING",
+    "TOOL",
+    "NO_ENGINE_COUNTS",
     "int_or_none",
     "str_or_none",
+    "code_or_none",
     "seconds_or_none",
     "load_object",
+    "error_of",
+    "add_engine_usage",
+    "usage_reader",
 ]
+
+# One token of each kind: the event of nearly every stream event, built once and shared by
+# every dialect (events are never mutated after creation).
+ANSWER = Tokens(TokenKind.ANSWER, 1)
+REASONING = Tokens(TokenKind.REASONING, 1)
+TOOL = Tokens(TokenKind.TOOL, 1)
+# The engine's counts when it reported none: not worth an event.
+NO_ENGINE_COUNTS = Usage(engine=True)
 
 _DONE = b"[DONE]"
 
@@ -128,15 +145,75 @@ class NDJSONDialect:
         raise NotImplementedError
 
 
-def load_object(body: bytes) -> dict[str, Any] | ParseError:
-    """A whole non-streaming body -> its JSON object, or the :class:`ParseError` to report."""
+def load_object(
+    body: bytes, read_error: Callable[[dict[str, Any]], StreamError | None] | None = None
+) -> dict[str, Any] | list[DialectEvent]:
+    """A whole non-streaming body -> its JSON object, or (a list) the events to answer with
+    instead: the :class:`ParseError`, or the error the body is when ``read_error`` finds one."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return ParseError("response is not JSON")
+        return [ParseError("response is not JSON")]
     if type(obj) is not dict:
-        return ParseError("response is not a JSON object")
+        return [ParseError("response is not a JSON object")]
+    if read_error is not None:
+        err = read_error(obj)
+        if err is not None:
+            return [err]
     return obj
+
+
+def error_of(obj: dict[str, Any]) -> StreamError | None:
+    """The commonest error shapes, ``{"error": "..."}`` and ``{"error": {"message", "type"}}``
+    (Ollama, Triton, Anthropic, and the proxies in front of the others); ``None`` if neither."""
+    err = obj.get("error")
+    if isinstance(err, str):
+        return StreamError(err)
+    if type(err) is dict:
+        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")))
+    return None
+
+
+def add_engine_usage(
+    out: list[DialectEvent],
+    input_tokens: int | None,
+    output_tokens: int | None,
+    cached_input_tokens: int | None = None,
+) -> None:
+    """The engine's own counts (:class:`Usage` with ``engine=True``), when it reported any."""
+    usage = Usage(
+        input_tokens=input_tokens, output_tokens=output_tokens, cached_input_tokens=cached_input_tokens, engine=True
+    )
+    if usage != NO_ENGINE_COUNTS:
+        out.append(usage)
+
+
+def usage_reader(
+    input_key: str, output_key: str, input_details_key: str, output_details_key: str
+) -> Callable[[Any], Usage | None]:
+    """A reader of an OpenAI-shaped ``usage`` object (Chat Completions and Responses name
+    the same four counts differently): the usage object -> :class:`Usage`, ``None`` if it is
+    not one. A reader per spelling, not one function taking the keys, so reading a usage on
+    every chunk (vLLM) costs no call more than it did."""
+
+    def read(usage: Any) -> Usage | None:
+        if type(usage) is not dict:
+            return None
+        input_details = usage.get(input_details_key)
+        output_details = usage.get(output_details_key)
+        return Usage(
+            input_tokens=int_or_none(usage.get(input_key)),
+            output_tokens=int_or_none(usage.get(output_key)),
+            reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
+            if type(output_details) is dict
+            else None,
+            cached_input_tokens=int_or_none(input_details.get("cached_tokens"))
+            if type(input_details) is dict
+            else None,
+        )
+
+    read.__doc__ = f"``usage`` with ``{input_key}``, ``{output_key}`` -> :class:`Usage` (``None`` if it is not one)."
+    return read
 
 
 def int_or_none(value: Any) -> int | None:
@@ -146,6 +223,11 @@ def int_or_none(value: Any) -> int | None:
 
 def str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def code_or_none(value: Any) -> int | str | None:
+    """An error code: an ``int`` or a string (``bool`` is not a code)."""
+    return value if isinstance(value, (int, str)) and type(value) is not bool else None
 
 
 def seconds_or_none(value: Any, per_second: float) -> float | None:

@@ -29,30 +29,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import SSEJSONDialect, int_or_none, load_object, str_or_none
-from .events import (
-    DialectEvent,
-    ParseError,
-    ResponseInfo,
-    GenerationDone,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from ._base import ANSWER, REASONING, TOOL, SSEJSONDialect, error_of, int_or_none, load_object, str_or_none
+from .events import DialectEvent, GenerationDone, ResponseInfo, StreamEnd, StreamError, Tokens, Usage
 
 __all__ = ["AnthropicStreamDialect", "parse_anthropic_response", "usage_from_anthropic"]
 
-_ANSWER = Tokens(TokenKind.ANSWER, 1)
-_REASONING = Tokens(TokenKind.REASONING, 1)
-_TOOL = Tokens(TokenKind.TOOL, 1)
-
 # delta type -> (field holding the payload, token kind)
 _DELTAS: dict[str, tuple[str, Tokens]] = {
-    "text_delta": ("text", _ANSWER),
-    "thinking_delta": ("thinking", _REASONING),
-    "input_json_delta": ("partial_json", _TOOL),
+    "text_delta": ("text", ANSWER),
+    "thinking_delta": ("thinking", REASONING),
+    "input_json_delta": ("partial_json", TOOL),
 }
 
 
@@ -86,9 +72,9 @@ class AnthropicStreamDialect(SSEJSONDialect):
             if type(block) is dict:
                 # Blocks open empty; a server that puts the first piece here still made a token.
                 if isinstance(block.get("thinking"), str) and block["thinking"]:
-                    out.append(_REASONING)
+                    out.append(REASONING)
                 elif isinstance(block.get("text"), str) and block["text"]:
-                    out.append(_ANSWER)
+                    out.append(ANSWER)
         elif kind == "message_start":
             message = obj.get("message")
             if type(message) is not dict:
@@ -113,7 +99,7 @@ class AnthropicStreamDialect(SSEJSONDialect):
         elif kind == "message_stop":
             out.append(StreamEnd())
         elif kind == "error":
-            out.append(_error_of(obj) or StreamError(""))
+            out.append(error_of(obj) or StreamError(""))
         # ping, content_block_stop and unknown event types carry nothing to measure
 
     def _merge(self, usage: Any, with_output: bool) -> bool:
@@ -159,26 +145,16 @@ def usage_from_anthropic(usage: Any) -> Usage | None:
     )
 
 
-def _error_of(obj: dict[str, Any]) -> StreamError | None:
-    err = obj.get("error")
-    if type(err) is dict:
-        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")))
-    if isinstance(err, str):
-        return StreamError(err)
-    return None
-
-
 def parse_anthropic_response(body: bytes) -> list[DialectEvent]:
     """A whole non-streaming Message (or ``{"type":"error",...}`` body) -> events.
 
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
     obj = load_object(body)
-    if type(obj) is ParseError:
-        return [obj]
-    assert type(obj) is dict
+    if type(obj) is list:
+        return obj
     if obj.get("type") == "error" or (obj.get("type") != "message" and "error" in obj):
-        err = _error_of(obj)
+        err = error_of(obj)
         if err is not None:
             return [err]
     reason = obj.get("stop_reason")

@@ -35,18 +35,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import SSEJSONDialect, int_or_none, load_object, seconds_or_none, str_or_none
-from .events import (
-    DialectEvent,
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
+from ._base import (
+    ANSWER,
+    NO_ENGINE_COUNTS,
+    SSEJSONDialect,
+    add_engine_usage,
+    code_or_none,
+    int_or_none,
+    load_object,
+    seconds_or_none,
+    str_or_none,
 )
+from .events import DialectEvent, EngineTimings, ResponseInfo, StreamEnd, StreamError, Usage
 
 __all__ = [
     "LlamaCppStreamDialect",
@@ -57,8 +57,6 @@ __all__ = [
 
 _MS = 1000.0
 _OLD_STOP_FLAGS = ("eos", "word", "limit")
-_ANSWER = Tokens(TokenKind.ANSWER, 1)
-_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class LlamaCppStreamDialect(SSEJSONDialect):
@@ -77,7 +75,7 @@ class LlamaCppStreamDialect(SSEJSONDialect):
             return
         content = obj.get("content")
         if isinstance(content, str) and content:
-            out.append(_ANSWER)
+            out.append(ANSWER)
 
 
 def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
@@ -89,14 +87,12 @@ def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
     if model is not None or finish:
         out.append(ResponseInfo(response_model=model, finish_reasons=finish))
     timings = obj.get("timings")
-    usage = Usage(
-        input_tokens=int_or_none(obj.get("tokens_evaluated")),
-        output_tokens=int_or_none(obj.get("tokens_predicted")),
-        cached_input_tokens=int_or_none(timings.get("cache_n")) if type(timings) is dict else None,
-        engine=True,
+    add_engine_usage(
+        out,
+        int_or_none(obj.get("tokens_evaluated")),
+        int_or_none(obj.get("tokens_predicted")),
+        int_or_none(timings.get("cache_n")) if type(timings) is dict else None,
     )
-    if usage != _NO_ENGINE_COUNTS:
-        out.append(usage)
     engine = engine_timings_from_llamacpp(timings)
     if engine is not None:
         out.append(engine)
@@ -135,18 +131,13 @@ def engine_counts_from_llamacpp(timings: Any) -> Usage | None:
         cached_input_tokens=cached,
         engine=True,
     )
-    return None if usage == _NO_ENGINE_COUNTS else usage
+    return None if usage == NO_ENGINE_COUNTS else usage
 
 
 def _error_of(obj: dict[str, Any]) -> StreamError | None:
     err = obj.get("error")
     if type(err) is dict:
-        code = err.get("code")
-        return StreamError(
-            str(err.get("message", "")),
-            str_or_none(err.get("type")),
-            code if isinstance(code, (int, str)) and type(code) is not bool else None,
-        )
+        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")), code_or_none(err.get("code")))
     if isinstance(err, str):
         return StreamError(err)
     return None
@@ -155,13 +146,9 @@ def _error_of(obj: dict[str, Any]) -> StreamError | None:
 def parse_llamacpp_response(body: bytes) -> list[DialectEvent]:
     """A whole non-streaming ``/completion`` body -> events (model, stop type, usage,
     engine timings, or the error)."""
-    obj = load_object(body)
-    if type(obj) is ParseError:
-        return [obj]
-    assert type(obj) is dict
-    err = _error_of(obj)
-    if err is not None:
-        return [err]
+    obj = load_object(body, _error_of)
+    if type(obj) is list:
+        return obj
     out: list[DialectEvent] = []
     _final(obj, out)
     return out

@@ -31,26 +31,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import NDJSONDialect, int_or_none, load_object, seconds_or_none, str_or_none
-from .events import (
-    DialectEvent,
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
+from ._base import (
+    ANSWER,
+    REASONING,
+    TOOL,
+    NDJSONDialect,
+    add_engine_usage,
+    error_of,
+    int_or_none,
+    load_object,
+    seconds_or_none,
+    str_or_none,
 )
+from .events import DialectEvent, EngineTimings, ResponseInfo, StreamEnd
 
 __all__ = ["OllamaStreamDialect", "parse_ollama_response", "engine_timings_from_ollama"]
 
 _NS = 1e9
-_ANSWER = Tokens(TokenKind.ANSWER, 1)
-_REASONING = Tokens(TokenKind.REASONING, 1)
-_TOOL = Tokens(TokenKind.TOOL, 1)
-_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class OllamaStreamDialect(NDJSONDialect):
@@ -63,7 +60,7 @@ class OllamaStreamDialect(NDJSONDialect):
         self._seen_model = False
 
     def _object(self, obj: dict[str, Any], out: list[DialectEvent]) -> None:
-        err = _error_of(obj)
+        err = error_of(obj)
         if err is not None:
             out.append(err)
             return
@@ -75,12 +72,12 @@ class OllamaStreamDialect(NDJSONDialect):
         message = obj.get("message")
         source = message if type(message) is dict else obj
         if _nonempty_str(source.get("thinking")):
-            out.append(_REASONING)
+            out.append(REASONING)
         calls = source.get("tool_calls")
         if type(calls) is list and calls:
-            out.append(_TOOL)
+            out.append(TOOL)
         if _nonempty_str(source.get("content") if source is message else obj.get("response")):
-            out.append(_ANSWER)
+            out.append(ANSWER)
         if obj.get("done") is True:
             _final(obj, out)
             out.append(StreamEnd())
@@ -94,13 +91,7 @@ def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
     reason = obj.get("done_reason")
     if isinstance(reason, str) and reason:
         out.append(ResponseInfo(finish_reasons=(reason,)))
-    usage = Usage(
-        input_tokens=int_or_none(obj.get("prompt_eval_count")),
-        output_tokens=int_or_none(obj.get("eval_count")),
-        engine=True,
-    )
-    if usage != _NO_ENGINE_COUNTS:
-        out.append(usage)
+    add_engine_usage(out, int_or_none(obj.get("prompt_eval_count")), int_or_none(obj.get("eval_count")))
     timings = engine_timings_from_ollama(obj)
     if timings is not None:
         out.append(timings)
@@ -118,27 +109,14 @@ def engine_timings_from_ollama(obj: Any) -> EngineTimings | None:
     return None if timings == EngineTimings() else timings
 
 
-def _error_of(obj: dict[str, Any]) -> StreamError | None:
-    err = obj.get("error")
-    if isinstance(err, str):
-        return StreamError(err)
-    if type(err) is dict:  # Ollama's OpenAI layer shape, seen through some proxies
-        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")))
-    return None
-
-
 def parse_ollama_response(body: bytes) -> list[DialectEvent]:
     """A whole ``stream: false`` body (one object, ``done: true``) -> events.
 
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
-    obj = load_object(body)
-    if type(obj) is ParseError:
-        return [obj]
-    assert type(obj) is dict
-    err = _error_of(obj)
-    if err is not None:
-        return [err]
+    obj = load_object(body, error_of)
+    if type(obj) is list:
+        return obj
     out: list[DialectEvent] = [ResponseInfo(response_model=str_or_none(obj.get("model")))]
     _final(obj, out)
     return out

@@ -41,9 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from ._base import SSEJSONDialect, seconds_or_none
+from ._base import ANSWER, SSEJSONDialect, load_object, seconds_or_none, str_or_none, usage_reader
 from .events import (
     DialectEvent,
     EngineTimings,
@@ -54,7 +52,6 @@ from .events import (
     StreamError,
     TokenKind,
     Tokens,
-    Usage,
 )
 from .llamacpp import engine_counts_from_llamacpp, engine_timings_from_llamacpp
 
@@ -223,7 +220,7 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
                 and delta.get("content")
                 and choice.get("finish_reason") is None
             ):
-                out.append(_ONE_ANSWER)
+                out.append(ANSWER)
                 return 1
     answer = reasoning = tool = 0
     finish: list[str] | None = None
@@ -283,7 +280,7 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
     if tool:
         out.append(Tokens(TokenKind.TOOL, tool))
     if answer:
-        out.append(_ONE_ANSWER if answer == 1 else Tokens(TokenKind.ANSWER, answer))
+        out.append(ANSWER if answer == 1 else Tokens(TokenKind.ANSWER, answer))
     elif maybe_last and not (reasoning or tool):
         out.append(_MAYBE_LAST)
     if finish:
@@ -291,46 +288,20 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
     return answer + reasoning + tool
 
 
-# The event of nearly every chunk, shared (events are never mutated after creation).
-_ONE_ANSWER = Tokens(TokenKind.ANSWER, 1)
 _MAYBE_LAST = MaybeLastToken()
 
-
-def _int_or_none(value: Any) -> int | None:
-    return value if type(value) is int and value >= 0 else None
-
-
-def usage_from_openai(usage: Any) -> Usage | None:
-    """OpenAI ``usage`` object -> :class:`Usage` (``None`` if it is not one)."""
-    if type(usage) is not dict:
-        return None
-    prompt_details = usage.get("prompt_tokens_details")
-    completion_details = usage.get("completion_tokens_details")
-    return Usage(
-        input_tokens=_int_or_none(usage.get("prompt_tokens")),
-        output_tokens=_int_or_none(usage.get("completion_tokens")),
-        reasoning_tokens=_int_or_none(completion_details.get("reasoning_tokens"))
-        if type(completion_details) is dict
-        else None,
-        cached_input_tokens=_int_or_none(prompt_details.get("cached_tokens"))
-        if type(prompt_details) is dict
-        else None,
-    )
+usage_from_openai = usage_reader("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
 
 
 def _error_of(obj: dict[str, Any]) -> StreamError | None:
     err = obj.get("error")
     if type(err) is dict:
-        return StreamError(str(err.get("message", "")), _str_or_none(err.get("type")), err.get("code"))
+        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")), err.get("code"))
     if isinstance(err, str):
         return StreamError(err)
     if obj.get("object") == "error":
-        return StreamError(str(obj.get("message", "")), _str_or_none(obj.get("type")), obj.get("code"))
+        return StreamError(str(obj.get("message", "")), str_or_none(obj.get("type")), obj.get("code"))
     return None
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def parse_openai_response(body: bytes) -> list[DialectEvent]:
@@ -338,15 +309,9 @@ def parse_openai_response(body: bytes) -> list[DialectEvent]:
 
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return [ParseError("response is not JSON")]
-    if type(obj) is not dict:
-        return [ParseError("response is not a JSON object")]
-    err = _error_of(obj)
-    if err is not None:
-        return [err]
+    obj = load_object(body, _error_of)
+    if type(obj) is list:
+        return obj
     out: list[DialectEvent] = []
     model, rid = obj.get("model"), obj.get("id")
     choices = obj.get("choices")

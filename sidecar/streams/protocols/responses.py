@@ -29,33 +29,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import SSEJSONDialect, int_or_none, load_object, str_or_none
-from .events import (
-    DialectEvent,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from ._base import ANSWER, REASONING, TOOL, SSEJSONDialect, code_or_none, load_object, str_or_none, usage_reader
+from .events import DialectEvent, ResponseInfo, StreamEnd, StreamError, Tokens
 
 __all__ = ["ResponsesStreamDialect", "parse_responses_response", "usage_from_responses"]
 
-_ANSWER = Tokens(TokenKind.ANSWER, 1)
-_REASONING = Tokens(TokenKind.REASONING, 1)
-_TOOL = Tokens(TokenKind.TOOL, 1)
-
 _DELTA_KINDS: dict[str, Tokens] = {
-    "response.output_text.delta": _ANSWER,
-    "response.refusal.delta": _ANSWER,
-    "response.reasoning_text.delta": _REASONING,
-    "response.reasoning_summary_text.delta": _REASONING,
-    "response.function_call_arguments.delta": _TOOL,
-    "response.custom_tool_call_input.delta": _TOOL,
-    "response.mcp_call_arguments.delta": _TOOL,
-    "response.code_interpreter_call_code.delta": _TOOL,
+    "response.output_text.delta": ANSWER,
+    "response.refusal.delta": ANSWER,
+    "response.reasoning_text.delta": REASONING,
+    "response.reasoning_summary_text.delta": REASONING,
+    "response.function_call_arguments.delta": TOOL,
+    "response.custom_tool_call_input.delta": TOOL,
+    "response.mcp_call_arguments.delta": TOOL,
+    "response.code_interpreter_call_code.delta": TOOL,
 }
 _STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -137,26 +124,10 @@ def _error_event(obj: dict[str, Any]) -> StreamError:
 
 
 def _code(obj: dict[str, Any]) -> int | str | None:
-    code = obj.get("code")
-    return code if isinstance(code, (int, str)) and type(code) is not bool else None
+    return code_or_none(obj.get("code"))
 
 
-def usage_from_responses(usage: Any) -> Usage | None:
-    """Responses ``usage`` object -> :class:`Usage` (``None`` if it is not one)."""
-    if type(usage) is not dict:
-        return None
-    input_details = usage.get("input_tokens_details")
-    output_details = usage.get("output_tokens_details")
-    return Usage(
-        input_tokens=int_or_none(usage.get("input_tokens")),
-        output_tokens=int_or_none(usage.get("output_tokens")),
-        reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
-        if type(output_details) is dict
-        else None,
-        cached_input_tokens=int_or_none(input_details.get("cached_tokens"))
-        if type(input_details) is dict
-        else None,
-    )
+usage_from_responses = usage_reader("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
 
 
 def parse_responses_response(body: bytes) -> list[DialectEvent]:
@@ -165,9 +136,8 @@ def parse_responses_response(body: bytes) -> list[DialectEvent]:
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
     obj = load_object(body)
-    if type(obj) is ParseError:
-        return [obj]
-    assert type(obj) is dict
+    if type(obj) is list:
+        return obj
     status = obj.get("status")
     is_response = obj.get("object") == "response" or isinstance(status, str)
     if not is_response:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import int_or_none, seconds_or_none, str_or_none
+from ._base import ANSWER, NO_ENGINE_COUNTS, add_engine_usage, int_or_none, seconds_or_none, str_or_none
 from .events import DialectEvent, EngineTimings, ResponseInfo, TokenKind, Tokens, Usage
 
 __all__ = ["SGLangState", "sglang_object", "sglang_response", "is_sglang"]
@@ -66,19 +66,20 @@ def sglang_object(obj: dict[str, Any], state: SGLangState, out: list[DialectEven
         if grown > 0:
             out.append(Tokens(TokenKind.ANSWER, grown))
     elif obj.get("text"):
-        out.append(Tokens(TokenKind.ANSWER, 1))
+        out.append(ANSWER)
     _final(meta, out)
 
 
 def _final(meta: dict[str, Any], out: list[DialectEvent]) -> None:
-    """Counts (every step carries them; the last wins), finish reason and queue time."""
+    """Counts (every step carries them; the last wins), finish reason and queue time.
+    The counts are built here, not by add_engine_usage: this runs for every token."""
     usage = Usage(
         input_tokens=int_or_none(meta.get("prompt_tokens")),
         output_tokens=int_or_none(meta.get("completion_tokens")),
         cached_input_tokens=int_or_none(meta.get("cached_tokens")),
         engine=True,
     )
-    if usage != _NO_COUNTS:
+    if usage != NO_ENGINE_COUNTS:
         out.append(usage)
     reason = meta.get("finish_reason")
     if type(reason) is dict:
@@ -88,9 +89,6 @@ def _final(meta: dict[str, Any], out: list[DialectEvent]) -> None:
     queue = seconds_or_none(meta.get("queue_time"), 1.0)
     if queue is not None:
         out.append(EngineTimings(queue_seconds=queue))
-
-
-_NO_COUNTS = Usage(engine=True)
 
 
 def sglang_response(objs: list[dict[str, Any]]) -> list[DialectEvent]:
@@ -124,14 +122,12 @@ def sglang_response(objs: list[dict[str, Any]]) -> list[DialectEvent]:
             queue = q if queue is None else max(queue, q)
     rid = str_or_none(objs[0]["meta_info"].get("id")) if len(objs) == 1 else None
     out.append(ResponseInfo(response_id=rid, finish_reasons=tuple(reasons)))
-    usage = Usage(
-        input_tokens=prompt if known[0] else None,
-        output_tokens=completion if known[1] else None,
-        cached_input_tokens=cached if known[2] else None,
-        engine=True,
+    add_engine_usage(
+        out,
+        prompt if known[0] else None,
+        completion if known[1] else None,
+        cached if known[2] else None,
     )
-    if usage != _NO_COUNTS:
-        out.append(usage)
     if queue is not None:
         out.append(EngineTimings(queue_seconds=queue))
     return out

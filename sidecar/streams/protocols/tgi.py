@@ -44,24 +44,11 @@ from typing import Any
 
 import orjson
 
-from ._base import SSEJSONDialect, int_or_none, seconds_or_none, str_or_none
-from .events import (
-    DialectEvent,
-    EngineTimings,
-    ParseError,
-    ResponseInfo,
-    StreamEnd,
-    StreamError,
-    TokenKind,
-    Tokens,
-    Usage,
-)
+from ._base import ANSWER, SSEJSONDialect, add_engine_usage, int_or_none, seconds_or_none, str_or_none
+from .events import DialectEvent, EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError
 from .sglang import SGLangState, is_sglang, sglang_object, sglang_response
 
 __all__ = ["TGIStreamDialect", "parse_tgi_response", "tgi_head_events"]
-
-_ANSWER = Tokens(TokenKind.ANSWER, 1)
-_NO_ENGINE_COUNTS = Usage(engine=True)
 
 
 class TGIStreamDialect(SSEJSONDialect):
@@ -85,7 +72,7 @@ class TGIStreamDialect(SSEJSONDialect):
             return
         token = obj.get("token")
         if type(token) is dict and token.get("special") is not True:
-            out.append(_ANSWER)
+            out.append(ANSWER)
         _details(obj.get("details"), out)
         if isinstance(obj.get("generated_text"), str):
             out.append(StreamEnd())
@@ -97,13 +84,7 @@ def _details(details: Any, out: list[DialectEvent]) -> None:
     reason = details.get("finish_reason")
     if isinstance(reason, str):
         out.append(ResponseInfo(finish_reasons=(reason,)))
-    usage = Usage(
-        input_tokens=_input_tokens(details),
-        output_tokens=int_or_none(details.get("generated_tokens")),
-        engine=True,
-    )
-    if usage != _NO_ENGINE_COUNTS:
-        out.append(usage)
+    add_engine_usage(out, _input_tokens(details), int_or_none(details.get("generated_tokens")))
 
 
 def _input_tokens(details: dict[str, Any]) -> int | None:
@@ -157,13 +138,7 @@ def tgi_head_events(headers: Mapping[str, str]) -> list[DialectEvent]:
     queue = _header_int(headers.get("x-queue-time"))
     if queue is not None:
         out.append(EngineTimings(queue_seconds=seconds_or_none(queue, 1000.0)))
-    usage = Usage(
-        input_tokens=_header_int(headers.get("x-prompt-tokens")),
-        output_tokens=_header_int(headers.get("x-generated-tokens")),
-        engine=True,
-    )
-    if usage != _NO_ENGINE_COUNTS:
-        out.append(usage)
+    add_engine_usage(out, _header_int(headers.get("x-prompt-tokens")), _header_int(headers.get("x-generated-tokens")))
     return out
 
 

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import SSEJSONDialect, load_object, str_or_none
-from .events import DialectEvent, ParseError, ResponseInfo, StreamError, TokenKind, Tokens
+from ._base import ANSWER, SSEJSONDialect, error_of, load_object, str_or_none
+from .events import DialectEvent, ResponseInfo
 
 __all__ = ["TritonStreamDialect", "parse_triton_response"]
-
-_ANSWER = Tokens(TokenKind.ANSWER, 1)
 
 
 class TritonStreamDialect(SSEJSONDialect):
@@ -50,7 +48,7 @@ class TritonStreamDialect(SSEJSONDialect):
         self._info_sent = False
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
-        err = _error_of(obj)
+        err = error_of(obj)
         if err is not None:
             out.append(err)
             return
@@ -61,26 +59,13 @@ class TritonStreamDialect(SSEJSONDialect):
                 out.append(ResponseInfo(response_model=model))
         text = obj.get("text_output")
         if isinstance(text, str) and text:
-            out.append(_ANSWER)
-
-
-def _error_of(obj: dict[str, Any]) -> StreamError | None:
-    err = obj.get("error")
-    if isinstance(err, str):
-        return StreamError(err)
-    if type(err) is dict:
-        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")))
-    return None
+            out.append(ANSWER)
 
 
 def parse_triton_response(body: bytes, model: str | None = None) -> list[DialectEvent]:
     """A whole ``/generate`` body -> events (the model, or the error). No usage exists."""
-    obj = load_object(body)
-    if type(obj) is ParseError:
-        return [obj]
-    assert type(obj) is dict
-    err = _error_of(obj)
-    if err is not None:
-        return [err]
+    obj = load_object(body, error_of)
+    if type(obj) is list:
+        return obj
     name = str_or_none(obj.get("model_name")) or model
     return [ResponseInfo(response_model=name)] if name is not None else []

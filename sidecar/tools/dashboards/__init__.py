@@ -4,9 +4,10 @@
 spec (``deploy/slo/default.yaml``, the spec the committed rules are rendered from), so the
 SLO dashboard's targets, windows and burn-rate thresholds are the alert rules' own:
 
-    dashboards/llm-sidecar-overview.json      latency overview
-    dashboards/llm-sidecar-slo.json           SLOs, error budgets, burn rates, alerts
-    deploy/grafana/dashboards-configmap.yaml  both, as ConfigMaps for Grafana's sidecar
+    dashboards/llm-sidecar-overview.json   latency overview
+    dashboards/llm-sidecar-slo.json        SLOs, error budgets, burn rates, alerts
+    dashboards/kustomization.yaml          both as ConfigMaps for Grafana's sidecar
+                                           (kubectl apply --server-side -k dashboards/)
 
 Built with grafana-foundation-sdk (pinned in pyproject's ``tools`` extra; a generation-time
 dependency only, never imported by the running sidecar). Every panel reads the
@@ -19,7 +20,7 @@ import sys
 
 try:
     from . import overview, slo
-    from .render import configmap_text, json_text, to_json_dict
+    from .render import json_text, kustomization_text, to_json_dict
 except ModuleNotFoundError as exc:  # the generator's one dependency is an extra
     if exc.name != "grafana_foundation_sdk":
         raise
@@ -31,11 +32,11 @@ except ModuleNotFoundError as exc:  # the generator's one dependency is an extra
         sys.exit(_MISSING)
     raise ModuleNotFoundError(_MISSING, name=exc.name) from None
 
-__all__ = ["DEFAULT_SPEC", "DASHBOARD_DIR", "CONFIGMAP", "build_dashboards", "render_files"]
+__all__ = ["DEFAULT_SPEC", "DASHBOARD_DIR", "KUSTOMIZATION", "build_dashboards", "render_files"]
 
 DEFAULT_SPEC = "deploy/slo/default.yaml"
 DASHBOARD_DIR = "dashboards"
-CONFIGMAP = "deploy/grafana/dashboards-configmap.yaml"
+KUSTOMIZATION = "dashboards/kustomization.yaml"
 
 
 def build_dashboards(spec) -> dict[str, dict]:
@@ -50,5 +51,5 @@ def render_files(spec) -> dict[str, str]:
     """Repository path -> file text, for every generated file."""
     texts = {name: json_text(data) for name, data in build_dashboards(spec).items()}
     out = {f"{DASHBOARD_DIR}/{name}": text for name, text in texts.items()}
-    out[CONFIGMAP] = configmap_text(texts)
+    out[KUSTOMIZATION] = kustomization_text(list(texts))
     return out

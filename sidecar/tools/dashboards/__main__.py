@@ -1,5 +1,5 @@
 """``python -m sidecar.tools.dashboards [--spec SPEC] [--root DIR] [--check]``: write (or check) the
-generated dashboards and their ConfigMap."""
+generated dashboards and their kustomization."""
 
 from __future__ import annotations
 

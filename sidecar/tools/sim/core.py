@@ -94,16 +94,36 @@ import hashlib
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from aiohttp import web
 
+# The simulator's own API. The first three are what the tests and the command line use; the
+# rest is the internal API the other dialects (:mod:`.dialects`) and the app
+# (:mod:`.server`) build on, so that one timing model, one set of ``x-sim-*`` headers and
+# one way of counting serve every route. Nothing else here is used outside this module.
 __all__ = [
     "SIM_STATS",
     "SimStats",
     "SimulatorConfig",
+    # internal API of the simulator
+    "ENGINE_FAILURE",
+    "SHUTDOWN_TIMEOUT",
+    "SIM_STATE",
+    "BadRequest",
+    "Overrides",
+    "Plan",
+    "SimState",
+    "abort",
+    "add_openai_routes",
+    "chat_prompt_tokens",
+    "parse_overrides",
+    "sleep_until",
+    "text_tokens",
+    "wait_whole",
 ]
 
 
@@ -114,7 +134,7 @@ SIMULATED_KV_CACHE_SEQS = 256
 """Streams that would fill the simulated KV cache (``vllm:kv_cache_usage_perc`` = 1)."""
 
 SHUTDOWN_TIMEOUT = 2.0
-"""Seconds :func:`run_simulator` lets live streams drain when cancelled."""
+"""Seconds :func:`sidecar.tools.sim.server.run_simulator` lets live streams drain when cancelled."""
 
 _RING = 4096  # length of the precomputed token-text and gap-multiplier rings (power of 2)
 _MASK = _RING - 1
@@ -255,7 +275,10 @@ class SimStats:
 SIM_STATS = web.AppKey("sim_stats", SimStats)
 
 
-class _BadRequest(Exception):
+class BadRequest(Exception):
+    """A request the simulator refuses (status, message, error type, parameter). Public
+    because every dialect's parsing raises it and each route writes it in its own error body."""
+
     def __init__(
         self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
     ) -> None:
@@ -284,8 +307,9 @@ def _lognormal(rng: random.Random, mean: float, cv: float) -> float:
 
 
 @dataclass(slots=True)
-class _Plan:
-    """Everything random about one request, drawn up front (so seeds give repeatable runs)."""
+class Plan:
+    """Everything random about one request, drawn up front (so seeds give repeatable runs).
+    Public because every dialect schedules its stream and its whole body from one."""
 
     rid: str
     ttft: float
@@ -300,7 +324,10 @@ class _Plan:
 
 
 @dataclass(frozen=True, slots=True)
-class _Overrides:
+class Overrides:
+    """The ``x-sim-*`` headers of one request (:func:`parse_overrides`), which make it exact;
+    :meth:`SimState.plan` takes them."""
+
     ttft: float | None = None
     tpot: float | None = None
     tokens: int | None = None
@@ -309,8 +336,10 @@ class _Overrides:
     line_bytes: int | None = None
 
 
-class _Sim:
-    """Per-app state: config, RNG and the precomputed rings."""
+class SimState:
+    """Per-app state: config, RNG, counters and the precomputed rings (``app[SIM_STATE]``).
+    Public because the dialects draw their plans, gaps and token texts from the same state
+    as the OpenAI routes (one seed, one batching model) and the app builds it."""
 
     __slots__ = (
         "config", "rng", "stats", "created", "model_json", "fingerprint", "tok_json", "tok_text",
@@ -337,9 +366,9 @@ class _Sim:
         self.gaps = [_lognormal(rng, 1.0, config.jitter) for _ in range(_RING)]
 
     def plan(
-        self, n_choices: int, max_tokens: int | None, stream: bool, ov: _Overrides | None,
+        self, n_choices: int, max_tokens: int | None, stream: bool, ov: Overrides | None,
         reasoning_ok: bool,
-    ) -> _Plan:
+    ) -> Plan:
         cfg, rng = self.config, self.rng
         rid = f"{rng.getrandbits(64):016x}"
         offsets = [rng.randrange(_RING) for _ in range(n_choices)]
@@ -349,7 +378,7 @@ class _Sim:
             if ov.tokens is None and max_tokens is not None:
                 count = min(count, max_tokens)
             reasoning = ov.reasoning if ov.reasoning is not None else cfg.reasoning_tokens
-            return _Plan(
+            return Plan(
                 rid=rid,
                 ttft=ov.ttft if ov.ttft is not None else cfg.ttft,
                 tpot=ov.tpot if ov.tpot is not None else cfg.tpot,
@@ -370,7 +399,7 @@ class _Sim:
         for _ in range(n_choices):
             c = max(1, round(_lognormal(rng, cfg.tokens, cfg.tokens_spread)))
             counts.append(min(c, max_tokens) if max_tokens is not None else c)
-        return _Plan(
+        return Plan(
             rid=rid,
             ttft=_lognormal(rng, cfg.ttft, cfg.jitter),
             tpot=_lognormal(rng, cfg.tpot, cfg.jitter),
@@ -382,36 +411,41 @@ class _Sim:
             fail=fail,
         )
 
-    def gap(self, plan: _Plan, k: int) -> float:
+    def gap(self, plan: Plan, k: int) -> float:
         """Seconds between step ``k - 1`` and step ``k``."""
         if plan.jittered:
             return plan.tpot * self.gaps[(plan.gap_offset + k) & _MASK]
         return plan.tpot
 
-    def text(self, plan: _Plan, choice: int, k: int) -> str:
+    def text(self, plan: Plan, choice: int, k: int) -> str:
         return self.tok_text[(plan.text_offsets[choice] + k) & _MASK]
 
-    def json(self, plan: _Plan, choice: int, k: int) -> bytes:
+    def json(self, plan: Plan, choice: int, k: int) -> bytes:
         return self.tok_json[(plan.text_offsets[choice] + k) & _MASK]
 
 
-_SIM = web.AppKey("sim_state", _Sim)
+SIM_STATE = web.AppKey("sim_state", SimState)
+"""Where every route finds the :class:`SimState` (set by the app, read by each handler)."""
 
 _FAIL_MODES = ("500", "drop", "stream")
-"""Failure modes every dialect implements (``reset`` too, in :func:`_reset_faults`)."""
+"""Failure modes every dialect implements (``reset`` too, in the app's middleware in :mod:`.server`)."""
 _STREAM_ONLY_FAULTS = ("stream", "truncate", "longline")  # answered like 500 on a whole body
 _OPENAI_FAIL_MODES = (*_FAIL_MODES, "reset", "truncate", "stall", "longline")
 """Also implemented by the OpenAI routes of this module."""
 _LONG_LINE_BYTES = 4 << 20
 _LINE_PIECE = 64 << 10
 _FOREVER = 24 * 3600.0  # how long a stalled response waits for its client to leave
-_ENGINE_FAILURE = "Simulated engine failure"
+ENGINE_FAILURE = "Simulated engine failure"
+"""The message of the simulated 500, the same on every route."""
 
 
 # ---------------------------------------------------------------- request parsing
 
 
-def _parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> _Overrides | None:
+def parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> Overrides | None:
+    """The ``x-sim-*`` headers, None without any; ``x-sim-fail`` must be one of ``modes``
+    (the other dialects take the default, the OpenAI routes more). One parser, so every
+    route reads the headers alike; raises :class:`BadRequest`."""
     if not any(k.lower().startswith("x-sim-") for k in headers):
         return None
 
@@ -424,7 +458,7 @@ def _parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> _Ove
         except ValueError:
             value = -1.0
         if not (math.isfinite(value) and value >= 0):
-            raise _BadRequest(400, f"header {name} must be seconds >= 0, got {raw!r}")
+            raise BadRequest(400, f"header {name} must be seconds >= 0, got {raw!r}")
         return value
 
     def integer(name: str, minimum: int) -> int | None:
@@ -436,17 +470,17 @@ def _parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> _Ove
         except ValueError:
             value = minimum - 1
         if value < minimum:
-            raise _BadRequest(400, f"header {name} must be an integer >= {minimum}, got {raw!r}")
+            raise BadRequest(400, f"header {name} must be an integer >= {minimum}, got {raw!r}")
         return value
 
     fail = headers.get("x-sim-fail")
     if fail is not None:
         fail = fail.strip().lower()
         if fail not in modes:
-            raise _BadRequest(
+            raise BadRequest(
                 400, f"header x-sim-fail must be one of {', '.join(modes)} here, got {fail!r}"
             )
-    return _Overrides(
+    return Overrides(
         ttft=number("x-sim-ttft"),
         tpot=number("x-sim-tpot"),
         tokens=integer("x-sim-tokens", 1),
@@ -461,19 +495,19 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise _BadRequest(400, f"Invalid JSON body: {exc}") from None
+        raise BadRequest(400, f"Invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
-        raise _BadRequest(400, "The request body must be a JSON object")
+        raise BadRequest(400, "The request body must be a JSON object")
     if body.get("model") is None:
-        raise _BadRequest(400, "Field required: model")
+        raise BadRequest(400, "Field required: model")
     return body
 
 
-def _check_model(body: dict[str, Any], sim: _Sim) -> None:
+def _check_model(body: dict[str, Any], sim: SimState) -> None:
     """After the body validated, as vLLM's ``_check_model`` runs after pydantic."""
     model = body["model"]
     if model != sim.config.model:
-        raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
+        raise BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
 
 
 def _positive_int(body: dict[str, Any], name: str, limit: int = 1 << 31) -> int | None:
@@ -481,7 +515,7 @@ def _positive_int(body: dict[str, Any], name: str, limit: int = 1 << 31) -> int 
     if value is None:
         return None
     if type(value) is not int or not 1 <= value <= limit:
-        raise _BadRequest(400, f"{name} must be an integer from 1 to {limit}, got {value!r}")
+        raise BadRequest(400, f"{name} must be an integer from 1 to {limit}, got {value!r}")
     return value
 
 
@@ -489,7 +523,7 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     stream = bool(body.get("stream"))
     opts = body.get("stream_options")
     if opts and not stream:
-        raise _BadRequest(
+        raise BadRequest(
             400, "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
             param="stream_options",
         )
@@ -503,49 +537,55 @@ def _fingerprint(model: str) -> str:
     return "vllm-0.32.0-" + hashlib.sha256(model.encode()).hexdigest()[:8]
 
 
-def _text_tokens(text: str) -> int:
+def text_tokens(text: str) -> int:
+    """Prompt tokens of a text (four characters a token), for every dialect's usage."""
     return (len(text) + 3) // 4
 
 
-def _chat_prompt_tokens(messages: list[Any]) -> int:
+def chat_prompt_tokens(messages: list[Any]) -> int:
+    """Prompt tokens of a chat's messages as a chat template would count them; shared with
+    the dialects that take messages (Responses, Anthropic, Ollama)."""
     total = 3  # assistant primer of a chat template
     for msg in messages:
         total += 4  # role and separators
         content = msg.get("content") if isinstance(msg, dict) else None
         if isinstance(content, str):
-            total += _text_tokens(content)
+            total += text_tokens(content)
         elif isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += _text_tokens(part["text"])
+                    total += text_tokens(part["text"])
     return total
 
 
 def _completion_prompts(prompt: Any) -> list[int]:
     """Prompt token count per prompt (vLLM accepts str, [str], [int] and [[int]])."""
     if isinstance(prompt, str):
-        return [1 + _text_tokens(prompt)]
+        return [1 + text_tokens(prompt)]
     if isinstance(prompt, list) and prompt:
         if all(type(p) is int for p in prompt):
             return [len(prompt)]
         if all(isinstance(p, str) for p in prompt):
-            return [1 + _text_tokens(p) for p in prompt]
+            return [1 + text_tokens(p) for p in prompt]
         if all(isinstance(p, list) and all(type(t) is int for t in p) for p in prompt):
             return [max(1, len(p)) for p in prompt]
-    raise _BadRequest(400, "prompt must be a string, a list of strings or of token ids")
+    raise BadRequest(400, "prompt must be a string, a list of strings or of token ids")
 
 
 # ---------------------------------------------------------------- encoders
 
 
-class _ChatEncoder:
-    """Byte fragments for one chat stream, built once per request."""
+class _Encoder:
+    """Byte fragments for one OpenAI stream, built once per request: the chunk head (id,
+    object, created, model), where ``system_fingerprint`` rides, and the usage chunk."""
 
     __slots__ = ("head", "finish_tail", "usage_head", "usage_tail")
+    id_prefix: ClassVar[bytes]
+    chunk_object: ClassVar[bytes]
 
-    def __init__(self, sim: _Sim, plan: _Plan, created: int, include_usage: bool) -> None:
-        common = b'{"id":"chatcmpl-%s","object":"chat.completion.chunk","created":%d,"model":%s' % (
-            plan.rid.encode(), created, sim.model_json,
+    def __init__(self, sim: SimState, plan: Plan, created: int, include_usage: bool) -> None:
+        common = b'{"id":"%s%s","object":"%s","created":%d,"model":%s' % (
+            self.id_prefix, plan.rid.encode(), self.chunk_object, created, sim.model_json,
         )
         self.head = b"data: " + common + b',"choices":[{"index":'
         # Current vLLM dumps chat chunks with exclude_unset=True: no "usage" key unless set.
@@ -554,6 +594,23 @@ class _ChatEncoder:
         self.finish_tail = b"}\n\n" if include_usage else fingerprint + b"}\n\n"
         self.usage_head = b"data: " + common + b',"choices":[],"usage":'
         self.usage_tail = fingerprint + b"}\n\n"
+
+    def role(self, i: int) -> bytes:  # pragma: no cover - completions have no role chunk
+        raise NotImplementedError
+
+    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
+        raise NotImplementedError  # pragma: no cover
+
+    def usage(self, prompt: int, completion: int) -> bytes:
+        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}%s' % (
+            self.usage_head, prompt, prompt + completion, completion, self.usage_tail,
+        )
+
+
+class _ChatEncoder(_Encoder):
+    __slots__ = ()
+    id_prefix = b"chatcmpl-"
+    chunk_object = b"chat.completion.chunk"
 
     def role(self, i: int) -> bytes:
         return b"%s%d%s" % (
@@ -572,27 +629,11 @@ class _ChatEncoder:
             self.head, i, key, tok, finish, self.finish_tail,
         )
 
-    def usage(self, prompt: int, completion: int) -> bytes:
-        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}%s' % (
-            self.usage_head, prompt, prompt + completion, completion, self.usage_tail,
-        )
 
-
-class _CompletionEncoder:
-    __slots__ = ("head", "finish_tail", "usage_head", "usage_tail")
-
-    def __init__(self, sim: _Sim, plan: _Plan, created: int, include_usage: bool) -> None:
-        common = b'{"id":"cmpl-%s","object":"text_completion","created":%d,"model":%s' % (
-            plan.rid.encode(), created, sim.model_json,
-        )
-        self.head = b"data: " + common + b',"choices":[{"index":'
-        fingerprint = b',"system_fingerprint":' + sim.fingerprint
-        self.finish_tail = b"}\n\n" if include_usage else fingerprint + b"}\n\n"
-        self.usage_head = b"data: " + common + b',"choices":[],"usage":'
-        self.usage_tail = fingerprint + b"}\n\n"
-
-    def role(self, i: int) -> bytes:  # pragma: no cover - completions have no role chunk
-        raise NotImplementedError
+class _CompletionEncoder(_Encoder):
+    __slots__ = ()
+    id_prefix = b"cmpl-"
+    chunk_object = b"text_completion"
 
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
         if finish is None:
@@ -606,11 +647,6 @@ class _CompletionEncoder:
             b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]', self.finish_tail,
         )
 
-    def usage(self, prompt: int, completion: int) -> bytes:
-        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}%s' % (
-            self.usage_head, prompt, prompt + completion, completion, self.usage_tail,
-        )
-
 
 # ---------------------------------------------------------------- generation
 
@@ -620,10 +656,11 @@ def _gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-async def _sleep_until(
+async def sleep_until(
     loop: asyncio.AbstractEventLoop, deadline: float, request: web.Request
 ) -> None:
-    """Sleep to an absolute ``loop.time()``; notice a vanished client on long waits."""
+    """Sleep to an absolute ``loop.time()``; notice a vanished client on long waits. Every
+    route's schedule sleeps through it, so sleep overshoot never accumulates anywhere."""
     while True:
         delay = deadline - loop.time()
         if delay <= 0:
@@ -635,7 +672,8 @@ async def _sleep_until(
         await asyncio.sleep(delay)
 
 
-def _abort(request: web.Request) -> None:
+def abort(request: web.Request) -> None:
+    """Cut the connection with no more bytes (``drop``, ``reset``), on any route."""
     transport = request.transport
     if transport is not None:
         transport.abort()
@@ -647,9 +685,9 @@ def _finish_reason(count: int, max_tokens: int | None) -> bytes:
 
 async def _stream(
     request: web.Request,
-    sim: _Sim,
-    plan: _Plan,
-    encoder: _ChatEncoder | _CompletionEncoder,
+    sim: SimState,
+    plan: Plan,
+    encoder: _Encoder,
     *,
     chat: bool,
     start: float,
@@ -672,7 +710,7 @@ async def _stream(
     try:
         await resp.prepare(request)
         deadline = start + plan.ttft
-        await _sleep_until(loop, deadline, request)
+        await sleep_until(loop, deadline, request)
         sim.decoding += 1
         decoding = True
         if chat:
@@ -681,18 +719,18 @@ async def _stream(
         for k in range(steps):
             if k:
                 deadline += sim.gap(plan, k) * factor(sim.decoding)
-                await _sleep_until(loop, deadline, request)
+                await sleep_until(loop, deadline, request)
             if k == fail_at and plan.fail == "longline":
                 await _write_long_line(resp, plan.line_bytes)
             elif k == fail_at:
                 if plan.fail == "drop":
-                    _abort(request)
+                    abort(request)
                     stats.dropped += 1
                 elif plan.fail == "truncate":
                     await resp.write_eof()
                     stats.truncated += 1
                 elif plan.fail == "stall":
-                    await _sleep_until(loop, loop.time() + _FOREVER, request)
+                    await sleep_until(loop, loop.time() + _FOREVER, request)
                 else:
                     await resp.write(_STREAM_ERROR + _DONE)
                     await resp.write_eof()
@@ -741,10 +779,11 @@ async def _write_long_line(resp: web.StreamResponse, size: int) -> None:
     await resp.write(b"\n\n")
 
 
-async def _wait_whole(
-    request: web.Request, sim: _Sim, plan: _Plan, start: float
+async def wait_whole(
+    request: web.Request, sim: SimState, plan: Plan, start: float
 ) -> bool:
-    """Sleep for a whole non-streamed generation; False if the client left or was dropped."""
+    """Sleep for a whole non-streamed generation; False if the client left or was dropped.
+    Every route's whole body waits through it, counting cancels and drops alike."""
     loop = asyncio.get_running_loop()
     steps = plan.reasoning + max(plan.counts)
     # A drop cuts the connection about halfway through the generation.
@@ -755,7 +794,7 @@ async def _wait_whole(
     if plan.fail == "stall":
         deadline = loop.time() + _FOREVER
     try:
-        await _sleep_until(loop, deadline, request)
+        await sleep_until(loop, deadline, request)
     except asyncio.CancelledError:
         sim.stats.cancelled += 1
         raise
@@ -763,7 +802,7 @@ async def _wait_whole(
         sim.stats.cancelled += 1
         return False
     if plan.fail == "drop":
-        _abort(request)
+        abort(request)
         sim.stats.dropped += 1
         return False
     return True
@@ -782,43 +821,38 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- handlers
 
 
-async def _chat_completions(request: web.Request) -> web.StreamResponse:
-    start = asyncio.get_running_loop().time()
-    sim = request.app[_SIM]
-    try:
-        body = await _read_body(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest(400, "Field required: messages (a non-empty list)")
-        n = _positive_int(body, "n", _MAX_N) or 1
-        max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
-            body, "max_tokens"
-        )
-        stream, include_usage = _stream_flags(body)
-        _check_model(body, sim)
-        overrides = _parse_overrides(request.headers, _OPENAI_FAIL_MODES)
-    except _BadRequest as exc:
-        return _error_response(exc.status, exc.message, exc.err_type, exc.param)
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What one OpenAI route took from its body, besides the stream flags and the model."""
 
-    prompt_tokens = _chat_prompt_tokens(messages)
-    plan = sim.plan(n, max_tokens, stream, overrides, reasoning_ok=True)
-    stats = sim.stats
-    stats.started += 1
-    stats.prompt_tokens += prompt_tokens
-    if plan.fail == "500" or (plan.fail in _STREAM_ONLY_FAULTS and not stream):
-        stats.failed += 1
-        return _error_response(500, _ENGINE_FAILURE, "InternalServerError")
-    created = int(time.time())
+    choices: int  # for completions: n per prompt, times the prompts
+    max_tokens: int | None
+    prompt_tokens: int
 
-    if stream:
-        encoder = _ChatEncoder(sim, plan, created, include_usage)
-        return await _stream(
-            request, sim, plan, encoder, chat=True, start=start, prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens, include_usage=include_usage,
-        )
 
-    if not await _wait_whole(request, sim, plan, start):
-        return web.Response(status=499, reason="Client Closed Request")
+def _chat_asked(body: dict[str, Any]) -> _Asked:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(400, "Field required: messages (a non-empty list)")
+    n = _positive_int(body, "n", _MAX_N) or 1
+    max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
+    return _Asked(n, max_tokens, chat_prompt_tokens(messages))
+
+
+def _completion_asked(body: dict[str, Any]) -> _Asked:
+    if body.get("prompt") is None:
+        raise BadRequest(400, "At least one of `prompt` or `prompt_embeds` must be set.")
+    per_prompt = _completion_prompts(body["prompt"])
+    n = _positive_int(body, "n", _MAX_N) or 1
+    max_tokens = _positive_int(body, "max_tokens")
+    # vLLM numbers the choices of prompt p as p * n + i.
+    return _Asked(n * len(per_prompt), max_tokens, sum(per_prompt))
+
+
+def _chat_whole(
+    sim: SimState, plan: Plan, created: int, asked: _Asked
+) -> tuple[dict[str, Any], int]:
+    """The ``ChatCompletionResponse`` and its completion tokens."""
     choices = []
     completion = 0
     for i, count in enumerate(plan.counts):
@@ -839,77 +873,40 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
                 "reasoning": reasoning or None,
             },
             "logprobs": None,
-            "finish_reason": _finish_reason(count, max_tokens).decode(),
+            "finish_reason": _finish_reason(count, asked.max_tokens).decode(),
             "stop_reason": None,
             "token_ids": None,
             "routed_experts": None,
         })
-    stats.completed += 1
-    stats.completion_tokens += completion
-    return web.Response(
-        body=orjson.dumps({
-            "id": f"chatcmpl-{plan.rid}",
-            "object": "chat.completion",
-            "created": created,
-            "model": sim.config.model,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": orjson.loads(sim.fingerprint),
-            "usage": _usage(prompt_tokens, completion),
-            "prompt_logprobs": None,
-            "prompt_token_ids": None,
-            "prompt_text": None,
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }),
-        content_type="application/json",
-    )
+    return {
+        "id": f"chatcmpl-{plan.rid}",
+        "object": "chat.completion",
+        "created": created,
+        "model": sim.config.model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": orjson.loads(sim.fingerprint),
+        "usage": _usage(asked.prompt_tokens, completion),
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }, completion
 
 
-async def _completions(request: web.Request) -> web.StreamResponse:
-    start = asyncio.get_running_loop().time()
-    sim = request.app[_SIM]
-    try:
-        body = await _read_body(request)
-        if body.get("prompt") is None:
-            raise _BadRequest(400, "At least one of `prompt` or `prompt_embeds` must be set.")
-        per_prompt = _completion_prompts(body["prompt"])
-        n = _positive_int(body, "n", _MAX_N) or 1
-        max_tokens = _positive_int(body, "max_tokens")
-        stream, include_usage = _stream_flags(body)
-        _check_model(body, sim)
-        overrides = _parse_overrides(request.headers, _OPENAI_FAIL_MODES)
-    except _BadRequest as exc:
-        return _error_response(exc.status, exc.message, exc.err_type, exc.param)
-
-    prompt_tokens = sum(per_prompt)
-    # vLLM numbers the choices of prompt p as p * n + i.
-    plan = sim.plan(n * len(per_prompt), max_tokens, stream, overrides, reasoning_ok=False)
-    stats = sim.stats
-    stats.started += 1
-    stats.prompt_tokens += prompt_tokens
-    if plan.fail == "500" or (plan.fail in _STREAM_ONLY_FAULTS and not stream):
-        stats.failed += 1
-        return _error_response(500, _ENGINE_FAILURE, "InternalServerError")
-    created = int(time.time())
-
-    if stream:
-        encoder = _CompletionEncoder(sim, plan, created, include_usage)
-        return await _stream(
-            request, sim, plan, encoder, chat=False, start=start, prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens, include_usage=include_usage,
-        )
-
-    if not await _wait_whole(request, sim, plan, start):
-        return web.Response(status=499, reason="Client Closed Request")
+def _completion_whole(
+    sim: SimState, plan: Plan, created: int, asked: _Asked
+) -> tuple[dict[str, Any], int]:
+    """The ``CompletionResponse`` and its completion tokens."""
     choices = []
     for i, count in enumerate(plan.counts):
         choices.append({
             "index": i,
             "text": "".join(sim.text(plan, i, k) for k in range(count)),
             "logprobs": None,
-            "finish_reason": _finish_reason(count, max_tokens).decode(),
+            "finish_reason": _finish_reason(count, asked.max_tokens).decode(),
             "stop_reason": None,
             "token_ids": None,
             "prompt_logprobs": None,
@@ -917,28 +914,85 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             "routed_experts": None,
         })
     completion = sum(plan.counts)
+    return {
+        "id": f"cmpl-{plan.rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": sim.config.model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": orjson.loads(sim.fingerprint),
+        "usage": _usage(asked.prompt_tokens, completion),
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }, completion
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """What differs between ``/v1/chat/completions`` and ``/v1/completions``; the rest (body
+    checks, plan, faults, streaming or waiting, counting) is :func:`_serve_openai`."""
+
+    chat: bool  # role chunk first, reasoning served
+    asked: Callable[[dict[str, Any]], _Asked]
+    encoder: type[_Encoder]
+    whole: Callable[[SimState, Plan, int, _Asked], tuple[dict[str, Any], int]]
+
+
+_CHAT = _Route(chat=True, asked=_chat_asked, encoder=_ChatEncoder, whole=_chat_whole)
+_COMPLETION = _Route(
+    chat=False, asked=_completion_asked, encoder=_CompletionEncoder, whole=_completion_whole
+)
+
+
+async def _serve_openai(request: web.Request, route: _Route) -> web.StreamResponse:
+    start = asyncio.get_running_loop().time()
+    sim = request.app[SIM_STATE]
+    try:
+        body = await _read_body(request)
+        asked = route.asked(body)
+        stream, include_usage = _stream_flags(body)
+        _check_model(body, sim)
+        overrides = parse_overrides(request.headers, _OPENAI_FAIL_MODES)
+    except BadRequest as exc:
+        return _error_response(exc.status, exc.message, exc.err_type, exc.param)
+
+    plan = sim.plan(asked.choices, asked.max_tokens, stream, overrides, reasoning_ok=route.chat)
+    stats = sim.stats
+    stats.started += 1
+    stats.prompt_tokens += asked.prompt_tokens
+    if plan.fail == "500" or (plan.fail in _STREAM_ONLY_FAULTS and not stream):
+        stats.failed += 1
+        return _error_response(500, ENGINE_FAILURE, "InternalServerError")
+    created = int(time.time())
+
+    if stream:
+        encoder = route.encoder(sim, plan, created, include_usage)
+        return await _stream(
+            request, sim, plan, encoder, chat=route.chat, start=start,
+            prompt_tokens=asked.prompt_tokens, max_tokens=asked.max_tokens,
+            include_usage=include_usage,
+        )
+
+    if not await wait_whole(request, sim, plan, start):
+        return web.Response(status=499, reason="Client Closed Request")
+    whole, completion = route.whole(sim, plan, created, asked)
     stats.completed += 1
     stats.completion_tokens += completion
-    return web.Response(
-        body=orjson.dumps({
-            "id": f"cmpl-{plan.rid}",
-            "object": "text_completion",
-            "created": created,
-            "model": sim.config.model,
-            "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": orjson.loads(sim.fingerprint),
-            "usage": _usage(prompt_tokens, completion),
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }),
-        content_type="application/json",
-    )
+    return web.Response(body=orjson.dumps(whole), content_type="application/json")
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _serve_openai(request, _CHAT)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _serve_openai(request, _COMPLETION)
 
 
 async def _models(request: web.Request) -> web.Response:
-    sim = request.app[_SIM]
+    sim = request.app[SIM_STATE]
     model = sim.config.model
     card = {
         "id": model,
@@ -975,7 +1029,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    sim = request.app[_SIM]
+    sim = request.app[SIM_STATE]
     s = sim.stats
     label = '{model_name="%s"}' % sim.config.model.replace("\\", "\\\\").replace('"', '\\"')
     # vLLM's V1 engine labels its scheduler and cache series by model and engine index.
@@ -1010,3 +1064,14 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 # ---------------------------------------------------------------- public API
+
+
+def add_openai_routes(app: web.Application) -> None:
+    """Serve vLLM's OpenAI routes (chat, completions, models, health, metrics) on ``app``,
+    whose ``app[SIM_STATE]`` the caller sets: :func:`sidecar.tools.sim.server.build_simulator_app`
+    puts them beside the other dialects' routes."""
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)

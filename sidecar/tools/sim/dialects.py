@@ -83,17 +83,17 @@ import orjson
 from aiohttp import web
 
 from .core import (
-    _ENGINE_FAILURE,
-    _SIM,
-    _abort,
-    _BadRequest,
-    _chat_prompt_tokens,
-    _parse_overrides,
-    _Plan,
-    _Sim,
-    _sleep_until,
-    _text_tokens,
-    _wait_whole,
+    ENGINE_FAILURE,
+    SIM_STATE,
+    BadRequest,
+    Plan,
+    SimState,
+    abort,
+    chat_prompt_tokens,
+    parse_overrides,
+    sleep_until,
+    text_tokens,
+    wait_whole,
 )
 
 __all__ = ["ENGINE_LOAD_SHARE", "ENGINE_PREFILL_SHARE", "add_dialect_routes"]
@@ -133,9 +133,9 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise _BadRequest(400, f"Invalid JSON body: {exc}") from None
+        raise BadRequest(400, f"Invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
-        raise _BadRequest(400, "The request body must be a JSON object")
+        raise BadRequest(400, "The request body must be a JSON object")
     return body
 
 
@@ -145,11 +145,11 @@ def _limit(body: dict[str, Any], name: str, negative_is_unlimited: bool = False)
     if value is None:
         return None
     if type(value) is not int:
-        raise _BadRequest(400, f"{name} must be an integer, got {value!r}")
+        raise BadRequest(400, f"{name} must be an integer, got {value!r}")
     if value < 0 and negative_is_unlimited:
         return None
     if value < 1:
-        raise _BadRequest(400, f"{name} must be >= 1, got {value!r}")
+        raise BadRequest(400, f"{name} must be >= 1, got {value!r}")
     return value
 
 
@@ -158,19 +158,19 @@ def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _BadRequest(400, f"{name} must be a boolean, got {value!r}")
+        raise BadRequest(400, f"{name} must be a boolean, got {value!r}")
     return value
 
 
 def _text(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value:
-        raise _BadRequest(400, f"{name} must be a non-empty string")
+        raise BadRequest(400, f"{name} must be a non-empty string")
     return value
 
 
 def _messages(value: Any, name: str = "messages") -> list[Any]:
     if not isinstance(value, list) or not value:
-        raise _BadRequest(400, f"{name}: a non-empty list is required")
+        raise BadRequest(400, f"{name}: a non-empty list is required")
     return value
 
 
@@ -178,7 +178,7 @@ def _sse(event: str, obj: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (event.encode(), orjson.dumps(obj))
 
 
-def _answered_with_500(plan: _Plan, stream: bool) -> bool:
+def _answered_with_500(plan: Plan, stream: bool) -> bool:
     """The request is answered with the simulated 500 (``stream`` on a whole body too)."""
     return plan.fail == "500" or (plan.fail == "stream" and not stream)
 
@@ -193,7 +193,7 @@ class _Dialect:
     json_type: ClassVar[str] = _JSON  # of whole and error bodies
     reasoning_ok: ClassVar[bool] = False
 
-    def __init__(self, sim: _Sim, plan: _Plan, req: _Req) -> None:
+    def __init__(self, sim: SimState, plan: Plan, req: _Req) -> None:
         self.sim, self.plan, self.req = sim, plan, req
         self.reasoning = plan.reasoning
         self.steps = plan.reasoning + plan.counts[0]
@@ -201,7 +201,7 @@ class _Dialect:
         self.model = req.model or sim.config.model
 
     @staticmethod
-    def parse(body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         raise NotImplementedError
 
     @classmethod
@@ -245,7 +245,7 @@ class _Dialect:
 async def _serve_stream(
     request: web.Request, d: _Dialect, start: float, headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
-    """Write one dialect's stream on the plan's schedule (see :func:`sidecar.tools.sim.core._stream`)."""
+    """Write one dialect's stream on the plan's schedule, as the core's OpenAI routes are."""
     loop = asyncio.get_running_loop()
     sim, plan = d.sim, d.plan
     stats = sim.stats
@@ -262,10 +262,10 @@ async def _serve_stream(
         for k in range(steps):
             if k:
                 deadline += sim.gap(plan, k)
-            await _sleep_until(loop, deadline, request)
+            await sleep_until(loop, deadline, request)
             if k == fail_at:
                 if plan.fail == "drop":
-                    _abort(request)
+                    abort(request)
                     stats.dropped += 1
                 else:
                     await resp.write(d.error())
@@ -298,13 +298,13 @@ def _handler(cls: type[_Dialect], force_stream: bool | None = None, compat_list:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         start = asyncio.get_running_loop().time()
-        sim = request.app[_SIM]
+        sim = request.app[SIM_STATE]
         try:
             req = cls.parse(await _json_object(request), request, sim)
             if force_stream is not None:
                 req.stream = force_stream
-            overrides = _parse_overrides(request.headers)
-        except _BadRequest as exc:
+            overrides = parse_overrides(request.headers)
+        except BadRequest as exc:
             return cls.error_response(exc.status, exc.message)
         req.created = int(time.time())
         plan = sim.plan(1, req.max_tokens, req.stream, overrides, reasoning_ok=cls.reasoning_ok)
@@ -313,11 +313,11 @@ def _handler(cls: type[_Dialect], force_stream: bool | None = None, compat_list:
         stats.prompt_tokens += req.prompt_tokens
         if _answered_with_500(plan, req.stream):
             stats.failed += 1
-            return cls.error_response(500, _ENGINE_FAILURE)
+            return cls.error_response(500, ENGINE_FAILURE)
         d = cls(sim, plan, req)
         if req.stream:
             return await _serve_stream(request, d, start)
-        if not await _wait_whole(request, sim, plan, start):
+        if not await wait_whole(request, sim, plan, start):
             return web.Response(status=499, reason="Client Closed Request")
         stats.completed += 1
         stats.completion_tokens += d.steps
@@ -335,7 +335,7 @@ def _handler(cls: type[_Dialect], force_stream: bool | None = None, compat_list:
 class _Responses(_Dialect):
     reasoning_ok = True
 
-    def __init__(self, sim: _Sim, plan: _Plan, req: _Req) -> None:
+    def __init__(self, sim: SimState, plan: Plan, req: _Req) -> None:
         super().__init__(sim, plan, req)
         rid = plan.rid
         self.resp_id = f"resp_{rid}{rid[:16]}"
@@ -345,7 +345,7 @@ class _Responses(_Dialect):
         self.msg_index = 1 if self.reasoning else 0
 
     @staticmethod
-    def parse(body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         _check_openai_model(body, sim)
         raw = body.get("input")
         if isinstance(raw, str) and raw:
@@ -357,7 +357,7 @@ class _Responses(_Dialect):
             messages.append({"role": "system", "content": instructions})
         return _Req(
             stream=_flag(body, "stream"),
-            prompt_tokens=_chat_prompt_tokens(messages),
+            prompt_tokens=chat_prompt_tokens(messages),
             max_tokens=_limit(body, "max_output_tokens"),
             instructions=instructions if isinstance(instructions, str) else None,
         )
@@ -487,7 +487,7 @@ class _Responses(_Dialect):
         )  # fmt: skip
 
     def error(self) -> bytes:
-        err = {"code": "server_error", "message": _ENGINE_FAILURE}
+        err = {"code": "server_error", "message": ENGINE_FAILURE}
         return self._event("response.failed", response=self._response("failed", [], error=err))
 
     def whole(self) -> bytes:
@@ -500,12 +500,12 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
 
 
-def _check_openai_model(body: dict[str, Any], sim: _Sim) -> None:
+def _check_openai_model(body: dict[str, Any], sim: SimState) -> None:
     model = body.get("model")
     if model is None:
-        raise _BadRequest(400, "Field required: model")
+        raise BadRequest(400, "Field required: model")
     if model != sim.config.model:
-        raise _BadRequest(404, f"The model `{model}` does not exist.")
+        raise BadRequest(404, f"The model `{model}` does not exist.")
 
 
 # ---------------------------------------------------------------- Anthropic Messages
@@ -519,27 +519,27 @@ class _Anthropic(_Dialect):
         b'"message": "Overloaded"}}\n\n'
     )
 
-    def __init__(self, sim: _Sim, plan: _Plan, req: _Req) -> None:
+    def __init__(self, sim: SimState, plan: Plan, req: _Req) -> None:
         super().__init__(sim, plan, req)
         self.msg_id = f"msg_01{plan.rid[:22]}"
         self.signature = f"EqQBCkYIBhgCIkB{plan.rid}"
         self.text_index = 1 if self.reasoning else 0
 
     @staticmethod
-    def parse(body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         model = body.get("model")
         if not isinstance(model, str):
-            raise _BadRequest(400, "model: Field required")
+            raise BadRequest(400, "model: Field required")
         messages = list(_messages(body.get("messages")))
         if body.get("max_tokens") is None:
-            raise _BadRequest(400, "max_tokens: Field required")
+            raise BadRequest(400, "max_tokens: Field required")
         max_tokens = _limit(body, "max_tokens")
         system = body.get("system")
         if isinstance(system, (str, list)):
             messages.append({"role": "system", "content": system})
         if model != sim.config.model:
-            raise _BadRequest(404, f"model: {model}")
-        return _Req(stream=_flag(body, "stream"), prompt_tokens=_chat_prompt_tokens(messages),
+            raise BadRequest(404, f"model: {model}")
+        return _Req(stream=_flag(body, "stream"), prompt_tokens=chat_prompt_tokens(messages),
                     max_tokens=max_tokens)  # fmt: skip
 
     @classmethod
@@ -632,31 +632,31 @@ def _token_id(text: str) -> int:
 class _TGI(_Dialect):
     content_type = _SSE
 
-    def __init__(self, sim: _Sim, plan: _Plan, req: _Req) -> None:
+    def __init__(self, sim: SimState, plan: Plan, req: _Req) -> None:
         super().__init__(sim, plan, req)
         self.eos = not self.length  # a generation that stops by itself ends with </s>
 
     @staticmethod
-    def parse(body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         inputs = body.get("inputs")
         if not isinstance(inputs, str) or not inputs:
-            raise _BadRequest(422, "Input validation error: `inputs` cannot be empty")
+            raise BadRequest(422, "Input validation error: `inputs` cannot be empty")
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
-            raise _BadRequest(422, "Input validation error: `parameters` must be an object")
+            raise BadRequest(422, "Input validation error: `parameters` must be an object")
         seed = params.get("seed")
         try:
             return _Req(
                 stream=_flag(body, "stream"),
-                prompt_tokens=1 + _text_tokens(inputs),
+                prompt_tokens=1 + text_tokens(inputs),
                 max_tokens=_limit(params, "max_new_tokens"),
                 prompt=inputs,
                 details=_flag(params, "details"),
                 full_text=_flag(params, "return_full_text"),
                 seed=seed if type(seed) is int else None,
             )
-        except _BadRequest as exc:  # TGI answers every validation failure with 422
-            raise _BadRequest(422, f"Input validation error: {exc.message}") from None
+        except BadRequest as exc:  # TGI answers every validation failure with 422
+            raise BadRequest(422, f"Input validation error: {exc.message}") from None
 
     @classmethod
     def error_response(cls, status: int, message: str) -> web.Response:
@@ -689,7 +689,7 @@ class _TGI(_Dialect):
         return b"data:%s\n\n" % orjson.dumps(obj)
 
     def error(self) -> bytes:
-        message = f"Request failed during generation: Server error: {_ENGINE_FAILURE}"
+        message = f"Request failed during generation: Server error: {ENGINE_FAILURE}"
         return b"data:%s\n\n" % orjson.dumps({"error": message, "error_type": "generation"})
 
     def whole(self) -> bytes:
@@ -733,10 +733,10 @@ class _Ollama(_Dialect):
     chat: ClassVar[bool] = True
 
     @classmethod
-    def parse(cls, body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(cls, body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            raise _BadRequest(400, "model is required")
+            raise BadRequest(400, "model is required")
         if cls.chat:
             messages = _messages(body.get("messages"))
             prompt = ""
@@ -747,13 +747,13 @@ class _Ollama(_Dialect):
         if isinstance(system, str) and system:
             messages = [*messages, {"role": "system", "content": system}]
         if model not in (sim.config.model, f"{sim.config.model}:latest"):
-            raise _BadRequest(404, f'model "{model}" not found, try pulling it first')
+            raise BadRequest(404, f'model "{model}" not found, try pulling it first')
         options = body.get("options") or {}
         if not isinstance(options, dict):
-            raise _BadRequest(400, "options must be an object")
+            raise BadRequest(400, "options must be an object")
         return _Req(
             stream=_flag(body, "stream", default=True),  # Ollama streams unless told not to
-            prompt_tokens=_chat_prompt_tokens(messages),
+            prompt_tokens=chat_prompt_tokens(messages),
             max_tokens=_limit(options, "num_predict", negative_is_unlimited=True),
             model=model,
             prompt=prompt,
@@ -811,7 +811,7 @@ class _Ollama(_Dialect):
         return _go_json(self._line("", "", self._final())) + b"\n"
 
     def error(self) -> bytes:
-        return _go_json({"error": f"an error was encountered while running the model: {_ENGINE_FAILURE}"}) + b"\n"
+        return _go_json({"error": f"an error was encountered while running the model: {ENGINE_FAILURE}"}) + b"\n"
 
     def whole(self) -> bytes:
         return _go_json(self._line(self.answer(), self.thinking(), self._final()))
@@ -829,14 +829,14 @@ class _LlamaCpp(_Dialect):
     json_type = _JSON_UTF8
 
     @staticmethod
-    def parse(body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
-            tokens = 1 + _text_tokens(prompt)
+            tokens = 1 + text_tokens(prompt)
         elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             tokens, prompt = len(prompt), ""
         else:
-            raise _BadRequest(400, '"prompt" must be provided')
+            raise BadRequest(400, '"prompt" must be provided')
         limit = _limit(body, "n_predict", negative_is_unlimited=True)
         if limit is None:
             limit = _limit(body, "max_tokens", negative_is_unlimited=True)
@@ -884,7 +884,7 @@ class _LlamaCpp(_Dialect):
         return b"data: %s\n\n" % orjson.dumps(self._final("", True))
 
     def error(self) -> bytes:
-        body = {"error": {"code": 500, "message": _ENGINE_FAILURE, "type": "server_error"}}
+        body = {"error": {"code": 500, "message": ENGINE_FAILURE, "type": "server_error"}}
         return b"data: %s\n\n" % orjson.dumps(body)
 
     def whole(self) -> bytes:
@@ -899,14 +899,14 @@ class _Triton(_Dialect):
     ``output_log_probs`` a scalar in the first event and then one entry per token so far."""
 
     @staticmethod
-    def parse(body: dict[str, Any], request: web.Request, sim: _Sim) -> _Req:
+    def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
         model = request.match_info["model"]
         if model != sim.config.model:
-            raise _BadRequest(400, f"Request for unknown model: '{model}' is not found")
+            raise BadRequest(400, f"Request for unknown model: '{model}' is not found")
         prompt = _text(body.get("text_input"), "text_input")
         return _Req(
             stream=False,  # the route decides
-            prompt_tokens=1 + _text_tokens(prompt),
+            prompt_tokens=1 + text_tokens(prompt),
             max_tokens=_limit(body, "max_tokens"),
             model=model,
             version=request.match_info.get("version", "1"),
@@ -928,7 +928,7 @@ class _Triton(_Dialect):
     def error(self) -> bytes:
         message = (
             f"in ensemble '{self.model}', Executor failed process requestId 1 due to the following "
-            f"error: {_ENGINE_FAILURE}"
+            f"error: {ENGINE_FAILURE}"
         )
         return b"data: %s\n\n" % orjson.dumps({"error": message})
 
@@ -940,7 +940,7 @@ class _Triton(_Dialect):
 
 
 def add_dialect_routes(app: web.Application) -> None:
-    """Register every non-vLLM dialect on the simulator app (which holds the ``_SIM`` state)."""
+    """Register every non-vLLM dialect on the simulator app (which holds the ``SIM_STATE`` state)."""
     r = app.router
     r.add_post("/v1/responses", _handler(_Responses))
     r.add_post("/v1/messages", _handler(_Anthropic))

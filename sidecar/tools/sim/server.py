@@ -15,17 +15,13 @@ from typing import Any
 from aiohttp import web
 
 from .core import (
-    _SIM,
     SHUTDOWN_TIMEOUT,
+    SIM_STATE,
     SIM_STATS,
+    SimState,
     SimulatorConfig,
-    _abort,
-    _chat_completions,
-    _completions,
-    _health,
-    _metrics,
-    _models,
-    _Sim,
+    abort,
+    add_openai_routes,
 )
 from .dialects import add_dialect_routes
 
@@ -41,21 +37,17 @@ async def _reset_faults(request: web.Request, handler: Any) -> web.StreamRespons
     stats = request.app[SIM_STATS]
     stats.started += 1
     stats.dropped += 1
-    _abort(request)
+    abort(request)
     return web.Response(status=499, reason="Client Closed Request")
 
 
 def build_simulator_app(config: SimulatorConfig) -> web.Application:
     """The simulated server as an aiohttp app; ``app[SIM_STATS]`` counts what it saw."""
-    sim = _Sim(config)
+    sim = SimState(config)
     app = web.Application(middlewares=[_reset_faults], client_max_size=config.max_body_bytes)
-    app[_SIM] = sim
+    app[SIM_STATE] = sim
     app[SIM_STATS] = sim.stats
-    app.router.add_post("/v1/chat/completions", _chat_completions)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
+    add_openai_routes(app)
     add_dialect_routes(app)
     return app
 
