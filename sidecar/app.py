@@ -48,7 +48,6 @@ from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
-from .relay.errors import error_response
 from .relay.proxy import Proxy
 from .export.tracing import RequestTelemetry, providers_from_env
 from .relay.model_discovery import served_models
@@ -83,24 +82,43 @@ class Sidecar:
         return self.drain.draining
 
     async def upstream_status(self, session: aiohttp.ClientSession | None = None) -> int:
-        """The status of one GET of the upstream's health path (raises when unreachable)."""
+        """The status of one GET of the upstream's health path (raises when unreachable).
+
+        A pooled keep-alive connection the server closed as it was reused (a server going
+        away closes its idle connections first) says nothing about the server: the probe is
+        asked once more on a new connection, as the relay's pool does, so the reason given is
+        the server's state ("connection refused"), not "Cannot write to closing transport"."""
         session = session or self.session
         if session is None:
             raise aiohttp.ClientConnectionError("the proxy app has not started")
+        try:
+            return await self._health_get(session)
+        except aiohttp.ClientConnectionError as exc:
+            if getattr(exc, "os_error", None) is not None or isinstance(exc, asyncio.TimeoutError):
+                raise  # a new connection failed, or the server did not answer in time
+        async with self._fresh_session() as fresh:
+            return await self._health_get(fresh)
+
+    async def _health_get(self, session: aiohttp.ClientSession) -> int:
         url = self.settings.upstream + self.settings.health_path
         timeout = aiohttp.ClientTimeout(total=self.settings.readiness_timeout)
         async with session.get(url, timeout=timeout) as resp:
             await resp.read()
             return resp.status
 
+    @staticmethod
+    def _fresh_session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            headers=OWN_REQUEST_HEADERS,
+        )
+
     async def upstream_up(self) -> bool:
         """For the drain: does the upstream still accept a NEW connection? (A server that is
         stopping closes its listener first; a pooled keep-alive connection could still
         answer and hide that.)"""
-        connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), headers=OWN_REQUEST_HEADERS
-        ) as fresh:
+        async with self._fresh_session() as fresh:
             return 200 <= await self.upstream_status(fresh) < 300
 
     def get_pool(self) -> UpstreamPool:

@@ -8,7 +8,7 @@ Thanos external label) would add, `cluster` and `namespace`, and evaluates rules
 routes what Prometheus sends to a webhook receiver run by this test: severity info to
 /info, everything else to /slo.
 
-1. Healthy traffic (TTFT 0.3 s, objective 95% within 0.5 s) for HEALTHY_SECONDS: the burn
+1. Healthy traffic (TTFT 0.1 s, objective 95% within 0.5 s) for HEALTHY_SECONDS: the burn
    rates are recorded and 0, and no SLO alert reaches /slo. The history alert (the 12h
    window holds seconds of history) does reach /info, with the deployment's labels: the
    retention warning is delivered too.
@@ -46,7 +46,9 @@ MODEL = "sim-llama-3-8b"
 CLUSTER = "drill-cluster"
 NAMESPACE = "team-a-prod"
 THRESHOLD = 0.5
-HEALTHY = {"x-sim-ttft": "0.3", "x-sim-tpot": "0.005", "x-sim-tokens": "4"}
+# Healthy is 0.4 s inside the threshold: a loaded machine delays some first tokens by a few
+# hundred ms (at TTFT 0.3 s, 5 % of the healthy requests crossed 0.5 s beside a CPU hog).
+HEALTHY = {"x-sim-ttft": "0.1", "x-sim-tpot": "0.005", "x-sim-tokens": "4"}
 REGRESSED = {**HEALTHY, "x-sim-ttft": "0.75"}
 WORKERS = 4
 HEALTHY_SECONDS = 15.0
