@@ -42,8 +42,7 @@ from .relay.drain import Drain, needs_full_drain
 from .relay.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
-from .base.labels import SeriesBudget
-from .base.labels import ModelLabeler
+from .base.labels import ModelLabeler, SeriesBudget
 from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
