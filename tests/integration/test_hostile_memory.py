@@ -105,9 +105,9 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
     assert 31 * MiB < len(body) <= 32 * MiB  # the largest body read to learn its model
     # Warm the code paths once, then measure from here.
     reader, writer = await post_raw(sc.port, b"/v1/chat/completions", b'{"model":"m","stream":true}')
-    await asyncio.wait_for(up.in_stream.wait(), 10)
+    await asyncio.wait_for(up.in_stream.wait(), 60)
     up.finish.set()
-    await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+    await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 60)
     writer.close()
     up.finish.clear()
     up.in_stream.clear()
@@ -122,7 +122,7 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
     during = proc_status(pid, "VmRSS")
     peak = proc_status(pid, "VmHWM")
     up.finish.set()
-    data = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+    data = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 60)
     writer.close()
     up.server.close()
 
