@@ -411,12 +411,11 @@ class ListenError(OSError):
         self.flag = flag
 
 
-def bound_addresses(site: web.TCPSite) -> list[str]:
-    """The ``host:port`` pairs ``site`` listens on (one per socket; IPv6 hosts bracketed)."""
-    server = site._server  # aiohttp has no public accessor for the bound sockets
+def bound_addresses(runner: web.BaseRunner) -> list[str]:
+    """The ``host:port`` pairs ``runner`` listens on (one per socket; IPv6 hosts bracketed)."""
     out = []
-    for sock in getattr(server, "sockets", None) or ():
-        host, port = sock.getsockname()[:2]
+    for address in runner.addresses:
+        host, port = address[:2]
         out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return out
 
@@ -481,18 +480,16 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     started = False  # a bind failure (port taken) is reported by the CLI alone, no "stopped" line
     try:
         host, port = settings.listen_addr
-        proxy_site = web.TCPSite(proxy_runner, host, port, backlog=1024)
-        await _bind(proxy_site, "--listen", settings.listen)
+        await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
         mhost, mport = settings.metrics_addr
-        admin_site = web.TCPSite(admin_runner, mhost, mport)
-        await _bind(admin_site, "--metrics-listen", settings.metrics_listen)
+        await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
         _log.info(
             "started",
             listen=settings.listen,
             metrics_listen=settings.metrics_listen,
             # What was bound: with port 0 the kernel picks one, and this is how a caller learns it.
-            bound=bound_addresses(proxy_site),
-            metrics_bound=bound_addresses(admin_site),
+            bound=bound_addresses(proxy_runner),
+            metrics_bound=bound_addresses(admin_runner),
             upstream=settings.upstream,
             open_files_limit=open_files,
         )

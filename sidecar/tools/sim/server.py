@@ -71,7 +71,7 @@ async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
         site = web.TCPSite(runner, host, port, backlog=1024)
         await site.start()
         if port == 0:  # the kernel picked one: say which, so a caller can bind port 0 without a race
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            port = runner.addresses[0][1]
         print(config.describe(host, port), file=sys.stderr, flush=True)
         await stop.wait()
     finally:
