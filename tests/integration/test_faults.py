@@ -14,6 +14,8 @@ soak tests.
 
 from __future__ import annotations
 
+from functools import partial
+
 import asyncio
 import gc
 import os
@@ -35,7 +37,6 @@ from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests import conftest
 from tests.conftest import in_flight_total, wait_for
 
 pytestmark = pytest.mark.integration
@@ -382,26 +383,10 @@ async def test_client_disconnects_mid_stream(rig_factory):
 # -- slow client: backpressure reaches the upstream -----------------------------------------------
 
 
-class ServeProcess(conftest.ServeProcess):
-    """``llm-sidecar serve`` as a subprocess on ports it reports, without the caller's
-    ``OTEL_*``/``LLM_SIDECAR_*`` environment."""
-
-    def __init__(self, upstream_url: str, *extra: str, **kwargs) -> None:
-        super().__init__(upstream_url, *extra, clean_env=True, **kwargs)
-
-
 @pytest.fixture
-def serve_process():
-    started: list[ServeProcess] = []
-
-    def make(*args, **kwargs) -> ServeProcess:
-        p = ServeProcess(*args, **kwargs)
-        started.append(p)
-        return p
-
-    yield make
-    for p in started:
-        p.stop()
+def serve_process(serve_process):
+    """conftest's ``serve_process``, without the caller's ``OTEL_*``/``LLM_SIDECAR_*`` environment."""
+    return partial(serve_process, clean_env=True)
 
 
 def sample_of(text: str, name: str, **labels) -> float | None:
