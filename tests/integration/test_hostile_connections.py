@@ -14,8 +14,8 @@ import time
 import aiohttp
 import pytest
 
-from tests.conftest import wait_for
-from tests.integration.test_faults import ServeProcess, serve_process  # noqa: F401 - fixture
+from tests.conftest import ServeProcess, wait_for
+from tests.integration.test_faults import serve_process  # noqa: F401 - fixture
 from tests.integration.test_hostile_clients import TCP_ESTABLISHED, tcp_state
 
 pytestmark = pytest.mark.integration
