@@ -378,6 +378,7 @@ class SidecarRunner(RebuildingRunner):
             server.guard.head_budget = sc.settings.max_request_head_bytes
         if sc is not None and self.app is sc.proxy_app:
             server.guard.max_connections = connection_cap(sc.settings.max_connections)
+            server.guard.early = sc.proxy.early_forwarder(lambda: not sc.drain.draining)
         elif sc is not None and self.app is sc.admin_app:  # within connection_cap's reserve of 128
             server.guard.max_connections = sc.settings.max_admin_connections
         return server

@@ -15,6 +15,9 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
   that order) and reads ``_req`` / sets ``_keep_alive``;
 * the whole-head budget (sidecar/relay/head_budget.py): the handler's ``_request_count``,
   ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
+* a request sent before its handler runs (sidecar/relay/early.py): the handler's
+  ``_waiter`` (done: its task is about to take the next request), ``_messages``,
+  ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received``;
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
   (:func:`set_shutdown_timeout`).
 
@@ -31,6 +34,7 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
@@ -152,6 +156,7 @@ class GuardedRequestHandler(RequestHandler):
     _over_cap = False
     _head_payload = None  # the body of the last request whose head completed
     _head_bytes = None  # a HeadBudget once the first bytes arrive
+    early = None  # a request sent before its handler ran, until the handler claims it
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         server = handler_server(self)
@@ -169,13 +174,15 @@ class GuardedRequestHandler(RequestHandler):
             return
         guard = handler_server(self).guard  # type: ignore[attr-defined]
         budget = guard.head_budget
+        count = request_count(self)
         if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
             super().data_received(data)
+            if guard.early is not None and request_count(self) == count + 1:
+                self._send_early(guard.early)
             return
         # Bytes that arrive while no request body is being read count towards the next head.
         payload = self._head_payload
         in_head = payload is None or payload.is_eof()
-        count = request_count(self)
         super().data_received(data)
         head_done = request_count(self) != count
         size = 0
@@ -191,6 +198,22 @@ class GuardedRequestHandler(RequestHandler):
                 transport.write(answer)
                 transport.close()
             self.force_close()
+            return
+        if guard.early is not None and request_count(self) == count + 1:
+            self._send_early(guard.early)
+
+    def _send_early(self, early) -> None:
+        """One request completed in this read: if the connection's task is idle, waiting for
+        exactly it (nothing in flight, nothing else queued), offer it to ``early``
+        (sidecar/relay/early.py), which may send it upstream now. Idle: its waiter was just
+        woken, or it has not started yet and this is the connection's first request."""
+        waiter = self._waiter
+        idle = request_count(self) == 1 if waiter is None else waiter.done()
+        if not idle or len(self._messages) != 1 or self._force_close or self._close:
+            return
+        message, payload = self._messages[0]
+        if self.early is None and isinstance(message, RawRequestMessage):
+            self.early = early(message, payload, self.transport)
 
     def eof_received(self) -> None:
         if not self._over_cap:
@@ -199,6 +222,9 @@ class GuardedRequestHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._over_cap:
             super().connection_lost(exc)
+        early, self.early = self.early, None
+        if early is not None:  # sent, but aiohttp runs no handler for a connection gone
+            early.abandon()
 
     def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
         if status != 400 or not isinstance(exc, HttpProcessingError):

@@ -79,6 +79,9 @@ class ConnectionGuard:
     def __init__(self, max_connections: int = 0, head_budget: int = 0) -> None:
         self.max_connections = max_connections  # 0: no cap
         self.head_budget = head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
+        # Called with each request that completes on an idle connection; may send it upstream
+        # before its handler runs (sidecar/relay/early.py). None on the admin port.
+        self.early = None
         self.refusal_log = RefusalLog()
 
     def refuse_connection(self, loop: asyncio.AbstractEventLoop) -> bytes:

@@ -58,7 +58,9 @@ from .body_budget import BodyBudget
 from .client_head import RawHeadResponse, client_head
 from ..measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from ..base.routes import OTHER, Route, match_route
+from .early import Early, EarlyForwarder
 from .errors import error_response
+from .forwarded import HOP_BY_HOP, forwarded_headers
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
@@ -69,24 +71,6 @@ except ImportError:  # pragma: no cover - Windows: progress is seen in the trans
     _SIOCOUTQ = None
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
-
-# RFC 9110 section 7.6.1, plus the de-facto Proxy-Connection and Keep-Alive.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# Not hop-by-hop, but ours to set: Host comes from the upstream URL, and the body has
-# already been accepted by this server, so the upstream must not be asked to continue.
-_NOT_FORWARDED_TO_UPSTREAM = HOP_BY_HOP | {"host", "expect"}
 
 _log = structlog.get_logger("sidecar.proxy")
 
@@ -158,24 +142,6 @@ class RequestTracer(Protocol):
 
     def inject(self, timeline: RequestTimeline, headers: MutableMapping[str, str]) -> None:
         """Add trace-context headers for the upstream request."""
-
-
-def _connection_listed(headers) -> set[str]:
-    listed: set[str] = set()
-    for value in headers.getall("Connection", ()):
-        listed.update(token.strip().lower() for token in value.split(",") if token.strip())
-    return listed
-
-
-def _filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
-    listed = _connection_listed(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in drop or lower in listed:
-            continue
-        out.add(name, value)
-    return out
 
 
 class Ended(NamedTuple):
@@ -295,12 +261,26 @@ class Proxy:
         self._clock = clock
         self.in_flight = 0
 
+    def early_forwarder(self, enabled: Callable[[], bool]) -> EarlyForwarder:
+        """What the proxy port's connections call with each request that completes on an
+        idle connection (sidecar/relay/early.py); ``enabled``: False while draining."""
+        return EarlyForwarder(
+            self._pool,
+            max_body=min(self._max_inspect, self._max_body),
+            clock=self._clock,
+            enabled=lambda: self._tracer is None and enabled(),  # tracing injects per request
+            on_abandoned=self._abandoned,
+        )
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        start = self._clock()
+        early = EarlyForwarder.claim(request)
+        start = self._clock() if early is None else early.start
         route, model = match_route(request.path, request.method)
-        refusal = self._refusal(request)
+        refusal = None if early is not None else self._refusal(request)
         body, fields = None, None
-        if refusal is None:
+        if early is not None:  # sent (or at least read) from the read that completed it
+            body, fields = early.body, scan_request_fields(early.body)
+        elif refusal is None:
             try:
                 body, fields = await self._request_body(request, route)
             except _BodyRefused as exc:
@@ -308,7 +288,9 @@ class Proxy:
         if fields is not None:
             model = model or fields.model
         timeline = RequestTimeline(start, request.method, route.template, model or "")
-        if refusal is None and (body is None or type(body) is bytes):
+        if early is not None:
+            timeline.body_received = early.start
+        elif refusal is None and (body is None or type(body) is bytes):
             timeline.body_received = self._clock()  # a streamed body has no overhead figure
         if fields is not None:
             timeline.request_stream = fields.stream
@@ -334,7 +316,7 @@ class Proxy:
                 # Handed over in a box the relay empties once the upstream has the request,
                 # so a large body is not kept alive for the whole stream by this frame.
                 held, body = [body], None
-                outcome, error_type, response = await self._relay(request, route, held, timeline)
+                outcome, error_type, response = await self._relay(request, route, held, timeline, early)
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, CLIENT_DISCONNECTED
@@ -431,24 +413,19 @@ class Proxy:
         return body, scanner.close()
 
     def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
-        headers = _filter_headers(request.headers, _NOT_FORWARDED_TO_UPSTREAM)
-        if isinstance(body, bytes):
-            headers.popall("Content-Length", None)  # aiohttp sets it from the bytes
-        peer = request.remote or ""
-        # Every X-Forwarded-For the client sent, joined, then the peer (nginx's
-        # $proxy_add_x_forwarded_for): a second header must not be dropped.
-        prior = ", ".join(request.headers.getall("X-Forwarded-For", ()))
-        headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-        headers["X-Forwarded-Proto"] = request.scheme
-        if request.host:
-            headers["X-Forwarded-Host"] = request.host
+        headers = forwarded_headers(
+            request.headers, peer=request.remote or "", scheme=request.scheme, host=request.host,
+            body_is_bytes=isinstance(body, bytes),
+        )  # fmt: skip
         if self._tracer is not None and timeline.trace is not None:
             self._safely(self._tracer.inject, timeline, headers)
         return headers
 
     # -- response ----------------------------------------------------------------------
 
-    async def _relay(self, request: web.Request, route: Route, held: list, timeline: RequestTimeline) -> Ended:
+    async def _relay(
+        self, request: web.Request, route: Route, held: list, timeline: RequestTimeline, early: Early | None = None
+    ) -> Ended:
         body = held.pop()
         target = request.raw_path
         if target != "*" and not target.startswith("/"):
@@ -459,13 +436,22 @@ class Proxy:
                 target = "/" + target
         pool = self._pool()
         try:
-            conn = await pool.request(
-                request.method,
-                target,
-                self._upstream_headers(request, body, timeline).items(),
-                body,
-                None if timeline.body_received is None else partial(self._sent, timeline),
-            )
+            if early is not None and early.sent is not None:
+                timeline.upstream_sent = early.sent_at
+                conn = await pool.response(early.sent)
+            elif early is not None and early.pending is not None:
+                try:
+                    conn = await early.pending
+                finally:
+                    timeline.upstream_sent = early.sent_at
+            else:
+                conn = await pool.request(
+                    request.method,
+                    target,
+                    self._upstream_headers(request, body, timeline).items(),
+                    body,
+                    None if timeline.body_received is None else partial(self._sent, timeline),
+                )
         except _BodyRefused as exc:
             return self._refuse(timeline, *exc.refusal)
         except UpstreamError as exc:
@@ -480,6 +466,27 @@ class Proxy:
             # else closes it, which is how the server learns to stop generating for a gone
             # client.
             pool.release(conn)
+
+    def _abandoned(self, early: Early) -> None:
+        """A request sent from its client's read whose client went before the handler ran
+        (sidecar/relay/early.py): recorded as the handler would record a client that went
+        while waiting for the response head."""
+        route, model = match_route(early.path, "POST")
+        fields = scan_request_fields(early.body)
+        model = model or fields.model
+        timeline = RequestTimeline(early.start, "POST", route.template, model or "")
+        timeline.body_received, timeline.upstream_sent = early.start, early.sent_at
+        timeline.request_stream, timeline.request_max_tokens = fields.stream, fields.max_tokens
+        label = self._model_label(model)
+        if self._tenant_label is not None:
+            try:
+                timeline.tenant = self._tenant_label(early.headers)
+            except Exception:
+                _log.exception("tenant_label_failed")
+        if timeline.finish(Outcome.CANCELLED, self._clock(), CLIENT_DISCONNECTED):
+            label = self._settled(model, label, early.headers, timeline)
+            for recorder in self._recorders:
+                self._safely(recorder, timeline, label)
 
     def _sent(self, timeline: RequestTimeline) -> None:
         timeline.upstream_sent = self._clock()

@@ -30,7 +30,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterable, Callable, Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import structlog
@@ -40,6 +40,7 @@ from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 __all__ = [
     "BodySink",
+    "Sent",
     "UpstreamConnection",
     "UpstreamError",
     "UpstreamPool",
@@ -410,6 +411,17 @@ class UpstreamConnection(asyncio.Protocol):
         self._arm_timer()
 
 
+class Sent(NamedTuple):
+    """A request :meth:`UpstreamPool.send_now` wrote, awaiting its answer."""
+
+    conn: UpstreamConnection
+    waiter: asyncio.Future
+    method: str
+    head: bytes
+    body: bytes | None
+    retry: bool
+
+
 class UpstreamPool:
     """Keep-alive connections to one upstream base URL."""
 
@@ -421,6 +433,7 @@ class UpstreamPool:
         read_timeout: float | None,
         keepalive_seconds: float = 4.0,
         max_idle: int = 256,
+        spares: int = 1,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         parts = urlsplit(base_url)
@@ -441,6 +454,14 @@ class UpstreamPool:
         self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
         self._closing = False
+        # Envoy's preconnect: when a request takes the last idle connection (or finds none),
+        # up to ``spares`` more are opened in the background, so the next new stream finds
+        # one ready instead of waiting for a connect (several event-loop turns under load:
+        # most of a cold request's added time to first token, #27). Only on demand: an idle
+        # pool opens nothing, and spares expire with the keep-alive like any idle connection.
+        self._spares = spares
+        self._connecting = 0
+        self._spare_tasks: set[asyncio.Task] = set()
 
     async def request(
         self,
@@ -454,6 +475,35 @@ class UpstreamPool:
         Raises :class:`UpstreamError`; a streamed body's own exception propagates.
         ``on_sent`` is called once a whole (bytes or absent) body and its head were written
         to the socket: how the proxy measures its own cost."""
+        head, chunked_body, retry = self._framed(method, target, headers, body)
+        return await self._answered(None, method, head, body, chunked_body, retry, on_sent)
+
+    def send_now(
+        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes | None
+    ) -> Sent | None:
+        """Write a request with a whole body on an idle keep-alive connection at once, with
+        no await: None (nothing written) when no connection is idle. Awaiting
+        :meth:`response` with the result gives what :meth:`request` returns, the one retry
+        on a fresh connection included. This is how a request reaches the server from
+        inside the client connection's ``data_received`` (sidecar/relay/early.py)."""
+        if self._closing or not self._idle:
+            self._top_up()
+            return None
+        head, chunked_body, retry = self._framed(method, target, headers, body)
+        conn = self._take_idle()
+        self._top_up()
+        if conn is None:
+            return None
+        waiter = self._send(conn, method, head, body)
+        return Sent(conn, waiter, method, head, body, retry)
+
+    async def response(self, sent: Sent) -> UpstreamConnection:
+        """The connection of a request :meth:`send_now` wrote, once its response head arrived."""
+        return await self._answered(sent, sent.method, sent.head, sent.body, False, sent.retry, None)
+
+    def _framed(self, method: str, target: str, headers: Iterable[tuple[str, str]], body) -> tuple[bytes, bool, bool]:
+        """The request head's bytes, whether the body goes out chunked, and whether the
+        request may be repeated on a fresh connection (:func:`_replayable`)."""
         headers = list(headers)
         has_length = any(name.lower() == "content-length" for name, _ in headers)
         chunked_body = False
@@ -469,16 +519,27 @@ class UpstreamPool:
             chunked_body = True
         # "*" (OPTIONS *) names the server itself, never a path under the base URL.
         head = request_head(method, target if target == "*" else self.base_path + target, self.host_header, headers)
-        retry = _replayable(method, headers, body)
+        return head, chunked_body, _replayable(method, headers, body)
+
+    async def _answered(
+        self, sent: Sent | None, method: str, head: bytes, body, chunked_body: bool, retry: bool, on_sent
+    ) -> UpstreamConnection:
         fresh = False
         while True:
-            if self._closing:
-                raise _disconnected()
-            conn = None if fresh else self._take_idle()
-            if conn is None:
-                conn = await self._connect()
+            if sent is not None:  # already written by send_now: only its answer is awaited
+                conn, waiter, sent = sent.conn, sent.waiter, None
+            else:
+                if self._closing:
+                    raise _disconnected()
+                conn = None if fresh else self._take_idle()
+                self._top_up()
+                if conn is None:
+                    conn = await self._connect()
+                waiter = None
             try:
-                return await self._exchange(conn, method, head, body, chunked_body, on_sent)
+                if waiter is None:
+                    return await self._exchange(conn, method, head, body, chunked_body, on_sent)
+                return await self._await_head(conn, waiter, None)
             except UpstreamError as exc:
                 if retry and conn.reused and exc.kind == UPSTREAM_DISCONNECTED and not conn.answered:
                     # The server closed a keep-alive connection as we reused it. Once, on
@@ -500,8 +561,32 @@ class UpstreamPool:
         else:
             conn.close()
 
+    def _top_up(self) -> None:
+        """Start opening spare connections up to ``spares`` idle or on their way."""
+        while not self._closing and len(self._idle) + self._connecting < self._spares:
+            self._connecting += 1
+            task = self.loop.create_task(self._open_spare())
+            self._spare_tasks.add(task)
+            task.add_done_callback(self._spare_tasks.discard)
+
+    async def _open_spare(self) -> None:
+        try:
+            conn = await self._connect()
+        except UpstreamError:
+            return  # the next request that needs a connection meets the fault itself
+        finally:
+            self._connecting -= 1
+        if self._closing or len(self._idle) >= self._max_idle:
+            conn.close()
+            return
+        conn.idle_since = self.loop.time()
+        conn.reused = True  # it waited idle: the server may close it as it is first used
+        self._idle.append(conn)
+
     async def close(self) -> None:
         self._closing = True
+        for task in list(self._spare_tasks):
+            task.cancel()
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
@@ -509,19 +594,29 @@ class UpstreamPool:
     # -- internals -------------------------------------------------------------------------
 
     async def _exchange(self, conn, method, head: bytes, body, chunked_body: bool, on_sent=None) -> UpstreamConnection:
-        waiter = conn.begin(no_body=method == "HEAD")
-        writer: asyncio.Task | None = None
         if body is None or isinstance(body, bytes):
-            if body and len(body) > 1 << 16:
-                conn.write(head)  # no joined copy of a large body; the transport sends both
-                conn.write(body)
-            else:
-                conn.write(head + body if body else head)
+            waiter = self._send(conn, method, head, body)
             if on_sent is not None:
                 on_sent()
+            return await self._await_head(conn, waiter, None)
+        waiter = conn.begin(no_body=method == "HEAD")
+        conn.write(head)
+        writer = conn._body_writer = self.loop.create_task(_send_body(conn, body, chunked_body))
+        return await self._await_head(conn, waiter, writer)
+
+    @staticmethod
+    def _send(conn: UpstreamConnection, method: str, head: bytes, body: bytes | None) -> asyncio.Future[ResponseHead]:
+        """Start the exchange and write a head with its whole (or no) body."""
+        waiter = conn.begin(no_body=method == "HEAD")
+        if body and len(body) > 1 << 16:
+            conn.write(head)  # no joined copy of a large body; the transport sends both
+            conn.write(body)
         else:
-            conn.write(head)
-            writer = conn._body_writer = self.loop.create_task(_send_body(conn, body, chunked_body))
+            conn.write(head + body if body else head)
+        return waiter
+
+    @staticmethod
+    async def _await_head(conn, waiter: asyncio.Future, writer: asyncio.Task | None) -> UpstreamConnection:
         try:
             if writer is None:
                 await waiter

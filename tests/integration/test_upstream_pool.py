@@ -326,8 +326,9 @@ class Rig:
         self.servers.append(server)
         return server
 
-    def pool(self, url: str, *, read_timeout: float | None = 5.0, **kwargs) -> UpstreamPool:
-        pool = UpstreamPool(url, connect_timeout=2.0, read_timeout=read_timeout, **kwargs)
+    def pool(self, url: str, *, read_timeout: float | None = 5.0, spares: int = 0, **kwargs) -> UpstreamPool:
+        """A pool without spare connections unless asked: these scripts count connections."""
+        pool = UpstreamPool(url, connect_timeout=2.0, read_timeout=read_timeout, spares=spares, **kwargs)
         self.pools.append(pool)
         return pool
 

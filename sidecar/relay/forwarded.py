@@ -1,0 +1,72 @@
+"""The header fields the upstream gets for a client's request: the client's, less the
+hop-by-hop ones and those the sidecar sets itself, plus ``X-Forwarded-For/-Proto/-Host``.
+
+One function for both ways a request reaches the upstream (the handler's and
+sidecar/relay/early.py's from inside ``data_received``), so both send the same bytes.
+"""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict
+
+__all__ = ["HOP_BY_HOP", "NOT_FORWARDED_TO_UPSTREAM", "forwarded_headers", "peer_address"]
+
+# RFC 9110 section 7.6.1, plus the de-facto Proxy-Connection and Keep-Alive.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+NOT_FORWARDED_TO_UPSTREAM = HOP_BY_HOP | {"host", "expect"}
+"""Not hop-by-hop, but ours to set: Host comes from the upstream URL, and the body has
+already been accepted by this server, so the upstream must not be asked to continue."""
+
+
+def _connection_listed(headers) -> set[str]:
+    listed: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        listed.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return listed
+
+
+def filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
+    """``headers`` without the names in ``drop`` and those the Connection field lists."""
+    listed = _connection_listed(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in drop or lower in listed:
+            continue
+        out.add(name, value)
+    return out
+
+
+def forwarded_headers(headers, *, peer: str, scheme: str, host: str | None, body_is_bytes: bool) -> CIMultiDict[str]:
+    """The upstream request's header fields (``Host`` and the body's framing are added by
+    sidecar/relay/http1.py's ``request_head``)."""
+    out = filter_headers(headers, NOT_FORWARDED_TO_UPSTREAM)
+    if body_is_bytes:
+        out.popall("Content-Length", None)  # set again from the bytes sent
+    # Every X-Forwarded-For the client sent, joined, then the peer (nginx's
+    # $proxy_add_x_forwarded_for): a second header must not be dropped.
+    prior = ", ".join(headers.getall("X-Forwarded-For", ()))
+    out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    out["X-Forwarded-Proto"] = scheme
+    if host:
+        out["X-Forwarded-Host"] = host
+    return out
+
+
+def peer_address(peername) -> str:
+    """The client's address as aiohttp's ``request.remote`` gives it for a TCP peer."""
+    if isinstance(peername, (list, tuple)):
+        return str(peername[0])
+    return "" if peername is None else str(peername)
