@@ -17,7 +17,9 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
   ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
 * a request sent before its handler runs (sidecar/relay/early.py): the handler's
   ``_waiter`` (done: its task is about to take the next request), ``_messages``,
-  ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received``;
+  ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received``
+  (pinned over real sockets by ``tests/integration/test_early_forward.py``, which fails if
+  the hook stops being offered requests);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
   (:func:`set_shutdown_timeout`).
 
