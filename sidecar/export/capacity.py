@@ -80,6 +80,14 @@ class CapacityMetrics:
         gaps, streams = t.gaps, t.gap_streams
         if not gaps or len(gaps) != len(streams):
             return
+        lowest = band(min(streams))
+        if lowest == band(max(streams)):
+            # The usual case: the load stayed within one band for the whole stream (bands are
+            # ranges of n, so the extremes tell), and the gaps go in as one batch, without a
+            # Python step per gap.
+            observe_many(self.itl.labels(model_label, lowest), gaps)
+            self.tokens.labels(model_label, lowest).inc(len(gaps))
+            return
         by_band: dict[str, list[float]] = {}
         for gap, n in zip(gaps, streams):
             b = band(n)

@@ -433,7 +433,6 @@ class UpstreamPool:
         read_timeout: float | None,
         keepalive_seconds: float = 4.0,
         max_idle: int = 256,
-        spares: int = 1,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         parts = urlsplit(base_url)
@@ -454,14 +453,6 @@ class UpstreamPool:
         self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
         self._closing = False
-        # Envoy's preconnect: when a request takes the last idle connection (or finds none),
-        # up to ``spares`` more are opened in the background, so the next new stream finds
-        # one ready instead of waiting for a connect (several event-loop turns under load:
-        # most of a cold request's added time to first token, #27). Only on demand: an idle
-        # pool opens nothing, and spares expire with the keep-alive like any idle connection.
-        self._spares = spares
-        self._connecting = 0
-        self._spare_tasks: set[asyncio.Task] = set()
 
     async def request(
         self,
@@ -487,11 +478,9 @@ class UpstreamPool:
         on a fresh connection included. This is how a request reaches the server from
         inside the client connection's ``data_received`` (sidecar/relay/early.py)."""
         if self._closing or not self._idle:
-            self._top_up()
             return None
         head, chunked_body, retry = self._framed(method, target, headers, body)
         conn = self._take_idle()
-        self._top_up()
         if conn is None:
             return None
         waiter = self._send(conn, method, head, body)
@@ -532,7 +521,6 @@ class UpstreamPool:
                 if self._closing:
                     raise _disconnected()
                 conn = None if fresh else self._take_idle()
-                self._top_up()
                 if conn is None:
                     conn = await self._connect()
                 waiter = None
@@ -561,32 +549,8 @@ class UpstreamPool:
         else:
             conn.close()
 
-    def _top_up(self) -> None:
-        """Start opening spare connections up to ``spares`` idle or on their way."""
-        while not self._closing and len(self._idle) + self._connecting < self._spares:
-            self._connecting += 1
-            task = self.loop.create_task(self._open_spare())
-            self._spare_tasks.add(task)
-            task.add_done_callback(self._spare_tasks.discard)
-
-    async def _open_spare(self) -> None:
-        try:
-            conn = await self._connect()
-        except UpstreamError:
-            return  # the next request that needs a connection meets the fault itself
-        finally:
-            self._connecting -= 1
-        if self._closing or len(self._idle) >= self._max_idle:
-            conn.close()
-            return
-        conn.idle_since = self.loop.time()
-        conn.reused = True  # it waited idle: the server may close it as it is first used
-        self._idle.append(conn)
-
     async def close(self) -> None:
         self._closing = True
-        for task in list(self._spare_tasks):
-            task.cancel()
         for conn in list(self._all):
             conn.close()
         self._idle.clear()

@@ -326,9 +326,8 @@ class Rig:
         self.servers.append(server)
         return server
 
-    def pool(self, url: str, *, read_timeout: float | None = 5.0, spares: int = 0, **kwargs) -> UpstreamPool:
-        """A pool without spare connections unless asked: these scripts count connections."""
-        pool = UpstreamPool(url, connect_timeout=2.0, read_timeout=read_timeout, spares=spares, **kwargs)
+    def pool(self, url: str, *, read_timeout: float | None = 5.0, **kwargs) -> UpstreamPool:
+        pool = UpstreamPool(url, connect_timeout=2.0, read_timeout=read_timeout, **kwargs)
         self.pools.append(pool)
         return pool
 
@@ -1239,53 +1238,12 @@ async def test_every_stale_idle_connection_is_closed_not_dropped(rig):
     assert pool._all == {conn} and pool._idle == [conn]
 
 
-# -- spare connections and sending at once (#27) ---------------------------------------------
-
-
-async def test_a_spare_connection_is_opened_ahead_and_taken_by_the_next_request(rig):
-    server = await rig.server(serve(OK))
-    pool = rig.pool(server.url, spares=1)
-
-    conn1 = await pool.request("GET", "/a", [], None)  # held: the next request needs another
-    await wait_for(lambda: server.accepted == 2 and len(pool._idle) == 1, timeout=5.0)
-    spare = pool._idle[0]
-    conn2 = await pool.request("GET", "/b", [], None)
-
-    assert conn2 is spare and conn2 is not conn1
-    await wait_for(lambda: server.accepted == 3, timeout=5.0)  # the spare is replaced
-    assert server.peers[1].requests and server.peers[1].requests[0].startswith(b"GET /b ")
-    for conn in (conn1, conn2):
-        sink = Sink()
-        conn.push(sink)
-        await sink.wait()
-        pool.release(conn)
-    assert server.accepted == 3  # one spare at a time, whatever the pool holds idle
-
-
-async def test_without_spares_nothing_is_opened_ahead(rig):
-    server = await rig.server(serve(OK))
-    pool = rig.pool(server.url, spares=0)
-    conn, _ = await fetch(pool)
-    await asyncio.sleep(0.05)
-    assert server.accepted == 1 and pool._all == {conn}
-
-
-async def test_a_spare_the_server_refuses_is_left_to_the_next_request(rig):
-    # A dead upstream: the spare's connect fails quietly; the request itself reports it.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # bound, never listening: connections are refused
-        pool = rig.pool(f"http://127.0.0.1:{port}", spares=1)
-        with pytest.raises(UpstreamError) as caught:
-            await pool.request("GET", "/", [], None)
-        assert caught.value.status == 502
-        await wait_for(lambda: not pool._spare_tasks, timeout=5.0)
-        assert pool._connecting == 0 and not pool._idle
+# -- sending at once (#27) -----------------------------------------------------------------
 
 
 async def test_send_now_writes_the_same_request_at_once_or_nothing(rig):
     server = await rig.server(serve(response(b"one"), response(b"two")))
-    pool = rig.pool(server.url, spares=0)
+    pool = rig.pool(server.url)
     headers = [("Content-Type", "application/json"), ("X-Trace", "a")]
 
     assert pool.send_now("POST", "/v1/x", headers, b"{}") is None  # no idle connection: nothing sent

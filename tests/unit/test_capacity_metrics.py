@@ -180,3 +180,27 @@ def test_the_series_budget_counts_the_capacity_series_too():
         for s in family.samples
     )
     assert grown == exposed  # counted as the exposition has them
+
+
+@pytest.mark.parametrize(
+    "streams",
+    [[3, 4, 4, 3, 4], [1, 2, 3, 5, 9, 17, 33, 65, 129], [130, 200, 129], [2, 2, 3]],
+    ids=["one-band", "every-band", "above-128", "two-bands"],
+)
+def test_a_requests_gaps_land_in_the_band_of_each_gap_in_one_band_or_many(streams):
+    from array import array
+    from types import SimpleNamespace
+
+    gaps = array("d", [0.01 * (i + 1) for i in range(len(streams))])
+    reg = CollectorRegistry()
+    capacity = CapacityMetrics(reg)
+    capacity.record(SimpleNamespace(gaps=gaps, gap_streams=array("I", streams)), "m")  # type: ignore[arg-type]
+    expected: dict[str, list[float]] = {}
+    for gap, n in zip(gaps, streams):
+        expected.setdefault(band(n), []).append(gap)
+    for b in BANDS:
+        labels = {"model": "m", "concurrency": b}
+        values = expected.get(b, [])
+        assert (reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) or 0) == len(values)
+        assert (reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_sum", labels) or 0) == pytest.approx(sum(values))
+        assert (reg.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) or 0) == len(values)
