@@ -159,6 +159,7 @@ class GuardedRequestHandler(RequestHandler):
     _head_payload = None  # the body of the last request whose head completed
     _head_bytes = None  # a HeadBudget once the first bytes arrive
     early = None  # a request sent before its handler ran, until the handler claims it
+    between_requests = False  # the last answer is complete and taken (sidecar/relay/early.py)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         server = handler_server(self)
@@ -208,13 +209,18 @@ class GuardedRequestHandler(RequestHandler):
         """One request completed in this read: if the connection's task is idle, waiting for
         exactly it (nothing in flight, nothing else queued), offer it to ``early``
         (sidecar/relay/early.py), which may send it upstream now. Idle: its waiter was just
-        woken, or it has not started yet and this is the connection's first request."""
+        woken; or it has not started yet and this is the connection's first request; or the
+        proxy said the last answer is complete and taken (``between_requests``)."""
         waiter = self._waiter
-        idle = request_count(self) == 1 if waiter is None else waiter.done()
+        if waiter is not None:
+            idle = waiter.done()
+        else:  # not started yet, or still winding down an answer the client has taken
+            idle = request_count(self) == 1 or self.between_requests
         if not idle or len(self._messages) != 1 or self._force_close or self._close:
             return
         message, payload = self._messages[0]
         if self.early is None and isinstance(message, RawRequestMessage):
+            self.between_requests = False
             self.early = early(message, payload, self.transport)
 
     def eof_received(self) -> None:

@@ -145,8 +145,21 @@ class EarlyForwarder:
         """The record for ``request`` (an aiohttp request) if its connection made one,
         taken off the connection so that closing it no longer abandons the request."""
         protocol = request.protocol
+        if getattr(protocol, "between_requests", False):
+            protocol.between_requests = False  # this one is in flight now
         early = getattr(protocol, "early", None)
         if early is None or early.headers is not request.headers:
             return None
         protocol.early = None
         return early
+
+    @staticmethod
+    def ready_for_next(request) -> None:
+        """``request``'s answer is complete, the client took it and the connection stays
+        open: the next request on it counts as one on an idle connection, although the
+        handler is still winding down (a client that sends its next request the moment it
+        has read an answer found the connection busy half the time). Never earlier: a
+        client that pipelines without reading must not get its next request forwarded."""
+        protocol = request.protocol
+        if hasattr(protocol, "between_requests"):  # a guarded connection (aiohttp_internals)
+            protocol.between_requests = True

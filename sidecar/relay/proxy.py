@@ -548,6 +548,11 @@ class Proxy:
             return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
         except _SendTimeout:
             return self._stalled_reader(request, response)
+        if response.keep_alive and request.content.is_eof():
+            # Answered, taken by the client, and the connection stays open: the client's next
+            # request may go upstream from the read that completes it (sidecar/relay/early.py),
+            # though aiohttp has yet to wind this one down.
+            EarlyForwarder.ready_for_next(request)
         return Ended(outcome, error_type, response)
 
     @staticmethod
