@@ -2,20 +2,22 @@
 
 aiohttp hands a parsed request to its handler two event-loop turns after the read that
 completed it (the connection's task wakes, then starts a task for the handler), and each
-turn first runs every other callback ready: under 200 streams of tokens that was 158 µs at
-the median and about 1 ms at p99 from the read to the handler, then 150 µs of the handler's
-own setup before the upstream had the request (#27). Every microsecond of it was added to
-the time to first token.
+turn first runs every other callback ready: under 200 streams of tokens that was 187 µs at
+the median and 2.1 ms at p99 from the read to the handler, then 167 µs (2.0 ms at p99) of
+the handler's own setup before the upstream had the request (#27, docs/performance.md).
+Every microsecond of it was added to the time to first token.
 
 So the common request goes out from inside ``data_received``: a ``POST`` to an API route,
 HTTP/1.1, whose whole body (within ``max_request_inspect_bytes``, framed by
 ``Content-Length``) came in with its head, on a client connection with nothing else in
-flight or queued. It is written to an idle pooled upstream connection at once, with the
-same bytes the handler would send (sidecar/relay/forwarded.py builds the headers for
-both); with no idle connection, a task starts connecting and sending it at once. The handler, when it runs, claims the record (:meth:`Early.claim`) and carries on as
-if it had sent the request itself: the same labels, figures, relay and faults. Everything
-else (a body still arriving, chunked, ``Expect``, a request the proxy refuses, no idle
-upstream connection, tracing on, a draining pod) waits for the handler as before.
+flight or queued (idle, or its last answer complete and taken by the client:
+:meth:`EarlyForwarder.ready_for_next`). It is written to an idle pooled upstream
+connection at once, with the same bytes the handler would send (sidecar/relay/forwarded.py
+builds the header fields for both); with none idle, a task starts connecting and sending
+it at once. The handler, when it runs, claims the record (:meth:`EarlyForwarder.claim`)
+and carries on as if it had sent the request itself: the same labels, figures, relay and
+faults. Everything else (a body still arriving, chunked, ``Expect``, a request the proxy
+refuses, pipelined requests, tracing on, a draining pod) waits for the handler as before.
 
 A client that goes away before its handler runs never gets one (aiohttp cancels the
 connection's task): :meth:`Early.abandon` then closes the upstream connection, so the
