@@ -157,6 +157,13 @@ class SSEDecoder:
                 return chunk[start:end]
         return None
 
+    def takes_lone(self, size: int) -> bool:
+        """Whether :meth:`lone_data` takes a chunk of ``size`` bytes that the caller knows is
+        ``data: <value>\\n\\n`` with no CR and no other LF: the decoder is idle and the line
+        and the value are within bounds (its remaining conditions). The caller then has the
+        value without the framing's look; the state stays as it is either way."""
+        return self._idle and size - 2 <= self._max_line and size - 8 < self._max_event
+
     def close(self) -> list[SSEEvent | SSEOverflow]:
         """End of stream. Per the spec an event not ended by a blank line is discarded;
         an unterminated final line is still interpreted as a field (it may complete

@@ -21,6 +21,7 @@ import orjson
 from ..ndjson import NDJSONDecoder
 from ..sse import SSEDecoder, SSEEvent
 from .events import DialectEvent, ParseError, StreamEnd, StreamError, TokenKind, Tokens, Usage
+from .template import EventTemplate
 
 __all__ = [
     "SSEJSONDialect",
@@ -56,23 +57,80 @@ class SSEJSONDialect:
     ``HAS_END_MARKER``: the protocol always ends a complete stream with a marker the
     dialect reports as :class:`StreamEnd`, so a stream without one was cut short. A
     dialect whose protocol just stops (Triton) sets it False.
+
+    A dialect that defines ``_token_text`` (the text of a one-token event, from its decoded
+    object) and ``_state`` (a comparable snapshot of everything ``_object`` changes), and
+    whose events and state depend on that text only through whether it is empty, gets its
+    repeating event recognised from the bytes (:mod:`.template`): the same events without
+    decoding it again. The decoded path is the oracle; it learns the template, and takes
+    over at the first event of another shape.
     """
 
-    __slots__ = ("_sse",)
+    __slots__ = ("_sse", "_memo", "_candidate", "_learning")
     HAS_END_MARKER = True
+    LEARN_TRIES = 4
+    """Templates a stream may learn without arming one before it stops trying (a stream
+    whose every token event differs outside the text pays this many)."""
+    _token_text: Callable[[dict], object] | None = None
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         self._sse = SSEDecoder(max_line_bytes) if max_line_bytes else SSEDecoder()
+        self._memo: EventTemplate | None = None  # armed: its events stand for a match
+        self._candidate: EventTemplate | None = None  # learned once, not yet confirmed
+        self._learning = self.LEARN_TRIES if self._token_text is not None else 0
 
     def feed(self, chunk: bytes) -> list[DialectEvent]:
+        memo = self._memo
+        if memo is not None and memo.matches_event(chunk) and self._sse.takes_lone(len(chunk)):
+            return list(memo.events)  # the repeating event: lone_data would give its data
         # Nearly every chunk is one plain event: take its data without building the
         # SSEEvent and the list that feed() would (SSEDecoder.lone_data says why it is the same).
         data = self._sse.lone_data(chunk)
         if data is None:
+            self._memo = self._candidate = None
             return self._interpret(self._sse.feed(chunk))
+        if memo is not None:
+            if memo.matches(data):
+                return list(memo.events)
+            self._memo = None  # another shape: decoded, and it may change the state
         out: list[DialectEvent] = []
-        self._data(data, "message", out)
+        if self._learning or self._candidate is not None:
+            self._learn(data, out)
+        else:
+            self._data(data, "message", out)
         return out
+
+    def _learn(self, data: bytes, out: list[DialectEvent]) -> None:
+        """Decode ``data`` as always, and learn or confirm a template on the way.
+
+        Armed only when a second event of a candidate's shape, with a different text there,
+        gave the candidate's events and left the state as it was: then the text is what
+        varies in that place (the rest of both events is the same bytes) and the state is a
+        fixed point of the shape, so every later event of the shape gives the same events."""
+        candidate = self._candidate
+        if candidate is not None:
+            text = candidate.text_of(data)
+            if text is not None:
+                before = self._state()  # type: ignore[attr-defined]
+                obj = self._data(data, "message", out)
+                if (
+                    obj is not None
+                    and tuple(out) == candidate.events
+                    and self._state() == before  # type: ignore[attr-defined]
+                    and self._token_text(obj) == text.decode()  # type: ignore[misc]
+                ):
+                    if text != candidate.text:
+                        self._memo, self._candidate = candidate, None
+                        self._learning = self.LEARN_TRIES
+                    return  # (the same text twice: where the text is is not told apart yet)
+                self._candidate = None
+                return
+        obj = self._data(data, "message", out)
+        if obj is not None and self._learning and len(out) == 1 and type(out[0]) is Tokens:
+            self._learning -= 1
+            self._candidate = EventTemplate.learn(data, self._token_text(obj), out)  # type: ignore[misc]
+        else:
+            self._candidate = None
 
     def close(self) -> list[DialectEvent]:
         return self._interpret(self._sse.close())
@@ -86,11 +144,12 @@ class SSEJSONDialect:
                 out.append(ParseError(ev.reason))
         return out
 
-    def _data(self, data: bytes, event: str, out: list[DialectEvent]) -> None:
-        """One event's data: ``[DONE]``, nothing (blank), or a JSON object for _object."""
+    def _data(self, data: bytes, event: str, out: list[DialectEvent]) -> dict[str, Any] | None:
+        """One event's data: ``[DONE]``, nothing (blank), or a JSON object for _object
+        (returned, for :meth:`_learn`)."""
         if data == _DONE:
             out.append(StreamEnd())
-            return
+            return None
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -99,11 +158,12 @@ class SSEJSONDialect:
             # rather than before spares every good event a strip().
             if data.strip():
                 out.append(ParseError("data is not JSON"))
-            return
+            return None
         if type(obj) is not dict:
             out.append(ParseError("data is not a JSON object"))
-            return
+            return None
         self._object(obj, event, out)
+        return obj
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         raise NotImplementedError

@@ -81,6 +81,29 @@ class OpenAIStreamDialect(SSEJSONDialect):
         self._finished: set[int] = set()
         self._done = False
 
+    def _token_text(self, obj: dict[str, Any]) -> object:
+        """The text of a one-choice event: what a token stream's events differ by (the
+        repeating event, :mod:`.template`). Every test ``_object`` makes of it is whether it
+        is empty."""
+        choices = obj.get("choices")
+        if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
+            return None
+        choice = choices[0]
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            return choice.get("text")
+        for key in ("content", "reasoning_content", "reasoning", "refusal"):
+            text = delta.get(key)
+            if text:
+                return text
+        return None
+
+    def _state(self) -> tuple:
+        return (
+            self._seen_info, self._completion_so_far, self._usage_per_chunk, self._started,
+            frozenset(self._open), frozenset(self._finished), self._done,
+        )  # fmt: skip
+
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         # _error_of finds nothing unless one of these holds; two lookups spare the call.
         if obj.get("error") is not None or obj.get("object") == "error":

@@ -1,0 +1,213 @@
+"""The repeating event (sidecar/streams/protocols/template.py) against its oracle.
+
+A dialect that recognises its repeating event from the bytes must give, feed for feed,
+exactly what it gives when it decodes every event (``_learning = 0`` makes one that never
+learns a template: the decoded path, the oracle). Checked on every SSE fixture (recordings
+of real vLLM 0.32 and llama.cpp servers among them) fed event by event as servers flush
+them, and on generated streams whose token texts are anything at all: plain, escaped,
+quoted, control characters, invalid UTF-8, empty, and events of other shapes between them.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.streams.protocols import _base
+from sidecar.streams.protocols.openai import OpenAIStreamDialect
+from sidecar.streams.protocols.template import EventTemplate, plain
+from tests.fixtures.streams.expected import DIALECTS
+from tests.fixtures.streams.harness import FAST, events_of, load
+
+SSE_FIXTURES = [(d, name) for d in DIALECTS if not d.ndjson for name in sorted(d.cases)]
+
+
+def oracle(make):
+    """The same dialect, decoding every event."""
+    d = make()
+    d._learning = 0
+    return d
+
+
+def feeds(d, chunks: list[bytes]) -> list[list]:
+    return [d.feed(c) for c in chunks] + [d.close()]
+
+
+class CountingLoads:
+    """orjson.loads that counts its calls (how many events were decoded)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, data):
+        self.calls += 1
+        return orjson.loads(data)
+
+
+@pytest.fixture
+def decodes(monkeypatch) -> CountingLoads:
+    counter = CountingLoads()
+    monkeypatch.setattr(_base, "orjson", type("orjson", (), {"loads": counter, "JSONDecodeError": orjson.JSONDecodeError}))
+    return counter
+
+
+@pytest.mark.parametrize(("dialect", "name"), SSE_FIXTURES, ids=[f"{d.folder}/{n}" for d, n in SSE_FIXTURES])
+def test_fixture_event_by_event_reads_as_the_oracle(dialect, name):
+    chunks = events_of(load(dialect.folder, name), ndjson=False)
+    assert feeds(dialect.make(), chunks) == feeds(oracle(dialect.make), chunks)
+
+
+@pytest.mark.parametrize(
+    ("name", "token"),
+    [
+        ("vllm032_chat_no_usage.txt", b'"content":"ditions"'),
+        ("llamacpp_b11434_chat.txt", b'"content":"ditions"'),
+        ("vllm032_chat_per_request_metrics_no_usage.txt", b'"content":"X"'),
+    ],
+)
+def test_real_servers_repeating_event_is_not_decoded_again(name, token, decodes):
+    """A recording's own token event, the text changed as a longer answer's would: two
+    decodes arm the template, then only the events of another shape (role, finish, usage,
+    [DONE]) are decoded."""
+    recorded = events_of(load("openai", name), ndjson=False)
+    first = next(i for i, c in enumerate(recorded) if token in c)
+    last = max(i for i, c in enumerate(recorded) if token in c)
+    words = [f" w{i}".encode() for i in range(40)]
+    chunks = recorded[:first] + [recorded[first].replace(token, b'"content":"' + w + b'"') for w in words] + recorded[last + 1 :]
+    d = OpenAIStreamDialect()
+    assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    decodes.calls = 0
+    feeds(OpenAIStreamDialect(), chunks)
+    others = len(chunks) - len(words)
+    assert decodes.calls <= others + 2, f"{decodes.calls} of {len(chunks)} events decoded"
+
+
+def test_continuous_usage_reads_as_the_oracle():
+    """Each event's cumulative usage (vLLM ``continuous_usage_stats``) differs outside the
+    text, and its events are more than one token: nothing is learned."""
+    chunks = [
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":" w%d"},"finish_reason":null}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (i, i + 1, i + 4)
+        for i in range(20)
+    ]
+    d = OpenAIStreamDialect()
+    assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    assert d._memo is None and d._candidate is None
+
+
+def test_a_shape_that_never_repeats_stops_the_learning():
+    """Single-token events that differ outside the text (a server stamping each with its
+    own time): the dialect tries LEARN_TRIES templates, then stops trying."""
+    chunks = [
+        b'data: {"id":"c","created":%d,"choices":[{"index":0,"delta":{"content":" w%d"},"finish_reason":null}]}\n\n'
+        % (1000 + i, i)
+        for i in range(20)
+    ]
+    d = OpenAIStreamDialect()
+    assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    assert d._memo is None
+    assert d._learning == 0
+
+
+# -- generated streams ------------------------------------------------------------------------
+
+VLLM = (
+    b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":"@"},"logprobs":null,"finish_reason":null}]}'
+)
+SHAPES = [
+    VLLM,
+    # llama.cpp: the delta first, created and ids after it
+    b'{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"@"}}],"created":1,"id":"c","model":"m","object":"chat.completion.chunk"}',
+    # spaced separators, as Python's json.dumps writes
+    b'{"id": "c", "choices": [{"index": 0, "delta": {"content": "@"}, "finish_reason": null}]}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"reasoning_content":"@","content":null},"finish_reason":null}]}',
+    b'{"id":"c","object":"text_completion","choices":[{"index":0,"text":"@","finish_reason":null}]}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"@"}}]},"finish_reason":null}]}',
+    # the text where another field could be mistaken for it
+    b'{"id":"@","model":"@","choices":[{"index":0,"delta":{"content":"@"},"finish_reason":null}]}',
+]
+OTHERS = [
+    b'{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+    b'{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}',
+    b'{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}',
+    b'{"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}',
+    b'{"id":"chatcmpl-1","choices":[{"index":1,"delta":{"content":"x"},"finish_reason":null}]}',
+    b'{"error":{"message":"boom","type":"internal"}}',
+    b"[DONE]",
+    b"not json",
+]
+
+# What goes where the token text was: valid JSON string contents and anything else.
+texts = st.one_of(
+    st.text(max_size=6).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.text(max_size=6).map(lambda t: orjson.dumps(t)[1:-1]),  # as a JSON writer escapes it
+    st.sampled_from([b"\\u00e9", b'\\"', b"\\\\", b"\\n", b"a\\/b", b"@", b"chatcmpl-1", b"m", b"c"]),
+    st.binary(max_size=6),
+)
+events = st.one_of(
+    st.tuples(st.sampled_from(range(len(SHAPES))), texts).map(lambda p: SHAPES[p[0]].replace(b'"@"', b'"' + p[1] + b'"')),
+    st.sampled_from(OTHERS),
+)
+
+
+@FAST
+@given(st.lists(events, max_size=40), st.sampled_from([None, 60, 120, 200, 400]), st.sampled_from([b"data: ", b"data:"]))
+def test_generated_streams_read_as_the_oracle(payloads, max_line, field):
+    chunks = [field + p + b"\n\n" for p in payloads]
+    make = lambda: OpenAIStreamDialect(max_line_bytes=max_line)  # noqa: E731
+    assert feeds(make(), chunks) == feeds(oracle(make), chunks)
+
+
+@FAST
+@given(st.sampled_from(range(len(SHAPES))), st.lists(texts, min_size=1, max_size=30))
+def test_one_shape_many_texts_reads_as_the_oracle(shape, raw_texts):
+    """The case the template is for: one shape, the text changing (and sometimes not
+    plain, or not JSON at all)."""
+    chunks = [b"data: " + SHAPES[shape].replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in raw_texts]
+    assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+
+
+# -- the template itself ----------------------------------------------------------------------
+
+
+@FAST
+@given(st.one_of(st.binary(max_size=12), st.text(max_size=12).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+def test_plain_text_decodes_to_itself(raw):
+    """What ``plain`` accepts, a JSON decoder reads back as exactly those bytes."""
+    if plain(raw):
+        assert orjson.loads(b'"' + raw + b'"').encode() == raw
+
+
+@pytest.mark.parametrize("raw", [b'"', b"\\", b"a\x00", b"\n", b"\x1f", b"\xff", b"\xed\xa0\x80", b"\xc0\xaf", "\u2028".encode()])
+def test_not_plain(raw):
+    assert not plain(raw)
+
+
+def test_learn_needs_the_text_once_and_verbatim():
+    data = b'{"model":"hi","choices":[{"delta":{"content":"hi"}}]}'
+    assert EventTemplate.learn(data, "hi", []) is None  # twice: which one is the text?
+    assert EventTemplate.learn(b'{"content":"a\\/b"}', "a/b", []) is None  # escaped
+    assert EventTemplate.learn(b'{"content":"a"}', "", []) is None
+    t = EventTemplate.learn(b'{"content":"ab"}', "ab", [])
+    assert t is not None and (t.prefix, t.suffix) == (b'{"content":"', b'"}')
+    assert t.matches(b'{"content":"xyz"}') and t.text_of(b'{"content":"xyz"}') == b"xyz"
+    assert not t.matches(b'{"content":""}')
+    assert not t.matches(b'{"content":"x\\"y"}')
+    assert t.matches_event(b'data: {"content":"xyz"}\n\n')
+    assert not t.matches_event(b'data: {"content":"x\ny"}\n\n')
+
+
+def test_the_text_must_be_what_varies():
+    """The token text written escaped while another field holds the same text verbatim:
+    a template learned on that field never arms (the decoded text does not follow it)."""
+    chunks = [
+        b'data: {"model":"a/b","choices":[{"index":0,"delta":{"content":"a\\/b"},"finish_reason":null}]}\n\n',
+        b'data: {"model":"zz","choices":[{"index":0,"delta":{"content":"a\\/b"},"finish_reason":null}]}\n\n',
+        b'data: {"model":"yy","choices":[{"index":0,"delta":{"content":"a\\/b"},"finish_reason":null}]}\n\n',
+    ]
+    d = OpenAIStreamDialect()
+    assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    assert d._memo is None
