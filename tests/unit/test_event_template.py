@@ -211,3 +211,48 @@ def test_the_text_must_be_what_varies():
     d = OpenAIStreamDialect()
     assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
     assert d._memo is None
+
+
+BAD_TEXTS = [b'a\\"b', b'a"b', b"a\\nb", b"\x01", b"a\tb", b"\xff", b"\xed\xa0\x80", b"\\u00e9", b"\\ud800", b"", b"\xe2\x80\xa8"]
+
+
+@pytest.mark.parametrize("bad", BAD_TEXTS)
+@pytest.mark.parametrize("shape", range(len(SHAPES) - 1))  # the last never arms (its text is not once)
+def test_armed_template_meets_a_text_that_is_not_plain(shape, bad):
+    """Armed on two plain texts, then an event of the same shape whose text is escaped,
+    broken JSON, invalid UTF-8 or empty: it is decoded, and reads as the oracle reads it."""
+    event = lambda t: b"data: " + SHAPES[shape].replace(b'"@"', b'"' + t + b'"') + b"\n\n"  # noqa: E731
+    chunks = [event(b"one"), event(b"two"), event(b"three"), event(bad), event(b"four"), event(b"five"), event(b"six")]
+    d = OpenAIStreamDialect()
+    got = [d.feed(c) for c in chunks[:3]]
+    assert d._memo is not None, "the template arms on two different plain texts"
+    got += [d.feed(c) for c in chunks[3:]] + [d.close()]
+    assert got == feeds(oracle(OpenAIStreamDialect), chunks)
+
+
+class StatefulDialect(_base.SSEJSONDialect):
+    """A toy dialect whose events depend on how many events it has seen: its state is never
+    a fixed point, so no template may arm (the oracle's answer changes at the fourth)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def _token_text(self, obj):
+        return obj.get("t")
+
+    def _state(self):
+        return self.seen
+
+    def _object(self, obj, event, out):
+        self.seen += 1
+        out.append(_base.ANSWER if self.seen < 4 else _base.REASONING)
+
+
+def test_a_state_that_moves_never_arms():
+    chunks = [b'data: {"t":"w%d"}\n\n' % i for i in range(8)]
+    d = StatefulDialect()
+    assert feeds(d, chunks) == feeds(oracle(StatefulDialect), chunks)
+    assert d._memo is None

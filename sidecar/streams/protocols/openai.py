@@ -84,7 +84,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
     def _token_text(self, obj: dict[str, Any]) -> object:
         """The text of a one-choice event: what a token stream's events differ by (the
         repeating event, :mod:`.template`). Every test ``_object`` makes of it is whether it
-        is empty."""
+        is empty (of a tool call's arguments, none: the call counts)."""
         choices = obj.get("choices")
         if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
             return None
@@ -96,6 +96,11 @@ class OpenAIStreamDialect(SSEJSONDialect):
             text = delta.get(key)
             if text:
                 return text
+        calls = delta.get("tool_calls")  # a tool call's arguments, streamed piece by piece
+        if type(calls) is list and len(calls) == 1 and type(calls[0]) is dict:
+            function = calls[0].get("function")
+            if type(function) is dict:
+                return function.get("arguments")
         return None
 
     def _state(self) -> tuple:
