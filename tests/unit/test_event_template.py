@@ -256,3 +256,32 @@ def test_a_state_that_moves_never_arms():
     d = StatefulDialect()
     assert feeds(d, chunks) == feeds(oracle(StatefulDialect), chunks)
     assert d._memo is None
+
+
+def test_escaped_texts_are_decoded_and_the_template_stays(decodes):
+    """Real answers have newlines and quotes, which JSON escapes: those events are decoded,
+    the template stays armed for the plain ones after them."""
+    texts = [b"w%d" % i if i % 5 else b"line\\n%d" % i for i in range(1, 41)]
+    chunks = [b"data: " + VLLM.replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in texts]
+    assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    decodes.calls = 0
+    feeds(OpenAIStreamDialect(), chunks)
+    # The first event also says the model and id, the next two arm, then only the 8 escaped.
+    assert decodes.calls == 3 + 8
+
+
+class NewlineDialect(StatefulDialect):
+    """A toy dialect whose state moves only on a text with a newline in it (escaped, so
+    never plain): after one, its events change."""
+
+    def _object(self, obj, event, out):
+        if "\n" in obj.get("t", ""):
+            self.seen += 1
+        out.append(_base.ANSWER if not self.seen else _base.REASONING)
+
+
+def test_an_escaped_text_that_moves_the_state_drops_the_template():
+    chunks = [b'data: {"t":"w%d"}\n\n' % i for i in range(3)] + [b'data: {"t":"a\\nb"}\n\n']
+    chunks += [b'data: {"t":"v%d"}\n\n' % i for i in range(3)]
+    d = NewlineDialect()
+    assert feeds(d, chunks) == feeds(oracle(NewlineDialect), chunks)

@@ -89,11 +89,19 @@ class SSEJSONDialect:
         if data is None:
             self._memo = self._candidate = None
             return self._interpret(self._sse.feed(chunk))
+        out: list[DialectEvent] = []
         if memo is not None:
             if memo.matches(data):
                 return list(memo.events)
+            if memo.frames(data):
+                # The shape with a text that is not plain (an escaped newline or quote): it
+                # is decoded, and the template stays while the state stays a fixed point.
+                before = self._state()  # type: ignore[attr-defined]
+                self._data(data, "message", out)
+                if self._state() != before:  # type: ignore[attr-defined]
+                    self._memo = None
+                return out
             self._memo = None  # another shape: decoded, and it may change the state
-        out: list[DialectEvent] = []
         if self._learning or self._candidate is not None:
             self._learn(data, out)
         else:

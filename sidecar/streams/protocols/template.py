@@ -79,6 +79,14 @@ class EventTemplate:
         """Whether ``data`` has this shape around a plain text."""
         return _around(data, self.prefix, self.suffix)
 
+    def frames(self, data: bytes) -> bool:
+        """Whether ``data`` has this shape's bytes around whatever text (plain or not)."""
+        return (
+            len(data) >= len(self.prefix) + len(self.suffix)
+            and data.startswith(self.prefix)
+            and data.endswith(self.suffix)
+        )
+
     def matches_event(self, chunk: bytes) -> bool:
         """Whether ``chunk`` is ``data: `` + data of this shape + ``\\n\\n``: then it is one
         whole SSE event with no other line in it (a plain text holds no CR or LF, and the
