@@ -48,8 +48,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 TARGETS = ("direct", "nginx", "pyrelay", "sidecar")
 DEFAULT_TARGETS = "direct,nginx,sidecar"
 
-# The issue's goal at 200 streams x 50 tok/s (reported, never enforced by the exit status).
-GOAL = {"added_itl_p99_ms": 1.0, "added_ttft_p99_ms": 2.0, "cpu_vs_nginx": 2.5, "peak_rss_mb": 100.0}
+# The goal at 200 streams x 50 tok/s (#27; reported, never enforced by the exit status): what
+# the sidecar adds over nginx (over direct when nginx did not run), and its memory.
+GOAL = {"added_itl_p99_ms": 0.5, "added_ttft_p99_ms": 1.0, "cpu_vs_nginx": 1.5, "peak_rss_mb": 100.0}
 
 
 # ------------------------------------------------------------------ /proc helpers
@@ -401,16 +402,25 @@ def goal(targets: dict, r: dict) -> dict | None:
     s = targets.get("sidecar")
     if s is None or "skipped" in s or targets.get("direct") is None:
         return None
+    itl, ttft = _added(s, r, "itl"), _added(s, r, "ttft")
     checks = {
         "complete_and_unbuffered": s["complete"] and s["unbuffered"],
-        "added_itl_p99_ms<=1": (s["added_itl_ms"]["p99"] or 0) <= GOAL["added_itl_p99_ms"],
-        "added_ttft_p99_ms<=2": (s["added_ttft_ms"]["p99"] or 0) <= GOAL["added_ttft_p99_ms"],
-        "peak_rss_mb<=100": (s["peak_rss_mb"] or 0) <= GOAL["peak_rss_mb"],
+        f"added_itl_p99_ms<={GOAL['added_itl_p99_ms']}": itl <= GOAL["added_itl_p99_ms"],
+        f"added_ttft_p99_ms<={GOAL['added_ttft_p99_ms']}": ttft <= GOAL["added_ttft_p99_ms"],
+        f"peak_rss_mb<={GOAL['peak_rss_mb']:g}": (s["peak_rss_mb"] or 0) <= GOAL["peak_rss_mb"],
     }
     cpu = r.get("sidecar_vs_nginx_cpu_per_token")
     if cpu is not None:
-        checks["cpu_per_token<=2.5x_nginx"] = cpu <= GOAL["cpu_vs_nginx"]
+        checks[f"cpu_per_token<={GOAL['cpu_vs_nginx']}x_nginx"] = cpu <= GOAL["cpu_vs_nginx"]
     return checks
+
+
+def _added(sidecar: dict, ratios: dict, what: str) -> float:
+    """Milliseconds the sidecar adds at p99 over nginx when nginx ran, else over direct."""
+    over_nginx = ratios.get(f"sidecar_minus_nginx_added_{what}_p99_ms")
+    if over_nginx is not None:
+        return over_nginx
+    return sidecar[f"added_{what}_ms"]["p99"] or 0
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -431,16 +441,16 @@ def summarize(rounds: list[dict]) -> dict:
     checks = None
     sidecar = [r["targets"].get("sidecar") for r in rounds]
     if all(s is not None and "skipped" not in s for s in sidecar) and rounds[0]["targets"].get("direct") is not None:
+        itl = statistics.median(_added(s, r["ratios"], "itl") for s, r in zip(sidecar, rounds))
+        ttft = statistics.median(_added(s, r["ratios"], "ttft") for s, r in zip(sidecar, rounds))
         checks = {
             "complete_and_unbuffered": all(s["complete"] and s["unbuffered"] for s in sidecar),
-            "added_itl_p99_ms<=1": statistics.median(s["added_itl_ms"]["p99"] or 0 for s in sidecar)
-            <= GOAL["added_itl_p99_ms"],
-            "added_ttft_p99_ms<=2": statistics.median(s["added_ttft_ms"]["p99"] or 0 for s in sidecar)
-            <= GOAL["added_ttft_p99_ms"],
-            "peak_rss_mb<=100": max(s["peak_rss_mb"] or 0 for s in sidecar) <= GOAL["peak_rss_mb"],
+            f"added_itl_p99_ms<={GOAL['added_itl_p99_ms']}": itl <= GOAL["added_itl_p99_ms"],
+            f"added_ttft_p99_ms<={GOAL['added_ttft_p99_ms']}": ttft <= GOAL["added_ttft_p99_ms"],
+            f"peak_rss_mb<={GOAL['peak_rss_mb']:g}": max(s["peak_rss_mb"] or 0 for s in sidecar) <= GOAL["peak_rss_mb"],
         }
         if "sidecar_vs_nginx_cpu_per_token" in ratio_stats:
-            checks["cpu_per_token<=2.5x_nginx"] = (
+            checks[f"cpu_per_token<={GOAL['cpu_vs_nginx']}x_nginx"] = (
                 ratio_stats["sidecar_vs_nginx_cpu_per_token"]["median"] <= GOAL["cpu_vs_nginx"]
             )
     return {"streams": rounds[0]["streams"], "rounds": len(rounds), "cpu_us_per_token": cpu, "ratios": ratio_stats, "goal": checks}
