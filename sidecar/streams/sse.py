@@ -157,12 +157,12 @@ class SSEDecoder:
                 return chunk[start:end]
         return None
 
-    def takes_lone(self, size: int) -> bool:
-        """Whether :meth:`lone_data` takes a chunk of ``size`` bytes that the caller knows is
-        ``data: <value>\\n\\n`` with no CR and no other LF: the decoder is idle and the line
-        and the value are within bounds (its remaining conditions). The caller then has the
-        value without the framing's look; the state stays as it is either way."""
-        return self._idle and size - 2 <= self._max_line and size - 8 < self._max_event
+    def lone_limit(self) -> int:
+        """The longest chunk :meth:`lone_data` takes as ``data: <value>\\n\\n`` (one space,
+        no CR, no other LF) when the decoder is idle: the line and the value within their
+        bounds. For a caller that checks such a chunk's shape itself, and knows the decoder
+        is idle (nothing but lone_data has run since it last returned a value)."""
+        return min(self._max_line + 2, self._max_event + 7)
 
     def close(self) -> list[SSEEvent | SSEOverflow]:
         """End of stream. Per the spec an event not ended by a blank line is discarded;

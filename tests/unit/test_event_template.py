@@ -196,7 +196,9 @@ def test_learn_needs_the_text_once_and_verbatim():
     assert t.matches(b'{"content":"xyz"}') and t.text_of(b'{"content":"xyz"}') == b"xyz"
     assert not t.matches(b'{"content":""}')
     assert not t.matches(b'{"content":"x\\"y"}')
-    assert t.matches_event(b'data: {"content":"xyz"}\n\n')
+    t.limit = 25
+    assert t.matches_event(b'data: {"content":"xyz"}\n\n')  # 25 bytes
+    assert not t.matches_event(b'data: {"content":"wxyz"}\n\n')  # past the framing's bounds
     assert not t.matches_event(b'data: {"content":"x\ny"}\n\n')
 
 

@@ -81,8 +81,11 @@ class SSEJSONDialect:
 
     def feed(self, chunk: bytes) -> list[DialectEvent]:
         memo = self._memo
-        if memo is not None and memo.matches_event(chunk) and self._sse.takes_lone(len(chunk)):
-            return list(memo.events)  # the repeating event: lone_data would give its data
+        if memo is not None and memo.matches_event(chunk):
+            # The repeating event. The decoder is idle (a template is dropped whenever the
+            # general framing runs) and the chunk within lone_data's bounds: lone_data
+            # would give its data, and the template says what that data gives.
+            return list(memo.events)
         # Nearly every chunk is one plain event: take its data without building the
         # SSEEvent and the list that feed() would (SSEDecoder.lone_data says why it is the same).
         data = self._sse.lone_data(chunk)
@@ -128,6 +131,7 @@ class SSEJSONDialect:
                     and self._token_text(obj) == text.decode()  # type: ignore[misc]
                 ):
                     if text != candidate.text:
+                        candidate.limit = self._sse.lone_limit()
                         self._memo, self._candidate = candidate, None
                         self._learning = self.LEARN_TRIES
                     return  # (the same text twice: where the text is is not told apart yet)

@@ -39,15 +39,18 @@ class EventTemplate:
     """The bytes of one event around its token text (see the module doc), as the event's
     data and as the whole SSE event a server writes (``data: <data>\\n\\n``)."""
 
-    __slots__ = ("prefix", "suffix", "text", "events", "_event_prefix", "_event_suffix")
+    __slots__ = ("prefix", "suffix", "text", "events", "limit", "_event_prefix", "_event_suffix", "_start", "_tail")
 
     def __init__(self, prefix: bytes, suffix: bytes, text: bytes, events: tuple) -> None:
         self.prefix = prefix
         self.suffix = suffix
         self.text = text  # the text of the event it was learned from
         self.events = events  # what the dialect made of that event
+        self.limit = 0  # the longest whole event matches_event takes (set by the dialect)
         self._event_prefix = b"data: " + prefix
         self._event_suffix = suffix + b"\n\n"
+        self._start = len(self._event_prefix)
+        self._tail = len(self._event_suffix)
 
     @classmethod
     def learn(cls, data: bytes, text: object, events: list) -> EventTemplate | None:
@@ -89,10 +92,20 @@ class EventTemplate:
         )
 
     def matches_event(self, chunk: bytes) -> bool:
-        """Whether ``chunk`` is ``data: `` + data of this shape + ``\\n\\n``: then it is one
-        whole SSE event with no other line in it (a plain text holds no CR or LF, and the
-        learned bytes around it came from one such event), so the framing need not look."""
-        return _around(chunk, self._event_prefix, self._event_suffix)
+        """Whether ``chunk`` is ``data: `` + data of this shape + ``\\n\\n``, at most
+        :attr:`limit` bytes: then it is one whole SSE event with no other line in it (a
+        plain text holds no CR or LF, and the learned bytes around it came from one such
+        event), so the framing need not look. The hot path, once per token: written out
+        rather than calling :func:`_around`."""
+        end = len(chunk) - self._tail
+        if self._start < end and len(chunk) <= self.limit and chunk.startswith(self._event_prefix):
+            if chunk.endswith(self._event_suffix):
+                try:
+                    chars = chunk[self._start : end].decode()
+                except UnicodeDecodeError:
+                    return False
+                return chars.isprintable() and '"' not in chars and "\\" not in chars
+        return False
 
 
 def _around(buf: bytes, prefix: bytes, suffix: bytes) -> bool:
