@@ -157,12 +157,13 @@ class SSEDecoder:
                 return chunk[start:end]
         return None
 
-    def lone_limit(self) -> int:
-        """The longest chunk :meth:`lone_data` takes as ``data: <value>\\n\\n`` (one space,
-        no CR, no other LF) when the decoder is idle: the line and the value within their
-        bounds. For a caller that checks such a chunk's shape itself, and knows the decoder
-        is idle (nothing but lone_data has run since it last returned a value)."""
-        return min(self._max_line + 2, self._max_event + 7)
+    def lone_limit(self, spaced: bool) -> int:
+        """The longest chunk :meth:`lone_data` takes as ``data: <value>\\n\\n`` (``data:``
+        without the space when not ``spaced``; no CR, no other LF) when the decoder is
+        idle: the line and the value within their bounds. For a caller that checks such a
+        chunk's shape itself and knows the decoder is idle (nothing but lone_data has run
+        since it last returned a value)."""
+        return min(self._max_line + 2, self._max_event + (7 if spaced else 6))
 
     def close(self) -> list[SSEEvent | SSEOverflow]:
         """End of stream. Per the spec an event not ended by a blank line is discarded;

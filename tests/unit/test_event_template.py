@@ -186,20 +186,58 @@ def test_not_plain(raw):
     assert not plain(raw)
 
 
+def event(data: bytes, field: bytes = b"data: ") -> bytes:
+    return field + data + b"\n\n"
+
+
 def test_learn_needs_the_text_once_and_verbatim():
-    data = b'{"model":"hi","choices":[{"delta":{"content":"hi"}}]}'
-    assert EventTemplate.learn(data, "hi", []) is None  # twice: which one is the text?
-    assert EventTemplate.learn(b'{"content":"a\\/b"}', "a/b", []) is None  # escaped
-    assert EventTemplate.learn(b'{"content":"a"}', "", []) is None
-    t = EventTemplate.learn(b'{"content":"ab"}', "ab", [])
-    assert t is not None and (t.prefix, t.suffix) == (b'{"content":"', b'"}')
-    assert t.matches(b'{"content":"xyz"}') and t.text_of(b'{"content":"xyz"}') == b"xyz"
-    assert not t.matches(b'{"content":""}')
-    assert not t.matches(b'{"content":"x\\"y"}')
+    twice = b'{"model":"hi","choices":[{"delta":{"content":"hi"}}]}'
+    assert EventTemplate.learn(event(twice), twice, "hi", []) is None  # which one is the text?
+    escaped = b'{"content":"a\\/b"}'
+    assert EventTemplate.learn(event(escaped), escaped, "a/b", []) is None
+    assert EventTemplate.learn(event(b'{"content":""}'), b'{"content":""}', "", []) is None
+    t = EventTemplate.learn(event(b'{"content":"ab"}'), b'{"content":"ab"}', "ab", [])
+    assert t is not None and t.spaced and t.text == b"ab"
+    assert t.text_of(event(b'{"content":"xyz"}')) == b"xyz"
+    assert t.text_of(event(b'{"content":"x\\"y"}')) is None
+    assert t.frames(event(b'{"content":"x\\"y"}')) and not t.frames(event(b'{"text":"xy"}'))
     t.limit = 25
-    assert t.matches_event(b'data: {"content":"xyz"}\n\n')  # 25 bytes
-    assert not t.matches_event(b'data: {"content":"wxyz"}\n\n')  # past the framing's bounds
-    assert not t.matches_event(b'data: {"content":"x\ny"}\n\n')
+    assert t.matches(event(b'{"content":"xyz"}'))  # 25 bytes
+    assert not t.matches(event(b'{"content":"wxyz"}'))  # past the framing's bounds
+    assert not t.matches(event(b'{"content":""}'))
+    assert not t.matches(event(b'{"content":"x\ny"}'))
+    assert not t.matches(event(b'{"content":"xyz"}', b"data:"))  # another spelling
+
+
+def test_a_server_writing_data_without_its_space_gets_the_template(decodes):
+    """axum (TGI's OpenAI route) writes ``data:`` with no space: the template is learned in
+    that spelling."""
+    chunks = [b"data:" + VLLM.replace(b'"@"', b'" w%d"' % i) + b"\n\n" for i in range(30)]
+    assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    decodes.calls = 0
+    feeds(OpenAIStreamDialect(), chunks)
+    assert decodes.calls == 3
+
+
+def test_a_template_costs_a_few_hundred_bytes_per_stream():
+    """What a stream holds for its template: the bytes around the text, once."""
+    import tracemalloc
+
+    def held(learn: bool) -> float:
+        tracemalloc.start()
+        kept = []
+        for i in range(100):
+            d = OpenAIStreamDialect()
+            d._learning = d._learning if learn else 0
+            for k in range(10):
+                d.feed(b"data: " + VLLM.replace(b'"@"', b'" w%d"' % k).replace(b"chatcmpl-1", b"chatcmpl-%d" % i) + b"\n\n")
+            kept.append(d)
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return size / 100
+
+    extra = held(True) - held(False)
+    assert 0 < extra < 600, f"{extra:.0f} bytes per stream"
 
 
 def test_the_text_must_be_what_varies():

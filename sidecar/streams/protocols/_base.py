@@ -81,7 +81,7 @@ class SSEJSONDialect:
 
     def feed(self, chunk: bytes) -> list[DialectEvent]:
         memo = self._memo
-        if memo is not None and memo.matches_event(chunk):
+        if memo is not None and memo.matches(chunk):
             # The repeating event. The decoder is idle (a template is dropped whenever the
             # general framing runs) and the chunk within lone_data's bounds: lone_data
             # would give its data, and the template says what that data gives.
@@ -94,9 +94,7 @@ class SSEJSONDialect:
             return self._interpret(self._sse.feed(chunk))
         out: list[DialectEvent] = []
         if memo is not None:
-            if memo.matches(data):
-                return list(memo.events)
-            if memo.frames(data):
+            if memo.frames(chunk):
                 # The shape with a text that is not plain (an escaped newline or quote): it
                 # is decoded, and the template stays while the state stays a fixed point.
                 before = self._state()  # type: ignore[attr-defined]
@@ -106,13 +104,13 @@ class SSEJSONDialect:
                 return out
             self._memo = None  # another shape: decoded, and it may change the state
         if self._learning or self._candidate is not None:
-            self._learn(data, out)
+            self._learn(chunk, data, out)
         else:
             self._data(data, "message", out)
         return out
 
-    def _learn(self, data: bytes, out: list[DialectEvent]) -> None:
-        """Decode ``data`` as always, and learn or confirm a template on the way.
+    def _learn(self, chunk: bytes, data: bytes, out: list[DialectEvent]) -> None:
+        """Decode ``data`` (``chunk``'s) as always, and learn or confirm a template on the way.
 
         Armed only when a second event of a candidate's shape, with a different text there,
         gave the candidate's events and left the state as it was: then the text is what
@@ -120,7 +118,7 @@ class SSEJSONDialect:
         fixed point of the shape, so every later event of the shape gives the same events."""
         candidate = self._candidate
         if candidate is not None:
-            text = candidate.text_of(data)
+            text = candidate.text_of(chunk)
             if text is not None:
                 before = self._state()  # type: ignore[attr-defined]
                 obj = self._data(data, "message", out)
@@ -131,7 +129,8 @@ class SSEJSONDialect:
                     and self._token_text(obj) == text.decode()  # type: ignore[misc]
                 ):
                     if text != candidate.text:
-                        candidate.limit = self._sse.lone_limit()
+                        candidate.limit = self._sse.lone_limit(candidate.spaced)
+                        candidate.text = None
                         self._memo, self._candidate = candidate, None
                         self._learning = self.LEARN_TRIES
                     return  # (the same text twice: where the text is is not told apart yet)
@@ -140,7 +139,7 @@ class SSEJSONDialect:
         obj = self._data(data, "message", out)
         if obj is not None and self._learning and len(out) == 1 and type(out[0]) is Tokens:
             self._learning -= 1
-            self._candidate = EventTemplate.learn(data, self._token_text(obj), out)  # type: ignore[misc]
+            self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]
         else:
             self._candidate = None
 

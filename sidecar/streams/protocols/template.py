@@ -36,26 +36,27 @@ def plain(text: bytes) -> bool:
 
 
 class EventTemplate:
-    """The bytes of one event around its token text (see the module doc), as the event's
-    data and as the whole SSE event a server writes (``data: <data>\\n\\n``)."""
+    """The bytes of one whole SSE event around its token text (see the module doc): the
+    ``data:`` field as the server spells it, the data's bytes before the text, and after it
+    the rest of the data and the blank line. Only these two byte strings are kept per stream
+    (a few hundred bytes); every check is on the chunk as it came."""
 
-    __slots__ = ("prefix", "suffix", "text", "events", "limit", "_event_prefix", "_event_suffix", "_start", "_tail")
+    __slots__ = ("text", "events", "limit", "_prefix", "_suffix", "_start", "_tail")
 
-    def __init__(self, prefix: bytes, suffix: bytes, text: bytes, events: tuple) -> None:
-        self.prefix = prefix
-        self.suffix = suffix
-        self.text = text  # the text of the event it was learned from
-        self.events = events  # what the dialect made of that event
-        self.limit = 0  # the longest whole event matches_event takes (set by the dialect)
-        self._event_prefix = b"data: " + prefix
-        self._event_suffix = suffix + b"\n\n"
-        self._start = len(self._event_prefix)
-        self._tail = len(self._event_suffix)
+    def __init__(self, prefix: bytes, suffix: bytes, text: bytes | None, events: tuple) -> None:
+        self.text = text  # the text of the event it was learned from (dropped once armed)
+        self.events = _shared(events)  # what the dialect made of that event
+        self.limit = 0  # the longest event matches() takes (the framing's bound, set on arming)
+        self._prefix = prefix  # b"data: " + the data's bytes up to the text
+        self._suffix = suffix  # the data's bytes after the text + b"\n\n"
+        self._start = len(prefix)
+        self._tail = len(suffix)
 
     @classmethod
-    def learn(cls, data: bytes, text: object, events: list) -> EventTemplate | None:
-        """The template of ``data``, whose token text the dialect decoded as ``text``: None
-        unless that text is plain and written verbatim exactly once in ``data``."""
+    def learn(cls, chunk: bytes, data: bytes, text: object, events: list) -> EventTemplate | None:
+        """The template of ``chunk``, one SSE event whose data is ``data`` and whose token
+        text the dialect decoded as ``text``: None unless that text is plain and written
+        verbatim exactly once in ``data``."""
         if type(text) is not str or not text:
             return None
         try:
@@ -68,38 +69,37 @@ class EventTemplate:
         at = data.find(needle)
         if at < 0 or data.find(needle, at + 1) >= 0:
             return None
-        return cls(data[: at + 1], data[at + 1 + len(raw) :], raw, tuple(events))
+        field = len(chunk) - len(data) - 2  # b"data: " or b"data:", as the server spells it
+        at += field + 1
+        return cls(chunk[:at], chunk[at + len(raw) :], raw, tuple(events))
 
-    def text_of(self, data: bytes) -> bytes | None:
-        """``data``'s text if ``data`` has this shape around a plain text; else None."""
-        end = len(data) - len(self.suffix)
-        if end > len(self.prefix) and data.startswith(self.prefix) and data.endswith(self.suffix):
-            text = data[len(self.prefix) : end]
+    @property
+    def spaced(self) -> bool:
+        """Whether the server writes ``data: `` with its optional space (the framing's bound
+        counts the value from after it)."""
+        return self._prefix.startswith(b"data: ")
+
+    def text_of(self, chunk: bytes) -> bytes | None:
+        """``chunk``'s text if it has this shape around a plain text; else None."""
+        end = len(chunk) - self._tail
+        if end > self._start and chunk.startswith(self._prefix) and chunk.endswith(self._suffix):
+            text = chunk[self._start : end]
             if plain(text):
                 return text
         return None
 
-    def matches(self, data: bytes) -> bool:
-        """Whether ``data`` has this shape around a plain text."""
-        return _around(data, self.prefix, self.suffix)
+    def frames(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` has this shape's bytes around whatever text (plain or not)."""
+        return len(chunk) >= self._start + self._tail and chunk.startswith(self._prefix) and chunk.endswith(self._suffix)
 
-    def frames(self, data: bytes) -> bool:
-        """Whether ``data`` has this shape's bytes around whatever text (plain or not)."""
-        return (
-            len(data) >= len(self.prefix) + len(self.suffix)
-            and data.startswith(self.prefix)
-            and data.endswith(self.suffix)
-        )
-
-    def matches_event(self, chunk: bytes) -> bool:
-        """Whether ``chunk`` is ``data: `` + data of this shape + ``\\n\\n``, at most
-        :attr:`limit` bytes: then it is one whole SSE event with no other line in it (a
-        plain text holds no CR or LF, and the learned bytes around it came from one such
-        event), so the framing need not look. The hot path, once per token: written out
-        rather than calling :func:`_around`."""
+    def matches(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` has this shape around a plain text, at most :attr:`limit` bytes:
+        then it is one whole SSE event with no other line in it (a plain text holds no CR or
+        LF, and the learned bytes around it came from one such event) that the framing's
+        fast path would take, so the framing need not look. The hot path, once per token."""
         end = len(chunk) - self._tail
-        if self._start < end and len(chunk) <= self.limit and chunk.startswith(self._event_prefix):
-            if chunk.endswith(self._event_suffix):
+        if self._start < end and len(chunk) <= self.limit and chunk.startswith(self._prefix):
+            if chunk.endswith(self._suffix):
                 try:
                     chars = chunk[self._start : end].decode()
                 except UnicodeDecodeError:
@@ -108,14 +108,16 @@ class EventTemplate:
         return False
 
 
-def _around(buf: bytes, prefix: bytes, suffix: bytes) -> bool:
-    """Whether ``buf`` is ``prefix`` + a plain text + ``suffix``: the hot path, one token."""
-    start = len(prefix)
-    end = len(buf) - len(suffix)
-    if end > start and buf.startswith(prefix) and buf.endswith(suffix):
-        try:
-            chars = buf[start:end].decode()
-        except UnicodeDecodeError:
-            return False
-        return chars.isprintable() and '"' not in chars and "\\" not in chars
-    return False
+_SHARED: list[tuple] = []
+
+
+def _shared(events: tuple) -> tuple:
+    """One tuple per distinct events value (nearly always one answer token), not one per
+    stream; events are never mutated, so sharing is safe. Learning is rare and the values
+    few: a short list, scanned (events compare by value but do not hash)."""
+    for known in _SHARED:
+        if known == events:
+            return known
+    if len(_SHARED) < 32:
+        _SHARED.append(events)
+    return events
