@@ -83,3 +83,25 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path):
     if nginx_present:
         assert "sidecar_vs_nginx_cpu_per_token" in point["ratios"]
     assert point["goal"] is not None
+
+
+def test_paired_benchmark_runs_two_proxies_at_once(tmp_path):
+    """bench.paired, tiny: two sidecars side by side (an A/A run), every stream of both
+    complete and byte-identical, a CPU figure for each and their ratio."""
+    out = tmp_path / "paired.json"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "bench.paired", "--a", "sidecar", "--b", "sidecar", "--rounds", "1",
+            "--streams", "10", "--tokens", "20", "--duration", "1", "--ramp", "0.2", "--json", str(out),
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    (only,) = report["rounds"]
+    for side in ("a", "b"):
+        assert only[side]["complete"] is True
+        assert only[side]["tokens"] >= 5 * 20 and only[side]["tokens"] % 20 == 0  # whole streams, 5 at least
+        assert only[side]["cpu_us_per_token"] > 0
+    assert only["b_vs_a_cpu_per_token"] == pytest.approx(only["b"]["cpu_us_per_token"] / only["a"]["cpu_us_per_token"])
+    assert report["summary"]["complete"] is True

@@ -56,3 +56,16 @@ def test_added_latency_counts_over_nginx_when_nginx_ran():
     goal = summarize(rounds)["goal"]
     assert goal["added_itl_p99_ms<=0.5"] is False
     assert goal["added_ttft_p99_ms<=1.0"] is False
+
+
+def test_paired_rounds_are_judged_on_the_median_ratio():
+    from bench.paired import summarize as paired
+
+    rounds = [
+        {"a": {"complete": True}, "b": {"complete": True}, "b_vs_a_cpu_per_token": r} for r in (1.7, 2.4, 1.8)
+    ]
+    s = paired(rounds)
+    assert s["b_vs_a_cpu_per_token"] == {"median": 1.8, "min": 1.7, "max": 2.4}
+    assert s["complete"] is True
+    rounds[1]["b"]["complete"] = False
+    assert paired(rounds)["complete"] is False
