@@ -131,6 +131,10 @@ def summarize(rounds: list[dict]) -> dict:
     }
 
 
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired", description=__doc__.split("\n")[0])
     p.add_argument("--a", default="nginx", help="the baseline: nginx, or a module run as `-m MODULE serve`")
@@ -155,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             r = one_round(args, procs, nginx, round_no)
             rounds.append(r)
             print(
-                f"round {round_no}: {args.a} {r['a']['cpu_us_per_token']:.1f} µs/token, "
-                f"{args.b} {r['b']['cpu_us_per_token']:.1f} µs/token, {args.b}/{args.a} {r['b_vs_a_cpu_per_token']:.2f}"
-                f" (TTFT p99 {r['a']['ttft_p99_ms']:.1f} / {r['b']['ttft_p99_ms']:.1f} ms, ITL p99"
-                f" {r['a']['itl_p99_ms']:.1f} / {r['b']['itl_p99_ms']:.1f} ms, complete"
+                f"round {round_no}: {args.a} {_f(r['a']['cpu_us_per_token'])} µs/token, "
+                f"{args.b} {_f(r['b']['cpu_us_per_token'])} µs/token, {args.b}/{args.a} {_f(r['b_vs_a_cpu_per_token'], 2)}"
+                f" (TTFT p99 {_f(r['a']['ttft_p99_ms'])} / {_f(r['b']['ttft_p99_ms'])} ms, ITL p99"
+                f" {_f(r['a']['itl_p99_ms'])} / {_f(r['b']['itl_p99_ms'])} ms, complete"
                 f" {r['a']['complete'] and r['b']['complete']}, {time.monotonic() - t0:.0f} s)",
                 flush=True,
             )
@@ -166,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         procs.stop_all()
     summary = summarize(rounds)
     s = summary["b_vs_a_cpu_per_token"]
-    print(f"{args.b} / {args.a} CPU per token, median of {len(rounds)} paired rounds: {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); every stream complete: {summary['complete']}")
+    print(
+        f"{args.b} / {args.a} CPU per token, median of {len(rounds)} paired rounds: {_f(s['median'], 2)}"
+        f" ({_f(s['min'], 2)}-{_f(s['max'], 2)}); every stream complete: {summary['complete']}"
+    )
     if args.json:
         Path(args.json).write_bytes(orjson.dumps({"rounds": rounds, "summary": summary}, option=orjson.OPT_INDENT_2))
     return 0 if summary["complete"] else 1

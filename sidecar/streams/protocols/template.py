@@ -20,19 +20,9 @@ does not move). The decoded path stays the oracle: tests feed both the same stre
 
 from __future__ import annotations
 
+from ...base.speedups import ascii_plain, plain
+
 __all__ = ["EventTemplate", "plain"]
-
-
-def plain(text: bytes) -> bool:
-    """Whether a JSON string holding ``text`` between its quotes decodes to exactly these
-    bytes: valid UTF-8, no quote, no backslash, and every character printable (no control
-    character; stricter than JSON, which only refuses U+0000 to U+001F, so an event with an
-    unusual character is just decoded instead)."""
-    try:
-        chars = text.decode()
-    except UnicodeDecodeError:
-        return False
-    return chars.isprintable() and '"' not in chars and "\\" not in chars
 
 
 class EventTemplate:
@@ -100,11 +90,8 @@ class EventTemplate:
         end = len(chunk) - self._tail
         if self._start < end and len(chunk) <= self.limit and chunk.startswith(self._prefix):
             if chunk.endswith(self._suffix):
-                try:
-                    chars = chunk[self._start : end].decode()
-                except UnicodeDecodeError:
-                    return False
-                return chars.isprintable() and '"' not in chars and "\\" not in chars
+                verdict = ascii_plain(chunk, self._start, end)  # in C where built
+                return plain(chunk[self._start : end]) if verdict is None else verdict
         return False
 
 

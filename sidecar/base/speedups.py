@@ -1,0 +1,59 @@
+"""Two byte checks on the relay's per-token path, in C where the optional extension was
+built (``sidecar/base/_speedups.c``, compiled at install when a C compiler is there), else
+in Python. The Python versions here are the originals and the oracle:
+tests/unit/test_speedups.py feeds both the same bytes.
+
+Why C for these two: with the repeating event recognised from its bytes, what is left of
+the measuring per token is mostly byte work in Python (the chunk's size line parsed with
+slices, ``int`` and a set; the token text decoded to check it), and a paired benchmark of a
+prototype that did both checks in C used 12 % less CPU per token (docs/performance.md).
+
+``IN_C`` says which is in use (the benchmark and /metrics' build info can report it).
+"""
+
+from __future__ import annotations
+
+__all__ = ["IN_C", "chunk_payload", "ascii_plain", "chunk_payload_py", "ascii_plain_py", "plain"]
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def chunk_payload_py(data: bytes) -> bytes | None:
+    """``data``'s payload if ``data`` is exactly one whole HTTP/1.1 chunk with a non-zero
+    size and no extension (a size line of 1 to 15 hex digits, CRLF, the payload, CRLF);
+    else None."""
+    eol = data.find(b"\r\n", 0, 17)
+    if 0 < eol <= 15 and _HEX.issuperset(data[:eol]):
+        size = int(data[:eol], 16)
+        end = eol + 2 + size
+        if size and len(data) == end + 2 and data[end:] == b"\r\n":
+            return data[eol + 2 : end]
+    return None
+
+
+def plain(text: bytes) -> bool:
+    """Whether a JSON string holding ``text`` between its quotes decodes to exactly these
+    bytes: valid UTF-8, no quote, no backslash, and every character printable (no control
+    character; stricter than JSON, which only refuses U+0000 to U+001F, so an event with an
+    unusual character is just decoded instead)."""
+    try:
+        chars = text.decode()
+    except UnicodeDecodeError:
+        return False
+    return chars.isprintable() and '"' not in chars and "\\" not in chars
+
+
+def ascii_plain_py(buf: bytes, start: int, end: int) -> bool | None:
+    """Whether ``buf[start:end]`` is :func:`plain` and not empty. (The C version answers
+    None for a text with a non-ASCII byte, for the caller to ask :func:`plain`; this one
+    always answers.)"""
+    return start < end and plain(buf[start:end])
+
+
+try:
+    from ._speedups import ascii_plain, chunk_payload
+
+    IN_C = True
+except ImportError:  # built without a C compiler: the originals
+    ascii_plain, chunk_payload = ascii_plain_py, chunk_payload_py
+    IN_C = False

@@ -1,0 +1,134 @@
+"""The optional C byte checks (sidecar/base/_speedups.c) against their Python originals
+(sidecar/base/speedups.py), which are the oracle: the same bytes, the same answers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.base import speedups
+from tests.conftest import IN_CI
+from tests.fixtures.streams.harness import FAST
+
+try:
+    from sidecar.base import _speedups
+except ImportError:  # not built: no C compiler when the package was installed
+    _speedups = None
+
+needs_c = pytest.mark.skipif(
+    _speedups is None and not IN_CI,
+    reason="the C extension was not built (no C compiler when the package was installed)",
+)
+
+
+def test_the_extension_is_built_and_used_in_ci():
+    """CI installs with a C compiler: the relay must be using the C checks there."""
+    if not IN_CI and _speedups is None:
+        pytest.skip("the C extension was not built (no C compiler when the package was installed)")
+    assert _speedups is not None and speedups.IN_C
+    assert speedups.chunk_payload is _speedups.chunk_payload
+
+
+def frame(payload: bytes, size_line: bytes | None = None) -> bytes:
+    return (size_line if size_line is not None else b"%x" % len(payload)) + b"\r\n" + payload + b"\r\n"
+
+
+CASES = [
+    frame(b"data: x\n\n"),
+    frame(b"data: x\n\n", b"%X" % 9),
+    frame(b"data: x\n\n", b"0009"),
+    frame(b"data: x\n\n", b"0" * 14 + b"9"),  # 15 digits
+    frame(b"data: x\n\n", b"0" * 15 + b"9"),  # 16: too many
+    frame(b"data: x\n\n", b"9;ext=1"),
+    frame(b"data: x\n\n", b"0x9"),
+    frame(b"data: x\n\n", b"+9"),
+    frame(b"data: x\n\n", b" 9"),
+    frame(b"data: x\n\n", b"8"),
+    frame(b"data: x\n\n", b"a"),
+    frame(b""),
+    b"0\r\n\r\n",
+    b"9\r\ndata: x\n\n\r",
+    b"9\r\ndata: x\n\n\r\nX",
+    b"9\r\ndata: x\n\nXY",
+    b"9\r\n",
+    b"",
+    b"\r\n",
+    frame(b"two\r\n", b"5") + frame(b"more"),
+]
+
+
+@needs_c
+@pytest.mark.parametrize("data", CASES)
+def test_chunk_payload_cases(data):
+    assert _speedups.chunk_payload(data) == speedups.chunk_payload_py(data)
+
+
+@needs_c
+@FAST
+@given(
+    st.binary(max_size=40),
+    st.one_of(st.none(), st.binary(max_size=18), st.text("0123456789abcdefABCDEFxX;+- ", max_size=17).map(str.encode)),
+    st.sampled_from([b"\r\n", b"\n", b"", b"\r\nX"]),
+)
+def test_chunk_payload_like_python(payload, size_line, tail):
+    data = (size_line if size_line is not None else b"%x" % len(payload)) + b"\r\n" + payload + tail
+    assert _speedups.chunk_payload(data) == speedups.chunk_payload_py(data)
+
+
+@needs_c
+@FAST
+@given(
+    st.one_of(st.binary(max_size=16), st.text(max_size=8).map(lambda t: t.encode("utf-8", "surrogatepass"))),
+    st.integers(0, 4),
+    st.integers(0, 4),
+)
+def test_ascii_plain_like_python(text, before, after):
+    """C answers True/False exactly as Python does, or None (a non-ASCII byte) for the
+    caller to ask Python."""
+    buf = b"x" * before + text + b"y" * after
+    start, end = before, before + len(text)
+    verdict = _speedups.ascii_plain(buf, start, end)
+    if verdict is None:
+        assert any(b >= 0x80 for b in text)
+    else:
+        assert verdict == speedups.ascii_plain_py(buf, start, end)
+
+
+@needs_c
+def test_ascii_plain_edges():
+    for text in (b'"', b"\\", b"\x7f", b"\x1f", b"\x00", b"a\tb"):
+        assert _speedups.ascii_plain(b"[" + text + b"]", 1, 1 + len(text)) is False
+    assert _speedups.ascii_plain(b"[ok ~]", 1, 5) is True
+    assert _speedups.ascii_plain(b"abc", 1, 1) is False  # empty
+    assert _speedups.ascii_plain(b"abc", 2, 9) is False  # out of range
+    assert _speedups.ascii_plain(b"caf\xc3\xa9", 0, 5) is None
+    assert _speedups.ascii_plain(b'caf\xc3\xa9"', 0, 6) is False
+
+
+def test_without_the_extension_the_originals_answer(monkeypatch):
+    """An install without a C compiler: the module falls back to the Python versions, and
+    the relay's chunk check still works (reloaded with the extension's import failing)."""
+    import builtins
+    import importlib
+
+    real_import = builtins.__import__
+
+    def no_c(name, *args, **kwargs):
+        if name.endswith("_speedups") or (args and args[2] and "_speedups" in args[2]):
+            raise ImportError("no C extension in this test")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_c)
+    try:
+        fallback = importlib.reload(speedups)
+        assert fallback.IN_C is False
+        assert fallback.chunk_payload is fallback.chunk_payload_py
+        assert fallback.chunk_payload(frame(b"hello")) == b"hello"
+        assert fallback.ascii_plain(b"[hi]", 1, 3) is True
+    finally:
+        monkeypatch.setattr(builtins, "__import__", real_import)
+        importlib.reload(speedups)
+    assert speedups.IN_C is (_speedups is not None)
