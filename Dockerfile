@@ -12,10 +12,20 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/llm-sidecar
+# A C compiler for the optional per-token byte checks (sidecar/base/_speedups.c), in this
+# stage only. Best effort: where it or Python's headers are missing, pip builds the package
+# without them and the relay uses the Python originals (same bytes, same figures).
+# (The official python image has Python's headers; a base with Debian's python3 needs its
+# -dev package.)
+RUN headers=$(python -c "import os, sysconfig; print(os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))"); \
+    (apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev \
+       $([ "$headers" = True ] || echo python3-dev) && rm -rf /var/lib/apt/lists/*) \
+    || echo "no C compiler: the Python byte checks are used"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 RUN /opt/llm-sidecar/bin/pip install --no-compile . \
+ && (/opt/llm-sidecar/bin/python -c "from sidecar.base.speedups import IN_C; print('C byte checks:', IN_C)") \
  && /opt/llm-sidecar/bin/pip uninstall --yes pip setuptools \
  && /opt/llm-sidecar/bin/python -m compileall -q -j 0 /opt/llm-sidecar
 

@@ -23,6 +23,16 @@ def test_runs_as_uid_10001_on_a_read_only_root(image):
     assert denied.returncode != 0 and "Read-only file system" in denied.stderr
 
 
+def test_the_image_relays_with_the_c_byte_checks(image):
+    """The build stage compiles sidecar/base/_speedups.c (Dockerfile: gcc, and Python's
+    headers where the base lacks them); the runtime image keeps no compiler."""
+    code = "from sidecar.base import speedups; print(speedups.IN_C)"
+    out = podman("run", "--rm", "--read-only", "--no-healthcheck", "--entrypoint", "python", image, "-c", code)
+    assert out.stdout.strip() == "True"
+    gcc = podman("run", "--rm", "--no-healthcheck", "--entrypoint", "sh", image, "-c", "command -v gcc || echo none")
+    assert gcc.stdout.strip() == "none"
+
+
 def test_a_bad_setting_exits_with_one_line(image):
     # (--no-healthcheck: podman would set up the image's HEALTHCHECK with systemd, absent here,
     # and say so on the same stderr)
