@@ -8,7 +8,7 @@ the measuring per token is mostly byte work in Python (the chunk's size line par
 slices, ``int`` and a set; the token text decoded to check it), and a paired benchmark of a
 prototype that did both checks in C used 12 % less CPU per token (docs/performance.md).
 
-``IN_C`` says which is in use (the benchmark and /metrics' build info can report it).
+``IN_C`` says which is in use (the tests and the image check read it).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ measuring cost per token in the relay (#27: ~4 of ~5 µs, by switching each part
 :class:`EventTemplate` holds such a shape: the bytes before and after the token's text in
 one event. Another event with the same bytes around a different *plain* text (non-empty,
 valid UTF-8 with no quote, backslash or unprintable character: what a JSON string holds
-verbatim) decodes to the same object but for that text. So a dialect whose events and state depend on
-the text only through whether it is empty gives, from the same state, the same events for
-it. :class:`~sidecar.streams.protocols._base.SSEJSONDialect` arms a template only after a
+verbatim) decodes to the same object but for that text. So a dialect whose events and
+state depend on the text only through whether it is empty gives, from the same state, the
+same events for it. The plain check is in C where built (:mod:`sidecar.base.speedups`). :class:`~sidecar.streams.protocols._base.SSEJSONDialect` arms a template only after a
 second event of the shape left its state as it found it and gave the same events (a fixed
 point, so it holds for every later event of the shape), and drops it at the first event of
 another shape (an escaped text in the same shape is decoded and keeps it while the state
