@@ -31,32 +31,21 @@ from pathlib import Path
 
 import orjson
 
-from bench.run import Procs, cpu_seconds, find_nginx, free_port, pinning, process_tree, wait_http
-
-HERE = Path(__file__).parent
-
+from bench.run import Procs, cpu_seconds, find_nginx, free_port, pinning, process_tree, start_nginx, wait_http
 
 def start_proxy(side: str, name: str, up_port: int, procs: Procs, nginx: str | None) -> tuple:
     """Start one proxy in front of ``up_port``; its port and process."""
-    port = free_port()
     if side == "nginx":
         if nginx is None:
             raise SystemExit("nginx is not installed (apt-get install nginx)")
-        ndir = procs.workdir / f"nginx-{name}"
-        ndir.mkdir()
-        conf = (HERE / "nginx.conf.template").read_text()
-        conf = conf.replace("@DIR@", str(ndir)).replace("@PORT@", str(port)).replace("@UPSTREAM_PORT@", str(up_port))
-        (ndir / "nginx.conf").write_text(conf)
-        proc = procs.spawn(f"proxy-{name}", [nginx, "-p", str(ndir), "-c", str(ndir / "nginx.conf")], "proxy")
-        wait_http(f"http://127.0.0.1:{port}/health", proc, "nginx")
-    else:
-        admin = free_port()
-        argv = [
-            sys.executable, "-m", side, "serve", "--upstream", f"http://127.0.0.1:{up_port}",
-            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{admin}", "--access-log", "false",
-        ]  # fmt: skip
-        proc = procs.spawn(f"proxy-{name}", argv, "proxy")
-        wait_http(f"http://127.0.0.1:{admin}/readyz", proc, side)
+        return start_nginx(nginx, f"proxy-{name}", up_port, procs)
+    port, admin = free_port(), free_port()  # a module run as `-m MODULE serve`
+    argv = [
+        sys.executable, "-m", side, "serve", "--upstream", f"http://127.0.0.1:{up_port}",
+        "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{admin}", "--access-log", "false",
+    ]  # fmt: skip
+    proc = procs.spawn(f"proxy-{name}", argv, "proxy")
+    wait_http(f"http://127.0.0.1:{admin}/readyz", proc, side)
     return port, proc
 
 

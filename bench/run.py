@@ -219,6 +219,19 @@ def scrape_sidecar(admin_port: int) -> dict:
 # ------------------------------------------------------------------ one target
 
 
+def start_nginx(nginx: str, name: str, up_port: int, procs: Procs) -> tuple[int, subprocess.Popen]:
+    """nginx in front of ``up_port`` (bench/nginx.conf.template), answering; its port and process."""
+    port = free_port()
+    ndir = procs.workdir / name
+    ndir.mkdir()
+    conf = (HERE / "nginx.conf.template").read_text()
+    conf = conf.replace("@DIR@", str(ndir)).replace("@PORT@", str(port)).replace("@UPSTREAM_PORT@", str(up_port))
+    (ndir / "nginx.conf").write_text(conf)
+    proxy = procs.spawn(name, [nginx, "-p", str(ndir), "-c", str(ndir / "nginx.conf")], "proxy")
+    wait_http(f"http://127.0.0.1:{port}/health", proxy, "nginx")
+    return port, proxy
+
+
 def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs, nginx: str | None) -> dict:
     py = sys.executable
     tag = f"{target}-{point['streams']}" + (f"-r{point['round']}" if point.get("round") else "")
@@ -235,14 +248,7 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
         if target == "direct":
             port = up_port
         elif target == "nginx":
-            port = free_port()
-            ndir = procs.workdir / f"nginx-{tag}"
-            ndir.mkdir()
-            conf = (HERE / "nginx.conf.template").read_text()
-            conf = conf.replace("@DIR@", str(ndir)).replace("@PORT@", str(port)).replace("@UPSTREAM_PORT@", str(up_port))
-            (ndir / "nginx.conf").write_text(conf)
-            proxy = procs.spawn(f"nginx-{tag}", [nginx, "-p", str(ndir), "-c", str(ndir / "nginx.conf")], "proxy")
-            wait_http(f"http://127.0.0.1:{port}/health", proxy, "nginx")
+            port, proxy = start_nginx(nginx, f"nginx-{tag}", up_port, procs)  # type: ignore[arg-type]
         elif target == "pyrelay":
             port = free_port()
             argv = [py, "-m", "bench.pyrelay", "--port", str(port), "--upstream-port", str(up_port)]
