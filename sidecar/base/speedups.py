@@ -13,9 +13,10 @@ prototype that did both checks in C used 12 % less CPU per token (docs/performan
 
 from __future__ import annotations
 
-__all__ = ["IN_C", "chunk_payload", "ascii_plain", "chunk_payload_py", "ascii_plain_py", "plain"]
+__all__ = ["IN_C", "HEX_DIGITS", "chunk_payload", "ascii_plain", "chunk_payload_py", "ascii_plain_py", "plain"]
 
-_HEX = frozenset(b"0123456789abcdefABCDEF")
+HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+"""The bytes of a chunk size line (HTTP/1.1 allows no other: no sign, no ``0x``, no space)."""
 
 
 def chunk_payload_py(data: bytes) -> bytes | None:
@@ -23,7 +24,7 @@ def chunk_payload_py(data: bytes) -> bytes | None:
     size and no extension (a size line of 1 to 15 hex digits, CRLF, the payload, CRLF);
     else None."""
     eol = data.find(b"\r\n", 0, 17)
-    if 0 < eol <= 15 and _HEX.issuperset(data[:eol]):
+    if 0 < eol <= 15 and HEX_DIGITS.issuperset(data[:eol]):
         size = int(data[:eol], 16)
         end = eol + 2 + size
         if size and len(data) == end + 2 and data[end:] == b"\r\n":

@@ -31,13 +31,12 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 from __future__ import annotations
 
 from ..base.errors import ERROR_HEADER, error_body
-from ..base.speedups import chunk_payload
+from ..base.speedups import HEX_DIGITS, chunk_payload
 
 __all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head", "raw_error_response"]
 
 _CRLF = b"\r\n"
 _MAX_SIZE_LINE = 4096  # a chunk-size line with extensions; a real one is "1a3\r\n"
-_HEX = frozenset(b"0123456789abcdefABCDEF")
 _TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 # Parser states.
@@ -154,7 +153,7 @@ class ResponseParser:
             if eol <= pos or eol - pos > 15:
                 return None
             digits = data[pos:eol]
-            if not _HEX.issuperset(digits):  # an extension or garbage: the general path
+            if not HEX_DIGITS.issuperset(digits):  # an extension or garbage: the general path
                 return None
             start = eol + 2
             stop = start + int(digits, 16)
@@ -373,7 +372,7 @@ def _chunk_size(line: bytes) -> int:
     digits = (line if semi == -1 else line[:semi]).rstrip(b" \t")
     if b"\r" in line or b"\n" in line:  # in an extension: a bare line end
         raise ProtocolError("chunk-size line not ended by CRLF")
-    if not digits or len(digits) > 15 or not _HEX.issuperset(digits):
+    if not digits or len(digits) > 15 or not HEX_DIGITS.issuperset(digits):
         raise ProtocolError("invalid chunk size")
     return int(digits, 16)
 
