@@ -1,6 +1,8 @@
-/* Optional C versions of two byte checks on the relay's per-token path, each with a pure
-   Python original that is the oracle (sidecar/base/speedups.py says which is used, and
-   tests/unit/test_speedups.py compares them). Only what CPython's stable C API offers. */
+/* Optional C for the relay's per-token path (sidecar/base/speedups.py says which is used):
+   two byte checks, each with a pure Python original that is the oracle
+   (tests/unit/test_speedups.py compares them), and TokenLane, the steady token read taken
+   whole in one call, whose oracle is the Python relay path it stands for
+   (sidecar/relay/token_lane.py; tests/integration/test_token_lane.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -33,35 +35,415 @@ static PyObject *chunk_payload(PyObject *self, PyObject *data) {
     return PyBytes_FromStringAndSize((const char *)b + start, (Py_ssize_t)size);
 }
 
-/* ascii_plain(buf, start, end) -> True | False | None: whether buf[start:end] is non-empty
-   printable ASCII with no '"' and no '\\' (True), has a byte that is not (False), or has a
-   byte of 0x80 or more, which only a Unicode-aware check can judge (None: ask Python). */
-static PyObject *ascii_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* 1 when p[0:n] is what sidecar.base.speedups.plain accepts: non-empty, valid UTF-8 (strict,
+   as bytes.decode(): no overlong form, no surrogate, nothing past U+10FFFF), no '"' and no
+   '\\', and every character printable as str.isprintable() judges it (the same
+   Py_UNICODE_ISPRINTABLE). 0 otherwise. */
+static int text_plain(const unsigned char *p, Py_ssize_t n) {
+    if (n <= 0) return 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') return 0;
+            i++;
+            continue;
+        }
+        Py_UCS4 ch;
+        int more;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) { ch = c & 0x1F; more = 1; }
+        else if (c >= 0xE0 && c <= 0xEF) {
+            ch = c & 0x0F; more = 2;
+            if (c == 0xE0) lo = 0xA0;       /* no overlong */
+            else if (c == 0xED) hi = 0x9F;  /* no surrogate */
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            ch = c & 0x07; more = 3;
+            if (c == 0xF0) lo = 0x90;       /* no overlong */
+            else if (c == 0xF4) hi = 0x8F;  /* nothing past U+10FFFF */
+        }
+        else return 0;
+        if (i + more >= n) return 0;
+        unsigned char c1 = p[i + 1];
+        if (c1 < lo || c1 > hi) return 0;
+        ch = (ch << 6) | (c1 & 0x3F);
+        for (int k = 2; k <= more; k++) {
+            unsigned char ck = p[i + k];
+            if (ck < 0x80 || ck > 0xBF) return 0;
+            ch = (ch << 6) | (ck & 0x3F);
+        }
+        if (!Py_UNICODE_ISPRINTABLE(ch)) return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* plain_at(buf, start, end) -> bool: whether buf[start:end] is plain (text_plain). */
+static PyObject *plain_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "ascii_plain(bytes, start, end)");
+        PyErr_SetString(PyExc_TypeError, "plain_at(bytes, start, end)");
         return NULL;
     }
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
     if ((start == -1 || end == -1) && PyErr_Occurred()) return NULL;
     Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
     if (start < 0 || end > n || start >= end) Py_RETURN_FALSE;
-    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    int wide = 0;
-    for (Py_ssize_t i = start; i < end; i++) {
-        unsigned char c = b[i];
-        if (c >= 0x80) wide = 1;
-        else if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') Py_RETURN_FALSE;
+    return PyBool_FromLong(text_plain((const unsigned char *)PyBytes_AS_STRING(args[0]) + start, end - start));
+}
+
+/* ---- TokenLane ---------------------------------------------------------------------------
+
+   One stream's steady token read in one call (sidecar/relay/token_lane.py says when and
+   why). take(read): when the read is one whole HTTP chunk whose payload is the stream's
+   armed repeating event (prefix + plain text + suffix), the client's buffer is empty, its
+   transport open and no progress check due, write the read to the client as it came and
+   note the token: its gap since the last token, the streams decoding then (decode.n), the
+   bytes sent. Else answer False having done nothing but read the clock; the Python path
+   takes that read. The notes are kept here, in the lane (a few hundred bytes), and
+   flush() adds them to the timeline and the relay exactly as the Python path would have,
+   one token at a time: before the Python path runs again, when the batch is full, and when
+   the relay ends. What the lane does not check per read (the parser between chunks, the
+   relay neither ended nor paused, the template still armed) the relay checks each time it
+   opens the lane, after every read the Python path took. */
+
+#define LANE_BATCH 32
+
+static PyObject *s_sent, *s_last_token, *s_gaps, *s_gap_streams, *s_n, *s_stream_tokens,
+    *s_reasoning_stream_tokens, *s_frombytes, *s_itemsize;
+
+enum { KIND_ANSWER = 0, KIND_REASONING = 1, KIND_OTHER = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *clock, *write, *is_closing, *buffer_size;
+    PyObject *relay, *timeline, *decode, *memo;
+    PyObject *prefix, *suffix;
+    Py_ssize_t start, tail, limit, high_water, yield_after;
+    double check_at, last;
+    int kind, is_open, off, count;
+    Py_ssize_t sent, taken;
+    double gaps[LANE_BATCH];
+    unsigned int streams[LANE_BATCH];
+} TokenLane;
+
+static int lane_traverse(TokenLane *self, visitproc visit, void *arg) {
+    Py_VISIT(self->clock); Py_VISIT(self->write); Py_VISIT(self->is_closing); Py_VISIT(self->buffer_size);
+    Py_VISIT(self->relay); Py_VISIT(self->timeline); Py_VISIT(self->decode); Py_VISIT(self->memo);
+    Py_VISIT(self->prefix); Py_VISIT(self->suffix);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int lane_clear(TokenLane *self) {
+    Py_CLEAR(self->clock); Py_CLEAR(self->write); Py_CLEAR(self->is_closing); Py_CLEAR(self->buffer_size);
+    Py_CLEAR(self->relay); Py_CLEAR(self->timeline); Py_CLEAR(self->decode); Py_CLEAR(self->memo);
+    Py_CLEAR(self->prefix); Py_CLEAR(self->suffix);
+    return 0;
+}
+
+static void lane_dealloc(TokenLane *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    lane_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int itemsize_is(PyObject *array, long size) {
+    PyObject *v = PyObject_GetAttr(array, s_itemsize);
+    if (v == NULL) return -1;
+    long got = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (got == -1 && PyErr_Occurred()) return -1;
+    if (got != size) {
+        PyErr_Format(PyExc_ValueError, "an array of %ld-byte items is needed, not %ld", size, got);
+        return -1;
     }
-    if (wide) Py_RETURN_NONE;
+    return 0;
+}
+
+static int lane_init(TokenLane *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"clock", "transport", "relay", "timeline", "memo", "prefix", "suffix", "limit",
+                            "kind", "high_water", "yield_after", NULL};
+    PyObject *clock, *transport, *relay, *timeline, *memo, *prefix, *suffix;
+    Py_ssize_t limit, high_water, yield_after;
+    int kind;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOSSninn", names, &clock, &transport, &relay, &timeline,
+                                     &memo, &prefix, &suffix, &limit, &kind, &high_water, &yield_after))
+        return -1;
+    if (kind < KIND_ANSWER || kind > KIND_OTHER) {
+        PyErr_SetString(PyExc_ValueError, "kind: 0 answer, 1 reasoning, 2 other");
+        return -1;
+    }
+    PyObject *gaps = PyObject_GetAttr(timeline, s_gaps);
+    if (gaps == NULL) return -1;
+    int bad = itemsize_is(gaps, sizeof(double));
+    Py_DECREF(gaps);
+    PyObject *gs = bad ? NULL : PyObject_GetAttr(timeline, s_gap_streams);
+    if (gs == NULL) return -1;
+    bad = itemsize_is(gs, sizeof(unsigned int));
+    Py_DECREF(gs);
+    if (bad) return -1;
+    PyObject *decode = PyObject_GetAttrString(timeline, "decode");
+    PyObject *write = decode ? PyObject_GetAttrString(transport, "write") : NULL;
+    PyObject *is_closing = write ? PyObject_GetAttrString(transport, "is_closing") : NULL;
+    PyObject *buffer_size = is_closing ? PyObject_GetAttrString(transport, "get_write_buffer_size") : NULL;
+    if (buffer_size == NULL) {
+        Py_XDECREF(decode);
+        Py_XDECREF(write);
+        Py_XDECREF(is_closing);
+        return -1;
+    }
+    lane_clear(self);
+    Py_INCREF(clock); self->clock = clock;
+    self->write = write; self->is_closing = is_closing; self->buffer_size = buffer_size; self->decode = decode;
+    Py_INCREF(relay); self->relay = relay;
+    Py_INCREF(timeline); self->timeline = timeline;
+    Py_INCREF(memo); self->memo = memo;
+    Py_INCREF(prefix); self->prefix = prefix;
+    Py_INCREF(suffix); self->suffix = suffix;
+    self->start = PyBytes_GET_SIZE(prefix);
+    self->tail = PyBytes_GET_SIZE(suffix);
+    self->limit = limit;
+    self->kind = kind;
+    self->high_water = high_water;
+    self->yield_after = yield_after;
+    self->is_open = self->off = self->count = 0;
+    self->sent = self->taken = 0;
+    self->check_at = self->last = 0;
+    return 0;
+}
+
+/* obj.name += by, for an int attribute. */
+static int attr_add(PyObject *obj, PyObject *name, Py_ssize_t by) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    PyObject *nv = PyLong_FromSsize_t(n + by);
+    if (nv == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, nv);
+    Py_DECREF(nv);
+    return rc;
+}
+
+/* array.frombytes(the first n items of buf) on obj.name. */
+static int extend_array(PyObject *obj, PyObject *name, const void *buf, Py_ssize_t size) {
+    PyObject *array = PyObject_GetAttr(obj, name);
+    if (array == NULL) return -1;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, size);
+    PyObject *r = raw ? PyObject_CallMethodOneArg(array, s_frombytes, raw) : NULL;
+    Py_XDECREF(raw);
+    Py_DECREF(array);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The notes into the relay and the timeline; 0, or -1 with an exception set. */
+static int lane_flush_notes(TokenLane *self) {
+    int count = self->count;
+    Py_ssize_t sent = self->sent;
+    self->count = 0;
+    self->sent = 0;
+    if (sent && attr_add(self->relay, s_sent, sent) < 0) return -1;
+    if (!count) return 0;
+    PyObject *tl = self->timeline;
+    if (extend_array(tl, s_gaps, self->gaps, count * (Py_ssize_t)sizeof(double)) < 0) return -1;
+    if (extend_array(tl, s_gap_streams, self->streams, count * (Py_ssize_t)sizeof(unsigned int)) < 0) return -1;
+    PyObject *at = PyFloat_FromDouble(self->last);
+    if (at == NULL) return -1;
+    int rc = PyObject_SetAttr(tl, s_last_token, at);
+    Py_DECREF(at);
+    if (rc < 0) return -1;
+    if (attr_add(tl, s_stream_tokens, count) < 0) return -1;
+    if (self->kind == KIND_REASONING && attr_add(tl, s_reasoning_stream_tokens, count) < 0) return -1;
+    return 0;
+}
+
+/* A failure in measuring (a bug: tests pin what is read) switches the lane off for good;
+   the read was relayed regardless. */
+static void lane_failed(TokenLane *self) {
+    PyErr_Clear();
+    self->off = 1;
+    self->is_open = 0;
+}
+
+/* The checks before anything is written: 1 take, 0 leave to Python, -1 error. */
+static int lane_may_take(TokenLane *self, PyObject *data, double *now, unsigned int *streams) {
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
+    if (n >= self->yield_after || n > self->high_water) return 0;
+    unsigned long long size = 0;
+    for (; i < n && i < 16; i++) {
+        unsigned char c = b[i];
+        unsigned v;
+        if (c >= '0' && c <= '9') v = c - '0';
+        else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+        else break;
+        size = size * 16 + v;
+    }
+    if (i == 0 || i > 15 || i + 1 >= n || b[i] != '\r' || b[i + 1] != '\n' || size == 0) return 0;
+    Py_ssize_t at = i + 2;
+    if ((unsigned long long)(n - at) != size + 2 || b[n - 2] != '\r' || b[n - 1] != '\n') return 0;
+    /* The payload as EventTemplate.matches takes it: prefix, a plain text, suffix. */
+    const unsigned char *p = b + at;
+    Py_ssize_t len = (Py_ssize_t)size, end = len - self->tail;
+    if (!(self->start < end && len <= self->limit)) return 0;
+    if (memcmp(p, PyBytes_AS_STRING(self->prefix), self->start) != 0) return 0;
+    if (memcmp(p + end, PyBytes_AS_STRING(self->suffix), self->tail) != 0) return 0;
+    if (!text_plain(p + self->start, end - self->start)) return 0;
+    PyObject *t = PyObject_CallNoArgs(self->clock);
+    if (t == NULL) return -1;
+    *now = PyFloat_AsDouble(t);
+    Py_DECREF(t);
+    if (*now == -1.0 && PyErr_Occurred()) return -1;
+    if (*now >= self->check_at) return 0;
+    PyObject *closing = PyObject_CallNoArgs(self->is_closing);
+    if (closing == NULL) return -1;
+    Py_DECREF(closing);
+    if (closing != Py_False) return 0;
+    /* An empty buffer before the write leaves at most this read (<= high_water) after it:
+       the relay's flow check after the write cannot fire. */
+    PyObject *queued = PyObject_CallNoArgs(self->buffer_size);
+    if (queued == NULL) return -1;
+    Py_ssize_t q = PyLong_AsSsize_t(queued);
+    Py_DECREF(queued);
+    if (q == -1 && PyErr_Occurred()) return -1;
+    if (q != 0) return 0;
+    PyObject *decoding = PyObject_GetAttr(self->decode, s_n);
+    if (decoding == NULL) return -1;
+    unsigned long k = PyLong_AsUnsignedLong(decoding);
+    Py_DECREF(decoding);
+    if (k == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    *streams = (unsigned int)k;
+    return 1;
+}
+
+/* take(data) -> bool: True when the read was relayed and noted here. An exception from the
+   client's write goes to the caller (the relay's own handling, as on the Python path). */
+static PyObject *lane_take(TokenLane *self, PyObject *data) {
+    if (!self->is_open || !PyBytes_CheckExact(data)) Py_RETURN_FALSE;
+    double now = 0;
+    unsigned int streams = 0;
+    int ok = lane_may_take(self, data, &now, &streams);
+    if (ok <= 0) {
+        if (ok < 0) lane_failed(self);
+        Py_RETURN_FALSE;
+    }
+    PyObject *r = PyObject_CallOneArg(self->write, data);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    if (self->count == LANE_BATCH && lane_flush_notes(self) < 0) {
+        lane_failed(self);
+        Py_RETURN_TRUE;
+    }
+    self->gaps[self->count] = now - self->last;
+    self->streams[self->count] = streams;
+    self->count++;
+    self->last = now;
+    self->sent += PyBytes_GET_SIZE(data);
+    self->taken++;
     Py_RETURN_TRUE;
 }
 
+/* open(check_at): take reads again, from the timeline's last token on, until a progress
+   check is due at check_at (the relay's; it checks everything else before calling). */
+static PyObject *lane_open(TokenLane *self, PyObject *check_at) {
+    if (self->off) Py_RETURN_FALSE;
+    double at = PyFloat_AsDouble(check_at);
+    if (at == -1.0 && PyErr_Occurred()) return NULL;
+    if (self->count || self->sent) {
+        PyErr_SetString(PyExc_RuntimeError, "open() with notes not flushed");
+        return NULL;
+    }
+    PyObject *last = PyObject_GetAttr(self->timeline, s_last_token);
+    if (last == NULL) return NULL;
+    double l = last == Py_None ? -1.0 : PyFloat_AsDouble(last);
+    int none = last == Py_None;
+    Py_DECREF(last);
+    if (l == -1.0 && PyErr_Occurred()) return NULL;
+    if (none) Py_RETURN_FALSE; /* no token yet: the Python path records the first */
+    self->last = l;
+    self->check_at = at;
+    self->is_open = 1;
+    Py_RETURN_TRUE;
+}
+
+/* flush(): stop taking reads, and add the notes to the relay and the timeline. */
+static PyObject *lane_flush(TokenLane *self, PyObject *unused) {
+    self->is_open = 0;
+    if (lane_flush_notes(self) < 0) lane_failed(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *lane_get_taken(TokenLane *self, void *closure) { return PyLong_FromSsize_t(self->taken); }
+static PyObject *lane_get_off(TokenLane *self, void *closure) { return PyBool_FromLong(self->off); }
+static PyObject *lane_get_is_open(TokenLane *self, void *closure) { return PyBool_FromLong(self->is_open); }
+static PyObject *lane_get_pending(TokenLane *self, void *closure) { return PyLong_FromLong(self->count); }
+static PyObject *lane_get_memo(TokenLane *self, void *closure) {
+    PyObject *m = self->memo ? self->memo : Py_None;
+    Py_INCREF(m);
+    return m;
+}
+
+static PyMethodDef lane_methods[] = {
+    {"take", (PyCFunction)lane_take, METH_O, "take(read) -> bool: relayed and noted here"},
+    {"open", (PyCFunction)lane_open, METH_O, "open(check_at) -> bool: take reads from now on"},
+    {"flush", (PyCFunction)lane_flush, METH_NOARGS, "stop, and add the notes to the relay and timeline"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef lane_getset[] = {
+    {"taken", (getter)lane_get_taken, NULL, "reads taken in all", NULL},
+    {"off", (getter)lane_get_off, NULL, "switched off by an error in measuring", NULL},
+    {"is_open", (getter)lane_get_is_open, NULL, "taking reads", NULL},
+    {"pending", (getter)lane_get_pending, NULL, "tokens noted, not yet flushed", NULL},
+    {"memo", (getter)lane_get_memo, NULL, "the template it stands for", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot lane_slots[] = {
+    {Py_tp_init, lane_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, lane_dealloc},
+    {Py_tp_traverse, lane_traverse},
+    {Py_tp_clear, lane_clear},
+    {Py_tp_methods, lane_methods},
+    {Py_tp_getset, lane_getset},
+    {0, NULL},
+};
+
+static PyType_Spec lane_spec = {
+    "sidecar.base._speedups.TokenLane", sizeof(TokenLane), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, lane_slots,
+};
+
 static PyMethodDef methods[] = {
     {"chunk_payload", (PyCFunction)chunk_payload, METH_O, NULL},
-    {"ascii_plain", (PyCFunction)(void (*)(void))ascii_plain, METH_FASTCALL, NULL},
+    {"plain_at", (PyCFunction)(void (*)(void))plain_at, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    INTERN(s_sent, "sent"); INTERN(s_last_token, "last_token"); INTERN(s_gaps, "gaps");
+    INTERN(s_gap_streams, "gap_streams"); INTERN(s_n, "n"); INTERN(s_stream_tokens, "stream_tokens");
+    INTERN(s_reasoning_stream_tokens, "reasoning_stream_tokens"); INTERN(s_frombytes, "frombytes");
+    INTERN(s_itemsize, "itemsize");
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *lane = PyType_FromSpec(&lane_spec);
+    if (lane == NULL || PyModule_AddObject(m, "TokenLane", lane) < 0) {
+        Py_XDECREF(lane);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

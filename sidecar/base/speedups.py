@@ -8,12 +8,13 @@ the measuring per token is mostly byte work in Python (the chunk's size line par
 slices, ``int`` and a set; the token text decoded to check it), and a paired benchmark of a
 prototype that did both checks in C used 12 % less CPU per token (docs/performance.md).
 
-``IN_C`` says which is in use (the tests and the image check read it).
+``IN_C`` says which is in use (the tests and the image check read it). ``TokenLane`` (None
+without the extension) is the steady token read in one call: sidecar/relay/token_lane.py.
 """
 
 from __future__ import annotations
 
-__all__ = ["IN_C", "HEX_DIGITS", "chunk_payload", "ascii_plain", "chunk_payload_py", "ascii_plain_py", "plain"]
+__all__ = ["IN_C", "TokenLane", "HEX_DIGITS", "chunk_payload", "plain_at", "chunk_payload_py", "plain_at_py", "plain"]
 
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 """The bytes of a chunk size line (HTTP/1.1 allows no other: no sign, no ``0x``, no space)."""
@@ -44,17 +45,17 @@ def plain(text: bytes) -> bool:
     return chars.isprintable() and '"' not in chars and "\\" not in chars
 
 
-def ascii_plain_py(buf: bytes, start: int, end: int) -> bool | None:
-    """Whether ``buf[start:end]`` is :func:`plain` and not empty. (The C version answers
-    None for a text with a non-ASCII byte, for the caller to ask :func:`plain`; this one
-    always answers.)"""
+def plain_at_py(buf: bytes, start: int, end: int) -> bool:
+    """Whether ``buf[start:end]`` is :func:`plain` and not empty (the C version decodes the
+    UTF-8 in place and asks CPython's own printable table, without a copy)."""
     return start < end and plain(buf[start:end])
 
 
 try:
-    from ._speedups import ascii_plain, chunk_payload
+    from ._speedups import TokenLane, chunk_payload, plain_at
 
     IN_C = True
-except ImportError:  # built without a C compiler: the originals
-    ascii_plain, chunk_payload = ascii_plain_py, chunk_payload_py
+except ImportError:  # built without a C compiler: the originals, and no token lane
+    plain_at, chunk_payload = plain_at_py, chunk_payload_py
+    TokenLane = None
     IN_C = False

@@ -18,7 +18,7 @@ import structlog
 
 from ..base.routes import Route
 from ..streams.dialects import dialect_of
-from ..streams.protocols.events import ParseError
+from ..streams.protocols.events import ParseError, Tokens
 from .json_skeleton import JsonSkeleton
 from .timeline import RequestTimeline
 
@@ -74,6 +74,29 @@ class ResponseObserver:
     @property
     def streaming(self) -> bool:
         return self._dialect is not None
+
+    @property
+    def timeline(self) -> RequestTimeline:
+        return self._timeline
+
+    @property
+    def templated(self) -> bool:
+        """Whether this response's dialect may learn a repeating event's template
+        (:mod:`sidecar.streams.protocols.template`): only those can have a token lane."""
+        return getattr(self._dialect, "_learning", 0) > 0
+
+    def steady(self):
+        """``(dialect, template, kind)`` while the dialect has a template armed whose event is
+        one token of ``kind`` (a :class:`~sidecar.streams.protocols.events.TokenKind`):
+        what :class:`sidecar.relay.token_lane` builds a lane from; else None."""
+        dialect = self._dialect
+        memo = getattr(dialect, "_memo", None)
+        if memo is None:
+            return None
+        events = memo.events
+        if len(events) != 1 or type(events[0]) is not Tokens or events[0].count != 1:
+            return None
+        return dialect, memo, events[0].kind
 
     def feed(self, chunk: bytes, now: float) -> None:
         """``now``: when the proxy read the chunk from the upstream, before relaying it."""

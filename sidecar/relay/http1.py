@@ -120,6 +120,12 @@ class ResponseParser:
         """The connection may carry another request once this response is done."""
         return self.done and not self.trailing and self.head is not None and self.head.keep_alive
 
+    @property
+    def between_chunks(self) -> bool:
+        """Between two chunks of a chunked body, nothing partial held: a read that is one
+        whole chunk is then exactly that chunk (what :meth:`whole_chunk` asks)."""
+        return self._state == _SIZE and not self._buf
+
     def whole_chunk(self, data: bytes) -> bytes | None:
         """The hot path: when ``data`` is exactly one whole chunk and the parser is between
         chunks, its payload (the parser's state is then unchanged: it is between chunks

@@ -61,6 +61,7 @@ from ..base.routes import OTHER, Route, match_route
 from .early import Early, EarlyForwarder
 from .errors import error_response
 from .forwarded import HOP_BY_HOP, forwarded_headers
+from .token_lane import AVAILABLE as _LANES, lane_for
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
@@ -609,7 +610,7 @@ class _Relay:
 
     __slots__ = (
         "_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
-        "_check_at", "_taken", "_taken_at", "ended", "paused", "sent",
+        "_check_at", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent",
     )  # fmt: skip
 
     def __init__(
@@ -638,6 +639,10 @@ class _Relay:
         start = clock()
         self._check_at = start + _PROGRESS_CHECK_SECONDS
         self._taken, self._taken_at = 0, start
+        # The token lane standing for the observer's armed template (token_lane.py): only a
+        # chunked client's relay passes reads on as they came, which is all a lane does.
+        self._lane = None
+        self._linkable = _LANES and self._chunked and observer.templated
 
     def body(self, piece: bytes) -> None:
         now = self._clock()
@@ -646,6 +651,8 @@ class _Relay:
         if piece and not self.write(piece, now):
             return
         self._observer.feed(piece, now)
+        if self._linkable:
+            self._link()
 
     def chunk(self, frame: bytes, piece: bytes) -> None:
         """A read that was one whole, well-formed chunk: when the client's response is
@@ -671,6 +678,45 @@ class _Relay:
             if not self._flow(transport, now):
                 return
         self._observer.feed(piece, now)
+        if self._linkable:
+            self._link()
+
+    def _link(self) -> None:
+        """After a read the Python path took: open a token lane on the connection for the
+        template the dialect has armed now (token_lane.py), when the relay and the parser
+        are where a lane may take the next read; the same lane again while the template
+        is the same one."""
+        conn = self._conn
+        if self.ended is not None or self.paused or not conn.between_chunks:
+            return
+        steady = self._observer.steady()
+        if steady is None:
+            return
+        lane = self._lane
+        if lane is None or lane.memo is not steady[1]:
+            if lane is not None and lane.off:
+                self._lane_failed()
+                return
+            lane = lane_for(
+                steady, clock=self._clock, transport=self._transport, relay=self,
+                timeline=self._observer.timeline, high_water=_HIGH_WATER,
+            )  # fmt: skip
+            self._lane = lane
+            if lane is None:
+                return
+        if lane.open(self._check_at):
+            conn.set_lane(lane)
+        elif lane.off:
+            self._lane_failed()
+
+    def _lane_failed(self) -> None:
+        """A lane switched itself off on an error in measuring (a bug: what it reads is
+        pinned by tests): the Python path takes every read from here on, and the response
+        counts one parse error, as a dialect that failed does; the bytes went through."""
+        _log.error("token_lane_failed", route=self._observer.timeline.route)
+        self._observer.timeline.parse_errors += 1
+        self._lane = None
+        self._linkable = False
 
     def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
         """A read that was several whole, well-formed chunks (a busy upstream's reads
@@ -684,6 +730,8 @@ class _Relay:
         feed = self._observer.feed
         for piece in pieces:
             feed(piece, now)
+        if self._linkable:
+            self._link()
 
     def several(self, pieces: list[bytes]) -> None:
         """Several pieces of one read that were not all whole chunks (a chunk split across
@@ -705,6 +753,8 @@ class _Relay:
         feed = self._observer.feed
         for piece in pieces:
             feed(piece, now)
+        if self._linkable:
+            self._link()
 
     def write(self, data: bytes, now: float) -> bool:
         """Write to the client; False (and the relay ends) when the client is gone."""
@@ -765,6 +815,8 @@ class _Relay:
     def _end(self, ended: str) -> None:
         if self.ended is None:
             self.ended = ended
+            if self._lane is not None:
+                self._conn.set_lane(None)  # its notes are flushed as run() returns
             self._wake()
 
     def _wake(self) -> None:
@@ -775,6 +827,14 @@ class _Relay:
     async def run(self) -> str:
         """Relay until the body ends; returns how: ``_COMPLETE``, ``_CLIENT_GONE`` or the
         upstream error_type."""
+        try:
+            return await self._run()
+        finally:
+            if self._lane is not None:
+                self._conn.set_lane(None)
+                self._lane.flush()  # what the lane noted, before anyone reads the timeline
+
+    async def _run(self) -> str:
         self._conn.push(self)
         loop = asyncio.get_running_loop()
         while self.ended is None:
@@ -797,4 +857,5 @@ class _Relay:
                 await self._waiter
             finally:
                 self._waiter = None
+
         return self.ended

@@ -39,6 +39,7 @@ from ..base.outcomes import INTERNAL
 from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 __all__ = [
+    "YIELD_AFTER_READ",
     "BodySink",
     "Sent",
     "UpstreamConnection",
@@ -54,7 +55,7 @@ _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
-_YIELD_AFTER_READ = 64 << 10
+YIELD_AFTER_READ = 64 << 10
 """A read this large means the upstream is ahead of the relay: yield a loop turn after it."""
 
 
@@ -141,6 +142,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._early: list[bytes] = []  # body pieces that arrived before push() was called
         self._received = 0  # response bytes seen for the current request
         self._sink: BodySink | None = None
+        # The sink's open token lane (sidecar/relay/token_lane.py), while it has one.
+        self._lane = None
         self._ended = False
         self._end_error: str | None = None
         self._body_writer: asyncio.Task | None = None
@@ -157,6 +160,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = transport
 
     @property
+    def between_chunks(self) -> bool:
+        """The current response's parser is between two chunks: a read that is one whole
+        chunk is then exactly that chunk."""
+        parser = self._parser
+        return parser is not None and parser.between_chunks
+
+    @property
     def answered(self) -> bool:
         """Whether any byte of the current response has arrived: a reused connection the
         server closed before answering may be retried once on a new one."""
@@ -169,6 +179,14 @@ class UpstreamConnection(asyncio.Protocol):
             # The hot path: decode the framing and hand the body on, nothing else.
             parser = self._parser
             try:
+                lane = self._lane
+                if lane is not None:
+                    if lane.take(data):
+                        return  # a steady token, relayed and noted (token_lane.py)
+                    # The Python path takes this read: it reads and may change what the lane
+                    # noted, so the lane hands its notes over now (the sink opens it again).
+                    self._lane = None
+                    lane.flush()
                 piece = parser.whole_chunk(data)  # type: ignore[union-attr]
                 if piece is not None:
                     sink.chunk(data, piece)
@@ -193,7 +211,7 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             if self._parser.done:  # type: ignore[union-attr]
                 self._end(None)
-            elif len(data) >= _YIELD_AFTER_READ:
+            elif len(data) >= YIELD_AFTER_READ:
                 self._yield_turn()
             return
         self._received += len(data)
@@ -265,6 +283,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._early = []
         self._received = 0
         self._sink = None
+        self._lane = None
         self._ended = False
         self._end_error = None
         self._body_writer = None
@@ -284,6 +303,12 @@ class UpstreamConnection(asyncio.Protocol):
             self._write_waiter = self._loop.create_future()
             await self._write_waiter
 
+    def set_lane(self, lane) -> None:
+        """While the current sink is pushed to: ``lane.take(read)`` is tried first for each
+        read, and True means it relayed and noted that read (sidecar/relay/token_lane.py).
+        Dropped (after a flush) at the first read it does not take, and at the end."""
+        self._lane = lane if self._sink is not None else None
+
     def push(self, sink: BodySink) -> None:
         """Switch to pushing the body to ``sink``: first what already arrived, then each read
         as it comes. ``sink.end`` is called once, possibly before this returns."""
@@ -293,7 +318,7 @@ class UpstreamConnection(asyncio.Protocol):
             sink.body(piece)
         parser = self._parser
         if self._ended:  # the end came before the relay was ready for it
-            self._sink = None
+            self._sink = self._lane = None
             sink.end(self._end_error)
         elif parser is not None and parser.done:
             self._end(None)
@@ -355,7 +380,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def finished_exchange(self) -> None:
         """The relay is done with this response (whatever happened)."""
-        self._sink = None
+        self._sink = self._lane = None
         self._ended = True
         self._cancel_timer()
         writer, self._body_writer = self._body_writer, None
@@ -374,6 +399,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._end_error = error
         self._cancel_timer()
         sink, self._sink = self._sink, None
+        self._lane = None
         if error is not None:
             self.close()
         if sink is not None:

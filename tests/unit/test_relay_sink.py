@@ -42,9 +42,16 @@ class Request:
 
 
 class Conn:
+    # These tests are of the Python path: no token lane is ever opened on this connection
+    # (tests/integration/test_token_lane.py has the lanes, against the Python path).
+    between_chunks = False
+
     def __init__(self) -> None:
         self.closed = False
         self.paused = False
+
+    def set_lane(self, lane) -> None:
+        assert lane is None
 
     def close(self) -> None:
         self.closed = True

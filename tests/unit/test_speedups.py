@@ -1,5 +1,6 @@
 """The optional C byte checks (sidecar/base/_speedups.c) against their Python originals
-(sidecar/base/speedups.py), which are the oracle: the same bytes, the same answers."""
+(sidecar/base/speedups.py), which are the oracle: the same bytes, the same answers. (The
+token lane is checked against the Python relay path: tests/integration/test_token_lane.py.)"""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def test_the_extension_is_built_and_used_in_ci():
         pytest.skip("the C extension was not built (no C compiler when the package was installed)")
     assert _speedups is not None and speedups.IN_C
     assert speedups.chunk_payload is _speedups.chunk_payload
+
+
+# Bytes at UTF-8's edges: overlong forms, surrogates, past U+10FFFF, truncated sequences,
+# unprintable non-ASCII characters (line separator, BOM, a tag), and printable ones.
+TRICKY = [
+    b"a", b" ", b'"', b"\\", b"\x7f", b"\x1f", b"\xc0\x80", b"\xc1\xbf", b"\xc2\xa0", b"\xe0\x80\x80",
+    b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbb\xbf", b"\xf0\x8f\xbf\xbf", b"\xf0\x90\x80\x80",
+    b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xff", b"\xc3", b"\xe2\x80", b"\xe2\x80\xa8",
+    "é".encode(), "日".encode(), "🚀".encode(), "\U000e0001".encode(),
+]
 
 
 def frame(payload: bytes, size_line: bytes | None = None) -> bytes:
@@ -81,31 +92,40 @@ def test_chunk_payload_like_python(payload, size_line, tail):
 @needs_c
 @FAST
 @given(
-    st.one_of(st.binary(max_size=16), st.text(max_size=8).map(lambda t: t.encode("utf-8", "surrogatepass"))),
+    st.one_of(
+        st.binary(max_size=16),
+        st.text(max_size=8).map(lambda t: t.encode("utf-8", "surrogatepass")),
+        st.lists(st.sampled_from(TRICKY), max_size=5).map(b"".join),
+    ),
     st.integers(0, 4),
     st.integers(0, 4),
 )
-def test_ascii_plain_like_python(text, before, after):
-    """C answers True/False exactly as Python does, or None (a non-ASCII byte) for the
-    caller to ask Python."""
+def test_plain_at_like_python(text, before, after):
+    """C answers exactly as Python does, for ASCII and for UTF-8 (valid or not)."""
     buf = b"x" * before + text + b"y" * after
     start, end = before, before + len(text)
-    verdict = _speedups.ascii_plain(buf, start, end)
-    if verdict is None:
-        assert any(b >= 0x80 for b in text)
-    else:
-        assert verdict == speedups.ascii_plain_py(buf, start, end)
+    assert _speedups.plain_at(buf, start, end) is speedups.plain_at_py(buf, start, end)
 
 
 @needs_c
-def test_ascii_plain_edges():
-    for text in (b'"', b"\\", b"\x7f", b"\x1f", b"\x00", b"a\tb"):
-        assert _speedups.ascii_plain(b"[" + text + b"]", 1, 1 + len(text)) is False
-    assert _speedups.ascii_plain(b"[ok ~]", 1, 5) is True
-    assert _speedups.ascii_plain(b"abc", 1, 1) is False  # empty
-    assert _speedups.ascii_plain(b"abc", 2, 9) is False  # out of range
-    assert _speedups.ascii_plain(b"caf\xc3\xa9", 0, 5) is None
-    assert _speedups.ascii_plain(b'caf\xc3\xa9"', 0, 6) is False
+def test_plain_at_every_code_point_like_python():
+    """Every code point encoded alone (and the surrogates, which UTF-8 refuses): CPython's
+    own printable table, so this follows the Python it runs on."""
+    for cp in range(0x110000):
+        raw = chr(cp).encode("utf-8", "surrogatepass")
+        assert _speedups.plain_at(raw, 0, len(raw)) is speedups.plain_at_py(raw, 0, len(raw)), hex(cp)
+
+
+@needs_c
+def test_plain_at_edges():
+    for text in (b'"', b"\\", b"\x7f", b"\x1f", b"\x00", b"a\tb", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc3"):
+        assert _speedups.plain_at(b"[" + text + b"]", 1, 1 + len(text)) is False, text
+    assert _speedups.plain_at(b"[ok ~]", 1, 5) is True
+    assert _speedups.plain_at(b"abc", 1, 1) is False  # empty
+    assert _speedups.plain_at(b"abc", 2, 9) is False  # out of range
+    assert _speedups.plain_at("café 日本 🚀".encode(), 0, len("café 日本 🚀".encode())) is True
+    assert _speedups.plain_at(b'caf\xc3\xa9"', 0, 6) is False
+    assert _speedups.plain_at("a\u2028b".encode(), 0, 5) is False  # a line separator is not printable
 
 
 def test_without_the_extension_the_originals_answer(monkeypatch):
@@ -127,7 +147,8 @@ def test_without_the_extension_the_originals_answer(monkeypatch):
         assert fallback.IN_C is False
         assert fallback.chunk_payload is fallback.chunk_payload_py
         assert fallback.chunk_payload(frame(b"hello")) == b"hello"
-        assert fallback.ascii_plain(b"[hi]", 1, 3) is True
+        assert fallback.plain_at(b"[hi]", 1, 3) is True
+        assert fallback.TokenLane is None  # and no token lane: every read takes the Python path
     finally:
         monkeypatch.setattr(builtins, "__import__", real_import)
         importlib.reload(speedups)

@@ -20,7 +20,7 @@ does not move). The decoded path stays the oracle: tests feed both the same stre
 
 from __future__ import annotations
 
-from ...base.speedups import ascii_plain, plain
+from ...base.speedups import plain, plain_at
 
 __all__ = ["EventTemplate", "plain"]
 
@@ -64,6 +64,16 @@ class EventTemplate:
         return cls(chunk[:at], chunk[at + len(raw) :], raw, tuple(events))
 
     @property
+    def prefix(self) -> bytes:
+        """The event's bytes before the text (from its ``data:`` field on)."""
+        return self._prefix
+
+    @property
+    def suffix(self) -> bytes:
+        """The event's bytes after the text, to its blank line."""
+        return self._suffix
+
+    @property
     def spaced(self) -> bool:
         """Whether the server writes ``data: `` with its optional space (the framing's bound
         counts the value from after it)."""
@@ -90,8 +100,7 @@ class EventTemplate:
         end = len(chunk) - self._tail
         if self._start < end and len(chunk) <= self.limit and chunk.startswith(self._prefix):
             if chunk.endswith(self._suffix):
-                verdict = ascii_plain(chunk, self._start, end)  # in C where built
-                return plain(chunk[self._start : end]) if verdict is None else verdict
+                return plain_at(chunk, self._start, end)  # in C where built
         return False
 
 

@@ -1,0 +1,67 @@
+"""The steady token read, relayed and noted in one compiled call (#27).
+
+Once a stream's dialect has armed its repeating event's template
+(:mod:`sidecar.streams.protocols.template`), nearly every read from the upstream is one
+whole HTTP chunk holding that event with another plain text. The Python path for such a
+read runs seven functions (``UpstreamConnection.data_received`` -> ``_Relay.chunk`` ->
+``ResponseObserver.feed`` -> ``SSEJSONDialect.feed`` -> ``EventTemplate.matches`` ->
+``RequestTimeline.events``) over as many objects, to do little: check the bytes, write them
+on, append one gap. A :class:`TokenLane` (``sidecar/base/_speedups.c``) does that in one
+call from ``data_received``, and keeps what it noted (the gaps, the streams decoding at
+each, the bytes sent: a batch of 32) in itself, one object, not spread over the timeline,
+its arrays and the relay; :meth:`flush` adds the batch to them, token by token as the
+Python path would have. It answers False, having done nothing, for any read it is not sure
+of: another shape, a text that is not plain, the client's buffer not empty or its
+transport closing, the client's progress check due.
+
+What a lane does not check per read, the relay checks each time it opens one (``_Relay._link``,
+after every read the Python path took, as the Python path is what changes these): the
+parser between chunks, the relay neither ended nor paused, the dialect's template still the
+lane's, the timeline past its first token (and its first answer token, for an answer lane).
+The connection flushes and drops the lane before the Python path takes a read
+(``UpstreamConnection.data_received``), and the relay flushes it when it ends
+(``_Relay.run``), so whatever reads the timeline or ``_Relay.sent`` sees every token.
+
+The Python path is the oracle: tests/integration/test_token_lane.py relays the same streams
+with lanes and without and compares the bytes and every figure. The lane reads and writes
+these attributes (C cannot import them; the test pins them): ``RequestTimeline.last_token``,
+``gaps`` (an ``array('d')``), ``gap_streams`` (``array('I')``), ``decode.n``,
+``stream_tokens``, ``reasoning_stream_tokens``; ``_Relay.sent``. Without the C extension
+there is no lane and every read takes the Python path.
+"""
+
+from __future__ import annotations
+
+from ..base.speedups import TokenLane
+from ..streams.protocols.events import TokenKind
+from .upstream import YIELD_AFTER_READ
+
+__all__ = ["lane_for", "AVAILABLE"]
+
+AVAILABLE = TokenLane is not None
+
+_KINDS = {TokenKind.ANSWER: 0, TokenKind.REASONING: 1, TokenKind.TOOL: 2}
+
+
+def lane_for(steady, *, clock, transport, relay, timeline, high_water: int):
+    """A lane for ``steady``, ``observer.steady()``'s ``(dialect, template, kind)``, or None
+    when there is nothing it may stand for yet: the first token (of an answer lane's kind:
+    the first answer token) is the Python path's to record."""
+    if TokenLane is None or steady is None or timeline.first_token is None:
+        return None
+    _, memo, kind = steady
+    if kind is TokenKind.ANSWER and timeline.first_answer_token is None:
+        return None
+    return TokenLane(
+        clock=clock,
+        transport=transport,
+        relay=relay,
+        timeline=timeline,
+        memo=memo,
+        prefix=memo.prefix,
+        suffix=memo.suffix,
+        limit=memo.limit,
+        kind=_KINDS[kind],
+        high_water=high_water,
+        yield_after=YIELD_AFTER_READ,
+    )
