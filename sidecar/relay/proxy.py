@@ -685,38 +685,45 @@ class _Relay:
         """After a read the Python path took: open a token lane on the connection for the
         template the dialect has armed now (token_lane.py), when the relay and the parser
         are where a lane may take the next read; the same lane again while the template
-        is the same one."""
+        is the same one. A measuring bug never reaches the relay: any error here ends
+        lanes for this response (``_lane_failed``)."""
         conn = self._conn
         if self.ended is not None or self.paused or not conn.between_chunks:
             return
-        steady = self._observer.steady()
-        if steady is None:
-            return
-        lane = self._lane
-        if lane is None or lane.memo is not steady[1]:
-            if lane is not None and lane.off:
+        try:
+            steady = self._observer.steady()
+            if steady is None:
+                return
+            lane = self._lane
+            if lane is None or lane.memo is not steady[1]:
+                if lane is not None and lane.off:
+                    self._lane_failed()
+                    return
+                lane = lane_for(
+                    steady, clock=self._clock, transport=self._transport, relay=self,
+                    timeline=self._observer.timeline, high_water=_HIGH_WATER,
+                )  # fmt: skip
+                self._lane = lane
+                if lane is None:
+                    return
+            if lane.open(self._check_at):
+                conn.set_lane(lane)
+            elif lane.off:
                 self._lane_failed()
-                return
-            lane = lane_for(
-                steady, clock=self._clock, transport=self._transport, relay=self,
-                timeline=self._observer.timeline, high_water=_HIGH_WATER,
-            )  # fmt: skip
-            self._lane = lane
-            if lane is None:
-                return
-        if lane.open(self._check_at):
-            conn.set_lane(lane)
-        elif lane.off:
+        except Exception:
+            _log.exception("token_lane_link_failed", route=self._observer.timeline.route)
             self._lane_failed()
 
     def _lane_failed(self) -> None:
-        """A lane switched itself off on an error in measuring (a bug: what it reads is
-        pinned by tests): the Python path takes every read from here on, and the response
-        counts one parse error, as a dialect that failed does; the bytes went through."""
+        """A lane switched itself off on an error in measuring, or could not be made (a bug:
+        what it reads is pinned by tests): the Python path takes every read from here on,
+        and the response counts one parse error, as a dialect that failed does. The bytes
+        went through regardless."""
         _log.error("token_lane_failed", route=self._observer.timeline.route)
         self._observer.timeline.parse_errors += 1
         self._lane = None
         self._linkable = False
+        self._conn.set_lane(None)
 
     def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
         """A read that was several whole, well-formed chunks (a busy upstream's reads
@@ -830,9 +837,12 @@ class _Relay:
         try:
             return await self._run()
         finally:
-            if self._lane is not None:
+            lane = self._lane
+            if lane is not None:
                 self._conn.set_lane(None)
-                self._lane.flush()  # what the lane noted, before anyone reads the timeline
+                lane.flush()  # what the lane noted, before anyone reads the timeline
+                if lane.off:
+                    self._lane_failed()
 
     async def _run(self) -> str:
         self._conn.push(self)

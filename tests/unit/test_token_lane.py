@@ -1,0 +1,442 @@
+"""The token lane (sidecar/relay/token_lane.py, ``TokenLane`` in sidecar/base/_speedups.c)
+against the Python relay path it stands for, which is the oracle.
+
+Each stream is relayed twice through the real ``UpstreamConnection`` and ``_Relay`` (fake
+transports, a scripted clock that holds one time per read): with lanes and with lanes
+switched off. The client must get the same bytes (the upstream's chunks as they came), the
+relay the same count sent, and the timeline every same figure, gap for gap (the same float
+operations on the same times). The lanes must also have taken reads, or the comparison
+proves nothing. Reads are one event each, several coalesced, or an event split across
+reads; the client's buffer is sometimes not empty (a lane leaves that read to Python), the
+progress check comes due, the number of streams decoding moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.wire import StreamWire
+from sidecar.base import speedups
+from sidecar.base.routes import match_route
+from sidecar.measure.concurrency import DecodeConcurrency
+from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.timeline import RequestTimeline
+from sidecar.relay import proxy
+from sidecar.relay.proxy import _Relay
+from sidecar.relay.upstream import UpstreamConnection
+from tests.conftest import IN_CI
+from tests.fixtures.streams.harness import FAST, HERE
+from tests.unit.test_event_template import OTHERS, SHAPES, texts
+
+pytestmark = pytest.mark.skipif(
+    speedups.TokenLane is None and not IN_CI,
+    reason="the C extension was not built (no C compiler when the package was installed): no lanes",
+)
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def frame(event: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(event), event)
+
+
+class Clock:
+    """One time per read: every clock call while a read is handled gets the same value, so
+    both paths see the same times whatever number of calls each makes."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Pool:
+    def __init__(self, loop) -> None:
+        self.loop = loop
+        self.read_timeout = None
+
+    def _forget(self, conn) -> None:
+        pass
+
+
+class UpstreamTransport:
+    def __init__(self) -> None:
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+class ClientTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.buffered = 0
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+
+class Writer:
+    chunked = True
+
+
+class Request:
+    def __init__(self, transport: ClientTransport) -> None:
+        self.transport = transport
+        self.writer = Writer()
+
+
+class Step:
+    """One read: its bytes, the time it came, the client's buffer then, streams decoding."""
+
+    __slots__ = ("data", "at", "buffered", "decoding")
+
+    def __init__(self, data: bytes, at: float, buffered: int = 0, decoding: int = 1) -> None:
+        self.data, self.at, self.buffered, self.decoding = data, at, buffered, decoding
+
+
+FIGURES = [
+    name
+    for name in RequestTimeline.__slots__
+    if name not in ("decode", "trace", "_grouped", "gaps", "gap_streams")
+]
+
+
+def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = False) -> dict:
+    """Relay ``steps`` (then the last chunk, or the upstream's connection lost) and return
+    what the client got and every figure."""
+    made: list = []
+    real_lane_for = proxy.lane_for
+
+    def lane_for(*args, **kwargs):
+        lane = real_lane_for(*args, **kwargs)
+        if lane is not None:
+            made.append(lane)
+        return lane
+
+    monkeypatch.setattr(proxy, "_LANES", lanes)
+    monkeypatch.setattr(proxy, "lane_for", lane_for)
+
+    async def run() -> dict:
+        loop = asyncio.get_running_loop()
+        clock = Clock()
+        conn = UpstreamConnection(Pool(loop))
+        conn.connection_made(UpstreamTransport())
+        head = conn.begin(no_body=False)
+        conn.data_received(HEAD)
+        await head
+        route, _ = match_route(path, "POST")
+        timeline = RequestTimeline(clock.now, "POST", route.template, "m")
+        timeline.decode = decode = DecodeConcurrency()
+        observer = ResponseObserver(route, timeline, "text/event-stream")
+        client = ClientTransport()
+        r = _Relay(Request(client), conn, observer, clock, chunked=True)
+        task = asyncio.ensure_future(r.run())
+        await asyncio.sleep(0)  # the relay is pushed to
+        for step in steps:
+            clock.now, client.buffered = step.at, step.buffered
+            decode.n = step.decoding
+            conn.data_received(step.data)
+        clock.now += 0.001
+        client.buffered = 0
+        if lost:
+            conn.connection_lost(None)
+        else:
+            conn.data_received(b"0\r\n\r\n")
+        ended = await task
+        observer.close(clock.now)
+        out = {name: getattr(timeline, name) for name in FIGURES}
+        out.update(
+            gaps=timeline.gaps.tolist(),
+            gap_streams=timeline.gap_streams.tolist(),
+            written=b"".join(client.written),
+            sent=r.sent,
+            ended=ended,
+        )
+        return out
+
+    result = asyncio.run(run())
+    result["taken"] = sum(lane.taken for lane in made)
+    return result
+
+
+def both(steps: list[Step], path: str, monkeypatch, lost: bool = False) -> tuple[dict, dict]:
+    with_lanes = relay(steps, path, True, monkeypatch, lost)
+    without = relay(steps, path, False, monkeypatch, lost)
+    assert without["taken"] == 0
+    taken = with_lanes.pop("taken")
+    without.pop("taken")
+    assert with_lanes == without
+    with_lanes["taken"] = taken
+    return with_lanes, without
+
+
+def paced(events: list[bytes], gap: float = 0.02, start: float = 100.05) -> list[Step]:
+    return [Step(frame(e), start + i * gap) for i, e in enumerate(events)]
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    """A recorded SSE body cut into its events (each with its blank line)."""
+    parts = body.split(b"\n\n")
+    return [p + b"\n\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+OPENAI = sorted(p.name for p in (HERE / "openai").glob("*.txt"))
+
+
+@pytest.mark.parametrize("name", OPENAI)
+def test_recorded_streams_relay_as_the_python_path(name, monkeypatch):
+    """Every OpenAI-dialect recording (real vLLM 0.32 and llama.cpp among them), an event a
+    read: the same bytes and figures; the lanes take the tokens of a long enough stream."""
+    body = (HERE / "openai" / name).read_bytes()
+    path = "/v1/completions" if "completions" in name else "/v1/chat/completions"
+    events = sse_events(body)
+    got, _ = both(paced(events), path, monkeypatch)
+    assert got["written"] == b"".join(frame(e) for e in events)
+    if got["stream_tokens"] >= 8 and "continuous_usage" not in name and "force_usage" not in name:
+        assert got["taken"] > 0, "no lane took a read: the comparison proved nothing"
+
+
+def test_the_bench_stream_with_every_kind_of_text(monkeypatch):
+    """The benchmark's vLLM-shaped stream: ASCII, UTF-8 (é, 日本, 🚀) and escaped texts (\\n,
+    \\"). Lanes take every plain one, UTF-8 included; the escaped ones go the Python way."""
+    wire = StreamWire(7, 300)
+    events = [wire.role(), *(wire.token(k) for k in range(300)), wire.usage(12), wire.done()]
+    got, _ = both(paced(events), "/v1/chat/completions", monkeypatch)
+    assert got["stream_tokens"] == 300 and len(got["gaps"]) == 299
+    escaped = sum(1 for k in range(300) if b"\\" in wire.token(k).split(b'"content":', 1)[1].split(b"}", 1)[0])
+    # All but the escaped, the first few (learning), the last (another shape: its
+    # finish_reason) and one a second (the client's progress check: 6 s of stream).
+    assert got["taken"] >= 300 - escaped - 4 - 1 - 7
+
+
+def test_the_client_buffer_the_progress_check_and_decoding_streams(monkeypatch):
+    """Reads the lane leaves to Python (a client buffer not empty, the progress check due
+    every second) between reads it takes; the streams decoding change under it."""
+    wire = StreamWire(3, 200)
+    events = [wire.role(), *(wire.token(k) for k in range(200)), wire.done()]
+    steps = []
+    for i, e in enumerate(events):
+        steps.append(Step(frame(e), 100.05 + i * 0.013, buffered=(700 if i % 17 == 5 else 0), decoding=1 + i // 40))
+    got, _ = both(steps, "/v1/chat/completions", monkeypatch)
+    assert got["taken"] > 100
+    assert sorted(set(got["gap_streams"])) == sorted({1 + i // 40 for i in range(1, len(events))})
+
+
+def test_the_upstream_gone_mid_stream(monkeypatch):
+    """The upstream's connection drops between two tokens the lane took: what it noted is in
+    the timeline before anyone reads it (the relay flushes as it ends), as on the Python path."""
+    wire = StreamWire(4, 80)
+    events = [wire.role(), *(wire.token(k) for k in range(40))]
+    got, _ = both(paced(events), "/v1/chat/completions", monkeypatch, lost=True)
+    assert got["ended"] == "upstream_disconnected"
+    assert got["stream_tokens"] == 40 and got["taken"] > 20
+
+
+def test_a_client_gone_mid_stream(monkeypatch):
+    """The client's transport closes: the lane leaves the read, the relay ends as the Python
+    path ends it, with the same figures up to there."""
+    wire = StreamWire(5, 60)
+    events = [wire.role(), *(wire.token(k) for k in range(60)), wire.done()]
+    results = [_relay_until_closed(paced(events), 30, lanes, monkeypatch) for lanes in (True, False)]
+    assert results[0] == results[1]
+    assert results[0]["ended"] == proxy._CLIENT_GONE
+
+
+def _relay_until_closed(steps: list[Step], close_at: int, lanes: bool, monkeypatch) -> dict:
+    monkeypatch.setattr(proxy, "_LANES", lanes)
+
+    async def run() -> dict:
+        loop = asyncio.get_running_loop()
+        clock = Clock()
+        conn = UpstreamConnection(Pool(loop))
+        conn.connection_made(UpstreamTransport())
+        head = conn.begin(no_body=False)
+        conn.data_received(HEAD)
+        await head
+        route, _ = match_route("/v1/chat/completions", "POST")
+        timeline = RequestTimeline(clock.now, "POST", route.template, "m")
+        observer = ResponseObserver(route, timeline, "text/event-stream")
+        client = ClientTransport()
+        r = _Relay(Request(client), conn, observer, clock, chunked=True)
+        task = asyncio.ensure_future(r.run())
+        await asyncio.sleep(0)
+        for i, step in enumerate(steps):
+            if i == close_at:
+                client.closing = True
+            clock.now = step.at
+            conn.data_received(step.data)
+        ended = await task
+        return {
+            "ended": ended,
+            "written": b"".join(client.written),
+            "sent": r.sent,
+            "gaps": timeline.gaps.tolist(),
+            "stream_tokens": timeline.stream_tokens,
+            "last_token": timeline.last_token,
+        }
+
+    return asyncio.run(run())
+
+
+# -- generated streams: every shape, text and read boundary -----------------------------------
+
+events = st.one_of(
+    st.tuples(st.sampled_from(range(len(SHAPES))), texts).map(
+        lambda p: b"data: " + SHAPES[p[0]].replace(b'"@"', b'"' + p[1] + b'"') + b"\n\n"
+    ),
+    st.sampled_from([b"data: " + o + b"\n\n" for o in OTHERS]),
+)
+# A shape repeated with plain texts, so templates arm, with other events between.
+runs = st.tuples(
+    st.sampled_from(range(len(SHAPES))),
+    st.lists(st.sampled_from([b"a", b" b", b"caf\xc3\xa9", b"\xf0\x9f\x9a\x80", b"\\n", b"x y"]), min_size=1, max_size=12),
+).map(lambda p: [b"data: " + SHAPES[p[0]].replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in p[1]])
+
+
+@FAST
+@given(
+    st.lists(st.one_of(runs, events.map(lambda e: [e])), max_size=12).map(lambda xs: [e for x in xs for e in x]),
+    st.data(),
+)
+def test_generated_streams_relay_as_the_python_path(stream, data):
+    """Shapes that arm and drop templates, texts plain or not, other events between; reads
+    of one event, several coalesced or split; times, client buffer and streams decoding
+    drawn per read."""
+    frames = b"".join(frame(e) for e in stream)
+    # Read boundaries: mostly at frame ends (one event a read), some anywhere.
+    ends, at = [], 0
+    for e in stream:
+        at += len(frame(e))
+        ends.append(at)
+    cuts = sorted(set(data.draw(st.lists(st.sampled_from(ends), max_size=len(ends)) if ends else st.just([]))) | set(
+        data.draw(st.lists(st.integers(0, max(len(frames), 1)), max_size=4))
+    ))
+    bounds = [0, *[c for c in cuts if 0 < c < len(frames)], len(frames)]
+    reads = [frames[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    t = 100.05
+    steps = []
+    for read in reads:
+        t += data.draw(st.sampled_from([0.0, 0.001, 0.02, 0.3, 1.2]))
+        steps.append(Step(read, t, data.draw(st.sampled_from([0, 0, 0, 0, 9])), data.draw(st.integers(1, 3))))
+    with pytest.MonkeyPatch.context() as mp:
+        got, _ = both(steps, "/v1/chat/completions", mp)
+    # A read that split a chunk is re-framed piece by piece (the relay's way); the body is
+    # the same bytes.
+    assert dechunk(got["written"]) == b"".join(stream)
+
+
+def dechunk(data: bytes) -> bytes:
+    out, at = [], 0
+    while at < len(data):
+        eol = data.index(b"\r\n", at)
+        size = int(data[at:eol], 16)
+        out.append(data[eol + 2 : eol + 2 + size])
+        assert data[eol + 2 + size : eol + 4 + size] == b"\r\n"
+        at = eol + 4 + size
+    return b"".join(out)
+
+
+# -- the attributes the lane reads, and what a failure does ----------------------------------
+
+
+def test_the_attributes_the_lane_reads_exist():
+    """The C lane reads these by name (token_lane.py lists them): a rename breaks it."""
+    timeline = RequestTimeline(0.0)
+    for name in ("last_token", "gaps", "gap_streams", "decode", "stream_tokens", "reasoning_stream_tokens"):
+        assert name in RequestTimeline.__slots__
+    assert timeline.gaps.itemsize == 8 and timeline.gap_streams.itemsize == 4
+    assert "n" in DecodeConcurrency.__slots__
+    assert "sent" in _Relay.__slots__
+
+
+def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(monkeypatch):
+    """A measuring failure inside the lane (here: the timeline's gaps refuse more) switches
+    lanes off for the response and counts one parse error; every byte still goes through."""
+
+    class Refusing(array):
+        def frombytes(self, raw):
+            raise RuntimeError("no more")
+
+    real_init = RequestTimeline.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.gaps = Refusing("d")
+
+    monkeypatch.setattr(RequestTimeline, "__init__", init)
+    wire = StreamWire(9, 120)
+    events = [wire.role(), *(wire.token(k) for k in range(120)), wire.done()]
+    got = relay(paced(events), "/v1/chat/completions", True, monkeypatch)
+    assert got["written"] == b"".join(frame(e) for e in events)
+    assert got["ended"] == proxy._COMPLETE
+    assert got["parse_errors"] == 1
+    assert got["taken"] > 0
+
+
+def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
+    """lane_for raising (a bug) is contained: Python path for the rest, one parse error."""
+
+    def broken(*args, **kwargs):
+        raise TypeError("bug")
+
+    wire = StreamWire(11, 50)
+    events = [wire.role(), *(wire.token(k) for k in range(50)), wire.done()]
+    monkeypatch.setattr(proxy, "_LANES", True)
+    without = relay(paced(events), "/v1/chat/completions", False, monkeypatch)
+    monkeypatch.setattr(proxy, "lane_for", broken)
+    monkeypatch.setattr(proxy, "_LANES", True)
+
+    async def run() -> tuple:
+        loop = asyncio.get_running_loop()
+        clock = Clock()
+        conn = UpstreamConnection(Pool(loop))
+        conn.connection_made(UpstreamTransport())
+        head = conn.begin(no_body=False)
+        conn.data_received(HEAD)
+        await head
+        route, _ = match_route("/v1/chat/completions", "POST")
+        timeline = RequestTimeline(clock.now, "POST", route.template, "m")
+        observer = ResponseObserver(route, timeline, "text/event-stream")
+        client = ClientTransport()
+        r = _Relay(Request(client), conn, observer, clock, chunked=True)
+        task = asyncio.ensure_future(r.run())
+        await asyncio.sleep(0)
+        for step in paced(events):
+            clock.now = step.at
+            conn.data_received(step.data)
+        conn.data_received(b"0\r\n\r\n")
+        return await task, b"".join(client.written), timeline
+
+    ended, written, timeline = asyncio.run(run())
+    assert ended == proxy._COMPLETE and written == without["written"]
+    assert timeline.parse_errors == 1
+    assert timeline.stream_tokens == without["stream_tokens"]
