@@ -2,7 +2,7 @@
    two byte checks, each with a pure Python original that is the oracle
    (tests/unit/test_speedups.py compares them), and TokenLane, the steady token read taken
    whole in one call, whose oracle is the Python relay path it stands for
-   (sidecar/relay/token_lane.py; tests/integration/test_token_lane.py). */
+   (sidecar/relay/token_lane.py; tests/unit/test_token_lane.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 

@@ -22,7 +22,7 @@ The connection flushes and drops the lane before the Python path takes a read
 (``UpstreamConnection.data_received``), and the relay flushes it when it ends
 (``_Relay.run``), so whatever reads the timeline or ``_Relay.sent`` sees every token.
 
-The Python path is the oracle: tests/integration/test_token_lane.py relays the same streams
+The Python path is the oracle: tests/unit/test_token_lane.py relays the same streams
 with lanes and without and compares the bytes and every figure. The lane reads and writes
 these attributes (C cannot import them; the test pins them): ``RequestTimeline.last_token``,
 ``gaps`` (an ``array('d')``), ``gap_streams`` (``array('I')``), ``decode.n``,

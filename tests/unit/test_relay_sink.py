@@ -43,7 +43,7 @@ class Request:
 
 class Conn:
     # These tests are of the Python path: no token lane is ever opened on this connection
-    # (tests/integration/test_token_lane.py has the lanes, against the Python path).
+    # (tests/unit/test_token_lane.py has the lanes, against the Python path).
     between_chunks = False
 
     def __init__(self) -> None:
