@@ -837,7 +837,9 @@ class _Relay:
         try:
             return await self._run()
         finally:
-            lane = self._lane
+            # The lane refers to this relay: dropped here, so a finished relay is freed at
+            # once, not by the cyclic collector much later (with its request and timeline).
+            lane, self._lane = self._lane, None
             if lane is not None:
                 self._conn.set_lane(None)
                 lane.flush()  # what the lane noted, before anyone reads the timeline

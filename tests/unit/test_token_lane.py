@@ -130,14 +130,16 @@ FIGURES = [
 ]
 
 
+LANE_FOR = proxy.lane_for  # the real one, before any test patches it
+
+
 def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = False) -> dict:
     """Relay ``steps`` (then the last chunk, or the upstream's connection lost) and return
     what the client got and every figure."""
     made: list = []
-    real_lane_for = proxy.lane_for
 
     def lane_for(*args, **kwargs):
-        lane = real_lane_for(*args, **kwargs)
+        lane = LANE_FOR(*args, **kwargs)
         if lane is not None:
             made.append(lane)
         return lane
@@ -173,6 +175,8 @@ def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = F
             conn.data_received(b"0\r\n\r\n")
         ended = await task
         observer.close(clock.now)
+        taken = sum(lane.taken for lane in made)
+        made.clear()  # (the lanes refer to the relay: not kept past the run)
         out = {name: getattr(timeline, name) for name in FIGURES}
         out.update(
             gaps=timeline.gaps.tolist(),
@@ -180,12 +184,11 @@ def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = F
             written=b"".join(client.written),
             sent=r.sent,
             ended=ended,
+            taken=taken,
         )
         return out
 
-    result = asyncio.run(run())
-    result["taken"] = sum(lane.taken for lane in made)
-    return result
+    return asyncio.run(run())
 
 
 def both(steps: list[Step], path: str, monkeypatch, lost: bool = False) -> tuple[dict, dict]:
@@ -440,3 +443,24 @@ def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
     assert ended == proxy._COMPLETE and written == without["written"]
     assert timeline.parse_errors == 1
     assert timeline.stream_tokens == without["stream_tokens"]
+
+
+def test_a_finished_relay_leaves_no_cycle_behind(monkeypatch):
+    """A lane refers to its relay and the relay to its lane: the relay drops it as it ends,
+    or every finished response (relay, request, observer, timeline) would wait for the
+    cyclic collector, long after it was promoted to the oldest generation (peak RSS +4 MB
+    at 200 streams when it did)."""
+    import gc
+
+    wire = StreamWire(2, 100)
+    events = [wire.role(), *(wire.token(k) for k in range(100)), wire.done()]
+    for lanes in (False, True):
+        gc.collect()
+        gc.disable()
+        try:
+            got = relay(paced(events), "/v1/chat/completions", lanes, monkeypatch)
+            alive = sum(1 for o in gc.get_objects() if type(o) in (_Relay, speedups.TokenLane, RequestTimeline))
+        finally:
+            gc.enable()
+        assert got["taken"] > 50 or not lanes
+        assert alive == 0, f"lanes={lanes}: {alive} relays, lanes or timelines wait for the cyclic collector"
