@@ -5,6 +5,7 @@
    (sidecar/relay/token_lane.py; tests/unit/test_token_lane.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 /* chunk_payload(data) -> bytes | None: data's payload if data is exactly one whole HTTP/1.1
    chunk with a non-zero size and no extension ("1a3\r\n" + payload + "\r\n"): the size
@@ -39,12 +40,16 @@ static PyObject *chunk_payload(PyObject *self, PyObject *data) {
    as bytes.decode(): no overlong form, no surrogate, nothing past U+10FFFF), no '"' and no
    '\\', and every character printable as str.isprintable() judges it (the same
    Py_UNICODE_ISPRINTABLE). 0 otherwise. */
-static int text_plain(const unsigned char *p, Py_ssize_t n) {
+static int text_checked(const unsigned char *p, Py_ssize_t n, int escapes) {
     if (n <= 0) return 0;
     Py_ssize_t i = 0;
     while (i < n) {
         unsigned char c = p[i];
         if (c < 0x80) {
+            if (c == '\\' && escapes && i + 1 < n && strchr("\"\\/bfnrt", p[i + 1]) && p[i + 1]) {
+                i += 2; /* one character, whatever it is: the text stays non-empty */
+                continue;
+            }
             if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') return 0;
             i++;
             continue;
@@ -79,6 +84,14 @@ static int text_plain(const unsigned char *p, Py_ssize_t n) {
     return 1;
 }
 
+static int text_plain(const unsigned char *p, Py_ssize_t n) { return text_checked(p, n, 0); }
+
+/* What a token lane takes as its text: plain (text_plain), or plain but for JSON's
+   one-character escapes (\" \\ \/ \b \f \n \r \t; never \u): a valid, non-empty JSON string
+   either way, which is all the dialect asks of it (its events and state depend on the text
+   only through whether it is empty: sidecar/streams/protocols/_base.py). */
+static int text_lane(const unsigned char *p, Py_ssize_t n) { return text_checked(p, n, 1); }
+
 /* plain_at(buf, start, end) -> bool: whether buf[start:end] is plain (text_plain). */
 static PyObject *plain_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyBytes_Check(args[0])) {
@@ -96,7 +109,7 @@ static PyObject *plain_at(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
    One stream's steady token read in one call (sidecar/relay/token_lane.py says when and
    why). take(read): when the read is one whole HTTP chunk whose payload is the stream's
-   armed repeating event (prefix + plain text + suffix), the client's buffer is empty, its
+   armed repeating event (prefix + text + suffix; text_lane), the client's buffer is empty, its
    transport open and no progress check due, write the read to the client as it came and
    note the token: its gap since the last token, the streams decoding then (decode.n), the
    bytes sent. Else answer False having done nothing but read the clock; the Python path
@@ -295,7 +308,7 @@ static int lane_may_take(TokenLane *self, PyObject *data, double *now, unsigned 
     if (!(self->start < end && len <= self->limit)) return 0;
     if (memcmp(p, PyBytes_AS_STRING(self->prefix), self->start) != 0) return 0;
     if (memcmp(p + end, PyBytes_AS_STRING(self->suffix), self->tail) != 0) return 0;
-    if (!text_plain(p + self->start, end - self->start)) return 0;
+    if (!text_lane(p + self->start, end - self->start)) return 0;
     PyObject *t = PyObject_CallNoArgs(self->clock);
     if (t == NULL) return -1;
     *now = PyFloat_AsDouble(t);

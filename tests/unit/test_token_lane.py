@@ -230,15 +230,38 @@ def test_recorded_streams_relay_as_the_python_path(name, monkeypatch):
 
 def test_the_bench_stream_with_every_kind_of_text(monkeypatch):
     """The benchmark's vLLM-shaped stream: ASCII, UTF-8 (é, 日本, 🚀) and escaped texts (\\n,
-    \\"). Lanes take every plain one, UTF-8 included; the escaped ones go the Python way."""
+    \\"). Lanes take them all once armed."""
     wire = StreamWire(7, 300)
     events = [wire.role(), *(wire.token(k) for k in range(300)), wire.usage(12), wire.done()]
     got, _ = both(paced(events), "/v1/chat/completions", monkeypatch)
     assert got["stream_tokens"] == 300 and len(got["gaps"]) == 299
-    escaped = sum(1 for k in range(300) if b"\\" in wire.token(k).split(b'"content":', 1)[1].split(b"}", 1)[0])
-    # All but the escaped, the first few (learning), the last (another shape: its
-    # finish_reason) and one a second (the client's progress check: 6 s of stream).
-    assert got["taken"] >= 300 - escaped - 4 - 1 - 7
+    # All but the first few (learning), the last (another shape: its finish_reason) and one
+    # a second (the client's progress check: 6 s of stream); the escaped texts too.
+    assert got["taken"] >= 300 - 4 - 1 - 7
+
+
+# Texts in an armed shape: (raw JSON string contents, whether a lane takes it). A lane takes
+# plain texts and JSON's one-character escapes; \u escapes, broken escapes and anything
+# JSON refuses go the Python way (which decodes them, or counts a parse error).
+LANE_TEXTS = [
+    (b"a", True), (b"caf\xc3\xa9", True), (b"\\n", True), (b"\\n\\n", True), (b'x\\"y', True),
+    (b"\\\\", True), (b"\\/", True), (b"\\t\\b\\f\\r", True),
+    (b"\\u00e9", False), (b"\\ud83d\\ude80", False), (b"\\x", False), (b"a\\", False), (b"\\", False),
+    (b"\\0", False), (b"\x7f", False), (b"\xe2\x80\xa8", False), (b"\xc3", False), (b"", False),
+]
+
+
+@pytest.mark.parametrize("raw, taken", LANE_TEXTS)
+def test_what_a_lane_takes(raw, taken, monkeypatch):
+    """A vLLM shape armed by plain texts (the first event also says the model; the next two
+    arm it, and the lane opens), then the text under test, then a plain one: the lane takes
+    it or leaves it, as listed, and the figures are the Python path's either way."""
+    event = lambda t: b"data: " + SHAPES[0].replace(b'"@"', b'"' + t + b'"') + b"\n\n"  # noqa: E731
+    stream = [event(b"one"), event(b"two"), event(b"three"), event(b"four"), event(raw), event(b"five")]
+    got, _ = both(paced(stream), "/v1/chat/completions", monkeypatch)
+    without_it = relay(paced(stream[:4] + stream[5:]), "/v1/chat/completions", True, monkeypatch)
+    assert without_it["taken"] == 2  # four and five (one says the model, two and three arm)
+    assert got["taken"] - without_it["taken"] == (1 if taken else 0)
 
 
 def test_the_client_buffer_the_progress_check_and_decoding_streams(monkeypatch):
