@@ -869,5 +869,4 @@ class _Relay:
                 await self._waiter
             finally:
                 self._waiter = None
-
         return self.ended
