@@ -39,7 +39,8 @@ static PyObject *chunk_payload(PyObject *self, PyObject *data) {
 /* 1 when p[0:n] is what sidecar.base.speedups.plain accepts: non-empty, valid UTF-8 (strict,
    as bytes.decode(): no overlong form, no surrogate, nothing past U+10FFFF), no '"' and no
    '\\', and every character printable as str.isprintable() judges it (the same
-   Py_UNICODE_ISPRINTABLE). 0 otherwise. */
+   Py_UNICODE_ISPRINTABLE). 0 otherwise. With escapes, a backslash may also start one of
+   JSON's one-character escapes (text_lane). */
 static int text_checked(const unsigned char *p, Py_ssize_t n, int escapes) {
     if (n <= 0) return 0;
     Py_ssize_t i = 0;
