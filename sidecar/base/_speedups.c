@@ -7,17 +7,12 @@
 #include <Python.h>
 #include <string.h>
 
-/* chunk_payload(data) -> bytes | None: data's payload if data is exactly one whole HTTP/1.1
-   chunk with a non-zero size and no extension ("1a3\r\n" + payload + "\r\n"): the size
-   line is 1 to 15 hex digits then CRLF. Else None. */
-static PyObject *chunk_payload(PyObject *self, PyObject *data) {
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "chunk_payload needs bytes");
-        return NULL;
-    }
-    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
-    unsigned long long size = 0;
+/* Whether b[0:n] is exactly one whole HTTP/1.1 chunk with a non-zero size and no extension
+   ("1a3\r\n" + payload + "\r\n"; the size line is 1 to 15 hex digits then CRLF, as the
+   Python original: find(CRLF, 0, 17) at 1..15); then *start and *size say the payload. */
+static int whole_chunk(const unsigned char *b, Py_ssize_t n, Py_ssize_t *start, Py_ssize_t *size) {
+    Py_ssize_t i = 0;
+    unsigned long long value = 0;
     for (; i < n && i < 16; i++) {
         unsigned char c = b[i];
         unsigned v;
@@ -25,15 +20,27 @@ static PyObject *chunk_payload(PyObject *self, PyObject *data) {
         else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
         else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
         else break;
-        size = size * 16 + v;
+        value = value * 16 + v;
     }
-    /* 1..15 digits, then CRLF (the Python original: find(CRLF, 0, 17) at 1..15). */
-    if (i == 0 || i > 15 || i + 1 >= n || b[i] != '\r' || b[i + 1] != '\n' || size == 0)
-        Py_RETURN_NONE;
-    Py_ssize_t start = i + 2;
-    if ((unsigned long long)(n - start) != size + 2 || b[n - 2] != '\r' || b[n - 1] != '\n')
-        Py_RETURN_NONE;
-    return PyBytes_FromStringAndSize((const char *)b + start, (Py_ssize_t)size);
+    if (i == 0 || i > 15 || i + 1 >= n || b[i] != '\r' || b[i + 1] != '\n' || value == 0) return 0;
+    Py_ssize_t at = i + 2;
+    if ((unsigned long long)(n - at) != value + 2 || b[n - 2] != '\r' || b[n - 1] != '\n') return 0;
+    *start = at;
+    *size = (Py_ssize_t)value;
+    return 1;
+}
+
+/* chunk_payload(data) -> bytes | None: data's payload if data is one whole chunk
+   (whole_chunk), else None. */
+static PyObject *chunk_payload(PyObject *self, PyObject *data) {
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "chunk_payload needs bytes");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t start, size;
+    if (!whole_chunk(b, PyBytes_GET_SIZE(data), &start, &size)) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)b + start, size);
 }
 
 /* 1 when p[0:n] is what sidecar.base.speedups.plain accepts: non-empty, valid UTF-8 (strict,
@@ -288,24 +295,11 @@ static void lane_failed(TokenLane *self) {
 /* The checks before anything is written: 1 take, 0 leave to Python, -1 error. */
 static int lane_may_take(TokenLane *self, PyObject *data, double *now, unsigned int *streams) {
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
-    if (n >= self->yield_after || n > self->high_water) return 0;
-    unsigned long long size = 0;
-    for (; i < n && i < 16; i++) {
-        unsigned char c = b[i];
-        unsigned v;
-        if (c >= '0' && c <= '9') v = c - '0';
-        else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-        else break;
-        size = size * 16 + v;
-    }
-    if (i == 0 || i > 15 || i + 1 >= n || b[i] != '\r' || b[i + 1] != '\n' || size == 0) return 0;
-    Py_ssize_t at = i + 2;
-    if ((unsigned long long)(n - at) != size + 2 || b[n - 2] != '\r' || b[n - 1] != '\n') return 0;
-    /* The payload as EventTemplate.matches takes it: prefix, a plain text, suffix. */
+    Py_ssize_t n = PyBytes_GET_SIZE(data), at, len;
+    if (n >= self->yield_after || n > self->high_water || !whole_chunk(b, n, &at, &len)) return 0;
+    /* The payload as EventTemplate.matches takes it: prefix, a text (text_lane), suffix. */
     const unsigned char *p = b + at;
-    Py_ssize_t len = (Py_ssize_t)size, end = len - self->tail;
+    Py_ssize_t end = len - self->tail;
     if (!(self->start < end && len <= self->limit)) return 0;
     if (memcmp(p, PyBytes_AS_STRING(self->prefix), self->start) != 0) return 0;
     if (memcmp(p + end, PyBytes_AS_STRING(self->suffix), self->tail) != 0) return 0;

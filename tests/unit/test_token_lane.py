@@ -133,6 +133,27 @@ FIGURES = [
 LANE_FOR = proxy.lane_for  # the real one, before any test patches it
 
 
+class Running:
+    """One response being relayed: a real connection with its head read, the observer, the
+    relay and its task, fake transports both sides."""
+
+    async def start(self, path: str, clock: Clock) -> Running:
+        loop = asyncio.get_running_loop()
+        self.conn = conn = UpstreamConnection(Pool(loop))
+        conn.connection_made(UpstreamTransport())
+        head = conn.begin(no_body=False)
+        conn.data_received(HEAD)
+        await head
+        route, _ = match_route(path, "POST")
+        self.timeline = RequestTimeline(clock.now, "POST", route.template, "m")
+        self.observer = ResponseObserver(route, self.timeline, "text/event-stream")
+        self.client = ClientTransport()
+        self.relay = _Relay(Request(self.client), conn, self.observer, clock, chunked=True)
+        self.task = asyncio.ensure_future(self.relay.run())
+        await asyncio.sleep(0)  # the relay is pushed to
+        return self
+
+
 def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = False) -> dict:
     """Relay ``steps`` (then the last chunk, or the upstream's connection lost) and return
     what the client got and every figure."""
@@ -148,21 +169,10 @@ def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = F
     monkeypatch.setattr(proxy, "lane_for", lane_for)
 
     async def run() -> dict:
-        loop = asyncio.get_running_loop()
         clock = Clock()
-        conn = UpstreamConnection(Pool(loop))
-        conn.connection_made(UpstreamTransport())
-        head = conn.begin(no_body=False)
-        conn.data_received(HEAD)
-        await head
-        route, _ = match_route(path, "POST")
-        timeline = RequestTimeline(clock.now, "POST", route.template, "m")
+        it = await Running().start(path, clock)
+        conn, timeline, observer, client, r = it.conn, it.timeline, it.observer, it.client, it.relay
         timeline.decode = decode = DecodeConcurrency()
-        observer = ResponseObserver(route, timeline, "text/event-stream")
-        client = ClientTransport()
-        r = _Relay(Request(client), conn, observer, clock, chunked=True)
-        task = asyncio.ensure_future(r.run())
-        await asyncio.sleep(0)  # the relay is pushed to
         for step in steps:
             clock.now, client.buffered = step.at, step.buffered
             decode.n = step.decoding
@@ -173,7 +183,7 @@ def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = F
             conn.connection_lost(None)
         else:
             conn.data_received(b"0\r\n\r\n")
-        ended = await task
+        ended = await it.task
         observer.close(clock.now)
         taken = sum(lane.taken for lane in made)
         made.clear()  # (the lanes refer to the relay: not kept past the run)
@@ -301,30 +311,19 @@ def _relay_until_closed(steps: list[Step], close_at: int, lanes: bool, monkeypat
     monkeypatch.setattr(proxy, "_LANES", lanes)
 
     async def run() -> dict:
-        loop = asyncio.get_running_loop()
         clock = Clock()
-        conn = UpstreamConnection(Pool(loop))
-        conn.connection_made(UpstreamTransport())
-        head = conn.begin(no_body=False)
-        conn.data_received(HEAD)
-        await head
-        route, _ = match_route("/v1/chat/completions", "POST")
-        timeline = RequestTimeline(clock.now, "POST", route.template, "m")
-        observer = ResponseObserver(route, timeline, "text/event-stream")
-        client = ClientTransport()
-        r = _Relay(Request(client), conn, observer, clock, chunked=True)
-        task = asyncio.ensure_future(r.run())
-        await asyncio.sleep(0)
+        it = await Running().start("/v1/chat/completions", clock)
+        client, timeline = it.client, it.timeline
         for i, step in enumerate(steps):
             if i == close_at:
                 client.closing = True
             clock.now = step.at
-            conn.data_received(step.data)
-        ended = await task
+            it.conn.data_received(step.data)
+        ended = await it.task
         return {
             "ended": ended,
             "written": b"".join(client.written),
-            "sent": r.sent,
+            "sent": it.relay.sent,
             "gaps": timeline.gaps.tolist(),
             "stream_tokens": timeline.stream_tokens,
             "last_token": timeline.last_token,
@@ -442,25 +441,13 @@ def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
     monkeypatch.setattr(proxy, "_LANES", True)
 
     async def run() -> tuple:
-        loop = asyncio.get_running_loop()
         clock = Clock()
-        conn = UpstreamConnection(Pool(loop))
-        conn.connection_made(UpstreamTransport())
-        head = conn.begin(no_body=False)
-        conn.data_received(HEAD)
-        await head
-        route, _ = match_route("/v1/chat/completions", "POST")
-        timeline = RequestTimeline(clock.now, "POST", route.template, "m")
-        observer = ResponseObserver(route, timeline, "text/event-stream")
-        client = ClientTransport()
-        r = _Relay(Request(client), conn, observer, clock, chunked=True)
-        task = asyncio.ensure_future(r.run())
-        await asyncio.sleep(0)
+        it = await Running().start("/v1/chat/completions", clock)
         for step in paced(events):
             clock.now = step.at
-            conn.data_received(step.data)
-        conn.data_received(b"0\r\n\r\n")
-        return await task, b"".join(client.written), timeline
+            it.conn.data_received(step.data)
+        it.conn.data_received(b"0\r\n\r\n")
+        return await it.task, b"".join(it.client.written), it.timeline
 
     ended, written, timeline = asyncio.run(run())
     assert ended == proxy._COMPLETE and written == without["written"]
