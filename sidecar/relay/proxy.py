@@ -690,6 +690,8 @@ class _Relay:
         conn = self._conn
         if self.ended is not None or self.paused or not conn.between_chunks:
             return
+        if self._transport.get_write_buffer_size():
+            return  # a lane would leave the next read to Python too: a slow reader's stays shut
         try:
             steady = self._observer.steady()
             if steady is None:

@@ -24,7 +24,8 @@ the CPU per token (docs/performance.md).
 What a lane does not check per read, the relay checks each time it opens one (``_Relay._link``,
 after every read the Python path took, as the Python path is what changes these): the
 parser between chunks, the relay neither ended nor paused, the dialect's template still the
-lane's, the timeline past its first token (and its first answer token, for an answer lane).
+lane's, the timeline past its first token (and its first answer token, for an answer lane);
+and the client's buffer empty (a slow reader's next read would go to Python anyway).
 The connection flushes and drops the lane before the Python path takes a read
 (``UpstreamConnection.data_received``), and the relay flushes it when it ends
 (``_Relay.run``), so whatever reads the timeline or ``_Relay.sent`` sees every token.

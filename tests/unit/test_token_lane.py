@@ -287,6 +287,31 @@ def test_the_client_buffer_the_progress_check_and_decoding_streams(monkeypatch):
     assert sorted(set(got["gap_streams"])) == sorted({1 + i // 40 for i in range(1, len(events))})
 
 
+def test_a_slow_reader_gets_no_lane(monkeypatch):
+    """A client whose socket buffer is never empty: a lane would leave every read to Python
+    (after trying it, and a flush and a re-open each time), so the relay does not open one;
+    the figures are the Python path's."""
+    opened = []
+    real_set_lane = UpstreamConnection.set_lane
+
+    def set_lane(self, lane):
+        if lane is not None:
+            opened.append(lane)
+        real_set_lane(self, lane)
+
+    monkeypatch.setattr(UpstreamConnection, "set_lane", set_lane)
+    wire = StreamWire(6, 80)
+    events = [wire.role(), *(wire.token(k) for k in range(80)), wire.done()]
+    steps = [Step(frame(e), 100.05 + i * 0.02, buffered=300) for i, e in enumerate(events)]
+    got, _ = both(steps, "/v1/chat/completions", monkeypatch)
+    assert got["stream_tokens"] == 80
+    assert got["taken"] == 0 and not opened
+    # The same stream read as it is taken: lanes open.
+    got, _ = both(paced(events), "/v1/chat/completions", monkeypatch)
+    assert got["taken"] > 60 and opened
+    opened.clear()
+
+
 def test_the_upstream_gone_mid_stream(monkeypatch):
     """The upstream's connection drops between two tokens the lane took: what it noted is in
     the timeline before anyone reads it (the relay flushes as it ends), as on the Python path."""
