@@ -86,17 +86,16 @@ class ResponseObserver:
         return getattr(self._dialect, "_learning", 0) > 0
 
     def steady(self):
-        """``(dialect, template, kind)`` while the dialect has a template armed whose event is
-        one token of ``kind`` (a :class:`~sidecar.streams.protocols.events.TokenKind`):
-        what :class:`sidecar.relay.token_lane` builds a lane from; else None."""
-        dialect = self._dialect
-        memo = getattr(dialect, "_memo", None)
+        """``(template, kind)`` while the dialect has a template armed whose event is one
+        token of ``kind`` (a :class:`~sidecar.streams.protocols.events.TokenKind`): what
+        :mod:`sidecar.relay.token_lane` builds a lane from; else None."""
+        memo = getattr(self._dialect, "_memo", None)
         if memo is None:
             return None
         events = memo.events
         if len(events) != 1 or type(events[0]) is not Tokens or events[0].count != 1:
             return None
-        return dialect, memo, events[0].kind
+        return memo, events[0].kind
 
     def feed(self, chunk: bytes, now: float) -> None:
         """``now``: when the proxy read the chunk from the upstream, before relaying it."""

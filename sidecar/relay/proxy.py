@@ -697,7 +697,7 @@ class _Relay:
             if steady is None:
                 return
             lane = self._lane
-            if lane is None or lane.memo is not steady[1]:
+            if lane is None or lane.memo is not steady[0]:
                 if lane is not None and lane.off:
                     self._lane_failed()
                     return

@@ -52,12 +52,12 @@ _KINDS = {TokenKind.ANSWER: 0, TokenKind.REASONING: 1, TokenKind.TOOL: 2}
 
 
 def lane_for(steady, *, clock, transport, relay, timeline, high_water: int):
-    """A lane for ``steady``, ``observer.steady()``'s ``(dialect, template, kind)``, or None
+    """A lane for ``steady``, ``observer.steady()``'s ``(template, kind)``, or None
     when there is nothing it may stand for yet: the first token (of an answer lane's kind:
     the first answer token) is the Python path's to record."""
     if TokenLane is None or steady is None or timeline.first_token is None:
         return None
-    _, memo, kind = steady
+    memo, kind = steady
     if kind is TokenKind.ANSWER and timeline.first_answer_token is None:
         return None
     return TokenLane(
