@@ -5,6 +5,7 @@
    (sidecar/relay/token_lane.py; tests/unit/test_token_lane.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <string.h>
 
 /* Whether b[0:n] is exactly one whole HTTP/1.1 chunk with a non-zero size and no extension
@@ -156,7 +157,12 @@ static int lane_traverse(TokenLane *self, visitproc visit, void *arg) {
     return 0;
 }
 
+/* Also what the garbage collector calls to break a cycle: a cleared lane is closed, with no
+   notes, as a lane never initialised, so nothing after it reads a cleared reference. */
 static int lane_clear(TokenLane *self) {
+    self->is_open = 0;
+    self->count = 0;
+    self->sent = 0;
     Py_CLEAR(self->clock); Py_CLEAR(self->write); Py_CLEAR(self->is_closing); Py_CLEAR(self->buffer_size);
     Py_CLEAR(self->relay); Py_CLEAR(self->timeline); Py_CLEAR(self->decode); Py_CLEAR(self->memo);
     Py_CLEAR(self->prefix); Py_CLEAR(self->suffix);
@@ -236,14 +242,33 @@ static int lane_init(TokenLane *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* obj.name += by, for an int attribute. */
+/* obj.name += by, for an int attribute: in a machine word while the sum fits (checked before
+   it is made: never a signed overflow), else as Python adds. */
 static int attr_add(PyObject *obj, PyObject *name, Py_ssize_t by) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) return -1;
-    Py_ssize_t n = PyLong_AsSsize_t(v);
+    PyObject *nv = NULL;
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long n = PyLong_AsLongLongAndOverflow(v, &overflow), sum;
+        if (n == -1 && PyErr_Occurred()) {
+            Py_DECREF(v);
+            return -1;
+        }
+        if (!overflow && !__builtin_add_overflow(n, (long long)by, &sum)) {
+            nv = PyLong_FromLongLong(sum);
+            if (nv == NULL) {
+                Py_DECREF(v);
+                return -1;
+            }
+        }
+    }
+    if (nv == NULL) { /* beyond a machine word, or not an int: Python's own += */
+        PyObject *step = PyLong_FromSsize_t(by);
+        nv = step ? PyNumber_InPlaceAdd(v, step) : NULL;
+        Py_XDECREF(step);
+    }
     Py_DECREF(v);
-    if (n == -1 && PyErr_Occurred()) return -1;
-    PyObject *nv = PyLong_FromSsize_t(n + by);
     if (nv == NULL) return -1;
     int rc = PyObject_SetAttr(obj, name, nv);
     Py_DECREF(nv);
@@ -269,6 +294,7 @@ static int lane_flush_notes(TokenLane *self) {
     Py_ssize_t sent = self->sent;
     self->count = 0;
     self->sent = 0;
+    if (self->relay == NULL || self->timeline == NULL) return 0; /* never initialised, or cleared */
     if (sent && attr_add(self->relay, s_sent, sent) < 0) return -1;
     if (!count) return 0;
     PyObject *tl = self->timeline;
@@ -327,6 +353,7 @@ static int lane_may_take(TokenLane *self, PyObject *data, double *now, unsigned 
     unsigned long k = PyLong_AsUnsignedLong(decoding);
     Py_DECREF(decoding);
     if (k == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (k > UINT_MAX) return 0; /* not an 'I' array item: the Python path says so */
     *streams = (unsigned int)k;
     return 1;
 }
@@ -345,7 +372,8 @@ static PyObject *lane_take(TokenLane *self, PyObject *data) {
     PyObject *r = PyObject_CallOneArg(self->write, data);
     if (r == NULL) return NULL;
     Py_DECREF(r);
-    if (self->count == LANE_BATCH && lane_flush_notes(self) < 0) {
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if ((self->count == LANE_BATCH || self->sent > PY_SSIZE_T_MAX - n) && lane_flush_notes(self) < 0) {
         lane_failed(self);
         Py_RETURN_TRUE;
     }
@@ -353,14 +381,18 @@ static PyObject *lane_take(TokenLane *self, PyObject *data) {
     self->streams[self->count] = streams;
     self->count++;
     self->last = now;
-    self->sent += PyBytes_GET_SIZE(data);
-    self->taken++;
+    self->sent += n;
+    if (self->taken < PY_SSIZE_T_MAX) self->taken++;
     Py_RETURN_TRUE;
 }
 
 /* open(check_at): take reads again, from the timeline's last token on, until a progress
    check is due at check_at (the relay's; it checks everything else before calling). */
 static PyObject *lane_open(TokenLane *self, PyObject *check_at) {
+    if (self->timeline == NULL) { /* TokenLane.__new__ without __init__ (or cleared) */
+        PyErr_SetString(PyExc_RuntimeError, "TokenLane.open() before __init__()");
+        return NULL;
+    }
     if (self->off) Py_RETURN_FALSE;
     double at = PyFloat_AsDouble(check_at);
     if (at == -1.0 && PyErr_Occurred()) return NULL;
