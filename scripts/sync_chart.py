@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,12 @@ NAMESPACE = "llm"
 KUBE_VERSION = "1.33.0"
 KUBE_VERSION_LEGACY = "1.28.0"
 
+# The chart refuses to render without an image (none is published). Every render here names
+# the docs' example, the one `make image-push REGISTRY=registry.example.com/team` would push;
+# the plain manifests say so on the image's line (IMAGE_NOTE).
+EXAMPLE_IMAGE = "registry.example.com/team/llm-sidecar-proxy"
+IMAGE_NOTE = "  # an example: build and push yours (make image-push REGISTRY=...), put its name here"
+
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 GOLDEN_DIR = ROOT / "tests" / "golden" / "helm"
 DEPLOY_DIR = ROOT / "deploy" / "kubernetes"
@@ -63,7 +70,7 @@ class Case:
     sets: tuple[str, ...] = ()
 
     def args(self) -> list[str]:
-        out = ["--kube-version", self.kube_version]
+        out = ["--kube-version", self.kube_version, "--set", f"image.repository={EXAMPLE_IMAGE}"]
         for v in self.values:
             out += ["-f", str(CHART / v)]
         for s in self.sets:
@@ -71,7 +78,8 @@ class Case:
         return out
 
     def command(self) -> str:
-        parts = [f"helm template {RELEASE} helm/llm-sidecar --namespace {NAMESPACE} --kube-version {self.kube_version}"]
+        parts = [f"helm template {RELEASE} helm/llm-sidecar --namespace {NAMESPACE} --kube-version {self.kube_version}"
+                 f" --set image.repository={EXAMPLE_IMAGE}"]  # fmt: skip
         parts += [f"-f helm/llm-sidecar/{v}" for v in self.values]
         parts += [f"--set {s}" for s in self.sets]
         return " ".join(parts)
@@ -113,7 +121,10 @@ def helm(*args: str, chart: Path = CHART) -> str:
 
 
 def template(args: list[str], chart: Path = CHART) -> str:
-    return helm("template", RELEASE, str(chart), "--namespace", NAMESPACE, *args, chart=chart)
+    """`helm template` of the release, naming the example image unless ``args`` name another
+    (a later --set wins): the chart refuses to render without one."""
+    image = ["--set", f"image.repository={EXAMPLE_IMAGE}"]
+    return helm("template", RELEASE, str(chart), "--namespace", NAMESPACE, *image, *args, chart=chart)
 
 
 def documents(rendered: str) -> list[str]:
@@ -135,13 +146,25 @@ def objects(rendered: str) -> list[dict]:
 def expected_rules() -> dict[Path, str]:
     """helm/llm-sidecar/files/rules/ file -> its text: the generator's rules with each
     objective's target and threshold as a values lookup (sidecar/tools/slo/helm.py)."""
-    return {
+    out = {
         CHART / "files" / "rules" / name: helm_rules.render_helm_rules(load_spec(str(ROOT / spec)))
         for name, spec in helm_rules.SHIPPED.items()
     }
+    # The rules' render-time checks as a named template (templates/validate.yaml runs it first,
+    # so a wrong window fails with one line, not with the rules file around it).
+    (spec,) = set(helm_rules.SHIPPED.values())
+    out[CHART / "templates" / "_rules-guard.tpl"] = helm_rules.render_helm_guard(load_spec(str(ROOT / spec)))
+    return out
 
 
 # ------------------------------------------------------------------------------ 2. plain manifests
+
+
+def _note_image(text: str) -> str:
+    """``text`` with IMAGE_NOTE after every line naming the example image: no plain manifest
+    points at an image that does not exist without saying so where it is used."""
+    line = re.compile(rf'^(\s*(?:- )?image: "?{re.escape(EXAMPLE_IMAGE)}:[^"\s]+"?)$', re.MULTILINE)
+    return line.sub(lambda m: m.group(1) + IMAGE_NOTE, text)
 
 
 def _header(what: str, command: str) -> str:
@@ -173,7 +196,8 @@ def render_extra(template_text: str, args: list[str]) -> dict:
 
 def sidecar_snippet() -> str:
     """The container monitoring-only mode prints for users to paste, from the same template."""
-    args = ["--kube-version", KUBE_VERSION, "--set", "mode=monitoring-only", "--set", "existingServer.podSelector.app=my-server"]
+    args = ["--kube-version", KUBE_VERSION, "--set", f"image.repository={EXAMPLE_IMAGE}",
+            "--set", "mode=monitoring-only", "--set", "existingServer.podSelector.app=my-server"]  # fmt: skip
     container = render_extra(SNIPPET_TEMPLATE, args)["container"]
     body = yaml.safe_dump([container], sort_keys=False, width=120)
     return (
@@ -187,7 +211,7 @@ def sidecar_snippet() -> str:
         "# container gives the Service no endpoints), label the pods for the chart's\n"
         "# existingServer.podSelector, give your server a preStop sleep of ~10 s, and set\n"
         "# terminationGracePeriodSeconds above that plus LLM_SIDECAR_DRAIN_SECONDS (e.g. 55).\n"
-        + body
+        + _note_image(body)
     )
 
 
@@ -206,7 +230,7 @@ def expected_manifests() -> dict[Path, str]:
         DEPLOY_DIR / "llm-sidecar.yaml": _header(
             "The model server (vLLM) with llm-sidecar in front of it, and its Service.", command
         )
-        + "---\n".join(core),
+        + _note_image("---\n".join(core)),
         DEPLOY_DIR / "monitoring.yaml": _header(
             "PodMonitor and PrometheusRule (needs Prometheus Operator's CRDs); the dashboards' ConfigMaps\n"
             "# are left out: kubectl apply --server-side -n monitoring -k dashboards/",
@@ -309,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         write(rules)
         want = {**rules, **expected_outputs()}
         write(want, remove=True)
-        helm("lint", "--strict", str(CHART))
+        helm("lint", "--strict", "--set", f"image.repository={EXAMPLE_IMAGE}", str(CHART))
         print(f"chart in step: {len(want)} rendered files")
         return 0
     except SyncError as exc:

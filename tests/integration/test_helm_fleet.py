@@ -49,7 +49,7 @@ def render_release(release: str, namespace: str, sets: tuple[str, ...], chart: P
     args = [a for s in sets for a in ("--set", s)]
     return sync.objects(
         sync.helm("template", release, str(chart), "--namespace", namespace,
-                  "--kube-version", sync.KUBE_VERSION, *args, chart=chart)
+                  "--kube-version", sync.KUBE_VERSION, "--set", f"image.repository={sync.EXAMPLE_IMAGE}", *args, chart=chart)
     )  # fmt: skip
 
 

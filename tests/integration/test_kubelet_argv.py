@@ -31,7 +31,7 @@ from tests.unit.test_helm_files import image_entrypoint_and_cmd
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE_REPOSITORY = "ghcr.io/llm-sidecar/llm-sidecar-proxy"
+IMAGE_REPOSITORY = "registry.example.com/team/llm-sidecar-proxy"  # scripts/sync_chart.py EXAMPLE_IMAGE
 # Renderings of monitoring objects only (the snippet file carries monitoring-only's container).
 MONITORING_ONLY = {"monitoring.yaml", "monitoring-only.yaml"}
 RENDERINGS = sorted((ROOT / "tests" / "golden" / "helm").glob("*.yaml")) + sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml"))

@@ -60,13 +60,42 @@ interval: {{ . }}
 scrapeTimeout: {{ . }}
 {{- end }}
 relabelings:
+  {{- include "llm-sidecar.releaseRelabeling" . | nindent 2 }}
   - action: replace
     targetLabel: job
     replacement: {{ .Values.prometheus.monitor.jobLabel | quote }}
-  # The release's own series: its rules select namespace and deployment (docs/kubernetes.md).
-  - action: replace
-    targetLabel: deployment
-    replacement: {{ include "llm-sidecar.fullname" . | quote }}
+{{- end -}}
+
+{{/*
+The release's own series (docs/kubernetes.md "Which pods a release judges"): every series a
+monitor scrapes gets llm_release="<monitor namespace>/<monitor name>", which the release's
+rules select. The Prometheus Operator gives a PodMonitor's targets the job
+"<PodMonitor namespace>/<PodMonitor name>" just before these relabelings, so it is copied
+before job is replaced; a ServiceMonitor's job is the Service's name, but the chart's
+ServiceMonitor watches its own namespace only, the namespace label's. Made at scrape time, so
+the plain manifests are right in whichever namespace they are applied to.
+*/}}
+{{- define "llm-sidecar.releaseRelabeling" -}}
+{{- if eq .Values.prometheus.monitor.kind "ServiceMonitor" -}}
+- action: replace
+  sourceLabels: [namespace]
+  targetLabel: llm_release
+  replacement: {{ printf "${1}/%s" (include "llm-sidecar.fullname" .) | quote }}
+{{- else -}}
+- action: replace
+  sourceLabels: [job]
+  targetLabel: llm_release
+{{- end -}}
+{{- end -}}
+
+{{/* The rules' matcher of the release's series: llm_release="<namespace>/<fullname>", or with
+prometheus.rules.anyNamespace the name in any namespace (for manifests applied with kubectl -n). */}}
+{{- define "llm-sidecar.releaseMatcher" -}}
+{{- if .Values.prometheus.rules.anyNamespace -}}
+llm_release=~".+/{{ include "llm-sidecar.fullname" . }}"
+{{- else -}}
+llm_release="{{ .Release.Namespace }}/{{ include "llm-sidecar.fullname" . }}"
+{{- end -}}
 {{- end -}}
 
 {{/* The model server's own /metrics, relayed by the sidecar's admin port, as job=<engine.jobLabel>. */}}
@@ -80,13 +109,10 @@ interval: {{ . }}
 scrapeTimeout: {{ . }}
 {{- end }}
 relabelings:
+  {{- include "llm-sidecar.releaseRelabeling" . | nindent 2 }}
   - action: replace
     targetLabel: job
     replacement: {{ .Values.prometheus.monitor.engine.jobLabel | quote }}
-  # The release's own series: its rules select namespace and deployment (docs/kubernetes.md).
-  - action: replace
-    targetLabel: deployment
-    replacement: {{ include "llm-sidecar.fullname" . | quote }}
 {{- end -}}
 
 {{/* "true" when the sidecar is a native sidecar (an init container with restartPolicy: Always). */}}
@@ -290,8 +316,17 @@ securityContext:
 
 {{/* Values the schema cannot check on its own. */}}
 {{- define "llm-sidecar.validate" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository is not set: no llm-sidecar image is published; build and push yours first (make image-push REGISTRY=registry.example.com/team) and --set image.repository=registry.example.com/team/llm-sidecar-proxy" -}}
+{{- end -}}
 {{- if and (eq .Values.mode "monitoring-only") (not .Values.existingServer.podSelector) .Values.prometheus.monitor.enabled -}}
 {{- fail "mode monitoring-only: set existingServer.podSelector to the labels of your inference server's pods, so the monitor can find them" -}}
+{{- end -}}
+{{- if and .Values.prometheus.rules.enabled (not .Values.prometheus.monitor.enabled) -}}
+{{- fail "prometheus.rules.enabled needs prometheus.monitor.enabled: the rules judge the series the monitor labels llm_release (or set prometheus.rules.enabled=false)" -}}
+{{- end -}}
+{{- if and (ne .Values.mode "full") (eq .Values.prometheus.monitor.kind "ServiceMonitor") (without .Values.existingServer.namespaces .Release.Namespace) -}}
+{{- fail (printf "existingServer.namespaces needs prometheus.monitor.kind=PodMonitor: a ServiceMonitor's Service selects pods in %s only" .Release.Namespace) -}}
 {{- end -}}
 {{- if eq (int .Values.sidecar.port) (int .Values.sidecar.adminPort) -}}
 {{- fail "sidecar.port and sidecar.adminPort must differ" -}}

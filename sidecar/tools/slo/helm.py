@@ -47,7 +47,8 @@ from .windows import AlertWindow
 __all__ = [
     "VALUES_PATH",
     "SHIPPED",
-    "LABEL_DEPLOYMENT",
+    "LABEL_RELEASE",
+    "release_id",
     "SEVERITIES",
     "HelmNumbers",
     "release_scope",
@@ -79,27 +80,52 @@ MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
 _SENTINEL_BASE = 7_000_001
 """First stand-in window in seconds (odd, so never a whole minute: it renders as ``7000001s``)."""
 
-LABEL_DEPLOYMENT = "deployment"
-"""The label the chart's PodMonitor/ServiceMonitor gives every series of a release (its
-fullname); with the namespace it names one deployment, and every rule of the release
-selects and carries both, so releases never read or write each other's series."""
+LABEL_RELEASE = c.LABEL_RELEASE
+"""The label the chart's PodMonitor/ServiceMonitor gives every series of a release:
+``<release namespace>/<release fullname>`` (:func:`release_id`). Every rule of the release
+selects and carries it, so releases never read or write each other's series, wherever their
+pods run. The series' ``namespace`` stays the scraped pod's (the operator's), and the rules
+group by it without selecting it: a PodMonitor may scrape pods of other namespaces
+(monitoring-only ``existingServer.namespaces``), and plain manifests are applied to a
+namespace their render did not know."""
+
+ANY_NAMESPACE_PATH = ("prometheus", "rules", "anyNamespace")
+"""The value that makes the rules select the release's name in any namespace
+(``llm_release=~".+/<fullname>"``): for manifests rendered once and applied with
+``kubectl apply -n`` anywhere (deploy/kubernetes/)."""
+
+_RELEASE_STAND_IN = "@@helm:release:id@@"
 
 SEVERITIES = {"page": "critical", "ticket": "warning", "info": "info"}
 """The chart's default ``prometheus.rules.severities``: the spec's severity -> the label
 value the alerts carry (kube-prometheus-stack routes critical/warning/info)."""
 
 
-def release_scope(namespace: str, deployment: str) -> tuple[tuple[str, ...], dict[str, str]]:
+def release_id(namespace: str, fullname: str) -> str:
+    """The ``llm_release`` value of a release: what the operator makes of the monitor's
+    namespace and name (the chart names its monitors by the release's fullname)."""
+    return f"{namespace}/{fullname}"
+
+
+def release_scope(namespace: str, fullname: str) -> tuple[tuple[str, ...], dict[str, str]]:
     """(extra grouping labels, selector) of one release's rules: the one place that says how a
-    release is scoped, for every generator of chart rules (SLO, capacity, ...)."""
-    return (LABEL_DEPLOYMENT,), {"namespace": namespace, LABEL_DEPLOYMENT: deployment}
+    release is scoped, for every generator of chart rules (SLO, capacity, ...). No
+    ``namespace`` matcher: the release's pods may run in any namespace its monitor watches."""
+    return (LABEL_RELEASE,), {LABEL_RELEASE: release_id(namespace, fullname)}
 
 
-def scoped_spec(spec: SLOSpec, namespace: str, deployment: str) -> SLOSpec:
-    """``spec`` as one release applies it: grouped by, and selecting, its own deployment."""
-    extra, selector = release_scope(namespace, deployment)
+def scoped_spec(spec: SLOSpec, namespace: str, fullname: str) -> SLOSpec:
+    """``spec`` as one release applies it: grouped by, and selecting, its own release."""
+    extra, selector = release_scope(namespace, fullname)
     grouping = tuple(spec.grouping) + tuple(label for label in extra if label not in spec.grouping)
     return spec.model_copy(update={"grouping": grouping, "selector": {**spec.selector, **selector}})
+
+
+def _scoped_stand_in(spec: SLOSpec) -> SLOSpec:
+    """``spec`` scoped to a stand-in release, whose matcher the chart's template writes
+    (``llm-sidecar.releaseMatcher``: exact, or the name in any namespace)."""
+    grouping = tuple(spec.grouping) + ((LABEL_RELEASE,) if LABEL_RELEASE not in spec.grouping else ())
+    return spec.model_copy(update={"grouping": grouping, "selector": {**spec.selector, LABEL_RELEASE: _RELEASE_STAND_IN}})
 
 
 def _stand_in_model(objective: str) -> str:
@@ -226,10 +252,8 @@ def _action(what: str, objective: str, period: int = 0, slots: dict[str, _Slot] 
         return "{{ else }}"
     if what == "end":
         return "{{ end }}"
-    if what == "release":
-        if objective == "namespace":
-            return "{{ $.Release.Namespace }}"
-        return '{{ include "llm-sidecar.fullname" $ }}'
+    if what == "release":  # only in a matcher, replaced before: anywhere else is a bug
+        raise AssertionError("the release stand-in outside a release matcher")
     if what == "severity":
         return f'{{{{ index $.Values.prometheus.rules.severities "{objective}" }}}}'
     if what == "runbook":
@@ -320,11 +344,12 @@ def render_helm_rules(spec: SLOSpec) -> str:
     """The rules file as a Helm template (the chart ``tpl``s it with the release's values).
 
     :func:`release_rules` with each release-specific part as a lookup: every rule selects and
-    carries ``namespace`` and ``deployment`` (:func:`release_scope`); targets, thresholds,
+    carries ``llm_release`` (:func:`release_scope`; the ``llm-sidecar.releaseMatcher`` template
+    writes the matcher, exact or, with ``anyNamespace``, any namespace); targets, thresholds,
     severities, the runbook URL, the burn-rate windows and per-model overrides come from
     values."""
     slots = _slots(spec)
-    scoped = scoped_spec(_stand_ins(spec, slots), "@@helm:release:namespace@@", "@@helm:release:deployment@@")
+    scoped = _scoped_stand_in(_stand_ins(spec, slots))
     ruleset = _relabel(
         generate(scoped, numbers=HelmNumbers(slots)), lambda s: f"@@helm:severity:{s}@@", "@@helm:runbook:url@@"
     )
@@ -344,6 +369,9 @@ def render_helm_rules(spec: SLOSpec) -> str:
     for slot in slots:
         text = text.replace(slot.text, f"{{{{ {slot.lookup[1:-1]} }}}}")
     by_key = {slot.key: slot for slot in slots}
+    matcher = f'{LABEL_RELEASE}="{_RELEASE_STAND_IN}"'
+    assert matcher in text, "the rules select no release"
+    text = text.replace(matcher, '{{ include "llm-sidecar.releaseMatcher" $ }}')
     text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2), spec.period, by_key), text)
     assert "@@" not in text and not any(slot.text in text for slot in slots), "a stand-in was left in the chart's rules"
     # A Helm comment, so that the rendered rules are exactly the plain ones.
@@ -543,3 +571,14 @@ def overrides_schema(spec: SLOSpec) -> dict[str, Any]:
             "objective's rules for every other model leave it out"
         ),
     }
+
+
+GUARD_TEMPLATE = "llm-sidecar.rulesGuard"
+"""The named template holding :func:`_guard`'s checks (helm/llm-sidecar/templates/_rules-guard.tpl)."""
+
+
+def render_helm_guard(spec: SLOSpec) -> str:
+    """:func:`_guard`'s checks as a named template, which the chart includes from a plain
+    template rendered before the rules: a wrong value then fails with its one line, where a
+    ``fail`` inside the rules' ``tpl`` would print the whole rules file before it."""
+    return f'{{{{- define "{GUARD_TEMPLATE}" -}}}}\n' + _guard(spec, _slots(spec)) + "{{- end -}}\n"

@@ -1,0 +1,83 @@
+"""The chart's refusals are one short line a user can read (issue 32).
+
+A `fail` inside the rules' `tpl` made helm print the whole rules file (401 KB) before the one
+useful sentence; the checks now run first, from templates/validate.yaml, so the error is the
+sentence. And the chart refuses to render without an image (none is published), saying how
+to build one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "llm-sidecar"
+MAX_ERROR = 400  # characters: one line of reason, plus helm's own prefix
+
+
+def load_sync():
+    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sync_chart", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+sync = load_sync()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def helm_ok() -> None:
+    if not sync.HELM.exists():
+        if IN_CI:
+            pytest.fail(f"{sync.HELM} is missing (make tools)")
+        pytest.skip(f"{sync.HELM} is missing (make tools)")
+
+
+def error_of(*args: str) -> str:
+    """The error `helm template` prints (its symbolic-link notice about files/dashboards aside)."""
+    with pytest.raises(sync.SyncError) as err:
+        sync.helm("template", "llm-sidecar", str(CHART), "--namespace", "llm", *args)
+    lines = [ln for ln in str(err.value).splitlines()[1:] if ln.strip() and "found symbolic link" not in ln]
+    return "\n".join(ln for ln in lines if "Use --debug" not in ln)
+
+
+def test_without_an_image_the_chart_refuses_and_says_how_to_build_one():
+    text = error_of()
+    assert len(text) < MAX_ERROR and "\n" not in text, text
+    assert "image.repository is not set" in text and "make image-push REGISTRY=" in text
+
+
+def test_monitoring_only_also_needs_the_image_it_prints_for_pasting():
+    text = error_of("--set", "mode=monitoring-only", "--set", "existingServer.podSelector.app=my-vllm")
+    assert "image.repository is not set" in text and len(text) < MAX_ERROR
+
+
+IMAGE = ("--set", "image.repository=registry.example.com/team/llm-sidecar-proxy")
+
+
+@pytest.mark.parametrize(
+    ("sets", "reason"),
+    [
+        (("prometheus.rules.windows.page-fast.long=60m",), "prometheus.rules.windows.page-fast.long: write 60m as 1h"),
+        (("prometheus.rules.windows.page-slow.short=2h", "prometheus.rules.windows.page-slow.long=1h"),
+         "prometheus.rules.windows.page-slow: the short window (2h) must be shorter than the long one (1h)"),
+        (("prometheus.rules.objectives.ttft.target=99.99.9",), None),  # the schema's own line
+        (("prometheus.rules.objectives.ttft.target=100.0",), None),  # the schema's
+        (("prometheus.rules.windows.ticket-slow.long=31d",), "prometheus.rules.windows.ticket-slow.long (31d) must be shorter than the period (30d)"),
+    ],
+)  # fmt: skip
+def test_a_wrong_rules_value_fails_with_one_short_line(sets, reason):
+    text = error_of(*IMAGE, *(a for s in sets for a in ("--set", s)))
+    assert len(text) < MAX_ERROR, f"{len(text)} characters: {text[:300]}..."
+    if reason is not None:
+        assert reason in text
+        assert text.count("\n") == 0, text
