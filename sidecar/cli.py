@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import ctypes
 import os
+import platform
 import sys
 from collections.abc import Sequence
 from typing import Literal, get_args, get_origin
@@ -105,12 +106,31 @@ def _env_option(parser: argparse.ArgumentParser):
     return add
 
 
+def _version_text() -> str:
+    """``llm-sidecar 0.1.0 (Python 3.11.2, C speedups on)``; a warning line when they are off."""
+    from .base.speedups import IN_C, SPEEDUPS_MISSING  # noqa: PLC0415 - loads the extension
+
+    text = f"llm-sidecar {__version__} (Python {platform.python_version()}, C speedups {'on' if IN_C else 'off'})"
+    return text if IN_C else f"{text}\nwarning: {SPEEDUPS_MISSING}"
+
+
+class _Version(argparse.Action):
+    """argparse's version action, without its re-wrapping of the text into one paragraph."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(_version_text())
+        parser.exit()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-sidecar",
         description="Latency observability sidecar for LLM inference servers.",
     )
-    parser.add_argument("--version", action="version", version=f"llm-sidecar {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version (and whether the C speedups are loaded) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # --upstream is required, but may come from the environment or --config instead of a

@@ -295,7 +295,23 @@ class RunningSidecar:
         # tests that are not about classes need not spell out.
         if name.startswith("llm_time_to_first_token_seconds") and not self.sidecar.settings.ttft_prompt_classes:
             labels.setdefault("prompt_class", "all")
-        return self.registry.get_sample_value(name, labels)
+        return sample_value(self.registry, name, labels)
+
+
+def sample_value(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float | None:
+    """``registry.get_sample_value``, except that ``llm_requests_total`` asked without an
+    ``error_type`` is summed over its error types (None when no series matches): tests that
+    are not about why a request failed need not spell it out."""
+    if name != "llm_requests_total" or "error_type" in labels:
+        return registry.get_sample_value(name, labels)
+    values = [
+        s.value
+        for family in registry.collect()
+        if family.name == "llm_requests"
+        for s in family.samples
+        if s.name == name and {k: v for k, v in s.labels.items() if k != "error_type"} == labels
+    ]
+    return sum(values) if values else None
 
 
 def in_flight_total(registry: CollectorRegistry) -> float:

@@ -59,3 +59,9 @@ except ImportError:  # built without a C compiler: the originals, and no token l
     plain_at, chunk_payload = plain_at_py, chunk_payload_py
     TokenLane = None
     IN_C = False
+
+SPEEDUPS_MISSING = (
+    "the C speedups are not loaded (installed without a C compiler?): the relay uses about "
+    "twice the CPU per token; reinstall where gcc and Python's headers are (the image has them)"
+)
+"""What ``--version`` and the start line say when ``IN_C`` is False."""

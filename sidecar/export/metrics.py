@@ -9,7 +9,9 @@ bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed ro
 from __future__ import annotations
 
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from ..base.buckets import (
     E2E_BUCKETS,
@@ -23,11 +25,20 @@ from ..base.buckets import (
 from ..base.prompt_class import PromptClasses
 from ..base.labels import OVERFLOW_REASONS, UNKNOWN, BoundedLabel, ModelLabeler
 from ..base.routes import ROUTES
-from ..base.outcomes import Outcome
+from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
+from ..base.outcomes import Outcome, error_type_label
+from ..base.speedups import IN_C
 from .prometheus_internals import drop_label_value, is_labelled_parent, label_children, label_names, observe_many, samples_per_child
 from ..measure.timeline import RequestTimeline
 
-__all__ = ["SidecarMetrics", "SLOThresholds"]
+__all__ = ["SidecarMetrics", "SLOThresholds", "method_label"]
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """The bounded ``method`` label of ``llm_non_api_requests_total`` (anything else: ``other``)."""
+    return method if method in _METHODS else "other"
 
 # llm_upstream_{phase}_seconds, one histogram per phase of the engine's own account
 # (EngineTimings), in this order: load, prefill, decode, queue.
@@ -77,6 +88,7 @@ class SidecarMetrics:
         slo: SLOThresholds | None = None,
         prompt_classes: PromptClasses | None = None,
         tenants: bool = False,
+        version: str | None = None,
     ) -> None:
         self.registry = registry
         # The opt-in tenant label (sidecar/base/tenant.py) goes last on the series that answer
@@ -94,8 +106,24 @@ class SidecarMetrics:
             return Histogram(name, documentation, mr, buckets=buckets, **h)
 
         self.requests = Counter(
-            "requests", "Proxied requests by final outcome and HTTP status.",
-            ("model", "route", "code", "outcome", *tl), **h,
+            "requests",
+            "API requests (the route table's) by final outcome, HTTP status and error type: why "
+            "an error or cancel happened (upstream_unreachable, upstream_stream_truncated, "
+            "stream_error, ... a fixed set; 'none' when ok).",
+            ("model", "route", "code", "outcome", "error_type", *tl), **h,
+        )  # fmt: skip
+        self.finish_reasons = Counter(
+            "finish_reasons",
+            "Why generation ended, as the response said (one per choice): stop, length (cut at "
+            "max_tokens), tool_calls, content_filter or other; each dialect's words folded into these.",
+            (*mr, "finish_reason"), **h,
+        )  # fmt: skip
+        self.non_api = Counter(
+            "non_api_requests",
+            "Requests through the proxy port to a path outside the API route table (the "
+            "server's /health, /metrics, GET /v1/models, ...): relayed, counted here only, "
+            "never in llm_requests_total or the SLIs.",
+            ("method", "code", "outcome"), **h,
         )  # fmt: skip
         self.in_flight = Gauge("requests_in_flight", "Requests being relayed now.", mr, **h)
         self.duration = Histogram(
@@ -189,10 +217,30 @@ class SidecarMetrics:
             ("label", "reason"), **h,
         )  # fmt: skip
         self._overflow_children: dict[tuple[str, str], Counter] = {}
+        self._own_health(registry, version)
         self.model_label.on_overflow = self._overflowed("model")  # series start at 0, so rate() has data
         self.model_label.on_forget = lambda value: self.forget("model", value)
         if self.model_label.budget is not None:
             self.model_label.budget.count = self.series_count
+
+    def _own_health(self, registry: CollectorRegistry, version: str | None) -> None:
+        """The sidecar's own process (``process_*``: CPU seconds, resident memory, open and
+        max file descriptors, from /proc) and what is running: ``llm_sidecar_build_info``,
+        whose ``speedups`` says whether the C byte checks loaded (without them the relay
+        costs about twice the CPU per token, docs/performance.md)."""
+        if version is None:
+            from .. import __version__ as version
+        try:
+            ProcessCollector(registry=registry)
+        except ValueError:  # the registry has process_* already (a second SidecarMetrics on it)
+            pass
+        self.build_info = Gauge(
+            "sidecar_build_info",
+            "Always 1: the running sidecar's version, Python version, and speedups 'on' when its "
+            "C byte checks are loaded ('off': a build without a C compiler, about 2x the CPU per token).",
+            ("version", "python", "speedups"), **dict(registry=registry, namespace="llm"),
+        )  # fmt: skip
+        self.build_info.labels(version, platform.python_version(), "on" if IN_C else "off").set(1)
 
     def _labelled(self):
         """The labelled instruments (parents, not the children some attributes cache)."""
@@ -234,12 +282,14 @@ class SidecarMetrics:
     # -- lifecycle hooks, called by the proxy -------------------------------------------
 
     def started(self, model_label: str, route: str) -> None:
-        self.in_flight.labels(model_label, route).inc()
+        if route in ROUTES:  # non-API traffic has no in-flight series (see record)
+            self.in_flight.labels(model_label, route).inc()
 
     def ended(self, model_label: str, route: str) -> None:
         """The in-flight gauge ends under the label the request started with (the record's
         label may differ: a value can earn its slot as the request finishes)."""
-        self.in_flight.labels(model_label, route).dec()
+        if route in ROUTES:
+            self.in_flight.labels(model_label, route).dec()
 
     def record(self, t: RequestTimeline, model_label: str) -> None:
         """Observe one finished request. Called exactly once per request."""
@@ -250,8 +300,19 @@ class SidecarMetrics:
             code = str(t.status)
         else:  # no response reached the client: nginx's 499 for a client that left
             code = "499" if t.outcome is Outcome.CANCELLED else "500"
+        if route not in ROUTES:
+            # Not an API request (a health check, the server's own /metrics, a model listing
+            # through the proxy port): one count apart, so it never forms an SLO of its own
+            # (model "unknown", route "other") nor dilutes the real requests' error ratio.
+            self.non_api.labels(method_label(t.method), code, outcome).inc()
+            return
         tenant = self._tenant(t)
-        self.requests.labels(model_label, route, code, outcome, *tenant).inc()
+        error_type = error_type_label(t.outcome, t.error_type)
+        self.requests.labels(model_label, route, code, outcome, error_type, *tenant).inc()
+        reasons = t.finish_reasons
+        if reasons:
+            for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:
+                self.finish_reasons.labels(*mr, finish_reason_label(raw)).inc()
         # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
         ex = {"trace_id": t.trace_id} if t.trace_id else None
         e2e = t.e2e
@@ -264,8 +325,7 @@ class SidecarMetrics:
         if t.streamed:
             self._record_stream(t, mr, ex, tenant)
         self._record_tokens(t, mr, tenant)
-        if route in ROUTES:  # API routes only: a health check has no tokens to count
-            self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
+        self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
         engine = t.engine
         if engine is not None:
             for hist, value in (

@@ -70,7 +70,7 @@ from ..streams.protocols.events import (
     Tokens,
     Usage,
 )
-from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_TRUNCATED, UPSTREAM_STATUS, Outcome
+from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_ERROR, STREAM_TRUNCATED, UPSTREAM_STATUS, Outcome
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
 __all__ = ["RequestTimeline", "TokenCountSource"]
@@ -321,7 +321,7 @@ class RequestTimeline:
         # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
         # just how the API words a client error, which stays outcome ok with its code.
         if outcome is Outcome.OK and self.stream_error is not None and (self.status is None or self.status < 400):
-            outcome, error_type = Outcome.ERROR, error_type or "stream_error"
+            outcome, error_type = Outcome.ERROR, error_type or STREAM_ERROR
         elif outcome is Outcome.OK and self.truncated:
             outcome, error_type = Outcome.ERROR, STREAM_TRUNCATED
         self.outcome = outcome

@@ -32,7 +32,13 @@ def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 def test_version_prints_the_package_version():
     done = run("--version")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"llm-sidecar {__version__}"
+    first, *rest = done.stdout.strip().splitlines()
+    assert first.startswith(f"llm-sidecar {__version__} (Python "), first
+    from sidecar.base.speedups import IN_C
+
+    # Says whether the C speedups are loaded, and warns only when they are not (#33).
+    assert first.endswith("C speedups on)" if IN_C else "C speedups off)"), first
+    assert rest == ([] if IN_C else rest) and all(line.startswith("warning:") for line in rest)
 
 
 def test_serve_help_shows_upstream_as_required_and_explains_logging():

@@ -65,18 +65,18 @@ async def test_relays_the_servers_metrics_byte_exact_with_their_encoding(upstrea
             assert gzip.decompress(await r.read()) == EXPOSITION
     assert seen == {"accept": "text/plain;version=0.0.4", "encoding": "gzip"}
     # A scrape of the admin port is not a request through the proxy.
-    assert sc.sample("llm_requests_total", model="unknown", route="other", code="200", outcome="ok") is None
+    assert sc.sample("llm_non_api_requests_total", method="GET", code="200", outcome="ok") is None
 
 
 async def test_the_same_page_through_the_proxy_port_is_counted_as_a_request(upstream, sidecar_factory):
     """Why the chart scrapes the admin port: through the proxy port, /metrics is relayed and
-    counted (route "other"), as every request outside the route table is."""
+    counted as non-API traffic, as every request outside the route table is."""
     up = await upstream.start(lambda app: app.router.add_get("/metrics", answer(body=EXPOSITION)))
     sc = await sidecar_factory(up.url)
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{sc.url}/metrics") as r:
             assert await r.read() == EXPOSITION
-    assert sc.sample("llm_requests_total", model="unknown", route="other", code="200", outcome="ok") == 1
+    assert sc.sample("llm_non_api_requests_total", method="GET", code="200", outcome="ok") == 1
 
 
 async def test_servers_error_status_is_relayed(upstream, sidecar_factory):

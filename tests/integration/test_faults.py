@@ -37,7 +37,7 @@ from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import in_flight_total, wait_for
+from tests.conftest import in_flight_total, sample_value, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +162,7 @@ class Rig:
         return f"http://127.0.0.1:{self.port}"
 
     def sample(self, name: str, **labels) -> float | None:
-        return self.registry.get_sample_value(name, labels)
+        return sample_value(self.registry, name, labels)
 
 
 async def _site(runner: web.AppRunner) -> int:

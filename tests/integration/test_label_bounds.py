@@ -109,7 +109,7 @@ def test_an_idle_earned_value_gives_its_slot_and_series_back():
     assert labeler.expire() == []
     now[0] = 91.0
     assert labeler.expire() == ["a"]
-    assert metrics.registry.get_sample_value("llm_requests_total", {"model": "a", "route": CHAT, "code": "200", "outcome": "ok"}) is None
+    assert metrics.registry.get_sample_value("llm_requests_total", {"model": "a", "route": CHAT, "code": "200", "outcome": "ok", "error_type": "none"}) is None
     assert labeler.settle("b", 200) == "b"
     assert metrics.registry.get_sample_value("llm_label_overflow_total", {"label": "model", "reason": "max_values"}) == 1
 

@@ -227,7 +227,7 @@ async def test_any_method_path_query_and_body_pass_through(upstream, sidecar_fac
     assert h["X-Forwarded-Proto"] == "http"
     assert h["X-Forwarded-Host"] == f"127.0.0.1:{sc.port}"
     assert "User-Agent" not in h or h["User-Agent"].startswith("Python/")  # the client's own
-    await wait_for(lambda: sc.sample("llm_requests_total", model="unknown", route="other", code="207", outcome="ok") == 1)
+    await wait_for(lambda: sc.sample("llm_non_api_requests_total", method="PUT", code="207", outcome="ok") == 1)
 
 
 async def test_upstream_refused_is_502_json(sidecar_factory, refused_url):

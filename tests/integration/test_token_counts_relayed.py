@@ -197,5 +197,5 @@ async def test_non_api_route_counts_no_source(upstream, traced):
     s = await traced(up.url)
     async with openai.AsyncOpenAI(base_url=s.url, api_key="x", max_retries=0) as client:
         await client.get("/health", cast_to=object)
-    await wait_for(lambda: s.sample("llm_requests_total", model="unknown", route="other", code="200", outcome="ok") == 1)
+    await wait_for(lambda: s.sample("llm_non_api_requests_total", method="GET", code="200", outcome="ok") == 1)
     assert s.sample("llm_token_count_source_total", model="unknown", route="other", source="none") is None

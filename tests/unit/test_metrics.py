@@ -45,7 +45,7 @@ def test_streamed_request_feeds_every_histogram():
     mr = {"model": "m", "route": ROUTE}
     get = reg.get_sample_value
     assert get("llm_requests_in_flight", mr) == 0
-    assert get("llm_requests_total", {**mr, "code": "200", "outcome": "ok"}) == 1
+    assert get("llm_requests_total", {**mr, "code": "200", "outcome": "ok", "error_type": "none"}) == 1
     mrc = {**mr, "prompt_class": "all"}  # no classes configured
     assert get("llm_time_to_first_token_seconds_sum", mrc) == pytest.approx(0.2)
     assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.25"}) == 1
@@ -111,7 +111,9 @@ def test_failed_before_response_gets_a_code():
         t.finish(outcome, 2.0)
         m.started("m", ROUTE)
         m.record(t, "m")
-        assert reg.get_sample_value("llm_requests_total", {"model": "m", "route": ROUTE, "code": code, "outcome": outcome.value}) == 1
+        # No cause given (the proxy always gives one): the error_type label's guard value.
+        labels = {"model": "m", "route": ROUTE, "code": code, "outcome": outcome.value, "error_type": "other"}
+        assert reg.get_sample_value("llm_requests_total", labels) == 1
 
 
 def test_tokens_help_text_says_where_counts_come_from():
