@@ -115,6 +115,15 @@ relabelings:
     replacement: {{ .Values.prometheus.monitor.engine.jobLabel | quote }}
 {{- end -}}
 
+{{/* "true" when the monitor also scrapes the engine's own metrics (/metrics/engine): set, or by
+default in mode full only. In monitoring-only the server is yours, and likely scraped already:
+a second scrape would store every vllm:* series twice (and double sums over them). */}}
+{{- define "llm-sidecar.engineScrape" -}}
+{{- $on := .Values.prometheus.monitor.engine.enabled -}}
+{{- if kindIs "invalid" $on -}}{{- $on = eq .Values.mode "full" -}}{{- end -}}
+{{- if $on }}true{{ end -}}
+{{- end -}}
+
 {{/* "true" when the sidecar is a native sidecar (an init container with restartPolicy: Always). */}}
 {{- define "llm-sidecar.native" -}}
 {{- $native := toString .Values.sidecar.native -}}
