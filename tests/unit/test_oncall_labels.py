@@ -1,0 +1,84 @@
+"""The bounds of the labels #33 added: ``error_type`` and ``finish_reason`` (sidecar/base)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.base.finish_reason import FINISH_REASONS, MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
+from sidecar.base.outcomes import CANCEL_TYPES, ERROR_TYPE_LABELS, ERROR_TYPES, Outcome, error_type_label
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.protocols.events import ResponseInfo
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
+
+
+@pytest.mark.parametrize(
+    ("raw", "label"),
+    [
+        # OpenAI chat / completions (vLLM, SGLang, TGI, llama.cpp, Ollama)
+        ("stop", "stop"), ("length", "length"), ("tool_calls", "tool_calls"), ("function_call", "tool_calls"),
+        ("content_filter", "content_filter"), ("abort", "other"), ("error", "other"), ("eos_token", "stop"),
+        # Anthropic stop_reason
+        ("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length"), ("tool_use", "tool_calls"),
+        ("refusal", "content_filter"), ("pause_turn", "other"), ("model_context_window_exceeded", "length"),
+        # Responses: status and incomplete_details.reason (sidecar/streams/protocols/responses.py)
+        ("completed", "stop"), ("max_output_tokens", "length"), ("incomplete", "other"),
+        # Ollama done_reason, llama.cpp stop_type, SGLang's finish_reason.type
+        ("load", "other"), ("unload", "other"), ("eos", "stop"), ("word", "stop"), ("limit", "length"),
+        # Anything else, whatever a server invents
+        ("", "other"), ("x" * 1000, "other"), ("STOP", "stop"),
+    ],
+)  # fmt: skip
+def test_each_dialects_finish_reason_has_one_label(raw, label):
+    assert finish_reason_label(raw) == label
+    assert label in FINISH_REASONS
+
+
+def test_error_type_label_is_bounded_by_outcome():
+    assert error_type_label(Outcome.OK, None) == "none"
+    assert error_type_label(Outcome.OK, "stream_error") == "none"  # ok is ok, whatever was passed
+    for kind in ERROR_TYPES:
+        assert error_type_label(Outcome.ERROR, kind) == kind
+        assert error_type_label(Outcome.CANCELLED, kind) == "other"
+    for kind in CANCEL_TYPES:
+        assert error_type_label(Outcome.CANCELLED, kind) == kind
+        assert error_type_label(Outcome.ERROR, kind) == "other"
+    assert error_type_label(Outcome.ERROR, "made-up-" * 20) == "other"
+    assert len(ERROR_TYPE_LABELS) == 13
+
+
+def test_every_error_type_the_relay_gives_is_in_the_label_set():
+    """A new cause in the relay must join ERROR_TYPES (else it is counted as "other"): the
+    kinds of the upstream's failures before the head, the causes its body can end with
+    (``_end("...")`` in upstream.py), and the relay's own ends."""
+    from sidecar.relay import proxy, upstream
+
+    before_head = {
+        upstream._unreachable(ConnectionRefusedError(), "h", 1).kind,
+        upstream._timeout().kind,
+        upstream._disconnected().kind,
+    }
+    body_ends = set(re.findall(r'_end\("([a-z_]+)"\)', (PACKAGE / "relay" / "upstream.py").read_text()))
+    body_ends.add(upstream.UPSTREAM_DISCONNECTED)
+    assert body_ends, "the pattern no longer finds the body's causes: update this test"
+    assert before_head | body_ends <= set(ERROR_TYPES), (before_head | body_ends) - set(ERROR_TYPES)
+    assert "upstream_invalid_response" in body_ends
+    assert {proxy._CLIENT_GONE, proxy._SEND_TIMED_OUT} == set(CANCEL_TYPES)
+
+
+def test_a_hostile_count_of_finish_reasons_is_capped_per_request():
+    m = SidecarMetrics(CollectorRegistry())
+    t = RequestTimeline(1.0, "POST", "/v1/chat/completions", "m")
+    t.response_started(1.1, 200, streamed=True)
+    t.events([ResponseInfo(finish_reasons=("length",) * 10_000)], 1.2)
+    t.finish(Outcome.OK, 1.3)
+    m.record(t, "m")
+    got = m.registry.get_sample_value(
+        "llm_finish_reasons_total", {"model": "m", "route": "/v1/chat/completions", "finish_reason": "length"}
+    )
+    assert got == MAX_FINISH_REASONS_PER_REQUEST
