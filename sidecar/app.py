@@ -505,8 +505,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             _log.info("stopping", in_flight=0)
             set_shutdown_timeout(proxy_runner, 0.1)
         else:
-            _log.info("draining", in_flight=sc.proxy.in_flight, drain_seconds=settings.drain_seconds)
-            drain_started = loop.time()
+            drain_started = loop.time()  # the drain logs what it waits for (``draining``)
             await _until_forced(sc.drain.run(settings.drain_seconds), force)
             # What is still in flight at the deadline gets no more time than is left (aiohttp
             # reads a timeout <= 0 as none at all, hence the floor); nothing after a second signal.

@@ -19,10 +19,19 @@ into a connection error. Instead, on SIGTERM the sidecar:
    ``Retry-After`` (never a 502: it knows why), while in-flight streams finish;
 3. closes when nothing is in flight.
 
-``drain_seconds`` bounds all three, counted from SIGTERM. The drain is for a pod: a process
-that has nothing in flight when the signal comes (Ctrl-C on an idle ``serve``, ``docker
-stop``) and does not run in Kubernetes exits at once (:func:`needs_full_drain`), and a second
-SIGTERM/SIGINT during a drain forces the exit. A request refused in step 2 never
+``drain_seconds`` bounds all three, counted from SIGTERM. Step 1 is for a pod: it covers
+the seconds until the endpoints drop the pod, which only Kubernetes has. Outside Kubernetes
+(no ``KUBERNETES_SERVICE_HOST``: Ctrl-C on ``serve``, ``docker stop``, systemd) nobody
+routes by endpoints, so the drain is just the in-flight requests: a process with nothing in
+flight when the signal comes exits at once (:func:`needs_full_drain`), one with streams in
+flight exits as soon as the last has ended, new requests meanwhile being relayed (or
+refused, step 2) as in a pod. Waiting on for the upstream there held a Ctrl-C'd ``serve``
+for the whole ``drain_seconds`` (30 s) after its one stream ended (issue 33, finding 14).
+
+The drain says what it waits for: one ``draining`` line at the start (what, how long at
+most, and that a second SIGTERM/SIGINT exits now), a ``still_draining`` line every
+:data:`PROGRESS_SECONDS`, and ``drained`` when it ends early. A second signal during a drain
+forces the exit (``forced_exit``, sidecar/app.py). A request refused in step 2 never
 reached the upstream and is not an LLM request: it is logged, not counted in
 ``llm_requests_total``.
 """
@@ -32,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 import structlog
@@ -40,7 +49,7 @@ from aiohttp import web
 
 from .errors import error_response
 
-__all__ = ["POLL_SECONDS", "RETRY_AFTER_SECONDS", "Drain", "needs_full_drain"]
+__all__ = ["POLL_SECONDS", "PROGRESS_SECONDS", "RETRY_AFTER_SECONDS", "Drain", "in_kubernetes", "needs_full_drain"]
 
 _log = structlog.get_logger("sidecar.drain")
 
@@ -53,15 +62,27 @@ RETRY_AFTER_SECONDS = 1
 retry lands on another pod."""
 
 
-def needs_full_drain(in_flight: int, environ: dict[str, str] | None = None) -> bool:
-    """Whether a stop signal starts the full drain (steps 1 to 3) or an immediate exit.
+PROGRESS_SECONDS = 5.0
+"""How often a drain that is still waiting says so (``still_draining``)."""
 
-    Full drain when streams are live, or inside Kubernetes (the kubelet sets
-    ``KUBERNETES_SERVICE_HOST`` in every container), where requests keep arriving for a few
-    seconds after SIGTERM even when none is in flight at that instant. Elsewhere an idle
-    process has nothing to wait for."""
+EXIT_NOW = "send SIGTERM or SIGINT (Ctrl-C) again to exit now"
+
+
+def in_kubernetes(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs in a Kubernetes container (the kubelet sets
+    ``KUBERNETES_SERVICE_HOST`` in every one), where requests keep arriving for a few seconds
+    after SIGTERM, until the endpoints drop the pod."""
     environ = os.environ if environ is None else environ
-    return in_flight > 0 or bool(environ.get("KUBERNETES_SERVICE_HOST"))
+    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def needs_full_drain(in_flight: int, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a stop signal starts a drain or an immediate exit.
+
+    A drain when streams are live, or inside Kubernetes (:func:`in_kubernetes`), where
+    requests keep arriving even when none is in flight at that instant. Elsewhere an idle
+    process has nothing to wait for."""
+    return in_flight > 0 or in_kubernetes(environ)
 
 
 class Drain:
@@ -69,6 +90,8 @@ class Drain:
 
     ``upstream_up`` asks the upstream's health path once (True: a 2xx); ``in_flight`` reads
     the proxy's count of requests being relayed. Both are injected so tests can drive it.
+    ``pod``: whether step 1 waits for the upstream to go (in Kubernetes, the default there:
+    :func:`in_kubernetes`) or only for the requests in flight.
     """
 
     def __init__(
@@ -77,12 +100,15 @@ class Drain:
         in_flight: Callable[[], int],
         *,
         clock: Callable[[], float] = time.monotonic,
+        pod: bool | None = None,
     ) -> None:
         self._upstream_up = upstream_up
         self._in_flight = in_flight
         self._clock = clock
+        self.pod = in_kubernetes() if pod is None else pod
         self.draining = False
         self.refusing = False  # step 2: the upstream is gone
+        self._said_at = 0.0
 
     @web.middleware
     async def gate(self, request: web.Request, handler) -> web.StreamResponse:
@@ -111,14 +137,52 @@ class Drain:
     async def run(self, drain_seconds: float) -> None:
         """Steps 1 to 3; returns when the proxy may close (``drain_seconds`` at the latest)."""
         self.draining = True
-        deadline = self._clock() + drain_seconds
-        while self._clock() < deadline and await self._still_up(deadline):
+        start = self._clock()
+        deadline = start + drain_seconds
+        self._said_at = start
+        _log.info(
+            "draining",
+            in_flight=self._in_flight(),
+            waits_for=self._waits_for(),
+            drain_seconds=drain_seconds,
+            exit_now=EXIT_NOW,
+        )
+        while self._clock() < deadline:
+            if not self.pod and self._in_flight() == 0:  # nobody routes by endpoints here
+                _log.info("drained", seconds=round(self._clock() - start, 2))
+                return
+            if not await self._still_up(deadline):
+                break
+            self._progress(deadline)
             await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - self._clock())))
         self.refusing = True
         if self._clock() < deadline:  # the upstream went away (not merely the time ran out)
             _log.info("upstream_gone_refusing_new", in_flight=self._in_flight())
         while self._in_flight() > 0 and self._clock() < deadline:
+            self._progress(deadline)
             await asyncio.sleep(0.05)
+        if self._clock() < deadline:
+            _log.info("drained", seconds=round(self._clock() - start, 2))
+
+    def _waits_for(self) -> str:
+        n = self._in_flight()
+        streams = f"{n} request{'' if n == 1 else 's'} in flight to end"
+        if self.pod and not self.refusing:
+            return f"{streams}, and the inference server to stop (Kubernetes still routes requests here until the endpoints drop this pod)"
+        return streams
+
+    def _progress(self, deadline: float) -> None:
+        """A ``still_draining`` line every :data:`PROGRESS_SECONDS`."""
+        now = self._clock()
+        if now - self._said_at >= PROGRESS_SECONDS:
+            self._said_at = now
+            _log.info(
+                "still_draining",
+                in_flight=self._in_flight(),
+                waits_for=self._waits_for(),
+                seconds_left=round(max(0.0, deadline - now), 1),
+                exit_now=EXIT_NOW,
+            )
 
     async def _still_up(self, deadline: float) -> bool:
         try:

@@ -11,7 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from sidecar.relay.drain import RETRY_AFTER_SECONDS, Drain
+from structlog.testing import capture_logs
+
+from sidecar.relay.drain import PROGRESS_SECONDS, RETRY_AFTER_SECONDS, Drain, in_kubernetes
 from tests.conftest import wait_for
 
 
@@ -29,7 +31,7 @@ class Upstream:
 
 async def test_keeps_serving_while_the_upstream_answers_then_refuses():
     upstream, in_flight = Upstream(True), [0]
-    drain = Drain(upstream, lambda: in_flight[0])
+    drain = Drain(upstream, lambda: in_flight[0], pod=True)
     task = asyncio.create_task(drain.run(60))
     await wait_for(lambda: upstream.asked >= 2)  # asked again after a poll
     assert drain.draining and not drain.refusing and not task.done()
@@ -75,12 +77,60 @@ async def test_drain_seconds_bounds_every_step():
     assert drain.refusing
 
 
+@pytest.mark.parametrize("pod", [False, True])
+async def test_outside_a_pod_the_drain_ends_with_the_last_request(pod):
+    """Outside Kubernetes nobody routes by endpoints: once nothing is in flight there is
+    nothing to wait for, though the upstream still answers (issue 33, finding 14: a
+    Ctrl-C'd serve waited the whole drain_seconds after its stream). In a pod, step 1 waits
+    on for the upstream to go, as requests still arrive until the endpoints drop the pod."""
+    upstream, in_flight = Upstream(True), [1]
+    drain = Drain(upstream, lambda: in_flight[0], pod=pod)
+    with capture_logs() as logs:
+        task = asyncio.create_task(drain.run(60))
+        await wait_for(lambda: upstream.asked >= 2)
+        assert not task.done(), "a request is in flight"
+        in_flight[0] = 0
+        if pod:
+            asked = upstream.asked
+            await wait_for(lambda: upstream.asked >= asked + 3)
+            assert not task.done() and not drain.refusing, "in a pod: until the upstream goes"
+            upstream.up = False
+        await asyncio.wait_for(task, 30)
+    events = [e["event"] for e in logs]
+    assert events[0] == "draining" and events[-1] == "drained", events
+    first = logs[0]
+    assert first["in_flight"] == 1 and first["drain_seconds"] == 60
+    assert "1 request in flight" in first["waits_for"]
+    assert ("inference server to stop" in first["waits_for"]) is pod
+    assert "again to exit now" in first["exit_now"]
+
+
+async def test_a_long_drain_says_what_it_still_waits_for():
+    clock, in_flight = Clock(), [3]
+    drain = Drain(Upstream(False), lambda: in_flight[0], clock=clock, pod=True)
+    with capture_logs() as logs:
+        task = asyncio.create_task(drain.run(30))
+        await wait_for(lambda: drain.refusing)
+        clock.now += PROGRESS_SECONDS
+        await wait_for(lambda: any(e["event"] == "still_draining" for e in logs))
+        in_flight[0] = 0
+        await asyncio.wait_for(task, 30)
+    still = next(e for e in logs if e["event"] == "still_draining")
+    assert still["in_flight"] == 3 and still["waits_for"] == "3 requests in flight to end"
+    assert still["seconds_left"] == 25.0 and "exit now" in still["exit_now"]
+
+
+def test_in_kubernetes_reads_the_kubelets_variable():
+    assert in_kubernetes({"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+    assert not in_kubernetes({}) and not in_kubernetes({"KUBERNETES_SERVICE_HOST": ""})
+
+
 async def test_a_hanging_health_check_counts_as_gone_at_the_deadline():
     async def hangs() -> bool:
         await asyncio.sleep(60)
         return True
 
-    drain = Drain(hangs, lambda: 0)
+    drain = Drain(hangs, lambda: 0, pod=True)
     started = time.monotonic()
     await drain.run(0.5)
     # Cut at the deadline (0.5 s, late on a loaded machine), not when the check returns (60 s).
