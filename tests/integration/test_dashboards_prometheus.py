@@ -6,7 +6,8 @@ Prometheus scrapes both admin ports every second, with the static target labels 
 and `pod` that kube-prometheus-stack would add (and `deployment`, as the chart's PodMonitor does) (and `cluster`, as a Thanos setup would), and evaluates the SLO rules every
 second. A load generator streams a mix through both sidecars: answers, reasoning (so time to
 first answer token has data), Ollama /api/chat (engine timings), non-streamed answers, 500s,
-in-stream errors, client cancellations and a few answers with a 2.5 s TTFT. About 15% fail,
+in-stream errors, client cancellations, a few answers with a 2.5 s TTFT and a health probe
+through the proxy port (non-API traffic). About 15% fail,
 so the availability SLO burns fast enough to fire its page and ticket alerts.
 
 Then every panel query of every committed dashboard, with the variables at All and
@@ -118,6 +119,9 @@ async def _load(base: str, model: str, deadline: float) -> int:
             for url, body, headers, cancel in _script(base, model):
                 await _request(session, url, body, headers, cancel)
                 sent += 1
+            # Non-API traffic through the proxy port (a probe): counted apart from the requests.
+            async with session.get(f"{base}/health") as r:
+                await r.read()
     return sent
 
 

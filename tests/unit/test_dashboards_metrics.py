@@ -55,6 +55,7 @@ GROUPING = re.compile(r"\b(by|on|without|ignoring|group_left|group_right)\s*\(([
 SELECTOR = re.compile(r"([A-Za-z_:][\w:]*)\s*\{([^}]*)\}")
 MATCHER = re.compile(r'([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 IDENT = re.compile(r"[A-Za-z_:][\w:]*")
+SCRAPE_LABELS = {"job", "instance"}  # Prometheus adds them to every scraped series
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
 
 
@@ -118,6 +119,8 @@ async def exported(upstream, sidecar_factory):
             ):
                 async with s.post(url, json=body, headers=headers) as r:
                     await r.read()
+            async with s.get(f"{sim_sc.url}/health") as r:  # non-API traffic: llm_non_api_requests_total
+                await r.read()
             async with s.post(chat, json=stream, headers={**FAST, "x-sim-tpot": "0.5"}) as r:
                 await r.content.readany()
                 r.close()  # cancelled by the client
@@ -225,7 +228,7 @@ def check_expr(where: str, expr: str, exported, recorded, alerts) -> int:
             group_labels |= recorded[metric]
         else:
             assert metric in exported, f"{where}: {metric} is not exported by the sidecar"
-            group_labels |= set(exported[metric]) | set(TARGET_LABELS)
+            group_labels |= set(exported[metric]) | set(TARGET_LABELS) | SCRAPE_LABELS
     for metric, body in SELECTOR.findall(expr):
         matchers = MATCHER.findall(body)
         assert len(matchers) == body.count('"') // 2, f"{where}: unparsed matchers {body}"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .engine import add_engine_row
 from .panels import Board, Query, heatmap_panel, timeseries_panel
+from .own_health import add_own_health_row
 from .where_time_goes import add_where_time_goes_row
 from .queries import (
     TARGET_LABELS,
@@ -36,6 +37,8 @@ TPS = "llm_output_tokens_per_second"
 PARSE_ERRORS = "llm_stream_parse_errors_total"
 TOKEN_COUNT_SOURCE = "llm_token_count_source_total"
 LABEL_OVERFLOW = "llm_label_overflow_total"
+FINISH_REASONS = "llm_finish_reasons_total"
+NON_API = "llm_non_api_requests_total"
 
 OK: tuple[Matcher, ...] = (("outcome", "=", "ok"),)
 ERROR: tuple[Matcher, ...] = (("outcome", "=", "error"),)
@@ -155,6 +158,9 @@ def _traffic(board: Board) -> None:
             ],
             "percentunit",
         ),
+        _errors_by_type_panel(),
+        _finish_reasons_panel(),
+        _non_api_panel(),
         timeseries_panel(
             "In-flight requests",
             "Requests being relayed right now (streams and whole answers), by model: the gauge "
@@ -202,6 +208,54 @@ def _traffic(board: Board) -> None:
             "short",
             w=6,
         ),
+    )
+
+
+def _errors_by_type_panel():
+    return timeseries_panel(
+        "Errors by type (/s)",
+        "Failed requests per second by why they failed (the error_type label, a fixed set): "
+        "upstream_unreachable (no connection: the server is down or not listening), "
+        "upstream_timeout (no answer in time), upstream_status (it answered 5xx: see the code), "
+        "upstream_disconnected (it closed the connection, often mid-stream), "
+        "upstream_read_timeout (the stream stalled), upstream_stream_truncated (a stream ended "
+        "cleanly before it was complete), stream_error (an error event inside a 200 answer), "
+        "upstream_invalid_response (broken HTTP), internal (the sidecar's own failure). The "
+        "first two are the server or the pod; the rest are the engine failing mid-answer.",
+        [Query(sum_rate(REQUESTS, ("error_type",), ERROR), "{{error_type}}")],
+        "reqps",
+        w=8,
+        stack=True,
+    )
+
+
+def _finish_reasons_panel():
+    by_reason = sum_rate(FINISH_REASONS, ("finish_reason",))
+    return timeseries_panel(
+        "Finish reasons (share of answers)",
+        "Why generation ended, as the server said, in each dialect's words folded into one set: "
+        "stop (the model finished, or a stop sequence), length (cut at max_tokens or the context "
+        "window), tool_calls (waiting for a tool's result), content_filter (refused or filtered), "
+        "other (aborted, unloaded, ...). A rise in length means answers are being cut short; in "
+        "content_filter, refused. One per answer (choice), over each $__rate_interval window.",
+        [Query(f"{by_reason} / on () group_left () {sum_rate(FINISH_REASONS)}", "{{finish_reason}}")],
+        "percentunit",
+        w=8,
+        stack=True,
+    )
+
+
+def _non_api_panel():
+    return timeseries_panel(
+        "Non-API requests through the proxy port (/s)",
+        "Requests to paths outside the API route table (the server's /health, /metrics, GET "
+        "/v1/models, ...), by method and code: relayed as sent, and counted here only, never in "
+        "the request, latency or SLO figures above. A steady rate is usually a probe or a "
+        "scraper pointed at the proxy port instead of the admin port.",
+        [Query(sum_rate(NON_API, ("method", "code"), labels=TARGET_LABELS), "{{method}} {{code}}")],
+        "reqps",
+        w=8,
+        stack=True,
     )
 
 
@@ -459,6 +513,7 @@ def build():
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
     add_engine_row(board)  # the engine's own metrics (vLLM), open: sidecar/tools/dashboards/engine.py
     add_where_time_goes_row(board)
+    add_own_health_row(board)  # the sidecar's own CPU, memory, fds and build
     _token_count_sources(board)
     _engine(board)  # Ollama's and llama.cpp's timings, collapsed
     return board.build()
