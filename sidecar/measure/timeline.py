@@ -12,6 +12,8 @@ timestamps, not durations, so every figure is derived one way in one place:
 - TPOT   (last token - first token) / (output tokens - 1)
 - TPS    (output tokens - 1) / (last token - first token): decode speed, 1 / TPOT
 - E2E    end - start, where end is when the last byte was relayed (or the request failed)
+- TTFTC  the first piece of a tool call (ToolCallDelta: its id and name) - start
+- tool-call assembly, per call: its last piece - its first piece (parallel calls apart)
 
 The sidecar's own cost, one figure per direction (``llm_sidecar_overhead_seconds``):
 
@@ -68,12 +70,16 @@ from ..streams.protocols.events import (
     StreamError,
     TokenKind,
     Tokens,
+    ToolCallDelta,
     Usage,
 )
 from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_ERROR, STREAM_TRUNCATED, UPSTREAM_STATUS, Outcome
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
-__all__ = ["RequestTimeline", "TokenCountSource"]
+__all__ = ["RequestTimeline", "TokenCountSource", "MAX_TOOL_CALLS"]
+
+MAX_TOOL_CALLS = 128
+"""Tool calls timed per response; more are not kept (parallel calls are a handful)."""
 
 _ANSWER = TokenKind.ANSWER
 _REASONING = TokenKind.REASONING
@@ -134,6 +140,9 @@ class RequestTimeline:
         "client_head_sent",
         "_grouped",
         "tenant",
+        "first_tool_call",
+        "tool_calls",
+        "objectives",
     )
 
     def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
@@ -182,6 +191,13 @@ class RequestTimeline:
         self.upstream_sent: float | None = None  # request written to the upstream socket
         self.client_head_sent: float | None = None  # response head written to the client
         self.tenant: str | None = None  # bounded tenant label, only when --tenant-header is set
+        # Tool calls (ToolCallDelta): when the first piece of any came, and per call (choice,
+        # index) the [first, last] piece's times; None until a response makes one.
+        self.first_tool_call: float | None = None
+        self.tool_calls: dict[tuple[int, int], list[float]] | None = None
+        # The client's own objectives (x-slo-ttft-ms / x-slo-tpot-ms), read from its request
+        # headers (sidecar/measure/objectives.py); None when it sent neither.
+        self.objectives: object | None = None
 
     # -- feeding ---------------------------------------------------------------------
 
@@ -240,6 +256,23 @@ class RequestTimeline:
             elif t is EngineTimings:
                 # Field by field, the later one winning (EngineTimings.merged says why).
                 self.engine = ev if self.engine is None else self.engine.merged(ev)
+            elif t is ToolCallDelta:
+                self._tool_call(ev, now)
+
+    def _tool_call(self, ev: ToolCallDelta, now: float) -> None:
+        """A piece of one tool call: the first piece of any is the first tool call; each
+        call keeps its first and last piece's time (its assembly). At most
+        :data:`MAX_TOOL_CALLS` calls are kept, so a stream cannot grow the record."""
+        calls = self.tool_calls
+        if calls is None:
+            calls = self.tool_calls = {}
+            self.first_tool_call = now
+        key = (ev.choice, ev.call)
+        times = calls.get(key)
+        if times is not None:
+            times[1] = now
+        elif len(calls) < MAX_TOOL_CALLS:
+            calls[key] = [now, now]
 
     def _tokens(self, ev: Tokens, now: float) -> None:
         k = ev.count
@@ -369,6 +402,22 @@ class RequestTimeline:
         if self.first_answer_token is None or self.first_token_kind is TokenKind.ANSWER:
             return None
         return self.first_answer_token - self.start
+
+    @property
+    def time_to_first_tool_call(self) -> float | None:
+        """Seconds from the request to the first piece of a tool call (its id and name)."""
+        return None if self.first_tool_call is None else self.first_tool_call - self.start
+
+    @property
+    def tool_call_count(self) -> int:
+        """Tool calls in the response (at most :data:`MAX_TOOL_CALLS`)."""
+        return 0 if self.tool_calls is None else len(self.tool_calls)
+
+    def tool_call_assembly(self) -> list[float]:
+        """Per tool call, seconds from its first piece to its last (what an agent waits for
+        once the call has begun before it can act on it); 0 for a call that came whole."""
+        calls = self.tool_calls
+        return [] if calls is None else [last - first for first, last in calls.values()]
 
     @property
     def complete(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response, usage_from_anthropic
-from sidecar.streams.protocols.events import GenerationDone, ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from sidecar.streams.protocols.events import GenerationDone, ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
 
@@ -90,7 +90,7 @@ def test_non_empty_block_start_is_a_token():
         "content_block_start",
         b'{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}',
     )
-    assert run_whole(make, raw) == [ANSWER, REASONING]
+    assert run_whole(make, raw) == [ANSWER, REASONING, ToolCallDelta(2)]  # a tool_use block opens a call, not a token
 
 
 def test_provisional_output_count_of_message_start_is_ignored():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.streams.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from sidecar.streams.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
 from sidecar.streams.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
@@ -42,12 +42,12 @@ def nd(*objs: dict) -> bytes:
         ({"message": {"role": "assistant"}}, []),
         ({"message": {"role": "assistant", "content": "", "thinking": "t"}}, [REASONING]),
         ({"message": {"role": "assistant", "content": "a", "thinking": "t"}}, [REASONING, ANSWER]),
-        ({"message": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}}, [TOOL]),
+        ({"message": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}}, [TOOL, ToolCallDelta(0)]),
         ({"message": {"role": "assistant", "content": "", "tool_calls": []}}, []),
         ({"message": {"content": 5, "thinking": None, "tool_calls": {}}}, []),
         ({"response": "a"}, [ANSWER]),
         ({"response": "", "thinking": "t"}, [REASONING]),
-        ({"response": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}, [TOOL]),
+        ({"response": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}, [TOOL, ToolCallDelta(0)]),
         ({"response": None}, []),
         ({"message": "not an object", "response": "a"}, [ANSWER]),
         ({}, []),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, Usage
+from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
 from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response, usage_from_responses
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
@@ -44,9 +44,9 @@ def sse(obj: bytes, event: str | None = None) -> bytes:
         ("response.refusal.delta", [ANSWER]),
         ("response.reasoning_text.delta", [REASONING]),
         ("response.reasoning_summary_text.delta", [REASONING]),
-        ("response.function_call_arguments.delta", [TOOL]),
-        ("response.custom_tool_call_input.delta", [TOOL]),
-        ("response.mcp_call_arguments.delta", [TOOL]),
+        ("response.function_call_arguments.delta", [TOOL, ToolCallDelta(0)]),  # a piece of a client call
+        ("response.custom_tool_call_input.delta", [TOOL, ToolCallDelta(0)]),
+        ("response.mcp_call_arguments.delta", [TOOL]),  # the server runs it: no call of the client's
         ("response.code_interpreter_call_code.delta", [TOOL]),
         ("response.output_text.done", []),
         ("response.output_text.annotation.added", []),

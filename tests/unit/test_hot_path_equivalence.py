@@ -4,7 +4,8 @@ Each oracle below is the straightforward implementation as it stood before the f
 (kept here verbatim, not imported, so a later edit to the module cannot change both sides):
 
 - the OpenAI dialect, from bytes: general SSE framing only, blank ``data`` skipped before
-  parsing, ``_error_of`` on every object, every delta key looked up;
+  parsing, ``_error_of`` on every object, every delta key looked up, every choice's tool
+  calls looked for (``tool_call_deltas``, shared: the oracle of when it is called);
 - the timeline applying every :class:`Tokens` through ``_tokens``.
 
 The SSE decoder's own fast paths are compared in ``test_sse_fast_path.py``; the batched
@@ -34,7 +35,13 @@ from sidecar.streams.protocols.events import (
     Usage,
 )
 from sidecar.streams.protocols.llamacpp import engine_timings_from_llamacpp
-from sidecar.streams.protocols.openai import OpenAIStreamDialect, _count_choices, _error_of, usage_from_openai
+from sidecar.streams.protocols.openai import (
+    OpenAIStreamDialect,
+    _count_choices,
+    _error_of,
+    tool_call_deltas,
+    usage_from_openai,
+)
 from sidecar.streams.sse import SSEDecoder, SSEEvent
 from sidecar.measure.timeline import RequestTimeline
 from tests.fixtures.streams.harness import objects_from
@@ -123,6 +130,7 @@ class OracleOpenAI(OpenAIStreamDialect):
                         grown = parsed.output_tokens - self._completion_so_far
                     if oracle_count_choices(choices, out, grown, self._started):
                         self._started = True
+                tool_call_deltas(choices, out)  # every event (the dialect skips a plain answer's)
                 if not self._done:  # not a fast path: the same tracking as the dialect's
                     self._track(choices, out)
         if parsed is not None:

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 
-from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, TokenKind, Tokens, Usage
+from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, TokenKind, Tokens, ToolCallDelta, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response, usage_from_openai
 from sidecar.measure.timeline import RequestTimeline
 from tests.fixtures.streams.expected import ANSWER, DIALECTS, REASONING, TOOL
@@ -108,7 +108,7 @@ def test_refusal_is_answer():
 
 
 def test_legacy_function_call_is_tool():
-    assert one(b'{"function_call":{"name":"f","arguments":""}}') == [TOOL]
+    assert one(b'{"function_call":{"name":"f","arguments":""}}') == [TOOL, ToolCallDelta(0)]
 
 
 def test_reasoning_and_content_in_one_delta_reasoning_first():

@@ -20,7 +20,7 @@ import orjson
 
 from ..ndjson import NDJSONDecoder
 from ..sse import SSEDecoder, SSEEvent
-from .events import DialectEvent, ParseError, StreamEnd, StreamError, TokenKind, Tokens, Usage
+from .events import DialectEvent, ParseError, StreamEnd, StreamError, TokenKind, Tokens, ToolCallDelta, Usage
 from .template import EventTemplate
 
 __all__ = [
@@ -137,7 +137,9 @@ class SSEJSONDialect:
                 self._candidate = None
                 return
         obj = self._data(data, "message", out)
-        if obj is not None and self._learning and len(out) == 1 and type(out[0]) is Tokens:
+        if obj is not None and self._learning and type(out[0] if out else None) is Tokens and (
+            len(out) == 1 or (len(out) == 2 and type(out[1]) is ToolCallDelta)
+        ):
             self._learning -= 1
             self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]
         else:

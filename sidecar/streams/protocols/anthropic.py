@@ -14,6 +14,11 @@ What counts as a token (one per ``content_block_delta`` whose payload is non-emp
 ``signature_delta`` (the thinking block's integrity signature), ``citations_delta``,
 ``ping`` and the empty initial blocks of ``content_block_start`` are not tokens.
 
+Tool calls (:class:`ToolCallDelta`, the block's ``index`` telling parallel calls apart): a
+``tool_use`` block's ``content_block_start`` (the call's id and name) and each non-empty
+``input_json_delta`` of that block. ``server_tool_use`` blocks (web search and other tools
+Anthropic runs itself) are tool tokens but no call the client waits on.
+
 Usage. ``message_start`` carries ``message.usage`` with the input counts (and a provisional
 ``output_tokens`` of 1 or 2, which is ignored: it is not the final count);
 ``message_delta.usage`` carries the cumulative ``output_tokens`` and, on newer API
@@ -30,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import ANSWER, REASONING, TOOL, SSEJSONDialect, error_of, int_or_none, load_object, str_or_none
-from .events import DialectEvent, GenerationDone, ResponseInfo, StreamEnd, StreamError, Tokens, Usage
+from .events import DialectEvent, GenerationDone, ResponseInfo, StreamEnd, StreamError, Tokens, ToolCallDelta, Usage
 
 __all__ = ["AnthropicStreamDialect", "parse_anthropic_response", "usage_from_anthropic"]
 
@@ -45,7 +50,10 @@ _DELTAS: dict[str, tuple[str, Tokens]] = {
 class AnthropicStreamDialect(SSEJSONDialect):
     """``/v1/messages`` SSE bytes in, :mod:`events` out. Sans-I/O; safe at any split."""
 
-    __slots__ = ("_input", "_cached", "_output", "_info_sent")
+    __slots__ = ("_input", "_cached", "_output", "_info_sent", "_tool_blocks")
+
+    MAX_TOOL_BLOCKS = 256
+    """Tool-use block indices remembered per stream (a hostile stream cannot grow it)."""
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)
@@ -53,6 +61,7 @@ class AnthropicStreamDialect(SSEJSONDialect):
         self._cached: int | None = None
         self._output: int | None = None
         self._info_sent = False
+        self._tool_blocks: set[int] | None = None  # indices of the tool_use blocks so far
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
         kind = obj.get("type")
@@ -67,6 +76,10 @@ class AnthropicStreamDialect(SSEJSONDialect):
                     payload = delta.get(spec[0])
                     if isinstance(payload, str) and payload:
                         out.append(spec[1])
+                        if spec[1] is TOOL and self._tool_blocks is not None:
+                            index = obj.get("index")
+                            if type(index) is int and index in self._tool_blocks:
+                                out.append(ToolCallDelta(index))
         elif kind == "content_block_start":
             block = obj.get("content_block")
             if type(block) is dict:
@@ -75,6 +88,8 @@ class AnthropicStreamDialect(SSEJSONDialect):
                     out.append(REASONING)
                 elif isinstance(block.get("text"), str) and block["text"]:
                     out.append(ANSWER)
+                elif block.get("type") == "tool_use":
+                    self._tool_start(obj.get("index"), out)
         elif kind == "message_start":
             message = obj.get("message")
             if type(message) is not dict:
@@ -101,6 +116,18 @@ class AnthropicStreamDialect(SSEJSONDialect):
         elif kind == "error":
             out.append(error_of(obj) or StreamError(""))
         # ping, content_block_stop and unknown event types carry nothing to measure
+
+    def _tool_start(self, index: Any, out: list[DialectEvent]) -> None:
+        """A ``tool_use`` block opened: the call's first piece (its id and name)."""
+        if type(index) is not int or index < 0:
+            return
+        blocks = self._tool_blocks
+        if blocks is None:
+            blocks = self._tool_blocks = set()
+        if index not in blocks and len(blocks) >= self.MAX_TOOL_BLOCKS:
+            return
+        blocks.add(index)
+        out.append(ToolCallDelta(index))
 
     def _merge(self, usage: Any, with_output: bool) -> bool:
         if type(usage) is not dict:

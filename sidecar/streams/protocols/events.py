@@ -20,6 +20,7 @@ __all__ = [
     "MaybeLastToken",
     "ParseError",
     "EngineTimings",
+    "ToolCallDelta",
     "DialectEvent",
 ]
 
@@ -138,6 +139,23 @@ class EngineTimings:
         )
 
 
+@dataclass(slots=True, frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call arrived: its opening (id and name) or a piece of its
+    arguments. Rare beside text tokens, and the only source of the tool-call timings (time
+    to the first tool call, each call's assembly from its first piece to its last): the
+    timeline keeps one first and last time per call, so parallel calls are told apart by
+    ``call`` (OpenAI ``tool_calls[].index``, the Anthropic ``tool_use`` block's ``index``,
+    the Responses item's ``output_index``, Ollama's running count) within ``choice`` (an
+    OpenAI choice's ``index`` when ``n`` > 1). Client tools only: calls the server runs
+    itself (Anthropic ``server_tool_use``, Responses MCP and code interpreter) are not the
+    agent's action to wait for."""
+
+    call: int
+    choice: int = 0
+
+
 DialectEvent = (
-    Tokens | Usage | ResponseInfo | StreamError | StreamEnd | GenerationDone | MaybeLastToken | ParseError | EngineTimings
+    Tokens | Usage | ResponseInfo | StreamError | StreamEnd | GenerationDone | MaybeLastToken | ParseError
+    | EngineTimings | ToolCallDelta
 )

@@ -20,6 +20,8 @@ came first when one line holds both):
 - ``message.thinking`` / ``thinking`` non-empty   -> reasoning
 - ``message.tool_calls`` / ``tool_calls`` non-empty -> tool
 - ``message.content`` / ``response`` non-empty    -> answer
+Each entry of ``tool_calls`` is one whole call (Ollama sends a call's arguments at once):
+one :class:`ToolCallDelta` each, numbered in the order they came, so its assembly time is 0.
 The first line of a thinking model's stream (``"response":""``) and the role-only or
 empty final line are not tokens; a final ``done: true`` line that does carry text (as in
 Ollama's streaming docs) is. Errors are ``{"error":"..."}`` lines, or the whole body of a
@@ -43,7 +45,7 @@ from ._base import (
     seconds_or_none,
     str_or_none,
 )
-from .events import DialectEvent, EngineTimings, ResponseInfo, StreamEnd
+from .events import DialectEvent, EngineTimings, ResponseInfo, StreamEnd, ToolCallDelta
 
 __all__ = ["OllamaStreamDialect", "parse_ollama_response", "engine_timings_from_ollama"]
 
@@ -53,11 +55,12 @@ _NS = 1e9
 class OllamaStreamDialect(NDJSONDialect):
     """``/api/chat`` and ``/api/generate`` NDJSON bytes in, :mod:`events` out. Sans-I/O."""
 
-    __slots__ = ("_seen_model",)
+    __slots__ = ("_seen_model", "_calls")
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)
         self._seen_model = False
+        self._calls = 0  # tool calls so far: the next one's number
 
     def _object(self, obj: dict[str, Any], out: list[DialectEvent]) -> None:
         err = error_of(obj)
@@ -76,6 +79,10 @@ class OllamaStreamDialect(NDJSONDialect):
         calls = source.get("tool_calls")
         if type(calls) is list and calls:
             out.append(TOOL)
+            for call in calls:
+                if type(call) is dict:
+                    out.append(ToolCallDelta(self._calls))
+                    self._calls += 1
         if _nonempty_str(source.get("content") if source is message else obj.get("response")):
             out.append(ANSWER)
         if obj.get("done") is True:

@@ -52,10 +52,17 @@ from .events import (
     StreamError,
     TokenKind,
     Tokens,
+    ToolCallDelta,
 )
 from .llamacpp import engine_counts_from_llamacpp, engine_timings_from_llamacpp
 
-__all__ = ["OpenAIStreamDialect", "parse_openai_response", "usage_from_openai", "engine_timings_from_vllm"]
+__all__ = [
+    "OpenAIStreamDialect",
+    "parse_openai_response",
+    "usage_from_openai",
+    "engine_timings_from_vllm",
+    "tool_call_deltas",
+]
 
 class OpenAIStreamDialect(SSEJSONDialect):
     """SSE bytes in, :mod:`events` out. Sans-I/O; safe to feed arbitrary splits.
@@ -134,6 +141,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
                 out.append(ParseError("choices is not a list"))
             else:
                 grown = None
+                mark = len(out)
                 if parsed is None or parsed.output_tokens is None:
                     if _count_choices(choices, out, None, self._started):
                         self._usage_per_chunk = False
@@ -143,6 +151,9 @@ class OpenAIStreamDialect(SSEJSONDialect):
                         grown = parsed.output_tokens - self._completion_so_far
                     if _count_choices(choices, out, grown, self._started):
                         self._started = True
+                if len(out) != mark + 1 or out[mark] is not ANSWER:
+                    # Not the one plain answer token of nearly every event: look for calls.
+                    tool_call_deltas(choices, out)
                 if not self._done:
                     # Nearly every chunk: one open choice, still going; nothing to track.
                     choice = choices[0]
@@ -317,6 +328,35 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
 
 
 _MAYBE_LAST = MaybeLastToken()
+
+
+def tool_call_deltas(choices: list, out: list[DialectEvent]) -> None:
+    """One :class:`ToolCallDelta` per entry of a choice's ``delta.tool_calls`` (each is a
+    piece of the call at its ``index``: the opening with id and name, or a piece of its
+    ``function.arguments``), and one for a legacy ``delta.function_call`` (call 0).
+    An entry without an integer ``index`` (servers that leave it out) is the call at its
+    place in the list."""
+    for choice in choices:
+        if type(choice) is not dict:
+            continue
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            continue
+        calls = delta.get("tool_calls")
+        legacy = delta.get("function_call")
+        if not calls and not legacy:
+            continue
+        at = choice.get("index", 0)
+        if type(at) is not int or at < 0:
+            at = 0
+        if type(calls) is list:
+            for place, entry in enumerate(calls):
+                if type(entry) is not dict:
+                    continue
+                index = entry.get("index")
+                out.append(ToolCallDelta(index if type(index) is int and index >= 0 else place, at))
+        elif legacy:
+            out.append(ToolCallDelta(0, at))
 
 usage_from_openai = usage_reader("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
 

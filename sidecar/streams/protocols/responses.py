@@ -15,6 +15,12 @@ What counts as a token (one per delta event whose ``delta`` is a non-empty strin
 Lifecycle and bookkeeping events (``response.created``/``in_progress``/``queued``,
 ``output_item.*``, ``content_part.*``, every ``*.done``, annotations) are not tokens.
 
+Tool calls (:class:`ToolCallDelta`, the item's ``output_index`` telling parallel calls
+apart): ``response.output_item.added`` of a ``function_call`` or ``custom_tool_call`` item
+(the call's id and name), and each non-empty ``response.function_call_arguments.delta`` or
+``response.custom_tool_call_input.delta``. MCP and code-interpreter calls run on the server:
+tool tokens, but no call the client waits on.
+
 Usage (``response.usage``): ``input_tokens``, ``output_tokens``,
 ``output_tokens_details.reasoning_tokens``, ``input_tokens_details.cached_tokens``.
 Finish reasons are the provider's own words: ``completed`` for ``response.completed``,
@@ -30,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._base import ANSWER, REASONING, TOOL, SSEJSONDialect, code_or_none, load_object, str_or_none, usage_reader
-from .events import DialectEvent, ResponseInfo, StreamEnd, StreamError, Tokens
+from .events import DialectEvent, ResponseInfo, StreamEnd, StreamError, Tokens, ToolCallDelta
 
 __all__ = ["ResponsesStreamDialect", "parse_responses_response", "usage_from_responses"]
 
@@ -44,6 +50,9 @@ _DELTA_KINDS: dict[str, Tokens] = {
     "response.mcp_call_arguments.delta": TOOL,
     "response.code_interpreter_call_code.delta": TOOL,
 }
+# The deltas of calls the client runs (its tools), and the items that open them.
+_CLIENT_CALL_DELTAS = frozenset({"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"})
+_CLIENT_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
 _STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -67,8 +76,14 @@ class ResponsesStreamDialect(SSEJSONDialect):
             delta = obj.get("delta")
             if isinstance(delta, str) and delta:
                 out.append(tokens)
+                if tokens is TOOL and kind in _CLIENT_CALL_DELTAS:
+                    _call(obj.get("output_index"), out)
             return
-        if kind in _STARTED:
+        if kind == "response.output_item.added":
+            item = obj.get("item")
+            if type(item) is dict and item.get("type") in _CLIENT_CALL_ITEMS:
+                _call(obj.get("output_index"), out)
+        elif kind in _STARTED:
             self._info(obj.get("response"), out)
         elif kind in _TERMINAL:
             response = obj.get("response")
@@ -100,6 +115,12 @@ class ResponsesStreamDialect(SSEJSONDialect):
         if new_id is not None:
             self._id = new_id
         out.append(ResponseInfo(response_model=new_model, response_id=new_id))
+
+
+def _call(index: Any, out: list[DialectEvent]) -> None:
+    """A piece of the client tool call at ``output_index`` (none without a valid index)."""
+    if type(index) is int and index >= 0:
+        out.append(ToolCallDelta(index))
 
 
 def _finish_reason(kind: str, response: dict[str, Any]) -> str:
