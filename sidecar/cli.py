@@ -174,6 +174,12 @@ def _build_parser() -> argparse.ArgumentParser:
     render = slo_sub.add_parser("render", help="render a spec's rules (YAML) to stdout or --output")
     render.add_argument("spec", help="SLO spec YAML file (see deploy/slo/)")
     render.add_argument("--output", "-o", default=None, help="write here instead of stdout")
+    render.add_argument(
+        "--runbook-url",
+        default=None,
+        help="where your team reads docs/runbooks.md (its URL; #runbook-<alert> is appended); "
+        "default: the spec's alerts.runbook_url",
+    )
     return parser
 
 
@@ -262,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "slo":
         from .tools.slo.cli import render_command  # noqa: PLC0415
 
-        return render_command(args.spec, args.output)
+        return render_command(args.spec, args.output, runbook_url=args.runbook_url)
     return _die(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards it
 
 

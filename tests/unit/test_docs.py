@@ -58,9 +58,11 @@ def test_front_of_server_example_asks_for_the_model_the_simulator_serves():
     assert re.search(r"--upstream http://127\.0\.0\.1:8000 ", section)
 
 
-def test_every_runbook_the_alerts_link_to_stays_in_the_readme():
-    """Deployed PrometheusRules link to README.md#runbook-<alert>; moving a runbook out
-    would break links in alerts already firing somewhere."""
-    text = README.read_text(encoding="utf-8")
+def test_every_runbook_the_alerts_link_to_stays_in_docs_runbooks():
+    """Deployed PrometheusRules link to docs/runbooks.md#runbook-<alert>; moving a runbook out
+    would break links in alerts already firing somewhere (tests/unit/test_runbooks.py checks
+    every alert the generator emits)."""
+    text = (README.parent / "docs" / "runbooks.md").read_text(encoding="utf-8")
     for alert in ("LLMAvailabilityBurnRate", "LLMTTFTBurnRate", "LLMSidecarDown", "LLMNoTrafficData", "LLMSLOHistoryShort"):
-        assert f"### Runbook: {alert}\n" in text
+        assert f"## Runbook: {alert}\n" in text
+    assert "[docs/runbooks.md](docs/runbooks.md)" in README.read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ level, and carry the label ``slo`` (the objective's name) and the spec's groupin
 
 Alerts are ``LLM<Objective>BurnRate`` (one name per objective; labels ``severity`` = page or
 ticket, ``long_window``, ``short_window``, ``slo``, ``model``), ``LLMSidecarDown`` and
-``LLMNoTrafficData``. Each links to ``README.md#runbook-<alert name in lower case>``.
+``LLMNoTrafficData``. Each links to ``docs/runbooks.md#runbook-<alert name in lower case>``.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def alert_name(objective: str) -> str:
 
 
 def runbook_anchor(alert: str) -> str:
-    """The README heading ``### Runbook: LLMTTFTBurnRate`` has the anchor ``runbook-llmttftburnrate``."""
+    """docs/runbooks.md's heading ``## Runbook: LLMTTFTBurnRate`` has the anchor ``runbook-llmttftburnrate``."""
     return "runbook-" + alert.lower()
 
 

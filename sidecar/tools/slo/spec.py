@@ -15,7 +15,7 @@
         models:                      # per-model overrides of target and/or threshold
           my-405b: {threshold_seconds: 5.0}
     alerts:
-      runbook_url: https://.../README.md
+      runbook_url: https://.../docs/runbooks.md   # default: docs/runbooks.md
       target_down: {job: llm-sidecar, for: 5m, severity: page}
       no_traffic: {for: 30m, severity: ticket}
       history_short: {severity: info}   # the period reaches back before the first data
@@ -64,6 +64,7 @@ from .windows import (
 __all__ = [
     "SPEC_VERSION",
     "DEFAULT_RUNBOOK_URL",
+    "RUNBOOK_URL_PATTERN",
     "SpecError",
     "ModelOverride",
     "Objective",
@@ -81,7 +82,13 @@ __all__ = [
 ]
 
 SPEC_VERSION = 1
-DEFAULT_RUNBOOK_URL = "https://github.com/llm-sidecar/llm-sidecar/blob/main/README.md"
+DEFAULT_RUNBOOK_URL = "docs/runbooks.md"
+"""Where the runbooks are: the file in the repository, since nothing is published at a fixed
+address. Set your copy's URL (``alerts.runbook_url``, ``slo render --runbook-url``, the chart's
+``prometheus.rules.runbookUrl``)."""
+
+RUNBOOK_URL_PATTERN = r"^(https?://[^\s'#]+|[A-Za-z0-9_.][A-Za-z0-9_./-]*)$"
+"""An http(s) URL or a relative path, without a fragment (``#runbook-<alert>`` is appended)."""
 
 
 class SpecError(Exception):
@@ -248,8 +255,9 @@ class HistoryShortAlert(BaseModel):
 class Alerts(BaseModel):
     model_config = _STRICT
 
-    runbook_url: str = Field(DEFAULT_RUNBOOK_URL, pattern=r"^https?://")
-    """The README the alerts link into; ``#runbook-<alert>`` is appended."""
+    runbook_url: str = Field(DEFAULT_RUNBOOK_URL, pattern=RUNBOOK_URL_PATTERN)
+    """The runbooks page the alerts link into (docs/runbooks.md or your copy of it);
+    ``#runbook-<alert>`` is appended."""
     target_down: TargetDownAlert = Field(default_factory=TargetDownAlert)
     no_traffic: NoTrafficAlert = Field(default_factory=NoTrafficAlert)
     history_short: HistoryShortAlert = Field(default_factory=HistoryShortAlert)
