@@ -45,6 +45,7 @@ from .export.logs import RequestLogger
 from .base.labels import ModelLabeler, SeriesBudget
 from .base.speedups import IN_C, SPEEDUPS_MISSING
 from .export.metrics import SidecarMetrics, SLOThresholds
+from .export.prometheus_internals import SeriesGate, WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
@@ -194,8 +195,12 @@ def build_sidecar(
             budget=budget,
         )
         metrics.bound_tenants(tenants.bound)
-    # The series budget counts every labelled series, the capacity metrics' too.
-    budget.count = lambda: metrics.series_count() + capacity.series_count()
+    # One series budget for the whole page, counted before any series is made: every
+    # family registered by now (whoever added it) is checked at child creation, and label
+    # admission asks the same count what a new value would cost.
+    gate = SeriesGate(registry, settings.max_series, on_refused=metrics.refused)
+    gate.guard()
+    budget.count, budget.cost, budget.reserve = gate.count, gate.first_cost, gate.reserve
     proxy = Proxy(
         lambda: sc.get_pool(),  # the Sidecar below owns the pool, made when the app starts
         model_label=metrics.model_label,
@@ -213,7 +218,9 @@ def build_sidecar(
         max_line_bytes=settings.max_sse_line_bytes,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
-    sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(registry))
+    # The page without prometheus_client's _created samples (for this registry only; its
+    # process-wide switch would change every registry in the process).
+    sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(WithoutCreated(registry)))
     sc.tenants = tenants
     sc.capacity = capacity
     sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)

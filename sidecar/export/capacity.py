@@ -47,24 +47,49 @@ class CapacityMetrics:
             "Wall seconds with at least one stream of the model decoding, by decode-concurrency band.",
             mc, **h,
         )  # fmt: skip
+        self._made: dict[str, set[str]] = {}  # model label -> bands whose series exist
         self.trackers = DecodeTrackers(self._sink_for)
 
     def _sink_for(self, label: str) -> Callable[[str, float], None]:
-        """Called once per model label, at its first stream: every band's series of all
-        three metrics are created then, at zero. A series that appeared only with its first
+        """Called once per model label, at its first stream: the lowest bands' series of
+        all three metrics are made then, at zero, and each band's first use makes the two
+        bands above it (:meth:`_ahead`). A series that appeared only with its first
         observations would enter Prometheus already holding them, and ``rate``/``increase``
         never count a series' first sample: the capacity rules' 1h window lost a band's
         first requests (20-25 % of each band's gaps in the aiperf sweep of
-        tests/real/test_capacity_sweep.py, enough to flip a band's p95 verdict)."""
-        for b in BANDS:
-            self.itl.labels(label, b)
-            self.tokens.labels(label, b)
-        children = {b: self.seconds.labels(label, b) for b in BANDS}
-        return lambda b, elapsed: children[b].inc(elapsed)
+        tests/real/test_capacity_sweep.py, enough to flip a band's p95 verdict).
+
+        Not every band at once: that was 9 bands x 27 samples for every model label
+        (``other`` and ``unknown`` too), 243 samples before the model's first token, most of
+        them for loads it never reaches. The decoding count moves one stream at a time, so
+        a band is made at least one band before the load can reach it (band 8 when the
+        load first enters band 4, two streams before it needs it)."""
+        made = self._made.setdefault(label, set())
+        self._ahead(label, BANDS[0], made)
+        seconds: dict[str, Counter] = {}
+
+        def sink(b: str, elapsed: float) -> None:
+            child = seconds.get(b)
+            if child is None:
+                self._ahead(label, b, made)
+                child = seconds[b] = self.seconds.labels(label, b)
+            child.inc(elapsed)
+
+        return sink
+
+    def _ahead(self, label: str, b: str, made: set[str]) -> None:
+        """Band ``b`` of ``label`` and the two above it exist, at zero where new."""
+        at = BANDS.index(b)
+        for ahead in BANDS[at : at + 3]:
+            if ahead not in made:
+                made.add(ahead)
+                self.itl.labels(label, ahead)
+                self.tokens.labels(label, ahead)
+                self.seconds.labels(label, ahead)
 
     def series_count(self) -> int:
-        """Samples these metrics expose now, counted into the process's series budget
-        (``--max-series``) beside the main metrics': each model label brings 9 bands of each."""
+        """Samples these metrics expose now (without ``_created``): each model label brings
+        the bands it reached and the two above, of each."""
         return sum(len(label_children(m)) * samples_per_child(m) for m in (self.itl, self.tokens, self.seconds))
 
     def forget(self, label: str) -> int:
@@ -73,6 +98,7 @@ class CapacityMetrics:
         its series are made again at its first stream). Without this, every model ever
         labelled kept its 9 bands of series for good. Returns the series removed."""
         self.trackers.forget(label)
+        self._made.pop(label, None)
         return sum(drop_label_value(m, "model", label) for m in (self.itl, self.tokens, self.seconds))
 
     def record(self, t: RequestTimeline, model_label: str) -> None:
@@ -81,6 +107,10 @@ class CapacityMetrics:
         if not gaps or len(gaps) != len(streams):
             return
         lowest = band(min(streams))
+        made = self._made.get(model_label)
+        if made is not None:  # the bands it reached, and the two above each, exist from now
+            for b in {lowest, band(max(streams))} - made:
+                self._ahead(model_label, b, made)
         if lowest == band(max(streams)):
             # The usual case: the load stayed within one band for the whole stream (bands are
             # ranges of n, so the extremes tell), and the gaps go in as one batch, without a

@@ -28,10 +28,13 @@ from ..base.routes import ROUTES
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
 from ..base.outcomes import Outcome, error_type_label
 from ..base.speedups import IN_C
-from .prometheus_internals import drop_label_value, is_labelled_parent, label_children, label_names, observe_many, samples_per_child
+from .prometheus_internals import SeriesGate, drop_label_value, has_child, is_labelled_parent, label_names, observe_many
 from ..measure.timeline import RequestTimeline
 
-__all__ = ["SidecarMetrics", "SLOThresholds", "method_label"]
+__all__ = ["SidecarMetrics", "SLOThresholds", "method_label", "SERIES_REFUSED_FATES"]
+
+SERIES_REFUSED_FATES = ("other", "dropped")
+"""What became of an update whose series the budget refused (``llm_series_refused_total``)."""
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -217,10 +220,21 @@ class SidecarMetrics:
             ("label", "reason"), **h,
         )  # fmt: skip
         self._overflow_children: dict[tuple[str, str], Counter] = {}
+        self.series_refused = Counter(
+            "series_refused",
+            "Updates whose own series did not fit in --max-series (counted before a series is "
+            "made, every family alike): fate 'other' (recorded with model and tenant 'other') "
+            "or 'dropped' (not recorded: even that row did not fit).",
+            ("fate",), **h,
+        )  # fmt: skip
+        self._refused_children = {fate: self.series_refused.labels(fate) for fate in SERIES_REFUSED_FATES}
+        # In-flight gauge children a request started under when its own series was refused
+        # (the gate gave the 'other' row): the request ends on the same child.
+        self._in_flight_folded: dict[tuple[str, str], list] = {}
         self._own_health(registry, version)
         self.model_label.on_overflow = self._overflowed("model")  # series start at 0, so rate() has data
         self.model_label.on_forget = lambda value: self.forget("model", value)
-        if self.model_label.budget is not None:
+        if self.model_label.budget is not None and self.model_label.budget.count is None:
             self.model_label.budget.count = self.series_count
 
     def _own_health(self, registry: CollectorRegistry, version: str | None) -> None:
@@ -251,10 +265,13 @@ class SidecarMetrics:
         ]
 
     def series_count(self) -> int:
-        """Samples the registry's labelled instruments expose now (a histogram child has its
-        buckets, ``+Inf``, ``_sum``, ``_count`` and ``_created``; a counter child its total and
-        ``_created``), for the series budget."""
-        return sum(len(label_children(m)) * samples_per_child(m) for m in self._labelled())
+        """Samples the registry's page holds now (every family in it, without ``_created``),
+        for the series budget (sidecar/export/prometheus_internals.py, ``SeriesGate``)."""
+        return SeriesGate(self.registry, 0).count()
+
+    def refused(self, fate: str) -> None:
+        """The series gate refused a series: count it by what became of the update."""
+        self._refused_children[fate].inc()
 
     def _overflowed(self, label: str):
         for reason in OVERFLOW_REASONS:
@@ -272,7 +289,8 @@ class SidecarMetrics:
         """Count the tenant label's overflows and drop its forgotten values' series too."""
         tenants.on_overflow = self._overflowed("tenant")
         tenants.on_forget = lambda value: self.forget("tenant", value)
-        if tenants.budget is not None:
+        tenants.name = "tenant"  # what a new value costs: one series in each family with the label
+        if tenants.budget is not None and tenants.budget.count is None:
             tenants.budget.count = self.series_count
 
     def forget(self, label: str, value: str) -> int:
@@ -282,14 +300,31 @@ class SidecarMetrics:
     # -- lifecycle hooks, called by the proxy -------------------------------------------
 
     def started(self, model_label: str, route: str) -> None:
+        """A request began: its model label is held (never forgotten, its series never
+        removed, until :meth:`ended`), and it counts in flight."""
+        self.model_label.hold(model_label)
         if route in ROUTES:  # non-API traffic has no in-flight series (see record)
-            self.in_flight.labels(model_label, route).inc()
+            key = (model_label, route)
+            child = self.in_flight.labels(*key)
+            if not has_child(self.in_flight, key):  # the series gate gave another row
+                self._in_flight_folded.setdefault(key, []).append(child)
+            child.inc()
 
     def ended(self, model_label: str, route: str) -> None:
         """The in-flight gauge ends under the label the request started with (the record's
-        label may differ: a value can earn its slot as the request finishes)."""
+        label may differ: a value can earn its slot as the request finishes), on the very
+        child it started on; then the label is released."""
         if route in ROUTES:
-            self.in_flight.labels(model_label, route).dec()
+            key = (model_label, route)
+            folded = self._in_flight_folded.get(key)
+            if folded:
+                child = folded.pop()
+                if not folded:
+                    del self._in_flight_folded[key]
+            else:
+                child = self.in_flight.labels(*key)
+            child.dec()
+        self.model_label.release(model_label)
 
     def record(self, t: RequestTimeline, model_label: str) -> None:
         """Observe one finished request. Called exactly once per request."""

@@ -2,7 +2,9 @@
 
 prometheus_client has no public API for what the sidecar needs on its hot path and for its
 series budget: observing many values into a histogram at once (a request's ITL has one value
-per token), listing a metric's children, removing every child with one label value. Each
+per token), listing a metric's children, removing every child with one label value, counting
+the samples a registry exposes and refusing a child that would take the page past its budget
+(:class:`SeriesGate`), a page without ``_created`` samples (:class:`WithoutCreated`). Each
 private name used is read here and nowhere else; ``tests/unit/test_prometheus_internals.py``
 pins them on the installed version, and pyproject caps the dependency at the next minor
 version not yet checked (``CHECKED_PROMETHEUS_CLIENT``).
@@ -10,12 +12,14 @@ version not yet checked (``CHECKED_PROMETHEUS_CLIENT``).
 
 from __future__ import annotations
 
+import copy
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import reduce
 from operator import add
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Histogram, Summary
+from prometheus_client.metrics import Enum, MetricWrapperBase
 from prometheus_client.values import MutexValue
 
 __all__ = [
@@ -26,6 +30,10 @@ __all__ = [
     "label_names",
     "is_labelled_parent",
     "drop_label_value",
+    "has_child",
+    "SeriesGate",
+    "WithoutCreated",
+    "page_samples",
 ]
 
 CHECKED_PROMETHEUS_CLIENT = "0.26.0"
@@ -84,11 +92,22 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
 
 
 def samples_per_child(metric) -> int:
-    """Samples one child of ``metric`` exposes: a histogram's buckets, ``+Inf``, ``_sum``,
-    ``_count`` and ``_created``; a counter's total and ``_created``; a gauge's value."""
+    """Samples one child of ``metric`` puts on the page (served through
+    :class:`WithoutCreated`, so never a ``_created``): a histogram's buckets, ``+Inf``,
+    ``_sum`` and ``_count``; a summary's ``_sum`` and ``_count``; an enum's states; a
+    counter's total, a gauge's or an info's value."""
     if isinstance(metric, Histogram):
-        return len(metric._upper_bounds) + 3
-    return 2 if isinstance(metric, Counter) else 1
+        return len(metric._upper_bounds) + 2
+    if isinstance(metric, Summary):
+        return 2
+    if isinstance(metric, Enum):
+        return len(metric._states)
+    return 1
+
+
+def has_child(metric, values: tuple[str, ...]) -> bool:
+    """Whether ``metric`` has the child ``values`` now (without making it)."""
+    return values in metric._metrics
 
 
 def label_children(metric) -> list[tuple[str, ...]]:
@@ -110,3 +129,193 @@ def drop_label_value(metric, label: str, value: str) -> int:
         except KeyError:  # removed meanwhile
             pass
     return len(doomed)
+
+
+_HAS_CREATED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+def _without_created(family):
+    """``family`` minus its ``_created`` samples (a copy when it had any)."""
+    if family.type not in _HAS_CREATED:
+        return family
+    created = family.name + "_created"
+    samples = [s for s in family.samples if s.name != created]
+    if len(samples) == len(family.samples):
+        return family
+    kept = copy.copy(family)
+    kept.samples = samples
+    return kept
+
+
+def page_samples(families: Iterable) -> int:
+    """Samples ``families`` (a collector's ``collect()``) put on a page without ``_created``."""
+    return sum(len(_without_created(f).samples) for f in families)
+
+
+class WithoutCreated:
+    """A registry as /metrics serves it: every family without its ``_created`` samples.
+
+    prometheus_client exposes, for every counter, histogram and summary child, a
+    ``_created`` sample (the child's creation time): about 9 % of the sidecar's page, which
+    no query, rule or dashboard reads (``rate()`` copes with resets by itself). The library's
+    switch, ``disable_created_metrics()``, is a module global: flipping it changes the page
+    of every registry in the process, and every test that builds a sidecar would change it
+    for the tests after it (the pattern docs/STYLE.md asks us to avoid). This view drops
+    them from one registry's page instead, whoever embeds the sidecar; the registry itself
+    is unchanged (``get_sample_value`` still answers for them)."""
+
+    def __init__(self, registry) -> None:
+        self._registry = registry
+
+    def collect(self):
+        for family in self._registry.collect():
+            yield _without_created(family)
+
+    def restricted_registry(self, names: Iterable[str]) -> "WithoutCreated":
+        return WithoutCreated(self._registry.restricted_registry(list(names)))
+
+
+class SeriesGate:
+    """The page's one series budget, enforced where a series is made: no child of any
+    labelled family in the registry is created when its samples would take the page past
+    ``max_series``.
+
+    Counting at label admission alone could not bound the page: a value admitted with a
+    little room left then made a few hundred samples across the families, the names the
+    server listed were never counted at all, and a family that pre-creates series (the
+    capacity bands) spent the budget before any request. Here every family registered when
+    :meth:`guard` runs, whoever added it, has its ``labels()`` checked (the instance's own
+    attribute shadows the class method; prometheus_client calls ``labels`` only from user
+    code), and the page is counted from the registry: labelled families by children times
+    :func:`samples_per_child`, unlabelled ones by the same, any other collector (the process
+    collector) once by its samples.
+
+    A child whose ``fold`` labels (``model``, ``tenant``) name a real value may fill the page
+    up to ``max_series - reserve``; past that it is recorded under ``other`` for those labels
+    instead (fate ``other``): the last ``reserve`` samples are kept for those rows, and for
+    families without such labels. When even that does not fit, the update goes to a child
+    that is on no page (fate ``dropped``). ``on_refused(fate)`` is told each time.
+
+    The check costs one dict lookup per ``labels()`` call for an existing child (cheaper
+    than prometheus_client's own ``labels``, which converts and locks); only making a child
+    counts the page (a sum of ``len`` over the families).
+    """
+
+    def __init__(
+        self,
+        registry,
+        max_series: int,
+        *,
+        fold: Iterable[str] = ("model", "tenant"),
+        fold_to: str = "other",
+        unvalued: Iterable[str] = ("other", "unknown"),
+        reserve: int | None = None,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self.max_series = max_series
+        self.reserve = max_series // 5 if reserve is None else reserve
+        self._fold = frozenset(fold)
+        self._fold_to = fold_to
+        self._unvalued = frozenset(unvalued)
+        self.on_refused = on_refused
+        self._fixed: dict[object, int] = {}  # collectors that are not prometheus_client metrics
+        self._guarded: set[int] = set()
+
+    # -- counting ---------------------------------------------------------------------
+
+    def _collectors(self) -> list:
+        with self._registry._lock:
+            return list(self._registry._collector_to_names)
+
+    def count(self) -> int:
+        """Samples the registry's page holds now (without ``_created``)."""
+        total = 0
+        for collector in self._collectors():
+            if isinstance(collector, MetricWrapperBase):
+                per = samples_per_child(collector)
+                total += per * len(collector._metrics) if is_labelled_parent(collector) else per
+            else:
+                fixed = self._fixed.get(collector)
+                if fixed is None:
+                    fixed = self._fixed[collector] = page_samples(collector.collect())
+                total += fixed
+        return total
+
+    def fits(self, samples: int, *, valued: bool = True) -> bool:
+        """Whether ``samples`` more fit: up to ``max_series - reserve`` for series that carry
+        a real model or tenant value, up to ``max_series`` for the rest."""
+        ceiling = self.max_series - (self.reserve if valued else 0)
+        return self.count() + samples <= ceiling
+
+    def first_cost(self, label: str) -> int:
+        """Samples a new value of ``label`` takes at its first request: one child in each
+        family that carries the label (a generic estimate; the gate bounds the rest)."""
+        return sum(
+            samples_per_child(c)
+            for c in self._collectors()
+            if isinstance(c, MetricWrapperBase) and is_labelled_parent(c) and label in c._labelnames
+        )
+
+    # -- guarding ---------------------------------------------------------------------
+
+    def guard(self) -> int:
+        """Check every labelled family registered now at child creation; how many."""
+        n = 0
+        for collector in self._collectors():
+            if isinstance(collector, MetricWrapperBase) and is_labelled_parent(collector):
+                if id(collector) not in self._guarded:
+                    collector.labels = self._gated(collector)
+                    self._guarded.add(id(collector))
+                n += 1
+        return n
+
+    def _gated(self, metric):
+        make = type(metric).labels.__get__(metric)  # prometheus_client's own labels()
+        names = metric._labelnames
+        fold_at = frozenset(i for i, name in enumerate(names) if name in self._fold)
+        per = samples_per_child(metric)
+        unvalued, fold_to = self._unvalued, self._fold_to
+        detached: list = []
+
+        def refuse(fate: str):
+            if self.on_refused is not None:
+                try:
+                    self.on_refused(fate)
+                except Exception:  # counting a refusal never breaks the caller
+                    pass
+
+        def labels(*values, **by_name):
+            if by_name and not values and sorted(by_name) == sorted(names):
+                values = tuple(by_name[name] for name in names)
+            elif by_name or len(values) != len(names):
+                return make(*values, **by_name)  # prometheus_client's own error
+            child = metric._metrics.get(values)
+            if child is not None:
+                return child
+            key = tuple(str(v) for v in values)
+            child = metric._metrics.get(key)
+            if child is not None:
+                return child
+            valued = any(key[i] not in unvalued for i in fold_at)
+            if self.fits(per, valued=valued):
+                return make(*key)
+            if valued:
+                folded = tuple(fold_to if i in fold_at else v for i, v in enumerate(key))
+                child = metric._metrics.get(folded)
+                if child is not None or self.fits(per, valued=False):
+                    refuse("other")
+                    return child if child is not None else make(*folded)
+            refuse("dropped")
+            if not detached:  # one child on no page, for every update that found no room
+                kwargs = dict(metric._kwargs)
+                for k in ("namespace", "subsystem", "unit"):
+                    kwargs.pop(k, None)
+                detached.append(type(metric)(
+                    metric._original_name, documentation=metric._documentation, labelnames=names,
+                    namespace=metric._namespace, subsystem=metric._subsystem, unit=metric._unit,
+                    _labelvalues=tuple("" for _ in names), **kwargs,
+                ))  # fmt: skip
+            return detached[0]
+
+        return labels

@@ -101,7 +101,7 @@ def test_an_idle_earned_value_gives_its_slot_and_series_back():
     labeler = ModelLabeler(max_models=1, idle_seconds=60, clock=lambda: now[0])
     metrics = SidecarMetrics(CollectorRegistry(), labeler)
     assert labeler.settle("a", 200) == "a"
-    metrics.requests.labels("a", CHAT, "200", "ok").inc()
+    metrics.requests.labels("a", CHAT, "200", "ok", "none").inc()
     assert labeler.settle("b", 200) == "other"  # no room while "a" is in use
     now[0] = 30.0
     assert labeler("a") == "a"  # seen again: its idle clock restarts

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.export.capacity import CapacityMetrics
 from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics
+from sidecar.base.buckets import ITL_BUCKETS
 from sidecar.measure.concurrency import BANDS, DecodeConcurrency, band
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
@@ -111,25 +112,35 @@ def test_a_stream_that_ends_before_its_first_token_never_counts_as_decoding():
     assert tracker.n == 0
 
 
-def test_every_band_exists_at_zero_from_a_models_first_stream():
+def test_every_band_exists_at_zero_before_the_load_can_reach_it():
     """Prometheus's rate and increase never count a series' first sample, so a band whose
     series appeared only with its first request's gaps lost them from the capacity rules'
-    window (20-25 % of each band in tests/real/test_capacity_sweep.py): all three
-    instruments have every band of a model at zero once its first stream starts."""
+    window (20-25 % of each band in tests/real/test_capacity_sweep.py): a band's three
+    series exist at zero before the first stream that takes the load into it. Not all nine
+    bands at a model's first stream (issue 33: 234 samples per model label, ``other`` and
+    ``unknown`` included): the lowest three, then two bands ahead of the load."""
     registry = CollectorRegistry()
     capacity = CapacityMetrics(registry)
-    assert registry.get_sample_value(
-        "llm_inter_token_latency_by_concurrency_seconds_count", {"model": "m", "concurrency": "1"}
-    ) is None
-    capacity.trackers("m")  # the proxy asks for the model's tracker as a request starts
-    for b in BANDS:
+
+    def exists(b: str) -> bool:
         labels = {"model": "m", "concurrency": b}
-        assert registry.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) == 0
-        assert registry.get_sample_value(
-            "llm_inter_token_latency_by_concurrency_seconds_bucket", {**labels, "le": "+Inf"}
-        ) == 0
-        assert registry.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) == 0
-        assert registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels) == 0
+        return (
+            registry.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) == 0
+            and registry.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_bucket", {**labels, "le": "+Inf"}) == 0
+            and registry.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) == 0
+            and registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels) is not None
+        )
+
+    assert not exists("1")
+    tracker = capacity.trackers("m")  # the proxy asks for the model's tracker as a request starts
+    assert [b for b in BANDS if exists(b)] == ["1", "2", "4"]
+    assert capacity.series_count() == 3 * (len(ITL_BUCKETS) + 1 + 2 + 1 + 1)
+    now = 0.0
+    for n in range(1, 201):  # streams start one at a time: the band of n exists before the n-th
+        assert exists(band(n)), n
+        now += 1.0
+        tracker.enter(now)
+    assert all(exists(b) for b in BANDS)
 
 
 def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
@@ -161,7 +172,7 @@ def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
 
 
 def test_the_series_budget_counts_the_capacity_series_too():
-    """--max-series bounds every labelled series: a model label's 9 bands of capacity series
+    """--max-series bounds every labelled series: a model label's bands of capacity series
     count against it, so the budget refuses new label values as soon as they would pass it."""
     from sidecar.app import build_sidecar
     from sidecar.config import Settings
@@ -175,7 +186,7 @@ def test_the_series_budget_counts_the_capacity_series_too():
     assert grown == sc.capacity.series_count() > 0
     exposed = sum(
         1
-        for family in registry.collect()
+        for family in sc.renderer._registry.collect()  # as /metrics serves it: no _created
         if family.name.startswith(("llm_inter_token_latency_by_concurrency", "llm_decode_"))
         for s in family.samples
     )

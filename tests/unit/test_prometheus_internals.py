@@ -43,13 +43,31 @@ def test_the_readers_on_the_installed_version():
     assert pi.drop_label_value(c, "model", "a") == 2
     assert pi.label_children(c) == [("b", "/x")]
     h = Histogram("h_seconds", "h", buckets=(0.1, 1.0), registry=reg)
-    assert pi.samples_per_child(h) == 6 and pi.samples_per_child(c) == 2
+    assert pi.samples_per_child(h) == 5 and pi.samples_per_child(c) == 1  # as served: no _created
+    assert pi.samples_per_child(h) == pi.page_samples(pi.WithoutCreated(h).collect())
     one = Histogram("one_seconds", "h", buckets=(0.1, 1.0), registry=reg)
     pi.observe_many(h, [0.05, 0.5, 2.0, 0.1])
     for v in (0.05, 0.5, 2.0, 0.1):
         one.observe(v)
     samples = lambda m: [(s.name.split("_", 1)[1], s.labels, s.value) for s in m.collect()[0].samples if "created" not in s.name]  # noqa: E731
     assert samples(h) == samples(one)
+
+
+def test_the_gate_reads_the_registry_and_makes_children_as_prometheus_client_does():
+    reg = CollectorRegistry()
+    h = Histogram("h_seconds", "h", ["model", "route"], buckets=(0.1, 1.0), namespace="llm", registry=reg)
+    assert h in reg._collector_to_names and hasattr(reg._lock, "__enter__")
+    assert (h._original_name, h._namespace, h._subsystem, h._unit) == ("h_seconds", "llm", "", "")
+    assert h._kwargs == {"buckets": (0.1, 1.0)}
+    gate = pi.SeriesGate(reg, 5, reserve=0)
+    assert gate.guard() == 1 and gate.count() == 0
+    child = h.labels("a", "/x")
+    child.observe(0.5)
+    assert gate.count() == 5 and h.labels(model="a", route="/x") is child
+    lost = h.labels("b", "/x")  # no room: a child on no page
+    lost.observe(0.5)
+    assert gate.count() == 5 and pi.label_children(h) == [("a", "/x")]
+    assert reg.get_sample_value("llm_h_seconds_count", {"model": "a", "route": "/x"}) == 1
 
 
 def test_pyproject_caps_prometheus_client_at_the_next_unchecked_minor():
