@@ -8,6 +8,7 @@ with one line that names the setting and where it came from (see :func:`load_set
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from .base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from .base.prompt_class import parse_bounds
 from .base.tenant import check_tenant_header
 
-__all__ = ["Settings", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
+__all__ = ["Settings", "ModelObjectives", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
 
 ENV_PREFIX = "LLM_SIDECAR_"
 
@@ -64,6 +65,15 @@ _SLO_BUCKETS = {
     "slo_tpot_seconds": ITL_BUCKETS,
     "slo_e2e_seconds": E2E_BUCKETS,
 }
+
+
+class ModelObjectives(BaseModel):
+    """One model's default objectives (``slo_model_objectives``), in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_seconds: float | None = Field(None, gt=0, le=86_400)
+    tpot_seconds: float | None = Field(None, gt=0, le=86_400)
 
 
 class Settings(BaseModel):
@@ -205,6 +215,13 @@ class Settings(BaseModel):
     slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
     slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")
     slo_e2e_seconds: float = Field(60.0, gt=0, description="Goodput: e2e objective (a bucket bound)")
+    slo_model_objectives: dict[str, ModelObjectives] = Field(
+        default_factory=dict,
+        description="Per-model TTFT/TPOT objectives of requests without x-slo-ttft-ms / x-slo-tpot-ms "
+        "headers (the SLO spec's per-model overrides), e.g. {\"my-405b\": {\"ttft_seconds\": 5}}: a YAML "
+        "mapping, or JSON in the flag and environment variable. A model not named, or an objective "
+        "not given, uses --slo-ttft-seconds / --slo-tpot-seconds",
+    )
     ttft_prompt_classes: list[int] = Field(
         default_factory=list,
         description="Input-token bounds of the TTFT histogram's prompt_class label, e.g. 1024,8192 "
@@ -320,6 +337,19 @@ class Settings(BaseModel):
     def _path(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError(f"must start with '/', got {v!r}")
+        return v
+
+    @field_validator("slo_model_objectives", mode="before")
+    @classmethod
+    def _json_mapping(cls, v: Any) -> Any:
+        """The flag and the environment give text: JSON (model names hold ':' and ',')."""
+        if isinstance(v, str):
+            if not v.strip():
+                return {}
+            try:
+                return json.loads(v)
+            except ValueError as exc:
+                raise ValueError(f"not JSON ({exc.args[0]}); write e.g. {{\"my-model\": {{\"ttft_seconds\": 5}}}}") from None
         return v
 
     @field_validator("ttft_prompt_classes", mode="before")

@@ -22,6 +22,7 @@ __all__ = [
     "TOKEN_COUNT_BUCKETS",
     "ENGINE_PHASE_BUCKETS",
     "OVERHEAD_BUCKETS",
+    "TOOL_CALL_COUNT_BUCKETS",
 ]
 
 # Seconds. semconv TTFT: 0.001 .. 10; added 0.15-0.4, 1.5-3 and a long-prefill tail.
@@ -67,3 +68,7 @@ ENGINE_PHASE_BUCKETS: tuple[float, ...] = (
 OVERHEAD_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip
+
+# Tool calls in one response (llm_tool_calls_per_response): one call is the common case,
+# parallel calls a handful; the top is the most a response's record keeps (MAX_TOOL_CALLS).
+TOOL_CALL_COUNT_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)

@@ -19,6 +19,7 @@ from ..base.buckets import (
     OVERHEAD_BUCKETS,
     ITL_BUCKETS,
     TOKEN_COUNT_BUCKETS,
+    TOOL_CALL_COUNT_BUCKETS,
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
@@ -29,6 +30,8 @@ from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_l
 from ..base.outcomes import Outcome, error_type_label
 from ..base.speedups import IN_C
 from .prometheus_internals import SeriesGate, drop_label_value, has_child, is_labelled_parent, label_names, observe_many
+from ..measure.cache_class import cache_class
+from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline
 
 __all__ = ["SidecarMetrics", "SLOThresholds", "method_label", "SERIES_REFUSED_FATES"]
@@ -92,6 +95,7 @@ class SidecarMetrics:
         prompt_classes: PromptClasses | None = None,
         tenants: bool = False,
         version: str | None = None,
+        objectives: ObjectiveDefaults | None = None,
     ) -> None:
         self.registry = registry
         # The opt-in tenant label (sidecar/base/tenant.py) goes last on the series that answer
@@ -100,6 +104,7 @@ class SidecarMetrics:
         tl: tuple[str, ...] = ("tenant",) if tenants else ()
         self.model_label = labeler or ModelLabeler()
         self.slo = slo
+        self.objectives = objectives or ObjectiveDefaults()
         self.prompt_class = prompt_classes or PromptClasses()
         mr = ("model", "route")
         h = dict(registry=registry, namespace="llm")
@@ -187,6 +192,44 @@ class SidecarMetrics:
             "thresholds from the sidecar's config).",
             (*mr, *tl), **h,
         )  # fmt: skip
+        self.request_objectives = Counter(
+            "request_objectives",
+            "Streamed API requests judged against their own latency objectives (x-slo-ttft-ms / "
+            "x-slo-tpot-ms headers, else the model's defaults): objective ttft, tpot, or all "
+            "(ok 2xx and every judged objective met: goodput against what the client asked for); "
+            "result met or missed. Never sum over objective.",
+            (*mr, "objective", "result", *tl), **h,
+        )  # fmt: skip
+        self.request_objective_invalid = Counter(
+            "request_objective_invalid",
+            "Objective headers (x-slo-ttft-ms, x-slo-tpot-ms) that were not a positive number of "
+            "milliseconds up to a day: ignored (the default applied), never an error for the client.",
+            ("route", "objective"), **h,
+        )  # fmt: skip
+        self.ttft_by_cache = Histogram(
+            "time_to_first_token_by_cache_seconds",
+            "Streamed requests: TTFT again, by how much of the prompt the server's prefix cache "
+            "held (usage's cached tokens over prompt tokens): none, partial (< half), most (>= "
+            "half), unknown (not reported; never counted as a miss).",
+            (*mr, "cache"), buckets=TTFT_BUCKETS, **h,
+        )  # fmt: skip
+        self.time_to_first_tool_call = per_model_route(
+            "time_to_first_tool_call_seconds",
+            "Streamed requests with a tool call: seconds from request headers received to the "
+            "first piece of the first tool call (its id and name).",
+            TTFT_BUCKETS,
+        )
+        self.tool_call_assembly = per_model_route(
+            "tool_call_assembly_seconds",
+            "Every tool call of a streamed response: seconds from its first piece to its last "
+            "argument piece (0 for a call sent whole); parallel calls are one observation each.",
+            TTFT_BUCKETS,
+        )
+        self.tool_calls_per_response = per_model_route(
+            "tool_calls_per_response",
+            "Streamed responses with a tool call: how many calls (client tools) it made.",
+            TOOL_CALL_COUNT_BUCKETS,
+        )
         self.upstream_load, self.upstream_prefill, self.upstream_decode, self.upstream_queue = (
             per_model_route(f"upstream_{phase}_seconds", documentation, ENGINE_PHASE_BUCKETS)
             for phase, documentation in _ENGINE_PHASES
@@ -379,6 +422,19 @@ class SidecarMetrics:
             self._overhead_response.observe(overhead)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr, *tenant).inc()
+        self._record_objectives(t, mr, tenant)
+
+    def _record_objectives(self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...]) -> None:
+        """The request's own objectives (sidecar/measure/objectives.py): bad headers counted,
+        each judged objective counted met or missed."""
+        asked = t.objectives
+        if isinstance(asked, RequestObjectives) and asked.invalid:
+            for name in asked.invalid:
+                self.request_objective_invalid.labels(mr[1], name).inc()
+        judgement = judge(t, self.objectives)
+        if judgement is not None:
+            for name, met in judgement.verdicts():
+                self.request_objectives.labels(*mr, name, "met" if met else "missed", *tenant).inc()
 
     def _tenant(self, t: RequestTimeline) -> tuple[str, ...]:
         """The tenant label value as a 0- or 1-tuple to splat after the other labels."""
@@ -389,8 +445,11 @@ class SidecarMetrics:
     ) -> None:
         if t.ttft is not None:
             self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant).observe(t.ttft, ex)
+            self.ttft_by_cache.labels(*mr, cache_class(t.input_tokens, t.cached_input_tokens).value).observe(t.ttft, ex)
         if t.ttfat is not None:
             self.ttfat.labels(*mr).observe(t.ttfat, ex)
+        if t.first_tool_call is not None:
+            self._record_tool_calls(t, mr, ex)
         if t.gaps:
             observe_many(self.itl.labels(*mr), t.gaps)
         tpot = t.tpot
@@ -399,6 +458,11 @@ class SidecarMetrics:
         tps = t.tokens_per_second
         if tps is not None:
             self.tps.labels(*mr).observe(tps)
+
+    def _record_tool_calls(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
+        self.time_to_first_tool_call.labels(*mr).observe(t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
+        observe_many(self.tool_call_assembly.labels(*mr), t.tool_call_assembly())
+        self.tool_calls_per_response.labels(*mr).observe(t.tool_call_count)
 
     def _record_tokens(self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()) -> None:
         model, route = mr

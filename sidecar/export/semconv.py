@@ -120,6 +120,26 @@ LLM_SIDECAR_ENGINE_QUEUE = "llm_sidecar.engine.queue_time"
 LLM_SIDECAR_OVERHEAD_REQUEST = "llm_sidecar.overhead.request"
 LLM_SIDECAR_OVERHEAD_RESPONSE = "llm_sidecar.overhead.response"
 
+# The request's own objectives (sidecar/measure/objectives.py): seconds, where each came
+# from (header | default), the verdicts (booleans; absent when not judged), and the names of
+# objective headers that were present but ignored (ttft, tpot).
+LLM_SIDECAR_OBJECTIVE_TTFT = "llm_sidecar.objective.ttft"
+LLM_SIDECAR_OBJECTIVE_TPOT = "llm_sidecar.objective.tpot"
+LLM_SIDECAR_OBJECTIVE_TTFT_SOURCE = "llm_sidecar.objective.ttft.source"
+LLM_SIDECAR_OBJECTIVE_TPOT_SOURCE = "llm_sidecar.objective.tpot.source"
+LLM_SIDECAR_OBJECTIVE_TTFT_MET = "llm_sidecar.objective.ttft.met"
+LLM_SIDECAR_OBJECTIVE_TPOT_MET = "llm_sidecar.objective.tpot.met"
+LLM_SIDECAR_OBJECTIVE_MET = "llm_sidecar.objective.met"  # ok 2xx and every judged objective met
+LLM_SIDECAR_OBJECTIVE_INVALID = "llm_sidecar.objective.invalid"
+# How much of the prompt the prefix cache held: none | partial | most | unknown
+# (sidecar/measure/cache_class.py); the counts are gen_ai.usage.*input_tokens.
+LLM_SIDECAR_CACHE_CLASS = "llm_sidecar.cache.class"
+# Tool calls of a streamed response: seconds to the first piece of the first call, how many
+# calls, and per call the seconds from its first piece to its last (parallel calls apart).
+LLM_SIDECAR_TTFTC = "llm_sidecar.time_to_first_tool_call"
+LLM_SIDECAR_TOOL_CALLS = "llm_sidecar.tool_calls.count"
+LLM_SIDECAR_TOOL_CALL_ASSEMBLY = "llm_sidecar.tool_calls.assembly_time"
+
 # -- span events ---------------------------------------------------------------------------------
 EVENT_FIRST_TOKEN = "gen_ai.first_token"
 EVENT_FIRST_ANSWER_TOKEN = "gen_ai.first_answer_token"

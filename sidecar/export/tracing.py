@@ -54,6 +54,8 @@ from . import semconv as sc
 from ..base.labels import OTHER as OTHER_MODEL, UNKNOWN as UNKNOWN_MODEL
 from ..base.routes import OTHER, ROUTES
 from ..base.outcomes import Outcome
+from ..measure.cache_class import cache_class
+from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline, TokenCountSource
 
 __all__ = [
@@ -255,8 +257,10 @@ class RequestTelemetry:
         provider_name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         latest_genai_names: bool | None = None,
+        objectives: ObjectiveDefaults | None = None,
     ) -> None:
         self._provider_name = provider_name
+        self._objectives = objectives or ObjectiveDefaults()
         parts = urlsplit(upstream)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self._server: dict[str, Any] = {sc.SERVER_ADDRESS: parts.hostname or "", sc.SERVER_PORT: port}
@@ -403,6 +407,7 @@ class RequestTelemetry:
             attrs[sc.ERROR_TYPE] = error_type
         if t.route != OTHER.template:
             self._genai_end_attributes(t, attrs)
+            self._objective_attributes(t, attrs)
         span.set_attributes(attrs)
         if t.first_token is not None:
             kind = t.first_token_kind.value if t.first_token_kind is not None else "answer"
@@ -414,6 +419,33 @@ class RequestTelemetry:
             described = t.outcome is Outcome.ERROR and t.error_type not in (None, "upstream_status")
             span.set_status(Status(StatusCode.ERROR, t.error_type if described else None))
         span.end(end_time=end_ns)
+
+    def _objective_attributes(self, t: RequestTimeline, attrs: dict[str, Any]) -> None:
+        """The request's objectives and verdicts, its cache class and tool-call timings."""
+        asked = t.objectives
+        if isinstance(asked, RequestObjectives) and asked.invalid:
+            attrs[sc.LLM_SIDECAR_OBJECTIVE_INVALID] = asked.invalid
+        judgement = judge(t, self._objectives)
+        if judgement is not None:
+            for key, source_key, met_key, value, from_header, met in (
+                (sc.LLM_SIDECAR_OBJECTIVE_TTFT, sc.LLM_SIDECAR_OBJECTIVE_TTFT_SOURCE, sc.LLM_SIDECAR_OBJECTIVE_TTFT_MET,
+                 judgement.ttft_objective, judgement.ttft_from_header, judgement.ttft_met),
+                (sc.LLM_SIDECAR_OBJECTIVE_TPOT, sc.LLM_SIDECAR_OBJECTIVE_TPOT_SOURCE, sc.LLM_SIDECAR_OBJECTIVE_TPOT_MET,
+                 judgement.tpot_objective, judgement.tpot_from_header, judgement.tpot_met),
+            ):  # fmt: skip
+                if value is not None:
+                    attrs[key] = value
+                    attrs[source_key] = "header" if from_header else "default"
+                if met is not None:
+                    attrs[met_key] = met
+            if judgement.met is not None:
+                attrs[sc.LLM_SIDECAR_OBJECTIVE_MET] = judgement.met
+        if t.streamed and t.ttft is not None:
+            attrs[sc.LLM_SIDECAR_CACHE_CLASS] = cache_class(t.input_tokens, t.cached_input_tokens).value
+        if t.first_tool_call is not None:
+            attrs[sc.LLM_SIDECAR_TTFTC] = t.time_to_first_tool_call
+            attrs[sc.LLM_SIDECAR_TOOL_CALLS] = t.tool_call_count
+            attrs[sc.LLM_SIDECAR_TOOL_CALL_ASSEMBLY] = tuple(t.tool_call_assembly())
 
     @staticmethod
     def _genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:

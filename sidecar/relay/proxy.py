@@ -56,6 +56,7 @@ from ..base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outc
 from ..measure.timeline import RequestTimeline
 from .body_budget import BodyBudget
 from .client_head import RawHeadResponse, client_head
+from ..measure.objectives import read_objectives
 from ..measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from ..base.routes import OTHER, Route, match_route
 from .early import Early, EarlyForwarder
@@ -304,6 +305,10 @@ class Proxy:
                 timeline.tenant = self._tenant_label(request.headers)
             except Exception:
                 _log.exception("tenant_label_failed")
+        try:  # x-slo-ttft-ms / x-slo-tpot-ms, read only: forwarded as sent
+            timeline.objectives = read_objectives(request.headers)
+        except Exception:
+            _log.exception("objectives_failed")
         self.in_flight += 1
         if self._on_start is not None:
             self._safely(self._on_start, label, route.template)
@@ -484,6 +489,10 @@ class Proxy:
                 timeline.tenant = self._tenant_label(early.headers)
             except Exception:
                 _log.exception("tenant_label_failed")
+        try:
+            timeline.objectives = read_objectives(early.headers)
+        except Exception:
+            _log.exception("objectives_failed")
         if timeline.finish(Outcome.CANCELLED, self._clock(), CLIENT_DISCONNECTED):
             label = self._settled(model, label, early.headers, timeline)
             for recorder in self._recorders:
