@@ -53,6 +53,18 @@ def configure_logging(fmt: str = "json", level: str = "info", stream=None) -> No
     )
 
 
+MAX_REQUESTED_MODEL = 64
+"""How much of a model name the request line repeats when the name got no label of its own."""
+
+
+def requested_model(name: str) -> str:
+    """A client's model name for the log: at most :data:`MAX_REQUESTED_MODEL` characters,
+    each printable (others become ``?``), ``...`` when cut. A model name is not a prompt,
+    but it is the client's text: bounded, so a hostile one cannot flood the log."""
+    head = "".join(c if c.isprintable() else "?" for c in name[:MAX_REQUESTED_MODEL])
+    return head + "..." if len(name) > MAX_REQUESTED_MODEL else head
+
+
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000.0, 3)
 
@@ -67,6 +79,9 @@ class RequestLogger:
         # A failed request is an error line, so level filters and log alerts find it; a
         # client that went away or a 4xx (outcome ok) is routine traffic.
         emit = self._log.error if t.outcome is Outcome.ERROR else self._log.info
+        # Filed under other/unknown: also say what was asked (a 404 for a misspelt model
+        # said only "other", issue 33, finding 15).
+        asked = {"requested_model": requested_model(t.model)} if t.model and t.model != model_label else {}
         emit(
             "request",
             method=t.method,
@@ -84,4 +99,5 @@ class RequestLogger:
             output_tokens=t.output_tokens,
             tokens_source=t.token_count_source.value,
             trace_id=t.trace_id,
+            **asked,
         )
