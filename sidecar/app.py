@@ -55,6 +55,7 @@ from .relay.model_discovery import served_models
 from .relay.upstream import UpstreamPool
 from .relay.upstream_watch import UpstreamWatch, describe_failure, watch
 
+from .relay.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_gate, loop_reason
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
 _log = structlog.get_logger("sidecar.app")
@@ -129,7 +130,8 @@ class Sidecar:
 
 SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
 
-OWN_REQUEST_HEADERS = {"User-Agent": "llm-sidecar"}
+# LOOP_HEADER: a probe that comes back to this sidecar is answered 508 (relay/self_loop.py).
+OWN_REQUEST_HEADERS = {"User-Agent": "llm-sidecar", LOOP_HEADER: LOOP_TOKEN}
 """On the sidecar's own requests to the upstream (health probes, the upstream watch, engine
 metrics; the model listing adds what it is), so the server's access log, and a test, can
 tell them from the clients' requests it relays, which keep the client's User-Agent."""
@@ -234,7 +236,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     # client_max_size only bounds request.read(); larger bodies are streamed, not read.
     # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
     app = web.Application(
-        middlewares=[sc.drain.gate, _unrouted_to(sc.proxy)],
+        middlewares=[loop_gate, sc.drain.gate, _unrouted_to(sc.proxy)],
         client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
         handler_args={
             "max_line_size": settings.max_request_line_bytes,
@@ -362,6 +364,8 @@ class SidecarRunner(RebuildingRunner):
     refusals answered with the proxy's JSON error body, a connection cap and a request head
     budget per port. aiohttp has no public hook for this (its error path runs no middleware),
     so the server aiohttp builds is rebuilt around
+    if status == LOOP_STATUS:  # our own probe came back to us, or the server says so (RFC 5842)
+        reason = f"the upstream relays back to this sidecar (a loop): {sc.settings.upstream}; give the inference server's address"
     :class:`~sidecar.relay.aiohttp_internals.GuardedRequestHandler` with the same arguments;
     tests over real sockets pin the result."""
 
@@ -505,6 +509,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         if not IN_C:  # says so once, where an operator reads: ~2x the CPU per token otherwise unexplained
             _log.warning("speedups_missing", reason=SPEEDUPS_MISSING)
+        if looping := await loop_reason(settings.upstream, proxy_runner.addresses):
+            raise UpstreamLoopError(looping)  # one line from the CLI, before "started"
         started = True
         watcher = asyncio.create_task(watch(lambda: _upstream_health(sc, "ready")))
         await stop.wait()
