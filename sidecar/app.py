@@ -54,8 +54,8 @@ from .export.tracing import RequestTelemetry, providers_from_env
 from .relay.model_discovery import served_models
 from .relay.upstream import UpstreamPool
 from .relay.upstream_watch import UpstreamWatch, describe_failure, watch
-
 from .relay.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_gate, loop_reason
+
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
 _log = structlog.get_logger("sidecar.app")
@@ -351,6 +351,8 @@ async def _upstream_health(sc: Sidecar, key: str) -> web.Response:
         sc.watch.report(True)
         return _json(200, {key: True, "upstream_status": status})
     reason = f"the inference server is not healthy: {sc.settings.health_path} answered {status}"
+    if status == LOOP_STATUS:  # our own probe came back to us, or the server says so (RFC 5842)
+        reason = f"the upstream relays back to this sidecar (a loop): {sc.settings.upstream}; give the inference server's address"
     sc.watch.report(False, reason)
     return _json(503, {key: False, "reason": reason, "upstream_status": status})
 
@@ -364,8 +366,6 @@ class SidecarRunner(RebuildingRunner):
     refusals answered with the proxy's JSON error body, a connection cap and a request head
     budget per port. aiohttp has no public hook for this (its error path runs no middleware),
     so the server aiohttp builds is rebuilt around
-    if status == LOOP_STATUS:  # our own probe came back to us, or the server says so (RFC 5842)
-        reason = f"the upstream relays back to this sidecar (a loop): {sc.settings.upstream}; give the inference server's address"
     :class:`~sidecar.relay.aiohttp_internals.GuardedRequestHandler` with the same arguments;
     tests over real sockets pin the result."""
 
@@ -496,6 +496,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
         mhost, mport = settings.metrics_addr
         await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
+        if looping := await loop_reason(settings.upstream, proxy_runner.addresses):
+            raise UpstreamLoopError(looping)  # one line from the CLI, before "started"
         _log.info(
             "started",
             listen=settings.listen,
@@ -509,8 +511,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
         if not IN_C:  # says so once, where an operator reads: ~2x the CPU per token otherwise unexplained
             _log.warning("speedups_missing", reason=SPEEDUPS_MISSING)
-        if looping := await loop_reason(settings.upstream, proxy_runner.addresses):
-            raise UpstreamLoopError(looping)  # one line from the CLI, before "started"
         started = True
         watcher = asyncio.create_task(watch(lambda: _upstream_health(sc, "ready")))
         await stop.wait()
