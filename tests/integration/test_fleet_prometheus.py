@@ -3,7 +3,8 @@
 The chart renders the rules of three releases (test_helm_fleet.RELEASES: two in team-a, one
 in team-b with a stricter TTFT objective). Debian's Prometheus loads all three files and
 scrapes three sidecars, each in front of a simulated server, with the labels the chart's
-PodMonitor gives them (namespace and deployment, job=llm-sidecar). After some streamed
+PodMonitor gives them (namespace and llm_release, job=llm-sidecar; tests/integration/
+test_install_paths.py makes them as the operator does). After some streamed
 traffic through each sidecar, every rule of every group has been evaluated with health
 "ok" (/api/v1/rules), and each deployment has its own recorded SLI series, one per
 deployment and objective.
@@ -23,7 +24,7 @@ from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import require_tool, start_app, start_prometheus
 from tests.integration.test_helm import by_kind, sync
-from tests.integration.test_helm_fleet import RELEASES, deployment, render_release
+from tests.integration.test_helm_fleet import RELEASES, render_release, rid
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ async def test_three_releases_rules_evaluate_cleanly_in_one_prometheus(fleet, tm
             {
                 "job_name": "llm-sidecar",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{admin}"], "labels": {"namespace": ns, "deployment": deployment(r)}}
+                    {"targets": [f"127.0.0.1:{admin}"], "labels": {"namespace": ns, "llm_release": rid(r)}}
                     for r, (_, admin, ns, _) in fleet.items()
                 ],
             }
@@ -96,16 +97,16 @@ async def test_three_releases_rules_evaluate_cleanly_in_one_prometheus(fleet, tm
             while not await _ready(session, base):
                 assert proc.poll() is None and time.monotonic() < deadline, "prometheus did not become ready"
                 await asyncio.sleep(0.2)
-            want = {(ns, deployment(r)) for r, (_, _, ns, _) in fleet.items()}
+            want = {(ns, rid(r)) for r, (_, _, ns, _) in fleet.items()}
             got: set = set()
             while time.monotonic() < deadline and got != want:
                 assert proc.poll() is None, "prometheus exited"
                 await asyncio.gather(*(_stream(session, url, model) for url, _, _, model in fleet.values()))
                 data = await _get(session, f"{base}/api/v1/query", query='llm:sli_events:rate5m{slo="ttft"} > 0')
-                got = {(s["metric"]["namespace"], s["metric"].get("deployment")) for s in data["result"]}
+                got = {(s["metric"]["namespace"], s["metric"].get("llm_release")) for s in data["result"]}
                 await asyncio.sleep(0.5)
             assert got == want
-            counts = await _get(session, f"{base}/api/v1/query", query="count by (namespace, deployment, slo) (llm:sli_events:rate5m)")
+            counts = await _get(session, f"{base}/api/v1/query", query="count by (namespace, llm_release, slo) (llm:sli_events:rate5m)")
             assert {s["value"][1] for s in counts["result"]} == {"1"}, counts  # one series per deployment and SLO
             await asyncio.sleep(2)  # every group evaluated at least once more
             rules = await _get(session, f"{base}/api/v1/rules")

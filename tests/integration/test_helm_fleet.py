@@ -2,19 +2,19 @@
 
 Releases ``a`` and ``c`` share the namespace team-a, ``b`` lives in team-b with a stricter
 TTFT objective (99 %). Each serves its own model(s) with its own traffic, scraped with the
-``deployment`` label the chart's PodMonitor adds. promtool evaluates the three rendered
+``llm_release`` label the chart's PodMonitor adds (``<namespace>/<fullname>``). promtool evaluates the three rendered
 PrometheusRules together:
 
 - every deployment's TTFT burn rate is its own traffic over its own budget (one series per
   deployment: two rule groups never write one series);
-- a TTFT regression in ``c`` fires its burn-rate alerts with c's namespace and deployment
+- a TTFT regression in ``c`` fires its burn-rate alerts with c's namespace and release
   only, at the chart's default severities (critical/warning); ``a`` (3 % slow, fine under
   95 %) and ``b`` stay quiet although b's 99 % objective would page on a's traffic;
 - absence is per deployment: ``b`` losing its target and its traffic fires LLMSidecarDown and
   LLMNoTrafficData for b alone.
 
 On the chart before #22 (unscoped rules) the same test fails: every release's rules read the
-whole fleet, so b's objective judges a's traffic and the alerts carry no deployment.
+whole fleet, so b's objective judges a's traffic and the alerts carry no release.
 Skipped without helm (make tools) or promtool locally; fails under CI=true.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecar.tools.slo.helm import LABEL_DEPLOYMENT
+from sidecar.tools.slo.helm import LABEL_RELEASE, release_id
 from tests.conftest import require_tool
 from tests.integration.test_helm import CHART, by_kind, sync
 
@@ -45,6 +45,12 @@ def deployment(release: str) -> str:
     return f"{release}-llm-sidecar"  # the chart's fullname for a release not named like it
 
 
+def rid(release: str) -> str:
+    """The release's ``llm_release`` value."""
+    namespace = next(ns for r, ns, *_ in RELEASES if r == release)
+    return release_id(namespace, deployment(release))
+
+
 def render_release(release: str, namespace: str, sets: tuple[str, ...], chart: Path = CHART) -> list[dict]:
     args = [a for s in sets for a in ("--set", s)]
     return sync.objects(
@@ -56,7 +62,7 @@ def render_release(release: str, namespace: str, sets: tuple[str, ...], chart: P
 def series(release: str, namespace: str, model: str, slow: int, *, gone_after: int | None = None) -> list[dict]:
     """One deployment's scraped series: 1000 streamed requests a minute, ``slow`` of them
     with a first token over 2 s; ``gone_after`` minutes, its target and traffic vanish."""
-    labels = f'namespace="{namespace}",{LABEL_DEPLOYMENT}="{deployment(release)}",model="{model}",route="/v1/chat/completions"'
+    labels = f'namespace="{namespace}",{LABEL_RELEASE}="{release_id(namespace, deployment(release))}",model="{model}",route="/v1/chat/completions"'
 
     def values(step: int, ups: str = "") -> str:
         if gone_after is None:
@@ -86,7 +92,7 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
     b_gone = [
         s for r, ns, _, model, slow in RELEASES for s in series(r, ns, model, slow, gone_after=5 if r == "b" else None)
     ]
-    a, b, c = (deployment(r) for r, *_ in RELEASES)
+    a, b, c = (rid(r) for r, *_ in RELEASES)
     burn = "llm:burn_rate:ratio_rate1h"
     watched = 'alertname=~"LLMTTFTBurnRate|LLMAvailabilityBurnRate|LLMSidecarDown|LLMNoTrafficData",alertstate="firing"'
     test = {
@@ -102,19 +108,19 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
                         "expr": f'round({burn}{{slo="ttft"}}, 0.001)',  # drops the float noise
                         "eval_time": "65m",
                         "exp_samples": [
-                            {"labels": f'{{slo="ttft",namespace="team-a",{LABEL_DEPLOYMENT}="{a}",model="llama"}}', "value": 0.6},
-                            {"labels": f'{{slo="ttft",namespace="team-b",{LABEL_DEPLOYMENT}="{b}",model="llama"}}', "value": 0.5},
-                            {"labels": f'{{slo="ttft",namespace="team-a",{LABEL_DEPLOYMENT}="{c}",model="qwen"}}', "value": 16},
+                            {"labels": f'{{slo="ttft",namespace="team-a",{LABEL_RELEASE}="{a}",model="llama"}}', "value": 0.6},
+                            {"labels": f'{{slo="ttft",namespace="team-b",{LABEL_RELEASE}="{b}",model="llama"}}', "value": 0.5},
+                            {"labels": f'{{slo="ttft",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen"}}', "value": 16},
                         ],
                     },
                     {
                         # The regression in c fires its alerts, and only c's: two page
                         # windows (critical) and two ticket windows (warning).
-                        "expr": f"count by (alertname, namespace, {LABEL_DEPLOYMENT}, model, severity) (ALERTS{{{watched}}})",
+                        "expr": f"count by (alertname, namespace, {LABEL_RELEASE}, model, severity) (ALERTS{{{watched}}})",
                         "eval_time": "65m",
                         "exp_samples": [
-                            {"labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_DEPLOYMENT}="{c}",model="qwen",severity="critical"}}', "value": 2},
-                            {"labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_DEPLOYMENT}="{c}",model="qwen",severity="warning"}}', "value": 2},
+                            {"labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen",severity="critical"}}', "value": 2},
+                            {"labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen",severity="warning"}}', "value": 2},
                         ],
                     },
                 ],
@@ -125,11 +131,12 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
                 "promql_expr_test": [
                     {
                         # b lost its target and its traffic: down and no-data for b alone.
-                        "expr": f'count by (alertname, namespace, {LABEL_DEPLOYMENT}, severity) (ALERTS{{{watched},alertname=~"LLMSidecarDown|LLMNoTrafficData"}})',
+                        "expr": f'count by (alertname, namespace, {LABEL_RELEASE}, severity) (ALERTS{{{watched},alertname=~"LLMSidecarDown|LLMNoTrafficData"}})',
                         "eval_time": "60m",
                         "exp_samples": [
-                            {"labels": f'{{alertname="LLMSidecarDown",namespace="team-b",{LABEL_DEPLOYMENT}="{b}",severity="critical"}}', "value": 1},
-                            {"labels": f'{{alertname="LLMNoTrafficData",namespace="team-b",{LABEL_DEPLOYMENT}="{b}",severity="warning"}}', "value": 1},
+                            # No target left: absent() keeps the release, which says whose it is (not the pods' namespace).
+                            {"labels": f'{{alertname="LLMSidecarDown",{LABEL_RELEASE}="{b}",severity="critical"}}', "value": 1},
+                            {"labels": f'{{alertname="LLMNoTrafficData",{LABEL_RELEASE}="{b}",severity="warning"}}', "value": 1},
                         ],
                     },
                 ],
@@ -154,11 +161,18 @@ def test_monitors_label_the_release_the_rules_select(helm_ok):
         (monitor,) = by_kind(objs, kind)
         key = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
         for endpoint in monitor["spec"][key]:
-            relabel = [r for r in endpoint["relabelings"] if r.get("targetLabel") == LABEL_DEPLOYMENT]
-            assert relabel == [{"action": "replace", "targetLabel": LABEL_DEPLOYMENT, "replacement": deployment("a")}]
+            relabel = [r for r in endpoint["relabelings"] if r.get("targetLabel") == LABEL_RELEASE]
+            # The operator's job for a PodMonitor target is "<its namespace>/<its name>" when these
+            # run; a ServiceMonitor watches its own namespace (tests/integration/test_install_paths.py).
+            source = (
+                {"sourceLabels": ["job"]}
+                if kind == "PodMonitor"
+                else {"sourceLabels": ["namespace"], "replacement": "${1}/" + deployment("a")}
+            )
+            assert relabel == [{"action": "replace", "targetLabel": LABEL_RELEASE, **source}]
     (rule,) = by_kind(render_release("a", "team-a", ()), "PrometheusRule")
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert all(f'{LABEL_DEPLOYMENT}="{deployment("a")}",namespace="team-a"' in e for e in exprs), "an unscoped rule"
+    assert all(f'{LABEL_RELEASE}="team-a/{deployment("a")}"' in e for e in exprs), "an unscoped rule"
 
 
 def test_three_releases_in_one_prometheus_judge_only_themselves(helm_ok, tmp_path):

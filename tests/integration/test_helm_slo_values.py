@@ -3,7 +3,7 @@ rules are still exactly what the generator renders for that target and threshold
 
 - With the default values the chart's PrometheusRule holds deploy/prometheus/'s rules as the
   release applies them (sidecar.tools.slo.helm.release_rules: scoped to its namespace and
-  deployment, kube-prometheus-stack severities), and --set changes severities and the
+  release (llm_release), kube-prometheus-stack severities), and --set changes severities and the
   runbook URL.
 - With --set (ttft: 99% within 5 s), the rules equal `llm-sidecar slo render` of the spec
   changed the same way, promtool's lint passes, and a promtool unit test shows the changed
@@ -86,7 +86,7 @@ def test_default_values_give_the_committed_rules_scoped_to_the_release(helm_ok):
     got = rules_of(render())
     assert got == released(load_spec(str(SPEC)))
     text = json.dumps(got)
-    assert 'deployment=\\"llm-sidecar\\",namespace=\\"llm\\"' in text
+    assert 'llm_release=\\"llm/llm-sidecar\\"' in text and 'namespace=\\"' not in text
     assert "severity\": \"critical" in text and "severity\": \"page" not in text
 
 
@@ -144,13 +144,13 @@ def test_promtool_agrees_with_the_values(helm_ok, tmp_path):
     ]
     inputs = [
         {
-            "series": "llm_time_to_first_token_seconds" + suffix + '{namespace="llm",deployment="llm-sidecar",model="m",route="/v1/chat/completions",prompt_class="all"'
+            "series": "llm_time_to_first_token_seconds" + suffix + '{namespace="llm",llm_release="llm/llm-sidecar",model="m",route="/v1/chat/completions",prompt_class="all"'
             + (f',le="{le}"' if le else "") + "}",
             "values": values,
         }
         for suffix, le, values in series
     ]
-    alert = 'ALERTS{alertname="LLMTTFTBurnRate",alertstate="firing",severity="warning",slo="ttft",namespace="llm",deployment="llm-sidecar",model="m",long_window="3d",short_window="6h"}'
+    alert = 'ALERTS{alertname="LLMTTFTBurnRate",alertstate="firing",severity="warning",slo="ttft",namespace="llm",llm_release="llm/llm-sidecar",model="m",long_window="3d",short_window="6h"}'
     for name, firing in (("default", False), ("set", True)):
         test = {
             "rule_files": [f"{name}.yaml"],
@@ -274,7 +274,7 @@ def test_set_adds_model_overrides_as_the_generator_would(helm_ok):
     assert any(f'model="{BIG}",le="5.0"' in r["expr"] for r in mine)
     assert any(',le="2.0"' in r["expr"] for r in others)
     budget = [r["expr"] for r in mine if r.get("record") == "llm:error_budget_remaining:ratio"]
-    assert budget == [f'1 - llm:sli_error:ratio_rate30d{{slo="ttft",deployment="llm-sidecar",namespace="llm",model="{BIG}"}} / 0.1']
+    assert budget == [f'1 - llm:sli_error:ratio_rate30d{{slo="ttft",llm_release="llm/llm-sidecar",model="{BIG}"}} / 0.1']
     # A target-only override keeps its objective's threshold (availability has none).
     avail = next(g for g in got["groups"] if g["name"] == "llm-sidecar-slo-availability")["rules"]
     assert any(r.get("labels", {}).get("model") == "qwen" and r["expr"].endswith(" / 0.001") for r in avail)
@@ -294,7 +294,7 @@ def test_promtool_reads_windows_and_an_override_from_values(helm_ok, tmp_path):
     # Both models, 1000 first tokens a minute: 500 within 1 s, 960 within 2 s. m (2 s, 95%):
     # 4% bad of a 5% budget, burn 0.8: quiet. strict (1 s, 95%): 50% bad, burn 10: above
     # page-fast's 7.2 (2h/5m), page-slow's 6, and the tickets' 3 and 1.
-    labels = 'namespace="llm",deployment="llm-sidecar",route="/v1/chat/completions",prompt_class="all"'
+    labels = 'namespace="llm",llm_release="llm/llm-sidecar",route="/v1/chat/completions",prompt_class="all"'
     inputs = []
     for model in ("m", "strict"):
         for suffix, le, step in (("_count", None, 1000), ("_bucket", "1.0", 500), ("_bucket", "2.0", 960), ("_bucket", "+Inf", 1000)):
@@ -304,12 +304,12 @@ def test_promtool_reads_windows_and_an_override_from_values(helm_ok, tmp_path):
     firing = [
         {
             "labels": f'ALERTS{{alertname="LLMTTFTBurnRate",alertstate="firing",severity="{sev}",slo="ttft",'
-            f'namespace="llm",deployment="llm-sidecar",model="strict",long_window="{long}",short_window="{short}"}}',
+            f'namespace="llm",llm_release="llm/llm-sidecar",model="strict",long_window="{long}",short_window="{short}"}}',
             "value": 1,
         }
         for sev, long, short in arms
     ]
-    scope = 'slo="ttft",namespace="llm",deployment="llm-sidecar"'
+    scope = 'slo="ttft",namespace="llm",llm_release="llm/llm-sidecar"'
     test = {
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "1m",

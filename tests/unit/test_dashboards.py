@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(str(ROOT / "deploy" / "slo" / "default.yaml"))
 RULES = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-FILTERS = ("cluster", "namespace", "deployment", "pod", "model", "route")
+FILTERS = ("cluster", "namespace", "llm_release", "pod", "model", "route")
 # Recorded series are filtered by the spec's grouping labels (all variables by default), and
-# by deployment, which the chart's rules carry.
-GROUP_FILTERS = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model", deployment=~"$deployment"'
+# by llm_release, which the chart's rules carry.
+GROUP_FILTERS = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model", llm_release=~"$llm_release"'
 UIDS = {"llm-sidecar-overview.json": overview.UID, "llm-sidecar-slo.json": slo.UID}
 
 
@@ -97,7 +97,7 @@ def test_datasource_variable_then_the_four_filter_variables(name):
     # Each narrows by the ones before it.
     assert queries["cluster"].selector == "llm_requests_total"
     assert queries["route"].selector == (
-        'llm_requests_total{cluster=~"$cluster", namespace=~"$namespace", deployment=~"$deployment", pod=~"$pod", model=~"$model"}'
+        'llm_requests_total{cluster=~"$cluster", namespace=~"$namespace", llm_release=~"$llm_release", pod=~"$pod", model=~"$model"}'
     )
 
 

@@ -23,7 +23,7 @@ ALL_VALUES: Mapping[str, str] = {
     "__rate_interval": "1m",
     "cluster": ".*",
     "namespace": ".*",
-    "deployment": ".*",
+    "llm_release": ".*",
     "pod": ".*",
     "model": ".*",
     "route": ".*",

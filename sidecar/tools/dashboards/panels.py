@@ -237,9 +237,9 @@ _VARIABLE_HELP = {
     "Mimir ruler). All also matches series without the label.",
     "namespace": "Kubernetes namespace of the scraped sidecar (the `namespace` target label "
     "kube-prometheus-stack adds). All also matches series without the label.",
-    "deployment": "The release of the Helm chart the sidecar belongs to (the `deployment` label its "
-    "PodMonitor or ServiceMonitor adds; one release per model is the usual fleet). All also matches "
-    "series without the label.",
+    "llm_release": "The install of the Helm chart (or of deploy/kubernetes/) whose rules judge the sidecar: "
+    "`<its namespace>/<its name>`, the `llm_release` label its PodMonitor or ServiceMonitor adds "
+    "(one release per model is the usual fleet). All also matches series without the label.",
     "pod": "Pod of the scraped sidecar (the `pod` target label). All also matches series without the label.",
     "model": "The `model` label: the request's model name, bounded by --max-models / --model-allowlist "
     "(`other`, `unknown`).",

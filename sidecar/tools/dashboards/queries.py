@@ -30,9 +30,10 @@ __all__ = [
 
 RATE_INTERVAL = "$__rate_interval"
 
-TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "deployment", "pod")
+TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "pod")
 """Labels Prometheus adds to each scraped series (kube-prometheus-stack's ServiceMonitor and
-PodMonitor add ``namespace`` and ``pod``, the chart's monitors ``deployment`` (the release);
+PodMonitor add ``namespace`` and ``pod``, the chart's monitors ``llm_release`` (the release:
+``<its namespace>/<its name>``; not ``deployment``, kube-state-metrics' Deployment name);
 ``cluster`` comes from an external label or a
 Thanos/Mimir setup); the sidecar itself does not export them."""
 
@@ -100,8 +101,8 @@ def zero_if_absent(expr: str, label: str | None = None) -> str:
 def recorded(record: str, extra: Sequence[Matcher] = (), grouping: Iterable[str] = ("cluster", "namespace", "model")) -> str:
     """A recorded SLO series, filtered by the variables among the rules' grouping labels (the
     rules sum over everything else, e.g. pods and routes)."""
-    # The Helm chart's rules also carry ``deployment`` (its release); plain rules match All.
+    # The Helm chart's rules also carry ``llm_release`` (its release); plain rules match All.
     labels = [label for label in grouping if label in FILTER_LABELS]
-    if "deployment" not in labels:
-        labels.append("deployment")
+    if "llm_release" not in labels:
+        labels.append("llm_release")
     return selector(record, extra, labels=labels)

@@ -18,7 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..slo import conventions as c
 from ..slo.helm import SEVERITIES as CHART_SEVERITIES
-from ..slo.rules import objective_text
+from ..slo.rules import REQUEST_OBJECTIVES_RATIO, objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
 from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
@@ -76,7 +76,7 @@ def _alerts_selector(spec: SLOSpec, severity: str | None = None) -> str:
     names_of = sorted({severity, CHART_SEVERITIES.get(severity, severity)}) if severity else []
     extra = f', severity=~"{"|".join(names_of)}"' if severity else ""
     labels = [label for label in spec.grouping if label in FILTER_LABELS]
-    labels += ["deployment"] if "deployment" not in labels else []  # the chart's rules carry it
+    labels += ["llm_release"] if "llm_release" not in labels else []  # the chart's rules carry it
     groups = "".join(f', {label}=~"${label}|"' for label in labels)
     return f'ALERTS{{alertstate="firing", alertname=~"{names}"{groups}{extra}}}'
 
@@ -163,6 +163,17 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "minutes: llm:goodput:rate5m.",
             [Query(_rec(spec, c.GOODPUT_RATE), _who(spec))],
             "reqps",
+        ),
+        timeseries_panel(
+            "Requests' own objectives met (5m)",
+            "Share of streamed requests that met the objectives they asked for: the x-slo-ttft-ms "
+            "and x-slo-tpot-ms headers (llm-d's per-request objectives), else the model's "
+            "defaults (--slo-model-objectives, else --slo-ttft-seconds / --slo-tpot-seconds). "
+            "all: ok, 2xx and every judged objective met (goodput against what each client asked "
+            "for); ttft and tpot apart. From llm:request_objectives_met:ratio_rate5m.",
+            [Query(_rec(spec, REQUEST_OBJECTIVES_RATIO), f"{{{{objective}}}} · {_who(spec)}")],
+            "percentunit",
+            w=24,
         ),
     )
 

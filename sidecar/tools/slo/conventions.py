@@ -34,6 +34,7 @@ __all__ = [
     "LABEL_SHORT_WINDOW",
     "LABEL_PROMPT_CLASS",
     "TARGET_LABELS",
+    "LABEL_RELEASE",
     "REQUESTS_TOTAL",
     "REQUESTS_WITHIN_SLO_TOTAL",
     "ERROR_BUDGET_REMAINING",
@@ -78,6 +79,14 @@ TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod", "service", "job
 """Labels a series gets from where it was scraped, not from the sidecar: Prometheus' ``job`` and
 ``instance``; the Prometheus Operator's PodMonitor/ServiceMonitor add ``namespace``, ``pod``
 (and ``service``); ``cluster`` comes from an external label or a Thanos/Mimir ruler."""
+
+LABEL_RELEASE = "llm_release"
+"""Which install of the chart (or of deploy/kubernetes/) judges a series: ``<namespace of its
+PodMonitor>/<PodMonitor name>`` (the release's namespace and full name), attached by the
+chart's monitors at scrape time. Every rule of a release selects it and groups by it, so a
+release judges exactly the pods its monitor scrapes, in whichever namespace they run, and two
+releases of one name in two namespaces stay apart. Not ``deployment``: kube-state-metrics'
+``deployment`` is a Deployment's name, which this is not in monitoring-only mode."""
 
 # What the sidecar exports (sidecar/export/metrics.py; a test compares these with a live /metrics).
 REQUESTS_TOTAL = "llm_requests_total"

@@ -371,7 +371,8 @@ def render_helm_rules(spec: SLOSpec) -> str:
     by_key = {slot.key: slot for slot in slots}
     matcher = f'{LABEL_RELEASE}="{_RELEASE_STAND_IN}"'
     assert matcher in text, "the rules select no release"
-    text = text.replace(matcher, '{{ include "llm-sidecar.releaseMatcher" $ }}')
+    # A matcher first in its braces would make "{{{", which Helm cannot parse: that brace is an action too.
+    text = text.replace("{" + matcher, '{{ "{" }}' + matcher).replace(matcher, '{{ include "llm-sidecar.releaseMatcher" $ }}')
     text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2), spec.period, by_key), text)
     assert "@@" not in text and not any(slot.text in text for slot in slots), "a stand-in was left in the chart's rules"
     # A Helm comment, so that the rendered rules are exactly the plain ones.
