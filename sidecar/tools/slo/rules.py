@@ -337,10 +337,20 @@ def _goodput_rules(spec: SLOSpec) -> list[Rule]:
     sel = _spec_matchers(spec)
     ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok"), *sel], five_min, spec.grouping)
     good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, spec.grouping)
+    judged = _sum_rate(REQUEST_OBJECTIVES_TOTAL, sel, five_min, (*spec.grouping, "objective"))
+    met = _sum_rate(REQUEST_OBJECTIVES_TOTAL, [("result", "=", "met"), *sel], five_min, (*spec.grouping, "objective"))
     return [
         Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
         Rule(f"({good} or 0 * {ok}) / {ok}", record=c.GOODPUT_RATIO),
+        Rule(f"({met} or 0 * {judged}) / {judged}", record=REQUEST_OBJECTIVES_RATIO),
     ]
+
+
+REQUEST_OBJECTIVES_TOTAL = "llm_request_objectives_total"
+REQUEST_OBJECTIVES_RATIO = "llm:request_objectives_met:ratio_rate5m"
+"""Per grouping and ``objective`` (ttft, tpot, all), over 5m: the share of judged streamed
+requests that met the objective they asked for (``x-slo-*`` headers, else the model's
+defaults); ``objective="all"`` is goodput against the requests' own objectives."""
 
 
 def history_needed(spec: SLOSpec) -> int:
