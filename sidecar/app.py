@@ -45,6 +45,7 @@ from .export.logs import RequestLogger
 from .base.labels import ModelLabeler, SeriesBudget
 from .base.speedups import IN_C, SPEEDUPS_MISSING
 from .export.metrics import SidecarMetrics, SLOThresholds
+from .measure.objectives import ObjectiveDefaults
 from .export.prometheus_internals import SeriesGate, WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
@@ -140,6 +141,16 @@ tell them from the clients' requests it relays, which keep the client's User-Age
 RUNNER_KWARGS = {"handler_cancellation": True, "access_log": None}
 
 
+def objective_defaults(settings: Settings) -> ObjectiveDefaults:
+    """The objectives of a request without x-slo-* headers: the model's
+    (``slo_model_objectives``), else the goodput objectives (sidecar/measure/objectives.py)."""
+    return ObjectiveDefaults(
+        settings.slo_ttft_seconds,
+        settings.slo_tpot_seconds,
+        {model: (o.ttft_seconds, o.tpot_seconds) for model, o in settings.slo_model_objectives.items()},
+    )
+
+
 def build_sidecar(
     settings: Settings,
     registry: CollectorRegistry | None = None,
@@ -160,6 +171,7 @@ def build_sidecar(
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
+        objectives=objective_defaults(settings),
     )
     capacity = CapacityMetrics(registry)
     forget_model = metrics.model_label.on_forget
@@ -180,6 +192,7 @@ def build_sidecar(
                 meter_provider=meter_provider,
                 model_label=metrics.model_label,
                 provider_name=settings.otel_provider_name,
+                objectives=metrics.objectives,
             )
             # First: the span ends (and OTel metrics record) before the Prometheus observation.
             recorders.insert(0, telemetry.record)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .agents import add_agents_row
 from .engine import add_engine_row
 from .panels import Board, Query, heatmap_panel, timeseries_panel
 from .own_health import add_own_health_row
@@ -508,6 +509,7 @@ def build():
     )
     _traffic(board)
     _latency(board)
+    add_agents_row(board)  # cache-class TTFT, tool calls, requests' own objectives
     _tokens(board)
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
