@@ -124,6 +124,20 @@ a second scrape would store every vllm:* series twice (and double sums over them
 {{- if $on }}true{{ end -}}
 {{- end -}}
 
+{{/* A dashboard's uid for this release: the generator's uid and 8 hex digits of
+<namespace>/<fullname>, so two releases (of one name in two namespaces, too) never share one and
+Grafana never lets one overwrite the other. (list $ "llm-sidecar-slo") -> llm-sidecar-slo-1a2b3c4d */}}
+{{- define "llm-sidecar.dashboardUid" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" (index . 1) (sha256sum (printf "%s/%s" $root.Release.Namespace (include "llm-sidecar.fullname" $root)) | trunc 8) -}}
+{{- end -}}
+
+{{/* A dashboard's title for this release (Grafana wants titles unique within a folder). */}}
+{{- define "llm-sidecar.dashboardTitle" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s (%s/%s)" (index . 1) $root.Release.Namespace (include "llm-sidecar.fullname" $root) -}}
+{{- end -}}
+
 {{/* "true" when the sidecar is a native sidecar (an init container with restartPolicy: Always). */}}
 {{- define "llm-sidecar.native" -}}
 {{- $native := toString .Values.sidecar.native -}}

@@ -8,6 +8,8 @@ SLO dashboard's targets, windows and burn-rate thresholds are the alert rules' o
     dashboards/llm-sidecar-slo.json        SLOs, error budgets, burn rates, alerts
     dashboards/kustomization.yaml          both as ConfigMaps for Grafana's sidecar
                                            (kubectl apply --server-side -k dashboards/)
+    helm/llm-sidecar/files/dashboard-templates/*.json
+                                           the chart's per-release copies (helm.py)
 
 Built with grafana-foundation-sdk (pinned in pyproject's ``tools`` extra; a generation-time
 dependency only, never imported by the running sidecar). Every panel reads the
@@ -20,6 +22,7 @@ import sys
 
 try:
     from . import overview, slo
+    from .helm import TEMPLATE_DIR, chart_templates
     from .render import json_text, kustomization_text, to_json_dict
 except ModuleNotFoundError as exc:  # the generator's one dependency is an extra
     if exc.name != "grafana_foundation_sdk":
@@ -52,4 +55,8 @@ def render_files(spec) -> dict[str, str]:
     texts = {name: json_text(data) for name, data in build_dashboards(spec).items()}
     out = {f"{DASHBOARD_DIR}/{name}": text for name, text in texts.items()}
     out[KUSTOMIZATION] = kustomization_text(list(texts))
+    # The chart's per-release copies, as Helm templates (helm.py): their own uid and title,
+    # and the release's objectives, windows and per-model overrides from its values.
+    for name, text in chart_templates(spec, build_dashboards).items():
+        out[f"{TEMPLATE_DIR}/{name}"] = text
     return out
