@@ -131,6 +131,9 @@ RECORDED: dict[str, tuple[str, tuple]] = {
     "vllm032_completions_force_usage.txt": ("/v1/completions", (TokenCountSource.USAGE, 4, 5, None)),
     # vLLM 0.32 without those flags: the client asked include_usage (one usage chunk) ...
     "vllm032_chat_include_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 17, None)),
+    # vLLM 0.32 --enable-prefix-caching --enable-prompt-tokens-details, the second request of
+    # a 470-token prompt: prompt_tokens_details.cached_tokens 384 (whole 16-token blocks).
+    "vllm032_chat_prefix_cached.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 470, 384)),
     # ... or did not: no usage key at all; estimated, input unknown.
     "vllm032_chat_no_usage.txt": ("/v1/chat/completions", (TokenCountSource.ESTIMATED, 4, None, None)),
     # llama.cpp b11434, no include_usage: timings on the finish chunk, prompt_n 25, cache_n 0.
