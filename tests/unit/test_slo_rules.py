@@ -14,7 +14,7 @@ from sidecar.tools.slo import conventions as c
 from sidecar.tools.slo import generate as slo_generate  # the SLO rules and the capacity group (#24)
 from sidecar.tools.slo.cli import render_command
 from sidecar.tools.slo.render import HEADER, render_rules
-from sidecar.tools.slo.rules import generate, promql_string, sli_error_expr
+from sidecar.tools.slo.rules import ERROR_CAUSES, generate, promql_string, sli_error_expr
 from sidecar.tools.slo.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def alerts(rs, name=None):
     return [r for r in rs.rules() if r.alert and (name is None or r.alert == name)]
 
 
-def test_groups_one_per_objective_then_goodput_and_health():
+def test_groups_one_per_objective_then_goodput_error_causes_and_health():
     rs = generate(load_spec(str(DEFAULT_SPEC)))
     assert [g.name for g in rs.groups] == [
         "llm-sidecar-slo-availability",
@@ -47,6 +47,7 @@ def test_groups_one_per_objective_then_goodput_and_health():
         "llm-sidecar-slo-tpot",
         "llm-sidecar-slo-e2e",
         "llm-sidecar-goodput",
+        "llm-sidecar-errors",
         "llm-sidecar-health",
     ]
     for group in rs.groups[:4]:
@@ -65,7 +66,7 @@ def test_record_names_follow_the_convention_and_carry_slo_label():
     assert {f"llm:burn_rate:ratio_rate{w}" for w in windows} <= records
     assert {"llm:error_budget_remaining:ratio", "llm:goodput:rate5m", "llm:goodput:ratio_rate5m"} <= records
     for r in rs.rules():
-        if r.record and not r.record.startswith("llm:goodput"):
+        if r.record and not r.record.startswith(("llm:goodput", "llm:request_errors_by_type")):
             assert r.labels["slo"] in {"availability", "ttft", "itl"}
 
 
@@ -165,7 +166,9 @@ def test_every_alert_has_severity_summary_description_and_a_runbook():
         url, _, anchor = a.annotations["runbook_url"].partition("#")
         assert url == "docs/runbooks.md"  # the file in the repository (tests/unit/test_runbooks.py)
         assert anchor in anchors, (a.alert, anchor)
-        if a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC, c.ALERT_HISTORY_SHORT):
+        if a.alert in {cause.alert for cause in ERROR_CAUSES}:  # by cause, not burn rate: routed on error_type
+            assert "{{ $labels.error_type }}" in a.annotations["summary"] and "error_type" in a.expr
+        elif a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC, c.ALERT_HISTORY_SHORT):
             d = a.annotations["description"]
             assert {"slo", "long_window", "short_window"} <= a.labels.keys()
             assert '{{ printf "%.1f" $value }}x' in d  # the burn rate

@@ -12,7 +12,9 @@ summed by the spec's ``grouping`` labels (one SLO per deployment, not per Promet
    burn rate over the long window *and* over the short window above the row's factor.
 
 A scope's records and alerts live in the objective's group, records first, so an alert reads
-records of the same evaluation. Then goodput records and the sidecar's health alerts.
+records of the same evaluation. Then goodput records, the error causes (each error type's share
+of requests, and alerts that carry ``error_type`` for Alertmanager to route on) and the
+sidecar's health alerts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Literal
 
 from prometheus_client.utils import floatToGoString
 
+from ...base.outcomes import ERROR_TYPES, STREAM_ERROR, STREAM_TRUNCATED
 from . import conventions as c
 from .spec import DEFAULT_GROUPING, SLOSpec, Scope
 from .windows import (
@@ -34,7 +37,10 @@ from .windows import (
     record_windows,
 )
 
-__all__ = ["Rule", "Group", "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "promql_string", "sli_error_expr", "sli_event_exprs", "history_needed"]
+__all__ = [
+    "Rule", "Group", "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "promql_string", "sli_error_expr",
+    "sli_event_exprs", "history_needed", "ErrorCause", "ERROR_CAUSES", "ERRORS_GROUP", "ERROR_SHARE_BY_TYPE",
+]  # fmt: skip
 
 Matcher = tuple[str, str, str]  # (label, operator, value)
 
@@ -353,6 +359,88 @@ requests that met the objective they asked for (``x-slo-*`` headers, else the mo
 defaults); ``objective="all"`` is goodput against the requests' own objectives."""
 
 
+# ------------------------------------------------------------------- error causes
+
+ERRORS_GROUP = "llm-sidecar-errors"
+ERROR_SHARE_BY_TYPE = "llm:request_errors_by_type:ratio_rate5m"
+"""Each ``error_type``'s share of the requests that were not cancelled, per grouping, over 5m."""
+CAUSE_SHARE = 0.05
+"""An error cause alert fires when its error types failed more than this share of requests..."""
+CAUSE_FOR = 10 * 60
+"""...for this long (a cause worth a person's look, not a blip; the burn-rate alerts page)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCause:
+    """Error types with one owner and one first step: an alert that names them, so
+    Alertmanager can route on ``alertname`` or ``error_type`` (the server's owners for an
+    unreachable server, the model-serving team for an engine that fails mid-answer)."""
+
+    alert: str
+    error_types: tuple[str, ...]
+    summary: str
+    description: str
+
+
+ERROR_CAUSES: tuple[ErrorCause, ...] = (
+    ErrorCause(
+        "LLMUpstreamUnreachable",
+        ("upstream_unreachable", "upstream_timeout"),
+        "the inference server does not answer ({{ $labels.error_type }})",
+        "got no response from the inference server: it is down, restarting, still loading "
+        "the model, not listening on the sidecar's --upstream port, or too slow to send its "
+        "response headers (upstream_timeout). Clients get 502 or 504 from the sidecar. Check "
+        "the pod's restarts and the engine's log, and /readyz on the sidecar's admin port.",
+    ),
+    ErrorCause(
+        "LLMStreamsBroken",
+        ("upstream_disconnected", "upstream_read_timeout", STREAM_TRUNCATED, STREAM_ERROR, "upstream_invalid_response"),
+        "the inference server fails mid-answer ({{ $labels.error_type }})",
+        "were answered, then failed: the server closed the connection (upstream_disconnected), "
+        "stalled past the read timeout (upstream_read_timeout), ended a stream before its end "
+        "marker (upstream_stream_truncated), sent an error inside a 200 answer (stream_error) "
+        "or broke HTTP (upstream_invalid_response). Clients got a cut-off answer with status "
+        "200. Engine crashes (out of memory, device errors), aborted requests and a proxy that "
+        "cuts long streams look like this: read the engine's log at those times.",
+    ),
+)
+assert all(t in ERROR_TYPES for cause in ERROR_CAUSES for t in cause.error_types)
+
+
+def _error_cause_rules(spec: SLOSpec) -> list[Rule]:
+    """Each error type's share of requests (one record), and one alert per cause. The
+    alerts keep ``error_type`` (one alert per type and group), so a route can send each cause
+    to the team that owns it; the availability burn-rate alerts still page on the sum."""
+    five_min = 5 * 60
+    sel = _spec_matchers(spec)
+    by = spec.grouping
+    errors = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sel], five_min, (*by, "error_type"))
+    total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min, by)
+    rules = [Rule(f"{errors} / ignoring (error_type) group_left () {total}", record=ERROR_SHARE_BY_TYPE)]
+    who = _who(by)
+    share = format_number(CAUSE_SHARE)
+    for cause in ERROR_CAUSES:
+        types = "|".join(cause.error_types)
+        rules.append(
+            Rule(
+                f"{selector(ERROR_SHARE_BY_TYPE, [('error_type', '=~', types), *sel])} > {share}",
+                alert=cause.alert,
+                for_=CAUSE_FOR,
+                labels={c.LABEL_SEVERITY: "ticket"},
+                annotations={
+                    "summary": f"{who}: {cause.summary}",
+                    "description": (
+                        f"{{{{ $value | humanizePercentage }}}} of {who}'s requests over the last 5m "
+                        f"(above {CAUSE_SHARE:.0%} for {format_duration(CAUSE_FOR)}) {cause.description} "
+                        f"The alert carries error_type ({', '.join(cause.error_types)}) for routing."
+                    ),
+                    "runbook_url": f"{spec.alerts.runbook_url}#{c.runbook_anchor(cause.alert)}",
+                },
+            )
+        )
+    return rules
+
+
 def history_needed(spec: SLOSpec) -> int:
     """Seconds of history the rules read: the period plus its first slice (see below)."""
     return spec.period + spec.period // 30
@@ -459,10 +547,11 @@ def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Num
             rules.extend(_scope_rules(spec, scope, long_windows, numbers))
         groups.append(Group(c.group_name(objective.name), tuple(rules)))
     groups.append(Group(c.GOODPUT_GROUP, tuple(_goodput_rules(spec))))
+    groups.append(Group(ERRORS_GROUP, tuple(_error_cause_rules(spec))))
     health = _health_rules(spec)
     if spec.alerts.history_short.enabled:
         health.append(_history_rule(spec))
     groups.append(Group(c.HEALTH_GROUP, tuple(health)))
-    if not any(g.rules for g in groups[:-2]):  # pragma: no cover - the spec guarantees it
+    if not any(g.rules for g in groups[:-3]):  # pragma: no cover - the spec guarantees it
         raise ValueError("the spec produced no SLO rules")
     return RuleSet(spec, tuple(groups))
