@@ -120,7 +120,7 @@ class BoundedLabel:
         self._clock = clock
         self._listed: frozenset[str] = frozenset()  # everything the upstream listed: the authority
         self._vouched: dict[str, None] = {}  # listed names holding a slot, in the server's order
-        self._used: set[str] = set()  # vouched names a request was labelled with (they have series)
+        self._used: dict[str, float] = {}  # vouched names a request was labelled with -> last seen
         self.authoritative = False  # the upstream listed its values: only those pass
         self._earned: dict[str, float] = {}  # value -> last seen (monotonic)
         self._held: dict[str, int] = {}  # value -> requests in flight under it
@@ -136,7 +136,9 @@ class BoundedLabel:
         if self.known(value):
             if value in self._earned:
                 self._earned[value] = self._clock()
-            elif value in self._vouched and value not in self._used and not self._fits():
+            elif value in self._used:
+                self._used[value] = self._clock()
+            elif value in self._vouched and not self._fits():
                 return OTHER  # a listed name whose series would not fit: settle counts it
             return value
         return OTHER
@@ -154,7 +156,7 @@ class BoundedLabel:
                     if value not in self._held:  # what its start made (the in-flight row) goes
                         self._forget(value)
                     return self._overflow("series_budget")
-                self._used.add(value)
+            self._used[value] = self._clock()
             return value
         if value in self._earned:
             self._earned[value] = self._clock()
@@ -197,7 +199,7 @@ class BoundedLabel:
         elif not self._fits():
             return self._overflow("series_budget")
         self._vouched[value] = None
-        self._used.add(value)
+        self._used[value] = self._clock()
         return value
 
     def _fits(self) -> bool:
@@ -228,6 +230,8 @@ class BoundedLabel:
             del self._held[value]
         if value in self._earned:
             self._earned[value] = self._clock()
+        elif value in self._used:
+            self._used[value] = self._clock()
 
     def _overflow(self, reason: str) -> str:
         if self.on_overflow is not None:
@@ -235,7 +239,7 @@ class BoundedLabel:
         return OTHER
 
     def _forget(self, value: str) -> None:
-        self._used.discard(value)
+        self._used.pop(value, None)
         if self.on_forget is not None:
             self.on_forget(value)
 
@@ -256,13 +260,14 @@ class BoundedLabel:
             if value in vouched:
                 continue
             if value in self._used or value in self._held:
-                self._earned.setdefault(value, now)  # it has series: they age out
+                self._earned.setdefault(value, self._used.get(value, now))  # it has series: they age out
             else:
                 self._forget(value)  # never requested (it may have an in-flight series at 0)
         for value in vouched:
-            if self._earned.pop(value, None) is not None:
-                self._used.add(value)
-        self._used &= vouched.keys()
+            seen = self._earned.pop(value, None)
+            if seen is not None:
+                self._used[value] = seen
+        self._used = {v: seen for v, seen in self._used.items() if v in vouched}
         self._listed, self._vouched, self.authoritative = listed, vouched, bool(listed)
         self._trim()
 

@@ -220,6 +220,7 @@ class SeriesGate:
         self._unvalued = frozenset(unvalued)
         self.on_refused = on_refused
         self._fixed: dict[object, int] = {}  # collectors that are not prometheus_client metrics
+        self._planned: tuple[int, tuple[int, list]] | None = None
         self._guarded: set[int] = set()
 
     # -- counting ---------------------------------------------------------------------
@@ -228,19 +229,35 @@ class SeriesGate:
         with self._registry._lock:
             return list(self._registry._collector_to_names)
 
-    def count(self) -> int:
-        """Samples the registry's page holds now (without ``_created``)."""
-        total = 0
+    def _plan(self) -> tuple[int, list[tuple[dict, int]]]:
+        """(samples of the fixed collectors, [(a labelled family's children, samples per
+        child)]), worked out again only when the registry's collectors change: counting is
+        then a sum over the families, a few microseconds."""
+        registry = self._registry
+        with registry._lock:
+            key = len(registry._collector_to_names)
+        if self._planned is not None and self._planned[0] == key:
+            return self._planned[1]
+        fixed, labelled = 0, []
         for collector in self._collectors():
             if isinstance(collector, MetricWrapperBase):
                 per = samples_per_child(collector)
-                total += per * len(collector._metrics) if is_labelled_parent(collector) else per
+                if is_labelled_parent(collector):
+                    labelled.append((collector, per))
+                else:
+                    fixed += per
             else:
-                fixed = self._fixed.get(collector)
-                if fixed is None:
-                    fixed = self._fixed[collector] = page_samples(collector.collect())
-                total += fixed
-        return total
+                n = self._fixed.get(collector)
+                if n is None:
+                    n = self._fixed[collector] = page_samples(collector.collect())
+                fixed += n
+        self._planned = (key, (fixed, labelled))
+        return fixed, labelled
+
+    def count(self) -> int:
+        """Samples the registry's page holds now (without ``_created``)."""
+        fixed, labelled = self._plan()
+        return fixed + sum(per * len(metric._metrics) for metric, per in labelled)
 
     def fits(self, samples: int, *, valued: bool = True) -> bool:
         """Whether ``samples`` more fit: up to ``max_series - reserve`` for series that carry
@@ -298,12 +315,13 @@ class SeriesGate:
             if child is not None:
                 return child
             valued = any(key[i] not in unvalued for i in fold_at)
-            if self.fits(per, valued=valued):
+            room = self.max_series - self.count() - per
+            if room >= (self.reserve if valued else 0):
                 return make(*key)
             if valued:
                 folded = tuple(fold_to if i in fold_at else v for i, v in enumerate(key))
                 child = metric._metrics.get(folded)
-                if child is not None or self.fits(per, valued=False):
+                if child is not None or room >= 0:
                     refuse("other")
                     return child if child is not None else make(*folded)
             refuse("dropped")

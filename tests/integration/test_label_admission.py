@@ -262,3 +262,69 @@ async def test_a_models_first_stream_does_not_make_every_capacity_band(upstream,
     await wait_for(lambda: sc.in_flight() == 0)
     lines = [line for line in (await page(sc)).split(b"\n") if line.startswith(b"llm_inter_token_latency_by_concurrency_seconds")]
     assert 0 < len(lines) <= 100, len(lines)
+
+
+async def test_a_listing_longer_than_max_models_keeps_the_served_model_listed_first(upstream, sidecar_factory):
+    """Finding 5: ``sorted(listed)[:max_models]`` kept the alphabetically first names: the
+    served model listed first plus 60 adapters put every request for it under ``other``."""
+    names = [SERVED] + [f"adapter-{i:02d}" for i in range(60)]
+    body = orjson.dumps({"object": "list", "data": [{"id": n, "object": "model"} for n in names]})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    sc = await sidecar_factory(up.url, model_refresh_seconds=0.2, max_models=50)
+    await wait_for(lambda: sc.sidecar.metrics.model_label.authoritative)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(3):
+            assert await ask(s, sc.url, SERVED) == 200
+    await wait_for(lambda: sc.sample("llm_requests_total", model=SERVED, route=CHAT, code="200", outcome="ok", error_type="none") == 3)
+    assert sc.sidecar.metrics.model_label.values == frozenset(names[:50])
+
+
+def test_a_listed_name_the_server_answers_takes_the_slot_of_one_never_requested():
+    """The other half of finding 5, where the listing's order says nothing (a gateway that
+    sorts it): the name the server answers for takes a slot from a listed name nobody asked
+    for, never from one in use or held by a request."""
+    from sidecar.base.labels import ModelLabeler
+
+    labeler = ModelLabeler(max_models=3)
+    labeler.vouch(["a-adapter", "b-adapter", "c-adapter", SERVED])
+    assert labeler(SERVED) == "other"
+    assert labeler.settle("a-adapter", 200) == "a-adapter"  # in use from now
+    labeler.hold("b-adapter")  # a request under it in flight
+    assert labeler.settle(SERVED, 404) == "other"  # a 4xx proves nothing
+    assert labeler.settle(SERVED, 200) == SERVED  # took c-adapter's slot
+    assert labeler.values == {"a-adapter", "b-adapter", SERVED}
+    assert labeler.settle("d-adapter", 200) == "other"  # not listed at all
+    labeler.vouch(["a-adapter", "b-adapter", "c-adapter", SERVED])  # the next refresh keeps them
+    assert labeler.values == {"a-adapter", "b-adapter", SERVED}
+
+
+def test_a_rotating_listing_forgets_at_once_what_does_not_fit_and_never_a_held_value():
+    """Finding 3 at the unit level: a name a new listing drops stays only while there is
+    room, least recently seen given back first, never one a request holds; and a held value
+    is released into its idle time (finding 6)."""
+    from sidecar.base.labels import ModelLabeler
+
+    now = [0.0]
+    forgotten: list[str] = []
+    labeler = ModelLabeler(max_models=3, idle_seconds=10, clock=lambda: now[0])
+    labeler.on_forget = forgotten.append
+    labeler.vouch(["a", "b", "c"])
+    for name in ("a", "b", "c"):
+        now[0] += 1
+        assert labeler.settle(name, 200) == name
+    labeler.hold("a")
+    labeler.vouch(["x", "y"])  # no room for the old three: all go, but a is held
+    assert labeler.values == {"x", "y", "a"} and sorted(forgotten) == ["b", "c"]
+    labeler.vouch(["x"])  # y, never requested, had a slot only
+    assert labeler.values == {"x", "a"} and sorted(forgotten) == ["b", "c", "y"]
+    labeler.hold("x")
+    labeler.vouch(["p", "q", "r"])  # a and x (held) stay over the bound until released
+    assert labeler.values == {"p", "q", "r", "a", "x"} and len(forgotten) == 3
+    labeler.release("a")  # a is held no more: the next refresh gives it back (the oldest)
+    assert labeler.expire() == ["a"] and labeler.values == {"p", "q", "r", "x"}
+    labeler.release("x")
+    assert labeler.expire() == ["x"] and labeler.values == {"p", "q", "r"}

@@ -17,6 +17,7 @@ from sidecar.base.labels import BoundedLabel
 from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.base.routes import ROUTES
+from sidecar.export.scrape import count_series
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
@@ -150,9 +151,71 @@ async def test_hostile_mix_keeps_metrics_small_and_quick(sim, sidecar_factory):
                 page = await r.read()
             took.append(time.perf_counter() - began)
     assert len(page) < 2_000_000, len(page)
+    assert count_series(page) <= sc.sidecar.settings.max_series, count_series(page)
     assert labels_of(sc, "llm_requests_total", "model") <= {MODEL, "other", "unknown"}
     assert len(labels_of(sc, "llm_requests_total", "tenant")) <= 21  # 20 + other
     assert statistics.median(took) < 0.3, took
+
+
+async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, sidecar_factory):
+    """Issue 33's probe: the hostile mix above (52 names x 22 tenants x every API route)
+    while the server's listing names ten new models at every refresh, each of them
+    requested too. The page, read as Prometheus reads it, never holds more samples than
+    --max-series: every family counts against the one budget before a series is made."""
+    generation = [0]
+
+    @web.middleware
+    async def rotating_listing(request: web.Request, handler):
+        if request.path != "/v1/models":
+            return await handler(request)
+        names = [MODEL] + [f"rot-{generation[0]}-{i}" for i in range(10)]
+        return web.json_response({"object": "list", "data": [{"id": n, "object": "model"} for n in names]})
+
+    runner, port = await start_app(_sim_app_with(rotating_listing))
+    max_series = 6000
+    sc = await sidecar_factory(
+        f"http://127.0.0.1:{port}", tenant_header="X-Tenant", model_refresh_seconds=0.05, max_series=max_series
+    )
+    routes = [r for r in ROUTES if "{" not in r]
+    sem = asyncio.Semaphore(32)
+    labeler = sc.sidecar.metrics.model_label
+
+    async def one(s: aiohttp.ClientSession, model: str, tenant: str, route: str) -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "stream": True}
+        async with sem, s.post(sc.url + route, json=body, headers={**FAST, "X-Tenant": tenant}) as r:
+            await r.read()
+
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as s:
+            made_up = [f"made-up-{i}" for i in range(51)]
+            tenants = [f"team-{i}" for i in range(22)]
+            pages = []
+            for g in range(3):
+                generation[0] = g
+                await wait_for(lambda: labeler.known(f"rot-{generation[0]}-9"))
+                rotating = [f"rot-{g}-{i}" for i in range(10)]
+                if g == 0:  # the mix of issue 21 once; then each new listing's names on every route
+                    await asyncio.gather(*(one(s, MODEL, t, r) for t in tenants for r in routes))
+                    await asyncio.gather(*(one(s, m, t, r) for m in made_up for t in tenants[:2] for r in routes))
+                await asyncio.gather(*(one(s, m, t, r) for m in rotating for t in tenants[g::3][:2] for r in routes))
+                await wait_for(lambda: sc.in_flight() == 0)
+                async with s.get(sc.admin_url + "/metrics") as r:
+                    pages.append(await r.read())
+    finally:
+        await runner.cleanup()
+    counts = [count_series(p) for p in pages]
+    assert all(n <= max_series for n in counts), counts
+    assert max(counts) > max_series * 0.9, counts  # the mix did fill the page: the bound held it
+    assert sc.sample("llm_series_refused_total", fate="other") > 0  # and what did not fit is counted
+    assert b"_created" not in pages[-1]
+    assert len(labels_of(sc, "llm_requests_total", "model") - {"other", "unknown"}) <= 50
+    assert len(labels_of(sc, "llm_requests_total", "tenant")) <= 22  # 20 + other (+ unknown)
+
+
+def _sim_app_with(middleware) -> web.Application:
+    app = build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0))
+    app.middlewares.insert(0, middleware)
+    return app
 
 
 async def test_a_scrape_loop_does_not_stall_a_proxied_request(sim, sidecar_factory):
