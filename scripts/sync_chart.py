@@ -207,7 +207,7 @@ def sidecar_snippet() -> str:
     body = yaml.safe_dump([container], sort_keys=False, width=120)
     return (
         "# The llm-sidecar container to paste into the pod template of an inference server you\n"
-        "# deploy yourself (chart mode monitoring-only; README.md \"Kubernetes\").\n"
+        "# deploy yourself (chart mode monitoring-only; README.md \"Without Helm, or monitoring only\").\n"
         f"# {GENERATED}\n"
         "# Under spec.template.spec.containers; on Kubernetes >= 1.29 better under initContainers\n"
         "# with `restartPolicy: Always` added (a native sidecar: up before the server, down after it).\n"
@@ -215,7 +215,9 @@ def sidecar_snippet() -> str:
         "# targetPort at 8080 (a number: before Kubernetes 1.32 a port name declared on an init\n"
         "# container gives the Service no endpoints), label the pods for the chart's\n"
         "# existingServer.podSelector, give your server a preStop sleep of ~10 s, and set\n"
-        "# terminationGracePeriodSeconds above that plus LLM_SIDECAR_DRAIN_SECONDS (e.g. 55).\n"
+        "# terminationGracePeriodSeconds above that plus LLM_SIDECAR_DRAIN_SECONDS (e.g. 55). Start vLLM\n"
+        "# with --enable-force-include-usage and --enable-per-request-metrics (and, with prefix caching,\n"
+        "# --enable-prompt-tokens-details): the whole checklist is docs/kubernetes.md \"Monitoring only\".\n"
         + _note_image(body)
     )
 
