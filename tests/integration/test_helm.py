@@ -484,7 +484,7 @@ def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
                     assert b"[DONE]" in await r.read()
                 async with http.get(f"http://127.0.0.1:{admin}/metrics") as r:
                     text = await r.text()
-                assert 'llm_requests_total{code="200",model="meta-llama/Llama-3.1-8B-Instruct"' in text
+                assert 'llm_requests_total{code="200",error_type="none",model="meta-llama/Llama-3.1-8B-Instruct"' in text
 
         asyncio.run(exercise())
     finally:

@@ -74,7 +74,7 @@ async def test_default_command_serves_and_simulate_runs_from_the_same_image(imag
             async with s.post(f"http://127.0.0.1:{proxy}/v1/chat/completions", json=body) as r:
                 assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
             async with s.get(f"http://127.0.0.1:{admin}/metrics") as r:
-                assert 'llm_requests_total{code="200",model="sim-llama-3-8b"' in await r.text()
+                assert 'llm_requests_total{code="200",error_type="none",model="sim-llama-3-8b"' in await r.text()
         inspect = podman("inspect", "--format", "{{.Config.Cmd}} {{.Config.Entrypoint}}", names[1]).stdout
         assert "serve" in inspect and "llm-sidecar" in inspect
     finally:

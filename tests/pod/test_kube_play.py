@@ -193,7 +193,7 @@ async def test_admin_port_serves_the_sidecars_and_the_engines_metrics(played):
         async with s.post(f"{played.proxy_url}/v1/chat/completions", json=BODY) as r:
             await r.read()
         async with s.get(f"{played.admin_url}/metrics") as r:
-            assert 'llm_requests_total{code="200",model="sim-llama-3-8b",outcome="ok",route="/v1/chat/completions"}' in await r.text()
+            assert 'llm_requests_total{code="200",error_type="none",model="sim-llama-3-8b",outcome="ok",route="/v1/chat/completions"}' in await r.text()
         async with s.get(f"{played.admin_url}/metrics/engine") as r:
             assert r.status == 200
             assert "vllm:num_requests_running" in await r.text()

@@ -18,7 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..slo import conventions as c
 from ..slo.helm import SEVERITIES as CHART_SEVERITIES
-from ..slo.rules import REQUEST_OBJECTIVES_RATIO, objective_text
+from ..slo.rules import ERROR_CAUSES, REQUEST_OBJECTIVES_RATIO, objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
 from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
@@ -49,6 +49,7 @@ BREAKDOWN_BY = ("namespace", "pod", "route", "model")
 def alert_names(spec: SLOSpec) -> list[str]:
     """Every alert the rules rendered from ``spec`` can raise."""
     names = [*(c.alert_name(o.name) for o in spec.objectives), c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC]
+    names += [cause.alert for cause in ERROR_CAUSES]  # by error_type (#33)
     if spec.alerts.history_short.enabled:
         names.append(c.ALERT_HISTORY_SHORT)
     if capacity_objective(spec) is not None:
