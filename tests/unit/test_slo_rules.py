@@ -66,7 +66,7 @@ def test_record_names_follow_the_convention_and_carry_slo_label():
     assert {f"llm:burn_rate:ratio_rate{w}" for w in windows} <= records
     assert {"llm:error_budget_remaining:ratio", "llm:goodput:rate5m", "llm:goodput:ratio_rate5m"} <= records
     for r in rs.rules():
-        if r.record and not r.record.startswith(("llm:goodput", "llm:request_errors_by_type")):
+        if r.record and not r.record.startswith(("llm:goodput", "llm:request_errors_by_type", "llm:request_objectives_met")):
             assert r.labels["slo"] in {"availability", "ttft", "itl"}
 
 
