@@ -216,3 +216,35 @@ async def test_without_the_c_speedups_the_start_line_the_build_info_and_version_
     logs = out + err
     assert '"speedups": "off"' in logs or '"speedups":"off"' in logs, logs
     assert "speedups_missing" in logs, logs
+
+
+# -- alert routing by error_type (#33) ---------------------------------------------------------------
+
+
+def test_the_example_alertmanager_routes_each_cause_by_error_type():
+    """Alertmanager's own routing (amtool) sends each error-cause alert to its cause's
+    receiver, whatever its severity; the burn-rate alerts keep their severity routes."""
+    from pathlib import Path
+
+    from sidecar.tools.slo.rules import ERROR_CAUSES
+    from tests.conftest import require_tool
+
+    amtool = require_tool("amtool")
+    config = Path(__file__).resolve().parents[2] / "deploy" / "alertmanager" / "alertmanager.yaml"
+
+    def receiver(*labels: str) -> str:
+        done = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={config}", *labels],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    expected = {"LLMUpstreamUnreachable": "platform-tickets", "LLMStreamsBroken": "model-serving-tickets"}
+    assert {cause.alert for cause in ERROR_CAUSES} == set(expected)
+    for cause in ERROR_CAUSES:
+        for error_type in cause.error_types:
+            for severity in ("ticket", "page"):
+                got = receiver(f"alertname={cause.alert}", f"error_type={error_type}", f"severity={severity}", "model=m")
+                assert got == expected[cause.alert], (cause.alert, error_type, severity, got)
+    assert receiver("alertname=LLMAvailabilityBurnRate", "severity=page", "slo=availability") == "pager"

@@ -261,8 +261,12 @@ def test_alertmanager_example_routes_every_severity_the_rules_use():
     am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8"))
     receivers = {r["name"] for r in am["receivers"]}
     routes = {m: r["receiver"] for r in am["route"]["routes"] for m in r["matchers"]}
+    # Each error cause's types to its own receiver (#33), before the severity routes.
+    by_cause = {f'error_type=~"{"|".join(cause.error_types)}"': cause for cause in ERROR_CAUSES}
+    assert [m for r in am["route"]["routes"][: len(by_cause)] for m in r["matchers"]] == list(by_cause)
+    assert {routes.pop(m) for m in by_cause} == {"platform-tickets", "model-serving-tickets"}
     assert routes == {'severity="page"': "pager", 'severity="ticket"': "tickets", 'severity="info"': "tickets"}
-    assert set(routes.values()) | {am["route"]["receiver"]} <= receivers
+    assert {r["receiver"] for r in am["route"]["routes"]} | {am["route"]["receiver"]} <= receivers
     rs = generate(load_spec(str(DEFAULT_SPEC)))
     assert {"slo", *rs.spec.grouping} <= set(am["route"]["group_by"])
     assert set(am["inhibit_rules"][0]["equal"]) == {"alertname", "slo", *rs.spec.grouping}
