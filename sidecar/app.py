@@ -477,6 +477,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     sc = build_sidecar(
         settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider
     )
+    providers.register(sc.registry)  # llm_sidecar_otlp_export_failures_total, with OTLP on
     # Tail latency: the start-up objects never die, so keep them out of every collection,
     # and collect the young generation less often (the benchmark saw 14-39 ms gen1/gen2
     # pauses at 600 streams; with this, gen1 pauses stayed under 1 ms).

@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -573,6 +573,10 @@ _SUPPORTED_EXPORTERS = frozenset({"otlp", "console"})
 _PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_PROTOCOL = "http/protobuf"  # the OTLP exporter spec's default
 SHUTDOWN_TIMEOUT_SECONDS = 5.0  # the most a SIGTERM exit waits for the last export
+UNHEALTHY_SHUTDOWN_SECONDS = 0.5
+"""The wait when an OTLP exporter has not shown it can export (its last export failed, one
+is hanging, or none succeeded yet): what is queued is lost either way, and an idle SIGTERM
+exits within a second (issue 33, finding 13; sidecar/export/otlp_health.py)."""
 
 
 def where_time_went_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
@@ -667,19 +671,33 @@ class TelemetryProviders:
 
     tracer_provider: Any = None
     meter_provider: Any = None
+    healths: list = field(default_factory=list)  # one ExportHealth per OTLP exporter
 
     @property
     def enabled(self) -> bool:
         return self.tracer_provider is not None or self.meter_provider is not None
 
-    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_SECONDS) -> bool:
+    def register(self, registry) -> None:
+        """``llm_sidecar_otlp_export_failures_total{signal}`` on ``registry`` (the sidecar's
+        /metrics), when an OTLP exporter is configured."""
+        if self.healths:
+            from .otlp_health import ExportFailuresCollector  # noqa: PLC0415 - imports the SDK
+
+            registry.register(ExportFailuresCollector(self.healths))
+
+    def shutdown(self, timeout: float | None = None) -> bool:
         """Flush and stop the exporters, waiting at most ``timeout`` seconds; True if done.
 
         Blocking (call it off the event loop). The SDK's own shutdown can wait 30 s per
         provider for an unreachable collector (export retries), which would eat the pod's
         termination grace period, so it runs in a daemon thread that is abandoned after
-        ``timeout``: the spans are lost either way, the exit is not delayed.
+        ``timeout``: the spans are lost either way, the exit is not delayed. By default
+        :data:`SHUTDOWN_TIMEOUT_SECONDS` when every OTLP exporter has shown it can export,
+        else :data:`UNHEALTHY_SHUTDOWN_SECONDS`.
         """
+        if timeout is None:
+            healthy = all(h.healthy() for h in self.healths)
+            timeout = SHUTDOWN_TIMEOUT_SECONDS if healthy else UNHEALTHY_SHUTDOWN_SECONDS
 
         def run() -> None:
             for provider in (self.tracer_provider, self.meter_provider):
@@ -694,7 +712,8 @@ class TelemetryProviders:
         worker.start()
         worker.join(timeout)
         if worker.is_alive():
-            _log.warning("otel_flush_incomplete", timeout_seconds=timeout)
+            failing = sorted({h.signal for h in self.healths if not h.healthy()})
+            _log.warning("otel_flush_incomplete", timeout_seconds=timeout, exporters_not_healthy=failing or None)
             return False
         return True
 
@@ -731,9 +750,9 @@ def providers_from_env(*, metrics: bool = False, environ: Mapping[str, str] | No
         _log.exception("otel_resource_failed")
         return providers
     if trace_exporters:
-        providers.tracer_provider = _tracer_provider(resource, trace_exporters, env)
+        providers.tracer_provider = _tracer_provider(resource, trace_exporters, env, providers.healths)
     if metric_exporters:
-        providers.meter_provider = _meter_provider(resource, metric_exporters, env)
+        providers.meter_provider = _meter_provider(resource, metric_exporters, env, providers.healths)
     _log.info(
         "otel_enabled",
         traces=_describe(trace_exporters, env, "TRACES") if providers.tracer_provider is not None else None,
@@ -747,7 +766,22 @@ def _describe(exporters: Iterable[str], env: Mapping[str, str], signal: str) -> 
     return sorted(f"otlp ({otlp_protocol(env, signal)})" if e == "otlp" else e for e in exporters)
 
 
-def _tracer_provider(resource, exporters: set[str], env: Mapping[str, str]):
+def _guarded(exporter, name: str, signal: str, env: Mapping[str, str], healths: list | None):
+    """An OTLP exporter wrapped to report its failures (one line a minute and a counter, not
+    the SDK's retry text: sidecar/export/otlp_health.py); the console one as it is."""
+    if name != "otlp" or healths is None:
+        return exporter
+    from .otlp_health import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, quiet_sdk_export_logs  # noqa: PLC0415
+
+    quiet_sdk_export_logs()
+    variable = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+    endpoint = env.get(variable, "").strip() or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    health = ExportHealth(signal, endpoint or str(getattr(exporter, "_endpoint", "")))
+    healths.append(health)
+    return (GuardedSpanExporter if signal == "traces" else GuardedMetricExporter)(exporter, health)
+
+
+def _tracer_provider(resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None):
     try:
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
@@ -755,7 +789,8 @@ def _tracer_provider(resource, exporters: set[str], env: Mapping[str, str]):
         # Sampler from OTEL_TRACES_SAMPLER. No atexit hook: serve() shuts down, bounded.
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for name in sorted(exporters):
-            provider.add_span_processor(BatchSpanProcessor(_span_exporter(name, env)))
+            exporter = _guarded(_span_exporter(name, env), name, "traces", env, healths)
+            provider.add_span_processor(BatchSpanProcessor(exporter))
         return provider
     except Exception:
         _log.exception("otel_traces_setup_failed")
@@ -774,12 +809,15 @@ def _span_exporter(name: str, env: Mapping[str, str]):
     return OTLPSpanExporter()
 
 
-def _meter_provider(resource, exporters: set[str], env: Mapping[str, str]):
+def _meter_provider(resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None):
     try:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # noqa: PLC0415
 
-        readers = [PeriodicExportingMetricReader(_metric_exporter(name, env)) for name in sorted(exporters)]
+        readers = [
+            PeriodicExportingMetricReader(_guarded(_metric_exporter(name, env), name, "metrics", env, healths))
+            for name in sorted(exporters)
+        ]
         return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     except Exception:
         _log.exception("otel_metrics_setup_failed")
