@@ -147,11 +147,11 @@ class ExportHealth:
             counter=f"{FAILURES_METRIC}_total",
         )
 
-    def healthy(self) -> bool:
+    def healthy(self, slow_after: float = SLOW_EXPORT_SECONDS) -> bool:
         """Whether a flush at shutdown can be expected to finish: the last export succeeded
-        and none has been running for :data:`SLOW_EXPORT_SECONDS`."""
+        and none has been running for ``slow_after`` seconds."""
         with self._lock:
-            slow = self._running_since is not None and self._clock() - self._running_since >= SLOW_EXPORT_SECONDS
+            slow = self._running_since is not None and self._clock() - self._running_since >= slow_after
             return self.successes > 0 and not self.failing and not slow
 
 

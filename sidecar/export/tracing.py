@@ -692,12 +692,20 @@ class TelemetryProviders:
         provider for an unreachable collector (export retries), which would eat the pod's
         termination grace period, so it runs in a daemon thread that is abandoned after
         ``timeout``: the spans are lost either way, the exit is not delayed. By default
-        :data:`SHUTDOWN_TIMEOUT_SECONDS` when every OTLP exporter has shown it can export,
-        else :data:`UNHEALTHY_SHUTDOWN_SECONDS`.
+        (``timeout`` None) up to :data:`SHUTDOWN_TIMEOUT_SECONDS` while every OTLP exporter
+        keeps showing it can export (its last export succeeded, none running for half a
+        second: a collector that answers does so in milliseconds), else
+        :data:`UNHEALTHY_SHUTDOWN_SECONDS`: a collector down, or gone at this moment, does not
+        hold an idle exit past a second.
         """
-        if timeout is None:
-            healthy = all(h.healthy() for h in self.healths)
-            timeout = SHUTDOWN_TIMEOUT_SECONDS if healthy else UNHEALTHY_SHUTDOWN_SECONDS
+        budget = SHUTDOWN_TIMEOUT_SECONDS if timeout is None else timeout
+
+        def worth_waiting(elapsed: float) -> bool:
+            if elapsed >= budget:
+                return False
+            if timeout is not None or elapsed < UNHEALTHY_SHUTDOWN_SECONDS:
+                return True
+            return all(h.healthy(slow_after=UNHEALTHY_SHUTDOWN_SECONDS) for h in self.healths)
 
         def run() -> None:
             for provider in (self.tracer_provider, self.meter_provider):
@@ -710,10 +718,16 @@ class TelemetryProviders:
 
         worker = threading.Thread(target=run, name="llm-sidecar-otel-shutdown", daemon=True)
         worker.start()
-        worker.join(timeout)
+        started = time.monotonic()
+        while worker.is_alive() and worth_waiting(time.monotonic() - started):
+            worker.join(0.05)
         if worker.is_alive():
-            failing = sorted({h.signal for h in self.healths if not h.healthy()})
-            _log.warning("otel_flush_incomplete", timeout_seconds=timeout, exporters_not_healthy=failing or None)
+            failing = sorted({h.signal for h in self.healths if not h.healthy(slow_after=UNHEALTHY_SHUTDOWN_SECONDS)})
+            _log.warning(
+                "otel_flush_incomplete",
+                waited_seconds=round(time.monotonic() - started, 2),
+                exporters_not_healthy=failing or None,
+            )
             return False
         return True
 

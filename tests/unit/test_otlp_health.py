@@ -116,3 +116,35 @@ def test_shutdown_waits_briefly_for_an_exporter_that_cannot_export():
     finally:
         release.set()
     assert time.monotonic() - started < UNHEALTHY_SHUTDOWN_SECONDS + 0.5
+
+
+def test_a_collector_gone_at_shutdown_does_not_hold_the_exit_and_a_working_one_is_waited_for():
+    import threading
+    import time
+
+    release = threading.Event()
+    health = ExportHealth("metrics")
+    health.started()
+    health.finished(True)  # it exported before
+
+    class FinalExportHangs:
+        def shutdown(self):  # the reader's last export, to a collector gone this moment
+            health.started()
+            release.wait(30)
+
+    started = time.monotonic()
+    try:
+        assert TelemetryProviders(None, FinalExportHangs(), [health]).shutdown() is False
+    finally:
+        release.set()
+    assert time.monotonic() - started < 1.0
+
+    class SlowButWorking:
+        def shutdown(self):  # exports that keep succeeding, 0.8 s in all
+            for _ in range(4):
+                health.started()
+                time.sleep(0.2)
+                health.finished(True)
+
+    health.finished(True)
+    assert TelemetryProviders(None, SlowButWorking(), [health]).shutdown() is True
