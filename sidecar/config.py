@@ -125,8 +125,9 @@ class Settings(BaseModel):
     max_series: int = Field(
         12_000,
         ge=1,
-        description="Series budget of /metrics: no new model or tenant label value is admitted while the "
-        "last rendered page held this many samples (llm_label_overflow_total counts what fell into 'other')",
+        description="Series budget of /metrics: the page never holds more samples. Counted before a series is "
+        "made, every family alike; a new model or tenant value gets its own label only while its series fit, "
+        "else 'other' (llm_label_overflow_total, llm_series_refused_total count what did not fit)",
     )
     tenant_header: str | None = Field(
         None,
