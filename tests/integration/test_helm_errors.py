@@ -9,6 +9,7 @@ to build one.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -81,3 +82,32 @@ def test_a_wrong_rules_value_fails_with_one_short_line(sets, reason):
     if reason is not None:
         assert reason in text
         assert text.count("\n") == 0, text
+
+
+# ------------------------------------------------------------------------------ monitoring-only defaults
+
+
+def engine_paths(*sets: str) -> list[str]:
+    args = [a for s in sets for a in ("--set", s)]
+    (monitor,) = sync.objects(sync.template(["--kube-version", sync.KUBE_VERSION, "--show-only", "templates/podmonitor.yaml", *args]))
+    return [e["path"] for e in monitor["spec"]["podMetricsEndpoints"]]
+
+
+MONITORING_ONLY = ("mode=monitoring-only", "existingServer.podSelector.app=my-vllm")
+
+
+def test_the_engine_scrape_is_off_in_monitoring_only_and_on_in_full_unless_set():
+    """A team that already scrapes vLLM would store every vllm:* series twice (and the Engine
+    queue panel's sums would double) if the chart scraped /metrics/engine as well."""
+    assert engine_paths() == ["/metrics", "/metrics/engine"]
+    assert engine_paths(*MONITORING_ONLY) == ["/metrics"]
+    assert engine_paths(*MONITORING_ONLY, "prometheus.monitor.engine.enabled=true") == ["/metrics", "/metrics/engine"]
+    assert engine_paths("prometheus.monitor.engine.enabled=false") == ["/metrics"]
+
+
+def test_monitoring_only_notes_are_the_checklist_with_the_server_flags():
+    notes = sync.render_extra(sync.NOTES_TEMPLATE, ["--kube-version", sync.KUBE_VERSION, *(a for s in MONITORING_ONLY for a in ("--set", s))])["text"]
+    for flag in ("--enable-force-include-usage", "--enable-per-request-metrics", "--enable-prompt-tokens-details"):
+        assert flag in notes
+    assert "not scraped by this release" in notes and "prometheus.monitor.engine.enabled=true" in notes
+    assert [int(n) for n in re.findall(r"^(\d)\. ", notes, re.MULTILINE)] == [1, 2, 3, 4, 5, 6]
