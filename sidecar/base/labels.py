@@ -124,6 +124,7 @@ class BoundedLabel:
         self.authoritative = False  # the upstream listed its values: only those pass
         self._earned: dict[str, float] = {}  # value -> last seen (monotonic)
         self._held: dict[str, int] = {}  # value -> requests in flight under it
+        self._starting: set[str] = set()  # listed names labelled at a start, not yet used
         self.on_overflow: Callable[[str], None] | None = None
         self.on_forget: Callable[[str], None] | None = None
 
@@ -138,8 +139,10 @@ class BoundedLabel:
                 self._earned[value] = self._clock()
             elif value in self._used:
                 self._used[value] = self._clock()
-            elif value in self._vouched and not self._fits():
-                return OTHER  # a listed name whose series would not fit: settle counts it
+            elif value in self._vouched:
+                if not self._fits():
+                    return OTHER  # a listed name whose series would not fit: settle counts it
+                self._starting.add(value)  # its start may make series before settle decides
             return value
         return OTHER
 
@@ -153,9 +156,11 @@ class BoundedLabel:
         if value in self._vouched:
             if value not in self._used:  # its first request: its series must fit
                 if not self._fits():
-                    if value not in self._held:  # what its start made (the in-flight row) goes
+                    if value in self._starting and value not in self._held:
+                        self._starting.discard(value)  # what its start made (in flight, bands) goes
                         self._forget(value)
                     return self._overflow("series_budget")
+                self._starting.discard(value)
             self._used[value] = self._clock()
             return value
         if value in self._earned:
@@ -240,6 +245,7 @@ class BoundedLabel:
 
     def _forget(self, value: str) -> None:
         self._used.pop(value, None)
+        self._starting.discard(value)
         if self.on_forget is not None:
             self.on_forget(value)
 
