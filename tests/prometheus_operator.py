@@ -1,0 +1,307 @@
+"""What the Prometheus Operator makes of rendered PodMonitors and PrometheusRules, for a real
+Prometheus with no Kubernetes around it (no kubelet or API server runs on these machines).
+
+Followed, line by line, from the operator's source at one version (and only what the chart's
+objects use; anything else is refused, never guessed):
+
+- prometheus-operator/prometheus-operator ``v0.93.0`` (commit
+  f8fafd475f3d132e239432ae6172de60a6cb6516), ``pkg/prometheus/promcfg.go``:
+  ``generatePodMonitorConfig`` (job name ``podMonitor/<ns>/<name>/<i>``, ``honor_labels``, the
+  pod role's namespaces from ``namespaceSelector`` else the monitor's own, then the relabelings
+  in this order: ``initRelabelings``, ``generateRunningFilter``, a keep per ``matchLabels`` key,
+  the port filter, ``namespace``/``container``/``pod``, ``podTargetLabels``, the default job
+  ``<monitor namespace>/<monitor name>``, ``jobLabel``, ``endpoint``, the endpoint's own
+  relabelings (``generateRelabelConfig``) followed by the enforced namespace label, then
+  ``appendShardingRelabelingWithAddress`` with one shard); ``metric_relabel_configs`` = the
+  endpoint's metric relabelings plus the enforced namespace label.
+- ``pkg/namespacelabeler/labeler.go`` (same commit): ``GetRelabelingConfigs`` appends
+  ``{target_label: <enforcedNamespaceLabel>, replacement: <monitor's namespace>}`` last, "to
+  ensure it overrides any other relabelings"; ``EnforceNamespaceLabel`` sets that label to the
+  PrometheusRule's namespace on every rule and injects ``<label>="<rule namespace>"`` into
+  every vector selector of every expression, dropping the selector's own matchers of that
+  label (prom-label-proxy's ``injectproxy.EnforceMatchers`` with ``errorOnReplace=false``).
+
+Kubernetes service discovery is replaced by static targets carrying the ``__meta_kubernetes_*``
+labels the pod role gives each container port (Prometheus ``discovery/kubernetes/pod.go``), one
+per declared port of every pod in the watched namespaces: the operator's own relabelings pick
+the monitor's pods and port, as they would in a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+OPERATOR_VERSION = "v0.93.0"
+OPERATOR_COMMIT = "f8fafd475f3d132e239432ae6172de60a6cb6516"
+
+_INVALID_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def sanitize(name: str) -> str:
+    """promcfg.go ``sanitizeLabelName`` (and the pod role's label names)."""
+    return _INVALID_LABEL_CHARS.sub("_", name)
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    ports: dict[str, str]
+    """Port name -> the address a scrape of it reaches here (``127.0.0.1:<port>``)."""
+    numbers: dict[str, int] = field(default_factory=dict)
+    """Port name -> the containerPort the manifest declares."""
+    init: bool = False
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    containers: tuple[Container, ...]
+    phase: str = "Running"
+
+
+def pod_targets(pods: Iterable[Pod], namespaces: Sequence[str] | None) -> list[dict]:
+    """The pod role's targets in ``namespaces`` (None: every namespace), as static groups."""
+    out = []
+    for pod in pods:
+        if namespaces is not None and pod.namespace not in namespaces:
+            continue
+        common = {
+            "__meta_kubernetes_namespace": pod.namespace,
+            "__meta_kubernetes_pod_name": pod.name,
+            "__meta_kubernetes_pod_phase": pod.phase,
+            "__meta_kubernetes_pod_ready": "true",
+        }
+        for key, value in pod.labels.items():
+            common[f"__meta_kubernetes_pod_label_{sanitize(key)}"] = value
+            common[f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"] = "true"
+        for container in pod.containers:
+            for port, address in container.ports.items():
+                labels = {
+                    **common,
+                    "__meta_kubernetes_pod_container_name": container.name,
+                    "__meta_kubernetes_pod_container_init": str(container.init).lower(),
+                    "__meta_kubernetes_pod_container_port_name": port,
+                    "__meta_kubernetes_pod_container_port_number": str(container.numbers.get(port, 0)),
+                    "__meta_kubernetes_pod_container_port_protocol": "TCP",
+                }
+                out.append({"targets": [address], "labels": labels})
+    return out
+
+
+def _relabel_config(rc: dict) -> dict:
+    """promcfg.go ``generateRelabelConfig``: the CRD's camelCase fields as Prometheus' keys."""
+    known = {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
+    unknown = set(rc) - known
+    if unknown:
+        raise NotImplementedError(f"relabeling fields not followed here: {sorted(unknown)}")
+    out: dict = {}
+    if rc.get("sourceLabels"):
+        out["source_labels"] = list(rc["sourceLabels"])
+    for crd, key in (("separator", "separator"), ("targetLabel", "target_label"), ("regex", "regex")):
+        if rc.get(crd):
+            out[key] = rc[crd]
+    if rc.get("modulus"):
+        out["modulus"] = rc["modulus"]
+    if "replacement" in rc:
+        out["replacement"] = rc["replacement"]
+    if rc.get("action"):
+        out["action"] = rc["action"].lower()
+    return out
+
+
+_ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "honorLabels", "filterRunning"}
+_SPEC_FIELDS = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
+
+
+def podmonitor_scrape_configs(
+    monitor: dict, pods: Iterable[Pod], enforced_namespace_label: str = "", scrape_interval: str | None = None
+) -> list[dict]:
+    """The scrape jobs the operator writes for ``monitor`` (a rendered PodMonitor, its
+    ``metadata.namespace`` set), over ``pods`` as the pod role would find them."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    if set(spec) - _SPEC_FIELDS:
+        raise NotImplementedError(f"PodMonitor fields not followed here: {sorted(set(spec) - _SPEC_FIELDS)}")
+    if spec["selector"].get("matchExpressions"):
+        raise NotImplementedError("matchExpressions")
+    selector = spec["namespaceSelector"] if "namespaceSelector" in spec else {}
+    # getNamespacesFromNamespaceSelector: any -> all; matchNames; else the monitor's own.
+    namespaces = None if selector.get("any") else (selector.get("matchNames") or [ns])
+    pods = list(pods)
+    out = []
+    for i, ep in enumerate(spec["podMetricsEndpoints"]):
+        if set(ep) - _ENDPOINT_FIELDS:
+            raise NotImplementedError(f"endpoint fields not followed here: {sorted(set(ep) - _ENDPOINT_FIELDS)}")
+        cfg: dict = {"job_name": f"podMonitor/{ns}/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False))}
+        cfg["static_configs"] = pod_targets(pods, namespaces)  # stands for kubernetes_sd_configs role pod
+        if ep.get("interval") or scrape_interval:
+            cfg["scrape_interval"] = scrape_interval or ep["interval"]
+        if ep.get("scrapeTimeout"):
+            cfg["scrape_timeout"] = ep["scrapeTimeout"]
+        if ep.get("path"):
+            cfg["metrics_path"] = ep["path"]
+        relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+        if ep.get("filterRunning", True):
+            relabel.append({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
+        for key in sorted(spec["selector"].get("matchLabels", {})):
+            value = spec["selector"]["matchLabels"][key]
+            relabel.append({
+                "action": "keep",
+                "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(key)}", f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"],
+                "regex": f"({value});true",
+            })  # fmt: skip
+        if ep.get("port"):
+            relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": ep["port"]})
+        relabel += [
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        ]
+        for label in spec.get("podTargetLabels", []):
+            relabel.append({
+                "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(label)}"],
+                "target_label": sanitize(label), "regex": "(.+)", "replacement": "${1}",
+            })  # fmt: skip
+        relabel.append({"target_label": "job", "replacement": f"{ns}/{name}"})
+        if spec.get("jobLabel"):
+            relabel.append({
+                "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(spec['jobLabel'])}"],
+                "target_label": "job", "regex": "(.+)", "replacement": "${1}",
+            })  # fmt: skip
+        if ep.get("port"):
+            relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
+        enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
+        relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
+        # appendShardingRelabelingWithAddress, one shard: the config reloader writes SHARD=0.
+        relabel += [
+            {"source_labels": ["__address__", "__tmp_hash"], "target_label": "__tmp_hash", "regex": "(.+);", "replacement": "$1", "action": "replace"},
+            {"source_labels": ["__tmp_hash"], "target_label": "__tmp_hash", "modulus": 1, "action": "hashmod"},
+            {"source_labels": ["__tmp_hash", "__tmp_disable_sharding"], "regex": "0;|.+;.+", "action": "keep"},
+        ]  # fmt: skip
+        cfg["relabel_configs"] = relabel
+        metric = [_relabel_config(rc) for rc in ep.get("metricRelabelings", [])] + enforced
+        if metric:
+            cfg["metric_relabel_configs"] = metric
+        out.append(cfg)
+    return out
+
+
+# ----------------------------------------------------------------------- rules
+
+
+_KEYWORDS = frozenset({
+    "and", "or", "unless", "offset", "bool", "inf", "nan", "atan2",
+    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+    "bottomk", "topk", "quantile", "limitk", "limit_ratio",
+})  # fmt: skip
+_LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_NUMBER = re.compile(r"(?:0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:ms|[smhdwy])*(?:[0-9]+(?:ms|[smhdwy]))*")
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!=|!~|=)\s*("(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')\s*')
+
+
+def _string_end(expr: str, i: int) -> int:
+    quote = expr[i]
+    j = i + 1
+    while expr[j] != quote:
+        j += 2 if expr[j] == "\\" and quote != "`" else 1
+    return j + 1
+
+
+def _brace_end(expr: str, i: int) -> int:
+    j = i + 1
+    while expr[j] != "}":
+        j = _string_end(expr, j) if expr[j] in "\"'`" else j + 1
+    return j + 1
+
+
+def _enforce_matchers(inner: str, label: str, value: str) -> str:
+    """``injectproxy.EnforceMatchers`` (errorOnReplace false, an equality): the selector's own
+    matchers of ``label`` are dropped and ``label="value"`` is appended."""
+    kept, pos = [], 0
+    while pos < len(inner):
+        m = _MATCHER.match(inner, pos)
+        if m is None:
+            raise ValueError(f"cannot read the matchers {{{inner}}}")
+        if m.group(1) != label:
+            kept.append(f"{m.group(1)}{m.group(2)}{m.group(3)}")
+        pos = m.end()
+        if pos < len(inner):
+            if inner[pos] != ",":
+                raise ValueError(f"cannot read the matchers {{{inner}}}")
+            pos += 1
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return ",".join([*kept, f'{label}="{escaped}"'])
+
+
+def enforce_expr(expr: str, label: str, value: str) -> str:
+    """``expr`` with ``label="value"`` enforced in every vector and matrix selector, as the
+    operator's ``EnforceNamespaceLabel`` does (a PromQL reader for the rules this repo
+    generates: selectors, functions, aggregations with label lists, binary operators,
+    strings, ranges, subqueries and offsets)."""
+    out: list[str] = []
+    i, n = 0, len(expr)
+    while i < n:
+        ch = expr[i]
+        if ch in "\"'`":
+            j = _string_end(expr, i)
+            out.append(expr[i:j])
+            i = j
+        elif ch == "[":
+            j = expr.index("]", i) + 1
+            out.append(expr[i:j])
+            i = j
+        elif ch == "{":  # a selector without a metric name
+            j = _brace_end(expr, i)
+            out.append("{" + _enforce_matchers(expr[i + 1 : j - 1], label, value) + "}")
+            i = j
+        elif ch.isdigit() or (ch == "." and i + 1 < n and expr[i + 1].isdigit()):
+            m = _NUMBER.match(expr, i)
+            assert m is not None and m.end() > i
+            out.append(m.group())
+            i = m.end()
+        elif ch.isalpha() or ch in "_:":
+            m = _IDENT.match(expr, i)
+            assert m is not None
+            word, j = m.group(), m.end()
+            k = j
+            while k < n and expr[k].isspace():
+                k += 1
+            if word in _LABEL_LISTS:
+                if k < n and expr[k] == "(":
+                    j = expr.index(")", k) + 1
+                out.append(expr[i:j])
+                i = j
+            elif word in _KEYWORDS or (k < n and expr[k] == "("):
+                out.append(word)  # an operator, an aggregation or a function
+                i = j
+            elif k < n and expr[k] == "{":
+                end = _brace_end(expr, k)
+                out.append(word + "{" + _enforce_matchers(expr[k + 1 : end - 1], label, value) + "}")
+                i = end
+            else:
+                out.append(word + "{" + _enforce_matchers("", label, value) + "}")
+                i = j
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def enforce_rules(spec: dict, label: str, namespace: str) -> dict:
+    """A PrometheusRule's ``spec`` as the operator writes it to Prometheus with
+    ``enforcedNamespaceLabel: <label>``, the PrometheusRule being in ``namespace``."""
+    groups = []
+    for group in spec["groups"]:
+        rules = []
+        for rule in group["rules"]:
+            rule = dict(rule)
+            rule["labels"] = {**rule.get("labels", {}), label: namespace}
+            rule["expr"] = enforce_expr(str(rule["expr"]), label, namespace)
+            rules.append(rule)
+        groups.append({**group, "rules": rules})
+    return {**spec, "groups": groups}
