@@ -170,6 +170,27 @@ METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.opera
 UNIT_SECONDS = "s"
 UNIT_TOKENS = "{token}"
 
+# -- metrics in our own namespace (issue 34), recorded beside the GenAI ones ------------------
+# No GenAI convention names these (checked against the genai repository's gen-ai-metrics.md,
+# client-inference.md and token-metrics.yaml at the commits above): its metrics time the
+# operation, the first chunk and each chunk, and count tokens; ``gen_ai.invoke_agent.
+# tool_calls`` counts an *agent invocation's* tool calls (one point per invoke_agent span),
+# not an inference response's, and nothing times tool calls, splits the first chunk by prefix
+# cache or judges a request's own objectives. So ``llm_sidecar.client.*``: ``client`` as in
+# ``gen_ai.client.*`` (the sidecar measures as the server's client), and apart from the span
+# attributes of the same figures (``llm_sidecar.time_to_first_tool_call`` ...).
+METRIC_OWN_TTFT_BY_CACHE = "llm_sidecar.client.time_to_first_token_by_cache"  # + llm_sidecar.cache.class
+METRIC_OWN_TIME_TO_FIRST_TOOL_CALL = "llm_sidecar.client.time_to_first_tool_call"
+METRIC_OWN_TOOL_CALL_ASSEMBLY = "llm_sidecar.client.tool_call.assembly_duration"  # one point per call
+METRIC_OWN_TOOL_CALLS = "llm_sidecar.client.tool_calls"  # per response with a call
+METRIC_OWN_REQUEST_OBJECTIVES = "llm_sidecar.client.request.objectives"  # counter, + name, result
+METRIC_OWN_REQUEST_OBJECTIVE_INVALID = "llm_sidecar.client.request.objective_invalid"  # counter, + name
+LLM_SIDECAR_OBJECTIVE_NAME = "llm_sidecar.objective.name"  # ttft | tpot | all
+LLM_SIDECAR_OBJECTIVE_RESULT = "llm_sidecar.objective.result"  # met | missed
+UNIT_TOOL_CALLS = "{tool_call}"  # as gen_ai.invoke_agent.tool_calls
+UNIT_REQUESTS = "{request}"
+UNIT_HEADERS = "{header}"
+
 # gen-ai-metrics.md gives the three duration metrics the same boundaries.
 BUCKETS_CLIENT_SECONDS: tuple[float, ...] = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,

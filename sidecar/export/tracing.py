@@ -57,6 +57,7 @@ from ..base.outcomes import Outcome
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline, TokenCountSource
+from .otel_own_metrics import OwnInstruments
 
 __all__ = [
     "RequestTelemetry",
@@ -179,6 +180,7 @@ class _Instruments:
     def __init__(self, meter_provider, *, latest: bool = False) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
         self.latest = latest
+        self.own = OwnInstruments(meter_provider)  # our namespace: what the conventions do not name
         self.duration = meter.create_histogram(
             sc.METRIC_CLIENT_INFERENCE_DURATION if latest else sc.METRIC_CLIENT_OPERATION_DURATION,
             unit=sc.UNIT_SECONDS,
@@ -541,6 +543,7 @@ class RequestTelemetry:
             record = ins.tpoc.record
             for gap in t.chunk_gaps():
                 record(gap, attrs)
+        ins.own.record(t, attrs, self._objectives, ctx)
         if ins.latest:
             _record_usage_latest(ins, t, attrs, ctx)
             return
