@@ -535,7 +535,7 @@ def test_dashboard_configmaps_equal_the_dashboards(parsed):
         # The release's own copy: its uid and title name the release (test_helm_dashboards.py).
         got, want = json.loads(cm["data"][path.name]), json.loads(path.read_text(encoding="utf-8"))
         assert got["uid"].startswith(want["uid"] + "-") and got["title"] == f"{want['title']} (llm/llm-sidecar)"
-        assert {**got, "uid": want["uid"], "title": want["title"]} == want
+        assert {**got, "uid": want["uid"], "title": want["title"], "templating": want["templating"]} == want
         assert len(json.dumps(cm).encode()) < 1 << 20, "a ConfigMap holds at most 1 MiB"
 
 

@@ -109,14 +109,25 @@ def plain(spec_data: dict) -> dict[str, dict]:
     return build_dashboards(parse_spec(spec_data))
 
 
+def release_variable(d: dict) -> dict:
+    (variable,) = [v for v in d["templating"]["list"] if v["name"] == "llm_release"]
+    return variable
+
+
 def without_release(d: dict, like: dict) -> dict:
+    """``d`` with ``like``'s uid, title and release variable: what a release changes."""
+    d = copy.deepcopy(d)
+    release_variable(d)["current"] = release_variable(like)["current"]
     return {**d, "uid": like["uid"], "title": like["title"]}
 
 
 def test_with_the_default_values_each_is_the_committed_dashboard():
     for name, got in by_file(dashboards()).items():
         want = json.loads((ROOT / "dashboards" / name).read_text(encoding="utf-8"))
-        assert got["uid"].startswith(want["uid"] + "-") and got["title"].startswith(want["title"] + " (")
+        assert got["uid"].startswith(want["uid"] + "-") and got["title"] == f"{want['title']} (llm/llm-sidecar)"
+        # It opens on its own release (the label its monitors give its series), not on All.
+        assert release_variable(got)["current"]["value"] == ["llm/llm-sidecar"]
+        assert release_variable(want)["current"]["value"] == "$__all"
         assert without_release(got, want) == want, name
 
 

@@ -14,9 +14,9 @@ same number from the release's values, formatted as the generator formats it (``
 Per-model overrides from values (``prometheus.rules.modelOverrides``) are added where the
 spec's own overrides would be: each overridden model's target line and its own threshold in
 the breakdown (both as ``(override) or (default)`` in one query), its target as the SLI
-stat's colour, and a sentence in the descriptions. With the default values, ``helm
-template`` gives the committed ``dashboards/*.json`` but for uid and title (a test checks
-it); the plain files stay the one copy for a cluster-wide install (``kubectl apply -k
+stat's colour, and a sentence in the descriptions. Each copy opens on its own release (the
+``llm_release`` variable's current value). With the default values, ``helm template`` gives
+the committed ``dashboards/*.json`` but for uid, title and that value (a test checks it); the plain files stay the one copy for a cluster-wide install (``kubectl apply -k
 dashboards/``).
 """
 
@@ -272,10 +272,16 @@ def _json(text: str) -> str:
 
 
 def _release_marks(data: dict, marks: dict[str, str]) -> None:
+    """The release's uid and title, and its own series selected when the dashboard opens (the
+    release variable's current value: ``<namespace>/<fullname>``, as its monitors label them)."""
     base_uid, base_title = data["uid"], data["title"]
     marks["@@uid@@"] = f'{{{{ include "llm-sidecar.dashboardUid" (list $ "{base_uid}") }}}}'
     marks["@@title@@"] = f'{{{{ include "llm-sidecar.dashboardTitle" (list $ "{_json(base_title)}") }}}}'
+    marks["@@release@@"] = '{{ $.Release.Namespace }}/{{ include "llm-sidecar.fullname" $ }}'
     data["uid"], data["title"] = "@@uid@@", "@@title@@"
+    for variable in data.get("templating", {}).get("list", []):
+        if variable.get("name") == c.LABEL_RELEASE:
+            variable["current"] = {"selected": True, "text": ["@@release@@"], "value": ["@@release@@"]}
 
 
 def _finish(data: dict, marks: dict[str, str], replacements: _Replacements | None = None) -> str:
