@@ -111,3 +111,15 @@ def test_monitoring_only_notes_are_the_checklist_with_the_server_flags():
         assert flag in notes
     assert "not scraped by this release" in notes and "prometheus.monitor.engine.enabled=true" in notes
     assert [int(n) for n in re.findall(r"^(\d)\. ", notes, re.MULTILINE)] == [1, 2, 3, 4, 5, 6]
+
+
+FAIL = re.compile(r'fail (?:\(printf )?"((?:[^"\\]|\\.)*)"')
+
+
+def test_every_refusal_in_a_tpl_file_also_runs_first_from_a_template():
+    """A `fail` that only the rules' or dashboards' tpl reaches prints that whole file before
+    its sentence: each must also be in a named template that templates/validate.yaml runs."""
+    templates = "".join(p.read_text(encoding="utf-8") for p in (CHART / "templates").glob("*.tpl"))
+    for path in [*(CHART / "files" / "rules").glob("*.yaml"), *(CHART / "files" / "dashboard-templates").glob("*.json")]:
+        for message in FAIL.findall(path.read_text(encoding="utf-8")):
+            assert message in templates, f"{path.name}: {message!r} fails only inside tpl"
