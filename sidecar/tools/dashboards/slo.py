@@ -115,7 +115,7 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "rules rendered from the SLO spec): burn-rate alerts of the selected deployments, plus "
             "LLMSidecarDown and LLMNoTrafficData. page: act now; ticket: within working hours; "
             "info: LLMSLOHistoryShort, the error budget covers less than the period (a young "
-            "deployment, or Prometheus keeps too little history: see the README's Retention). "
+            "deployment, or Prometheus keeps too little history: see Retention in docs/slo.md). "
             "The Helm chart's critical and warning count as page and ticket.",
             [
                 Query(f"count({_alerts_selector(spec, severity)}) or on () vector(0)", severity)
@@ -130,8 +130,8 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "Firing alerts",
             "One line per firing alert with its labels: slo and model say which objective is "
             "burning, long_window and short_window which arm fired (both windows burned faster "
-            "than its factor). Empty when nothing fires. The runbook for each alert is in the "
-            "README (section 'SLOs and alerts').",
+            "than its factor). Empty when nothing fires. Each alert's runbook_url annotation "
+            "links to its section of docs/runbooks.md (the runbooks shipped with llm-sidecar).",
             Query(_alerts_selector(spec)),
             "short",
             w=10,
