@@ -152,6 +152,7 @@ def _stand_in(spec: SLOSpec, out: _Replacements) -> SLOSpec:
 
 
 def _walk(node: Any):
+    """Every JSON object in ``node``, outermost first (panels, rows' panels, queries)."""
     if isinstance(node, dict):
         yield node
         for v in node.values():
@@ -169,8 +170,8 @@ def _override_value(objective: str, key: str) -> str:
 def _mark_overrides(data: dict, spec: SLOSpec, stand_in: SLOSpec, marks: dict[str, str]) -> None:
     """Put a marker where values' per-model overrides add to the SLO dashboard: before each
     objective's target line and breakdown query (``(override) or`` per overridden model), in
-    its SLI stat's field overrides (the model's own target colour), and after its
-    descriptions' first sentence that names the target."""
+    its SLI stat's field overrides (the model's own target colour), at the end of its SLI
+    panels' descriptions (a sentence per override) and of its row's title (their count)."""
     by_name = {o.name: o for o in stand_in.objectives}
     for panel in _walk(data):
         targets = panel.get("targets")
