@@ -110,3 +110,17 @@ def test_listing_bodies_are_decoded_within_the_bound():
     assert decoded_listing(gzip.compress(doc)[:-6], "gzip") is None  # truncated
     bomb = gzip.compress(b" " * (MAX_LISTING_BYTES + 1))
     assert len(bomb) < 10_000 and decoded_listing(bomb, "gzip") is None  # never expanded past the bound
+
+
+def test_every_labelled_family_of_a_built_sidecar_is_gated():
+    """Whoever adds a family (in SidecarMetrics, CapacityMetrics or after them), it counts
+    against the budget before its series exist: a family registered after the gate's
+    guard() in build_sidecar would fail here."""
+    from sidecar.export.prometheus_internals import MetricWrapperBase, is_labelled_parent
+
+    reg = CollectorRegistry()
+    build_sidecar(Settings(upstream="http://127.0.0.1:9", tenant_header="X-Tenant"), reg, access_log=False)
+    labelled = [c for c in reg._collector_to_names if isinstance(c, MetricWrapperBase) and is_labelled_parent(c)]
+    assert len(labelled) > 20
+    ungated = [c._name for c in labelled if "labels" not in vars(c)]
+    assert not ungated, ungated
