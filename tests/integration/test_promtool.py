@@ -331,3 +331,76 @@ def test_one_spec_per_deployment_side_by_side_in_one_prometheus(tmp_path):
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
     result = promtool("test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------- judged on misses alone
+
+# A TTFT objective with `cache_class: none` reads llm_time_to_first_token_by_cache_seconds
+# {cache="none"}: prefill, which cache hits would hide. Both objectives 95% <= 2.0s (budget
+# 5%), steady traffic of one model, a minute apart:
+#   every request (TTFT histogram): 1000, of which 990 within 2.0s -> 1% bad, burn 0.2: quiet.
+#   misses (cache="none"): 100, of which 80 within 2.0s -> 20% bad, burn 4: above the
+#     ticket arms' 3 (1d/2h) and 1 (3d/6h), below the pages' 14.4 and 6.
+#   hits (cache="most"): 900, all within 2.0s. Read together with the misses (a rule that
+#     left out the class matcher), 20 of 1000 bad -> burn 0.4: no alert at all.
+PREFILL_SPEC = {
+    "version": 1,
+    "objectives": [
+        {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 2.0},
+        {"name": "ttft-prefill", "sli": "ttft", "target": 95, "threshold_seconds": 2.0, "cache_class": "none"},
+    ],
+}
+
+
+def _histogram(name: str, labels: str, per_minute: dict[str, int]) -> list[dict]:
+    out = [{"series": f"{name}_count{{{labels}}}", "values": f"0+{per_minute['+Inf']}x60"}]
+    for le, n in per_minute.items():
+        out.append({"series": f'{name}_bucket{{{labels},le="{le}"}}', "values": f"0+{n}x60"})
+    return out
+
+
+def test_a_prefill_objective_burns_on_misses_that_hits_would_hide(tmp_path):
+    rules = tmp_path / "prefill-rules.yaml"
+    rules.write_text(render_rules(generate(parse_spec(copy.deepcopy(PREFILL_SPEC)))), encoding="utf-8")
+    check = promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
+    assert check.returncode == 0, check.stdout + check.stderr
+    route = 'model="m",route="/v1/chat/completions"'
+    series = [
+        *_histogram("llm_time_to_first_token_seconds", f'{route},prompt_class="all"', {"2.0": 990, "+Inf": 1000}),
+        *_histogram("llm_time_to_first_token_by_cache_seconds", f'{route},cache="none"', {"2.0": 80, "+Inf": 100}),
+        *_histogram("llm_time_to_first_token_by_cache_seconds", f'{route},cache="most"', {"2.0": 900, "+Inf": 900}),
+    ]
+    tickets = [
+        'ALERTS{alertname="LLMTTFTPrefillBurnRate",alertstate="firing",severity="ticket",slo="ttft-prefill",'
+        f'model="m",long_window="{long}",short_window="{short}"}}'
+        for long, short in (("1d", "2h"), ("3d", "6h"))
+    ]
+    test = {
+        "rule_files": [rules.name],
+        "evaluation_interval": "10m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": "round(llm:burn_rate:ratio_rate1h * 1000) / 1000",
+                        "eval_time": "1h",
+                        "exp_samples": [
+                            {"labels": '{slo="ttft",model="m"}', "value": 0.2},
+                            {"labels": '{slo="ttft-prefill",model="m"}', "value": 4},
+                        ],
+                    },
+                    {
+                        "expr": 'ALERTS{alertname=~"LLMTTFT.*BurnRate"}',
+                        "eval_time": "1h",
+                        "exp_samples": [{"labels": a, "value": 1} for a in tickets],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "prefill.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
+    result = promtool("test", "rules", path.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -38,6 +38,7 @@ ALL_KINDS_SPEC = {
         {"name": "itl", "sli": "itl", "target": 99, "threshold_seconds": 0.1},
         {"name": "e2e", "sli": "e2e", "target": 99, "threshold_seconds": 30.0},
         {"name": "ttft-long", "sli": "ttft", "target": 90, "threshold_seconds": 10.0, "prompt_class": "all"},
+        {"name": "ttft-prefill", "sli": "ttft", "target": 95, "threshold_seconds": 1.0, "cache_class": "none"},
     ],
 }
 

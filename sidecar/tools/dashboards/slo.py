@@ -236,7 +236,7 @@ def _breakdown_query(scope: Scope) -> str:
         bad = sum_rate(c.REQUESTS_TOTAL, by, [("outcome", "=", "error"), *sm])
         total = sum_rate(c.REQUESTS_TOTAL, by, [("outcome", "!=", "cancelled"), *sm])
         return ratio_or_zero(bad, total)
-    latency = c.LATENCY_SLIS[sli]
+    latency = c.latency_sli(sli, scope.objective.cache_class)
     base = [(k, "=", v) for k, v in latency.matchers] + sm
     le = floatToGoString(scope.threshold)  # the bucket bound as the sidecar and the rules write it
     total = sum_rate(f"{latency.histogram}_count", by, base)

@@ -47,6 +47,10 @@ __all__ = [
     "sli_events_record",
     "LatencySLI",
     "LATENCY_SLIS",
+    "LABEL_CACHE",
+    "TTFT_BY_CACHE_HISTOGRAM",
+    "CACHE_CLASSES_JUDGED",
+    "latency_sli",
     "SLI_KINDS",
     "sli_error_record",
     "burn_rate_record",
@@ -129,6 +133,32 @@ LATENCY_SLIS: dict[str, LatencySLI] = {
 }  # fmt: skip
 
 SLI_KINDS: tuple[str, ...] = ("availability", *LATENCY_SLIS)
+
+LABEL_CACHE = "cache"
+"""On ``llm_time_to_first_token_by_cache_seconds`` only: the prefix-cache class."""
+TTFT_BY_CACHE_HISTOGRAM = "llm_time_to_first_token_by_cache_seconds"
+CACHE_CLASSES_JUDGED: tuple[str, ...] = ("none", "partial", "most")
+"""The cache classes a TTFT objective may be judged on (``cache_class`` in the spec); not
+``unknown``: a server that does not report cached tokens gives nothing to judge a class on."""
+_CACHE_EVENTS = {
+    "none": "streamed requests that missed the prefix cache",
+    "partial": "streamed requests with under half the prompt cached",
+    "most": "streamed requests with half or more of the prompt cached",
+}
+
+
+def latency_sli(sli: str, cache_class: str | None = None) -> LatencySLI:
+    """The histogram an objective reads. With ``cache_class`` (TTFT only), the companion
+    histogram by prefix-cache class (sidecar/export/metrics.py, the same TTFT buckets), narrowed
+    to that class: ``none`` judges prefill alone, as the cache neither helped nor hid it."""
+    if cache_class is None:
+        return LATENCY_SLIS[sli]
+    if sli != "ttft" or cache_class not in _CACHE_EVENTS:
+        raise ValueError(f"no latency SLI for {sli} in cache class {cache_class!r}")
+    return LatencySLI(
+        TTFT_BY_CACHE_HISTOGRAM, TTFT_BUCKETS, ((LABEL_CACHE, cache_class),),
+        _CACHE_EVENTS[cache_class], "time to first token",
+    )  # fmt: skip
 
 # Recording rules.
 ERROR_BUDGET_REMAINING = f"{LEVEL}:error_budget_remaining:ratio"

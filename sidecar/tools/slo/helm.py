@@ -473,7 +473,7 @@ def schema_section(spec: SLOSpec) -> dict[str, Any]:
         entry: dict[str, Any] = {"target": target}
         required = ["target"]
         if o.sli != "availability":
-            latency = c.LATENCY_SLIS[o.sli]
+            latency = c.latency_sli(o.sli, o.cache_class)
             as_text = sorted({format(b, "g") for b in latency.buckets} | {floatToGoString(b) for b in latency.buckets}, key=lambda t: (float(t), t))
             entry["thresholdSeconds"] = {
                 "enum": [*latency.buckets, *as_text],

@@ -176,7 +176,7 @@ def sli_event_exprs(
         # The error series appears only after a first error: "or 0 * total" keeps a ratio
         # (of 0) for groups that never failed.
         return f"{bad} or 0 * {total}", total
-    latency = c.LATENCY_SLIS[sli]
+    latency = c.latency_sli(sli, scope.objective.cache_class)  # cache_class: the TTFT-by-cache histogram
     assert scope.threshold is not None  # validated by the spec
     base = [(k, "=", v) for k, v in latency.matchers]
     if scope.objective.prompt_class is not None:
@@ -201,7 +201,7 @@ def objective_text(scope: Scope, numbers: Numbers = LITERAL) -> str:
     sli = scope.objective.sli
     if sli == "availability":
         return f"{target}% of requests succeed (client cancellations not counted)"
-    latency = c.LATENCY_SLIS[sli]
+    latency = c.latency_sli(sli, scope.objective.cache_class)
     measure = latency.measure
     if scope.objective.prompt_class is not None:
         measure += f" (prompt class {scope.objective.prompt_class})"

@@ -12,6 +12,7 @@
         target: 95                   # percent of events that must be good
         threshold_seconds: 2.0       # latency SLIs: a histogram bucket bound
         prompt_class: le1024         # ttft only: one prompt-length class (sidecar --ttft-prompt-classes)
+        cache_class: none            # ttft only: prefix-cache misses alone (prefill); or partial, most
         models:                      # per-model overrides of target and/or threshold
           my-405b: {threshold_seconds: 5.0}
     alerts:
@@ -49,7 +50,7 @@ from pydantic import (
     model_validator,
 )
 
-from .conventions import LABEL_TENANT, LATENCY_SLIS, SLI_KINDS, TENANT_SLIS
+from .conventions import LABEL_TENANT, SLI_KINDS, TENANT_SLIS, latency_sli
 from .windows import (
     ARM_NAMES,
     WORKBOOK_WINDOWS,
@@ -113,8 +114,8 @@ def _check_target(value: float) -> float:
     return value
 
 
-def _check_threshold(sli: str, value: float) -> None:
-    latency = LATENCY_SLIS[sli]
+def _check_threshold(sli: str, value: float, cache_class: str | None = None) -> None:
+    latency = latency_sli(sli, cache_class)
     if float(value) not in latency.buckets:
         bounds = ", ".join(format(b, "g") for b in latency.buckets)
         raise ValueError(
@@ -167,6 +168,11 @@ class Objective(BaseModel):
     threshold_seconds: float | None = None
     prompt_class: str | None = Field(None, pattern=PROMPT_CLASS_PATTERN)
     """TTFT only: count only requests of this prompt-length class (``le1024``, ``gt8192``, ...)."""
+    cache_class: Literal["none", "partial", "most"] | None = None
+    """TTFT only: count only requests of this prefix-cache class, from the companion histogram
+    ``llm_time_to_first_token_by_cache_seconds``. ``none`` judges the misses alone: prefill
+    speed, which hits would otherwise hide (and a cache that stops hitting would otherwise
+    burn). Requests whose server did not report cached tokens (``unknown``) are left out."""
     models: dict[str, ModelOverride] = Field(default_factory=dict)
 
     @field_validator("target")
@@ -180,6 +186,15 @@ class Objective(BaseModel):
             raise ValueError("models: a model name is empty")
         if self.prompt_class is not None and self.sli != "ttft":
             raise ValueError(f"prompt_class applies to ttft objectives only (the TTFT histogram has it), not {self.sli}")
+        if self.cache_class is not None:
+            if self.sli != "ttft":
+                raise ValueError(
+                    f"cache_class applies to ttft objectives only (TTFT by cache class is measured), not {self.sli}"
+                )
+            if self.prompt_class is not None:
+                raise ValueError(
+                    "cache_class and prompt_class cannot be combined: the TTFT-by-cache histogram has no prompt_class"
+                )
         if self.sli == "availability":
             if self.threshold_seconds is not None:
                 raise ValueError("availability has no threshold_seconds (it counts server errors)")
@@ -189,11 +204,11 @@ class Objective(BaseModel):
             return self
         if self.threshold_seconds is None:
             raise ValueError(f"a {self.sli} objective needs threshold_seconds (a histogram bucket bound)")
-        _check_threshold(self.sli, self.threshold_seconds)
+        _check_threshold(self.sli, self.threshold_seconds, self.cache_class)
         for model, o in self.models.items():
             if o.threshold_seconds is not None:
                 try:
-                    _check_threshold(self.sli, o.threshold_seconds)
+                    _check_threshold(self.sli, o.threshold_seconds, self.cache_class)
                 except ValueError as exc:
                     raise ValueError(f"models.{model}: {exc}") from None
         return self
@@ -343,6 +358,11 @@ class SLOSpec(BaseModel):
                     raise ValueError(
                         f"objectives.{o.name}: grouping by {LABEL_TENANT} needs an SLI whose series carry it "
                         f"({', '.join(sorted(TENANT_SLIS))}); {o.sli} has no {LABEL_TENANT} label"
+                    )
+                if o.cache_class is not None:
+                    raise ValueError(
+                        f"objectives.{o.name}: grouping by {LABEL_TENANT} cannot judge a cache_class: "
+                        f"the TTFT-by-cache histogram has no {LABEL_TENANT} label"
                     )
         return self
 
