@@ -383,6 +383,7 @@ class SidecarMetrics:
             # through the proxy port): one count apart, so it never forms an SLO of its own
             # (model "unknown", route "other") nor dilutes the real requests' error ratio.
             self.non_api.labels(method_label(t.method), code, outcome).inc()
+            self._record_overhead(t)  # the sidecar's own cost, whatever it relayed
             return
         tenant = self._tenant(t)
         error_type = error_type_label(t.outcome, t.error_type)
@@ -414,12 +415,7 @@ class SidecarMetrics:
             ):
                 if value is not None:
                     hist.labels(*mr).observe(value)
-        overhead = t.request_overhead
-        if overhead is not None:
-            self._overhead_request.observe(overhead)
-        overhead = t.response_overhead
-        if overhead is not None:
-            self._overhead_response.observe(overhead)
+        self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr, *tenant).inc()
         self._record_objectives(t, mr, tenant)
@@ -435,6 +431,14 @@ class SidecarMetrics:
         if judgement is not None:
             for name, met in judgement.verdicts():
                 self.request_objectives.labels(*mr, name, "met" if met else "missed", *tenant).inc()
+
+    def _record_overhead(self, t: RequestTimeline) -> None:
+        overhead = t.request_overhead
+        if overhead is not None:
+            self._overhead_request.observe(overhead)
+        overhead = t.response_overhead
+        if overhead is not None:
+            self._overhead_response.observe(overhead)
 
     def _tenant(self, t: RequestTimeline) -> tuple[str, ...]:
         """The tenant label value as a 0- or 1-tuple to splat after the other labels."""
