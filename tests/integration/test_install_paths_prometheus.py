@@ -9,7 +9,9 @@ The paths (docs/kubernetes.md "Install paths"), all at once in one Prometheus, a
 - monitoring-only beside a server in another namespace: ``watch`` in monitoring,
   ``podSelector.app=vllm-b``, ``existingServer.namespaces={inference}``;
 - the plain manifests, deploy/kubernetes/ as committed, applied with ``kubectl apply -n prod``
-  (not the docs' example namespace, llm).
+  (not the docs' example namespace, llm); in the enforcing Prometheus only, once more in
+  staging (the plain rules select their name in any namespace, so two plain installs judge
+  apart only where each PrometheusRule sees its own namespace).
 
 Each pod is a real ``llm-sidecar serve`` process in front of one ``llm-sidecar simulate``;
 each rendered PodMonitor becomes the scrape jobs the Prometheus Operator would write for it
@@ -81,6 +83,8 @@ class InstallPath:
     objects: list[dict]
     pods: list[tuple[str, dict[str, str], list[dict], list[dict]]]
     """(namespace, labels, containers, init containers) of each pod it serves."""
+    enforced_only: bool = False
+    """Only where Prometheus enforces namespaces (a second plain install of the same name)."""
 
     @property
     def release(self) -> str:
@@ -129,6 +133,10 @@ def install_paths(chart: Path = CHART, deploy: Path = DEPLOY) -> list[InstallPat
     plain = [o for f in ("llm-sidecar.yaml", "monitoring.yaml") for o in yaml.safe_load_all((deploy / f).read_text(encoding="utf-8")) if o]
     plain = _in_namespace(plain, "prod")
     paths.append(InstallPath("plain-manifests-prod", "prod", "llm-sidecar", plain, [("prod", *_template(plain))]))
+    # The plain rules select their name in any namespace: a second plain install judges apart
+    # from the first only where each PrometheusRule sees its own namespace (docs/kubernetes.md).
+    staging = _in_namespace([{**o, "metadata": {k: v for k, v in o["metadata"].items() if k != "namespace"}} for o in plain], "staging")
+    paths.append(InstallPath("plain-manifests-staging", "staging", "llm-sidecar", staging, [("staging", *_template(staging))], True))
     return paths
 
 
@@ -164,6 +172,7 @@ class Prom:
     enforced: bool
     proc: subprocess.Popen
     base: str
+    paths: list[InstallPath]
 
     def namespace(self, path: InstallPath, pod_namespace: str) -> str:
         """The ``namespace`` a series of ``path`` carries: the pod's, or with
@@ -274,9 +283,9 @@ async def test_every_install_path_pages_right_in_a_real_prometheus(tools, tmp_pa
         for sc in sidecars.values():
             sc.ports()
         pods = [
-            operator.Pod(f"{path.fullname}-7f9c{i}-x{n}", ns, labels,
-                         tuple(_containers(containers, False, sidecars[path.key, i], upstream)
-                               + _containers(init, True, sidecars[path.key, i], upstream)))
+            (path, operator.Pod(f"{path.fullname}-7f9c{i}-x{n}", ns, labels,
+                                tuple(_containers(containers, False, sidecars[path.key, i], upstream)
+                                      + _containers(init, True, sidecars[path.key, i], upstream))))
             for n, path in enumerate(paths)
             for i, (ns, labels, containers, init) in enumerate(path.pods)
         ]  # fmt: skip
@@ -284,10 +293,12 @@ async def test_every_install_path_pages_right_in_a_real_prometheus(tools, tmp_pa
             label = "namespace" if enforced else ""
             work = tmp_path / ("enforced" if enforced else "plain")
             work.mkdir()
+            mine = [p for p in paths if enforced or not p.enforced_only]
+            cluster = [pod for path, pod in pods if path in mine]
             files, jobs = [], []
-            for path in paths:
+            for path in mine:
                 for monitor in path.of_kind("PodMonitor"):
-                    jobs += operator.podmonitor_scrape_configs(monitor, pods, label)
+                    jobs += operator.podmonitor_scrape_configs(monitor, cluster, label)
                 (rule,) = path.of_kind("PrometheusRule")
                 spec = operator.enforce_rules(rule["spec"], label, path.namespace) if enforced else rule["spec"]
                 file = work / f"{path.key}.yaml"
@@ -299,7 +310,8 @@ async def test_every_install_path_pages_right_in_a_real_prometheus(tools, tmp_pa
                 "scrape_configs": jobs,
             }
             proc, port = start_prometheus(tools, work, config)
-            proms.append(Prom("enforcedNamespaceLabel" if enforced else "plain", enforced, proc, f"http://127.0.0.1:{port}"))
+            name = "enforcedNamespaceLabel" if enforced else "no enforcedNamespaceLabel"
+            proms.append(Prom(name, enforced, proc, f"http://127.0.0.1:{port}", mine))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             async with session.get(f"http://{upstream}/v1/models") as r:
                 model = (await r.json())["data"][0]["id"]
@@ -325,8 +337,8 @@ async def _run(session, paths: list[InstallPath], sidecars, proms: list[Prom], m
 
     # 1. Healthy: targets, records and quiet alerts, in both Prometheus.
     for prom in proms:
-        await _until(lambda prom=prom: _targets_wrong(session, prom, paths), f"{prom.name}: targets", traffic=healthy)
-        await _until(lambda prom=prom: _records_missing(session, prom, paths), f"{prom.name}: SLO records", traffic=healthy)
+        await _until(lambda prom=prom: _targets_wrong(session, prom), f"{prom.name}: targets", traffic=healthy)
+        await _until(lambda prom=prom: _records_missing(session, prom), f"{prom.name}: SLO records", traffic=healthy)
         await _until(lambda prom=prom: prom.active(session), f"{prom.name}: healthy, yet alerts", traffic=healthy)
         assert await prom.query(session, 'count({deployment!=""})') == [], f"{prom.name}: a series carries deployment"
 
@@ -375,11 +387,11 @@ async def _not_ready(session: aiohttp.ClientSession, prom: Prom) -> list:
         return ["not listening"]
 
 
-async def _targets_wrong(session: aiohttp.ClientSession, prom: Prom, paths: list[InstallPath]) -> list:
+async def _targets_wrong(session: aiohttp.ClientSession, prom: Prom) -> list:
     """Each path's sidecar job scrapes exactly its own pods, up, with the operator's labels."""
     targets = (await _api(session, prom.base, "targets", state="active"))["activeTargets"]
     problems = []
-    for path in paths:
+    for path in prom.paths:
         (monitor,) = path.of_kind("PodMonitor")
         pool = f"podMonitor/{path.namespace}/{monitor['metadata']['name']}/0"
         got = sorted(
@@ -395,9 +407,9 @@ async def _targets_wrong(session: aiohttp.ClientSession, prom: Prom, paths: list
     return problems
 
 
-async def _records_missing(session: aiohttp.ClientSession, prom: Prom, paths: list[InstallPath]) -> list:
+async def _records_missing(session: aiohttp.ClientSession, prom: Prom) -> list:
     problems = []
-    for path in paths:
+    for path in prom.paths:
         (ns, *_), *_ = path.pods
         result = await prom.query(
             session, f'group by (__name__, slo, namespace) ({{__name__=~"llm:.+",{LABEL_RELEASE}="{path.release}"}})'
