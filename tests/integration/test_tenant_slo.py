@@ -71,7 +71,7 @@ def series(name: str, labels: dict[str, str], values: str) -> dict:
 async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(upstream, sidecar_factory, tmp_path):
     promtool = require_tool("promtool")
     names = await scraped_label_names(upstream, sidecar_factory)
-    assert names["llm_requests_total"] == {"model", "route", "code", "outcome", "tenant"}
+    assert names["llm_requests_total"] == {"model", "route", "code", "outcome", "error_type", "tenant"}
     assert names["llm_time_to_first_token_seconds_bucket"] == {"model", "route", "prompt_class", "tenant", "le"}
     assert names["llm_time_to_first_token_seconds_count"] == {"model", "route", "prompt_class", "tenant"}
 
@@ -81,8 +81,9 @@ async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(upstream, s
     inputs = []
     for tenant, errors, slow in (("team-a", 200, 1000), ("team-b", 1, 0)):
         base = {"namespace": "prod", "model": "m1", "route": ROUTE, "tenant": tenant}
-        inputs.append(series("llm_requests_total", {**base, "code": "200", "outcome": "ok"}, f"0+{1000 - errors}x60"))
-        inputs.append(series("llm_requests_total", {**base, "code": "500", "outcome": "error"}, f"0+{errors}x60"))
+        ok, failed = {"code": "200", "outcome": "ok", "error_type": "none"}, {"code": "500", "outcome": "error", "error_type": "upstream_status"}
+        inputs.append(series("llm_requests_total", {**base, **ok}, f"0+{1000 - errors}x60"))
+        inputs.append(series("llm_requests_total", {**base, **failed}, f"0+{errors}x60"))
         ttft = {**base, "prompt_class": "all"}
         inputs.append(series("llm_time_to_first_token_seconds_bucket", {**ttft, "le": "2.0"}, f"0+{1000 - slow}x60"))
         inputs.append(series("llm_time_to_first_token_seconds_bucket", {**ttft, "le": "+Inf"}, "0+1000x60"))
