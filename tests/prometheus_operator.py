@@ -5,7 +5,8 @@ Followed, line by line, from the operator's source at one version (and only what
 objects use; anything else is refused, never guessed):
 
 - prometheus-operator/prometheus-operator ``v0.93.0`` (commit
-  f8fafd475f3d132e239432ae6172de60a6cb6516), ``pkg/prometheus/promcfg.go``:
+  f8fafd475f3d132e239432ae6172de60a6cb6516), ``pkg/prometheus/promcfg.go``
+  (``generateServiceMonitorConfig`` too, with the default ``endpoints`` role):
   ``generatePodMonitorConfig`` (job name ``podMonitor/<ns>/<name>/<i>``, ``honor_labels``, the
   pod role's namespaces from ``namespaceSelector`` else the monitor's own, then the relabelings
   in this order: ``initRelabelings``, ``generateRunningFilter``, a keep per ``matchLabels`` key,
@@ -113,6 +114,13 @@ def _relabel_config(rc: dict) -> dict:
     return out
 
 
+_SHARDING = [
+    # appendShardingRelabelingWithAddress, one shard: the config reloader writes SHARD=0.
+    {"source_labels": ["__address__", "__tmp_hash"], "target_label": "__tmp_hash", "regex": "(.+);", "replacement": "$1", "action": "replace"},
+    {"source_labels": ["__tmp_hash"], "target_label": "__tmp_hash", "modulus": 1, "action": "hashmod"},
+    {"source_labels": ["__tmp_hash", "__tmp_disable_sharding"], "regex": "0;|.+;.+", "action": "keep"},
+]  # fmt: skip
+
 _ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "honorLabels", "filterRunning"}
 _SPEC_FIELDS = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
 
@@ -176,12 +184,122 @@ def podmonitor_scrape_configs(
             relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
         enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
         relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
-        # appendShardingRelabelingWithAddress, one shard: the config reloader writes SHARD=0.
+        relabel += _SHARDING
+        cfg["relabel_configs"] = relabel
+        metric = [_relabel_config(rc) for rc in ep.get("metricRelabelings", [])] + enforced
+        if metric:
+            cfg["metric_relabel_configs"] = metric
+        out.append(cfg)
+    return out
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    selector: dict[str, str]
+    ports: tuple[tuple[str, int], ...]
+    """(port name, targetPort number) of each port."""
+
+
+def endpoints_targets(services: Iterable[Service], pods: Iterable[Pod], namespaces: Sequence[str] | None) -> list[dict]:
+    """The endpoints role's targets (one per Service port and ready pod it selects), as static groups."""
+    pods = list(pods)
+    out = []
+    for svc in services:
+        if namespaces is not None and svc.namespace not in namespaces:
+            continue
+        common = {"__meta_kubernetes_namespace": svc.namespace, "__meta_kubernetes_service_name": svc.name}
+        for key, value in svc.labels.items():
+            common[f"__meta_kubernetes_service_label_{sanitize(key)}"] = value
+            common[f"__meta_kubernetes_service_labelpresent_{sanitize(key)}"] = "true"
+        for pod in pods:
+            if pod.namespace != svc.namespace or not svc.selector.items() <= pod.labels.items():
+                continue
+            for port_name, number in svc.ports:
+                found = [(c, name) for c in pod.containers for name, n in c.numbers.items() if n == number]
+                if not found:
+                    continue
+                container, name = found[0]
+                labels = {
+                    **common,
+                    "__meta_kubernetes_endpoint_port_name": port_name,
+                    "__meta_kubernetes_endpoint_port_protocol": "TCP",
+                    "__meta_kubernetes_endpoint_ready": "true",
+                    "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+                    "__meta_kubernetes_endpoint_address_target_name": pod.name,
+                    "__meta_kubernetes_pod_name": pod.name,
+                    "__meta_kubernetes_pod_phase": pod.phase,
+                    "__meta_kubernetes_pod_container_name": container.name,
+                    "__meta_kubernetes_pod_container_port_name": name,
+                    "__meta_kubernetes_pod_container_port_number": str(number),
+                }
+                for key, value in pod.labels.items():
+                    labels[f"__meta_kubernetes_pod_label_{sanitize(key)}"] = value
+                    labels[f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"] = "true"
+                out.append({"targets": [container.ports[name]], "labels": labels})
+    return out
+
+
+_SM_SPEC_FIELDS = {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels", "podTargetLabels"}
+
+
+def servicemonitor_scrape_configs(
+    monitor: dict, services: Iterable[Service], pods: Iterable[Pod], enforced_namespace_label: str = ""
+) -> list[dict]:
+    """promcfg.go ``generateServiceMonitorConfig`` with the default ``endpoints`` role: job
+    ``serviceMonitor/<ns>/<name>/<i>``; keep per Service ``matchLabels``, the port filter,
+    ``node``/``pod`` from the address target, ``namespace``, ``service``, ``pod``,
+    ``container``, the running filter, the default job (the Service's name), ``jobLabel``,
+    ``endpoint``, the endpoint's relabelings and the enforced namespace label, sharding."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    if set(spec) - _SM_SPEC_FIELDS or spec["selector"].get("matchExpressions") or spec.get("targetLabels") or spec.get("podTargetLabels"):
+        raise NotImplementedError(f"ServiceMonitor fields not followed here: {sorted(spec)}")
+    selector = spec.get("namespaceSelector", {})
+    namespaces = None if selector.get("any") else (selector.get("matchNames") or [ns])
+    targets = endpoints_targets(services, pods, namespaces)
+    out = []
+    for i, ep in enumerate(spec["endpoints"]):
+        if set(ep) - _ENDPOINT_FIELDS:
+            raise NotImplementedError(f"endpoint fields not followed here: {sorted(set(ep) - _ENDPOINT_FIELDS)}")
+        cfg: dict = {"job_name": f"serviceMonitor/{ns}/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False))}
+        cfg["static_configs"] = targets
+        for crd, key in (("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout"), ("path", "metrics_path")):
+            if ep.get(crd):
+                cfg[key] = ep[crd]
+        relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+        for key in sorted(spec["selector"].get("matchLabels", {})):
+            relabel.append({
+                "action": "keep",
+                "source_labels": [f"__meta_kubernetes_service_label_{sanitize(key)}", f"__meta_kubernetes_service_labelpresent_{sanitize(key)}"],
+                "regex": f"({spec['selector']['matchLabels'][key]});true",
+            })  # fmt: skip
+        if ep.get("port"):
+            relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]})
+        target = ["__meta_kubernetes_endpoint_address_target_kind", "__meta_kubernetes_endpoint_address_target_name"]
         relabel += [
-            {"source_labels": ["__address__", "__tmp_hash"], "target_label": "__tmp_hash", "regex": "(.+);", "replacement": "$1", "action": "replace"},
-            {"source_labels": ["__tmp_hash"], "target_label": "__tmp_hash", "modulus": 1, "action": "hashmod"},
-            {"source_labels": ["__tmp_hash", "__tmp_disable_sharding"], "regex": "0;|.+;.+", "action": "keep"},
+            {"source_labels": target, "separator": ";", "regex": "Node;(.*)", "replacement": "${1}", "target_label": "node"},
+            {"source_labels": target, "separator": ";", "regex": "Pod;(.*)", "replacement": "${1}", "target_label": "pod"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
         ]  # fmt: skip
+        if ep.get("filterRunning", True):
+            relabel.append({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
+        relabel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"})
+        if spec.get("jobLabel"):
+            relabel.append({
+                "source_labels": [f"__meta_kubernetes_service_label_{sanitize(spec['jobLabel'])}"],
+                "target_label": "job", "regex": "(.+)", "replacement": "${1}",
+            })  # fmt: skip
+        if ep.get("port"):
+            relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
+        enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
+        relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
+        relabel += _SHARDING
         cfg["relabel_configs"] = relabel
         metric = [_relabel_config(rc) for rc in ep.get("metricRelabelings", [])] + enforced
         if metric:

@@ -11,10 +11,13 @@ The paths (docs/kubernetes.md "Install paths"), all at once in one Prometheus, a
 - the plain manifests, deploy/kubernetes/ as committed, applied with ``kubectl apply -n prod``
   (not the docs' example namespace, llm); in the enforcing Prometheus only, once more in
   staging (the plain rules select their name in any namespace, so two plain installs judge
-  apart only where each PrometheusRule sees its own namespace).
+  apart only where each PrometheusRule sees its own namespace);
+- ``prometheus.monitor.kind=ServiceMonitor``: the full chart (``chat`` in team-c) and
+  monitoring-only (``watch`` in serving, its metrics Service), scraped through the endpoints
+  role as the operator's ``generateServiceMonitorConfig`` writes it.
 
 Each pod is a real ``llm-sidecar serve`` process in front of one ``llm-sidecar simulate``;
-each rendered PodMonitor becomes the scrape jobs the Prometheus Operator would write for it
+each rendered PodMonitor (or ServiceMonitor) becomes the scrape jobs the Prometheus Operator would write for it
 (tests/prometheus_operator.py, followed from prometheus-operator v0.93.0, commit
 f8fafd475f3d132e239432ae6172de60a6cb6516, pkg/prometheus/promcfg.go), over every pod of the
 namespaces it watches, so the operator's own relabelings pick the pods; each rendered
@@ -93,6 +96,20 @@ class InstallPath:
     def of_kind(self, kind: str) -> list[dict]:
         return [o for o in self.objects if o["kind"] == kind]
 
+    @property
+    def pool(self) -> str:
+        """The scrape job of its sidecar endpoint."""
+        (monitor,) = self.of_kind("PodMonitor") + self.of_kind("ServiceMonitor")
+        kind = "podMonitor" if monitor["kind"] == "PodMonitor" else "serviceMonitor"
+        return f"{kind}/{self.namespace}/{monitor['metadata']['name']}/0"
+
+    def services(self) -> list[operator.Service]:
+        return [
+            operator.Service(o["metadata"]["name"], self.namespace, o["metadata"].get("labels", {}), o["spec"]["selector"],
+                             tuple((p["name"], int(p["targetPort"])) for p in o["spec"]["ports"]))
+            for o in self.of_kind("Service")
+        ]  # fmt: skip
+
 
 def _in_namespace(objects: list[dict], namespace: str) -> list[dict]:
     """``objects`` as ``kubectl apply -n namespace`` (or helm -n) creates them."""
@@ -133,6 +150,13 @@ def install_paths(chart: Path = CHART, deploy: Path = DEPLOY) -> list[InstallPat
     plain = [o for f in ("llm-sidecar.yaml", "monitoring.yaml") for o in yaml.safe_load_all((deploy / f).read_text(encoding="utf-8")) if o]
     plain = _in_namespace(plain, "prod")
     paths.append(InstallPath("plain-manifests-prod", "prod", "llm-sidecar", plain, [("prod", *_template(plain))]))
+    # prometheus.monitor.kind=ServiceMonitor: the full chart, and monitoring-only (its metrics Service).
+    sm = "prometheus.monitor.kind=ServiceMonitor"
+    full = _helm("chat", "team-c", sm, chart=chart)
+    paths.append(InstallPath("servicemonitor-full", "team-c", "chat-llm-sidecar", full, [("team-c", *_template(full))]))
+    only = _helm("watch", "serving", "mode=monitoring-only", "existingServer.podSelector.app=vllm-c", sm, chart=chart)
+    paths.append(InstallPath("servicemonitor-monitoring-only", "serving", "watch-llm-sidecar", only,
+                             [("serving", {"app": "vllm-c"}, theirs, [])]))  # fmt: skip
     # The plain rules select their name in any namespace: a second plain install judges apart
     # from the first only where each PrometheusRule sees its own namespace (docs/kubernetes.md).
     staging = _in_namespace([{**o, "metadata": {k: v for k, v in o["metadata"].items() if k != "namespace"}} for o in plain], "staging")
@@ -295,10 +319,13 @@ async def test_every_install_path_pages_right_in_a_real_prometheus(tools, tmp_pa
             work.mkdir()
             mine = [p for p in paths if enforced or not p.enforced_only]
             cluster = [pod for path, pod in pods if path in mine]
+            services = [svc for path in mine for svc in path.services()]
             files, jobs = [], []
             for path in mine:
                 for monitor in path.of_kind("PodMonitor"):
                     jobs += operator.podmonitor_scrape_configs(monitor, cluster, label)
+                for monitor in path.of_kind("ServiceMonitor"):
+                    jobs += operator.servicemonitor_scrape_configs(monitor, services, cluster, label)
                 (rule,) = path.of_kind("PrometheusRule")
                 spec = operator.enforce_rules(rule["spec"], label, path.namespace) if enforced else rule["spec"]
                 file = work / f"{path.key}.yaml"
@@ -392,8 +419,7 @@ async def _targets_wrong(session: aiohttp.ClientSession, prom: Prom) -> list:
     targets = (await _api(session, prom.base, "targets", state="active"))["activeTargets"]
     problems = []
     for path in prom.paths:
-        (monitor,) = path.of_kind("PodMonitor")
-        pool = f"podMonitor/{path.namespace}/{monitor['metadata']['name']}/0"
+        pool = path.pool
         got = sorted(
             (t["labels"]["namespace"], t["labels"].get(LABEL_RELEASE), t["labels"]["job"], t["labels"]["container"],
              t["labels"]["endpoint"], t["health"])
