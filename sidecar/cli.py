@@ -85,6 +85,11 @@ no random failures):
                              /v1/chat/completions and /v1/completions also truncate (no
                              [DONE]) | stall (hold the connection) | longline
   x-sim-line-bytes: N        length of the longline fault's one line (default 4 MiB)
+  x-sim-tool-calls: N        the answer is N parallel tool calls (0-16), streamed as each
+                             API does (chat, Responses, Anthropic, Ollama /api/chat);
+                             each call takes at least 2 of the tokens
+  x-sim-cached-tokens: N     prompt tokens the usage reports as read from the prefix cache
+                             (chat's prompt_tokens_details, Responses, Anthropic)
 """
 
 

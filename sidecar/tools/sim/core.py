@@ -66,7 +66,12 @@ same spread, and every write is scheduled against ``start + ttft + sum(gaps)`` c
 Per-request overrides (any ``x-sim-*`` header makes the whole request exact: means, no
 jitter, no random failures): ``x-sim-ttft`` and ``x-sim-tpot`` (seconds), ``x-sim-tokens``
 (exact output tokens per choice, not capped by ``max_tokens``), ``x-sim-reasoning`` (reasoning
-tokens: chat here; Responses, Anthropic and Ollama there), ``x-sim-fail`` (``500``, ``drop`` or ``stream``).
+tokens: chat here; Responses, Anthropic and Ollama there), ``x-sim-fail`` (``500``, ``drop`` or ``stream``),
+``x-sim-tool-calls`` (the answer is that many parallel tool calls instead of text, streamed in
+each dialect's layout: chat here; Responses, Anthropic and Ollama chat there; see
+:func:`tool_steps`), ``x-sim-cached-tokens`` (prompt tokens the usage reports as read from the
+prefix cache, at most the prompt: chat's ``prompt_tokens_details`` as vLLM with
+``--enable-prompt-tokens-details`` writes it; Responses' and Anthropic's cached counts).
 
 ``drop`` aborts the connection after about half the tokens; ``stream`` sends the dialect's
 own in-stream error event at that point instead and ends the stream cleanly (here vLLM's
@@ -123,6 +128,12 @@ __all__ = [
     "parse_overrides",
     "sleep_until",
     "text_tokens",
+    "cached_tokens",
+    "check_tool_calls",
+    "tool_call_id",
+    "tool_steps",
+    "ToolStep",
+    "TOOL_NAMES",
     "wait_whole",
 ]
 
@@ -321,6 +332,8 @@ class Plan:
     text_offsets: list[int]
     fail: str | None  # None or one of _OPENAI_FAIL_MODES
     line_bytes: int = 0  # longline: bytes of the one long line
+    tool_calls: int = 0  # the answer is this many tool calls (x-sim-tool-calls)
+    cached_tokens: int | None = None  # prompt tokens reported as cached (x-sim-cached-tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +347,8 @@ class Overrides:
     reasoning: int | None = None
     fail: str | None = None
     line_bytes: int | None = None
+    tool_calls: int | None = None
+    cached_tokens: int | None = None
 
 
 class SimState:
@@ -378,6 +393,9 @@ class SimState:
             if ov.tokens is None and max_tokens is not None:
                 count = min(count, max_tokens)
             reasoning = ov.reasoning if ov.reasoning is not None else cfg.reasoning_tokens
+            calls = ov.tool_calls or 0
+            # Each call takes at least two steps: its id and name, then an argument piece.
+            count = max(count, TOOL_CALL_MIN_STEPS * calls)
             return Plan(
                 rid=rid,
                 ttft=ov.ttft if ov.ttft is not None else cfg.ttft,
@@ -389,6 +407,8 @@ class SimState:
                 text_offsets=offsets,
                 fail=ov.fail,
                 line_bytes=ov.line_bytes or _LONG_LINE_BYTES,
+                tool_calls=calls,
+                cached_tokens=ov.cached_tokens,
             )
         fail: str | None = None
         if cfg.fail_rate and rng.random() < cfg.fail_rate:
@@ -422,6 +442,72 @@ class SimState:
 
     def json(self, plan: Plan, choice: int, k: int) -> bytes:
         return self.tok_json[(plan.text_offsets[choice] + k) & _MASK]
+
+
+# ---------------------------------------------------------------- tool calls
+
+MAX_SIM_TOOL_CALLS = 16
+"""Most tool calls one simulated answer makes (``x-sim-tool-calls``)."""
+TOOL_CALL_MIN_STEPS = 2
+"""Generation steps a call takes at least: its id and name, then one argument piece."""
+TOOL_NAMES = ("get_weather", "get_time", "search_docs", "run_query")
+"""The functions the simulated calls name, in turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStep:
+    """What one answer step of a tool-calling plan writes, in any dialect."""
+
+    call: int
+    """Which call (0, 1, ...), in the order they are streamed: one after the other, as
+    vLLM's tool parsers, Anthropic's ``tool_use`` blocks and Responses' items come."""
+    first: bool
+    """The call's first piece: its id and name (no arguments yet)."""
+    last: bool
+    """The call's last argument piece."""
+    arguments: str
+    """This step's piece of the call's JSON arguments (``""`` on the first step); the pieces
+    of one call join to ``{"query": "<its tokens>"}``."""
+
+
+def tool_steps(sim: SimState, plan: Plan, choice: int = 0) -> list[ToolStep]:
+    """The answer steps of ``plan`` (after its reasoning) as tool-call pieces: the answer's
+    tokens shared among ``plan.tool_calls`` calls in order, each at least
+    :data:`TOOL_CALL_MIN_STEPS` (the plan made the answer long enough)."""
+    calls = plan.tool_calls
+    total = plan.counts[choice]
+    base, extra = divmod(total, calls)
+    out: list[ToolStep] = []
+    k = plan.reasoning
+    for call in range(calls):
+        pieces = base + (1 if call < extra else 0) - 1  # argument pieces after the name
+        texts = [orjson.dumps(sim.text(plan, choice, k + 1 + p)).decode()[1:-1] for p in range(pieces)]
+        texts[0] = '{"query": "' + texts[0]
+        texts[-1] += '"}'
+        out.append(ToolStep(call, True, False, ""))
+        out.extend(ToolStep(call, False, p == pieces - 1, text) for p, text in enumerate(texts))
+        k += pieces + 1
+    return out
+
+
+def tool_call_id(plan: Plan, call: int, length: int, alphabet: str = "0123456789abcdef") -> str:
+    """A call's id, stable for the request (``length`` characters of ``alphabet``)."""
+    digest = hashlib.shake_256(f"{plan.rid}:{call}".encode()).digest(length)
+    return "".join(alphabet[b % len(alphabet)] for b in digest)
+
+
+def check_tool_calls(stream: bool, has_tools: bool) -> None:
+    """``x-sim-tool-calls`` is served on the routes whose API has tool calls, streamed (what
+    the sidecar times); anything else is a 400 that says so."""
+    if not has_tools:
+        raise BadRequest(400, "header x-sim-tool-calls: this route's API has no tool calls")
+    if not stream:
+        raise BadRequest(400, "header x-sim-tool-calls: only streamed answers make tool calls here")
+
+
+def cached_tokens(plan: Plan, prompt_tokens: int) -> int | None:
+    """``x-sim-cached-tokens``, at most the prompt; None when the request did not ask."""
+    return None if plan.cached_tokens is None else min(plan.cached_tokens, prompt_tokens)
 
 
 SIM_STATE = web.AppKey("sim_state", SimState)
@@ -461,7 +547,7 @@ def parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> Overr
             raise BadRequest(400, f"header {name} must be seconds >= 0, got {raw!r}")
         return value
 
-    def integer(name: str, minimum: int) -> int | None:
+    def integer(name: str, minimum: int, maximum: int | None = None) -> int | None:
         raw = headers.get(name)
         if raw is None:
             return None
@@ -469,8 +555,9 @@ def parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> Overr
             value = int(raw)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise BadRequest(400, f"header {name} must be an integer >= {minimum}, got {raw!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+            raise BadRequest(400, f"header {name} must be an integer {bound}, got {raw!r}")
         return value
 
     fail = headers.get("x-sim-fail")
@@ -487,6 +574,8 @@ def parse_overrides(headers: Any, modes: tuple[str, ...] = _FAIL_MODES) -> Overr
         reasoning=integer("x-sim-reasoning", 0),
         fail=fail,
         line_bytes=integer("x-sim-line-bytes", 1),
+        tool_calls=integer("x-sim-tool-calls", 0, MAX_SIM_TOOL_CALLS),
+        cached_tokens=integer("x-sim-cached-tokens", 0),
     )
 
 
@@ -579,7 +668,7 @@ class _Encoder:
     """Byte fragments for one OpenAI stream, built once per request: the chunk head (id,
     object, created, model), where ``system_fingerprint`` rides, and the usage chunk."""
 
-    __slots__ = ("head", "finish_tail", "usage_head", "usage_tail")
+    __slots__ = ("head", "finish_tail", "usage_head", "usage_tail", "cached")
     id_prefix: ClassVar[bytes]
     chunk_object: ClassVar[bytes]
 
@@ -594,6 +683,7 @@ class _Encoder:
         self.finish_tail = b"}\n\n" if include_usage else fingerprint + b"}\n\n"
         self.usage_head = b"data: " + common + b',"choices":[],"usage":'
         self.usage_tail = fingerprint + b"}\n\n"
+        self.cached = plan.cached_tokens
 
     def role(self, i: int) -> bytes:  # pragma: no cover - completions have no role chunk
         raise NotImplementedError
@@ -602,8 +692,15 @@ class _Encoder:
         raise NotImplementedError  # pragma: no cover
 
     def usage(self, prompt: int, completion: int) -> bytes:
-        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}%s' % (
-            self.usage_head, prompt, prompt + completion, completion, self.usage_tail,
+        # vLLM 0.32 with --enable-prompt-tokens-details adds the prompt's cached share
+        # (tests/fixtures/streams/openai/vllm032_chat_prefix_cached.txt).
+        details = b""
+        if self.cached is not None:
+            details = b',"prompt_tokens_details":{"cached_tokens":%d,"created_cache_tokens":0}' % min(
+                self.cached, prompt
+            )
+        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%s}%s' % (
+            self.usage_head, prompt, prompt + completion, completion, details, self.usage_tail,
         )
 
 
@@ -617,6 +714,27 @@ class _ChatEncoder(_Encoder):
             self.head, i,
             b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
             b'"prompt_token_ids":null,"prompt_text":null}\n\n',
+        )
+
+    def tool(self, i: int, step: ToolStep, plan: Plan) -> bytes:
+        """One piece of a tool call, as vLLM's tool parsers stream them (the layout of
+        tests/fixtures/streams/openai/built_vllm_parallel_tools.txt in 0.32's envelope):
+        first the call's id, type, index and name, then ``arguments`` pieces by index."""
+        if step.first:
+            call = b'{"id":"chatcmpl-tool-%s","type":"function","index":%d,"function":{"name":"%s"}}' % (
+                tool_call_id(plan, step.call, 16).encode(), step.call,
+                TOOL_NAMES[step.call % len(TOOL_NAMES)].encode(),
+            )
+        else:
+            call = b'{"index":%d,"function":{"arguments":%s}}' % (step.call, orjson.dumps(step.arguments))
+        return b'%s%d,"delta":{"tool_calls":[%s]},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n' % (
+            self.head, i, call,
+        )
+
+    def tool_finish(self, i: int) -> bytes:
+        """The chunk after the last call: empty content, ``finish_reason`` ``tool_calls``."""
+        return b'%s%d,"delta":{"content":""},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null}]%s' % (
+            self.head, i, self.finish_tail,
         )
 
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
@@ -705,6 +823,7 @@ async def _stream(
     emitted = 0
     factor = sim.config.batch_factor
     decoding = False
+    tools = [tool_steps(sim, plan, i) for i in range(n)] if plan.tool_calls else None
 
     resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
     try:
@@ -741,6 +860,13 @@ async def _stream(
                 if k >= totals[i]:
                     continue
                 reasoning = k < plan.reasoning
+                if tools is not None and not reasoning:
+                    chunk = encoder.tool(i, tools[i][k - plan.reasoning], plan)  # type: ignore[attr-defined]
+                    if k == totals[i] - 1:
+                        chunk += encoder.tool_finish(i)  # type: ignore[attr-defined]
+                    await resp.write(chunk)
+                    emitted += 1
+                    continue
                 tok = sim.json(plan, i, k)
                 finish = finishes[i] if k == totals[i] - 1 else None
                 await resp.write(encoder.token(i, tok, reasoning, finish))
@@ -808,12 +934,13 @@ async def wait_whole(
     return True
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(prompt: int, completion: int, plan: Plan) -> dict[str, Any]:
+    cached = cached_tokens(plan, prompt)
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached, "created_cache_tokens": 0},
         "completion_tokens_details": None,
     }
 
@@ -886,7 +1013,7 @@ def _chat_whole(
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": orjson.loads(sim.fingerprint),
-        "usage": _usage(asked.prompt_tokens, completion),
+        "usage": _usage(asked.prompt_tokens, completion, plan),
         "prompt_logprobs": None,
         "prompt_token_ids": None,
         "prompt_text": None,
@@ -922,7 +1049,7 @@ def _completion_whole(
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": orjson.loads(sim.fingerprint),
-        "usage": _usage(asked.prompt_tokens, completion),
+        "usage": _usage(asked.prompt_tokens, completion, plan),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": None,
@@ -955,6 +1082,8 @@ async def _serve_openai(request: web.Request, route: _Route) -> web.StreamRespon
         stream, include_usage = _stream_flags(body)
         _check_model(body, sim)
         overrides = parse_overrides(request.headers, _OPENAI_FAIL_MODES)
+        if overrides is not None and overrides.tool_calls:
+            check_tool_calls(stream, route.chat)
     except BadRequest as exc:
         return _error_response(exc.status, exc.message, exc.err_type, exc.param)
 

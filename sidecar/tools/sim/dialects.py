@@ -85,14 +85,20 @@ from aiohttp import web
 from .core import (
     ENGINE_FAILURE,
     SIM_STATE,
+    TOOL_NAMES,
     BadRequest,
     Plan,
     SimState,
+    ToolStep,
     abort,
+    cached_tokens,
     chat_prompt_tokens,
+    check_tool_calls,
     parse_overrides,
     sleep_until,
     text_tokens,
+    tool_call_id,
+    tool_steps,
     wait_whole,
 )
 
@@ -192,6 +198,7 @@ class _Dialect:
     content_type: ClassVar[str] = _SSE_UTF8  # of the stream
     json_type: ClassVar[str] = _JSON  # of whole and error bodies
     reasoning_ok: ClassVar[bool] = False
+    tool_calls_ok: ClassVar[bool] = False  # the API streams tool calls (x-sim-tool-calls)
 
     def __init__(self, sim: SimState, plan: Plan, req: _Req) -> None:
         self.sim, self.plan, self.req = sim, plan, req
@@ -199,6 +206,21 @@ class _Dialect:
         self.steps = plan.reasoning + plan.counts[0]
         self.length = req.max_tokens is not None and plan.counts[0] >= req.max_tokens
         self.model = req.model or sim.config.model
+        self.tools: list[ToolStep] | None = tool_steps(sim, plan) if plan.tool_calls else None
+        self.cached = cached_tokens(plan, req.prompt_tokens)
+
+    def tool_step(self, k: int) -> ToolStep | None:
+        """The tool-call piece of step ``k``, None for a text or reasoning step."""
+        if self.tools is None or k < self.reasoning:
+            return None
+        return self.tools[k - self.reasoning]
+
+    def tool_name(self, call: int) -> str:
+        return TOOL_NAMES[call % len(TOOL_NAMES)]
+
+    def tool_arguments(self, call: int) -> str:
+        assert self.tools is not None
+        return "".join(s.arguments for s in self.tools if s.call == call)
 
     @staticmethod
     def parse(body: dict[str, Any], request: web.Request, sim: SimState) -> _Req:
@@ -277,7 +299,8 @@ async def _serve_stream(
             emitted += 1
             if k == steps - 1:
                 chunk += d.end()
-            await resp.write(chunk)
+            if chunk:  # a step may write nothing (Ollama holds a tool call back until whole)
+                await resp.write(chunk)
         await resp.write_eof()
     except asyncio.CancelledError:
         stats.cancelled += 1
@@ -304,6 +327,8 @@ def _handler(cls: type[_Dialect], force_stream: bool | None = None, compat_list:
             if force_stream is not None:
                 req.stream = force_stream
             overrides = parse_overrides(request.headers)
+            if overrides is not None and overrides.tool_calls:
+                check_tool_calls(req.stream, cls.tool_calls_ok)
         except BadRequest as exc:
             return cls.error_response(exc.status, exc.message)
         req.created = int(time.time())
@@ -332,8 +357,12 @@ def _handler(cls: type[_Dialect], force_stream: bool | None = None, compat_list:
 # ---------------------------------------------------------------- OpenAI Responses
 
 
+_ALNUM = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
 class _Responses(_Dialect):
     reasoning_ok = True
+    tool_calls_ok = True
 
     def __init__(self, sim: SimState, plan: Plan, req: _Req) -> None:
         super().__init__(sim, plan, req)
@@ -428,11 +457,34 @@ class _Responses(_Dialect):
 
     def _output(self) -> list[Any]:
         items = [self._reasoning_item(self.thinking())] if self.reasoning else []
+        if self.tools is not None:
+            return [*items, *(self._call_item(call, True) for call in range(self.plan.tool_calls))]
         return [*items, self._message_item(self.answer())]
+
+    def _call_item(self, call: int, done: bool) -> dict[str, Any]:
+        """A ``function_call`` output item (tests/fixtures/streams/responses/parallel_function_calls.txt)."""
+        return {"id": f"fc_{tool_call_id(self.plan, call, 48)}", "type": "function_call",
+                "status": "completed" if done else "in_progress",
+                "arguments": self.tool_arguments(call) if done else "",
+                "call_id": f"call_{tool_call_id(self.plan, call + 1000, 24, _ALNUM)}",
+                "name": self.tool_name(call)}  # fmt: skip
+
+    def _tool_events(self, step: ToolStep) -> bytes:
+        index = step.call + (1 if self.reasoning else 0)
+        if step.first:
+            return self._event("response.output_item.added", item=self._call_item(step.call, False), output_index=index)
+        item_id = f"fc_{tool_call_id(self.plan, step.call, 48)}"
+        out = self._event("response.function_call_arguments.delta", delta=step.arguments, item_id=item_id,
+                          output_index=index)  # fmt: skip
+        if step.last:
+            out += self._event("response.function_call_arguments.done", arguments=self.tool_arguments(step.call),
+                               item_id=item_id, output_index=index)  # fmt: skip
+            out += self._event("response.output_item.done", item=self._call_item(step.call, True), output_index=index)
+        return out
 
     def _usage(self) -> dict[str, Any]:
         p, n = self.req.prompt_tokens, self.steps
-        return {"input_tokens": p, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n,
+        return {"input_tokens": p, "input_tokens_details": {"cached_tokens": self.cached or 0}, "output_tokens": n,
                 "output_tokens_details": {"reasoning_tokens": self.reasoning}, "total_tokens": p + n}  # fmt: skip
 
     # -- stream
@@ -449,6 +501,11 @@ class _Responses(_Dialect):
             out += self._event("response.output_item.added", item=self._reasoning_item(None), output_index=0)
             out += self._event("response.content_part.added", content_index=0, item_id=self.rs_id,
                                output_index=0, part={"type": "reasoning_text", "text": ""})  # fmt: skip
+        step = self.tool_step(k)
+        if step is not None:
+            if k == self.reasoning and self.reasoning:
+                out += self._reasoning_done()
+            return out + self._tool_events(step)
         if k == self.reasoning:
             if self.reasoning:
                 out += self._reasoning_done()
@@ -474,6 +531,8 @@ class _Responses(_Dialect):
         )  # fmt: skip
 
     def end(self) -> bytes:
+        if self.tools is not None:
+            return self._event("response.completed", response=self._response("completed", self._output(), self._usage()))
         text, i = self.answer(), self.msg_index
         status = "incomplete" if self.length else "completed"
         return (
@@ -513,6 +572,7 @@ def _check_openai_model(body: dict[str, Any], sim: SimState) -> None:
 
 class _Anthropic(_Dialect):
     reasoning_ok = True
+    tool_calls_ok = True
     _PING = b'event: ping\ndata: {"type": "ping"}\n\n'
     _OVERLOADED = (
         b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", '
@@ -550,14 +610,18 @@ class _Anthropic(_Dialect):
         return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON)
 
     def _usage(self, output: int) -> dict[str, Any]:
-        return {"input_tokens": self.req.prompt_tokens, "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0, "output_tokens": output}  # fmt: skip
+        # Anthropic's input_tokens leaves out what was read from the cache.
+        cached = self.cached or 0
+        return {"input_tokens": self.req.prompt_tokens - cached, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached, "output_tokens": output}  # fmt: skip
 
     def _message(self, content: list[Any], stop: str | None, usage: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}  # fmt: skip
 
     def _stop_reason(self) -> str:
+        if self.tools is not None:
+            return "tool_use"
         return "max_tokens" if self.length else "end_turn"
 
     @staticmethod
@@ -574,6 +638,10 @@ class _Anthropic(_Dialect):
 
     def start(self) -> bytes:
         message = self._message([], None, self._usage(1))
+        if self.tools is not None and not self.reasoning:
+            # The first block is the first tool_use, started when its name is generated
+            # (tests/fixtures/streams/anthropic/parallel_tool_use.txt).
+            return _sse("message_start", {"type": "message_start", "message": message})
         first = {"type": "thinking", "thinking": ""} if self.reasoning else {"type": "text", "text": ""}
         return (
             _sse("message_start", {"type": "message_start", "message": message})
@@ -581,9 +649,26 @@ class _Anthropic(_Dialect):
             + self._PING
         )
 
+    def _tool_block(self, step: ToolStep) -> bytes:
+        """A ``tool_use`` block: its start with the id and name and an empty
+        ``input_json_delta``, then one ``input_json_delta`` per piece, stopped after the last."""
+        index = step.call + (1 if self.reasoning else 0)
+        if step.first:
+            block = {"type": "tool_use", "id": f"toolu_01{tool_call_id(self.plan, step.call, 22, _ALNUM)}",
+                     "name": self.tool_name(step.call), "input": {}}  # fmt: skip
+            return self._block_start(index, block) + self._delta(index, {"type": "input_json_delta", "partial_json": ""})
+        out = self._delta(index, {"type": "input_json_delta", "partial_json": step.arguments})
+        return out + self._block_stop(index) if step.last else out
+
     def token(self, k: int) -> bytes:
         if k < self.reasoning:
             return self._delta(0, {"type": "thinking_delta", "thinking": self.text(k)})
+        step = self.tool_step(k)
+        if step is not None:
+            out = b""
+            if k == self.reasoning and self.reasoning:
+                out = self._delta(0, {"type": "signature_delta", "signature": self.signature}) + self._block_stop(0)
+            return out + self._tool_block(step)
         out = b""
         if k == self.reasoning and self.reasoning:
             out = (
@@ -597,7 +682,7 @@ class _Anthropic(_Dialect):
         delta = {"type": "message_delta", "delta": {"stop_reason": self._stop_reason(), "stop_sequence": None},
                  "usage": {"output_tokens": self.steps}}  # fmt: skip
         return (
-            self._block_stop(self.text_index)
+            (b"" if self.tools is not None else self._block_stop(self.text_index))
             + _sse("message_delta", delta)
             + _sse("message_stop", {"type": "message_stop"})
         )
@@ -730,6 +815,7 @@ class _Ollama(_Dialect):
     content_type = "application/x-ndjson"
     json_type = _JSON_UTF8
     reasoning_ok = True
+    tool_calls_ok = True
     chat: ClassVar[bool] = True
 
     @classmethod
@@ -803,9 +889,23 @@ class _Ollama(_Dialect):
         return final
 
     def token(self, k: int) -> bytes:
+        if self.tool_step(k) is not None:
+            # Ollama's tool parser holds the call back until it is whole, then sends every
+            # call in one line (tests/fixtures/streams/ollama/chat_parallel_tool_calls.ndjson).
+            return self._tool_line() if k == self.steps - 1 else b""
         text = self.text(k)
         obj = self._line("", text, None) if k < self.reasoning else self._line(text, "", None)
         return _go_json(obj) + b"\n"
+
+    def _tool_line(self) -> bytes:
+        calls = [
+            {"id": f"call_{tool_call_id(self.plan, call, 8, _ALNUM[10:36].lower() + _ALNUM[:10])}",
+             "function": {"index": call, "name": self.tool_name(call),
+                          "arguments": orjson.loads(self.tool_arguments(call))}}
+            for call in range(self.plan.tool_calls)
+        ]  # fmt: skip
+        message = {"role": "assistant", "content": "", "tool_calls": calls}
+        return _go_json({"model": self.model, "created_at": _go_time(), "message": message, "done": False}) + b"\n"
 
     def end(self) -> bytes:
         return _go_json(self._line("", "", self._final())) + b"\n"
@@ -819,6 +919,7 @@ class _Ollama(_Dialect):
 
 class _OllamaGenerate(_Ollama):
     chat = False
+    tool_calls_ok = False  # /api/generate has no tools
 
 
 # ---------------------------------------------------------------- llama.cpp
