@@ -3,7 +3,7 @@
 Two simulated inference servers (one per model: the spec's default scope and its per-model
 override) each sit behind their own sidecar, the two "pods" of a deployment. Debian's
 Prometheus scrapes both admin ports every second, with the static target labels `namespace`
-and `pod` that kube-prometheus-stack would add (and `deployment`, as the chart's PodMonitor does) (and `cluster`, as a Thanos setup would), and evaluates the SLO rules every
+and `pod` that kube-prometheus-stack would add (and `llm_release`, as the chart's PodMonitor does) (and `cluster`, as a Thanos setup would), and evaluates the SLO rules every
 second. A load generator streams a mix through both sidecars: answers, reasoning (so time to
 first answer token has data), Ollama /api/chat (engine timings), non-streamed answers, 500s,
 in-stream errors, client cancellations, a few answers with a 2.5 s TTFT and a health probe
@@ -58,7 +58,7 @@ DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 DEFAULT_MODEL = "sim-llama-3-8b"
 OVERRIDE_MODEL = "meta-llama/Llama-3.1-405B-Instruct"
 NAMESPACE = "llm"
-DEPLOYMENT = "llm-sidecar"  # the label the chart's PodMonitor adds (its release)
+RELEASE = "llm/llm-sidecar"  # llm_release, the label the chart's PodMonitor adds (its release)
 CLUSTER = "test-cluster"  # what an external label or a Thanos/Mimir setup adds
 LOAD_SECONDS = 16.0
 WORKERS_PER_POD = 4
@@ -145,7 +145,7 @@ def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
                 # The job the spec's LLMSidecarDown alert watches.
                 "job_name": "llm-sidecar",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "namespace": NAMESPACE, "deployment": DEPLOYMENT, "pod": pod}}
+                    {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "namespace": NAMESPACE, "llm_release": RELEASE, "pod": pod}}
                     for pod, port in targets.items()
                 ],
             },
@@ -155,7 +155,7 @@ def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
                 "job_name": "llm-engine",
                 "metrics_path": "/metrics/engine",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": NAMESPACE, "deployment": DEPLOYMENT, "pod": pod}}
+                    {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": NAMESPACE, "llm_release": RELEASE, "pod": pod}}
                     for pod, port in targets.items()
                 ],
             },
