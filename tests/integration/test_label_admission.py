@@ -236,7 +236,7 @@ async def test_a_label_is_never_dropped_while_a_request_holds_it(upstream, sidec
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, "earned-a") == 200  # earns the label
         await wait_for(lambda: sc.sample("llm_requests_total", model="earned-a", route=CHAT, code="200", outcome="ok", error_type="none") == 1)
-        long = asyncio.ensure_future(ask(s, sc.url, "earned-a", **{"x-hold": "1.2"}))
+        long = asyncio.ensure_future(ask(s, sc.url, "earned-a", **{"x-hold": "3"}))
         await wait_for(lambda: sc.sample("llm_requests_in_flight", **gauge) == 1)
         seen = []
         for _ in range(10):  # several refreshes, each past the idle time
