@@ -6,9 +6,11 @@ Prometheus scrapes both admin ports every second, with the static target labels 
 and `pod` that kube-prometheus-stack would add (and `llm_release`, as the chart's PodMonitor does) (and `cluster`, as a Thanos setup would), and evaluates the SLO rules every
 second. A load generator streams a mix through both sidecars: answers, reasoning (so time to
 first answer token has data), Ollama /api/chat (engine timings), non-streamed answers, 500s,
-in-stream errors, client cancellations, a few answers with a 2.5 s TTFT and a health probe
-through the proxy port (non-API traffic). About 15% fail,
-so the availability SLO burns fast enough to fire its page and ticket alerts.
+in-stream errors, client cancellations, a few answers with a 2.5 s TTFT, parallel tool calls
+(chat and Anthropic, `x-sim-tool-calls`) with usage that reports cached prompt tokens (none of
+the prompt, and most of it: `x-sim-cached-tokens`), and a health probe through the proxy
+port (non-API traffic). About 12% fail, so the availability SLO burns fast enough to fire its
+page and ticket alerts.
 
 Then every panel query of every committed dashboard, with the variables at All and
 $__rate_interval = 1m, goes through /api/v1/query and must return at least one sample, and
@@ -67,10 +69,6 @@ FAST = {"x-sim-ttft": "0.03", "x-sim-tpot": "0.004", "x-sim-tokens": "12"}
 # only real engines report. The "where the time goes" queries that read them run against a
 # real Prometheus scraping a real vLLM and a sidecar in front of it (make test-real).
 LIVE_ONLY = ("vllm:request_", "llm_upstream_queue_seconds")
-# The simulator sends no tool calls yet: these panels' queries are run (Prometheus must
-# accept them) but may return nothing. Their figures are checked per dialect on recordings
-# (tests/unit/test_tool_call_timings.py).
-NO_SIM_DATA = ("llm_time_to_first_tool_call_seconds", "llm_tool_call_assembly_seconds", "llm_tool_calls_per_response")
 
 
 def spec_with_override():
@@ -91,11 +89,14 @@ async def _request(session: aiohttp.ClientSession, url: str, body: dict, headers
 
 
 def _script(base: str, model: str) -> list[tuple[str, dict, dict, bool]]:
-    """One round of requests for one pod: 14, of which 2 fail on the server side."""
+    """One round of requests for one pod: 16, of which 2 fail on the server side."""
     chat = f"{base}/v1/chat/completions"
     ollama = f"{base}/api/chat"
-    msgs = [{"role": "user", "content": "How fast are my tokens?"}]
+    messages = f"{base}/v1/messages"
+    msgs = [{"role": "user", "content": "How fast are my tokens?"}]  # 13 prompt tokens
     stream = {"model": model, "messages": msgs, "stream": True}
+    anthropic = {"model": model, "messages": msgs, "max_tokens": 64, "stream": True}
+    with_usage = {**stream, "stream_options": {"include_usage": True}}  # the usage carries the cached count
     whole = {"model": model, "messages": msgs}
     ollama_body = {"model": model, "messages": msgs}  # Ollama streams unless told not to
     return [
@@ -113,6 +114,9 @@ def _script(base: str, model: str) -> list[tuple[str, dict, dict, bool]]:
         (ollama, ollama_body, FAST, False),
         (chat, whole, FAST, False),
         (chat, stream, {**FAST, "x-sim-ttft": "2.5"}, False),
+        # Agents: two parallel tool calls on a cache miss; one call on a mostly cached prompt.
+        (chat, with_usage, {**FAST, "x-sim-tool-calls": "2", "x-sim-cached-tokens": "0"}, False),
+        (messages, anthropic, {**FAST, "x-sim-tool-calls": "1", "x-sim-cached-tokens": "12"}, False),
     ]
 
 
@@ -272,8 +276,7 @@ async def test_every_dashboard_query_returns_data(pods, prometheus_server):
                 values = [s["value"][1] for s in result] if data["resultType"] == "vector" else [result[1]]
                 checked += 1
                 if not values:
-                    if not any(name in q.expr for name in NO_SIM_DATA):
-                        problems.append(f"{q.where}: no data: {expr}")
+                    problems.append(f"{q.where}: no data: {expr}")
                 elif not all(_finite(v) for v in values):
                     problems.append(f"{q.where}: not finite {values}: {expr}")
             for v in variable_queries(dashboard):
@@ -283,6 +286,25 @@ async def test_every_dashboard_query_returns_data(pods, prometheus_server):
                     problems.append(f"{v.where}: label_values lists nothing")
         assert checked > 100
         assert not problems, "\n".join(problems)
+
+        # The agents row draws what the load sent: cache misses and hits apart from the
+        # streams whose server reported no cached count, and 1.5 calls per tool-calling
+        # response (two on chat, one on Anthropic, as many of each).
+        classes = await _get(
+            session, f"{base}/api/v1/query",
+            query="sum by (cache) (increase(llm_time_to_first_token_by_cache_seconds_count[1m]))",
+        )  # fmt: skip
+        assert {s["metric"]["cache"] for s in classes["result"]} >= {"none", "most", "unknown"}
+        calls = await _get(
+            session, f"{base}/api/v1/query",
+            query="sum(llm_tool_calls_per_response_sum) / sum(llm_tool_calls_per_response_count)",
+        )  # fmt: skip
+        assert 1.4 <= float(calls["result"][0]["value"][1]) <= 1.6
+        assembled = await _get(
+            session, f"{base}/api/v1/query",
+            query="sum(llm_tool_call_assembly_seconds_count) / sum(llm_tool_calls_per_response_count)",
+        )  # fmt: skip
+        assert 1.4 <= float(assembled["result"][0]["value"][1]) <= 1.6  # one assembly per call
 
         # The burn the load creates is what the SLO dashboard's alert panels show.
         firing = await _get(
