@@ -245,12 +245,22 @@ def tools():
     return require_tool("prometheus")
 
 
-def test_chart_refuses_a_servicemonitor_for_pods_in_another_namespace(tools):
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        # A Service selects pods of its own namespace only.
+        (("mode=monitoring-only", "existingServer.podSelector.app=x", "existingServer.namespaces={inference}",
+          "prometheus.monitor.kind=ServiceMonitor"), "needs prometheus.monitor.kind=PodMonitor"),
+        # Rules without the monitor that labels their series would page for ever.
+        (("prometheus.monitor.enabled=false",), "prometheus.rules.enabled needs prometheus.monitor.enabled"),
+    ],
+    ids=["servicemonitor-other-namespace", "rules-without-monitor"],
+)  # fmt: skip
+def test_chart_refuses_what_cannot_judge_its_pods_in_one_line(tools, sets, says):
     with pytest.raises(sync.SyncError) as err:
-        render_release("watch", "monitoring", ("mode=monitoring-only", "existingServer.podSelector.app=x",
-                                               "existingServer.namespaces={inference}", "prometheus.monitor.kind=ServiceMonitor"))  # fmt: skip
+        render_release("watch", "monitoring", sets)
     lines = [ln for ln in str(err.value).splitlines() if ln.startswith("Error:")]
-    assert len(lines) == 1 and "needs prometheus.monitor.kind=PodMonitor" in lines[0] and len(lines[0]) < 200, lines
+    assert len(lines) == 1 and says in lines[0] and len(lines[0]) < 250, lines
 
 
 def test_generated_scrape_job_labels_as_the_operator_would(tools, tmp_path):
