@@ -30,7 +30,8 @@ def test_simulate_help_shows_defaults_and_the_per_request_headers():
     text = _simulate_help()
     assert "(default: 64)" in text and "(default: 0.5)" in text and "(default: 0.2)" in text
     assert "--tokens-spread" in text and "--max-body-bytes" in text
-    for header in ("x-sim-ttft", "x-sim-tpot", "x-sim-tokens", "x-sim-reasoning", "x-sim-fail", "x-sim-line-bytes"):
+    for header in ("x-sim-ttft", "x-sim-tpot", "x-sim-tokens", "x-sim-reasoning", "x-sim-fail", "x-sim-line-bytes",
+                   "x-sim-tool-calls", "x-sim-cached-tokens"):
         assert f"\n  {header}:" in text  # the epilog table kept one header per line
 
 
