@@ -77,3 +77,11 @@ class TenantLabeler:
         if value and not _name_like(value):
             return OTHER
         return self.bound.settle(value, status)
+
+    def hold(self, label: str) -> None:
+        """A request labelled ``label`` at its start keeps it (slot and series) until
+        :meth:`release`: an idle expiry mid-stream would drop the tenant's series under it."""
+        self.bound.hold(label)
+
+    def release(self, label: str) -> None:
+        self.bound.release(label)

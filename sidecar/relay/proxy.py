@@ -312,6 +312,7 @@ class Proxy:
         self.in_flight += 1
         if self._on_start is not None:
             self._safely(self._on_start, label, route.template)
+        tenant_held = self._hold_tenant(timeline.tenant)
         if self._tracer is not None:
             self._safely(self._tracer.start, request.headers, timeline)
         outcome, error_type = Outcome.ERROR, INTERNAL
@@ -331,6 +332,8 @@ class Proxy:
             self.in_flight -= 1
             if self._on_end is not None:  # the in-flight gauge ends under the label it began with
                 self._safely(self._on_end, label, route.template)
+            if tenant_held is not None:
+                self._safely(self._tenant_label.release, tenant_held)
             if timeline.finish(outcome, self._clock(), error_type):
                 model = model or timeline.model or None  # a streamed body's model comes late
                 label = self._settled(model, label, request.headers, timeline)
@@ -588,6 +591,16 @@ class Proxy:
         except Exception:  # telemetry never breaks the relay
             _log.exception("label_settle_failed")
         return label
+
+    def _hold_tenant(self, tenant: str | None) -> str | None:
+        """The tenant label a request starts with is held until it ends, like its model label
+        (sidecar/base/labels.py, ``hold``): an idle expiry mid-stream would drop the tenant's
+        series under a running request. Returns what to release."""
+        hold = getattr(self._tenant_label, "hold", None)
+        if hold is None or not tenant:
+            return None
+        self._safely(hold, tenant)
+        return tenant
 
     @staticmethod
     def _safely(fn, *args) -> None:

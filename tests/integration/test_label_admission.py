@@ -252,6 +252,36 @@ async def test_a_label_is_never_dropped_while_a_request_holds_it(upstream, sidec
     await wait_for(lambda: "earned-a" not in model_values(sc))
 
 
+async def test_a_tenant_is_never_dropped_while_a_request_holds_it(upstream, sidecar_factory):
+    """Finding 6 for tenants: the proxy held only the model label from start to end, so a
+    tenant whose idle time passed mid-stream lost its series (its request counter dropped and
+    restarted from zero) while its own request still ran."""
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, chat))
+    sc = await sidecar_factory(up.url, tenant_header="X-Tenant", label_idle_seconds=0.2, model_refresh_seconds=0.05)
+    ok = {"model": "m", "route": CHAT, "code": "200", "outcome": "ok", "error_type": "none", "tenant": "team-a"}
+    gauge = {"model": "m", "route": CHAT}
+    async with aiohttp.ClientSession() as s:
+        assert await ask(s, sc.url, "m", **{"X-Tenant": "team-a"}) == 200  # earns the tenant
+        await wait_for(lambda: sc.sample("llm_requests_total", **ok) == 1)
+        long = asyncio.ensure_future(ask(s, sc.url, "m", **{"X-Tenant": "team-a", "x-hold": "3"}))
+        await wait_for(lambda: sc.sample("llm_requests_in_flight", **gauge) == 1)
+        counted, in_flight = [], []
+        for _ in range(10):  # several refreshes, each past the idle time
+            await asyncio.sleep(0.1)
+            counted.append(sc.sample("llm_requests_total", **ok))
+            in_flight.append(sc.sample("llm_requests_in_flight", **gauge))
+        assert "team-a" in sc.sidecar.tenants.bound.values
+        assert await long == 200
+    await wait_for(lambda: sc.in_flight() == 0)
+    assert counted == [1.0] * 10  # the tenant's series stayed while its request ran
+    assert in_flight == [1.0] * 10
+    assert sc.sample("llm_requests_total", **ok) == 2  # one count, not restarted from zero
+    assert sc.sample("llm_requests_in_flight", **gauge) in (0.0, None)  # never -1
+    # Released and idle: now it gives its slot and series back.
+    await wait_for(lambda: "team-a" not in sc.sidecar.tenants.bound.values)
+    await wait_for(lambda: sc.sample("llm_requests_total", **ok) is None)
+
+
 async def test_a_models_first_stream_does_not_make_every_capacity_band(upstream, sidecar_factory):
     """Finding 8: each model value (``other`` and ``unknown`` too) pre-created 234 lines of
     llm_inter_token_latency_by_concurrency_seconds (9 bands) at its first stream."""
