@@ -36,8 +36,8 @@ Then, in both Prometheus at once:
 
 1. healthy traffic through every sidecar: each path's targets are its own pods with its own
    ``llm_release``, every SLO recording series of every release is there (with the pods'
-   namespace, or the monitor's where enforced), no series carries ``deployment``, and no
-   critical or warning alert is firing or pending;
+   namespace, or the monitor's where enforced), no critical or warning alert is firing or
+   pending, every rule evaluates without error, and no series carries ``deployment``;
 2. a TTFT regression in team-b's ``chat``: its own page (critical LLMTTFTBurnRate) fires and
    every critical or warning alert is its own (team-a's ``chat``, same name, stays quiet);
 3. the cross-namespace monitoring-only sidecar stopped: LLMSidecarDown for it alone.
@@ -377,6 +377,7 @@ async def _run(session, paths: list[InstallPath], sidecars, proms: list[Prom], m
         await _until(lambda prom=prom: _targets_wrong(session, prom), f"{prom.name}: targets", traffic=healthy)
         await _until(lambda prom=prom: _records_missing(session, prom), f"{prom.name}: SLO records", traffic=healthy)
         await _until(lambda prom=prom: prom.active(session), f"{prom.name}: healthy, yet alerts", traffic=healthy)
+        await _until(lambda prom=prom: _rules_unhealthy(session, prom), f"{prom.name}: rules", traffic=healthy)
         assert await prom.query(session, 'count({deployment!=""})') == [], f"{prom.name}: a series carries deployment"
 
     # 2. A TTFT regression in team-b's chat: its own page, nobody else's.
@@ -441,6 +442,13 @@ async def _targets_wrong(session: aiohttp.ClientSession, prom: Prom) -> list:
         if got != want:
             problems.append((path.key, got, want))
     return problems
+
+
+async def _rules_unhealthy(session: aiohttp.ClientSession, prom: Prom) -> list:
+    """Every rule of every release evaluated without error (the enforced ones too)."""
+    groups = (await _api(session, prom.base, "rules"))["groups"]
+    assert len({g["file"] for g in groups}) == len(prom.paths)
+    return [(g["file"].rsplit("/", 1)[-1], r.get("name"), r.get("health"), r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") != "ok"]
 
 
 async def _records_missing(session: aiohttp.ClientSession, prom: Prom) -> list:
