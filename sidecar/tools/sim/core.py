@@ -691,6 +691,12 @@ class _Encoder:
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
         raise NotImplementedError  # pragma: no cover
 
+    def tool(self, i: int, step: ToolStep, plan: Plan) -> bytes:  # pragma: no cover - chat only
+        raise NotImplementedError
+
+    def tool_finish(self, i: int) -> bytes:  # pragma: no cover - chat only
+        raise NotImplementedError
+
     def usage(self, prompt: int, completion: int) -> bytes:
         # vLLM 0.32 with --enable-prompt-tokens-details adds the prompt's cached share
         # (tests/fixtures/streams/openai/vllm032_chat_prefix_cached.txt).
@@ -861,9 +867,9 @@ async def _stream(
                     continue
                 reasoning = k < plan.reasoning
                 if tools is not None and not reasoning:
-                    chunk = encoder.tool(i, tools[i][k - plan.reasoning], plan)  # type: ignore[attr-defined]
+                    chunk = encoder.tool(i, tools[i][k - plan.reasoning], plan)
                     if k == totals[i] - 1:
-                        chunk += encoder.tool_finish(i)  # type: ignore[attr-defined]
+                        chunk += encoder.tool_finish(i)
                     await resp.write(chunk)
                     emitted += 1
                     continue

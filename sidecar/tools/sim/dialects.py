@@ -59,6 +59,18 @@ each server's documentation and source):
                                    {"error":"..."}``.
 =================================  ==========================================================
 
+Tool calls (``x-sim-tool-calls: N``, streamed requests on Responses, Anthropic and Ollama
+``/api/chat``; the vLLM chat route in :mod:`.core`): the answer's steps become N calls, one
+after the other (:func:`~.core.tool_steps`), laid out as the recordings in
+``tests/fixtures/streams`` (checked by tests/unit/test_simulate_tool_calls.py): Responses
+``output_item.added`` of a ``function_call`` item, ``function_call_arguments.delta`` per piece,
+``.done`` and ``output_item.done``, then ``response.completed`` with the calls as its output;
+Anthropic a ``tool_use`` block per call (its start with an empty ``input_json_delta``, one
+delta per piece, its stop; stop reason ``tool_use``); Ollama every call whole in one line at
+the last step (its tool parser holds calls back until they parse). ``x-sim-cached-tokens``
+fills Responses' ``input_tokens_details.cached_tokens`` and Anthropic's
+``cache_read_input_tokens`` (taken out of its ``input_tokens``, as the API counts them).
+
 Token counts: ``x-sim-tokens`` (or the drawn length) is the output the server reports,
 reasoning included where the dialect has reasoning (Responses, Anthropic, Ollama); TGI's
 closing ``</s>`` is one of them. Reasoning (``reasoning_tokens``, ``x-sim-reasoning``) is
