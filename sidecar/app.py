@@ -51,7 +51,7 @@ from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
 from .relay.proxy import Proxy
-from .export.tracing import RequestTelemetry, providers_from_env
+from .export.tracing import RequestTelemetry, TelemetryProviders, providers_from_env
 from .relay.model_discovery import served_models
 from .relay.upstream import UpstreamPool
 from .relay.upstream_watch import UpstreamWatch, describe_failure, watch
@@ -158,10 +158,17 @@ def build_sidecar(
     *,
     tracer_provider=None,
     meter_provider=None,
+    providers: TelemetryProviders | None = None,
 ) -> Sidecar:
     """Wire the parts. OpenTelemetry is on only for the providers passed in (``serve`` builds
-    them from ``OTEL_*``; tests pass in-memory ones); with neither, the proxy has no tracer."""
+    them from ``OTEL_*`` and passes ``providers``; tests pass in-memory ones); with neither,
+    the proxy has no tracer. Every family the page will have is registered here, before the
+    series gate is set up (a family registered later would be counted but never gated)."""
     registry = registry if registry is not None else CollectorRegistry()
+    if providers is not None:
+        tracer_provider = tracer_provider if tracer_provider is not None else providers.tracer_provider
+        meter_provider = meter_provider if meter_provider is not None else providers.meter_provider
+        providers.register(registry)  # llm_sidecar_otlp_export_failures_total, with OTLP on
     budget = SeriesBudget(settings.max_series)
     metrics = SidecarMetrics(
         registry,
@@ -211,7 +218,8 @@ def build_sidecar(
         )
         metrics.bound_tenants(tenants.bound)
     # One series budget for the whole page, counted before any series is made: every
-    # family registered by now (whoever added it) is checked at child creation, and label
+    # family registered by now (whoever added it; nothing is registered after this) is
+    # checked at child creation, and label
     # admission asks the same count what a new value would cost.
     gate = SeriesGate(registry, settings.max_series, on_refused=metrics.refused)
     gate.guard()
@@ -474,10 +482,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """
     open_files = raise_open_file_limit()
     providers = providers_from_env(metrics=settings.otel_metrics)
-    sc = build_sidecar(
-        settings, tracer_provider=providers.tracer_provider, meter_provider=providers.meter_provider
-    )
-    providers.register(sc.registry)  # llm_sidecar_otlp_export_failures_total, with OTLP on
+    sc = build_sidecar(settings, providers=providers)
     # Tail latency: the start-up objects never die, so keep them out of every collection,
     # and collect the young generation less often (the benchmark saw 14-39 ms gen1/gen2
     # pauses at 600 streams; with this, gen1 pauses stayed under 1 ms).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
 
@@ -15,6 +16,7 @@ from sidecar.app import build_sidecar
 from sidecar.config import Settings
 from sidecar.export.prometheus_internals import SeriesGate, WithoutCreated
 from sidecar.export.scrape import count_series
+from sidecar.export.tracing import providers_from_env
 from sidecar.relay.model_discovery import MAX_LISTING_BYTES, decoded_listing
 
 CHAT = "/v1/chat/completions"
@@ -112,14 +114,45 @@ def test_listing_bodies_are_decoded_within_the_bound():
     assert len(bomb) < 10_000 and decoded_listing(bomb, "gzip") is None  # never expanded past the bound
 
 
-def test_every_labelled_family_of_a_built_sidecar_is_gated():
+@pytest.mark.parametrize("otlp", [False, True], ids=["otlp-off", "otlp-on"])
+def test_every_labelled_family_of_a_built_sidecar_is_gated(otlp, monkeypatch):
     """Whoever adds a family (in SidecarMetrics, CapacityMetrics or after them), it counts
     against the budget before its series exist: a family registered after the gate's
-    guard() in build_sidecar would fail here."""
+    guard() in build_sidecar would fail here. With OTLP on (built as ``serve`` builds it),
+    ``llm_sidecar_otlp_export_failures_total`` too: it used to be registered after the gate."""
     from sidecar.export.prometheus_internals import MetricWrapperBase, is_labelled_parent
 
+    at_guard: list[set] = []
+    guard = SeriesGate.guard
+
+    def spy(gate):
+        at_guard.append(set(gate._collectors()))
+        return guard(gate)
+
+    monkeypatch.setattr(SeriesGate, "guard", spy)
+    providers = None
+    if otlp:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        providers = providers_from_env(metrics=True, environ=env)
+        assert providers.tracer_provider is not None and providers.meter_provider is not None
     reg = CollectorRegistry()
-    build_sidecar(Settings(upstream="http://127.0.0.1:9", tenant_header="X-Tenant"), reg, access_log=False)
+    try:
+        build_sidecar(
+            Settings(upstream="http://127.0.0.1:9", tenant_header="X-Tenant", otel_metrics=otlp),
+            reg,
+            access_log=False,
+            providers=providers,
+        )
+    finally:
+        if providers is not None:
+            providers.shutdown(timeout=0.1)
+    families = {family.name for family in reg.collect()}
+    assert ("llm_sidecar_otlp_export_failures" in families) is otlp
+    assert len(at_guard) == 1
+    late = [[f.name for f in c.collect()] for c in reg._collector_to_names if c not in at_guard[0]]
+    assert not late, late  # every family exists before the gate is set up
     labelled = [c for c in reg._collector_to_names if isinstance(c, MetricWrapperBase) and is_labelled_parent(c)]
     assert len(labelled) > 20
     ungated = [c._name for c in labelled if "labels" not in vars(c)]
