@@ -38,6 +38,7 @@ TPS = "llm_output_tokens_per_second"
 PARSE_ERRORS = "llm_stream_parse_errors_total"
 TOKEN_COUNT_SOURCE = "llm_token_count_source_total"
 LABEL_OVERFLOW = "llm_label_overflow_total"
+SERIES_REFUSED = "llm_series_refused_total"
 FINISH_REASONS = "llm_finish_reasons_total"
 NON_API = "llm_non_api_requests_total"
 
@@ -342,11 +343,13 @@ def _tokens(board: Board) -> None:
 
 def _token_count_sources(board: Board) -> None:
     """How far the token panels can be trusted: the share of counted requests whose output
-    count the server reported (usage or the engine's own), by route. Its own last row, so
-    adding it moved no other panel."""
+    count the server reported (usage or the engine's own), by route; and how far the labels
+    can: requests filed under 'other', updates the series budget refused. Its own last row,
+    so adding it moved no other panel; one line of three, so the rows below stay put."""
     board.row("Token count sources")
     board.add(_exact_counts_panel())
     board.add(_label_overflow_panel())
+    board.add(_series_refused_panel())
 
 
 def _label_overflow_panel():
@@ -359,7 +362,22 @@ def _label_overflow_panel():
         "names the server does not serve.",
         [Query(sum_rate(LABEL_OVERFLOW, ("label", "reason"), labels=TARGET_LABELS), "{{label}} {{reason}}")],
         "reqps",
-        w=12,
+        w=8,
+        h=7,
+    )
+
+
+def _series_refused_panel():
+    return timeseries_panel(
+        "Updates refused by the series budget (/s)",
+        "Metric updates whose own series did not fit in --max-series (counted before a series is "
+        "made, every family alike), by fate: other (recorded with model and tenant 'other') or "
+        "dropped (not recorded: even that row did not fit, so some figures are missing from the "
+        "page). Any rate here means the page is full: raise --max-series, or lower --max-models "
+        "/ --max-tenants.",
+        [Query(sum_rate(SERIES_REFUSED, ("fate",), labels=TARGET_LABELS), "{{fate}}")],
+        "ops",
+        w=8,
         h=7,
     )
 
@@ -376,7 +394,7 @@ def _exact_counts_panel():
         "for usage: enable it on the server (vLLM --enable-force-include-usage) to raise this.",
         [Query(ratio_or_zero(exact, counted), "{{route}}")],
         "percentunit",
-        w=12,
+        w=8,
         h=7,
     )
 
