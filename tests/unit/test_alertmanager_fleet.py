@@ -48,3 +48,31 @@ def test_every_alert_of_a_release_routes_by_its_severity_and_team():
     assert route("severity=critical", "namespace=inference", f"{LABEL_RELEASE}=team-a/a-llm-sidecar") == "team-a-pager"
     am = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     assert {"namespace", LABEL_RELEASE, "slo", "model"} <= set(am["route"]["group_by"])
+
+
+def test_every_error_cause_alert_of_a_release_routes_by_error_type():
+    """The error-cause alerts (#33) carry error_type: each cause goes to the team that can fix
+    it, whichever team's release it is, and with the same routes as the plain example
+    (deploy/alertmanager/alertmanager.yaml); the burn-rate pages keep their routes."""
+    from sidecar.tools.slo.rules import ERROR_CAUSES
+
+    rules = release_rules(load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "team-b", "b-llm-sidecar")
+    causes = {r.alert: r for r in rules.rules() if r.alert in {c.alert for c in ERROR_CAUSES}}
+    expected = {"LLMUpstreamUnreachable": "platform-tickets", "LLMStreamsBroken": "model-serving-tickets"}
+    assert set(causes) == set(expected)
+    for cause in ERROR_CAUSES:
+        severity = causes[cause.alert].labels["severity"]
+        for error_type in cause.error_types:
+            for release in ("team-a/a-llm-sidecar", "team-b/b-llm-sidecar"):
+                got = route(f"alertname={cause.alert}", f"error_type={error_type}", f"severity={severity}",
+                            f"{LABEL_RELEASE}={release}", "model=m")  # fmt: skip
+                assert got == expected[cause.alert], (cause.alert, error_type, release, got)
+    assert route("alertname=LLMAvailabilityBurnRate", "severity=critical", f"{LABEL_RELEASE}=team-b/b-llm-sidecar") == "pager"
+    plain = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8"))
+    stack = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+
+    def by_error_type(am: dict) -> dict:
+        return {m: r["receiver"] for r in am["route"]["routes"] for m in r["matchers"] if m.startswith("error_type")}
+
+    assert by_error_type(stack) == by_error_type(plain) != {}
+    assert set(by_error_type(stack).values()) <= {r["name"] for r in stack["receivers"]}
