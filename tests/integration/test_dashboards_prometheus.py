@@ -115,7 +115,8 @@ def _script(base: str, model: str) -> list[tuple[str, dict, dict, bool]]:
         (chat, whole, FAST, False),
         (chat, stream, {**FAST, "x-sim-ttft": "2.5"}, False),
         # Agents: two parallel tool calls on a cache miss; one call on a mostly cached prompt.
-        (chat, with_usage, {**FAST, "x-sim-tool-calls": "2", "x-sim-cached-tokens": "0"}, False),
+        # ... and an objective header that is not a number (ignored and counted).
+        (chat, with_usage, {**FAST, "x-sim-tool-calls": "2", "x-sim-cached-tokens": "0", "x-slo-ttft-ms": "2s"}, False),
         (messages, anthropic, {**FAST, "x-sim-tool-calls": "1", "x-sim-cached-tokens": "12"}, False),
     ]
 

@@ -141,8 +141,8 @@ def test_every_range_is_rate_interval_and_every_variable_is_defined(name):
 def test_raw_metric_selectors_carry_every_filter_variable():
     for q in panel_queries(OVERVIEW):
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
-            if metric == "llm_stream_parse_errors_total":
-                wanted = ("cluster", "namespace", "pod", "route")
+            if metric in ("llm_stream_parse_errors_total", "llm_request_objective_invalid_total"):
+                wanted = ("cluster", "namespace", "pod", "route")  # per route: no model
             elif metric.startswith("llm_sidecar_overhead_seconds") or metric in ("llm_label_overflow_total", "llm_series_refused_total", "llm_sidecar_build_info", "llm_non_api_requests_total"):
                 wanted = ("cluster", "namespace", "pod")  # per direction / per label / per process: no model, no route
             else:

@@ -113,6 +113,8 @@ async def exported(upstream, sidecar_factory):
                 (chat, stream, {**FAST, "x-sim-reasoning": "2"}),
                 (chat, {"model": MODEL, "messages": msgs}, FAST),
                 (chat, stream, {**FAST, "x-sim-fail": "500"}),
+                # Tool calls, and an objective header that is not a number (ignored, counted).
+                (chat, stream, {**FAST, "x-sim-tool-calls": "2", "x-slo-ttft-ms": "fast"}),
                 (f"{sim_sc.url}/api/chat", {"model": MODEL, "messages": msgs}, FAST),
                 (f"{bad_sc.url}/v1/chat/completions", stream, {}),
                 (f"{bad_sc.url}/v1/completions", {"model": MODEL, "prompt": "hi", "stream": True}, {}),

@@ -10,10 +10,11 @@ then for its arguments to finish, which TTFT (any first token) does not say.
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import quantile, ratio_or_zero, sum_rate
+from .queries import TARGET_LABELS, quantile, ratio_or_zero, sum_rate
 
 __all__ = ["ROW_TITLE", "add_agents_row"]
 
+INVALID = "llm_request_objective_invalid_total"
 ROW_TITLE = "Agents and caches: cache-class TTFT, tool calls, requests' own objectives"
 
 _QUANTILES = (
@@ -98,5 +99,15 @@ def add_agents_row(board: Board) -> None:
                 )
             ],
             "percentunit",
+        ),
+        timeseries_panel(
+            "Objective headers ignored",
+            "Objective headers per second that were not a positive number of milliseconds up to a "
+            "day (x-slo-ttft-ms, x-slo-tpot-ms: 0, negative, a unit, not a number): ignored, the "
+            "model's default judged the request instead, and the client got its answer as ever. "
+            "Lasting traffic here is a client sending seconds or a typo.",
+            # No model label on this family (a bad header is the client's, whatever model).
+            [Query(sum_rate(INVALID, ("objective",), labels=(*TARGET_LABELS, "route")), "{{objective}}")],
+            "reqps",
         ),
     )
