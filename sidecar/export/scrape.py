@@ -6,7 +6,9 @@ a loop pushed another client's request p50 from 1.6 ms to 1.8 s. Here the page i
 a worker thread (the loop keeps running; it only shares the GIL, which Python hands over
 every few milliseconds), concurrent scrapes of the same kind share one render (single
 flight), and a page is reused for ``max_age`` seconds, so scrapers in a loop cost at most one
-render per ``max_age``. Each render measures the series count for the label budget.
+render per ``max_age``. The series budget is not counted here: it is counted from the
+registry before a series is made (``SeriesGate``, sidecar/export/prometheus_internals.py);
+:func:`count_series` counts a rendered page's samples the same way, for tests that read the page.
 
 Content negotiation (OpenMetrics for exemplars), ``name[]`` filters and gzip behave as
 prometheus_client's own handler, through its public functions.

@@ -37,8 +37,9 @@ with that ITL objective (p95) are then loaded (SIGHUP) and evaluated by Promethe
 scraped series, unchanged: their 1h windows cover the whole sweep, which is the data
 wanted, so nothing is shortened. ``llm:slo_capacity:concurrency`` must be the expected
 band. Prometheus's own count and share per band over the window are printed beside the
-sidecar's registry (they differed by 20-25 % until every band's series existed at zero
-from a model's first stream: sidecar/export/capacity.py).
+sidecar's registry (they differed by 20-25 % until each band's series existed at zero
+before the load reached it: the lowest three bands at a model's first stream, then the two
+above each band the load enters, sidecar/export/capacity.py).
 
 The curve itself is not asserted: on 2 cores shared with other jobs, CPU contention, not
 batching, sets most of the latency, and it is not monotone in concurrency.
