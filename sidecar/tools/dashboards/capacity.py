@@ -25,8 +25,9 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         return selector(metric, (), labels=[label for label in spec.grouping if label in FILTER_LABELS])
 
     itl = sel(cap.ITL_BY_CONCURRENCY + "_bucket")
-    # Every band's series exists from a model's first stream (sidecar/export/capacity.py):
-    # only bands with gaps (decode time) in the interval are drawn, not their 0/0 NaN.
+    # A band's series exist at zero before the load reaches it (the lowest three from a
+    # model's first stream, then two ahead: sidecar/export/capacity.py): only bands with
+    # gaps (decode time) in the interval are drawn, not their 0/0 NaN.
     seen = (
         f" and on ({by}, concurrency) sum by ({by}, concurrency) "
         f"(rate({sel(cap.ITL_BY_CONCURRENCY + '_count')}[$__rate_interval])) > 0"
