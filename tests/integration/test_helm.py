@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib.util
 import json
 import os
 import re
@@ -37,6 +36,7 @@ import yaml
 
 from sidecar.export import semconv
 from sidecar.config import load_settings
+from tests.chart import sync
 from tests.conftest import IN_CI, bound_ports, start_simulator
 
 pytestmark = pytest.mark.integration
@@ -45,15 +45,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "llm-sidecar"
 
 
-def load_sync():
-    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sync_chart", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sync = load_sync()
 CASES = {case.name: case for case in sync.CASES}
 FULL_CASES = [name for name in CASES if "monitoring-only" not in name]
 CRD_KINDS = sync.MONITORING_KINDS

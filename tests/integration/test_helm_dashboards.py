@@ -13,15 +13,13 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import IN_CI
+from tests.chart import require_helm, sync
 
 pytestmark = pytest.mark.integration
 
@@ -30,23 +28,9 @@ CHART = ROOT / "helm" / "llm-sidecar"
 SPEC = ROOT / "deploy" / "slo" / "default.yaml"
 
 
-def load_sync():
-    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sync_chart", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sync = load_sync()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def helm_ok() -> None:
-    if not sync.HELM.exists():
-        if IN_CI:
-            pytest.fail(f"{sync.HELM} is missing (make tools)")
-        pytest.skip(f"{sync.HELM} is missing (make tools)")
+    require_helm()
 
 
 def dashboards(release: str = "llm-sidecar", namespace: str = "llm", *sets: str) -> list[dict]:

@@ -8,14 +8,12 @@ to build one.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
+from tests.chart import require_helm, sync
 
 pytestmark = pytest.mark.integration
 
@@ -24,23 +22,9 @@ CHART = ROOT / "helm" / "llm-sidecar"
 MAX_ERROR = 400  # characters: one line of reason, plus helm's own prefix
 
 
-def load_sync():
-    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sync_chart", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sync = load_sync()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def helm_ok() -> None:
-    if not sync.HELM.exists():
-        if IN_CI:
-            pytest.fail(f"{sync.HELM} is missing (make tools)")
-        pytest.skip(f"{sync.HELM} is missing (make tools)")
+    require_helm()
 
 
 def error_of(*args: str) -> str:

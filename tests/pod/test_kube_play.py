@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib.util
 import re
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,7 +39,8 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import IN_CI, free_port, require_tool, start_prometheus
+from tests.conftest import free_port, require_tool, start_prometheus
+from tests.chart import require_helm, sync
 from tests.pod.conftest import ROOT, podman
 
 pytestmark = pytest.mark.pod
@@ -52,23 +51,8 @@ BODY = {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user",
 CREATED = re.compile(rb'"created":\d+')
 
 
-def load_sync():
-    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sync_chart", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sync = load_sync()
-
-
 def rendered_deployment(image: str) -> dict:
-    if not sync.HELM.exists():
-        message = f"{sync.HELM} is missing (make tools)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require_helm()
     repo, tag = image.rsplit(":", 1)
     args = ["--kube-version", sync.KUBE_VERSION_LEGACY, "--show-only", "templates/deployment.yaml",
             "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",

@@ -8,12 +8,10 @@ tests/integration/test_helm.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shlex
-import sys
 import tomllib
 from pathlib import Path
 
@@ -24,20 +22,10 @@ import yaml
 import sidecar
 from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings, parse_host_port
+from tests.chart import sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "llm-sidecar"
-
-
-def load_sync():
-    spec = importlib.util.spec_from_file_location("sync_chart", ROOT / "scripts" / "sync_chart.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sync_chart", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sync = load_sync()
 
 
 # ------------------------------------------------------------------------------ Dockerfile
