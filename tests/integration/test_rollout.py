@@ -90,7 +90,12 @@ class Load:
 
 async def start_pod(drain_seconds: float) -> Pod:
     server, up = start_simulator(*STREAM, env=_env())
-    sc = ServeProcess(f"http://127.0.0.1:{up}", "--drain-seconds", str(drain_seconds), "--access-log", "false", clean_env=True)
+    # A pod: the kubelet sets KUBERNETES_SERVICE_HOST, and the drain waits for the server
+    # (outside Kubernetes it would end with the last request; test_drain_outside_kubernetes.py).
+    sc = ServeProcess(
+        f"http://127.0.0.1:{up}", "--drain-seconds", str(drain_seconds), "--access-log", "false",
+        clean_env=True, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+    )
     pod = Pod(server, sc.proc, sc.url, sc.admin_url)
     try:
         await sc.wait_started()
