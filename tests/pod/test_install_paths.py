@@ -124,7 +124,7 @@ def for_podman(deployment: dict, server: str, server_port: int, model: str) -> d
                     if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "metadata.name") == "metadata.name"]  # fmt: skip
         if c["name"] == server:
             c.pop("command", None)
-            c["args"] = ["simulate", "--listen", f"127.0.0.1:{server_port}", "--model", model, "--ttft", "0.02", "--tpot", "0.005", "--tokens", "8"]
+            c["args"] = ["simulate", "--listen", f"127.0.0.1:{server_port}", "--model", model, "--ttft", "0.02", "--tpot", "0.005", "--tokens", "8", "--tokens-spread", "0"]
             c["image"], c["imagePullPolicy"] = "localhost/llm-sidecar:test", "Never"
             c.pop("resources", None)
             c["volumeMounts"] = [m for m in c.get("volumeMounts", []) if m["name"] != "dshm"]
