@@ -56,9 +56,11 @@ _TRITON = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/generate_stream$"
 def match_route(path: str, method: str = "POST") -> tuple[Route, str | None]:
     """Route for a request path (no query string), and a model named by the path if any.
 
-    ``/`` is an API route (TGI's) only for POST: a GET / is a health check or a web page.
+    Every API route is a POST: any other method on its path (a browser's CORS preflight
+    ``OPTIONS``, a load balancer's ``HEAD`` or ``GET`` check, a GET / web page on TGI's
+    ``/``) is not an LLM request and is counted apart from them (``llm_non_api_requests_total``).
     """
-    if path == "/" and method != "POST":
+    if method != "POST":
         return OTHER, None
     route = ROUTES.get(path)
     if route is None and len(path) > 1 and path.endswith("/"):
