@@ -151,6 +151,21 @@ def test_raw_metric_selectors_carry_every_filter_variable():
                 assert f'{label}=~"${label}"' in body, f"{q.where}: {metric} lacks the {label} filter"
 
 
+def test_slo_dashboard_raw_series_are_per_release():
+    """Two releases of one model in one namespace (the chart's per-release SLO dashboard
+    too): every raw series is filtered by the release, and a sum that drops the pod keeps the
+    release apart, as the records do (the capacity row once summed them into one curve)."""
+    checked = 0
+    for q in panel_queries(SLO):
+        for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
+            assert 'llm_release=~"$llm_release"' in body, f"{q.where}: {metric} lacks the llm_release filter"
+            checked += 1
+        for by in re.findall(r"by \(([^)]*)\)", q.expr):
+            labels = {label.strip() for label in by.split(",")}
+            assert "pod" in labels or "llm_release" in labels, f"{q.where}: sum by ({by}) mixes releases"
+    assert checked > 10
+
+
 @all_dashboards
 def test_layout_fits_24_columns_without_overlap_and_ids_are_unique(name):
     ps = DASHBOARDS[name]["panels"]

@@ -17,12 +17,16 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     objective = cap.capacity_objective(spec)
     if objective is None:
         return
-    by = ", ".join(spec.grouping)
+    # The raw series are split and filtered by release too, as the records are (recorded()):
+    # two releases of one model in one namespace (the chart's per-release SLO dashboard
+    # included) never sum into one curve. Plain installs have no llm_release: it matches All.
+    split = [*spec.grouping, *(() if "llm_release" in spec.grouping else ("llm_release",))]
+    by = ", ".join(split)
     threshold = objective.threshold_seconds
     q = format_number(objective.target)
-    legend = " ".join(f"{{{{{label}}}}}" for label in spec.grouping) + " band {{concurrency}}"
+    legend = " ".join(f"{{{{{label}}}}}" for label in split) + " band {{concurrency}}"
     def sel(metric: str) -> str:
-        return selector(metric, (), labels=[label for label in spec.grouping if label in FILTER_LABELS])
+        return selector(metric, (), labels=[label for label in split if label in FILTER_LABELS])
 
     itl = sel(cap.ITL_BY_CONCURRENCY + "_bucket")
     # A band's series exist at zero before the load reaches it (the lowest three from a
