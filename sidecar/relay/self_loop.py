@@ -89,7 +89,9 @@ def _reaches(addr, port: int, host: str, bound_port: int) -> bool:
     if port != bound_port:
         return False
     if host in _WILDCARDS:
-        if host == "0.0.0.0" and addr.version == 6:
+        # asyncio binds "::" IPv6-only (IPV6_V6ONLY): an IPv4 address at that port is
+        # another socket (an inference server on 127.0.0.1 can share the port number).
+        if (host == "0.0.0.0" and addr.version == 6) or (host == "::" and addr.version == 4):
             return False
         return _local(addr)
     bound = _ip(host)

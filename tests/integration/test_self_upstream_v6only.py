@@ -1,0 +1,46 @@
+"""The self-pointing upstream check (sidecar/relay/self_loop.py) must not refuse a server
+that is not the sidecar. asyncio binds a ``::`` listener IPv6-only (``IPV6_V6ONLY``), so a
+sidecar on ``[::]:P`` is never reached by ``127.0.0.1:P``, where an inference server can
+listen at the same time; the check called that a loop and the sidecar refused to start.
+Real sockets: the sidecar's proxy bound on ``::``, a server on ``127.0.0.1`` at the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp import web
+
+from sidecar.relay.self_loop import loop_reason
+
+pytestmark = pytest.mark.integration
+
+
+def _ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6(), reason="no IPv6 on this host")
+async def test_an_ipv4_server_at_the_port_of_an_ipv6_only_listener_is_not_a_loop():
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    await web.TCPSite(runner, "::", 0).start()
+    try:
+        port = runner.addresses[0][1]
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", port)  # the inference server
+        try:
+            assert await loop_reason(f"http://127.0.0.1:{port}", runner.addresses) is None
+            assert await loop_reason(f"http://[::ffff:127.0.0.1]:{port}", runner.addresses) is None
+            # The sidecar's own IPv6 address still is a loop.
+            assert await loop_reason(f"http://[::1]:{port}", runner.addresses) is not None
+        finally:
+            server.close()
+            await server.wait_closed()
+    finally:
+        await runner.cleanup()
