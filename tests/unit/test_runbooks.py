@@ -94,3 +94,23 @@ def test_slo_render_takes_the_base_url(tmp_path, capsys):
     assert main(["slo", "render", str(SPEC), "--runbook-url", "https://x.example/runbooks#top"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--runbook-url" in err
+
+
+def test_every_section_is_there_once():
+    """Two sections with one heading get two anchors (GitHub suffixes the second ``-1``): an
+    alert's link opens the first, and the second is a runbook nobody reaches."""
+    headings = re.findall(r"^#{1,6} (.+)$", RUNBOOKS.read_text(encoding="utf-8"), re.MULTILINE)
+    twice = sorted({h for h in headings if headings.count(h) > 1})
+    assert not twice, f"docs/runbooks.md has these sections more than once: {twice}"
+
+
+def test_each_error_cause_section_queries_what_its_alert_reads():
+    """The on-call's first query is the share the alert fired on, then its own error types by pod."""
+    from sidecar.tools.slo.rules import ERROR_CAUSES, ERROR_SHARE_BY_TYPE
+
+    text = RUNBOOKS.read_text(encoding="utf-8")
+    for cause in ERROR_CAUSES:
+        section = text.split(f"## Runbook: {cause.alert}\n", 1)[1].split("\n## ", 1)[0]
+        assert ERROR_SHARE_BY_TYPE in section, cause.alert
+        assert f'error_type=~"{"|".join(cause.error_types)}"' in section, cause.alert
+        assert "by (namespace, pod" in section, cause.alert
