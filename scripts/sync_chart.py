@@ -240,7 +240,10 @@ def expected_manifests() -> dict[Path, str]:
         + _note_image("---\n".join(core)),
         DEPLOY_DIR / "monitoring.yaml": _header(
             "PodMonitor and PrometheusRule (needs Prometheus Operator's CRDs); the dashboards' ConfigMaps\n"
-            "# are left out: kubectl apply --server-side -n monitoring -k dashboards/",
+            "# are left out: kubectl apply --server-side -n monitoring -k dashboards/\n"
+            "# The rules judge llm-sidecar in any namespace (llm_release=~\".+/llm-sidecar\"): one such\n"
+            "# install per Prometheus. For more, pin each to its namespace (docs/kubernetes.md, \"Which\n"
+            "# pods a release judges\"), or two installs judge each other's pods.",
             command,
         )
         + "---\n".join(monitoring),
