@@ -44,3 +44,36 @@ async def test_an_ipv4_server_at_the_port_of_an_ipv6_only_listener_is_not_a_loop
             await server.wait_closed()
     finally:
         await runner.cleanup()
+
+
+async def test_the_loop_token_rides_only_on_the_sidecars_own_requests(upstream, sidecar_factory):
+    """The probes carry X-LLM-Sidecar-Loop; a client's request reaches the server with the
+    headers it sent and no other (a client's own X-LLM-Sidecar-Loop relayed as sent, not cut)."""
+    import aiohttp
+
+    from sidecar.relay.self_loop import LOOP_HEADER
+
+    seen: list[tuple[str, str, str | None]] = []
+
+    async def any_path(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, request.headers.get(LOOP_HEADER)))
+        await request.read()
+        return web.json_response({"object": "list", "data": []})
+
+    up = await upstream.start(lambda app: app.router.add_route("*", "/{tail:.*}", any_path))
+    sc = await sidecar_factory(up.url)
+    async with aiohttp.ClientSession() as s:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):  # the second may go upstream from the read that completes it (early)
+            async with s.post(sc.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+        async with s.get(sc.url + "/health", headers={LOOP_HEADER: "a-client-value"}) as r:
+            assert r.status == 200
+            await r.read()
+        async with s.get(sc.admin_url + "/readyz") as r:
+            await r.read()
+    probes = [h for m, p, h in seen if p == "/health"]
+    assert [h for m, p, h in seen if p == "/v1/chat/completions"] == [None, None]
+    assert "a-client-value" in probes  # relayed as the client sent it
+    assert any(h not in (None, "a-client-value") for h in probes)  # the readiness probe's own token
