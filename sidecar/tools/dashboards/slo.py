@@ -113,7 +113,8 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "Alerts firing",
             "Firing llm-sidecar alerts by severity (the ALERTS series Prometheus writes for the "
             "rules rendered from the SLO spec): burn-rate alerts of the selected deployments, plus "
-            "LLMSidecarDown and LLMNoTrafficData. page: act now; ticket: within working hours; "
+            "LLMSidecarDown and LLMNoTrafficData, and the error causes by error_type "
+            "(LLMUpstreamUnreachable, LLMStreamsBroken). page: act now; ticket: within working hours; "
             "info: LLMSLOHistoryShort, the error budget covers less than the period (a young "
             "deployment, or Prometheus keeps too little history: see Retention in docs/slo.md). "
             "The Helm chart's critical and warning count as page and ticket.",
