@@ -46,6 +46,12 @@ sidecar's own requests from the clients' it relays."""
 LISTING_HEADERS = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Accept": "application/json"}
 
 
+MAX_CODINGS = 2
+"""Content codings undone at most (a server sends one): a listing under a thousand layers of
+gzip, each within the size bound, held the event loop, and every stream it relays, for a
+second per refresh."""
+
+
 class _TooLarge(Exception):
     pass
 
@@ -66,7 +72,9 @@ def decoded_listing(body: bytes, encoding: str, limit: int = MAX_LISTING_BYTES) 
     """``body`` without its ``Content-Encoding`` (identity, gzip, x-gzip, deflate, raw or
     zlib-wrapped); None for a coding not understood, a corrupt one, or more than ``limit``
     bytes once decompressed."""
-    codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip() and c.strip().lower() != "identity"]
+    if len(codings) > MAX_CODINGS:
+        return None  # each layer is a pass over up to ``limit`` bytes, on the event loop
     try:
         for coding in reversed(codings):  # applied in the order listed: undone from the last
             if coding == "identity":
