@@ -166,3 +166,27 @@ def test_every_recording_rule_is_documented():
     assert len(records) > 10
     missing = sorted(r for r in records if r not in docs and re.sub(r"rate\d+[mhd]$", "rate<W>", r) not in docs)
     assert not missing, f"records named in neither docs/slo.md nor docs/capacity.md: {missing}"
+
+
+def _values(cell: str) -> set[str]:
+    return set(re.findall(r"`([^`]+)`", cell))
+
+
+def test_the_documented_values_of_the_fixed_labels_are_the_codes():
+    """The bounds table's value lists, and the error-type table, against the sets the code
+    folds into (a value added on one side only fails)."""
+    from sidecar.base.finish_reason import _LABELS as FINISH
+    from sidecar.export.metrics import SERIES_REFUSED_FATES, _METHODS
+    from sidecar.measure.cache_class import CACHE_CLASSES
+    from sidecar.measure.objectives import OBJECTIVES
+
+    bounds = bounds_table()
+    assert _values(bounds["finish_reason"]) == {*FINISH.values(), "other"}
+    assert _values(bounds["method"]) == {*_METHODS, "other"}
+    assert _values(bounds["cache"]) == set(CACHE_CLASSES)
+    assert _values(bounds["objective"]) == {*OBJECTIVES, "met", "missed"}
+    assert _values(bounds["fate"]) == set(SERIES_REFUSED_FATES)
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    table = text[text.index("| outcome | error_type | what happened |") :].split("\n\n", 1)[0]
+    documented = {_cells(line)[1].strip("`") for line in table.splitlines()[2:]}
+    assert documented == set(ERROR_TYPE_LABELS)
