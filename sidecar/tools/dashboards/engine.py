@@ -4,7 +4,9 @@ The sidecar measures what users get; these explain why. vLLM exports them on its
 ``/metrics``, which the chart scrapes through the sidecar's admin port (``/metrics/engine``,
 job ``llm-engine``), so they carry the same ``namespace`` and ``pod`` target labels as the
 sidecar's series and the dashboard's filters apply (vLLM labels its series ``model_name``,
-not ``model``, so the model and route filters do not).
+not ``model``, so the model and route filters do not). A team's own scrape of its server
+(monitoring-only) gives them no ``llm_release``: the release filter keeps its pods instead
+(``on_release_pods``), so the row reads the engine wherever it was scraped.
 
 Names are vLLM's V1 engine's (``vllm/v1/metrics/loggers.py``): ``vllm:num_requests_waiting``
 and ``vllm:num_requests_running`` (gauges), ``vllm:kv_cache_usage_perc`` (gauge, 1 = full)
@@ -16,7 +18,7 @@ TGI, llama.cpp) its panels are empty and the row can be folded away.
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import RATE_INTERVAL, TARGET_LABELS, selector
+from .queries import ENGINE_LABELS, RATE_INTERVAL, on_release_pods, selector
 
 __all__ = ["ROW_TITLE", "WAITING", "RUNNING", "KV_CACHE", "PREEMPTIONS", "add_engine_row"]
 
@@ -31,7 +33,7 @@ _LEGEND = "{{namespace}}/{{pod}}"
 
 
 def _gauge(metric: str, how: str = "sum") -> str:
-    return f"{how} by ({_BY_POD}) ({selector(metric, labels=TARGET_LABELS)})"
+    return on_release_pods(f"{how} by ({_BY_POD}) ({selector(metric, labels=ENGINE_LABELS)})")
 
 
 def add_engine_row(board: Board) -> None:
@@ -64,7 +66,7 @@ def add_engine_row(board: Board) -> None:
             "Requests vLLM evicted from the batch to free KV cache, per second per pod (the rate "
             f"of {PREEMPTIONS} over each {RATE_INTERVAL} window). Each one recomputes or "
             "swaps the request's cache: a burst of inter-token latency for that stream.",
-            [Query(f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=TARGET_LABELS)}[{RATE_INTERVAL}]))", _LEGEND)],
+            [Query(on_release_pods(f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=ENGINE_LABELS)}[{RATE_INTERVAL}]))"), _LEGEND)],
             "ops",
             w=8,
         ),

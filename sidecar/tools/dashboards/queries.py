@@ -16,6 +16,8 @@ from ..slo.rules import promql_string
 __all__ = [
     "RATE_INTERVAL",
     "TARGET_LABELS",
+    "ENGINE_LABELS",
+    "on_release_pods",
     "FILTER_LABELS",
     "Matcher",
     "selector",
@@ -36,6 +38,21 @@ PodMonitor add ``namespace`` and ``pod``, the chart's monitors ``llm_release`` (
 ``<its namespace>/<its name>``; not ``deployment``, kube-state-metrics' Deployment name);
 ``cluster`` comes from an external label or a
 Thanos/Mimir setup); the sidecar itself does not export them."""
+
+ENGINE_LABELS: tuple[str, ...] = tuple(label for label in TARGET_LABELS if label != "llm_release")
+"""The target labels an engine's own series (``vllm:*``) can be filtered by: a team's own
+scrape of its server (monitoring-only, where the chart's engine scrape is off by default)
+gives them ``namespace`` and ``pod`` but no ``llm_release``; :func:`on_release_pods` keeps
+the release's pods instead."""
+
+
+def on_release_pods(expr: str) -> str:
+    """``expr`` (one series per namespace and pod) kept for the pods of the selected releases,
+    known by the sidecar's ``llm_sidecar_build_info`` (one per scraped sidecar, from its start),
+    so an engine series counts wherever it was scraped, with or without ``llm_release``."""
+    pods = selector("llm_sidecar_build_info", labels=TARGET_LABELS)
+    return f"({expr}) and on (namespace, pod) count by (namespace, pod) ({pods})"
+
 
 FILTER_LABELS: tuple[str, ...] = (*TARGET_LABELS, "model", "route")
 """Each is a dashboard variable of the same name, used as ``label=~"$label"``."""

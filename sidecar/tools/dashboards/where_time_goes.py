@@ -24,7 +24,7 @@ p99s is no one's p99.
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import FILTER_LABELS, TARGET_LABELS, mean, quantile, selector
+from .queries import ENGINE_LABELS, FILTER_LABELS, TARGET_LABELS, mean, on_release_pods, quantile, selector
 
 __all__ = [
     "ROW_TITLE",
@@ -52,16 +52,19 @@ _POD = "{{namespace}}/{{pod}}"
 
 def _pod_mean(histogram: str, extra=()) -> str:
     """Mean per pod over the rate window. The sidecar's series take every filter; vLLM's
-    (no ``model`` or ``route`` label) only the target labels. Both sum to one series per
-    pod, so their difference joins one to one on (namespace, pod)."""
+    (no ``model`` or ``route`` label, and no ``llm_release`` from a team's own scrape) only
+    the other target labels, kept for the selected releases' pods. Both sum to one series
+    per pod, so their difference joins one to one on (namespace, pod)."""
     by = ", ".join(_BY_POD)
-    labels = TARGET_LABELS if histogram.startswith("vllm:") else FILTER_LABELS
+    engine = histogram.startswith("vllm:")
+    labels = ENGINE_LABELS if engine else FILTER_LABELS
     sel_sum = selector(histogram + "_sum", extra, labels=labels)
     sel_count = selector(histogram + "_count", extra, labels=labels)
-    return (
+    expr = (
         f"sum by ({by}) (rate({sel_sum}[$__rate_interval])) / "
         f"sum by ({by}) (rate({sel_count}[$__rate_interval]))"
     )
+    return on_release_pods(expr) if engine else expr
 
 
 def ttft_split() -> dict[str, str]:
