@@ -373,6 +373,11 @@ def render_helm_rules(spec: SLOSpec) -> str:
     assert matcher in text, "the rules select no release"
     # A matcher first in its braces would make "{{{", which Helm cannot parse: that brace is an action too.
     text = text.replace("{" + matcher, '{{ "{" }}' + matcher).replace(matcher, '{{ include "llm-sidecar.releaseMatcher" $ }}')
+    # LLMSidecarDown watches the job the chart's monitor writes (prometheus.monitor.jobLabel):
+    # with the spec's job fixed here, another jobLabel would page every release for ever.
+    job = f'job="{spec.alerts.target_down.job}"'
+    assert job in text, "the rules watch no scrape job"
+    text = text.replace(job, "job={{ $.Values.prometheus.monitor.jobLabel | quote }}")
     text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2), spec.period, by_key), text)
     assert "@@" not in text and not any(slot.text in text for slot in slots), "a stand-in was left in the chart's rules"
     # A Helm comment, so that the rendered rules are exactly the plain ones.
