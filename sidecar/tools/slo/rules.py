@@ -365,7 +365,8 @@ ERRORS_GROUP = "llm-sidecar-errors"
 ERROR_SHARE_BY_TYPE = "llm:request_errors_by_type:ratio_rate5m"
 """Each ``error_type``'s share of the requests that were not cancelled, per grouping, over 5m."""
 CAUSE_SHARE = 0.05
-"""An error cause alert fires when its error types failed more than this share of requests..."""
+"""An error cause alert fires when its error types *together* failed more than this share of
+requests (one engine crash shows as several types, by where each stream was)..."""
 CAUSE_FOR = 10 * 60
 """...for this long (a cause worth a person's look, not a blip; the burn-rate alerts page)."""
 
@@ -408,9 +409,11 @@ assert all(t in ERROR_TYPES for cause in ERROR_CAUSES for t in cause.error_types
 
 
 def _error_cause_rules(spec: SLOSpec) -> list[Rule]:
-    """Each error type's share of requests (one record), and one alert per cause. The
-    alerts keep ``error_type`` (one alert per type and group), so a route can send each cause
-    to the team that owns it; the availability burn-rate alerts still page on the sum."""
+    """Each error type's share of requests (one record), and one alert per cause. A cause is
+    judged on the sum of its types' shares (3% disconnected and 3% truncated is a 6% broken
+    engine, though neither type is over 5%); its alerts keep ``error_type`` (one alert per
+    type seen in the window, each with the cause's share as its value), so a route can send
+    each cause to the team that owns it. The availability burn-rate alerts page on the sum."""
     five_min = 5 * 60
     sel = _spec_matchers(spec)
     by = spec.grouping
@@ -421,9 +424,13 @@ def _error_cause_rules(spec: SLOSpec) -> list[Rule]:
     share = format_number(CAUSE_SHARE)
     for cause in ERROR_CAUSES:
         types = "|".join(cause.error_types)
+        shares = selector(ERROR_SHARE_BY_TYPE, [("error_type", "=~", types), *sel])
+        group = ", ".join(by)
+        # The cause's share, over the line, onto each of its types seen (value 1 each): the
+        # alert has the type's labels and the cause's value.
         rules.append(
             Rule(
-                f"{selector(ERROR_SHARE_BY_TYPE, [('error_type', '=~', types), *sel])} > {share}",
+                f"(sum by ({group}) ({shares}) > {share}) * on ({group}) group_right () (({shares} > 0) * 0 + 1)",
                 alert=cause.alert,
                 for_=CAUSE_FOR,
                 labels={c.LABEL_SEVERITY: "ticket"},
