@@ -265,14 +265,16 @@ def test_chart_refuses_what_cannot_judge_its_pods_in_one_line(tools, sets, says)
 
 def test_generated_scrape_job_labels_as_the_operator_would(tools, tmp_path):
     """The generator on one rendered PodMonitor, read back by promtool's own relabelling
-    (``promtool check service-discovery``): only the monitor's pod and port are kept."""
+    (``promtool check service-discovery``): only the monitor's pod and port are kept, and of
+    that port name only the sidecar's container's (the server's own ``metrics`` port would be
+    a target that is no sidecar: a down target and a false LLMSidecarDown)."""
     promtool = require_tool("promtool")
     other = _helm("watch", "monitoring", "mode=monitoring-only", "existingServer.podSelector.app=vllm-b",
                   "existingServer.namespaces={inference}")  # fmt: skip
     (monitor,) = [o for o in other if o["kind"] == "PodMonitor"]
     pods = [
         operator.Pod("vllm-b-1", "inference", {"app": "vllm-b"},
-                     (operator.Container("vllm", {"http": "127.0.0.1:1"}, {"http": 8000}),
+                     (operator.Container("vllm", {"http": "127.0.0.1:1", "metrics": "127.0.0.1:6"}, {"http": 8000, "metrics": 8001}),
                       operator.Container("llm-sidecar", {"http": "127.0.0.1:2", "metrics": "127.0.0.1:3"}, {"http": 8080, "metrics": 9464}))),
         operator.Pod("vllm-a-1", "inference", {"app": "vllm-a"}, (operator.Container("llm-sidecar", {"metrics": "127.0.0.1:4"}),)),
         operator.Pod("vllm-b-2", "monitoring", {"app": "vllm-b"}, (operator.Container("llm-sidecar", {"metrics": "127.0.0.1:5"}),)),

@@ -60,6 +60,7 @@ interval: {{ . }}
 scrapeTimeout: {{ . }}
 {{- end }}
 relabelings:
+  {{- with include "llm-sidecar.sidecarContainerOnly" . }}{{ . | nindent 2 }}{{ end }}
   {{- include "llm-sidecar.releaseRelabeling" . | nindent 2 }}
   - action: replace
     targetLabel: job
@@ -75,6 +76,19 @@ before job is replaced; a ServiceMonitor's job is the Service's name, but the ch
 ServiceMonitor watches its own namespace only, the namespace label's. Made at scrape time, so
 the plain manifests are right in whichever namespace they are applied to.
 */}}
+{{/* A PodMonitor scrapes every container port named "metrics" in the pods it selects: in
+monitoring-only the server's own container may have one (vLLM's is often named so), which would
+be a target that is not a sidecar, down or foreign, and page LLMSidecarDown. Only the sidecar's
+container (always named llm-sidecar, the snippet's name) is kept. A ServiceMonitor goes through
+the chart's own Service, which targets the sidecar's port. */}}
+{{- define "llm-sidecar.sidecarContainerOnly" -}}
+{{- if eq .Values.prometheus.monitor.kind "PodMonitor" -}}
+- action: keep
+  sourceLabels: [__meta_kubernetes_pod_container_name]
+  regex: llm-sidecar
+{{- end -}}
+{{- end -}}
+
 {{- define "llm-sidecar.releaseRelabeling" -}}
 {{- if eq .Values.prometheus.monitor.kind "ServiceMonitor" -}}
 - action: replace
@@ -109,6 +123,7 @@ interval: {{ . }}
 scrapeTimeout: {{ . }}
 {{- end }}
 relabelings:
+  {{- with include "llm-sidecar.sidecarContainerOnly" . }}{{ . | nindent 2 }}{{ end }}
   {{- include "llm-sidecar.releaseRelabeling" . | nindent 2 }}
   - action: replace
     targetLabel: job
