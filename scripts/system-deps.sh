@@ -4,8 +4,10 @@
 set -euo pipefail
 # nginx: the benchmark's reference proxy (tests/integration/test_bench_smoke.py); prometheus:
 # promtool (tests/integration/test_promtool.py) and the server of the alert delivery test,
-# prometheus-alertmanager: its Alertmanager (tests/integration/test_alert_delivery.py).
-packages=(nginx prometheus prometheus-alertmanager)
+# prometheus-alertmanager: its Alertmanager (tests/integration/test_alert_delivery.py); gcc: the
+# C extension's build and, through its libgcc dev package, libasan and libubsan for
+# make test-sanitizers (scripts/test-sanitizers.sh).
+packages=(nginx prometheus prometheus-alertmanager gcc)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
