@@ -56,7 +56,7 @@ from ..base.routes import OTHER, ROUTES
 from ..base.outcomes import Outcome
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
-from ..measure.timeline import RequestTimeline, TokenCountSource
+from ..measure.timeline import MAX_FINISH_REASONS, RequestTimeline, TokenCountSource
 from .otel_own_metrics import OwnInstruments
 
 __all__ = [
@@ -88,7 +88,7 @@ PROVIDER_BY_ROUTE: dict[str, str] = {
 
 # Client-supplied strings are bounded before they become attributes.
 _MAX_STRING = 256
-_MAX_FINISH_REASONS = 64
+_MAX_FINISH_REASONS = MAX_FINISH_REASONS  # the record keeps no more
 _MAX_METHOD = 32
 
 

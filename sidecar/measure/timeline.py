@@ -76,10 +76,15 @@ from ..streams.protocols.events import (
 from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_ERROR, STREAM_TRUNCATED, UPSTREAM_STATUS, Outcome
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
-__all__ = ["RequestTimeline", "TokenCountSource", "MAX_TOOL_CALLS"]
+__all__ = ["RequestTimeline", "TokenCountSource", "MAX_TOOL_CALLS", "MAX_FINISH_REASONS"]
 
 MAX_TOOL_CALLS = 128
 """Tool calls timed per response; more are not kept (parallel calls are a handful)."""
+
+MAX_FINISH_REASONS = 64
+"""Finish reasons kept per response (one per choice; a request asks a few at most): an
+upstream that repeats them without end cannot grow the record. The span keeps as many, the
+metric counts 16 (``sidecar/base/finish_reason.py``)."""
 
 _ANSWER = TokenKind.ANSWER
 _REASONING = TokenKind.REASONING
@@ -243,7 +248,9 @@ class RequestTimeline:
                 if ev.response_id is not None:
                     self.response_id = ev.response_id
                 if ev.finish_reasons:
-                    self.finish_reasons.extend(ev.finish_reasons)
+                    room = MAX_FINISH_REASONS - len(self.finish_reasons)
+                    if room > 0:
+                        self.finish_reasons.extend(ev.finish_reasons[:room])
             elif t is StreamEnd:
                 self.saw_end_marker = True
             elif t is GenerationDone:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.base.finish_reason import FINISH_REASONS, MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
 from sidecar.base.outcomes import CANCEL_TYPES, ERROR_TYPE_LABELS, ERROR_TYPES, Outcome, error_type_label
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.measure.timeline import RequestTimeline
+from sidecar.measure.timeline import MAX_FINISH_REASONS, RequestTimeline
 from sidecar.streams.protocols.events import ResponseInfo
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
@@ -82,3 +82,13 @@ def test_a_hostile_count_of_finish_reasons_is_capped_per_request():
         "llm_finish_reasons_total", {"model": "m", "route": "/v1/chat/completions", "finish_reason": "length"}
     )
     assert got == MAX_FINISH_REASONS_PER_REQUEST
+
+
+def test_the_record_keeps_a_bounded_count_of_finish_reasons():
+    """A hostile upstream repeating finish reasons in every event cannot grow the record."""
+    t = RequestTimeline(1.0, "POST", "/v1/chat/completions", "m")
+    t.response_started(1.1, 200, streamed=True)
+    for i in range(1_000):
+        t.events([ResponseInfo(finish_reasons=("stop", "length"))], 1.1 + i * 1e-4)
+    assert len(t.finish_reasons) == MAX_FINISH_REASONS
+    assert t.finish_reasons[:2] == ["stop", "length"], "the first ones are kept, in order"
