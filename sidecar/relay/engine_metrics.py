@@ -20,6 +20,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from .bounded_read import read_bounded
 from .errors import error_response
 
 __all__ = ["MAX_ENGINE_METRICS_BYTES", "engine_metrics_handler", "scrape_timeout"]
@@ -42,22 +43,11 @@ def scrape_timeout(headers, configured: float) -> float:
     return max(0.1, min(configured, theirs - 0.5)) if theirs > 0 else configured
 
 
-async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
-    """The whole body, or None once it passes ``limit``."""
-    chunks, size = [], 0
-    async for chunk in content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _fetch(client: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: float) -> tuple:
     """One upstream scrape: ("ok", status, body, relayed headers) or ("error", status, kind, text)."""
     try:
         async with client.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as upstream:
-            body = await _read_bounded(upstream.content, MAX_ENGINE_METRICS_BYTES)
+            body = await read_bounded(upstream.content, MAX_ENGINE_METRICS_BYTES)
             if body is None:
                 return ("error", 502, "engine_metrics_too_large", "the inference server's metrics page is too large")
             relayed = {name: upstream.headers[name] for name in _RELAYED_RESPONSE if name in upstream.headers}

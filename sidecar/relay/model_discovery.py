@@ -25,10 +25,11 @@ import zlib
 import aiohttp
 import orjson
 
+from .bounded_read import read_bounded
+
 __all__ = [
     "served_models",
     "names_from_listing",
-    "read_listing",
     "decoded_listing",
     "LISTING_PATHS",
     "MAX_LISTING_BYTES",
@@ -54,18 +55,6 @@ second per refresh."""
 
 class _TooLarge(Exception):
     pass
-
-
-async def read_listing(content: aiohttp.StreamReader, limit: int = MAX_LISTING_BYTES) -> bytes | None:
-    """The whole body, over as many reads as it takes; None past ``limit`` bytes."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def decoded_listing(body: bytes, encoding: str, limit: int = MAX_LISTING_BYTES) -> bytes | None:
@@ -148,7 +137,7 @@ async def served_models(
             ) as resp:
                 if not 200 <= resp.status < 300:
                     continue
-                body = await read_listing(resp.content)
+                body = await read_bounded(resp.content, MAX_LISTING_BYTES)
                 encoding = resp.headers.get("Content-Encoding", "")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None  # the upstream is down or broken: keep what we had
