@@ -359,6 +359,17 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: flo
         await asyncio.sleep(0.01)
 
 
+def metric_points(reader) -> dict[str, list]:
+    """An in-memory OTel metric reader's data points by instrument name (every resource and scope)."""
+    out: dict[str, list] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(m.data.data_points)
+    return out
+
+
 @pytest.fixture
 def spans():
     """A tracer provider that samples everything into memory, and its exporter."""

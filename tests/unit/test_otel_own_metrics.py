@@ -22,6 +22,7 @@ from sidecar.export.tracing import RequestTelemetry
 from sidecar.measure.objectives import ObjectiveDefaults, RequestObjectives
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.openai import OpenAIStreamDialect
+from tests.conftest import metric_points
 from tests.fixtures.streams.harness import load
 
 ROUTE = "/v1/chat/completions"
@@ -33,16 +34,6 @@ COMMON = {
     sc.SERVER_ADDRESS: "127.0.0.1",
     sc.SERVER_PORT: 8000,
 }
-
-
-def points(reader: InMemoryMetricReader) -> dict[str, list]:
-    out: dict[str, list] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(m.data.data_points)
-    return out
 
 
 def streamed(fixture: str, asked: RequestObjectives | None = None) -> RequestTimeline:
@@ -67,7 +58,7 @@ def record(t: RequestTimeline, *, latest: bool) -> dict[str, list]:
         "http://127.0.0.1:8000", meter_provider=meters, objectives=DEFAULTS, latest_genai_names=latest
     )
     telemetry.record(t, "m")
-    out = points(reader)
+    out = metric_points(reader)
     meters.shutdown()
     return out
 

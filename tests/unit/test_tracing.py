@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.export import semconv as sc
 from sidecar.app import RUNNER_KWARGS, build_sidecar
 from sidecar.config import Settings
-from tests.conftest import RunningSidecar, start_app, wait_for
+from tests.conftest import RunningSidecar, metric_points, start_app, wait_for
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -430,16 +430,6 @@ async def test_unsampled_requests_propagate_but_leave_no_exemplar(upstream, trac
 
 
 # -- OTel metrics -----------------------------------------------------------------------------------
-
-
-def metric_points(reader: InMemoryMetricReader) -> dict[str, list]:
-    out: dict[str, list] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(m.data.data_points)
-    return out
 
 
 async def test_otel_genai_client_metrics_with_semconv_buckets_and_exemplars(upstream, traced_sidecar, spans):
