@@ -4,8 +4,12 @@ vLLM started with ``--enable-prefix-caching --enable-prompt-tokens-details`` rep
 streamed chat's usage chunk, ``prompt_tokens_details.cached_tokens``: 0 for a prompt it has
 not seen, whole 16-token blocks of it for a prompt that shares a prefix with an earlier one
 (REAL-PARTS.md). Through the sidecar, with the real openai SDK as the client: each prompt's
-first request is filed under ``cache="none"``, its repeat under ``cache="most"``, and the
-repeats start faster than the misses.
+first request is filed under ``cache="none"``, its repeat under ``cache="most"``, and each
+class's TTFT sum is the client's own TTFTs for those requests less the way back to the client.
+
+Whether the repeats also start faster is vLLM's business, not the sidecar's, and with a tiny
+model it is not reliably true: a 470-token prefill costs a few milliseconds on CPU, as much as
+the scheduler's jitter (CI once measured hits 24-29 ms, misses 24-29 ms).
 
 ``RECORD_PREFIX_CACHE=DIR`` also writes the raw bytes of a cached answer there (how
 ``tests/fixtures/streams/openai/vllm032_chat_prefix_cached.txt`` was recorded).
@@ -98,13 +102,13 @@ async def _ask(client, text: str) -> tuple[float, int | None]:
     return ttft, cached
 
 
-async def test_cached_prompts_are_filed_as_cached_and_start_faster(vllm_prefix_cache, sidecar_factory):
+async def test_cached_prompts_are_filed_by_cache_class_with_the_clients_ttft(vllm_prefix_cache, sidecar_factory):
     server = vllm_prefix_cache
     sidecar = await sidecar_factory(server.url)
     client = openai.AsyncOpenAI(base_url=f"{sidecar.url}/v1", api_key="none", max_retries=0)
     try:
-        await _ask(client, "Warm up.")  # the first request after start pays one-off costs
-        misses, hits = [], []
+        warm_up, _ = await _ask(client, "Warm up.")  # the first request after start pays one-off costs
+        misses, hits = [warm_up], []
         for source in ("GPL-3", "Apache-2.0"):
             text = _prompt(server, source)
             ttft, cached = await _ask(client, text)
@@ -123,9 +127,10 @@ async def test_cached_prompts_are_filed_as_cached_and_start_faster(vllm_prefix_c
     assert count("most") == 2
     assert count("none") == 3  # the warm-up's short prompt had nothing cached either
     assert count("partial") is None and count("unknown") is None
-    hit_sum = sidecar.sample("llm_time_to_first_token_by_cache_seconds_sum", model="tiny", route=ROUTE, cache="most")
-    assert hit_sum < sum(misses), (hits, misses)  # the sidecar's hits are faster than the client's misses
-    assert max(hits) < min(misses), (hits, misses)
+    for cache, client_ttfts in (("most", hits), ("none", misses)):
+        sidecar_sum = sidecar.sample("llm_time_to_first_token_by_cache_seconds_sum", model="tiny", route=ROUTE, cache=cache)
+        # the sidecar sees each first token before the client does, and not long before
+        assert 0.5 * sum(client_ttfts) < sidecar_sum <= sum(client_ttfts), (cache, sidecar_sum, client_ttfts)
 
     record = os.environ.get("RECORD_PREFIX_CACHE")
     if record:
