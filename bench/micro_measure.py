@@ -27,8 +27,8 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.relay.proxy import _Relay
-from sidecar.relay.upstream import UpstreamConnection, UpstreamPool
+from sidecar.relay.data.proxy import _Relay
+from sidecar.relay.data.upstream import UpstreamConnection, UpstreamPool
 from sidecar.measure.observe import ResponseObserver
 from sidecar.base.routes import match_route
 from sidecar.base.outcomes import Outcome

@@ -3,7 +3,7 @@ inclusive share of the sampled (non-idle) time.
 
     .venv/bin/python -m bench.pyspy_top /tmp/prof/sidecar-200.txt [--top 25] [--lines]
 
-``--lines`` keeps line numbers (``Proxy._stream (sidecar/relay/proxy.py:270)``) to see which
+``--lines`` keeps line numbers (``Proxy._stream (sidecar/relay/data/proxy.py:270)``) to see which
 statement of a function is hot; without it, frames are merged per function.
 ``--breakdown`` assigns every sample to one part of the sidecar's relay path (first match
 in :data:`PARTS`), for a per-token cost split; best on a ``--native`` profile, where the

@@ -323,7 +323,7 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
             res["sidecar_counted"] = scrape_sidecar(admin_port)
     finally:
         # The upstream first: the sidecar drains for as long as its upstream answers
-        # (sidecar/relay/drain.py), as in a pod with a native sidecar.
+        # (sidecar/relay/server/drain.py), as in a pod with a native sidecar.
         procs.stop(upstream)
         if proxy is not None:
             procs.stop(proxy)

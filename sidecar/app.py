@@ -35,11 +35,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from .config import Settings
-from .relay.aiohttp_internals import GuardedServer, RebuildingRunner, set_shutdown_timeout
-from .relay.client_guard import ConnectionGuard, connection_cap
-from .relay.body_budget import BodyBudget
-from .relay.drain import Drain, needs_full_drain
-from .relay.engine_metrics import engine_metrics_handler
+from .relay.server.aiohttp_internals import GuardedServer, RebuildingRunner, set_shutdown_timeout
+from .relay.server.client_guard import ConnectionGuard, connection_cap
+from .relay.data.body_budget import BodyBudget
+from .relay.server.drain import Drain, needs_full_drain
+from .relay.control.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
 from .base.labels import ModelLabeler, SeriesBudget
@@ -50,12 +50,12 @@ from .export.prometheus_internals import SeriesGate, WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
-from .relay.proxy import Proxy
+from .relay.data.proxy import Proxy
 from .export.tracing import RequestTelemetry, TelemetryProviders, providers_from_env
-from .relay.model_discovery import served_models
-from .relay.upstream import UpstreamPool
-from .relay.upstream_watch import UpstreamWatch, describe_failure, watch
-from .relay.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_gate, loop_reason
+from .relay.control.model_discovery import served_models
+from .relay.data.upstream import UpstreamPool
+from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
+from .relay.control.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_gate, loop_reason
 
 __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 
@@ -131,7 +131,7 @@ class Sidecar:
 
 SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
 
-# LOOP_HEADER: a probe that comes back to this sidecar is answered 508 (relay/self_loop.py).
+# LOOP_HEADER: a probe that comes back to this sidecar is answered 508 (relay/control/self_loop.py).
 OWN_REQUEST_HEADERS = {"User-Agent": "llm-sidecar", LOOP_HEADER: LOOP_TOKEN}
 """On the sidecar's own requests to the upstream (health probes, the upstream watch, engine
 metrics; the model listing adds what it is), so the server's access log, and a test, can
@@ -383,11 +383,11 @@ def _json(status: int, doc: dict) -> web.Response:
 
 
 class SidecarRunner(RebuildingRunner):
-    """``web.AppRunner`` whose connections are guarded (sidecar/relay/client_guard.py): parser
+    """``web.AppRunner`` whose connections are guarded (sidecar/relay/server/client_guard.py): parser
     refusals answered with the proxy's JSON error body, a connection cap and a request head
     budget per port. aiohttp has no public hook for this (its error path runs no middleware),
     so the server aiohttp builds is rebuilt around
-    :class:`~sidecar.relay.aiohttp_internals.GuardedRequestHandler` with the same arguments;
+    :class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler` with the same arguments;
     tests over real sockets pin the result."""
 
     def rebuild_server(self, built: web.Server, kwargs: dict[str, Any]) -> web.Server:
@@ -475,7 +475,7 @@ async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
-    Shutdown order (:mod:`sidecar.relay.drain`): readiness goes 503 and the proxy keeps relaying
+    Shutdown order (:mod:`sidecar.relay.server.drain`): readiness goes 503 and the proxy keeps relaying
     while the upstream answers; once it is gone new requests get 503 + Retry-After and
     in-flight ones finish, all within ``drain_seconds`` (aiohttp cancels what is left); the
     admin port closes last so the final figures can still be scraped during the drain.

@@ -2,7 +2,7 @@
    two byte checks, each with a pure Python original that is the oracle
    (tests/unit/test_speedups.py compares them), and TokenLane, the steady token read taken
    whole in one call, whose oracle is the Python relay path it stands for
-   (sidecar/relay/token_lane.py; tests/unit/test_token_lane.py). */
+   (sidecar/relay/data/token_lane.py; tests/unit/test_token_lane.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
@@ -116,7 +116,7 @@ static PyObject *plain_at(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* ---- TokenLane ---------------------------------------------------------------------------
 
-   One stream's steady token read in one call (sidecar/relay/token_lane.py says when and
+   One stream's steady token read in one call (sidecar/relay/data/token_lane.py says when and
    why). take(read): when the read is one whole HTTP chunk whose payload is the stream's
    armed repeating event (prefix + text + suffix; text_lane), the client's buffer is empty, its
    transport open and no progress check due, write the read to the client as it came and

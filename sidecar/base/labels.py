@@ -7,7 +7,7 @@ server really serves was counted as ``other`` until restart. The rules here:
 
 - **Allowlist** (``--model-allowlist``): when set, only its names, nothing else.
 - **Vouched**: the names the upstream says it serves (``/v1/models``, Ollama ``/api/tags``,
-  TGI ``/info``; :mod:`sidecar.relay.model_discovery` refreshes them in the background,
+  TGI ``/info``; :mod:`sidecar.relay.control.model_discovery` refreshes them in the background,
   never on a request's path). Once the upstream has listed its models, that list is the
   authority: a name it does not list is ``other`` however the server answered it (llama.cpp
   and TGI answer any model name with 200, so a 2xx alone proves nothing there).

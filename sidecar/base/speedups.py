@@ -9,7 +9,7 @@ slices, ``int`` and a set; the token text decoded to check it), and a paired ben
 prototype that did both checks in C used 12 % less CPU per token (docs/performance.md).
 
 ``IN_C`` says which is in use (the tests and the image check read it). ``TokenLane`` (None
-without the extension) is the steady token read in one call: sidecar/relay/token_lane.py.
+without the extension) is the steady token read in one call: sidecar/relay/data/token_lane.py.
 """
 
 from __future__ import annotations

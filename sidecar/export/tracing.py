@@ -3,8 +3,8 @@ metrics, and OTLP export configured by the standard ``OTEL_*`` environment varia
 
 Three parts, each usable alone:
 
-- :class:`RequestTelemetry` is the proxy's :class:`~sidecar.relay.proxy.RequestTracer` (``start``
-  and ``inject``) and a :data:`~sidecar.relay.proxy.Recorder` (``record``) that ends the span from
+- :class:`RequestTelemetry` is the proxy's :class:`~sidecar.relay.data.proxy.RequestTracer` (``start``
+  and ``inject``) and a :data:`~sidecar.relay.data.proxy.Recorder` (``record``) that ends the span from
   the finished timeline and records the OTel metrics. Providers are injected, never taken
   from the global API state, so tests hand in in-memory ones.
 - :func:`providers_from_env` builds the SDK tracer and meter providers with OTLP exporters,

@@ -88,7 +88,7 @@ class ResponseObserver:
     def steady(self):
         """``(template, kind)`` while the dialect has a template armed whose event is one
         token of ``kind`` (a :class:`~sidecar.streams.protocols.events.TokenKind`): what
-        :mod:`sidecar.relay.token_lane` builds a lane from; else None."""
+        :mod:`sidecar.relay.data.token_lane` builds a lane from; else None."""
         memo = getattr(self._dialect, "_memo", None)
         if memo is None:
             return None

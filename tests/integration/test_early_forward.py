@@ -1,4 +1,4 @@
-"""A request sent upstream from the read that completed it (sidecar/relay/early.py), over real
+"""A request sent upstream from the read that completed it (sidecar/relay/data/early.py), over real
 sockets: the upstream gets exactly the bytes the handler's path sends, the requests the early
 path must leave alone take the handler's path, and a client that goes before its handler ran
 stops the upstream request and is counted once, as cancelled.

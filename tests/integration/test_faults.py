@@ -512,7 +512,7 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
         streams = [asyncio.create_task(stream()) for _ in range(5)]
         await wait_for(lambda: app[SIM_STATS].started == 5, timeout=30)
         sc.proc.send_signal(signal.SIGTERM)
-        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/relay/drain.py)
+        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/relay/server/drain.py)
 
             async def draining() -> bool:
                 async with s.get(sc.admin_url + "/readyz") as r:

@@ -693,7 +693,7 @@ def test_the_resolution_check_catches_named_ports_on_native_sidecars(helm_ok, ku
 )  # fmt: skip
 def test_model_server_keeps_serving_while_endpoints_are_removed(helm_ok, kube_version, action):
     """A preStop sleep on the model server (the kubelet's sleep action from 1.30, `sleep`
-    before); the sidecar gets none: it follows the server down (sidecar/relay/drain.py)."""
+    before); the sidecar gets none: it follows the server down (sidecar/relay/server/drain.py)."""
     pod = pod_spec(sync.objects(sync.template(["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"])))
     server = [c for c in pod["containers"] if c["name"] == "model-server"][0]
     assert server["lifecycle"] == {"preStop": action}

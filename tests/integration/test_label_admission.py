@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from sidecar.export.scrape import count_series
-from sidecar.relay.model_discovery import USER_AGENT
+from sidecar.relay.control.model_discovery import USER_AGENT
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration

@@ -88,7 +88,7 @@ async def test_request_log_line_has_figures_and_no_secrets(upstream):
 
 
 async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_with_503(upstream):
-    """The drain of sidecar/relay/drain.py over real sockets: after SIGTERM, new requests are still
+    """The drain of sidecar/relay/server/drain.py over real sockets: after SIGTERM, new requests are still
     relayed while the upstream's health path answers; once it stops, they get 503 JSON with
     Retry-After (not a 502, not a refused connection); the in-flight stream finishes whole
     and the process exits 0 as soon as it has, well before drain_seconds."""

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from sidecar.relay.model_discovery import LISTING_HEADERS, MAX_CODINGS, served_models
+from sidecar.relay.control.model_discovery import LISTING_HEADERS, MAX_CODINGS, served_models
 
 pytestmark = pytest.mark.integration
 

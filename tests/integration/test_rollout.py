@@ -10,7 +10,7 @@ What Kubernetes does when it deletes the chart's pod (README "Kubernetes", pod l
   the simulator both do);
 - native sidecar: the sidecar gets SIGTERM only once the model server has exited;
   regular container: the sidecar gets SIGTERM at t0 (it has no preStop) and must keep
-  relaying until the server is gone (sidecar/relay/drain.py).
+  relaying until the server is gone (sidecar/relay/server/drain.py).
 
 The simulator is the model server, a real `llm-sidecar serve` is the sidecar, and a load
 loop keeps streams in flight through it until the endpoints are gone. Every request must

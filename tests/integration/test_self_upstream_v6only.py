@@ -1,4 +1,4 @@
-"""The self-pointing upstream check (sidecar/relay/self_loop.py) must not refuse a server
+"""The self-pointing upstream check (sidecar/relay/control/self_loop.py) must not refuse a server
 that is not the sidecar. asyncio binds a ``::`` listener IPv6-only (``IPV6_V6ONLY``), so a
 sidecar on ``[::]:P`` is never reached by ``127.0.0.1:P``, where an inference server can
 listen at the same time; the check called that a loop and the sidecar refused to start.
@@ -12,7 +12,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from sidecar.relay.self_loop import loop_reason
+from sidecar.relay.control.self_loop import loop_reason
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ async def test_the_loop_token_rides_only_on_the_sidecars_own_requests(upstream, 
     headers it sent and no other (a client's own X-LLM-Sidecar-Loop relayed as sent, not cut)."""
     import aiohttp
 
-    from sidecar.relay.self_loop import LOOP_HEADER
+    from sidecar.relay.control.self_loop import LOOP_HEADER
 
     seen: list[tuple[str, str, str | None]] = []
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from sidecar.relay.upstream import UpstreamConnection, UpstreamError, UpstreamPool
+from sidecar.relay.data.upstream import UpstreamConnection, UpstreamError, UpstreamPool
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration

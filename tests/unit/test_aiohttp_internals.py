@@ -1,4 +1,4 @@
-"""Pins every aiohttp private name :mod:`sidecar.relay.aiohttp_internals` uses, on the
+"""Pins every aiohttp private name :mod:`sidecar.relay.server.aiohttp_internals` uses, on the
 installed aiohttp, over a real socket: an upgrade that renames one fails here by name."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sidecar.relay import aiohttp_internals as ai
+from sidecar.relay.server import aiohttp_internals as ai
 
 
 async def _hello(request: web.Request) -> web.Response:

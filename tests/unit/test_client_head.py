@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.relay.client_head import client_head
-from sidecar.relay.http1 import ResponseParser
+from sidecar.relay.data.client_head import client_head
+from sidecar.relay.data.http1 import ResponseParser
 
 
 def parsed(raw: bytes, method: str = "GET"):
@@ -67,7 +67,7 @@ def test_framing_and_connection(raw, method, http11, keep, expected_tail, chunke
 def test_a_close_forced_after_the_head_was_built_is_said_in_it(raw, http11):
     """A hook that calls force_close() between building the head and writing it (the drain)
     gets the head a client built without keep-alive would have got."""
-    from sidecar.relay.client_head import _closing
+    from sidecar.relay.data.client_head import _closing
 
     kept = client_head(parsed(raw), http11=http11, method="GET", client_keep_alive=True)
     closed = client_head(parsed(raw), http11=http11, method="GET", client_keep_alive=False)

@@ -1,4 +1,4 @@
-"""sidecar/relay/drain.py: the three steps of a shutdown that loses no request, driven directly."""
+"""sidecar/relay/server/drain.py: the three steps of a shutdown that loses no request, driven directly."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from structlog.testing import capture_logs
 
-from sidecar.relay.drain import PROGRESS_SECONDS, RETRY_AFTER_SECONDS, Drain, in_kubernetes
+from sidecar.relay.server.drain import PROGRESS_SECONDS, RETRY_AFTER_SECONDS, Drain, in_kubernetes
 from tests.conftest import wait_for
 
 

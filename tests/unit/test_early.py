@@ -1,4 +1,4 @@
-"""Early.abandon (sidecar/relay/early.py) for each way a request can be on its way: written
+"""Early.abandon (sidecar/relay/data/early.py) for each way a request can be on its way: written
 on a pooled connection, a task still connecting, a task that already has its answer, or a
 task that failed; the request is recorded only if it was written."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sidecar.relay.early import Early
+from sidecar.relay.data.early import Early
 
 
 class Conn:

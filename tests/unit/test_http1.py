@@ -1,4 +1,4 @@
-"""HTTP/1.1 response framing rules for the sans-I/O upstream parser (sidecar.relay.http1).
+"""HTTP/1.1 response framing rules for the sans-I/O upstream parser (sidecar.relay.data.http1).
 
 Every case runs the way h11 tests its readers: the whole input in one feed, one byte at a
 time, and at random split points (hypothesis), with bytes after the end of the message.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.relay.http1 import ProtocolError, ResponseHead, ResponseParser, request_head
+from sidecar.relay.data.http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 try:  # the reference oracle: not a requirement, usually present through httpx
     import h11

@@ -6,7 +6,11 @@ Layers, each importing only the ones below it (docs/design.md, "Code layout"):
 
 ``relay`` and ``export`` sit side by side and never import each other: measuring flows from
 the relay into one record per request, and the exporters read that record. Neither reads the
-settings model: ``app`` builds them from it with plain arguments. The tools
+settings model: ``app`` builds them from it with plain arguments. Inside ``relay`` three
+folders are layered the same way, ``server -> data -> control``: the client-facing server's
+plumbing (aiohttp's internals, what it refuses, the error answers, draining), the data plane
+(a request to the upstream and its bytes back, measured on the way) and the control plane (the
+sidecar's own requests to the upstream: its listing, its metrics page, its health). The tools
 (``sidecar.tools``: simulator, demo, dashboards and SLO generators) sit beside the runtime:
 they may import it, the runtime never imports them, except the command line, which starts a
 tool inside the function that runs its subcommand (so ``import sidecar.cli`` loads none).
@@ -92,6 +96,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),
 )
 TOOLS = "tools"
+# Inside relay, lowest first; relay/__init__ holds no code.
+RELAY_PARTS = ("server", "data", "control")
 
 
 def layer_of(module: str) -> str:
@@ -119,6 +125,8 @@ def backward_imports(
         for target in sorted(targets):
             there = layer_of(target)
             if here == there:
+                if here == "relay" and _relay_rank(target) > _relay_rank(module):
+                    wrong.append(f"{module} -> {target}")
                 continue
             if there == TOOLS and here == "cli" and top_level is not None:
                 if target not in top_level.get(module, set()):
@@ -130,6 +138,14 @@ def backward_imports(
                 continue
             wrong.append(f"{module} -> {target}")
     return wrong
+
+
+def _relay_rank(module: str) -> int:
+    """A relay module's place among RELAY_PARTS (-1 for relay itself, len for none)."""
+    parts = module.split(".")
+    if len(parts) < 3:
+        return -1
+    return RELAY_PARTS.index(parts[2]) if parts[2] in RELAY_PARTS else len(RELAY_PARTS)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -174,20 +190,30 @@ def test_every_module_of_the_package_has_a_layer():
     assert not unknown, f"modules outside every layer: {unknown} (add them to LAYERS)"
 
 
+def test_every_relay_module_sits_in_one_of_its_three_folders():
+    loose = [m for m in MODULES if layer_of(m) == "relay" and _relay_rank(m) == len(RELAY_PARTS)]
+    assert not loose, f"relay modules outside {RELAY_PARTS}: {loose}"
+    assert not imported_modules("sidecar.relay", PACKAGE / "relay" / "__init__.py")
+
+
 def test_the_layer_check_reports_what_points_the_wrong_way():
     graph = {
-        "sidecar.measure.observe": {"sidecar.relay.upstream", "sidecar.streams.sse", "sidecar.base.routes"},
-        "sidecar.export.metrics": {"sidecar.relay.proxy"},
-        "sidecar.relay.proxy": {"sidecar.tools.sim.core", "sidecar.measure.observe"},
+        "sidecar.measure.observe": {"sidecar.relay.data.upstream", "sidecar.streams.sse", "sidecar.base.routes"},
+        "sidecar.export.metrics": {"sidecar.relay.data.proxy"},
+        "sidecar.relay.data.proxy": {"sidecar.tools.sim.core", "sidecar.measure.observe", "sidecar.relay.server.errors"},
+        "sidecar.relay.server.drain": {"sidecar.relay.data.upstream", "sidecar.relay.server.errors"},
+        "sidecar.relay.data.upstream": {"sidecar.relay.control.model_discovery"},
         "sidecar.cli": {"sidecar.tools.demo", "sidecar.tools.sim.core"},
         "sidecar.tools.demo": {"sidecar.app", "sidecar.cli"},
     }
     top_level = {"sidecar.cli": {"sidecar.tools.sim.core"}}
     assert backward_imports(graph, top_level) == [
         "sidecar.cli -> sidecar.tools.sim.core",  # at import time: not lazy
-        "sidecar.export.metrics -> sidecar.relay.proxy",  # sideways across one layer
-        "sidecar.measure.observe -> sidecar.relay.upstream",  # up
-        "sidecar.relay.proxy -> sidecar.tools.sim.core",  # runtime into the tools
+        "sidecar.export.metrics -> sidecar.relay.data.proxy",  # sideways across one layer
+        "sidecar.measure.observe -> sidecar.relay.data.upstream",  # up
+        "sidecar.relay.data.proxy -> sidecar.tools.sim.core",  # runtime into the tools
+        "sidecar.relay.data.upstream -> sidecar.relay.control.model_discovery",  # up inside relay
+        "sidecar.relay.server.drain -> sidecar.relay.data.upstream",  # up inside relay
     ]
 
 

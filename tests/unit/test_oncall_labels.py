@@ -56,14 +56,14 @@ def test_every_error_type_the_relay_gives_is_in_the_label_set():
     """A new cause in the relay must join ERROR_TYPES (else it is counted as "other"): the
     kinds of the upstream's failures before the head, the causes its body can end with
     (``_end("...")`` in upstream.py), and the relay's own ends."""
-    from sidecar.relay import proxy, upstream
+    from sidecar.relay.data import proxy, upstream
 
     before_head = {
         upstream._unreachable(ConnectionRefusedError(), "h", 1).kind,
         upstream._timeout().kind,
         upstream._disconnected().kind,
     }
-    body_ends = set(re.findall(r'_end\("([a-z_]+)"\)', (PACKAGE / "relay" / "upstream.py").read_text()))
+    body_ends = set(re.findall(r'_end\("([a-z_]+)"\)', (PACKAGE / "relay" / "data" / "upstream.py").read_text()))
     body_ends.add(upstream.UPSTREAM_DISCONNECTED)
     assert body_ends, "the pattern no longer finds the body's causes: update this test"
     assert before_head | body_ends <= set(ERROR_TYPES), (before_head | body_ends) - set(ERROR_TYPES)

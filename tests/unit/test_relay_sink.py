@@ -1,4 +1,4 @@
-"""The relay's body sink (``sidecar.relay.proxy._Relay``) with fake transports: what it writes to
+"""The relay's body sink (``sidecar.relay.data.proxy._Relay``) with fake transports: what it writes to
 the client for each shape of read, before it measures. No sockets: the integration tests
 cover the same path end to end."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from sidecar.measure.observe import ResponseObserver
-from sidecar.relay.proxy import _Relay
+from sidecar.relay.data.proxy import _Relay
 from sidecar.base.routes import match_route
 from sidecar.measure.timeline import RequestTimeline
 

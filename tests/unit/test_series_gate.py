@@ -1,7 +1,7 @@
 """The one series budget (issue 33): every family counted before a series is made, a series
 that does not fit recorded under ``other`` or not at all, the in-flight gauge balanced on the
 row it started on, the page served without ``_created``, and the listing's bodies decoded
-within their bound (sidecar/export/prometheus_internals.py, sidecar/relay/model_discovery.py)."""
+within their bound (sidecar/export/prometheus_internals.py, sidecar/relay/control/model_discovery.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sidecar.config import Settings
 from sidecar.export.prometheus_internals import SeriesGate, WithoutCreated
 from sidecar.export.scrape import count_series
 from sidecar.export.tracing import providers_from_env
-from sidecar.relay.model_discovery import MAX_LISTING_BYTES, decoded_listing
+from sidecar.relay.control.model_discovery import MAX_LISTING_BYTES, decoded_listing
 
 CHAT = "/v1/chat/completions"
 

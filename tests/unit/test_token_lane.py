@@ -1,4 +1,4 @@
-"""The token lane (sidecar/relay/token_lane.py, ``TokenLane`` in sidecar/base/_speedups.c)
+"""The token lane (sidecar/relay/data/token_lane.py, ``TokenLane`` in sidecar/base/_speedups.c)
 against the Python relay path it stands for, which is the oracle.
 
 Each stream is relayed twice through the real ``UpstreamConnection`` and ``_Relay`` (fake
@@ -26,9 +26,9 @@ from sidecar.base.routes import match_route
 from sidecar.measure.concurrency import DecodeConcurrency
 from sidecar.measure.observe import ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.relay import proxy
-from sidecar.relay.proxy import _Relay
-from sidecar.relay.upstream import UpstreamConnection
+from sidecar.relay.data import proxy
+from sidecar.relay.data.proxy import _Relay
+from sidecar.relay.data.upstream import UpstreamConnection
 from tests.conftest import IN_CI
 from tests.fixtures.streams.harness import FAST, HERE
 from tests.unit.test_event_template import OTHERS, SHAPES, texts

@@ -181,7 +181,7 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: Scr
                 raise DemoError(f"cannot scrape {metrics_url} for the summary: {exc!r}") from None
 
         # As a pod with a native sidecar stops: the server first, then the sidecar, which
-        # drains for as long as its upstream answers (sidecar/relay/drain.py).
+        # drains for as long as its upstream answers (sidecar/relay/server/drain.py).
         codes["simulator"] = simulator.stop(SIMULATOR_STOP_TIMEOUT)
         codes["sidecar"] = sidecar.stop(SIDECAR_STOP_TIMEOUT)
         screen.text("\n" + summary(first, last, stats, codes))

@@ -7,15 +7,15 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
   overrides the connection handler's ``connection_made``, ``data_received``,
   ``eof_received``, ``connection_lost`` and ``handle_error``
   (``aiohttp.web_protocol.RequestHandler``, whose ``_manager`` and ``_loop`` it reads; what
-  to answer is :mod:`sidecar.relay.client_guard`'s), :class:`HandlerServer` builds it, and
+  to answer is :mod:`sidecar.relay.server.client_guard`'s), :class:`HandlerServer` builds it, and
   :class:`RebuildingRunner` rebuilds the server ``AppRunner._make_server`` made, with the
   same ``web.Server._kwargs``;
 * writing the upstream's own head bytes: :class:`OwnHeadResponse` replaces
   ``StreamResponse._prepare_headers`` and ``_write_headers`` (which ``prepare()`` calls in
   that order) and reads ``_req`` / sets ``_keep_alive``;
-* the whole-head budget (sidecar/relay/head_budget.py): the handler's ``_request_count``,
+* the whole-head budget (sidecar/relay/server/head_budget.py): the handler's ``_request_count``,
   ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
-* a request sent before its handler runs (sidecar/relay/early.py): the handler's
+* a request sent before its handler runs (sidecar/relay/data/early.py): the handler's
   ``_waiter`` (done: its task is about to take the next request), ``_messages``,
   ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received``
   (pinned over real sockets by ``tests/integration/test_early_forward.py``, which fails if
@@ -149,7 +149,7 @@ class OwnHeadResponse(web.StreamResponse):
 
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's connection handler, asking its server's ``guard``
-    (:class:`sidecar.relay.client_guard.ConnectionGuard`) at each step: a connection past
+    (:class:`sidecar.relay.server.client_guard.ConnectionGuard`) at each step: a connection past
     the cap is answered at once and closed (the process keeps file descriptors for the admin
     port, the upstream sockets and its own files); a request head past the byte budget is
     answered 431 and the connection closed; a request the parser refuses gets the guard's
@@ -159,7 +159,7 @@ class GuardedRequestHandler(RequestHandler):
     _head_payload = None  # the body of the last request whose head completed
     _head_bytes = None  # a HeadBudget once the first bytes arrive
     early = None  # a request sent before its handler ran, until the handler claims it
-    between_requests = False  # the last answer is complete and taken (sidecar/relay/early.py)
+    between_requests = False  # the last answer is complete and taken (sidecar/relay/data/early.py)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         server = handler_server(self)
@@ -208,7 +208,7 @@ class GuardedRequestHandler(RequestHandler):
     def _send_early(self, early) -> None:
         """One request completed in this read: if the connection's task is idle, waiting for
         exactly it (nothing in flight, nothing else queued), offer it to ``early``
-        (sidecar/relay/early.py), which may send it upstream now. Idle: its waiter was just
+        (sidecar/relay/data/early.py), which may send it upstream now. Idle: its waiter was just
         woken; or it has not started yet and this is the connection's first request; or the
         proxy said the last answer is complete and taken (``between_requests``)."""
         waiter = self._waiter

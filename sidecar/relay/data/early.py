@@ -12,7 +12,7 @@ HTTP/1.1, whose whole body (within ``max_request_inspect_bytes``, framed by
 ``Content-Length``) came in with its head, on a client connection with nothing else in
 flight or queued (idle, or its last answer complete and taken by the client:
 :meth:`EarlyForwarder.ready_for_next`). It is written to an idle pooled upstream
-connection at once, with the same bytes the handler would send (sidecar/relay/forwarded.py
+connection at once, with the same bytes the handler would send (sidecar/relay/data/forwarded.py
 builds the header fields for both); with none idle, a task starts connecting and sending
 it at once. The handler, when it runs, claims the record (:meth:`EarlyForwarder.claim`)
 and carries on as if it had sent the request itself: the same labels, figures, relay and
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from aiohttp.http import HttpVersion11
 
-from ..base.routes import OTHER, match_route
+from ...base.routes import OTHER, match_route
 from .forwarded import forwarded_headers, peer_address
 from .upstream import Sent, UpstreamConnection, UpstreamPool
 

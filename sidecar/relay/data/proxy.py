@@ -29,7 +29,7 @@ Faults map to what a client can act on:
 
 Framing is never relayed as received: aiohttp's parser has already refused conflicting or
 obfuscated ``Content-Length``/``Transfer-Encoding`` (see :mod:`sidecar.app`), the body is
-decoded, and the upstream request is framed afresh (:mod:`sidecar.relay.upstream`). An HTTP/1.0
+decoded, and the upstream request is framed afresh (:mod:`sidecar.relay.data.upstream`). An HTTP/1.0
 request that carries ``Transfer-Encoding`` is refused with 400 (RFC 9112 section 6.1: its
 framing is faulty), a transfer coding other than plain ``chunked`` with 501 (section 6.1
 again: aiohttp would not decode it), and the connection is closed after either.
@@ -50,17 +50,17 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
-from ..measure.concurrency import DecodeConcurrency
-from ..measure.observe import ResponseObserver
-from ..base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
-from ..measure.timeline import RequestTimeline
+from ...measure.concurrency import DecodeConcurrency
+from ...measure.observe import ResponseObserver
+from ...base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
+from ...measure.timeline import RequestTimeline
 from .body_budget import BodyBudget
 from .client_head import RawHeadResponse, client_head
-from ..measure.objectives import read_objectives
-from ..measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
-from ..base.routes import OTHER, Route, match_route
+from ...measure.objectives import read_objectives
+from ...measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
+from ...base.routes import OTHER, Route, match_route
 from .early import Early, EarlyForwarder
-from .errors import error_response
+from ..server.errors import error_response
 from .forwarded import HOP_BY_HOP, forwarded_headers
 from .token_lane import AVAILABLE as _LANES, lane_for
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
@@ -265,7 +265,7 @@ class Proxy:
 
     def early_forwarder(self, enabled: Callable[[], bool]) -> EarlyForwarder:
         """What the proxy port's connections call with each request that completes on an
-        idle connection (sidecar/relay/early.py); ``enabled``: False while draining."""
+        idle connection (sidecar/relay/data/early.py); ``enabled``: False while draining."""
         return EarlyForwarder(
             self._pool,
             max_body=min(self._max_inspect, self._max_body),
@@ -478,7 +478,7 @@ class Proxy:
 
     def _abandoned(self, early: Early) -> None:
         """A request sent from its client's read whose client went before the handler ran
-        (sidecar/relay/early.py): recorded as the handler would record a client that went
+        (sidecar/relay/data/early.py): recorded as the handler would record a client that went
         while waiting for the response head."""
         route, model = match_route(early.path, "POST")
         fields = scan_request_fields(early.body)
@@ -563,7 +563,7 @@ class Proxy:
             return self._stalled_reader(request, response)
         if response.keep_alive and request.content.is_eof():
             # Answered, taken by the client, and the connection stays open: the client's next
-            # request may go upstream from the read that completes it (sidecar/relay/early.py),
+            # request may go upstream from the read that completes it (sidecar/relay/data/early.py),
             # though aiohttp has yet to wind this one down.
             EarlyForwarder.ready_for_next(request)
         return Ended(outcome, error_type, response)
@@ -620,7 +620,7 @@ _PROGRESS_CHECK_SECONDS = 1.0
 
 
 class _Relay:
-    """The body sink of one response (:class:`~sidecar.relay.upstream.BodySink`).
+    """The body sink of one response (:class:`~sidecar.relay.data.upstream.BodySink`).
 
     Called from the upstream connection's ``data_received`` for each piece: note the time,
     write the piece to the client (re-framed as one HTTP chunk when the client's response

@@ -12,7 +12,7 @@ chunked`` it adds for a re-framed body, one plain ``Content-Length``), ``Connect
 what this connection does; every other byte is the upstream's.
 
 :class:`RawHeadResponse` writes the head through
-:class:`~sidecar.relay.aiohttp_internals.OwnHeadResponse`, where the aiohttp internals this
+:class:`~sidecar.relay.server.aiohttp_internals.OwnHeadResponse`, where the aiohttp internals this
 takes are named and pinned (``tests/unit/test_client_head.py`` and the header tests in
 ``tests/integration/test_hostile_headers.py`` pin the bytes on the wire).
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .aiohttp_internals import OwnHeadResponse
+from ..server.aiohttp_internals import OwnHeadResponse
 from .http1 import ResponseHead
 
 __all__ = ["ClientHead", "RawHeadResponse", "client_head"]

@@ -40,8 +40,8 @@ there is no lane and every read takes the Python path.
 
 from __future__ import annotations
 
-from ..base.speedups import TokenLane
-from ..streams.protocols.events import TokenKind
+from ...base.speedups import TokenLane
+from ...streams.protocols.events import TokenKind
 from .upstream import YIELD_AFTER_READ
 
 __all__ = ["lane_for", "AVAILABLE"]

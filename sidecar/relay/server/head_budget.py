@@ -13,7 +13,7 @@ connection handler (sidecar/app.py) writes :func:`head_too_large_response` and c
 
 from __future__ import annotations
 
-from .http1 import raw_error_response
+from .errors import raw_error_response
 
 __all__ = ["HeadBudget", "head_size", "head_too_large_response"]
 

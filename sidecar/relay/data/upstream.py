@@ -4,7 +4,7 @@ response body to the relay.
 Why not aiohttp's client: with it, every token costs a stream-buffer append, a future, a
 task wake-up through several ``await`` layers and a re-armed read timer before the relay
 even sees the bytes. That machinery was ~40 % of the sidecar's CPU per token. Here the
-connection's ``data_received`` decodes the framing (:mod:`sidecar.relay.http1`, sans-I/O) and
+connection's ``data_received`` decodes the framing (:mod:`sidecar.relay.data.http1`, sans-I/O) and
 hands each body piece straight to a :class:`BodySink`, which writes it to the client and
 then measures it, inside the same callback: one read, one write, no task switch. The relay
 task only wakes for what is rare: the end, an error, or back-pressure.
@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from ..base.outcomes import INTERNAL
+from ...base.outcomes import INTERNAL
 from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 __all__ = [
@@ -142,7 +142,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._early: list[bytes] = []  # body pieces that arrived before push() was called
         self._received = 0  # response bytes seen for the current request
         self._sink: BodySink | None = None
-        # The sink's open token lane (sidecar/relay/token_lane.py), while it has one.
+        # The sink's open token lane (sidecar/relay/data/token_lane.py), while it has one.
         self._lane = None
         self._ended = False
         self._end_error: str | None = None
@@ -305,7 +305,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def set_lane(self, lane) -> None:
         """While the current sink is pushed to: ``lane.take(read)`` is tried first for each
-        read, and True means it relayed and noted that read (sidecar/relay/token_lane.py).
+        read, and True means it relayed and noted that read (sidecar/relay/data/token_lane.py).
         Dropped (after a flush) at the first read it does not take, and at the end."""
         self._lane = lane if self._sink is not None else None
 
@@ -502,7 +502,7 @@ class UpstreamPool:
         no await: None (nothing written) when no connection is idle. Awaiting
         :meth:`response` with the result gives what :meth:`request` returns, the one retry
         on a fresh connection included. This is how a request reaches the server from
-        inside the client connection's ``data_received`` (sidecar/relay/early.py)."""
+        inside the client connection's ``data_received`` (sidecar/relay/data/early.py)."""
         if self._closing or not self._idle:
             return None
         head, chunked_body, retry = self._framed(method, target, headers, body)

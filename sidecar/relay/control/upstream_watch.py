@@ -1,7 +1,7 @@
 """The upstream's health in plain words, and one log line per change of it.
 
 An operator who stops the inference server should read it in the sidecar's log at once, in
-the same words a client's 502 carries (:func:`sidecar.relay.upstream._unreachable`), not as a
+the same words a client's 502 carries (:func:`sidecar.relay.data.upstream._unreachable`), not as a
 Python class name on ``/readyz``. :class:`UpstreamWatch` keeps the last known state; every
 probe (the periodic one of :func:`watch`, and each ``/readyz``/``/upstreamz``) reports to it,
 and it logs only transitions: ``upstream_unreachable`` with the cause, then
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 
-from .upstream import _timeout, _unreachable
+from ..data.upstream import _timeout, _unreachable
 
 __all__ = ["WATCH_SECONDS", "UpstreamWatch", "describe_failure", "watch"]
 

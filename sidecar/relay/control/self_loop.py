@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import structlog
 from aiohttp import web
 
-from .errors import error_response
+from ..server.errors import error_response
 
 __all__ = ["LOOP_HEADER", "LOOP_STATUS", "LOOP_TOKEN", "UpstreamLoopError", "loop_gate", "loop_reason"]
 

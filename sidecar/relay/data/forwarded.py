@@ -2,7 +2,7 @@
 hop-by-hop ones and those the sidecar sets itself, plus ``X-Forwarded-For/-Proto/-Host``.
 
 One function for both ways a request reaches the upstream (the handler's and
-sidecar/relay/early.py's from inside ``data_received``), so both send the same bytes.
+sidecar/relay/data/early.py's from inside ``data_received``), so both send the same bytes.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str]
 
 def forwarded_headers(headers, *, peer: str, scheme: str, host: str | None, body_is_bytes: bool) -> CIMultiDict[str]:
     """The upstream request's header fields (``Host`` and the body's framing are added by
-    sidecar/relay/http1.py's ``request_head``)."""
+    sidecar/relay/data/http1.py's ``request_head``)."""
     out = filter_headers(headers, NOT_FORWARDED_TO_UPSTREAM)
     if body_is_bytes:
         out.popall("Content-Length", None)  # set again from the bytes sent

@@ -3,7 +3,7 @@
 Why our own and not aiohttp's client: the relay wants the upstream's body *pushed* to it,
 one decoded piece per socket read, straight from the connection's ``data_received``, so
 that a token costs one read, one write and the measuring, with no future, task wake-up,
-stream buffer or per-read timer in between (see :mod:`sidecar.relay.upstream`). Parsing is
+stream buffer or per-read timer in between (see :mod:`sidecar.relay.data.upstream`). Parsing is
 the same job whoever does the I/O, so it lives here, free of sockets and asyncio, and is
 tested whole, byte by byte and at random splits like every other parser in the project.
 
@@ -30,10 +30,9 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 
 from __future__ import annotations
 
-from ..base.errors import ERROR_HEADER, error_body
-from ..base.speedups import HEX_DIGITS, chunk_payload
+from ...base.speedups import HEX_DIGITS, chunk_payload
 
-__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head", "raw_error_response"]
+__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head"]
 
 _CRLF = b"\r\n"
 _MAX_SIZE_LINE = 4096  # a chunk-size line with extensions; a real one is "1a3\r\n"
@@ -393,15 +392,3 @@ def request_head(method: str, target: str, host: str, headers) -> bytes:
         parts.append(f"{name}: {value}\r\n")
     parts.append("\r\n")
     return "".join(parts).encode("utf-8", "surrogateescape")
-
-
-def raw_error_response(status: int, reason: str, kind: str, message: str, extra_headers: bytes = b"") -> bytes:
-    """A whole ``Connection: close`` response carrying the sidecar's JSON error body, for the
-    places that answer on a bare transport before aiohttp has a request (a connection past the
-    cap, a request head past its budget). ``extra_headers``: complete ``Name: value\\r\\n`` lines."""
-    body = error_body(status, kind, message)
-    return (
-        b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\n%b%b: %b\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b"
-        % (status, reason.encode(), extra_headers, ERROR_HEADER.encode(), kind.encode(), len(body), body)
-    )

@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from .bounded_read import read_bounded
-from .errors import error_response
+from ..server.errors import error_response
 
 __all__ = ["MAX_ENGINE_METRICS_BYTES", "engine_metrics_handler", "scrape_timeout"]
 

@@ -3,7 +3,7 @@
 Policy only: the numbers (connection cap, request head budget), the answers (503 with
 Retry-After, 431, the parser's 414/431/400 as the proxy's JSON error body) and the log lines.
 The mechanics, which ride on aiohttp's connection handler, are in
-:class:`sidecar.relay.aiohttp_internals.GuardedRequestHandler`, which asks a
+:class:`sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`, which asks a
 :class:`ConnectionGuard` at each step.
 """
 
@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - not on Linux
 
 from .errors import error_response
 from .head_budget import head_too_large_response
-from .http1 import raw_error_response
+from .errors import raw_error_response
 
 __all__ = ["ConnectionGuard", "RefusalLog", "connection_cap", "parse_refusal"]
 
@@ -80,7 +80,7 @@ class ConnectionGuard:
         self.max_connections = max_connections  # 0: no cap
         self.head_budget = head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
         # Called with each request that completes on an idle connection; may send it upstream
-        # before its handler runs (sidecar/relay/early.py). None on the admin port.
+        # before its handler runs (sidecar/relay/data/early.py). None on the admin port.
         self.early = None
         self.refusal_log = RefusalLog()
 
