@@ -120,26 +120,26 @@ static PyObject *plain_at(PyObject *self, PyObject *const *args, Py_ssize_t narg
    why). take(read): when the read is one whole HTTP chunk whose payload is the stream's
    armed repeating event (prefix + text + suffix; text_lane), the client's buffer is empty, its
    transport open and no progress check due, write the read to the client as it came and
-   note the token: its gap since the last token, the streams decoding then (decode.n), the
+   note the token: its gap since the last token, the streams decoding then (decoding.n), the
    bytes sent. Else answer False having done nothing but read the clock; the Python path
-   takes that read. The notes are kept here, in the lane (a few hundred bytes), and
-   flush() adds them to the timeline and the relay exactly as the Python path would have,
-   one token at a time: before the Python path runs again, when the batch is full, and when
-   the relay ends. What the lane does not check per read (the parser between chunks, the
+   takes that read. The notes are kept here, in the lane (a few hundred bytes), and handed
+   to the one function it was given, notes(sent, gaps, streams, last): when the batch is
+   full and at flush(). The lane writes no attribute of any other object: what it is given
+   is a clock to call, a transport to write to and ask, a count to read (decoding.n) and
+   that function. What the lane does not check per read (the parser between chunks, the
    relay neither ended nor paused, the template still armed) the relay checks each time it
    opens the lane, after every read the Python path took. */
 
 #define LANE_BATCH 32
 
-static PyObject *s_sent, *s_last_token, *s_gaps, *s_gap_streams, *s_n, *s_stream_tokens,
-    *s_reasoning_stream_tokens, *s_frombytes, *s_itemsize;
+static PyObject *s_n, *s_frombytes, *array_type;
 
 enum { KIND_ANSWER = 0, KIND_REASONING = 1, KIND_OTHER = 2 };
 
 typedef struct {
     PyObject_HEAD
     PyObject *clock, *write, *is_closing, *buffer_size;
-    PyObject *relay, *timeline, *decode, *memo;
+    PyObject *decoding, *notes, *memo;
     PyObject *prefix, *suffix;
     Py_ssize_t start, tail, limit, high_water, yield_after;
     double check_at, last;
@@ -151,7 +151,7 @@ typedef struct {
 
 static int lane_traverse(TokenLane *self, visitproc visit, void *arg) {
     Py_VISIT(self->clock); Py_VISIT(self->write); Py_VISIT(self->is_closing); Py_VISIT(self->buffer_size);
-    Py_VISIT(self->relay); Py_VISIT(self->timeline); Py_VISIT(self->decode); Py_VISIT(self->memo);
+    Py_VISIT(self->decoding); Py_VISIT(self->notes); Py_VISIT(self->memo);
     Py_VISIT(self->prefix); Py_VISIT(self->suffix);
     Py_VISIT(Py_TYPE(self));
     return 0;
@@ -164,7 +164,7 @@ static int lane_clear(TokenLane *self) {
     self->count = 0;
     self->sent = 0;
     Py_CLEAR(self->clock); Py_CLEAR(self->write); Py_CLEAR(self->is_closing); Py_CLEAR(self->buffer_size);
-    Py_CLEAR(self->relay); Py_CLEAR(self->timeline); Py_CLEAR(self->decode); Py_CLEAR(self->memo);
+    Py_CLEAR(self->decoding); Py_CLEAR(self->notes); Py_CLEAR(self->memo);
     Py_CLEAR(self->prefix); Py_CLEAR(self->suffix);
     return 0;
 }
@@ -177,56 +177,36 @@ static void lane_dealloc(TokenLane *self) {
     Py_DECREF(tp);
 }
 
-static int itemsize_is(PyObject *array, long size) {
-    PyObject *v = PyObject_GetAttr(array, s_itemsize);
-    if (v == NULL) return -1;
-    long got = PyLong_AsLong(v);
-    Py_DECREF(v);
-    if (got == -1 && PyErr_Occurred()) return -1;
-    if (got != size) {
-        PyErr_Format(PyExc_ValueError, "an array of %ld-byte items is needed, not %ld", size, got);
-        return -1;
-    }
-    return 0;
-}
-
 static int lane_init(TokenLane *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"clock", "transport", "relay", "timeline", "memo", "prefix", "suffix", "limit",
+    static char *names[] = {"clock", "transport", "decoding", "notes", "memo", "prefix", "suffix", "limit",
                             "kind", "high_water", "yield_after", NULL};
-    PyObject *clock, *transport, *relay, *timeline, *memo, *prefix, *suffix;
+    PyObject *clock, *transport, *decoding, *notes, *memo, *prefix, *suffix;
     Py_ssize_t limit, high_water, yield_after;
     int kind;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOSSninn", names, &clock, &transport, &relay, &timeline,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOSSninn", names, &clock, &transport, &decoding, &notes,
                                      &memo, &prefix, &suffix, &limit, &kind, &high_water, &yield_after))
         return -1;
     if (kind < KIND_ANSWER || kind > KIND_OTHER) {
         PyErr_SetString(PyExc_ValueError, "kind: 0 answer, 1 reasoning, 2 other");
         return -1;
     }
-    PyObject *gaps = PyObject_GetAttr(timeline, s_gaps);
-    if (gaps == NULL) return -1;
-    int bad = itemsize_is(gaps, sizeof(double));
-    Py_DECREF(gaps);
-    PyObject *gs = bad ? NULL : PyObject_GetAttr(timeline, s_gap_streams);
-    if (gs == NULL) return -1;
-    bad = itemsize_is(gs, sizeof(unsigned int));
-    Py_DECREF(gs);
-    if (bad) return -1;
-    PyObject *decode = PyObject_GetAttrString(timeline, "decode");
-    PyObject *write = decode ? PyObject_GetAttrString(transport, "write") : NULL;
+    if (!PyCallable_Check(clock) || !PyCallable_Check(notes)) {
+        PyErr_SetString(PyExc_TypeError, "clock and notes must be callable");
+        return -1;
+    }
+    PyObject *write = PyObject_GetAttrString(transport, "write");
     PyObject *is_closing = write ? PyObject_GetAttrString(transport, "is_closing") : NULL;
     PyObject *buffer_size = is_closing ? PyObject_GetAttrString(transport, "get_write_buffer_size") : NULL;
     if (buffer_size == NULL) {
-        Py_XDECREF(decode);
         Py_XDECREF(write);
         Py_XDECREF(is_closing);
         return -1;
     }
     lane_clear(self);
     Py_INCREF(clock); self->clock = clock;
-    self->write = write; self->is_closing = is_closing; self->buffer_size = buffer_size; self->decode = decode;
-    Py_INCREF(relay); self->relay = relay;
-    Py_INCREF(timeline); self->timeline = timeline;
+    self->write = write; self->is_closing = is_closing; self->buffer_size = buffer_size;
+    Py_INCREF(decoding); self->decoding = decoding;
+    Py_INCREF(notes); self->notes = notes;
     Py_INCREF(memo); self->memo = memo;
     Py_INCREF(prefix); self->prefix = prefix;
     Py_INCREF(suffix); self->suffix = suffix;
@@ -242,71 +222,37 @@ static int lane_init(TokenLane *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* obj.name += by, for an int attribute: in a machine word while the sum fits (checked before
-   it is made: never a signed overflow), else as Python adds. */
-static int attr_add(PyObject *obj, PyObject *name, Py_ssize_t by) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    PyObject *nv = NULL;
-    if (PyLong_CheckExact(v)) {
-        int overflow = 0;
-        long long n = PyLong_AsLongLongAndOverflow(v, &overflow), sum;
-        if (n == -1 && PyErr_Occurred()) {
-            Py_DECREF(v);
-            return -1;
-        }
-        if (!overflow && !__builtin_add_overflow(n, (long long)by, &sum)) {
-            nv = PyLong_FromLongLong(sum);
-            if (nv == NULL) {
-                Py_DECREF(v);
-                return -1;
-            }
-        }
-    }
-    if (nv == NULL) { /* beyond a machine word, or not an int: Python's own += */
-        PyObject *step = PyLong_FromSsize_t(by);
-        nv = step ? PyNumber_InPlaceAdd(v, step) : NULL;
-        Py_XDECREF(step);
-    }
-    Py_DECREF(v);
-    if (nv == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, nv);
-    Py_DECREF(nv);
-    return rc;
-}
-
-/* array.frombytes(the first n items of buf) on obj.name. */
-static int extend_array(PyObject *obj, PyObject *name, const void *buf, Py_ssize_t size) {
-    PyObject *array = PyObject_GetAttr(obj, name);
-    if (array == NULL) return -1;
+/* array(typecode) holding the first size bytes of buf: a new reference, or NULL. */
+static PyObject *new_array(const char *typecode, const void *buf, Py_ssize_t size) {
+    PyObject *array = PyObject_CallFunction(array_type, "s", typecode);
+    if (array == NULL) return NULL;
     PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, size);
     PyObject *r = raw ? PyObject_CallMethodOneArg(array, s_frombytes, raw) : NULL;
     Py_XDECREF(raw);
-    Py_DECREF(array);
-    if (r == NULL) return -1;
+    if (r == NULL) {
+        Py_DECREF(array);
+        return NULL;
+    }
     Py_DECREF(r);
-    return 0;
+    return array;
 }
 
-/* The notes into the relay and the timeline; 0, or -1 with an exception set. */
-static int lane_flush_notes(TokenLane *self) {
+/* The notes, handed to notes(sent, gaps, streams, last) and forgotten here; 0, or -1 with an
+   exception set. Nothing noted: nothing handed. */
+static int lane_hand_over(TokenLane *self) {
     int count = self->count;
     Py_ssize_t sent = self->sent;
     self->count = 0;
     self->sent = 0;
-    if (self->relay == NULL || self->timeline == NULL) return 0; /* never initialised, or cleared */
-    if (sent && attr_add(self->relay, s_sent, sent) < 0) return -1;
-    if (!count) return 0;
-    PyObject *tl = self->timeline;
-    if (extend_array(tl, s_gaps, self->gaps, count * (Py_ssize_t)sizeof(double)) < 0) return -1;
-    if (extend_array(tl, s_gap_streams, self->streams, count * (Py_ssize_t)sizeof(unsigned int)) < 0) return -1;
-    PyObject *at = PyFloat_FromDouble(self->last);
-    if (at == NULL) return -1;
-    int rc = PyObject_SetAttr(tl, s_last_token, at);
-    Py_DECREF(at);
-    if (rc < 0) return -1;
-    if (attr_add(tl, s_stream_tokens, count) < 0) return -1;
-    if (self->kind == KIND_REASONING && attr_add(tl, s_reasoning_stream_tokens, count) < 0) return -1;
+    if (self->notes == NULL || (!count && !sent)) return 0; /* never initialised, cleared, or nothing */
+    PyObject *gaps = new_array("d", self->gaps, count * (Py_ssize_t)sizeof(double));
+    PyObject *streams = gaps ? new_array("I", self->streams, count * (Py_ssize_t)sizeof(unsigned int)) : NULL;
+    PyObject *r = NULL;
+    if (streams != NULL) r = PyObject_CallFunction(self->notes, "nOOd", sent, gaps, streams, self->last);
+    Py_XDECREF(gaps);
+    Py_XDECREF(streams);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
     return 0;
 }
 
@@ -341,14 +287,14 @@ static int lane_may_take(TokenLane *self, PyObject *data, double *now, unsigned 
     Py_DECREF(closing);
     if (closing != Py_False) return 0;
     /* An empty buffer before the write leaves at most this read (<= high_water) after it:
-       the relay's flow check after the write cannot fire. */
+       the relay's flow check after the write (its _write_framed) cannot fire. */
     PyObject *queued = PyObject_CallNoArgs(self->buffer_size);
     if (queued == NULL) return -1;
     Py_ssize_t q = PyLong_AsSsize_t(queued);
     Py_DECREF(queued);
     if (q == -1 && PyErr_Occurred()) return -1;
     if (q != 0) return 0;
-    PyObject *decoding = PyObject_GetAttr(self->decode, s_n);
+    PyObject *decoding = PyObject_GetAttr(self->decoding, s_n);
     if (decoding == NULL) return -1;
     unsigned long k = PyLong_AsUnsignedLong(decoding);
     Py_DECREF(decoding);
@@ -373,7 +319,7 @@ static PyObject *lane_take(TokenLane *self, PyObject *data) {
     if (r == NULL) return NULL;
     Py_DECREF(r);
     Py_ssize_t n = PyBytes_GET_SIZE(data);
-    if ((self->count == LANE_BATCH || self->sent > PY_SSIZE_T_MAX - n) && lane_flush_notes(self) < 0) {
+    if ((self->count == LANE_BATCH || self->sent > PY_SSIZE_T_MAX - n) && lane_hand_over(self) < 0) {
         lane_failed(self);
         Py_RETURN_TRUE;
     }
@@ -386,37 +332,38 @@ static PyObject *lane_take(TokenLane *self, PyObject *data) {
     Py_RETURN_TRUE;
 }
 
-/* open(check_at): take reads again, from the timeline's last token on, until a progress
-   check is due at check_at (the relay's; it checks everything else before calling). */
-static PyObject *lane_open(TokenLane *self, PyObject *check_at) {
-    if (self->timeline == NULL) { /* TokenLane.__new__ without __init__ (or cleared) */
+/* open(check_at, last_token) -> bool: take reads again, the next token's gap counted from
+   last_token (the timeline's), until a progress check is due at check_at (the relay's; it
+   checks everything else before calling). */
+static PyObject *lane_open(TokenLane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (self->notes == NULL) { /* TokenLane.__new__ without __init__ (or cleared) */
         PyErr_SetString(PyExc_RuntimeError, "TokenLane.open() before __init__()");
         return NULL;
     }
-    if (self->off) Py_RETURN_FALSE;
-    double at = PyFloat_AsDouble(check_at);
-    if (at == -1.0 && PyErr_Occurred()) return NULL;
-    if (self->count || self->sent) {
-        PyErr_SetString(PyExc_RuntimeError, "open() with notes not flushed");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open(check_at, last_token)");
         return NULL;
     }
-    PyObject *last = PyObject_GetAttr(self->timeline, s_last_token);
-    if (last == NULL) return NULL;
-    double l = last == Py_None ? -1.0 : PyFloat_AsDouble(last);
-    int none = last == Py_None;
-    Py_DECREF(last);
+    if (self->off) Py_RETURN_FALSE;
+    double at = PyFloat_AsDouble(args[0]);
+    if (at == -1.0 && PyErr_Occurred()) return NULL;
+    if (self->count || self->sent) {
+        PyErr_SetString(PyExc_RuntimeError, "open() with notes not handed over");
+        return NULL;
+    }
+    if (args[1] == Py_None) Py_RETURN_FALSE; /* no token yet: the Python path records the first */
+    double l = PyFloat_AsDouble(args[1]);
     if (l == -1.0 && PyErr_Occurred()) return NULL;
-    if (none) Py_RETURN_FALSE; /* no token yet: the Python path records the first */
     self->last = l;
     self->check_at = at;
     self->is_open = 1;
     Py_RETURN_TRUE;
 }
 
-/* flush(): stop taking reads, and add the notes to the relay and the timeline. */
+/* flush(): stop taking reads, and hand the notes over. */
 static PyObject *lane_flush(TokenLane *self, PyObject *unused) {
     self->is_open = 0;
-    if (lane_flush_notes(self) < 0) lane_failed(self);
+    if (lane_hand_over(self) < 0) lane_failed(self);
     Py_RETURN_NONE;
 }
 
@@ -432,8 +379,9 @@ static PyObject *lane_get_memo(TokenLane *self, void *closure) {
 
 static PyMethodDef lane_methods[] = {
     {"take", (PyCFunction)lane_take, METH_O, "take(read) -> bool: relayed and noted here"},
-    {"open", (PyCFunction)lane_open, METH_O, "open(check_at) -> bool: take reads from now on"},
-    {"flush", (PyCFunction)lane_flush, METH_NOARGS, "stop, and add the notes to the relay and timeline"},
+    {"open", (PyCFunction)(void (*)(void))lane_open, METH_FASTCALL,
+     "open(check_at, last_token) -> bool: take reads from now on"},
+    {"flush", (PyCFunction)lane_flush, METH_NOARGS, "stop, and hand the notes to notes()"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -441,7 +389,7 @@ static PyGetSetDef lane_getset[] = {
     {"taken", (getter)lane_get_taken, NULL, "reads taken in all", NULL},
     {"off", (getter)lane_get_off, NULL, "switched off by an error in measuring", NULL},
     {"is_open", (getter)lane_get_is_open, NULL, "taking reads", NULL},
-    {"pending", (getter)lane_get_pending, NULL, "tokens noted, not yet flushed", NULL},
+    {"pending", (getter)lane_get_pending, NULL, "tokens noted, not yet handed over", NULL},
     {"memo", (getter)lane_get_memo, NULL, "the template it stands for", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -473,10 +421,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", NULL, -1
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    INTERN(s_sent, "sent"); INTERN(s_last_token, "last_token"); INTERN(s_gaps, "gaps");
-    INTERN(s_gap_streams, "gap_streams"); INTERN(s_n, "n"); INTERN(s_stream_tokens, "stream_tokens");
-    INTERN(s_reasoning_stream_tokens, "reasoning_stream_tokens"); INTERN(s_frombytes, "frombytes");
-    INTERN(s_itemsize, "itemsize");
+    INTERN(s_n, "n"); INTERN(s_frombytes, "frombytes");
+    if (array_type == NULL) {
+        PyObject *array = PyImport_ImportModule("array");
+        if (array == NULL) return NULL;
+        array_type = PyObject_GetAttrString(array, "array");
+        Py_DECREF(array);
+        if (array_type == NULL) return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *lane = PyType_FromSpec(&lane_spec);

@@ -217,19 +217,8 @@ class RequestTimeline:
         for ev in events:
             t = type(ev)
             if t is Tokens:
-                k = ev.count
-                if k == 1 and self.first_token is not None:
-                    # Steady decode, nearly every event: _tokens' k == 1 branch, inline.
-                    self.gaps.append(now - self.last_token)  # type: ignore[operator]
-                    self.gap_streams.append(self.decode.n)
-                    self.last_token = now
-                    self.stream_tokens += k
-                    kind = ev.kind
-                    if kind is _ANSWER:
-                        if self.first_answer_token is None:
-                            self.first_answer_token = now
-                    elif kind is _REASONING:
-                        self.reasoning_stream_tokens += k
+                if self.first_token is not None and ev.count == 1:  # steady decode: nearly every event
+                    self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]
                 else:
                     self._tokens(ev, now)
             elif t is Usage:
@@ -281,33 +270,45 @@ class RequestTimeline:
         elif len(calls) < MAX_TOOL_CALLS:
             calls[key] = [now, now]
 
+    def add_tokens(self, count: int, gaps, streams, at: float, kind: TokenKind | None) -> None:
+        """The per-token rule, the one place tokens are added: ``count`` tokens of ``kind``
+        (None: a kind that was not said) that arrived by ``at``, with the gaps before them
+        (seconds; one per token after the first of the response) and, beside each gap, how
+        many streams of this model were decoding when it ended (``gaps`` and ``streams`` are
+        sequences of equal length, or arrays of this record's type codes). Called by the
+        Python path for each event and by the token lane for each batch it noted
+        (sidecar/relay/data/token_lane.py), so both add the same figures."""
+        self.gaps.extend(gaps)
+        self.gap_streams.extend(streams)
+        self.last_token = at
+        self.stream_tokens += count
+        if kind is _ANSWER:
+            if self.first_answer_token is None:
+                self.first_answer_token = at
+        elif kind is _REASONING:
+            self.reasoning_stream_tokens += count
+
     def _tokens(self, ev: Tokens, now: float) -> None:
+        """An event that is not one steady token: the response's first, or several at once."""
         k = ev.count
+        n = self.decode.n
         if self.first_token is None:
             self.first_token = now
             self.first_token_kind = ev.kind
             self.decode.enter(now)
+            n = self.decode.n
             if k > 1:  # k tokens in the first event arrived together: k - 1 gaps of 0
                 self._group(len(self.gaps), k - 1, False)
-                self.gaps.extend([0.0] * (k - 1))
-                self.gap_streams.extend([self.decode.n] * (k - 1))
+            gaps = [0.0] * (k - 1)
         elif k == 1:
-            self.gaps.append(now - self.last_token)  # type: ignore[operator]
-            self.gap_streams.append(self.decode.n)
+            gaps = [now - self.last_token]  # type: ignore[operator]
         else:
             # k tokens in one event: the gap since the previous event is split evenly
             # into k observations, so ITL's count matches the token count and its sum
             # still equals the time spent decoding.
             self._group(len(self.gaps), k, True)
-            self.gaps.extend([(now - self.last_token) / k] * k)  # type: ignore[operator]
-            self.gap_streams.extend([self.decode.n] * k)
-        self.last_token = now
-        self.stream_tokens += ev.count
-        if ev.kind is TokenKind.ANSWER:
-            if self.first_answer_token is None:
-                self.first_answer_token = now
-        elif ev.kind is TokenKind.REASONING:
-            self.reasoning_stream_tokens += ev.count
+            gaps = [(now - self.last_token) / k] * k  # type: ignore[operator]
+        self.add_tokens(k, gaps, [n] * len(gaps), now, ev.kind)
 
     def _settle_last(self, usage: Usage) -> None:
         """A :class:`MaybeLastToken` was a token when the usage counts exactly one more than
@@ -320,10 +321,7 @@ class RequestTimeline:
         last = self.last_token
         if usage.output_tokens != self.stream_tokens + 1 or last is None or at < last:
             return
-        self.gaps.append(at - last)
-        self.gap_streams.append(decoding)
-        self.last_token = at
-        self.stream_tokens += 1
+        self.add_tokens(1, (at - last,), (decoding,), at, None)
 
     def _group(self, index: int, count: int, chunk_gap: bool) -> None:
         if self._grouped is None:

@@ -14,6 +14,7 @@ progress check comes due, the number of streams decoding moves.
 from __future__ import annotations
 
 import asyncio
+import sys
 from array import array
 
 import pytest
@@ -419,14 +420,106 @@ def dechunk(data: bytes) -> bytes:
 # -- the attributes the lane reads, and what a failure does ----------------------------------
 
 
-def test_the_attributes_the_lane_reads_exist():
-    """The C lane reads these by name (token_lane.py lists them): a rename breaks it."""
-    timeline = RequestTimeline(0.0)
-    for name in ("last_token", "gaps", "gap_streams", "decode", "stream_tokens", "reasoning_stream_tokens"):
-        assert name in RequestTimeline.__slots__
-    assert timeline.gaps.itemsize == 8 and timeline.gap_streams.itemsize == 4
-    assert "n" in DecodeConcurrency.__slots__
-    assert "sent" in _Relay.__slots__
+def test_the_lane_writes_no_attribute_of_another_object(monkeypatch):
+    """The lane keeps its notes in itself and hands them to ``notes``: it writes no field of
+    the timeline, the relay, the transport or the decoding count, and changes no array of
+    theirs. Run against objects that refuse any write made while the lane's own call is
+    the innermost Python frame (a write from C has no Python frame of its own); writes by
+    their own Python methods (``add_tokens``, ``_lane_sent``) pass."""
+    RealLane = speedups.TokenLane
+    lane_codes: set = set()
+
+    class Watched:
+        """The C lane, its three calls each made from a Python frame of its own."""
+
+        def __init__(self, **kwargs) -> None:
+            self._lane = RealLane(**kwargs)
+
+        def take(self, data):
+            return self._lane.take(data)
+
+        def open(self, check_at, last):
+            return self._lane.open(check_at, last)
+
+        def flush(self):
+            return self._lane.flush()
+
+        def poke(self, obj) -> None:  # what the old lane did: a write from C (builtin setattr)
+            setattr(obj, "last_token", 1.0)
+
+        memo = property(lambda self: self._lane.memo)
+        off = property(lambda self: self._lane.off)
+        taken = property(lambda self: self._lane.taken)
+
+    lane_codes.update({Watched.take.__code__, Watched.open.__code__, Watched.flush.__code__, Watched.poke.__code__})
+    refused: list[str] = []
+
+    def check(obj, name: str) -> None:
+        if sys._getframe(2).f_code in lane_codes:
+            refused.append(f"{type(obj).__name__}.{name}")
+            raise AttributeError(f"the lane wrote {type(obj).__name__}.{name}")
+
+    class GuardedArray(array):
+        def __setitem__(self, i, v):
+            check(self, "__setitem__")
+            super().__setitem__(i, v)
+
+        def append(self, v):
+            check(self, "append")
+            super().append(v)
+
+        def extend(self, v):
+            check(self, "extend")
+            super().extend(v)
+
+        def frombytes(self, v):
+            check(self, "frombytes")
+            super().frombytes(v)
+
+    def guarded(cls):
+        def __setattr__(self, name, value):
+            check(self, name)
+            super(sub, self).__setattr__(name, value)
+
+        sub = type(f"Guarded{cls.__name__}", (cls,), {"__slots__": (), "__setattr__": __setattr__})
+        return sub
+
+    GuardedTimeline = guarded(RequestTimeline)
+    GuardedDecoding = guarded(DecodeConcurrency)
+    real_init = RequestTimeline.__init__
+
+    def timeline_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.gaps, self.gap_streams = GuardedArray("d"), GuardedArray("I")
+
+    monkeypatch.setattr(GuardedTimeline, "__init__", timeline_init)
+    monkeypatch.setattr(sys.modules["sidecar.relay.data.token_lane"], "TokenLane", Watched)
+    monkeypatch.setattr(proxy, "_Relay", guarded(_Relay))
+    monkeypatch.setattr(sys.modules[__name__], "RequestTimeline", GuardedTimeline)
+    monkeypatch.setattr(sys.modules[__name__], "DecodeConcurrency", GuardedDecoding)
+    monkeypatch.setattr(sys.modules[__name__], "_Relay", proxy._Relay)
+    monkeypatch.setattr(sys.modules[__name__], "ClientTransport", guarded(ClientTransport))
+
+    wire = StreamWire(5, 200)
+    events = [wire.role(), *(wire.token(k) for k in range(200)), wire.usage(9), wire.done()]
+    got = relay(paced(events), "/v1/chat/completions", True, monkeypatch)
+    assert refused == []
+    assert got["taken"] > 150, "the lanes took no reads: nothing was checked"
+    assert got["stream_tokens"] == 200 and len(got["gaps"]) == 199 and got["parse_errors"] == 0
+
+    # The guard works: a lane handed the timeline's own array as its notes' target refuses.
+    timeline = GuardedTimeline(0.0)
+    lane = Watched(
+        clock=lambda: 1.0, transport=guarded(ClientTransport)(), decoding=GuardedDecoding(),
+        notes=lambda sent, gaps, streams, last: timeline.gaps.frombytes(gaps.tobytes()),
+        memo=None, prefix=b"a", suffix=b"b", limit=100, kind=0, high_water=1 << 16, yield_after=1 << 16,
+    )  # fmt: skip
+    assert lane.open(5.0, 0.5) and lane.take(frame(b"axb"))
+    lane.flush()  # the notes' own Python frame writes: allowed
+    assert timeline.gaps.tolist() == [0.5] and refused == []
+    with pytest.raises(AttributeError):  # and a write from C inside a lane's call is caught
+        lane.poke(timeline)
+    assert refused == ["GuardedRequestTimeline.last_token"]
 
 
 def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(monkeypatch):
@@ -434,8 +527,10 @@ def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(monkeypa
     lanes off for the response and counts one parse error; every byte still goes through."""
 
     class Refusing(array):
-        def frombytes(self, raw):
-            raise RuntimeError("no more")
+        def extend(self, items):
+            if isinstance(items, array):  # a lane's batch (the Python path hands tuples and lists)
+                raise RuntimeError("no more")
+            super().extend(items)
 
     real_init = RequestTimeline.__init__
 
@@ -500,3 +595,13 @@ def test_a_finished_relay_leaves_no_cycle_behind(monkeypatch):
             gc.enable()
         assert got["taken"] > 50 or not lanes
         assert alive == 0, f"lanes={lanes}: {alive} relays, lanes or timelines wait for the cyclic collector"
+
+
+def test_the_c_source_sets_no_attribute_and_reads_one():
+    """Statically too: no attribute write anywhere in the extension, and the one read by name
+    is the decoding count (token_lane.Decoding)."""
+    from pathlib import Path
+
+    source = (Path(speedups.__file__).parent / "_speedups.c").read_text()
+    assert "SetAttr" not in source and "GenericSetAttr" not in source
+    assert source.count("PyObject_GetAttr(") == 1 and 'INTERN(s_n, "n")' in source

@@ -724,19 +724,23 @@ class _Relay:
                     self._lane_failed()
                     return
                 lane = lane_for(
-                    steady, clock=self._clock, transport=self._transport, relay=self,
-                    timeline=self._observer.timeline, high_water=_HIGH_WATER,
+                    steady, clock=self._clock, transport=self._transport, timeline=self._observer.timeline,
+                    on_sent=self._lane_sent, high_water=_HIGH_WATER,
                 )  # fmt: skip
                 self._lane = lane
                 if lane is None:
                     return
-            if lane.open(self._check_at):
+            if lane.open(self._check_at, self._observer.timeline.last_token):
                 conn.set_lane(lane)
             elif lane.off:
                 self._lane_failed()
         except Exception:
             _log.exception("token_lane_link_failed", route=self._observer.timeline.route)
             self._lane_failed()
+
+    def _lane_sent(self, sent: int) -> None:
+        """Bytes a token lane wrote to the client, handed over with its notes."""
+        self.sent += sent
 
     def _lane_failed(self) -> None:
         """A lane switched itself off on an error in measuring, or could not be made (a bug:

@@ -9,8 +9,10 @@ read runs seven functions (``UpstreamConnection.data_received`` -> ``_Relay.chun
 on, append one gap. A :class:`TokenLane` (``sidecar/base/_speedups.c``) does that in one
 call from ``data_received``, and keeps what it noted (the gaps, the streams decoding at
 each, the bytes sent: a batch of 32) in itself, one object, not spread over the timeline,
-its arrays and the relay; :meth:`flush` adds the batch to them, token by token as the
-Python path would have. It answers False, having done nothing, for any read it is not sure
+its arrays and the relay. It hands each batch to one function, ``notes``, made here: the
+relay adds the bytes to what it sent and the timeline adds the tokens by its one per-token
+rule (:meth:`~sidecar.measure.timeline.RequestTimeline.add_tokens`), the same call the
+Python path makes. It answers False, having done nothing, for any read it is not sure
 of: another shape, a text that is neither plain nor plain but for JSON's one-character
 escapes (``\\n``, ``\\"``; a ``\\u`` escape is decoded by Python), the client's buffer not
 empty or its transport closing, the client's progress check due.
@@ -31,40 +33,78 @@ The connection flushes and drops the lane before the Python path takes a read
 (``_Relay.run``), so whatever reads the timeline or ``_Relay.sent`` sees every token.
 
 The Python path is the oracle: tests/unit/test_token_lane.py relays the same streams
-with lanes and without and compares the bytes and every figure. The lane reads and writes
-these attributes (C cannot import them; the test pins them): ``RequestTimeline.last_token``,
-``gaps`` (an ``array('d')``), ``gap_streams`` (``array('I')``), ``decode.n``,
-``stream_tokens``, ``reasoning_stream_tokens``; ``_Relay.sent``. Without the C extension
-there is no lane and every read takes the Python path.
+with lanes and without and compares the bytes and every figure. The lane writes no
+attribute of another object (a test runs it against objects that refuse every write): what
+it is given is the small protocol below, :class:`LaneTransport`, :class:`Decoding`, a clock
+and ``notes``. Without the C extension there is no lane and every read takes the Python
+path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from ...base.speedups import TokenLane
+from ...measure.timeline import RequestTimeline
 from ...streams.protocols.events import TokenKind
 from .upstream import YIELD_AFTER_READ
 
-__all__ = ["lane_for", "AVAILABLE"]
+__all__ = ["lane_for", "AVAILABLE", "LaneTransport", "Decoding"]
 
 AVAILABLE = TokenLane is not None
 
 _KINDS = {TokenKind.ANSWER: 0, TokenKind.REASONING: 1, TokenKind.TOOL: 2}
 
 
-def lane_for(steady, *, clock, transport, relay, timeline, high_water: int):
+class LaneTransport(Protocol):
+    """What a lane asks of the client's transport: the three calls the relay makes per write."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_write_buffer_size(self) -> int: ...
+
+
+class Decoding(Protocol):
+    """What a lane reads per token (:class:`~sidecar.measure.concurrency.DecodeConcurrency`):
+    how many streams of the model are decoding now."""
+
+    n: int
+
+
+def lane_for(
+    steady,
+    *,
+    clock: Callable[[], float],
+    transport: LaneTransport,
+    timeline: RequestTimeline,
+    on_sent: Callable[[int], None],
+    high_water: int,
+):
     """A lane for ``steady``, ``observer.steady()``'s ``(template, kind)``, or None
     when there is nothing it may stand for yet: the first token (of an answer lane's kind:
-    the first answer token) is the Python path's to record."""
+    the first answer token) is the Python path's to record. Its notes go to ``on_sent``
+    (the bytes written) and to ``timeline.add_tokens``."""
     if TokenLane is None or steady is None or timeline.first_token is None:
         return None
     memo, kind = steady
     if kind is TokenKind.ANSWER and timeline.first_answer_token is None:
         return None
+    add_tokens = timeline.add_tokens
+
+    def notes(sent: int, gaps, streams, last: float) -> None:
+        if sent:
+            on_sent(sent)
+        if gaps:
+            add_tokens(len(gaps), gaps, streams, last, kind)
+
     return TokenLane(
         clock=clock,
         transport=transport,
-        relay=relay,
-        timeline=timeline,
+        decoding=timeline.decode,
+        notes=notes,
         memo=memo,
         prefix=memo.prefix,
         suffix=memo.suffix,
