@@ -14,22 +14,42 @@ without the extension) is the steady token read in one call: sidecar/relay/data/
 
 from __future__ import annotations
 
-__all__ = ["IN_C", "TokenLane", "HEX_DIGITS", "chunk_payload", "plain_at", "chunk_payload_py", "plain_at_py", "plain"]
+__all__ = [
+    "IN_C", "TokenLane", "HEX_DIGITS", "hex_size", "size_line", "chunk_payload", "plain_at", "chunk_payload_py",
+    "plain_at_py", "plain",
+]  # fmt: skip
 
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 """The bytes of a chunk size line (HTTP/1.1 allows no other: no sign, no ``0x``, no space)."""
+
+
+def hex_size(digits: bytes) -> int | None:
+    """The size a chunk's size line states: 1 to 15 hex digits and nothing else, else None.
+    The one chunk-size rule in Python (http1.py's parser and the originals here use it; the
+    C's ``whole_chunk`` is checked against it through :func:`chunk_payload_py`)."""
+    if 0 < len(digits) <= 15 and HEX_DIGITS.issuperset(digits):
+        return int(digits, 16)
+    return None
+
+
+def size_line(data: bytes, pos: int) -> tuple[int, int] | None:
+    """A bare size line (no extension) at ``data[pos:]``: (its size, where the payload
+    starts), or None."""
+    eol = data.find(b"\r\n", pos, pos + 17)
+    size = hex_size(data[pos:eol]) if eol > pos else None
+    return None if size is None else (size, eol + 2)
 
 
 def chunk_payload_py(data: bytes) -> bytes | None:
     """``data``'s payload if ``data`` is exactly one whole HTTP/1.1 chunk with a non-zero
     size and no extension (a size line of 1 to 15 hex digits, CRLF, the payload, CRLF);
     else None."""
-    eol = data.find(b"\r\n", 0, 17)
-    if 0 < eol <= 15 and HEX_DIGITS.issuperset(data[:eol]):
-        size = int(data[:eol], 16)
-        end = eol + 2 + size
+    line = size_line(data, 0)
+    if line is not None:
+        size, start = line
+        end = start + size
         if size and len(data) == end + 2 and data[end:] == b"\r\n":
-            return data[eol + 2 : end]
+            return data[start:end]
     return None
 
 

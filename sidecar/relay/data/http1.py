@@ -30,7 +30,7 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 
 from __future__ import annotations
 
-from ...base.speedups import HEX_DIGITS, chunk_payload
+from ...base.speedups import chunk_payload, hex_size, size_line
 
 __all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head"]
 
@@ -152,16 +152,12 @@ class ResponseParser:
         pieces = []
         pos = 0
         end = len(data)
-        find = data.find
         while pos < end:
-            eol = find(_CRLF, pos, pos + 17)
-            if eol <= pos or eol - pos > 15:
+            line = size_line(data, pos)
+            if line is None:  # an extension or garbage: the general path
                 return None
-            digits = data[pos:eol]
-            if not HEX_DIGITS.issuperset(digits):  # an extension or garbage: the general path
-                return None
-            start = eol + 2
-            stop = start + int(digits, 16)
+            size, start = line
+            stop = start + size
             if stop == start or stop + 2 > end or data[stop : stop + 2] != _CRLF:
                 return None
             pieces.append(data[start:stop])
@@ -377,9 +373,10 @@ def _chunk_size(line: bytes) -> int:
     digits = (line if semi == -1 else line[:semi]).rstrip(b" \t")
     if b"\r" in line or b"\n" in line:  # in an extension: a bare line end
         raise ProtocolError("chunk-size line not ended by CRLF")
-    if not digits or len(digits) > 15 or not HEX_DIGITS.issuperset(digits):
+    size = hex_size(digits)
+    if size is None:
         raise ProtocolError("invalid chunk size")
-    return int(digits, 16)
+    return size
 
 
 def request_head(method: str, target: str, host: str, headers) -> bytes:

@@ -679,26 +679,12 @@ class _Relay:
     def chunk(self, frame: bytes, piece: bytes) -> None:
         """A read that was one whole, well-formed chunk: when the client's response is
         chunked too, the upstream's frame is already the right bytes, so it goes out as
-        received: no re-framing copy.
-
-        Nearly every token comes this way, so :meth:`_write_framed` is written out here
-        (one call fewer per token); the flow checks it makes stay in :meth:`_flow`."""
+        received: no re-framing copy."""
         now = self._clock()
         if self.ended is not None:
             return
-        if not self._chunked:
-            if self.write(piece, now):
-                self._observer.feed(piece, now)
+        if not self._write_framed(frame if self._chunked else piece, now):
             return
-        transport = self._transport
-        if transport.is_closing():
-            self._gone()
-            return
-        transport.write(frame)
-        self.sent += len(frame)
-        if (not self.paused and transport.get_write_buffer_size() > _HIGH_WATER) or now >= self._check_at:
-            if not self._flow(transport, now):
-                return
         self._observer.feed(piece, now)
         if self._linkable:
             self._link()
@@ -796,6 +782,8 @@ class _Relay:
         return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data, now)
 
     def _write_framed(self, data: bytes, now: float) -> bool:
+        """The one write to the client and the flow check after it (a token lane takes a
+        read only when this check could not fire: sidecar/relay/data/token_lane.py)."""
         transport = self._transport
         if transport.is_closing():
             self._gone()
