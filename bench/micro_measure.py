@@ -27,7 +27,8 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.relay.data.proxy import _Relay
+from sidecar.relay.data import body_relay
+from sidecar.relay.data.body_relay import BodyRelay
 from sidecar.relay.data.upstream import UpstreamConnection, UpstreamPool
 from sidecar.measure.observe import ResponseObserver
 from sidecar.base.routes import match_route
@@ -105,7 +106,7 @@ def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
             conn.data_received(head)
             tl = RequestTimeline(0.0, "POST", route.template, "m")
             ob = ResponseObserver(route, tl, "text/event-stream")
-            sink = _Relay(_Request(_CountingTransport()), conn, ob, time.perf_counter, chunked=True)
+            sink = BodyRelay(_Request(_CountingTransport()), conn, ob, time.perf_counter, chunked=True)
             conn.push(sink)
             received = conn.data_received
             for frame in frames:

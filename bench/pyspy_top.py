@@ -32,12 +32,12 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("observe: timeline", ("RequestTimeline.",)),
     ("observe: other", ("ResponseObserver.feed",)),
     ("metrics at request end", ("SidecarMetrics.", "Proxy._safely", "observe_many")),
-    ("relay: write to client", ("_Relay.write", "_Relay._write_framed")),
+    ("relay: write to client", ("BodyRelay.write", "BodyRelay._write_framed")),
     ("relay: upstream framing", ("ResponseParser.", "UpstreamConnection.data_received")),
     ("per-request setup/teardown", ("UpstreamPool.", "_request_body", "_upstream_headers", "StreamResponse.",
                                     "RequestHandler.data_received", "Application._make_request", "BaseRequest",
                                     "StreamWriter.", "Proxy._relay;Proxy._fail", "request_head")),
-    ("relay: handler task", ("Proxy._stream", "_Relay.")),
+    ("relay: handler task", ("Proxy._stream", "BodyRelay.")),
     ("event loop, tasks, other", ("",)),
 )
 

@@ -56,7 +56,7 @@ def test_every_error_type_the_relay_gives_is_in_the_label_set():
     """A new cause in the relay must join ERROR_TYPES (else it is counted as "other"): the
     kinds of the upstream's failures before the head, the causes its body can end with
     (``_end("...")`` in upstream.py), and the relay's own ends."""
-    from sidecar.relay.data import proxy, upstream
+    from sidecar.relay.data import body_relay, upstream
 
     before_head = {
         upstream._unreachable(ConnectionRefusedError(), "h", 1).kind,
@@ -68,7 +68,7 @@ def test_every_error_type_the_relay_gives_is_in_the_label_set():
     assert body_ends, "the pattern no longer finds the body's causes: update this test"
     assert before_head | body_ends <= set(ERROR_TYPES), (before_head | body_ends) - set(ERROR_TYPES)
     assert "upstream_invalid_response" in body_ends
-    assert {proxy._CLIENT_GONE, proxy._SEND_TIMED_OUT} == set(CANCEL_TYPES)
+    assert {body_relay.CLIENT_GONE, body_relay.SEND_TIMED_OUT} == set(CANCEL_TYPES)
 
 
 def test_a_hostile_count_of_finish_reasons_is_capped_per_request():

@@ -1,4 +1,4 @@
-"""The relay's body sink (``sidecar.relay.data.proxy._Relay``) with fake transports: what it writes to
+"""The relay's body sink (``sidecar.relay.data.body_relay.BodyRelay``) with fake transports: what it writes to
 the client for each shape of read, before it measures. No sockets: the integration tests
 cover the same path end to end."""
 
@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from sidecar.measure.observe import ResponseObserver
-from sidecar.relay.data.proxy import _Relay
+from sidecar.relay.data import body_relay
+from sidecar.relay.data.body_relay import BodyRelay
 from sidecar.base.routes import match_route
 from sidecar.measure.timeline import RequestTimeline
 
@@ -69,7 +70,7 @@ def _relay(transport: Transport, chunked: bool = True):
     timeline = RequestTimeline(0.0, "POST", route.template, "m")
     observer = ResponseObserver(route, timeline, "text/event-stream")
     conn = Conn()
-    relay = _Relay(Request(transport, chunked), conn, observer, lambda: 1.0)
+    relay = BodyRelay(Request(transport, chunked), conn, observer, lambda: 1.0)
     return relay, conn, timeline
 
 

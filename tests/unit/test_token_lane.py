@@ -1,7 +1,7 @@
 """The token lane (sidecar/relay/data/token_lane.py, ``TokenLane`` in sidecar/base/_speedups.c)
 against the Python relay path it stands for, which is the oracle.
 
-Each stream is relayed twice through the real ``UpstreamConnection`` and ``_Relay`` (fake
+Each stream is relayed twice through the real ``UpstreamConnection`` and ``BodyRelay`` (fake
 transports, a scripted clock that holds one time per read): with lanes and with lanes
 switched off. The client must get the same bytes (the upstream's chunks as they came), the
 relay the same count sent, and the timeline every same figure, gap for gap (the same float
@@ -27,8 +27,8 @@ from sidecar.base.routes import match_route
 from sidecar.measure.concurrency import DecodeConcurrency
 from sidecar.measure.observe import ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.relay.data import proxy
-from sidecar.relay.data.proxy import _Relay
+from sidecar.relay.data import body_relay
+from sidecar.relay.data.body_relay import BodyRelay
 from sidecar.relay.data.upstream import UpstreamConnection
 from tests.conftest import IN_CI
 from tests.fixtures.streams.harness import FAST, HERE
@@ -131,7 +131,7 @@ FIGURES = [
 ]
 
 
-LANE_FOR = proxy.lane_for  # the real one, before any test patches it
+LANE_FOR = body_relay.lane_for  # the real one, before any test patches it
 
 
 class Running:
@@ -149,7 +149,7 @@ class Running:
         self.timeline = RequestTimeline(clock.now, "POST", route.template, "m")
         self.observer = ResponseObserver(route, self.timeline, "text/event-stream")
         self.client = ClientTransport()
-        self.relay = _Relay(Request(self.client), conn, self.observer, clock, chunked=True)
+        self.relay = BodyRelay(Request(self.client), conn, self.observer, clock, chunked=True)
         self.task = asyncio.ensure_future(self.relay.run())
         await asyncio.sleep(0)  # the relay is pushed to
         return self
@@ -166,8 +166,8 @@ def relay(steps: list[Step], path: str, lanes: bool, monkeypatch, lost: bool = F
             made.append(lane)
         return lane
 
-    monkeypatch.setattr(proxy, "_LANES", lanes)
-    monkeypatch.setattr(proxy, "lane_for", lane_for)
+    monkeypatch.setattr(body_relay, "_LANES", lanes)
+    monkeypatch.setattr(body_relay, "lane_for", lane_for)
 
     async def run() -> dict:
         clock = Clock()
@@ -331,11 +331,11 @@ def test_a_client_gone_mid_stream(monkeypatch):
     events = [wire.role(), *(wire.token(k) for k in range(60)), wire.done()]
     results = [_relay_until_closed(paced(events), 30, lanes, monkeypatch) for lanes in (True, False)]
     assert results[0] == results[1]
-    assert results[0]["ended"] == proxy._CLIENT_GONE
+    assert results[0]["ended"] == body_relay.CLIENT_GONE
 
 
 def _relay_until_closed(steps: list[Step], close_at: int, lanes: bool, monkeypatch) -> dict:
-    monkeypatch.setattr(proxy, "_LANES", lanes)
+    monkeypatch.setattr(body_relay, "_LANES", lanes)
 
     async def run() -> dict:
         clock = Clock()
@@ -494,10 +494,10 @@ def test_the_lane_writes_no_attribute_of_another_object(monkeypatch):
 
     monkeypatch.setattr(GuardedTimeline, "__init__", timeline_init)
     monkeypatch.setattr(sys.modules["sidecar.relay.data.token_lane"], "TokenLane", Watched)
-    monkeypatch.setattr(proxy, "_Relay", guarded(_Relay))
+    monkeypatch.setattr(body_relay, "BodyRelay", guarded(BodyRelay))
     monkeypatch.setattr(sys.modules[__name__], "RequestTimeline", GuardedTimeline)
     monkeypatch.setattr(sys.modules[__name__], "DecodeConcurrency", GuardedDecoding)
-    monkeypatch.setattr(sys.modules[__name__], "_Relay", proxy._Relay)
+    monkeypatch.setattr(sys.modules[__name__], "BodyRelay", body_relay.BodyRelay)
     monkeypatch.setattr(sys.modules[__name__], "ClientTransport", guarded(ClientTransport))
 
     wire = StreamWire(5, 200)
@@ -543,7 +543,7 @@ def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(monkeypa
     events = [wire.role(), *(wire.token(k) for k in range(120)), wire.done()]
     got = relay(paced(events), "/v1/chat/completions", True, monkeypatch)
     assert got["written"] == b"".join(frame(e) for e in events)
-    assert got["ended"] == proxy._COMPLETE
+    assert got["ended"] == body_relay.COMPLETE
     assert got["parse_errors"] == 1
     assert got["taken"] > 0
 
@@ -556,10 +556,10 @@ def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
 
     wire = StreamWire(11, 50)
     events = [wire.role(), *(wire.token(k) for k in range(50)), wire.done()]
-    monkeypatch.setattr(proxy, "_LANES", True)
+    monkeypatch.setattr(body_relay, "_LANES", True)
     without = relay(paced(events), "/v1/chat/completions", False, monkeypatch)
-    monkeypatch.setattr(proxy, "lane_for", broken)
-    monkeypatch.setattr(proxy, "_LANES", True)
+    monkeypatch.setattr(body_relay, "lane_for", broken)
+    monkeypatch.setattr(body_relay, "_LANES", True)
 
     async def run() -> tuple:
         clock = Clock()
@@ -571,7 +571,7 @@ def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
         return await it.task, b"".join(it.client.written), it.timeline
 
     ended, written, timeline = asyncio.run(run())
-    assert ended == proxy._COMPLETE and written == without["written"]
+    assert ended == body_relay.COMPLETE and written == without["written"]
     assert timeline.parse_errors == 1
     assert timeline.stream_tokens == without["stream_tokens"]
 
@@ -590,7 +590,7 @@ def test_a_finished_relay_leaves_no_cycle_behind(monkeypatch):
         gc.disable()
         try:
             got = relay(paced(events), "/v1/chat/completions", lanes, monkeypatch)
-            alive = sum(1 for o in gc.get_objects() if type(o) in (_Relay, speedups.TokenLane, RequestTimeline))
+            alive = sum(1 for o in gc.get_objects() if type(o) in (BodyRelay, speedups.TokenLane, RequestTimeline))
         finally:
             gc.enable()
         assert got["taken"] > 50 or not lanes

@@ -38,7 +38,6 @@ again: aiohttp would not decode it), and the connection is closed after either.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from functools import partial
@@ -62,15 +61,10 @@ from ...base.routes import OTHER, Route, match_route
 from .early import Early, EarlyForwarder
 from ..server.errors import error_response
 from .forwarded import HOP_BY_HOP, forwarded_headers
-from .token_lane import AVAILABLE as _LANES, lane_for
+from .body_relay import (
+    CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, SEND_TIMEOUT, BodyRelay, SendTimeout, drain_client,
+)  # fmt: skip
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
-
-try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
-    import fcntl
-    from termios import TIOCOUTQ as _SIOCOUTQ
-except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
-    fcntl = None  # type: ignore[assignment]
-    _SIOCOUTQ = None
 
 __all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
 
@@ -79,58 +73,6 @@ _log = structlog.get_logger("sidecar.proxy")
 CLIENT_BODY_TIMEOUT = 60.0
 """Idle seconds allowed between two reads of a request body from the client (nginx's
 ``client_body_timeout`` and its default); past it the request gets 408."""
-
-SEND_TIMEOUT = 60.0
-"""Seconds a client may take no bytes at all of a response that waits for it (nginx's
-``send_timeout`` and its default). Past it the upstream request is closed, so the server
-stops generating for a reader that stopped, and the client connection is closed. Any
-progress restarts the time: a slow but live reader is never cut off."""
-
-
-class _SendTimeout(Exception):
-    """The client took nothing for ``send_timeout`` seconds."""
-
-
-async def drain_client(request: web.Request, timeout: float) -> None:
-    """Wait until the client has taken the response bytes queued for it (down to the
-    transport's low-water mark), for as long as it makes progress.
-
-    Raises :class:`_SendTimeout` after ``timeout`` seconds in which the queue did not
-    shrink, ``ConnectionError`` when the client is gone. aiohttp's ``drain`` itself waits
-    forever, and cancelling it would cancel the writer's shared waiter, so it is only
-    cancelled when the connection is let go anyway.
-    """
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("the client is gone")
-    if not transport.get_write_buffer_size():
-        return  # the usual case: all handed to the kernel, so writing is not paused either
-    drained = asyncio.ensure_future(request.writer.drain())
-    while True:
-        queued = _unsent(transport)
-        done, _ = await asyncio.wait((drained,), timeout=timeout)  # never cancels it
-        if done:
-            return drained.result()
-        if transport.is_closing():
-            raise ConnectionResetError("the client is gone")
-        if _unsent(transport) >= queued:
-            drained.cancel()
-            raise _SendTimeout()
-
-
-def _unsent(transport: asyncio.Transport) -> int:
-    """Bytes not yet taken by the client: the transport's buffer plus the kernel's send
-    queue (Linux ``SIOCOUTQ``). The kernel queue is what shows a slow reader's progress: the
-    transport's buffer only shrinks once a third of the socket buffer is free, which a
-    reader taking a few KiB a second may not reach in minutes."""
-    queued = transport.get_write_buffer_size()
-    sock = transport.get_extra_info("socket")
-    if sock is not None and _SIOCOUTQ is not None:
-        try:
-            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
-        except OSError:
-            pass
-    return queued
 
 Recorder = Callable[[RequestTimeline, str], None]
 """Called once per finished request with the timeline and its bounded model label."""
@@ -534,18 +476,18 @@ class Proxy:
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = UPSTREAM_STATUS if head.status >= 500 else None
-        relay = _Relay(request, conn, observer, self._clock, self.send_timeout, out_head.chunked)
+        relay = BodyRelay(request, conn, observer, self._clock, self.send_timeout, out_head.chunked)
         try:
             ended = await relay.run()
         finally:
             request.writer.output_size += relay.sent
             observer.close(self._clock())
 
-        if ended == _CLIENT_GONE:
+        if ended == CLIENT_GONE:
             return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
-        if ended == _SEND_TIMED_OUT:
+        if ended == SEND_TIMED_OUT:
             return self._stalled_reader(request, response)
-        if ended is not _COMPLETE:
+        if ended is not COMPLETE:
             # Flush what was relayed, then close: a truncated stream, never a false clean end.
             response.force_close()
             if request.transport is not None:
@@ -559,7 +501,7 @@ class Proxy:
             await drain_client(request, self.send_timeout)
         except ConnectionError:
             return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
-        except _SendTimeout:
+        except SendTimeout:
             return self._stalled_reader(request, response)
         if response.keep_alive and request.content.is_eof():
             # Answered, taken by the client, and the connection stays open: the client's next
@@ -576,7 +518,7 @@ class Proxy:
         if request.transport is not None:
             # abort, not close: close() would wait to flush the unread bytes, forever.
             request.transport.abort()
-        return Ended(Outcome.CANCELLED, _SEND_TIMED_OUT, response)
+        return Ended(Outcome.CANCELLED, SEND_TIMED_OUT, response)
 
     def _settled(self, model: str | None, label: str, headers, timeline: RequestTimeline) -> str:
         """The labels a finished request is recorded with: a model or tenant the upstream
@@ -608,281 +550,3 @@ class Proxy:
             fn(*args)
         except Exception:  # telemetry never breaks the relay
             _log.exception("recorder_failed", recorder=getattr(fn, "__qualname__", repr(fn)))
-
-
-_COMPLETE = "complete"
-_CLIENT_GONE = CLIENT_DISCONNECTED  # a relay that ended this way
-_SEND_TIMED_OUT = "client_send_timeout"
-_HIGH_WATER = 64 << 10
-"""Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
-_PROGRESS_CHECK_SECONDS = 1.0
-"""How often, at most, a relay asks the kernel whether its client took anything."""
-
-
-class _Relay:
-    """The body sink of one response (:class:`~sidecar.relay.data.upstream.BodySink`).
-
-    Called from the upstream connection's ``data_received`` for each piece: note the time,
-    write the piece to the client (re-framed as one HTTP chunk when the client's response
-    is chunked), then hand the same piece to the observer. No task switch per token: the
-    handler task (:meth:`run`) only wakes for the end, an error, or back-pressure, when the
-    client's socket buffer passed ``_HIGH_WATER`` and the upstream was paused until the
-    client drained it.
-    """
-
-    __slots__ = (
-        "_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
-        "_check_at", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        request: web.Request,
-        conn: UpstreamConnection,
-        observer: ResponseObserver,
-        clock,
-        send_timeout: float = SEND_TIMEOUT,
-        chunked: bool | None = None,
-    ) -> None:
-        self._request = request
-        self._transport = request.transport
-        self._conn = conn
-        self._observer = observer
-        self._clock = clock
-        # Whether the client's body goes out in chunks: the head the proxy wrote says
-        # (RawHeadResponse); None reads aiohttp's writer, for a head aiohttp wrote.
-        self._chunked = request.writer.chunked if chunked is None else chunked
-        self._waiter: asyncio.Future | None = None
-        self._send_timeout = send_timeout
-        self.ended: str | None = None
-        self.paused = False
-        self.sent = 0
-        # The client's progress, as last seen (see _reader_alive).
-        start = clock()
-        self._check_at = start + _PROGRESS_CHECK_SECONDS
-        self._taken, self._taken_at = 0, start
-        # The token lane standing for the observer's armed template (token_lane.py): only a
-        # chunked client's relay passes reads on as they came, which is all a lane does.
-        self._lane = None
-        self._linkable = _LANES and self._chunked and observer.templated
-
-    def body(self, piece: bytes) -> None:
-        now = self._clock()
-        if self.ended is not None:
-            return
-        if piece and not self.write(piece, now):
-            return
-        self._observer.feed(piece, now)
-        if self._linkable:
-            self._link()
-
-    def chunk(self, frame: bytes, piece: bytes) -> None:
-        """A read that was one whole, well-formed chunk: when the client's response is
-        chunked too, the upstream's frame is already the right bytes, so it goes out as
-        received: no re-framing copy."""
-        now = self._clock()
-        if self.ended is not None:
-            return
-        if not self._write_framed(frame if self._chunked else piece, now):
-            return
-        self._observer.feed(piece, now)
-        if self._linkable:
-            self._link()
-
-    def _link(self) -> None:
-        """After a read the Python path took: open a token lane on the connection for the
-        template the dialect has armed now (token_lane.py), when the relay and the parser
-        are where a lane may take the next read; the same lane again while the template
-        is the same one. A measuring bug never reaches the relay: any error here ends
-        lanes for this response (``_lane_failed``)."""
-        conn = self._conn
-        if self.ended is not None or self.paused or not conn.between_chunks:
-            return
-        if self._transport.get_write_buffer_size():
-            return  # a lane would leave the next read to Python too: a slow reader's stays shut
-        try:
-            steady = self._observer.steady()
-            if steady is None:
-                return
-            lane = self._lane
-            if lane is None or lane.memo is not steady[0]:
-                if lane is not None and lane.off:
-                    self._lane_failed()
-                    return
-                lane = lane_for(
-                    steady, clock=self._clock, transport=self._transport, timeline=self._observer.timeline,
-                    on_sent=self._lane_sent, high_water=_HIGH_WATER,
-                )  # fmt: skip
-                self._lane = lane
-                if lane is None:
-                    return
-            if lane.open(self._check_at, self._observer.timeline.last_token):
-                conn.set_lane(lane)
-            elif lane.off:
-                self._lane_failed()
-        except Exception:
-            _log.exception("token_lane_link_failed", route=self._observer.timeline.route)
-            self._lane_failed()
-
-    def _lane_sent(self, sent: int) -> None:
-        """Bytes a token lane wrote to the client, handed over with its notes."""
-        self.sent += sent
-
-    def _lane_failed(self) -> None:
-        """A lane switched itself off on an error in measuring, or could not be made (a bug:
-        what it reads is pinned by tests): the Python path takes every read from here on,
-        and the response counts one parse error, as a dialect that failed does. The bytes
-        went through regardless."""
-        _log.error("token_lane_failed", route=self._observer.timeline.route)
-        self._observer.timeline.parse_errors += 1
-        self._lane = None
-        self._linkable = False
-        self._conn.set_lane(None)
-
-    def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
-        """A read that was several whole, well-formed chunks (a busy upstream's reads
-        coalesce): one write to the client, not one per piece, then each piece measured
-        as if it had come alone, all at the time of the read."""
-        now = self._clock()
-        if self.ended is not None:
-            return
-        if not self._write_framed(frames if self._chunked else b"".join(pieces), now):
-            return
-        feed = self._observer.feed
-        for piece in pieces:
-            feed(piece, now)
-        if self._linkable:
-            self._link()
-
-    def several(self, pieces: list[bytes]) -> None:
-        """Several pieces of one read that were not all whole chunks (a chunk split across
-        reads, a Content-Length body after its head): one write to the client as well.
-
-        One write per read is not only cheaper: uvloop retries its whole buffered list on
-        every write once a slow client's buffer is past the high-water mark, so a read of
-        thousands of tiny events written one by one cost quadratic time and held the event
-        loop for over a second (#23, finding 4)."""
-        now = self._clock()
-        if self.ended is not None:
-            return
-        if self._chunked:
-            data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p])
-        else:
-            data = b"".join(pieces)
-        if data and not self._write_framed(data, now):
-            return
-        feed = self._observer.feed
-        for piece in pieces:
-            feed(piece, now)
-        if self._linkable:
-            self._link()
-
-    def write(self, data: bytes, now: float) -> bool:
-        """Write to the client; False (and the relay ends) when the client is gone."""
-        return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data, now)
-
-    def _write_framed(self, data: bytes, now: float) -> bool:
-        """The one write to the client and the flow check after it (a token lane takes a
-        read only when this check could not fire: sidecar/relay/data/token_lane.py)."""
-        transport = self._transport
-        if transport.is_closing():
-            self._gone()
-            return False
-        transport.write(data)
-        self.sent += len(data)
-        if (not self.paused and transport.get_write_buffer_size() > _HIGH_WATER) or now >= self._check_at:
-            return self._flow(transport, now)
-        return True
-
-    def _gone(self) -> None:
-        """The client's transport is closing: the relay ends."""
-        self._conn.close()  # stop the server generating for nobody
-        self._end(_CLIENT_GONE)
-
-    def _flow(self, transport, now: float) -> bool:
-        """After a write that left the client's buffer past ``_HIGH_WATER`` (the upstream is
-        paused until the client drains it) or came when the client's progress is due a
-        check; False when that check ended the relay."""
-        if not self.paused and transport.get_write_buffer_size() > _HIGH_WATER:
-            self.paused = True
-            self._conn.pause_reading()
-            self._wake()
-            return True
-        return self._reader_alive(now)
-
-    def _reader_alive(self, now: float) -> bool:
-        """Whether the client took any bytes in the last ``send_timeout`` seconds; checked
-        at most once a second while the response is being written.
-
-        The transport's buffer alone cannot tell: the kernel's send buffer grows to MiBs for
-        a connection and absorbs a paced token stream for minutes before a write ever
-        queues, so a reader that stopped held the server's generation slot for 126 s with
-        a 60 s ``send_timeout`` (#23, finding 7). What the client has taken is what was
-        written minus what the kernel still holds unacknowledged (``SIOCOUTQ``). A slow
-        reader that takes anything at all keeps its stream."""
-        self._check_at = now + _PROGRESS_CHECK_SECONDS
-        unsent = _unsent(self._transport)
-        taken = self.sent - unsent
-        if taken > self._taken or not unsent:
-            self._taken, self._taken_at = taken, now
-            return True
-        if now - self._taken_at < self._send_timeout:
-            return True
-        self._conn.close()  # the server stops generating for a reader that stopped
-        self._end(_SEND_TIMED_OUT)
-        return False
-
-    def end(self, error: str | None) -> None:
-        self._end(_COMPLETE if error is None else error)
-
-    def _end(self, ended: str) -> None:
-        if self.ended is None:
-            self.ended = ended
-            if self._lane is not None:
-                self._conn.set_lane(None)  # its notes are flushed as run() returns
-            self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def run(self) -> str:
-        """Relay until the body ends; returns how: ``_COMPLETE``, ``_CLIENT_GONE`` or the
-        upstream error_type."""
-        try:
-            return await self._run()
-        finally:
-            # The lane refers to this relay: dropped here, so a finished relay is freed at
-            # once, not by the cyclic collector much later (with its request and timeline).
-            lane, self._lane = self._lane, None
-            if lane is not None:
-                self._conn.set_lane(None)
-                lane.flush()  # what the lane noted, before anyone reads the timeline
-                if lane.off:
-                    self._lane_failed()
-
-    async def _run(self) -> str:
-        self._conn.push(self)
-        loop = asyncio.get_running_loop()
-        while self.ended is None:
-            if self.paused:
-                try:
-                    await drain_client(self._request, self._send_timeout)
-                except ConnectionError:
-                    self._conn.close()
-                    self._end(_CLIENT_GONE)
-                    break
-                except _SendTimeout:
-                    self._conn.close()  # the server stops generating for a reader that stopped
-                    self._end(_SEND_TIMED_OUT)
-                    break
-                self.paused = False
-                self._conn.resume_reading()
-                continue
-            self._waiter = loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self.ended

@@ -3,7 +3,7 @@
 Once a stream's dialect has armed its repeating event's template
 (:mod:`sidecar.streams.protocols.template`), nearly every read from the upstream is one
 whole HTTP chunk holding that event with another text. The Python path for such a
-read runs seven functions (``UpstreamConnection.data_received`` -> ``_Relay.chunk`` ->
+read runs seven functions (``UpstreamConnection.data_received`` -> ``BodyRelay.chunk`` ->
 ``ResponseObserver.feed`` -> ``SSEJSONDialect.feed`` -> ``EventTemplate.matches`` ->
 ``RequestTimeline.events``) over as many objects, to do little: check the bytes, write them
 on, append one gap. A :class:`TokenLane` (``sidecar/base/_speedups.c``) does that in one
@@ -23,14 +23,14 @@ a token) saved nothing measurable (paired 0.98); in the relay every one of those
 out of the cache by the stream's next token. Keeping the notes in the lane: paired 0.86 of
 the CPU per token (docs/performance.md).
 
-What a lane does not check per read, the relay checks each time it opens one (``_Relay._link``,
+What a lane does not check per read, the relay checks each time it opens one (``BodyRelay._link``,
 after every read the Python path took, as the Python path is what changes these): the
 parser between chunks, the relay neither ended nor paused, the dialect's template still the
 lane's, the timeline past its first token (and its first answer token, for an answer lane);
 and the client's buffer empty (a slow reader's next read would go to Python anyway).
 The connection flushes and drops the lane before the Python path takes a read
 (``UpstreamConnection.data_received``), and the relay flushes it when it ends
-(``_Relay.run``), so whatever reads the timeline or ``_Relay.sent`` sees every token.
+(``BodyRelay.run``), so whatever reads the timeline or ``BodyRelay.sent`` sees every token.
 
 The Python path is the oracle: tests/unit/test_token_lane.py relays the same streams
 with lanes and without and compares the bytes and every figure. The lane writes no
