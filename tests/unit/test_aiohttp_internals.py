@@ -126,6 +126,40 @@ def test_request_count_and_last_message_are_the_handler_slots_data_received_fill
     assert ai.last_message(handler) == (None, None) and ai.upgraded(handler)
 
 
+def test_only_request_waiting_reads_the_handler_slots_the_early_path_needs():
+    """The early path (sidecar/relay/data/early.py) reads these four right after
+    RequestHandler.data_received: a rename fails here by name."""
+    import collections
+
+    slots = {name for cls in ai.RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
+    assert {"_waiter", "_messages", "_force_close", "_close", "_request_count"} <= slots
+    handler = ai.RequestHandler.__new__(ai.RequestHandler)
+    handler._waiter, handler._request_count = None, 1
+    handler._force_close = handler._close = False
+    handler._messages = collections.deque([("head", "body")])
+    assert ai.only_request_waiting(handler, between_requests=False) == ("head", "body")  # first request
+    handler._request_count = 2
+    assert ai.only_request_waiting(handler, between_requests=False) is None  # still winding down
+    assert ai.only_request_waiting(handler, between_requests=True) == ("head", "body")
+    handler._messages.append(("next", "body"))
+    assert ai.only_request_waiting(handler, between_requests=True) is None  # pipelined: not only
+    handler._messages.pop()
+    handler._close = True
+    assert ai.only_request_waiting(handler, between_requests=True) is None
+
+
+def test_the_early_slot_is_the_guarded_connections_and_none_elsewhere():
+    class Request:
+        def __init__(self, protocol) -> None:
+            self.protocol = protocol
+
+    guarded = ai.GuardedRequestHandler.__new__(ai.GuardedRequestHandler)
+    guarded.early_slot = ai.EarlySlot()
+    assert ai.early_slot(Request(guarded)) is guarded.early_slot
+    assert ai.early_slot(Request(ai.RequestHandler.__new__(ai.RequestHandler))) is None
+    assert ai.early_slot(Request(None)) is None
+
+
 def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_signatures():
     import inspect
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from aiohttp.http import HttpVersion11
 
 from ...base.routes import OTHER, match_route
+from ..server.aiohttp_internals import early_slot
 from .forwarded import forwarded_headers, peer_address
 from .upstream import Sent, UpstreamConnection, UpstreamPool
 
@@ -60,6 +61,18 @@ class Early:
 
     def mark_sent(self, now: float) -> None:
         self.sent_at = now
+
+    @property
+    def on_its_way(self) -> bool:
+        """Sent, or being sent by a task: :meth:`connection` yields its answer."""
+        return self.sent is not None or self.pending is not None
+
+    async def connection(self, pool: UpstreamPool) -> UpstreamConnection:
+        """The upstream connection answering this request, whichever way it went: written on
+        an idle pooled connection (its head awaited here) or sent by the task connecting."""
+        if self.sent is not None:
+            return await pool.response(self.sent)
+        return await self.pending  # type: ignore[misc]
 
     def abandon(self) -> None:
         """The client connection closed before a handler claimed the record: the upstream
@@ -146,13 +159,14 @@ class EarlyForwarder:
     def claim(request) -> Early | None:
         """The record for ``request`` (an aiohttp request) if its connection made one,
         taken off the connection so that closing it no longer abandons the request."""
-        protocol = request.protocol
-        if getattr(protocol, "between_requests", False):
-            protocol.between_requests = False  # this one is in flight now
-        early = getattr(protocol, "early", None)
+        slot = early_slot(request)
+        if slot is None:
+            return None
+        slot.between_requests = False  # this one is in flight now
+        early = slot.record
         if early is None or early.headers is not request.headers:
             return None
-        protocol.early = None
+        slot.record = None
         return early
 
     @staticmethod
@@ -162,6 +176,6 @@ class EarlyForwarder:
         handler is still winding down (a client that sends its next request the moment it
         has read an answer found the connection busy half the time). Never earlier: a
         client that pipelines without reading must not get its next request forwarded."""
-        protocol = request.protocol
-        if hasattr(protocol, "between_requests"):  # a guarded connection (aiohttp_internals)
-            protocol.between_requests = True
+        slot = early_slot(request)
+        if slot is not None:
+            slot.between_requests = True

@@ -231,26 +231,13 @@ class Proxy:
                 refusal = exc.refusal
         if fields is not None:
             model = model or fields.model
-        timeline = RequestTimeline(start, request.method, route.template, model or "")
+        received = None  # a streamed body has no overhead figure
         if early is not None:
-            timeline.body_received = early.start
+            received = early.start
         elif refusal is None and (body is None or type(body) is bytes):
-            timeline.body_received = self._clock()  # a streamed body has no overhead figure
-        if fields is not None:
-            timeline.request_stream = fields.stream
-            timeline.request_max_tokens = fields.max_tokens
-        label = self._model_label(model)
-        if self._decode_tracker is not None:  # streams decoding per model label (#24)
-            timeline.decode = self._decode_tracker(label)
-        if self._tenant_label is not None:  # read only: the header is forwarded as sent
-            try:
-                timeline.tenant = self._tenant_label(request.headers)
-            except Exception:
-                _log.exception("tenant_label_failed")
-        try:  # x-slo-ttft-ms / x-slo-tpot-ms, read only: forwarded as sent
-            timeline.objectives = read_objectives(request.headers)
-        except Exception:
-            _log.exception("objectives_failed")
+            received = self._clock()
+        timeline, label = self._open(start, request.method, route, model, fields, request.headers)
+        timeline.body_received = received
         self.in_flight += 1
         if self._on_start is not None:
             self._safely(self._on_start, label, route.template)
@@ -276,11 +263,42 @@ class Proxy:
                 self._safely(self._on_end, label, route.template)
             if tenant_held is not None:
                 self._safely(self._tenant_label.release, tenant_held)
-            if timeline.finish(outcome, self._clock(), error_type):
-                model = model or timeline.model or None  # a streamed body's model comes late
-                label = self._settled(model, label, request.headers, timeline)
-                for recorder in self._recorders:
-                    self._safely(recorder, timeline, label)
+            self._record(timeline, model, label, request.headers, outcome, error_type)
+
+    def _open(
+        self, start: float, method: str, route: Route, model: str | None, fields: RequestFields | None, headers
+    ) -> tuple[RequestTimeline, str]:
+        """A request's record, opened the one way for every request (the handler's and one
+        the early path sent whose client went before its handler ran): the timeline with
+        what the request says, and its model label."""
+        timeline = RequestTimeline(start, method, route.template, model or "")
+        if fields is not None:
+            timeline.request_stream = fields.stream
+            timeline.request_max_tokens = fields.max_tokens
+        label = self._model_label(model)
+        if self._decode_tracker is not None:  # streams decoding per model label (#24)
+            timeline.decode = self._decode_tracker(label)
+        if self._tenant_label is not None:  # read only: the header is forwarded as sent
+            try:
+                timeline.tenant = self._tenant_label(headers)
+            except Exception:
+                _log.exception("tenant_label_failed")
+        try:  # x-slo-ttft-ms / x-slo-tpot-ms, read only: forwarded as sent
+            timeline.objectives = read_objectives(headers)
+        except Exception:
+            _log.exception("objectives_failed")
+        return timeline, label
+
+    def _record(
+        self, timeline: RequestTimeline, model: str | None, label: str, headers, outcome: Outcome, error_type: str | None
+    ) -> None:
+        """A request's record, closed the one way: finished once, its labels settled, and
+        handed to every recorder."""
+        if timeline.finish(outcome, self._clock(), error_type):
+            model = model or timeline.model or None  # a streamed body's model comes late
+            label = self._settled(model, label, headers, timeline)
+            for recorder in self._recorders:
+                self._safely(recorder, timeline, label)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue``: refuse a body that would be refused anyway before the
@@ -387,12 +405,9 @@ class Proxy:
                 target = "/" + target
         pool = self._pool()
         try:
-            if early is not None and early.sent is not None:
-                timeline.upstream_sent = early.sent_at
-                conn = await pool.response(early.sent)
-            elif early is not None and early.pending is not None:
+            if early is not None and early.on_its_way:  # sent from the read that completed it
                 try:
-                    conn = await early.pending
+                    conn = await early.connection(pool)
                 finally:
                     timeline.upstream_sent = early.sent_at
             else:
@@ -425,23 +440,9 @@ class Proxy:
         route, model = match_route(early.path, "POST")
         fields = scan_request_fields(early.body)
         model = model or fields.model
-        timeline = RequestTimeline(early.start, "POST", route.template, model or "")
+        timeline, label = self._open(early.start, "POST", route, model, fields, early.headers)
         timeline.body_received, timeline.upstream_sent = early.start, early.sent_at
-        timeline.request_stream, timeline.request_max_tokens = fields.stream, fields.max_tokens
-        label = self._model_label(model)
-        if self._tenant_label is not None:
-            try:
-                timeline.tenant = self._tenant_label(early.headers)
-            except Exception:
-                _log.exception("tenant_label_failed")
-        try:
-            timeline.objectives = read_objectives(early.headers)
-        except Exception:
-            _log.exception("objectives_failed")
-        if timeline.finish(Outcome.CANCELLED, self._clock(), CLIENT_DISCONNECTED):
-            label = self._settled(model, label, early.headers, timeline)
-            for recorder in self._recorders:
-                self._safely(recorder, timeline, label)
+        self._record(timeline, model, label, early.headers, Outcome.CANCELLED, CLIENT_DISCONNECTED)
 
     def _sent(self, timeline: RequestTimeline) -> None:
         timeline.upstream_sent = self._clock()

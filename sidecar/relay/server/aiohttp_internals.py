@@ -17,7 +17,9 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
   ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
 * a request sent before its handler runs (sidecar/relay/data/early.py): the handler's
   ``_waiter`` (done: its task is about to take the next request), ``_messages``,
-  ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received``
+  ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received`` by
+  :func:`only_request_waiting`; the early path's own state is one :class:`EarlySlot` per
+  guarded connection, reached through :func:`early_slot`
   (pinned over real sockets by ``tests/integration/test_early_forward.py``, which fails if
   the hook stops being offered requests);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
@@ -44,15 +46,18 @@ from .head_budget import HeadBudget, head_size
 
 __all__ = [
     "CHECKED_AIOHTTP",
+    "EarlySlot",
     "GuardedRequestHandler",
     "GuardedServer",
     "HandlerServer",
     "OwnHeadResponse",
     "RebuildingRunner",
     "RequestHandler",
+    "early_slot",
     "handler_loop",
     "handler_server",
     "last_message",
+    "only_request_waiting",
     "open_connections",
     "request_count",
     "set_shutdown_timeout",
@@ -85,6 +90,40 @@ def last_message(handler: RequestHandler) -> tuple[Any, Any]:
 def upgraded(handler: RequestHandler) -> bool:
     """True once the connection was upgraded (its bytes no longer pass the HTTP parser)."""
     return handler._upgraded
+
+
+def only_request_waiting(handler: RequestHandler, between_requests: bool) -> tuple[Any, Any] | None:
+    """(head, body stream) of the one request the handler's task is idle waiting for, or
+    None: nothing in flight or queued besides it, the connection not closing. Idle: its
+    waiter was just woken; or it has not started yet and this is the connection's first
+    request; or the proxy said the last answer is complete and taken (``between_requests``)."""
+    waiter = handler._waiter
+    if waiter is not None:
+        idle = waiter.done()
+    else:  # not started yet, or still winding down an answer the client has taken
+        idle = handler._request_count == 1 or between_requests
+    if not idle or len(handler._messages) != 1 or handler._force_close or handler._close:
+        return None
+    return handler._messages[0]
+
+
+class EarlySlot:
+    """The early path's state on one guarded connection (sidecar/relay/data/early.py): the
+    request sent before its handler ran (``record``), until the handler claims it, and
+    whether the connection's last answer is complete and taken (``between_requests``)."""
+
+    __slots__ = ("record", "between_requests")
+
+    def __init__(self) -> None:
+        self.record: Any = None
+        self.between_requests = False
+
+
+def early_slot(request: web.BaseRequest) -> EarlySlot | None:
+    """The early path's slot of the connection ``request`` came on; None on a connection
+    that is not guarded (one served by a plain runner has no early path)."""
+    protocol = request.protocol
+    return protocol.early_slot if isinstance(protocol, GuardedRequestHandler) else None
 
 
 def open_connections(server: web.Server) -> int:
@@ -158,8 +197,10 @@ class GuardedRequestHandler(RequestHandler):
     _over_cap = False
     _head_payload = None  # the body of the last request whose head completed
     _head_bytes = None  # a HeadBudget once the first bytes arrive
-    early = None  # a request sent before its handler ran, until the handler claims it
-    between_requests = False  # the last answer is complete and taken (sidecar/relay/data/early.py)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.early_slot = EarlySlot()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         server = handler_server(self)
@@ -207,21 +248,13 @@ class GuardedRequestHandler(RequestHandler):
 
     def _send_early(self, early) -> None:
         """One request completed in this read: if the connection's task is idle, waiting for
-        exactly it (nothing in flight, nothing else queued), offer it to ``early``
-        (sidecar/relay/data/early.py), which may send it upstream now. Idle: its waiter was just
-        woken; or it has not started yet and this is the connection's first request; or the
-        proxy said the last answer is complete and taken (``between_requests``)."""
-        waiter = self._waiter
-        if waiter is not None:
-            idle = waiter.done()
-        else:  # not started yet, or still winding down an answer the client has taken
-            idle = request_count(self) == 1 or self.between_requests
-        if not idle or len(self._messages) != 1 or self._force_close or self._close:
-            return
-        message, payload = self._messages[0]
-        if self.early is None and isinstance(message, RawRequestMessage):
-            self.between_requests = False
-            self.early = early(message, payload, self.transport)
+        exactly it, offer it to ``early`` (sidecar/relay/data/early.py), which may send it
+        upstream now."""
+        slot = self.early_slot
+        waiting = None if slot.record is not None else only_request_waiting(self, slot.between_requests)
+        if waiting is not None and isinstance(waiting[0], RawRequestMessage):
+            slot.between_requests = False
+            slot.record = early(waiting[0], waiting[1], self.transport)
 
     def eof_received(self) -> None:
         if not self._over_cap:
@@ -230,7 +263,8 @@ class GuardedRequestHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._over_cap:
             super().connection_lost(exc)
-        early, self.early = self.early, None
+        slot = self.early_slot
+        early, slot.record = slot.record, None
         if early is not None:  # sent, but aiohttp runs no handler for a connection gone
             early.abandon()
 
