@@ -27,7 +27,7 @@ from sidecar.measure.observe import ResponseObserver
 from sidecar.base.routes import match_route
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.export.tracing import RequestTelemetry
+from sidecar.export.spans import RequestTelemetry
 
 
 def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:

@@ -16,7 +16,7 @@ flush that could not happen (``otel_flush_incomplete``; issue 33, finding 13). H
   ``llm_sidecar_otlp_export_failures_total{signal}`` (:class:`ExportFailuresCollector`);
 - :meth:`ExportHealth.healthy` tells the shutdown whether waiting for the last flush can
   help: only an exporter whose last export succeeded, with none running for long, gets the
-  full flush time (sidecar/export/tracing.py ``TelemetryProviders.shutdown``).
+  full flush time (sidecar/export/otel_setup.py ``TelemetryProviders.shutdown``).
 
 An exporter never raises into the SDK's worker, and nothing here blocks an export. Imported
 only when an OTLP exporter is configured (it imports the SDK).

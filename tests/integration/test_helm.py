@@ -391,7 +391,7 @@ def test_grace_period_is_computed_or_refused(helm_ok):
 @pytest.mark.parametrize("name", list(CASES))
 def test_sidecar_environment_is_accepted_by_the_sidecar(parsed, name):
     """The chart's LLM_SIDECAR_* values load into the real Settings model, and the pod's
-    identity comes from the downward API under the names sidecar/export/tracing.py reads."""
+    identity comes from the downward API under the names sidecar/export/otel_env.py reads."""
     if name == "monitoring-only":
         container = sync.render_extra(sync.SNIPPET_TEMPLATE, CASES[name].args())["container"]
     else:

@@ -230,7 +230,7 @@ def test_the_graph_sees_relative_and_lazy_imports():
     graph = package_graph()
     assert "sidecar.tools.sim.core" in graph["sidecar.tools.sim.dialects"]  # from .core import (...)
     assert "sidecar.tools.sim.server" in graph["sidecar.cli"]  # imported inside main()
-    assert "sidecar.export.semconv" in graph["sidecar.export.tracing"]  # from . import semconv
+    assert "sidecar.export.semconv" in graph["sidecar.export.spans"]  # from . import semconv
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if not n.endswith("__main__")])

@@ -27,7 +27,7 @@ from sidecar.base.routes import ROUTES
 from sidecar.config import Settings
 from sidecar.export import semconv as sc
 from sidecar.export.prometheus_internals import MetricWrapperBase
-from sidecar.export.tracing import providers_from_env
+from sidecar.export.otel_setup import providers_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -16,7 +16,7 @@ from sidecar.base.outcomes import Outcome
 from sidecar.config import ConfigError, Settings, load_settings
 from sidecar.export import semconv as sc
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.export.tracing import RequestTelemetry
+from sidecar.export.spans import RequestTelemetry
 from sidecar.measure.cache_class import CacheClass, cache_class
 from sidecar.measure.objectives import ObjectiveDefaults, RequestObjectives, judge, parse_objective_ms, read_objectives
 from sidecar.measure.timeline import RequestTimeline

@@ -18,7 +18,7 @@ from sidecar.base.outcomes import Outcome
 from sidecar.base.buckets import TOOL_CALL_COUNT_BUCKETS
 from sidecar.export import semconv as sc
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.export.tracing import RequestTelemetry
+from sidecar.export.spans import RequestTelemetry
 from sidecar.measure.objectives import ObjectiveDefaults, RequestObjectives
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.openai import OpenAIStreamDialect

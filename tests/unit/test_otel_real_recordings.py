@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from sidecar.export import semconv as sc
-from sidecar.export.tracing import RequestTelemetry
+from sidecar.export.spans import RequestTelemetry
 from tests.real.wire import content_events, json_events, reported_usage
 from tests.unit.test_real_recordings import STREAMS, meta, replay
 

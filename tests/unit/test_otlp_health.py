@@ -17,7 +17,7 @@ from sidecar.export.otlp_health import (
     GuardedSpanExporter,
     quiet_sdk_export_logs,
 )
-from sidecar.export.tracing import UNHEALTHY_SHUTDOWN_SECONDS, TelemetryProviders
+from sidecar.export.otel_setup import UNHEALTHY_SHUTDOWN_SECONDS, TelemetryProviders
 
 
 class Clock:

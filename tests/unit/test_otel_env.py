@@ -12,16 +12,8 @@ import pytest
 
 from sidecar import __version__
 from sidecar.export import semconv as sc
-from sidecar.export.tracing import (
-    TelemetryProviders,
-    _metric_exporter,
-    _span_exporter,
-    genai_latest_names,
-    otlp_protocol,
-    providers_from_env,
-    resource_attributes,
-    wanted_exporters,
-)
+from sidecar.export.otel_env import genai_latest_names, otlp_protocol, resource_attributes, wanted_exporters
+from sidecar.export.otel_setup import TelemetryProviders, _metric_exporter, _span_exporter, providers_from_env
 
 
 @pytest.fixture(autouse=True)
