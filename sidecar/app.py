@@ -42,17 +42,15 @@ from .relay.server.drain import Drain, needs_full_drain
 from .relay.control.engine_metrics import engine_metrics_handler
 from .export.capacity import CapacityMetrics
 from .export.logs import RequestLogger
-from .base.labels import ModelLabeler, SeriesBudget
 from .base.speedups import IN_C, SPEEDUPS_MISSING
 from .export.metrics import SidecarMetrics, SLOThresholds
 from .measure.objectives import ObjectiveDefaults
-from .export.prometheus_internals import SeriesGate, WithoutCreated
+from .export.prometheus_internals import WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
 from .relay.data.proxy import Proxy
-from .export.spans import RequestTelemetry
-from .export.otel_setup import TelemetryProviders, providers_from_env
+from .export.tracing import RequestTelemetry, TelemetryProviders, providers_from_env
 from .relay.control.model_discovery import served_models
 from .relay.data.upstream import UpstreamPool
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
@@ -65,21 +63,29 @@ _log = structlog.get_logger("sidecar.app")
 
 @dataclass
 class Sidecar:
-    """The running parts, shared by both apps through ``app[SIDECAR]``."""
+    """The running parts, shared by both apps through ``app[SIDECAR]``. The drain and both
+    apps are made from the rest as the Sidecar is (``__post_init__``); the upstream session
+    and pool exist while the proxy app runs (made as it starts, closed as it stops)."""
 
     settings: Settings
     registry: CollectorRegistry
     metrics: SidecarMetrics
     proxy: Proxy
     renderer: ScrapeRenderer
-    session: aiohttp.ClientSession | None = None  # readiness probes and model listings only
-    pool: UpstreamPool | None = None  # the relay's connections
     tenants: TenantLabeler | None = None
     capacity: CapacityMetrics | None = None
+    session: aiohttp.ClientSession | None = None  # readiness probes and model listings only
+    pool: UpstreamPool | None = None  # the relay's connections
     drain: Drain = field(init=False)
     watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
+
+    def __post_init__(self) -> None:
+        proxy = self.proxy
+        self.drain = Drain(self.upstream_up, lambda: proxy.in_flight)
+        self.proxy_app = _proxy_app(self)
+        self.admin_app = _admin_app(self)
 
     @property
     def draining(self) -> bool:
@@ -170,26 +176,22 @@ def build_sidecar(
         tracer_provider = tracer_provider if tracer_provider is not None else providers.tracer_provider
         meter_provider = meter_provider if meter_provider is not None else providers.meter_provider
         providers.register(registry)  # llm_sidecar_otlp_export_failures_total, with OTLP on
-    budget = SeriesBudget(settings.max_series)
+    # The Prometheus page: its families (the capacity curve's too), its one series budget
+    # and the model label, which reports to them (SidecarMetrics).
     metrics = SidecarMetrics(
         registry,
-        ModelLabeler(
-            settings.model_allowlist, settings.max_models, idle_seconds=settings.label_idle_seconds, budget=budget
-        ),
         SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
         objectives=objective_defaults(settings),
+        model_allowlist=settings.model_allowlist,
+        max_models=settings.max_models,
+        label_idle_seconds=settings.label_idle_seconds,
+        max_series=settings.max_series,
+        capacity=True,
     )
-    capacity = CapacityMetrics(registry)
-    forget_model = metrics.model_label.on_forget
-
-    def forget_everywhere(value: str) -> None:  # an idle model label: every metric lets it go
-        if forget_model is not None:
-            forget_model(value)
-        capacity.forget(value)
-
-    metrics.model_label.on_forget = forget_everywhere
+    capacity, gate = metrics.capacity, metrics.gate
+    assert capacity is not None and gate is not None
     recorders = [metrics.record, capacity.record]
     telemetry: RequestTelemetry | None = None
     if tracer_provider is not None or meter_provider is not None:
@@ -215,16 +217,15 @@ def build_sidecar(
             settings.tenant_allowlist,
             settings.max_tenants,
             idle_seconds=settings.label_idle_seconds,
-            budget=budget,
+            budget=metrics.budget,
+            on_overflow=metrics.overflow_counter("tenant"),
+            on_forget=lambda value: metrics.forget("tenant", value),
         )
-        metrics.bound_tenants(tenants.bound)
     # One series budget for the whole page, counted before any series is made: every
     # family registered by now (whoever added it; nothing is registered after this) is
-    # checked at child creation, and label
-    # admission asks the same count what a new value would cost.
-    gate = SeriesGate(registry, settings.max_series, on_refused=metrics.refused)
+    # checked at child creation, and label admission asks the same count what a new value
+    # would cost (metrics.budget).
     gate.guard()
-    budget.count, budget.cost, budget.reserve = gate.count, gate.first_cost, gate.reserve
     proxy = Proxy(
         lambda: sc.get_pool(),  # the Sidecar below owns the pool, made when the app starts
         model_label=metrics.model_label,
@@ -244,12 +245,9 @@ def build_sidecar(
     )
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
-    sc = Sidecar(settings, registry, metrics, proxy, ScrapeRenderer(WithoutCreated(registry)))
-    sc.tenants = tenants
-    sc.capacity = capacity
-    sc.drain = Drain(sc.upstream_up, lambda: proxy.in_flight)
-    sc.proxy_app = _proxy_app(sc)
-    sc.admin_app = _admin_app(sc)
+    sc = Sidecar(
+        settings, registry, metrics, proxy, ScrapeRenderer(WithoutCreated(registry)), tenants=tenants, capacity=capacity
+    )
     return sc
 
 

@@ -63,18 +63,13 @@ class SeriesBudget:
     value is admitted only while one series in each family that carries its label still
     fits under ``max_series - reserve`` (the last ``reserve`` samples are for the ``other``
     rows). ``count`` (samples on the page now) and ``cost`` (label -> samples of one new
-    value) are set by the metrics owner, from the registry; asked only at an admission,
+    value) come from whoever owns the registry
+    (:class:`~sidecar.export.prometheus_internals.SeriesGate`); asked only at an admission,
     which is rare (at most ``max_models`` + ``max_tenants`` per idle period)."""
 
     __slots__ = ("max_series", "count", "cost", "reserve")
 
-    def __init__(
-        self,
-        max_series: int = 12_000,
-        count: Callable[[], int] | None = None,
-        cost: Callable[[str], int] | None = None,
-        reserve: int = 0,
-    ) -> None:
+    def __init__(self, max_series: int, count: Callable[[], int], cost: Callable[[str], int], reserve: int) -> None:
         self.max_series = max_series
         self.count = count
         self.cost = cost
@@ -82,24 +77,18 @@ class SeriesBudget:
 
     def fits(self, label: str) -> bool:
         """Whether a new value of ``label`` may have its series."""
-        if self.count is None:
-            return True
-        cost = self.cost(label) if self.cost is not None else 0
-        return self.count() + cost <= self.max_series - self.reserve
-
-    @property
-    def room(self) -> bool:
-        return self.count is None or self.count() < self.max_series - self.reserve
+        return self.count() + self.cost(label) <= self.max_series - self.reserve
 
 
 class BoundedLabel:
     """Raw value -> bounded label value, with the rules in the module doc.
 
     ``__call__`` labels a request as it starts (no admission); :meth:`settle` labels it as it
-    finishes, admitting an unvouched value after an answer that is not a 4xx. ``on_overflow(reason)`` is told each
-    time a value falls into ``other``; ``on_forget(value)`` each time a value gives its slot
-    back (its series are to go). ``name`` is the label's name (``model``, ``tenant``), for the
-    budget's cost of a new value.
+    finishes, admitting an unvouched value after an answer that is not a 4xx. ``name`` is the
+    label's name (``model``, ``tenant``), for the budget's cost of a new value. The owner of
+    the label's series gives, with the label: ``on_overflow(reason)``, told each time a value
+    falls into ``other``; ``on_forget(value)``, each time a value gives its slot back (its
+    series are to go); and the ``budget`` a new value must fit in (none: only ``max_values``).
     """
 
     def __init__(
@@ -111,6 +100,8 @@ class BoundedLabel:
         budget: SeriesBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "value",
+        on_overflow: Callable[[str], None] | None = None,
+        on_forget: Callable[[str], None] | None = None,
     ) -> None:
         self._allow = frozenset(allowlist)
         self._max = max_values
@@ -125,8 +116,8 @@ class BoundedLabel:
         self._earned: dict[str, float] = {}  # value -> last seen (monotonic)
         self._held: dict[str, int] = {}  # value -> requests in flight under it
         self._starting: set[str] = set()  # listed names labelled at a start, not yet used
-        self.on_overflow: Callable[[str], None] | None = None
-        self.on_forget: Callable[[str], None] | None = None
+        self.on_overflow = on_overflow
+        self.on_forget = on_forget
 
     # -- the request path -------------------------------------------------------------
 

@@ -56,10 +56,12 @@ def _name_like(value: str) -> bool:
 
 class TenantLabeler:
     """Request headers -> a bounded ``tenant`` label value. No server lists its tenants, so a
-    value earns its slot with an answer that is not a 4xx (:class:`~sidecar.base.labels.BoundedLabel`)."""
+    value earns its slot with an answer that is not a 4xx (:class:`~sidecar.base.labels.BoundedLabel`,
+    which ``kwargs`` go to: the idle time, the series budget, the overflow and forget hooks)."""
 
     def __init__(self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20, **kwargs) -> None:
         self.header = check_tenant_header(header)
+        kwargs.setdefault("name", "tenant")  # what a new value costs: one series in each family with the label
         self.bound = BoundedLabel(allowlist, max_tenants, **kwargs)
 
     def _value(self, headers: Mapping[str, str]) -> str | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 
 import platform
+import time
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
@@ -24,11 +26,12 @@ from ..base.buckets import (
     TTFT_BUCKETS,
 )
 from ..base.prompt_class import PromptClasses
-from ..base.labels import OVERFLOW_REASONS, UNKNOWN, BoundedLabel, ModelLabeler
+from ..base.labels import OVERFLOW_REASONS, UNKNOWN, ModelLabeler, SeriesBudget
 from ..base.routes import ROUTES
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
 from ..base.outcomes import Outcome, error_type_label
 from ..base.speedups import IN_C
+from .capacity import CapacityMetrics
 from .prometheus_internals import SeriesGate, drop_label_value, has_child, is_labelled_parent, label_names, observe_many
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
@@ -85,24 +88,39 @@ class SLOThresholds:
 
 
 class SidecarMetrics:
-    """Owns the instruments; :meth:`record` is the only way figures reach them."""
+    """Owns the instruments; :meth:`record` is the only way figures reach them.
+
+    It also makes what reports to them, each complete when made: with ``capacity``, the
+    load-conditioned decode metrics (:class:`~sidecar.export.capacity.CapacityMetrics`,
+    registered after these, so the page keeps its order); with ``max_series``, the page's
+    one series budget (:class:`~sidecar.export.prometheus_internals.SeriesGate`, whose
+    ``guard()`` the caller runs once every family is registered, and :attr:`budget`, the
+    same count as label admission asks it); and the ``model`` label
+    (:class:`~sidecar.base.labels.ModelLabeler`, bounded by ``model_allowlist``,
+    ``max_models`` and ``label_idle_seconds``), which counts its overflows here and, when a
+    value goes idle, drops its series here and in the capacity metrics."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
-        labeler: ModelLabeler | None = None,
         slo: SLOThresholds | None = None,
         prompt_classes: PromptClasses | None = None,
         tenants: bool = False,
         version: str | None = None,
         objectives: ObjectiveDefaults | None = None,
+        *,
+        model_allowlist: Iterable[str] = (),
+        max_models: int = 50,
+        label_idle_seconds: float = 3600.0,
+        max_series: int | None = None,
+        capacity: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
         # The opt-in tenant label (sidecar/base/tenant.py) goes last on the series that answer
         # "who": requests, tokens, TTFT and goodput. Off, the label sets are unchanged.
         self.tenants = tenants
         tl: tuple[str, ...] = ("tenant",) if tenants else ()
-        self.model_label = labeler or ModelLabeler()
         self.slo = slo
         self.objectives = objectives or ObjectiveDefaults()
         self.prompt_class = prompt_classes or PromptClasses()
@@ -275,10 +293,21 @@ class SidecarMetrics:
         # (the gate gave the 'other' row): the request ends on the same child.
         self._in_flight_folded: dict[tuple[str, str], list] = {}
         self._own_health(registry, version)
-        self.model_label.on_overflow = self._overflowed("model")  # series start at 0, so rate() has data
-        self.model_label.on_forget = lambda value: self.forget("model", value)
-        if self.model_label.budget is not None and self.model_label.budget.count is None:
-            self.model_label.budget.count = self.series_count
+        self.capacity = CapacityMetrics(registry) if capacity else None
+        self.gate: SeriesGate | None = None
+        self.budget: SeriesBudget | None = None
+        if max_series is not None:
+            self.gate = SeriesGate(registry, max_series, on_refused=self.refused)
+            self.budget = SeriesBudget(max_series, self.gate.count, self.gate.first_cost, self.gate.reserve)
+        self.model_label = ModelLabeler(
+            model_allowlist,
+            max_models,
+            idle_seconds=label_idle_seconds,
+            budget=self.budget,
+            clock=clock,
+            on_overflow=self.overflow_counter("model"),
+            on_forget=self._forget_model,
+        )
 
     def _own_health(self, registry: CollectorRegistry, version: str | None) -> None:
         """The sidecar's own process (``process_*``: CPU seconds, resident memory, open and
@@ -307,16 +336,13 @@ class SidecarMetrics:
             if isinstance(m, (Counter, Gauge, Histogram)) and is_labelled_parent(m)
         ]
 
-    def series_count(self) -> int:
-        """Samples the registry's page holds now (every family in it, without ``_created``),
-        for the series budget (sidecar/export/prometheus_internals.py, ``SeriesGate``)."""
-        return SeriesGate(self.registry, 0).count()
-
     def refused(self, fate: str) -> None:
         """The series gate refused a series: count it by what became of the update."""
         self._refused_children[fate].inc()
 
-    def _overflowed(self, label: str):
+    def overflow_counter(self, label: str) -> Callable[[str], None]:
+        """``count(reason)`` for ``label``'s admission (its ``on_overflow``): each reason's
+        series is made now, at 0, so ``rate()`` has data before the first overflow."""
         for reason in OVERFLOW_REASONS:
             self._overflow_children[(label, reason)] = self.label_overflow.labels(label, reason)
 
@@ -328,17 +354,15 @@ class SidecarMetrics:
 
         return count
 
-    def bound_tenants(self, tenants: BoundedLabel) -> None:
-        """Count the tenant label's overflows and drop its forgotten values' series too."""
-        tenants.on_overflow = self._overflowed("tenant")
-        tenants.on_forget = lambda value: self.forget("tenant", value)
-        tenants.name = "tenant"  # what a new value costs: one series in each family with the label
-        if tenants.budget is not None and tenants.budget.count is None:
-            tenants.budget.count = self.series_count
-
     def forget(self, label: str, value: str) -> int:
         """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back)."""
         return sum(drop_label_value(m, label, value) for m in self._labelled() if label in label_names(m))
+
+    def _forget_model(self, value: str) -> None:
+        """An idle model label: every metric lets it go (the capacity metrics its tracker too)."""
+        self.forget("model", value)
+        if self.capacity is not None:
+            self.capacity.forget(value)
 
     # -- lifecycle hooks, called by the proxy -------------------------------------------
 

@@ -7,8 +7,7 @@ a worker thread (the loop keeps running; it only shares the GIL, which Python ha
 every few milliseconds), concurrent scrapes of the same kind share one render (single
 flight), and a page is reused for ``max_age`` seconds, so scrapers in a loop cost at most one
 render per ``max_age``. The series budget is not counted here: it is counted from the
-registry before a series is made (``SeriesGate``, sidecar/export/prometheus_internals.py);
-:func:`count_series` counts a rendered page's samples the same way, for tests that read the page.
+registry before a series is made (``SeriesGate``, sidecar/export/prometheus_internals.py).
 
 Content negotiation (OpenMetrics for exemplars), ``name[]`` filters and gzip behave as
 prometheus_client's own handler, through its public functions.
@@ -26,12 +25,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-__all__ = ["ScrapeRenderer", "count_series"]
-
-
-def count_series(page: bytes) -> int:
-    """Samples in a text exposition: its lines that are not comments (HELP, TYPE, EOF)."""
-    return page.count(b"\n") - page.count(b"\n#") - page.startswith(b"#")
+__all__ = ["ScrapeRenderer"]
 
 
 class ScrapeRenderer:

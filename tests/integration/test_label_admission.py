@@ -14,9 +14,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from sidecar.export.scrape import count_series
 from sidecar.relay.control.model_discovery import USER_AGENT
 from tests.conftest import wait_for
+from tests.support.exposition import count_series
 
 pytestmark = pytest.mark.integration
 
@@ -340,8 +340,7 @@ def test_a_rotating_listing_forgets_at_once_what_does_not_fit_and_never_a_held_v
 
     now = [0.0]
     forgotten: list[str] = []
-    labeler = ModelLabeler(max_models=3, idle_seconds=10, clock=lambda: now[0])
-    labeler.on_forget = forgotten.append
+    labeler = ModelLabeler(max_models=3, idle_seconds=10, clock=lambda: now[0], on_forget=forgotten.append)
     labeler.vouch(["a", "b", "c"])
     for name in ("a", "b", "c"):
         now[0] += 1

@@ -14,13 +14,12 @@ import pytest
 from aiohttp import web
 
 from sidecar.base.labels import BoundedLabel
-from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.base.routes import ROUTES
-from sidecar.export.scrape import count_series
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
+from tests.support.exposition import count_series
 
 pytestmark = pytest.mark.integration
 
@@ -99,8 +98,8 @@ def test_an_idle_earned_value_gives_its_slot_and_series_back():
     from prometheus_client import CollectorRegistry
 
     now = [0.0]
-    labeler = ModelLabeler(max_models=1, idle_seconds=60, clock=lambda: now[0])
-    metrics = SidecarMetrics(CollectorRegistry(), labeler)
+    metrics = SidecarMetrics(CollectorRegistry(), max_models=1, label_idle_seconds=60, clock=lambda: now[0])
+    labeler = metrics.model_label
     assert labeler.settle("a", 200) == "a"
     metrics.requests.labels("a", CHAT, "200", "ok", "none").inc()
     assert labeler.settle("b", 200) == "other"  # no room while "a" is in use

@@ -9,7 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.export.capacity import CapacityMetrics
-from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.base.buckets import ITL_BUCKETS
 from sidecar.measure.concurrency import BANDS, DecodeConcurrency, band
@@ -75,7 +74,7 @@ def run_phase(metrics: SidecarMetrics, capacity: CapacityMetrics, n: int, t0: fl
 
 def test_per_band_gap_and_throughput_follow_the_batching_model_and_counts_add_up():
     reg = CollectorRegistry()
-    metrics = SidecarMetrics(reg, ModelLabeler())
+    metrics = SidecarMetrics(reg)
     capacity = CapacityMetrics(reg)
     t0 = 1000.0
     for n in (1, 2, 4, 8):

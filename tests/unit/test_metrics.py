@@ -31,7 +31,7 @@ def streamed(times: list[float], kinds=None, usage: Usage | None = None, outcome
 
 def make(slo=None) -> tuple[SidecarMetrics, CollectorRegistry]:
     reg = CollectorRegistry()
-    m = SidecarMetrics(reg, ModelLabeler(), slo)
+    m = SidecarMetrics(reg, slo)
     return m, reg
 
 

@@ -6,7 +6,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import ConfigError, load_settings
-from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.base.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
 from sidecar.streams.protocols.events import Usage
@@ -55,7 +54,7 @@ def test_setting_from_flag_env_and_file(tmp_path):
 def test_cardinality_is_bounded_whatever_the_prompts():
     """Many requests of every length: the label never takes a value outside the fixed set."""
     reg = CollectorRegistry()
-    m = SidecarMetrics(reg, ModelLabeler(), prompt_classes=PromptClasses([1024, 8192]))
+    m = SidecarMetrics(reg, prompt_classes=PromptClasses([1024, 8192]))
     for n in [None, *range(0, 20000, 97)]:
         usage = None if n is None else Usage(input_tokens=n, output_tokens=4)
         m.started("m", ROUTE)
