@@ -12,7 +12,7 @@ import pytest
 
 from sidecar import __version__
 from sidecar.export import semconv as sc
-from sidecar.export.otel_env import genai_latest_names, otlp_protocol, resource_attributes, wanted_exporters
+from sidecar.export.otel_env import genai_latest_names, otlp_protocol, resource_attributes, sdk_disabled, wanted_exporters
 from sidecar.export.otel_setup import TelemetryProviders, _metric_exporter, _span_exporter, providers_from_env
 
 
@@ -63,6 +63,16 @@ def test_sdk_disabled_wins(clean_env, monkeypatch):
     assert not build(clean_env, metrics=True).enabled
 
 
+@pytest.mark.parametrize(("value", "disabled"), [("1", True), ("yes", True), (" On ", True), ("TRUE", True), ("false", False), ("0", False), ("", False)])
+def test_sdk_disabled_takes_the_usual_spellings_of_true(clean_env, monkeypatch, value, disabled):
+    """Ours on purpose: the SDK's own parser takes only "true", so OTEL_SDK_DISABLED=1 would
+    leave telemetry on."""
+    assert sdk_disabled({"OTEL_SDK_DISABLED": value}) is disabled
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", value)
+    assert build(clean_env).enabled is not disabled
+
+
 def test_protocol_selection():
     assert otlp_protocol({}, "TRACES") == "http/protobuf"
     assert otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "TRACES") == "grpc"
@@ -109,6 +119,20 @@ def test_resource_defaults_kubernetes_and_precedence():
     assert resource_attributes(env)[sc.SERVICE_NAME] == "from-attrs"
     env["OTEL_SERVICE_NAME"] = "from-service-name"
     assert resource_attributes(env)[sc.SERVICE_NAME] == "from-service-name"
+
+
+def test_the_built_resource_keeps_our_precedence_over_the_sdk_detector(clean_env, monkeypatch):
+    """Resource.create also runs the SDK's OTELResourceDetector, whose result sits below the
+    attributes handed in: OTEL_RESOURCE_ATTRIBUTES must still beat K8S_* and the defaults, and
+    an OTEL_SERVICE_NAME of blanks must not become the name (the SDK's detector keeps it)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("K8S_POD_NAME", "from-downward-api")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=from-attrs,team=a%2Cb")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "   ")
+    attributes = build(clean_env).tracer_provider.resource.attributes
+    assert attributes["k8s.pod.name"] == "from-attrs"
+    assert attributes["team"] == "a,b"
+    assert attributes[sc.SERVICE_NAME] == "llm-sidecar"
 
 
 def test_provider_resource_and_sampler_come_from_the_environment(clean_env, monkeypatch):
