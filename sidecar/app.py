@@ -49,7 +49,7 @@ from .export.prometheus_internals import WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
-from .relay.data.proxy import Proxy
+from .relay.data.proxy import Proxy, RelayLimits
 from .export.tracing import RequestTelemetry, TelemetryProviders, providers_from_env
 from .relay.control.model_discovery import served_models
 from .relay.data.upstream import UpstreamPool
@@ -234,13 +234,15 @@ def build_sidecar(
         decode_tracker=capacity.trackers,
         tenant_label=tenants,
         recorders=recorders,
-        max_request_inspect_bytes=settings.max_request_inspect_bytes,
-        max_request_body_bytes=settings.max_request_body_bytes,
+        limits=RelayLimits(
+            max_request_inspect_bytes=settings.max_request_inspect_bytes,
+            max_request_body_bytes=settings.max_request_body_bytes,
+            client_body_timeout=settings.client_body_timeout,
+            send_timeout=settings.send_timeout,
+            max_response_inspect_bytes=settings.max_response_inspect_bytes,
+            max_line_bytes=settings.max_sse_line_bytes,
+        ),
         body_budget=BodyBudget(settings.max_buffered_request_bytes),
-        client_body_timeout=settings.client_body_timeout,
-        send_timeout=settings.send_timeout,
-        max_response_inspect_bytes=settings.max_response_inspect_bytes,
-        max_line_bytes=settings.max_sse_line_bytes,
         tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
     # The page without prometheus_client's _created samples (for this registry only; its

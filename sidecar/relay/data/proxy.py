@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple, Protocol
 
@@ -66,7 +67,7 @@ from .body_relay import (
 )  # fmt: skip
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
-__all__ = ["Proxy", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
+__all__ = ["Proxy", "RelayLimits", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
 
 _log = structlog.get_logger("sidecar.proxy")
 
@@ -164,6 +165,25 @@ def _too_large(limit: int) -> tuple[int, str, str]:
     return 413, "request_too_large", f"the request body is larger than {limit} bytes"
 
 
+@dataclass(frozen=True, slots=True)
+class RelayLimits:
+    """The bounds the proxy holds every request and response to (their settings and why:
+    docs/reliability.md; the defaults are the settings' defaults)."""
+
+    max_request_inspect_bytes: int = 32 << 20
+    """A known API route's JSON body up to this is read whole to learn its model; larger is streamed."""
+    max_request_body_bytes: int = 64 << 20
+    """Past this a request body is refused with 413."""
+    client_body_timeout: float = CLIENT_BODY_TIMEOUT
+    """Idle seconds allowed between two reads of a request body (408 after)."""
+    send_timeout: float = SEND_TIMEOUT
+    """Seconds a client may take no bytes of a response that waits for it."""
+    max_response_inspect_bytes: int = 16 << 20
+    """A non-streamed JSON response up to this is read for its usage."""
+    max_line_bytes: int | None = None
+    """An SSE/NDJSON line past this is not parsed (None: the parser's default)."""
+
+
 class Proxy:
     """The aiohttp handler for every method and path of the proxy port."""
 
@@ -175,13 +195,8 @@ class Proxy:
         on_start: Callable[[str, str], None] | None = None,
         on_end: Callable[[str, str], None] | None = None,
         recorders: Iterable[Recorder] = (),
-        max_request_inspect_bytes: int = 32 << 20,
-        max_request_body_bytes: int = 64 << 20,
+        limits: RelayLimits = RelayLimits(),
         body_budget: BodyBudget | None = None,
-        client_body_timeout: float = CLIENT_BODY_TIMEOUT,
-        send_timeout: float = SEND_TIMEOUT,
-        max_response_inspect_bytes: int = 16 << 20,
-        max_line_bytes: int | None = None,
         tracer: RequestTracer | None = None,
         tenant_label: Callable[[Mapping[str, str]], str] | None = None,
         decode_tracker: Callable[[str], DecodeConcurrency] | None = None,
@@ -194,13 +209,8 @@ class Proxy:
         self._on_start = on_start
         self._on_end = on_end
         self._recorders = tuple(recorders)
-        self._max_inspect = max_request_inspect_bytes
-        self._max_body = max_request_body_bytes
-        self._budget = body_budget if body_budget is not None else BodyBudget(4 * max_request_inspect_bytes)
-        self.client_body_timeout = client_body_timeout
-        self.send_timeout = send_timeout
-        self._max_json = max_response_inspect_bytes
-        self._max_line = max_line_bytes
+        self.limits = limits
+        self._budget = body_budget if body_budget is not None else BodyBudget(4 * limits.max_request_inspect_bytes)
         self._tracer = tracer
         self._clock = clock
         self.in_flight = 0
@@ -210,7 +220,7 @@ class Proxy:
         idle connection (sidecar/relay/data/early.py); ``enabled``: False while draining."""
         return EarlyForwarder(
             self._pool,
-            max_body=min(self._max_inspect, self._max_body),
+            max_body=min(self.limits.max_request_inspect_bytes, self.limits.max_request_body_bytes),
             clock=self._clock,
             enabled=lambda: self._tracer is None and enabled(),  # tracing injects per request
             on_abandoned=self._abandoned,
@@ -320,8 +330,9 @@ class Proxy:
             # A tunnel to wherever the client names: never what an inference server is for.
             return 405, "method_not_allowed", "CONNECT is not relayed"
         length = request.content_length
-        if length is not None and length > self._max_body:
-            return _too_large(self._max_body)
+        limit = self.limits.max_request_body_bytes
+        if length is not None and length > limit:
+            return _too_large(limit)
         coding = request.headers.get("Transfer-Encoding")
         if coding is not None:
             if request.version < HttpVersion11:
@@ -352,11 +363,12 @@ class Proxy:
         """
         if not request.body_exists:
             return None, None
+        limits = self.limits
         length = request.content_length
-        if route is OTHER or request.method != "POST" or length is None or length > self._max_inspect:
+        if route is OTHER or request.method != "POST" or length is None or length > limits.max_request_inspect_bytes:
             # Streamed. A declared length is within the limit already; a chunked body is
             # counted as it streams.
-            return _BoundedBody(request.content, self._max_body, self.client_body_timeout), None
+            return _BoundedBody(request.content, limits.max_request_body_bytes, limits.client_body_timeout), None
         content = request.content
         if content.is_eof():
             # The usual case: the whole (small) body came in with the head, so it is all
@@ -367,10 +379,10 @@ class Proxy:
         budget = self._budget
         if not budget.reserve(length):
             # Held bodies are at their process-wide limit: stream this one (body_budget).
-            return _BoundedBody(content, self._max_body, self.client_body_timeout, scanner), None
+            return _BoundedBody(content, limits.max_request_body_bytes, limits.client_body_timeout, scanner), None
         try:
             parts: list[bytes] = []
-            while chunk := await _read_some(content, self.client_body_timeout):
+            while chunk := await _read_some(content, limits.client_body_timeout):
                 parts.append(chunk)
                 scanner.feed(chunk)
             body = b"".join(parts)
@@ -460,8 +472,8 @@ class Proxy:
             timeline,
             upstream_headers.get("Content-Type", ""),
             upstream_headers.get("Content-Encoding", ""),
-            max_json_bytes=self._max_json,
-            max_line_bytes=self._max_line,
+            max_json_bytes=self.limits.max_response_inspect_bytes,
+            max_line_bytes=self.limits.max_line_bytes,
             headers=upstream_headers,
         )
         timeline.response_started(now, head.status, observer.streaming)
@@ -477,7 +489,7 @@ class Proxy:
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = UPSTREAM_STATUS if head.status >= 500 else None
-        relay = BodyRelay(request, conn, observer, self._clock, self.send_timeout, out_head.chunked)
+        relay = BodyRelay(request, conn, observer, self._clock, self.limits.send_timeout, out_head.chunked)
         try:
             ended = await relay.run()
         finally:
@@ -499,7 +511,7 @@ class Proxy:
             # aiohttp's write_eof does not wait for the client to take the bytes: without
             # this, a client that pipelines requests and never reads gets each next one
             # forwarded while the answers pile up in memory.
-            await drain_client(request, self.send_timeout)
+            await drain_client(request, self.limits.send_timeout)
         except ConnectionError:
             return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
         except SendTimeout:
