@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import ServeProcess, wait_for
-from tests.integration.test_proxy import chat_chunk, scripted
+from tests.support.sse import chat_chunk, scripted
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,7 @@ import yaml
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import require_tool, start_app, start_prometheus
-from tests.integration.test_helm import by_kind, sync
-from tests.integration.test_helm_fleet import RELEASES, render_release, rid
+from tests.support.chart import RELEASES, by_kind, render_release, rid, sync
 
 pytestmark = pytest.mark.integration
 

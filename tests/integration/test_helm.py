@@ -36,13 +36,10 @@ import yaml
 
 from sidecar.export import semconv
 from sidecar.config import load_settings
-from tests.chart import sync
+from tests.support.chart import CHART, ROOT, by_kind, render, render_error, sync
 from tests.conftest import IN_CI, bound_ports, start_simulator
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "llm-sidecar"
 
 
 CASES = {case.name: case for case in sync.CASES}
@@ -74,20 +71,6 @@ def renders(helm_ok) -> dict[str, str]:
 def parsed(renders) -> dict[str, list[dict]]:
     """The objects of every case's render (read-only: copy before changing one)."""
     return {name: sync.objects(text) for name, text in renders.items()}
-
-
-def render(*args: str) -> list[dict]:
-    return sync.objects(sync.template(["--kube-version", sync.KUBE_VERSION, *args]))
-
-
-def render_error(*args: str) -> str:
-    with pytest.raises(sync.SyncError) as err:
-        sync.template(["--kube-version", sync.KUBE_VERSION, *args])
-    return str(err.value)
-
-
-def by_kind(objs: list[dict], kind: str) -> list[dict]:
-    return [o for o in objs if o["kind"] == kind]
 
 
 def one(objs: list[dict], kind: str) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart import require_helm, sync
+from tests.support.chart import require_helm, sync
 
 pytestmark = pytest.mark.integration
 

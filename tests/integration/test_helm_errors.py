@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart import require_helm, sync
+from tests.support.chart import require_helm, sync
 
 pytestmark = pytest.mark.integration
 

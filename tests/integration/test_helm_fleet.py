@@ -28,35 +28,9 @@ import yaml
 
 from sidecar.tools.slo.helm import LABEL_RELEASE, release_id
 from tests.conftest import require_tool
-from tests.integration.test_helm import CHART, by_kind, sync
+from tests.support.chart import CHART, RELEASES, by_kind, deployment, render_release, rid, sync
 
 pytestmark = pytest.mark.integration
-
-KEY = "prometheus.rules.objectives"
-# (release, namespace, extra --set, model, share of slow first tokens in permille)
-RELEASES = (
-    ("a", "team-a", (), "llama", 30),
-    ("b", "team-b", (f"{KEY}.ttft.target=99",), "llama", 5),
-    ("c", "team-a", (), "qwen", 800),
-)
-
-
-def deployment(release: str) -> str:
-    return f"{release}-llm-sidecar"  # the chart's fullname for a release not named like it
-
-
-def rid(release: str) -> str:
-    """The release's ``llm_release`` value."""
-    namespace = next(ns for r, ns, *_ in RELEASES if r == release)
-    return release_id(namespace, deployment(release))
-
-
-def render_release(release: str, namespace: str, sets: tuple[str, ...], chart: Path = CHART) -> list[dict]:
-    args = [a for s in sets for a in ("--set", s)]
-    return sync.objects(
-        sync.helm("template", release, str(chart), "--namespace", namespace,
-                  "--kube-version", sync.KUBE_VERSION, "--set", f"image.repository={sync.EXAMPLE_IMAGE}", *args, chart=chart)
-    )  # fmt: skip
 
 
 def series(release: str, namespace: str, model: str, slow: int, *, gone_after: int | None = None) -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart import require_helm, sync
+from tests.support.chart import require_helm, sync
 from tests.conftest import require_tool
 
 JOB = "inference-sidecar"

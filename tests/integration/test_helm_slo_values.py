@@ -46,7 +46,7 @@ from sidecar.tools.slo.helm import (
     windows_values,
 )
 from tests.conftest import require_tool
-from tests.integration.test_helm import CHART, ROOT, by_kind, render, render_error, sync
+from tests.support.chart import CHART, ROOT, by_kind, render, render_error, sync
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import require_tool
-from tests.integration.test_helm import by_kind, render, sync
+from tests.support.chart import by_kind, render, sync
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ The paths (docs/kubernetes.md "Install paths"), all at once in one Prometheus, a
 
 Each pod is a real ``llm-sidecar serve`` process in front of one ``llm-sidecar simulate``;
 each rendered PodMonitor (or ServiceMonitor) becomes the scrape jobs the Prometheus Operator would write for it
-(tests/prometheus_operator.py, followed from prometheus-operator v0.93.0, commit
+(tests/support/prometheus_operator.py, followed from prometheus-operator v0.93.0, commit
 f8fafd475f3d132e239432ae6172de60a6cb6516, pkg/prometheus/promcfg.go), over every pod of the
 namespaces it watches, so the operator's own relabelings pick the pods; each rendered
 PrometheusRule is loaded as its rules file. Two Debian Prometheus processes scrape the same
@@ -64,10 +64,9 @@ import pytest
 import yaml
 
 from sidecar.tools.slo.helm import LABEL_RELEASE
-from tests import prometheus_operator as operator
 from tests.conftest import ServeProcess, require_tool, start_prometheus, start_simulator
-from tests.integration.test_helm import CHART, sync
-from tests.integration.test_helm_fleet import render_release
+from tests.support import prometheus_operator as operator
+from tests.support.chart import CHART, render_release, sync
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import ServeProcess, serve_process, wait_for  # noqa: F401 - fixture
-from tests.integration.test_proxy import USAGE, chat_chunk, scripted
+from tests.support.sse import USAGE, chat_chunk, scripted
 
 pytestmark = pytest.mark.integration
 

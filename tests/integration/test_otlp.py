@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
 import os
 import signal
 import sys
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from sidecar.export import semconv as sc
 from tests.conftest import bound_ports, start_app, wait_for
+from tests.support.sse import chat_chunk
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +37,7 @@ CLIENT_SPAN = "b7ad6b7169203331"
 ROUTE = "/v1/chat/completions"
 
 
-def chunk(content: str | None = None, *, role: bool = False, finish: str | None = None) -> bytes:
-    delta = {"role": "assistant", "content": ""} if role else {"content": content}
-    doc = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "model": "m1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+chunk = partial(chat_chunk, id="chatcmpl-9", created=None, logprobs=False, spaced=True)
 
 
 STREAM = [

@@ -14,8 +14,8 @@ import time
 import aiohttp
 import pytest
 
-from tests.conftest import ServeProcess, wait_for
-from tests.integration.test_proxy import chat_chunk, scripted
+from tests.conftest import ServeProcess
+from tests.support.sse import chat_chunk, scripted
 
 pytestmark = pytest.mark.integration
 

@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, require_tool, start_prometheus
-from tests.chart import require_helm, sync
+from tests.support.chart import require_helm, sync
 from tests.pod.conftest import ROOT, podman
 
 pytestmark = pytest.mark.pod

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -36,6 +37,7 @@ from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import load_spec, render_rules
 from sidecar.tools.slo.helm import release_rules
 from tests.conftest import start_app, wait_for
+from tests.support.sse import chat_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
@@ -59,10 +61,7 @@ SCRAPE_LABELS = {"job", "instance"}  # Prometheus adds them to every scraped ser
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
 
 
-def _sse_chunk(content: str) -> bytes:
-    doc = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
-           "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}  # fmt: skip
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+_sse_chunk = partial(chat_chunk, id="c1", model=MODEL, logprobs=False, spaced=True)
 
 
 async def _garbled(request: web.Request) -> web.StreamResponse:

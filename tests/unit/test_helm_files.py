@@ -22,7 +22,7 @@ import yaml
 import sidecar
 from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings, parse_host_port
-from tests.chart import sync
+from tests.support.chart import sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "llm-sidecar"

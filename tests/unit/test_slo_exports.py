@@ -9,9 +9,9 @@ label names, `le` bucket values exactly as written, outcome values, and `by (...
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +24,7 @@ from sidecar.tools.slo import conventions as c
 from sidecar.tools.slo import generate, parse_spec, render_rules
 from sidecar.base.outcomes import Outcome
 from tests.conftest import wait_for
+from tests.support.sse import chat_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))
@@ -48,13 +49,7 @@ MATCHER = re.compile(r'([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 BY = re.compile(r"\bby \(([^)]*)\)")
 
 
-def _chunk(content: str | None, finish: str | None = None) -> bytes:
-    delta = {"content": content} if content is not None else {"role": "assistant", "content": ""}
-    doc = {
-        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m1",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }  # fmt: skip
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+_chunk = partial(chat_chunk, id="c1", logprobs=False, spaced=True)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -70,7 +65,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         )  # fmt: skip
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    for data in (_chunk(None), _chunk("Hel"), _chunk("lo"), _chunk(" you", "stop"), b"data: [DONE]\n\n"):
+    for data in (_chunk(role=True), _chunk("Hel"), _chunk("lo"), _chunk(" you", finish="stop"), b"data: [DONE]\n\n"):
         await resp.write(data)
         await asyncio.sleep(0.005)
     await resp.write_eof()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import aiohttp
 import pytest
@@ -19,31 +20,17 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from sidecar.export import semconv as sc
-from sidecar.app import RUNNER_KWARGS, build_sidecar
+from sidecar.app import build_sidecar
 from sidecar.config import Settings
-from tests.conftest import RunningSidecar, metric_points, start_app, wait_for
+from tests.conftest import RunningSidecar, metric_points, run_sidecar, sidecar_settings, wait_for
+from tests.support.sse import chat_chunk
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 ROUTE = "/v1/chat/completions"
 
 
-def chunk(content: str | None = None, *, role: bool = False, reasoning: str | None = None, finish: str | None = None) -> bytes:
-    delta: dict = {}
-    if role:
-        delta = {"role": "assistant", "content": ""}
-    elif reasoning is not None:
-        delta = {"reasoning_content": reasoning}
-    elif content is not None:
-        delta = {"content": content}
-    doc = {
-        "id": "chatcmpl-42",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m1-2025",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+chunk = partial(chat_chunk, id="chatcmpl-42", model="m1-2025", logprobs=False, spaced=True)
 
 
 USAGE = (
@@ -90,25 +77,22 @@ def scripted(script, *, status: int = 200, content_type: str = "text/event-strea
 
 @pytest.fixture
 async def traced_sidecar():
-    runners: list[web.AppRunner] = []
+    started: list[RunningSidecar] = []
 
     async def make(upstream_url: str, *, tracer_provider=None, meter_provider=None, **overrides) -> RunningSidecar:
-        registry = CollectorRegistry()
         s = build_sidecar(
-            Settings(upstream=upstream_url, **overrides),
-            registry,
+            sidecar_settings(upstream_url, **overrides),
+            CollectorRegistry(),
             access_log=False,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
         )
-        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        return RunningSidecar(s, registry, port, admin_port)
+        started.append(running := await run_sidecar(s))
+        return running
 
     yield make
-    for runner in runners:
-        await runner.cleanup()
+    for running in started:
+        await running.stop()
 
 
 async def post(url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, bytes]:
