@@ -50,7 +50,8 @@ from .export.scrape import ScrapeRenderer
 from .base.tenant import TenantLabeler
 from .base.prompt_class import PromptClasses
 from .relay.data.proxy import Proxy, RelayLimits
-from .export.tracing import RequestTelemetry, TelemetryProviders, providers_from_env
+from .export.spans import RequestTelemetry
+from .export.otel_setup import TelemetryProviders, providers_from_env
 from .relay.control.model_discovery import served_models
 from .relay.data.upstream import UpstreamPool
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
