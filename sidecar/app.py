@@ -62,11 +62,48 @@ __all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
 _log = structlog.get_logger("sidecar.app")
 
 
+class UpstreamLink:
+    """The sidecar's connections to the upstream, which exist while the proxy app runs: the
+    relay's ``pool``, and the ``session`` of its own requests (readiness probes, model
+    listings, engine metrics). Both need the running loop, so the proxy app opens them as it
+    starts (:meth:`open`) and closes them as it stops; the relay asks :meth:`get_pool`."""
+
+    __slots__ = ("session", "pool")
+
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
+
+    def open(self, settings: Settings) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            headers=OWN_REQUEST_HEADERS,
+        )
+        self.pool = UpstreamPool(
+            settings.upstream,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+        )
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+        if self.session is not None:
+            await self.session.close()
+
+    def get_pool(self) -> UpstreamPool:
+        assert self.pool is not None, "the proxy app has not started"
+        return self.pool
+
+
 @dataclass
 class Sidecar:
     """The running parts, shared by both apps through ``app[SIDECAR]``. The drain and both
-    apps are made from the rest as the Sidecar is (``__post_init__``); the upstream session
-    and pool exist while the proxy app runs (made as it starts, closed as it stops)."""
+    apps are made from the rest as the Sidecar is (``__post_init__``); the upstream
+    connections (``link``) exist while the proxy app runs."""
 
     settings: Settings
     registry: CollectorRegistry
@@ -75,8 +112,7 @@ class Sidecar:
     renderer: ScrapeRenderer
     tenants: TenantLabeler | None = None
     capacity: CapacityMetrics | None = None
-    session: aiohttp.ClientSession | None = None  # readiness probes and model listings only
-    pool: UpstreamPool | None = None  # the relay's connections
+    link: UpstreamLink = field(default_factory=UpstreamLink)
     drain: Drain = field(init=False)
     watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
@@ -91,6 +127,16 @@ class Sidecar:
     @property
     def draining(self) -> bool:
         return self.drain.draining
+
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The session of the sidecar's own requests (None until the proxy app starts)."""
+        return self.link.session
+
+    @property
+    def pool(self) -> UpstreamPool | None:
+        """The relay's connections (None until the proxy app starts)."""
+        return self.link.pool
 
     async def upstream_status(self, session: aiohttp.ClientSession | None = None) -> int:
         """The status of one GET of the upstream's health path (raises when unreachable).
@@ -133,8 +179,7 @@ class Sidecar:
             return 200 <= await self.upstream_status(fresh) < 300
 
     def get_pool(self) -> UpstreamPool:
-        assert self.pool is not None, "the proxy app has not started"
-        return self.pool
+        return self.link.get_pool()
 
 
 SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
@@ -227,6 +272,7 @@ def build_sidecar(
     # checked at child creation, and label admission asks the same count what a new value
     # would cost (metrics.budget).
     gate.guard()
+    link = UpstreamLink()  # the relay's pool, made when the proxy app starts
     proxy = Proxy(
         lambda: sc.get_pool(),  # the Sidecar below owns the pool, made when the app starts
         model_label=metrics.model_label,
@@ -248,9 +294,8 @@ def build_sidecar(
     )
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
-    sc = Sidecar(
-        settings, registry, metrics, proxy, ScrapeRenderer(WithoutCreated(registry)), tenants=tenants, capacity=capacity
-    )
+    renderer = ScrapeRenderer(WithoutCreated(registry))
+    sc = Sidecar(settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link)
     return sc
 
 
@@ -270,23 +315,11 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     app[SIDECAR] = sc
 
     async def upstream_session(app: web.Application):
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True)
-        sc.session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            headers=OWN_REQUEST_HEADERS,
-        )
-        sc.pool = UpstreamPool(
-            sc.settings.upstream,
-            connect_timeout=sc.settings.connect_timeout,
-            read_timeout=sc.settings.read_timeout,
-        )
+        sc.link.open(sc.settings)
         refresh = asyncio.ensure_future(_refresh_labels(sc))
         yield
         refresh.cancel()
-        await sc.pool.close()
-        await sc.session.close()
+        await sc.link.close()
         sc.renderer.close()
 
     app.cleanup_ctx.append(upstream_session)
