@@ -1,6 +1,6 @@
 """Every Prometheus instrument the sidecar exports, and how a finished timeline feeds them.
 
-Names, labels and meanings are the contract in DESIGN.md. The registry is injected (tests
+Names, labels and meanings are the contract in docs/design.md. The registry is injected (tests
 build a fresh ``CollectorRegistry()``); nothing here is a module global. Label values are
 bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed route table,
 ``outcome`` by :class:`~sidecar.measure.timeline.Outcome`, ``code`` by HTTP itself.

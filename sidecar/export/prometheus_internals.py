@@ -160,9 +160,9 @@ class WithoutCreated:
     no query, rule or dashboard reads (``rate()`` copes with resets by itself). The library's
     switch, ``disable_created_metrics()``, is a module global: flipping it changes the page
     of every registry in the process, and every test that builds a sidecar would change it
-    for the tests after it (the pattern docs/STYLE.md asks us to avoid). This view drops
-    them from one registry's page instead, whoever embeds the sidecar; the registry itself
-    is unchanged (``get_sample_value`` still answers for them)."""
+    for the tests after it (the mutable module global the team's style guide asks us to
+    avoid). This view drops them from one registry's page instead, whoever embeds the
+    sidecar; the registry itself is unchanged (``get_sample_value`` still answers for them)."""
 
     def __init__(self, registry) -> None:
         self._registry = registry
