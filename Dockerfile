@@ -12,7 +12,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/llm-sidecar
-# A C compiler for the optional per-token byte checks (sidecar/base/_speedups.c), in this
+# A C compiler for the optional per-token C (sidecar/base/_speedups.c, relay/data/_token_lane.c), in this
 # stage only. Best effort: where it or Python's headers are missing, pip builds the package
 # without them and the relay uses the Python originals (same bytes, same figures).
 # (The official python image has Python's headers; a base with Debian's python3 needs its
@@ -25,7 +25,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 RUN /opt/llm-sidecar/bin/pip install --no-compile . \
- && (/opt/llm-sidecar/bin/python -c "from sidecar.base.speedups import IN_C; print('C byte checks:', IN_C)") \
+ && (/opt/llm-sidecar/bin/python -c "from sidecar.base.speedups import IN_C; from sidecar.relay.data.token_lane import AVAILABLE; print('C byte checks:', IN_C, 'token lane:', AVAILABLE)") \
  && /opt/llm-sidecar/bin/pip uninstall --yes pip setuptools \
  && /opt/llm-sidecar/bin/python -m compileall -q -j 0 /opt/llm-sidecar
 

@@ -8,14 +8,15 @@ the measuring per token is mostly byte work in Python (the chunk's size line par
 slices, ``int`` and a set; the token text decoded to check it), and a paired benchmark of a
 prototype that did both checks in C used 12 % less CPU per token (docs/performance.md).
 
-``IN_C`` says which is in use (the tests and the image check read it). ``TokenLane`` (None
-without the extension) is the steady token read in one call: sidecar/relay/data/token_lane.py.
+``IN_C`` says which is in use (the tests and the image check read it). The token lane, the
+steady token read in one call, is C beside its one user (sidecar/relay/data/token_lane.py)
+and shares these checks' C (``_bytes.h``): one compiler builds both or neither.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "IN_C", "TokenLane", "HEX_DIGITS", "hex_size", "size_line", "chunk_payload", "plain_at", "chunk_payload_py",
+    "IN_C", "HEX_DIGITS", "hex_size", "size_line", "chunk_payload", "plain_at", "chunk_payload_py",
     "plain_at_py", "plain",
 ]  # fmt: skip
 
@@ -72,12 +73,11 @@ def plain_at_py(buf: bytes, start: int, end: int) -> bool:
 
 
 try:
-    from ._speedups import TokenLane, chunk_payload, plain_at
+    from ._speedups import chunk_payload, plain_at
 
     IN_C = True
-except ImportError:  # built without a C compiler: the originals, and no token lane
+except ImportError:  # built without a C compiler: the originals
     plain_at, chunk_payload = plain_at_py, chunk_payload_py
-    TokenLane = None
     IN_C = False
 
 SPEEDUPS_MISSING = (

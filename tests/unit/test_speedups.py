@@ -148,8 +148,13 @@ def test_without_the_extension_the_originals_answer(monkeypatch):
         assert fallback.chunk_payload is fallback.chunk_payload_py
         assert fallback.chunk_payload(frame(b"hello")) == b"hello"
         assert fallback.plain_at(b"[hi]", 1, 3) is True
-        assert fallback.TokenLane is None  # and no token lane: every read takes the Python path
+        from sidecar.relay.data import token_lane
+
+        lanes = importlib.reload(token_lane)
+        assert lanes.TokenLane is None and not lanes.AVAILABLE  # no lane: every read the Python path's
     finally:
         monkeypatch.setattr(builtins, "__import__", real_import)
         importlib.reload(speedups)
+        importlib.reload(token_lane)
     assert speedups.IN_C is (_speedups is not None)
+    assert token_lane.AVAILABLE is speedups.IN_C

@@ -1,4 +1,5 @@
-"""No call order crashes the C extension (sidecar/base/_speedups.c): every type and function
+"""No call order crashes the C extensions (sidecar/base/_speedups.c and
+sidecar/relay/data/_token_lane.c): every type and function
 it exports, called on an object never initialised, with the wrong argument types, in an
 odd order, or with counts at the edge of a machine word, raises a Python exception or
 answers; it never dereferences NULL or overflows a signed integer.
@@ -25,8 +26,9 @@ from tests.conftest import IN_CI
 
 try:
     from sidecar.base import _speedups
+    from sidecar.relay.data import _token_lane
 except ImportError:  # not built: no C compiler when the package was installed
-    _speedups = None
+    _speedups = _token_lane = None
 
 pytestmark = pytest.mark.skipif(
     _speedups is None and not IN_CI,
@@ -38,7 +40,7 @@ import copy, sys
 from array import array
 from types import SimpleNamespace as NS
 from sidecar.base import _speedups as m
-TokenLane = m.TokenLane
+from sidecar.relay.data._token_lane import TokenLane
 PREFIX, SUFFIX = b'data: {"t":"', b'"}\n\n'
 
 class Transport:
@@ -220,16 +222,19 @@ def test_no_crash(name: str) -> None:
 
 
 def test_every_entry_point_has_a_case() -> None:
-    """Every public name the module exports, and every public attribute of its types, is
+    """Every public name the modules export, and every public attribute of their types, is
     called by at least one case above."""
-    exported = {n for n in dir(_speedups) if not n.startswith("_")}
     wanted = set(ENTRY_POINTS)
-    for name in exported:
-        obj = getattr(_speedups, name)
-        if isinstance(obj, type):
-            wanted |= {a for a in dir(obj) if not a.startswith("_")}
-        else:
-            wanted.add(name)
+    exported = set()
+    for module in (_speedups, _token_lane):
+        names = {n for n in dir(module) if not n.startswith("_")}
+        exported |= names
+        for name in names:
+            obj = getattr(module, name)
+            if isinstance(obj, type):
+                wanted |= {a for a in dir(obj) if not a.startswith("_")}
+            else:
+                wanted.add(name)
     covered = set().union(*(case[0] for case in CASES.values()))
     assert exported == {"chunk_payload", "plain_at", "TokenLane"}, "a new export: add its cases"
     assert wanted <= covered, f"no case calls {sorted(wanted - covered)}"

@@ -1,4 +1,4 @@
-"""The token lane (sidecar/relay/data/token_lane.py, ``TokenLane`` in sidecar/base/_speedups.c)
+"""The token lane (sidecar/relay/data/token_lane.py, ``TokenLane`` in sidecar/relay/data/_token_lane.c)
 against the Python relay path it stands for, which is the oracle.
 
 Each stream is relayed twice through the real ``UpstreamConnection`` and ``BodyRelay`` (fake
@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.wire import StreamWire
-from sidecar.base import speedups
+from sidecar.relay.data import token_lane
 from sidecar.base.routes import match_route
 from sidecar.measure.concurrency import DecodeConcurrency
 from sidecar.measure.observe import ResponseObserver
@@ -35,7 +35,7 @@ from tests.fixtures.streams.harness import FAST, HERE
 from tests.unit.test_event_template import OTHERS, SHAPES, texts
 
 pytestmark = pytest.mark.skipif(
-    speedups.TokenLane is None and not IN_CI,
+    token_lane.TokenLane is None and not IN_CI,
     reason="the C extension was not built (no C compiler when the package was installed): no lanes",
 )
 
@@ -426,7 +426,7 @@ def test_the_lane_writes_no_attribute_of_another_object(monkeypatch):
     theirs. Run against objects that refuse any write made while the lane's own call is
     the innermost Python frame (a write from C has no Python frame of its own); writes by
     their own Python methods (``add_tokens``, ``_lane_sent``) pass."""
-    RealLane = speedups.TokenLane
+    RealLane = token_lane.TokenLane
     lane_codes: set = set()
 
     class Watched:
@@ -493,7 +493,7 @@ def test_the_lane_writes_no_attribute_of_another_object(monkeypatch):
         self.gaps, self.gap_streams = GuardedArray("d"), GuardedArray("I")
 
     monkeypatch.setattr(GuardedTimeline, "__init__", timeline_init)
-    monkeypatch.setattr(sys.modules["sidecar.relay.data.token_lane"], "TokenLane", Watched)
+    monkeypatch.setattr(token_lane, "TokenLane", Watched)
     monkeypatch.setattr(body_relay, "BodyRelay", guarded(BodyRelay))
     monkeypatch.setattr(sys.modules[__name__], "RequestTimeline", GuardedTimeline)
     monkeypatch.setattr(sys.modules[__name__], "DecodeConcurrency", GuardedDecoding)
@@ -590,7 +590,7 @@ def test_a_finished_relay_leaves_no_cycle_behind(monkeypatch):
         gc.disable()
         try:
             got = relay(paced(events), "/v1/chat/completions", lanes, monkeypatch)
-            alive = sum(1 for o in gc.get_objects() if type(o) in (BodyRelay, speedups.TokenLane, RequestTimeline))
+            alive = sum(1 for o in gc.get_objects() if type(o) in (BodyRelay, token_lane.TokenLane, RequestTimeline))
         finally:
             gc.enable()
         assert got["taken"] > 50 or not lanes
@@ -602,6 +602,6 @@ def test_the_c_source_sets_no_attribute_and_reads_one():
     is the decoding count (token_lane.Decoding)."""
     from pathlib import Path
 
-    source = (Path(speedups.__file__).parent / "_speedups.c").read_text()
+    source = (Path(token_lane.__file__).parent / "_token_lane.c").read_text()
     assert "SetAttr" not in source and "GenericSetAttr" not in source
     assert source.count("PyObject_GetAttr(") == 1 and 'INTERN(s_n, "n")' in source

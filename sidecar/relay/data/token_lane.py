@@ -6,7 +6,7 @@ whole HTTP chunk holding that event with another text. The Python path for such 
 read runs seven functions (``UpstreamConnection.data_received`` -> ``BodyRelay.chunk`` ->
 ``ResponseObserver.feed`` -> ``SSEJSONDialect.feed`` -> ``EventTemplate.matches`` ->
 ``RequestTimeline.events``) over as many objects, to do little: check the bytes, write them
-on, append one gap. A :class:`TokenLane` (``sidecar/base/_speedups.c``) does that in one
+on, append one gap. A :class:`TokenLane` (``_token_lane.c`` beside this module) does that in one
 call from ``data_received``, and keeps what it noted (the gaps, the streams decoding at
 each, the bytes sent: a batch of 32) in itself, one object, not spread over the timeline,
 its arrays and the relay. It hands each batch to one function, ``notes``, made here: the
@@ -45,12 +45,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from ...base.speedups import TokenLane
+from ...base.speedups import IN_C
 from ...measure.timeline import RequestTimeline
 from ...streams.protocols.events import TokenKind
 from .upstream import YIELD_AFTER_READ
 
 __all__ = ["lane_for", "AVAILABLE", "LaneTransport", "Decoding"]
+
+try:  # sidecar/relay/data/_token_lane.c, built with the byte checks where a compiler is
+    from ._token_lane import TokenLane
+except ImportError:
+    TokenLane = None
+if not IN_C:  # one compiler builds both; a lane without the C checks is no install's state
+    TokenLane = None
 
 AVAILABLE = TokenLane is not None
 
