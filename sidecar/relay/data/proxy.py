@@ -1,10 +1,12 @@
-"""The relay: I/O only. Forwards any request to the upstream and streams the response back
-chunk by chunk, handing a copy of each chunk to the observer *after* writing it.
+"""The proxy's handler: I/O only. Forwards any request to the upstream and streams the
+response back (:class:`~sidecar.relay.data.body_relay.BodyRelay`: each piece written to the
+client first, then a copy to the observer).
 
-Order of duties for every chunk: read from upstream, note the time, write to the client,
-then measure. Measuring never raises into this loop (see :mod:`sidecar.measure.observe`) and the
-figures flow out through one :class:`~sidecar.measure.timeline.RequestTimeline` per request,
-finalised exactly once in ``finally``.
+Every request is opened one way (:meth:`Proxy._open`: one
+:class:`~sidecar.measure.timeline.RequestTimeline`, its labels) and recorded one way
+(:meth:`Proxy._record`: finalised exactly once, in ``finally``), whether its handler ran or
+its client went before that (the early path's ``_abandoned``). Measuring never raises into
+the relay (see :mod:`sidecar.measure.observe`).
 
 Faults map to what a client can act on:
 - upstream refused / unreachable / broken before headers -> 502 with a JSON error body
