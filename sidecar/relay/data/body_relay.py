@@ -224,13 +224,8 @@ class BodyRelay:
         now = self._clock()
         if self.ended is not None:
             return
-        if not self._write_framed(frames if self._chunked else b"".join(pieces), now):
-            return
-        feed = self._observer.feed
-        for piece in pieces:
-            feed(piece, now)
-        if self._linkable:
-            self._link()
+        if self._write_framed(frames if self._chunked else b"".join(pieces), now):
+            self._measure_all(pieces, now)
 
     def several(self, pieces: list[bytes]) -> None:
         """Several pieces of one read that were not all whole chunks (a chunk split across
@@ -247,8 +242,11 @@ class BodyRelay:
             data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p])
         else:
             data = b"".join(pieces)
-        if data and not self._write_framed(data, now):
-            return
+        if not data or self._write_framed(data, now):
+            self._measure_all(pieces, now)
+
+    def _measure_all(self, pieces: list[bytes], now: float) -> None:
+        """The pieces of one read, written: each measured as if it had come alone."""
         feed = self._observer.feed
         for piece in pieces:
             feed(piece, now)
