@@ -21,30 +21,15 @@ import openai
 import pytest
 from huggingface_hub.errors import GenerationError
 
-from sidecar.tools.sim.core import SimulatorConfig
-from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
-from tests.conftest import RunningSidecar, start_app, wait_for
+from tests.conftest import RunningSidecar, wait_for
+from tests.support.rig import simulator  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
 MODEL = "sim-model"
 UNKNOWN = "unknown"  # the model label of requests that name no model (TGI, llama.cpp)
 _CLOCKS = re.compile(rb'"(created|created_at|completed_at)":("[^"]*"|\d+)')
-
-
-@pytest.fixture
-async def simulator():
-    runners = []
-
-    async def make(**kwargs) -> str:
-        runner, port = await start_app(build_simulator_app(SimulatorConfig(**kwargs)), handler_cancellation=True)
-        runners.append(runner)
-        return f"http://127.0.0.1:{port}"
-
-    yield make
-    for runner in runners:
-        await runner.cleanup()
 
 
 async def pair(simulator, sidecar_factory, seed: int) -> tuple[str, RunningSidecar]:

@@ -20,16 +20,12 @@ from prometheus_client import CollectorRegistry
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from tests.conftest import wait_for
-from tests.integration.test_upstream_pool import CHUNKED_HEAD, LAST_CHUNK, Peer, ScriptedServer, chunk
+from tests.support.scripted_server import Peer, ScriptedServer
+from tests.support.sse import CHUNKED_HEAD, DONE, chunked
 
 pytestmark = pytest.mark.integration
 
-SSE = (
-    CHUNKED_HEAD
-    + chunk(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
-    + chunk(b"data: [DONE]\n\n")
-    + LAST_CHUNK
-)
+SSE = CHUNKED_HEAD + chunked(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', DONE)
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 
 
@@ -180,7 +176,7 @@ LEFT_TO_THE_HANDLER = [
     pytest.param(
         [
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar.test\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + b"%x\r\n%b\r\n0\r\n\r\n" % (len(BODY), BODY)
+            + chunked(BODY)
         ],
         False,
         id="chunked-body",

@@ -7,196 +7,35 @@ socket among them (from /proc). It is taken before the fault and must come back 
 that once the client has gone, except for an upstream keep-alive connection the sidecar
 pooled on purpose after a cleanly ended response (counted explicitly where it happens).
 
-The sidecar under test runs behind :class:`sidecar.app.SidecarRunner`, as ``serve`` runs it.
-Helpers here (``Census``, ``process_census``, ``Rig``) are shared with the hostile-input and
-soak tests.
+The sidecar under test runs behind :class:`sidecar.app.SidecarRunner`, as ``serve`` runs it
+(``tests.support.rig``); the census is ``tests.support.census``.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 import asyncio
-import gc
-import os
 import signal
 import socket
-import subprocess
 import time
 import tracemalloc
-from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
-from sidecar.config import Settings
-from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
+from sidecar.tools.sim.core import SIM_STATS, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import in_flight_total, sample_value, wait_for
+from tests.conftest import in_flight_total, wait_for
+from tests.support.census import quiet_census, rss_bytes, settles_to, tcp_sockets
+from tests.support.rig import CHAT, Rig, rig_factory, serve_process, start_site  # noqa: F401 - fixtures
+from tests.support.samples import sample_of
 
 pytestmark = pytest.mark.integration
 
-CHAT = "/v1/chat/completions"
 MODEL = "sim-llama-3-8b"
 LABELS = {"model": MODEL, "route": CHAT}
 
-# -- census: what a process holds -----------------------------------------------------------
-
-_TCP_STATES = {
-    "01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
-    "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
-}  # fmt: skip
-
-
-def _socket_inodes(pid: int | str) -> tuple[int, set[str]]:
-    fds = 0
-    inodes: set[str] = set()
-    base = f"/proc/{pid}/fd"
-    for name in os.listdir(base):
-        try:
-            target = os.readlink(f"{base}/{name}")
-        except OSError:  # closed between listdir and readlink
-            continue
-        fds += 1
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return fds, inodes
-
-
-def tcp_sockets(pid: int | str = "self") -> list[tuple[str, int, int]]:
-    """(state, local port, remote port) of every TCP socket the process holds open."""
-    _, inodes = _socket_inodes(pid)
-    out = []
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if parts[9] in inodes:
-                local, remote, state = parts[1], parts[2], parts[3]
-                out.append((_TCP_STATES.get(state, state), int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
-    return out
-
-
-@dataclass(frozen=True)
-class Census:
-    """What a process holds: asyncio tasks (own process only), fds, TCP sockets by state."""
-
-    tasks: int | None
-    fds: int
-    tcp: tuple[tuple[str, int], ...]  # sorted (state, count)
-
-    def plus(self, *, tasks: int = 0, fds: int = 0, established: int = 0) -> Census:
-        tcp = Counter(dict(self.tcp))
-        tcp["ESTABLISHED"] += established
-        return Census(
-            None if self.tasks is None else self.tasks + tasks,
-            self.fds + fds,
-            tuple(sorted((k, v) for k, v in tcp.items() if v)),
-        )
-
-
-def process_census(pid: int | str = "self") -> Census:
-    fds, _ = _socket_inodes(pid)
-    states = Counter(state for state, _, _ in tcp_sockets(pid))
-    tasks = len(asyncio.all_tasks()) if pid == "self" else None
-    return Census(tasks, fds, tuple(sorted(states.items())))
-
-
-async def quiet_census(pid: int | str = "self") -> Census:
-    """A baseline census: garbage from earlier tests collected (an unclosed session closes
-    its sockets when collected) and two readings 50 ms apart agreeing."""
-    last = None
-    for _ in range(40):
-        gc.collect()
-        now = process_census(pid)
-        if now == last:
-            return now
-        last = now
-        await asyncio.sleep(0.05)
-    return last
-
-
-async def settles_to(expected: Census, pid: int | str = "self", timeout: float = 30.0) -> None:
-    """Wait until the census equals ``expected``; fail with both when it never does."""
-    deadline = time.monotonic() + timeout
-    while True:
-        gc.collect()
-        now = process_census(pid)
-        if now == expected:
-            return
-        if time.monotonic() > deadline:
-            tasks = [repr(t.get_coro()) for t in asyncio.all_tasks()] if pid == "self" else []
-            raise AssertionError(f"left behind: expected {expected}, got {now}; tasks {tasks}; sockets {tcp_sockets(pid)}")
-        await asyncio.sleep(0.02)
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-# -- the rig: simulator + sidecar in this event loop ------------------------------------------
-
-
-@dataclass
-class Rig:
-    sim_port: int
-    sim: SimStats
-    port: int
-    admin_port: int
-    registry: CollectorRegistry
-    runners: list = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def sample(self, name: str, **labels) -> float | None:
-        return sample_value(self.registry, name, labels)
-
-
-async def _site(runner: web.AppRunner) -> int:
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-
-@pytest.fixture
-async def rig_factory():
-    runners: list[web.AppRunner] = []
-
-    async def make(
-        *, upstream: str | None = None, sim: SimulatorConfig | None = None, client_body_timeout: float | None = None, **settings
-    ) -> Rig:
-        app = build_simulator_app(sim or SimulatorConfig(ttft=0.01, tpot=0.005, jitter=0, tokens=20, seed=7))
-        # As run_simulator (and uvicorn): a handler learns at once that its client left.
-        sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        runners.append(sim_runner)
-        sim_port = await _site(sim_runner)
-        sc = build_sidecar(Settings(upstream=upstream or f"http://127.0.0.1:{sim_port}", **settings), CollectorRegistry(), access_log=False)
-        if client_body_timeout is not None:
-            sc.proxy.client_body_timeout = client_body_timeout
-        proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner = SidecarRunner(sc.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        port = await _site(proxy_runner)
-        admin_port = await _site(admin_runner)
-        return Rig(sim_port, app[SIM_STATS], port, admin_port, sc.registry, runners)
-
-    yield make
-    for runner in reversed(runners):
-        await runner.cleanup()
+# -- requests to the rig --------------------------------------------------------------------------
 
 
 def chat_body(stream: bool = True, **extra) -> dict:
@@ -383,22 +222,6 @@ async def test_client_disconnects_mid_stream(rig_factory):
 # -- slow client: backpressure reaches the upstream -----------------------------------------------
 
 
-@pytest.fixture
-def serve_process(serve_process):
-    """conftest's ``serve_process``, without the caller's ``OTEL_*``/``LLM_SIDECAR_*`` environment."""
-    return partial(serve_process, clean_env=True)
-
-
-def sample_of(text: str, name: str, **labels) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
-
-
 def event(i: int) -> bytes:
     """Event ``i`` of the firehose: ~1 KiB, content derived from ``i`` so a prefix is checkable."""
     return b'data: {"choices":[{"index":0,"delta":{"content":"%08d%s"}}]}\n\n' % (i, b"z" * 1000)
@@ -499,7 +322,7 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
     holding no connection from the sidecar."""
     app = build_simulator_app(SimulatorConfig(ttft=0.05, tpot=0.05, jitter=0, tokens=20))
     sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    sim_port = await _site(sim_runner)
+    sim_port = await start_site(sim_runner)
     try:
         sc = serve_process(f"http://127.0.0.1:{sim_port}", "--drain-seconds", "60", env={"PYTHONDEVMODE": "1"})
         await sc.wait_alive()

@@ -9,7 +9,6 @@ upstream saw no connection at all.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import signal
@@ -22,109 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.base.routes import ROUTES
 from tests.conftest import wait_for
-from tests.integration.test_faults import CHAT, quiet_census, rig_factory, serve_process, settles_to, tcp_sockets  # noqa: F401 - fixtures
+from tests.support.census import quiet_census, settles_to, tcp_sockets
+from tests.support.raw import RawUpstream, raw_exchange, raw_upstream, status_and_json  # noqa: F401 - fixture
+from tests.support.rig import CHAT, rig_factory, serve_process  # noqa: F401 - fixtures
+from tests.support.sse import chat_chunk
 
 pytestmark = pytest.mark.integration
-OWN_UA = b"\r\nUser-Agent: llm-sidecar"  # the sidecar's own requests: health, model listing
-
-
-# -- a raw upstream that records bytes ----------------------------------------------------------
-
-
-class RawUpstream:
-    """Accepts connections, records what arrives, answers each complete request with
-    ``response`` and closes. ``requests`` holds the raw bytes received per connection."""
-
-    def __init__(self, response: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok") -> None:
-        self.response = response
-        self.received: list[bytes] = []
-        self.server: asyncio.base_events.Server | None = None
-
-    @property
-    def requests(self) -> list[bytes]:
-        """What the clients' relayed requests brought, without the sidecar's own background
-        requests (health probes, its model listing) and connections that brought nothing."""
-        return [r for r in self.received if r and OWN_UA not in r]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self) -> RawUpstream:
-        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def close(self) -> None:
-        self.server.close()
-        await self.server.wait_closed()
-
-    @staticmethod
-    def _complete(data: bytes) -> bool:
-        head, sep, body = data.partition(b"\r\n\r\n")
-        if not sep:
-            return False
-        headers = head.lower()
-        m = re.search(rb"\r\ncontent-length: *(\d+)", headers)
-        if m:
-            return len(body) >= int(m.group(1))
-        if b"\r\ntransfer-encoding: chunked" in headers:
-            return body.endswith(b"0\r\n\r\n")
-        return True
-
-    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        data = b""
-        index = len(self.received)
-        self.received.append(b"")
-        try:
-            while not self._complete(data):
-                chunk = await asyncio.wait_for(reader.read(65536), 5)
-                if not chunk:
-                    return
-                data += chunk
-                self.received[index] = data
-            writer.write(self.response)
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
-@pytest.fixture
-async def raw_upstream():
-    made: list[RawUpstream] = []
-
-    async def make(**kwargs) -> RawUpstream:
-        up = await RawUpstream(**kwargs).start()
-        made.append(up)
-        return up
-
-    yield make
-    for up in made:
-        await up.close()
-
-
-async def raw_exchange(port: int, data: bytes, wait: float = 2.0) -> bytes:
-    """Send raw bytes, read until the sidecar closes the connection (or ``wait`` passes)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    await writer.drain()
-    out = b""
-    try:
-        async with asyncio.timeout(wait):
-            while chunk := await reader.read(65536):
-                out += chunk
-    except (TimeoutError, ConnectionError):
-        pass
-    writer.close()
-    return out
-
-
-def status_and_json(raw: bytes) -> tuple[int, dict, bytes]:
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    return status, json.loads(body), head
 
 
 # -- label cardinality --------------------------------------------------------------------------
@@ -445,11 +347,6 @@ MARKERS = {
 }
 
 
-def _chat_chunk(text: str) -> bytes:
-    doc = {"id": "c1", "object": "chat.completion.chunk", "model": "m1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
-
 async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
     """Marked secrets in every place a client or upstream can put them, through a real
     sidecar with tracing and OTel metrics on (console exporters print them to stdout) and
@@ -466,7 +363,7 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Set-Cookie": f"sid={m['set-cookie']}"})
         await resp.prepare(request)
         for piece in ("Hi ", m["completion"], "!"):
-            await resp.write(_chat_chunk(piece))
+            await resp.write(chat_chunk(piece, id="c1", created=None, logprobs=False, spaced=True))
         await resp.write(b'data: {"id":"c1","model":"m1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}\n\n')
         await resp.write(b"data: [DONE]\n\n")
         return resp

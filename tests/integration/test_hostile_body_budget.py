@@ -15,8 +15,10 @@ import asyncio
 
 import pytest
 
-from tests.integration.test_faults import sample_of, serve_process  # noqa: F401 - fixture
-from tests.integration.test_hostile_memory import CHART_LIMIT, MiB, proc_status, reset_peak
+from tests.support.census import CHART_LIMIT, MiB, proc_status, reset_peak
+from tests.support.raw import BodyReadingUpstream
+from tests.support.rig import serve_process  # noqa: F401 - fixture
+from tests.support.samples import sample_of
 
 pytestmark = pytest.mark.integration
 
@@ -24,43 +26,8 @@ CLIENTS = 12
 BODY = 24 * MiB
 
 
-class ReadingUpstream:
-    """Reads each request's body as it comes, then answers a short complete stream."""
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                got = 0
-                while got < length:
-                    data = await reader.read(min(1 << 20, length - got))
-                    if not data:
-                        return
-                    got += len(data)
-                self.received.append(got)
-                event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
-                body = b"%x\r\n%b\r\n" % (len(event), event) + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
 async def test_bodies_held_at_once_stay_within_the_budget_and_all_complete(serve_process):
-    up = ReadingUpstream()
+    up = BodyReadingUpstream()
     sc = serve_process(await up.start())
     await sc.wait_alive()
     pid = sc.proc.pid

@@ -22,7 +22,7 @@ from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.base.routes import ROUTES
 from tests.fixtures.streams.harness import split_at
-from tests.unit.test_fuzz_dialects import hostile_bytes
+from tests.support.fuzz import hostile_bytes
 
 pytestmark = pytest.mark.integration
 

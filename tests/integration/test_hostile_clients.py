@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import in_flight_total, wait_for
-from tests.integration.test_faults import CHAT, rig_factory  # noqa: F401 - fixture
+from tests.support.raw import TCP_ESTABLISHED, raw_socket, tcp_state
+from tests.support.rig import CHAT, rig_factory  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
@@ -48,25 +49,6 @@ class CountingUpstream:
 
     async def close(self) -> None:
         self.server.close()
-
-
-TCP_ESTABLISHED = 1
-
-
-def tcp_state(sock: socket.socket) -> int:
-    """The kernel's TCP state of a socket (``tcpi_state``, the first byte of TCP_INFO)."""
-    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
-
-
-async def raw_socket(port: int, rcvbuf: int = 4096) -> socket.socket:
-    """A connected non-blocking socket with a small receive buffer. Raw, with no reader
-    buffering on our side: what the test does not recv stays in the kernel, so the sidecar
-    sees exactly the reading the test does."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    return sock
 
 
 async def test_pipelining_without_reading_is_bounded_and_let_go(rig_factory):

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import resource
-import subprocess
 import time
 
 import aiohttp
 import pytest
 
 from tests.conftest import ServeProcess, wait_for
-from tests.integration.test_faults import serve_process  # noqa: F401 - fixture
-from tests.integration.test_hostile_clients import TCP_ESTABLISHED, tcp_state
+from tests.support.raw import TCP_ESTABLISHED, tcp_state
+from tests.support.rig import serve_process  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

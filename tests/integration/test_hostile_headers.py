@@ -10,8 +10,9 @@ import json
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.test_faults import CHAT, rig_factory  # noqa: F401 - fixture
-from tests.integration.test_hostile import RawUpstream, raw_exchange, raw_upstream  # noqa: F401 - fixture
+from tests.support.raw import RawUpstream, raw_exchange, raw_upstream  # noqa: F401 - fixture
+from tests.support.rig import CHAT, rig_factory  # noqa: F401 - fixture
+from tests.support.sse import chunked
 
 pytestmark = pytest.mark.integration
 
@@ -47,18 +48,18 @@ async def test_streamed_response_with_odd_header_bytes_is_relayed_and_counted_ok
     events = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n' + b"data: [DONE]\n\n"
     up = await raw_upstream(
         response=ODD_HEAD + b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-        + b"%x\r\n%b\r\n0\r\n\r\n" % (len(events), events)
+        + chunked(events)
     )
     rig = await rig_factory(upstream=up.url)
     body = b'{"model":"m","stream":true,"messages":[]}'
     raw = await raw_exchange(
         rig.port, b"POST %b HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%b" % (CHAT.encode(), len(body), body)
     )
-    status, fields, chunked = split(raw)
+    status, fields, framed = split(raw)
     assert status == b"HTTP/1.1 200 Caf\xe9 tr\xe8s OK"
     assert fields[:6] == ODD_HEAD.split(b"\r\n")[1:-1]
     assert b"Transfer-Encoding: chunked" in fields and not any(f.lower().startswith(b"content-length") for f in fields)
-    assert chunked == b"%x\r\n%b\r\n0\r\n\r\n" % (len(events), events)
+    assert framed == chunked(events)
     await wait_for(lambda: rig.sample("llm_requests_total", model="m", route=CHAT, code="200", outcome="ok") == 1)
 
 
@@ -88,7 +89,7 @@ async def test_http10_keep_alive_client_gets_the_end_of_a_stream(rig_factory, ra
     events = b"data: [DONE]\n\n"
     up = await raw_upstream(
         response=b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-        + b"%x\r\n%b\r\n0\r\n\r\n" % (len(events), events)
+        + chunked(events)
     )
     rig = await rig_factory(upstream=up.url)
     reader, writer = await asyncio.open_connection("127.0.0.1", rig.port)

@@ -14,28 +14,15 @@ and stalled its loop 1.5 s when the body was parsed whole.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
-from tests.integration.test_faults import serve_process  # noqa: F401 - fixture
+from tests.support.census import CHART_LIMIT, MiB, proc_status, reset_peak
+from tests.support.raw import BodyReadingUpstream, post_raw
+from tests.support.rig import serve_process  # noqa: F401 - fixture
+from tests.support.samples import sample_of
 
 pytestmark = pytest.mark.integration
-
-MiB = 1 << 20
-CHART_LIMIT = 512 * MiB
-
-
-def proc_status(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(field)
-
-
-def reset_peak(pid: int) -> None:
-    """Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def messages_body() -> bytes:
@@ -46,57 +33,9 @@ def empties_body() -> bytes:
     return b"[" + b",".join([b"{}"] * 11_000_000) + b"]"
 
 
-class DrainingUpstream:
-    """Reads each request whole, then answers a short SSE stream, slowly enough that the
-    sidecar's memory can be read while the stream is in flight."""
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self.in_stream = asyncio.Event()
-        self.finish = asyncio.Event()
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                got = 0
-                while got < length:
-                    got += len(await reader.read(min(1 << 20, length - got)))
-                self.received.append(got)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-                event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-                writer.write(b"%x\r\n%b\r\n" % (len(event), event))
-                self.in_stream.set()
-                await self.finish.wait()
-                writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (14, b"data: [DONE]\n\n"))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
-async def post_raw(port: int, path: bytes, body: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path, len(body)))
-    view = memoryview(body)
-    for i in range(0, len(body), 1 << 20):
-        writer.write(view[i : i + (1 << 20)])
-        await writer.drain()
-    return reader, writer
-
-
 @pytest.mark.parametrize("make_body", [messages_body, empties_body], ids=["million-messages", "empty-objects"])
 async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_process, make_body):
-    up = DrainingUpstream()
+    up = BodyReadingUpstream(event=b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', hold=True)
     url = await up.start()
     sc = serve_process(url, "--max-request-body-bytes", str(64 * MiB))
     await sc.wait_alive()
@@ -154,7 +93,6 @@ async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the
     import aiohttp
     from aiohttp import web
 
-    from tests.integration.test_faults import sample_of
 
     big = choices_body()
     small = b'{"id":"w","model":"m","choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'

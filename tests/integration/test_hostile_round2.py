@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.test_faults import CHAT, rig_factory  # noqa: F401 - fixture
-from tests.integration.test_hostile import RawUpstream, raw_exchange, raw_upstream, status_and_json  # noqa: F401 - fixture
+from tests.support.raw import RawUpstream, raw_exchange, raw_upstream, status_and_json  # noqa: F401 - fixture
+from tests.support.rig import CHAT, rig_factory  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.conftest import bound_ports, start_simulator
-from tests.unit.test_helm_files import image_entrypoint_and_cmd
+from tests.support.image import image_entrypoint_and_cmd
 
 pytestmark = pytest.mark.integration
 

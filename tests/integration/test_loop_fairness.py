@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServeProcess, wait_for
-from tests.integration.test_faults import serve_process  # noqa: F401 - fixture
+from tests.conftest import wait_for
+from tests.support.rig import serve_process  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

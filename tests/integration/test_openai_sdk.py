@@ -7,28 +7,13 @@ import re
 import openai
 import pytest
 
-from sidecar.tools.sim.core import SimulatorConfig
-from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import start_app, wait_for
+from tests.conftest import wait_for
+from tests.support.rig import simulator  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
 ROUTE = "/v1/chat/completions"
 _VOLATILE = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
-
-
-@pytest.fixture
-async def simulator():
-    runners = []
-
-    async def make(**kwargs) -> str:
-        runner, port = await start_app(build_simulator_app(SimulatorConfig(**kwargs)), handler_cancellation=True)
-        runners.append(runner)
-        return f"http://127.0.0.1:{port}"
-
-    yield make
-    for runner in runners:
-        await runner.cleanup()
 
 
 def _client(base: str) -> openai.AsyncOpenAI:

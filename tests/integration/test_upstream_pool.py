@@ -1,7 +1,7 @@
 """UpstreamPool and UpstreamConnection over real sockets, against a scripted raw TCP server.
 
 Each test starts a tiny ``asyncio.start_server`` whose script reads requests and answers
-with exact bytes. The server records every byte it read, every request (raw bytes, framing
+with exact bytes (``tests.support.scripted_server``). The server records every byte it read, every request (raw bytes, framing
 included) and every connection it accepted, and notices when the client closes one. The
 body sink is a list.
 
@@ -16,14 +16,14 @@ timeout" and "within several times the timeout", so a loaded machine does not fl
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import pytest
 
 from sidecar.relay.data.upstream import UpstreamConnection, UpstreamError, UpstreamPool
 from tests.conftest import wait_for
+from tests.support.scripted_server import Peer, Script, ScriptedServer, response, serve
+from tests.support.sse import CHUNKED_HEAD, LAST_CHUNK, http_chunk
 
 pytestmark = pytest.mark.integration
 
@@ -33,185 +33,7 @@ SLACK = 0.02  # clock reads around a deadline: "not before the timeout" up to th
 # callbacks, so this is generous; what it rules out is a timeout that never fires or only at
 # another deadline (the test's own 5 s wait).
 LATE = 3.0
-
-
-# -- bytes ---------------------------------------------------------------------------------
-
-
-def response(body: bytes = b"ok", status: bytes = b"200 OK", *headers: bytes, version: bytes = b"1.1") -> bytes:
-    """A response framed by Content-Length."""
-    lines = b"".join(h + b"\r\n" for h in headers)
-    return b"HTTP/%b %b\r\n%bContent-Length: %d\r\n\r\n%b" % (version, status, lines, len(body), body)
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-LAST_CHUNK = b"0\r\n\r\n"
 OK = response()
-
-
-# -- the scripted server -------------------------------------------------------------------
-
-
-class Peer:
-    """The server's side of one accepted connection; every byte it read is in ``received``."""
-
-    def __init__(self, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.index = index
-        self.reader = reader
-        self.writer = writer
-        self.received = bytearray()
-        self.requests: list[bytes] = []
-        self.eof = asyncio.Event()  # the client closed the connection (EOF or reset)
-        self.closed_by_server = False
-        self.go = asyncio.Event()  # a test's cue to the script
-
-    async def _until(self, separator: bytes) -> bytes:
-        data = await self.reader.readuntil(separator)
-        self.received += data
-        return data
-
-    async def _exactly(self, n: int) -> bytes:
-        data = await self.reader.readexactly(n)
-        self.received += data
-        return data
-
-    async def read_head(self) -> bytes | None:
-        """The next request head, or None when the client closed between requests."""
-        try:
-            return await self._until(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as exc:
-            self.received += exc.partial
-            if exc.partial:
-                raise
-        except ConnectionResetError:
-            pass
-        self.eof.set()
-        return None
-
-    async def read_request(self) -> bytes | None:
-        """The next whole request as raw bytes (head and framed body), recorded."""
-        head = await self.read_head()
-        if head is None:
-            return None
-        raw = bytearray(head)
-        fields: dict[bytes, bytes] = {}
-        for line in head.split(b"\r\n")[1:]:
-            name, colon, value = line.partition(b":")
-            if colon:
-                fields[name.strip().lower()] = value.strip()
-        if fields.get(b"transfer-encoding") == b"chunked":
-            while True:
-                size_line = await self._until(b"\r\n")
-                raw += size_line
-                size = int(size_line.split(b";")[0], 16)
-                if size == 0:
-                    while (line := await self._until(b"\r\n")) != b"\r\n":
-                        raw += line
-                    raw += b"\r\n"
-                    break
-                raw += await self._exactly(size + 2)
-        elif b"content-length" in fields:
-            raw += await self._exactly(int(fields[b"content-length"]))
-        self.requests.append(bytes(raw))
-        return bytes(raw)
-
-    def send(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def read_to_eof(self) -> None:
-        try:
-            while data := await self.reader.read(1 << 16):
-                self.received += data
-        except ConnectionError:
-            pass
-        self.eof.set()
-
-    def close(self) -> None:
-        self.closed_by_server = True
-        self.writer.close()
-
-    def hard_close(self) -> None:
-        """Shut this side down now, synchronously: the FIN is on its way but the client's
-        event loop has not run, so the pool still believes the connection is usable."""
-        fd = self.writer.get_extra_info("socket").fileno()
-        dup = socket.socket(fileno=os.dup(fd))
-        dup.shutdown(socket.SHUT_RDWR)
-        dup.close()
-        self.closed_by_server = True
-        self.go.set()
-
-
-Script = Callable[[Peer], Awaitable[None]]
-
-
-class ScriptedServer:
-    """Runs ``script(peer)`` for each accepted connection; afterwards, unless the script
-    closed it, reads until the client closes (so a closed connection is always noticed)."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.peers: list[Peer] = []
-        self._tasks: set[asyncio.Task] = set()
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    async def start(self) -> ScriptedServer:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def accepted(self) -> int:
-        return len(self.peers)
-
-    @property
-    def requests(self) -> list[bytes]:
-        return [r for p in self.peers for r in p.requests]
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        peer = Peer(len(self.peers), reader, writer)
-        self.peers.append(peer)
-        try:
-            await self.script(peer)
-            if not peer.closed_by_server:
-                await peer.read_to_eof()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            peer.eof.set()  # the client closed in the middle of what the script read
-        finally:
-            writer.close()
-            self._tasks.discard(task)
-
-    async def stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-
-def serve(*answers: bytes) -> Script:
-    """Answer the n-th request of each connection with answers[n] (the last one repeats)."""
-
-    async def script(peer: Peer) -> None:
-        n = 0
-        while await peer.read_request() is not None:
-            peer.send(answers[min(n, len(answers) - 1)])
-            n += 1
-
-    return script
 
 
 # -- the client side -----------------------------------------------------------------------
@@ -775,7 +597,7 @@ async def test_close_before_complete_head_is_disconnected(rig, partial):
 
 @pytest.mark.parametrize(
     "head, first",
-    [(CHUNKED_HEAD, chunk(b"data: 1\n\n")), (response(b"x" * 100)[:-100], b"x" * 10)],
+    [(CHUNKED_HEAD, http_chunk(b"data: 1\n\n")), (response(b"x" * 100)[:-100], b"x" * 10)],
     ids=["chunked", "content-length"],
 )
 async def test_mid_body_stall_is_a_read_timeout(rig, head, first):
@@ -805,7 +627,7 @@ async def test_mid_body_stall_is_a_read_timeout(rig, head, first):
 @pytest.mark.parametrize("when", ["after-push", "before-push"])
 @pytest.mark.parametrize(
     "head, body",
-    [(CHUNKED_HEAD, chunk(b"data: 1\n\n") + b"5\r\nda"), (response(b"y" * 50)[:-50], b"y" * 20)],
+    [(CHUNKED_HEAD, http_chunk(b"data: 1\n\n") + b"5\r\nda"), (response(b"y" * 50)[:-50], b"y" * 20)],
     ids=["chunked", "content-length"],
 )
 async def test_mid_body_close_is_disconnected(rig, head, body, when):
@@ -845,7 +667,7 @@ async def test_invalid_body_framing_is_invalid_response(rig, when):
         await peer.read_request()
         peer.send(CHUNKED_HEAD)
         await peer.go.wait()
-        peer.send(chunk(b"good"))
+        peer.send(http_chunk(b"good"))
         await asyncio.sleep(0.05)
         peer.send(b"zz\r\nbad\r\n")
 
@@ -878,7 +700,7 @@ async def test_steady_trickle_longer_than_the_timeout_is_not_a_timeout(rig):
         peer.send(CHUNKED_HEAD)
         for i in range(10):
             await asyncio.sleep(0.1)
-            peer.send(chunk(b"data: %d\n\n" % i))
+            peer.send(http_chunk(b"data: %d\n\n" % i))
         await asyncio.sleep(0.1)
         peer.send(LAST_CHUNK)
 
@@ -897,11 +719,11 @@ async def test_steady_trickle_longer_than_the_timeout_is_not_a_timeout(rig):
 async def test_paused_time_is_not_idle_time(rig):
     async def script(peer: Peer) -> None:
         await peer.read_request()
-        peer.send(CHUNKED_HEAD + chunk(b"one "))
+        peer.send(CHUNKED_HEAD + http_chunk(b"one "))
         await asyncio.sleep(0.1)
-        peer.send(chunk(b"two "))  # arrives while we are paused: waits in the kernel
+        peer.send(http_chunk(b"two "))  # arrives while we are paused: waits in the kernel
         await asyncio.sleep(0.1)
-        peer.send(chunk(b"three") + LAST_CHUNK)
+        peer.send(http_chunk(b"three") + LAST_CHUNK)
         await serve(OK)(peer)
 
     server = await rig.server(script)
@@ -931,7 +753,7 @@ async def test_paused_time_is_not_idle_time(rig):
 async def test_idle_clock_restarts_at_resume(rig):
     async def script(peer: Peer) -> None:
         await peer.read_request()
-        peer.send(CHUNKED_HEAD + chunk(b"only"))  # then silence
+        peer.send(CHUNKED_HEAD + http_chunk(b"only"))  # then silence
 
     server = await rig.server(script)
     pool = rig.pool(server.url, read_timeout=READ_TIMEOUT)
@@ -955,15 +777,15 @@ async def test_idle_clock_restarts_at_resume(rig):
 async def test_pieces_that_came_before_push_are_delivered_first_in_order(rig):
     async def script(peer: Peer) -> None:
         await peer.read_request()
-        peer.send(CHUNKED_HEAD + chunk(b"a"))  # with the head, in one write
+        peer.send(CHUNKED_HEAD + http_chunk(b"a"))  # with the head, in one write
         await asyncio.sleep(0.05)
-        peer.send(chunk(b"b"))
+        peer.send(http_chunk(b"b"))
         await asyncio.sleep(0.05)
-        peer.send(chunk(b"c"))
+        peer.send(http_chunk(b"c"))
         await peer.go.wait()
-        peer.send(chunk(b"d"))
+        peer.send(http_chunk(b"d"))
         await asyncio.sleep(0.05)
-        peer.send(chunk(b"e") + LAST_CHUNK)
+        peer.send(http_chunk(b"e") + LAST_CHUNK)
 
     server = await rig.server(script)
     pool = rig.pool(server.url)
@@ -1163,7 +985,7 @@ async def test_pool_close_closes_idle_and_busy_connections(rig):
     async def script(peer: Peer) -> None:
         while (raw := await peer.read_request()) is not None:
             if raw.startswith(b"GET /slow "):
-                peer.send(CHUNKED_HEAD + chunk(b"partial"))
+                peer.send(CHUNKED_HEAD + http_chunk(b"partial"))
                 return  # and read until we close
             else:
                 peer.send(OK)

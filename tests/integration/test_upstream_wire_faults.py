@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import wait_for
+from tests.support.sse import http_chunk
 
 LABELS = {"model": "m1", "route": "/v1/chat/completions"}
 CHUNK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -60,7 +61,7 @@ async def test_invalid_upstream_response_is_502_json(sidecar_factory, answer):
 async def test_broken_chunk_mid_stream_truncates_after_every_valid_byte(sidecar_factory):
     """The valid chunk before the fault and the one in the same read as the fault reach the
     client; then the stream is cut (never a clean end), and the tokens are counted."""
-    answer = CHUNK_HEAD + b"%x\r\n%b\r\n" % (len(EVENT), EVENT) + b"%x\r\n%b\r\nzz\r\n" % (len(EVENT), EVENT)
+    answer = CHUNK_HEAD + http_chunk(EVENT) + http_chunk(EVENT) + b"zz\r\n"
     server, url = await raw_upstream(answer)
     async with server:
         sc = await sidecar_factory(url)

@@ -42,7 +42,8 @@ import yaml
 
 from tests.conftest import free_port
 from tests.pod.conftest import ROOT, podman
-from tests.pod.test_kube_play import sync, wait_status
+from tests.support.chart import sync
+from tests.support.http import wait_status
 
 pytestmark = pytest.mark.pod
 

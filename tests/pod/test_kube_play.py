@@ -40,8 +40,9 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, require_tool, start_prometheus
+from tests.pod.conftest import podman
 from tests.support.chart import require_helm, sync
-from tests.pod.conftest import ROOT, podman
+from tests.support.http import status, wait_status
 
 pytestmark = pytest.mark.pod
 
@@ -95,27 +96,6 @@ class Played:
 
     def container(self, name: str) -> str:
         return f"{self.pod}-{name}"
-
-
-async def status(url: str) -> int | None:
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s:
-            async with s.get(url) as r:
-                await r.read()
-                return r.status
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-
-
-async def wait_status(url: str, want: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await status(url)
-        if last == want:
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{url}: {last}, not {want}, after {timeout} s")
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ from sidecar.tools.slo.render import render_rules
 from sidecar.tools.slo.spec import parse_spec
 from tests.conftest import IN_CI, require_tool, start_prometheus, wait_for
 from tests.real.servers import HF_MODEL, MODEL, TOOLS, VLLM
-from tests.real.test_load_generator import outcome_counts
+from tests.support.samples import outcome_counts
 
 pytestmark = pytest.mark.real
 

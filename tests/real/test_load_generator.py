@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import IN_CI, wait_for
 from tests.real.servers import HF_MODEL, TOOLS, VLLM
+from tests.support.samples import outcome_counts
 
 pytestmark = pytest.mark.real
 
@@ -31,16 +32,6 @@ AIPERF = TOOLS / "aiperf-venv" / "bin" / "aiperf"
 REQUESTS = 30
 OUTPUT_TOKENS = 32
 ROUTE = "/v1/chat/completions"
-
-
-def outcome_counts(registry) -> dict[str, float]:
-    counts: dict[str, float] = {}
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == "llm_requests_total" and sample.labels.get("route") == ROUTE:
-                outcome = sample.labels["outcome"]
-                counts[outcome] = counts.get(outcome, 0) + sample.value
-    return counts
 
 
 def generator_counts(artifacts) -> tuple[int, int]:

@@ -16,9 +16,7 @@ import pytest
 
 from sidecar.tools.slo.helm import release_id
 from tests.conftest import IN_CI
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "llm-sidecar"
+from tests.support.paths import CHART, ROOT
 
 
 def load_sync() -> ModuleType:

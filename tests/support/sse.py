@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 
+import orjson
 from aiohttp import web
 
 DONE = b"data: [DONE]\n\n"
 
 
 def sse(data: bytes | dict, event: str | None = None) -> bytes:
-    """One SSE event: an optional ``event:`` line, then ``data: <data>`` (a dict as compact JSON)."""
-    payload = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
+    """One SSE event: an optional ``event:`` line, then ``data: <data>`` (a dict as compact JSON,
+    UTF-8 unescaped, as orjson and the servers write it)."""
+    payload = data if isinstance(data, bytes) else orjson.dumps(data)
     head = b"event: " + event.encode() + b"\n" if event is not None else b""
     return head + b"data: " + payload + b"\n\n"
 

@@ -21,13 +21,10 @@ from sidecar.streams.protocols.events import EngineTimings, ParseError, Response
 from sidecar.streams.protocols.llamacpp import LlamaCppStreamDialect, engine_timings_from_llamacpp, parse_llamacpp_response
 from tests.fixtures.streams.expected import ANSWER, LLAMACPP
 from tests.fixtures.streams.harness import load, run_whole
+from tests.support.sse import sse
 
 
 make = LlamaCppStreamDialect
-
-
-def sse(obj: dict | bytes) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
 
 
 # -- individual rules ---------------------------------------------------------------------

@@ -24,14 +24,10 @@ from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd
 from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response, usage_from_responses
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
+from tests.support.sse import sse
 
 
 make = ResponsesStreamDialect
-
-
-def sse(obj: bytes, event: str | None = None) -> bytes:
-    head = b"event: " + event.encode() + b"\n" if event else b""
-    return head + b"data: " + obj + b"\n\n"
 
 
 # -- individual rules ---------------------------------------------------------------------

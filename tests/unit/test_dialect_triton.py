@@ -13,23 +13,19 @@ Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamError
 from sidecar.streams.protocols.triton import TritonStreamDialect, parse_triton_response
 from tests.fixtures.streams.expected import ANSWER
 from tests.fixtures.streams.harness import load, run_whole
+from tests.support.sse import sse
 
 ENSEMBLE = ResponseInfo(response_model="ensemble")
 
 
 def make() -> TritonStreamDialect:
     return TritonStreamDialect(model="ensemble")
-
-
-def sse(obj: dict | bytes) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
 
 
 # -- individual rules ---------------------------------------------------------------------

@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import tomllib
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -22,45 +21,11 @@ import yaml
 import sidecar
 from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings, parse_host_port
-from tests.support.chart import sync
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "llm-sidecar"
+from tests.support.chart import CHART, ROOT, sync
+from tests.support.image import dockerfile_instructions, final_stage, image_entrypoint_and_cmd
 
 
 # ------------------------------------------------------------------------------ Dockerfile
-
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    logical, current = [], ""
-    for line in text.splitlines():
-        if not current and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        current += line.rstrip("\\").strip() + " " if line.endswith("\\") else line.strip()
-        if not line.endswith("\\"):
-            logical.append(current)
-            current = ""
-    out = []
-    for entry in logical:
-        instruction, _, args = entry.partition(" ")
-        out.append((instruction.upper(), args.strip()))
-    return out
-
-
-def stages() -> list[list[tuple[str, str]]]:
-    out: list[list[tuple[str, str]]] = []
-    for instruction, args in dockerfile_instructions():
-        if instruction == "FROM":
-            out.append([])
-        if out:
-            out[-1].append((instruction, args))
-    return out
-
-
-def final_stage() -> list[tuple[str, str]]:
-    return stages()[-1]
 
 
 def test_dockerfile_is_multi_stage_on_slim_python_311():
@@ -87,13 +52,6 @@ def test_dockerfile_runs_as_a_non_root_numeric_user_matching_the_chart():
     ctx = values["sidecar"]["securityContext"]
     assert (ctx["runAsUser"], ctx["runAsGroup"]) == (int(uid), int(gid))
     assert ctx["runAsNonRoot"] and ctx["readOnlyRootFilesystem"]
-
-
-def image_entrypoint_and_cmd() -> tuple[list[str], list[str]]:
-    """The runtime stage's ENTRYPOINT and CMD, exec form (a shell form would wrap the
-    kubelet's args in `sh -c` and lose them)."""
-    found = {i: json.loads(a) for i, a in final_stage() if i in ("ENTRYPOINT", "CMD")}
-    return found.get("ENTRYPOINT", []), found.get("CMD", [])
 
 
 def test_dockerfile_entrypoint_is_the_program_and_cmd_the_subcommand():

@@ -9,25 +9,11 @@ from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, 
 from sidecar.config import Settings
 from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics, SLOThresholds
-from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
+from sidecar.streams.protocols.events import TokenKind, Usage
 from sidecar.base.routes import OTHER, ROUTES, match_route
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
-
-ROUTE = "/v1/chat/completions"
-
-
-def streamed(times: list[float], kinds=None, usage: Usage | None = None, outcome=Outcome.OK, end=None) -> RequestTimeline:
-    t = RequestTimeline(100.0, "POST", ROUTE, "m")
-    t.response_started(100.01, 200, streamed=True)
-    for i, at in enumerate(times):
-        kind = kinds[i] if kinds else TokenKind.ANSWER
-        t.events([Tokens(kind)], at)
-    if usage:
-        t.events([usage], times[-1])
-    t.finish(outcome, end if end is not None else times[-1] + 0.001)
-    return t
-
+from tests.support.timelines import ROUTE, streamed
 
 def make(slo=None) -> tuple[SidecarMetrics, CollectorRegistry]:
     reg = CollectorRegistry()

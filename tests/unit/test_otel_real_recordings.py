@@ -14,18 +14,14 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from sidecar.export import semconv as sc
 from sidecar.export.spans import RequestTelemetry
+from tests.conftest import metric_points
 from tests.real.wire import content_events, json_events, reported_usage
-from tests.unit.test_real_recordings import STREAMS, meta, replay
+from tests.support.recordings import STREAMS, meta, replay
 
 
 def sse_events(body: bytes) -> list[bytes]:
     """The recording cut into its events, each as the server flushed it."""
     return [block + b"\n\n" for block in body.replace(b"\r\n", b"\n").split(b"\n\n") if block.strip()]
-
-
-def points(reader: InMemoryMetricReader) -> dict[str, list]:
-    data = reader.get_metrics_data()
-    return {m.name: list(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -35,7 +31,7 @@ def test_one_observation_per_chunk_after_the_first(path: Path):
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     RequestTelemetry("http://127.0.0.1:8000", meter_provider=meters).record(timeline, "tiny")
-    got = points(reader)
+    got = metric_points(reader)
     events = json_events(body, streamed=True)
     chunks = content_events(events)
     assert chunks >= 2, "every recording streams several chunks"

@@ -9,7 +9,7 @@ from sidecar.config import ConfigError, load_settings
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.base.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
 from sidecar.streams.protocols.events import Usage
-from tests.unit.test_metrics import ROUTE, streamed
+from tests.support.timelines import ROUTE, streamed
 
 
 def test_classes_from_bounds_and_unknown_without_a_count():

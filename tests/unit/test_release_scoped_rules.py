@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.tools.slo import generate, load_spec
 from sidecar.tools.slo.helm import release_rules
-from tests.unit.test_runbooks import SPEC, every_alert_spec
+from tests.support.rules import SPEC, every_alert_spec
 
 RELEASE = ('team-b', 'b-llm-sidecar')
 MATCHER = 'llm_release="team-b/b-llm-sidecar"'

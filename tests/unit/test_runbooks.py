@@ -14,11 +14,11 @@ import yaml
 from sidecar.cli import main
 from sidecar.tools.slo import conventions as c
 from sidecar.tools.slo import generate
-from sidecar.tools.slo.spec import DEFAULT_RUNBOOK_URL, load_spec, parse_spec
+from sidecar.tools.slo.spec import DEFAULT_RUNBOOK_URL, load_spec
+from tests.support.rules import SPEC, every_alert_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
-SPEC = ROOT / "deploy" / "slo" / "default.yaml"
 
 
 def github_anchor(heading: str) -> str:
@@ -30,16 +30,6 @@ def github_anchor(heading: str) -> str:
 def anchors() -> set[str]:
     text = RUNBOOKS.read_text(encoding="utf-8")
     return {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)}
-
-
-def every_alert_spec():
-    """A spec that makes the generator emit every kind of alert it knows: one objective per
-    SLI kind (the capacity alert follows ITL), a prompt-class objective and a per-model
-    override, with history_short on."""
-    objectives = [{"name": "availability", "sli": "availability", "target": 99.5}]
-    for sli in c.LATENCY_SLIS:
-        objectives.append({"name": sli, "sli": sli, "target": 95, "threshold_seconds": 1.0, "models": {"big": {"target": 90}}})
-    return parse_spec({"version": 1, "objectives": objectives, "alerts": {"history_short": {"enabled": True}}})
 
 
 def alerts_of(ruleset) -> list:

@@ -42,7 +42,7 @@ from sidecar.streams.protocols.responses import ResponsesStreamDialect
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.fixtures.streams.harness import events_of, load
-from tests.unit.test_tool_call_timings import expected_times
+from tests.support.tool_calls import expected_times
 
 MODEL = "sim-model"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris, and the time there?"}]
