@@ -82,7 +82,7 @@ Recorder = Callable[[RequestTimeline, str], None]
 
 
 class RequestTracer(Protocol):
-    """What the proxy needs from tracing (see :mod:`sidecar.export.tracing`)."""
+    """What the proxy needs from tracing (see :mod:`sidecar.export.spans`)."""
 
     def start(self, headers: Mapping[str, str], timeline: RequestTimeline) -> None:
         """Begin the request's span in the client's trace; set ``timeline.trace``/``trace_id``."""
