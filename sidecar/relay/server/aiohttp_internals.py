@@ -42,6 +42,7 @@ from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from .client_guard import ConnectionGuard
 from .head_budget import HeadBudget, head_size
 
 __all__ = [
@@ -160,7 +161,7 @@ def set_shutdown_timeout(runner: web.BaseRunner, seconds: float) -> None:
 
 
 class OwnHeadResponse(web.StreamResponse):
-    """``StreamResponse`` whose head is written by :meth:`write_head`, none of aiohttp's
+    """``StreamResponse`` whose head is the bytes :meth:`head_bytes` gives, none of aiohttp's
     (no Date, Server, Content-Type, chunking or Connection added)."""
 
     def __init__(self, status: int, keep_alive: bool) -> None:
@@ -277,8 +278,12 @@ class GuardedRequestHandler(RequestHandler):
 
 
 class GuardedServer(HandlerServer):
-    """``web.Server`` of :class:`GuardedRequestHandler` connections; ``guard`` is set by
-    whoever builds it (the default: no cap, no head budget, parser refusals as JSON)."""
+    """``web.Server`` of :class:`GuardedRequestHandler` connections, asking ``guard`` (a
+    :class:`~sidecar.relay.server.client_guard.ConnectionGuard`; the default: no cap, no head
+    budget, parser refusals as JSON)."""
 
     handler_class = GuardedRequestHandler
-    guard = None  # a ConnectionGuard
+
+    def __init__(self, *args: Any, guard: ConnectionGuard | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard if guard is not None else ConnectionGuard()

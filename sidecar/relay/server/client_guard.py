@@ -20,9 +20,8 @@ try:
 except ImportError:  # pragma: no cover - not on Linux
     resource = None  # type: ignore[assignment]
 
-from .errors import error_response
+from .errors import error_response, raw_error_response
 from .head_budget import head_too_large_response
-from .errors import raw_error_response
 
 __all__ = ["ConnectionGuard", "RefusalLog", "connection_cap", "parse_refusal"]
 
@@ -76,12 +75,12 @@ class RefusalLog:
 class ConnectionGuard:
     """The limits of one listening port and the answers past them (see the module doc)."""
 
-    def __init__(self, max_connections: int = 0, head_budget: int = 0) -> None:
+    def __init__(self, max_connections: int = 0, head_budget: int = 0, early=None) -> None:
         self.max_connections = max_connections  # 0: no cap
         self.head_budget = head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
         # Called with each request that completes on an idle connection; may send it upstream
         # before its handler runs (sidecar/relay/data/early.py). None on the admin port.
-        self.early = None
+        self.early = early
         self.refusal_log = RefusalLog()
 
     def refuse_connection(self, loop: asyncio.AbstractEventLoop) -> bytes:
