@@ -57,7 +57,7 @@ from .relay.data.upstream import UpstreamPool
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
 from .relay.control.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_gate, loop_reason
 
-__all__ = ["Sidecar", "SidecarRunner", "build_sidecar", "serve", "SIDECAR"]
+__all__ = ["Sidecar", "SidecarRunner", "bind_sites", "build_sidecar", "serve", "setup_runners", "SIDECAR"]
 
 _log = structlog.get_logger("sidecar.app")
 
@@ -496,6 +496,27 @@ async def _bind(site: web.TCPSite, flag: str, address: str) -> None:
         raise ListenError(flag, address, exc) from exc
 
 
+async def setup_runners(sc: Sidecar) -> tuple[SidecarRunner, SidecarRunner]:
+    """The proxy's and the admin app's runners, set up but not yet listening: what ``serve``
+    runs, and what the tests' in-process sidecar runs (tests/conftest.py), so the server the
+    tests exercise (guarded handler, connection caps, head budget, early path) is this one."""
+    proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=sc.settings.drain_seconds, **RUNNER_KWARGS)
+    admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+    await proxy_runner.setup()
+    await admin_runner.setup()
+    return proxy_runner, admin_runner
+
+
+async def bind_sites(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: SidecarRunner) -> None:
+    """Listen on ``--listen`` (proxy) and ``--metrics-listen`` (admin); :class:`ListenError`
+    names the flag of a port that cannot be bound."""
+    settings = sc.settings
+    host, port = settings.listen_addr
+    await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
+    mhost, mport = settings.metrics_addr
+    await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
+
+
 async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
     """Run the drain until it ends or a second signal sets ``force``."""
     task = asyncio.ensure_future(drain)
@@ -540,16 +561,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
             pass
-    proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=settings.drain_seconds, **RUNNER_KWARGS)
-    admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-    await proxy_runner.setup()
-    await admin_runner.setup()
+    proxy_runner, admin_runner = await setup_runners(sc)
     started = False  # a bind failure (port taken) is reported by the CLI alone, no "stopped" line
     try:
-        host, port = settings.listen_addr
-        await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
-        mhost, mport = settings.metrics_addr
-        await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
+        await bind_sites(sc, proxy_runner, admin_runner)
         if looping := await loop_reason(settings.upstream, proxy_runner.addresses):
             raise UpstreamLoopError(looping)  # one line from the CLI, before "started"
         _log.info(

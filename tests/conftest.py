@@ -24,8 +24,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import RUNNER_KWARGS, Sidecar, build_sidecar
+from sidecar.app import Sidecar, bind_sites, build_sidecar, setup_runners
 from sidecar.config import Settings
+from sidecar.relay.server.aiohttp_internals import set_shutdown_timeout
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -274,10 +275,23 @@ async def upstream():
 
 @dataclass
 class RunningSidecar:
+    """A sidecar started by :func:`run_sidecar`: its parts, its ports, and how many requests
+    the proxy port sent upstream from the read that completed them (the early path)."""
+
     sidecar: Sidecar
     registry: CollectorRegistry
     port: int
     admin_port: int
+    runners: list[web.BaseRunner] = field(default_factory=list)
+    early_sent: int = 0
+
+    async def stop(self) -> None:
+        """Close both ports as ``serve`` closes them (proxy first): what is still in flight
+        gets a second, as after a drain (no test here waits the proxy's ``drain_seconds``)."""
+        if self.runners:
+            set_shutdown_timeout(self.runners[0], 1.0)
+        for runner in self.runners:
+            await runner.cleanup()
 
     @property
     def url(self) -> str:
@@ -325,23 +339,79 @@ def in_flight_total(registry: CollectorRegistry) -> float:
     )
 
 
+LOOPBACK = {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0"}
+"""Settings for an in-process sidecar: both ports on loopback, picked by the kernel."""
+
+
+def sidecar_settings(upstream_url: str, **overrides) -> Settings:
+    """``Settings`` for :func:`run_sidecar` (``overrides`` may name other addresses)."""
+    return Settings(upstream=upstream_url, **{**LOOPBACK, **overrides})
+
+
+async def run_sidecar(sc: Sidecar, *, early: bool = True) -> RunningSidecar:
+    """Start ``sc`` in this event loop as ``serve`` starts it (sidecar.app's ``setup_runners``
+    and ``bind_sites``: ``SidecarRunner``, the guarded connection handler, the connection
+    caps, the head budget, the early path), on the addresses its settings name
+    (:func:`sidecar_settings`). ``early=False`` removes the proxy port's early hook, as if the
+    production server had none: every request then takes the handler's path. Stop it with
+    :meth:`RunningSidecar.stop`."""
+    proxy_runner, admin_runner = await setup_runners(sc)
+    running = RunningSidecar(sc, sc.registry, 0, 0, [proxy_runner, admin_runner])
+    try:
+        await bind_sites(sc, proxy_runner, admin_runner)
+    except BaseException:
+        await running.stop()
+        raise
+    running.port = proxy_runner.addresses[0][1]
+    running.admin_port = admin_runner.addresses[0][1]
+    guard = proxy_runner.server.guard  # type: ignore[union-attr]
+    hook = guard.early
+    assert hook is not None, "the production proxy port has an early path; is this SidecarRunner?"
+
+    def counted(message, payload, transport):
+        early_request = hook(message, payload, transport)
+        if early_request is not None and (early_request.sent is not None or early_request.pending is not None):
+            running.early_sent += 1
+        return early_request
+
+    guard.early = counted if early else None
+    return running
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "both_ways_in: run each test that starts an in-process sidecar twice, with the early "
+        "path (as served) and without it (every request through the handler)",
+    )
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "early_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_ways_in"):
+        metafunc.parametrize("early_path", [True, False], ids=["early", "handler"], indirect=True)
+
+
 @pytest.fixture
-async def sidecar_factory():
-    """Start a sidecar (proxy and admin apps) in this event loop on ephemeral ports."""
-    runners: list[web.AppRunner] = []
+def early_path(request) -> bool:
+    """Whether in-process sidecars take the early path: yes, as served, unless the test module
+    is marked ``both_ways_in`` (then each test runs once each way)."""
+    return getattr(request, "param", True)
+
+
+@pytest.fixture
+async def sidecar_factory(early_path):
+    """Start a sidecar (proxy and admin apps, the production server) in this event loop on
+    ephemeral ports."""
+    started: list[RunningSidecar] = []
 
     async def make(upstream_url: str, **overrides) -> RunningSidecar:
-        settings = Settings(upstream=upstream_url, **overrides)
-        registry = CollectorRegistry()
-        sc = build_sidecar(settings, registry, access_log=overrides.get("access_log", False))
-        proxy_runner, port = await start_app(sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner, admin_port = await start_app(sc.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        return RunningSidecar(sc, registry, port, admin_port)
+        sc = build_sidecar(sidecar_settings(upstream_url, **overrides), CollectorRegistry(), access_log=overrides.get("access_log", False))
+        started.append(running := await run_sidecar(sc, early=early_path))
+        return running
 
     yield make
-    for runner in runners:
-        await runner.cleanup()
+    for running in started:
+        await running.stop()
 
 
 async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0) -> None:
@@ -381,22 +451,20 @@ def spans():
 
 
 @pytest.fixture
-async def traced(spans):
-    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``."""
+async def traced(spans, early_path):
+    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``. (With tracing
+    on the proxy never takes the early path, as served: the span is injected per request.)"""
     provider, _ = spans
-    runners: list[web.AppRunner] = []
+    started: list[RunningSidecar] = []
 
     async def make(url: str) -> RunningSidecar:
-        registry = CollectorRegistry()
-        s = build_sidecar(Settings(upstream=url), registry, access_log=False, tracer_provider=provider)
-        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        return RunningSidecar(s, registry, port, admin_port)
+        s = build_sidecar(sidecar_settings(url), CollectorRegistry(), access_log=False, tracer_provider=provider)
+        started.append(running := await run_sidecar(s, early=early_path))
+        return running
 
     yield make
-    for runner in runners:
-        await runner.cleanup()
+    for running in started:
+        await running.stop()
 
 
 def start_prometheus(binary: str, workdir, config: dict) -> tuple[subprocess.Popen, int]:

@@ -13,7 +13,9 @@ from yarl import URL
 
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.integration
+# Each test runs on the production server twice: with the early path (a request sent upstream
+# from the read that completed it) and without it (through the handler).
+pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
 
 
 def chat_chunk(content: str | None = None, *, role: bool = False, finish: str | None = None, **extra) -> bytes:
@@ -115,6 +117,22 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     assert 0.39 <= e2e < 0.7
     assert sc.in_flight() == 0
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
+
+
+async def test_both_ways_in_are_taken(upstream, sidecar_factory, early_path):
+    """The two runs of this module differ where they say: a client's POST (aiohttp's, head
+    and body in one write) goes upstream from the read that completed it when the early path
+    is on, and through the handler when it is off, with the same bytes back either way."""
+    sent: list[bytes] = []
+    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent)))
+    sc = await sidecar_factory(up.url)
+    async with aiohttp.ClientSession(auto_decompress=False) as s:
+        for n in (1, 2):  # a new connection, then the same one kept alive
+            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True, "messages": []}) as r:
+                assert r.status == 200
+                assert await r.read() == b"".join(sent[-len(STREAM) :])
+            await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/chat/completions", code="200", outcome="ok") == n)
+    assert sc.early_sent == (2 if early_path else 0)
 
 
 async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(upstream, sidecar_factory):

@@ -18,10 +18,9 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
 from sidecar.export import semconv as sc
-from sidecar.app import RUNNER_KWARGS, build_sidecar
-from sidecar.config import Settings
+from sidecar.app import build_sidecar
 from sidecar.base.outcomes import STREAM_TRUNCATED
-from tests.conftest import RunningSidecar, start_app, wait_for
+from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
 from sidecar.base.routes import match_route
 from sidecar.streams.dialects import dialect_of
 from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
@@ -51,23 +50,20 @@ async def rig(upstream):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    runners: list[web.AppRunner] = []
+    started: list[RunningSidecar] = []
 
     async def make(path: str, raw: bytes, content_type: str) -> tuple[RunningSidecar, InMemorySpanExporter]:
         if path.startswith("/v2/models/"):
             up = await upstream.start(lambda app: app.router.add_post("/v2/models/{m}/generate_stream", sending(raw, content_type)))
         else:
             up = await upstream.start(lambda app: app.router.add_post(path, sending(raw, content_type)))
-        registry = CollectorRegistry()
-        s = build_sidecar(Settings(upstream=up.url), registry, access_log=True, tracer_provider=provider)
-        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        return RunningSidecar(s, registry, port, admin_port), exporter
+        s = build_sidecar(sidecar_settings(up.url), CollectorRegistry(), access_log=True, tracer_provider=provider)
+        started.append(running := await run_sidecar(s))
+        return running, exporter
 
     yield make
-    for runner in runners:
-        await runner.cleanup()
+    for running in started:
+        await running.stop()
     provider.shutdown()
 
 

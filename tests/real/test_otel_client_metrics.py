@@ -19,9 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from sidecar.export import semconv as sc
-from sidecar.app import RUNNER_KWARGS, build_sidecar
-from sidecar.config import Settings
-from tests.conftest import IN_CI, RunningSidecar, start_app, wait_for
+from sidecar.app import build_sidecar
+from tests.conftest import IN_CI, RunningSidecar, run_sidecar, sidecar_settings, wait_for
 from tests.real.servers import LLAMACPP, MODEL, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.real]
@@ -44,22 +43,19 @@ def llama_server():
 
 @pytest.fixture
 async def traced_sidecar_factory():
-    runners = []
+    started: list[RunningSidecar] = []
 
     async def make(upstream_url: str, *, tracer_provider=None, meter_provider=None) -> RunningSidecar:
-        registry = CollectorRegistry()
         s = build_sidecar(
-            Settings(upstream=upstream_url), registry, access_log=False,
+            sidecar_settings(upstream_url), CollectorRegistry(), access_log=False,
             tracer_provider=tracer_provider, meter_provider=meter_provider,
         )  # fmt: skip
-        proxy_runner, port = await start_app(s.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
-        admin_runner, admin_port = await start_app(s.admin_app, **RUNNER_KWARGS)
-        runners.extend([proxy_runner, admin_runner])
-        return RunningSidecar(s, registry, port, admin_port)
+        started.append(running := await run_sidecar(s))
+        return running
 
     yield make
-    for runner in runners:
-        await runner.cleanup()
+    for running in started:
+        await running.stop()
 
 
 async def test_client_metrics_match_what_the_openai_sdk_received(llama_server, traced_sidecar_factory):
