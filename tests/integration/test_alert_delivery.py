@@ -39,6 +39,7 @@ from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import generate, parse_spec, render_rules
 from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.processes import stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -108,12 +109,7 @@ class Processes:
 
     def stop(self) -> None:
         for proc in self.procs:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 @pytest.fixture

@@ -79,7 +79,11 @@ async def test_pipelining_without_reading_is_bounded_and_let_go(rig_factory):
     await up.close()
 
 
-def _endless_stream(up_state: dict):
+def _endless_stream(up_state: dict, interval: float = 0.0):
+    """1 KiB events for ever, one every ``interval`` seconds (0: as fast as the writes go, a
+    real generation pace otherwise); ``up_state`` notes when it started, the bytes sent and
+    when it was closed."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         await request.read()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -90,7 +94,7 @@ def _endless_stream(up_state: dict):
             while True:
                 await response.write(event)
                 up_state["sent"] = up_state.get("sent", 0) + len(event)
-                await asyncio.sleep(0)
+                await asyncio.sleep(interval)
         except (ConnectionError, asyncio.CancelledError):
             up_state["closed"] = time.monotonic()
             raise
@@ -134,34 +138,13 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
     sock.close()
 
 
-def _paced_stream(up_state: dict, interval: float):
-    """A stream at a real generation pace: one 1 KiB event every ``interval`` seconds."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        up_state["started"] = time.monotonic()
-        event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"z" * 1000 + b'"}}]}\n\n'
-        try:
-            while True:
-                await response.write(event)
-                await asyncio.sleep(interval)
-        except (ConnectionError, asyncio.CancelledError):
-            up_state["closed"] = time.monotonic()
-            raise
-        return response
-
-    return handler
-
-
 async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout(upstream, rig_factory):
     """Issue 23, finding 7: at a token pace the kernel's send buffer (autotuned to MiBs)
     took the stream for a minute or more before any write queued, and only then did the
     send timeout start: the server generated for nobody for 126 s with send_timeout 60 s.
     Now the client's progress is read from the kernel: let go within send_timeout + ~2 s."""
     state: dict = {}
-    await upstream.start(lambda app: app.router.add_post(CHAT, _paced_stream(state, 0.01)))  # ~100 KiB/s
+    await upstream.start(lambda app: app.router.add_post(CHAT, _endless_stream(state, 0.01)))  # ~100 KiB/s
     rig = await rig_factory(upstream=upstream.url, send_timeout=1.0)
     sock = await _post_stream(rig.port)  # 4 KiB receive buffer, never read
     await wait_for(lambda: "started" in state)

@@ -624,6 +624,23 @@ async def test_mid_body_stall_is_a_read_timeout(rig, head, first):
     assert sink.ends == ["upstream_read_timeout"]
 
 
+async def fault_around_push(rig, script, when: str):
+    """One GET whose script waits on ``peer.go`` to send the fault; the relay's push() comes
+    before the fault ("after-push": the fault arrives while pushing) or after the pool has
+    already seen it and closed ("before-push"). Returns (server, pool, conn, sink)."""
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    if when == "after-push":
+        conn.push(sink)
+    server.peers[0].go.set()
+    if when == "before-push":
+        await wait_for(lambda: conn.closed)
+        conn.push(sink)
+    return server, pool, conn, sink
+
+
 @pytest.mark.parametrize("when", ["after-push", "before-push"])
 @pytest.mark.parametrize(
     "head, body",
@@ -639,16 +656,7 @@ async def test_mid_body_close_is_disconnected(rig, head, body, when):
         await asyncio.sleep(0.05)
         peer.close()
 
-    server = await rig.server(script)
-    pool = rig.pool(server.url)
-    conn = await pool.request("GET", "/", [], None)
-    sink = Sink()
-    if when == "after-push":
-        conn.push(sink)
-    server.peers[0].go.set()
-    if when == "before-push":
-        await wait_for(lambda: conn.closed)
-        conn.push(sink)
+    server, pool, conn, sink = await fault_around_push(rig, script, when)
     assert await sink.wait() == "upstream_disconnected"
 
     expected = b"data: 1\n\nda" if head is CHUNKED_HEAD else b"y" * 20
@@ -671,16 +679,7 @@ async def test_invalid_body_framing_is_invalid_response(rig, when):
         await asyncio.sleep(0.05)
         peer.send(b"zz\r\nbad\r\n")
 
-    server = await rig.server(script)
-    pool = rig.pool(server.url)
-    conn = await pool.request("GET", "/", [], None)
-    sink = Sink()
-    if when == "after-push":
-        conn.push(sink)
-    server.peers[0].go.set()
-    if when == "before-push":
-        await wait_for(lambda: conn.closed)
-        conn.push(sink)
+    server, pool, conn, sink = await fault_around_push(rig, script, when)
     end = await sink.wait()
     pool.release(conn)
     await asyncio.sleep(0.05)

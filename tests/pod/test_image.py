@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 import aiohttp
@@ -12,6 +10,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.pod.conftest import podman
+from tests.support.http import wait_status
 
 pytestmark = pytest.mark.pod
 
@@ -41,20 +40,6 @@ def test_a_bad_setting_exits_with_one_line(image):
     assert proc.stderr.strip().count("\n") == 0 and "upstream" in proc.stderr
 
 
-async def _wait(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            try:
-                async with s.get(url) as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} never answered 200")
-
-
 async def test_default_command_serves_and_simulate_runs_from_the_same_image(image):
     """`podman run IMAGE` (ENTRYPOINT + CMD) is `llm-sidecar serve`; `podman run IMAGE
     simulate` is the simulator; a stream passes through both, read-only."""
@@ -68,7 +53,7 @@ async def test_default_command_serves_and_simulate_runs_from_the_same_image(imag
         podman(*common, "--name", names[1], "-e", f"LLM_SIDECAR_UPSTREAM=http://127.0.0.1:{up}",
                "-e", f"LLM_SIDECAR_LISTEN=127.0.0.1:{proxy}", "-e", f"LLM_SIDECAR_METRICS_LISTEN=127.0.0.1:{admin}",
                image)  # fmt: skip
-        await _wait(f"http://127.0.0.1:{admin}/readyz")
+        await wait_status(f"http://127.0.0.1:{admin}/readyz", 200)
         body = {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://127.0.0.1:{proxy}/v1/chat/completions", json=body) as r:

@@ -43,6 +43,7 @@ from tests.conftest import free_port, require_tool, start_prometheus
 from tests.pod.conftest import podman
 from tests.support.chart import require_helm, sync
 from tests.support.http import status, wait_status
+from tests.support.scrape import pod_scrape_config
 
 pytestmark = pytest.mark.pod
 
@@ -168,14 +169,7 @@ async def test_prometheus_scrapes_the_pod_with_its_labels_and_counts_no_scrape(p
     labels come from static labels here (Kubernetes service discovery adds them there)."""
     binary = require_tool("prometheus")
     await wait_status(f"{played.admin_url}/readyz", 200)
-    target = {"targets": [f"127.0.0.1:{played.admin}"], "labels": {"namespace": "llm", "pod": played.pod}}
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [
-            {"job_name": "llm-sidecar", "static_configs": [target]},
-            {"job_name": "llm-engine", "metrics_path": "/metrics/engine", "static_configs": [target]},
-        ],
-    }
+    config = pod_scrape_config(f"127.0.0.1:{played.admin}", {"namespace": "llm", "pod": played.pod})
     proc, port = start_prometheus(binary, tmp_path, config)
     try:
         async with aiohttp.ClientSession() as s:

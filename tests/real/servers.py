@@ -20,10 +20,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import IN_CI
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = Path(os.environ.get("TOOLS_DIR", ROOT / ".tools"))
 if not TOOLS.is_absolute():
     TOOLS = ROOT / TOOLS
+AIPERF = TOOLS / "aiperf-venv" / "bin" / "aiperf"
 VLLM_PYTHON = TOOLS / "vllm-venv" / "bin" / "python"
 LLAMA_SERVER = TOOLS / "llama.cpp" / "bin" / "llama-server"
 TRANSFORMERS_SERVE = TOOLS / "transformers-venv" / "bin" / "transformers"
@@ -260,3 +265,12 @@ class Case:
 
 def cases(kind: ServerKind) -> list[Case]:
     return [Case(route, stream, usage) for route in kind.routes for stream in (True, False) for usage in (False, True)]
+
+
+def require_aiperf() -> None:
+    """Skip without aiperf locally; fail in CI (scripts/install-aiperf.sh installs it)."""
+    if not AIPERF.exists():
+        message = f"aiperf is not installed ({AIPERF}; run scripts/install-aiperf.sh)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)

@@ -69,13 +69,12 @@ from sidecar.measure.concurrency import BANDS, band
 from sidecar.tools.slo.capacity import CAPACITY, CAPACITY_GROUP, CAPACITY_TPS, capacity_group, generate
 from sidecar.tools.slo.render import render_rules
 from sidecar.tools.slo.spec import parse_spec
-from tests.conftest import IN_CI, require_tool, start_prometheus, wait_for
-from tests.real.servers import HF_MODEL, MODEL, TOOLS, VLLM
+from tests.conftest import require_tool, start_prometheus, wait_for
+from tests.real.servers import AIPERF, HF_MODEL, MODEL, VLLM, require_aiperf
 from tests.support.samples import outcome_counts
 
 pytestmark = pytest.mark.real
 
-AIPERF = TOOLS / "aiperf-venv" / "bin" / "aiperf"
 LEVELS = (1, 2, 4, 8)  # vLLM runs with --max-num-seqs 8 (tests/real/servers.py)
 ROUNDS = 4  # requests per level = ROUNDS * level
 OUTPUT_TOKENS = 64
@@ -226,11 +225,7 @@ def choose_threshold(
 
 
 async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory, tmp_path):
-    if not AIPERF.exists():
-        message = f"aiperf is not installed ({AIPERF}; run scripts/install-aiperf.sh)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require_aiperf()
     prometheus = require_tool("prometheus")
     t_session = time.monotonic()
     server = live_servers.get(VLLM)

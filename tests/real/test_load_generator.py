@@ -22,13 +22,12 @@ import os
 
 import pytest
 
-from tests.conftest import IN_CI, wait_for
-from tests.real.servers import HF_MODEL, TOOLS, VLLM
+from tests.conftest import wait_for
+from tests.real.servers import AIPERF, HF_MODEL, VLLM, require_aiperf
 from tests.support.samples import outcome_counts
 
 pytestmark = pytest.mark.real
 
-AIPERF = TOOLS / "aiperf-venv" / "bin" / "aiperf"
 REQUESTS = 30
 OUTPUT_TOKENS = 32
 ROUTE = "/v1/chat/completions"
@@ -50,11 +49,7 @@ def generator_counts(artifacts) -> tuple[int, int]:
 
 
 async def test_aiperf_successes_are_the_sidecars_ok(live_servers, sidecar_factory, tmp_path):
-    if not AIPERF.exists():
-        message = f"aiperf is not installed ({AIPERF}; run scripts/install-aiperf.sh)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    require_aiperf()
     server = live_servers.get(VLLM)
     running = await sidecar_factory(server.url)
     artifacts = tmp_path / "aiperf"

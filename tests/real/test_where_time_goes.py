@@ -33,6 +33,7 @@ import yaml
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.dashboards.where_time_goes import ROW_TITLE
 from tests.conftest import IN_CI, free_port, require_tool
+from tests.support.processes import stop_process
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]
 
@@ -71,15 +72,6 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> N
             pass
         time.sleep(1)
     raise AssertionError(f"{url} not ready in {timeout} s\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +152,7 @@ def stack(tmp_path_factory):
         yield f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{admin_port}"
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc, timeout=30)
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, i: int) -> dict | None:

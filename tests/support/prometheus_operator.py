@@ -125,6 +125,22 @@ _ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "relabelings", 
 _SPEC_FIELDS = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
 
 
+def _endpoint_relabelings(cfg: dict, relabel: list[dict], ep: dict, ns: str, enforced_namespace_label: str) -> dict:
+    """What both monitor kinds end an endpoint's scrape job with, in the operator's order:
+    the ``endpoint`` label, the endpoint's own relabelings, the enforced namespace label,
+    sharding; its metric relabelings, then the enforced namespace label again."""
+    if ep.get("port"):
+        relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
+    enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
+    relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
+    relabel += _SHARDING
+    cfg["relabel_configs"] = relabel
+    metric = [_relabel_config(rc) for rc in ep.get("metricRelabelings", [])] + enforced
+    if metric:
+        cfg["metric_relabel_configs"] = metric
+    return cfg
+
+
 def podmonitor_scrape_configs(
     monitor: dict, pods: Iterable[Pod], enforced_namespace_label: str = "", scrape_interval: str | None = None
 ) -> list[dict]:
@@ -180,16 +196,7 @@ def podmonitor_scrape_configs(
                 "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(spec['jobLabel'])}"],
                 "target_label": "job", "regex": "(.+)", "replacement": "${1}",
             })  # fmt: skip
-        if ep.get("port"):
-            relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
-        enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
-        relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
-        relabel += _SHARDING
-        cfg["relabel_configs"] = relabel
-        metric = [_relabel_config(rc) for rc in ep.get("metricRelabelings", [])] + enforced
-        if metric:
-            cfg["metric_relabel_configs"] = metric
-        out.append(cfg)
+        out.append(_endpoint_relabelings(cfg, relabel, ep, ns, enforced_namespace_label))
     return out
 
 
@@ -295,16 +302,7 @@ def servicemonitor_scrape_configs(
                 "source_labels": [f"__meta_kubernetes_service_label_{sanitize(spec['jobLabel'])}"],
                 "target_label": "job", "regex": "(.+)", "replacement": "${1}",
             })  # fmt: skip
-        if ep.get("port"):
-            relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
-        enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
-        relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
-        relabel += _SHARDING
-        cfg["relabel_configs"] = relabel
-        metric = [_relabel_config(rc) for rc in ep.get("metricRelabelings", [])] + enforced
-        if metric:
-            cfg["metric_relabel_configs"] = metric
-        out.append(cfg)
+        out.append(_endpoint_relabelings(cfg, relabel, ep, ns, enforced_namespace_label))
     return out
 
 

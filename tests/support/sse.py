@@ -87,12 +87,17 @@ def chunked(*pieces: bytes) -> bytes:
 # -- an aiohttp upstream that plays a script ------------------------------------------------------
 
 
-def scripted(script: list[tuple[float, bytes]], *, status: int = 200, content_type: str = "text/event-stream", headers=None, sent=None):
+def scripted(
+    script: list[tuple[float, bytes]], *, status: int = 200, content_type: str = "text/event-stream", headers=None, sent=None, received=None
+):
     """A handler that writes each (delay, bytes) pair after its delay, flushed on its own; a
-    delay that is an :class:`asyncio.Event` waits for the test to set it."""
+    delay that is an :class:`asyncio.Event` waits for the test to set it. ``sent`` collects
+    what was written, ``received`` each request's headers."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         await request.read()
+        if received is not None:
+            received.append(request.headers.copy())
         resp = web.StreamResponse(status=status, headers={"Content-Type": content_type, **(headers or {})})
         await resp.prepare(request)
         for delay, data in script:

@@ -62,12 +62,19 @@ def test_first_tool_call_and_assembly_per_call(folder, name, make, calls):
         assert all(a > 0 for a in t.tool_call_assembly())
 
 
-def test_parallel_calls_give_one_assembly_observation_each():
+def recorded(name: str) -> CollectorRegistry:
+    """A fresh registry after recording the OpenAI fixture ``name`` as model ``m``."""
     registry = CollectorRegistry()
-    metrics = SidecarMetrics(registry)
-    t, _ = timeline_of("openai", "built_vllm_parallel_tools.txt", OpenAIStreamDialect)
-    metrics.record(t, "m")
-    labels = {"model": "m", "route": "/v1/chat/completions"}
+    t, _ = timeline_of("openai", name, OpenAIStreamDialect)
+    SidecarMetrics(registry).record(t, "m")
+    return registry
+
+
+LABELS = {"model": "m", "route": "/v1/chat/completions"}
+
+
+def test_parallel_calls_give_one_assembly_observation_each():
+    registry, labels = recorded("built_vllm_parallel_tools.txt"), LABELS
     assert registry.get_sample_value("llm_tool_call_assembly_seconds_count", labels) == 2
     # Call 0: events 1..4; call 1: events 5..8 (one second apart each).
     assert registry.get_sample_value("llm_tool_call_assembly_seconds_sum", labels) == 6.0
@@ -78,11 +85,7 @@ def test_parallel_calls_give_one_assembly_observation_each():
 
 
 def test_a_text_answer_observes_no_tool_call():
-    registry = CollectorRegistry()
-    metrics = SidecarMetrics(registry)
-    t, _ = timeline_of("openai", "vllm032_chat_no_usage.txt", OpenAIStreamDialect)
-    metrics.record(t, "m")
-    labels = {"model": "m", "route": "/v1/chat/completions"}
+    registry, labels = recorded("vllm032_chat_no_usage.txt"), LABELS
     assert registry.get_sample_value("llm_time_to_first_tool_call_seconds_count", labels) is None
     assert registry.get_sample_value("llm_tool_calls_per_response_count", labels) is None
 

@@ -23,7 +23,7 @@ from sidecar.export import semconv as sc
 from sidecar.app import build_sidecar
 from sidecar.config import Settings
 from tests.conftest import RunningSidecar, metric_points, run_sidecar, sidecar_settings, wait_for
-from tests.support.sse import chat_chunk
+from tests.support.sse import chat_chunk, scripted
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -53,23 +53,6 @@ SECRET_BODY = {
     "max_tokens": 50,
     "messages": [{"role": "user", "content": "SECRET-PROMPT"}],
 }
-
-
-def scripted(script, *, status: int = 200, content_type: str = "text/event-stream", received: list | None = None):
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        if received is not None:
-            received.append(request.headers.copy())
-        resp = web.StreamResponse(status=status, headers={"Content-Type": content_type})
-        await resp.prepare(request)
-        for delay, data in script:
-            if delay:
-                await asyncio.sleep(delay)
-            await resp.write(data)
-        await resp.write_eof()
-        return resp
-
-    return handler
 
 
 # -- fixtures -------------------------------------------------------------------------------------
