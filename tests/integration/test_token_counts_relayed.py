@@ -9,44 +9,25 @@ and that the request the server received is the client's, byte for byte.
 
 from __future__ import annotations
 
-import asyncio
 import json
+from functools import partial
 
 import openai
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.export import semconv as sc
 from tests.conftest import RunningSidecar, wait_for
 from tests.fixtures.streams.harness import load
+from tests.support.spans import one_span
+from tests.support.sse import replaying
 
 pytestmark = pytest.mark.integration
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-
-
-def replaying(raw: bytes, received: list[bytes]):
-    """An upstream handler that records the request body and sends ``raw`` in small pieces."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        received.append(await request.read())
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i in range(0, len(raw), 97):
-            await resp.write(raw[i : i + 97])
-            await asyncio.sleep(0.002)
-        await resp.write_eof()
-        return resp
-
-    return handler
-
-
-async def one_span(exporter: InMemorySpanExporter):
-    await wait_for(lambda: len(exporter.get_finished_spans()) >= 1)
-    (span,) = exporter.get_finished_spans()
-    return span
+# The recording in small pieces, 2 ms apart; the request body is kept where asked.
+replay = partial(replaying, piece=97, pause=0.002)
 
 
 async def counted(s: RunningSidecar, model: str, route: str, source: str) -> None:
@@ -67,7 +48,7 @@ def sdk(s: RunningSidecar) -> openai.AsyncOpenAI:
 async def test_client_asked_usage_through_the_openai_sdk(upstream, traced, spans):
     _, exporter = spans
     received: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(load("openai", "vllm032_chat_include_usage.txt"), received)))
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replay(load("openai", "vllm032_chat_include_usage.txt"), received=received)))
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.chat.completions.create(
@@ -92,7 +73,7 @@ async def test_force_included_usage_the_client_did_not_ask_for(upstream, traced,
     _, exporter = spans
     raw = load("openai", "vllm032_chat_force_usage.txt")
     received: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, received)))
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replay(raw, received=received)))
     s = await traced(up.url)
     async with sdk(s) as client:
         async with client.chat.completions.with_streaming_response.create(
@@ -114,7 +95,7 @@ async def test_force_included_usage_the_client_did_not_ask_for(upstream, traced,
 async def test_per_chunk_usage_on_completions(upstream, traced, spans):
     _, exporter = spans
     raw = load("openai", "vllm032_completions_force_usage.txt")
-    up = await upstream.start(lambda app: app.router.add_post(COMPLETIONS, replaying(raw, [])))
+    up = await upstream.start(lambda app: app.router.add_post(COMPLETIONS, replay(raw)))
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.completions.create(model="tiny", prompt="count", stream=True)
@@ -130,7 +111,7 @@ async def test_per_chunk_usage_on_completions(upstream, traced, spans):
 async def test_usage_null_on_every_chunk_is_estimated_not_zero(upstream, traced, spans):
     _, exporter = spans
     raw = load("openai", "usage_null.txt")
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replay(raw)))
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.chat.completions.create(
@@ -154,7 +135,7 @@ async def test_usage_null_on_every_chunk_is_estimated_not_zero(upstream, traced,
 async def test_llamacpp_timings(upstream, traced, spans, name, source):
     _, exporter = spans
     raw = load("openai", name)
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replay(raw)))
     s = await traced(up.url)
     async with sdk(s) as client:
         async with client.chat.completions.with_streaming_response.create(
@@ -174,7 +155,7 @@ async def test_no_usage_at_all_is_estimated_with_input_unknown(upstream, traced,
     """A server that sends neither usage nor its own counts: one token per content event."""
     _, exporter = spans
     raw = load("openai", "vllm032_chat_no_usage.txt")  # vLLM without usage: no usage key at all
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replaying(raw, [])))
+    up = await upstream.start(lambda app: app.router.add_post(CHAT, replay(raw)))
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.chat.completions.create(

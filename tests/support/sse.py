@@ -84,7 +84,40 @@ def chunked(*pieces: bytes) -> bytes:
     return b"".join(http_chunk(p) for p in pieces) + LAST_CHUNK
 
 
-# -- an aiohttp upstream that plays a script ------------------------------------------------------
+# -- aiohttp upstreams: recorded bytes, or a script -----------------------------------------------
+
+
+def replaying(
+    raw: bytes,
+    *,
+    piece: int,
+    content_type: str = "text/event-stream",
+    headers=None,
+    wait: float = 0.0,
+    pause: float = 0.0,
+    received: list[bytes] | None = None,
+):
+    """A handler that reads the request (its body into ``received``), waits ``wait`` seconds
+    (the server thinking), then sends ``raw`` in ``piece``-byte writes, ``pause`` seconds
+    apart, and ends the body cleanly at the HTTP level whatever ``raw`` said."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if received is not None:
+            received.append(body)
+        if wait:
+            await asyncio.sleep(wait)
+        resp = web.StreamResponse(headers={"Content-Type": content_type, **(headers or {})})
+        await resp.prepare(request)
+        for i in range(0, len(raw), piece):
+            await resp.write(raw[i : i + piece])
+            if pause:
+                await asyncio.sleep(pause)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
 
 
 def scripted(

@@ -23,6 +23,7 @@ from sidecar.export import semconv as sc
 from sidecar.app import build_sidecar
 from sidecar.config import Settings
 from tests.conftest import RunningSidecar, metric_points, run_sidecar, sidecar_settings, wait_for
+from tests.support.spans import one_span
 from tests.support.sse import chat_chunk, scripted
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -82,12 +83,6 @@ async def post(url: str, body: dict | None = None, headers: dict | None = None) 
     async with aiohttp.ClientSession() as s:
         async with s.post(url, json=body if body is not None else SECRET_BODY, headers=headers) as r:
             return r.status, await r.read()
-
-
-async def one_span(exporter: InMemorySpanExporter):
-    await wait_for(lambda: len(exporter.get_finished_spans()) >= 1)
-    (span,) = exporter.get_finished_spans()
-    return span
 
 
 def all_strings(span) -> list[str]:
