@@ -7,43 +7,27 @@ server's bytes and headers unchanged all along.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.export import semconv as sc
 from sidecar.base.labels import UNKNOWN as UNKNOWN_MODEL
 from tests.conftest import wait_for
 from tests.fixtures.streams.harness import load
+from tests.support.spans import one_span
+from tests.support.sse import replaying
 
-pytestmark = pytest.mark.integration
+# Relay tests: each runs with the early path on (as served) and off (through the handler).
+pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
 
 CHAT = "/v1/chat/completions"
 VLLM = load("openai", "vllm032_chat_per_request_metrics.txt")
+sse = partial(replaying, piece=101)  # a recording in 101-byte writes
 SERVER_WAIT = 1.0  # how long the slow upstream thinks; none of it is the sidecar's (long, so a loaded CI machine's scheduling stalls stay far below half of it)
-
-
-def sse(raw: bytes, headers: dict | None = None, wait: float = 0.0):
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        await asyncio.sleep(wait)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **(headers or {})})
-        await resp.prepare(request)
-        for i in range(0, len(raw), 101):
-            await resp.write(raw[i : i + 101])
-        await resp.write_eof()
-        return resp
-
-    return handler
-
-
-async def _span(exporter: InMemorySpanExporter):
-    await wait_for(lambda: len(exporter.get_finished_spans()) >= 1)
-    (span,) = exporter.get_finished_spans()
-    return span
 
 
 def _metrics(raw: bytes) -> dict:
@@ -69,7 +53,7 @@ async def test_vllm_queue_time_reaches_prometheus_and_the_span(upstream, traced,
     assert s.sample("llm_upstream_queue_seconds_sum", **labels) == pytest.approx(m["queue_time_ms"] / 1000)
     assert s.sample("llm_upstream_prefill_seconds_sum", **labels) == pytest.approx(m["time_to_first_token_ms"] / 1000)
     assert s.sample("llm_upstream_decode_seconds_sum", **labels) == pytest.approx(m["generation_time_ms"] / 1000)
-    span = await _span(exporter)
+    span = await one_span(exporter)
     assert span.attributes[sc.LLM_SIDECAR_ENGINE_QUEUE] == pytest.approx(m["queue_time_ms"] / 1000)
     assert span.attributes[sc.LLM_SIDECAR_ENGINE_PREFILL] == pytest.approx(m["time_to_first_token_ms"] / 1000)
     assert 0 <= span.attributes[sc.LLM_SIDECAR_OVERHEAD_REQUEST] < 1

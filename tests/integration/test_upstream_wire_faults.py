@@ -12,6 +12,9 @@ import pytest
 from tests.conftest import wait_for
 from tests.support.sse import http_chunk
 
+# Relay tests: each runs with the early path on (as served) and off (through the handler).
+pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
+
 LABELS = {"model": "m1", "route": "/v1/chat/completions"}
 CHUNK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 EVENT = b'data: {"id":"c1","object":"chat.completion.chunk","model":"m1","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
