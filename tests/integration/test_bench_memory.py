@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.memory import chart_memory_limit, largest_body
 from sidecar.measure.request_fields import scan_request_fields
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.run import find_nginx
 from tests.conftest import IN_CI
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 TARGET_FIELDS = {
     "tokens_per_s", "errors", "error_kinds", "streams_started", "streams_complete", "checksum_mismatches",

@@ -49,10 +49,11 @@ from sidecar.tools.slo import generate, parse_spec, render_rules
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.paths import ROOT
+from tests.support.processes import stop_process
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 
 # The shipped spec has no per-model override; the override check builds the SLO dashboard
@@ -236,12 +237,7 @@ def prometheus_server(tmp_path):
 
     yield start
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _finite(value: str) -> bool:

@@ -14,7 +14,6 @@ import asyncio
 import gzip
 import json
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -25,10 +24,10 @@ from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import require_tool, start_app, start_prometheus, wait_for
+from tests.support.paths import ROOT
+from tests.support.scrape import pod_scrape_config
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def answer(status: int = 200, body: bytes = b""):
@@ -206,15 +205,7 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
     runner, sim_port = await start_app(app, handler_cancellation=True)
     sc = await sidecar_factory(f"http://127.0.0.1:{sim_port}")
     labels = {"namespace": "llm", "pod": "llm-sidecar-0"}
-    target = {"targets": [f"127.0.0.1:{sc.admin_port}"], "labels": labels}
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [
-            {"job_name": "llm-sidecar", "static_configs": [target]},
-            {"job_name": "llm-engine", "metrics_path": "/metrics/engine", "static_configs": [target]},
-        ],
-    }
-    proc, port = start_prometheus(binary, tmp_path, config)
+    proc, port = start_prometheus(binary, tmp_path, pod_scrape_config(f"127.0.0.1:{sc.admin_port}", labels))
     try:
         async with aiohttp.ClientSession() as s:
 

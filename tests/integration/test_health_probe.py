@@ -57,34 +57,32 @@ class _ClosingPool:
         raise aiohttp.ClientConnectionError("Cannot write to closing transport")
 
 
-async def test_a_pooled_connection_closing_as_it_is_reused_is_asked_again_on_a_new_one():
+@pytest.fixture
+async def dropping():
+    """(the server dropping reused connections, a sidecar in front of it, its heads per connection)."""
     server, port, heads = await _server_dropping_reused_connections()
-    sc = build_sidecar(Settings(upstream=f"http://127.0.0.1:{port}"))
+    yield server, build_sidecar(Settings(upstream=f"http://127.0.0.1:{port}")), heads
+    server.close()
+    await server.wait_closed()
+
+
+async def test_a_pooled_connection_closing_as_it_is_reused_is_asked_again_on_a_new_one(dropping):
+    _, sc, heads = dropping
     pooled = _ClosingPool()
-    try:
-        assert await sc.upstream_status(pooled) == 200  # answered on a new connection
-        assert pooled.asked == 1 and heads == [1]
-    finally:
-        server.close()
-        await server.wait_closed()
+    assert await sc.upstream_status(pooled) == 200  # answered on a new connection
+    assert pooled.asked == 1 and heads == [1]
 
 
-async def test_a_pooled_connection_dropped_as_it_is_reused_still_gives_the_servers_answer():
-    server, port, heads = await _server_dropping_reused_connections()
-    sc = build_sidecar(Settings(upstream=f"http://127.0.0.1:{port}"))
-    try:
-        async with aiohttp.ClientSession() as pooled:
-            assert await sc.upstream_status(pooled) == 200
-            assert await sc.upstream_status(pooled) == 200
-        assert heads[0] == 2 and sum(heads) == 3  # the reused one dropped, a new one answered
-    finally:
-        server.close()
-        await server.wait_closed()
+async def test_a_pooled_connection_dropped_as_it_is_reused_still_gives_the_servers_answer(dropping):
+    _, sc, heads = dropping
+    async with aiohttp.ClientSession() as pooled:
+        assert await sc.upstream_status(pooled) == 200
+        assert await sc.upstream_status(pooled) == 200
+    assert heads[0] == 2 and sum(heads) == 3  # the reused one dropped, a new one answered
 
 
-async def test_a_server_that_is_gone_is_reported_as_such_after_the_second_ask():
-    server, port, heads = await _server_dropping_reused_connections()
-    sc = build_sidecar(Settings(upstream=f"http://127.0.0.1:{port}"))
+async def test_a_server_that_is_gone_is_reported_as_such_after_the_second_ask(dropping):
+    server, sc, _ = dropping
     async with aiohttp.ClientSession() as pooled:
         assert await sc.upstream_status(pooled) == 200
         server.close()  # the listener goes first; the pooled connection is dropped when reused

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.chart import require_helm, sync
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "llm-sidecar"
 SPEC = ROOT / "deploy" / "slo" / "default.yaml"
 

@@ -9,16 +9,14 @@ to build one.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from tests.support.chart import require_helm, sync
+from tests.support.paths import CHART
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "llm-sidecar"
 MAX_ERROR = 400  # characters: one line of reason, plus helm's own prefix
 
 

@@ -17,6 +17,7 @@ from aiohttp import web
 from tests.conftest import in_flight_total, wait_for
 from tests.support.raw import TCP_ESTABLISHED, raw_socket, tcp_state
 from tests.support.rig import CHAT, rig_factory  # noqa: F401 - fixture
+from tests.support.sse import scripted
 
 pytestmark = pytest.mark.integration
 
@@ -188,16 +189,7 @@ async def test_long_unterminated_event_in_small_pieces_never_stalls_the_loop(ups
     line = b"data: {" + b'"x":"' + b"y" * ((1 << 20) - 20) + b'"}'
     pieces = [line[i : i + 200] for i in range(0, len(line), 200)] + [b"\n\n", b"data: [DONE]\n\n"]
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for piece in pieces:
-            await response.write(piece)
-        await response.write_eof()
-        return response
-
-    await upstream.start(lambda app: app.router.add_post(CHAT, handler))
+    await upstream.start(lambda app: app.router.add_post(CHAT, scripted([(0, piece) for piece in pieces])))
     rig = await rig_factory(upstream=upstream.url)
     worst = 0.0
     done = asyncio.Event()

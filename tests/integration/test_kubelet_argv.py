@@ -27,10 +27,10 @@ import yaml
 
 from tests.conftest import bound_ports, start_simulator
 from tests.support.image import image_entrypoint_and_cmd
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 IMAGE_REPOSITORY = "registry.example.com/team/llm-sidecar-proxy"  # scripts/sync_chart.py EXAMPLE_IMAGE
 # Renderings of monitoring objects only (the snippet file carries monitoring-only's container).
 MONITORING_ONLY = {"monitoring.yaml", "monitoring-only.yaml"}

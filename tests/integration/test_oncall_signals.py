@@ -28,6 +28,7 @@ from sidecar.base.finish_reason import FINISH_REASONS
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -224,13 +225,11 @@ async def test_without_the_c_speedups_the_start_line_the_build_info_and_version_
 def test_the_example_alertmanager_routes_each_cause_by_error_type():
     """Alertmanager's own routing (amtool) sends each error-cause alert to its cause's
     receiver, whatever its severity; the burn-rate alerts keep their severity routes."""
-    from pathlib import Path
-
     from sidecar.tools.slo.rules import ERROR_CAUSES
     from tests.conftest import require_tool
 
     amtool = require_tool("amtool")
-    config = Path(__file__).resolve().parents[2] / "deploy" / "alertmanager" / "alertmanager.yaml"
+    config = ROOT / "deploy" / "alertmanager" / "alertmanager.yaml"
 
     def receiver(*labels: str) -> str:
         done = subprocess.run(

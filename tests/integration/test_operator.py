@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ServeProcess, start_simulator
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -240,6 +241,6 @@ def test_bind_error_names_the_flag_of_the_admin_port():
 def test_make_demo_takes_port():
     if subprocess.run(["which", "make"], capture_output=True).returncode != 0:
         pytest.skip("make is not installed")
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     done = subprocess.run(["make", "-n", "demo", "PORT=18123", "DURATION=1"], cwd=root, capture_output=True, text=True)
     assert "--port 18123" in done.stdout, done.stdout

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -26,10 +25,10 @@ from aiohttp import web
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.dashboards.own_health import ROW_TITLE
 from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 OVERVIEW = ROOT / "dashboards" / "llm-sidecar-overview.json"
 ENGINE_RSS = 9e12
 ENGINE_PAGE = f"""# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.

@@ -21,8 +21,8 @@ import yaml
 
 from tests.support.chart import require_helm, sync
 from tests.conftest import require_tool
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "kubernetes.md"
 
 # What `kubectl apply -n NS -f FILE|-` would create, kept as files instead.

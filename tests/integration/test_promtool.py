@@ -21,10 +21,10 @@ import yaml
 
 from sidecar.tools.slo import generate, load_spec, parse_spec, render_rules
 from tests.conftest import require_tool
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = ROOT / "deploy" / "slo" / "default.yaml"
 RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))
 PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))

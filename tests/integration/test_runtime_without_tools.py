@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ServeProcess, start_app, wait_for
+from tests.support.sse import scripted
 
 BLOCKER = """
 import importlib.abc, sys
@@ -40,23 +41,13 @@ STREAM = [
 ]
 
 
-async def _upstream(request: web.Request) -> web.StreamResponse:
-    await request.read()
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for event in STREAM:
-        await response.write(event)
-    await response.write_eof()
-    return response
-
-
 async def _health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
 async def test_serve_relays_and_measures_with_every_tool_import_failing():
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", _upstream)
+    app.router.add_post("/v1/chat/completions", scripted([(0, event) for event in STREAM]))
     app.router.add_get("/health", _health)
     runner, up_port = await start_app(app)
     sc = ServeProcess(f"http://127.0.0.1:{up_port}", command=(sys.executable, "-c", BLOCKER))

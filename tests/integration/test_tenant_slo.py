@@ -11,11 +11,11 @@ import subprocess
 import aiohttp
 import pytest
 import yaml
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.tools.slo import generate, parse_spec, render_rules
 from tests.conftest import require_tool, wait_for
+from tests.support.sse import scripted
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +38,7 @@ SPEC = {
 async def scraped_label_names(upstream, sidecar_factory) -> dict[str, set[str]]:
     """Label names of the sidecar's own requests and TTFT bucket series, per family."""
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for data in STREAM:
-            await resp.write(data)
-        await resp.write_eof()
-        return resp
-
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, handler))
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted([(0, data) for data in STREAM])))
     s = await sidecar_factory(up.url, tenant_header="X-Tenant")
     async with aiohttp.ClientSession() as client:
         async with client.post(s.url + ROUTE, json={"model": "m1", "stream": True}, headers={"X-Tenant": "team-a"}) as r:
