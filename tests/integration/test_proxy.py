@@ -12,55 +12,11 @@ from aiohttp import web
 from yarl import URL
 
 from tests.conftest import wait_for
+from tests.support.sse import USAGE, chat_chunk, scripted
 
 # Each test runs on the production server twice: with the early path (a request sent upstream
 # from the read that completed it) and without it (through the handler).
 pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
-
-
-def chat_chunk(content: str | None = None, *, role: bool = False, finish: str | None = None, **extra) -> bytes:
-    delta: dict = {}
-    if role:
-        delta = {"role": "assistant", "content": ""}
-    elif content is not None:
-        delta = {"content": content}
-    doc = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m1",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-    doc.update(extra)
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
-
-
-USAGE = (
-    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m1",'
-    b'"choices":[],"usage":{"prompt_tokens":7,"total_tokens":12,"completion_tokens":5}}\n\n'
-)
-
-
-def scripted(script: list[tuple[float, bytes]], *, status: int = 200, content_type: str = "text/event-stream", headers=None, sent=None):
-    """A handler that writes each (delay, bytes) pair after its delay, flushed on its own; a
-    delay that is an :class:`asyncio.Event` waits for the test to set it."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        resp = web.StreamResponse(status=status, headers={"Content-Type": content_type, **(headers or {})})
-        await resp.prepare(request)
-        for delay, data in script:
-            if isinstance(delay, asyncio.Event):
-                await delay.wait()
-            elif delay:
-                await asyncio.sleep(delay)
-            await resp.write(data)
-            if sent is not None:
-                sent.append(data)
-        await resp.write_eof()
-        return resp
-
-    return handler
 
 
 async def post_stream(url: str, body: dict | None = None, headers=None) -> tuple[bytes, list[float], aiohttp.ClientResponse]:
