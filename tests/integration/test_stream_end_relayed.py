@@ -10,7 +10,6 @@ from __future__ import annotations
 import aiohttp
 import pytest
 import structlog
-from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -25,23 +24,11 @@ from sidecar.base.routes import match_route
 from sidecar.streams.dialects import dialect_of
 from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
 from tests.fixtures.streams.harness import cut_before_marker, load
+from tests.support.sse import replaying
 
 pytestmark = pytest.mark.integration
 
 IDS = [f"{d}/{n}" for d, n, _, _ in STREAMS]
-
-
-def sending(raw: bytes, content_type: str):
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": content_type})
-        await resp.prepare(request)
-        for i in range(0, len(raw), 64):
-            await resp.write(raw[i : i + 64])
-        await resp.write_eof()  # a clean end at the HTTP level, whatever the body said
-        return resp
-
-    return handler
 
 
 @pytest.fixture
@@ -54,9 +41,9 @@ async def rig(upstream):
 
     async def make(path: str, raw: bytes, content_type: str) -> tuple[RunningSidecar, InMemorySpanExporter]:
         if path.startswith("/v2/models/"):
-            up = await upstream.start(lambda app: app.router.add_post("/v2/models/{m}/generate_stream", sending(raw, content_type)))
+            up = await upstream.start(lambda app: app.router.add_post("/v2/models/{m}/generate_stream", replaying(raw, piece=64, content_type=content_type)))
         else:
-            up = await upstream.start(lambda app: app.router.add_post(path, sending(raw, content_type)))
+            up = await upstream.start(lambda app: app.router.add_post(path, replaying(raw, piece=64, content_type=content_type)))
         s = build_sidecar(sidecar_settings(up.url), CollectorRegistry(), access_log=True, tracer_provider=provider)
         started.append(running := await run_sidecar(s))
         return running, exporter
