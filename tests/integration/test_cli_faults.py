@@ -19,6 +19,7 @@ import pytest
 
 from sidecar import __version__
 from tests.conftest import ServeProcess
+from tests.support.raw import taken_port
 
 CLI = str(Path(sys.executable).with_name("llm-sidecar"))
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LLM_SIDECAR_") and not k.startswith("OTEL_")}
@@ -82,10 +83,7 @@ def test_openai_base_url_as_upstream_is_refused_with_the_root_to_use():
 
 
 def test_port_in_use_is_one_clear_line_and_no_stopped_event():
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         done = run(
             "serve", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
             "--metrics-listen", "127.0.0.1:0",

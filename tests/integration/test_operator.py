@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import ServeProcess, start_simulator
 from tests.support.paths import ROOT
+from tests.support.raw import taken_port
 
 pytestmark = pytest.mark.integration
 
@@ -224,12 +225,7 @@ def test_upstream_outage_is_logged_once_each_way_in_plain_words(procs):
 
 
 def test_bind_error_names_the_flag_of_the_admin_port():
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         done = run(
             "serve", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0",
             "--metrics-listen", f"127.0.0.1:{port}",

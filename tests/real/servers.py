@@ -70,15 +70,14 @@ class ServerKind:
 
     def missing(self) -> str | None:
         """Why this server cannot start here, or None when its install is in place."""
-        if self.engine == "vllm":
-            if not VLLM_PYTHON.exists():
-                return f"vLLM is not installed ({VLLM_PYTHON}; run scripts/install-vllm.sh)"
-            if not (HF_MODEL / "config.json").exists():
-                return f"the tiny model is missing ({HF_MODEL}; run scripts/install-vllm.sh)"
-            return None
-        if self.engine == "transformers":
-            if not TRANSFORMERS_SERVE.exists():
-                return f"transformers serve is not installed ({TRANSFORMERS_SERVE}; run scripts/install-transformers.sh)"
+        if self.engine in ("vllm", "transformers"):
+            binary, name, script = (
+                (VLLM_PYTHON, "vLLM", "install-vllm.sh")
+                if self.engine == "vllm"
+                else (TRANSFORMERS_SERVE, "transformers serve", "install-transformers.sh")
+            )
+            if not binary.exists():
+                return f"{name} is not installed ({binary}; run scripts/{script})"
             if not (HF_MODEL / "config.json").exists():
                 return f"the tiny model is missing ({HF_MODEL}; run scripts/install-vllm.sh)"
             return None

@@ -125,6 +125,29 @@ _ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "relabelings", 
 _SPEC_FIELDS = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
 
 
+def _selector_keeps(spec: dict, role: str) -> list[dict]:
+    """A keep per ``matchLabels`` key of the monitor's selector, on the ``role``'s (pod or
+    service) labels."""
+    keeps = []
+    for key in sorted(spec["selector"].get("matchLabels", {})):
+        keeps.append({
+            "action": "keep",
+            "source_labels": [f"__meta_kubernetes_{role}_label_{sanitize(key)}", f"__meta_kubernetes_{role}_labelpresent_{sanitize(key)}"],
+            "regex": f"({spec['selector']['matchLabels'][key]});true",
+        })  # fmt: skip
+    return keeps
+
+
+def _job_label(spec: dict, role: str) -> list[dict]:
+    """``jobLabel``: ``job`` from that label of the ``role`` (pod or service), when set there."""
+    if not spec.get("jobLabel"):
+        return []
+    return [{
+        "source_labels": [f"__meta_kubernetes_{role}_label_{sanitize(spec['jobLabel'])}"],
+        "target_label": "job", "regex": "(.+)", "replacement": "${1}",
+    }]  # fmt: skip
+
+
 def _endpoint_relabelings(cfg: dict, relabel: list[dict], ep: dict, ns: str, enforced_namespace_label: str) -> dict:
     """What both monitor kinds end an endpoint's scrape job with, in the operator's order:
     the ``endpoint`` label, the endpoint's own relabelings, the enforced namespace label,
@@ -171,13 +194,7 @@ def podmonitor_scrape_configs(
         relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
         if ep.get("filterRunning", True):
             relabel.append({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
-        for key in sorted(spec["selector"].get("matchLabels", {})):
-            value = spec["selector"]["matchLabels"][key]
-            relabel.append({
-                "action": "keep",
-                "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(key)}", f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"],
-                "regex": f"({value});true",
-            })  # fmt: skip
+        relabel += _selector_keeps(spec, "pod")
         if ep.get("port"):
             relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": ep["port"]})
         relabel += [
@@ -191,11 +208,7 @@ def podmonitor_scrape_configs(
                 "target_label": sanitize(label), "regex": "(.+)", "replacement": "${1}",
             })  # fmt: skip
         relabel.append({"target_label": "job", "replacement": f"{ns}/{name}"})
-        if spec.get("jobLabel"):
-            relabel.append({
-                "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(spec['jobLabel'])}"],
-                "target_label": "job", "regex": "(.+)", "replacement": "${1}",
-            })  # fmt: skip
+        relabel += _job_label(spec, "pod")
         out.append(_endpoint_relabelings(cfg, relabel, ep, ns, enforced_namespace_label))
     return out
 
@@ -277,12 +290,7 @@ def servicemonitor_scrape_configs(
             if ep.get(crd):
                 cfg[key] = ep[crd]
         relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
-        for key in sorted(spec["selector"].get("matchLabels", {})):
-            relabel.append({
-                "action": "keep",
-                "source_labels": [f"__meta_kubernetes_service_label_{sanitize(key)}", f"__meta_kubernetes_service_labelpresent_{sanitize(key)}"],
-                "regex": f"({spec['selector']['matchLabels'][key]});true",
-            })  # fmt: skip
+        relabel += _selector_keeps(spec, "service")
         if ep.get("port"):
             relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]})
         target = ["__meta_kubernetes_endpoint_address_target_kind", "__meta_kubernetes_endpoint_address_target_name"]
@@ -297,11 +305,7 @@ def servicemonitor_scrape_configs(
         if ep.get("filterRunning", True):
             relabel.append({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
         relabel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"})
-        if spec.get("jobLabel"):
-            relabel.append({
-                "source_labels": [f"__meta_kubernetes_service_label_{sanitize(spec['jobLabel'])}"],
-                "target_label": "job", "regex": "(.+)", "replacement": "${1}",
-            })  # fmt: skip
+        relabel += _job_label(spec, "service")
         out.append(_endpoint_relabelings(cfg, relabel, ep, ns, enforced_namespace_label))
     return out
 

@@ -11,6 +11,8 @@ import asyncio
 import json
 import re
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -193,3 +195,12 @@ async def raw_socket(port: int, rcvbuf: int = 4096) -> socket.socket:
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     return sock
+
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A port of 127.0.0.1 another socket listens on for the block's duration."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]

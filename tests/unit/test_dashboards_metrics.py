@@ -159,15 +159,21 @@ async def exported(upstream, sidecar_factory):
     return out
 
 
+def add_rule_labels(out: dict[str, set[str]], kind: str) -> None:
+    """Into ``out[name]`` for every rule of ``kind`` (``record`` or ``alert``): its static
+    labels plus its `by` labels."""
+    for g in RULES["groups"]:
+        for r in g["rules"]:
+            if kind in r:
+                out[r[kind]] |= set(r.get("labels", {}))
+                for _, labels in GROUPING.findall(r["expr"]):
+                    out[r[kind]] |= {x.strip() for x in labels.split(",") if x.strip()}
+
+
 def recorded_labels() -> dict[str, set[str]]:
     """Labels each recorded series carries: its static labels plus its `by` labels."""
     out: dict[str, set[str]] = defaultdict(set)
-    for g in RULES["groups"]:
-        for r in g["rules"]:
-            if "record" in r:
-                out[r["record"]] |= set(r.get("labels", {}))
-                for _, labels in GROUPING.findall(r["expr"]):
-                    out[r["record"]] |= {x.strip() for x in labels.split(",") if x.strip()}
+    add_rule_labels(out, "record")
     # A record computed from other records (a ratio of two recorded rates) carries theirs.
     reads = {
         r["record"]: set(re.findall(r"llm:[a-z0-9_:]+", r["expr"])) for g in RULES["groups"] for r in g["rules"] if "record" in r
@@ -185,12 +191,7 @@ def recorded_labels() -> dict[str, set[str]]:
 
 def alert_labels() -> dict[str, set[str]]:
     out: dict[str, set[str]] = defaultdict(lambda: {"alertname", "alertstate"})
-    for g in RULES["groups"]:
-        for r in g["rules"]:
-            if "alert" in r:
-                out[r["alert"]] |= set(r.get("labels", {}))
-                for _, labels in GROUPING.findall(r["expr"]):
-                    out[r["alert"]] |= {x.strip() for x in labels.split(",") if x.strip()}
+    add_rule_labels(out, "alert")
     # The burn-rate alerts compare `llm:burn_rate:*` series, which carry `model`.
     for name, labels in out.items():
         if name.endswith("BurnRate"):

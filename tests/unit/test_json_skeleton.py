@@ -99,12 +99,17 @@ def padded(body: bytes, rng: random.Random) -> bytes:
     return pad + body.lstrip()[1:]
 
 
-@pytest.mark.parametrize("path", BODIES, ids=BODY_IDS)
-def test_recorded_bodies_padded_past_every_bound_give_the_same_events(path):
+def recorded_and_padded(path, seed: int) -> tuple[bytes, bytes]:
+    """A recorded body and its ``padded`` copy; skips a body that is not a JSON object."""
     body = path.read_bytes()
     if not body.lstrip().startswith(b"{"):
         pytest.skip("not an object")
-    big = padded(body, random.Random(1))
+    return body, padded(body, random.Random(seed))
+
+
+@pytest.mark.parametrize("path", BODIES, ids=BODY_IDS)
+def test_recorded_bodies_padded_past_every_bound_give_the_same_events(path):
+    body, big = recorded_and_padded(path, seed=1)
     assert len(big) > 2 * SMALL_JSON_BYTES
     for copy in copies(big, random.Random(path.name)):
         assert copy is not None and len(copy) < 64 << 10
@@ -357,10 +362,7 @@ def figures(t: RequestTimeline) -> tuple:
 
 @pytest.mark.parametrize("path", BODIES, ids=BODY_IDS)
 def test_the_observer_gives_the_same_figures_for_a_large_body(path):
-    body = path.read_bytes()
-    if not body.lstrip().startswith(b"{"):
-        pytest.skip("not an object")
-    big = padded(body, random.Random(2))
+    body, big = recorded_and_padded(path, seed=2)
     for route in ("/v1/chat/completions", "/v1/messages", "/api/chat", "/generate", "/completion", "/v1/responses"):
         small = observe(body, 1, path=route)
         assert figures(observe(big, 7, path=route)) == figures(small)
