@@ -17,6 +17,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -264,6 +266,23 @@ class Case:
 
 def cases(kind: ServerKind) -> list[Case]:
     return [Case(route, stream, usage) for route in kind.routes for stream in (True, False) for usage in (False, True)]
+
+
+@contextmanager
+def serving(kind: ServerKind) -> Iterator[RealServer]:
+    """``kind`` started and ready for the block, stopped after it; skipped when its install is
+    missing locally, failed in CI."""
+    why = kind.missing()
+    if why is not None:
+        if IN_CI:
+            pytest.fail(why)
+        pytest.skip(why)
+    server = start(kind)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
 
 
 def require_aiperf() -> None:

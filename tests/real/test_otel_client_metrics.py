@@ -20,25 +20,16 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.export import semconv as sc
 from sidecar.app import build_sidecar
-from tests.conftest import IN_CI, RunningSidecar, run_sidecar, sidecar_settings, wait_for
-from tests.real.servers import LLAMACPP, MODEL, start
+from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
+from tests.real.servers import LLAMACPP, MODEL, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.real]
 
 
 @pytest.fixture(scope="module")
 def llama_server():
-    why = LLAMACPP.missing()
-    if why is not None:
-        if IN_CI:
-            pytest.fail(why)
-        pytest.skip(why)
-    server = start(LLAMACPP)
-    try:
-        server.wait_ready()
+    with serving(LLAMACPP) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture

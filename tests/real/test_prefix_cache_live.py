@@ -26,8 +26,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import IN_CI, wait_for
-from tests.real.servers import ServerKind, start
+from tests.conftest import wait_for
+from tests.real.servers import ServerKind, serving
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]
 
@@ -43,17 +43,8 @@ PROMPT_TOKENS = (380, 470)  # long enough for several 16-token blocks, within --
 
 @pytest.fixture(scope="module")
 def vllm_prefix_cache():
-    why = PREFIX_CACHE.missing()
-    if why is not None:
-        if IN_CI:
-            pytest.fail(why)
-        pytest.skip(why)
-    server = start(PREFIX_CACHE)
-    try:
-        server.wait_ready()
+    with serving(PREFIX_CACHE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _count(server, text: str) -> int:
