@@ -1,6 +1,6 @@
 """Three releases' rules in one real Prometheus, scraping real sidecars (issue #22).
 
-The chart renders the rules of three releases (test_helm_fleet.RELEASES: two in team-a, one
+The chart renders the rules of three releases (tests/support/chart.py RELEASES: two in team-a, one
 in team-b with a stricter TTFT objective). Debian's Prometheus loads all three files and
 scrapes three sidecars, each in front of a simulated server, with the labels the chart's
 PodMonitor gives them (namespace and llm_release, job=llm-sidecar; tests/integration/
