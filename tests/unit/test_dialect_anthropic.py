@@ -19,21 +19,18 @@ from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_an
 from sidecar.streams.protocols.events import GenerationDone, ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
+from tests.support.sse import sse
 
 MODEL = "claude-sonnet-4-5-20250929"
 
 make = AnthropicStreamDialect
 
 
-def sse(event: str, data: bytes) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
-
-
 # -- individual rules ---------------------------------------------------------------------
 
 
 def delta(d: bytes) -> list:
-    return run_whole(make, sse("content_block_delta", b'{"type":"content_block_delta","index":0,"delta":' + d + b"}"))
+    return run_whole(make, sse(event="content_block_delta", data=b'{"type":"content_block_delta","index":0,"delta":' + d + b"}"))
 
 
 @pytest.mark.parametrize(
@@ -60,52 +57,52 @@ def test_delta_kinds(d, expected):
 
 def test_ping_and_unknown_events_are_nothing():
     raw = (
-        sse("ping", b'{"type": "ping"}')
-        + sse("content_block_stop", b'{"type":"content_block_stop","index":0}')
-        + sse("some_future_event", b'{"type":"some_future_event","text":"a"}')
+        sse(event="ping", data=b'{"type": "ping"}')
+        + sse(event="content_block_stop", data=b'{"type":"content_block_stop","index":0}')
+        + sse(event="some_future_event", data=b'{"type":"some_future_event","text":"a"}')
         + b": comment\n\n"
     )
     assert run_whole(make, raw) == []
 
 
 def test_event_name_is_the_fallback_when_data_has_no_type():
-    raw = sse("content_block_delta", b'{"index":0,"delta":{"type":"text_delta","text":"a"}}') + sse(
-        "message_stop", b"{}"
+    raw = sse(event="content_block_delta", data=b'{"index":0,"delta":{"type":"text_delta","text":"a"}}') + sse(
+        event="message_stop", data=b"{}"
     )
     assert run_whole(make, raw) == [ANSWER, StreamEnd()]
 
 
 def test_data_type_wins_over_event_name():
-    raw = sse("ping", b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}')
+    raw = sse(event="ping", data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}')
     assert run_whole(make, raw) == [ANSWER]
 
 
 def test_non_empty_block_start_is_a_token():
-    raw = sse("content_block_start", b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"Hi"}}')
+    raw = sse(event="content_block_start", data=b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"Hi"}}')
     raw += sse(
-        "content_block_start",
-        b'{"type":"content_block_start","index":1,"content_block":{"type":"thinking","thinking":"hm"}}',
+        event="content_block_start",
+        data=b'{"type":"content_block_start","index":1,"content_block":{"type":"thinking","thinking":"hm"}}',
     )
     raw += sse(
-        "content_block_start",
-        b'{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}',
+        event="content_block_start",
+        data=b'{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}',
     )
     assert run_whole(make, raw) == [ANSWER, REASONING, ToolCallDelta(2)]  # a tool_use block opens a call, not a token
 
 
 def test_provisional_output_count_of_message_start_is_ignored():
     raw = sse(
-        "message_start",
-        b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"output_tokens":1}}}',
+        event="message_start",
+        data=b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"output_tokens":1}}}',
     )
     assert run_whole(make, raw) == [ResponseInfo(response_model="c", response_id="m"), Usage(input_tokens=5)]
 
 
 def test_message_delta_usage_merges_with_start():
     raw = sse(
-        "message_start",
-        b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"cache_read_input_tokens":3}}}',
-    ) + sse("message_delta", b'{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}')
+        event="message_start",
+        data=b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"cache_read_input_tokens":3}}}',
+    ) + sse(event="message_delta", data=b'{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}')
     assert run_whole(make, raw)[-3:] == [
         ResponseInfo(finish_reasons=("max_tokens",)),
         Usage(input_tokens=8, output_tokens=9, cached_input_tokens=3),
@@ -114,13 +111,13 @@ def test_message_delta_usage_merges_with_start():
 
 
 def test_message_delta_without_usage_or_with_garbage_usage():
-    raw = sse("message_delta", b'{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":"9"}}')
-    raw += sse("message_delta", b'{"type":"message_delta","delta":[],"usage":[]}')
+    raw = sse(event="message_delta", data=b'{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":"9"}}')
+    raw += sse(event="message_delta", data=b'{"type":"message_delta","delta":[],"usage":[]}')
     assert run_whole(make, raw) == []
 
 
 def test_message_start_twice_reports_info_once():
-    start = sse("message_start", b'{"type":"message_start","message":{"id":"m","model":"c"}}')
+    start = sse(event="message_start", data=b'{"type":"message_start","message":{"id":"m","model":"c"}}')
     assert run_whole(make, start + start) == [ResponseInfo(response_model="c", response_id="m")]
 
 
@@ -133,18 +130,18 @@ def test_message_start_twice_reports_info_once():
     ],
 )
 def test_error_event_shapes(body, expected):
-    assert run_whole(make, sse("error", body)) == [expected]
+    assert run_whole(make, sse(event="error", data=body)) == [expected]
 
 
 def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
-    raw = sse("content_block_delta", b"{not json") + sse("ping", b"[1]") + sse("message_stop", b'{"type":"message_stop"}')
+    raw = sse(event="content_block_delta", data=b"{not json") + sse(event="ping", data=b"[1]") + sse(event="message_stop", data=b'{"type":"message_stop"}')
     assert run_whole(make, raw) == [ParseError("data is not JSON"), ParseError("data is not a JSON object"), StreamEnd()]
 
 
 def test_overflow_is_a_parse_error_and_the_stream_goes_on():
     d = AnthropicStreamDialect(max_line_bytes=128)
-    big = sse("content_block_delta", b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"' + b"x" * 500 + b'"}}')
-    ok = sse("content_block_delta", b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"y"}}')
+    big = sse(event="content_block_delta", data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"' + b"x" * 500 + b'"}}')
+    ok = sse(event="content_block_delta", data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"y"}}')
     assert d.feed(big) + d.feed(ok) + d.close() == [ParseError("line longer than 128 bytes"), ANSWER]
 
 
