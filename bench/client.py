@@ -1,4 +1,4 @@
-"""The load generator: N concurrent keep-alive streams, each timed per SSE event.
+"""The load generator: N concurrent connections running requests back to back, each timed per SSE event.
 
 Raw asyncio protocol on uvloop (no HTTP client library), so parsing costs the client a
 few microseconds per event and it is never the bottleneck it measures. Each connection
@@ -9,6 +9,16 @@ timed: an event's arrival time is the time of the read that completed it (its ``
 TTFT = first token event (the event after the role chunk) - request written. ITL = gaps
 between consecutive token events. A gap shorter than a quarter of the upstream's tpot
 counts as "bunched" (events that should be tpot apart arrived in one read: buffering).
+
+``--shape mixed`` draws every request from :func:`bench.wire.mixed_request` (same sequence
+for every target: lengths, routes, models, streamed or not) and lets every fourth
+connection connect per request (``Connection: close``). For those, TTFT and latency run
+from the start of the TCP connect, as their users see it. A non-streamed request's
+latency is from request (or connect) to the read that completed its body; its "excess" is
+that latency minus the upstream's schedule (``ttft + (tokens - 1) * tpot``), so a proxy's
+addition is not drowned by lengths of 20 to 800 tokens. ``tokens_total`` counts the tokens
+of every complete response, streamed or not (each non-streamed body's ``usage``); the
+streamed ones alone are ``streamed_tokens_total``.
 
 Run by :mod:`bench.run`; writes one JSON document (``--out``) with the summary.
 """
@@ -28,7 +38,7 @@ from itertools import pairwise
 
 import orjson
 
-from .wire import StreamWire, request_bytes
+from .wire import MIXED_TOKENS, StreamWire, closes_per_request, expected_body, mixed_request, mixed_request_bytes, request_bytes
 
 _HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH = range(6)
 
@@ -50,6 +60,14 @@ class Results:
         self.tokens_total = 0
         self.tokens_in_window = 0
         self.bytes_total = 0
+        self.requests_in_window = 0
+        # the mixed shape only
+        self.streamed_tokens_total = 0
+        self.nonstream_latency = array("d")
+        self.nonstream_excess = array("d")
+        self.kinds: dict[str, int] = {}
+        self.models: dict[str, int] = {}
+        self.connections_opened = 0
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -69,6 +87,7 @@ class ClientProtocol(asyncio.Protocol):
         self._scan = 0
         self._times = array("d")
         self.status = 0
+        self.finished_at = 0.0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -186,6 +205,7 @@ class ClientProtocol(asyncio.Protocol):
     def _finish(self, trailing: bool) -> None:
         if trailing:
             raise StreamFailed("pipelined_garbage")
+        self.finished_at = time.perf_counter()
         self._fut.set_result((self.status, bytes(self._body), self._times))
 
 
@@ -245,6 +265,89 @@ async def _connection(
         results.tokens_total += tokens
         lo, hi = results.window
         results.tokens_in_window += bisect_right(tok, hi) - bisect_left(tok, lo)
+        results.requests_in_window += lo <= times[-1] <= hi
+    if proto is not None and proto.transport is not None:
+        proto.transport.close()
+
+
+async def _mixed_connection(
+    index: int,
+    host: str,
+    port: int,
+    start_at: float,
+    deadline: float,
+    token_range: tuple[int, int],
+    ttft: float,
+    tpot: float,
+    timeout: float,
+    results: Results,
+) -> None:
+    """The mixed shape's connection ``index``: requests drawn from (index, request number);
+    one in four connections opens a new TCP connection per request."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+    host_header = f"{host}:{port}"
+    close = closes_per_request(index)
+    seq = 0
+    proto: ClientProtocol | None = None
+    while time.perf_counter() < deadline:
+        began = time.perf_counter()
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            try:
+                _, proto = await loop.create_connection(ClientProtocol, host, port)
+            except OSError:
+                results.error("connect")
+                await asyncio.sleep(0.1)
+                continue
+            results.connections_opened += 1
+        stream_id = index * 1_000_000 + seq
+        req = mixed_request(index, seq, token_range)
+        seq += 1
+        results.started += 1
+        sent, fut = proto.request(mixed_request_bytes(host_header, stream_id, req, close))
+        t_ref = began if close else sent  # a per-request client waits for its connect too
+        try:
+            status, body, times = await asyncio.wait_for(fut, timeout)
+        except StreamFailed as exc:
+            results.error(str(exc))
+            proto.transport.close()
+            proto = None
+            continue
+        except TimeoutError:
+            results.error("timeout")
+            proto.transport.close()
+            proto = None
+            continue
+        finished = proto.finished_at
+        if close:
+            proto.transport.close()
+            proto = None
+        results.bytes_total += len(body)
+        if status != 200:
+            results.error(f"http_{status}")
+            continue
+        if zlib.crc32(body) != zlib.crc32(expected_body(stream_id, req)) or len(times) != req.events():
+            results.checksum_mismatches += 1
+            results.error("checksum")
+            continue
+        results.complete += 1
+        results.kinds[req.kind] = results.kinds.get(req.kind, 0) + 1
+        results.models[req.model] = results.models.get(req.model, 0) + 1
+        results.tokens_total += req.tokens
+        lo, hi = results.window
+        results.requests_in_window += lo <= finished <= hi
+        if not req.stream:
+            latency = finished - t_ref
+            results.nonstream_latency.append(latency)
+            results.nonstream_excess.append(latency - (ttft + (req.tokens - 1) * tpot))
+            results.tokens_in_window += req.tokens if lo <= finished <= hi else 0
+            continue
+        first = req.events() - req.tokens - 1  # the role chunk comes first in chat streams
+        tok = times[first : first + req.tokens]
+        results.ttft.append(tok[0] - t_ref)
+        results.itl.extend([b - a for a, b in pairwise(tok)])
+        results.streamed_tokens_total += req.tokens
+        results.tokens_in_window += bisect_right(tok, hi) - bisect_left(tok, lo)
     if proto is not None and proto.transport is not None:
         proto.transport.close()
 
@@ -268,15 +371,26 @@ async def run(args: argparse.Namespace) -> dict:
     # Steady state: every stream has started and produced its first token.
     window = (start + ramp + args.ttft, deadline)
     results = Results(args.tokens, window)
-    tasks = [
-        asyncio.create_task(
-            _connection(
-                i, args.host, args.port, start + ramp * i / args.streams, deadline,
-                args.tokens, args.timeout, results,
+    if args.shape == "mixed":
+        tasks = [
+            asyncio.create_task(
+                _mixed_connection(
+                    i, args.host, args.port, start + ramp * i / args.streams, deadline,
+                    args.token_range, args.ttft, args.tpot, args.timeout, results,
+                )
             )
-        )
-        for i in range(args.streams)
-    ]
+            for i in range(args.streams)
+        ]  # fmt: skip
+    else:
+        tasks = [
+            asyncio.create_task(
+                _connection(
+                    i, args.host, args.port, start + ramp * i / args.streams, deadline,
+                    args.tokens, args.timeout, results,
+                )
+            )
+            for i in range(args.streams)
+        ]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     await asyncio.gather(*tasks)
     finished = time.perf_counter()
@@ -285,7 +399,8 @@ async def run(args: argparse.Namespace) -> dict:
     window_s = window[1] - window[0]
     itl = results.itl
     bunched = sum(1 for g in itl if g < args.tpot / 4) / len(itl) if itl else None
-    return {
+    summary = {
+        "shape": args.shape,
         "streams_started": results.started,
         "streams_complete": results.complete,
         "errors": sum(results.errors.values()),
@@ -301,7 +416,32 @@ async def run(args: argparse.Namespace) -> dict:
         "ttft_s": _summary(results.ttft),
         "itl_s": _summary(itl),
         "bunched_share": bunched,
+        "requests_in_window": results.requests_in_window,
+        "requests_per_s": results.requests_in_window / window_s if window_s > 0 else None,
     }
+    if args.shape == "mixed":
+        summary.update({
+            "token_range": list(args.token_range),
+            "streamed_tokens_total": results.streamed_tokens_total,
+            "nonstream_latency_s": _summary(results.nonstream_latency),
+            "nonstream_excess_s": _summary(results.nonstream_excess),
+            "kinds": results.kinds,
+            "models": results.models,
+            "connections_opened": results.connections_opened,
+        })  # fmt: skip
+    return summary
+
+
+def token_range(text: str) -> tuple[int, int]:
+    """``MIN,MAX`` output tokens of the mixed shape."""
+    lo, _, hi = text.partition(",")
+    try:
+        bounds = int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX (e.g. 20,800), got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return bounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,7 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--streams", type=int, required=True, help="concurrent streams (connections)")
-    p.add_argument("--tokens", type=int, required=True, help="tokens per stream")
+    p.add_argument("--tokens", type=int, required=True, help="tokens per stream (steady shape)")
+    p.add_argument("--shape", choices=("steady", "mixed"), default="steady", help="see the module doc")
+    p.add_argument(
+        "--token-range", type=token_range, default=MIXED_TOKENS, metavar="MIN,MAX",
+        help="mixed shape: output tokens, log-uniform between these (default 20,800)",
+    )  # fmt: skip
     p.add_argument("--tpot", type=float, required=True, help="the upstream's seconds per token")
     p.add_argument("--ttft", type=float, required=True, help="the upstream's seconds to first token")
     p.add_argument("--duration", type=float, required=True, help="seconds of steady load after the ramp")

@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.run --streams 200 --tokens 200 --tpot 0.02 --duration 20
     .venv/bin/python -m bench.run --streams 50,200,400 --json bench.json
     .venv/bin/python -m bench.run --quick           # seconds; a CI smoke test
+    .venv/bin/python -m bench.run --shape mixed --streams 200 --duration 20 --rounds 5
+    .venv/bin/python -m bench.run --quick --shape mixed
 
 Per load point and target, fresh processes: the light vLLM-shaped upstream
 (:mod:`bench.upstream`), the proxy under test (none for ``direct``; ``nginx`` with
@@ -21,6 +23,26 @@ microseconds per token of the proxy process tree (``/proc/PID/stat`` utime+stime
 peak RSS (``VmHWM``), client-observed TTFT and ITL p50/p99/max, and added TTFT/ITL
 p50/p99 versus direct. The exit status is 1 only when a stream was incomplete or
 corrupted, never because of timing.
+
+Two load shapes (``--shape``):
+
+* ``steady`` (the default): every connection is kept alive and runs ``--tokens``-token
+  streamed chat completions back to back; every stream the same length, one route, one
+  model.
+* ``mixed``: what a fleet's proxy sees. Each request is drawn from (connection index,
+  request number) by :func:`bench.wire.mixed_request`, so every target and every round gets
+  the same sequence: output length log-uniform in ``--token-range`` (default 20..800; median
+  ~126, mean ~210 tokens), 20 % non-streamed (one JSON body with ``usage``, answered when
+  its streamed twin would have sent its last token), 25 % on ``/v1/completions`` (vLLM
+  0.32's shape) and the rest on ``/v1/chat/completions``, four model names (weights
+  4:3:2:1), and every fourth connection opens a new TCP connection per request
+  (``Connection: close``) while the others keep alive. ``--streams`` is then the number of
+  concurrent connections. Every response is still checked byte for byte; TTFT and ITL come
+  from the streamed requests (from the connect for per-request connections), and it also
+  reports requests/s, non-streamed latency p50/p99 and its excess over the upstream's
+  schedule (added over direct too), CPU µs per request and requests per CPU-second of the
+  proxy. CPU µs/token divides by every token delivered, streamed or not. ``--quick``
+  shortens the range to 10..60 so the run takes seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +63,9 @@ import urllib.request
 from pathlib import Path
 
 import orjson
+
+from bench.client import token_range
+from bench.wire import MIXED_TOKENS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -238,9 +263,10 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
     up_port = free_port()
     upstream = procs.spawn(
         f"upstream-{tag}",
-        [py, "-m", "bench.upstream", "--port", str(up_port), "--ttft", str(args.ttft), "--tpot", str(args.tpot)],
+        [py, "-m", "bench.upstream", "--port", str(up_port), "--ttft", str(args.ttft), "--tpot", str(args.tpot),
+         *shape_args(args, "upstream")],
         "load",
-    )
+    )  # fmt: skip
     proxy = None
     admin_port = None
     try:
@@ -278,14 +304,14 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
                 "--streams", str(point["streams"]), "--tokens", str(args.tokens),
                 "--tpot", str(args.tpot), "--ttft", str(args.ttft),
                 "--duration", str(args.duration), "--ramp", str(point["ramp"]),
-                "--out", str(out_file),
+                "--out", str(out_file), *shape_args(args, "client"),
             ],
             "load",
         )  # fmt: skip
         profiler = None
         if args.profile and target == "sidecar":
             profiler = start_profiler(args, procs, proxy.pid, point)
-        limit = point["ramp"] + args.duration + args.tokens * args.tpot * 4 + args.ttft + 120
+        limit = point["ramp"] + args.duration + longest_tokens(args) * args.tpot * 4 + args.ttft + 120
         try:
             client.wait(limit)
         except subprocess.TimeoutExpired:
@@ -306,10 +332,14 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
             res["proxy_cpu_s"] = cpu1 - cpu0
             res["proxy_cpu_pct_core"] = 100.0 * (cpu1 - cpu0) / wall
             res["proxy_cpu_us_per_token"] = 1e6 * (cpu1 - cpu0) / tokens if tokens else None
+            requests = res["streams_complete"]
+            res["proxy_cpu_us_per_request"] = 1e6 * (cpu1 - cpu0) / requests if requests else None
+            res["requests_per_cpu_s"] = requests / (cpu1 - cpu0) if cpu1 > cpu0 else None
             res["peak_rss_mb"] = peak_rss_kb(process_tree(proxy.pid)) / 1024
             res["proxy_processes"] = len(tree)
         else:
             res["proxy_cpu_s"] = res["proxy_cpu_pct_core"] = res["proxy_cpu_us_per_token"] = None
+            res["proxy_cpu_us_per_request"] = res["requests_per_cpu_s"] = None
             res["peak_rss_mb"] = None
             res["proxy_processes"] = 0
         res["upstream_cpu_pct_core"] = 100.0 * (up1 - up0) / wall
@@ -334,6 +364,21 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
     except orjson.JSONDecodeError:
         res["upstream_counted"] = None
     return res
+
+
+def shape_args(args: argparse.Namespace, who: str) -> list[str]:
+    """The load shape's arguments for bench.client or bench.upstream; none for the steady
+    shape, so its command lines stay what they were."""
+    if args.shape == "steady":
+        return []
+    if who == "upstream":
+        return ["--shape", args.shape]
+    return ["--shape", args.shape, "--token-range", "%d,%d" % args.token_range]
+
+
+def longest_tokens(args: argparse.Namespace) -> int:
+    """The longest response's tokens, for the load generator's time limit."""
+    return args.token_range[1] if args.shape == "mixed" else args.tokens
 
 
 def start_profiler(args: argparse.Namespace, procs: Procs, pid: int, point: dict) -> subprocess.Popen | None:
@@ -372,8 +417,14 @@ def finish_target(res: dict, args: argparse.Namespace, direct: dict | None) -> d
         and res["bunched_share"] < 0.05
     )
     base = res if res["target"] == "direct" else direct
-    for key in ("ttft_ms", "itl_ms"):
-        res["added_" + key] = {q: _diff(res[key][q], base[key][q]) if base else None for q in ("p50", "p99")}
+    if "nonstream_excess_s" in res:  # the mixed shape
+        res["nonstream_latency_ms"] = {k: _ms(res["nonstream_latency_s"][k]) for k in ("p50", "p99", "max")}
+        res["nonstream_excess_ms"] = {k: _ms(res["nonstream_excess_s"][k]) for k in ("p50", "p99", "max")}
+    keys = ("ttft_ms", "itl_ms", "nonstream_excess_ms") if "nonstream_excess_ms" in res else ("ttft_ms", "itl_ms")
+    for key in keys:
+        res["added_" + key] = {
+            q: _diff(res[key][q], base[key][q]) if base and key in base else None for q in ("p50", "p99")
+        }
     return res
 
 
@@ -401,6 +452,11 @@ def ratios(targets: dict) -> dict:
         out["sidecar_vs_nginx_peak_rss"] = _ratio(s["peak_rss_mb"], n["peak_rss_mb"])
         out["sidecar_minus_nginx_added_itl_p99_ms"] = _diff(s["added_itl_ms"]["p99"], n["added_itl_ms"]["p99"])
         out["sidecar_minus_nginx_added_ttft_p99_ms"] = _diff(s["added_ttft_ms"]["p99"], n["added_ttft_ms"]["p99"])
+        if s.get("shape") == "mixed":  # steady's ratios stay the ones they were
+            out["sidecar_vs_nginx_cpu_per_request"] = _ratio(s["proxy_cpu_us_per_request"], n["proxy_cpu_us_per_request"])
+            out["sidecar_minus_nginx_added_nonstream_excess_p99_ms"] = _diff(
+                s["added_nonstream_excess_ms"]["p99"], n["added_nonstream_excess_ms"]["p99"]
+            )
     return out
 
 
@@ -486,10 +542,18 @@ def _pair(d: dict) -> str:
 
 def print_point(point: dict, args: argparse.Namespace) -> None:
     n = point["streams"]
-    print(
-        f"\n{n} streams x {args.tokens} tokens, tpot {args.tpot * 1e3:g} ms, ttft {args.ttft * 1e3:g} ms "
-        f"(offered {point['offered_tokens_per_s']:,.0f} tok/s), {args.duration:g} s steady"
-    )
+    if args.shape == "mixed":
+        lo, hi = args.token_range
+        print(
+            f"\n{n} connections, mixed shape (tokens log-uniform {lo}..{hi}, 20 % non-streamed, chat + completions, "
+            f"4 models, 1 in 4 connections per request), tpot {args.tpot * 1e3:g} ms, ttft {args.ttft * 1e3:g} ms "
+            f"(offered {point['offered_tokens_per_s']:,.0f} tok/s), {args.duration:g} s steady"
+        )
+    else:
+        print(
+            f"\n{n} streams x {args.tokens} tokens, tpot {args.tpot * 1e3:g} ms, ttft {args.ttft * 1e3:g} ms "
+            f"(offered {point['offered_tokens_per_s']:,.0f} tok/s), {args.duration:g} s steady"
+        )
     head = (
         f"{'target':<8} {'tok/s':>8} {'err':>4} {'complete':>9} {'unbuf':>5} {'CPU us/tok':>10} {'CPU %core':>9} "
         f"{'RSS MB':>7} {'TTFT ms p50/p99/max':>21} {'ITL ms p50/p99/max':>20} {'+TTFT p50/p99':>14} {'+ITL p50/p99':>13}"
@@ -509,6 +573,8 @@ def print_point(point: dict, args: argparse.Namespace) -> None:
         )
         if t["errors"]:
             print(f"{'':<8} errors: {t['error_kinds']}")
+    if args.shape == "mixed":
+        print_requests(point)
     r = point["ratios"]
     if r:
         print("ratios: " + ", ".join(f"{k} {_f(v, '{:.2f}')}" for k, v in r.items()))
@@ -528,13 +594,39 @@ def print_point(point: dict, args: argparse.Namespace) -> None:
         print("issue goal: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in point["goal"].items()))
 
 
+def print_requests(point: dict) -> None:
+    """The mixed shape's per-request figures: rate, the proxy's CPU per request and its
+    requests per CPU-second, and the non-streamed requests' latency."""
+    head = (
+        f"{'target':<8} {'req/s':>7} {'CPU us/req':>10} {'req/CPU-s':>9} {'non-streamed ms p50/p99':>23} "
+        f"{'excess ms p50/p99':>17} {'+excess p50/p99':>15}  requests by kind"
+    )
+    print(head)
+    print("-" * len(head))
+    for name, t in point["targets"].items():
+        if "skipped" in t:
+            continue
+        lat, exc = t["nonstream_latency_ms"], t["nonstream_excess_ms"]
+        print(
+            f"{name:<8} {_f(t['requests_per_s']):>7} {_f(t['proxy_cpu_us_per_request'], '{:,.0f}'):>10} "
+            f"{_f(t['requests_per_cpu_s'], '{:,.0f}'):>9} {_f(lat['p50']) + '/' + _f(lat['p99']):>23} "
+            f"{_f(exc['p50']) + '/' + _f(exc['p99']):>17} {_pair(t['added_nonstream_excess_ms']):>15}  "
+            + ", ".join(f"{k} {v}" for k, v in sorted(t["kinds"].items()))
+        )
+
+
 # ------------------------------------------------------------------ main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--streams", default="200", help="concurrent streams; a comma list runs several load points")
-    p.add_argument("--tokens", type=int, default=200, help="tokens per stream")
+    p.add_argument("--tokens", type=int, default=200, help="tokens per stream (steady shape)")
+    p.add_argument("--shape", choices=("steady", "mixed"), default="steady", help="the load shape (see module doc)")
+    p.add_argument(
+        "--token-range", type=token_range, default=None, metavar="MIN,MAX",
+        help="mixed shape: output tokens per request, log-uniform (default 20,800; 10,60 with --quick)",
+    )  # fmt: skip
     p.add_argument("--tpot", type=float, default=0.02, help="seconds between tokens of one stream (50 tok/s)")
     p.add_argument("--ttft", type=float, default=0.05, help="upstream seconds to first token")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of steady load per target")
@@ -574,6 +666,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.streams, args.tokens, args.duration = "10", 20, 1.0
         args.ramp = 0.2 if args.ramp is None else args.ramp
+    if args.token_range is None:
+        args.token_range = (10, 60) if args.quick else MIXED_TOKENS
     args.stream_counts = [int(s) for s in str(args.streams).split(",") if s.strip()]
     args.target_list = [t.strip() for t in args.targets.split(",") if t.strip()]
     bad = [t for t in args.target_list if t not in TARGETS]
@@ -610,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "tokens": args.tokens, "tpot_s": args.tpot, "ttft_s": args.ttft, "duration_s": args.duration,
             "streams": args.stream_counts, "targets": args.target_list, "quick": args.quick,
-            "sidecar_args": args.sidecar_args,
+            "sidecar_args": args.sidecar_args, "shape": args.shape,
+            **({"token_range": list(args.token_range)} if args.shape == "mixed" else {}),
         },
         "machine": {
             "cpus": os.cpu_count(),

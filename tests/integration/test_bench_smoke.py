@@ -1,4 +1,5 @@
-"""The relay benchmark's quick mode, end to end: real processes, real sockets.
+"""The relay benchmark's quick mode, end to end: real processes, real sockets, both load
+shapes (steady, and mixed: lengths, routes, models, non-streamed, per-request connections).
 
 Asserts correctness only (every stream complete and byte-identical through every target,
 the report carries every field); never a timing threshold, so CI noise cannot fail it.
@@ -13,6 +14,7 @@ import sys
 import pytest
 
 from bench.run import find_nginx
+from bench.wire import COMPLETIONS_PATH, MODELS, closes_per_request, expected_body, mixed_request
 from tests.conftest import IN_CI
 from tests.support.paths import ROOT
 
@@ -21,16 +23,23 @@ TARGET_FIELDS = {
     "tokens_per_s", "errors", "error_kinds", "streams_started", "streams_complete", "checksum_mismatches",
     "complete", "unbuffered", "bunched_share", "tokens_total", "proxy_cpu_us_per_token", "proxy_cpu_pct_core",
     "peak_rss_mb", "ttft_ms", "itl_ms", "added_ttft_ms", "added_itl_ms", "client_cpu_pct_core",
-    "upstream_cpu_pct_core", "foreign_cpu_pct_core", "upstream_counted",
+    "upstream_cpu_pct_core", "foreign_cpu_pct_core", "upstream_counted", "requests_per_s",
+    "proxy_cpu_us_per_request", "requests_per_cpu_s",
 }  # fmt: skip
+MIXED_FIELDS = {
+    "streamed_tokens_total", "nonstream_latency_ms", "nonstream_excess_ms", "added_nonstream_excess_ms",
+    "kinds", "models", "connections_opened",
+}  # fmt: skip
+KINDS = {"chat_stream", "chat_whole", "completions_stream", "completions_whole"}
 
 pytestmark = pytest.mark.integration
 
 
-def test_quick_benchmark_relays_every_stream_intact(tmp_path):
+@pytest.mark.parametrize("shape", ["steady", "mixed"])
+def test_quick_benchmark_relays_every_stream_intact(tmp_path, shape):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "bench.run", "--quick", "--shape", shape, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -40,6 +49,8 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["config"]["quick"] is True
+    assert report["config"]["shape"] == shape
+    mixed = shape == "mixed"
     (point,) = report["load_points"]
     targets = point["targets"]
 
@@ -54,11 +65,23 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path):
 
     for name in ran:
         t = targets[name]
-        assert TARGET_FIELDS <= t.keys(), (name, TARGET_FIELDS - t.keys())
+        fields = TARGET_FIELDS | (MIXED_FIELDS if mixed else set())
+        assert fields <= t.keys(), (name, fields - t.keys())
         assert t["complete"], (name, t["error_kinds"])
         assert t["errors"] == 0 and t["checksum_mismatches"] == 0
         assert t["streams_started"] == t["streams_complete"] >= 10
-        assert t["tokens_total"] == 20 * t["streams_complete"]
+        if mixed:
+            # Every kind, route and model went through and came back byte-identical (the
+            # first request of each of the 10 connections already covers them all).
+            assert set(t["kinds"]) == KINDS and sum(t["kinds"].values()) == t["streams_complete"]
+            assert set(t["models"]) == set(MODELS)
+            assert 0 < t["streamed_tokens_total"] < t["tokens_total"]
+            assert t["nonstream_latency_ms"]["p50"] is not None and t["nonstream_excess_ms"]["p99"] is not None
+            # 3 of the 10 connections connect per request: more connects than connections.
+            assert t["connections_opened"] > 10
+            assert t["requests_per_s"] > 0
+        else:
+            assert t["tokens_total"] == 20 * t["streams_complete"]
         for key in ("ttft_ms", "itl_ms"):
             assert set(t[key]) == {"p50", "p99", "max"}
             assert all(v is not None for v in t[key].values())
@@ -71,6 +94,7 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path):
             assert t["proxy_cpu_us_per_token"] is None
         else:
             assert t["proxy_cpu_us_per_token"] is not None and t["peak_rss_mb"] > 0
+            assert t["proxy_cpu_us_per_request"] > 0
 
     # The sidecar measured what the client received: same requests, same output tokens.
     counted = targets["sidecar"]["sidecar_counted"]
@@ -81,7 +105,34 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path):
     assert "sidecar_vs_direct_tokens_per_s" in point["ratios"]
     if nginx_present:
         assert "sidecar_vs_nginx_cpu_per_token" in point["ratios"]
+        assert ("sidecar_vs_nginx_cpu_per_request" in point["ratios"]) is mixed
     assert point["goal"] is not None
+
+
+def test_mixed_shape_draws_the_same_sequence_in_the_stated_proportions():
+    """What every target gets: a pure function of (connection, request number), with the
+    shares the docs state, and valid vLLM-shaped bodies for every kind."""
+    draws = [mixed_request(c, s) for c in range(100) for s in range(50)]
+    assert draws == [mixed_request(c, s) for c in range(100) for s in range(50)]
+    n = len(draws)
+    assert 0.17 < sum(not d.stream for d in draws) / n < 0.23
+    assert 0.22 < sum(d.route == COMPLETIONS_PATH for d in draws) / n < 0.28
+    tokens = sorted(d.tokens for d in draws)
+    assert tokens[0] >= 20 and tokens[-1] <= 800
+    assert 100 < tokens[n // 2] < 160  # log-uniform: the median near sqrt(20 * 800) = 126
+    assert sum(closes_per_request(c) for c in range(100)) == 25
+    assert {d.kind for d in draws[::50][:10]} == KINDS  # the quick run's first requests
+    for sid, d in enumerate(draws[:200]):
+        body = expected_body(sid, d)
+        if d.stream:
+            events = body.split(b"\n\n")
+            assert events[-2:] == [b"data: [DONE]", b""] and len(events) - 1 == d.events()
+            docs = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
+            assert all(doc["model"] == d.model for doc in docs)
+            assert docs[-1]["choices"][0]["finish_reason"] == "length"
+        else:
+            doc = json.loads(body)
+            assert doc["usage"]["completion_tokens"] == d.tokens and doc["model"] == d.model
 
 
 def test_paired_benchmark_runs_two_proxies_at_once(tmp_path):
