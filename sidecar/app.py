@@ -274,7 +274,7 @@ def build_sidecar(
     gate.guard()
     link = UpstreamLink()  # the relay's pool, made when the proxy app starts
     proxy = Proxy(
-        lambda: sc.get_pool(),  # the Sidecar below owns the pool, made when the app starts
+        link.get_pool,
         model_label=metrics.model_label,
         on_start=metrics.started,
         on_end=metrics.ended,
@@ -295,8 +295,7 @@ def build_sidecar(
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
     renderer = ScrapeRenderer(WithoutCreated(registry))
-    sc = Sidecar(settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link)
-    return sc
+    return Sidecar(settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link)
 
 
 def _proxy_app(sc: Sidecar) -> web.Application:
@@ -434,22 +433,24 @@ class SidecarRunner(RebuildingRunner):
             # itself, AppRunner's handler waits 3,630 s, so a head sent a byte at a time
             # (or nothing at all) held a connection for an hour.
             kwargs["keepalive_timeout"] = sc.settings.client_header_timeout
-        server = GuardedServer(
+        guard = ConnectionGuard()
+        if sc is not None and self.app is sc.proxy_app:
+            guard = ConnectionGuard(
+                max_connections=connection_cap(sc.settings.max_connections),
+                head_budget=sc.settings.max_request_head_bytes,
+                early=sc.proxy.early_forwarder(lambda: not sc.drain.draining),
+            )
+        elif sc is not None:  # the admin port: within connection_cap's reserve of 128
+            max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0
+            guard = ConnectionGuard(max_connections=max_connections, head_budget=sc.settings.max_request_head_bytes)
+        return GuardedServer(
             built.request_handler,
             request_factory=built.request_factory,
             handler_cancellation=built.handler_cancellation,
             loop=asyncio.get_running_loop(),
+            guard=guard,
             **kwargs,
         )
-        server.guard = ConnectionGuard()
-        if sc is not None:
-            server.guard.head_budget = sc.settings.max_request_head_bytes
-        if sc is not None and self.app is sc.proxy_app:
-            server.guard.max_connections = connection_cap(sc.settings.max_connections)
-            server.guard.early = sc.proxy.early_forwarder(lambda: not sc.drain.draining)
-        elif sc is not None and self.app is sc.admin_app:  # within connection_cap's reserve of 128
-            server.guard.max_connections = sc.settings.max_admin_connections
-        return server
 
 
 def raise_open_file_limit() -> int | None:
