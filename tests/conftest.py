@@ -451,15 +451,16 @@ def spans():
 
 
 @pytest.fixture
-async def traced(spans, early_path):
-    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``. (With tracing
-    on the proxy never takes the early path, as served: the span is injected per request.)"""
+async def traced(spans):
+    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``. With tracing on
+    the proxy never takes the early path (the span is injected per request), so these run
+    once, as served, even in a ``both_ways_in`` module."""
     provider, _ = spans
     started: list[RunningSidecar] = []
 
     async def make(url: str) -> RunningSidecar:
         s = build_sidecar(sidecar_settings(url), CollectorRegistry(), access_log=False, tracer_provider=provider)
-        started.append(running := await run_sidecar(s, early=early_path))
+        started.append(running := await run_sidecar(s))
         return running
 
     yield make
