@@ -28,8 +28,8 @@ its peak RSS, the RSS a second after it ended (is memory returned?) and the slow
   (finding 3).
 
 Measured, never asserted: the tests that bound memory are
-``tests/integration/test_hostile_memory.py``, ``test_hostile_body_budget.py`` and
-``test_hostile_round2.py``.
+``tests/integration/relay/server/test_hostile_memory.py``, ``test_hostile_body_budget.py`` and
+``test_hostile_requests.py`` (a whole head's budget).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ files). The rest is rendered, in order:
     scripts/sync-chart.sh            # write everything (needs .tools/bin/helm: make tools)
     scripts/sync-chart.sh --check    # change nothing; exit 1 and list what is stale
 
-tests/unit/test_helm_files.py and tests/integration/test_helm.py check the same things.
+tests/unit/test_helm_files.py and tests/integration/chart/test_helm.py check the same things.
 """
 
 from __future__ import annotations

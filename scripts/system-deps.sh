@@ -2,9 +2,9 @@
 # Installs the Debian packages the test suite needs, when they are missing and we can.
 # Every test that needs one of these skips locally with a reason, and fails under CI=true.
 set -euo pipefail
-# nginx: the benchmark's reference proxy (tests/integration/test_bench_smoke.py); prometheus:
-# promtool (tests/integration/test_promtool.py) and the server of the alert delivery test,
-# prometheus-alertmanager: its Alertmanager (tests/integration/test_alert_delivery.py); gcc: the
+# nginx: the benchmark's reference proxy (tests/integration/tools/test_bench_smoke.py); prometheus:
+# promtool (tests/integration/tools/test_promtool.py) and the server of the alert delivery test,
+# prometheus-alertmanager: its Alertmanager (tests/integration/tools/test_alert_delivery.py); gcc: the
 # C extension's build and, through its libgcc dev package, libasan and libubsan for
 # make test-sanitizers (scripts/test-sanitizers.sh).
 packages=(nginx prometheus prometheus-alertmanager gcc)

@@ -16,7 +16,7 @@ What a cluster would do is done here as closely as podman allows, and no more:
   the push. A manifest naming another image fails here as a cluster's pull would.
 - ``helm install`` becomes ``helm template`` with the same arguments, for Kubernetes 1.28 (a
   regular sidecar container: podman 4.3 runs init containers to completion, so a native
-  sidecar would never let the server start; tests/integration/test_rollout.py proves that
+  sidecar would never let the server start; tests/integration/app/test_rollout.py proves that
   ordering with real processes). The plain manifests are rendered for 1.33, so their native
   sidecar is moved to the containers, the only change of that path.
 - The model server has no GPU or vLLM image here: its container runs the simulator from the

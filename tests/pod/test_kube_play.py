@@ -16,7 +16,7 @@ The native-sidecar rendering (Kubernetes >= 1.29) is not played: podman 4.3 runs
 containers to completion before the others, so a native sidecar (an init container with
 restartPolicy: Always) never lets the model server start there (checked by hand: the model
 server stays "Created"). Its ordering is proven with real processes instead, in
-tests/integration/test_rollout.py.
+tests/integration/app/test_rollout.py.
 
 Then, against the running pod: the pod becomes ready; a streamed request through the
 proxy port arrives byte-exact (compared with the first request to a second, identically

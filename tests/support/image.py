@@ -1,6 +1,6 @@
 """The Dockerfile read as instructions, for tests of the image that need no image built
 (``tests/unit/test_helm_files.py``) and of the command line the kubelet composes from it
-(``tests/integration/test_kubelet_argv.py``).
+(``tests/integration/chart/test_kubelet_argv.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ rules (rendered) and dashboards (a link), values.yaml against values.schema.json
 that must agree with the rest of the repo (settings, buckets, SLO spec, versions).
 
 Rendering tests (helm lint, helm template, goldens, Kubernetes schemas) are in
-tests/integration/test_helm.py.
+tests/integration/chart/test_helm.py.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_dockerfile_runs_as_a_non_root_numeric_user_matching_the_chart():
 
 def test_dockerfile_entrypoint_is_the_program_and_cmd_the_subcommand():
     """One source of truth for the command line: the image names the program, the chart's
-    `args` (which replace CMD) name the subcommand; tests/integration/test_kubelet_argv.py
+    `args` (which replace CMD) name the subcommand; tests/integration/chart/test_kubelet_argv.py
     runs what the two compose."""
     entry, cmd = image_entrypoint_and_cmd()
     assert entry == ["llm-sidecar"] and cmd == ["serve"]
@@ -142,7 +142,7 @@ def test_chart_rules_are_a_fresh_render_of_the_spec():
 
 def test_chart_dashboards_are_a_link_to_the_repos_dashboards():
     """One copy of each dashboard: helm follows the link (and `helm package` stores the files,
-    tests/integration/test_helm.py checks it), so nothing is copied into the chart."""
+    tests/integration/chart/test_helm.py checks it), so nothing is copied into the chart."""
     link = CHART / "files" / "dashboards"
     assert link.is_symlink(), "helm/llm-sidecar/files/dashboards must stay a link to dashboards/"
     assert link.resolve() == (ROOT / "dashboards").resolve()

@@ -49,7 +49,7 @@ def test_linter_catches_a_broken_workflow(tmp_path):
 
 def test_chart_image_is_what_the_workflow_publishes():
     # Nothing is published yet: the chart names no image (it refuses to render without one,
-    # tests/integration/test_helm_errors.py) and the README builds and pushes it first.
+    # tests/integration/chart/test_helm_errors.py) and the README builds and pushes it first.
     values = yaml.safe_load((ROOT / "helm" / "llm-sidecar" / "values.yaml").read_text())
     assert values["image"]["repository"] == ""
     workflow = yaml.safe_load(WORKFLOW.read_text())

@@ -2,7 +2,7 @@
 ``none``, on the requests that missed the cache alone, i.e. on prefill, from the companion
 histogram ``llm_time_to_first_token_by_cache_seconds{cache="none"}`` instead of the TTFT
 histogram of every request. The promtool test that it burns on misses a hit-heavy mix would
-hide is in tests/integration/test_promtool.py.
+hide is in tests/integration/tools/test_promtool.py.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def test_monitors_label_the_release_the_rules_select(helm_ok):
         for endpoint in monitor["spec"][key]:
             relabel = [r for r in endpoint["relabelings"] if r.get("targetLabel") == LABEL_RELEASE]
             # The operator's job for a PodMonitor target is "<its namespace>/<its name>" when these
-            # run; a ServiceMonitor watches its own namespace (tests/integration/test_install_paths_prometheus.py).
+            # run; a ServiceMonitor watches its own namespace (tests/integration/chart/test_install_paths_prometheus.py).
             source = (
                 {"sourceLabels": ["job"]}
                 if kind == "PodMonitor"

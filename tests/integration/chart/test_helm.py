@@ -528,7 +528,7 @@ def test_the_packaged_chart_holds_the_dashboards_themselves(helm_ok, tmp_path):
 def test_one_dashboard_configmap_per_json_file(helm_ok, tmp_path, count):
     chart = tmp_path / "llm-sidecar"
     shutil.copytree(CHART, chart)
-    dashboards = chart / "files" / "dashboard-templates"  # what the chart renders (tests/integration/test_helm_dashboards.py)
+    dashboards = chart / "files" / "dashboard-templates"  # what the chart renders (tests/integration/chart/test_helm_dashboards.py)
     shutil.rmtree(dashboards)
     dashboards.mkdir()
     names = ["llm-sidecar-overview.json", "Token_Throughput.json", "a b.json"][:count]

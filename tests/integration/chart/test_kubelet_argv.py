@@ -139,6 +139,6 @@ def test_rendered_sidecar_starts_with_the_kubelets_argv(path, simulator, tmp_pat
         try:
             asyncio.run(_ready(out, proc, err))
         finally:
-            # (SIGTERM would drain for as long as the simulator answers: tests/integration/test_rollout.py)
+            # (SIGTERM would drain for as long as the simulator answers: tests/integration/app/test_rollout.py)
             proc.kill()
             proc.wait()

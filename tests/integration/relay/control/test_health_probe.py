@@ -1,6 +1,6 @@
 """The upstream health probe (/readyz, /upstreamz, the watcher's log lines) reports the
 server's state, not a stale pooled connection's: a keep-alive connection the server drops as
-it is reused is asked once more on a new connection (test_operator's outage test saw
+it is reused is asked once more on a new connection (app/test_serve_errors_and_signals.py's outage test saw
 "Cannot write to closing transport" as the reason when a probe reused the connection of a
 server that was shutting down)."""
 

@@ -4,7 +4,7 @@ The chart renders the rules of three releases (tests/support/chart.py RELEASES: 
 in team-b with a stricter TTFT objective). Debian's Prometheus loads all three files and
 scrapes three sidecars, each in front of a simulated server, with the labels the chart's
 PodMonitor gives them (namespace and llm_release, job=llm-sidecar; tests/integration/
-test_install_paths_prometheus.py makes them as the operator does). After some streamed
+chart/test_install_paths_prometheus.py makes them as the operator does). After some streamed
 traffic through each sidecar, every rule of every group has been evaluated with health
 "ok" (/api/v1/rules), and each deployment has its own recorded SLI series, one per
 deployment and objective.
