@@ -32,7 +32,7 @@ from sidecar.relay.data.body_relay import BodyRelay
 from sidecar.relay.data.upstream import UpstreamConnection
 from tests.conftest import IN_CI
 from tests.fixtures.streams.harness import FAST, HERE
-from tests.unit.test_event_template import OTHERS, SHAPES, texts
+from tests.support.event_shapes import OTHERS, SHAPES, texts
 
 pytestmark = pytest.mark.skipif(
     token_lane.TokenLane is None and not IN_CI,

@@ -14,7 +14,7 @@ what this connection does; every other byte is the upstream's.
 :class:`RawHeadResponse` writes the head through
 :class:`~sidecar.relay.server.aiohttp_internals.OwnHeadResponse`, where the aiohttp internals this
 takes are named and pinned (``tests/unit/test_client_head.py`` and the header tests in
-``tests/integration/test_hostile_headers.py`` pin the bytes on the wire).
+``tests/integration/relay/server/test_hostile_headers.py`` pin the bytes on the wire).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
   ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received`` by
   :func:`only_request_waiting`; the early path's own state is one :class:`EarlySlot` per
   guarded connection, reached through :func:`early_slot`
-  (pinned over real sockets by ``tests/integration/test_early_forward.py``, which fails if
-  the hook stops being offered requests);
+  (pinned over real sockets by ``tests/integration/relay/server/test_early_forward.py``,
+  which fails if the hook stops being offered requests);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
   (:func:`set_shutdown_timeout`).
 
@@ -29,7 +29,8 @@ Checked against aiohttp 3.14.5 (the version ``make install`` resolves; pyproject
 ``<3.15`` for this reason). ``tests/unit/test_aiohttp_internals.py`` pins each name used
 here on the installed aiohttp, so an upgrade that renames one fails there by name rather
 than as a wrong byte on the wire; the behaviour is pinned over real sockets by
-``tests/unit/test_client_head.py``, ``tests/integration/test_hostile*.py`` and the drain tests.
+``tests/unit/test_client_head.py``, ``tests/integration/relay/server/test_hostile*.py`` and the
+drain tests.
 """
 
 from __future__ import annotations
