@@ -209,6 +209,19 @@ class ClientProtocol(asyncio.Protocol):
         self._fut.set_result((self.status, bytes(self._body), self._times))
 
 
+async def _answer(proto, fut: asyncio.Future, timeout: float, results: Results):
+    """(status, body, event times) of one request, or None (counted, the connection closed)
+    when it failed or timed out."""
+    try:
+        return await asyncio.wait_for(fut, timeout)
+    except StreamFailed as exc:
+        results.error(str(exc))
+    except TimeoutError:
+        results.error("timeout")
+    proto.transport.close()
+    return None
+
+
 async def _connection(
     index: int,
     host: str,
@@ -236,18 +249,11 @@ async def _connection(
         seq += 1
         results.started += 1
         sent, fut = proto.request(request_bytes(host_header, stream_id, tokens))
-        try:
-            status, body, times = await asyncio.wait_for(fut, timeout)
-        except StreamFailed as exc:
-            results.error(str(exc))
-            proto.transport.close()
+        answer = await _answer(proto, fut, timeout, results)
+        if answer is None:
             proto = None
             continue
-        except TimeoutError:
-            results.error("timeout")
-            proto.transport.close()
-            proto = None
-            continue
+        status, body, times = answer
         results.bytes_total += len(body)
         if status != 200:
             results.error(f"http_{status}")
@@ -306,18 +312,11 @@ async def _mixed_connection(
         results.started += 1
         sent, fut = proto.request(mixed_request_bytes(host_header, stream_id, req, close))
         t_ref = began if close else sent  # a per-request client waits for its connect too
-        try:
-            status, body, times = await asyncio.wait_for(fut, timeout)
-        except StreamFailed as exc:
-            results.error(str(exc))
-            proto.transport.close()
+        answer = await _answer(proto, fut, timeout, results)
+        if answer is None:
             proto = None
             continue
-        except TimeoutError:
-            results.error("timeout")
-            proto.transport.close()
-            proto = None
-            continue
+        status, body, times = answer
         finished = proto.finished_at
         if close:
             proto.transport.close()
