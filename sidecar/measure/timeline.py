@@ -291,12 +291,10 @@ class RequestTimeline:
     def _tokens(self, ev: Tokens, now: float) -> None:
         """An event that is not one steady token: the response's first, or several at once."""
         k = ev.count
-        n = self.decode.n
         if self.first_token is None:
             self.first_token = now
             self.first_token_kind = ev.kind
             self.decode.enter(now)
-            n = self.decode.n
             if k > 1:  # k tokens in the first event arrived together: k - 1 gaps of 0
                 self._group(len(self.gaps), k - 1, False)
             gaps = [0.0] * (k - 1)
@@ -308,7 +306,7 @@ class RequestTimeline:
             # still equals the time spent decoding.
             self._group(len(self.gaps), k, True)
             gaps = [(now - self.last_token) / k] * k  # type: ignore[operator]
-        self.add_tokens(k, gaps, [n] * len(gaps), now, ev.kind)
+        self.add_tokens(k, gaps, [self.decode.n] * len(gaps), now, ev.kind)
 
     def _settle_last(self, usage: Usage) -> None:
         """A :class:`MaybeLastToken` was a token when the usage counts exactly one more than
