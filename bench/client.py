@@ -209,6 +209,21 @@ class ClientProtocol(asyncio.Protocol):
         self._fut.set_result((self.status, bytes(self._body), self._times))
 
 
+async def _connected(proto, loop, host: str, port: int, results: Results):
+    """``proto`` while its connection is open, else a new connection (counted), or None
+    after a failed connect (counted, after a short pause)."""
+    if proto is not None and proto.transport is not None and not proto.transport.is_closing():
+        return proto
+    try:
+        _, proto = await loop.create_connection(ClientProtocol, host, port)
+    except OSError:
+        results.error("connect")
+        await asyncio.sleep(0.1)
+        return None
+    results.connections_opened += 1
+    return proto
+
+
 async def _answer(proto, fut: asyncio.Future, timeout: float, results: Results):
     """(status, body, event times) of one request, or None (counted, the connection closed)
     when it failed or timed out."""
@@ -238,13 +253,9 @@ async def _connection(
     seq = 0
     proto: ClientProtocol | None = None
     while time.perf_counter() < deadline:
-        if proto is None or proto.transport is None or proto.transport.is_closing():
-            try:
-                _, proto = await loop.create_connection(ClientProtocol, host, port)
-            except OSError:
-                results.error("connect")
-                await asyncio.sleep(0.1)
-                continue
+        proto = await _connected(proto, loop, host, port, results)
+        if proto is None:
+            continue
         stream_id = index * 1_000_000 + seq
         seq += 1
         results.started += 1
@@ -298,14 +309,9 @@ async def _mixed_connection(
     proto: ClientProtocol | None = None
     while time.perf_counter() < deadline:
         began = time.perf_counter()
-        if proto is None or proto.transport is None or proto.transport.is_closing():
-            try:
-                _, proto = await loop.create_connection(ClientProtocol, host, port)
-            except OSError:
-                results.error("connect")
-                await asyncio.sleep(0.1)
-                continue
-            results.connections_opened += 1
+        proto = await _connected(proto, loop, host, port, results)
+        if proto is None:
+            continue
         stream_id = index * 1_000_000 + seq
         req = mixed_request(index, seq, token_range)
         seq += 1
