@@ -154,3 +154,56 @@ def test_run_returns_how_the_body_ended():
         return await relay.run()
 
     assert asyncio.run(main()) == "upstream_read_timeout"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def test_the_read_that_ends_the_body_goes_out_with_the_last_chunk_in_one_write():
+    """A stream's ``[DONE]`` and the end of its body usually come in one read: one write to
+    the client (and one wake-up of it), with the chunked body's last chunk, measured."""
+    transport = Transport()
+    relay, _, timeline = _relay(transport)
+    relay.last([EVENT, DONE])
+    assert transport.written == [b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(EVENT), EVENT, len(DONE), DONE)]
+    assert relay.terminated and relay.ended == body_relay.COMPLETE
+    assert relay.sent == len(transport.written[0])
+    assert timeline.stream_tokens == 1
+
+
+def test_an_end_in_a_read_of_its_own_writes_the_last_chunk_at_once():
+    transport = Transport()
+    relay, _, _ = _relay(transport)
+    relay.body(EVENT)
+    relay.last([])  # the read was "0\r\n\r\n" alone
+    assert transport.written[1:] == [b"0\r\n\r\n"]
+    assert relay.terminated and relay.sent == sum(map(len, transport.written))
+
+
+def test_a_client_that_is_not_chunked_gets_the_last_pieces_bare_and_no_last_chunk():
+    transport = Transport()
+    relay, _, _ = _relay(transport, chunked=False)
+    relay.last([EVENT, DONE])
+    assert transport.written == [EVENT + DONE]
+    assert not relay.terminated and relay.ended == body_relay.COMPLETE
+
+
+@pytest.mark.parametrize("error", ["upstream_disconnected", "upstream_invalid_response"])
+def test_a_body_cut_short_never_gets_a_last_chunk(error):
+    """A truncated stream must not look complete to the client."""
+    transport = Transport()
+    relay, _, _ = _relay(transport)
+    relay.body(EVENT)
+    relay.end(error)
+    assert not relay.terminated and b"0\r\n\r\n" not in b"".join(transport.written)
+    assert relay.ended == error
+
+
+def test_a_relay_already_ended_writes_nothing_more():
+    transport = Transport(closing=True)
+    relay, _, _ = _relay(transport)
+    relay.body(EVENT)  # the client is gone: the relay ends
+    transport.closing = False
+    relay.last([DONE])
+    assert transport.written == [] and not relay.terminated
+    assert relay.ended == "client_disconnected"

@@ -42,6 +42,9 @@ pytestmark = pytest.mark.skipif(
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
+LAST_CHUNK = b"0\r\n\r\n"
+
+
 def frame(event: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(event), event)
 
@@ -234,7 +237,7 @@ def test_recorded_streams_relay_as_the_python_path(name, monkeypatch):
     path = "/v1/completions" if "completions" in name else "/v1/chat/completions"
     events = sse_events(body)
     got, _ = both(paced(events), path, monkeypatch)
-    assert got["written"] == b"".join(frame(e) for e in events)
+    assert got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK  # the relay ends the body
     # A tool call's pieces are never a lane's (each is also a ToolCallDelta the timeline times).
     if got["stream_tokens"] >= 8 and not any(k in name for k in ("continuous_usage", "force_usage", "tools")):
         assert got["taken"] > 0, "no lane took a read: the comparison proved nothing"
@@ -542,7 +545,7 @@ def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(monkeypa
     wire = StreamWire(9, 120)
     events = [wire.role(), *(wire.token(k) for k in range(120)), wire.done()]
     got = relay(paced(events), "/v1/chat/completions", True, monkeypatch)
-    assert got["written"] == b"".join(frame(e) for e in events)
+    assert got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK  # the relay ends the body
     assert got["ended"] == body_relay.COMPLETE
     assert got["parse_errors"] == 1
     assert got["taken"] > 0

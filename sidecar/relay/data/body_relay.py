@@ -91,6 +91,8 @@ def _unsent(transport: asyncio.Transport) -> int:
 COMPLETE = "complete"
 CLIENT_GONE = CLIENT_DISCONNECTED  # a relay that ended this way
 SEND_TIMED_OUT = "client_send_timeout"
+_LAST_CHUNK = b"0\r\n\r\n"
+"""The end of a chunked body (no trailers: the upstream's are hop-by-hop here)."""
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
 _PROGRESS_CHECK_SECONDS = 1.0
@@ -110,7 +112,7 @@ class BodyRelay:
 
     __slots__ = (
         "_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
-        "_check_at", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent",
+        "_check_at", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent", "terminated",
     )  # fmt: skip
 
     def __init__(
@@ -135,6 +137,7 @@ class BodyRelay:
         self.ended: str | None = None
         self.paused = False
         self.sent = 0
+        self.terminated = False  # a chunked client's last chunk is written (see end)
         # The client's progress, as last seen (see _reader_alive).
         start = clock()
         self._check_at = start + _PROGRESS_CHECK_SECONDS
@@ -245,6 +248,25 @@ class BodyRelay:
         if not data or self._write_framed(data, now):
             self._measure_all(pieces, now)
 
+    def last(self, pieces: list[bytes]) -> None:
+        """The read that completed the body: its pieces and, for a chunked client, the last
+        chunk in one write (a stream's ``[DONE]`` event and the end of the body usually come
+        in one read: one write and one wake-up of the client, not two), then the end."""
+        now = self._clock()
+        try:
+            if self.ended is None:
+                if self._chunked:
+                    data = b"".join([*(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p), _LAST_CHUNK])
+                else:
+                    data = b"".join(pieces)
+                if not data or self._write_framed(data, now):
+                    self.terminated = self._chunked
+                    feed = self._observer.feed
+                    for piece in pieces:
+                        feed(piece, now)
+        finally:
+            self.end(None)
+
     def _measure_all(self, pieces: list[bytes], now: float) -> None:
         """The pieces of one read, written: each measured as if it had come alone."""
         feed = self._observer.feed
@@ -309,6 +331,14 @@ class BodyRelay:
         return False
 
     def end(self, error: str | None) -> None:
+        """The body ended. Complete, a chunked client's last chunk is written now, from the
+        upstream's read, not a turn later by the handler (``RawHeadResponse.finish``)."""
+        if error is None and self._chunked and not self.terminated and self.ended is None:
+            transport = self._transport
+            if not transport.is_closing():
+                transport.write(_LAST_CHUNK)
+                self.sent += len(_LAST_CHUNK)
+                self.terminated = True
         self._end(COMPLETE if error is None else error)
 
     def _end(self, ended: str) -> None:

@@ -107,9 +107,15 @@ class RawHeadResponse(OwnHeadResponse):
     def chunked(self) -> bool:
         return self._raw_head.chunked
 
-    async def finish(self, request: web.Request) -> None:
-        """End the body: the last chunk of a chunked one, then aiohttp's end of message."""
-        if self._raw_head.chunked and request.transport is not None and not request.transport.is_closing():
+    async def finish(self, request: web.Request, terminated: bool = False) -> None:
+        """End the body: the last chunk of a chunked one (unless the relay ``terminated`` it
+        already), then aiohttp's end of message."""
+        if (
+            self._raw_head.chunked
+            and not terminated
+            and request.transport is not None
+            and not request.transport.is_closing()
+        ):
             request.transport.write(b"0\r\n\r\n")
             request.writer.output_size += 5
         await self.write_eof()

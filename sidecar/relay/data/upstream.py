@@ -121,8 +121,14 @@ class BodySink(Protocol):
         """Several body pieces from one read, not (all) whole chunks: written on at once."""
 
     def end(self, error: str | None) -> None:
-        """Called exactly once: ``None`` when the body is complete, else the error_type
-        (``upstream_disconnected``, ``upstream_read_timeout``, ``upstream_invalid_response``)."""
+        """Called exactly once (or :meth:`last` instead): ``None`` when the body is complete,
+        else the error_type (``upstream_disconnected``, ``upstream_read_timeout``,
+        ``upstream_invalid_response``)."""
+
+    def last(self, pieces: list[bytes]) -> None:
+        """The body's last pieces, from the read that completed it, and its end: what
+        :meth:`several` then ``end(None)`` do, in one write where the client's body is
+        chunked (its last chunk goes with them, not in a write of its own)."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -196,6 +202,9 @@ class UpstreamConnection(asyncio.Protocol):
                     sink.chunks(data, pieces)
                     return
                 pieces = parser.feed(data)  # type: ignore[union-attr]
+                if parser.done:  # type: ignore[union-attr]
+                    self._end(None, pieces)  # the body's end came in this read
+                    return
                 if len(pieces) == 1:
                     sink.body(pieces[0])
                 elif pieces:  # one write to the client for the whole read, not one per piece
@@ -314,14 +323,15 @@ class UpstreamConnection(asyncio.Protocol):
         as it comes. ``sink.end`` is called once, possibly before this returns."""
         self._sink = sink
         early, self._early = self._early, []
+        parser = self._parser
+        if not self._ended and parser is not None and parser.done:
+            self._end(None, early)  # all of it came before the relay was ready
+            return
         for piece in early:
             sink.body(piece)
-        parser = self._parser
         if self._ended:  # the end came before the relay was ready for it
             self._sink = self._lane = None
             sink.end(self._end_error)
-        elif parser is not None and parser.done:
-            self._end(None)
         elif self.closed:
             self._end(UPSTREAM_DISCONNECTED)
 
@@ -392,7 +402,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _end(self, error: str | None) -> None:
+    def _end(self, error: str | None, last: list[bytes] | None = None) -> None:
+        """The response ended (``error`` None: complete); ``last``, the pieces of the read
+        that completed it, go to the sink with its end (``BodySink.last``)."""
         if self._ended:
             return
         self._ended = True
@@ -402,8 +414,12 @@ class UpstreamConnection(asyncio.Protocol):
         self._lane = None
         if error is not None:
             self.close()
-        if sink is not None:
+        if sink is None:
+            return
+        if last is None:
             sink.end(error)
+        else:
+            sink.last(last)
 
     def _fail_head(self, error: UpstreamError) -> None:
         waiter, self._head_waiter = self._head_waiter, None

@@ -49,6 +49,7 @@ class Sink:
         self.ends: list[str | None] = []
         self.frames: list[bytes] = []
         self.reads: list[int] = []  # pieces per several() call
+        self.lasts: list[int] = []  # pieces per last() call (the read that ended the body)
         self.end_time: float | None = None
         self._done = asyncio.Event()
         self._on_body = on_body
@@ -81,6 +82,12 @@ class Sink:
         self.ends.append(error)
         self.end_time = self._loop.time()
         self._done.set()
+
+    def last(self, pieces: list[bytes]) -> None:
+        self.lasts.append(len(pieces))
+        for piece in pieces:
+            self.body(piece)
+        self.end(None)
 
     @property
     def data(self) -> bytes:
@@ -809,6 +816,7 @@ async def test_response_complete_before_push_ends_from_push(rig):
     sink = Sink()
     conn.push(sink)
     assert (sink.data, sink.ends) == (b"all of it", [None])  # before push() returned
+    assert sink.lasts == [1]  # the body and its end in one call: one write to the client
     pool.release(conn)
     conn2, _ = await fetch(pool)
     pool.release(conn2)
@@ -1081,3 +1089,28 @@ async def test_send_now_writes_the_same_request_at_once_or_nothing(rig):
 
     assert answered is conn and sink2.data == b"two"
     assert server.requests[0] == server.requests[1]  # byte for byte what request() sends
+
+
+async def test_the_read_that_ends_a_chunked_body_comes_with_the_end(rig):
+    """A stream's last event and the body's last chunk in one read reach the relay in one
+    call (``BodySink.last``), so the client gets them in one write."""
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await peer.go.wait()
+        peer.send(b"3\r\none\r\n")
+        await asyncio.sleep(0.05)
+        peer.send(b"6\r\n[DONE]\r\n0\r\n\r\n")
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn = await pool.request("GET", "/", [], None)
+    sink = Sink()
+    conn.push(sink)
+    server.peers[0].go.set()
+    assert await sink.wait() is None
+    assert sink.data == b"one[DONE]"
+    assert sink.lasts == [1] and sink.ends == [None]
+    pool.release(conn)
+    assert pool._idle == [conn]
