@@ -32,7 +32,7 @@ from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_l
 from ..base.outcomes import Outcome, error_type_label
 from ..base.speedups import IN_C
 from .capacity import CapacityMetrics
-from .prometheus_internals import SeriesGate, drop_label_value, has_child, is_labelled_parent, label_names, observe_many
+from .prometheus_internals import SeriesGate, drop_label_value, has_child, is_labelled_parent, label_names, observe_many, observe_one
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline
@@ -420,9 +420,9 @@ class SidecarMetrics:
         ex = {"trace_id": t.trace_id} if t.trace_id else None
         e2e = t.e2e
         if e2e is not None:
-            self.duration.labels(model_label, route, outcome).observe(e2e, ex)
+            observe_one(self.duration.labels(model_label, route, outcome), e2e, ex)
         if t.ttfb is not None:
-            self.ttfb.labels(*mr).observe(t.ttfb, ex)
+            observe_one(self.ttfb.labels(*mr), t.ttfb, ex)
         if t.parse_errors:
             self.parse_errors.labels(route).inc(t.parse_errors)
         if t.streamed:
@@ -438,7 +438,7 @@ class SidecarMetrics:
                 (self.upstream_queue, engine.queue_seconds),
             ):
                 if value is not None:
-                    hist.labels(*mr).observe(value)
+                    observe_one(hist.labels(*mr), value)
         self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr, *tenant).inc()
@@ -459,10 +459,10 @@ class SidecarMetrics:
     def _record_overhead(self, t: RequestTimeline) -> None:
         overhead = t.request_overhead
         if overhead is not None:
-            self._overhead_request.observe(overhead)
+            observe_one(self._overhead_request, overhead)
         overhead = t.response_overhead
         if overhead is not None:
-            self._overhead_response.observe(overhead)
+            observe_one(self._overhead_response, overhead)
 
     def _tenant(self, t: RequestTimeline) -> tuple[str, ...]:
         """The tenant label value as a 0- or 1-tuple to splat after the other labels."""
@@ -472,25 +472,25 @@ class SidecarMetrics:
         self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None, tenant: tuple[str, ...] = ()
     ) -> None:
         if t.ttft is not None:
-            self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant).observe(t.ttft, ex)
-            self.ttft_by_cache.labels(*mr, cache_class(t.input_tokens, t.cached_input_tokens).value).observe(t.ttft, ex)
+            observe_one(self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant), t.ttft, ex)
+            observe_one(self.ttft_by_cache.labels(*mr, cache_class(t.input_tokens, t.cached_input_tokens).value), t.ttft, ex)
         if t.ttfat is not None:
-            self.ttfat.labels(*mr).observe(t.ttfat, ex)
+            observe_one(self.ttfat.labels(*mr), t.ttfat, ex)
         if t.first_tool_call is not None:
             self._record_tool_calls(t, mr, ex)
         if t.gaps:
             observe_many(self.itl.labels(*mr), t.gaps)
         tpot = t.tpot
         if tpot is not None:
-            self.tpot.labels(*mr).observe(tpot, ex)
+            observe_one(self.tpot.labels(*mr), tpot, ex)
         tps = t.tokens_per_second
         if tps is not None:
-            self.tps.labels(*mr).observe(tps)
+            observe_one(self.tps.labels(*mr), tps)
 
     def _record_tool_calls(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
-        self.time_to_first_tool_call.labels(*mr).observe(t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
+        observe_one(self.time_to_first_tool_call.labels(*mr), t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
         observe_many(self.tool_call_assembly.labels(*mr), t.tool_call_assembly())
-        self.tool_calls_per_response.labels(*mr).observe(t.tool_call_count)
+        observe_one(self.tool_calls_per_response.labels(*mr), t.tool_call_count)
 
     def _record_tokens(self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()) -> None:
         model, route = mr
@@ -505,4 +505,4 @@ class SidecarMetrics:
             if value:
                 self.tokens.labels(model, route, kind, *tenant).inc(value)
             if distribution and t.outcome is Outcome.OK:
-                self.request_tokens.labels(model, route, kind).observe(value)
+                observe_one(self.request_tokens.labels(model, route, kind), value)

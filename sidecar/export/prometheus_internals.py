@@ -13,7 +13,7 @@ version not yet checked (``CHECKED_PROMETHEUS_CLIENT``).
 from __future__ import annotations
 
 import copy
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from functools import reduce
 from operator import add
@@ -25,6 +25,7 @@ from prometheus_client.values import MutexValue
 __all__ = [
     "CHECKED_PROMETHEUS_CLIENT",
     "observe_many",
+    "observe_one",
     "samples_per_child",
     "label_children",
     "label_names",
@@ -89,6 +90,25 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
             if upto == end:
                 break
             done = upto
+
+
+def observe_one(histogram: Histogram, value: float, exemplar: dict | None = None) -> None:
+    """``histogram.observe(value, exemplar)``, with the same result, at less than half the
+    cost where there is no exemplar: the bucket found by bisection, not a Python loop over
+    the bounds, and no check that ``histogram`` is a child (the callers pass children they
+    just took with ``labels()``). A request's end observes about ten histograms.
+
+    The bucket is the first whose upper bound ``value`` does not exceed, as ``observe``
+    finds it: ``bisect_left`` of the sorted bounds (the last is ``+Inf``). NaN, which
+    exceeds no bound and is counted in no bucket, and values that are not plain in-process
+    ones (multiprocess mode) go through ``observe`` itself, as does any exemplar.
+    """
+    total = histogram._sum
+    if exemplar or value != value or type(total) is not MutexValue:
+        histogram.observe(value, exemplar)
+        return
+    total.inc(value)
+    histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(1)
 
 
 def samples_per_child(metric) -> int:
