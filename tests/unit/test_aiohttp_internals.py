@@ -174,3 +174,24 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
         assert method is not getattr(object, name, None), name
         assert list(inspect.signature(method).parameters) == params, name
     assert issubclass(ai.GuardedServer, ai.HandlerServer) and ai.GuardedServer.handler_class is ai.GuardedRequestHandler
+
+
+def test_body_still_wanted_reads_the_handler_slots_the_early_path_needs():
+    """A body completed in a later read than its head (sidecar/relay/data/early.py): the same
+    slots as only_request_waiting, read the same way."""
+    import collections
+
+    handler = ai.RequestHandler.__new__(ai.RequestHandler)
+    handler._force_close = handler._close = False
+    head = object()
+    handler._messages = collections.deque([(head, "body")])
+    assert ai.body_still_wanted(handler, head)  # still queued, alone
+    handler._messages.clear()
+    assert ai.body_still_wanted(handler, head)  # taken by the connection's task, no handler yet
+    handler._messages.append((object(), "body"))
+    assert not ai.body_still_wanted(handler, head)  # another request queued: not alone
+    handler._messages.clear()
+    handler._force_close = True
+    assert not ai.body_still_wanted(handler, head)
+    handler._force_close, handler._close = False, True
+    assert not ai.body_still_wanted(handler, head)

@@ -9,15 +9,21 @@ Every microsecond of it was added to the time to first token.
 
 So the common request goes out from inside ``data_received``: a ``POST`` to an API route,
 HTTP/1.1, whose whole body (within ``max_request_inspect_bytes``, framed by
-``Content-Length``) came in with its head, on a client connection with nothing else in
-flight or queued (idle, or its last answer complete and taken by the client:
-:meth:`EarlyForwarder.ready_for_next`). It is written to an idle pooled upstream
+``Content-Length``) is in, on a client connection with nothing else in flight or queued
+(idle, or its last answer complete and taken by the client:
+:meth:`EarlyForwarder.ready_for_next`). The body came with its head, or in later reads
+that completed it before the handler claimed the request (httpx, and so the openai SDK,
+writes a head and its body apart: the read that completes the body sends it; the head's
+own read only remembers it, sidecar/relay/server/aiohttp_internals.py's ``EarlySlot``).
+A handler that runs first claims the request with nothing sent and reads the body itself,
+so it is sent once, one way or the other. It is written to an idle pooled upstream
 connection at once, with the same bytes the handler would send (sidecar/relay/data/forwarded.py
 builds the header fields for both); with none idle, a task starts connecting and sending
 it at once. The handler, when it runs, claims the record (:meth:`EarlyForwarder.claim`)
 and carries on as if it had sent the request itself: the same labels, figures, relay and
-faults. Everything else (a body still arriving, chunked, ``Expect``, a request the proxy
-refuses, pipelined requests, tracing on, a draining pod) waits for the handler as before.
+faults. Everything else (a body still arriving when its handler starts, chunked,
+``Expect``, a request the proxy refuses, pipelined requests, tracing on, a draining pod)
+waits for the handler as before.
 
 A client that goes away before its handler runs never gets one (aiohttp cancels the
 connection's task): :meth:`Early.abandon` then closes the upstream connection, so the
@@ -113,7 +119,8 @@ class EarlyForwarder:
 
     def __call__(self, message, payload, transport) -> Early | None:
         """``message``/``payload``: aiohttp's parsed head and body stream of the only request
-        on an idle connection; None leaves the request to its handler untouched."""
+        on an idle connection, offered from the read that completed it (the head's, or a later
+        one that completed the body); None leaves the request to its handler untouched."""
         if message.method != "POST" or message.version != HttpVersion11 or message.upgrade or message.chunked:
             return None
         headers = message.headers
@@ -163,6 +170,7 @@ class EarlyForwarder:
         if slot is None:
             return None
         slot.between_requests = False  # this one is in flight now
+        slot.body_awaited = None  # a body still arriving is the handler's to read from now on
         early = slot.record
         if early is None or early.headers is not request.headers:
             return None

@@ -18,7 +18,8 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
 * a request sent before its handler runs (sidecar/relay/data/early.py): the handler's
   ``_waiter`` (done: its task is about to take the next request), ``_messages``,
   ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received`` by
-  :func:`only_request_waiting`; the early path's own state is one :class:`EarlySlot` per
+  :func:`only_request_waiting` (a head) and :func:`body_still_wanted` (the body of a head
+  that came in an earlier read); the early path's own state is one :class:`EarlySlot` per
   guarded connection, reached through :func:`early_slot`
   (pinned over real sockets by ``tests/integration/relay/server/test_early_forward.py``,
   which fails if the hook stops being offered requests);
@@ -55,6 +56,7 @@ __all__ = [
     "OwnHeadResponse",
     "RebuildingRunner",
     "RequestHandler",
+    "body_still_wanted",
     "early_slot",
     "handler_loop",
     "handler_server",
@@ -94,6 +96,17 @@ def upgraded(handler: RequestHandler) -> bool:
     return handler._upgraded
 
 
+def body_still_wanted(handler: RequestHandler, message: Any) -> bool:
+    """True if ``message``, whose head completed in an earlier read, may still be offered now
+    that its body is in: the connection is not closing and nothing but it is queued (the
+    connection's task may have taken it off the queue, but no handler has claimed it: the
+    early slot says that, :class:`EarlySlot`)."""
+    if handler._force_close or handler._close:
+        return False
+    messages = handler._messages
+    return not messages or (len(messages) == 1 and messages[0][0] is message)
+
+
 def only_request_waiting(handler: RequestHandler, between_requests: bool) -> tuple[Any, Any] | None:
     """(head, body stream) of the one request the handler's task is idle waiting for, or
     None: nothing in flight or queued besides it, the connection not closing. Idle: its
@@ -111,14 +124,18 @@ def only_request_waiting(handler: RequestHandler, between_requests: bool) -> tup
 
 class EarlySlot:
     """The early path's state on one guarded connection (sidecar/relay/data/early.py): the
-    request sent before its handler ran (``record``), until the handler claims it, and
-    whether the connection's last answer is complete and taken (``between_requests``)."""
+    request sent before its handler ran (``record``), until the handler claims it; whether
+    the connection's last answer is complete and taken (``between_requests``); and the
+    (head, body stream) of the only request waiting whose head came without all its body
+    (``body_awaited``), offered once a later read completes the body, unless its handler
+    claimed it first (the claim clears it: the handler then reads the body itself)."""
 
-    __slots__ = ("record", "between_requests")
+    __slots__ = ("record", "between_requests", "body_awaited")
 
     def __init__(self) -> None:
         self.record: Any = None
         self.between_requests = False
+        self.body_awaited: tuple[Any, Any] | None = None
 
 
 def early_slot(request: web.BaseRequest) -> EarlySlot | None:
@@ -223,8 +240,8 @@ class GuardedRequestHandler(RequestHandler):
         count = request_count(self)
         if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
             super().data_received(data)
-            if guard.early is not None and request_count(self) == count + 1:
-                self._send_early(guard.early)
+            if guard.early is not None:
+                self._offer_early(guard.early, request_count(self) - count)
             return
         # Bytes that arrive while no request body is being read count towards the next head.
         payload = self._head_payload
@@ -245,18 +262,49 @@ class GuardedRequestHandler(RequestHandler):
                 transport.close()
             self.force_close()
             return
-        if guard.early is not None and request_count(self) == count + 1:
-            self._send_early(guard.early)
+        if guard.early is not None:
+            self._offer_early(guard.early, request_count(self) - count)
+
+    def _offer_early(self, early, heads: int) -> None:
+        """After a read that completed ``heads`` request heads: offer ``early``
+        (sidecar/relay/data/early.py) the one request this read completed, head and body or
+        only the body of a head that came before. Two heads in a row (pipelining) leave both
+        to their handlers."""
+        slot = self.early_slot
+        if heads == 0:
+            if slot.body_awaited is not None:
+                self._send_early_body(early)
+            return
+        slot.body_awaited = None  # a next head came in: the one before was never completed alone
+        if heads == 1:
+            self._send_early(early)
 
     def _send_early(self, early) -> None:
-        """One request completed in this read: if the connection's task is idle, waiting for
-        exactly it, offer it to ``early`` (sidecar/relay/data/early.py), which may send it
-        upstream now."""
+        """One request head completed in this read: if the connection's task is idle, waiting
+        for exactly it, offer it to ``early``, which may send it upstream now; or, its body
+        still arriving, remember it for the read that completes the body."""
         slot = self.early_slot
         waiting = None if slot.record is not None else only_request_waiting(self, slot.between_requests)
         if waiting is not None and isinstance(waiting[0], RawRequestMessage):
             slot.between_requests = False
-            slot.record = early(waiting[0], waiting[1], self.transport)
+            if waiting[1].is_eof():
+                slot.record = early(waiting[0], waiting[1], self.transport)
+            else:
+                slot.body_awaited = waiting
+
+    def _send_early_body(self, early) -> None:
+        """A read brought more of the body of the request remembered by :meth:`_send_early`:
+        once all of it is in, offer the request to ``early`` if its handler has not claimed it
+        yet (on Python 3.11 the connection's task takes it off the queue a loop turn after
+        its head, and starts its handler a turn after that: a body read in between is still
+        in time) and nothing else came."""
+        slot = self.early_slot
+        message, payload = slot.body_awaited  # type: ignore[misc]
+        if not payload.is_eof():
+            return  # more to come (or the body failed: the connection is going)
+        slot.body_awaited = None
+        if slot.record is None and self.transport is not None and body_still_wanted(self, message):
+            slot.record = early(message, payload, self.transport)
 
     def eof_received(self) -> None:
         if not self._over_cap:
@@ -266,7 +314,7 @@ class GuardedRequestHandler(RequestHandler):
         if not self._over_cap:
             super().connection_lost(exc)
         slot = self.early_slot
-        early, slot.record = slot.record, None
+        early, slot.record, slot.body_awaited = slot.record, None, None
         if early is not None:  # sent, but aiohttp runs no handler for a connection gone
             early.abandon()
 
