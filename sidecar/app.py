@@ -35,7 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from .config import Settings
-from .relay.server.aiohttp_internals import GuardedServer, RebuildingRunner, set_shutdown_timeout
+from .relay.server.aiohttp_internals import GuardedServer, OneHandlerApplication, RebuildingRunner, set_shutdown_timeout
 from .relay.server.client_guard import ConnectionGuard, connection_cap
 from .relay.data.body_budget import BodyBudget
 from .relay.server.drain import Drain, needs_full_drain
@@ -55,7 +55,7 @@ from .export.otel_setup import TelemetryProviders, providers_from_env
 from .relay.control.model_discovery import served_models
 from .relay.data.upstream import UpstreamPool
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
-from .relay.control.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_gate, loop_reason
+from .relay.control.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_refusal, loop_reason
 
 __all__ = ["Sidecar", "SidecarRunner", "bind_sites", "build_sidecar", "serve", "setup_runners", "SIDECAR"]
 
@@ -302,8 +302,9 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     settings = sc.settings
     # client_max_size only bounds request.read(); larger bodies are streamed, not read.
     # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
-    app = web.Application(
-        middlewares=[loop_gate, sc.drain.gate, _unrouted_to(sc.proxy)],
+    app = OneHandlerApplication(
+        _proxy_entry(sc),
+        sc.proxy.expect,
         client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
         handler_args={
             "max_line_size": settings.max_request_line_bytes,
@@ -323,7 +324,6 @@ def _proxy_app(sc: Sidecar) -> web.Application:
 
     app.cleanup_ctx.append(upstream_session)
     app.on_response_prepare.append(sc.drain.close_connections)
-    app.router.add_route("*", "/{tail:.*}", sc.proxy.handle, expect_handler=sc.proxy.expect)
     return app
 
 
@@ -348,19 +348,23 @@ async def _refresh_labels(sc: Sidecar) -> None:
         await asyncio.sleep(sc.settings.model_refresh_seconds)
 
 
-def _unrouted_to(proxy: Proxy):
-    """Send to the proxy what aiohttp's router cannot match: its path patterns never match a
-    target that is not a path (``OPTIONS *``, ``CONNECT host:port``, an absolute form with no
-    path) nor a decoded path holding a line end (``%0A``, ``%0D``), and answered those with
-    its text 404. The proxy port is a pass-through for every target."""
+def _proxy_entry(sc: Sidecar):
+    """Every request on the proxy port, whatever its target: the proxy port is a
+    pass-through (aiohttp's router would answer its text 404 to ``OPTIONS *``, ``CONNECT
+    host:port``, an absolute form with no path or a decoded path holding a line end, so the
+    app has none: OneHandlerApplication). Two refusals come first, each answered at once:
+    the sidecar's own probe come back (self_loop.py) and a new request in the drain's
+    second step (drain.py)."""
+    handle, drain = sc.proxy.handle, sc.drain
 
-    @web.middleware
-    async def unrouted(request: web.Request, handler):
-        if request.match_info.http_exception is not None:
-            return await proxy.handle(request)
-        return await handler(request)
+    async def entry(request: web.Request) -> web.StreamResponse:
+        if request.headers.get(LOOP_HEADER) == LOOP_TOKEN:
+            return loop_refusal()
+        if drain.refusing:
+            return drain.refusal(request)
+        return await handle(request)
 
-    return unrouted
+    return entry
 
 
 def _admin_app(sc: Sidecar) -> web.Application:

@@ -176,6 +176,53 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
     assert issubclass(ai.GuardedServer, ai.HandlerServer) and ai.GuardedServer.handler_class is ai.GuardedRequestHandler
 
 
+async def test_one_handler_application_takes_every_target_with_hooks_and_expect():
+    """Every target reaches the one entry (aiohttp's router would 404 ``OPTIONS *`` and a
+    decoded line end), ``request.app`` and the ``on_response_prepare`` hooks see the app
+    (the shared match info), and an ``Expect`` header is offered to ``expect`` first."""
+    seen: list[tuple] = []
+
+    async def entry(request: web.Request) -> web.Response:
+        seen.append(("entry", request.method, request.raw_path, request.app is app))
+        return web.Response(text="relayed")
+
+    async def expect(request: web.Request):
+        seen.append(("expect", request.raw_path))
+        return None  # carry on to the entry
+
+    async def hook(request, response) -> None:
+        response.headers["X-Hook"] = "1"
+
+    app = ai.OneHandlerApplication(entry, expect)
+    app.on_response_prepare.append(hook)
+    assert ai.web.Application._handle  # the method replaced (renamed upstream: fails here)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        answers = []
+        for head in (
+            b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /a/%0Ab HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            answers.append(await reader.readuntil(b"relayed"))
+            writer.close()
+    finally:
+        await runner.cleanup()
+    assert all(a.startswith(b"HTTP/1.1 200") and b"X-Hook: 1" in a for a in answers)
+    assert seen == [
+        ("entry", "OPTIONS", "*", True),
+        ("entry", "GET", "/a/%0Ab", True),
+        ("expect", "/v1/chat/completions"),
+        ("entry", "POST", "/v1/chat/completions", True),
+    ]
+
+
 def test_body_still_wanted_reads_the_handler_slots_the_early_path_needs():
     """A body completed in a later read than its head (sidecar/relay/data/early.py): the same
     slots as only_request_waiting, read the same way."""

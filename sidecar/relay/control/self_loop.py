@@ -11,7 +11,7 @@ finding 15). Two checks, neither touching what a client sends:
   address, or any local address when listening on ``0.0.0.0``/``::``);
 - the sidecar's own requests to the upstream (health probes, the model listing, engine
   metrics: never a client's) carry :data:`LOOP_HEADER` with this process's
-  :data:`LOOP_TOKEN`; :func:`loop_gate` answers such a request arriving on the proxy port
+  :data:`LOOP_TOKEN`; the proxy port answers such a request with :func:`loop_refusal`
   with 508 at once, so a loop the start-up check cannot see (through a port forward, a
   Service, a name that resolves elsewhere later) is cut at the first hop, and ``/readyz``
   says "the upstream relays back to this sidecar" instead of blaming the server. Clients'
@@ -34,7 +34,7 @@ from aiohttp import web
 
 from ..server.errors import error_response
 
-__all__ = ["LOOP_HEADER", "LOOP_STATUS", "LOOP_TOKEN", "UpstreamLoopError", "loop_gate", "loop_reason"]
+__all__ = ["LOOP_HEADER", "LOOP_STATUS", "LOOP_TOKEN", "UpstreamLoopError", "loop_refusal", "loop_reason"]
 
 _log = structlog.get_logger("sidecar.upstream")
 
@@ -126,11 +126,10 @@ async def loop_reason(upstream: str, bound: Iterable[tuple], *, timeout: float =
     return None
 
 
-@web.middleware
-async def loop_gate(request: web.Request, handler) -> web.StreamResponse:
-    """The proxy app's middleware: the sidecar's own probe, come back, gets 508 at once."""
-    if request.headers.get(LOOP_HEADER) != LOOP_TOKEN:
-        return await handler(request)
+def loop_refusal() -> web.StreamResponse:
+    """The answer to a request that carries this process's :data:`LOOP_TOKEN` in
+    :data:`LOOP_HEADER` on the proxy port (the proxy app's entry asks): the sidecar's own
+    probe, come back, gets 508 at once."""
     _log.debug("upstream_loop_cut")  # /readyz and the upstream watch say it, once per change
     response = error_response(LOOP_STATUS, "upstream_loop", LOOP_MESSAGE)
     response.force_close()

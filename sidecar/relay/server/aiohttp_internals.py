@@ -1,6 +1,6 @@
 """Every use of aiohttp's private names, in one place.
 
-aiohttp has no public hook for four things the sidecar needs, so it leans on internals:
+aiohttp has no public hook for some things the sidecar needs, so it leans on internals:
 
 * answering a request its HTTP parser refuses (414/431/400) with the proxy's JSON body and
   capping connections: the error path runs no middleware, so :class:`GuardedRequestHandler`
@@ -24,7 +24,10 @@ aiohttp has no public hook for four things the sidecar needs, so it leans on int
   (pinned over real sockets by ``tests/integration/relay/server/test_early_forward.py``,
   which fails if the hook stops being offered requests);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
-  (:func:`set_shutdown_timeout`).
+  (:func:`set_shutdown_timeout`);
+* every request to one handler without the router or middlewares:
+  :class:`OneHandlerApplication` replaces ``Application._handle`` and sets the request's
+  ``_match_info``.
 
 Checked against aiohttp 3.14.5 (the version ``make install`` resolves; pyproject pins
 ``<3.15`` for this reason). ``tests/unit/test_aiohttp_internals.py`` pins each name used
@@ -37,12 +40,14 @@ drain tests.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_urldispatcher import ResourceRoute, UrlMappingMatchInfo
 
 from .client_guard import ConnectionGuard
 from .head_budget import HeadBudget, head_size
@@ -203,6 +208,45 @@ class OwnHeadResponse(web.StreamResponse):
         data = self.head_bytes()
         request.transport.write(data)
         request.writer.output_size += len(data)
+
+
+with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it may change):
+    warnings.simplefilter("ignore", DeprecationWarning)  # the ones used are pinned (docstring)
+
+    class OneHandlerApplication(web.Application):
+        """An ``Application`` that hands every request to one handler, with no router lookup
+        and no middleware chain: the proxy port relays every target, so aiohttp's route walk
+        (a dictionary lookup per path segment, then the pattern) and one coroutine layer per
+        middleware, plus the one aiohttp adds to fix ``current_app``, were a request's cost
+        with nothing to decide (#36).
+
+        ``entry(request)`` answers every request, ``expect(request)`` an ``Expect`` header first
+        (as aiohttp's ``_handle`` does). Every request shares one frozen match info holding
+        this app, which is what ``request.app`` and the ``on_response_prepare`` hooks read
+        (``_handle``, ``_match_info``; pinned in tests/unit/test_aiohttp_internals.py).
+        """
+
+        def __init__(self, entry, expect, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._entry = entry
+            self._expect = expect
+            self._one_match: UrlMappingMatchInfo | None = None
+
+        async def _handle(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]
+            match = self._one_match
+            if match is None:
+                route = ResourceRoute(hdrs.METH_ANY, self._entry, None, expect_handler=self._expect)
+                match = UrlMappingMatchInfo({}, route)
+                match.add_app(self)
+                match.freeze()
+                self._one_match = match
+            request._match_info = match
+            if request.headers.get(hdrs.EXPECT):
+                response = await self._expect(request)
+                await request.writer.drain()
+                if response is not None:
+                    return response
+            return await self._entry(request)
 
 
 class GuardedRequestHandler(RequestHandler):

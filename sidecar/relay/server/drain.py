@@ -110,11 +110,9 @@ class Drain:
         self.refusing = False  # step 2: the upstream is gone
         self._said_at = 0.0
 
-    @web.middleware
-    async def gate(self, request: web.Request, handler) -> web.StreamResponse:
-        """The proxy app's middleware: in step 2, a new request gets 503 + Retry-After."""
-        if not self.refusing:
-            return await handler(request)
+    def refusal(self, request: web.Request) -> web.StreamResponse:
+        """In step 2 (``refusing``), a new request's answer: 503 + Retry-After (the proxy
+        app's entry asks before relaying)."""
         _log.info("refused_draining", method=request.method, peer=request.remote)
         response = error_response(
             503, "draining", "this pod is shutting down and its inference server has stopped; retry"
