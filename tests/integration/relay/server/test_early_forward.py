@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
+from sidecar.relay.data.early import EarlyForwarder
+from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, chunked
@@ -75,9 +77,10 @@ class Side:
         for peer in self.upstream.peers:
             peer.go.set()
 
-    async def exchange(self, *requests: bytes, together: bool = False) -> list[bytes]:
+    async def exchange(self, *requests: bytes | tuple[bytes, ...], together: bool = False) -> list[bytes]:
         """Send the requests on one connection, one after the other's response (or all in one
-        write); the raw responses."""
+        write; a request given as parts is read by the sidecar in as many reads,
+        :func:`write_apart`); the raw responses."""
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         answers = []
         try:
@@ -85,7 +88,9 @@ class Side:
                 writer.write(b"".join(requests))
                 requests = tuple(b"" for _ in requests)
             for request in requests:
-                if request:
+                if isinstance(request, tuple):  # its parts read apart by the sidecar
+                    await write_apart(writer, *request)
+                elif request:
                     writer.write(request)
                 answers.append(await read_response(reader))
         finally:
@@ -124,7 +129,7 @@ async def read_response(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.read()  # delimited by the close (an HTTP/1.0 client)
 
 
-async def both(*requests: bytes, together: bool = False, **settings) -> tuple[Side, Side, list[bytes], list[bytes]]:
+async def both(*requests: bytes | tuple[bytes, ...], together: bool = False, **settings) -> tuple[Side, Side, list[bytes], list[bytes]]:
     async with Side(True, **settings) as on, Side(False, **settings) as off:
         answers_on = await on.exchange(*requests, together=together)
         answers_off = await off.exchange(*requests, together=together)
@@ -221,3 +226,309 @@ async def test_a_client_gone_before_its_handler_ran_stops_the_upstream_request_a
         await asyncio.sleep(0.05)
         assert on.counted("cancelled") == 1 and on.counted("ok") == 1
         assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+
+
+# A head and its body in separate reads (httpx, and so the openai SDK, writes them apart: over
+# a network they often arrive apart). The read that completes the body sends the request, if
+# its handler has not claimed it yet; a handler that ran first reads the body itself.
+
+
+async def write_apart(writer: asyncio.StreamWriter, first: bytes, *rest: bytes) -> None:
+    """Write ``first``, then each of ``rest`` right after the sidecar (on this event loop) has
+    read the part before, in the same loop turn, so that each part is a read of its own and the
+    next comes one turn later, as a body written just after its head arrives over a network.
+    How: the loop runs the sockets a poll found ready in the order they became ready (epoll's
+    ready list), so a callback on a socket pair poked just after a part was written runs right
+    after the sidecar's read of that part, and writes the next."""
+    loop = asyncio.get_running_loop()
+    poked, poke = socket.socketpair()
+    parts = list(rest)
+    done = loop.create_future()
+
+    def next_part() -> None:
+        poked.recv(1)
+        writer.write(parts.pop(0))
+        if parts:
+            poke.send(b".")
+        else:
+            loop.remove_reader(poked)
+            done.set_result(None)
+
+    loop.add_reader(poked, next_part)
+    writer.write(first)
+    poke.send(b".")
+    try:
+        await asyncio.wait_for(done, 5.0)
+    finally:
+        loop.remove_reader(poked)
+        poked.close()
+        poke.close()
+
+
+def apart(request: bytes, *cuts: int) -> tuple[bytes, ...]:
+    """``request`` as its head, then its body (cut after each of ``cuts`` bytes of it)."""
+    end = request.index(b"\r\n\r\n") + 4
+    head, body = request[:end], request[end:]
+    bounds = [0, *cuts, len(body)]
+    return (head, *(body[a:b] for a, b in zip(bounds, bounds[1:])))
+
+
+@pytest.fixture
+def reads(monkeypatch) -> dict[int, list[int]]:
+    """The size of every read each sidecar's proxy port got, by the port: the proof that a
+    test's parts did arrive apart (only watched, never changed)."""
+    seen: dict[int, list[int]] = {}
+    received = GuardedRequestHandler.data_received
+
+    def watched(self, data: bytes) -> None:
+        if data and self.transport is not None:
+            seen.setdefault(self.transport.get_extra_info("sockname")[1], []).append(len(data))
+        received(self, data)
+
+    monkeypatch.setattr(GuardedRequestHandler, "data_received", watched)
+    return seen
+
+
+def on_its_way(record) -> bool:
+    return record is not None and record.on_its_way  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("requests", FORWARDED)
+async def test_a_body_read_after_its_head_goes_upstream_from_that_read_with_the_same_bytes(requests, reads):
+    # Twice on one connection: a task connects for the first, the second is written at once.
+    request = apart(requests[0])
+    on, off, answers_on, answers_off = await both(request, request)
+
+    assert reads[on.port] == reads[off.port] == [len(request[0]), len(request[1])] * 2  # apart
+    assert on.relayed == off.relayed and len(on.relayed) == 2
+    assert answers_on == answers_off and all(a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on)
+    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)  # offered once each, sent
+    assert on.records[0].pending is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+    assert on.counted("ok") == off.counted("ok") == 2
+
+
+class SplitHop:
+    """A TCP hop in front of a sidecar on this event loop, for a real client: each request it
+    gets reaches the sidecar as its head and then its body in the next read
+    (:func:`write_apart`), as httpx's two writes often arrive over a network; the answers go
+    back as they are."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.tasks: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> SplitHop:
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _connection(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        sidecar, to_sidecar = await asyncio.open_connection("127.0.0.1", self.port)
+        back = asyncio.ensure_future(self._answers(sidecar, to_client))
+        self.tasks.add(back)
+        try:
+            while True:
+                try:
+                    head = await client.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+                    0,
+                )
+                body = await client.readexactly(length)
+                await write_apart(to_sidecar, head, body) if body else to_sidecar.write(head)
+        finally:
+            to_sidecar.close()
+
+    @staticmethod
+    async def _answers(sidecar: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        try:
+            while data := await sidecar.read(65536):
+                to_client.write(data)
+                await to_client.drain()
+        finally:
+            to_client.close()
+
+
+async def test_httpx_whose_body_comes_in_the_read_after_its_head_is_sent_from_that_read(reads):
+    import httpx
+
+    async def run(side: Side) -> list[bytes]:
+        async with SplitHop(side.port) as hop, httpx.AsyncClient(headers={"Host": "sidecar.test"}) as client:
+            answers = []
+            for _ in range(2):  # a new connection, then the same one kept alive
+                response = await client.post(hop.url + "/v1/chat/completions", content=BODY, headers={"Content-Type": "application/json"})
+                answers.append(await response.aread())
+            return answers
+
+    async with Side(True) as on, Side(False) as off:
+        answers_on, answers_off = await run(on), await run(off)
+        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 2, timeout=5.0)
+    assert reads[on.port] == reads[off.port] and len(reads[on.port]) == 4  # heads and bodies apart
+    assert on.relayed == off.relayed and answers_on == answers_off and b"[DONE]" in answers_on[0]
+    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
+
+
+async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_takes_the_early_path(reads):
+    import openai
+
+    async def run(side: Side) -> list[str]:
+        async with SplitHop(side.port) as hop:
+            client = openai.AsyncOpenAI(
+                base_url=hop.url + "/v1", api_key="sk-test", max_retries=0, default_headers={"Host": "sidecar.test"}
+            )
+            texts = []
+            for _ in range(2):
+                stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+                texts.append("".join([c.choices[0].delta.content or "" async for c in stream]))
+            await client.close()
+            return texts
+
+    async with Side(True) as on, Side(False) as off:
+        texts_on, texts_off = await run(on), await run(off)
+        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 2, timeout=5.0)
+    assert texts_on == texts_off == ["hi", "hi"]
+    assert len(reads[on.port]) == 4 and on.relayed == off.relayed
+    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
+
+
+async def test_a_body_whose_handler_started_first_is_read_by_the_handler_and_sent_once(reads, monkeypatch):
+    # The head, then 20 ms later the body: the connection's task has long started the handler,
+    # which claimed the request with nothing sent and reads the body itself; the body's read
+    # offers nothing, so the upstream gets the request once, as with the early path off.
+    claims: list[object] = []
+    claim = EarlyForwarder.claim
+
+    def watched_claim(request):
+        claims.append(record := claim(request))
+        return record
+
+    monkeypatch.setattr(EarlyForwarder, "claim", staticmethod(watched_claim))
+
+    async def head_wait_body(side: Side) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
+        head, body = apart(post())
+        claims.clear()
+        writer.write(head)
+        await asyncio.sleep(0.02)
+        await wait_for(lambda: claims == [None], timeout=5.0)  # (20 ms is plenty: this only says so)
+        writer.write(body)
+        answer = await read_response(reader)
+        writer.close()
+        return answer
+
+    async with Side(True) as on, Side(False) as off:
+        answer_on, answer_off = await head_wait_body(on), await head_wait_body(off)
+        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 1, timeout=5.0)
+        await asyncio.sleep(0.05)  # nothing more arrives upstream
+        assert len(on.relayed) == 1 and len(on.upstream.requests) == len(off.upstream.requests)
+    assert reads[on.port] == reads[off.port] and len(reads[on.port]) == 2
+    assert on.relayed == off.relayed and answer_on == answer_off and on.records == []
+    assert on.counted("ok") == off.counted("ok") == 1
+
+
+async def test_a_body_in_two_reads_after_its_head_reaches_the_handler_first_and_goes_once(reads):
+    # Head, then the body in two reads a loop turn apart each: on an idle connection the
+    # handler starts two turns after the head's read (Python 3.11), so it claims the request
+    # before the last part arrives and reads the body itself. (Unclaimed, the last part's read
+    # would send it: tests/unit/test_early.py.)
+    request = apart(post(), 10)
+    on, off, answers_on, answers_off = await both(request)
+
+    assert reads[on.port] == reads[off.port] == [len(p) for p in request]
+    assert on.relayed == off.relayed and len(on.relayed) == 1 and answers_on == answers_off
+    assert on.records == []  # claimed before the body was in: never offered
+
+
+LEFT_TO_THE_HANDLER_APART = [
+    pytest.param(apart(post(b"/not/an/api", b"{}")), id="not-an-api-route"),
+    pytest.param(apart(post(version=b"1.0")), id="http-1.0"),
+    pytest.param(apart(post(b"/v1/completions", b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}')), id="past-the-inspect-limit"),
+]
+
+
+@pytest.mark.parametrize("request_parts", LEFT_TO_THE_HANDLER_APART)
+async def test_a_body_read_apart_that_the_early_path_declines_takes_the_handlers_path(request_parts, reads):
+    on, off, answers_on, answers_off = await both(request_parts, max_request_inspect_bytes=1024)
+
+    assert reads[on.port] == reads[off.port] == [len(p) for p in request_parts]
+    assert on.relayed == off.relayed and on.relayed
+    assert [a.split(b"\r\n")[0] for a in answers_on] == [a.split(b"\r\n")[0] for a in answers_off]
+    assert on.records == [None]  # offered from the body's read, declined
+
+
+async def test_a_head_past_the_head_budget_is_answered_431_and_its_body_never_offered(reads):
+    big = post(b"/v1/chat/completions", BODY, b"X-Pad: " + b"p" * 3000)
+    on, off, answers_on, answers_off = await both(apart(big), max_request_head_bytes=2048)
+
+    assert answers_on[0].startswith(b"HTTP/1.1 431") and answers_off[0].startswith(b"HTTP/1.1 431")
+    assert on.relayed == off.relayed == [] and on.records == []
+
+
+async def test_expect_100_continue_then_the_body_takes_the_handlers_path():
+    async def expect_then_body(side: Side) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
+        head, body = apart(post(b"/v1/chat/completions", BODY, b"Expect: 100-continue"))
+        writer.write(head)
+        interim = await reader.readuntil(b"\r\n\r\n")
+        assert interim.startswith(b"HTTP/1.1 100")
+        writer.write(body)
+        answer = await read_response(reader)
+        writer.close()
+        return answer
+
+    async with Side(True) as on, Side(False) as off:
+        answer_on, answer_off = await expect_then_body(on), await expect_then_body(off)
+        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 1, timeout=5.0)
+    assert on.relayed == off.relayed and answer_on == answer_off
+    assert all(r is None for r in on.records)
+
+
+async def test_no_early_path_for_a_body_read_apart_while_draining():
+    async with Side(True) as on:
+        on.sc.drain.draining = True
+        await on.exchange(apart(post()))
+    assert on.records == [None]
+
+
+@pytest.mark.parametrize("sent", [0, 10], ids=["head-only", "part-of-the-body"])
+async def test_a_client_gone_between_head_and_body_is_counted_as_with_the_early_path_off(sent):
+    async def leave(side: Side) -> None:
+        await side.exchange(post())  # a pooled upstream connection the next could take
+        reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
+        head, body = apart(post())
+        writer.write(head + body[:sent])
+        await asyncio.sleep(0.02)
+        writer.close()
+
+    async with Side(True) as on, Side(False) as off:
+        await leave(on)
+        await leave(off)
+        await asyncio.sleep(0.1)
+        counts = [(side.counted("ok"), side.counted("cancelled"), side.counted("error"), len(side.relayed)) for side in (on, off)]
+    assert counts[0] == counts[1] and counts[0][0] == 1 and counts[0][3] == 1  # only the first went upstream
+    assert len(on.records) == 1  # the first one; the one that left was never offered
+
+
+async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_request_and_counts_once(reads):
+    async with Side(True) as on:
+        await on.exchange(post())  # a pooled upstream connection for the next one to take
+        reader, writer = await asyncio.open_connection("127.0.0.1", on.port)
+        head, body = apart(post())
+        await write_apart(writer, head, body)
+        writer.close()  # its FIN a read behind the body
+        await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
+        await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)  # it did reach the server
+        upstream = next(p for p in on.upstream.peers if p.requests and p.requests[-1] == on.upstream.requests[-1])
+        await asyncio.wait_for(upstream.eof.wait(), 5.0)  # and was stopped there
+        await asyncio.sleep(0.05)
+        assert on.counted("cancelled") == 1 and on.counted("ok") == 1
+        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+    assert reads[on.port][-2:] == [len(head), len(body)]
