@@ -3,6 +3,10 @@ sockets: the upstream gets exactly the bytes the handler's path sends, the reque
 path must leave alone take the handler's path, and a client that goes before its handler ran
 stops the upstream request and is counted once, as cancelled.
 
+The same holds for a head and its body that arrive in separate reads (httpx writes them
+apart): the read that completes the body sends the request, unless its handler claimed it
+first, and then it goes the handler's way, once.
+
 Each case runs through two sidecars in front of the same kind of scripted upstream (which
 records every request byte for byte): one as served, one with the early path switched off
 (the connection guard's ``early`` hook removed). A spy on the hook records what it did.
