@@ -152,7 +152,9 @@ class Running:
         self.timeline = RequestTimeline(clock.now, "POST", route.template, "m")
         self.observer = ResponseObserver(route, self.timeline, "text/event-stream")
         self.client = ClientTransport()
-        self.relay = BodyRelay(Request(self.client), conn, self.observer, clock, chunked=True)
+        # send_timeout 12 s: the client's progress is checked every second (a twelfth of it),
+        # so the streams here have reads a check leaves to Python.
+        self.relay = BodyRelay(Request(self.client), conn, self.observer, clock, send_timeout=12.0, chunked=True)
         self.task = asyncio.ensure_future(self.relay.run())
         await asyncio.sleep(0)  # the relay is pushed to
         return self

@@ -95,8 +95,13 @@ _LAST_CHUNK = b"0\r\n\r\n"
 """The end of a chunked body (no trailers: the upstream's are hop-by-hop here)."""
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
-_PROGRESS_CHECK_SECONDS = 1.0
-"""How often, at most, a relay asks the kernel whether its client took anything."""
+_PROGRESS_CHECKS_PER_TIMEOUT = 12
+_PROGRESS_CHECK_MAX_SECONDS = 5.0
+"""How often, at most, a relay asks the kernel whether its client took anything: twelve
+times per ``send_timeout``, at most every 5 s (60 s, the default: every 5 s). A reader
+that stopped is let go within ``send_timeout`` and one such interval. Each check is a read
+the token lane leaves to Python: once a second it cost 3-6 % of the CPU of 200 streams
+(docs/performance.md)."""
 
 
 class BodyRelay:
@@ -112,7 +117,8 @@ class BodyRelay:
 
     __slots__ = (
         "_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
-        "_check_at", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent", "terminated",
+        "_check_at", "_check_every", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent",
+        "terminated",
     )  # fmt: skip
 
     def __init__(
@@ -140,7 +146,8 @@ class BodyRelay:
         self.terminated = False  # a chunked client's last chunk is written (see end)
         # The client's progress, as last seen (see _reader_alive).
         start = clock()
-        self._check_at = start + _PROGRESS_CHECK_SECONDS
+        self._check_every = min(send_timeout / _PROGRESS_CHECKS_PER_TIMEOUT, _PROGRESS_CHECK_MAX_SECONDS)
+        self._check_at = start + self._check_every
         self._taken, self._taken_at = 0, start
         # The token lane standing for the observer's armed template (token_lane.py): only a
         # chunked client's relay passes reads on as they came, which is all a lane does.
@@ -310,7 +317,7 @@ class BodyRelay:
 
     def _reader_alive(self, now: float) -> bool:
         """Whether the client took any bytes in the last ``send_timeout`` seconds; checked
-        at most once a second while the response is being written.
+        at most every ``_check_every`` seconds while the response is being written.
 
         The transport's buffer alone cannot tell: the kernel's send buffer grows to MiBs for
         a connection and absorbs a paced token stream for minutes before a write ever
@@ -318,7 +325,7 @@ class BodyRelay:
         a 60 s ``send_timeout`` (#23, finding 7). What the client has taken is what was
         written minus what the kernel still holds unacknowledged (``SIOCOUTQ``). A slow
         reader that takes anything at all keeps its stream."""
-        self._check_at = now + _PROGRESS_CHECK_SECONDS
+        self._check_at = now + self._check_every
         unsent = _unsent(self._transport)
         taken = self.sent - unsent
         if taken > self._taken or not unsent:
