@@ -452,9 +452,9 @@ def spans():
 
 @pytest.fixture
 async def traced(spans):
-    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``. With tracing on
-    the proxy never takes the early path (the span is injected per request), so these run
-    once, as served, even in a ``both_ways_in`` module."""
+    """A sidecar with tracing on (the ``spans`` provider), in front of ``url``, as served (the
+    early path starts the span where it sends the request), once even in a ``both_ways_in``
+    module (tests/unit/test_tracing.py runs its spans both ways)."""
     provider, _ = spans
     started: list[RunningSidecar] = []
 

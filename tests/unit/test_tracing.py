@@ -59,8 +59,13 @@ SECRET_BODY = {
 # -- fixtures -------------------------------------------------------------------------------------
 
 
+# Each test once with the early path (as served: the span starts in the read that completed
+# the request, sidecar/relay/data/early.py) and once through the handler: the same spans.
+pytestmark = pytest.mark.both_ways_in
+
+
 @pytest.fixture
-async def traced_sidecar():
+async def traced_sidecar(early_path):
     started: list[RunningSidecar] = []
 
     async def make(upstream_url: str, *, tracer_provider=None, meter_provider=None, **overrides) -> RunningSidecar:
@@ -71,7 +76,7 @@ async def traced_sidecar():
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
         )
-        started.append(running := await run_sidecar(s))
+        started.append(running := await run_sidecar(s, early=early_path))
         return running
 
     yield make
@@ -105,7 +110,7 @@ def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
 # -- spans ----------------------------------------------------------------------------------------
 
 
-async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans):
+async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans, early_path):
     provider, exporter = spans
     received: list = []
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received)))
@@ -121,6 +126,7 @@ async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans):
     )
     assert status == 200
     span = await one_span(exporter)
+    assert s.early_sent == (1 if early_path else 0)  # the way in this run is the one asked for
 
     assert span.name == "chat m1"
     assert span.kind is SpanKind.CLIENT

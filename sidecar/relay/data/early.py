@@ -21,9 +21,11 @@ connection at once, with the same bytes the handler would send (sidecar/relay/da
 builds the header fields for both); with none idle, a task starts connecting and sending
 it at once. The handler, when it runs, claims the record (:meth:`EarlyForwarder.claim`)
 and carries on as if it had sent the request itself: the same labels, figures, relay and
-faults. Everything else (a body still arriving when its handler starts, chunked,
-``Expect``, a request the proxy refuses, pipelined requests, tracing on, a draining pod)
-waits for the handler as before.
+faults. With tracing on, the request's span starts here and its context goes in the
+upstream's header fields, as the handler's path would put it (the ``trace`` hook, #36).
+Everything else (a body still arriving when its handler starts, chunked, ``Expect``, a
+request the proxy refuses, pipelined requests, a draining pod) waits for the handler as
+before.
 
 A client that goes away before its handler runs never gets one (aiohttp cancels the
 connection's task): :meth:`Early.abandon` then closes the upstream connection, so the
@@ -36,6 +38,7 @@ import asyncio
 from collections.abc import Callable
 
 from aiohttp.http import HttpVersion11
+from multidict import CIMultiDict
 
 from ...base.routes import OTHER, match_route
 from ..server.aiohttp_internals import early_slot
@@ -53,7 +56,7 @@ class Early:
     head's header object, the same one the handler's request holds: how the handler knows
     the record is its own."""
 
-    __slots__ = ("headers", "path", "start", "body", "sent", "pending", "sent_at", "_abandoned")
+    __slots__ = ("headers", "path", "start", "body", "sent", "pending", "sent_at", "trace", "_abandoned")
 
     def __init__(self, headers, path: str, start: float, body: bytes) -> None:
         self.headers = headers
@@ -63,6 +66,7 @@ class Early:
         self.sent: Sent | None = None
         self.pending: asyncio.Task[UpstreamConnection] | None = None
         self.sent_at: float | None = None  # when the request was written upstream
+        self.trace: object = None  # what the ``trace`` hook returned (tracing on)
         self._abandoned: Callable[[Early], None] | None = None
 
     def mark_sent(self, now: float) -> None:
@@ -100,7 +104,10 @@ class EarlyForwarder:
 
     ``enabled`` is asked each time (False while draining, so a pod that stops takes the
     handler's path, with its refusals); ``on_abandoned`` records a request that reached the
-    upstream but whose client went before its handler ran."""
+    upstream but whose client went before its handler ran. ``trace`` (tracing on) starts the
+    request's span before it is sent and puts its context in the upstream's header fields,
+    as the handler's path does: ``trace(early, upstream_headers)``, kept as ``early.trace``
+    for the handler to carry on with."""
 
     def __init__(
         self,
@@ -110,7 +117,9 @@ class EarlyForwarder:
         clock: Callable[[], float],
         enabled: Callable[[], bool],
         on_abandoned: Callable[[Early], None],
+        trace: Callable[[Early, CIMultiDict[str]], object] | None = None,
     ) -> None:
+        self._trace = trace
         self._pool = pool
         self._max_body = max_body
         self._clock = clock
@@ -148,6 +157,8 @@ class EarlyForwarder:
             host=host,
             body_is_bytes=True,
         )
+        if self._trace is not None:
+            early.trace = self._trace(early, upstream_headers)
         try:
             early.sent = pool.send_now("POST", target, upstream_headers.items(), early.body)
         except ValueError:  # a field that cannot be sent: the handler's path says so

@@ -224,9 +224,33 @@ class Proxy:
             self._pool,
             max_body=min(self.limits.max_request_inspect_bytes, self.limits.max_request_body_bytes),
             clock=self._clock,
-            enabled=lambda: self._tracer is None and enabled(),  # tracing injects per request
+            enabled=enabled,
             on_abandoned=self._abandoned,
+            trace=None if self._tracer is None else self._early_trace,
         )
+
+    def _early_trace(self, early: Early, upstream_headers: CIMultiDict[str]) -> tuple[object, str | None] | None:
+        """Tracing on, a request the early path sends: its span, started and put in the
+        upstream's header fields now (the handler adopts it: ``_adopt_trace``), from the
+        same figures the handler's path would start it with."""
+        assert self._tracer is not None
+        try:
+            route, model = match_route(early.path, "POST")
+            fields = scan_request_fields(early.body)
+            timeline = self._timeline(early.start, "POST", route, model or fields.model, fields)
+            self._tracer.start(early.headers, timeline)
+            self._tracer.inject(timeline, upstream_headers)
+            return timeline.trace, timeline.trace_id
+        except Exception:  # telemetry never breaks the relay
+            _log.exception("early_trace_failed")
+            return None
+
+    def _adopt_trace(self, early: Early | None, headers, timeline: RequestTimeline) -> None:
+        """The request's span: the one the early path started, else started now."""
+        if early is not None and early.trace is not None:
+            timeline.trace, timeline.trace_id = early.trace  # type: ignore[misc]
+        elif self._tracer is not None:
+            self._safely(self._tracer.start, headers, timeline)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         early = EarlyForwarder.claim(request)
@@ -255,7 +279,7 @@ class Proxy:
             self._safely(self._on_start, label, route.template)
         tenant_held = self._hold_tenant(timeline.tenant)
         if self._tracer is not None:
-            self._safely(self._tracer.start, request.headers, timeline)
+            self._adopt_trace(early, request.headers, timeline)
         outcome, error_type = Outcome.ERROR, INTERNAL
         try:
             if refusal is not None:
@@ -283,10 +307,7 @@ class Proxy:
         """A request's record, opened the one way for every request (the handler's and one
         the early path sent whose client went before its handler ran): the timeline with
         what the request says, and its model label."""
-        timeline = RequestTimeline(start, method, route.template, model or "")
-        if fields is not None:
-            timeline.request_stream = fields.stream
-            timeline.request_max_tokens = fields.max_tokens
+        timeline = self._timeline(start, method, route, model, fields)
         label = self._model_label(model)
         if self._decode_tracker is not None:  # streams decoding per model label (#24)
             timeline.decode = self._decode_tracker(label)
@@ -300,6 +321,17 @@ class Proxy:
         except Exception:
             _log.exception("objectives_failed")
         return timeline, label
+
+    @staticmethod
+    def _timeline(
+        start: float, method: str, route: Route, model: str | None, fields: RequestFields | None
+    ) -> RequestTimeline:
+        """A request's timeline with what the request says (model, stream, max tokens)."""
+        timeline = RequestTimeline(start, method, route.template, model or "")
+        if fields is not None:
+            timeline.request_stream = fields.stream
+            timeline.request_max_tokens = fields.max_tokens
+        return timeline
 
     def _record(
         self, timeline: RequestTimeline, model: str | None, label: str, headers, outcome: Outcome, error_type: str | None
@@ -456,6 +488,8 @@ class Proxy:
         model = model or fields.model
         timeline, label = self._open(early.start, "POST", route, model, fields, early.headers)
         timeline.body_received, timeline.upstream_sent = early.start, early.sent_at
+        if self._tracer is not None:
+            self._adopt_trace(early, early.headers, timeline)
         self._record(timeline, model, label, early.headers, Outcome.CANCELLED, CLIENT_DISCONNECTED)
 
     def _sent(self, timeline: RequestTimeline) -> None:

@@ -51,14 +51,18 @@ async def answer_all(peer: Peer) -> None:
 class Side:
     """One sidecar in front of its own scripted upstream, with a spy on the early hook."""
 
-    def __init__(self, early: bool, **settings) -> None:
+    def __init__(self, early: bool, tracer_provider=None, **settings) -> None:
         self.early = early
+        self.tracer_provider = tracer_provider
         self.settings = settings
         self.records: list[object] = []  # what the hook returned, per call
 
     async def __aenter__(self) -> Side:
         self.upstream = await ScriptedServer(answer_all).start()
-        self.sc = build_sidecar(Settings(upstream=self.upstream.url, **self.settings), CollectorRegistry(), access_log=False)
+        self.sc = build_sidecar(
+            Settings(upstream=self.upstream.url, **self.settings), CollectorRegistry(), access_log=False,
+            tracer_provider=self.tracer_provider,
+        )  # fmt: skip
         self.runner = SidecarRunner(self.sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -230,6 +234,32 @@ async def test_a_client_gone_before_its_handler_ran_stops_the_upstream_request_a
         await asyncio.sleep(0.05)
         assert on.counted("cancelled") == 1 and on.counted("ok") == 1
         assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+
+
+async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_cancelled(spans):
+    """Tracing on: the request goes from the read that completed it with this span's context
+    (the upstream joins the client's trace as the span's child), and a client that went
+    before its handler ran still ends its span, as cancelled."""
+    provider, exporter = spans
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    traced = post(b"/v1/chat/completions", BODY, b"traceparent: 00-%s-%s-01" % (client_trace.encode(), client_span.encode()))
+    async with Side(True, tracer_provider=provider) as on:
+        await on.exchange(traced)  # (and a pooled upstream connection for the next one to take)
+        assert on.records[0] is not None and on.records[0].on_its_way  # type: ignore[attr-defined]
+        await wait_for(lambda: len(exporter.get_finished_spans()) == 1, timeout=5.0)
+        sock = socket.create_connection(("127.0.0.1", on.port))
+        sock.sendall(traced)
+        sock.close()  # request and FIN together: aiohttp runs no handler for it
+        await wait_for(lambda: len(exporter.get_finished_spans()) == 2, timeout=5.0)
+        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+    first, gone = exporter.get_finished_spans()
+    for span, request in zip((first, gone), on.upstream.requests[-2:]):
+        assert span.context.trace_id == int(client_trace, 16)
+        assert span.parent is not None and span.parent.span_id == int(client_span, 16)
+        own = b"traceparent: 00-%s-%016x-01" % (client_trace.encode(), span.context.span_id)
+        assert own in request.lower(), request  # the upstream's parent is this span
+    assert first.attributes["llm_sidecar.outcome"] == "ok"
+    assert gone.attributes["llm_sidecar.outcome"] == "cancelled"
 
 
 # A head and its body in separate reads (httpx, and so the openai SDK, writes them apart: over
