@@ -12,6 +12,11 @@ judged in isolation. Two parts, each fed a typical vLLM chat stream (one whole
   which writes it to a client transport that only counts bytes, then measures it. The
   system calls are not in it: what is left is the Python a token costs beside them.
 
+``--no-c`` runs it as a compiler-less install does (neither C extension importable: the
+byte checks in Python and the Python token lane), and ``--lane python`` or ``--lane none``
+picks the Python lane or no lane at all (the relay's general Python path for every read,
+which is what a compiler-less install ran before it had a lane), with or without C.
+
 Each figure is the best of several repeats (the least disturbed by the rest of the
 machine), in microseconds per token. No figure here is asserted anywhere: timings belong
 in benchmarks, not in tests.
@@ -21,19 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 
 import orjson
-from prometheus_client import CollectorRegistry
 
-from sidecar.export.metrics import SidecarMetrics
-from sidecar.relay.data import body_relay
-from sidecar.relay.data.body_relay import BodyRelay
-from sidecar.relay.data.upstream import UpstreamConnection, UpstreamPool
-from sidecar.measure.observe import ResponseObserver
-from sidecar.base.routes import match_route
-from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline
+C_EXTENSIONS = ("sidecar.base._speedups", "sidecar.relay.data._token_lane")
+LANES = ("auto", "python", "none")
+"""``--lane``: the install's own (C where built, else Python), the Python lane, or none."""
 
 TOKENS = 200  # tokens per request
 ITL = 0.02  # seconds between tokens (puts every gap in one ITL bucket, as steady decode does)
@@ -61,7 +61,35 @@ def _best(fn, requests: int, repeats: int) -> float:
     return best / (requests * TOKENS) * 1e6
 
 
-def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
+def without_c() -> None:
+    """Make both C extensions unimportable, as in an install without a C compiler: only
+    before the sidecar is imported (a module already loaded keeps its C)."""
+    loaded = [name for name in ("sidecar.base.speedups", "sidecar.relay.data.token_lane") if name in sys.modules]
+    if loaded:
+        raise RuntimeError(f"already imported with whatever C there was: {loaded}")
+    for name in C_EXTENSIONS:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+
+
+def measure(requests: int = 200, repeats: int = 7, lane: str = "auto") -> dict[str, float]:
+    from prometheus_client import CollectorRegistry
+
+    from sidecar.base.outcomes import Outcome
+    from sidecar.base.routes import match_route
+    from sidecar.export.metrics import SidecarMetrics
+    from sidecar.measure.observe import ResponseObserver
+    from sidecar.measure.timeline import RequestTimeline
+    from sidecar.relay.data import body_relay, token_lane, token_lane_py
+    from sidecar.relay.data.body_relay import BodyRelay
+    from sidecar.relay.data.upstream import UpstreamConnection, UpstreamPool
+
+    if lane not in LANES:
+        raise ValueError(f"lane: one of {LANES}")
+    saved = token_lane.TokenLane, body_relay._LANES
+    if lane == "python":
+        token_lane.TokenLane = token_lane_py.TokenLane
+    elif lane == "none":
+        body_relay._LANES = False  # read as each relay is made
     route, _ = match_route("/v1/chat/completions", "POST")
     chunks = [chunk(i) for i in range(TOKENS)]
     timed = [(c, i * ITL) for i, c in enumerate(chunks)]
@@ -121,6 +149,22 @@ def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
         }
     finally:
         loop.close()
+        token_lane.TokenLane, body_relay._LANES = saved
+
+
+def describe(lane: str) -> str:
+    """Which byte checks and which lane the relay figure ran with."""
+    from sidecar.base import speedups
+    from sidecar.relay.data import token_lane
+
+    checks = "C" if speedups.IN_C else "Python"
+    if lane == "none":
+        used = "no lane"
+    elif lane == "python" or not token_lane.IN_C_LANE:
+        used = "the Python lane"
+    else:
+        used = "the C lane"
+    return f"byte checks in {checks}, {used}"
 
 
 class _CountingTransport:
@@ -159,8 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--requests", type=int, default=200, help="requests per repeat")
     parser.add_argument("--repeats", type=int, default=7, help="best of this many repeats")
+    parser.add_argument("--no-c", action="store_true", help="as an install without a C compiler: no C extension")
+    parser.add_argument(
+        "--lane", choices=LANES, default="auto", help="the token lane the relay uses (default: the install's)"
+    )
     args = parser.parse_args(argv)
-    figures = measure(args.requests, args.repeats)
+    if args.no_c:
+        without_c()
+    print(describe(args.lane))
+    figures = measure(args.requests, args.repeats, args.lane)
     for part, us in figures.items():
         print(f"{part:<22}{us:8.3f} µs/token")
     print(f"{'observer + metrics':<22}{figures['observer'] + figures['metrics']:8.3f} µs/token")

@@ -151,10 +151,11 @@ def test_without_the_extension_the_originals_answer(monkeypatch):
         from sidecar.relay.data import token_lane
 
         lanes = importlib.reload(token_lane)
-        assert lanes.TokenLane is None and not lanes.AVAILABLE  # no lane: every read the Python path's
+        # no C lane: the Python one (sidecar/relay/data/token_lane_py.py)
+        assert lanes.TokenLane is lanes.token_lane_py.TokenLane and lanes.AVAILABLE and not lanes.IN_C_LANE
     finally:
         monkeypatch.setattr(builtins, "__import__", real_import)
         importlib.reload(speedups)
         importlib.reload(token_lane)
     assert speedups.IN_C is (_speedups is not None)
-    assert token_lane.AVAILABLE is speedups.IN_C
+    assert token_lane.IN_C_LANE is speedups.IN_C and token_lane.AVAILABLE

@@ -1,5 +1,7 @@
-"""The token lane (sidecar/relay/data/token_lane.py, ``TokenLane`` in sidecar/relay/data/_token_lane.c)
-against the Python relay path it stands for, which is the oracle.
+"""The token lanes (sidecar/relay/data/token_lane.py: ``TokenLane`` in sidecar/relay/data/_token_lane.c
+where it was built, and the same lane in Python, sidecar/relay/data/token_lane_py.py, which a
+compiler-less install uses) against the Python relay path they stand for, which is the oracle.
+Every test that relays is run with each lane (the C one skipped where it was not built).
 
 Each stream is relayed twice through the real ``UpstreamConnection`` and ``BodyRelay`` (fake
 transports, a scripted clock that holds one time per read): with lanes and with lanes
@@ -22,8 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.wire import StreamWire
-from sidecar.relay.data import token_lane
+from sidecar.relay.data import token_lane, token_lane_py
 from sidecar.base.routes import match_route
+from sidecar.base.speedups import chunk_payload_py, plain, plain_at_py
 from sidecar.measure.concurrency import DecodeConcurrency
 from sidecar.measure.observe import ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
@@ -34,10 +37,26 @@ from tests.conftest import IN_CI
 from tests.fixtures.streams.harness import FAST, HERE
 from tests.support.event_shapes import OTHERS, SHAPES, texts
 
-pytestmark = pytest.mark.skipif(
-    token_lane.TokenLane is None and not IN_CI,
-    reason="the C extension was not built (no C compiler when the package was installed): no lanes",
-)
+C_LANE = token_lane.TokenLane if token_lane.IN_C_LANE else None
+PY_LANE = token_lane_py.TokenLane
+LANES = [
+    pytest.param(
+        C_LANE, id="c",
+        marks=pytest.mark.skipif(
+            C_LANE is None and not IN_CI,
+            reason="the C extension was not built (no C compiler when the package was installed)",
+        ),
+    ),
+    pytest.param(PY_LANE, id="python"),
+]  # fmt: skip
+
+
+@pytest.fixture(params=LANES)
+def lane(request, monkeypatch):
+    """Each lane in turn, as the one ``lane_for`` builds."""
+    assert request.param is not None, "the C lane was not built"
+    monkeypatch.setattr(token_lane, "TokenLane", request.param)
+    return request.param
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -232,7 +251,7 @@ OPENAI = sorted(p.name for p in (HERE / "openai").glob("*.txt"))
 
 
 @pytest.mark.parametrize("name", OPENAI)
-def test_recorded_streams_relay_as_the_python_path(name, monkeypatch):
+def test_recorded_streams_relay_as_the_python_path(name, lane, monkeypatch):
     """Every OpenAI-dialect recording (real vLLM 0.32 and llama.cpp among them), an event a
     read: the same bytes and figures; the lanes take the tokens of a long enough stream."""
     body = (HERE / "openai" / name).read_bytes()
@@ -245,7 +264,7 @@ def test_recorded_streams_relay_as_the_python_path(name, monkeypatch):
         assert got["taken"] > 0, "no lane took a read: the comparison proved nothing"
 
 
-def test_the_bench_stream_with_every_kind_of_text(monkeypatch):
+def test_the_bench_stream_with_every_kind_of_text(lane, monkeypatch):
     """The benchmark's vLLM-shaped stream: ASCII, UTF-8 (é, 日本, 🚀) and escaped texts (\\n,
     \\"). Lanes take them all once armed."""
     wire = StreamWire(7, 300)
@@ -269,7 +288,7 @@ LANE_TEXTS = [
 
 
 @pytest.mark.parametrize("raw, taken", LANE_TEXTS)
-def test_what_a_lane_takes(raw, taken, monkeypatch):
+def test_what_a_lane_takes(raw, taken, lane, monkeypatch):
     """A vLLM shape armed by plain texts (the first event also says the model; the next two
     arm it, and the lane opens), then the text under test, then a plain one: the lane takes
     it or leaves it, as listed, and the figures are the Python path's either way."""
@@ -281,7 +300,7 @@ def test_what_a_lane_takes(raw, taken, monkeypatch):
     assert got["taken"] - without_it["taken"] == (1 if taken else 0)
 
 
-def test_the_client_buffer_the_progress_check_and_decoding_streams(monkeypatch):
+def test_the_client_buffer_the_progress_check_and_decoding_streams(lane, monkeypatch):
     """Reads the lane leaves to Python (a client buffer not empty, the progress check due
     every second) between reads it takes; the streams decoding change under it."""
     wire = StreamWire(3, 200)
@@ -294,7 +313,7 @@ def test_the_client_buffer_the_progress_check_and_decoding_streams(monkeypatch):
     assert sorted(set(got["gap_streams"])) == sorted({1 + i // 40 for i in range(1, len(events))})
 
 
-def test_a_slow_reader_gets_no_lane(monkeypatch):
+def test_a_slow_reader_gets_no_lane(lane, monkeypatch):
     """A client whose socket buffer is never empty: a lane would leave every read to Python
     (after trying it, and a flush and a re-open each time), so the relay does not open one;
     the figures are the Python path's."""
@@ -319,7 +338,7 @@ def test_a_slow_reader_gets_no_lane(monkeypatch):
     opened.clear()
 
 
-def test_the_upstream_gone_mid_stream(monkeypatch):
+def test_the_upstream_gone_mid_stream(lane, monkeypatch):
     """The upstream's connection drops between two tokens the lane took: what it noted is in
     the timeline before anyone reads it (the relay flushes as it ends), as on the Python path."""
     wire = StreamWire(4, 80)
@@ -329,7 +348,7 @@ def test_the_upstream_gone_mid_stream(monkeypatch):
     assert got["stream_tokens"] == 40 and got["taken"] > 20
 
 
-def test_a_client_gone_mid_stream(monkeypatch):
+def test_a_client_gone_mid_stream(lane, monkeypatch):
     """The client's transport closes: the lane leaves the read, the relay ends as the Python
     path ends it, with the same figures up to there."""
     wire = StreamWire(5, 60)
@@ -379,12 +398,13 @@ runs = st.tuples(
 ).map(lambda p: [b"data: " + SHAPES[p[0]].replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in p[1]])
 
 
+@pytest.mark.parametrize("impl", LANES)
 @FAST
 @given(
     st.lists(st.one_of(runs, events.map(lambda e: [e])), max_size=12).map(lambda xs: [e for x in xs for e in x]),
     st.data(),
 )
-def test_generated_streams_relay_as_the_python_path(stream, data):
+def test_generated_streams_relay_as_the_python_path(impl, stream, data):
     """Shapes that arm and drop templates, texts plain or not, other events between; reads
     of one event, several coalesced or split; times, client buffer and streams decoding
     drawn per read."""
@@ -405,6 +425,7 @@ def test_generated_streams_relay_as_the_python_path(stream, data):
         t += data.draw(st.sampled_from([0.0, 0.001, 0.02, 0.3, 1.2]))
         steps.append(Step(read, t, data.draw(st.sampled_from([0, 0, 0, 0, 9])), data.draw(st.integers(1, 3))))
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(token_lane, "TokenLane", impl)
         got, _ = both(steps, "/v1/chat/completions", mp)
     # A read that split a chunk is re-framed piece by piece (the relay's way); the body is
     # the same bytes.
@@ -425,14 +446,17 @@ def dechunk(data: bytes) -> bytes:
 # -- the attributes the lane reads, and what a failure does ----------------------------------
 
 
-def test_the_lane_writes_no_attribute_of_another_object(monkeypatch):
+def test_the_lane_writes_no_attribute_of_another_object(lane, monkeypatch):
     """The lane keeps its notes in itself and hands them to ``notes``: it writes no field of
     the timeline, the relay, the transport or the decoding count, and changes no array of
     theirs. Run against objects that refuse any write made while the lane's own call is
-    the innermost Python frame (a write from C has no Python frame of its own); writes by
+    the innermost Python frame (a write from C has no Python frame of its own; the Python
+    lane's are its own functions' frames, all of them counted as the lane's); writes by
     their own Python methods (``add_tokens``, ``_lane_sent``) pass."""
-    RealLane = token_lane.TokenLane
+    RealLane = lane
     lane_codes: set = set()
+    if RealLane is PY_LANE:
+        lane_codes.update(_python_lane_codes())
 
     class Watched:
         """The C lane, its three calls each made from a Python frame of its own."""
@@ -525,9 +549,37 @@ def test_the_lane_writes_no_attribute_of_another_object(monkeypatch):
     with pytest.raises(AttributeError):  # and a write from C inside a lane's call is caught
         lane.poke(timeline)
     assert refused == ["GuardedRequestTimeline.last_token"]
+    if RealLane is PY_LANE:  # and, for the Python lane, a write from one of its own functions
+        refused.clear()
+        lane._lane._notes = lambda *notes: setattr(timeline, "last_token", 2.0)  # noqa: B010
+        assert lane.open(5.0, 1.0) and lane.take(frame(b"ayb"))
+        lane.flush()  # the lambda is not the lane's: allowed (as notes' own frame is)
+        assert refused == [] and timeline.last_token == 2.0
+        with pytest.raises(AttributeError):
+            _as_lane_code(lambda: setattr(timeline, "last_token", 3.0), lane_codes)()  # noqa: B010
+        assert refused == ["GuardedRequestTimeline.last_token"]
 
 
-def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(monkeypatch):
+def _python_lane_codes() -> set:
+    """The code of every function of the Python lane's module: a write made with one of
+    them as the innermost frame is the lane's."""
+    codes = set()
+    for value in [*vars(token_lane_py).values(), *vars(PY_LANE).values()]:
+        if isinstance(value, property):
+            value = value.fget
+        if callable(value) and hasattr(value, "__code__") and value.__module__ == token_lane_py.__name__:
+            codes.add(value.__code__)
+    assert PY_LANE.take.__code__ in codes and PY_LANE._hand_over.__code__ in codes
+    return codes
+
+
+def _as_lane_code(fn, codes: set):
+    """``fn``, its code counted as the lane's (the guard's own check)."""
+    codes.add(fn.__code__)
+    return fn
+
+
+def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(lane, monkeypatch):
     """A measuring failure inside the lane (here: the timeline's gaps refuse more) switches
     lanes off for the response and counts one parse error; every byte still goes through."""
 
@@ -581,7 +633,7 @@ def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
     assert timeline.stream_tokens == without["stream_tokens"]
 
 
-def test_a_finished_relay_leaves_no_cycle_behind(monkeypatch):
+def test_a_finished_relay_leaves_no_cycle_behind(lane, monkeypatch):
     """A lane refers to its relay and the relay to its lane: the relay drops it as it ends,
     or every finished response (relay, request, observer, timeline) would wait for the
     cyclic collector, long after it was promoted to the oldest generation (peak RSS +4 MB
@@ -610,3 +662,159 @@ def test_the_c_source_sets_no_attribute_and_reads_one():
     source = (Path(token_lane.__file__).parent / "_token_lane.c").read_text()
     assert "SetAttr" not in source and "GenericSetAttr" not in source
     assert source.count("PyObject_GetAttr(") == 1 and 'INTERN(s_n, "n")' in source
+
+
+# -- the Python lane's own checks: the same reads as the C lane and the Python originals ------
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.buffered = 0
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+
+class _Count:
+    def __init__(self, n) -> None:
+        self.n = n
+
+
+def _lane(impl, prefix: bytes = b"data: {\"c\":\"", suffix: bytes = b"\"}\n\n", limit: int = 200, **kw):
+    notes: list = []
+    transport = kw.pop("transport", None) or _Transport()
+    args = dict(
+        clock=kw.pop("clock", lambda: 2.0), transport=transport, decoding=kw.pop("decoding", _Count(3)),
+        notes=lambda sent, gaps, streams, last: notes.append((sent, gaps.tolist(), streams.tolist(), last)),
+        memo=None, prefix=prefix, suffix=suffix, limit=limit, kind=0, high_water=kw.pop("high_water", 1 << 16),
+        yield_after=kw.pop("yield_after", 1 << 16),
+    )  # fmt: skip
+    return impl(**args), notes, transport
+
+
+def _text_lane_model(text: bytes) -> bool:
+    """The C lane's text rule, read character by character: a one-character escape stands
+    for one (printable) character, and the rest is ``plain``."""
+    out, i = [], 0
+    while i < len(text):
+        two = text[i : i + 2]
+        if len(two) == 2 and two[:1] == b"\\" and two[1:] in (b'"', b"\\", b"/", b"b", b"f", b"n", b"r", b"t"):
+            out.append(b"x")
+            i += 2
+        else:
+            out.append(text[i : i + 1])
+            i += 1
+    return bool(text) and plain(b"".join(out))
+
+
+def _taken_by_the_originals(data: bytes, prefix: bytes, suffix: bytes, limit: int) -> bool:
+    """What ``chunk_payload_py`` and the template's check (``EventTemplate.matches``, with a
+    lane's escapes) take."""
+    payload = chunk_payload_py(data)
+    if payload is None:
+        return False
+    end = len(payload) - len(suffix)
+    if not (len(prefix) < end and len(payload) <= limit):
+        return False
+    if not (payload.startswith(prefix) and payload.endswith(suffix)):
+        return False
+    return plain_at_py(payload, len(prefix), end) or _text_lane_model(payload[len(prefix) : end])
+
+
+size_lines = st.sampled_from(["%x"] * 12 + ["%X", "0%x", "000%x", "%x;e=1", "0x%x", " %x", "+%x", "%x ", "1_%x", "%d"])
+lane_texts = st.one_of(
+    st.text(min_size=1, max_size=6).map(lambda t: t.encode("utf-8", "surrogatepass")),  # mostly plain
+    st.sampled_from([t for t, _ in LANE_TEXTS]),
+    texts,
+)
+
+
+@FAST
+@given(
+    size_lines, lane_texts, st.sampled_from([0] * 8 + [-1, 1, 2]),
+    st.sampled_from([b"\r\n"] * 8 + [b"\n", b"\r\nx", b""]), st.integers(0, 40),
+)  # fmt: skip
+def test_the_python_lane_takes_the_reads_the_originals_take(size_line, text, off_by, end, limit):
+    """The Python lane's whole-chunk and text checks, made on the read in place, against
+    ``chunk_payload_py`` and the template's check on the payload (and against the C lane
+    where it was built): size lines in every spelling, wrong sizes and ends, every text."""
+    prefix, suffix = b"data: {\"c\":\"", b"\"}\n\n"
+    payload = prefix + text + suffix
+    line = (size_line % max(len(payload) + off_by, 0)).encode()
+    data = line + b"\r\n" + payload + end
+    limit = len(prefix) + len(suffix) + limit // 2
+    expected = _taken_by_the_originals(data, prefix, suffix, limit)
+    impls = [PY_LANE] + ([C_LANE] if C_LANE is not None else [])
+    for impl in impls:
+        lane, notes, transport = _lane(impl, prefix, suffix, limit)
+        assert lane.open(5.0, 1.0)
+        assert lane.take(data) is expected, impl
+        assert transport.written == ([data] if expected else [])
+        lane.flush()
+        assert notes == ([(len(data), [1.0], [3], 2.0)] if expected else [])
+
+
+@pytest.mark.parametrize("impl", LANES)
+def test_a_lane_s_refusals_and_failures(impl):
+    """Both lanes alike: no take before open or before the first token, nor of a read too
+    large, a client buffer not empty or a check due; a batch handed over every 32 tokens;
+    a failure in measuring switches the lane off, an error writing goes to the caller."""
+    read = frame(b"data: {\"c\":\"hi\"}\n\n")
+    lane, notes, transport = _lane(impl)
+    assert lane.take(read) is False and lane.taken == 0  # not open
+    assert lane.open(5.0, None) is False  # before the first token
+    assert lane.open(5.0, 1.0) and lane.is_open
+    assert lane.take(bytearray(read)) is False and lane.take(read[:-1]) is False
+    transport.buffered = 1
+    assert lane.take(read) is False
+    transport.buffered = 0
+    for _ in range(33):
+        assert lane.take(read)
+    assert notes == [(32 * len(read), [1.0] + [0.0] * 31, [3] * 32, 2.0)] and lane.pending == 1
+    with pytest.raises(RuntimeError):  # open with notes not handed over
+        lane.open(5.0, 1.0)
+    lane.flush()
+    assert lane.taken == 33 and not lane.is_open and lane.pending == 0 and len(notes) == 2
+    with pytest.raises(TypeError):
+        lane.open("soon", 1.0)
+    assert lane.open(2.0, 1.0) and lane.take(read) is False  # the progress check is due at 2.0
+    lane, _, _ = _lane(impl, high_water=len(read) - 1)
+    assert lane.open(5.0, 1.0) and lane.take(read) is False
+    lane, _, _ = _lane(impl, yield_after=len(read))
+    assert lane.open(5.0, 1.0) and lane.take(read) is False
+    lane, _, _ = _lane(impl, decoding=_Count(1 << 32))  # not an "I" item: left to Python, still on
+    assert lane.open(5.0, 1.0) and lane.take(read) is False and not lane.off
+    broken_ones = [dict(decoding=_Count(-1)), dict(decoding=_Count(1.5)), dict(decoding=object()), dict(clock=lambda: 1 / 0)]
+    for broken in broken_ones:
+        lane, notes, transport = _lane(impl, **broken)
+        assert lane.open(5.0, 1.0) and lane.take(read) is False, broken
+        assert lane.off and not lane.is_open and not lane.open(5.0, 1.0) and transport.written == []
+
+    class Failing(_Transport):
+        def write(self, data: bytes) -> None:
+            raise ConnectionResetError
+
+    lane, notes, _ = _lane(impl, transport=Failing())
+    assert lane.open(5.0, 1.0)
+    with pytest.raises(ConnectionResetError):
+        lane.take(read)
+    lane.flush()
+    assert notes == [] and lane.taken == 0 and not lane.off
+    with pytest.raises(ValueError):
+        impl(**{**_lane_args(), "kind": 7})
+    with pytest.raises(TypeError):
+        impl(**{**_lane_args(), "prefix": "data"})
+
+
+def _lane_args() -> dict:
+    return dict(
+        clock=lambda: 1.0, transport=_Transport(), decoding=_Count(1), notes=lambda *a: None, memo=None,
+        prefix=b"a", suffix=b"b", limit=100, kind=0, high_water=1 << 16, yield_after=1 << 16,
+    )  # fmt: skip

@@ -36,8 +36,10 @@ The Python path is the oracle: tests/unit/test_token_lane.py relays the same str
 with lanes and without and compares the bytes and every figure. The lane writes no
 attribute of another object (a test runs it against objects that refuse every write): what
 it is given is the small protocol below, :class:`LaneTransport`, :class:`Decoding`, a clock
-and ``notes``. Without the C extension there is no lane and every read takes the Python
-path.
+and ``notes``. Without the C extensions the same lane in Python stands in
+(:mod:`~sidecar.relay.data.token_lane_py`: most of the gain came from keeping the notes in
+one object, not from C), checked against the same oracle. Which one is used is decided
+here, once: :data:`TokenLane`.
 """
 
 from __future__ import annotations
@@ -48,18 +50,25 @@ from typing import Protocol
 from ...base.speedups import IN_C
 from ...measure.timeline import RequestTimeline
 from ...streams.protocols.events import TokenKind
+from . import token_lane_py
 from .upstream import YIELD_AFTER_READ
 
-__all__ = ["lane_for", "AVAILABLE", "LaneTransport", "Decoding"]
+__all__ = ["lane_for", "AVAILABLE", "LaneTransport", "Decoding", "TokenLane", "IN_C_LANE"]
 
 try:  # sidecar/relay/data/_token_lane.c, built with the byte checks where a compiler is
     from ._token_lane import TokenLane
 except ImportError:
     TokenLane = None
-if not IN_C:  # one compiler builds both; a lane without the C checks is no install's state
+if not IN_C:  # one compiler builds both; a C lane without the C checks is no install's state
     TokenLane = None
+IN_C_LANE = TokenLane is not None
+"""Whether the lanes are the compiled ones (else :class:`token_lane_py.TokenLane`)."""
+if TokenLane is None:
+    TokenLane = token_lane_py.TokenLane
 
-AVAILABLE = TokenLane is not None
+AVAILABLE = True
+"""Lanes are always there (in C or in Python); the relay still reads this, and a test
+switches lanes off through it."""
 
 _KINDS = {TokenKind.ANSWER: 0, TokenKind.REASONING: 1, TokenKind.TOOL: 2}
 
@@ -94,7 +103,7 @@ def lane_for(
     when there is nothing it may stand for yet: the first token (of an answer lane's kind:
     the first answer token) is the Python path's to record. Its notes go to ``on_sent``
     (the bytes written) and to ``timeline.add_tokens``."""
-    if TokenLane is None or steady is None or timeline.first_token is None:
+    if steady is None or timeline.first_token is None:
         return None
     memo, kind = steady
     if kind is TokenKind.ANSWER and timeline.first_answer_token is None:
