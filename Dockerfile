@@ -25,7 +25,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 RUN /opt/llm-sidecar/bin/pip install --no-compile . \
- && (/opt/llm-sidecar/bin/python -c "from sidecar.base.speedups import IN_C; from sidecar.relay.data.token_lane import AVAILABLE; print('C byte checks:', IN_C, 'token lane:', AVAILABLE)") \
+ && (/opt/llm-sidecar/bin/python -c "from sidecar.base.speedups import IN_C; from sidecar.relay.data.token_lane import IN_C_LANE; print('C byte checks:', IN_C, 'token lane in C:', IN_C_LANE)") \
  && /opt/llm-sidecar/bin/pip uninstall --yes pip setuptools \
  && /opt/llm-sidecar/bin/python -m compileall -q -j 0 /opt/llm-sidecar
 
