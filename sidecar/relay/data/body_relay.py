@@ -248,12 +248,16 @@ class BodyRelay:
         now = self._clock()
         if self.ended is not None:
             return
-        if self._chunked:
-            data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p])
-        else:
-            data = b"".join(pieces)
+        data = self._framed(pieces)
         if not data or self._write_framed(data, now):
             self._measure_all(pieces, now)
+
+    def _framed(self, pieces: list[bytes], last: bytes = b"") -> bytes:
+        """Pieces as the client's body carries them: each its own chunk for a chunked client
+        (``last``, the body's last chunk, after them), else as they are."""
+        if self._chunked:
+            return b"".join([*(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p), last])
+        return b"".join(pieces)
 
     def last(self, pieces: list[bytes]) -> None:
         """The read that completed the body: its pieces and, for a chunked client, the last
@@ -262,10 +266,7 @@ class BodyRelay:
         now = self._clock()
         try:
             if self.ended is None:
-                if self._chunked:
-                    data = b"".join([*(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p), _LAST_CHUNK])
-                else:
-                    data = b"".join(pieces)
+                data = self._framed(pieces, _LAST_CHUNK)
                 if not data or self._write_framed(data, now):
                     self.terminated = self._chunked
                     feed = self._observer.feed
@@ -339,7 +340,8 @@ class BodyRelay:
 
     def end(self, error: str | None) -> None:
         """The body ended. Complete, a chunked client's last chunk is written now, from the
-        upstream's read, not a turn later by the handler (``RawHeadResponse.finish``)."""
+        upstream's read (the relay owns the end of the body; the handler only ends aiohttp's
+        message after it)."""
         if error is None and self._chunked and not self.terminated and self.ended is None:
             transport = self._transport
             if not transport.is_closing():

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from ..server.aiohttp_internals import OwnHeadResponse
 from .http1 import ResponseHead
 
@@ -89,7 +87,7 @@ class RawHeadResponse(OwnHeadResponse):
     """A ``StreamResponse`` whose head is :class:`ClientHead` bytes, written as they are.
 
     The body is written by the relay straight to the transport (framed by it when
-    ``chunked``); ``write_eof`` then only marks the end, and aiohttp's request handler reads
+    ``chunked``, its last chunk too: BodyRelay.end); ``write_eof`` then only marks the end, and aiohttp's request handler reads
     ``keep_alive`` to decide whether the connection carries another request.
     """
 
@@ -106,19 +104,6 @@ class RawHeadResponse(OwnHeadResponse):
     @property
     def chunked(self) -> bool:
         return self._raw_head.chunked
-
-    async def finish(self, request: web.Request, terminated: bool = False) -> None:
-        """End the body: the last chunk of a chunked one (unless the relay ``terminated`` it
-        already), then aiohttp's end of message."""
-        if (
-            self._raw_head.chunked
-            and not terminated
-            and request.transport is not None
-            and not request.transport.is_closing()
-        ):
-            request.transport.write(b"0\r\n\r\n")
-            request.writer.output_size += 5
-        await self.write_eof()
 
 
 _KEEP_ALIVE_FIELD = b"Connection: keep-alive\r\n"

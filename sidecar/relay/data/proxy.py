@@ -543,7 +543,7 @@ class Proxy:
                 request.transport.close()
             return Ended(Outcome.ERROR, ended, response)
         try:
-            await response.finish(request, relay.terminated)
+            await response.write_eof()  # the relay wrote the body's end (BodyRelay.end)
             # aiohttp's write_eof does not wait for the client to take the bytes: without
             # this, a client that pipelines requests and never reads gets each next one
             # forwarded while the answers pile up in memory.

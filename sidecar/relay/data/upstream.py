@@ -218,9 +218,7 @@ class UpstreamConnection(asyncio.Protocol):
                 _log.exception("relay_sink_failed")
                 self._end(INTERNAL)
                 return
-            if self._parser.done:  # type: ignore[union-attr]
-                self._end(None)
-            elif len(data) >= YIELD_AFTER_READ:
+            if len(data) >= YIELD_AFTER_READ:  # (a read that ended the body returned above)
                 self._yield_turn()
             return
         self._received += len(data)

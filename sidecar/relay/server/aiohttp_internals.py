@@ -230,17 +230,13 @@ with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it
             super().__init__(**kwargs)
             self._entry = entry
             self._expect = expect
-            self._one_match: UrlMappingMatchInfo | None = None
+            match = UrlMappingMatchInfo({}, ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect))
+            match.add_app(self)
+            match.freeze()
+            self._one_match = match
 
         async def _handle(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]
-            match = self._one_match
-            if match is None:
-                route = ResourceRoute(hdrs.METH_ANY, self._entry, None, expect_handler=self._expect)
-                match = UrlMappingMatchInfo({}, route)
-                match.add_app(self)
-                match.freeze()
-                self._one_match = match
-            request._match_info = match
+            request._match_info = self._one_match
             if request.headers.get(hdrs.EXPECT):
                 response = await self._expect(request)
                 await request.writer.drain()

@@ -307,6 +307,19 @@ def apart(request: bytes, *cuts: int) -> tuple[bytes, ...]:
     return (head, *(body[a:b] for a, b in zip(bounds, bounds[1:])))
 
 
+async def head_then_body(side: Side, request: bytes, between) -> bytes:
+    """``request``'s head, then ``await between(reader)``, then its body on one connection;
+    the raw response."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
+    head, body = apart(request)
+    writer.write(head)
+    await between(reader)
+    writer.write(body)
+    answer = await read_response(reader)
+    writer.close()
+    return answer
+
+
 @pytest.fixture
 def reads(monkeypatch) -> dict[int, list[int]]:
     """The size of every read each sidecar's proxy port got, by the port: the proof that a
@@ -446,17 +459,13 @@ async def test_a_body_whose_handler_started_first_is_read_by_the_handler_and_sen
 
     monkeypatch.setattr(EarlyForwarder, "claim", staticmethod(watched_claim))
 
-    async def head_wait_body(side: Side) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
-        head, body = apart(post())
-        claims.clear()
-        writer.write(head)
+    async def claimed(reader) -> None:
         await asyncio.sleep(0.02)
         await wait_for(lambda: claims == [None], timeout=5.0)  # (20 ms is plenty: this only says so)
-        writer.write(body)
-        answer = await read_response(reader)
-        writer.close()
-        return answer
+
+    async def head_wait_body(side: Side) -> bytes:
+        claims.clear()
+        return await head_then_body(side, post(), claimed)
 
     async with Side(True) as on, Side(False) as off:
         answer_on, answer_off = await head_wait_body(on), await head_wait_body(off)
@@ -507,16 +516,12 @@ async def test_a_head_past_the_head_budget_is_answered_431_and_its_body_never_of
 
 
 async def test_expect_100_continue_then_the_body_takes_the_handlers_path():
-    async def expect_then_body(side: Side) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
-        head, body = apart(post(b"/v1/chat/completions", BODY, b"Expect: 100-continue"))
-        writer.write(head)
+    async def continued(reader) -> None:
         interim = await reader.readuntil(b"\r\n\r\n")
         assert interim.startswith(b"HTTP/1.1 100")
-        writer.write(body)
-        answer = await read_response(reader)
-        writer.close()
-        return answer
+
+    async def expect_then_body(side: Side) -> bytes:
+        return await head_then_body(side, post(b"/v1/chat/completions", BODY, b"Expect: 100-continue"), continued)
 
     async with Side(True) as on, Side(False) as off:
         answer_on, answer_off = await expect_then_body(on), await expect_then_body(off)
