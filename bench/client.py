@@ -38,7 +38,15 @@ from itertools import pairwise
 
 import orjson
 
-from .wire import MIXED_TOKENS, StreamWire, closes_per_request, expected_body, mixed_request, mixed_request_bytes, request_bytes
+from .wire import (
+    MIXED_TOKENS,
+    StreamWire,
+    closes_per_request,
+    expected_body,
+    mixed_request,
+    mixed_request_bytes,
+    request_bytes,
+)
 
 _HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH = range(6)
 
@@ -165,7 +173,9 @@ class ClientProtocol(asyncio.Protocol):
                     self._head(data[pos:hend])
                     pos = hend + 4
         except (StreamFailed, ValueError) as exc:
-            self._fut.set_exception(exc if isinstance(exc, StreamFailed) else StreamFailed("bad_http"))
+            self._fut.set_exception(
+                exc if isinstance(exc, StreamFailed) else StreamFailed("bad_http")
+            )
             self.transport.close()
 
     def _head(self, head: bytes) -> None:
@@ -331,7 +341,10 @@ async def _mixed_connection(
         if status != 200:
             results.error(f"http_{status}")
             continue
-        if zlib.crc32(body) != zlib.crc32(expected_body(stream_id, req)) or len(times) != req.events():
+        if (
+            zlib.crc32(body) != zlib.crc32(expected_body(stream_id, req))
+            or len(times) != req.events()
+        ):
             results.checksum_mismatches += 1
             results.error("checksum")
             continue
@@ -390,8 +403,14 @@ async def run(args: argparse.Namespace) -> dict:
         tasks = [
             asyncio.create_task(
                 _connection(
-                    i, args.host, args.port, start + ramp * i / args.streams, deadline,
-                    args.tokens, args.timeout, results,
+                    i,
+                    args.host,
+                    args.port,
+                    start + ramp * i / args.streams,
+                    deadline,
+                    args.tokens,
+                    args.timeout,
+                    results,
                 )
             )
             for i in range(args.streams)
@@ -455,14 +474,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--streams", type=int, required=True, help="concurrent streams (connections)")
     p.add_argument("--tokens", type=int, required=True, help="tokens per stream (steady shape)")
-    p.add_argument("--shape", choices=("steady", "mixed"), default="steady", help="see the module doc")
+    p.add_argument(
+        "--shape", choices=("steady", "mixed"), default="steady", help="see the module doc"
+    )
     p.add_argument(
         "--token-range", type=token_range, default=MIXED_TOKENS, metavar="MIN,MAX",
         help="mixed shape: output tokens, log-uniform between these (default 20,800)",
     )  # fmt: skip
     p.add_argument("--tpot", type=float, required=True, help="the upstream's seconds per token")
-    p.add_argument("--ttft", type=float, required=True, help="the upstream's seconds to first token")
-    p.add_argument("--duration", type=float, required=True, help="seconds of steady load after the ramp")
+    p.add_argument(
+        "--ttft", type=float, required=True, help="the upstream's seconds to first token"
+    )
+    p.add_argument(
+        "--duration", type=float, required=True, help="seconds of steady load after the ramp"
+    )
     p.add_argument("--ramp", type=float, required=True, help="seconds over which streams start")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one stream may take")
     p.add_argument("--out", required=True, help="write the JSON summary here")

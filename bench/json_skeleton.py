@@ -23,7 +23,9 @@ PIECE = 64 << 10
 
 def shapes() -> dict[str, bytes]:
     return {
-        "choices": b'{"choices":[' + b",".join([b"{}"] * 5_500_000) + b'],"usage":{"prompt_tokens":1}}',
+        "choices": b'{"choices":['
+        + b",".join([b"{}"] * 5_500_000)
+        + b'],"usage":{"prompt_tokens":1}}',
         "top_array": b"[" + b",".join([b"{}"] * 5_500_000) + b"]",
         "long_string": b'{"choices":[{"message":{"content":"' + b"x" * (15 << 20) + b'"}}]}',
         "escapes": b'{"a":"' + b"\\n" * (7 << 20) + b'"}',

@@ -55,8 +55,12 @@ CHAT = b"/v1/chat/completions"
 @functools.cache
 def huge_json() -> bytes:
     """A 15.9 MiB non-streamed answer of 5.5 million empty choices, just under the largest
-answer the sidecar reads (``max_response_inspect_bytes``, 16 MiB; issue 23, finding 3)."""
-    return b'{"choices":[' + b"{}," * (5_550_000 - 1) + b'{}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    answer the sidecar reads (``max_response_inspect_bytes``, 16 MiB; issue 23, finding 3)."""
+    return (
+        b'{"choices":['
+        + b"{}," * (5_550_000 - 1)
+        + b'{}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    )
 
 
 def chart_memory_limit() -> int:
@@ -113,11 +117,16 @@ class SlowUpstream:
                         return
                     length -= len(data)
                 if head.startswith(b"POST /v1/completions "):  # the huge_json_answer attack
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(huge_json()))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                        % len(huge_json())
+                    )
                     writer.write(huge_json())
                     await writer.drain()
                     continue
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
                 self.streams_started += 1
                 role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
                 writer.write(b"%x\r\n%b\r\n" % (len(role), role))
@@ -134,7 +143,10 @@ class SlowUpstream:
 
 async def open_stream(port: int, body: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (CHAT, len(body)))
+    writer.write(
+        b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (CHAT, len(body))
+    )
     view = memoryview(body)
     for i in range(0, len(body), MiB):
         writer.write(view[i : i + MiB])
@@ -163,7 +175,9 @@ async def measure(stream_counts: list[int], body_limit: int, attacks: tuple[str,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_"))},
     )  # fmt: skip
-    small = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    small = orjson.dumps(
+        {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -182,7 +196,9 @@ async def measure(stream_counts: list[int], body_limit: int, attacks: tuple[str,
             conns = await asyncio.gather(*(open_stream(port, small) for _ in range(n)))
             await asyncio.sleep(1.0)
             rss = status_bytes(proc.pid, "VmRSS")
-            report["streams"].append({"concurrent": n, "rss_mib": rss / MiB, "kib_per_stream": (rss - idle) / n / 1024})
+            report["streams"].append(
+                {"concurrent": n, "rss_mib": rss / MiB, "kib_per_stream": (rss - idle) / n / 1024}
+            )
             for _, w in conns:
                 w.close()
             await asyncio.sleep(1.0)
@@ -213,7 +229,9 @@ async def measure(stream_counts: list[int], body_limit: int, attacks: tuple[str,
     body_peak = report["largest_body"]["peak_rss_mib"] * MiB
     report["chart_limit_mib"] = limit / MiB
     report["peak_with_largest_body_vs_limit"] = body_peak / limit
-    report["streams_that_fit_beside_largest_body"] = int((limit - body_peak) / per_stream) if per_stream > 0 else None
+    report["streams_that_fit_beside_largest_body"] = (
+        int((limit - body_peak) / per_stream) if per_stream > 0 else None
+    )
     return report
 
 
@@ -234,7 +252,9 @@ process's event loop busy, so a probe here would time the bench, not the sidecar
 
 
 async def _unended_heads(port: int) -> None:
-    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 7990) for i in range(126))
+    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-F%d: %s\r\n" % (i, b"v" * 7990) for i in range(126)
+    )
     conns = []
     for _ in range(200):
         r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -252,7 +272,10 @@ async def _withheld_bodies(port: int) -> None:
 
     async def one():
         r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (CHAT, len(body)))
+        w.write(
+            b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (CHAT, len(body))
+        )
         for i in range(0, len(body) - 1, MiB):
             w.write(view[i : min(i + MiB, len(body) - 1)])
             await w.drain()
@@ -267,14 +290,21 @@ async def _withheld_bodies(port: int) -> None:
 async def _huge_json_answer(port: int) -> None:
     r, w = await asyncio.open_connection("127.0.0.1", port)
     body = b'{"model":"m","prompt":"hi"}'
-    w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+    w.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+        % (len(body), body)
+    )
     await r.readuntil(b"\r\n\r\n")
     await r.readexactly(len(huge_json()))
     await asyncio.sleep(0.5)  # the answer is measured after its last byte
     w.close()
 
 
-ATTACKS = {"unended_heads": _unended_heads, "withheld_bodies": _withheld_bodies, "huge_json_answer": _huge_json_answer}
+ATTACKS = {
+    "unended_heads": _unended_heads,
+    "withheld_bodies": _withheld_bodies,
+    "huge_json_answer": _huge_json_answer,
+}
 
 
 async def attack(pid: int, port: int, admin: int, run) -> dict:
@@ -282,7 +312,12 @@ async def attack(pid: int, port: int, admin: int, run) -> dict:
     await asyncio.sleep(0.5)
     before = status_bytes(pid, "VmRSS")
     reset_peak(pid)
-    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(admin)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    probe = subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(admin)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     task = asyncio.ensure_future(run(port))
     while not task.done():
         probe.stdin.write("probe\n")
@@ -301,15 +336,21 @@ async def attack(pid: int, port: int, admin: int, run) -> dict:
 
 
 def print_report(report: dict) -> None:
-    print(f"\nmemory (chart limit {report['chart_limit_mib']:.0f} MiB): idle RSS {report['idle_rss_mib']:.1f} MiB")
+    print(
+        f"\nmemory (chart limit {report['chart_limit_mib']:.0f} MiB): idle RSS {report['idle_rss_mib']:.1f} MiB"
+    )
     for s in report["streams"]:
-        print(f"  {s['concurrent']:>5} streams open: RSS {s['rss_mib']:.1f} MiB, {s['kib_per_stream']:.1f} KiB per stream")
+        print(
+            f"  {s['concurrent']:>5} streams open: RSS {s['rss_mib']:.1f} MiB, {s['kib_per_stream']:.1f} KiB per stream"
+        )
     b = report["largest_body"]
     print(
         f"  largest accepted body {b['bytes'] / MiB:.1f} MiB: peak RSS {b['peak_rss_mib']:.1f} MiB "
         f"({report['peak_with_largest_body_vs_limit']:.0%} of the limit), {b['rss_while_streaming_mib']:.1f} MiB while its answer streams"
     )
-    print(f"  streams that fit in the limit beside one largest body: {report['streams_that_fit_beside_largest_body']}")
+    print(
+        f"  streams that fit in the limit beside one largest body: {report['streams_that_fit_beside_largest_body']}"
+    )
     for name, a in report.get("attacks", {}).items():
         print(
             f"  attack {name}: peak RSS {a['peak_rss_mib']:.1f} MiB ({a['peak_rss_mib'] / report['chart_limit_mib']:.0%} of the limit), "
@@ -319,18 +360,29 @@ def print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
-    p.add_argument("--streams", default="100,400", help="concurrent streams to hold open, a comma list")
-    p.add_argument("--body-bytes", type=int, default=32 << 20, help="largest body (the sidecar's max_request_inspect_bytes)")
+    p.add_argument(
+        "--streams", default="100,400", help="concurrent streams to hold open, a comma list"
+    )
+    p.add_argument(
+        "--body-bytes",
+        type=int,
+        default=32 << 20,
+        help="largest body (the sidecar's max_request_inspect_bytes)",
+    )
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument(
-        "--attacks", default=",".join(ATTACKS), help=f"hostile mixes to run, a comma list of {', '.join(ATTACKS)} (empty: none)"
+        "--attacks",
+        default=",".join(ATTACKS),
+        help=f"hostile mixes to run, a comma list of {', '.join(ATTACKS)} (empty: none)",
     )
     args = p.parse_args(argv)
     attacks = tuple(a for a in args.attacks.split(",") if a)
     unknown = set(attacks) - set(ATTACKS)
     if unknown:
         p.error(f"unknown attack(s): {', '.join(sorted(unknown))}")
-    report = asyncio.run(measure([int(n) for n in args.streams.split(",")], args.body_bytes, attacks))
+    report = asyncio.run(
+        measure([int(n) for n in args.streams.split(",")], args.body_bytes, attacks)
+    )
     print_report(report)
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

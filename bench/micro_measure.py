@@ -46,7 +46,14 @@ def chunk(i: int) -> bytes:
         "object": "chat.completion.chunk",
         "created": 1,
         "model": "m",
-        "choices": [{"index": 0, "delta": {"content": " tok%d" % i}, "logprobs": None, "finish_reason": None}],
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": " tok%d" % i},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
     }
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
@@ -64,7 +71,11 @@ def _best(fn, requests: int, repeats: int) -> float:
 def without_c() -> None:
     """Make both C extensions unimportable, as in an install without a C compiler: only
     before the sidecar is imported (a module already loaded keeps its C)."""
-    loaded = [name for name in ("sidecar.base.speedups", "sidecar.relay.data.token_lane") if name in sys.modules]
+    loaded = [
+        name
+        for name in ("sidecar.base.speedups", "sidecar.relay.data.token_lane")
+        if name in sys.modules
+    ]
     if loaded:
         raise RuntimeError(f"already imported with whatever C there was: {loaded}")
     for name in C_EXTENSIONS:
@@ -124,7 +135,9 @@ def measure(requests: int = 200, repeats: int = 7, lane: str = "auto") -> dict[s
     loop = asyncio.new_event_loop()
     pool = UpstreamPool("http://127.0.0.1:9", connect_timeout=1.0, read_timeout=None, loop=loop)
     frames = [b"%x\r\n%b\r\n" % (len(c), c) for c in chunks]
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
 
     def relay(n: int) -> None:
         for _ in range(n):
@@ -134,7 +147,9 @@ def measure(requests: int = 200, repeats: int = 7, lane: str = "auto") -> dict[s
             conn.data_received(head)
             tl = RequestTimeline(0.0, "POST", route.template, "m")
             ob = ResponseObserver(route, tl, "text/event-stream")
-            sink = BodyRelay(_Request(_CountingTransport()), conn, ob, time.perf_counter, chunked=True)
+            sink = BodyRelay(
+                _Request(_CountingTransport()), conn, ob, time.perf_counter, chunked=True
+            )
             conn.push(sink)
             received = conn.data_received
             for frame in frames:
@@ -203,9 +218,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--requests", type=int, default=200, help="requests per repeat")
     parser.add_argument("--repeats", type=int, default=7, help="best of this many repeats")
-    parser.add_argument("--no-c", action="store_true", help="as an install without a C compiler: no C extension")
     parser.add_argument(
-        "--lane", choices=LANES, default="auto", help="the token lane the relay uses (default: the install's)"
+        "--no-c", action="store_true", help="as an install without a C compiler: no C extension"
+    )
+    parser.add_argument(
+        "--lane",
+        choices=LANES,
+        default="auto",
+        help="the token lane the relay uses (default: the install's)",
     )
     args = parser.parse_args(argv)
     if args.no_c:

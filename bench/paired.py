@@ -41,6 +41,7 @@ from bench.run import (
 )  # fmt: skip
 from bench.wire import MIXED_TOKENS
 
+
 def start_proxy(side: str, name: str, up_port: int, procs: Procs, nginx: str | None) -> tuple:
     """Start one proxy in front of ``up_port``; its port and process."""
     if side == "nginx":
@@ -70,7 +71,9 @@ def one_round(args: argparse.Namespace, procs: Procs, nginx: str | None, round_n
             "load",
         )  # fmt: skip
         wait_http(f"http://127.0.0.1:{up_port}/health", upstreams[key], "upstream")
-        ports[key], proxies[key] = start_proxy(sides[key], f"{key}-{round_no}", up_port, procs, nginx)
+        ports[key], proxies[key] = start_proxy(
+            sides[key], f"{key}-{round_no}", up_port, procs, nginx
+        )
     trees = {k: process_tree(p.pid) for k, p in proxies.items()}
     cpu0 = {k: cpu_seconds(t) for k, t in trees.items()}
     clients, outs = {}, {}
@@ -97,10 +100,16 @@ def one_round(args: argparse.Namespace, procs: Procs, nginx: str | None, round_n
     result = {}
     for key in sides:
         if clients[key].returncode != 0:
-            raise RuntimeError(f"load generator {key} failed:\n{procs.log(f'client-{key}-{round_no}')}")
+            raise RuntimeError(
+                f"load generator {key} failed:\n{procs.log(f'client-{key}-{round_no}')}"
+            )
         res = orjson.loads(outs[key].read_bytes())
         tokens = res["tokens_total"]
-        complete = res["errors"] == 0 and res["checksum_mismatches"] == 0 and res["streams_complete"] == res["streams_started"] > 0
+        complete = (
+            res["errors"] == 0
+            and res["checksum_mismatches"] == 0
+            and res["streams_complete"] == res["streams_started"] > 0
+        )
         requests = res["streams_complete"]
         result[key] = {
             "proxy": sides[key],
@@ -122,6 +131,7 @@ def one_round(args: argparse.Namespace, procs: Procs, nginx: str | None, round_n
 def summarize(rounds: list[dict]) -> dict:
     """The median of the per-round ratios (each taken over the same seconds), and whether
     every stream of every round arrived complete."""
+
     def spread(key: str) -> dict:
         ratios = [r[key] for r in rounds if r.get(key) is not None]
         return {
@@ -144,11 +154,20 @@ def _f(value: float | None, digits: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired", description=__doc__.split("\n")[0])
-    p.add_argument("--a", default="nginx", help="the baseline: nginx, or a module run as `-m MODULE serve`")
+    p.add_argument(
+        "--a", default="nginx", help="the baseline: nginx, or a module run as `-m MODULE serve`"
+    )
     p.add_argument("--b", default="sidecar", help="the proxy judged against it (same choices)")
-    p.add_argument("--streams", type=int, default=200, help="streams in all, half through each side")
+    p.add_argument(
+        "--streams", type=int, default=200, help="streams in all, half through each side"
+    )
     p.add_argument("--tokens", type=int, default=200, help="tokens per stream (steady shape)")
-    p.add_argument("--shape", choices=("steady", "mixed"), default="steady", help="the load shape (bench/run.py)")
+    p.add_argument(
+        "--shape",
+        choices=("steady", "mixed"),
+        default="steady",
+        help="the load shape (bench/run.py)",
+    )
     p.add_argument(
         "--token-range", type=token_range, default=MIXED_TOKENS, metavar="MIN,MAX",
         help="mixed shape: output tokens per request, log-uniform (default 20,800)",
@@ -188,9 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.shape == "mixed":
         s = summary["b_vs_a_cpu_per_request"]
-        print(f"{args.b} / {args.a} CPU per request (mixed shape): {_f(s['median'], 2)} ({_f(s['min'], 2)}-{_f(s['max'], 2)})")
+        print(
+            f"{args.b} / {args.a} CPU per request (mixed shape): {_f(s['median'], 2)} ({_f(s['min'], 2)}-{_f(s['max'], 2)})"
+        )
     if args.json:
-        Path(args.json).write_bytes(orjson.dumps({"rounds": rounds, "summary": summary}, option=orjson.OPT_INDENT_2))
+        Path(args.json).write_bytes(
+            orjson.dumps({"rounds": rounds, "summary": summary}, option=orjson.OPT_INDENT_2)
+        )
     return 0 if summary["complete"] else 1
 
 

@@ -78,7 +78,9 @@ class _Downstream(_Half):
 
 async def serve(port: int, upstream: tuple[str, int]) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Downstream(upstream), "127.0.0.1", port, backlog=4096)
+    server = await loop.create_server(
+        lambda: _Downstream(upstream), "127.0.0.1", port, backlog=4096
+    )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

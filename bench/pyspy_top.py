@@ -34,9 +34,21 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics at request end", ("SidecarMetrics.", "Proxy._safely", "observe_many")),
     ("relay: write to client", ("BodyRelay.write", "BodyRelay._write_framed")),
     ("relay: upstream framing", ("ResponseParser.", "UpstreamConnection.data_received")),
-    ("per-request setup/teardown", ("UpstreamPool.", "_request_body", "_upstream_headers", "StreamResponse.",
-                                    "RequestHandler.data_received", "Application._make_request", "BaseRequest",
-                                    "StreamWriter.", "Proxy._relay;Proxy._fail", "request_head")),
+    (
+        "per-request setup/teardown",
+        (
+            "UpstreamPool.",
+            "_request_body",
+            "_upstream_headers",
+            "StreamResponse.",
+            "RequestHandler.data_received",
+            "Application._make_request",
+            "BaseRequest",
+            "StreamWriter.",
+            "Proxy._relay;Proxy._fail",
+            "request_head",
+        ),
+    ),
     ("relay: handler task", ("Proxy._stream", "BodyRelay.")),
     ("event loop, tasks, other", ("",)),
 )
@@ -78,13 +90,19 @@ def load(path: str, lines: bool) -> tuple[Counter, Counter, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.pyspy_top", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.pyspy_top", description=__doc__.split("\n")[0]
+    )
     p.add_argument("profile")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--lines", action="store_true", help="keep line numbers")
     p.add_argument("--match", default=None, help="only frames containing this text")
-    p.add_argument("--breakdown", action="store_true", help="split samples by part of the relay path")
-    p.add_argument("--us-per-token", type=float, default=None, help="with --breakdown: scale to microseconds")
+    p.add_argument(
+        "--breakdown", action="store_true", help="split samples by part of the relay path"
+    )
+    p.add_argument(
+        "--us-per-token", type=float, default=None, help="with --breakdown: scale to microseconds"
+    )
     args = p.parse_args(argv)
     if args.breakdown:
         parts = breakdown(args.profile)

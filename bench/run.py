@@ -76,7 +76,12 @@ DEFAULT_TARGETS = "direct,nginx,sidecar"
 # The goal at 200 streams x 50 tok/s (#36, on both load shapes; #27's was 1.5x, +1.0 ms TTFT
 # and +0.5 ms ITL p99; reported, never enforced by the exit status): what the sidecar adds
 # over nginx (over direct when nginx did not run), and its memory.
-GOAL = {"added_itl_p99_ms": 0.3, "added_ttft_p99_ms": 0.5, "cpu_vs_nginx": 1.25, "peak_rss_mb": 100.0}
+GOAL = {
+    "added_itl_p99_ms": 0.3,
+    "added_ttft_p99_ms": 0.5,
+    "cpu_vs_nginx": 1.25,
+    "peak_rss_mb": 100.0,
+}
 
 
 # ------------------------------------------------------------------ /proc helpers
@@ -147,7 +152,11 @@ def free_port() -> int:
 
 def find_nginx() -> str | None:
     return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx") if os.access(p, os.X_OK)),
+        (
+            p
+            for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+            if os.access(p, os.X_OK)
+        ),
         None,
     )
 
@@ -180,7 +189,9 @@ class Procs:
         self.started.append(proc)
         return proc
 
-    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    def stop(
+        self, proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0
+    ) -> None:
         if proc.poll() is None:
             proc.send_signal(sig)
             try:
@@ -224,7 +235,13 @@ def scrape_sidecar(admin_port: int) -> dict:
             text = resp.read().decode()
     except (urllib.error.URLError, OSError) as exc:
         return {"error": str(exc)}
-    out = {"output_tokens": 0.0, "requests": 0.0, "ok_requests": 0.0, "parse_errors": 0.0, "itl_observations": 0.0}
+    out = {
+        "output_tokens": 0.0,
+        "requests": 0.0,
+        "ok_requests": 0.0,
+        "parse_errors": 0.0,
+        "itl_observations": 0.0,
+    }
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
@@ -251,14 +268,20 @@ def start_nginx(nginx: str, name: str, up_port: int, procs: Procs) -> tuple[int,
     ndir = procs.workdir / name
     ndir.mkdir()
     conf = (HERE / "nginx.conf.template").read_text()
-    conf = conf.replace("@DIR@", str(ndir)).replace("@PORT@", str(port)).replace("@UPSTREAM_PORT@", str(up_port))
+    conf = (
+        conf.replace("@DIR@", str(ndir))
+        .replace("@PORT@", str(port))
+        .replace("@UPSTREAM_PORT@", str(up_port))
+    )
     (ndir / "nginx.conf").write_text(conf)
     proxy = procs.spawn(name, [nginx, "-p", str(ndir), "-c", str(ndir / "nginx.conf")], "proxy")
     wait_http(f"http://127.0.0.1:{port}/health", proxy, "nginx")
     return port, proxy
 
 
-def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs, nginx: str | None) -> dict:
+def run_target(
+    target: str, point: dict, args: argparse.Namespace, procs: Procs, nginx: str | None
+) -> dict:
     py = sys.executable
     tag = f"{target}-{point['streams']}" + (f"-r{point['round']}" if point.get("round") else "")
     up_port = free_port()
@@ -296,7 +319,12 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
 
         tree = process_tree(proxy.pid) if proxy else []
         out_file = procs.workdir / f"client-{tag}.json"
-        cpu0, up0, sys0, t0 = cpu_seconds(tree), cpu_seconds([upstream.pid]), system_busy_seconds(), time.monotonic()
+        cpu0, up0, sys0, t0 = (
+            cpu_seconds(tree),
+            cpu_seconds([upstream.pid]),
+            system_busy_seconds(),
+            time.monotonic(),
+        )
         kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         client = procs.spawn(
             f"client-{tag}",
@@ -312,7 +340,9 @@ def run_target(target: str, point: dict, args: argparse.Namespace, procs: Procs,
         profiler = None
         if args.profile and target == "sidecar":
             profiler = start_profiler(args, procs, proxy.pid, point)
-        limit = point["ramp"] + args.duration + longest_tokens(args) * args.tpot * 4 + args.ttft + 120
+        limit = (
+            point["ramp"] + args.duration + longest_tokens(args) * args.tpot * 4 + args.ttft + 120
+        )
         try:
             client.wait(limit)
         except subprocess.TimeoutExpired:
@@ -382,7 +412,9 @@ def longest_tokens(args: argparse.Namespace) -> int:
     return args.token_range[1] if args.shape == "mixed" else args.tokens
 
 
-def start_profiler(args: argparse.Namespace, procs: Procs, pid: int, point: dict) -> subprocess.Popen | None:
+def start_profiler(
+    args: argparse.Namespace, procs: Procs, pid: int, point: dict
+) -> subprocess.Popen | None:
     pyspy = find_pyspy()
     if pyspy is None:
         print("note: --profile needs py-spy (pip install py-spy); not profiling", file=sys.stderr)
@@ -390,7 +422,18 @@ def start_profiler(args: argparse.Namespace, procs: Procs, pid: int, point: dict
     suffix = f"-r{point['round']}" if point.get("round") else ""
     out = Path(args.profile) / f"sidecar-{point['streams']}{suffix}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = [pyspy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(out)]
+    argv = [
+        pyspy,
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        "250",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+    ]
     argv += ["--native"] if args.profile_native else ["--nonblocking"]
     print(f"  profiling sidecar pid {pid} -> {out}", file=sys.stderr)
     return procs.spawn(f"py-spy-{point['streams']}", argv, "load")
@@ -408,7 +451,9 @@ def finish_target(res: dict, args: argparse.Namespace, direct: dict | None) -> d
     res["ttft_ms"] = {k: _ms(ttft[k]) for k in ("p50", "p99", "max")}
     res["itl_ms"] = {k: _ms(itl[k]) for k in ("p50", "p99", "max")}
     res["complete"] = (
-        res["errors"] == 0 and res["checksum_mismatches"] == 0 and res["streams_complete"] == res["streams_started"] > 0
+        res["errors"] == 0
+        and res["checksum_mismatches"] == 0
+        and res["streams_complete"] == res["streams_started"] > 0
     )
     p50 = itl["p50"]
     res["unbuffered"] = bool(
@@ -419,12 +464,21 @@ def finish_target(res: dict, args: argparse.Namespace, direct: dict | None) -> d
     )
     base = res if res["target"] == "direct" else direct
     if "nonstream_excess_s" in res:  # the mixed shape
-        res["nonstream_latency_ms"] = {k: _ms(res["nonstream_latency_s"][k]) for k in ("p50", "p99", "max")}
-        res["nonstream_excess_ms"] = {k: _ms(res["nonstream_excess_s"][k]) for k in ("p50", "p99", "max")}
-    keys = ("ttft_ms", "itl_ms", "nonstream_excess_ms") if "nonstream_excess_ms" in res else ("ttft_ms", "itl_ms")
+        res["nonstream_latency_ms"] = {
+            k: _ms(res["nonstream_latency_s"][k]) for k in ("p50", "p99", "max")
+        }
+        res["nonstream_excess_ms"] = {
+            k: _ms(res["nonstream_excess_s"][k]) for k in ("p50", "p99", "max")
+        }
+    keys = (
+        ("ttft_ms", "itl_ms", "nonstream_excess_ms")
+        if "nonstream_excess_ms" in res
+        else ("ttft_ms", "itl_ms")
+    )
     for key in keys:
         res["added_" + key] = {
-            q: _diff(res[key][q], base[key][q]) if base and key in base else None for q in ("p50", "p99")
+            q: _diff(res[key][q], base[key][q]) if base and key in base else None
+            for q in ("p50", "p99")
         }
     return res
 
@@ -445,16 +499,28 @@ def ratios(targets: dict) -> dict:
         if ran(t) and ran(d):
             out[f"{name}_vs_direct_tokens_per_s"] = _ratio(t["tokens_per_s"], d["tokens_per_s"])
     if ran(r) and ran(n):
-        out["pyrelay_vs_nginx_cpu_per_token"] = _ratio(r["proxy_cpu_us_per_token"], n["proxy_cpu_us_per_token"])
+        out["pyrelay_vs_nginx_cpu_per_token"] = _ratio(
+            r["proxy_cpu_us_per_token"], n["proxy_cpu_us_per_token"]
+        )
     if ran(s) and ran(r):
-        out["sidecar_vs_pyrelay_cpu_per_token"] = _ratio(s["proxy_cpu_us_per_token"], r["proxy_cpu_us_per_token"])
+        out["sidecar_vs_pyrelay_cpu_per_token"] = _ratio(
+            s["proxy_cpu_us_per_token"], r["proxy_cpu_us_per_token"]
+        )
     if ran(s) and ran(n):
-        out["sidecar_vs_nginx_cpu_per_token"] = _ratio(s["proxy_cpu_us_per_token"], n["proxy_cpu_us_per_token"])
+        out["sidecar_vs_nginx_cpu_per_token"] = _ratio(
+            s["proxy_cpu_us_per_token"], n["proxy_cpu_us_per_token"]
+        )
         out["sidecar_vs_nginx_peak_rss"] = _ratio(s["peak_rss_mb"], n["peak_rss_mb"])
-        out["sidecar_minus_nginx_added_itl_p99_ms"] = _diff(s["added_itl_ms"]["p99"], n["added_itl_ms"]["p99"])
-        out["sidecar_minus_nginx_added_ttft_p99_ms"] = _diff(s["added_ttft_ms"]["p99"], n["added_ttft_ms"]["p99"])
+        out["sidecar_minus_nginx_added_itl_p99_ms"] = _diff(
+            s["added_itl_ms"]["p99"], n["added_itl_ms"]["p99"]
+        )
+        out["sidecar_minus_nginx_added_ttft_p99_ms"] = _diff(
+            s["added_ttft_ms"]["p99"], n["added_ttft_ms"]["p99"]
+        )
         if s.get("shape") == "mixed":  # steady's ratios stay the ones they were
-            out["sidecar_vs_nginx_cpu_per_request"] = _ratio(s["proxy_cpu_us_per_request"], n["proxy_cpu_us_per_request"])
+            out["sidecar_vs_nginx_cpu_per_request"] = _ratio(
+                s["proxy_cpu_us_per_request"], n["proxy_cpu_us_per_request"]
+            )
             out["sidecar_minus_nginx_added_nonstream_excess_p99_ms"] = _diff(
                 s["added_nonstream_excess_ms"]["p99"], n["added_nonstream_excess_ms"]["p99"]
             )
@@ -494,29 +560,49 @@ def summarize(rounds: list[dict]) -> dict:
     ratio_stats = {}
     for k in keys:
         values = [r["ratios"][k] for r in rounds if r["ratios"].get(k) is not None]
-        ratio_stats[k] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        ratio_stats[k] = {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+        }
     cpu = {}
     for name in rounds[0]["targets"]:
-        values = [r["targets"][name].get("proxy_cpu_us_per_token") for r in rounds if name in r["targets"]]
+        values = [
+            r["targets"][name].get("proxy_cpu_us_per_token") for r in rounds if name in r["targets"]
+        ]
         values = [v for v in values if v is not None]
         if values:
-            cpu[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            cpu[name] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+            }
     checks = None
     sidecar = [r["targets"].get("sidecar") for r in rounds]
-    if all(s is not None and "skipped" not in s for s in sidecar) and rounds[0]["targets"].get("direct") is not None:
+    if (
+        all(s is not None and "skipped" not in s for s in sidecar)
+        and rounds[0]["targets"].get("direct") is not None
+    ):
         itl = statistics.median(_added(s, r["ratios"], "itl") for s, r in zip(sidecar, rounds))
         ttft = statistics.median(_added(s, r["ratios"], "ttft") for s, r in zip(sidecar, rounds))
         checks = {
             "complete_and_unbuffered": all(s["complete"] and s["unbuffered"] for s in sidecar),
             f"added_itl_p99_ms<={GOAL['added_itl_p99_ms']}": itl <= GOAL["added_itl_p99_ms"],
             f"added_ttft_p99_ms<={GOAL['added_ttft_p99_ms']}": ttft <= GOAL["added_ttft_p99_ms"],
-            f"peak_rss_mb<={GOAL['peak_rss_mb']:g}": max(s["peak_rss_mb"] or 0 for s in sidecar) <= GOAL["peak_rss_mb"],
+            f"peak_rss_mb<={GOAL['peak_rss_mb']:g}": max(s["peak_rss_mb"] or 0 for s in sidecar)
+            <= GOAL["peak_rss_mb"],
         }
         if "sidecar_vs_nginx_cpu_per_token" in ratio_stats:
             checks[f"cpu_per_token<={GOAL['cpu_vs_nginx']}x_nginx"] = (
                 ratio_stats["sidecar_vs_nginx_cpu_per_token"]["median"] <= GOAL["cpu_vs_nginx"]
             )
-    return {"streams": rounds[0]["streams"], "rounds": len(rounds), "cpu_us_per_token": cpu, "ratios": ratio_stats, "goal": checks}
+    return {
+        "streams": rounds[0]["streams"],
+        "rounds": len(rounds),
+        "cpu_us_per_token": cpu,
+        "ratios": ratio_stats,
+        "goal": checks,
+    }
 
 
 def print_summary(summary: dict) -> None:
@@ -526,7 +612,10 @@ def print_summary(summary: dict) -> None:
     for k, v in summary["ratios"].items():
         print(f"  {k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})")
     if summary["goal"]:
-        print("issue goal (medians): " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in summary["goal"].items()))
+        print(
+            "issue goal (medians): "
+            + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in summary["goal"].items())
+        )
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -585,14 +674,31 @@ def print_point(point: dict, args: argparse.Namespace) -> None:
         if "skipped" not in t
     )
     print(f"load processes (% of a core): {loads}")
-    noisy = {name: t["foreign_cpu_pct_core"] for name, t in point["targets"].items() if "skipped" not in t}
-    flag = " -- other work ran during this point; latencies may be disturbed" if max(noisy.values(), default=0) > 15 else ""
-    print("foreign CPU (% of a core, not from this run): " + ", ".join(f"{k} {v:.0f}%" for k, v in noisy.items()) + flag)
+    noisy = {
+        name: t["foreign_cpu_pct_core"]
+        for name, t in point["targets"].items()
+        if "skipped" not in t
+    }
+    flag = (
+        " -- other work ran during this point; latencies may be disturbed"
+        if max(noisy.values(), default=0) > 15
+        else ""
+    )
+    print(
+        "foreign CPU (% of a core, not from this run): "
+        + ", ".join(f"{k} {v:.0f}%" for k, v in noisy.items())
+        + flag
+    )
     s = point["targets"].get("sidecar")
     if s and "sidecar_counted" in s:
-        print(f"sidecar counted: {s['sidecar_counted']} (client received {s['tokens_total']} tokens)")
+        print(
+            f"sidecar counted: {s['sidecar_counted']} (client received {s['tokens_total']} tokens)"
+        )
     if point.get("goal"):
-        print("issue goal: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in point["goal"].items()))
+        print(
+            "issue goal: "
+            + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in point["goal"].items())
+        )
 
 
 def print_requests(point: dict) -> None:
@@ -621,17 +727,28 @@ def print_requests(point: dict) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    p.add_argument("--streams", default="200", help="concurrent streams; a comma list runs several load points")
+    p.add_argument(
+        "--streams", default="200", help="concurrent streams; a comma list runs several load points"
+    )
     p.add_argument("--tokens", type=int, default=200, help="tokens per stream (steady shape)")
-    p.add_argument("--shape", choices=("steady", "mixed"), default="steady", help="the load shape (see module doc)")
+    p.add_argument(
+        "--shape",
+        choices=("steady", "mixed"),
+        default="steady",
+        help="the load shape (see module doc)",
+    )
     p.add_argument(
         "--token-range", type=token_range, default=None, metavar="MIN,MAX",
         help="mixed shape: output tokens per request, log-uniform (default 20,800; 10,60 with --quick)",
     )  # fmt: skip
-    p.add_argument("--tpot", type=float, default=0.02, help="seconds between tokens of one stream (50 tok/s)")
+    p.add_argument(
+        "--tpot", type=float, default=0.02, help="seconds between tokens of one stream (50 tok/s)"
+    )
     p.add_argument("--ttft", type=float, default=0.05, help="upstream seconds to first token")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of steady load per target")
-    p.add_argument("--ramp", type=float, default=None, help="seconds over which streams start (default: 2)")
+    p.add_argument(
+        "--ramp", type=float, default=None, help="seconds over which streams start (default: 2)"
+    )
     p.add_argument(
         "--targets",
         default=DEFAULT_TARGETS,
@@ -648,10 +765,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="tiny run (10 streams x 20 tokens, 1 s): checks correctness; its CPU figures are below clock-tick resolution",
     )
-    p.add_argument("--pin", choices=("auto", "off"), default="auto", help="CPU pinning (see module doc)")
-    p.add_argument("--profile", default=None, metavar="DIR", help="py-spy the sidecar under load; collapsed stacks in DIR")
-    p.add_argument("--profile-native", action="store_true", help="with --profile: include native frames (pauses the process)")
-    p.add_argument("--sidecar-args", default="", help="extra arguments for `sidecar serve`, e.g. '--inject-stream-usage false'")
+    p.add_argument(
+        "--pin", choices=("auto", "off"), default="auto", help="CPU pinning (see module doc)"
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="py-spy the sidecar under load; collapsed stacks in DIR",
+    )
+    p.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile: include native frames (pauses the process)",
+    )
+    p.add_argument(
+        "--sidecar-args",
+        default="",
+        help="extra arguments for `sidecar serve`, e.g. '--inject-stream-usage false'",
+    )
     p.add_argument(
         "--sidecar-module",
         default="sidecar",
@@ -673,7 +805,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.target_list = [t.strip() for t in args.targets.split(",") if t.strip()]
     bad = [t for t in args.target_list if t not in TARGETS]
     if bad or not args.target_list:
-        p.error(f"--targets: choose from {','.join(TARGETS)} (direct is the baseline of 'added'); got {args.targets!r}")
+        p.error(
+            f"--targets: choose from {','.join(TARGETS)} (direct is the baseline of 'added'); got {args.targets!r}"
+        )
     args.sidecar_args = args.sidecar_args.split()
     return args
 
@@ -698,7 +832,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     nginx = find_nginx() if "nginx" in args.target_list else None
     pin = pinning(args.pin)
-    workdir = Path(args.keep_logs) if args.keep_logs else Path(tempfile.mkdtemp(prefix="llm-sidecar-bench-"))
+    workdir = (
+        Path(args.keep_logs)
+        if args.keep_logs
+        else Path(tempfile.mkdtemp(prefix="llm-sidecar-bench-"))
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     procs = Procs(workdir, pin)
     report = {
@@ -717,7 +855,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_points": [],
     }  # fmt: skip
     if pin:
-        print(f"pinning: proxy on CPU {sorted(pin['proxy'])}, upstream + load generator on CPU {sorted(pin['load'])}")
+        print(
+            f"pinning: proxy on CPU {sorted(pin['proxy'])}, upstream + load generator on CPU {sorted(pin['load'])}"
+        )
     else:
         print("pinning: off")
     correct = True
@@ -726,14 +866,24 @@ def main(argv: list[str] | None = None) -> int:
             ramp = args.ramp if args.ramp is not None else 2.0
             rounds = []
             for round_no in range(1, args.rounds + 1):
-                point = {"streams": n, "ramp_s": ramp, "offered_tokens_per_s": n / args.tpot, "targets": {}}
+                point = {
+                    "streams": n,
+                    "ramp_s": ramp,
+                    "offered_tokens_per_s": n / args.tpot,
+                    "targets": {},
+                }
                 if args.rounds > 1:
                     point["round"] = round_no
                 run_point = {"streams": n, "ramp": ramp, "round": point.get("round")}
                 for target in args.target_list:
                     if target == "nginx" and nginx is None:
-                        point["targets"]["nginx"] = {"skipped": "nginx is not installed (apt-get install nginx)"}
-                        print("note: nginx is not installed; skipping the nginx target", file=sys.stderr)
+                        point["targets"]["nginx"] = {
+                            "skipped": "nginx is not installed (apt-get install nginx)"
+                        }
+                        print(
+                            "note: nginx is not installed; skipping the nginx target",
+                            file=sys.stderr,
+                        )
                         continue
                     print(f"  {n} streams: {target} ...", file=sys.stderr, flush=True)
                     res = run_target(target, run_point, args, procs, nginx)
@@ -764,7 +914,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
         print(f"\nwrote {args.json}")
     if not correct:
-        print("\nFAILED: some stream was incomplete or not byte-identical (see errors above)", file=sys.stderr)
+        print(
+            "\nFAILED: some stream was incomplete or not byte-identical (see errors above)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

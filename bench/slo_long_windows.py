@@ -55,33 +55,47 @@ def write_openmetrics(path: Path, days: int, pods: int, routes: int, end: int) -
         fh.write("# TYPE llm_time_to_first_token_seconds histogram\n")
         for p in range(pods):
             for r in range(routes):
-                base = f'model="{MODEL}",namespace="ns",pod="pod-{p}",route="/r{r}",prompt_class="all"'
+                base = (
+                    f'model="{MODEL}",namespace="ns",pod="pod-{p}",route="/r{r}",prompt_class="all"'
+                )
                 for le in (*TTFT_BUCKETS, float("inf")):
                     share = 1.0 if le == float("inf") else _bucket_share(le)
                     label = "+Inf" if le == float("inf") else repr(le)
                     for i in range(points):
-                        fh.write(f'llm_time_to_first_token_seconds_bucket{{{base},le="{label}"}} {rate * share * i * STEP:.1f} {start + i * STEP}\n')
+                        fh.write(
+                            f'llm_time_to_first_token_seconds_bucket{{{base},le="{label}"}} {rate * share * i * STEP:.1f} {start + i * STEP}\n'
+                        )
                 for i in range(points):
-                    fh.write(f"llm_time_to_first_token_seconds_count{{{base}}} {rate * i * STEP:.1f} {start + i * STEP}\n")
+                    fh.write(
+                        f"llm_time_to_first_token_seconds_count{{{base}}} {rate * i * STEP:.1f} {start + i * STEP}\n"
+                    )
         # What the recording rules write each minute: bad and all events/s over 5m, per group.
         total = rate * pods * routes
         bad = total * (1 - _bucket_share(2.0))
         for name, value in (("llm:sli_bad_events:rate5m", bad), ("llm:sli_events:rate5m", total)):
             fh.write(f"# TYPE {name.replace(':', '_')} gauge\n")
             for i in range(1, points):
-                fh.write(f'{name}{{slo="ttft",namespace="ns",model="{MODEL}"}} {value} {start + i * STEP}\n')
+                fh.write(
+                    f'{name}{{slo="ttft",namespace="ns",model="{MODEL}"}} {value} {start + i * STEP}\n'
+                )
         fh.write("# EOF\n")
 
 
 def query(base: str, expr: str, at: int) -> tuple[float, int, float]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": at, "stats": "all"})
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode(
+        {"query": expr, "time": at, "stats": "all"}
+    )
     started = time.perf_counter()
     with urllib.request.urlopen(url, timeout=120) as r:
         doc = json.load(r)
     elapsed = time.perf_counter() - started
     assert doc["status"] == "success", doc
     (sample,) = doc["data"]["result"]
-    return float(sample["value"][1]), doc["data"]["stats"]["samples"]["totalQueryableSamples"], elapsed
+    return (
+        float(sample["value"][1]),
+        doc["data"]["stats"]["samples"]["totalQueryableSamples"],
+        elapsed,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             check=True, capture_output=True,
         )  # fmt: skip
         om.unlink()
-        print(f"built {args.days}d x {args.pods} pods x {args.routes} routes in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"built {args.days}d x {args.pods} pods x {args.routes} routes in {time.perf_counter() - t0:.1f}s"
+        )
         port = free_port()
         (tmp_path / "prometheus.yml").write_text("global: {}\n", encoding="utf-8")
         proc = subprocess.Popen(
@@ -122,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                     urllib.request.urlopen(f"{base}/-/ready", timeout=2)
                     break
                 except OSError:
-                    assert time.monotonic() < deadline and proc.poll() is None, "prometheus did not start"
+                    assert time.monotonic() < deadline and proc.poll() is None, (
+                        "prometheus did not start"
+                    )
                     time.sleep(0.3)
             spec = parse_spec({"version": 1, "grouping": ["namespace", "model"], "objectives": [
                 {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 2.0}]})  # fmt: skip
@@ -142,9 +160,13 @@ def main(argv: list[str] | None = None) -> int:
                 runs = [query(base, expr, end) for _ in range(args.repeats)]
                 results[name] = (runs[0][0], runs[0][1], min(r[2] for r in runs))
                 value, samples, best = results[name]
-                print(f"{name:9s} ratio {value:.5f}  samples loaded {samples:>10,d}  best of {args.repeats}: {best * 1000:.1f} ms")
+                print(
+                    f"{name:9s} ratio {value:.5f}  samples loaded {samples:>10,d}  best of {args.repeats}: {best * 1000:.1f} ms"
+                )
             raw, rec = results["raw"], results["recorded"]
-            print(f"raw / recorded: samples x{raw[1] / rec[1]:.0f}, time x{raw[2] / rec[2]:.1f}; same ratio: {abs(raw[0] - rec[0]) < 1e-3}")
+            print(
+                f"raw / recorded: samples x{raw[1] / rec[1]:.0f}, time x{raw[2] / rec[2]:.1f}; same ratio: {abs(raw[0] - rec[0]) < 1e-3}"
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=10)

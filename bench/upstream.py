@@ -34,7 +34,17 @@ import sys
 
 import orjson
 
-from .wire import COMPLETIONS_PATH, MODEL, MODELS, PATH, PROMPT_TOKENS, STREAM_HEADER, CompletionWire, StreamWire, whole_body
+from .wire import (
+    COMPLETIONS_PATH,
+    MODEL,
+    MODELS,
+    PATH,
+    PROMPT_TOKENS,
+    STREAM_HEADER,
+    CompletionWire,
+    StreamWire,
+    whole_body,
+)
 
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -45,9 +55,7 @@ _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
 _BAD = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _SSE_HEAD_CLOSE = _SSE_HEAD[:-2] + b"connection: close\r\n\r\n"
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nserver: bench-upstream\r\n"
-_NO_MODEL = (
-    b'{"error":{"message":"The model does not exist.","type":"NotFoundError","param":null,"code":404}}'
-)
+_NO_MODEL = b'{"error":{"message":"The model does not exist.","type":"NotFoundError","param":null,"code":404}}'
 _LAST_CHUNK = b"0\r\n\r\n"
 _MIXED_MODELS = frozenset((MODEL, *MODELS))
 _STREAM_HEADER = STREAM_HEADER.lower()
@@ -67,12 +75,29 @@ def _chunk(event: bytes) -> bytes:
 
 class UpstreamProtocol(asyncio.Protocol):
     __slots__ = (
-        "_loop", "_ttft", "_tpot", "_stats", "_transport", "_buf", "_busy",
-        "_wire", "_k", "_t0", "_timer", "_usage", "_mixed", "_close",
+        "_loop",
+        "_ttft",
+        "_tpot",
+        "_stats",
+        "_transport",
+        "_buf",
+        "_busy",
+        "_wire",
+        "_k",
+        "_t0",
+        "_timer",
+        "_usage",
+        "_mixed",
+        "_close",
     )
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, ttft: float, tpot: float, stats: Stats, mixed: bool = False
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ttft: float,
+        tpot: float,
+        stats: Stats,
+        mixed: bool = False,
     ) -> None:
         self._loop = loop
         self._mixed = mixed
@@ -199,7 +224,9 @@ class UpstreamProtocol(asyncio.Protocol):
         if not stream:
             self._wire = None
             deadline = self._t0 + (tokens - 1) * self._tpot
-            self._timer = self._loop.call_at(deadline, self._whole, whole_body(route, stream_id, tokens, model), tokens)
+            self._timer = self._loop.call_at(
+                deadline, self._whole, whole_body(route, stream_id, tokens, model), tokens
+            )
             return
         if route == COMPLETIONS_PATH:
             self._wire = CompletionWire(stream_id, tokens, model, self._usage)
@@ -255,7 +282,11 @@ async def serve(host: str, port: int, ttft: float, tpot: float, shape: str = "st
     stats = Stats()
     mixed = shape == "mixed"
     server = await loop.create_server(
-        lambda: UpstreamProtocol(loop, ttft, tpot, stats, mixed), host, port, backlog=4096, reuse_address=True
+        lambda: UpstreamProtocol(loop, ttft, tpot, stats, mixed),
+        host,
+        port,
+        backlog=4096,
+        reuse_address=True,
     )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -267,11 +298,15 @@ async def serve(host: str, port: int, ttft: float, tpot: float, shape: str = "st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.upstream", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.upstream", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
-    parser.add_argument("--tpot", type=float, default=0.02, help="seconds between tokens of one stream")
+    parser.add_argument(
+        "--tpot", type=float, default=0.02, help="seconds between tokens of one stream"
+    )
     parser.add_argument(
         "--shape", choices=("steady", "mixed"), default="steady",
         help="mixed: also /v1/completions, non-streamed requests, several models, Connection: close",

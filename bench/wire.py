@@ -35,12 +35,54 @@ STREAM_HEADER = "X-Bench-Stream"
 _TOKENS: tuple[bytes, ...] = tuple(
     t.encode()
     for t in (
-        '" the"', '" of"', '" and"', '" to"', '" a"', '" in"', '" is"', '" that"', '" for"',
-        '" it"', '" with"', '" model"', '" token"', '" latency"', '" request"', '" server"',
-        '" stream"', '" time"', '" first"', '" output"', '" queue"', '" batch"', '" cache"',
-        '" decode"', '" prefill"', '" throughput"', '" tail"', '","', '"."', '":"', '"\'s"',
-        '"ing"', '" ("', '")"', '"\\n"', '"\\n\\n"', '" 42"', '" ms"', '" \\""',
-        '" café"', '" naïve"', '" Zürich"', '"—"', '" 日本"', '"語"', '" 🚀"', '" €"', '" π"',
+        '" the"',
+        '" of"',
+        '" and"',
+        '" to"',
+        '" a"',
+        '" in"',
+        '" is"',
+        '" that"',
+        '" for"',
+        '" it"',
+        '" with"',
+        '" model"',
+        '" token"',
+        '" latency"',
+        '" request"',
+        '" server"',
+        '" stream"',
+        '" time"',
+        '" first"',
+        '" output"',
+        '" queue"',
+        '" batch"',
+        '" cache"',
+        '" decode"',
+        '" prefill"',
+        '" throughput"',
+        '" tail"',
+        '","',
+        '"."',
+        '":"',
+        '"\'s"',
+        '"ing"',
+        '" ("',
+        '")"',
+        '"\\n"',
+        '"\\n\\n"',
+        '" 42"',
+        '" ms"',
+        '" \\""',
+        '" café"',
+        '" naïve"',
+        '" Zürich"',
+        '"—"',
+        '" 日本"',
+        '"語"',
+        '" 🚀"',
+        '" €"',
+        '" π"',
     )
 )
 _DONE = b"data: [DONE]\n\n"
@@ -59,14 +101,22 @@ class StreamWire:
     def __init__(self, stream_id: int, tokens: int, model: str = MODEL) -> None:
         self.stream_id = stream_id
         self.tokens = tokens
-        common = b'{"id":"chatcmpl-%032x","object":"chat.completion.chunk","created":%d,"model":"%s"' % (
-            stream_id, CREATED, model.encode(),
+        common = (
+            b'{"id":"chatcmpl-%032x","object":"chat.completion.chunk","created":%d,"model":"%s"'
+            % (
+                stream_id,
+                CREATED,
+                model.encode(),
+            )
         )
         self._head = b"data: " + common + b',"choices":[{"index":0,"delta":'
         self._usage_head = b"data: " + common + b',"choices":[],"usage":'
 
     def role(self) -> bytes:
-        return self._head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        return (
+            self._head
+            + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        )
 
     def token(self, k: int) -> bytes:
         if k == self.tokens - 1:
@@ -77,7 +127,10 @@ class StreamWire:
 
     def usage(self, prompt_tokens: int) -> bytes:
         return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (
-            self._usage_head, prompt_tokens, prompt_tokens + self.tokens, self.tokens,
+            self._usage_head,
+            prompt_tokens,
+            prompt_tokens + self.tokens,
+            self.tokens,
         )
 
     @staticmethod
@@ -134,7 +187,9 @@ class CompletionWire:
         self.tokens = tokens
         self.usage_asked = usage_asked
         common = b'{"id":"cmpl-%016x","object":"text_completion","created":%d,"model":"%s"' % (
-            stream_id, CREATED, model.encode(),
+            stream_id,
+            CREATED,
+            model.encode(),
         )
         self._head = b"data: " + common + b',"choices":[{"index":0,"text":'
         self._usage_head = b"data: " + common + b',"choices":[],"usage":'
@@ -147,13 +202,25 @@ class CompletionWire:
         if k < self.tokens - 1:
             return self._head + tok + _COMPLETION_NULLS
         tail = b"}\n\n" if self.usage_asked else b',"system_fingerprint":%s}\n\n' % FINGERPRINT
-        return b'%s%s,"logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]%s' % (
-            self._head, tok, tail,
+        return (
+            b'%s%s,"logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]%s'
+            % (
+                self._head,
+                tok,
+                tail,
+            )
         )
 
     def usage(self, prompt_tokens: int) -> bytes:
-        return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d},"system_fingerprint":%s}\n\n' % (
-            self._usage_head, prompt_tokens, prompt_tokens + self.tokens, self.tokens, FINGERPRINT,
+        return (
+            b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d},"system_fingerprint":%s}\n\n'
+            % (
+                self._usage_head,
+                prompt_tokens,
+                prompt_tokens + self.tokens,
+                self.tokens,
+                FINGERPRINT,
+            )
         )
 
     @staticmethod
@@ -208,7 +275,9 @@ class MixedRequest(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return ("completions" if self.route == COMPLETIONS_PATH else "chat") + ("_stream" if self.stream else "_whole")
+        return ("completions" if self.route == COMPLETIONS_PATH else "chat") + (
+            "_stream" if self.stream else "_whole"
+        )
 
     def events(self) -> int:
         """SSE events the client receives: (role,) tokens, [DONE]; 0 for a JSON body."""
@@ -259,12 +328,15 @@ def closes_per_request(conn: int) -> bool:
 def mixed_request_bytes(host: str, stream_id: int, req: MixedRequest, close: bool) -> bytes:
     if req.route == COMPLETIONS_PATH:
         body = b'{"model":"%s","prompt":"Write about latency.","stream":%s,"max_tokens":%d}' % (
-            req.model.encode(), b"true" if req.stream else b"false", req.tokens,
+            req.model.encode(),
+            b"true" if req.stream else b"false",
+            req.tokens,
         )
     else:
         body = (
             b'{"model":"%s","messages":[{"role":"user","content":"Write about latency."}],'
-            b'"stream":%s,"max_tokens":%d}' % (req.model.encode(), b"true" if req.stream else b"false", req.tokens)
+            b'"stream":%s,"max_tokens":%d}'
+            % (req.model.encode(), b"true" if req.stream else b"false", req.tokens)
         )
     return (
         b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s%s: %d\r\n%sContent-Length: %d\r\n\r\n%s"

@@ -38,7 +38,9 @@ from tests.unit.test_fuzz_dialects import (  # noqa: E402
 
 
 def hypothesis_run(examples: int) -> None:
-    cfg = settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    cfg = settings(
+        max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
 
     @cfg
     @given(st.sampled_from(STREAM_ROUTES), st.data(), max_lines)
@@ -53,7 +55,10 @@ def hypothesis_run(examples: int) -> None:
         prop_observer(template, raw, data.draw(cuts_for(raw)), max_line)
 
     @cfg
-    @given(st.sampled_from(JSON_ROUTES), st.one_of(hostile_bytes, json_objects.map(lambda o: repr(o).encode())))
+    @given(
+        st.sampled_from(JSON_ROUTES),
+        st.one_of(hostile_bytes, json_objects.map(lambda o: repr(o).encode())),
+    )
     def json_bodies(template, body):
         prop_json(template, body)
 
@@ -66,7 +71,10 @@ def hypothesis_run(examples: int) -> None:
     for prop in (dialects, observer, json_bodies, sse):
         t0 = time.monotonic()
         prop()
-        print(f"{prop.__name__:<14} {examples} examples  {time.monotonic() - t0:6.1f} s  ok", flush=True)
+        print(
+            f"{prop.__name__:<14} {examples} examples  {time.monotonic() - t0:6.1f} s  ok",
+            flush=True,
+        )
 
 
 def atheris_run(seconds: float) -> None:
@@ -92,14 +100,19 @@ def atheris_run(seconds: float) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", type=int, default=20000, help="hypothesis examples per property")
-    p.add_argument("--atheris", action="store_true", help="coverage-guided fuzzing with atheris instead")
+    p.add_argument(
+        "--atheris", action="store_true", help="coverage-guided fuzzing with atheris instead"
+    )
     p.add_argument("--seconds", type=float, default=300, help="atheris: how long")
     args = p.parse_args()
     if args.atheris:
         try:
             import atheris  # noqa: F401, PLC0415
         except ImportError:
-            print("atheris is not installed (pip install atheris); use the hypothesis mode", file=sys.stderr)
+            print(
+                "atheris is not installed (pip install atheris); use the hypothesis mode",
+                file=sys.stderr,
+            )
             return 2
         atheris_run(args.seconds)
         return 0

@@ -39,7 +39,9 @@ from tests.real.servers import KINDS, Case, RealServer, cases, start  # noqa: E4
 OUT = ROOT / "tests" / "fixtures" / "real"
 
 
-async def fetch(session: aiohttp.ClientSession, base: str, case: Case, model: str) -> tuple[int, dict, bytes]:
+async def fetch(
+    session: aiohttp.ClientSession, base: str, case: Case, model: str
+) -> tuple[int, dict, bytes]:
     """The response's status, headers and body bytes as received, nothing decoded."""
     async with session.post(base + case.route, json=case.body(model)) as resp:
         body = b"".join([chunk async for chunk in resp.content.iter_any()])
@@ -59,15 +61,25 @@ async def record(server: RealServer) -> Path:
     # and a reused one would race that close.
     connector = aiohttp.TCPConnector(force_close=True)
     timeout = aiohttp.ClientTimeout(total=300)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False, timeout=timeout) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, timeout=timeout
+    ) as session:
         for case in cases(server.kind):
             status, headers, body = await fetch(session, server.url, case, server.kind.model)
             for stale in folder.glob(f"{case.name}.*"):
                 stale.unlink()
             (folder / f"{case.name}.{extension(headers)}").write_bytes(body)
             meta = {
-                "server": {"engine": server.kind.engine, "version": version, "flags": list(server.kind.flags)},
-                "request": {"method": "POST", "path": case.route, "body": case.body(server.kind.model)},
+                "server": {
+                    "engine": server.kind.engine,
+                    "version": version,
+                    "flags": list(server.kind.flags),
+                },
+                "request": {
+                    "method": "POST",
+                    "path": case.route,
+                    "body": case.body(server.kind.model),
+                },
                 "response": {"status": status, "headers": headers},
             }
             (folder / f"{case.name}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -95,7 +107,9 @@ def main(argv: list[str]) -> int:
             print(f"{name}: ready after {server.ready_after:.0f} s on {server.url}")
             t0 = time.monotonic()
             folder = asyncio.run(record(server))
-            print(f"{name}: recorded in {time.monotonic() - t0:.1f} s -> {folder.relative_to(ROOT)}")
+            print(
+                f"{name}: recorded in {time.monotonic() - t0:.1f} s -> {folder.relative_to(ROOT)}"
+            )
         finally:
             server.stop()
     return 0

@@ -43,7 +43,22 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "soak-model"
 PATH = "/v1/chat/completions"
-_WORDS = [" the", " token", " latency", " stream", " café", " 日本", " 🚀", ",", ".", "\n", " naïve", " €", " sidecar", " soak"]
+_WORDS = [
+    " the",
+    " token",
+    " latency",
+    " stream",
+    " café",
+    " 日本",
+    " 🚀",
+    ",",
+    ".",
+    "\n",
+    " naïve",
+    " €",
+    " sidecar",
+    " soak",
+]
 
 
 # -- the deterministic wire --------------------------------------------------------------------
@@ -60,24 +75,35 @@ def plan(stream_id: str, mean_tokens: int) -> tuple[int, list[bytes]]:
     texts = []
     for k in range(n):
         h = _digest(stream_id, k)
-        texts.append(json.dumps("".join(_WORDS[b % len(_WORDS)] for b in h[: 1 + h[7] % 3]), ensure_ascii=False).encode())
+        texts.append(
+            json.dumps(
+                "".join(_WORDS[b % len(_WORDS)] for b in h[: 1 + h[7] % 3]), ensure_ascii=False
+            ).encode()
+        )
     return n, texts
 
 
 def events(stream_id: str, mean_tokens: int, include_usage: bool) -> list[bytes]:
     """The stream's SSE events, vLLM-shaped: role chunk, tokens, finish, [usage], [DONE]."""
     n, texts = plan(stream_id, mean_tokens)
-    head = b'data: {"id":"chatcmpl-%s","object":"chat.completion.chunk","created":1,"model":"%s","choices":[{"index":0,"delta":' % (
-        stream_id.encode(), MODEL.encode(),
+    head = (
+        b'data: {"id":"chatcmpl-%s","object":"chat.completion.chunk","created":1,"model":"%s","choices":[{"index":0,"delta":'
+        % (
+            stream_id.encode(),
+            MODEL.encode(),
+        )
     )
     out = [head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n']
     for k, text in enumerate(texts):
         finish = b'"stop"' if k == n - 1 else b"null"
-        out.append(head + b'{"content":%s},"logprobs":null,"finish_reason":%s}]}\n\n' % (text, finish))
+        out.append(
+            head + b'{"content":%s},"logprobs":null,"finish_reason":%s}]}\n\n' % (text, finish)
+        )
     if include_usage:
         out.append(
             b'data: {"id":"chatcmpl-%s","object":"chat.completion.chunk","created":1,"model":"%s","choices":[],'
-            b'"usage":{"prompt_tokens":9,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (stream_id.encode(), MODEL.encode(), 9 + n, n)
+            b'"usage":{"prompt_tokens":9,"total_tokens":%d,"completion_tokens":%d}}\n\n'
+            % (stream_id.encode(), MODEL.encode(), 9 + n, n)
         )
     out.append(b"data: [DONE]\n\n")
     return out
@@ -149,8 +175,12 @@ async def run_upstream(port: int, ttft: float, tpot: float, mean_tokens: int) ->
 
 def proc_figures(pid: int) -> dict:
     status = Path(f"/proc/{pid}/status").read_text()
-    rss = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
-    threads = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:"))
+    rss = next(
+        int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")
+    )
+    threads = next(
+        int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")
+    )
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return {"rss": rss, "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads, "cpu_s": cpu}
@@ -218,7 +248,9 @@ async def soak(args: argparse.Namespace) -> dict:
             print(f"sidecar exited {sidecar_exit}; log {log.name}", file=sys.stderr)
 
 
-async def drive(args: argparse.Namespace, sidecar: subprocess.Popen, port: int, admin: int, log: Path) -> dict:
+async def drive(
+    args: argparse.Namespace, sidecar: subprocess.Popen, port: int, admin: int, log: Path
+) -> dict:
     url = f"http://127.0.0.1:{port}{PATH}"
     pid = sidecar.pid
     started_at = time.monotonic()
@@ -234,7 +266,9 @@ async def drive(args: argparse.Namespace, sidecar: subprocess.Popen, port: int, 
 
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False
+    ) as session:
 
         async def slot(i: int) -> None:
             await asyncio.sleep(ramp * i / args.streams)
@@ -248,7 +282,11 @@ async def drive(args: argparse.Namespace, sidecar: subprocess.Popen, port: int, 
                 first = None
                 running["n"] += 1
                 try:
-                    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": f"soak {stream_id}"}]}
+                    body = {
+                        "model": MODEL,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": f"soak {stream_id}"}],
+                    }
                     async with session.post(url, json=body, headers={"x-soak-id": stream_id}) as r:
                         if r.status != 200:
                             errors[f"status {r.status}"] += 1
@@ -282,20 +320,31 @@ async def drive(args: argparse.Namespace, sidecar: subprocess.Popen, port: int, 
                 if "start" not in figures and running["n"] >= args.streams:
                     figures["start"] = now  # every slot has a stream in flight
                 if args.progress and int(time.monotonic() - started_at) % 15 == 0:
-                    print(f"  t={time.monotonic() - started_at:5.0f}s streams ok={results['ok']} running={running['n']} rss={now['rss'] >> 20} MiB", file=sys.stderr, flush=True)
+                    print(
+                        f"  t={time.monotonic() - started_at:5.0f}s streams ok={results['ok']} running={running['n']} rss={now['rss'] >> 20} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
         await asyncio.gather(monitor(), *(slot(i) for i in range(args.streams)))
         figures["end"] = proc_figures(pid)
         figures.setdefault("start", figures["before"])
         elapsed = time.monotonic() - started_at
-    async with aiohttp.ClientSession() as plain, plain.get(f"http://127.0.0.1:{admin}/metrics") as r:
+    async with (
+        aiohttp.ClientSession() as plain,
+        plain.get(f"http://127.0.0.1:{admin}/metrics") as r,
+    ):
         text = await r.text()
-    await asyncio.sleep(1.0)  # the client's connections are closed: the sidecar's side must close too
+    await asyncio.sleep(
+        1.0
+    )  # the client's connections are closed: the sidecar's side must close too
     figures["after"] = proc_figures(pid)
 
     labels = {"model": MODEL, "route": PATH}
     await asyncio.sleep(0.5)  # the last request log lines
-    log_lines = sum(1 for line in log.read_text().splitlines() if '"event": "request"' in line and PATH in line)
+    log_lines = sum(
+        1 for line in log.read_text().splitlines() if '"event": "request"' in line and PATH in line
+    )
     counted = {
         "ok": metric(text, "llm_requests_total", outcome="ok", **labels),
         "error": metric(text, "llm_requests_total", outcome="error", **labels),
@@ -317,8 +366,12 @@ async def drive(args: argparse.Namespace, sidecar: subprocess.Popen, port: int, 
         "tokens_relayed": totals["tokens"],
         "tokens_per_s": round(totals["tokens"] / elapsed),
         "client_ttft_ms_p50": round(1000 * statistics.median(ttfts), 1) if ttfts else None,
-        "client_ttft_ms_p99": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1) if ttfts else None,
-        "sidecar_rss_mb": {k: round(figures[k]["rss"] / 2**20, 1) for k in ("before", "start", "end")},
+        "client_ttft_ms_p99": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1)
+        if ttfts
+        else None,
+        "sidecar_rss_mb": {
+            k: round(figures[k]["rss"] / 2**20, 1) for k in ("before", "start", "end")
+        },
         "sidecar_rss_mb_max": round(max(r for _, r in samples) / 2**20, 1) if samples else None,
         # "after": once the client closed its keep-alive connections; what stays open is the
         # sidecar's pool of idle upstream connections (at most one per concurrent stream).
@@ -326,7 +379,9 @@ async def drive(args: argparse.Namespace, sidecar: subprocess.Popen, port: int, 
         "sidecar_threads_end": figures["end"]["threads"],
         "sidecar_cpu_pct_core": round(100 * cpu / elapsed, 1),
         "sidecar_counted": counted,
-        "rss_samples_mb": " ".join(f"{t:g}s:{r / 2**20:.1f}" for t, r in samples[:: max(1, len(samples) // 20)]),
+        "rss_samples_mb": " ".join(
+            f"{t:g}s:{r / 2**20:.1f}" for t, r in samples[:: max(1, len(samples) // 20)]
+        ),
         "tpot_s": args.tpot,
         "mean_tokens": args.tokens,
     }
@@ -349,12 +404,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", type=int, default=300, help="concurrent streams (client slots)")
     p.add_argument("--duration", type=float, default=180.0, help="seconds of load")
-    p.add_argument("--tokens", type=int, default=100, help="mean tokens per stream (each stream 50-150 %%)")
+    p.add_argument(
+        "--tokens", type=int, default=100, help="mean tokens per stream (each stream 50-150 %%)"
+    )
     p.add_argument("--ttft", type=float, default=0.2, help="upstream seconds to first token")
     p.add_argument("--tpot", type=float, default=0.05, help="upstream seconds per token")
     p.add_argument("--json", default=None, help="write the report here too")
     p.add_argument("--progress", action="store_true", help="a status line every 15 s on stderr")
-    p.add_argument("--role", choices=["client", "upstream"], default="client", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--role", choices=["client", "upstream"], default="client", help=argparse.SUPPRESS
+    )
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     try:

@@ -52,7 +52,9 @@ KUBE_VERSION_LEGACY = "1.28.0"
 # the docs' example, the one `make image-push REGISTRY=registry.example.com/team` would push;
 # the plain manifests say so on the image's line (IMAGE_NOTE).
 EXAMPLE_IMAGE = "registry.example.com/team/llm-sidecar-proxy"
-IMAGE_NOTE = "  # an example: build and push yours (make image-push REGISTRY=...), put its name here"
+IMAGE_NOTE = (
+    "  # an example: build and push yours (make image-push REGISTRY=...), put its name here"
+)
 
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 GOLDEN_DIR = ROOT / "tests" / "golden" / "helm"
@@ -129,7 +131,9 @@ def template(args: list[str], chart: Path = CHART) -> str:
     """`helm template` of the release, naming the example image unless ``args`` name another
     (a later --set wins): the chart refuses to render without one."""
     image = ["--set", f"image.repository={EXAMPLE_IMAGE}"]
-    return helm("template", RELEASE, str(chart), "--namespace", NAMESPACE, *image, *args, chart=chart)
+    return helm(
+        "template", RELEASE, str(chart), "--namespace", NAMESPACE, *image, *args, chart=chart
+    )
 
 
 def documents(rendered: str) -> list[str]:
@@ -158,7 +162,9 @@ def expected_rules() -> dict[Path, str]:
     # The rules' render-time checks as a named template (templates/validate.yaml runs it first,
     # so a wrong window fails with one line, not with the rules file around it).
     (spec,) = set(helm_rules.SHIPPED.values())
-    out[CHART / "templates" / "_rules-guard.tpl"] = helm_rules.render_helm_guard(load_spec(str(ROOT / spec)))
+    out[CHART / "templates" / "_rules-guard.tpl"] = helm_rules.render_helm_guard(
+        load_spec(str(ROOT / spec))
+    )
     return out
 
 
@@ -207,7 +213,7 @@ def sidecar_snippet() -> str:
     body = yaml.safe_dump([container], sort_keys=False, width=120)
     return (
         "# The llm-sidecar container to paste into the pod template of an inference server you\n"
-        "# deploy yourself (chart mode monitoring-only; README.md \"Without Helm, or monitoring only\").\n"
+        '# deploy yourself (chart mode monitoring-only; README.md "Without Helm, or monitoring only").\n'
         f"# {GENERATED}\n"
         "# Under spec.template.spec.containers; on Kubernetes >= 1.29 better under initContainers\n"
         "# with `restartPolicy: Always` added (a native sidecar: up before the server, down after it).\n"
@@ -217,7 +223,7 @@ def sidecar_snippet() -> str:
         "# existingServer.podSelector, give your server a preStop sleep of ~10 s, and set\n"
         "# terminationGracePeriodSeconds above that plus LLM_SIDECAR_DRAIN_SECONDS (e.g. 55). Start vLLM\n"
         "# with --enable-force-include-usage and --enable-per-request-metrics (and, with prefix caching,\n"
-        "# --enable-prompt-tokens-details): the whole checklist is docs/kubernetes.md \"Monitoring only\".\n"
+        '# --enable-prompt-tokens-details): the whole checklist is docs/kubernetes.md "Monitoring only".\n'
         + _note_image(body)
     )
 
@@ -229,7 +235,9 @@ def expected_manifests() -> dict[Path, str]:
     core, monitoring = [], []
     for doc in docs:
         obj = yaml.safe_load(doc)
-        if obj["kind"] == "ConfigMap" and "llm-sidecar/source" in obj["metadata"].get("annotations", {}):
+        if obj["kind"] == "ConfigMap" and "llm-sidecar/source" in obj["metadata"].get(
+            "annotations", {}
+        ):
             continue  # a dashboard: dashboards/ is its one copy (kubectl apply -k dashboards/)
         (monitoring if obj["kind"] in MONITORING_KINDS else core).append(doc)
     command = case.command()
@@ -241,8 +249,8 @@ def expected_manifests() -> dict[Path, str]:
         DEPLOY_DIR / "monitoring.yaml": _header(
             "PodMonitor and PrometheusRule (needs Prometheus Operator's CRDs); the dashboards' ConfigMaps\n"
             "# are left out: kubectl apply --server-side -n monitoring -k dashboards/\n"
-            "# The rules judge llm-sidecar in any namespace (llm_release=~\".+/llm-sidecar\"): one such\n"
-            "# install per Prometheus. For more, pin each to its namespace (docs/kubernetes.md, \"Which\n"
+            '# The rules judge llm-sidecar in any namespace (llm_release=~".+/llm-sidecar"): one such\n'
+            '# install per Prometheus. For more, pin each to its namespace (docs/kubernetes.md, "Which\n'
             "# pods a release judges\"), or two installs judge each other's pods.",
             command,
         )
@@ -266,7 +274,9 @@ def normalise(rendered: str) -> str:
         if source and obj["kind"] == "PrometheusRule":
             doc = doc[: doc.index("\nspec:\n")] + f"\nspec:\n  # (the groups of {source})\n"
         elif source and obj["kind"] == "ConfigMap":
-            doc = doc[: doc.index("\ndata:\n")] + f"\ndata:\n  # (one key: the dashboard {source})\n"
+            doc = (
+                doc[: doc.index("\ndata:\n")] + f"\ndata:\n  # (one key: the dashboard {source})\n"
+            )
         out.append(doc)
     return "---\n".join(out)
 
@@ -308,7 +318,10 @@ def stale(want: dict[Path, str], complete: bool = True) -> list[str]:
            if not p.exists() or p.read_text(encoding="utf-8") != text]  # fmt: skip
     if complete:
         have = {p for directory, pattern in OWNED for p in directory.glob(pattern)}
-        out += [f"{p.relative_to(ROOT)}: rendered by nothing (remove it)" for p in sorted(have - set(want))]
+        out += [
+            f"{p.relative_to(ROOT)}: rendered by nothing (remove it)"
+            for p in sorted(have - set(want))
+        ]
     return out
 
 
@@ -327,7 +340,9 @@ def write(want: dict[Path, str], remove: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when anything is stale")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 when anything is stale"
+    )
     args = parser.parse_args(argv)
     try:
         if args.check:

@@ -35,7 +35,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from .config import Settings
-from .relay.server.aiohttp_internals import GuardedServer, OneHandlerApplication, RebuildingRunner, set_shutdown_timeout
+from .relay.server.aiohttp_internals import (
+    GuardedServer,
+    OneHandlerApplication,
+    RebuildingRunner,
+    set_shutdown_timeout,
+)
 from .relay.server.client_guard import ConnectionGuard, connection_cap
 from .relay.data.body_budget import BodyBudget
 from .relay.server.drain import Drain, needs_full_drain
@@ -55,9 +60,24 @@ from .export.otel_setup import TelemetryProviders, providers_from_env
 from .relay.control.model_discovery import served_models
 from .relay.data.upstream import UpstreamPool
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
-from .relay.control.self_loop import LOOP_HEADER, LOOP_STATUS, LOOP_TOKEN, UpstreamLoopError, loop_refusal, loop_reason
+from .relay.control.self_loop import (
+    LOOP_HEADER,
+    LOOP_STATUS,
+    LOOP_TOKEN,
+    UpstreamLoopError,
+    loop_refusal,
+    loop_reason,
+)
 
-__all__ = ["Sidecar", "SidecarRunner", "bind_sites", "build_sidecar", "serve", "setup_runners", "SIDECAR"]
+__all__ = [
+    "Sidecar",
+    "SidecarRunner",
+    "bind_sites",
+    "build_sidecar",
+    "serve",
+    "setup_runners",
+    "SIDECAR",
+]
 
 _log = structlog.get_logger("sidecar.app")
 
@@ -200,7 +220,10 @@ def objective_defaults(settings: Settings) -> ObjectiveDefaults:
     return ObjectiveDefaults(
         settings.slo_ttft_seconds,
         settings.slo_tpot_seconds,
-        {model: (o.ttft_seconds, o.tpot_seconds) for model, o in settings.slo_model_objectives.items()},
+        {
+            model: (o.ttft_seconds, o.tpot_seconds)
+            for model, o in settings.slo_model_objectives.items()
+        },
     )
 
 
@@ -219,14 +242,18 @@ def build_sidecar(
     series gate is set up (a family registered later would be counted but never gated)."""
     registry = registry if registry is not None else CollectorRegistry()
     if providers is not None:
-        tracer_provider = tracer_provider if tracer_provider is not None else providers.tracer_provider
+        tracer_provider = (
+            tracer_provider if tracer_provider is not None else providers.tracer_provider
+        )
         meter_provider = meter_provider if meter_provider is not None else providers.meter_provider
         providers.register(registry)  # llm_sidecar_otlp_export_failures_total, with OTLP on
     # The Prometheus page: its families (the capacity curve's too), its one series budget
     # and the model label, which reports to them (SidecarMetrics).
     metrics = SidecarMetrics(
         registry,
-        SLOThresholds(settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds),
+        SLOThresholds(
+            settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds
+        ),
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
         objectives=objective_defaults(settings),
@@ -295,7 +322,9 @@ def build_sidecar(
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
     renderer = ScrapeRenderer(WithoutCreated(registry))
-    return Sidecar(settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link)
+    return Sidecar(
+        settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link
+    )
 
 
 def _proxy_app(sc: Sidecar) -> web.Application:
@@ -335,7 +364,9 @@ async def _refresh_labels(sc: Sidecar) -> None:
     while True:
         try:
             if sc.session is not None and not sc.settings.model_allowlist:
-                names = await served_models(sc.session, sc.settings.upstream, sc.settings.readiness_timeout)
+                names = await served_models(
+                    sc.session, sc.settings.upstream, sc.settings.readiness_timeout
+                )
                 if names is not None:
                     labeler.vouch(names)
             labeler.expire()
@@ -392,9 +423,14 @@ def _admin_app(sc: Sidecar) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/upstreamz", upstreamz)
     if sc.settings.engine_metrics_path:
-        app.router.add_get("/metrics/engine", engine_metrics_handler(
-            lambda: sc.session, sc.settings.upstream + sc.settings.engine_metrics_path, sc.settings.engine_metrics_timeout
-        ))
+        app.router.add_get(
+            "/metrics/engine",
+            engine_metrics_handler(
+                lambda: sc.session,
+                sc.settings.upstream + sc.settings.engine_metrics_path,
+                sc.settings.engine_metrics_timeout,
+            ),
+        )
     return app
 
 
@@ -446,7 +482,9 @@ class SidecarRunner(RebuildingRunner):
             )
         elif sc is not None:  # the admin port: within connection_cap's reserve of 128
             max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0
-            guard = ConnectionGuard(max_connections=max_connections, head_budget=sc.settings.max_request_head_bytes)
+            guard = ConnectionGuard(
+                max_connections=max_connections, head_budget=sc.settings.max_request_head_bytes
+            )
         return GuardedServer(
             built.request_handler,
             request_factory=built.request_factory,
@@ -505,7 +543,9 @@ async def setup_runners(sc: Sidecar) -> tuple[SidecarRunner, SidecarRunner]:
     """The proxy's and the admin app's runners, set up but not yet listening: what ``serve``
     runs, and what the tests' in-process sidecar runs (tests/conftest.py), so the server the
     tests exercise (guarded handler, connection caps, head budget, early path) is this one."""
-    proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=sc.settings.drain_seconds, **RUNNER_KWARGS)
+    proxy_runner = SidecarRunner(
+        sc.proxy_app, shutdown_timeout=sc.settings.drain_seconds, **RUNNER_KWARGS
+    )
     admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
     await proxy_runner.setup()
     await admin_runner.setup()
@@ -519,7 +559,9 @@ async def bind_sites(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: Sid
     host, port = settings.listen_addr
     await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
     mhost, mport = settings.metrics_addr
-    await _bind(web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen)
+    await _bind(
+        web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen
+    )
 
 
 async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
@@ -583,7 +625,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             open_files_limit=open_files,
             speedups="on" if IN_C else "off",
         )
-        if not IN_C:  # says so once, where an operator reads: ~2x the CPU per token otherwise unexplained
+        if (
+            not IN_C
+        ):  # says so once, where an operator reads: ~2x the CPU per token otherwise unexplained
             _log.warning("speedups_missing", reason=SPEEDUPS_MISSING)
         started = True
         watcher = asyncio.create_task(watch(lambda: _upstream_health(sc, "ready")))

@@ -60,7 +60,11 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, info in Settings.model_fields.items():
         help_text = (info.description or "").replace("%", "%%")
         env = ENV_PREFIX + name.upper()
-        default = "" if info.is_required() else f" (default: {info.get_default(call_default_factory=True)!r})"
+        default = (
+            ""
+            if info.is_required()
+            else f" (default: {info.get_default(call_default_factory=True)!r})"
+        )
         kwargs: dict = {"dest": name, "default": None, "help": f"{help_text}{default} [env {env}]"}
         if name == "model_allowlist":
             kwargs["type"] = lambda s: [m.strip() for m in s.split(",") if m.strip()]
@@ -70,7 +74,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if name == "upstream":
             kwargs["metavar"] = "URL"
         parser.add_argument(_flag(name), **kwargs)
-    parser.add_argument("--config", dest="config", default=None, help=f"YAML settings file [env {ENV_PREFIX}CONFIG]")
+    parser.add_argument(
+        "--config", dest="config", default=None, help=f"YAML settings file [env {ENV_PREFIX}CONFIG]"
+    )
 
 
 SIMULATOR_HEADERS_HELP = """\
@@ -93,7 +99,9 @@ no random failures):
 """
 
 
-class _DefaultsAndRawEpilog(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+class _DefaultsAndRawEpilog(
+    argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter
+):
     """Each option's default in its help, and the epilog's table kept as written."""
 
 
@@ -106,7 +114,9 @@ def _env_option(parser: argparse.ArgumentParser):
     (``--tokens-spread``: ``LLM_SIDECAR_TOKENS_SPREAD``), read as ``kind``."""
 
     def add(flag: str, kind: type, default, help: str) -> None:
-        parser.add_argument(flag, type=kind, default=kind(_env(flag[2:].replace("-", "_"), default)), help=help)
+        parser.add_argument(
+            flag, type=kind, default=kind(_env(flag[2:].replace("-", "_"), default)), help=help
+        )
 
     return add
 
@@ -122,7 +132,9 @@ def _version_text() -> str:
 class _Version(argparse.Action):
     """argparse's version action, without its re-wrapping of the text into one paragraph."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+    def __init__(
+        self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None
+    ) -> None:
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
@@ -135,7 +147,11 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="llm-sidecar",
         description="Latency observability sidecar for LLM inference servers.",
     )
-    parser.add_argument("--version", action=_Version, help="show the version (and whether the C speedups are loaded) and exit")
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        help="show the version (and whether the C speedups are loaded) and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # --upstream is required, but may come from the environment or --config instead of a
@@ -157,23 +173,55 @@ def _build_parser() -> argparse.ArgumentParser:
     sim_option("--listen", str, "0.0.0.0:8000", "HOST:PORT")
     sim_option("--ttft", float, 0.2, "mean seconds to first token")
     sim_option("--tpot", float, 0.02, "mean seconds per output token")
-    sim_option("--tokens", int, 64, "mean output tokens per choice, spread by --tokens-spread; a request's max_tokens caps it")
-    sim_option("--tokens-spread", float, 0.5, "relative spread of output length (lognormal); 0 gives exactly --tokens")
+    sim_option(
+        "--tokens",
+        int,
+        64,
+        "mean output tokens per choice, spread by --tokens-spread; a request's max_tokens caps it",
+    )
+    sim_option(
+        "--tokens-spread",
+        float,
+        0.5,
+        "relative spread of output length (lognormal); 0 gives exactly --tokens",
+    )
     sim_option("--jitter", float, 0.1, "relative spread of TTFT and token gaps; 0 = exact")
     sim_option("--model", str, "sim-llama-3-8b", "served model name; others get 404")
     sim.add_argument("--seed", type=int, default=None, help="random seed for reproducible runs")
     sim_option("--fail-rate", float, 0.0, "share of 500s")
     sim_option("--drop-rate", float, 0.0, "share of streams cut mid-way")
     sim_option("--reasoning-tokens", int, 0, "reasoning deltas before the answer")
-    sim_option("--batch-alpha", float, 0.0, "continuous batching: with n streams decoding each gap is tpot * (1 + alpha * (n - 1))")
-    sim_option("--batch-knee", int, 0, "streams beyond this many slow the others --batch-knee-factor times more (0 = no knee)")
+    sim_option(
+        "--batch-alpha",
+        float,
+        0.0,
+        "continuous batching: with n streams decoding each gap is tpot * (1 + alpha * (n - 1))",
+    )
+    sim_option(
+        "--batch-knee",
+        int,
+        0,
+        "streams beyond this many slow the others --batch-knee-factor times more (0 = no knee)",
+    )
     sim_option("--batch-knee-factor", float, 4.0, "slow-down beyond the knee")
-    sim_option("--max-body-bytes", int, 128 << 20, "largest request body read, else 413 (above the sidecar's own 64 MiB limit)")
+    sim_option(
+        "--max-body-bytes",
+        int,
+        128 << 20,
+        "largest request body read, else 413 (above the sidecar's own 64 MiB limit)",
+    )
 
     demo = sub.add_parser("demo", help="simulated server + sidecar + load, with live figures")
-    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: until Ctrl-C)",
+    )
     demo.add_argument("--concurrency", type=int, default=8, help="concurrent client streams")
-    demo.add_argument("--port", type=int, default=8080, help="sidecar proxy port (admin port is --port + 1384)")
+    demo.add_argument(
+        "--port", type=int, default=8080, help="sidecar proxy port (admin port is --port + 1384)"
+    )
     slo = sub.add_parser("slo", help="SLO spec -> Prometheus recording and burn-rate alert rules")
     slo_sub = slo.add_subparsers(dest="slo_command", required=True, metavar="SLO_COMMAND")
     render = slo_sub.add_parser("render", help="render a spec's rules (YAML) to stdout or --output")
@@ -203,7 +251,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+def _command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
     """The (sub)parser of the deepest command ``args`` names."""
     for dest in ("command", "slo_command"):
         name = getattr(args, dest, None)
@@ -231,7 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             asyncio.run(serve(settings))
         except OSError as exc:  # e.g. the port is taken; serve's ListenError names the flag
-            return _die(exc.strerror if getattr(exc, "flag", None) else f"cannot listen: {exc.strerror or exc}")
+            return _die(
+                exc.strerror
+                if getattr(exc, "flag", None)
+                else f"cannot listen: {exc.strerror or exc}"
+            )
         return 0
     if args.command == "simulate":
         from .tools.sim.core import SimulatorConfig  # noqa: PLC0415

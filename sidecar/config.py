@@ -22,7 +22,14 @@ from .base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from .base.prompt_class import parse_bounds
 from .base.tenant import check_tenant_header
 
-__all__ = ["Settings", "ModelObjectives", "ConfigError", "load_settings", "parse_host_port", "ENV_PREFIX"]
+__all__ = [
+    "Settings",
+    "ModelObjectives",
+    "ConfigError",
+    "load_settings",
+    "parse_host_port",
+    "ENV_PREFIX",
+]
 
 ENV_PREFIX = "LLM_SIDECAR_"
 
@@ -86,26 +93,37 @@ class Settings(BaseModel):
         "each client's path is relayed as-is; a path given here is a prefix put before it)"
     )
     listen: str = Field("0.0.0.0:8080", description="Proxy address HOST:PORT")
-    metrics_listen: str = Field("0.0.0.0:9464", description="Admin address for /metrics /healthz /readyz")
-    connect_timeout: float = Field(5.0, gt=0, description="Seconds to open a connection to the upstream")
+    metrics_listen: str = Field(
+        "0.0.0.0:9464", description="Admin address for /metrics /healthz /readyz"
+    )
+    connect_timeout: float = Field(
+        5.0, gt=0, description="Seconds to open a connection to the upstream"
+    )
     read_timeout: float = Field(
         600.0,
         gt=0,
         description="Idle seconds allowed between two reads from the upstream (no total timeout)",
     )
-    drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish")
+    drain_seconds: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish"
+    )
     health_path: str = Field("/health", description="Upstream path whose 2xx makes /readyz ready")
-    readiness_timeout: float = Field(2.0, gt=0, description="Seconds a readiness probe of the upstream may take")
+    readiness_timeout: float = Field(
+        2.0, gt=0, description="Seconds a readiness probe of the upstream may take"
+    )
     engine_metrics_path: str = Field(
         "/metrics",
         description="The upstream's own metrics path, relayed on the admin port as /metrics/engine "
         "(so Prometheus can scrape a server that listens on loopback); empty turns it off",
     )
     engine_metrics_timeout: float = Field(
-        10.0, gt=0, description="Seconds /metrics/engine waits for the upstream (less if the scraper's timeout is shorter)"
+        10.0,
+        gt=0,
+        description="Seconds /metrics/engine waits for the upstream (less if the scraper's timeout is shorter)",
     )
     model_allowlist: list[str] = Field(
-        default_factory=list, description="If set, only these model label values; others become 'other'"
+        default_factory=list,
+        description="If set, only these model label values; others become 'other'",
     )
     max_models: int = Field(
         50, ge=1, description="Distinct model label values kept before new ones become 'other'"
@@ -136,7 +154,8 @@ class Settings(BaseModel):
         "(Authorization, Cookie, X-Api-Key, ...) are refused. Unset: no tenant label anywhere",
     )
     tenant_allowlist: list[str] = Field(
-        default_factory=list, description="If set, only these tenant label values; others become 'other'"
+        default_factory=list,
+        description="If set, only these tenant label values; others become 'other'",
     )
     max_tenants: int = Field(
         20, ge=1, description="Distinct tenant label values kept before new ones become 'other'"
@@ -153,7 +172,9 @@ class Settings(BaseModel):
         "whole; past it a body is streamed to the upstream as it arrives (its model read in flight)",
     )
     max_response_inspect_bytes: int = Field(
-        16 << 20, ge=0, description="Largest non-streaming JSON response read for its usage; past 64 KiB only a bounded skeleton of it is kept (at most 1 MiB), larger ones are relayed unread"
+        16 << 20,
+        ge=0,
+        description="Largest non-streaming JSON response read for its usage; past 64 KiB only a bounded skeleton of it is kept (at most 1 MiB), larger ones are relayed unread",
     )
     inject_stream_usage: bool = Field(
         False,
@@ -173,7 +194,9 @@ class Settings(BaseModel):
     max_header_field_bytes: int = Field(
         8190, gt=0, description="Longest request header field (name and value); longer gets 431"
     )
-    max_request_headers: int = Field(128, gt=0, description="Most request header fields; more gets 431")
+    max_request_headers: int = Field(
+        128, gt=0, description="Most request header fields; more gets 431"
+    )
     max_request_head_bytes: int = Field(
         64 * 1024,
         gt=0,
@@ -212,14 +235,22 @@ class Settings(BaseModel):
         description="Connections open at once on the admin port (probes, scrapes); more get 503 with "
         "Retry-After, so idle admin connections cannot use up the process's open files. 0: no cap",
     )
-    max_sse_line_bytes: int = Field(1 << 20, gt=0, description="Longest stream line the parser holds")
-    slo_ttft_seconds: float = Field(2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)")
-    slo_tpot_seconds: float = Field(0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)")
-    slo_e2e_seconds: float = Field(60.0, gt=0, description="Goodput: e2e objective (a bucket bound)")
+    max_sse_line_bytes: int = Field(
+        1 << 20, gt=0, description="Longest stream line the parser holds"
+    )
+    slo_ttft_seconds: float = Field(
+        2.0, gt=0, description="Goodput: TTFT objective (a bucket bound)"
+    )
+    slo_tpot_seconds: float = Field(
+        0.1, gt=0, description="Goodput: TPOT objective (a bucket bound)"
+    )
+    slo_e2e_seconds: float = Field(
+        60.0, gt=0, description="Goodput: e2e objective (a bucket bound)"
+    )
     slo_model_objectives: dict[str, ModelObjectives] = Field(
         default_factory=dict,
         description="Per-model TTFT/TPOT objectives of requests without x-slo-ttft-ms / x-slo-tpot-ms "
-        "headers (the SLO spec's per-model overrides), e.g. {\"my-405b\": {\"ttft_seconds\": 5}}: a YAML "
+        'headers (the SLO spec\'s per-model overrides), e.g. {"my-405b": {"ttft_seconds": 5}}: a YAML '
         "mapping, or JSON in the flag and environment variable. A model not named, or an objective "
         "not given, uses --slo-ttft-seconds / --slo-tpot-seconds",
     )
@@ -230,10 +261,12 @@ class Settings(BaseModel):
         "Empty: every request is class 'all'",
     )
     log_format: Literal["json", "console"] = Field(
-        "json", description="Log line format: json (one object a line, for collectors) or console (for a terminal)"
+        "json",
+        description="Log line format: json (one object a line, for collectors) or console (for a terminal)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Least severe level logged; failed requests are error lines, served ones info"
+        "info",
+        description="Least severe level logged; failed requests are error lines, served ones info",
     )
     access_log: bool = Field(True, description="One structured line per request")
     otel_metrics: bool = Field(
@@ -253,7 +286,9 @@ class Settings(BaseModel):
     @classmethod
     def _no_injection(cls, value: bool) -> bool:
         if value:
-            raise ValueError("removed: the sidecar never rewrites a request; token counts come from the stream")
+            raise ValueError(
+                "removed: the sidecar never rewrites a request; token counts come from the stream"
+            )
         return value
 
     @field_validator("tenant_header", "otel_provider_name", mode="before")
@@ -285,7 +320,11 @@ class Settings(BaseModel):
             # Authorization header goes through), so accepting them would fail quietly. The
             # URL is not echoed: it holds a secret.
             host = parts.hostname or ""
-            port = parts.netloc.rpartition("@")[2].rpartition(":")[2] if ":" in parts.netloc.rpartition("@")[2] else ""
+            port = (
+                parts.netloc.rpartition("@")[2].rpartition(":")[2]
+                if ":" in parts.netloc.rpartition("@")[2]
+                else ""
+            )
             root = f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path.rstrip('/')}"
             raise ValueError(
                 "must not hold credentials (user:password@): the sidecar never sends them; clients' "
@@ -350,7 +389,9 @@ class Settings(BaseModel):
             try:
                 return json.loads(v)
             except ValueError as exc:
-                raise ValueError(f"not JSON ({exc.args[0]}); write e.g. {{\"my-model\": {{\"ttft_seconds\": 5}}}}") from None
+                raise ValueError(
+                    f'not JSON ({exc.args[0]}); write e.g. {{"my-model": {{"ttft_seconds": 5}}}}'
+                ) from None
         return v
 
     @field_validator("ttft_prompt_classes", mode="before")
@@ -388,7 +429,9 @@ def _closest(name: str, valid: list[str]) -> str:
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
-    known = [ENV_PREFIX + n.upper() for n in Settings.model_fields] + [ENV_PREFIX + n for n in _OTHER_ENV]
+    known = [ENV_PREFIX + n.upper() for n in Settings.model_fields] + [
+        ENV_PREFIX + n for n in _OTHER_ENV
+    ]
     for key in environ:
         if key.startswith(ENV_PREFIX) and key not in known:
             raise ConfigError(f"unknown environment variable {key}{_closest(key, known)}")

@@ -51,7 +51,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def retry_on_port_clash(start: Callable[[int], subprocess.Popen], attempts: int = 5, grace: float = 10.0) -> tuple[subprocess.Popen, int]:
+def retry_on_port_clash(
+    start: Callable[[int], subprocess.Popen], attempts: int = 5, grace: float = 10.0
+) -> tuple[subprocess.Popen, int]:
     """Start a third-party server (Prometheus, Alertmanager) that cannot bind port 0 and say
     which port it got: ``start(port)`` on a :func:`free_port`. Another process may take that
     port between the probe and the server's bind; then the server exits, and this picks
@@ -113,7 +115,11 @@ class ServeProcess:
     ) -> None:  # fmt: skip
         base = os.environ
         if clean_env:
-            base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLM_SIDECAR_", "KUBERNETES_"))}
+            base = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("OTEL_", "LLM_SIDECAR_", "KUBERNETES_"))
+            }
         self.port = self.admin_port = 0
         self.out: list[str] = []
         self.err: list[str] = []
@@ -197,7 +203,9 @@ class ServeProcess:
         return "".join(self.out), "".join(self.err)
 
 
-def start_simulator(*args: str, command: tuple[str, ...] = (sys.executable, "-m", "sidecar"), **popen) -> tuple[subprocess.Popen, int]:
+def start_simulator(
+    *args: str, command: tuple[str, ...] = (sys.executable, "-m", "sidecar"), **popen
+) -> tuple[subprocess.Popen, int]:
     """``llm-sidecar simulate`` on a port the kernel picks, read back from the line it prints
     at start (stderr, text). The caller terminates it."""
     proc = subprocess.Popen(
@@ -307,7 +315,10 @@ class RunningSidecar:
     def sample(self, name: str, **labels) -> float | None:
         # TTFT carries prompt_class; without configured classes it is always "all", which
         # tests that are not about classes need not spell out.
-        if name.startswith("llm_time_to_first_token_seconds") and not self.sidecar.settings.ttft_prompt_classes:
+        if (
+            name.startswith("llm_time_to_first_token_seconds")
+            and not self.sidecar.settings.ttft_prompt_classes
+        ):
             labels.setdefault("prompt_class", "all")
         return sample_value(self.registry, name, labels)
 
@@ -370,7 +381,9 @@ async def run_sidecar(sc: Sidecar, *, early: bool = True) -> RunningSidecar:
 
     def counted(message, payload, transport):
         early_request = hook(message, payload, transport)
-        if early_request is not None and (early_request.sent is not None or early_request.pending is not None):
+        if early_request is not None and (
+            early_request.sent is not None or early_request.pending is not None
+        ):
             running.early_sent += 1
         return early_request
 
@@ -387,7 +400,9 @@ def pytest_configure(config) -> None:
 
 
 def pytest_generate_tests(metafunc) -> None:
-    if "early_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_ways_in"):
+    if "early_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_ways_in"
+    ):
         metafunc.parametrize("early_path", [True, False], ids=["early", "handler"], indirect=True)
 
 
@@ -405,7 +420,11 @@ async def sidecar_factory(early_path):
     started: list[RunningSidecar] = []
 
     async def make(upstream_url: str, **overrides) -> RunningSidecar:
-        sc = build_sidecar(sidecar_settings(upstream_url, **overrides), CollectorRegistry(), access_log=overrides.get("access_log", False))
+        sc = build_sidecar(
+            sidecar_settings(upstream_url, **overrides),
+            CollectorRegistry(),
+            access_log=overrides.get("access_log", False),
+        )
         started.append(running := await run_sidecar(sc, early=early_path))
         return running
 
@@ -459,7 +478,9 @@ async def traced(spans):
     started: list[RunningSidecar] = []
 
     async def make(url: str) -> RunningSidecar:
-        s = build_sidecar(sidecar_settings(url), CollectorRegistry(), access_log=False, tracer_provider=provider)
+        s = build_sidecar(
+            sidecar_settings(url), CollectorRegistry(), access_log=False, tracer_provider=provider
+        )
         started.append(running := await run_sidecar(s))
         return running
 

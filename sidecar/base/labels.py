@@ -49,7 +49,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["BoundedLabel", "ModelLabeler", "SeriesBudget", "OTHER", "UNKNOWN", "MAX_LABEL_CHARS", "OVERFLOW_REASONS"]
+__all__ = [
+    "BoundedLabel",
+    "ModelLabeler",
+    "SeriesBudget",
+    "OTHER",
+    "UNKNOWN",
+    "MAX_LABEL_CHARS",
+    "OVERFLOW_REASONS",
+]
 
 OTHER = "other"
 UNKNOWN = "unknown"
@@ -69,7 +77,9 @@ class SeriesBudget:
 
     __slots__ = ("max_series", "count", "cost", "reserve")
 
-    def __init__(self, max_series: int, count: Callable[[], int], cost: Callable[[str], int], reserve: int) -> None:
+    def __init__(
+        self, max_series: int, count: Callable[[], int], cost: Callable[[str], int], reserve: int
+    ) -> None:
         self.max_series = max_series
         self.count = count
         self.cost = cost
@@ -180,7 +190,10 @@ class BoundedLabel:
             # A name the list no longer has (earned, aging out) goes first, then a listed one
             # never requested; never one a request holds.
             delisted = [v for v in self._earned if v not in self._held]
-            idle = next((v for v in reversed(self._vouched) if v not in self._used and v not in self._held), None)
+            idle = next(
+                (v for v in reversed(self._vouched) if v not in self._used and v not in self._held),
+                None,
+            )
             if not delisted and idle is None:
                 return self._overflow("max_values")
             if not self._fits():
@@ -257,7 +270,9 @@ class BoundedLabel:
             if value in vouched:
                 continue
             if value in self._used or value in self._held:
-                self._earned.setdefault(value, self._used.get(value, now))  # it has series: they age out
+                self._earned.setdefault(
+                    value, self._used.get(value, now)
+                )  # it has series: they age out
             else:
                 self._forget(value)  # never requested (it may have an in-flight series at 0)
         for value in vouched:
@@ -274,7 +289,9 @@ class BoundedLabel:
         excess = len(self._vouched) + len(self._earned) - self._max
         if excess <= 0:
             return []
-        gone = sorted((v for v in self._earned if v not in self._held), key=self._earned.__getitem__)[:excess]
+        gone = sorted(
+            (v for v in self._earned if v not in self._held), key=self._earned.__getitem__
+        )[:excess]
         for value in gone:
             del self._earned[value]
             self._forget(value)

@@ -38,12 +38,16 @@ def parse_bounds(value: object) -> list[int]:
     for item in items:
         text = str(item).strip()
         if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{text!r} is not a whole number of tokens >= 1 (write e.g. 1024,8192)")
+            raise ValueError(
+                f"{text!r} is not a whole number of tokens >= 1 (write e.g. 1024,8192)"
+            )
         out.append(int(text))
     if out != sorted(set(out)):
         raise ValueError(f"token bounds must be increasing without repeats, got {out}")
     if len(out) > MAX_BOUNDS:
-        raise ValueError(f"at most {MAX_BOUNDS} bounds (each class multiplies the TTFT series), got {len(out)}")
+        raise ValueError(
+            f"at most {MAX_BOUNDS} bounds (each class multiplies the TTFT series), got {len(out)}"
+        )
     return out
 
 

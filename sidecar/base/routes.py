@@ -46,7 +46,9 @@ ROUTES: dict[str, Route] = {
         Route("/api/chat", "chat", "ollama", stream_mime="application/x-ndjson"),
         Route("/api/generate", "text_completion", "ollama", stream_mime="application/x-ndjson"),
         Route("/completion", "text_completion", "llamacpp"),
-        Route("/v2/models/{model}/generate_stream", "text_completion", "triton", model_from_path=True),
+        Route(
+            "/v2/models/{model}/generate_stream", "text_completion", "triton", model_from_path=True
+        ),
     )
 }
 

@@ -31,13 +31,38 @@ from .labels import OTHER, BoundedLabel
 __all__ = ["TenantLabeler", "check_tenant_header", "CREDENTIAL_HEADER_HINT"]
 
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
-_CREDENTIAL_WORDS = ("auth", "token", "secret", "password", "passwd", "session", "credential", "cookie")
+_CREDENTIAL_WORDS = (
+    "auth",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "session",
+    "credential",
+    "cookie",
+)
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,63}")
 # Prefixes of common secret formats: OpenAI/Anthropic/Stripe keys, GitHub, Hugging Face,
 # Slack and AWS access keys, JWTs, HTTP auth schemes pasted into the wrong header.
-_SECRET_PREFIXES = ("sk-", "sk_", "rk_", "pk_", "ghp_", "gho_", "github_pat_", "hf_", "xox", "akia", "eyj", "bearer", "basic")
-CREDENTIAL_HEADER_HINT = "use a header that names the tenant or the key's id (e.g. X-Tenant, X-Api-Key-Id)"
+_SECRET_PREFIXES = (
+    "sk-",
+    "sk_",
+    "rk_",
+    "pk_",
+    "ghp_",
+    "gho_",
+    "github_pat_",
+    "hf_",
+    "xox",
+    "akia",
+    "eyj",
+    "bearer",
+    "basic",
+)
+CREDENTIAL_HEADER_HINT = (
+    "use a header that names the tenant or the key's id (e.g. X-Tenant, X-Api-Key-Id)"
+)
 
 
 def check_tenant_header(name: str) -> str:
@@ -45,8 +70,14 @@ def check_tenant_header(name: str) -> str:
     if not _TOKEN.fullmatch(name):
         raise ValueError(f"{name!r} is not an HTTP header name")
     lower = name.lower()
-    if lower in _CREDENTIAL_HEADERS or lower.endswith("key") or any(w in lower for w in _CREDENTIAL_WORDS):
-        raise ValueError(f"{name!r} carries credentials and would put secrets in label values; {CREDENTIAL_HEADER_HINT}")
+    if (
+        lower in _CREDENTIAL_HEADERS
+        or lower.endswith("key")
+        or any(w in lower for w in _CREDENTIAL_WORDS)
+    ):
+        raise ValueError(
+            f"{name!r} carries credentials and would put secrets in label values; {CREDENTIAL_HEADER_HINT}"
+        )
     return name
 
 
@@ -59,9 +90,13 @@ class TenantLabeler:
     value earns its slot with an answer that is not a 4xx (:class:`~sidecar.base.labels.BoundedLabel`,
     which ``kwargs`` go to: the idle time, the series budget, the overflow and forget hooks)."""
 
-    def __init__(self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20, **kwargs) -> None:
+    def __init__(
+        self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20, **kwargs
+    ) -> None:
         self.header = check_tenant_header(header)
-        kwargs.setdefault("name", "tenant")  # what a new value costs: one series in each family with the label
+        kwargs.setdefault(
+            "name", "tenant"
+        )  # what a new value costs: one series in each family with the label
         self.bound = BoundedLabel(allowlist, max_tenants, **kwargs)
 
     def _value(self, headers: Mapping[str, str]) -> str | None:

@@ -90,7 +90,10 @@ class CapacityMetrics:
     def series_count(self) -> int:
         """Samples these metrics expose now (without ``_created``): each model label brings
         the bands it reached and the two above, of each."""
-        return sum(len(label_children(m)) * samples_per_child(m) for m in (self.itl, self.tokens, self.seconds))
+        return sum(
+            len(label_children(m)) * samples_per_child(m)
+            for m in (self.itl, self.tokens, self.seconds)
+        )
 
     def forget(self, label: str) -> int:
         """An idle model label gave its slot back (sidecar/base/labels.py): drop its series
@@ -99,7 +102,9 @@ class CapacityMetrics:
         labelled kept its 9 bands of series for good. Returns the series removed."""
         self.trackers.forget(label)
         self._made.pop(label, None)
-        return sum(drop_label_value(m, "model", label) for m in (self.itl, self.tokens, self.seconds))
+        return sum(
+            drop_label_value(m, "model", label) for m in (self.itl, self.tokens, self.seconds)
+        )
 
     def record(self, t: RequestTimeline, model_label: str) -> None:
         """Observe one finished request's gaps by band (a recorder, called once)."""

@@ -17,13 +17,20 @@ from ..measure.timeline import RequestTimeline
 
 __all__ = ["configure_logging", "RequestLogger"]
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def configure_logging(fmt: str = "json", level: str = "info", stream=None) -> None:
     """Configure structlog for the process (called once by the CLI, never on import)."""
     renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     # Libraries (the OTel SDK, aiohttp) log through stdlib logging: render those lines the
     # same way, so the output stays one JSON object per line.
@@ -81,7 +88,11 @@ class RequestLogger:
         emit = self._log.error if t.outcome is Outcome.ERROR else self._log.info
         # Filed under other/unknown: also say what was asked (a 404 for a misspelt model
         # said only "other", issue 33, finding 15).
-        asked = {"requested_model": requested_model(t.model)} if t.model and t.model != model_label else {}
+        asked = (
+            {"requested_model": requested_model(t.model)}
+            if t.model and t.model != model_label
+            else {}
+        )
         emit(
             "request",
             method=t.method,

@@ -32,7 +32,15 @@ from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_l
 from ..base.outcomes import Outcome, error_type_label
 from ..base.speedups import IN_C
 from .capacity import CapacityMetrics
-from .prometheus_internals import SeriesGate, drop_label_value, has_child, is_labelled_parent, label_names, observe_many, observe_one
+from .prometheus_internals import (
+    SeriesGate,
+    drop_label_value,
+    has_child,
+    is_labelled_parent,
+    label_names,
+    observe_many,
+    observe_one,
+)
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline
@@ -49,6 +57,7 @@ def method_label(method: str) -> str:
     """The bounded ``method`` label of ``llm_non_api_requests_total`` (anything else: ``other``)."""
     return method if method in _METHODS else "other"
 
+
 # llm_upstream_{phase}_seconds, one histogram per phase of the engine's own account
 # (EngineTimings), in this order: load, prefill, decode, queue.
 _ENGINE_PHASES = (
@@ -61,6 +70,7 @@ _ENGINE_PHASES = (
         "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
     ),
 )
+
 
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""
@@ -288,7 +298,9 @@ class SidecarMetrics:
             "or 'dropped' (not recorded: even that row did not fit).",
             ("fate",), **h,
         )  # fmt: skip
-        self._refused_children = {fate: self.series_refused.labels(fate) for fate in SERIES_REFUSED_FATES}
+        self._refused_children = {
+            fate: self.series_refused.labels(fate) for fate in SERIES_REFUSED_FATES
+        }
         # In-flight gauge children a request started under when its own series was refused
         # (the gate gave the 'other' row): the request ends on the same child.
         self._in_flight_folded: dict[tuple[str, str], list] = {}
@@ -298,7 +310,9 @@ class SidecarMetrics:
         self.budget: SeriesBudget | None = None
         if max_series is not None:
             self.gate = SeriesGate(registry, max_series, on_refused=self.refused)
-            self.budget = SeriesBudget(max_series, self.gate.count, self.gate.first_cost, self.gate.reserve)
+            self.budget = SeriesBudget(
+                max_series, self.gate.count, self.gate.first_cost, self.gate.reserve
+            )
         self.model_label = ModelLabeler(
             model_allowlist,
             max_models,
@@ -349,14 +363,18 @@ class SidecarMetrics:
         def count(reason: str) -> None:
             child = self._overflow_children.get((label, reason))
             if child is None:
-                child = self._overflow_children[(label, reason)] = self.label_overflow.labels(label, reason)
+                child = self._overflow_children[(label, reason)] = self.label_overflow.labels(
+                    label, reason
+                )
             child.inc()
 
         return count
 
     def forget(self, label: str, value: str) -> int:
         """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back)."""
-        return sum(drop_label_value(m, label, value) for m in self._labelled() if label in label_names(m))
+        return sum(
+            drop_label_value(m, label, value) for m in self._labelled() if label in label_names(m)
+        )
 
     def _forget_model(self, value: str) -> None:
         """An idle model label: every metric lets it go (the capacity metrics its tracker too)."""
@@ -444,7 +462,9 @@ class SidecarMetrics:
             self.within_slo.labels(*mr, *tenant).inc()
         self._record_objectives(t, mr, tenant)
 
-    def _record_objectives(self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...]) -> None:
+    def _record_objectives(
+        self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...]
+    ) -> None:
         """The request's own objectives (sidecar/measure/objectives.py): bad headers counted,
         each judged objective counted met or missed."""
         asked = t.objectives
@@ -472,8 +492,16 @@ class SidecarMetrics:
         self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None, tenant: tuple[str, ...] = ()
     ) -> None:
         if t.ttft is not None:
-            observe_one(self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant), t.ttft, ex)
-            observe_one(self.ttft_by_cache.labels(*mr, cache_class(t.input_tokens, t.cached_input_tokens).value), t.ttft, ex)
+            observe_one(
+                self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant), t.ttft, ex
+            )
+            observe_one(
+                self.ttft_by_cache.labels(
+                    *mr, cache_class(t.input_tokens, t.cached_input_tokens).value
+                ),
+                t.ttft,
+                ex,
+            )
         if t.ttfat is not None:
             observe_one(self.ttfat.labels(*mr), t.ttfat, ex)
         if t.first_tool_call is not None:
@@ -492,7 +520,9 @@ class SidecarMetrics:
         observe_many(self.tool_call_assembly.labels(*mr), t.tool_call_assembly())
         observe_one(self.tool_calls_per_response.labels(*mr), t.tool_call_count)
 
-    def _record_tokens(self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()) -> None:
+    def _record_tokens(
+        self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()
+    ) -> None:
         model, route = mr
         for kind, value, distribution in (
             ("input", t.input_tokens, True),

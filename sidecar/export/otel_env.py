@@ -56,8 +56,14 @@ DEFAULT_PROTOCOL = "http/protobuf"  # the OTLP exporter spec's default
 
 # Per signal ("TRACES", "METRICS"): the SDK's variable names.
 _EXPORTER_VARIABLE = {"TRACES": OTEL_TRACES_EXPORTER, "METRICS": OTEL_METRICS_EXPORTER}
-_ENDPOINT_VARIABLE = {"TRACES": OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "METRICS": OTEL_EXPORTER_OTLP_METRICS_ENDPOINT}
-_PROTOCOL_VARIABLE = {"TRACES": OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "METRICS": OTEL_EXPORTER_OTLP_METRICS_PROTOCOL}
+_ENDPOINT_VARIABLE = {
+    "TRACES": OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    "METRICS": OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+}
+_PROTOCOL_VARIABLE = {
+    "TRACES": OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    "METRICS": OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+}
 
 
 def _truthy(value: str | None) -> bool:
@@ -76,7 +82,10 @@ def otlp_endpoint(environ: Mapping[str, str], signal: str) -> str:
     """``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``, as
     written (trimmed), or ``""`` when neither is set. The exporter reads its own endpoint;
     this says whether one is configured and names it in the sidecar's own log lines."""
-    return environ.get(_ENDPOINT_VARIABLE[signal], "").strip() or environ.get(OTEL_EXPORTER_OTLP_ENDPOINT, "").strip()
+    return (
+        environ.get(_ENDPOINT_VARIABLE[signal], "").strip()
+        or environ.get(OTEL_EXPORTER_OTLP_ENDPOINT, "").strip()
+    )
 
 
 def wanted_exporters(environ: Mapping[str, str], signal: str) -> set[str]:
@@ -112,7 +121,9 @@ def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
         if value:
             if value in _PROTOCOLS:
                 return value
-            _log.warning("otel_protocol_unsupported", variable=var, value=value, using=DEFAULT_PROTOCOL)
+            _log.warning(
+                "otel_protocol_unsupported", variable=var, value=value, using=DEFAULT_PROTOCOL
+            )
             return DEFAULT_PROTOCOL
     return DEFAULT_PROTOCOL
 
@@ -138,7 +149,10 @@ def resource_attributes(environ: Mapping[str, str]) -> dict[str, str]:
     Ours, not the SDK's ``OTELResourceDetector``: its result sits below the attributes handed
     to ``Resource.create`` (our defaults and ``K8S_*`` would beat ``OTEL_RESOURCE_ATTRIBUTES``),
     it reads only ``os.environ``, and it keeps an ``OTEL_SERVICE_NAME`` of blanks as the name."""
-    attrs: dict[str, str] = {sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME, sc.SERVICE_VERSION: __version__}
+    attrs: dict[str, str] = {
+        sc.SERVICE_NAME: sc.DEFAULT_SERVICE_NAME,
+        sc.SERVICE_VERSION: __version__,
+    }
     for var, key in sc.K8S_ENV_ATTRIBUTES:
         value = environ.get(var, "").strip()
         if value:

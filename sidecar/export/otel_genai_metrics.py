@@ -119,7 +119,10 @@ class GenAIInstruments:
         if self.latest:
             self._record_usage_latest(t, attrs, ctx)
             return
-        for kind, value in ((sc.GEN_AI_TOKEN_TYPE_INPUT, t.input_tokens), (sc.GEN_AI_TOKEN_TYPE_OUTPUT, t.output_tokens)):
+        for kind, value in (
+            (sc.GEN_AI_TOKEN_TYPE_INPUT, t.input_tokens),
+            (sc.GEN_AI_TOKEN_TYPE_OUTPUT, t.output_tokens),
+        ):
             if value is not None:
                 self.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: kind}, context=ctx)
 

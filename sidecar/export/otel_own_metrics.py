@@ -40,7 +40,10 @@ class OwnInstruments:
 
     def __init__(self, meter_provider) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
-        seconds = {"unit": sc.UNIT_SECONDS, "explicit_bucket_boundaries_advisory": sc.BUCKETS_CLIENT_SECONDS}
+        seconds = {
+            "unit": sc.UNIT_SECONDS,
+            "explicit_bucket_boundaries_advisory": sc.BUCKETS_CLIENT_SECONDS,
+        }
         self.ttft_by_cache = meter.create_histogram(
             sc.METRIC_OWN_TTFT_BY_CACHE,
             description="Streamed requests' time to first token by how much of the prompt the prefix cache "
@@ -80,13 +83,19 @@ class OwnInstruments:
         )
 
     def record(
-        self, t: RequestTimeline, attrs: dict[str, Any], objectives: ObjectiveDefaults, ctx: Any = None
+        self,
+        t: RequestTimeline,
+        attrs: dict[str, Any],
+        objectives: ObjectiveDefaults,
+        ctx: Any = None,
     ) -> None:
         """One finished API request; ``attrs`` are the GenAI metrics' common attributes."""
         if t.streamed:
             if t.ttft is not None:
                 cls = cache_class(t.input_tokens, t.cached_input_tokens).value
-                self.ttft_by_cache.record(t.ttft, {**attrs, sc.LLM_SIDECAR_CACHE_CLASS: cls}, context=ctx)
+                self.ttft_by_cache.record(
+                    t.ttft, {**attrs, sc.LLM_SIDECAR_CACHE_CLASS: cls}, context=ctx
+                )
             first = t.time_to_first_tool_call
             if first is not None:
                 self.first_tool_call.record(first, attrs, context=ctx)
@@ -102,5 +111,10 @@ class OwnInstruments:
             for name, met in judgement.verdicts():
                 result = "met" if met else "missed"
                 self.objectives.add(
-                    1, {**attrs, sc.LLM_SIDECAR_OBJECTIVE_NAME: name, sc.LLM_SIDECAR_OBJECTIVE_RESULT: result}
+                    1,
+                    {
+                        **attrs,
+                        sc.LLM_SIDECAR_OBJECTIVE_NAME: name,
+                        sc.LLM_SIDECAR_OBJECTIVE_RESULT: result,
+                    },
                 )

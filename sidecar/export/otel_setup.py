@@ -22,7 +22,13 @@ from typing import Any
 import structlog
 
 from . import semconv as sc
-from .otel_env import otlp_endpoint, otlp_protocol, resource_attributes, sdk_disabled, wanted_exporters
+from .otel_env import (
+    otlp_endpoint,
+    otlp_protocol,
+    resource_attributes,
+    sdk_disabled,
+    wanted_exporters,
+)
 
 __all__ = [
     "SHUTDOWN_TIMEOUT_SECONDS",
@@ -97,7 +103,13 @@ class TelemetryProviders:
         while worker.is_alive() and worth_waiting(time.monotonic() - started):
             worker.join(0.05)
         if worker.is_alive():
-            failing = sorted({h.signal for h in self.healths if not h.healthy(slow_after=UNHEALTHY_SHUTDOWN_SECONDS)})
+            failing = sorted(
+                {
+                    h.signal
+                    for h in self.healths
+                    if not h.healthy(slow_after=UNHEALTHY_SHUTDOWN_SECONDS)
+                }
+            )
             _log.warning(
                 "otel_flush_incomplete",
                 waited_seconds=round(time.monotonic() - started, 2),
@@ -107,7 +119,9 @@ class TelemetryProviders:
         return True
 
 
-def providers_from_env(*, metrics: bool = False, environ: Mapping[str, str] | None = None) -> TelemetryProviders:
+def providers_from_env(
+    *, metrics: bool = False, environ: Mapping[str, str] | None = None
+) -> TelemetryProviders:
     """SDK providers configured by the standard ``OTEL_*`` variables, or none.
 
     Traces: on when ``OTEL_EXPORTER_OTLP_ENDPOINT``/``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is
@@ -139,13 +153,21 @@ def providers_from_env(*, metrics: bool = False, environ: Mapping[str, str] | No
         _log.exception("otel_resource_failed")
         return providers
     if trace_exporters:
-        providers.tracer_provider = _tracer_provider(resource, trace_exporters, env, providers.healths)
+        providers.tracer_provider = _tracer_provider(
+            resource, trace_exporters, env, providers.healths
+        )
     if metric_exporters:
-        providers.meter_provider = _meter_provider(resource, metric_exporters, env, providers.healths)
+        providers.meter_provider = _meter_provider(
+            resource, metric_exporters, env, providers.healths
+        )
     _log.info(
         "otel_enabled",
-        traces=_describe(trace_exporters, env, "TRACES") if providers.tracer_provider is not None else None,
-        metrics=_describe(metric_exporters, env, "METRICS") if providers.meter_provider is not None else None,
+        traces=_describe(trace_exporters, env, "TRACES")
+        if providers.tracer_provider is not None
+        else None,
+        metrics=_describe(metric_exporters, env, "METRICS")
+        if providers.meter_provider is not None
+        else None,
         service_name=resource.attributes.get(sc.SERVICE_NAME),
     )
     return providers
@@ -160,7 +182,12 @@ def _guarded(exporter, name: str, signal: str, env: Mapping[str, str], healths: 
     the SDK's retry text: sidecar/export/otlp_health.py); the console one as it is."""
     if name != "otlp" or healths is None:
         return exporter
-    from .otlp_health import ExportHealth, GuardedMetricExporter, GuardedSpanExporter, quiet_sdk_export_logs  # noqa: PLC0415
+    from .otlp_health import (
+        ExportHealth,
+        GuardedMetricExporter,
+        GuardedSpanExporter,
+        quiet_sdk_export_logs,
+    )  # noqa: PLC0415
 
     quiet_sdk_export_logs()
     endpoint = otlp_endpoint(env, signal.upper())
@@ -169,7 +196,9 @@ def _guarded(exporter, name: str, signal: str, env: Mapping[str, str], healths: 
     return (GuardedSpanExporter if signal == "traces" else GuardedMetricExporter)(exporter, health)
 
 
-def _tracer_provider(resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None):
+def _tracer_provider(
+    resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None
+):
     try:
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
@@ -199,13 +228,17 @@ def _span_exporter(name: str, env: Mapping[str, str]):
     return OTLPSpanExporter()
 
 
-def _meter_provider(resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None):
+def _meter_provider(
+    resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None
+):
     try:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # noqa: PLC0415
 
         readers = [
-            PeriodicExportingMetricReader(_guarded(_metric_exporter(name, env), name, "metrics", env, healths))
+            PeriodicExportingMetricReader(
+                _guarded(_metric_exporter(name, env), name, "metrics", env, healths)
+            )
             for name in sorted(exporters)
         ]
         return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)

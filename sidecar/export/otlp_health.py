@@ -81,7 +81,11 @@ _QUIET = _Quiet()
 def quiet_sdk_export_logs() -> None:
     """Silence every ``opentelemetry.exporter.*`` logger that exists (call it after the
     exporter modules are imported; their module loggers are made at import). Idempotent."""
-    names = [n for n in logging.root.manager.loggerDict if n == _SDK_LOGGERS or n.startswith(_SDK_LOGGERS + ".")]
+    names = [
+        n
+        for n in logging.root.manager.loggerDict
+        if n == _SDK_LOGGERS or n.startswith(_SDK_LOGGERS + ".")
+    ]
     for name in names:
         logger = logging.getLogger(name)
         if _QUIET not in logger.filters:
@@ -103,7 +107,9 @@ class ExportHealth:
     """One signal's export results: counted, logged at most once a minute, and whether the
     exporter is worth waiting for at shutdown."""
 
-    def __init__(self, signal: str, endpoint: str = "", *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, signal: str, endpoint: str = "", *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.signal = signal
         self.endpoint = endpoint_for_log(endpoint)
         self._clock = clock
@@ -151,7 +157,10 @@ class ExportHealth:
         """Whether a flush at shutdown can be expected to finish: the last export succeeded
         and none has been running for ``slow_after`` seconds."""
         with self._lock:
-            slow = self._running_since is not None and self._clock() - self._running_since >= slow_after
+            slow = (
+                self._running_since is not None
+                and self._clock() - self._running_since >= slow_after
+            )
             return self.successes > 0 and not self.failing and not slow
 
 
@@ -176,7 +185,12 @@ class GuardedSpanExporter(SpanExporter):
         self.health = health
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        return _run(self.health, lambda: self.inner.export(spans), SpanExportResult.SUCCESS, SpanExportResult.FAILURE)
+        return _run(
+            self.health,
+            lambda: self.inner.export(spans),
+            SpanExportResult.SUCCESS,
+            SpanExportResult.FAILURE,
+        )
 
     def shutdown(self) -> None:
         try:

@@ -50,7 +50,9 @@ GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = (
+    "gen_ai.usage.reasoning.output_tokens"  # also llm_sidecar.usage.reasoning_tokens
+)
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # default names only
 GEN_AI_TOKEN_MODALITY = "gen_ai.token.modality"  # latest names: required on usage counters
 # The token-metrics doc: "When the provider does not break usage down by modality and the
@@ -87,7 +89,9 @@ SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 ERROR_TYPE = "error.type"
 
-HTTP_KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
+HTTP_KNOWN_METHODS = frozenset(
+    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
+)
 HTTP_METHOD_OTHER = "_OTHER"
 
 # -- llm_sidecar.* (ours: what the conventions do not define) --------------------------------
@@ -99,7 +103,9 @@ LLM_SIDECAR_TTFT = "llm_sidecar.time_to_first_token"  # seconds
 LLM_SIDECAR_TTFAT = "llm_sidecar.time_to_first_answer_token"  # seconds, when != TTFT
 LLM_SIDECAR_TPOT = "llm_sidecar.time_per_output_token"  # seconds
 LLM_SIDECAR_TPS = "llm_sidecar.output_tokens_per_second"  # tokens/s of decode
-LLM_SIDECAR_TOKENS_FROM_USAGE = "llm_sidecar.usage.reported"  # false: output counted from the stream
+LLM_SIDECAR_TOKENS_FROM_USAGE = (
+    "llm_sidecar.usage.reported"  # false: output counted from the stream
+)
 # Where gen_ai.usage.output_tokens came from: usage | engine | estimated (none: not set).
 LLM_SIDECAR_TOKEN_COUNT_SOURCE = "llm_sidecar.usage.token_count_source"
 # true when gen_ai.usage.output_tokens is the sidecar's count of stream events, not the server's.
@@ -147,9 +153,13 @@ EVENT_FIRST_ANSWER_TOKEN = "gen_ai.first_answer_token"
 # -- metrics (GenAI client metrics: names, units, advised ExplicitBucketBoundaries) ------------
 # A "chunk" is a stream event that carries output (content, reasoning or a tool call), the
 # events TTFT and ITL are measured on: a role-only first chunk carries nothing and is not one.
-METRIC_CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"  # every request, error.type on errors
+METRIC_CLIENT_OPERATION_DURATION = (
+    "gen_ai.client.operation.duration"  # every request, error.type on errors
+)
 METRIC_CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"  # streamed only
-METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"  # per chunk after the first
+METRIC_CLIENT_TIME_PER_OUTPUT_CHUNK = (
+    "gen_ai.client.operation.time_per_output_chunk"  # per chunk after the first
+)
 METRIC_CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
 # The current names (OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental), see above.
 SEMCONV_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
@@ -161,9 +171,15 @@ METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.inference.time_pe
 # counters, summed over requests ("_total" in Prometheus)
 METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS = "gen_ai.client.inference.usage.input_tokens"
 METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS = "gen_ai.client.inference.usage.output_tokens"
-METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.client.inference.usage.cache_read.input_tokens"
-METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS = "gen_ai.client.inference.usage.cache_write.input_tokens"
-METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.client.inference.usage.reasoning.output_tokens"
+METRIC_CLIENT_INFERENCE_USAGE_CACHE_READ_INPUT_TOKENS = (
+    "gen_ai.client.inference.usage.cache_read.input_tokens"
+)
+METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS = (
+    "gen_ai.client.inference.usage.cache_write.input_tokens"
+)
+METRIC_CLIENT_INFERENCE_USAGE_REASONING_OUTPUT_TOKENS = (
+    "gen_ai.client.inference.usage.reasoning.output_tokens"
+)
 # histograms, one observation per request
 METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS = "gen_ai.client.inference.operation.input_tokens"
 METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.operation.output_tokens"
@@ -179,12 +195,18 @@ UNIT_TOKENS = "{token}"
 # cache or judges a request's own objectives. So ``llm_sidecar.client.*``: ``client`` as in
 # ``gen_ai.client.*`` (the sidecar measures as the server's client), and apart from the span
 # attributes of the same figures (``llm_sidecar.time_to_first_tool_call`` ...).
-METRIC_OWN_TTFT_BY_CACHE = "llm_sidecar.client.time_to_first_token_by_cache"  # + llm_sidecar.cache.class
+METRIC_OWN_TTFT_BY_CACHE = (
+    "llm_sidecar.client.time_to_first_token_by_cache"  # + llm_sidecar.cache.class
+)
 METRIC_OWN_TIME_TO_FIRST_TOOL_CALL = "llm_sidecar.client.time_to_first_tool_call"
-METRIC_OWN_TOOL_CALL_ASSEMBLY = "llm_sidecar.client.tool_call.assembly_duration"  # one point per call
+METRIC_OWN_TOOL_CALL_ASSEMBLY = (
+    "llm_sidecar.client.tool_call.assembly_duration"  # one point per call
+)
 METRIC_OWN_TOOL_CALLS = "llm_sidecar.client.tool_calls"  # per response with a call
 METRIC_OWN_REQUEST_OBJECTIVES = "llm_sidecar.client.request.objectives"  # counter, + name, result
-METRIC_OWN_REQUEST_OBJECTIVE_INVALID = "llm_sidecar.client.request.objective_invalid"  # counter, + name
+METRIC_OWN_REQUEST_OBJECTIVE_INVALID = (
+    "llm_sidecar.client.request.objective_invalid"  # counter, + name
+)
 LLM_SIDECAR_OBJECTIVE_NAME = "llm_sidecar.objective.name"  # ttft | tpot | all
 LLM_SIDECAR_OBJECTIVE_RESULT = "llm_sidecar.objective.result"  # met | missed
 UNIT_TOOL_CALLS = "{tool_call}"  # as gen_ai.invoke_agent.tool_calls

@@ -55,7 +55,9 @@ def error_type_of(t: RequestTimeline) -> str | None:
     return None
 
 
-def objective_attributes(t: RequestTimeline, attrs: dict[str, Any], defaults: ObjectiveDefaults) -> None:
+def objective_attributes(
+    t: RequestTimeline, attrs: dict[str, Any], defaults: ObjectiveDefaults
+) -> None:
     """The request's objectives and verdicts, its cache class and tool-call timings."""
     asked = t.objectives
     if isinstance(asked, RequestObjectives) and asked.invalid:
@@ -101,7 +103,9 @@ def genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
         attrs[sc.GEN_AI_RESPONSE_ID] = bounded(t.response_id)
     if t.finish_reasons:
         # the record keeps no more than MAX_FINISH_REASONS; the cut stays should that change
-        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(bounded(r, 64) for r in t.finish_reasons[:MAX_FINISH_REASONS])
+        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(
+            bounded(r, 64) for r in t.finish_reasons[:MAX_FINISH_REASONS]
+        )
     for key, value in (
         (sc.GEN_AI_USAGE_INPUT_TOKENS, t.input_tokens),
         (sc.GEN_AI_USAGE_OUTPUT_TOKENS, t.output_tokens),

@@ -51,7 +51,13 @@ from ..measure.timeline import RequestTimeline
 from . import semconv as sc
 from .otel_env import genai_latest_names
 from .otel_genai_metrics import GenAIInstruments
-from .span_attributes import MAX_METHOD, bounded, error_type_of, genai_end_attributes, objective_attributes
+from .span_attributes import (
+    MAX_METHOD,
+    bounded,
+    error_type_of,
+    genai_end_attributes,
+    objective_attributes,
+)
 
 __all__ = ["PROVIDER_BY_ROUTE", "RequestTelemetry"]
 
@@ -147,18 +153,27 @@ class RequestTelemetry:
         self._objectives = objectives or ObjectiveDefaults()
         parts = urlsplit(upstream)
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._server: dict[str, Any] = {sc.SERVER_ADDRESS: parts.hostname or "", sc.SERVER_PORT: port}
+        self._server: dict[str, Any] = {
+            sc.SERVER_ADDRESS: parts.hostname or "",
+            sc.SERVER_PORT: port,
+        }
         self._model_label = model_label or (lambda m: m or UNKNOWN_MODEL)
         self._clock = clock
         self._tracer = (
-            tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__) if tracer_provider is not None else None
+            tracer_provider.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__)
+            if tracer_provider is not None
+            else None
         )
         if latest_genai_names is None:  # OTEL_SEMCONV_STABILITY_OPT_IN, as the contrib packages
             latest_genai_names = genai_latest_names()
         self._instruments = (
-            GenAIInstruments(meter_provider, latest=latest_genai_names) if meter_provider is not None else None
+            GenAIInstruments(meter_provider, latest=latest_genai_names)
+            if meter_provider is not None
+            else None
         )
-        self._propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+        self._propagator = CompositePropagator(
+            [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
+        )
 
     @property
     def tracing(self) -> bool:
@@ -219,7 +234,11 @@ class RequestTelemetry:
         if t.request_max_tokens is not None:
             attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = t.request_max_tokens
         label = self._model_label(t.model or None)
-        name = route.operation if label in (UNKNOWN_MODEL, OTHER_MODEL) else f"{route.operation} {label}"
+        name = (
+            route.operation
+            if label in (UNKNOWN_MODEL, OTHER_MODEL)
+            else f"{route.operation} {label}"
+        )
         return name, attrs
 
     def _response_model_known(self, name: str) -> bool:
@@ -270,14 +289,20 @@ class RequestTelemetry:
             except Exception:
                 _log.exception("otel_metrics_failed")
 
-    def _end_span(self, t: RequestTimeline, handle: _Trace, error_type: str | None, model_label: str = "") -> None:
+    def _end_span(
+        self, t: RequestTimeline, handle: _Trace, error_type: str | None, model_label: str = ""
+    ) -> None:
         span = handle.span
         end_ns = handle.ns(t.end) if t.end is not None else None
         if not span.is_recording():
             span.end(end_time=end_ns)
             return
         route = ROUTES.get(t.route)
-        if route is not None and route is not OTHER and model_label not in ("", UNKNOWN_MODEL, OTHER_MODEL):
+        if (
+            route is not None
+            and route is not OTHER
+            and model_label not in ("", UNKNOWN_MODEL, OTHER_MODEL)
+        ):
             # The model may have earned its label as the request finished (sidecar/base/labels.py).
             span.update_name(f"{route.operation} {model_label}")
         attrs: dict[str, Any] = {}
@@ -295,7 +320,11 @@ class RequestTelemetry:
         span.set_attributes(attrs)
         if t.first_token is not None:
             kind = t.first_token_kind.value if t.first_token_kind is not None else "answer"
-            span.add_event(sc.EVENT_FIRST_TOKEN, {sc.LLM_SIDECAR_TOKEN_KIND: kind}, timestamp=handle.ns(t.first_token))
+            span.add_event(
+                sc.EVENT_FIRST_TOKEN,
+                {sc.LLM_SIDECAR_TOKEN_KIND: kind},
+                timestamp=handle.ns(t.first_token),
+            )
         if t.ttfat is not None and t.first_answer_token is not None:
             span.add_event(sc.EVENT_FIRST_ANSWER_TOKEN, timestamp=handle.ns(t.first_answer_token))
         if error_type is not None:
@@ -304,7 +333,9 @@ class RequestTelemetry:
             span.set_status(Status(StatusCode.ERROR, t.error_type if described else None))
         span.end(end_time=end_ns)
 
-    def _record_metrics(self, t: RequestTimeline, label: str, handle: _Trace | None, error_type: str | None) -> None:
+    def _record_metrics(
+        self, t: RequestTimeline, label: str, handle: _Trace | None, error_type: str | None
+    ) -> None:
         """The GenAI metrics' attributes of one finished request, then its measurements
         (:meth:`~sidecar.export.otel_genai_metrics.GenAIInstruments.record`)."""
         ins = self._instruments
@@ -324,5 +355,9 @@ class RequestTelemetry:
                 attrs[sc.GEN_AI_RESPONSE_MODEL] = t.response_model
         # With the span in the context, the SDK's trace-based exemplar filter links a
         # bucket to this trace (OTEL_METRICS_EXEMPLAR_FILTER, default trace_based).
-        ctx = trace_api.set_span_in_context(handle.span) if handle is not None and t.trace_id else None
+        ctx = (
+            trace_api.set_span_in_context(handle.span)
+            if handle is not None and t.trace_id
+            else None
+        )
         ins.record(t, attrs, error_type, self._objectives, ctx)

@@ -74,7 +74,9 @@ NO_TRACKER: DecodeConcurrency = _NoTracker()
 class DecodeTrackers:
     """One :class:`DecodeConcurrency` per model label, created on first use."""
 
-    def __init__(self, sink_for: Callable[[str], Callable[[str, float], None]] | None = None) -> None:
+    def __init__(
+        self, sink_for: Callable[[str], Callable[[str, float], None]] | None = None
+    ) -> None:
         self._by_label: dict[str, DecodeConcurrency] = {}
         self._sink_for = sink_for
 

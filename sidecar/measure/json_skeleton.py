@@ -133,8 +133,19 @@ class JsonSkeleton:
     """Incremental: ``feed(bytes)`` the body as it arrives, then :meth:`close`."""
 
     __slots__ = (
-        "_state", "_out", "_stack", "_counts", "_skip", "_token", "_token_len",
-        "_escape", "_skip_string", "_steps", "_budget", "_fed", "_counting",
+        "_state",
+        "_out",
+        "_stack",
+        "_counts",
+        "_skip",
+        "_token",
+        "_token_len",
+        "_escape",
+        "_skip_string",
+        "_steps",
+        "_budget",
+        "_fed",
+        "_counting",
     )
 
     def __init__(self) -> None:

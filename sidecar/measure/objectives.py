@@ -88,7 +88,9 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
         values = getall(name, None)
         if not values:
             return None
-        return values[0] if len(values) == 1 else ", ".join(values)  # repeated: a list, not a number
+        return (
+            values[0] if len(values) == 1 else ", ".join(values)
+        )  # repeated: a list, not a number
     return headers.get(name)
 
 
@@ -102,7 +104,9 @@ def read_objectives(headers: Mapping[str, str]) -> RequestObjectives | None:
     ttft = None if raw_ttft is None else parse_objective_ms(raw_ttft)
     tpot = None if raw_tpot is None else parse_objective_ms(raw_tpot)
     invalid = tuple(
-        name for name, raw, value in (("ttft", raw_ttft, ttft), ("tpot", raw_tpot, tpot)) if raw is not None and value is None
+        name
+        for name, raw, value in (("ttft", raw_ttft, ttft), ("tpot", raw_tpot, tpot))
+        if raw is not None and value is None
     )
     return RequestObjectives(ttft, tpot, invalid)
 

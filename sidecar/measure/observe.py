@@ -35,7 +35,15 @@ _log = structlog.get_logger("sidecar.observe")
 class ResponseObserver:
     """Per-response: decides how to read the body from its content type, then reads it."""
 
-    __slots__ = ("_timeline", "_dialect", "_json_parser", "_json_parts", "_json_size", "_json_limit", "_skeleton")
+    __slots__ = (
+        "_timeline",
+        "_dialect",
+        "_json_parser",
+        "_json_parts",
+        "_json_size",
+        "_json_limit",
+        "_skeleton",
+    )
 
     def __init__(
         self,
@@ -49,7 +57,12 @@ class ResponseObserver:
     ) -> None:
         self._timeline = timeline
         dialect = dialect_of(route)
-        if dialect is not None and dialect.head is not None and route.reads_head and headers is not None:
+        if (
+            dialect is not None
+            and dialect.head is not None
+            and route.reads_head
+            and headers is not None
+        ):
             self._head(dialect.head, headers)
         self._dialect = None
         self._json_parser = None

@@ -31,7 +31,14 @@ import orjson
 
 __all__ = ["RequestFields", "RequestFieldScanner", "MAX_TOKEN_KEYS", "scan_request_fields"]
 
-MAX_TOKEN_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "max_new_tokens", "n_predict", "num_predict")
+MAX_TOKEN_KEYS = (
+    "max_completion_tokens",
+    "max_tokens",
+    "max_output_tokens",
+    "max_new_tokens",
+    "n_predict",
+    "num_predict",
+)
 """Where each API puts its output-length limit, in the order they are looked for."""
 _HOLDERS = ("parameters", "options")  # TGI's and Ollama's nested option objects
 _MAX_KEY_BYTES = 256  # far above any key of interest, even fully \\u-escaped
@@ -133,16 +140,33 @@ def _parsed_fields(body: bytes) -> RequestFields | None:
                     break
             if max_tokens is not None:
                 break
-    return RequestFields(model if isinstance(model, str) else None, doc.get("stream") is True, max_tokens)
+    return RequestFields(
+        model if isinstance(model, str) else None, doc.get("stream") is True, max_tokens
+    )
 
 
 class RequestFieldScanner:
     """Incremental: ``feed(bytes)`` the body as it arrives, then :meth:`close`."""
 
     __slots__ = (
-        "_where", "_expect", "_key", "_holder", "_skip", "_in_string", "_escape",
-        "_token", "_token_kind", "_token_over", "_in_scalar", "_max_value",
-        "_model", "_stream", "_limits", "_holder_is_object", "_steps", "_budget",
+        "_where",
+        "_expect",
+        "_key",
+        "_holder",
+        "_skip",
+        "_in_string",
+        "_escape",
+        "_token",
+        "_token_kind",
+        "_token_over",
+        "_in_scalar",
+        "_max_value",
+        "_model",
+        "_stream",
+        "_limits",
+        "_holder_is_object",
+        "_steps",
+        "_budget",
     )
 
     def __init__(self, max_value_bytes: int = 1024) -> None:
@@ -215,8 +239,10 @@ class RequestFieldScanner:
         token = self._token
         if token is None:
             return
-        limit = _MAX_KEY_BYTES if self._token_kind == "key" else (
-            _MAX_SCALAR_BYTES if self._token_kind == "scalar" else self._max_value
+        limit = (
+            _MAX_KEY_BYTES
+            if self._token_kind == "key"
+            else (_MAX_SCALAR_BYTES if self._token_kind == "scalar" else self._max_value)
         )
         room = limit - len(token)
         if len(piece) > room:

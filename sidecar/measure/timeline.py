@@ -73,7 +73,13 @@ from ..streams.protocols.events import (
     ToolCallDelta,
     Usage,
 )
-from ..base.outcomes import CLIENT_DISCONNECTED, STREAM_ERROR, STREAM_TRUNCATED, UPSTREAM_STATUS, Outcome
+from ..base.outcomes import (
+    CLIENT_DISCONNECTED,
+    STREAM_ERROR,
+    STREAM_TRUNCATED,
+    UPSTREAM_STATUS,
+    Outcome,
+)
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
 __all__ = ["RequestTimeline", "TokenCountSource", "MAX_TOOL_CALLS", "MAX_FINISH_REASONS"]
@@ -97,8 +103,6 @@ class TokenCountSource(str, Enum):
     ENGINE = "engine"
     ESTIMATED = "estimated"
     NONE = "none"
-
-
 
 
 class RequestTimeline:
@@ -150,7 +154,9 @@ class RequestTimeline:
         "objectives",
     )
 
-    def __init__(self, start: float, method: str = "GET", route: str = "other", model: str = "") -> None:
+    def __init__(
+        self, start: float, method: str = "GET", route: str = "other", model: str = ""
+    ) -> None:
         self.method = method
         self.route = route
         self.model = model  # raw request model; exporters bound it before using it as a label
@@ -182,7 +188,9 @@ class RequestTimeline:
         self.stream_error: StreamError | None = None
         self.saw_end_marker = False
         self.generation_done = False  # the content said generation finished (GenerationDone)
-        self._maybe_last: tuple[float, int] | None = None  # a MaybeLastToken: (when, streams decoding)
+        self._maybe_last: tuple[float, int] | None = (
+            None  # a MaybeLastToken: (when, streams decoding)
+        )
         self.end_marker_expected = False  # the stream's dialect has an end marker to see
         self.parse_errors = 0
         self.outcome: Outcome | None = None
@@ -217,7 +225,9 @@ class RequestTimeline:
         for ev in events:
             t = type(ev)
             if t is Tokens:
-                if self.first_token is not None and ev.count == 1:  # steady decode: nearly every event
+                if (
+                    self.first_token is not None and ev.count == 1
+                ):  # steady decode: nearly every event
                     self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]
                 else:
                     self._tokens(ev, now)
@@ -356,7 +366,11 @@ class RequestTimeline:
                 outcome, error_type = Outcome.OK, None
         # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
         # just how the API words a client error, which stays outcome ok with its code.
-        if outcome is Outcome.OK and self.stream_error is not None and (self.status is None or self.status < 400):
+        if (
+            outcome is Outcome.OK
+            and self.stream_error is not None
+            and (self.status is None or self.status < 400)
+        ):
             outcome, error_type = Outcome.ERROR, error_type or STREAM_ERROR
         elif outcome is Outcome.OK and self.truncated:
             outcome, error_type = Outcome.ERROR, STREAM_TRUNCATED

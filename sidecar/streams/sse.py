@@ -199,7 +199,12 @@ class SSEDecoder:
     def _settle(self) -> None:
         """Recompute :attr:`_idle` once the state may have changed (after the general path)."""
         self._idle = self._started and not (
-            self._tail or self._after_cr or self._skipping or self._has_data or self._event or self._discarding
+            self._tail
+            or self._after_cr
+            or self._skipping
+            or self._has_data
+            or self._event
+            or self._discarding
         )
 
     def _lines(self, buf: bytes, pos: int, has_cr: bool, out: list) -> None:

@@ -31,7 +31,11 @@ def test_committed_file_is_what_the_generator_makes(path):
     expected = EXPECTED[path]
     if committed != expected:
         diff = "".join(
-            list(difflib.unified_diff(committed.splitlines(True), expected.splitlines(True), path, "generated"))[:60]
+            list(
+                difflib.unified_diff(
+                    committed.splitlines(True), expected.splitlines(True), path, "generated"
+                )
+            )[:60]
         )
         pytest.fail(f"{path} is stale; refresh it:\n  python -m sidecar.tools.dashboards\n{diff}")
 
@@ -48,10 +52,14 @@ def test_kustomization_makes_one_configmap_per_json_file():
     k = yaml.safe_load((ROOT / KUSTOMIZATION).read_text(encoding="utf-8"))
     assert k["kind"] == "Kustomization"
     assert k["generatorOptions"]["labels"]["grafana_dashboard"] == "1"
-    assert k["generatorOptions"]["disableNameSuffixHash"] is True, "a stable name: re-applying replaces it"
+    assert k["generatorOptions"]["disableNameSuffixHash"] is True, (
+        "a stable name: re-applying replaces it"
+    )
     files = sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
     assert [g["files"] for g in k["configMapGenerator"]] == [[name] for name in files]
-    assert [g["name"] for g in k["configMapGenerator"]] == [name.removesuffix(".json") for name in files]
+    assert [g["name"] for g in k["configMapGenerator"]] == [
+        name.removesuffix(".json") for name in files
+    ]
 
 
 def kustomize_build() -> list[dict]:
@@ -60,7 +68,9 @@ def kustomize_build() -> list[dict]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
-    proc = subprocess.run([kubectl, "kustomize", str(ROOT / "dashboards")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "dashboards")], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return list(yaml.safe_load_all(proc.stdout))
 
@@ -86,7 +96,9 @@ def test_kustomized_configmaps_validate_against_the_kubernetes_schema():
 
 def test_the_command_writes_the_same_files_and_check_reports_stale(tmp_path):
     (tmp_path / "deploy" / "slo").mkdir(parents=True)
-    (tmp_path / DEFAULT_SPEC).write_text((ROOT / DEFAULT_SPEC).read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / DEFAULT_SPEC).write_text(
+        (ROOT / DEFAULT_SPEC).read_text(encoding="utf-8"), encoding="utf-8"
+    )
     cmd = [sys.executable, "-m", "sidecar.tools.dashboards", "--root", str(tmp_path)]
     stale = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert stale.returncode == 1 and "stale" in stale.stderr

@@ -28,9 +28,15 @@ def test_committed_rules_match_the_spec(spec, rules):
     committed = (ROOT / rules).read_text(encoding="utf-8")
     if committed != expected:
         diff = "".join(
-            list(difflib.unified_diff(committed.splitlines(True), expected.splitlines(True), rules, "rendered"))[:60]
+            list(
+                difflib.unified_diff(
+                    committed.splitlines(True), expected.splitlines(True), rules, "rendered"
+                )
+            )[:60]
         )
-        pytest.fail(f"{rules} is stale; refresh it:\n  llm-sidecar slo render {spec} -o {rules}\n{diff}")
+        pytest.fail(
+            f"{rules} is stale; refresh it:\n  llm-sidecar slo render {spec} -o {rules}\n{diff}"
+        )
 
 
 def test_every_spec_and_rules_file_is_accounted_for():

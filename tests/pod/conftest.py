@@ -20,10 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("LLM_SIDECAR_POD_IMAGE", "localhost/llm-sidecar:test")
 
 
-def podman(*args: str, check: bool = True, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+def podman(
+    *args: str, check: bool = True, timeout: float = 120, **kwargs
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        ["podman", *args], capture_output=True, text=True, timeout=timeout, **kwargs
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        raise AssertionError(
+            f"podman {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"
+        )
     return proc
 
 

@@ -18,7 +18,16 @@ pytestmark = pytest.mark.pod
 def test_runs_as_uid_10001_on_a_read_only_root(image):
     out = podman("run", "--rm", "--read-only", "--entrypoint", "id", image, "-u").stdout.strip()
     assert out == "10001"
-    denied = podman("run", "--rm", "--read-only", "--entrypoint", "touch", image, "/opt/llm-sidecar/x", check=False)
+    denied = podman(
+        "run",
+        "--rm",
+        "--read-only",
+        "--entrypoint",
+        "touch",
+        image,
+        "/opt/llm-sidecar/x",
+        check=False,
+    )
     assert denied.returncode != 0 and "Read-only file system" in denied.stderr
 
 
@@ -26,16 +35,45 @@ def test_the_image_relays_with_the_c_byte_checks(image):
     """The build stage compiles sidecar/base/_speedups.c (Dockerfile: gcc, and Python's
     headers where the base lacks them); the runtime image keeps no compiler."""
     code = "from sidecar.base import speedups; print(speedups.IN_C)"
-    out = podman("run", "--rm", "--read-only", "--no-healthcheck", "--entrypoint", "python", image, "-c", code)
+    out = podman(
+        "run",
+        "--rm",
+        "--read-only",
+        "--no-healthcheck",
+        "--entrypoint",
+        "python",
+        image,
+        "-c",
+        code,
+    )
     assert out.stdout.strip() == "True"
-    gcc = podman("run", "--rm", "--no-healthcheck", "--entrypoint", "sh", image, "-c", "command -v gcc || echo none")
+    gcc = podman(
+        "run",
+        "--rm",
+        "--no-healthcheck",
+        "--entrypoint",
+        "sh",
+        image,
+        "-c",
+        "command -v gcc || echo none",
+    )
     assert gcc.stdout.strip() == "none"
 
 
 def test_a_bad_setting_exits_with_one_line(image):
     # (--no-healthcheck: podman would set up the image's HEALTHCHECK with systemd, absent here,
     # and say so on the same stderr)
-    proc = podman("run", "--rm", "--read-only", "--no-healthcheck", image, "serve", "--upstream", "ftp://nowhere", check=False)
+    proc = podman(
+        "run",
+        "--rm",
+        "--read-only",
+        "--no-healthcheck",
+        image,
+        "serve",
+        "--upstream",
+        "ftp://nowhere",
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "upstream" in proc.stderr
 
@@ -54,13 +92,22 @@ async def test_default_command_serves_and_simulate_runs_from_the_same_image(imag
                "-e", f"LLM_SIDECAR_LISTEN=127.0.0.1:{proxy}", "-e", f"LLM_SIDECAR_METRICS_LISTEN=127.0.0.1:{admin}",
                image)  # fmt: skip
         await wait_status(f"http://127.0.0.1:{admin}/readyz", 200)
-        body = {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        body = {
+            "model": "sim-llama-3-8b",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://127.0.0.1:{proxy}/v1/chat/completions", json=body) as r:
                 assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
             async with s.get(f"http://127.0.0.1:{admin}/metrics") as r:
-                assert 'llm_requests_total{code="200",error_type="none",model="sim-llama-3-8b"' in await r.text()
-        inspect = podman("inspect", "--format", "{{.Config.Cmd}} {{.Config.Entrypoint}}", names[1]).stdout
+                assert (
+                    'llm_requests_total{code="200",error_type="none",model="sim-llama-3-8b"'
+                    in await r.text()
+                )
+        inspect = podman(
+            "inspect", "--format", "{{.Config.Cmd}} {{.Config.Entrypoint}}", names[1]
+        ).stdout
         assert "serve" in inspect and "llm-sidecar" in inspect
     finally:
         for name in names:

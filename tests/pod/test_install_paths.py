@@ -72,7 +72,9 @@ def pushed_image(lines: list[str], image: str) -> str:
     """What the block's `make image-push REGISTRY=...` builds and pushes (asked from make),
     made available under that name as a node would have it after the push."""
     make = command(lines, "make image-push")
-    done = subprocess.run([*make, "-n", "CONTAINER=podman"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*make, "-n", "CONTAINER=podman"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     (name,) = re.findall(r"podman build -t (\S+) \.", done.stdout)
     assert re.findall(r"podman push (\S+)", done.stdout) == [name]
@@ -100,7 +102,9 @@ def helm_template(install: list[str]) -> tuple[str, list[str]]:
 
 
 def render(namespace: str, args: list[str]) -> list[dict]:
-    return sync.objects(sync.helm("template", sync.RELEASE, str(sync.CHART), "--namespace", namespace, *args))
+    return sync.objects(
+        sync.helm("template", sync.RELEASE, str(sync.CHART), "--namespace", namespace, *args)
+    )
 
 
 def one(objs: list[dict], kind: str) -> dict:
@@ -125,7 +129,21 @@ def for_podman(deployment: dict, server: str, server_port: int, model: str) -> d
                     if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "metadata.name") == "metadata.name"]  # fmt: skip
         if c["name"] == server:
             c.pop("command", None)
-            c["args"] = ["simulate", "--listen", f"127.0.0.1:{server_port}", "--model", model, "--ttft", "0.02", "--tpot", "0.005", "--tokens", "8", "--tokens-spread", "0"]
+            c["args"] = [
+                "simulate",
+                "--listen",
+                f"127.0.0.1:{server_port}",
+                "--model",
+                model,
+                "--ttft",
+                "0.02",
+                "--tpot",
+                "0.005",
+                "--tokens",
+                "8",
+                "--tokens-spread",
+                "0",
+            ]
             c["image"], c["imagePullPolicy"] = "localhost/llm-sidecar:test", "Never"
             c.pop("resources", None)
             c["volumeMounts"] = [m for m in c.get("volumeMounts", []) if m["name"] != "dshm"]
@@ -173,19 +191,27 @@ async def counted(admin: int, model: str) -> str:
     async with aiohttp.ClientSession() as s:
         async with s.get(f"http://127.0.0.1:{admin}/metrics") as r:
             text = await r.text()
-    return "\n".join(ln for ln in text.splitlines() if ln.startswith("llm_requests_total{") and f'model="{model}"' in ln)
+    return "\n".join(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("llm_requests_total{") and f'model="{model}"' in ln
+    )
 
 
 async def check_pod_serves(deployment: dict, proxy: int, admin: int, model: str) -> None:
     await wait_status(f"http://127.0.0.1:{admin}/readyz", 200, timeout=90)
     got = await stream_through(proxy, model)
     assert got.endswith(b"data: [DONE]\n\n") and got.count(b"data: ") >= 8
-    assert 'outcome="ok"' in await counted(admin, model), "the request passed the sidecar and was measured"
+    assert 'outcome="ok"' in await counted(admin, model), (
+        "the request passed the sidecar and was measured"
+    )
 
 
 def sidecar_of(deployment: dict) -> dict:
     spec = deployment["spec"]["template"]["spec"]
-    (c,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "llm-sidecar"]
+    (c,) = [
+        c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "llm-sidecar"
+    ]
     return c
 
 
@@ -213,12 +239,20 @@ async def test_quick_start_as_written(image, tmp_path, untag):
     deployment, service = one(objs, "Deployment"), one(objs, "Service")
     # kubectl -n NS port-forward svc/NAME PORT: the Service the README names, its port, its target.
     forward = command(lines, "kubectl")
-    assert forward[:3] == ["kubectl", "-n", namespace] and forward[4] == f"svc/{service['metadata']['name']}"
+    assert (
+        forward[:3] == ["kubectl", "-n", namespace]
+        and forward[4] == f"svc/{service['metadata']['name']}"
+    )
     (svc_port,) = [p for p in service["spec"]["ports"] if p["port"] == int(forward[5])]
-    assert svc_port["targetPort"] == port_named(sidecar_of(deployment), "http"), "the Service leads to the sidecar"
+    assert svc_port["targetPort"] == port_named(sidecar_of(deployment), "http"), (
+        "the Service leads to the sidecar"
+    )
     model = next(a.split("=", 1)[1] for a in args if a.startswith("modelServer.model="))
     pod = for_podman(deployment, "model-server", 8000, model)
-    proxy, admin = publish(pod, svc_port["targetPort"]), publish(pod, port_named(sidecar_of(deployment), "metrics"))
+    proxy, admin = (
+        publish(pod, svc_port["targetPort"]),
+        publish(pod, port_named(sidecar_of(deployment), "metrics")),
+    )
     with Played(pod, tmp_path):
         await check_pod_serves(pod, proxy, admin, model)
 
@@ -229,18 +263,35 @@ async def test_without_helm_as_written(image, tmp_path, untag):
     apply = command(lines, "kubectl apply -n")
     assert apply[:4] == ["kubectl", "apply", "-n", apply[3]] and apply[4] == "-f"
     directory = ROOT / apply[5]
-    files = sorted(directory.glob("*.yaml"))  # -f DIR applies the directory's files, not its subdirectories
+    files = sorted(
+        directory.glob("*.yaml")
+    )  # -f DIR applies the directory's files, not its subdirectories
     objs = [o for f in files for o in yaml.safe_load_all(f.read_text(encoding="utf-8")) if o]
-    assert all("namespace" not in o["metadata"] for o in objs), "the namespace is the one given to kubectl -n"
-    deployment, service, monitor = one(objs, "Deployment"), one(objs, "Service"), one(objs, "PodMonitor")
+    assert all("namespace" not in o["metadata"] for o in objs), (
+        "the namespace is the one given to kubectl -n"
+    )
+    deployment, service, monitor = (
+        one(objs, "Deployment"),
+        one(objs, "Service"),
+        one(objs, "PodMonitor"),
+    )
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), "the monitor finds the pod"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items(), (
+        "the monitor finds the pod"
+    )
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"metrics"}
     (svc_port,) = [p for p in service["spec"]["ports"] if p["name"] == "http"]
-    (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "model-server"]
+    (server,) = [
+        c
+        for c in deployment["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "model-server"
+    ]
     model = server["args"][server["args"].index("--model") + 1]
     pod = for_podman(deployment, "model-server", 8000, model)
-    proxy, admin = publish(pod, svc_port["targetPort"]), publish(pod, port_named(sidecar_of(deployment), "metrics"))
+    proxy, admin = (
+        publish(pod, svc_port["targetPort"]),
+        publish(pod, port_named(sidecar_of(deployment), "metrics")),
+    )
     with Played(pod, tmp_path):
         await check_pod_serves(pod, proxy, admin, model)
 
@@ -265,9 +316,13 @@ async def test_monitoring_only_checklist_as_written(image, tmp_path, untag):
     untag.append(pushed_image(lines, image))
     namespace, args = helm_template(command(lines, "helm install"))
     objs = render(namespace, args)
-    assert {o["kind"] for o in objs} <= {"PodMonitor", "PrometheusRule", "ConfigMap"}, "monitoring objects only"
+    assert {o["kind"] for o in objs} <= {"PodMonitor", "PrometheusRule", "ConfigMap"}, (
+        "monitoring objects only"
+    )
     monitor = one(objs, "PodMonitor")
-    assert [e["path"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["/metrics"], "no second scrape of vLLM"
+    assert [e["path"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["/metrics"], (
+        "no second scrape of vLLM"
+    )
     notes = sync.render_extra(sync.NOTES_TEMPLATE, args)["text"]
     labels = monitor["spec"]["selector"]["matchLabels"]
     deployment, service = team_server(labels)
@@ -292,7 +347,11 @@ async def test_monitoring_only_checklist_as_written(image, tmp_path, untag):
     spec["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "10"]}}}
     # The upstream the pasted sidecar uses is the server's port in the pod.
     upstream = {e["name"]: e.get("value") for e in container["env"]}["LLM_SIDECAR_UPSTREAM"]
-    assert upstream == "http://127.0.0.1:8000" == f"http://127.0.0.1:{spec['containers'][0]['ports'][0]['containerPort']}"
+    assert (
+        upstream
+        == "http://127.0.0.1:8000"
+        == f"http://127.0.0.1:{spec['containers'][0]['ports'][0]['containerPort']}"
+    )
 
     pod = for_podman(deployment, "vllm", 8000, "Qwen/Qwen2.5-1.5B-Instruct")
     proxy = publish(pod, service["spec"]["ports"][0]["targetPort"])

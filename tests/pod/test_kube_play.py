@@ -48,7 +48,19 @@ from tests.support.scrape import pod_scrape_config
 pytestmark = pytest.mark.pod
 
 SEED = "7"
-SIM_ARGS = ["simulate", "--listen", "127.0.0.1:8000", "--seed", SEED, "--ttft", "0.05", "--tpot", "0.01", "--tokens", "12"]
+SIM_ARGS = [
+    "simulate",
+    "--listen",
+    "127.0.0.1:8000",
+    "--seed",
+    SEED,
+    "--ttft",
+    "0.05",
+    "--tpot",
+    "0.01",
+    "--tokens",
+    "12",
+]
 BODY = {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 CREATED = re.compile(rb'"created":\d+')
 
@@ -69,7 +81,9 @@ def for_podman(deployment: dict, proxy_port: int, admin_port: int) -> dict:
     """The render, changed only where podman needs it (see the module docstring)."""
     doc = copy.deepcopy(deployment)
     spec = doc["spec"]["template"]["spec"]
-    assert "initContainers" not in spec, "the legacy rendering runs the sidecar as a regular container"
+    assert "initContainers" not in spec, (
+        "the legacy rendering runs the sidecar as a regular container"
+    )
     for container in spec["containers"]:
         if container["name"] == "llm-sidecar":
             assert container["args"] == ["serve"], "played with the chart's own command line"
@@ -110,7 +124,9 @@ def played(image, tmp_path_factory):
     path.write_text(yaml.safe_dump(deployment, sort_keys=False), encoding="utf-8")
     podman("kube", "play", str(path), timeout=180)
     try:
-        pods = podman("pod", "ps", "--filter", f"name={name}", "--format", "{{.Name}}").stdout.split()
+        pods = podman(
+            "pod", "ps", "--filter", f"name={name}", "--format", "{{.Name}}"
+        ).stdout.split()
         assert len(pods) == 1, pods
         yield Played(path, proxy, admin, pods[0])
     finally:
@@ -119,7 +135,13 @@ def played(image, tmp_path_factory):
 
 async def test_pod_starts_and_becomes_ready(played):
     await wait_status(f"{played.admin_url}/readyz", 200)
-    states = podman("pod", "inspect", played.pod, "--format", "{{range .Containers}}{{.Name}}={{.State}} {{end}}").stdout
+    states = podman(
+        "pod",
+        "inspect",
+        played.pod,
+        "--format",
+        "{{range .Containers}}{{.Name}}={{.State}} {{end}}",
+    ).stdout
     assert f"{played.container('llm-sidecar')}=running" in states
     assert f"{played.container('model-server')}=running" in states
     logs = podman("logs", played.container("llm-sidecar"), check=False).stderr
@@ -158,7 +180,10 @@ async def test_admin_port_serves_the_sidecars_and_the_engines_metrics(played):
         async with s.post(f"{played.proxy_url}/v1/chat/completions", json=BODY) as r:
             await r.read()
         async with s.get(f"{played.admin_url}/metrics") as r:
-            assert 'llm_requests_total{code="200",error_type="none",model="sim-llama-3-8b",outcome="ok",route="/v1/chat/completions"}' in await r.text()
+            assert (
+                'llm_requests_total{code="200",error_type="none",model="sim-llama-3-8b",outcome="ok",route="/v1/chat/completions"}'
+                in await r.text()
+            )
         async with s.get(f"{played.admin_url}/metrics/engine") as r:
             assert r.status == 200
             assert "vllm:num_requests_running" in await r.text()
@@ -176,14 +201,18 @@ async def test_prometheus_scrapes_the_pod_with_its_labels_and_counts_no_scrape(p
 
             async def query(expr: str) -> list[dict]:
                 try:
-                    async with s.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}) as r:
+                    async with s.get(
+                        f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}
+                    ) as r:
                         return (await r.json())["data"]["result"] if r.status == 200 else []
                 except aiohttp.ClientError:
                     return []
 
             before = await _requests_total(s, played)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not await query('vllm:num_requests_running{job="llm-engine"}'):
+            while time.monotonic() < deadline and not await query(
+                'vllm:num_requests_running{job="llm-engine"}'
+            ):
                 await asyncio.sleep(0.5)
             await asyncio.sleep(3)  # a few more scrapes of both jobs
             (series,) = await query('vllm:kv_cache_usage_perc{job="llm-engine"}')
@@ -207,7 +236,11 @@ async def _served(s: aiohttp.ClientSession, url: str) -> int:
 async def _requests_total(s: aiohttp.ClientSession, played: Played) -> float:
     async with s.get(f"{played.admin_url}/metrics") as r:
         text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llm_requests_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llm_requests_total{")
+    )
 
 
 async def test_readyz_follows_the_model_server_down_and_up(played):

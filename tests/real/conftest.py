@@ -15,7 +15,15 @@ import os
 import pytest
 
 from tests.conftest import IN_CI
-from tests.real.servers import LLAMACPP, TRANSFORMERS, VLLM, VLLM_FORCE_USAGE, RealServer, ServerKind, start
+from tests.real.servers import (
+    LLAMACPP,
+    TRANSFORMERS,
+    VLLM,
+    VLLM_FORCE_USAGE,
+    RealServer,
+    ServerKind,
+    start,
+)
 
 LIVE_KINDS = (VLLM, VLLM_FORCE_USAGE, LLAMACPP, TRANSFORMERS)
 
@@ -33,7 +41,9 @@ class Launcher:
         self._launched = True
         only = {n for n in os.environ.get("REAL_SERVERS", "").split(",") if n}
         for kind in self._kinds:
-            if only and kind.name not in only:  # REAL_SERVERS=transformers-serve,...: start just these
+            if (
+                only and kind.name not in only
+            ):  # REAL_SERVERS=transformers-serve,...: start just these
                 continue
             why = kind.missing()
             if why is None:

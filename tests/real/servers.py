@@ -114,7 +114,9 @@ class ServerKind:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.engine == "vllm":
-            env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1")
+            env.update(
+                VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1"
+            )
         elif self.engine == "transformers":
             # Offline; /v1/models answers 500 unless HF_HOME/hub exists.
             home = TOOLS / "transformers-home"
@@ -128,9 +130,14 @@ VLLM_FORCE_USAGE = ServerKind(
     "vllm-force-usage", "vllm", ("--enable-force-include-usage",), variant="-force-include-usage"
 )
 VLLM_REQUEST_METRICS = ServerKind(
-    "vllm-per-request-metrics", "vllm", ("--enable-per-request-metrics",), variant="-per-request-metrics"
+    "vllm-per-request-metrics",
+    "vllm",
+    ("--enable-per-request-metrics",),
+    variant="-per-request-metrics",
 )
-LLAMACPP = ServerKind("llama.cpp", "llama.cpp", routes=("/v1/chat/completions", "/v1/completions", "/completion"))
+LLAMACPP = ServerKind(
+    "llama.cpp", "llama.cpp", routes=("/v1/chat/completions", "/v1/completions", "/completion")
+)
 TRANSFORMERS = ServerKind("transformers-serve", "transformers")
 KINDS = {k.name: k for k in (VLLM, VLLM_FORCE_USAGE, VLLM_REQUEST_METRICS, LLAMACPP, TRANSFORMERS)}
 
@@ -183,7 +190,9 @@ class RealServer:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"{self.kind.name} was not ready within {timeout:.0f} s:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"{self.kind.name} was not ready within {timeout:.0f} s:\n{self.log_tail()}"
+        )
 
     def get_json(self, path: str) -> dict:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=30) as resp:
@@ -221,7 +230,12 @@ def start(kind: ServerKind) -> RealServer:
     log_path = LOGS / f"{kind.name}.log"
     log = open(log_path, "wb")
     process = subprocess.Popen(
-        kind.command(port), env=kind.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=kind.cwd
+        kind.command(port),
+        env=kind.env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=kind.cwd,
     )
     log.close()  # the child holds its own descriptor
     return RealServer(kind, port, process, log_path)
@@ -245,7 +259,11 @@ class Case:
 
     @property
     def name(self) -> str:
-        base = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/completion": "completion"}[self.route]
+        base = {
+            "/v1/chat/completions": "chat",
+            "/v1/completions": "completions",
+            "/completion": "completion",
+        }[self.route]
         return base + ("-stream" if self.stream else "") + ("-usage" if self.include_usage else "")
 
     def body(self, model: str = MODEL) -> dict:
@@ -265,7 +283,12 @@ class Case:
 
 
 def cases(kind: ServerKind) -> list[Case]:
-    return [Case(route, stream, usage) for route in kind.routes for stream in (True, False) for usage in (False, True)]
+    return [
+        Case(route, stream, usage)
+        for route in kind.routes
+        for stream in (True, False)
+        for usage in (False, True)
+    ]
 
 
 @contextmanager

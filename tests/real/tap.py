@@ -87,10 +87,16 @@ class WireTap:
 
     def exchanges(self) -> list[Exchange]:
         """Every complete exchange on every connection so far, in connection order."""
-        return [x for recording in self.recordings for x in exchanges(bytes(recording.to_server), bytes(recording.to_client))]
+        return [
+            x
+            for recording in self.recordings
+            for x in exchanges(bytes(recording.to_server), bytes(recording.to_client))
+        ]
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, into: bytearray) -> None:
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, into: bytearray
+) -> None:
     """Copy until EOF, recording each read before it is passed on (so the recording is
     complete by the time the other side has received the bytes)."""
     with contextlib.suppress(ConnectionError, OSError):
@@ -136,7 +142,9 @@ def exchanges(to_server: bytes, to_client: bytes) -> list[Exchange]:
                 response_body=reply_body,
             )
         )
-        server.send(h11.Response(status_code=reply.status_code, headers=reply.headers, reason=reply.reason))
+        server.send(
+            h11.Response(status_code=reply.status_code, headers=reply.headers, reason=reply.reason)
+        )
         if reply_body:
             server.send(h11.Data(data=reply_body))
         server.send(h11.EndOfMessage())

@@ -66,7 +66,13 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.base.buckets import ITL_BUCKETS
 from sidecar.measure.concurrency import BANDS, band
-from sidecar.tools.slo.capacity import CAPACITY, CAPACITY_GROUP, CAPACITY_TPS, capacity_group, generate
+from sidecar.tools.slo.capacity import (
+    CAPACITY,
+    CAPACITY_GROUP,
+    CAPACITY_TPS,
+    capacity_group,
+    generate,
+)
 from sidecar.tools.slo.render import render_rules
 from sidecar.tools.slo.spec import parse_spec
 from tests.conftest import require_tool, start_prometheus, wait_for
@@ -110,7 +116,9 @@ def fraction_within(d: dict, b: str, bound: float) -> float | None:
 
 
 async def run_aiperf(url: str, level: int, artifacts, tmp_path) -> tuple[dict, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
     process = await asyncio.create_subprocess_exec(
         str(AIPERF), "profile",
@@ -175,7 +183,12 @@ def quantile(values: list[float], q: float) -> float:
 
 async def warm_up(url: str, n: int = 3) -> None:
     """A few streamed requests straight to vLLM (not through the sidecar)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 16, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "warm up"}],
+        "max_tokens": 16,
+        "stream": True,
+    }
     async with aiohttp.ClientSession() as session:
         for _ in range(n):
             async with session.post(f"{url}/v1/chat/completions", json=body) as r:
@@ -190,7 +203,8 @@ async def prom_query(session: aiohttp.ClientSession, base: str, query: str) -> l
 
 
 def choose_threshold(
-    gaps_by_level: dict[int, list[float]], band_share: Callable[[int, float], float | None] | None = None
+    gaps_by_level: dict[int, list[float]],
+    band_share: Callable[[int, float], float | None] | None = None,
 ) -> tuple[float, int, float]:
     """(threshold, expected capacity level, margin) from the generator's gaps.
 
@@ -206,7 +220,9 @@ def choose_threshold(
     band at 96.1 % over the sweep, and Prometheus's extrapolated 1h view put that at 95.0 %."""
     best = None
     for bound in ITL_BUCKETS:
-        shares = {lvl: sum(g <= bound for g in gaps) / len(gaps) for lvl, gaps in gaps_by_level.items()}
+        shares = {
+            lvl: sum(g <= bound for g in gaps) / len(gaps) for lvl, gaps in gaps_by_level.items()
+        }
         meeting = [lvl for lvl, f in shares.items() if f >= 0.95]
         if not meeting or len(meeting) == len(shares):
             continue
@@ -239,7 +255,12 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules_file)],
-        "scrape_configs": [{"job_name": "llm-sidecar", "static_configs": [{"targets": [f"127.0.0.1:{running.admin_port}"]}]}],
+        "scrape_configs": [
+            {
+                "job_name": "llm-sidecar",
+                "static_configs": [{"targets": [f"127.0.0.1:{running.admin_port}"]}],
+            }
+        ],
     }
     proc, port = start_prometheus(prometheus, tmp_path, config)
     base = f"http://127.0.0.1:{port}"
@@ -260,12 +281,16 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
             for level in LEVELS:
                 before = band_figures(running.registry)
                 t0 = time.monotonic()
-                summary, output = await run_aiperf(running.url, level, tmp_path / f"aiperf-c{level}", tmp_path)
+                summary, output = await run_aiperf(
+                    running.url, level, tmp_path / f"aiperf-c{level}", tmp_path
+                )
                 wall = time.monotonic() - t0
                 gaps_by_level[level] = token_gaps(tmp_path / f"aiperf-c{level}")
                 requests += ROUNDS * level
                 # Each request is filed just after its connection ends; aiperf may exit first.
-                await wait_for(lambda: sum(outcome_counts(running.registry).values()) == requests, timeout=30)
+                await wait_for(
+                    lambda: sum(outcome_counts(running.registry).values()) == requests, timeout=30
+                )
                 assert outcome_counts(running.registry) == {"ok": requests}, output[-3000:]
                 d = delta(band_figures(running.registry), before)
                 counts = {b: d.get((ITL + "_count", b, None), 0.0) for b in BANDS}
@@ -285,7 +310,8 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
                         "aiperf_osl": summary["output_sequence_length"]["avg"],
                         "gaps": total,
                         "bands": {b: int(c) for b, c in counts.items() if c},
-                        "sidecar_itl": sum(d.get((ITL + "_sum", b, None), 0.0) for b in BANDS) / total,
+                        "sidecar_itl": sum(d.get((ITL + "_sum", b, None), 0.0) for b in BANDS)
+                        / total,
                         "band_itl": d[(ITL + "_sum", own, None)] / counts[own],
                         "share": counts[own] / total,
                         "band_tps": d[("llm_decode_tokens_by_concurrency_total", own, None)]
@@ -295,14 +321,23 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
                     }
                 )
 
-            print("\nsweep:", json.dumps([{k: v for k, v in r.items() if k != "delta"} for r in rows]))
+            print(
+                "\nsweep:", json.dumps([{k: v for k, v in r.items() if k != "delta"} for r in rows])
+            )
             # The threshold, from aiperf's sweep alone.
-            totals = band_figures(running.registry)  # the whole sweep, as the rule's 1h window sees it
+            totals = band_figures(
+                running.registry
+            )  # the whole sweep, as the rule's 1h window sees it
             threshold, expected, margin = choose_threshold(
                 gaps_by_level, lambda level, bound: fraction_within(totals, band(level), bound)
             )
             spec = parse_spec(
-                {"version": 1, "objectives": [{"name": "itl", "sli": "itl", "target": 95, "threshold_seconds": threshold}]}
+                {
+                    "version": 1,
+                    "objectives": [
+                        {"name": "itl", "sli": "itl", "target": 95, "threshold_seconds": threshold}
+                    ],
+                }
             )
             assert capacity_group(spec) is not None
             rules_file.write_text(render_rules(generate(spec)), encoding="utf-8")
@@ -311,7 +346,9 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
             async def capacity_group_evaluated() -> bool:
                 async with session.get(f"{base}/api/v1/rules") as r:
                     groups = (await r.json())["data"]["groups"]
-                return any(g["name"] == CAPACITY_GROUP and g.get("evaluationTime", 0) > 0 for g in groups)
+                return any(
+                    g["name"] == CAPACITY_GROUP and g.get("evaluationTime", 0) > 0 for g in groups
+                )
 
             await wait_for(capacity_group_evaluated, timeout=30)
             await asyncio.sleep(2)  # one more whole evaluation after the reload
@@ -324,12 +361,23 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
             tps = await prom_query(session, base, CAPACITY_TPS)
             # What the rule's 1h window holds per band: gaps, and the share within the threshold.
             window = f"sum by (concurrency) (increase({ITL}_count[1h]))"
-            prom_gaps = {s["metric"]["concurrency"]: float(s["value"][1]) for s in await prom_query(session, base, window)}
+            prom_gaps = {
+                s["metric"]["concurrency"]: float(s["value"][1])
+                for s in await prom_query(session, base, window)
+            }
             within = f'sum by (concurrency) (increase({ITL}_bucket{{le="{floatToGoString(threshold)}"}}[1h])) / {window}'
-            prom_share = {s["metric"]["concurrency"]: float(s["value"][1]) for s in await prom_query(session, base, within)}
+            prom_share = {
+                s["metric"]["concurrency"]: float(s["value"][1])
+                for s in await prom_query(session, base, within)
+            }
             async with session.get(f"{base}/api/v1/rules") as r:
                 groups = (await r.json())["data"]["groups"]
-            bad = [(r.get("name"), r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") != "ok"]
+            bad = [
+                (r.get("name"), r.get("lastError"))
+                for g in groups
+                for r in g["rules"]
+                if r.get("health") != "ok"
+            ]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -367,7 +415,9 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
     ]
     for r in rows:
         own = own_bands[r["level"]]
-        mine = sum(g <= threshold for g in gaps_by_level[r["level"]]) / len(gaps_by_level[r["level"]])
+        mine = sum(g <= threshold for g in gaps_by_level[r["level"]]) / len(
+            gaps_by_level[r["level"]]
+        )
         level_share = fraction_within(r["delta"], own, threshold)
         sweep_share = fraction_within(totals, own, threshold)
         p95 = p95s.get(own)

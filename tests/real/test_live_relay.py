@@ -38,15 +38,34 @@ from tests.conftest import wait_for
 from tests.real.conftest import LIVE_KINDS
 from tests.real.servers import Case, ServerKind, cases
 from tests.real.tap import Exchange, WireTap
-from tests.real.wire import content_events, engine_counts, json_events, reported_usage, token_arrivals
+from tests.real.wire import (
+    content_events,
+    engine_counts,
+    json_events,
+    reported_usage,
+    token_arrivals,
+)
 
 pytestmark = pytest.mark.real
 
 # Each end's connection headers; Host names the hop; the proxy adds its X-Forwarded-*.
-_PER_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "host"}
+_PER_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-connection",
+    "host",
+}
 _PROXY_ADDED = {"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"}
 
-PARAMS = [pytest.param(kind, case, id=f"{kind.name}-{case.name}") for kind in LIVE_KINDS for case in cases(kind)]
+PARAMS = [
+    pytest.param(kind, case, id=f"{kind.name}-{case.name}")
+    for kind in LIVE_KINDS
+    for case in cases(kind)
+]
 
 
 def end_to_end(headers) -> list[tuple[str, str]]:
@@ -84,12 +103,18 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
                 running.url + case.route, data=sent, headers={"Content-Type": "application/json"}
             ) as resp:
                 via = b"".join([chunk async for chunk in resp.content.iter_any()])
-                status, got_headers, client_sent = resp.status, resp.raw_headers, resp.request_info.headers
+                status, got_headers, client_sent = (
+                    resp.status,
+                    resp.raw_headers,
+                    resp.request_info.headers,
+                )
         await wait_for(lambda: len(timelines) == 1, timeout=10)
         generations = [x for x in tap.exchanges() if (x.method, x.target) == ("POST", case.route)]
     finally:
         await tap.close()
-    assert len(generations) == 1, f"the server should have seen this one request, saw {len(generations)}"
+    assert len(generations) == 1, (
+        f"the server should have seen this one request, saw {len(generations)}"
+    )
     seen: Exchange = generations[0]
 
     # The relay: the server got the client's request, the client got the server's answer.
@@ -98,7 +123,9 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     assert received == end_to_end(client_sent.items()), "the sidecar changed the request headers"
     assert status == seen.status
     decoded = [(k.decode(), v.decode("latin-1")) for k, v in got_headers]
-    assert end_to_end(decoded) == end_to_end(seen.response_headers), "the sidecar changed the response headers"
+    assert end_to_end(decoded) == end_to_end(seen.response_headers), (
+        "the sidecar changed the response headers"
+    )
     assert via == seen.response_body, "the sidecar changed the response body"
 
     timeline = timelines[0]
@@ -120,7 +147,10 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
         assert metric(registry, "llm_time_to_first_token_seconds_count", **route) == 1
         # One gap between consecutive arrivals: content chunks - 1 (more when per-chunk usage
         # says a chunk carried several tokens).
-        assert metric(registry, "llm_inter_token_latency_seconds_count", **route) == token_arrivals(events) - 1
+        assert (
+            metric(registry, "llm_inter_token_latency_seconds_count", **route)
+            == token_arrivals(events) - 1
+        )
     else:
         assert metric(registry, "llm_time_to_first_token_seconds_count", **route) == 0
     engine = engine_counts(events)
@@ -132,5 +162,7 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
         assert (outputs, inputs) == (engine["output"], engine["input"])
     else:
         assert case.stream, "a non-streamed answer always carries its counts"
-        assert timeline.token_count_source is TokenCountSource.ESTIMATED, "an estimate must be flagged"
+        assert timeline.token_count_source is TokenCountSource.ESTIMATED, (
+            "an estimate must be flagged"
+        )
         assert outputs == token_arrivals(events) and inputs == 0

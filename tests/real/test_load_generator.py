@@ -53,7 +53,9 @@ async def test_aiperf_successes_are_the_sidecars_ok(live_servers, sidecar_factor
     server = live_servers.get(VLLM)
     running = await sidecar_factory(server.url)
     artifacts = tmp_path / "aiperf"
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1")
     process = await asyncio.create_subprocess_exec(
         str(AIPERF), "profile",

@@ -36,7 +36,9 @@ def llama_server():
 async def traced_sidecar_factory():
     started: list[RunningSidecar] = []
 
-    async def make(upstream_url: str, *, tracer_provider=None, meter_provider=None) -> RunningSidecar:
+    async def make(
+        upstream_url: str, *, tracer_provider=None, meter_provider=None
+    ) -> RunningSidecar:
         s = build_sidecar(
             sidecar_settings(upstream_url), CollectorRegistry(), access_log=False,
             tracer_provider=tracer_provider, meter_provider=meter_provider,
@@ -49,7 +51,9 @@ async def traced_sidecar_factory():
         await running.stop()
 
 
-async def test_client_metrics_match_what_the_openai_sdk_received(llama_server, traced_sidecar_factory):
+async def test_client_metrics_match_what_the_openai_sdk_received(
+    llama_server, traced_sidecar_factory
+):
     from openai import AsyncOpenAI
 
     reader = InMemoryMetricReader()

@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.real, pytest.mark.integration]
 openai = pytest.importorskip("openai")
 
 PREFIX_CACHE = ServerKind(
-    "vllm-prefix-cache", "vllm", ("--enable-prefix-caching", "--enable-prompt-tokens-details"), variant="-prefix-cache"
+    "vllm-prefix-cache",
+    "vllm",
+    ("--enable-prefix-caching", "--enable-prompt-tokens-details"),
+    variant="-prefix-cache",
 )
 ROUTE = "/v1/chat/completions"
 LICENCES = Path("/usr/share/common-licenses")
@@ -48,8 +51,12 @@ def vllm_prefix_cache():
 
 
 def _count(server, text: str) -> int:
-    body = json.dumps({"model": PREFIX_CACHE.model, "messages": [{"role": "user", "content": text}]}).encode()
-    request = urllib.request.Request(f"{server.url}/tokenize", body, {"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": PREFIX_CACHE.model, "messages": [{"role": "user", "content": text}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"{server.url}/tokenize", body, {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as resp:
         return int(json.loads(resp.read())["count"])
 
@@ -85,7 +92,12 @@ async def _ask(client, text: str) -> tuple[float, int | None]:
         stream_options={"include_usage": True},
     )
     async for chunk in stream:
-        if ttft is None and chunk.choices and chunk.choices[0].delta.content is not None and chunk.choices[0].delta.content != "":
+        if (
+            ttft is None
+            and chunk.choices
+            and chunk.choices[0].delta.content is not None
+            and chunk.choices[0].delta.content != ""
+        ):
             ttft = time.perf_counter() - began
         if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
             cached = chunk.usage.prompt_tokens_details.cached_tokens
@@ -93,12 +105,16 @@ async def _ask(client, text: str) -> tuple[float, int | None]:
     return ttft, cached
 
 
-async def test_cached_prompts_are_filed_by_cache_class_with_the_clients_ttft(vllm_prefix_cache, sidecar_factory):
+async def test_cached_prompts_are_filed_by_cache_class_with_the_clients_ttft(
+    vllm_prefix_cache, sidecar_factory
+):
     server = vllm_prefix_cache
     sidecar = await sidecar_factory(server.url)
     client = openai.AsyncOpenAI(base_url=f"{sidecar.url}/v1", api_key="none", max_retries=0)
     try:
-        warm_up, _ = await _ask(client, "Warm up.")  # the first request after start pays one-off costs
+        warm_up, _ = await _ask(
+            client, "Warm up."
+        )  # the first request after start pays one-off costs
         misses, hits = [warm_up], []
         for source in ("GPL-3", "Apache-2.0"):
             text = _prompt(server, source)
@@ -106,22 +122,32 @@ async def test_cached_prompts_are_filed_by_cache_class_with_the_clients_ttft(vll
             assert cached == 0
             misses.append(ttft)
             ttft, cached = await _ask(client, text)
-            assert cached is not None and cached >= PROMPT_TOKENS[0] // 2, cached  # whole blocks of the prefix
+            assert cached is not None and cached >= PROMPT_TOKENS[0] // 2, (
+                cached
+            )  # whole blocks of the prefix
             hits.append(ttft)
     finally:
         await client.close()
 
     def count(cache: str) -> float | None:
-        return sidecar.sample("llm_time_to_first_token_by_cache_seconds_count", model="tiny", route=ROUTE, cache=cache)
+        return sidecar.sample(
+            "llm_time_to_first_token_by_cache_seconds_count", model="tiny", route=ROUTE, cache=cache
+        )
 
     await wait_for(lambda: (count("none") or 0) + (count("most") or 0) >= 4)
     assert count("most") == 2
     assert count("none") == 3  # the warm-up's short prompt had nothing cached either
     assert count("partial") is None and count("unknown") is None
     for cache, client_ttfts in (("most", hits), ("none", misses)):
-        sidecar_sum = sidecar.sample("llm_time_to_first_token_by_cache_seconds_sum", model="tiny", route=ROUTE, cache=cache)
+        sidecar_sum = sidecar.sample(
+            "llm_time_to_first_token_by_cache_seconds_sum", model="tiny", route=ROUTE, cache=cache
+        )
         # the sidecar sees each first token before the client does, and not long before
-        assert 0.5 * sum(client_ttfts) < sidecar_sum <= sum(client_ttfts), (cache, sidecar_sum, client_ttfts)
+        assert 0.5 * sum(client_ttfts) < sidecar_sum <= sum(client_ttfts), (
+            cache,
+            sidecar_sum,
+            client_ttfts,
+        )
 
     record = os.environ.get("RECORD_PREFIX_CACHE")
     if record:

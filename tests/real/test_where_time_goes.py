@@ -63,7 +63,9 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> N
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"{url}: exited {proc.returncode}\n{log.read_text(errors='replace')[-3000:]}")
+            raise AssertionError(
+                f"{url}: exited {proc.returncode}\n{log.read_text(errors='replace')[-3000:]}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -71,7 +73,9 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> N
         except OSError:
             pass
         time.sleep(1)
-    raise AssertionError(f"{url} not ready in {timeout} s\n{log.read_text(errors='replace')[-3000:]}")
+    raise AssertionError(
+        f"{url} not ready in {timeout} s\n{log.read_text(errors='replace')[-3000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,20 +90,45 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("where")
     procs: list[subprocess.Popen] = []
     try:
-        vllm_port, proxy_port, admin_port, prom_port = free_port(), free_port(), free_port(), free_port()
+        vllm_port, proxy_port, admin_port, prom_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        )
         vllm_log = tmp / "vllm.log"
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1")
+        env = dict(
+            os.environ,
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+            HF_HUB_OFFLINE="1",
+        )
         with vllm_log.open("wb") as out:
             procs.append(
                 subprocess.Popen(
                     [
-                        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-                        "--model", str(HF_MODEL), "--served-model-name", MODEL,
-                        "--host", "127.0.0.1", "--port", str(vllm_port),
-                        "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8",
+                        str(VLLM_PYTHON),
+                        "-m",
+                        "vllm.entrypoints.openai.api_server",
+                        "--model",
+                        str(HF_MODEL),
+                        "--served-model-name",
+                        MODEL,
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(vllm_port),
+                        "--dtype",
+                        "float32",
+                        "--max-model-len",
+                        "512",
+                        "--max-num-seqs",
+                        "8",
                         "--enable-per-request-metrics",
                     ],  # fmt: skip
-                    env=env, stdout=out, stderr=subprocess.STDOUT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                 )
             )
         sidecar_log = tmp / "sidecar.log"
@@ -107,10 +136,19 @@ def stack(tmp_path_factory):
             procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable, "-m", "sidecar", "serve", "--upstream", f"http://127.0.0.1:{vllm_port}",
-                        "--listen", f"127.0.0.1:{proxy_port}", "--metrics-listen", f"127.0.0.1:{admin_port}",
+                        sys.executable,
+                        "-m",
+                        "sidecar",
+                        "serve",
+                        "--upstream",
+                        f"http://127.0.0.1:{vllm_port}",
+                        "--listen",
+                        f"127.0.0.1:{proxy_port}",
+                        "--metrics-listen",
+                        f"127.0.0.1:{admin_port}",
                     ],
-                    stdout=out, stderr=subprocess.STDOUT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                 )
             )
         config = {
@@ -119,7 +157,10 @@ def stack(tmp_path_factory):
                 {
                     "job_name": "llm-sidecar",
                     "static_configs": [
-                        {"targets": [f"127.0.0.1:{admin_port}"], "labels": {"namespace": NAMESPACE, "pod": POD}}
+                        {
+                            "targets": [f"127.0.0.1:{admin_port}"],
+                            "labels": {"namespace": NAMESPACE, "pod": POD},
+                        }
                     ],
                 },
                 {
@@ -140,16 +181,24 @@ def stack(tmp_path_factory):
             procs.append(
                 subprocess.Popen(
                     [
-                        prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                        f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
+                        prometheus,
+                        f"--config.file={tmp / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={tmp / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{prom_port}",
+                        "--log.level=warn",
                     ],
-                    stdout=out, stderr=subprocess.STDOUT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                 )
             )
         _wait_http(f"http://127.0.0.1:{prom_port}/-/ready", procs[2], 60, prom_log)
         _wait_http(f"http://127.0.0.1:{admin_port}/healthz", procs[1], 60, sidecar_log)
         _wait_http(f"http://127.0.0.1:{vllm_port}/health", procs[0], READY_TIMEOUT, vllm_log)
-        yield f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{admin_port}"
+        yield (
+            f"http://127.0.0.1:{proxy_port}",
+            f"http://127.0.0.1:{prom_port}",
+            f"http://127.0.0.1:{admin_port}",
+        )
     finally:
         for proc in reversed(procs):
             stop_process(proc, timeout=30)
@@ -185,7 +234,9 @@ async def _query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[d
 
 
 def _row_queries() -> list:
-    overview = json.loads((ROOT / "dashboards" / "llm-sidecar-overview.json").read_text(encoding="utf-8"))
+    overview = json.loads(
+        (ROOT / "dashboards" / "llm-sidecar-overview.json").read_text(encoding="utf-8")
+    )
     titles = [p["title"] for p in overview["panels"]]
     start = titles.index(ROW_TITLE)
     rows = [i for i, p in enumerate(overview["panels"]) if p["type"] == "row" and i > start]
@@ -208,7 +259,9 @@ async def test_where_time_goes_row_has_data_for_the_pod(stack):
         queue_count = await _query(session, prom, 'llm_upstream_queue_seconds_count{pod="llm-0"}')
         assert [float(s["value"][1]) for s in queue_count] == [len(reported)]
         queue_sum = await _query(session, prom, 'llm_upstream_queue_seconds_sum{pod="llm-0"}')
-        assert float(queue_sum[0]["value"][1]) == pytest.approx(sum(m["queue_time_ms"] for m in reported) / 1000, rel=1e-6)
+        assert float(queue_sum[0]["value"][1]) == pytest.approx(
+            sum(m["queue_time_ms"] for m in reported) / 1000, rel=1e-6
+        )
         overhead = await _query(session, prom, 'llm_sidecar_overhead_seconds_count{pod="llm-0"}')
         assert {s["metric"]["direction"]: float(s["value"][1]) for s in overhead} == {
             "request": len(reported),
@@ -237,6 +290,10 @@ async def test_where_time_goes_row_has_data_for_the_pod(stack):
         assert not problems, "\n".join(problems)
         # For the record (pytest -s): the split the first panel draws.
         for q in queries:
-            if q.panel_title.startswith("TTFT per pod") or q.panel_title.startswith("What the sidecar adds"):
+            if q.panel_title.startswith("TTFT per pod") or q.panel_title.startswith(
+                "What the sidecar adds"
+            ):
                 for s in await _query(session, prom, substitute(q.expr)):
-                    print(f"{q.panel_title[:22]} {q.ref_id}: {float(s['value'][1]) * 1000:.3f} ms {s['metric']}")
+                    print(
+                        f"{q.panel_title[:22]} {q.ref_id}: {float(s['value'][1]) * 1000:.3f} ms {s['metric']}"
+                    )

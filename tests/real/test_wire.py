@@ -14,9 +14,17 @@ def test_arrivals_follow_per_chunk_usage():
         {"choices": [], "usage": {"completion_tokens": 4}},
     ]
     assert content_events(events) == 2
-    assert token_arrivals(events) == 4  # "a", a token not yet a character, then "b c" carried 2 (4 - 2)
+    assert (
+        token_arrivals(events) == 4
+    )  # "a", a token not yet a character, then "b c" carried 2 (4 - 2)
     # Without per-chunk usage: one each; an empty delta before any text, or with a role, is none.
-    deltas = ({"role": "assistant", "content": ""}, {"content": ""}, {"content": "a"}, {"content": ""}, {"content": "b"})
+    deltas = (
+        {"role": "assistant", "content": ""},
+        {"content": ""},
+        {"content": "a"},
+        {"content": ""},
+        {"content": "b"},
+    )
     plain = [{"choices": [{"delta": d, "finish_reason": None}]} for d in deltas]
     assert token_arrivals(plain) == 3
     body = b'data: {"id":"x1","text":"a \\"id\\" b"}\n\ndata: [DONE]\n\n'

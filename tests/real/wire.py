@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 
+
 def json_events(body: bytes, streamed: bool) -> list[dict]:
     """The JSON objects of an SSE body's ``data:`` lines (``[DONE]`` skipped), or ``[body]``."""
     if not streamed:
         return [json.loads(body)]
     events = []
     for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = b"\n".join(line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:"))
+        data = b"\n".join(
+            line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
+        )
         if data and data != b"[DONE]":
             events.append(json.loads(data))
     return events
@@ -28,7 +31,7 @@ def content_of(event: dict) -> str:
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 text += (delta.get("content") or "") + (delta.get("reasoning") or "")
-                text += (delta.get("reasoning_content") or "")
+                text += delta.get("reasoning_content") or ""
             else:
                 text += choice.get("text") or ""
         return text
@@ -51,7 +54,9 @@ def partial_token(event: dict) -> bool:
             and delta.get("content") == ""
             and "role" not in delta
             and choice.get("finish_reason") is None
-            and not any(delta.get(k) for k in ("reasoning", "reasoning_content", "tool_calls", "refusal"))
+            and not any(
+                delta.get(k) for k in ("reasoning", "reasoning_content", "tool_calls", "refusal")
+            )
         ):
             return True
     return False
@@ -64,7 +69,11 @@ def finishing_without_text(event: dict) -> bool:
     for choice in event.get("choices") or []:
         delta = choice.get("delta")
         empty = (
-            delta.get("content") == "" and "role" not in delta and not any(delta.get(k) for k in ("reasoning", "reasoning_content", "tool_calls", "refusal"))
+            delta.get("content") == ""
+            and "role" not in delta
+            and not any(
+                delta.get(k) for k in ("reasoning", "reasoning_content", "tool_calls", "refusal")
+            )
             if isinstance(delta, dict)
             else choice.get("text") == ""
         )
@@ -114,5 +123,8 @@ def engine_counts(events: list[dict]) -> dict | None:
             return {"output": event["tokens_predicted"], "input": event.get("tokens_evaluated")}
         timings = event.get("timings")
         if isinstance(timings, dict) and "predicted_n" in timings:
-            return {"output": timings["predicted_n"], "input": timings["prompt_n"] + timings.get("cache_n", 0)}
+            return {
+                "output": timings["predicted_n"],
+                "input": timings["prompt_n"] + timings.get("cache_n", 0),
+            }
     return None

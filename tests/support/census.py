@@ -52,7 +52,13 @@ def tcp_sockets(pid: int | str = "self") -> list[tuple[str, int, int]]:
             parts = line.split()
             if parts[9] in inodes:
                 local, remote, state = parts[1], parts[2], parts[3]
-                out.append((_TCP_STATES.get(state, state), int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
+                out.append(
+                    (
+                        _TCP_STATES.get(state, state),
+                        int(local.rsplit(":", 1)[1], 16),
+                        int(remote.rsplit(":", 1)[1], 16),
+                    )
+                )
     return out
 
 
@@ -105,7 +111,9 @@ async def settles_to(expected: Census, pid: int | str = "self", timeout: float =
             return
         if time.monotonic() > deadline:
             tasks = [repr(t.get_coro()) for t in asyncio.all_tasks()] if pid == "self" else []
-            raise AssertionError(f"left behind: expected {expected}, got {now}; tasks {tasks}; sockets {tcp_sockets(pid)}")
+            raise AssertionError(
+                f"left behind: expected {expected}, got {now}; tasks {tasks}; sockets {tcp_sockets(pid)}"
+            )
         await asyncio.sleep(0.02)
 
 

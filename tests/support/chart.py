@@ -80,7 +80,9 @@ def rid(release: str) -> str:
     return release_id(namespace, deployment(release))
 
 
-def render_release(release: str, namespace: str, sets: tuple[str, ...], chart: Path = CHART) -> list[dict]:
+def render_release(
+    release: str, namespace: str, sets: tuple[str, ...], chart: Path = CHART
+) -> list[dict]:
     args = [a for s in sets for a in ("--set", s)]
     return sync.objects(
         sync.helm("template", release, str(chart), "--namespace", namespace,

@@ -39,6 +39,8 @@ OTHERS = [
 texts = st.one_of(
     st.text(max_size=6).map(lambda t: t.encode("utf-8", "surrogatepass")),
     st.text(max_size=6).map(lambda t: orjson.dumps(t)[1:-1]),  # as a JSON writer escapes it
-    st.sampled_from([b"\\u00e9", b'\\"', b"\\\\", b"\\n", b"a\\/b", b"@", b"chatcmpl-1", b"m", b"c"]),
+    st.sampled_from(
+        [b"\\u00e9", b'\\"', b"\\\\", b"\\n", b"a\\/b", b"@", b"chatcmpl-1", b"m", b"c"]
+    ),
     st.binary(max_size=6),
 )

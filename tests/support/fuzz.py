@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from tests.fixtures.streams.harness import HERE, objects_from
 
 RECORDED_LINES = sorted(
-    {line + b"\n" for path in HERE.glob("*/*") if path.suffix in (".txt", ".ndjson", ".json") for line in path.read_bytes().split(b"\n")}
+    {
+        line + b"\n"
+        for path in HERE.glob("*/*")
+        if path.suffix in (".txt", ".ndjson", ".json")
+        for line in path.read_bytes().split(b"\n")
+    }
 )
 KEYS = sorted(
     {
@@ -46,7 +51,11 @@ fragment = st.one_of(
     st.sampled_from(RECORDED_LINES),
     st.sampled_from(TOKENS),
     st.binary(max_size=40),
-    st.builds(lambda n, c: b"data: " + c * n, st.integers(0, 300), st.sampled_from([b"x", b"\xc3\xa9", b"\r", b"\n"])),
+    st.builds(
+        lambda n, c: b"data: " + c * n,
+        st.integers(0, 300),
+        st.sampled_from([b"x", b"\xc3\xa9", b"\r", b"\n"]),
+    ),
     st.builds(_as_event, json_objects, st.sampled_from(["sse", "nd"])),
 )
 hostile_bytes = st.lists(fragment, max_size=25).map(b"".join)

@@ -86,7 +86,9 @@ def pod_targets(pods: Iterable[Pod], namespaces: Sequence[str] | None) -> list[d
                     "__meta_kubernetes_pod_container_name": container.name,
                     "__meta_kubernetes_pod_container_init": str(container.init).lower(),
                     "__meta_kubernetes_pod_container_port_name": port,
-                    "__meta_kubernetes_pod_container_port_number": str(container.numbers.get(port, 0)),
+                    "__meta_kubernetes_pod_container_port_number": str(
+                        container.numbers.get(port, 0)
+                    ),
                     "__meta_kubernetes_pod_container_port_protocol": "TCP",
                 }
                 out.append({"targets": [address], "labels": labels})
@@ -95,14 +97,26 @@ def pod_targets(pods: Iterable[Pod], namespaces: Sequence[str] | None) -> list[d
 
 def _relabel_config(rc: dict) -> dict:
     """promcfg.go ``generateRelabelConfig``: the CRD's camelCase fields as Prometheus' keys."""
-    known = {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
+    known = {
+        "sourceLabels",
+        "separator",
+        "targetLabel",
+        "regex",
+        "modulus",
+        "replacement",
+        "action",
+    }
     unknown = set(rc) - known
     if unknown:
         raise NotImplementedError(f"relabeling fields not followed here: {sorted(unknown)}")
     out: dict = {}
     if rc.get("sourceLabels"):
         out["source_labels"] = list(rc["sourceLabels"])
-    for crd, key in (("separator", "separator"), ("targetLabel", "target_label"), ("regex", "regex")):
+    for crd, key in (
+        ("separator", "separator"),
+        ("targetLabel", "target_label"),
+        ("regex", "regex"),
+    ):
         if rc.get(crd):
             out[key] = rc[crd]
     if rc.get("modulus"):
@@ -121,8 +135,23 @@ _SHARDING = [
     {"source_labels": ["__tmp_hash", "__tmp_disable_sharding"], "regex": "0;|.+;.+", "action": "keep"},
 ]  # fmt: skip
 
-_ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "honorLabels", "filterRunning"}
-_SPEC_FIELDS = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
+_ENDPOINT_FIELDS = {
+    "port",
+    "path",
+    "interval",
+    "scrapeTimeout",
+    "relabelings",
+    "metricRelabelings",
+    "honorLabels",
+    "filterRunning",
+}
+_SPEC_FIELDS = {
+    "selector",
+    "namespaceSelector",
+    "podMetricsEndpoints",
+    "jobLabel",
+    "podTargetLabels",
+}
 
 
 def _selector_keeps(spec: dict, role: str) -> list[dict]:
@@ -148,13 +177,19 @@ def _job_label(spec: dict, role: str) -> list[dict]:
     }]  # fmt: skip
 
 
-def _endpoint_relabelings(cfg: dict, relabel: list[dict], ep: dict, ns: str, enforced_namespace_label: str) -> dict:
+def _endpoint_relabelings(
+    cfg: dict, relabel: list[dict], ep: dict, ns: str, enforced_namespace_label: str
+) -> dict:
     """What both monitor kinds end an endpoint's scrape job with, in the operator's order:
     the ``endpoint`` label, the endpoint's own relabelings, the enforced namespace label,
     sharding; its metric relabelings, then the enforced namespace label again."""
     if ep.get("port"):
         relabel.append({"target_label": "endpoint", "replacement": ep["port"]})
-    enforced = [{"target_label": enforced_namespace_label, "replacement": ns}] if enforced_namespace_label else []
+    enforced = (
+        [{"target_label": enforced_namespace_label, "replacement": ns}]
+        if enforced_namespace_label
+        else []
+    )
     relabel += [_relabel_config(rc) for rc in ep.get("relabelings", [])] + enforced
     relabel += _SHARDING
     cfg["relabel_configs"] = relabel
@@ -165,14 +200,19 @@ def _endpoint_relabelings(cfg: dict, relabel: list[dict], ep: dict, ns: str, enf
 
 
 def podmonitor_scrape_configs(
-    monitor: dict, pods: Iterable[Pod], enforced_namespace_label: str = "", scrape_interval: str | None = None
+    monitor: dict,
+    pods: Iterable[Pod],
+    enforced_namespace_label: str = "",
+    scrape_interval: str | None = None,
 ) -> list[dict]:
     """The scrape jobs the operator writes for ``monitor`` (a rendered PodMonitor, its
     ``metadata.namespace`` set), over ``pods`` as the pod role would find them."""
     ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
     spec = monitor["spec"]
     if set(spec) - _SPEC_FIELDS:
-        raise NotImplementedError(f"PodMonitor fields not followed here: {sorted(set(spec) - _SPEC_FIELDS)}")
+        raise NotImplementedError(
+            f"PodMonitor fields not followed here: {sorted(set(spec) - _SPEC_FIELDS)}"
+        )
     if spec["selector"].get("matchExpressions"):
         raise NotImplementedError("matchExpressions")
     selector = spec["namespaceSelector"] if "namespaceSelector" in spec else {}
@@ -182,24 +222,48 @@ def podmonitor_scrape_configs(
     out = []
     for i, ep in enumerate(spec["podMetricsEndpoints"]):
         if set(ep) - _ENDPOINT_FIELDS:
-            raise NotImplementedError(f"endpoint fields not followed here: {sorted(set(ep) - _ENDPOINT_FIELDS)}")
-        cfg: dict = {"job_name": f"podMonitor/{ns}/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False))}
-        cfg["static_configs"] = pod_targets(pods, namespaces)  # stands for kubernetes_sd_configs role pod
+            raise NotImplementedError(
+                f"endpoint fields not followed here: {sorted(set(ep) - _ENDPOINT_FIELDS)}"
+            )
+        cfg: dict = {
+            "job_name": f"podMonitor/{ns}/{name}/{i}",
+            "honor_labels": bool(ep.get("honorLabels", False)),
+        }
+        cfg["static_configs"] = pod_targets(
+            pods, namespaces
+        )  # stands for kubernetes_sd_configs role pod
         if ep.get("interval") or scrape_interval:
             cfg["scrape_interval"] = scrape_interval or ep["interval"]
         if ep.get("scrapeTimeout"):
             cfg["scrape_timeout"] = ep["scrapeTimeout"]
         if ep.get("path"):
             cfg["metrics_path"] = ep["path"]
-        relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+        relabel: list[dict] = [
+            {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}
+        ]
         if ep.get("filterRunning", True):
-            relabel.append({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
+            relabel.append(
+                {
+                    "action": "drop",
+                    "source_labels": ["__meta_kubernetes_pod_phase"],
+                    "regex": "(Failed|Succeeded)",
+                }
+            )
         relabel += _selector_keeps(spec, "pod")
         if ep.get("port"):
-            relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": ep["port"]})
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                    "regex": ep["port"],
+                }
+            )
         relabel += [
             {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {
+                "source_labels": ["__meta_kubernetes_pod_container_name"],
+                "target_label": "container",
+            },
             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         ]
         for label in spec.get("podTargetLabels", []):
@@ -223,14 +287,19 @@ class Service:
     """(port name, targetPort number) of each port."""
 
 
-def endpoints_targets(services: Iterable[Service], pods: Iterable[Pod], namespaces: Sequence[str] | None) -> list[dict]:
+def endpoints_targets(
+    services: Iterable[Service], pods: Iterable[Pod], namespaces: Sequence[str] | None
+) -> list[dict]:
     """The endpoints role's targets (one per Service port and ready pod it selects), as static groups."""
     pods = list(pods)
     out = []
     for svc in services:
         if namespaces is not None and svc.namespace not in namespaces:
             continue
-        common = {"__meta_kubernetes_namespace": svc.namespace, "__meta_kubernetes_service_name": svc.name}
+        common = {
+            "__meta_kubernetes_namespace": svc.namespace,
+            "__meta_kubernetes_service_name": svc.name,
+        }
         for key, value in svc.labels.items():
             common[f"__meta_kubernetes_service_label_{sanitize(key)}"] = value
             common[f"__meta_kubernetes_service_labelpresent_{sanitize(key)}"] = "true"
@@ -238,7 +307,12 @@ def endpoints_targets(services: Iterable[Service], pods: Iterable[Pod], namespac
             if pod.namespace != svc.namespace or not svc.selector.items() <= pod.labels.items():
                 continue
             for port_name, number in svc.ports:
-                found = [(c, name) for c in pod.containers for name, n in c.numbers.items() if n == number]
+                found = [
+                    (c, name)
+                    for c in pod.containers
+                    for name, n in c.numbers.items()
+                    if n == number
+                ]
                 if not found:
                     continue
                 container, name = found[0]
@@ -262,11 +336,21 @@ def endpoints_targets(services: Iterable[Service], pods: Iterable[Pod], namespac
     return out
 
 
-_SM_SPEC_FIELDS = {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels", "podTargetLabels"}
+_SM_SPEC_FIELDS = {
+    "selector",
+    "namespaceSelector",
+    "endpoints",
+    "jobLabel",
+    "targetLabels",
+    "podTargetLabels",
+}
 
 
 def servicemonitor_scrape_configs(
-    monitor: dict, services: Iterable[Service], pods: Iterable[Pod], enforced_namespace_label: str = ""
+    monitor: dict,
+    services: Iterable[Service],
+    pods: Iterable[Pod],
+    enforced_namespace_label: str = "",
 ) -> list[dict]:
     """promcfg.go ``generateServiceMonitorConfig`` with the default ``endpoints`` role: job
     ``serviceMonitor/<ns>/<name>/<i>``; keep per Service ``matchLabels``, the port filter,
@@ -275,7 +359,12 @@ def servicemonitor_scrape_configs(
     ``endpoint``, the endpoint's relabelings and the enforced namespace label, sharding."""
     ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
     spec = monitor["spec"]
-    if set(spec) - _SM_SPEC_FIELDS or spec["selector"].get("matchExpressions") or spec.get("targetLabels") or spec.get("podTargetLabels"):
+    if (
+        set(spec) - _SM_SPEC_FIELDS
+        or spec["selector"].get("matchExpressions")
+        or spec.get("targetLabels")
+        or spec.get("podTargetLabels")
+    ):
         raise NotImplementedError(f"ServiceMonitor fields not followed here: {sorted(spec)}")
     selector = spec.get("namespaceSelector", {})
     namespaces = None if selector.get("any") else (selector.get("matchNames") or [ns])
@@ -283,17 +372,37 @@ def servicemonitor_scrape_configs(
     out = []
     for i, ep in enumerate(spec["endpoints"]):
         if set(ep) - _ENDPOINT_FIELDS:
-            raise NotImplementedError(f"endpoint fields not followed here: {sorted(set(ep) - _ENDPOINT_FIELDS)}")
-        cfg: dict = {"job_name": f"serviceMonitor/{ns}/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False))}
+            raise NotImplementedError(
+                f"endpoint fields not followed here: {sorted(set(ep) - _ENDPOINT_FIELDS)}"
+            )
+        cfg: dict = {
+            "job_name": f"serviceMonitor/{ns}/{name}/{i}",
+            "honor_labels": bool(ep.get("honorLabels", False)),
+        }
         cfg["static_configs"] = targets
-        for crd, key in (("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout"), ("path", "metrics_path")):
+        for crd, key in (
+            ("interval", "scrape_interval"),
+            ("scrapeTimeout", "scrape_timeout"),
+            ("path", "metrics_path"),
+        ):
             if ep.get(crd):
                 cfg[key] = ep[crd]
-        relabel: list[dict] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+        relabel: list[dict] = [
+            {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}
+        ]
         relabel += _selector_keeps(spec, "service")
         if ep.get("port"):
-            relabel.append({"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]})
-        target = ["__meta_kubernetes_endpoint_address_target_kind", "__meta_kubernetes_endpoint_address_target_name"]
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": ["__meta_kubernetes_endpoint_port_name"],
+                    "regex": ep["port"],
+                }
+            )
+        target = [
+            "__meta_kubernetes_endpoint_address_target_kind",
+            "__meta_kubernetes_endpoint_address_target_name",
+        ]
         relabel += [
             {"source_labels": target, "separator": ";", "regex": "Node;(.*)", "replacement": "${1}", "target_label": "node"},
             {"source_labels": target, "separator": ";", "regex": "Pod;(.*)", "replacement": "${1}", "target_label": "pod"},
@@ -303,8 +412,20 @@ def servicemonitor_scrape_configs(
             {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
         ]  # fmt: skip
         if ep.get("filterRunning", True):
-            relabel.append({"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"})
-        relabel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"})
+            relabel.append(
+                {
+                    "action": "drop",
+                    "source_labels": ["__meta_kubernetes_pod_phase"],
+                    "regex": "(Failed|Succeeded)",
+                }
+            )
+        relabel.append(
+            {
+                "source_labels": ["__meta_kubernetes_service_name"],
+                "target_label": "job",
+                "replacement": "${1}",
+            }
+        )
         relabel += _job_label(spec, "service")
         out.append(_endpoint_relabelings(cfg, relabel, ep, ns, enforced_namespace_label))
     return out
@@ -320,8 +441,12 @@ _KEYWORDS = frozenset({
 })  # fmt: skip
 _LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 _IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_NUMBER = re.compile(r"(?:0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:ms|[smhdwy])*(?:[0-9]+(?:ms|[smhdwy]))*")
-_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!=|!~|=)\s*("(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')\s*')
+_NUMBER = re.compile(
+    r"(?:0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:ms|[smhdwy])*(?:[0-9]+(?:ms|[smhdwy]))*"
+)
+_MATCHER = re.compile(
+    r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!=|!~|=)\s*("(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')\s*'
+)
 
 
 def _string_end(expr: str, i: int) -> int:
@@ -401,7 +526,9 @@ def enforce_expr(expr: str, label: str, value: str) -> str:
                 i = j
             elif k < n and expr[k] == "{":
                 end = _brace_end(expr, k)
-                out.append(word + "{" + _enforce_matchers(expr[k + 1 : end - 1], label, value) + "}")
+                out.append(
+                    word + "{" + _enforce_matchers(expr[k + 1 : end - 1], label, value) + "}"
+                )
                 i = end
             else:
                 out.append(word + "{" + _enforce_matchers("", label, value) + "}")

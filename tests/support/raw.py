@@ -28,7 +28,10 @@ class RawUpstream:
     """Accepts connections, records what arrives, answers each complete request with
     ``response`` and closes. ``requests`` holds the raw bytes received per connection."""
 
-    def __init__(self, response: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok") -> None:
+    def __init__(
+        self,
+        response: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+    ) -> None:
         self.response = response
         self.received: list[bytes] = []
         self.server: asyncio.base_events.Server | None = None
@@ -104,7 +107,11 @@ class BodyReadingUpstream:
     after ``event`` until the test sets ``finish``, so the sidecar's memory can be read
     while the stream is in flight (``in_stream`` is set once ``event`` is written)."""
 
-    def __init__(self, event: bytes = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n', hold: bool = False) -> None:
+    def __init__(
+        self,
+        event: bytes = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n',
+        hold: bool = False,
+    ) -> None:
         self.event = event
         self.hold = hold
         self.received: list[int] = []
@@ -167,10 +174,15 @@ def status_and_json(raw: bytes) -> tuple[int, dict, bytes]:
     return status, json.loads(body), head
 
 
-async def post_raw(port: int, path: bytes, body: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def post_raw(
+    port: int, path: bytes, body: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """POST ``body`` (any bytes, MiBs of them) in 1 MiB writes; the response is the test's to read."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path, len(body)))
+    writer.write(
+        b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (path, len(body))
+    )
     view = memoryview(body)
     for i in range(0, len(body), 1 << 20):
         writer.write(view[i : i + (1 << 20)])

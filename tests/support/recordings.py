@@ -16,7 +16,11 @@ REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"  # tests/fixtur
 
 
 def recordings() -> list[Path]:
-    return sorted(p for p in REAL.glob("*/*") if p.suffix in (".sse", ".json") and not p.name.endswith(".meta.json"))
+    return sorted(
+        p
+        for p in REAL.glob("*/*")
+        if p.suffix in (".sse", ".json") and not p.name.endswith(".meta.json")
+    )
 
 
 RECORDINGS = recordings()
@@ -47,7 +51,9 @@ def replay(path: Path, chunks: list[bytes]) -> tuple[RequestTimeline, list]:
     info = meta(path)
     route, _ = match_route(info["request"]["path"])
     headers = {k.lower(): v for k, v in info["response"]["headers"].items()}
-    timeline = _SeeingTimeline(0.0, "POST", route.template, info["request"]["body"].get("model", ""))
+    timeline = _SeeingTimeline(
+        0.0, "POST", route.template, info["request"]["body"].get("model", "")
+    )
     observer = ResponseObserver(route, timeline, headers.get("content-type", ""))
     timeline.response_started(0.001, info["response"]["status"], observer.streaming)
     now = 0.001

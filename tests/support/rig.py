@@ -55,14 +55,24 @@ async def rig_factory():
     runners: list[web.AppRunner] = []
 
     async def make(
-        *, upstream: str | None = None, sim: SimulatorConfig | None = None, client_body_timeout: float | None = None, **settings
+        *,
+        upstream: str | None = None,
+        sim: SimulatorConfig | None = None,
+        client_body_timeout: float | None = None,
+        **settings,
     ) -> Rig:
-        app = build_simulator_app(sim or SimulatorConfig(ttft=0.01, tpot=0.005, jitter=0, tokens=20, seed=7))
+        app = build_simulator_app(
+            sim or SimulatorConfig(ttft=0.01, tpot=0.005, jitter=0, tokens=20, seed=7)
+        )
         # As run_simulator (and uvicorn): a handler learns at once that its client left.
         sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         runners.append(sim_runner)
         sim_port = await start_site(sim_runner)
-        sc = build_sidecar(Settings(upstream=upstream or f"http://127.0.0.1:{sim_port}", **settings), CollectorRegistry(), access_log=False)
+        sc = build_sidecar(
+            Settings(upstream=upstream or f"http://127.0.0.1:{sim_port}", **settings),
+            CollectorRegistry(),
+            access_log=False,
+        )
         if client_body_timeout is not None:
             sc.proxy.limits = replace(sc.proxy.limits, client_body_timeout=client_body_timeout)
         proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
@@ -83,7 +93,9 @@ async def simulator():
     runners = []
 
     async def make(**kwargs) -> str:
-        runner, port = await start_app(build_simulator_app(SimulatorConfig(**kwargs)), handler_cancellation=True)
+        runner, port = await start_app(
+            build_simulator_app(SimulatorConfig(**kwargs)), handler_cancellation=True
+        )
         runners.append(runner)
         return f"http://127.0.0.1:{port}"
 

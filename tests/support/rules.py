@@ -16,5 +16,15 @@ def every_alert_spec():
     override, with history_short on."""
     objectives = [{"name": "availability", "sli": "availability", "target": 99.5}]
     for sli in c.LATENCY_SLIS:
-        objectives.append({"name": sli, "sli": sli, "target": 95, "threshold_seconds": 1.0, "models": {"big": {"target": 90}}})
-    return parse_spec({"version": 1, "objectives": objectives, "alerts": {"history_short": {"enabled": True}}})
+        objectives.append(
+            {
+                "name": sli,
+                "sli": sli,
+                "target": 95,
+                "threshold_seconds": 1.0,
+                "models": {"big": {"target": 90}},
+            }
+        )
+    return parse_spec(
+        {"version": 1, "objectives": objectives, "alerts": {"history_short": {"enabled": True}}}
+    )

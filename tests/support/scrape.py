@@ -12,6 +12,10 @@ def pod_scrape_config(admin_address: str, labels: dict[str, str]) -> dict:
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [
             {"job_name": "llm-sidecar", "static_configs": [target]},
-            {"job_name": "llm-engine", "metrics_path": "/metrics/engine", "static_configs": [target]},
+            {
+                "job_name": "llm-engine",
+                "metrics_path": "/metrics/engine",
+                "static_configs": [target],
+            },
         ],
     }

@@ -11,10 +11,18 @@ import socket
 from collections.abc import Awaitable, Callable
 
 
-def response(body: bytes = b"ok", status: bytes = b"200 OK", *headers: bytes, version: bytes = b"1.1") -> bytes:
+def response(
+    body: bytes = b"ok", status: bytes = b"200 OK", *headers: bytes, version: bytes = b"1.1"
+) -> bytes:
     """A response framed by Content-Length."""
     lines = b"".join(h + b"\r\n" for h in headers)
-    return b"HTTP/%b %b\r\n%bContent-Length: %d\r\n\r\n%b" % (version, status, lines, len(body), body)
+    return b"HTTP/%b %b\r\n%bContent-Length: %d\r\n\r\n%b" % (
+        version,
+        status,
+        lines,
+        len(body),
+        body,
+    )
 
 
 # -- the scripted server -------------------------------------------------------------------
@@ -23,7 +31,9 @@ def response(body: bytes = b"ok", status: bytes = b"200 OK", *headers: bytes, ve
 class Peer:
     """The server's side of one accepted connection; every byte it read is in ``received``."""
 
-    def __init__(self, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.index = index
         self.reader = reader
         self.writer = writer

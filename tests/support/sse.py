@@ -70,7 +70,9 @@ USAGE = (
 
 # -- HTTP/1.1 chunked framing -------------------------------------------------------------------
 
-CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
 LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -119,9 +121,14 @@ def replaying(
     return handler
 
 
-
 def scripted(
-    script: list[tuple[float, bytes]], *, status: int = 200, content_type: str = "text/event-stream", headers=None, sent=None, received=None
+    script: list[tuple[float, bytes]],
+    *,
+    status: int = 200,
+    content_type: str = "text/event-stream",
+    headers=None,
+    sent=None,
+    received=None,
 ):
     """A handler that writes each (delay, bytes) pair after its delay, flushed on its own; a
     delay that is an :class:`asyncio.Event` waits for the test to set it. ``sent`` collects
@@ -131,7 +138,9 @@ def scripted(
         await request.read()
         if received is not None:
             received.append(request.headers.copy())
-        resp = web.StreamResponse(status=status, headers={"Content-Type": content_type, **(headers or {})})
+        resp = web.StreamResponse(
+            status=status, headers={"Content-Type": content_type, **(headers or {})}
+        )
         await resp.prepare(request)
         for delay, data in script:
             if isinstance(delay, asyncio.Event):

@@ -10,7 +10,9 @@ from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
 ROUTE = "/v1/chat/completions"
 
 
-def streamed(times: list[float], kinds=None, usage: Usage | None = None, outcome=Outcome.OK, end=None) -> RequestTimeline:
+def streamed(
+    times: list[float], kinds=None, usage: Usage | None = None, outcome=Outcome.OK, end=None
+) -> RequestTimeline:
     """A streamed chat request of model ``m`` started at 100.0 with headers at 100.01, a token
     (of ``kinds[i]``, else an answer token) at each of ``times``, then ``usage`` and the end."""
     t = RequestTimeline(100.0, "POST", ROUTE, "m")

@@ -48,15 +48,26 @@ def expected_times(folder: str, events: list[bytes]) -> dict[int, tuple[int, int
             if obj["type"] == "content_block_start" and obj["content_block"]["type"] == "tool_use":
                 blocks.add(obj["index"])
                 pieces = [obj["index"]]
-            elif obj["type"] == "content_block_delta" and obj["index"] in blocks and obj["delta"].get("partial_json"):
+            elif (
+                obj["type"] == "content_block_delta"
+                and obj["index"] in blocks
+                and obj["delta"].get("partial_json")
+            ):
                 pieces = [obj["index"]]
         elif folder == "responses":
-            if obj["type"] == "response.output_item.added" and obj["item"]["type"] == "function_call":
+            if (
+                obj["type"] == "response.output_item.added"
+                and obj["item"]["type"] == "function_call"
+            ):
                 pieces = [obj["output_index"]]
             elif obj["type"] == "response.function_call_arguments.delta":
                 pieces = [obj["output_index"]]
         elif folder == "ollama":
-            pieces = list(range(len(calls), len(calls) + len((obj.get("message") or {}).get("tool_calls") or [])))
+            pieces = list(
+                range(
+                    len(calls), len(calls) + len((obj.get("message") or {}).get("tool_calls") or [])
+                )
+            )
         for call in pieces:
             calls.setdefault(call, [i, i])[1] = i
     return {call: (first, last) for call, (first, last) in calls.items()}

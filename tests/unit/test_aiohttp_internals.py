@@ -82,7 +82,11 @@ async def test_own_head_response_writes_only_its_head_and_sees_force_close():
     class Head(ai.OwnHeadResponse):
         def head_bytes(self) -> bytes:
             state = b"close" if self.closing else b"keep-alive"
-            return b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: " + state + b"\r\n\r\n"
+            return (
+                b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: "
+                + state
+                + b"\r\n\r\n"
+            )
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = Head(status=203, keep_alive=True)
@@ -106,7 +110,9 @@ async def test_own_head_response_writes_only_its_head_and_sees_force_close():
             writer.write(f"GET /{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             head = await reader.readuntil(b"\r\n\r\n")
             assert head == (
-                b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: " + state + b"\r\n\r\n"
+                b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: "
+                + state
+                + b"\r\n\r\n"
             )  # no Date, Server or Content-Type of aiohttp's
             assert await reader.readexactly(2) == b"ok"
             writer.close()
@@ -137,7 +143,10 @@ def test_only_request_waiting_reads_the_handler_slots_the_early_path_needs():
     handler._waiter, handler._request_count = None, 1
     handler._force_close = handler._close = False
     handler._messages = collections.deque([("head", "body")])
-    assert ai.only_request_waiting(handler, between_requests=False) == ("head", "body")  # first request
+    assert ai.only_request_waiting(handler, between_requests=False) == (
+        "head",
+        "body",
+    )  # first request
     handler._request_count = 2
     assert ai.only_request_waiting(handler, between_requests=False) is None  # still winding down
     assert ai.only_request_waiting(handler, between_requests=True) == ("head", "body")
@@ -173,7 +182,10 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
         method = getattr(ai.RequestHandler, name)
         assert method is not getattr(object, name, None), name
         assert list(inspect.signature(method).parameters) == params, name
-    assert issubclass(ai.GuardedServer, ai.HandlerServer) and ai.GuardedServer.handler_class is ai.GuardedRequestHandler
+    assert (
+        issubclass(ai.GuardedServer, ai.HandlerServer)
+        and ai.GuardedServer.handler_class is ai.GuardedRequestHandler
+    )
 
 
 async def test_one_handler_application_takes_every_target_with_hooks_and_expect():

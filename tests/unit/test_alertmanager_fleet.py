@@ -30,22 +30,44 @@ def route(*labels: str) -> str:
 
 def test_chart_default_severities_are_kube_prometheus_stacks():
     values = yaml.safe_load(VALUES.read_text(encoding="utf-8"))
-    assert values["prometheus"]["rules"]["severities"] == SEVERITIES == {"page": "critical", "ticket": "warning", "info": "info"}
+    assert (
+        values["prometheus"]["rules"]["severities"]
+        == SEVERITIES
+        == {"page": "critical", "ticket": "warning", "info": "info"}
+    )
 
 
 def test_every_alert_of_a_release_routes_by_its_severity_and_team():
-    rules = release_rules(load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "team-b", "b-llm-sidecar")
+    rules = release_rules(
+        load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "team-b", "b-llm-sidecar"
+    )
     alerts = [r for r in rules.rules() if r.alert]
     severities = {a.labels["severity"] for a in alerts}
     assert severities == {"critical", "warning", "info"}
     want = {"critical": "pager", "warning": "tickets", "info": "tickets"}
     for severity in severities:
-        assert route(f"severity={severity}", "namespace=team-b", f"{LABEL_RELEASE}=team-b/b-llm-sidecar") == want[severity]
-    assert route("severity=critical", "namespace=team-a", f"{LABEL_RELEASE}=team-a/a-llm-sidecar") == "team-a-pager"
+        assert (
+            route(
+                f"severity={severity}", "namespace=team-b", f"{LABEL_RELEASE}=team-b/b-llm-sidecar"
+            )
+            == want[severity]
+        )
+    assert (
+        route("severity=critical", "namespace=team-a", f"{LABEL_RELEASE}=team-a/a-llm-sidecar")
+        == "team-a-pager"
+    )
     # An absent() alert (LLMSidecarDown with no target left) has no namespace: the release says whose it is.
-    assert route("severity=critical", "alertname=LLMSidecarDown", f"{LABEL_RELEASE}=team-a/a-llm-sidecar") == "team-a-pager"
+    assert (
+        route(
+            "severity=critical", "alertname=LLMSidecarDown", f"{LABEL_RELEASE}=team-a/a-llm-sidecar"
+        )
+        == "team-a-pager"
+    )
     # team-a's release watching pods in another namespace (monitoring-only) still pages team-a.
-    assert route("severity=critical", "namespace=inference", f"{LABEL_RELEASE}=team-a/a-llm-sidecar") == "team-a-pager"
+    assert (
+        route("severity=critical", "namespace=inference", f"{LABEL_RELEASE}=team-a/a-llm-sidecar")
+        == "team-a-pager"
+    )
     am = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     assert {"namespace", LABEL_RELEASE, "slo", "model"} <= set(am["route"]["group_by"])
 
@@ -56,9 +78,14 @@ def test_every_error_cause_alert_of_a_release_routes_by_error_type():
     (deploy/alertmanager/alertmanager.yaml); the burn-rate pages keep their routes."""
     from sidecar.tools.slo.rules import ERROR_CAUSES
 
-    rules = release_rules(load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "team-b", "b-llm-sidecar")
+    rules = release_rules(
+        load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "team-b", "b-llm-sidecar"
+    )
     causes = {r.alert: r for r in rules.rules() if r.alert in {c.alert for c in ERROR_CAUSES}}
-    expected = {"LLMUpstreamUnreachable": "platform-tickets", "LLMStreamsBroken": "model-serving-tickets"}
+    expected = {
+        "LLMUpstreamUnreachable": "platform-tickets",
+        "LLMStreamsBroken": "model-serving-tickets",
+    }
     assert set(causes) == set(expected)
     for cause in ERROR_CAUSES:
         severity = causes[cause.alert].labels["severity"]
@@ -67,12 +94,26 @@ def test_every_error_cause_alert_of_a_release_routes_by_error_type():
                 got = route(f"alertname={cause.alert}", f"error_type={error_type}", f"severity={severity}",
                             f"{LABEL_RELEASE}={release}", "model=m")  # fmt: skip
                 assert got == expected[cause.alert], (cause.alert, error_type, release, got)
-    assert route("alertname=LLMAvailabilityBurnRate", "severity=critical", f"{LABEL_RELEASE}=team-b/b-llm-sidecar") == "pager"
-    plain = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8"))
+    assert (
+        route(
+            "alertname=LLMAvailabilityBurnRate",
+            "severity=critical",
+            f"{LABEL_RELEASE}=team-b/b-llm-sidecar",
+        )
+        == "pager"
+    )
+    plain = yaml.safe_load(
+        (ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8")
+    )
     stack = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
 
     def by_error_type(am: dict) -> dict:
-        return {m: r["receiver"] for r in am["route"]["routes"] for m in r["matchers"] if m.startswith("error_type")}
+        return {
+            m: r["receiver"]
+            for r in am["route"]["routes"]
+            for m in r["matchers"]
+            if m.startswith("error_type")
+        }
 
     assert by_error_type(stack) == by_error_type(plain) != {}
     assert set(by_error_type(stack).values()) <= {r["name"] for r in stack["receivers"]}

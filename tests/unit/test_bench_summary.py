@@ -5,7 +5,13 @@ from __future__ import annotations
 from bench.run import summarize
 
 
-def _round(nginx_cpu: float, sidecar_cpu: float, complete: bool = True, itl_p99: float = 0.1, over_nginx=None) -> dict:
+def _round(
+    nginx_cpu: float,
+    sidecar_cpu: float,
+    complete: bool = True,
+    itl_p99: float = 0.1,
+    over_nginx=None,
+) -> dict:
     sidecar = {
         "proxy_cpu_us_per_token": sidecar_cpu,
         "complete": complete,
@@ -16,10 +22,17 @@ def _round(nginx_cpu: float, sidecar_cpu: float, complete: bool = True, itl_p99:
     }
     ratios = {"sidecar_vs_nginx_cpu_per_token": sidecar_cpu / nginx_cpu}
     if over_nginx is not None:
-        ratios["sidecar_minus_nginx_added_itl_p99_ms"], ratios["sidecar_minus_nginx_added_ttft_p99_ms"] = over_nginx
+        (
+            ratios["sidecar_minus_nginx_added_itl_p99_ms"],
+            ratios["sidecar_minus_nginx_added_ttft_p99_ms"],
+        ) = over_nginx
     return {
         "streams": 200,
-        "targets": {"direct": {}, "nginx": {"proxy_cpu_us_per_token": nginx_cpu}, "sidecar": sidecar},
+        "targets": {
+            "direct": {},
+            "nginx": {"proxy_cpu_us_per_token": nginx_cpu},
+            "sidecar": sidecar,
+        },
         "ratios": ratios,
     }
 
@@ -43,7 +56,11 @@ def test_a_median_over_the_goal_misses_and_any_incomplete_round_fails():
 
 
 def test_latency_checks_use_the_median_round():
-    rounds = [_round(4.0, 8.0, itl_p99=5.0), _round(4.0, 8.0, itl_p99=0.2), _round(4.0, 8.0, itl_p99=0.3)]
+    rounds = [
+        _round(4.0, 8.0, itl_p99=5.0),
+        _round(4.0, 8.0, itl_p99=0.2),
+        _round(4.0, 8.0, itl_p99=0.3),
+    ]
     goal = summarize(rounds)["goal"]
     assert goal["added_itl_p99_ms<=0.3"] is True  # the median round's 0.3
     assert goal["added_ttft_p99_ms<=0.5"] is True
@@ -62,7 +79,8 @@ def test_paired_rounds_are_judged_on_the_median_ratio():
     from bench.paired import summarize as paired
 
     rounds = [
-        {"a": {"complete": True}, "b": {"complete": True}, "b_vs_a_cpu_per_token": r} for r in (1.7, 2.4, 1.8)
+        {"a": {"complete": True}, "b": {"complete": True}, "b_vs_a_cpu_per_token": r}
+        for r in (1.7, 2.4, 1.8)
     ]
     s = paired(rounds)
     assert s["b_vs_a_cpu_per_token"] == {"median": 1.8, "min": 1.7, "max": 2.4}

@@ -53,7 +53,9 @@ def test_vllm_recording_through_the_openai_sdk():
     assert cache_class(*sdk).value == "most"
 
 
-@pytest.mark.parametrize(("prompt", "cached", "cls"), [(1290, 1152, "most"), (14, 0, "none"), (2310, 400, "partial")])
+@pytest.mark.parametrize(
+    ("prompt", "cached", "cls"), [(1290, 1152, "most"), (14, 0, "none"), (2310, 400, "partial")]
+)
 def test_responses_usage_built_by_the_openai_sdk(prompt, cached, cls):
     """The SDK's own ResponseUsage (as the installed SDK types it), in a response.completed
     event: the dialect reads the prompt and cached counts the SDK holds."""
@@ -67,32 +69,67 @@ def test_responses_usage_built_by_the_openai_sdk(prompt, cached, cls):
         output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
         total_tokens=prompt + 9,
     )
-    event = {"type": "response.completed", "response": {"id": "resp_1", "object": "response", "status": "completed",
-                                                       "usage": usage.model_dump(mode="json")}, "sequence_number": 3}
+    event = {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "usage": usage.model_dump(mode="json"),
+        },
+        "sequence_number": 3,
+    }
     raw = b"event: response.completed\ndata: " + json.dumps(event).encode() + b"\n\n"
     ours = _last_usage(run_whole(ResponsesStreamDialect, raw))
-    assert (ours.input_tokens, ours.cached_input_tokens) == (usage.input_tokens, usage.input_tokens_details.cached_tokens)
+    assert (ours.input_tokens, ours.cached_input_tokens) == (
+        usage.input_tokens,
+        usage.input_tokens_details.cached_tokens,
+    )
     assert cache_class(ours.input_tokens, ours.cached_input_tokens).value == cls
 
 
 def test_responses_tool_call_fixture_events_are_the_sdks_types():
     """The parallel-call fixture's tool-call events validate as the SDK's typed events."""
-    from openai.types.responses import ResponseFunctionCallArgumentsDeltaEvent, ResponseOutputItemAddedEvent
+    from openai.types.responses import (
+        ResponseFunctionCallArgumentsDeltaEvent,
+        ResponseOutputItemAddedEvent,
+    )
 
     datas = _datas(load("responses", "parallel_function_calls.txt"))
-    deltas = [ResponseFunctionCallArgumentsDeltaEvent.model_validate(d) for d in datas if d["type"] == "response.function_call_arguments.delta"]
-    added = [ResponseOutputItemAddedEvent.model_validate(d) for d in datas if d["type"] == "response.output_item.added"]
+    deltas = [
+        ResponseFunctionCallArgumentsDeltaEvent.model_validate(d)
+        for d in datas
+        if d["type"] == "response.function_call_arguments.delta"
+    ]
+    added = [
+        ResponseOutputItemAddedEvent.model_validate(d)
+        for d in datas
+        if d["type"] == "response.output_item.added"
+    ]
     assert [d.output_index for d in deltas] == [0] * 5 + [1] * 2
     assert [a.item.type for a in added] == ["function_call", "function_call"]
 
 
-@pytest.mark.parametrize(("base", "created", "read", "cls"), [(27, 0, 1536, "most"), (10682, 0, 2048, "partial"), (40, 900, 0, "none"), (12, None, None, "unknown")])
+@pytest.mark.parametrize(
+    ("base", "created", "read", "cls"),
+    [
+        (27, 0, 1536, "most"),
+        (10682, 0, 2048, "partial"),
+        (40, 900, 0, "none"),
+        (12, None, None, "unknown"),
+    ],
+)
 def test_anthropic_usage_built_by_the_anthropic_sdk(base, created, read, cls):
     """The SDK's own Usage in message_start and MessageDeltaUsage in message_delta:
     every prompt token is input + cache creation + cache read, cached the cache read."""
     from anthropic.types import MessageDeltaUsage, Usage as AnthropicUsage
 
-    start = AnthropicUsage(input_tokens=base, output_tokens=1, cache_creation_input_tokens=created, cache_read_input_tokens=read)
+    start = AnthropicUsage(
+        input_tokens=base,
+        output_tokens=1,
+        cache_creation_input_tokens=created,
+        cache_read_input_tokens=read,
+    )
     delta = MessageDeltaUsage(output_tokens=30)
     raw = b"".join(
         b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(obj).encode())

@@ -21,7 +21,17 @@ ROUTE = "/v1/chat/completions"
 
 @pytest.mark.parametrize(
     "n, expected",
-    [(1, "1"), (2, "2"), (3, "4"), (4, "4"), (5, "8"), (8, "8"), (9, "16"), (128, "128"), (129, "+Inf")],
+    [
+        (1, "1"),
+        (2, "2"),
+        (3, "4"),
+        (4, "4"),
+        (5, "8"),
+        (8, "8"),
+        (9, "16"),
+        (128, "128"),
+        (129, "+Inf"),
+    ],
 )
 def test_band_is_named_by_its_upper_bound(n, expected):
     assert band(n) == expected
@@ -46,7 +56,9 @@ def tpot_model(n: int, tpot: float = 0.02, alpha: float = 0.25) -> float:
     return tpot * (1 + alpha * (n - 1))
 
 
-def run_phase(metrics: SidecarMetrics, capacity: CapacityMetrics, n: int, t0: float, tokens: int) -> float:
+def run_phase(
+    metrics: SidecarMetrics, capacity: CapacityMetrics, n: int, t0: float, tokens: int
+) -> float:
     """n streams, first tokens within a hair of each other, then one token per tpot(n) each."""
     gap = tpot_model(n)
     heap: list[tuple[float, int, int]] = []
@@ -90,8 +102,13 @@ def test_per_band_gap_and_throughput_follow_the_batching_model_and_counts_add_up
         assert tokens / seconds == pytest.approx(n / tpot_model(n), rel=0.25)
     for b in BANDS:
         labels = {"model": "m", "concurrency": b}
-        total += reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) or 0
-    plain = reg.get_sample_value("llm_inter_token_latency_seconds_count", {"model": "m", "route": ROUTE})
+        total += (
+            reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels)
+            or 0
+        )
+    plain = reg.get_sample_value(
+        "llm_inter_token_latency_seconds_count", {"model": "m", "route": ROUTE}
+    )
     assert plain == total == (1 + 2 + 4 + 8) * 199
     assert capacity.trackers("m").n == 0
 
@@ -124,10 +141,17 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
     def exists(b: str) -> bool:
         labels = {"model": "m", "concurrency": b}
         return (
-            registry.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) == 0
-            and registry.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_bucket", {**labels, "le": "+Inf"}) == 0
+            registry.get_sample_value(
+                "llm_inter_token_latency_by_concurrency_seconds_count", labels
+            )
+            == 0
+            and registry.get_sample_value(
+                "llm_inter_token_latency_by_concurrency_seconds_bucket", {**labels, "le": "+Inf"}
+            )
+            == 0
             and registry.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) == 0
-            and registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels) is not None
+            and registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels)
+            is not None
         )
 
     assert not exists("1")
@@ -211,6 +235,13 @@ def test_a_requests_gaps_land_in_the_band_of_each_gap_in_one_band_or_many(stream
     for b in BANDS:
         labels = {"model": "m", "concurrency": b}
         values = expected.get(b, [])
-        assert (reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels) or 0) == len(values)
-        assert (reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_sum", labels) or 0) == pytest.approx(sum(values))
-        assert (reg.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) or 0) == len(values)
+        assert (
+            reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels)
+            or 0
+        ) == len(values)
+        assert (
+            reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_sum", labels) or 0
+        ) == pytest.approx(sum(values))
+        assert (reg.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) or 0) == len(
+            values
+        )

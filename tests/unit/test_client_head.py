@@ -28,7 +28,11 @@ def test_hop_by_hop_and_connection_listed_fields_are_dropped_the_rest_kept_as_by
         b"Proxy-Connection: x\r\nX-Kept: \xff\x00k\r\n\r\n".replace(b"\x00", b"")
     )
     out = client_head(head, http11=True, method="POST", client_keep_alive=True)
-    assert lines(out.data) == [b"HTTP/1.1 201 Cr\xe9\xe9", b"X-Kept: \xffk", b"Transfer-Encoding: chunked"]
+    assert lines(out.data) == [
+        b"HTTP/1.1 201 Cr\xe9\xe9",
+        b"X-Kept: \xffk",
+        b"Transfer-Encoding: chunked",
+    ]
     assert out.chunked and out.keep_alive
 
 
@@ -36,21 +40,109 @@ def test_hop_by_hop_and_connection_listed_fields_are_dropped_the_rest_kept_as_by
     "raw, method, http11, keep, expected_tail, chunked, keep_alive",
     [
         # Length-framed: relayed as it is, the client's connection choice said.
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", "GET", True, True, [b"Content-Length: 2"], False, True),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", "GET", True, False, [b"Content-Length: 2", b"Connection: close"], False, False),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", "GET", False, True, [b"Content-Length: 2", b"Connection: keep-alive"], False, True),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", "GET", False, False, [b"Content-Length: 2"], False, False),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+            "GET",
+            True,
+            True,
+            [b"Content-Length: 2"],
+            False,
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+            "GET",
+            True,
+            False,
+            [b"Content-Length: 2", b"Connection: close"],
+            False,
+            False,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+            "GET",
+            False,
+            True,
+            [b"Content-Length: 2", b"Connection: keep-alive"],
+            False,
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+            "GET",
+            False,
+            False,
+            [b"Content-Length: 2"],
+            False,
+            False,
+        ),
         # Chunked or close-delimited upstream: chunks for HTTP/1.1, the close for HTTP/1.0.
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", True, True, [b"Transfer-Encoding: chunked"], True, True),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", False, True, [], False, False),
-        (b"HTTP/1.0 200 OK\r\n\r\n", "GET", True, True, [b"Transfer-Encoding: chunked"], True, True),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET",
+            True,
+            True,
+            [b"Transfer-Encoding: chunked"],
+            True,
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET",
+            False,
+            True,
+            [],
+            False,
+            False,
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\n\r\n",
+            "GET",
+            True,
+            True,
+            [b"Transfer-Encoding: chunked"],
+            True,
+            True,
+        ),
         # No body: whatever the headers say, nothing is framed.
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", "HEAD", True, True, [b"Content-Length: 99"], False, True),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n",
+            "HEAD",
+            True,
+            True,
+            [b"Content-Length: 99"],
+            False,
+            True,
+        ),
         (b"HTTP/1.1 204 No Content\r\n\r\n", "DELETE", True, True, [], False, True),
-        (b"HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n", "GET", True, True, [b"ETag: x"], False, True),
+        (
+            b"HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n",
+            "GET",
+            True,
+            True,
+            [b"ETag: x"],
+            False,
+            True,
+        ),
         # Repeated lengths become one plain value (RFC 9110 section 8.6).
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n", "GET", True, True, [b"Content-Length: 2"], False, True),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n", "GET", True, True, [b"Content-Length: 2"], False, True),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n",
+            "GET",
+            True,
+            True,
+            [b"Content-Length: 2"],
+            False,
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n",
+            "GET",
+            True,
+            True,
+            [b"Content-Length: 2"],
+            False,
+            True,
+        ),
     ],
 )
 def test_framing_and_connection(raw, method, http11, keep, expected_tail, chunked, keep_alive):
@@ -63,7 +155,13 @@ def test_framing_and_connection(raw, method, http11, keep, expected_tail, chunke
 
 
 @pytest.mark.parametrize("http11", [True, False])
-@pytest.mark.parametrize("raw", [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+    ],
+)
 def test_a_close_forced_after_the_head_was_built_is_said_in_it(raw, http11):
     """A hook that calls force_close() between building the head and writing it (the drain)
     gets the head a client built without keep-alive would have got."""

@@ -29,12 +29,16 @@ from sidecar.tools.slo.windows import WORKBOOK_WINDOWS, burn_rate_factor, format
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(str(ROOT / "deploy" / "slo" / "default.yaml"))
-RULES = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
+RULES = yaml.safe_load(
+    (ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8")
+)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 FILTERS = ("cluster", "namespace", "llm_release", "pod", "model", "route")
 # Recorded series are filtered by the spec's grouping labels (all variables by default), and
 # by llm_release, which the chart's rules carry.
-GROUP_FILTERS = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model", llm_release=~"$llm_release"'
+GROUP_FILTERS = (
+    'cluster=~"$cluster", namespace=~"$namespace", model=~"$model", llm_release=~"$llm_release"'
+)
 UIDS = {"llm-sidecar-overview.json": overview.UID, "llm-sidecar-slo.json": slo.UID}
 
 
@@ -116,7 +120,9 @@ def test_every_panel_has_a_unit_a_description_and_a_unique_title(name):
     assert len(titles) == len(set(titles))
     for p in panels(DASHBOARDS[name]):
         assert p["fieldConfig"]["defaults"].get("unit"), f"{p['title']}: no unit"
-        assert len(p.get("description", "")) >= 60, f"{p['title']}: say what it means and how it is measured"
+        assert len(p.get("description", "")) >= 60, (
+            f"{p['title']}: say what it means and how it is measured"
+        )
         refs = [t["refId"] for t in p["targets"]]
         assert len(refs) == len(set(refs)), p["title"]
 
@@ -143,12 +149,23 @@ def test_raw_metric_selectors_carry_every_filter_variable():
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
             if metric in ("llm_stream_parse_errors_total", "llm_request_objective_invalid_total"):
                 wanted = ("cluster", "namespace", "pod", "route")  # per route: no model
-            elif metric.startswith("llm_sidecar_overhead_seconds") or metric in ("llm_label_overflow_total", "llm_series_refused_total", "llm_sidecar_build_info", "llm_non_api_requests_total"):
-                wanted = ("cluster", "namespace", "pod")  # per direction / per label / per process: no model, no route
+            elif metric.startswith("llm_sidecar_overhead_seconds") or metric in (
+                "llm_label_overflow_total",
+                "llm_series_refused_total",
+                "llm_sidecar_build_info",
+                "llm_non_api_requests_total",
+            ):
+                wanted = (
+                    "cluster",
+                    "namespace",
+                    "pod",
+                )  # per direction / per label / per process: no model, no route
             else:
                 wanted = FILTERS
             for label in wanted:
-                assert f'{label}=~"${label}"' in body, f"{q.where}: {metric} lacks the {label} filter"
+                assert f'{label}=~"${label}"' in body, (
+                    f"{q.where}: {metric} lacks the {label} filter"
+                )
 
 
 def test_slo_dashboard_raw_series_are_per_release():
@@ -158,11 +175,15 @@ def test_slo_dashboard_raw_series_are_per_release():
     checked = 0
     for q in panel_queries(SLO):
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
-            assert 'llm_release=~"$llm_release"' in body, f"{q.where}: {metric} lacks the llm_release filter"
+            assert 'llm_release=~"$llm_release"' in body, (
+                f"{q.where}: {metric} lacks the llm_release filter"
+            )
             checked += 1
         for by in re.findall(r"by \(([^)]*)\)", q.expr):
             labels = {label.strip() for label in by.split(",")}
-            assert "pod" in labels or "llm_release" in labels, f"{q.where}: sum by ({by}) mixes releases"
+            assert "pod" in labels or "llm_release" in labels, (
+                f"{q.where}: sum by ({by}) mixes releases"
+            )
     assert checked > 10
 
 
@@ -197,13 +218,22 @@ def test_vllm_row_open_before_the_collapsed_ollama_row_and_ttft_quantiles_by_mod
 
     rows = [p for p in OVERVIEW["panels"] if p["type"] == "row"]
     titles = [r["title"] for r in rows]
-    vllm, ollama = rows[titles.index(ROW_TITLE)], rows[titles.index("Engine timings (Ollama, llama.cpp)")]
+    vllm, ollama = (
+        rows[titles.index(ROW_TITLE)],
+        rows[titles.index("Engine timings (Ollama, llama.cpp)")],
+    )
     assert not vllm["collapsed"] and ollama["collapsed"] and ollama["panels"]
     assert titles.index(ROW_TITLE) < titles.index("Engine timings (Ollama, llama.cpp)")
     assert titles.index(ROW_TITLE) <= 6, titles  # high on the board, not at the bottom
-    (ttft,) = [p for p in panels(OVERVIEW) if p["title"].startswith("TTFT") and p["title"].endswith("by model")]
+    (ttft,) = [
+        p
+        for p in panels(OVERVIEW)
+        if p["title"].startswith("TTFT") and p["title"].endswith("by model")
+    ]
     assert [t["expr"].split(",")[0] for t in ttft["targets"]] == [
-        "histogram_quantile(0.5", "histogram_quantile(0.95", "histogram_quantile(0.99"
+        "histogram_quantile(0.5",
+        "histogram_quantile(0.95",
+        "histogram_quantile(0.99",
     ]
 
 
@@ -242,7 +272,9 @@ def test_every_objective_has_its_row_and_panels():
     rows = [p["title"] for p in SLO["panels"] if p["type"] == "row"]
     names = [o.name for o in SPEC.objectives]
     assert names == ["availability", "ttft", "tpot", "e2e"]
-    assert [r.split(":")[0] for r in rows[1:]] == [f"SLO {n}" for n in names] + ["Capacity"]  # #24, last
+    assert [r.split(":")[0] for r in rows[1:]] == [f"SLO {n}" for n in names] + [
+        "Capacity"
+    ]  # #24, last
     for n in names:
         for suffix in ("SLI over 30d", "error budget remaining", "budget runs out in", "SLI vs target",
                        "bad-event share by pod and route"):  # fmt: skip
@@ -262,7 +294,9 @@ def test_burn_rate_thresholds_are_the_alert_rules_factors():
             r"llm:burn_rate:ratio_rate(\w+)\{[^}]*\} > ([\d.]+) and llm:burn_rate:ratio_rate(\w+)\{[^}]*\} > ([\d.]+)",
             r["expr"],
         )
-        assert m and m[1] == labels["long_window"] and m[3] == labels["short_window"] and m[2] == m[4], r["expr"]
+        assert (
+            m and m[1] == labels["long_window"] and m[3] == labels["short_window"] and m[2] == m[4]
+        ), r["expr"]
         fires_above[(labels["slo"], m[1], m[3])] = float(m[2])
     checked = 0
     for o in SPEC.objectives:
@@ -270,7 +304,10 @@ def test_burn_rate_thresholds_are_the_alert_rules_factors():
             factor = fires_above[(o.name, arm.long_name, arm.short_name)]
             assert factor == float(format_number(burn_rate_factor(arm, SPEC.period)))
             windows = f"{arm.long_name} / {arm.short_name}"
-            p = by_title(SLO, f"{o.name}: burn rate {windows} ({arm.severity} above {format_number(factor)}×)")
+            p = by_title(
+                SLO,
+                f"{o.name}: burn rate {windows} ({arm.severity} above {format_number(factor)}×)",
+            )
             steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
             assert [s["value"] for s in steps] == [None, factor]
             assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed"
@@ -290,7 +327,9 @@ def spec_with_override():
     """The shipped spec with the example override its comments show (none is shipped active)."""
     data = yaml.safe_load((ROOT / "deploy" / "slo" / "default.yaml").read_text(encoding="utf-8"))
     (ttft,) = [o for o in data["objectives"] if o["name"] == "ttft"]
-    ttft["models"] = {"meta-llama/Llama-3.1-405B-Instruct": {"threshold_seconds": 5.0, "target": 90}}
+    ttft["models"] = {
+        "meta-llama/Llama-3.1-405B-Instruct": {"threshold_seconds": 5.0, "target": 90}
+    }
     return parse_spec(data)
 
 
@@ -320,9 +359,15 @@ def test_targets_drawn_are_the_specs_targets_per_scope(which):
             for ov in stat["fieldConfig"]["overrides"]
         }
         assert all(ov["matcher"]["id"] == "byRegexp" for ov in stat["fieldConfig"]["overrides"])
-        assert overrides == {f"^(.* )?{re.escape(s.model)}$": s.target / 100 for s in scopes[1:] if s.target != o.target}
+        assert overrides == {
+            f"^(.* )?{re.escape(s.model)}$": s.target / 100
+            for s in scopes[1:]
+            if s.target != o.target
+        }
         for pattern in overrides:
-            assert re.match(pattern, f"eu-1 prod {scopes[1].model}") and not re.match(pattern, "eu-1 prod other")
+            assert re.match(pattern, f"eu-1 prod {scopes[1].model}") and not re.match(
+                pattern, "eu-1 prod other"
+            )
     assert any(o.models for o in spec.objectives) == (which == "with-override")
 
 
@@ -333,13 +378,21 @@ def test_budget_panels_use_the_period_and_the_rules_records():
         exhaustion = by_title(SLO, f"{o.name}: budget runs out in")
         for t in exhaustion["targets"]:
             assert f"* {period} / " in t["expr"] and t["expr"].endswith(f", {period})")
-        mapped = {m["options"]["result"]["text"] for m in exhaustion["fieldConfig"]["defaults"]["mappings"]}
+        mapped = {
+            m["options"]["result"]["text"]
+            for m in exhaustion["fieldConfig"]["defaults"]["mappings"]
+        }
         assert mapped == {"no events", "spent", f"not within {SPEC.period_name}"}
     used = set()
     for q in panel_queries(SLO):
         used |= set(re.findall(r"llm:[a-z0-9_:]+", q.expr))
     assert used <= records
-    assert {c.ERROR_BUDGET_REMAINING, c.GOODPUT_RATIO, c.GOODPUT_RATE, c.sli_error_record(SPEC.period)} <= used
+    assert {
+        c.ERROR_BUDGET_REMAINING,
+        c.GOODPUT_RATIO,
+        c.GOODPUT_RATE,
+        c.sli_error_record(SPEC.period),
+    } <= used
 
 
 def test_alert_panels_name_exactly_the_rules_alerts():
@@ -364,14 +417,19 @@ def test_provisioning_examples_are_well_formed():
     ds = yaml.safe_load((base / "datasources" / "prometheus.yaml").read_text(encoding="utf-8"))
     assert ds["apiVersion"] == 1
     (source,) = ds["datasources"]
-    assert source["type"] == "prometheus" and source["access"] == "proxy" and source["url"].startswith("http")
+    assert (
+        source["type"] == "prometheus"
+        and source["access"] == "proxy"
+        and source["url"].startswith("http")
+    )
     assert source["jsonData"]["timeInterval"]  # what $__rate_interval is computed from
     dash = yaml.safe_load((base / "dashboards" / "llm-sidecar.yaml").read_text(encoding="utf-8"))
     assert dash["apiVersion"] == 1
     (provider,) = dash["providers"]
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
     assert sorted(
-        p.relative_to(ROOT / "deploy" / "grafana").as_posix() for p in (ROOT / "deploy" / "grafana").rglob("*.yaml")
+        p.relative_to(ROOT / "deploy" / "grafana").as_posix()
+        for p in (ROOT / "deploy" / "grafana").rglob("*.yaml")
     ) == [
         "provisioning/dashboards/llm-sidecar.yaml",
         "provisioning/datasources/prometheus.yaml",

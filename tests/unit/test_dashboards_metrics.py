@@ -41,17 +41,33 @@ from tests.support.sse import chat_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
-_PLAIN = yaml.safe_load((ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8"))
+_PLAIN = yaml.safe_load(
+    (ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8")
+)
 # The committed rules and the same rules as one Helm release applies them (they also carry
 # namespace and deployment): the dashboards read both.
 _RELEASE = yaml.safe_load(
-    render_rules(release_rules(load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "llm", "llm-sidecar"))
+    render_rules(
+        release_rules(
+            load_spec(str(ROOT / "deploy" / "slo" / "default.yaml")), "llm", "llm-sidecar"
+        )
+    )
 )
 RULES = {"groups": _PLAIN["groups"] + _RELEASE["groups"]}
 MODEL = "sim-llama-3-8b"
 FAST = {"x-sim-ttft": "0.01", "x-sim-tpot": "0.002", "x-sim-tokens": "5"}
 
-FUNCTIONS = {"sum", "max", "count", "rate", "histogram_quantile", "clamp_min", "clamp_max", "vector", "label_replace"}
+FUNCTIONS = {
+    "sum",
+    "max",
+    "count",
+    "rate",
+    "histogram_quantile",
+    "clamp_min",
+    "clamp_max",
+    "vector",
+    "label_replace",
+}
 KEYWORDS = {"by", "on", "and", "or"}
 GROUPING = re.compile(r"\b(by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 SELECTOR = re.compile(r"([A-Za-z_:][\w:]*)\s*\{([^}]*)\}")
@@ -69,7 +85,12 @@ async def _garbled(request: web.Request) -> web.StreamResponse:
     await request.read()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    for data in (_sse_chunk("Hel"), b"data: {this is not json\n\n", _sse_chunk("lo"), b"data: [DONE]\n\n"):
+    for data in (
+        _sse_chunk("Hel"),
+        b"data: {this is not json\n\n",
+        _sse_chunk("lo"),
+        b"data: [DONE]\n\n",
+    ):
         await resp.write(data)
     await resp.write_eof()
     return resp
@@ -80,7 +101,16 @@ async def _vllm_per_request_metrics(request: web.Request) -> web.StreamResponse:
     await request.read()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    await resp.write((ROOT / "tests" / "fixtures" / "streams" / "openai" / "vllm032_chat_per_request_metrics.txt").read_bytes())
+    await resp.write(
+        (
+            ROOT
+            / "tests"
+            / "fixtures"
+            / "streams"
+            / "openai"
+            / "vllm032_chat_per_request_metrics.txt"
+        ).read_bytes()
+    )
     await resp.write_eof()
     return resp
 
@@ -94,7 +124,8 @@ def _bad_upstream(app: web.Application) -> None:
 async def exported(upstream, sidecar_factory):
     """{sample name: {label name: {values}}} from live sidecars' /metrics."""
     sim_runner, sim_port = await start_app(
-        build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, seed=3)), handler_cancellation=True
+        build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, seed=3)),
+        handler_cancellation=True,
     )
     try:
         up = await upstream.start(_bad_upstream)
@@ -116,18 +147,26 @@ async def exported(upstream, sidecar_factory):
                 (chat, stream, {**FAST, "x-sim-tool-calls": "2", "x-slo-ttft-ms": "fast"}),
                 (f"{sim_sc.url}/api/chat", {"model": MODEL, "messages": msgs}, FAST),
                 (f"{bad_sc.url}/v1/chat/completions", stream, {}),
-                (f"{bad_sc.url}/v1/completions", {"model": MODEL, "prompt": "hi", "stream": True}, {}),
+                (
+                    f"{bad_sc.url}/v1/completions",
+                    {"model": MODEL, "prompt": "hi", "stream": True},
+                    {},
+                ),
             ):
                 async with s.post(url, json=body, headers=headers) as r:
                     await r.read()
-            async with s.get(f"{sim_sc.url}/health") as r:  # non-API traffic: llm_non_api_requests_total
+            async with s.get(
+                f"{sim_sc.url}/health"
+            ) as r:  # non-API traffic: llm_non_api_requests_total
                 await r.read()
             async with s.post(chat, json=stream, headers={**FAST, "x-sim-tpot": "0.5"}) as r:
                 await r.content.readany()
                 r.close()  # cancelled by the client
             await wait_for(lambda: sim_sc.sample("llm_requests_total", model=MODEL, route="/v1/chat/completions",
                                                  code="200", outcome="cancelled") == 1)  # fmt: skip
-            await wait_for(lambda: bad_sc.sample("llm_stream_parse_errors_total", route="/v1/chat/completions"))
+            await wait_for(
+                lambda: bad_sc.sample("llm_stream_parse_errors_total", route="/v1/chat/completions")
+            )
             texts = []
             for sc in (sim_sc, bad_sc):
                 async with s.get(f"{sc.admin_url}/metrics") as r:
@@ -141,7 +180,11 @@ async def exported(upstream, sidecar_factory):
         await sim_runner.cleanup()
     # The "where the time goes" row's vllm:* series: a real vLLM 0.32's /metrics, recorded,
     # which Prometheus scrapes beside the sidecar's (tests/real/ runs them live).
-    texts.append((ROOT / "tests" / "fixtures" / "real" / "vllm-0.32.0" / "metrics.txt").read_text(encoding="utf-8"))
+    texts.append(
+        (ROOT / "tests" / "fixtures" / "real" / "vllm-0.32.0" / "metrics.txt").read_text(
+            encoding="utf-8"
+        )
+    )
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     families = {}
     for text in texts:
@@ -155,7 +198,9 @@ async def exported(upstream, sidecar_factory):
     for name, kind in families.items():
         if name.startswith("llm_"):
             for suffix in SUFFIXES[kind]:
-                assert name + suffix in out, f"{name + suffix} has no sample; drive traffic that creates it"
+                assert name + suffix in out, (
+                    f"{name + suffix} has no sample; drive traffic that creates it"
+                )
     return out
 
 
@@ -176,7 +221,10 @@ def recorded_labels() -> dict[str, set[str]]:
     add_rule_labels(out, "record")
     # A record computed from other records (a ratio of two recorded rates) carries theirs.
     reads = {
-        r["record"]: set(re.findall(r"llm:[a-z0-9_:]+", r["expr"])) for g in RULES["groups"] for r in g["rules"] if "record" in r
+        r["record"]: set(re.findall(r"llm:[a-z0-9_:]+", r["expr"]))
+        for g in RULES["groups"]
+        for r in g["rules"]
+        if "record" in r
     }
     changed = True
     while changed:
@@ -247,9 +295,13 @@ def check_expr(where: str, expr: str, exported, recorded, alerts) -> int:
             continue
         labels = exported[metric]
         for label, op, value in matchers:
-            assert label in labels or label in TARGET_LABELS, f"{where}: {metric} has no label {label}"
+            assert label in labels or label in TARGET_LABELS, (
+                f"{where}: {metric} has no label {label}"
+            )
             if label == "le":
-                assert op == "=" and value in labels["le"], f"{where}: {metric} has no bucket le={value!r}"
+                assert op == "=" and value in labels["le"], (
+                    f"{where}: {metric} has no bucket le={value!r}"
+                )
             if label in ("outcome", "type") and op in ("=", "!="):
                 assert value in labels[label], f"{where}: {metric} never has {label}={value!r}"
     for _, grouped in GROUPING.findall(expr):
@@ -271,11 +323,15 @@ def test_every_metric_is_exported_or_recorded(exported):
             used |= metric_names(q.expr)
         for v in variable_queries(d):
             check_expr(v.where, v.selector, exported, recorded, alerts)
-            assert v.label in exported[metric_names(v.selector).pop()] or v.label in TARGET_LABELS, v.where
+            assert (
+                v.label in exported[metric_names(v.selector).pop()] or v.label in TARGET_LABELS
+            ), v.where
     assert checked > 150
     # And the dashboards leave no exported family out.
     families = {
-        re.sub(r"_(bucket|count|sum)$", "", n) for n in exported if n.startswith("llm_") and not n.endswith("_created")
+        re.sub(r"_(bucket|count|sum)$", "", n)
+        for n in exported
+        if n.startswith("llm_") and not n.endswith("_created")
     }
     unused = {f for f in families if not any(u == f or u.startswith(f + "_") for u in used)}
     assert not unused, f"exported but on no dashboard: {sorted(unused)}"

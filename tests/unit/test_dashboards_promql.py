@@ -34,9 +34,14 @@ def all_queries() -> list[tuple[str, str]]:
 def promtool_check(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProcess:
     rules = [{"record": f"dashboard_query_{i}", "expr": e} for i, e in enumerate(exprs)]
     path = tmp_path / "dashboard-queries.yaml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}), encoding="utf-8")
+    path.write_text(
+        yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}), encoding="utf-8"
+    )
     return subprocess.run(
-        [require_tool("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+        [require_tool("promtool"), "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

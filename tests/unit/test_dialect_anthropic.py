@@ -15,8 +15,20 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.streams.protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response, usage_from_anthropic
-from sidecar.streams.protocols.events import GenerationDone, ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
+from sidecar.streams.protocols.anthropic import (
+    AnthropicStreamDialect,
+    parse_anthropic_response,
+    usage_from_anthropic,
+)
+from sidecar.streams.protocols.events import (
+    GenerationDone,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    ToolCallDelta,
+    Usage,
+)
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
 from tests.support.sse import sse
@@ -30,7 +42,13 @@ make = AnthropicStreamDialect
 
 
 def delta(d: bytes) -> list:
-    return run_whole(make, sse(event="content_block_delta", data=b'{"type":"content_block_delta","index":0,"delta":' + d + b"}"))
+    return run_whole(
+        make,
+        sse(
+            event="content_block_delta",
+            data=b'{"type":"content_block_delta","index":0,"delta":' + d + b"}",
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,19 +84,25 @@ def test_ping_and_unknown_events_are_nothing():
 
 
 def test_event_name_is_the_fallback_when_data_has_no_type():
-    raw = sse(event="content_block_delta", data=b'{"index":0,"delta":{"type":"text_delta","text":"a"}}') + sse(
-        event="message_stop", data=b"{}"
-    )
+    raw = sse(
+        event="content_block_delta", data=b'{"index":0,"delta":{"type":"text_delta","text":"a"}}'
+    ) + sse(event="message_stop", data=b"{}")
     assert run_whole(make, raw) == [ANSWER, StreamEnd()]
 
 
 def test_data_type_wins_over_event_name():
-    raw = sse(event="ping", data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}')
+    raw = sse(
+        event="ping",
+        data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}',
+    )
     assert run_whole(make, raw) == [ANSWER]
 
 
 def test_non_empty_block_start_is_a_token():
-    raw = sse(event="content_block_start", data=b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"Hi"}}')
+    raw = sse(
+        event="content_block_start",
+        data=b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"Hi"}}',
+    )
     raw += sse(
         event="content_block_start",
         data=b'{"type":"content_block_start","index":1,"content_block":{"type":"thinking","thinking":"hm"}}',
@@ -87,7 +111,11 @@ def test_non_empty_block_start_is_a_token():
         event="content_block_start",
         data=b'{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}',
     )
-    assert run_whole(make, raw) == [ANSWER, REASONING, ToolCallDelta(2)]  # a tool_use block opens a call, not a token
+    assert run_whole(make, raw) == [
+        ANSWER,
+        REASONING,
+        ToolCallDelta(2),
+    ]  # a tool_use block opens a call, not a token
 
 
 def test_provisional_output_count_of_message_start_is_ignored():
@@ -95,14 +123,20 @@ def test_provisional_output_count_of_message_start_is_ignored():
         event="message_start",
         data=b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"output_tokens":1}}}',
     )
-    assert run_whole(make, raw) == [ResponseInfo(response_model="c", response_id="m"), Usage(input_tokens=5)]
+    assert run_whole(make, raw) == [
+        ResponseInfo(response_model="c", response_id="m"),
+        Usage(input_tokens=5),
+    ]
 
 
 def test_message_delta_usage_merges_with_start():
     raw = sse(
         event="message_start",
         data=b'{"type":"message_start","message":{"id":"m","model":"c","usage":{"input_tokens":5,"cache_read_input_tokens":3}}}',
-    ) + sse(event="message_delta", data=b'{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}')
+    ) + sse(
+        event="message_delta",
+        data=b'{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":9}}',
+    )
     assert run_whole(make, raw)[-3:] == [
         ResponseInfo(finish_reasons=("max_tokens",)),
         Usage(input_tokens=8, output_tokens=9, cached_input_tokens=3),
@@ -111,20 +145,28 @@ def test_message_delta_usage_merges_with_start():
 
 
 def test_message_delta_without_usage_or_with_garbage_usage():
-    raw = sse(event="message_delta", data=b'{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":"9"}}')
+    raw = sse(
+        event="message_delta",
+        data=b'{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":"9"}}',
+    )
     raw += sse(event="message_delta", data=b'{"type":"message_delta","delta":[],"usage":[]}')
     assert run_whole(make, raw) == []
 
 
 def test_message_start_twice_reports_info_once():
-    start = sse(event="message_start", data=b'{"type":"message_start","message":{"id":"m","model":"c"}}')
+    start = sse(
+        event="message_start", data=b'{"type":"message_start","message":{"id":"m","model":"c"}}'
+    )
     assert run_whole(make, start + start) == [ResponseInfo(response_model="c", response_id="m")]
 
 
 @pytest.mark.parametrize(
     "body,expected",
     [
-        (b'{"type":"error","error":{"type":"api_error","message":"Internal server error"}}', StreamError("Internal server error", "api_error")),
+        (
+            b'{"type":"error","error":{"type":"api_error","message":"Internal server error"}}',
+            StreamError("Internal server error", "api_error"),
+        ),
         (b'{"type":"error","error":"boom"}', StreamError("boom")),
         (b'{"type":"error"}', StreamError("")),
     ],
@@ -134,15 +176,34 @@ def test_error_event_shapes(body, expected):
 
 
 def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
-    raw = sse(event="content_block_delta", data=b"{not json") + sse(event="ping", data=b"[1]") + sse(event="message_stop", data=b'{"type":"message_stop"}')
-    assert run_whole(make, raw) == [ParseError("data is not JSON"), ParseError("data is not a JSON object"), StreamEnd()]
+    raw = (
+        sse(event="content_block_delta", data=b"{not json")
+        + sse(event="ping", data=b"[1]")
+        + sse(event="message_stop", data=b'{"type":"message_stop"}')
+    )
+    assert run_whole(make, raw) == [
+        ParseError("data is not JSON"),
+        ParseError("data is not a JSON object"),
+        StreamEnd(),
+    ]
 
 
 def test_overflow_is_a_parse_error_and_the_stream_goes_on():
     d = AnthropicStreamDialect(max_line_bytes=128)
-    big = sse(event="content_block_delta", data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"' + b"x" * 500 + b'"}}')
-    ok = sse(event="content_block_delta", data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"y"}}')
-    assert d.feed(big) + d.feed(ok) + d.close() == [ParseError("line longer than 128 bytes"), ANSWER]
+    big = sse(
+        event="content_block_delta",
+        data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"'
+        + b"x" * 500
+        + b'"}}',
+    )
+    ok = sse(
+        event="content_block_delta",
+        data=b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"y"}}',
+    )
+    assert d.feed(big) + d.feed(ok) + d.close() == [
+        ParseError("line longer than 128 bytes"),
+        ANSWER,
+    ]
 
 
 # -- usage and non-streaming --------------------------------------------------------------
@@ -150,7 +211,12 @@ def test_overflow_is_a_parse_error_and_the_stream_goes_on():
 
 def test_usage_from_anthropic():
     assert usage_from_anthropic(
-        {"input_tokens": 10, "cache_creation_input_tokens": 20, "cache_read_input_tokens": 30, "output_tokens": 4}
+        {
+            "input_tokens": 10,
+            "cache_creation_input_tokens": 20,
+            "cache_read_input_tokens": 30,
+            "output_tokens": 4,
+        }
     ) == Usage(input_tokens=60, output_tokens=4, cached_input_tokens=30)
     assert usage_from_anthropic({"input_tokens": True, "output_tokens": -1}) == Usage()
     assert usage_from_anthropic([]) is None
@@ -158,7 +224,11 @@ def test_usage_from_anthropic():
 
 def test_parse_message():
     assert parse_anthropic_response(load("anthropic", "message.json")) == [
-        ResponseInfo(response_model=MODEL, response_id="msg_01Nb5Qx2Wr8Kt4Vm7Hc3Zp6D", finish_reasons=("end_turn",)),
+        ResponseInfo(
+            response_model=MODEL,
+            response_id="msg_01Nb5Qx2Wr8Kt4Vm7Hc3Zp6D",
+            finish_reasons=("end_turn",),
+        ),
         Usage(input_tokens=18 + 120 + 1024, output_tokens=42, cached_input_tokens=1024),
     ]
 

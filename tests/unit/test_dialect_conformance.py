@@ -54,7 +54,9 @@ def test_every_stream_fixture_has_expectations():
         assert streams == set(d.cases), d.folder
 
 
-@pytest.mark.parametrize("dialect,name", SPELLED_OUT, ids=[f"{d.folder}/{n}" for d, n in SPELLED_OUT])
+@pytest.mark.parametrize(
+    "dialect,name", SPELLED_OUT, ids=[f"{d.folder}/{n}" for d, n in SPELLED_OUT]
+)
 def test_whole(dialect, name):
     assert run_whole(dialect.make, load(dialect.folder, name)) == dialect.cases[name]
 
@@ -79,7 +81,9 @@ def test_other_line_ends(dialect, name, eol):
 
 @pytest.mark.parametrize("dialect,name", FIXTURES, ids=IDS)
 def test_ragged_end_adds_nothing(dialect, name):
-    assert run_whole(dialect.make, dialect.ragged_end(load(dialect.folder, name))) == expected(dialect, name)
+    assert run_whole(dialect.make, dialect.ragged_end(load(dialect.folder, name))) == expected(
+        dialect, name
+    )
 
 
 @pytest.mark.parametrize("dialect,name", WITH_UTF8, ids=[f"{d.folder}/{n}" for d, n in WITH_UTF8])
@@ -121,9 +125,15 @@ def test_any_bytes_never_raise(folder, raw, cuts):
 def test_any_json_events_never_raise_and_split_invariant(folder, data):
     dialect = BY_NAME[folder]
     objs = data.draw(st.lists(OBJECTS[folder], min_size=1, max_size=4))
-    events = [data.draw(st.sampled_from(dialect.event_names)) if dialect.event_names else None for _ in objs]
+    events = [
+        data.draw(st.sampled_from(dialect.event_names)) if dialect.event_names else None
+        for _ in objs
+    ]
     raw = b"".join(dialect.frame(orjson.dumps(o), e) for o, e in zip(objs, events))
     expected = run_whole(dialect.make, raw)
-    assert run(dialect.make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))) == expected
+    assert (
+        run(dialect.make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10))))
+        == expected
+    )
     for o in objs:
         dialect.parse(orjson.dumps(o))

@@ -16,8 +16,20 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.streams.protocols.events import EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
-from sidecar.streams.protocols.ollama import OllamaStreamDialect, engine_timings_from_ollama, parse_ollama_response
+from sidecar.streams.protocols.events import (
+    EngineTimings,
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    ToolCallDelta,
+    Usage,
+)
+from sidecar.streams.protocols.ollama import (
+    OllamaStreamDialect,
+    engine_timings_from_ollama,
+    parse_ollama_response,
+)
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
 
@@ -42,19 +54,34 @@ def nd(*objs: dict) -> bytes:
         ({"message": {"role": "assistant"}}, []),
         ({"message": {"role": "assistant", "content": "", "thinking": "t"}}, [REASONING]),
         ({"message": {"role": "assistant", "content": "a", "thinking": "t"}}, [REASONING, ANSWER]),
-        ({"message": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}}, [TOOL, ToolCallDelta(0)]),
+        (
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": "f"}}],
+                }
+            },
+            [TOOL, ToolCallDelta(0)],
+        ),
         ({"message": {"role": "assistant", "content": "", "tool_calls": []}}, []),
         ({"message": {"content": 5, "thinking": None, "tool_calls": {}}}, []),
         ({"response": "a"}, [ANSWER]),
         ({"response": "", "thinking": "t"}, [REASONING]),
-        ({"response": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}, [TOOL, ToolCallDelta(0)]),
+        (
+            {"response": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+            [TOOL, ToolCallDelta(0)],
+        ),
         ({"response": None}, []),
         ({"message": "not an object", "response": "a"}, [ANSWER]),
         ({}, []),
     ],
 )
 def test_token_kinds(obj, expected):
-    assert run_whole(make, nd({"created_at": "2025-01-01T00:00:00Z", "done": False, **obj})) == expected
+    assert (
+        run_whole(make, nd({"created_at": "2025-01-01T00:00:00Z", "done": False, **obj}))
+        == expected
+    )
 
 
 def test_model_reported_once():
@@ -80,8 +107,17 @@ def test_only_done_true_ends(done):
 
 
 def test_bad_metric_values_are_not_reported():
-    raw = nd({"done": True, "prompt_eval_count": -1, "eval_count": 2.5, "load_duration": "1s",
-              "prompt_eval_duration": -5, "eval_duration": True, "done_reason": ""})
+    raw = nd(
+        {
+            "done": True,
+            "prompt_eval_count": -1,
+            "eval_count": 2.5,
+            "load_duration": "1s",
+            "prompt_eval_duration": -5,
+            "eval_duration": True,
+            "done_reason": "",
+        }
+    )
     assert run_whole(make, raw) == [StreamEnd()]
 
 
@@ -94,8 +130,10 @@ def test_float_durations_are_accepted():
 @pytest.mark.parametrize(
     "obj,expected",
     [
-        ({"error": "model requires more system memory (9.8 GiB) than is available (3.1 GiB)"},
-         StreamError("model requires more system memory (9.8 GiB) than is available (3.1 GiB)")),
+        (
+            {"error": "model requires more system memory (9.8 GiB) than is available (3.1 GiB)"},
+            StreamError("model requires more system memory (9.8 GiB) than is available (3.1 GiB)"),
+        ),
         ({"error": {"message": "m", "type": "api_error"}}, StreamError("m", "api_error")),
     ],
 )
@@ -105,7 +143,11 @@ def test_error_lines(obj, expected):
 
 def test_bad_lines_are_parse_errors_and_the_stream_goes_on():
     raw = b"{nope\n[1]\n\n" + nd({"response": "a"})
-    assert run_whole(make, raw) == [ParseError("line is not JSON"), ParseError("line is not a JSON object"), ANSWER]
+    assert run_whole(make, raw) == [
+        ParseError("line is not JSON"),
+        ParseError("line is not a JSON object"),
+        ANSWER,
+    ]
 
 
 def test_overlong_line_is_a_parse_error_and_the_stream_goes_on():

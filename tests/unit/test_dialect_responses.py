@@ -20,8 +20,19 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, ToolCallDelta, Usage
-from sidecar.streams.protocols.responses import ResponsesStreamDialect, parse_responses_response, usage_from_responses
+from sidecar.streams.protocols.events import (
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    ToolCallDelta,
+    Usage,
+)
+from sidecar.streams.protocols.responses import (
+    ResponsesStreamDialect,
+    parse_responses_response,
+    usage_from_responses,
+)
 from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
 from tests.support.sse import sse
@@ -40,9 +51,15 @@ make = ResponsesStreamDialect
         ("response.refusal.delta", [ANSWER]),
         ("response.reasoning_text.delta", [REASONING]),
         ("response.reasoning_summary_text.delta", [REASONING]),
-        ("response.function_call_arguments.delta", [TOOL, ToolCallDelta(0)]),  # a piece of a client call
+        (
+            "response.function_call_arguments.delta",
+            [TOOL, ToolCallDelta(0)],
+        ),  # a piece of a client call
         ("response.custom_tool_call_input.delta", [TOOL, ToolCallDelta(0)]),
-        ("response.mcp_call_arguments.delta", [TOOL]),  # the server runs it: no call of the client's
+        (
+            "response.mcp_call_arguments.delta",
+            [TOOL],
+        ),  # the server runs it: no call of the client's
         ("response.code_interpreter_call_code.delta", [TOOL]),
         ("response.output_text.done", []),
         ("response.output_text.annotation.added", []),
@@ -51,7 +68,9 @@ make = ResponsesStreamDialect
     ],
 )
 def test_delta_kinds(kind, expected):
-    body = orjson.dumps({"type": kind, "item_id": "i", "output_index": 0, "delta": "x", "sequence_number": 5})
+    body = orjson.dumps(
+        {"type": kind, "item_id": "i", "output_index": 0, "delta": "x", "sequence_number": 5}
+    )
     assert run_whole(make, sse(body, kind)) == expected
 
 
@@ -66,7 +85,9 @@ def test_event_name_is_the_fallback_when_data_has_no_type():
 
 
 def test_data_type_wins_over_event_name():
-    assert run_whole(make, sse(b'{"type":"response.output_text.delta","delta":"x"}', "response.created")) == [ANSWER]
+    assert run_whole(
+        make, sse(b'{"type":"response.output_text.delta","delta":"x"}', "response.created")
+    ) == [ANSWER]
 
 
 def test_info_once_per_field_and_later_model_is_reported():
@@ -75,12 +96,22 @@ def test_info_once_per_field_and_later_model_is_reported():
         + sse(b'{"type":"response.in_progress","response":{"id":"r2","model":"m1"}}')
         + sse(b'{"type":"response.queued","response":{"id":"r3","model":"m2"}}')
     )
-    assert run_whole(make, raw) == [ResponseInfo(response_id="r1"), ResponseInfo(response_model="m1")]
+    assert run_whole(make, raw) == [
+        ResponseInfo(response_id="r1"),
+        ResponseInfo(response_model="m1"),
+    ]
 
 
 def test_done_sentinel_is_tolerated():
-    raw = sse(b'{"type":"response.completed","response":{"status":"completed"}}') + b"data: [DONE]\n\n"
-    assert run_whole(make, raw) == [ResponseInfo(finish_reasons=("completed",)), StreamEnd(), StreamEnd()]
+    raw = (
+        sse(b'{"type":"response.completed","response":{"status":"completed"}}')
+        + b"data: [DONE]\n\n"
+    )
+    assert run_whole(make, raw) == [
+        ResponseInfo(finish_reasons=("completed",)),
+        StreamEnd(),
+        StreamEnd(),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -93,7 +124,11 @@ def test_done_sentinel_is_tolerated():
     ],
 )
 def test_incomplete_reasons(details, reason):
-    raw = sse(b'{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":' + details + b"}}")
+    raw = sse(
+        b'{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":'
+        + details
+        + b"}}"
+    )
     assert run_whole(make, raw) == [ResponseInfo(finish_reasons=(reason,)), StreamEnd()]
 
 
@@ -113,7 +148,9 @@ def test_error_event_shapes(body, expected):
     assert run_whole(make, sse(body, "error")) == [expected]
 
 
-@pytest.mark.parametrize("response", [b"null", b'"x"', b"{}", b'{"error":null}', b'{"error":"text"}'])
+@pytest.mark.parametrize(
+    "response", [b"null", b'"x"', b"{}", b'{"error":null}', b'{"error":"text"}']
+)
 def test_failed_without_a_usable_error(response):
     raw = sse(b'{"type":"response.failed","response":' + response + b"}")
     assert run_whole(make, raw) == [StreamError("response failed"), StreamEnd()]
@@ -126,7 +163,11 @@ def test_terminal_without_response_object():
 
 def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
     raw = sse(b"{oops") + sse(b'"str"') + sse(b'{"type":"response.output_text.delta","delta":"a"}')
-    assert run_whole(make, raw) == [ParseError("data is not JSON"), ParseError("data is not a JSON object"), ANSWER]
+    assert run_whole(make, raw) == [
+        ParseError("data is not JSON"),
+        ParseError("data is not a JSON object"),
+        ANSWER,
+    ]
 
 
 # -- usage and non-streaming --------------------------------------------------------------
@@ -142,7 +183,12 @@ def test_usage_from_responses():
             "total_tokens": 150,
         }
     ) == Usage(input_tokens=100, output_tokens=50, reasoning_tokens=30, cached_input_tokens=64)
-    assert usage_from_responses({"input_tokens": 1.0, "input_tokens_details": [], "output_tokens_details": None}) == Usage()
+    assert (
+        usage_from_responses(
+            {"input_tokens": 1.0, "input_tokens_details": [], "output_tokens_details": None}
+        )
+        == Usage()
+    )
     assert usage_from_responses(None) is None
 
 
@@ -169,9 +215,14 @@ def test_parse_error_body():
 
 def test_parse_failed_and_incomplete_response_objects():
     failed = b'{"id":"r","object":"response","status":"failed","error":{"code":"server_error","message":"x"},"usage":null}'
-    assert parse_responses_response(failed) == [ResponseInfo(response_id="r"), StreamError("x", None, "server_error")]
+    assert parse_responses_response(failed) == [
+        ResponseInfo(response_id="r"),
+        StreamError("x", None, "server_error"),
+    ]
     incomplete = b'{"id":"r","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}}'
-    assert parse_responses_response(incomplete) == [ResponseInfo(response_id="r", finish_reasons=("max_output_tokens",))]
+    assert parse_responses_response(incomplete) == [
+        ResponseInfo(response_id="r", finish_reasons=("max_output_tokens",))
+    ]
 
 
 @pytest.mark.parametrize(

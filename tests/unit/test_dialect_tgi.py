@@ -28,10 +28,19 @@ def sse(obj: bytes) -> bytes:
     return b"data:" + obj + b"\n\n"
 
 
-def token(text: str = "a", special: bool = False, final: bool = False, details: bytes = b"null") -> bytes:
-    return orjson.dumps(
-        {"index": 1, "token": {"id": 1, "text": text, "logprob": -0.5, "special": special}}
-    )[:-1] + b',"generated_text":' + (b'"done"' if final else b"null") + b',"details":' + details + b"}"
+def token(
+    text: str = "a", special: bool = False, final: bool = False, details: bytes = b"null"
+) -> bytes:
+    return (
+        orjson.dumps(
+            {"index": 1, "token": {"id": 1, "text": text, "logprob": -0.5, "special": special}}
+        )[:-1]
+        + b',"generated_text":'
+        + (b'"done"' if final else b"null")
+        + b',"details":'
+        + details
+        + b"}"
+    )
 
 
 # -- individual rules ---------------------------------------------------------------------
@@ -49,7 +58,12 @@ def test_only_special_true_is_special(special):
 
 @pytest.mark.parametrize("tok", [b"null", b'"x"', b"[1]", b"3"])
 def test_token_that_is_not_an_object_is_not_a_token(tok):
-    assert run_whole(make, sse(b'{"index":1,"token":' + tok + b',"generated_text":null,"details":null}')) == []
+    assert (
+        run_whole(
+            make, sse(b'{"index":1,"token":' + tok + b',"generated_text":null,"details":null}')
+        )
+        == []
+    )
 
 
 def test_final_event_details_without_input_length():
@@ -65,14 +79,19 @@ def test_final_event_details_without_input_length():
 
 
 def test_details_with_garbage_fields():
-    raw = sse(token(final=True, details=b'{"finish_reason":7,"generated_tokens":-1,"input_length":"3"}'))
+    raw = sse(
+        token(final=True, details=b'{"finish_reason":7,"generated_tokens":-1,"input_length":"3"}')
+    )
     assert run_whole(make, raw) == [ANSWER, StreamEnd()]
 
 
 @pytest.mark.parametrize(
     "body,expected",
     [
-        (b'{"error":"Model is overloaded","error_type":"overloaded"}', StreamError("Model is overloaded", "overloaded")),
+        (
+            b'{"error":"Model is overloaded","error_type":"overloaded"}',
+            StreamError("Model is overloaded", "overloaded"),
+        ),
         (b'{"error":"x"}', StreamError("x")),
         (b'{"error":{"message":"m","type":"t"}}', StreamError("m", "t")),
     ],
@@ -87,7 +106,11 @@ def test_keepalive_comments_and_blank_data_are_nothing():
 
 def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
     raw = sse(b"{nope") + sse(b"[]") + sse(token())
-    assert run_whole(make, raw) == [ParseError("data is not JSON"), ParseError("data is not a JSON object"), ANSWER]
+    assert run_whole(make, raw) == [
+        ParseError("data is not JSON"),
+        ParseError("data is not a JSON object"),
+        ANSWER,
+    ]
 
 
 # -- non-streaming ------------------------------------------------------------------------
@@ -116,7 +139,10 @@ def test_parse_generate_error():
 
 def test_parse_compat_route_list():
     body = b'[{"generated_text":"x","details":{"finish_reason":"stop_sequence","generated_tokens":3,"seed":null,"prefill":[],"tokens":[]}}]'
-    assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("stop_sequence",)), Usage(output_tokens=3, engine=True)]
+    assert parse_tgi_response(body) == [
+        ResponseInfo(finish_reasons=("stop_sequence",)),
+        Usage(output_tokens=3, engine=True),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -138,8 +164,20 @@ def test_parse_odd_bodies(body, expected):
 
 
 @FAST
-@given(objects_from(["generated_text", "details", "finish_reason", "generated_tokens", "input_length",
-                     "prefill", "error", "error_type"]))
+@given(
+    objects_from(
+        [
+            "generated_text",
+            "details",
+            "finish_reason",
+            "generated_tokens",
+            "input_length",
+            "prefill",
+            "error",
+            "error_type",
+        ]
+    )
+)
 def test_compat_route_list_of_any_object_never_raises(obj):
     # /generate behind TGI's compat route answers a one-element list
     parse_tgi_response(orjson.dumps([obj]))
@@ -148,11 +186,22 @@ def test_compat_route_list_of_any_object_never_raises(obj):
 @pytest.mark.parametrize(
     "details,expected",
     [
-        ({"generated_tokens": 3, "input_length": 9, "prefill": [{"id": 1}]}, Usage(input_tokens=9, output_tokens=3, engine=True)),
-        ({"generated_tokens": 3, "prefill": [{"id": 1, "text": "<s>"}, {"id": 2, "text": "Hi"}]}, Usage(input_tokens=2, output_tokens=3, engine=True)),
-        ({"generated_tokens": 3, "prefill": []}, Usage(output_tokens=3, engine=True)),  # not listed: unknown, not 0
+        (
+            {"generated_tokens": 3, "input_length": 9, "prefill": [{"id": 1}]},
+            Usage(input_tokens=9, output_tokens=3, engine=True),
+        ),
+        (
+            {"generated_tokens": 3, "prefill": [{"id": 1, "text": "<s>"}, {"id": 2, "text": "Hi"}]},
+            Usage(input_tokens=2, output_tokens=3, engine=True),
+        ),
+        (
+            {"generated_tokens": 3, "prefill": []},
+            Usage(output_tokens=3, engine=True),
+        ),  # not listed: unknown, not 0
     ],
 )
 def test_generate_input_from_input_length_else_listed_prefill(details, expected):
-    body = orjson.dumps({"generated_text": "abc", "details": {"finish_reason": "length", **details}})
+    body = orjson.dumps(
+        {"generated_text": "abc", "details": {"finish_reason": "length", **details}}
+    )
     assert parse_tgi_response(body) == [ResponseInfo(finish_reasons=("length",)), expected]

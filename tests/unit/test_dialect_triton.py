@@ -47,13 +47,18 @@ def test_text_output(obj, expected):
 
 
 def test_model_from_the_stream_wins_over_the_path_and_is_reported_once():
-    raw = sse({"model_name": "tensorrt_llm_bls", "text_output": "a"}) + sse({"model_name": "other", "text_output": "b"})
+    raw = sse({"model_name": "tensorrt_llm_bls", "text_output": "a"}) + sse(
+        {"model_name": "other", "text_output": "b"}
+    )
     assert run_whole(make, raw) == [ResponseInfo(response_model="tensorrt_llm_bls"), ANSWER, ANSWER]
 
 
 def test_model_from_the_path_when_the_stream_names_none():
     raw = sse({"text_output": "a"})
-    assert run_whole(lambda: TritonStreamDialect(model="llama"), raw) == [ResponseInfo(response_model="llama"), ANSWER]
+    assert run_whole(lambda: TritonStreamDialect(model="llama"), raw) == [
+        ResponseInfo(response_model="llama"),
+        ANSWER,
+    ]
     assert run_whole(lambda: TritonStreamDialect(), raw) == [ANSWER]
 
 
@@ -70,7 +75,12 @@ def test_error_before_anything_else(obj, expected):
 
 def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
     raw = sse(b"{x") + sse(b"[]") + sse({"text_output": "a"})
-    assert run_whole(make, raw) == [ParseError("data is not JSON"), ParseError("data is not a JSON object"), ENSEMBLE, ANSWER]
+    assert run_whole(make, raw) == [
+        ParseError("data is not JSON"),
+        ParseError("data is not a JSON object"),
+        ENSEMBLE,
+        ANSWER,
+    ]
 
 
 # -- non-streaming ------------------------------------------------------------------------
@@ -78,7 +88,9 @@ def test_bad_data_is_a_parse_error_and_the_stream_goes_on():
 
 def test_parse_generate():
     assert parse_triton_response(load("triton", "generate.json")) == [ENSEMBLE]
-    assert parse_triton_response(b'{"text_output":"x"}', model="llama") == [ResponseInfo(response_model="llama")]
+    assert parse_triton_response(b'{"text_output":"x"}', model="llama") == [
+        ResponseInfo(response_model="llama")
+    ]
     assert parse_triton_response(b'{"text_output":"x"}') == []
 
 
@@ -90,7 +102,10 @@ def test_parse_error():
 
 @pytest.mark.parametrize(
     "body,expected",
-    [(b"", [ParseError("response is not JSON")]), (b"[]", [ParseError("response is not a JSON object")])],
+    [
+        (b"", [ParseError("response is not JSON")]),
+        (b"[]", [ParseError("response is not a JSON object")]),
+    ],
 )
 def test_parse_odd_bodies(body, expected):
     assert parse_triton_response(body) == expected

@@ -41,7 +41,12 @@ def test_no_reference_outside_the_repository():
 
 def test_first_screen_has_kubernetes_quick_start_and_the_two_commands():
     first_screen = "\n".join(README.read_text(encoding="utf-8").splitlines()[:60])
-    for needed in ("helm install llm-sidecar helm/llm-sidecar", "make demo", "make test", "## Contents"):
+    for needed in (
+        "helm install llm-sidecar helm/llm-sidecar",
+        "make demo",
+        "make test",
+        "## Contents",
+    ):
         assert needed in first_screen, needed
 
 
@@ -49,7 +54,9 @@ def test_front_of_server_example_asks_for_the_model_the_simulator_serves():
     text = README.read_text(encoding="utf-8")
     section = text.split("## Put it in front of a server", 1)[1].split("\n## ", 1)[0]
     simulate = next(
-        a for a in _build_parser()._actions if getattr(a, "choices", None) and "simulate" in a.choices
+        a
+        for a in _build_parser()._actions
+        if getattr(a, "choices", None) and "simulate" in a.choices
     ).choices["simulate"]
     served = simulate.get_default("model")
     assert "llm-sidecar simulate" in section
@@ -63,6 +70,12 @@ def test_every_runbook_the_alerts_link_to_stays_in_docs_runbooks():
     would break links in alerts already firing somewhere (tests/unit/test_runbooks.py checks
     every alert the generator emits)."""
     text = (README.parent / "docs" / "runbooks.md").read_text(encoding="utf-8")
-    for alert in ("LLMAvailabilityBurnRate", "LLMTTFTBurnRate", "LLMSidecarDown", "LLMNoTrafficData", "LLMSLOHistoryShort"):
+    for alert in (
+        "LLMAvailabilityBurnRate",
+        "LLMTTFTBurnRate",
+        "LLMSidecarDown",
+        "LLMNoTrafficData",
+        "LLMSLOHistoryShort",
+    ):
         assert f"## Runbook: {alert}\n" in text
     assert "[docs/runbooks.md](docs/runbooks.md)" in README.read_text(encoding="utf-8")

@@ -134,12 +134,16 @@ class Connection:
         whole = payload.is_eof()
         body = payload.read_nowait() if whole else b""
         self.offers.append((body, whole))
-        return Early(message.headers, message.path, 0.0, body) if whole else None  # as the forwarder
+        return (
+            Early(message.headers, message.path, 0.0, body) if whole else None
+        )  # as the forwarder
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         early_request = EarlyForwarder.claim(request)
         self.claimed.append(early_request)
-        self.bodies.append(early_request.body if early_request is not None else await request.read())
+        self.bodies.append(
+            early_request.body if early_request is not None else await request.read()
+        )
         return web.Response(text="ok")
 
     def read(self, *data: bytes) -> None:

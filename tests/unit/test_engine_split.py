@@ -16,7 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.streams.protocols.events import EngineTimings, ResponseInfo, StreamEnd, TokenKind, Tokens, Usage
+from sidecar.streams.protocols.events import (
+    EngineTimings,
+    ResponseInfo,
+    StreamEnd,
+    TokenKind,
+    Tokens,
+    Usage,
+)
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
 from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
 from sidecar.base.outcomes import Outcome
@@ -62,7 +69,9 @@ def test_vllm_recorded_stream_bytewise_is_the_same():
 @FAST
 @given(st.lists(st.integers(0, len(VLLM_CHAT)), max_size=12))
 def test_vllm_recorded_stream_at_random_splits(cuts):
-    assert [e for e in _run(OpenAIStreamDialect, split_at(VLLM_CHAT, cuts))] == run_whole(OpenAIStreamDialect, VLLM_CHAT)
+    assert [e for e in _run(OpenAIStreamDialect, split_at(VLLM_CHAT, cuts))] == run_whole(
+        OpenAIStreamDialect, VLLM_CHAT
+    )
 
 
 def _run(make, chunks):
@@ -74,7 +83,9 @@ def _run(make, chunks):
 
 
 def test_vllm_without_usage_sends_no_metrics_and_none_is_invented():
-    events = run_whole(OpenAIStreamDialect, load("openai", "vllm032_chat_per_request_metrics_no_usage.txt"))
+    events = run_whole(
+        OpenAIStreamDialect, load("openai", "vllm032_chat_per_request_metrics_no_usage.txt")
+    )
     assert not [e for e in events if type(e) is EngineTimings]
 
 
@@ -99,7 +110,9 @@ def test_vllm_bad_queue_value_is_dropped_and_keeps_the_rest(bad):
 # -- llama.cpp -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llamacpp_b11434_chat.txt", "llamacpp_b11434_chat_include_usage.txt"])
+@pytest.mark.parametrize(
+    "name", ["llamacpp_b11434_chat.txt", "llamacpp_b11434_chat_include_usage.txt"]
+)
 def test_llamacpp_recorded_timings_give_prefill_and_decode_and_no_queue(name):
     """A real llama-server b11434 stream: ``prompt_ms`` is prefill, ``predicted_ms`` decode;
     llama.cpp reports no queue time per request, so none is invented."""
@@ -122,7 +135,9 @@ def test_engine_timings_merge_field_by_field_later_wins():
     timeline.events([EngineTimings(queue_seconds=0.5)], 0.1)  # a header
     timeline.events([EngineTimings(prefill_seconds=0.2, decode_seconds=1.0)], 0.2)  # the body
     timeline.events([EngineTimings(decode_seconds=1.5)], 0.3)  # cumulative, repeated
-    assert timeline.engine == EngineTimings(prefill_seconds=0.2, decode_seconds=1.5, queue_seconds=0.5)
+    assert timeline.engine == EngineTimings(
+        prefill_seconds=0.2, decode_seconds=1.5, queue_seconds=0.5
+    )
 
 
 # -- TGI -------------------------------------------------------------------------------------
@@ -177,20 +192,26 @@ def test_sglang_stream_counts_tokens_by_completion_growth_and_reads_meta_info():
     assert all(e.kind is TokenKind.ANSWER for e in events if type(e) is Tokens)
     usages = [e for e in events if type(e) is Usage]
     assert usages[-1] == Usage(input_tokens=7, output_tokens=5, cached_input_tokens=3, engine=True)
-    assert [e for e in events if type(e) is EngineTimings][-1] == EngineTimings(queue_seconds=0.0123)
+    assert [e for e in events if type(e) is EngineTimings][-1] == EngineTimings(
+        queue_seconds=0.0123
+    )
     assert ResponseInfo(finish_reasons=("length",)) in events
     assert ResponseInfo(response_id="8f2c1e0d9b7a4c3e") in events
     assert events[-1] == StreamEnd()
 
 
 def test_sglang_stream_bytewise_is_the_same():
-    assert run_bytewise(TGIStreamDialect, SGLANG_STREAM) == run_whole(TGIStreamDialect, SGLANG_STREAM)
+    assert run_bytewise(TGIStreamDialect, SGLANG_STREAM) == run_whole(
+        TGIStreamDialect, SGLANG_STREAM
+    )
 
 
 @FAST
 @given(st.lists(st.integers(0, len(SGLANG_STREAM)), max_size=12))
 def test_sglang_stream_at_random_splits(cuts):
-    assert _run(TGIStreamDialect, split_at(SGLANG_STREAM, cuts)) == run_whole(TGIStreamDialect, SGLANG_STREAM)
+    assert _run(TGIStreamDialect, split_at(SGLANG_STREAM, cuts)) == run_whole(
+        TGIStreamDialect, SGLANG_STREAM
+    )
 
 
 def test_sglang_stream_through_the_timeline_is_ok_with_engine_counts():
@@ -201,7 +222,11 @@ def test_sglang_stream_through_the_timeline_is_ok_with_engine_counts():
         timeline.events([event], 0.1 + i * 0.01)
     assert timeline.finish(Outcome.OK, 1.0)
     assert timeline.outcome is Outcome.OK  # [DONE] is SGLang's end marker
-    assert timeline.output_tokens == 5 and timeline.input_tokens == 7 and timeline.cached_input_tokens == 3
+    assert (
+        timeline.output_tokens == 5
+        and timeline.input_tokens == 7
+        and timeline.cached_input_tokens == 3
+    )
     assert timeline.token_count_source is TokenCountSource.ENGINE
 
 

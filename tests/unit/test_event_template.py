@@ -50,11 +50,17 @@ class CountingLoads:
 @pytest.fixture
 def decodes(monkeypatch) -> CountingLoads:
     counter = CountingLoads()
-    monkeypatch.setattr(_base, "orjson", type("orjson", (), {"loads": counter, "JSONDecodeError": orjson.JSONDecodeError}))
+    monkeypatch.setattr(
+        _base,
+        "orjson",
+        type("orjson", (), {"loads": counter, "JSONDecodeError": orjson.JSONDecodeError}),
+    )
     return counter
 
 
-@pytest.mark.parametrize(("dialect", "name"), SSE_FIXTURES, ids=[f"{d.folder}/{n}" for d, n in SSE_FIXTURES])
+@pytest.mark.parametrize(
+    ("dialect", "name"), SSE_FIXTURES, ids=[f"{d.folder}/{n}" for d, n in SSE_FIXTURES]
+)
 def test_fixture_event_by_event_reads_as_the_oracle(dialect, name):
     chunks = events_of(load(dialect.folder, name), ndjson=False)
     assert feeds(dialect.make(), chunks) == feeds(oracle(dialect.make), chunks)
@@ -76,7 +82,11 @@ def test_real_servers_repeating_event_is_not_decoded_again(name, token, decodes)
     first = next(i for i, c in enumerate(recorded) if token in c)
     last = max(i for i, c in enumerate(recorded) if token in c)
     words = [f" w{i}".encode() for i in range(40)]
-    chunks = recorded[:first] + [recorded[first].replace(token, b'"content":"' + w + b'"') for w in words] + recorded[last + 1 :]
+    chunks = (
+        recorded[:first]
+        + [recorded[first].replace(token, b'"content":"' + w + b'"') for w in words]
+        + recorded[last + 1 :]
+    )
     d = OpenAIStreamDialect()
     assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
     decodes.calls = 0
@@ -90,7 +100,8 @@ def test_continuous_usage_reads_as_the_oracle():
     text, and its events are more than one token: nothing is learned."""
     chunks = [
         b'data: {"id":"c","choices":[{"index":0,"delta":{"content":" w%d"},"finish_reason":null}],'
-        b'"usage":{"prompt_tokens":3,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (i, i + 1, i + 4)
+        b'"usage":{"prompt_tokens":3,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+        % (i, i + 1, i + 4)
         for i in range(20)
     ]
     d = OpenAIStreamDialect()
@@ -115,13 +126,19 @@ def test_a_shape_that_never_repeats_stops_the_learning():
 # -- generated streams ------------------------------------------------------------------------
 
 events = st.one_of(
-    st.tuples(st.sampled_from(range(len(SHAPES))), texts).map(lambda p: SHAPES[p[0]].replace(b'"@"', b'"' + p[1] + b'"')),
+    st.tuples(st.sampled_from(range(len(SHAPES))), texts).map(
+        lambda p: SHAPES[p[0]].replace(b'"@"', b'"' + p[1] + b'"')
+    ),
     st.sampled_from(OTHERS),
 )
 
 
 @FAST
-@given(st.lists(events, max_size=40), st.sampled_from([None, 60, 120, 200, 400]), st.sampled_from([b"data: ", b"data:"]))
+@given(
+    st.lists(events, max_size=40),
+    st.sampled_from([None, 60, 120, 200, 400]),
+    st.sampled_from([b"data: ", b"data:"]),
+)
 def test_generated_streams_read_as_the_oracle(payloads, max_line, field):
     chunks = [field + p + b"\n\n" for p in payloads]
     make = lambda: OpenAIStreamDialect(max_line_bytes=max_line)  # noqa: E731
@@ -133,7 +150,9 @@ def test_generated_streams_read_as_the_oracle(payloads, max_line, field):
 def test_one_shape_many_texts_reads_as_the_oracle(shape, raw_texts):
     """The case the template is for: one shape, the text changing (and sometimes not
     plain, or not JSON at all)."""
-    chunks = [b"data: " + SHAPES[shape].replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in raw_texts]
+    chunks = [
+        b"data: " + SHAPES[shape].replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in raw_texts
+    ]
     assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
 
 
@@ -141,14 +160,32 @@ def test_one_shape_many_texts_reads_as_the_oracle(shape, raw_texts):
 
 
 @FAST
-@given(st.one_of(st.binary(max_size=12), st.text(max_size=12).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+@given(
+    st.one_of(
+        st.binary(max_size=12),
+        st.text(max_size=12).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    )
+)
 def test_plain_text_decodes_to_itself(raw):
     """What ``plain`` accepts, a JSON decoder reads back as exactly those bytes."""
     if plain(raw):
         assert orjson.loads(b'"' + raw + b'"').encode() == raw
 
 
-@pytest.mark.parametrize("raw", [b'"', b"\\", b"a\x00", b"\n", b"\x1f", b"\xff", b"\xed\xa0\x80", b"\xc0\xaf", "\u2028".encode()])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"',
+        b"\\",
+        b"a\x00",
+        b"\n",
+        b"\x1f",
+        b"\xff",
+        b"\xed\xa0\x80",
+        b"\xc0\xaf",
+        "\u2028".encode(),
+    ],
+)
 def test_not_plain(raw):
     assert not plain(raw)
 
@@ -197,7 +234,11 @@ def test_a_template_costs_a_few_hundred_bytes_per_stream():
             d = OpenAIStreamDialect()
             d._learning = d._learning if learn else 0
             for k in range(10):
-                d.feed(b"data: " + VLLM.replace(b'"@"', b'" w%d"' % k).replace(b"chatcmpl-1", b"chatcmpl-%d" % i) + b"\n\n")
+                d.feed(
+                    b"data: "
+                    + VLLM.replace(b'"@"', b'" w%d"' % k).replace(b"chatcmpl-1", b"chatcmpl-%d" % i)
+                    + b"\n\n"
+                )
             kept.append(d)
         size = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
@@ -220,16 +261,38 @@ def test_the_text_must_be_what_varies():
     assert d._memo is None
 
 
-BAD_TEXTS = [b'a\\"b', b'a"b', b"a\\nb", b"\x01", b"a\tb", b"\xff", b"\xed\xa0\x80", b"\\u00e9", b"\\ud800", b"", b"\xe2\x80\xa8"]
+BAD_TEXTS = [
+    b'a\\"b',
+    b'a"b',
+    b"a\\nb",
+    b"\x01",
+    b"a\tb",
+    b"\xff",
+    b"\xed\xa0\x80",
+    b"\\u00e9",
+    b"\\ud800",
+    b"",
+    b"\xe2\x80\xa8",
+]
 
 
 @pytest.mark.parametrize("bad", BAD_TEXTS)
-@pytest.mark.parametrize("shape", range(len(SHAPES) - 1))  # the last never arms (its text is not once)
+@pytest.mark.parametrize(
+    "shape", range(len(SHAPES) - 1)
+)  # the last never arms (its text is not once)
 def test_armed_template_meets_a_text_that_is_not_plain(shape, bad):
     """Armed on two plain texts, then an event of the same shape whose text is escaped,
     broken JSON, invalid UTF-8 or empty: it is decoded, and reads as the oracle reads it."""
     event = lambda t: b"data: " + SHAPES[shape].replace(b'"@"', b'"' + t + b'"') + b"\n\n"  # noqa: E731
-    chunks = [event(b"one"), event(b"two"), event(b"three"), event(bad), event(b"four"), event(b"five"), event(b"six")]
+    chunks = [
+        event(b"one"),
+        event(b"two"),
+        event(b"three"),
+        event(bad),
+        event(b"four"),
+        event(b"five"),
+        event(b"six"),
+    ]
     d = OpenAIStreamDialect()
     got = [d.feed(c) for c in chunks[:3]]
     assert d._memo is not None, "the template arms on two different plain texts"

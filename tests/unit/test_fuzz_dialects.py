@@ -89,7 +89,13 @@ def prop_observer(template: str, data: bytes, cuts: list[int], max_line: int | N
     assert timeline.stream_tokens >= 0 and timeline.parse_errors >= 0
     assert timeline.finish(Outcome.OK, 1.0)
     # Every figure of whatever arrived can be computed and recorded.
-    _ = (timeline.ttft, timeline.tpot, timeline.tokens_per_second, timeline.e2e, timeline.output_tokens)
+    _ = (
+        timeline.ttft,
+        timeline.tpot,
+        timeline.tokens_per_second,
+        timeline.e2e,
+        timeline.output_tokens,
+    )
     SidecarMetrics(CollectorRegistry()).record(timeline, "m")
 
 
@@ -106,6 +112,7 @@ def prop_sse(data: bytes, cuts: list[int], max_line: int | None) -> None:
     for chunk in split_at(data, cuts):
         decoder.feed(chunk)
         assert len(decoder._tail) <= (max_line or 1 << 20) + 3  # held bytes stay bounded
+
 
 # -- the tests -----------------------------------------------------------------------------------------
 
@@ -127,7 +134,10 @@ def test_every_route_observer_contains_any_bytes(template, data, max_line):
 
 
 @FUZZ
-@given(st.sampled_from(JSON_ROUTES), st.one_of(hostile_bytes, json_objects.map(lambda o: json.dumps(o).encode())))
+@given(
+    st.sampled_from(JSON_ROUTES),
+    st.one_of(hostile_bytes, json_objects.map(lambda o: json.dumps(o).encode())),
+)
 def test_every_json_parser_any_body(template, body):
     prop_json(template, body)
 

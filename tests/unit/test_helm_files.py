@@ -29,7 +29,11 @@ from tests.support.image import dockerfile_instructions, final_stage, image_entr
 
 
 def test_dockerfile_is_multi_stage_on_slim_python_311():
-    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for i, a in dockerfile_instructions() if i == "ARG" and "=" in a}
+    args = {
+        a.split("=", 1)[0]: a.split("=", 1)[1]
+        for i, a in dockerfile_instructions()
+        if i == "ARG" and "=" in a
+    }
     froms = [a for i, a in dockerfile_instructions() if i == "FROM"]
     assert len(froms) >= 2, "a build stage and a runtime stage"
     base = args["PYTHON_IMAGE"]
@@ -37,7 +41,9 @@ def test_dockerfile_is_multi_stage_on_slim_python_311():
     assert all(f.split()[0] == "${PYTHON_IMAGE}" for f in froms)
     build_name = froms[0].split()[-1]
     copies = [a for i, a in final_stage() if i == "COPY"]
-    assert any(c.startswith(f"--from={build_name} ") for c in copies), "the runtime stage takes the build's venv"
+    assert any(c.startswith(f"--from={build_name} ") for c in copies), (
+        "the runtime stage takes the build's venv"
+    )
     # No compiler or pip install in the runtime stage: it only copies the built virtualenv.
     assert not [a for i, a in final_stage() if i == "RUN" and "pip install" in a]
 
@@ -60,7 +66,9 @@ def test_dockerfile_entrypoint_is_the_program_and_cmd_the_subcommand():
     runs what the two compose."""
     entry, cmd = image_entrypoint_and_cmd()
     assert entry == ["llm-sidecar"] and cmd == ["serve"]
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "scripts"
+    ]
     assert "llm-sidecar" in scripts
 
 
@@ -169,11 +177,17 @@ def chart_values(*files: str) -> dict:
 def deep_merge(base: dict, override: dict) -> dict:
     out = dict(base)
     for key, value in override.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            deep_merge(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
     return out
 
 
-@pytest.mark.parametrize("values_file", [None] + sorted(p.name for p in (CHART / "ci").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "values_file", [None] + sorted(p.name for p in (CHART / "ci").glob("*.yaml"))
+)
 def test_values_files_satisfy_the_schema(values_file):
     values = chart_values(*([f"ci/{values_file}"] if values_file else []))
     jsonschema.Draft7Validator.check_schema(schema())
@@ -193,11 +207,23 @@ def test_values_files_satisfy_the_schema(values_file):
         (("sidecar", "nope"), 1),
         (("prometheus", "rules", "windows", "page-fast", "long"), "1 hour"),
         (("prometheus", "rules", "windows", "page-fast", "budgetPercent"), 0),
-        (("prometheus", "rules", "windows", "page-medium"), {"long": "3h", "short": "15m", "budgetPercent": 3}),
+        (
+            ("prometheus", "rules", "windows", "page-medium"),
+            {"long": "3h", "short": "15m", "budgetPercent": 3},
+        ),
         (("prometheus", "rules", "modelOverrides"), [{"objective": "ttft", "model": "a"}]),
-        (("prometheus", "rules", "modelOverrides"), [{"objective": "ttft", "model": "a", "thresholdSeconds": 1.7}]),
-        (("prometheus", "rules", "modelOverrides"), [{"objective": "availability", "model": "a", "thresholdSeconds": 2.0}]),
-        (("prometheus", "rules", "modelOverrides"), [{"objective": "ttft", "model": "a b", "target": 90}]),
+        (
+            ("prometheus", "rules", "modelOverrides"),
+            [{"objective": "ttft", "model": "a", "thresholdSeconds": 1.7}],
+        ),
+        (
+            ("prometheus", "rules", "modelOverrides"),
+            [{"objective": "availability", "model": "a", "thresholdSeconds": 2.0}],
+        ),
+        (
+            ("prometheus", "rules", "modelOverrides"),
+            [{"objective": "ttft", "model": "a b", "target": 90}],
+        ),
     ],
 )
 def test_schema_refuses_bad_values(path, bad):
@@ -214,7 +240,12 @@ def test_schema_accepts_a_model_override_and_changed_windows():
     values = chart_values()
     rules = values["prometheus"]["rules"]
     rules["modelOverrides"] = [
-        {"objective": "ttft", "model": "meta-llama/Llama-3.1-405B-Instruct", "thresholdSeconds": 5.0, "target": 90},
+        {
+            "objective": "ttft",
+            "model": "meta-llama/Llama-3.1-405B-Instruct",
+            "thresholdSeconds": 5.0,
+            "target": 90,
+        },
         {"objective": "availability", "model": "qwen", "target": "99.9"},
     ]
     rules["windows"]["page-fast"] = {"long": "2h", "short": "10m", "budgetPercent": "2.5"}
@@ -223,7 +254,11 @@ def test_schema_accepts_a_model_override_and_changed_windows():
 
 def test_schema_slo_thresholds_are_exactly_the_bucket_bounds():
     slo = schema()["properties"]["sidecar"]["properties"]["slo"]["properties"]
-    for key, buckets in (("ttftSeconds", TTFT_BUCKETS), ("tpotSeconds", ITL_BUCKETS), ("e2eSeconds", E2E_BUCKETS)):
+    for key, buckets in (
+        ("ttftSeconds", TTFT_BUCKETS),
+        ("tpotSeconds", ITL_BUCKETS),
+        ("e2eSeconds", E2E_BUCKETS),
+    ):
         numbers = [v for v in slo[key]["enum"] if not isinstance(v, str)]
         strings = [v for v in slo[key]["enum"] if isinstance(v, str)]
         assert [float(v) for v in numbers] == list(buckets), key
@@ -235,14 +270,18 @@ def test_every_sidecar_setting_has_a_way_in_through_the_chart():
     exactly the sidecar's settings: a new setting must be added to the schema."""
     helpers = (CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
     templated = {m.lower() for m in re.findall(r"LLM_SIDECAR_([A-Z0-9_]+)", helpers) if m != "%S"}
-    passthrough = set(schema()["properties"]["sidecar"]["properties"]["settings"]["propertyNames"]["enum"])
+    passthrough = set(
+        schema()["properties"]["sidecar"]["properties"]["settings"]["propertyNames"]["enum"]
+    )
     assert not templated & passthrough, "a setting must not be settable twice"
     assert templated | passthrough == set(Settings.model_fields)
 
 
 def test_default_job_label_is_the_one_the_rules_alert_on():
     spec = yaml.safe_load((ROOT / "deploy" / "slo" / "default.yaml").read_text(encoding="utf-8"))
-    assert chart_values()["prometheus"]["monitor"]["jobLabel"] == spec["alerts"]["target_down"]["job"]
+    assert (
+        chart_values()["prometheus"]["monitor"]["jobLabel"] == spec["alerts"]["target_down"]["job"]
+    )
 
 
 def test_default_slo_values_are_the_sidecars_defaults():
@@ -250,7 +289,9 @@ def test_default_slo_values_are_the_sidecars_defaults():
     assert slo["ttftSeconds"] == Settings.model_fields["slo_ttft_seconds"].default
     assert slo["tpotSeconds"] == Settings.model_fields["slo_tpot_seconds"].default
     assert slo["e2eSeconds"] == Settings.model_fields["slo_e2e_seconds"].default
-    assert chart_values()["sidecar"]["drainSeconds"] == Settings.model_fields["drain_seconds"].default
+    assert (
+        chart_values()["sidecar"]["drainSeconds"] == Settings.model_fields["drain_seconds"].default
+    )
 
 
 def test_chart_app_version_is_the_package_version():

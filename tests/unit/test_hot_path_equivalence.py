@@ -144,7 +144,9 @@ class OracleOpenAI(OpenAIStreamDialect):
                 out.append(engine)
 
 
-def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False) -> int:
+def oracle_count_choices(
+    choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False
+) -> int:
     answer = reasoning = tool = 0
     finish: list[str] | None = None
     maybe_last = False
@@ -164,10 +166,16 @@ def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | No
             if delta.get("tool_calls") or delta.get("function_call"):
                 tool += 1
                 kinds += 1
-            empty = delta.get("content") == "" and "role" not in delta and choice.get("finish_reason") is None
+            empty = (
+                delta.get("content") == ""
+                and "role" not in delta
+                and choice.get("finish_reason") is None
+            )
             if started and empty and not kinds:
                 answer += 1
-            finishing = delta.get("content") == "" and "role" not in delta and choice.get("finish_reason")
+            finishing = (
+                delta.get("content") == "" and "role" not in delta and choice.get("finish_reason")
+            )
             if started and finishing and not kinds:
                 maybe_last = True
         elif choice.get("text"):
@@ -179,7 +187,11 @@ def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | No
             if finish is None:
                 finish = []
             finish.append(reason)
-    if grown is not None and grown > answer + reasoning + tool and (answer > 0) + (reasoning > 0) + (tool > 0) == 1:
+    if (
+        grown is not None
+        and grown > answer + reasoning + tool
+        and (answer > 0) + (reasoning > 0) + (tool > 0) == 1
+    ):
         if answer:
             answer = grown
         elif reasoning:
@@ -199,19 +211,31 @@ def oracle_count_choices(choices: list, out: list[DialectEvent], grown: int | No
     return answer + reasoning + tool
 
 
-values = st.sampled_from([None, "", "x", " tok", 0, 1, True, False, [], [{}], {}, {"a": 1}, "stop", 5])
+values = st.sampled_from(
+    [None, "", "x", " tok", 0, 1, True, False, [], [{}], {}, {"a": 1}, "stop", 5]
+)
 delta = st.fixed_dictionaries(
     {},
     optional={
         k: values
-        for k in ("role", "content", "refusal", "reasoning_content", "reasoning", "tool_calls", "function_call")
+        for k in (
+            "role",
+            "content",
+            "refusal",
+            "reasoning_content",
+            "reasoning",
+            "tool_calls",
+            "function_call",
+        )
     },
 )
 # What servers send: vLLM's content-only delta, SGLang's delta with every key (mostly null).
 common_delta = st.one_of(
     st.fixed_dictionaries({"content": values}),
     st.fixed_dictionaries({"content": values, "reasoning_content": values}),
-    st.fixed_dictionaries({"role": values, "content": values, "reasoning_content": values, "tool_calls": values}),
+    st.fixed_dictionaries(
+        {"role": values, "content": values, "reasoning_content": values, "tool_calls": values}
+    ),
     st.fixed_dictionaries({"reasoning_content": values}),
 )
 finish = st.sampled_from(["stop", None, "length", 5, ""])
@@ -223,7 +247,9 @@ choice = st.one_of(
         {"index": st.integers(0, 2), "delta": delta},
         optional={"finish_reason": values, "logprobs": st.none(), "text": values},
     ),
-    st.fixed_dictionaries({"index": st.integers(0, 2), "text": values}, optional={"finish_reason": values}),
+    st.fixed_dictionaries(
+        {"index": st.integers(0, 2), "text": values}, optional={"finish_reason": values}
+    ),
     values,  # not an object at all
 )
 usage = st.one_of(
@@ -233,7 +259,9 @@ usage = st.one_of(
         optional={
             "prompt_tokens": st.integers(-1, 50),
             "completion_tokens": st.integers(-1, 50) | st.none(),
-            "completion_tokens_details": st.fixed_dictionaries({}, optional={"reasoning_tokens": st.integers(0, 9)}),
+            "completion_tokens_details": st.fixed_dictionaries(
+                {}, optional={"reasoning_tokens": st.integers(0, 9)}
+            ),
         },
     ),
 )
@@ -252,8 +280,13 @@ chunk_object = st.one_of(
                   "reasoning", "tool_calls", "text", "finish_reason", "usage", "completion_tokens",
                   "prompt_tokens", "error", "message", "type", "code", "timings", "refusal"]),
 )  # fmt: skip
+
+
 @FAST
-@given(st.lists(choice, min_size=1, max_size=1) | st.lists(choice, max_size=3), st.none() | st.integers(-2, 6))
+@given(
+    st.lists(choice, min_size=1, max_size=1) | st.lists(choice, max_size=3),
+    st.none() | st.integers(-2, 6),
+)
 def test_count_choices_equals_the_plain_implementation(choices, grown):
     got: list = []
     want: list = []
@@ -266,7 +299,16 @@ def test_count_choices_fast_shape_with_a_finish_reason_or_growth():
     for choices, grown in (
         ([{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}], None),
         ([{"index": 0, "delta": {"content": "x"}, "finish_reason": None}], 3),
-        ([{"index": 0, "delta": {"content": "x", "reasoning_content": "y"}, "finish_reason": None}], None),
+        (
+            [
+                {
+                    "index": 0,
+                    "delta": {"content": "x", "reasoning_content": "y"},
+                    "finish_reason": None,
+                }
+            ],
+            None,
+        ),
         ([{"index": 0, "delta": {"content": "x"}, "finish_reason": 5}], None),
     ):
         got: list = []
@@ -339,7 +381,9 @@ timeline_event = st.one_of(
     st.builds(Tokens, kinds, st.just(1)),
     st.builds(Tokens, kinds, st.integers(1, 4)),  # dialects never send 0
     st.builds(Usage, st.none() | st.integers(0, 9), st.none() | st.integers(0, 9)),
-    st.builds(ResponseInfo, st.none() | st.just("m"), st.none() | st.just("id"), st.just(("stop",))),
+    st.builds(
+        ResponseInfo, st.none() | st.just("m"), st.none() | st.just("id"), st.just(("stop",))
+    ),
     st.builds(StreamEnd),
     st.builds(StreamError, st.just("e")),
     st.builds(ParseError, st.just("p")),

@@ -58,7 +58,14 @@ def run(chunks, *, eof: bool = True, **kw) -> Parsed:
     if eof:
         body += parser.feed_eof()
         assert parser.done
-    return Parsed(parser.head, b"".join(body), done_before_eof, parser.done, parser.keep_alive, parser.trailing)
+    return Parsed(
+        parser.head,
+        b"".join(body),
+        done_before_eof,
+        parser.done,
+        parser.keep_alive,
+        parser.trailing,
+    )
 
 
 def bytewise(data: bytes) -> list[bytes]:
@@ -95,8 +102,18 @@ def outcome(chunks, **kw):
     except ProtocolError:
         return ("error", "eof")
     head = parser.head
-    return (head.version, head.status, head.reason, head.headers, head.chunked, head.length,
-            b"".join(body), before, parser.keep_alive, parser.trailing)
+    return (
+        head.version,
+        head.status,
+        head.reason,
+        head.headers,
+        head.chunked,
+        head.length,
+        b"".join(body),
+        before,
+        parser.keep_alive,
+        parser.trailing,
+    )
 
 
 # -- valid responses, as cases with their expected view ---------------------------------
@@ -125,108 +142,318 @@ class Ok:
 
 
 def chunk(data: bytes, size: str | None = None, ext: bytes = b"") -> bytes:
-    return (size if size is not None else "%x" % len(data)).encode() + ext + b"\r\n" + data + b"\r\n"
+    return (
+        (size if size is not None else "%x" % len(data)).encode() + ext + b"\r\n" + data + b"\r\n"
+    )
 
 
 NEXT = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"  # the start of another response
 UTF8_VALUE = "Zoë – 日本語 🚀"
 
 OK_CASES = [
-    Ok("length", LENGTH5 + b"hello", b"hello", length=5,
-       headers=(("Content-Length", "5"),)),
-    Ok("length_binary_body", b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n\r\n\r\n\x00\xff0\n",
-       b"\r\n\r\n\x00\xff0\n", length=8),
+    Ok("length", LENGTH5 + b"hello", b"hello", length=5, headers=(("Content-Length", "5"),)),
+    Ok(
+        "length_binary_body",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n\r\n\r\n\x00\xff0\n",
+        b"\r\n\r\n\x00\xff0\n",
+        length=8,
+    ),
     Ok("length_zero", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", length=0),
-    Ok("length_list_same", b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello", b"hello", length=5),
-    Ok("length_two_headers_same",
-       b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX: y\r\nContent-Length: 5\r\n\r\nhello", b"hello", length=5),
-    Ok("length_ows", b"HTTP/1.1 200 OK\r\nContent-Length: \t 5 \t\r\n\r\nhello", b"hello", length=5),
-    Ok("length_leading_zeros", b"HTTP/1.1 200 OK\r\nContent-Length: 005\r\n\r\nhello", b"hello", length=5),
+    Ok(
+        "length_list_same",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello",
+        b"hello",
+        length=5,
+    ),
+    Ok(
+        "length_two_headers_same",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX: y\r\nContent-Length: 5\r\n\r\nhello",
+        b"hello",
+        length=5,
+    ),
+    Ok(
+        "length_ows", b"HTTP/1.1 200 OK\r\nContent-Length: \t 5 \t\r\n\r\nhello", b"hello", length=5
+    ),
+    Ok(
+        "length_leading_zeros",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 005\r\n\r\nhello",
+        b"hello",
+        length=5,
+    ),
     Ok("length_name_case", b"HTTP/1.1 200 OK\r\ncOnTeNt-LeNgTh: 2\r\n\r\nhi", b"hi", length=2),
-    Ok("chunked", CHUNKED + chunk(b"hello") + chunk(b" world") + b"0\r\n\r\n", b"hello world", chunked=True),
+    Ok(
+        "chunked",
+        CHUNKED + chunk(b"hello") + chunk(b" world") + b"0\r\n\r\n",
+        b"hello world",
+        chunked=True,
+    ),
     Ok("chunked_no_data", CHUNKED + b"0\r\n\r\n", chunked=True),
-    Ok("chunked_te_case_ows", b"HTTP/1.1 200 OK\r\nTransfer-Encoding:  ChUnKeD \r\n\r\n" + chunk(b"x") + b"0\r\n\r\n",
-       b"x", chunked=True),
-    Ok("chunked_upper_hex", CHUNKED + chunk(b"0123456789", "A") + chunk(b"x" * 26, "1A") + b"0\r\n\r\n",
-       b"0123456789" + b"x" * 26, chunked=True),
-    Ok("chunked_lower_hex", CHUNKED + chunk(b"0123456789", "a") + chunk(b"y" * 0xFE, "fe") + b"0\r\n\r\n",
-       b"0123456789" + b"y" * 0xFE, chunked=True),
-    Ok("chunked_leading_zeros", CHUNKED + chunk(b"hello", "0005") + b"000\r\n\r\n", b"hello", chunked=True),
-    Ok("chunked_15_hex_digits", CHUNKED + chunk(b"hello", "000000000000005") + b"0\r\n\r\n", b"hello", chunked=True),
+    Ok(
+        "chunked_te_case_ows",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding:  ChUnKeD \r\n\r\n" + chunk(b"x") + b"0\r\n\r\n",
+        b"x",
+        chunked=True,
+    ),
+    Ok(
+        "chunked_upper_hex",
+        CHUNKED + chunk(b"0123456789", "A") + chunk(b"x" * 26, "1A") + b"0\r\n\r\n",
+        b"0123456789" + b"x" * 26,
+        chunked=True,
+    ),
+    Ok(
+        "chunked_lower_hex",
+        CHUNKED + chunk(b"0123456789", "a") + chunk(b"y" * 0xFE, "fe") + b"0\r\n\r\n",
+        b"0123456789" + b"y" * 0xFE,
+        chunked=True,
+    ),
+    Ok(
+        "chunked_leading_zeros",
+        CHUNKED + chunk(b"hello", "0005") + b"000\r\n\r\n",
+        b"hello",
+        chunked=True,
+    ),
+    Ok(
+        "chunked_15_hex_digits",
+        CHUNKED + chunk(b"hello", "000000000000005") + b"0\r\n\r\n",
+        b"hello",
+        chunked=True,
+    ),
     Ok("chunked_large", CHUNKED + chunk(b"z" * 5000) + b"0\r\n\r\n", b"z" * 5000, chunked=True),
-    Ok("chunked_crlf_in_data", CHUNKED + chunk(b"\r\n0\r\n\r\n") + b"0\r\n\r\n", b"\r\n0\r\n\r\n", chunked=True),
-    Ok("chunk_ext", CHUNKED + chunk(b"hello", ext=b";name=value") + chunk(b"!", ext=b";a;b=c") + b"0\r\n\r\n",
-       b"hello!", chunked=True),
-    Ok("chunk_ext_quoted", CHUNKED + chunk(b"hello", ext=b';q="a;b\\"c"') + b"0\r\n\r\n", b"hello", chunked=True),
-    Ok("chunk_ext_bws", CHUNKED + chunk(b"hello", ext=b" ;a=b") + chunk(b"!", ext=b"\t \t;x") + b"0\r\n\r\n",
-       b"hello!", chunked=True),
+    Ok(
+        "chunked_crlf_in_data",
+        CHUNKED + chunk(b"\r\n0\r\n\r\n") + b"0\r\n\r\n",
+        b"\r\n0\r\n\r\n",
+        chunked=True,
+    ),
+    Ok(
+        "chunk_ext",
+        CHUNKED + chunk(b"hello", ext=b";name=value") + chunk(b"!", ext=b";a;b=c") + b"0\r\n\r\n",
+        b"hello!",
+        chunked=True,
+    ),
+    Ok(
+        "chunk_ext_quoted",
+        CHUNKED + chunk(b"hello", ext=b';q="a;b\\"c"') + b"0\r\n\r\n",
+        b"hello",
+        chunked=True,
+    ),
+    Ok(
+        "chunk_ext_bws",
+        CHUNKED + chunk(b"hello", ext=b" ;a=b") + chunk(b"!", ext=b"\t \t;x") + b"0\r\n\r\n",
+        b"hello!",
+        chunked=True,
+    ),
     Ok("last_chunk_ext", CHUNKED + chunk(b"hello") + b"0;final=1\r\n\r\n", b"hello", chunked=True),
-    Ok("trailers_discarded",
-       CHUNKED + chunk(b"hello") + b"0\r\nX-Checksum: abc\r\nX-Usage: {\"t\": 3}\r\n\r\n", b"hello", chunked=True,
-       headers=(("Transfer-Encoding", "chunked"),)),
-    Ok("interim_100", b"HTTP/1.1 100 Continue\r\n\r\n" + LENGTH5 + b"hello", b"hello", length=5, heads=2,
-       headers=(("Content-Length", "5"),)),
-    Ok("interim_103_then_100",
-       b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"
-       + CHUNKED + chunk(b"hi") + b"0\r\n\r\n", b"hi", chunked=True, heads=3,
-       headers=(("Transfer-Encoding", "chunked"),)),
-    Ok("interim_with_length_is_bodiless",
-       b"HTTP/1.1 100 Continue\r\nContent-Length: 9\r\n\r\n" + LENGTH5 + b"hello", b"hello", length=5, heads=2),
-    Ok("interim_then_204", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
-       status=204, reason="No Content", heads=2),
-    Ok("http10_length", b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nhi", b"hi", version="1.0",
-       head_keep_alive=False, length=2),
-    Ok("http10_keep_alive_header_ignored", b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nhi",
-       b"hi", version="1.0", head_keep_alive=False, length=2),
-    Ok("http10_close_delimited", b"HTTP/1.0 200 OK\r\n\r\nuntil close", b"until close", version="1.0",
-       head_keep_alive=False, eof=True),
-    Ok("connection_close", b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi", b"hi",
-       head_keep_alive=False, length=2),
-    Ok("connection_close_in_list",
-       b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, CLOSE\r\nContent-Length: 2\r\n\r\nhi", b"hi",
-       head_keep_alive=False, length=2),
-    Ok("connection_close_second_header",
-       b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nconnection: close\r\n" + CHUNKED[17:] + b"0\r\n\r\n",
-       chunked=True, head_keep_alive=False),
-    Ok("connection_other_token", b"HTTP/1.1 200 OK\r\nConnection: keep-alive, closed\r\nContent-Length: 0\r\n\r\n",
-       length=0),
-    Ok("close_delimited", b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\ndata: 1\r\n\r\n0\r\n\r\n",
-       b"data: 1\r\n\r\n0\r\n\r\n", head_keep_alive=False, eof=True),
-    Ok("close_delimited_empty", b"HTTP/1.1 200 OK\r\n\r\n", head_keep_alive=False, eof=True, headers=()),
+    Ok(
+        "trailers_discarded",
+        CHUNKED + chunk(b"hello") + b'0\r\nX-Checksum: abc\r\nX-Usage: {"t": 3}\r\n\r\n',
+        b"hello",
+        chunked=True,
+        headers=(("Transfer-Encoding", "chunked"),),
+    ),
+    Ok(
+        "interim_100",
+        b"HTTP/1.1 100 Continue\r\n\r\n" + LENGTH5 + b"hello",
+        b"hello",
+        length=5,
+        heads=2,
+        headers=(("Content-Length", "5"),),
+    ),
+    Ok(
+        "interim_103_then_100",
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"
+        + CHUNKED
+        + chunk(b"hi")
+        + b"0\r\n\r\n",
+        b"hi",
+        chunked=True,
+        heads=3,
+        headers=(("Transfer-Encoding", "chunked"),),
+    ),
+    Ok(
+        "interim_with_length_is_bodiless",
+        b"HTTP/1.1 100 Continue\r\nContent-Length: 9\r\n\r\n" + LENGTH5 + b"hello",
+        b"hello",
+        length=5,
+        heads=2,
+    ),
+    Ok(
+        "interim_then_204",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+        status=204,
+        reason="No Content",
+        heads=2,
+    ),
+    Ok(
+        "http10_length",
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+        b"hi",
+        version="1.0",
+        head_keep_alive=False,
+        length=2,
+    ),
+    Ok(
+        "http10_keep_alive_header_ignored",
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nhi",
+        b"hi",
+        version="1.0",
+        head_keep_alive=False,
+        length=2,
+    ),
+    Ok(
+        "http10_close_delimited",
+        b"HTTP/1.0 200 OK\r\n\r\nuntil close",
+        b"until close",
+        version="1.0",
+        head_keep_alive=False,
+        eof=True,
+    ),
+    Ok(
+        "connection_close",
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi",
+        b"hi",
+        head_keep_alive=False,
+        length=2,
+    ),
+    Ok(
+        "connection_close_in_list",
+        b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, CLOSE\r\nContent-Length: 2\r\n\r\nhi",
+        b"hi",
+        head_keep_alive=False,
+        length=2,
+    ),
+    Ok(
+        "connection_close_second_header",
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nconnection: close\r\n"
+        + CHUNKED[17:]
+        + b"0\r\n\r\n",
+        chunked=True,
+        head_keep_alive=False,
+    ),
+    Ok(
+        "connection_other_token",
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive, closed\r\nContent-Length: 0\r\n\r\n",
+        length=0,
+    ),
+    Ok(
+        "close_delimited",
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\ndata: 1\r\n\r\n0\r\n\r\n",
+        b"data: 1\r\n\r\n0\r\n\r\n",
+        head_keep_alive=False,
+        eof=True,
+    ),
+    Ok(
+        "close_delimited_empty",
+        b"HTTP/1.1 200 OK\r\n\r\n",
+        head_keep_alive=False,
+        eof=True,
+        headers=(),
+    ),
     Ok("head_request_with_length", LENGTH5, no_body=True),
     Ok("head_request_chunked", CHUNKED, no_body=True),
     Ok("head_request_no_framing", b"HTTP/1.1 200 OK\r\n\r\n", no_body=True),
     Ok("head_request_then_bytes", LENGTH5 + b"hello", no_body=True, trailing=b"hello"),
     Ok("204", b"HTTP/1.1 204 No Content\r\n\r\n", status=204, reason="No Content"),
-    Ok("204_length_ignored", b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", status=204, reason="No Content"),
-    Ok("304", b"HTTP/1.1 304 Not Modified\r\nContent-Length: 1234\r\nETag: \"x\"\r\n\r\n",
-       status=304, reason="Not Modified"),
-    Ok("304_chunked_header", b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
-       status=304, reason="Not Modified"),
+    Ok(
+        "204_length_ignored",
+        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+        status=204,
+        reason="No Content",
+    ),
+    Ok(
+        "304",
+        b'HTTP/1.1 304 Not Modified\r\nContent-Length: 1234\r\nETag: "x"\r\n\r\n',
+        status=304,
+        reason="Not Modified",
+    ),
+    Ok(
+        "304_chunked_header",
+        b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+        status=304,
+        reason="Not Modified",
+    ),
     Ok("trailing_after_length", LENGTH5 + b"hello" + NEXT, b"hello", length=5, trailing=NEXT),
-    Ok("trailing_after_chunked", CHUNKED + chunk(b"hi") + b"0\r\nT: 1\r\n\r\n" + NEXT, b"hi", chunked=True,
-       trailing=NEXT),
-    Ok("trailing_after_length_zero", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n\r\n", length=0,
-       trailing=b"\r\n"),
-    Ok("trailing_after_204", b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1", status=204, reason="No Content",
-       trailing=b"HTTP/1.1"),
-    Ok("reason_empty_with_space", b"HTTP/1.1 200 \r\nContent-Length: 0\r\n\r\n", reason="", length=0),
+    Ok(
+        "trailing_after_chunked",
+        CHUNKED + chunk(b"hi") + b"0\r\nT: 1\r\n\r\n" + NEXT,
+        b"hi",
+        chunked=True,
+        trailing=NEXT,
+    ),
+    Ok(
+        "trailing_after_length_zero",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n\r\n",
+        length=0,
+        trailing=b"\r\n",
+    ),
+    Ok(
+        "trailing_after_204",
+        b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1",
+        status=204,
+        reason="No Content",
+        trailing=b"HTTP/1.1",
+    ),
+    Ok(
+        "reason_empty_with_space",
+        b"HTTP/1.1 200 \r\nContent-Length: 0\r\n\r\n",
+        reason="",
+        length=0,
+    ),
     Ok("reason_absent", b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n", reason="", length=0),
-    Ok("reason_words", b"HTTP/1.1 503 Service Temporarily Unavailable\r\nContent-Length: 1\r\n\r\nx", b"x",
-       status=503, reason="Service Temporarily Unavailable", length=1),
-    Ok("reason_obs_text", b"HTTP/1.1 200 Tr\xe8s bien\r\nContent-Length: 0\r\n\r\n", reason="Très bien", length=0),
-    Ok("status_599", b"HTTP/1.1 599 Odd\r\nContent-Length: 0\r\n\r\n", status=599, reason="Odd", length=0),
-    Ok("status_999", b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n", status=999, reason="Odd", length=0),
-    Ok("utf8_header_value",
-       b"HTTP/1.1 200 OK\r\nX-Name: " + UTF8_VALUE.encode() + b"\r\nContent-Length: 0\r\n\r\n", length=0,
-       headers=(("X-Name", UTF8_VALUE), ("Content-Length", "0"))),
-    Ok("header_order_case_repeats_ows",
-       b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nx-trace:\t t1 \t\r\nSET-COOKIE: b=2\r\nX-Empty:\r\n"
-       b"X-Inner:  a  b  \r\nContent-Length: 0\r\n\r\n", length=0,
-       headers=(("Set-Cookie", "a=1"), ("x-trace", "t1"), ("SET-COOKIE", "b=2"), ("X-Empty", ""),
-                ("X-Inner", "a  b"), ("Content-Length", "0"))),
-    Ok("header_token_chars", b"HTTP/1.1 200 OK\r\n!#$%&'*+-.^_`|~09azAZ: v:w\r\nContent-Length: 0\r\n\r\n",
-       length=0, headers=(("!#$%&'*+-.^_`|~09azAZ", "v:w"), ("Content-Length", "0"))),
+    Ok(
+        "reason_words",
+        b"HTTP/1.1 503 Service Temporarily Unavailable\r\nContent-Length: 1\r\n\r\nx",
+        b"x",
+        status=503,
+        reason="Service Temporarily Unavailable",
+        length=1,
+    ),
+    Ok(
+        "reason_obs_text",
+        b"HTTP/1.1 200 Tr\xe8s bien\r\nContent-Length: 0\r\n\r\n",
+        reason="Très bien",
+        length=0,
+    ),
+    Ok(
+        "status_599",
+        b"HTTP/1.1 599 Odd\r\nContent-Length: 0\r\n\r\n",
+        status=599,
+        reason="Odd",
+        length=0,
+    ),
+    Ok(
+        "status_999",
+        b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n",
+        status=999,
+        reason="Odd",
+        length=0,
+    ),
+    Ok(
+        "utf8_header_value",
+        b"HTTP/1.1 200 OK\r\nX-Name: " + UTF8_VALUE.encode() + b"\r\nContent-Length: 0\r\n\r\n",
+        length=0,
+        headers=(("X-Name", UTF8_VALUE), ("Content-Length", "0")),
+    ),
+    Ok(
+        "header_order_case_repeats_ows",
+        b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nx-trace:\t t1 \t\r\nSET-COOKIE: b=2\r\nX-Empty:\r\n"
+        b"X-Inner:  a  b  \r\nContent-Length: 0\r\n\r\n",
+        length=0,
+        headers=(
+            ("Set-Cookie", "a=1"),
+            ("x-trace", "t1"),
+            ("SET-COOKIE", "b=2"),
+            ("X-Empty", ""),
+            ("X-Inner", "a  b"),
+            ("Content-Length", "0"),
+        ),
+    ),
+    Ok(
+        "header_token_chars",
+        b"HTTP/1.1 200 OK\r\n!#$%&'*+-.^_`|~09azAZ: v:w\r\nContent-Length: 0\r\n\r\n",
+        length=0,
+        headers=(("!#$%&'*+-.^_`|~09azAZ", "v:w"), ("Content-Length", "0")),
+    ),
 ]
 OK_IDS = [c.id for c in OK_CASES]
 
@@ -242,7 +469,11 @@ def check_ok(case: Ok, got: Parsed) -> None:
     head = got.head
     assert head is not None
     assert (head.version, head.status, head.reason) == (case.version, case.status, case.reason)
-    assert (head.chunked, head.length, head.keep_alive) == (case.chunked, case.length, case.head_keep_alive)
+    assert (head.chunked, head.length, head.keep_alive) == (
+        case.chunked,
+        case.length,
+        case.head_keep_alive,
+    )
     if case.headers is not None:
         assert tuple(head.headers) == case.headers
     assert got.body == case.body
@@ -284,9 +515,13 @@ def test_valid_head_and_done_as_soon_as_their_last_byte_arrives(case):
 
 def test_head_fields_and_get():
     parser = ResponseParser()
-    assert parser.head is None and not parser.done and not parser.keep_alive and parser.trailing == b""
-    assert parser.feed(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nX-A: 1\r\nx-a: 2\r\n"
-                       b"Content-Length: 3\r\n\r\nno") == [b"no"]
+    assert (
+        parser.head is None and not parser.done and not parser.keep_alive and parser.trailing == b""
+    )
+    assert parser.feed(
+        b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nX-A: 1\r\nx-a: 2\r\n"
+        b"Content-Length: 3\r\n\r\nno"
+    ) == [b"no"]
     head = parser.head
     assert isinstance(head, ResponseHead)
     assert head.status == 404 and head.reason == "Not Found" and head.version == "1.1"
@@ -467,14 +702,19 @@ def test_per_chunk_reads_agree_with_bytewise_and_whole(events, data):
 
 # -- generated valid responses: a model, byte-by-byte promptness, h11 ---------------------
 
-token = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.!#$%&'*+^`|~", min_size=1,
-                max_size=12)
+token = st.text(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.!#$%&'*+^`|~",
+    min_size=1,
+    max_size=12,
+)
 FRAMING_NAMES = {"content-length", "transfer-encoding", "connection"}
 field_name = token.filter(lambda n: n.lower() not in FRAMING_NAMES)
 value_char = st.characters(min_codepoint=0x21, max_codepoint=0x7E) | st.sampled_from("éü日本🚀")
 field_value = st.lists(st.text(value_char, min_size=1, max_size=8), max_size=3).map(" ".join)
-reason_text = st.lists(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=8),
-                       max_size=3).map(" ".join)
+reason_text = st.lists(
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=8),
+    max_size=3,
+).map(" ".join)
 
 
 @dataclass
@@ -516,11 +756,23 @@ def messages(draw, bws: bool = True) -> Msg:
     has_body = not no_body and status not in (204, 304)
 
     segments = []
-    for interim in draw(st.lists(st.sampled_from([b"HTTP/1.1 100 Continue\r\n\r\n",
-                                                  b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n"]),
-                                 max_size=2)):
+    for interim in draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    b"HTTP/1.1 100 Continue\r\n\r\n",
+                    b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n",
+                ]
+            ),
+            max_size=2,
+        )
+    ):
         segments.append((interim, "head"))
-    head = f"HTTP/{version} {status} {reason}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n"
+    head = (
+        f"HTTP/{version} {status} {reason}\r\n"
+        + "".join(f"{n}: {v}\r\n" for n, v in headers)
+        + "\r\n"
+    )
     segments.append((head.encode(), "head"))
     if has_body:
         for event in events:
@@ -532,10 +784,20 @@ def messages(draw, bws: bool = True) -> Msg:
                 segments.append((event, "body"))
         if framing == "chunked":
             trailer = draw(st.lists(st.tuples(field_name, field_value), max_size=2))
-            segments.append((b"0\r\n" + "".join(f"{n}: {v}\r\n" for n, v in trailer).encode() + b"\r\n", "frame"))
+            segments.append(
+                (
+                    b"0\r\n" + "".join(f"{n}: {v}\r\n" for n, v in trailer).encode() + b"\r\n",
+                    "frame",
+                )
+            )
     eof = has_body and framing == "close"
     return Msg(
-        segments, no_body, version, status, reason, headers,
+        segments,
+        no_body,
+        version,
+        status,
+        reason,
+        headers,
         body=b"".join(events) if has_body else b"",
         keep_alive=version == "1.1" and not close and not eof,
         eof=eof,
@@ -546,7 +808,12 @@ def messages(draw, bws: bool = True) -> Msg:
 
 def check_msg(msg: Msg, got: Parsed) -> None:
     head = got.head
-    assert (head.version, head.status, head.reason, head.headers) == (msg.version, msg.status, msg.reason, msg.headers)
+    assert (head.version, head.status, head.reason, head.headers) == (
+        msg.version,
+        msg.status,
+        msg.reason,
+        msg.headers,
+    )
     assert (head.chunked, head.length) == (msg.chunked, msg.length)
     assert got.body == msg.body
     assert got.done_before_eof is not msg.eof
@@ -596,7 +863,9 @@ h11_settings = settings(max_examples=150, deadline=None)
 @given(messages(bws=False), st.data())
 def test_agrees_with_h11(msg, data):
     conn = h11.Connection(h11.CLIENT)
-    conn.send(h11.Request(method="HEAD" if msg.no_body else "GET", target="/", headers=[("Host", "u")]))
+    conn.send(
+        h11.Request(method="HEAD" if msg.no_body else "GET", target="/", headers=[("Host", "u")])
+    )
     conn.send(h11.EndOfMessage())
     chunks = draw_chunks(data.draw, msg.raw)
     for piece in chunks:
@@ -673,9 +942,16 @@ ERRORS = [
     ("nul_in_reason", b"HTTP/1.1 200 O\x00K\r\n\r\n", "feed"),
     ("cr_in_reason", b"HTTP/1.1 200 O\rK\r\n\r\n", "feed"),
     ("request_not_response", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "feed"),
-    ("switching_protocols", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
-     "feed"),
-    ("switching_protocols_after_100", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n", "feed"),
+    (
+        "switching_protocols",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        "feed",
+    ),
+    (
+        "switching_protocols_after_100",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n",
+        "feed",
+    ),
     # header fields
     ("space_before_colon", b"HTTP/1.1 200 OK\r\nContent-Length : 0\r\n\r\n", "feed"),
     ("tab_before_colon", b"HTTP/1.1 200 OK\r\nX\t: 0\r\n\r\n", "feed"),
@@ -688,17 +964,36 @@ ERRORS = [
     ("no_colon", b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "feed"),
     ("obs_fold_space", b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n", "feed"),
     ("obs_fold_tab", b"HTTP/1.1 200 OK\r\nX: a\r\n\tb\r\nContent-Length: 0\r\n\r\n", "feed"),
-    ("obs_fold_with_colon", b"HTTP/1.1 200 OK\r\nX: a\r\n b: c\r\nContent-Length: 0\r\n\r\n", "feed"),
+    (
+        "obs_fold_with_colon",
+        b"HTTP/1.1 200 OK\r\nX: a\r\n b: c\r\nContent-Length: 0\r\n\r\n",
+        "feed",
+    ),
     ("fold_first_line", b"HTTP/1.1 200 OK\r\n X: a\r\nContent-Length: 0\r\n\r\n", "feed"),
     ("nul_in_value", b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n", "feed"),
     ("cr_in_value", b"HTTP/1.1 200 OK\r\nX: a\rb\r\nContent-Length: 0\r\n\r\n", "feed"),
     # framing
-    ("te_and_cl", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", "feed"),
-    ("cl_and_te", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", "feed"),
-    ("te_and_cl_zero", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n", "feed"),
+    (
+        "te_and_cl",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        "feed",
+    ),
+    (
+        "cl_and_te",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "feed",
+    ),
+    (
+        "te_and_cl_zero",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n",
+        "feed",
+    ),
     ("gzip_chunked", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "feed"),
-    ("gzip_then_chunked_headers", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n",
-     "feed"),
+    (
+        "gzip_then_chunked_headers",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "feed",
+    ),
     ("chunked_gzip", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "feed"),
     ("chunked_twice", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", "feed"),
     ("te_identity", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n", "feed"),
@@ -708,8 +1003,16 @@ ERRORS = [
     ("cl_negative", b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "feed"),
     ("cl_plus", b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello", "feed"),
     ("cl_conflicting_list", b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!", "feed"),
-    ("cl_conflicting_headers", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", "feed"),
-    ("cl_same_number_spelled_differently", b"HTTP/1.1 200 OK\r\nContent-Length: 5, 05\r\n\r\nhello", "feed"),
+    (
+        "cl_conflicting_headers",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        "feed",
+    ),
+    (
+        "cl_same_number_spelled_differently",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5, 05\r\n\r\nhello",
+        "feed",
+    ),
     ("cl_empty_list_member", b"HTTP/1.1 200 OK\r\nContent-Length: 5,\r\n\r\nhello", "feed"),
     ("cl_letters", b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", "feed"),
     ("cl_hex", b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\nhello", "feed"),
@@ -789,8 +1092,11 @@ def test_error_random_splits(data):
 
 def test_head_request_responses_are_still_validated():
     # A HEAD response has no body whatever its headers say; its head must still be valid.
-    for raw in (b"HTTP/1.1 200 OK\nContent-Length: 5\n\n", b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
-                b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n"):
+    for raw in (
+        b"HTTP/1.1 200 OK\nContent-Length: 5\n\n",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n",
+    ):
         expect_error([raw], "feed", no_body=True)
 
 
@@ -881,7 +1187,9 @@ def test_trailer_line_at_and_over_the_bound(way):
     assert len(line) == MAX_HEAD
     ok = CHUNKED + b"1\r\nx\r\n0\r\n" + line + b"\r\n\r\n"
     assert run(WAYS[way](ok), max_head_bytes=MAX_HEAD).body == b"x"
-    expect_error(WAYS[way](CHUNKED + b"0\r\n" + line + b"t\r\n\r\n"), "feed", max_head_bytes=MAX_HEAD)
+    expect_error(
+        WAYS[way](CHUNKED + b"0\r\n" + line + b"t\r\n\r\n"), "feed", max_head_bytes=MAX_HEAD
+    )
     expect_error(WAYS[way](CHUNKED + b"0\r\n" + line * 3), "feed", max_head_bytes=MAX_HEAD)
 
 
@@ -901,11 +1209,33 @@ def test_head_and_trailer_bounds_do_not_depend_on_splits(head_size, trailer_size
 
 # Fragments that make the fuzzer reach real structure: heads, framing, chunks, line ends.
 FRAGMENTS = [
-    b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 204 X\r\n", b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 101 S\r\n",
-    b"Content-Length: 3\r\n", b"Content-Length: 0\r\n", b"Content-Length: 3, 3\r\n",
-    b"Transfer-Encoding: chunked\r\n", b"Connection: close\r\n", b"X: y\r\n", b" fold\r\n",
-    b"\r\n", b"\r", b"\n", b"\r\n\r\n", b"0\r\n", b"3\r\n", b"a;e=1\r\n", b"abc", b"x" * 9, b";", b" ",
-    b"\x00", b"\xff", b"5", b"F", b":",
+    b"HTTP/1.1 200 OK\r\n",
+    b"HTTP/1.0 204 X\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"HTTP/1.1 101 S\r\n",
+    b"Content-Length: 3\r\n",
+    b"Content-Length: 0\r\n",
+    b"Content-Length: 3, 3\r\n",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Connection: close\r\n",
+    b"X: y\r\n",
+    b" fold\r\n",
+    b"\r\n",
+    b"\r",
+    b"\n",
+    b"\r\n\r\n",
+    b"0\r\n",
+    b"3\r\n",
+    b"a;e=1\r\n",
+    b"abc",
+    b"x" * 9,
+    b";",
+    b" ",
+    b"\x00",
+    b"\xff",
+    b"5",
+    b"F",
+    b":",
 ]
 
 
@@ -922,7 +1252,9 @@ def test_fuzz_structured_split_invariance(fragments, no_body, data):
     raw = b"".join(fragments)
     max_head = data.draw(st.sampled_from([24, 64, 64 << 10]))
     expected = outcome([raw], no_body=no_body, max_head_bytes=max_head)
-    assert outcome(draw_chunks(data.draw, raw), no_body=no_body, max_head_bytes=max_head) == expected
+    assert (
+        outcome(draw_chunks(data.draw, raw), no_body=no_body, max_head_bytes=max_head) == expected
+    )
     assert outcome(bytewise(raw), no_body=no_body, max_head_bytes=max_head) == expected
 
 
@@ -934,7 +1266,9 @@ def test_fuzz_mutated_valid_responses(msg, data):
         op = data.draw(st.sampled_from(["flip", "insert", "delete"]))
         at = data.draw(st.integers(0, len(raw)))
         if op == "insert":
-            raw[at:at] = data.draw(st.sampled_from([b"\r", b"\n", b"\r\n", b" ", b"\x00", b";", b"0", b"a"]))
+            raw[at:at] = data.draw(
+                st.sampled_from([b"\r", b"\n", b"\r\n", b" ", b"\x00", b";", b"0", b"a"])
+            )
         elif raw and at < len(raw):
             if op == "flip":
                 raw[at] = data.draw(st.integers(0, 255))
@@ -956,7 +1290,13 @@ def test_request_head_exact_bytes():
 
 
 def test_request_head_host_first_order_and_repeats_kept():
-    headers = [("Content-Type", "application/json"), ("X-A", "1"), ("accept", "*/*"), ("x-a", "2"), ("X-Empty", "")]
+    headers = [
+        ("Content-Type", "application/json"),
+        ("X-A", "1"),
+        ("accept", "*/*"),
+        ("x-a", "2"),
+        ("X-Empty", ""),
+    ]
     assert request_head("POST", "/v1/chat/completions?x=1", "[::1]:8080", headers) == (
         b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n"
         b"Host: [::1]:8080\r\n"
@@ -965,19 +1305,33 @@ def test_request_head_host_first_order_and_repeats_kept():
 
 
 def test_request_head_accepts_any_iterable():
-    assert request_head("GET", "/", "h", iter([("A", "b")])) == b"GET / HTTP/1.1\r\nHost: h\r\nA: b\r\n\r\n"
+    assert (
+        request_head("GET", "/", "h", iter([("A", "b")]))
+        == b"GET / HTTP/1.1\r\nHost: h\r\nA: b\r\n\r\n"
+    )
 
 
 def test_request_head_encodes_utf8_and_raw_bytes():
     raw = b"\xff\xfe"
     value = UTF8_VALUE + raw.decode("utf-8", "surrogateescape")
-    assert request_head("GET", "/", "h", [("X", value)]).endswith(b"X: " + UTF8_VALUE.encode() + raw + b"\r\n\r\n")
+    assert request_head("GET", "/", "h", [("X", value)]).endswith(
+        b"X: " + UTF8_VALUE.encode() + raw + b"\r\n\r\n"
+    )
 
 
 @pytest.mark.parametrize(
     "name,value",
-    [("X", "a\r\nEvil: 1"), ("X", "a\rb"), ("X", "a\nb"), ("X", "\r\n"), ("X\r\nEvil", "1"), ("X\n", "1"),
-     ("X\r", "1"), ("X:Y", "1"), (":", "1")],
+    [
+        ("X", "a\r\nEvil: 1"),
+        ("X", "a\rb"),
+        ("X", "a\nb"),
+        ("X", "\r\n"),
+        ("X\r\nEvil", "1"),
+        ("X\n", "1"),
+        ("X\r", "1"),
+        ("X:Y", "1"),
+        (":", "1"),
+    ],
 )
 def test_request_head_refuses_line_breaks_and_colons_in_fields(name, value):
     with pytest.raises(ValueError):
@@ -988,16 +1342,27 @@ def test_request_head_refuses_line_breaks_and_colons_in_fields(name, value):
 @SLOW
 @given(
     st.sampled_from(["GET", "POST", "PUT", "DELETE", "OPTIONS"]),
-    st.text("abcdefghijklmnopqrstuvwxyz0123456789/-_.~%?=&", min_size=0, max_size=30).map(lambda t: "/" + t),
-    st.lists(st.tuples(field_name.filter(lambda n: n.lower() != "host"),
-                       st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=10)), max_size=6),
+    st.text("abcdefghijklmnopqrstuvwxyz0123456789/-_.~%?=&", min_size=0, max_size=30).map(
+        lambda t: "/" + t
+    ),
+    st.lists(
+        st.tuples(
+            field_name.filter(lambda n: n.lower() != "host"),
+            st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=10),
+        ),
+        max_size=6,
+    ),
 )
 def test_request_head_agrees_with_h11(method, target, headers):
     conn = h11.Connection(h11.SERVER)
     conn.receive_data(request_head(method, target, "upstream:8000", headers))
     request = conn.next_event()
     assert isinstance(request, h11.Request)
-    assert (request.method, request.target, request.http_version) == (method.encode(), target.encode(), b"1.1")
+    assert (request.method, request.target, request.http_version) == (
+        method.encode(),
+        target.encode(),
+        b"1.1",
+    )
     assert list(request.headers.raw_items()) == [(b"Host", b"upstream:8000")] + [
         (n.encode(), v.encode()) for n, v in headers
     ]

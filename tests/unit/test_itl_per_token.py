@@ -53,10 +53,23 @@ def replay(chunks: list[bytes]) -> RequestTimeline:
 
 def test_a_token_that_is_not_a_character_yet_is_one_itl_observation():
     # role, "H", (first half of "é"), "é", "!", finish, usage: 4 tokens as vLLM counts them
-    t = replay([ROLE, chunk('{"content":"H"}'), EMPTY, chunk('{"content":"\\u00e9"}'), chunk('{"content":"!"}'), END, USAGE, DONE])
+    t = replay(
+        [
+            ROLE,
+            chunk('{"content":"H"}'),
+            EMPTY,
+            chunk('{"content":"\\u00e9"}'),
+            chunk('{"content":"!"}'),
+            END,
+            USAGE,
+            DONE,
+        ]
+    )
     assert t.stream_tokens == 4 and t.output_tokens == 4
     assert len(t.gaps) == 3  # one per token after the first
-    assert list(t.gaps) == pytest.approx([0.01, 0.01, 0.01])  # no 2x gap where the character was split
+    assert list(t.gaps) == pytest.approx(
+        [0.01, 0.01, 0.01]
+    )  # no 2x gap where the character was split
     assert t.ttft == pytest.approx(0.11)  # the role chunk is not a token
 
 
@@ -68,14 +81,23 @@ def test_empty_content_before_the_first_token_does_not_start_ttft():
 
 @pytest.mark.parametrize(
     "delta,finish",
-    [('{"role":"assistant","content":""}', "null"), ('{"content":""}', '"stop"'), ("{}", "null"), ('{"content":null}', "null")],
+    [
+        ('{"role":"assistant","content":""}', "null"),
+        ('{"content":""}', '"stop"'),
+        ("{}", "null"),
+        ('{"content":null}', "null"),
+    ],
     ids=["role", "finish", "no-content", "null-content"],
 )
 def test_role_finish_and_contentless_chunks_are_not_tokens(delta, finish):
-    t = replay([chunk('{"content":"a"}'), chunk(delta, finish), chunk('{"content":"b"}'), END, DONE])
+    t = replay(
+        [chunk('{"content":"a"}'), chunk(delta, finish), chunk('{"content":"b"}'), END, DONE]
+    )
     assert t.stream_tokens == 2 and len(t.gaps) == 1
 
 
 def test_empty_content_beside_reasoning_counts_once():
-    t = replay([chunk('{"content":"a"}'), chunk('{"content":"","reasoning_content":"r"}'), END, DONE])
+    t = replay(
+        [chunk('{"content":"a"}'), chunk('{"content":"","reasoning_content":"r"}'), END, DONE]
+    )
     assert (t.stream_tokens, t.reasoning_stream_tokens) == (2, 1)

@@ -44,12 +44,20 @@ def split_feed(body: bytes, cuts: list[int]) -> bytes | None:
 
 
 def random_cuts(body: bytes, rng: random.Random) -> list[int]:
-    return sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 40)))) if len(body) > 1 else []
+    return (
+        sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(1, 40))))
+        if len(body) > 1
+        else []
+    )
 
 
 def copies(body: bytes, rng: random.Random) -> list[bytes | None]:
     """The copy made whole, byte by byte (short bodies), at random splits and in 64 KiB pieces."""
-    out = [json_skeleton(body), split_feed(body, random_cuts(body, rng)), split_feed(body, list(range(65536, len(body), 65536)))]
+    out = [
+        json_skeleton(body),
+        split_feed(body, random_cuts(body, rng)),
+        split_feed(body, list(range(65536, len(body), 65536))),
+    ]
     if len(body) < 5000:
         out.append(split_feed(body, list(range(1, len(body)))))
     return out
@@ -72,7 +80,16 @@ def same_events(body: bytes, copy: bytes) -> None:
 
 def test_the_recorded_bodies_are_here():
     assert len(BODIES) >= 30
-    assert {p.parent.name for p in BODIES} >= {"anthropic", "llamacpp", "ollama", "openai", "responses", "sglang", "tgi", "triton"}
+    assert {p.parent.name for p in BODIES} >= {
+        "anthropic",
+        "llamacpp",
+        "ollama",
+        "openai",
+        "responses",
+        "sglang",
+        "tgi",
+        "triton",
+    }
 
 
 @pytest.mark.parametrize("path", BODIES, ids=BODY_IDS)
@@ -89,7 +106,7 @@ def padded(body: bytes, rng: random.Random) -> bytes:
     escapes, an array of 5,000 members, a 40-level nest, a long number and many keys,
     added as the first members of its top-level object."""
     pad = (
-        b'{"pad_text":"' + b"caf\xc3\xa9 \\\"q\\\" \\ud83e\\udd99 " * 5000 + b'",'
+        b'{"pad_text":"' + b'caf\xc3\xa9 \\"q\\" \\ud83e\\udd99 ' * 5000 + b'",'
         b'"pad_list":[' + b",".join(b'{"t":"x","p":-0.5,"b":[1,2]}' for _ in range(5000)) + b"],"
         b'"pad_deep":' + b'{"a":[' * 40 + b"1" + b"]}" * 40 + b","
         b'"pad_number":' + b"1" * 100 + b","
@@ -123,24 +140,76 @@ def test_recorded_bodies_padded_past_every_bound_give_the_same_events(path):
 
 # Documents built from the keys the parsers read, inside the bounds.
 READ_KEYS = [
-    "id", "model", "model_name", "object", "type", "status", "choices", "finish_reason", "usage",
-    "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "cached_tokens",
-    "completion_tokens_details", "reasoning_tokens", "metrics", "timings", "prompt_n", "cache_n",
-    "predicted_n", "prompt_ms", "predicted_ms", "error", "message", "code", "stop_reason",
-    "input_tokens", "output_tokens", "cache_read_input_tokens", "details", "generated_tokens",
-    "input_length", "prefill", "meta_info", "queue_time", "done", "done_reason", "eval_count",
-    "prompt_eval_count", "eval_duration", "load_duration", "stop_type", "tokens_predicted",
-    "tokens_evaluated", "incomplete_details", "reason", "text", "content",
+    "id",
+    "model",
+    "model_name",
+    "object",
+    "type",
+    "status",
+    "choices",
+    "finish_reason",
+    "usage",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "prompt_tokens_details",
+    "cached_tokens",
+    "completion_tokens_details",
+    "reasoning_tokens",
+    "metrics",
+    "timings",
+    "prompt_n",
+    "cache_n",
+    "predicted_n",
+    "prompt_ms",
+    "predicted_ms",
+    "error",
+    "message",
+    "code",
+    "stop_reason",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "details",
+    "generated_tokens",
+    "input_length",
+    "prefill",
+    "meta_info",
+    "queue_time",
+    "done",
+    "done_reason",
+    "eval_count",
+    "prompt_eval_count",
+    "eval_duration",
+    "load_duration",
+    "stop_type",
+    "tokens_predicted",
+    "tokens_evaluated",
+    "incomplete_details",
+    "reason",
+    "text",
+    "content",
 ]
-text = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(["", "stop", "length", "a\"b\\c\n\u00e9\U0001f999"])
-scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | text
+text = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
+    ["", "stop", "length", 'a"b\\c\n\u00e9\U0001f999']
+)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | text
+)
 
 
 def documents(max_members: int = 8):
     keys = st.sampled_from(READ_KEYS) | st.text(max_size=8)
     return st.recursive(
         scalars,
-        lambda inner: st.lists(inner, max_size=max_members) | st.dictionaries(keys, inner, max_size=max_members),
+        lambda inner: (
+            st.lists(inner, max_size=max_members)
+            | st.dictionaries(keys, inner, max_size=max_members)
+        ),
         max_leaves=60,
     )
 
@@ -184,7 +253,14 @@ def pruned(doc: object, depth: int = 1) -> object:
     if isinstance(doc, list):
         return [] if depth > MAX_KEPT_DEPTH else [pruned(v, depth + 1) for v in doc[:MAX_MEMBERS]]
     if isinstance(doc, dict):
-        return {} if depth > MAX_KEPT_DEPTH else {k[:MAX_STRING_BYTES]: pruned(v, depth + 1) for k, v in list(doc.items())[:MAX_MEMBERS]}
+        return (
+            {}
+            if depth > MAX_KEPT_DEPTH
+            else {
+                k[:MAX_STRING_BYTES]: pruned(v, depth + 1)
+                for k, v in list(doc.items())[:MAX_MEMBERS]
+            }
+        )
     return doc
 
 
@@ -201,7 +277,9 @@ past_bounds = st.recursive(
         st.lists(inner, max_size=4)
         | st.dictionaries(ascii_text, inner, max_size=4)
         | st.tuples(inner, st.integers(250, 300)).map(lambda t: [t[0]] * t[1])
-        | st.tuples(inner, st.integers(250, 300)).map(lambda t: {f"k{i}": t[0] for i in range(t[1])})
+        | st.tuples(inner, st.integers(250, 300)).map(
+            lambda t: {f"k{i}": t[0] for i in range(t[1])}
+        )
         | st.tuples(inner, st.integers(10, 30)).map(lambda t: nest(t[1], t[0]))
     ),
     max_leaves=6,
@@ -213,7 +291,10 @@ def gives_up(body: bytes) -> bool:
     (a document made mostly of tokens to keep, thousands of them)."""
     reader = JsonSkeleton()
     reader.feed(body)
-    return len(orjson.dumps(pruned(orjson.loads(body)))) > MAX_OUTPUT_BYTES or reader.steps > js._STEP_ALLOWANCE
+    return (
+        len(orjson.dumps(pruned(orjson.loads(body)))) > MAX_OUTPUT_BYTES
+        or reader.steps > js._STEP_ALLOWANCE
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -231,8 +312,24 @@ def test_documents_past_the_bounds_are_pruned_as_documented(doc, seed):
 @pytest.mark.parametrize(
     "body",
     [
-        b"", b" ", b"{", b'{"a":1', b'{"a":1}x', b'{"a":1}}', b"]", b"[1,2,]", b'{"a" 1}', b'{"a":tru}',
-        b'{"a":"\xff"}', b'"abc', b'{"a":"\\x"}', b"\x00", b"{\x0c}", b'{"a":1e400}', b"nul", b'[1] [2]',
+        b"",
+        b" ",
+        b"{",
+        b'{"a":1',
+        b'{"a":1}x',
+        b'{"a":1}}',
+        b"]",
+        b"[1,2,]",
+        b'{"a" 1}',
+        b'{"a":tru}',
+        b'{"a":"\xff"}',
+        b'"abc',
+        b'{"a":"\\x"}',
+        b"\x00",
+        b"{\x0c}",
+        b'{"a":1e400}',
+        b"nul",
+        b"[1] [2]",
         b'{"a":[' + b"1," * 1000 + b"]}",  # broken past the kept members: not seen
     ],
 )
@@ -250,7 +347,20 @@ def test_invalid_bodies_never_raise_and_give_a_parse_error_or_the_bounded_copy(b
 # -- the cut string is still a string ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("unit", [b"a", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\xa6\x99", b"\\n", b"\\u00e9", b"\\ud83e\\udd99", b"\\\\", b'\\"'])
+@pytest.mark.parametrize(
+    "unit",
+    [
+        b"a",
+        b"\xc3\xa9",
+        b"\xe2\x82\xac",
+        b"\xf0\x9f\xa6\x99",
+        b"\\n",
+        b"\\u00e9",
+        b"\\ud83e\\udd99",
+        b"\\\\",
+        b'\\"',
+    ],
+)
 @pytest.mark.parametrize("shift", range(7))
 def test_a_long_string_is_cut_at_a_whole_character_or_escape(unit, shift):
     body = b'{"m":"' + b"x" * shift + unit * 2000 + b'"}'
@@ -258,7 +368,10 @@ def test_a_long_string_is_cut_at_a_whole_character_or_escape(unit, shift):
     for copy in copies(body, random.Random(shift)):
         got = orjson.loads(copy)["m"]
         assert got and full.startswith(got)
-        assert MAX_STRING_BYTES - 12 <= len(orjson.dumps(got)) - 2 <= MAX_STRING_BYTES or b"\\u" in unit
+        assert (
+            MAX_STRING_BYTES - 12 <= len(orjson.dumps(got)) - 2 <= MAX_STRING_BYTES
+            or b"\\u" in unit
+        )
 
 
 # -- hostile bodies: bounded copy, memory and work ---------------------------------------------
@@ -267,14 +380,38 @@ MiB = 1 << 20
 
 
 HOSTILE = {  # name -> (body, whether a copy comes out)
-    "a million empty objects": (lambda: b'{"choices":[' + b",".join([b"{}"] * 1_000_000) + b'],"usage":{"prompt_tokens":3}}', True),
-    "a 15 MiB string": (lambda: b'{"choices":[{"message":{"content":"' + b"x" * (15 * MiB) + b'"}}],"usage":{"prompt_tokens":3}}', True),
-    "a 15 MiB string of escapes": (lambda: b'{"error":{"message":"' + b'\\"' * (7 * MiB) + b'"}}', True),
+    "a million empty objects": (
+        lambda: (
+            b'{"choices":[' + b",".join([b"{}"] * 1_000_000) + b'],"usage":{"prompt_tokens":3}}'
+        ),
+        True,
+    ),
+    "a 15 MiB string": (
+        lambda: (
+            b'{"choices":[{"message":{"content":"'
+            + b"x" * (15 * MiB)
+            + b'"}}],"usage":{"prompt_tokens":3}}'
+        ),
+        True,
+    ),
+    "a 15 MiB string of escapes": (
+        lambda: b'{"error":{"message":"' + b'\\"' * (7 * MiB) + b'"}}',
+        True,
+    ),
     "100k-deep nesting": (lambda: b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", False),
-    "1M top-level keys": (lambda: b"{" + b",".join([b'"k%d":1' % (i % 1000) for i in range(1_000_000)]) + b"}", True),
+    "1M top-level keys": (
+        lambda: b"{" + b",".join([b'"k%d":1' % (i % 1000) for i in range(1_000_000)]) + b"}",
+        True,
+    ),
     "a 15 MiB number": (lambda: b'{"a":' + b"1" * (15 * MiB) + b"}", True),
-    "a comb of tiny containers": (lambda: (b"[" + b"[0," * 1000 + b"0" + b"]" * 1000 + b",") * 1000 + b"0]", False),
-    "only tokens to keep": (lambda: b"[" + b",".join([b"[" + b",".join([b"0"] * 300) + b"]"] * 3000) + b"]", False),
+    "a comb of tiny containers": (
+        lambda: (b"[" + b"[0," * 1000 + b"0" + b"]" * 1000 + b",") * 1000 + b"0]",
+        False,
+    ),
+    "only tokens to keep": (
+        lambda: b"[" + b",".join([b"[" + b",".join([b"0"] * 300) + b"]"] * 3000) + b"]",
+        False,
+    ),
     "invalid bytes": (lambda: random.Random(5).randbytes(2 * MiB), True),
 }
 
@@ -317,7 +454,11 @@ def test_hostile_bodies_give_a_bounded_copy_in_bounded_memory_and_time(name):
 
 def test_the_reported_case_costs_milliseconds():
     """The finding's body: 15.9 MiB of ``{"choices":[{},{},...]}``, in 64 KiB pieces."""
-    body = b'{"choices":[' + b",".join([b"{}"] * 5_550_000) + b'],"usage":{"prompt_tokens":3,"completion_tokens":5}}'
+    body = (
+        b'{"choices":['
+        + b",".join([b"{}"] * 5_550_000)
+        + b'],"usage":{"prompt_tokens":3,"completion_tokens":5}}'
+    )
     assert len(body) > 15.8 * MiB
     reader = JsonSkeleton()
     start = time.thread_time()
@@ -329,7 +470,10 @@ def test_the_reported_case_costs_milliseconds():
     assert total < 0.5, total  # about 0.06 s here
     assert copy is not None and len(copy) < 1024
     doc = orjson.loads(copy)
-    assert len(doc["choices"]) == MAX_MEMBERS and doc["usage"] == {"prompt_tokens": 3, "completion_tokens": 5}
+    assert len(doc["choices"]) == MAX_MEMBERS and doc["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+    }
 
 
 def test_a_copy_past_its_cap_gives_up():
@@ -344,7 +488,9 @@ def test_a_copy_past_its_cap_gives_up():
 # -- the observer --------------------------------------------------------------------------
 
 
-def observe(body: bytes, pieces: int, limit: int = 16 << 20, path: str = "/v1/chat/completions") -> RequestTimeline:
+def observe(
+    body: bytes, pieces: int, limit: int = 16 << 20, path: str = "/v1/chat/completions"
+) -> RequestTimeline:
     route = ROUTES[path]
     t = RequestTimeline(0.0, "POST", route.template, "m")
     observer = ResponseObserver(route, t, "application/json", max_json_bytes=limit)
@@ -357,13 +503,28 @@ def observe(body: bytes, pieces: int, limit: int = 16 << 20, path: str = "/v1/ch
 
 
 def figures(t: RequestTimeline) -> tuple:
-    return (t.usage, t.engine_usage, t.response_model, t.response_id, t.parse_errors, t.stream_error, t.generation_done)
+    return (
+        t.usage,
+        t.engine_usage,
+        t.response_model,
+        t.response_id,
+        t.parse_errors,
+        t.stream_error,
+        t.generation_done,
+    )
 
 
 @pytest.mark.parametrize("path", BODIES, ids=BODY_IDS)
 def test_the_observer_gives_the_same_figures_for_a_large_body(path):
     body, big = recorded_and_padded(path, seed=2)
-    for route in ("/v1/chat/completions", "/v1/messages", "/api/chat", "/generate", "/completion", "/v1/responses"):
+    for route in (
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/api/chat",
+        "/generate",
+        "/completion",
+        "/v1/responses",
+    ):
         small = observe(body, 1, path=route)
         assert figures(observe(big, 7, path=route)) == figures(small)
         assert figures(observe(big, 1, path=route)) == figures(small)
@@ -373,11 +534,19 @@ def test_the_observer_counts_an_unread_body_as_one_parse_error():
     usage = b'"usage":{"prompt_tokens":3,"completion_tokens":5}}'
     read = observe(b'{"choices":[' + b",".join([b"{}"] * 100_000) + b"]," + usage, 30)
     assert (read.parse_errors, read.usage.input_tokens) == (0, 3)
-    over = observe(b'{"choices":[' + b",".join([b"{}"] * 100_000) + b"]," + usage, 30, limit=100_000)
-    assert (over.parse_errors, over.usage) == (1, None)  # past max_response_inspect_bytes, as before
+    over = observe(
+        b'{"choices":[' + b",".join([b"{}"] * 100_000) + b"]," + usage, 30, limit=100_000
+    )
+    assert (over.parse_errors, over.usage) == (
+        1,
+        None,
+    )  # past max_response_inspect_bytes, as before
     member = b'{"a":"' + b"y" * 30 + b'"}'
     capped = b'{"x":[' + b",".join([b"[" + b",".join([member] * 256) + b"]"] * 256) + b"]," + usage
     gave_up = observe(capped, 50)
     assert (gave_up.parse_errors, gave_up.usage) == (1, None)  # the copy's own bound
     broken = observe(b'{"pad":"' + b"x" * 100_000 + b'",' + usage[:-1], 3)
-    assert (broken.parse_errors, broken.usage) == (1, None)  # an unfinished body: not JSON, as before
+    assert (broken.parse_errors, broken.usage) == (
+        1,
+        None,
+    )  # an unfinished body: not JSON, as before

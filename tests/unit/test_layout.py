@@ -79,7 +79,8 @@ def _import_nodes(tree: ast.AST, top_level_only: bool):
         node = todo.pop()
         yield node
         todo.extend(
-            child for child in ast.iter_child_nodes(node)
+            child
+            for child in ast.iter_child_nodes(node)
             if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
         )
 
@@ -178,7 +179,9 @@ def package_graph() -> dict[str, set[str]]:
 
 
 def top_level_graph() -> dict[str, set[str]]:
-    return {name: imported_modules(name, path, top_level_only=True) for name, path in MODULES.items()}
+    return {
+        name: imported_modules(name, path, top_level_only=True) for name, path in MODULES.items()
+    }
 
 
 def test_every_import_points_down_the_layers():
@@ -198,10 +201,21 @@ def test_every_relay_module_sits_in_one_of_its_three_folders():
 
 def test_the_layer_check_reports_what_points_the_wrong_way():
     graph = {
-        "sidecar.measure.observe": {"sidecar.relay.data.upstream", "sidecar.streams.sse", "sidecar.base.routes"},
+        "sidecar.measure.observe": {
+            "sidecar.relay.data.upstream",
+            "sidecar.streams.sse",
+            "sidecar.base.routes",
+        },
         "sidecar.export.metrics": {"sidecar.relay.data.proxy"},
-        "sidecar.relay.data.proxy": {"sidecar.tools.sim.core", "sidecar.measure.observe", "sidecar.relay.server.errors"},
-        "sidecar.relay.server.drain": {"sidecar.relay.data.upstream", "sidecar.relay.server.errors"},
+        "sidecar.relay.data.proxy": {
+            "sidecar.tools.sim.core",
+            "sidecar.measure.observe",
+            "sidecar.relay.server.errors",
+        },
+        "sidecar.relay.server.drain": {
+            "sidecar.relay.data.upstream",
+            "sidecar.relay.server.errors",
+        },
         "sidecar.relay.data.upstream": {"sidecar.relay.control.model_discovery"},
         "sidecar.cli": {"sidecar.tools.demo", "sidecar.tools.sim.core"},
         "sidecar.tools.demo": {"sidecar.app", "sidecar.cli"},
@@ -228,7 +242,9 @@ def test_the_cycle_finder_reports_a_circle_it_is_given():
 
 def test_the_graph_sees_relative_and_lazy_imports():
     graph = package_graph()
-    assert "sidecar.tools.sim.core" in graph["sidecar.tools.sim.dialects"]  # from .core import (...)
+    assert (
+        "sidecar.tools.sim.core" in graph["sidecar.tools.sim.dialects"]
+    )  # from .core import (...)
     assert "sidecar.tools.sim.server" in graph["sidecar.cli"]  # imported inside main()
     assert "sidecar.export.semconv" in graph["sidecar.export.spans"]  # from . import semconv
 
@@ -248,7 +264,9 @@ def test_each_module_imports_alone_in_a_fresh_interpreter(name):
 def test_the_simulator_no_longer_has_its_two_halves_importing_each_other():
     graph = package_graph()
     assert "sidecar.tools.sim.dialects" not in graph["sidecar.tools.sim.core"]
-    assert not (PACKAGE / "simulate.py").exists() and not (PACKAGE / "simulate_dialects.py").exists()
+    assert (
+        not (PACKAGE / "simulate.py").exists() and not (PACKAGE / "simulate_dialects.py").exists()
+    )
 
 
 def test_every_folder_of_modules_is_a_package_the_build_ships():

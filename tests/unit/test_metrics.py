@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TOKEN_COUNT_BUCKETS, TPS_BUCKETS, TTFT_BUCKETS
+from sidecar.base.buckets import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    TOKEN_COUNT_BUCKETS,
+    TPS_BUCKETS,
+    TTFT_BUCKETS,
+)
 from sidecar.config import Settings
 from sidecar.base.labels import ModelLabeler
 from sidecar.export.metrics import SidecarMetrics, SLOThresholds
@@ -14,6 +20,7 @@ from sidecar.base.routes import OTHER, ROUTES, match_route
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
 from tests.support.timelines import ROUTE, streamed
+
 
 def make(slo=None) -> tuple[SidecarMetrics, CollectorRegistry]:
     reg = CollectorRegistry()
@@ -25,13 +32,18 @@ def test_streamed_request_feeds_every_histogram():
     m, reg = make(SLOThresholds(0.5, 0.1, 10.0))
     m.started("m", ROUTE)
     assert reg.get_sample_value("llm_requests_in_flight", {"model": "m", "route": ROUTE}) == 1
-    t = streamed([100.2, 100.25, 100.3, 100.4], usage=Usage(input_tokens=10, output_tokens=4, cached_input_tokens=3))
+    t = streamed(
+        [100.2, 100.25, 100.3, 100.4],
+        usage=Usage(input_tokens=10, output_tokens=4, cached_input_tokens=3),
+    )
     m.ended("m", ROUTE)
     m.record(t, "m")
     mr = {"model": "m", "route": ROUTE}
     get = reg.get_sample_value
     assert get("llm_requests_in_flight", mr) == 0
-    assert get("llm_requests_total", {**mr, "code": "200", "outcome": "ok", "error_type": "none"}) == 1
+    assert (
+        get("llm_requests_total", {**mr, "code": "200", "outcome": "ok", "error_type": "none"}) == 1
+    )
     mrc = {**mr, "prompt_class": "all"}  # no classes configured
     assert get("llm_time_to_first_token_seconds_sum", mrc) == pytest.approx(0.2)
     assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.25"}) == 1
@@ -49,17 +61,25 @@ def test_streamed_request_feeds_every_histogram():
     assert get("llm_tokens_total", {**mr, "type": "reasoning"}) is None
     assert get("llm_request_tokens_bucket", {**mr, "type": "input", "le": "16.0"}) == 1
     assert get("llm_requests_within_slo_total", mr) == 1
-    assert get("llm_time_to_first_answer_token_seconds_count", mr) is None  # first token was an answer
+    assert (
+        get("llm_time_to_first_answer_token_seconds_count", mr) is None
+    )  # first token was an answer
 
 
 def test_reasoning_first_feeds_time_to_first_answer_token():
     m, reg = make()
     m.started("m", ROUTE)
-    t = streamed([100.1, 100.2, 100.9], kinds=[TokenKind.REASONING, TokenKind.REASONING, TokenKind.ANSWER])
+    t = streamed(
+        [100.1, 100.2, 100.9], kinds=[TokenKind.REASONING, TokenKind.REASONING, TokenKind.ANSWER]
+    )
     m.record(t, "m")
     mr = {"model": "m", "route": ROUTE}
-    assert reg.get_sample_value("llm_time_to_first_token_seconds_sum", {**mr, "prompt_class": "all"}) == pytest.approx(0.1)
-    assert reg.get_sample_value("llm_time_to_first_answer_token_seconds_sum", mr) == pytest.approx(0.9)
+    assert reg.get_sample_value(
+        "llm_time_to_first_token_seconds_sum", {**mr, "prompt_class": "all"}
+    ) == pytest.approx(0.1)
+    assert reg.get_sample_value("llm_time_to_first_answer_token_seconds_sum", mr) == pytest.approx(
+        0.9
+    )
     assert reg.get_sample_value("llm_tokens_total", {**mr, "type": "reasoning"}) == 2
 
 
@@ -77,7 +97,9 @@ def test_goodput_needs_every_objective_at_once(times, end, outcome, expected):
     m, reg = make(SLOThresholds(0.5, 0.1, 10.0))
     m.started("m", ROUTE)
     m.record(streamed(times, outcome=outcome, end=end), "m")
-    assert (reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) or 0) == expected
+    assert (
+        reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) or 0
+    ) == expected
 
 
 def test_a_fast_4xx_is_not_goodput():
@@ -87,7 +109,10 @@ def test_a_fast_4xx_is_not_goodput():
     t.finish(Outcome.OK, 100.02)
     m.started("m", ROUTE)
     m.record(t, "m")
-    assert reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) is None
+    assert (
+        reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE})
+        is None
+    )
 
 
 def test_failed_before_response_gets_a_code():
@@ -98,7 +123,13 @@ def test_failed_before_response_gets_a_code():
         m.started("m", ROUTE)
         m.record(t, "m")
         # No cause given (the proxy always gives one): the error_type label's guard value.
-        labels = {"model": "m", "route": ROUTE, "code": code, "outcome": outcome.value, "error_type": "other"}
+        labels = {
+            "model": "m",
+            "route": ROUTE,
+            "code": code,
+            "outcome": outcome.value,
+            "error_type": "other",
+        }
         assert reg.get_sample_value("llm_requests_total", labels) == 1
 
 
@@ -106,7 +137,10 @@ def test_tokens_help_text_says_where_counts_come_from():
     m, reg = make()
     helps = {metric.name: metric.documentation for metric in reg.collect()}
     assert "usage" in helps["llm_tokens"] and "engine's own counts" in helps["llm_tokens"]
-    assert "estimated from the stream" in helps["llm_tokens"] and "input is not counted" in helps["llm_tokens"]
+    assert (
+        "estimated from the stream" in helps["llm_tokens"]
+        and "input is not counted" in helps["llm_tokens"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -125,7 +159,13 @@ def test_token_count_source_one_per_request(usage, source):
     get = reg.get_sample_value
     mr = {"model": "m", "route": ROUTE}
     assert get("llm_token_count_source_total", {**mr, "source": source}) == 1
-    assert sum(get("llm_token_count_source_total", {**mr, "source": s}) or 0 for s in ("usage", "engine", "estimated", "none")) == 1
+    assert (
+        sum(
+            get("llm_token_count_source_total", {**mr, "source": s}) or 0
+            for s in ("usage", "engine", "estimated", "none")
+        )
+        == 1
+    )
     assert get("llm_tokens_total", {**mr, "type": "output"}) == 2
     assert get("llm_tokens_total", {**mr, "type": "input"}) == (None if usage is None else 10)
 
@@ -138,8 +178,18 @@ def test_token_count_source_none_for_json_without_usage_and_absent_off_api_route
         t.finish(Outcome.OK, 100.2)
         m.started("m", route)
         m.record(t, "m")
-    assert reg.get_sample_value("llm_token_count_source_total", {"model": "m", "route": ROUTE, "source": "none"}) == 1
-    assert reg.get_sample_value("llm_token_count_source_total", {"model": "m", "route": "other", "source": "none"}) is None
+    assert (
+        reg.get_sample_value(
+            "llm_token_count_source_total", {"model": "m", "route": ROUTE, "source": "none"}
+        )
+        == 1
+    )
+    assert (
+        reg.get_sample_value(
+            "llm_token_count_source_total", {"model": "m", "route": "other", "source": "none"}
+        )
+        is None
+    )
 
 
 def test_model_labeler_bounds():
@@ -162,7 +212,9 @@ def test_model_labeler_known_never_admits():
     assert ModelLabeler(allowlist=["x"]).known("x") and not ModelLabeler(allowlist=["x"]).known("y")
 
 
-@pytest.mark.parametrize("buckets", [TTFT_BUCKETS, ITL_BUCKETS, E2E_BUCKETS, TPS_BUCKETS, TOKEN_COUNT_BUCKETS])
+@pytest.mark.parametrize(
+    "buckets", [TTFT_BUCKETS, ITL_BUCKETS, E2E_BUCKETS, TPS_BUCKETS, TOKEN_COUNT_BUCKETS]
+)
 def test_buckets_sorted_and_unique(buckets):
     assert list(buckets) == sorted(set(buckets))
 

@@ -37,7 +37,10 @@ TENANT = "tenant"
 @pytest.fixture(scope="module")
 def registered() -> dict[str, frozenset[str]]:
     """{exposed family name: label names} of a sidecar built with every option on."""
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
     providers = providers_from_env(metrics=True, environ=env)
     reg = CollectorRegistry()
     settings = Settings(
@@ -58,7 +61,9 @@ def registered() -> dict[str, frozenset[str]]:
         else:  # custom collectors (process_*, OTLP failures): labels from their samples
             for family in collector.collect():
                 name = family.name + ("_total" if family.type == "counter" else "")
-                families[name] = frozenset(label for sample in family.samples for label in sample.labels)
+                families[name] = frozenset(
+                    label for sample in family.samples for label in sample.labels
+                )
     return families
 
 
@@ -75,7 +80,9 @@ def _labels(cell: str) -> frozenset[str]:
 def metric_table(page: str) -> dict[str, frozenset[str]]:
     """{family: labels} from the page's table whose header is ``| metric | type | labels | ...``."""
     lines = (DOCS / page).read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if _cells(line)[:3] == ["metric", "type", "labels"])
+    start = next(
+        i for i, line in enumerate(lines) if _cells(line)[:3] == ["metric", "type", "labels"]
+    )
     rows: dict[str, frozenset[str]] = {}
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
@@ -104,7 +111,9 @@ def bounds_table() -> dict[str, str]:
 def test_every_registered_family_is_documented_with_its_labels(registered, page):
     documented = metric_table(page)
     # design.md lists the process collector's families with "...": the llm_ families must all be there.
-    must = {n for n in registered if n.startswith("llm_")} if page == "design.md" else set(registered)
+    must = (
+        {n for n in registered if n.startswith("llm_")} if page == "design.md" else set(registered)
+    )
     missing = sorted(must - set(documented))
     assert not missing, f"docs/{page} has no row for {missing}"
     wrong = {
@@ -127,7 +136,9 @@ def test_the_tenant_paragraphs_name_exactly_the_families_with_the_label(register
     text = (DOCS / "metrics.md").read_text(encoding="utf-8")
     paragraph = text[text.index("**Tenants (opt-in).**") :].split("\n\n", 1)[0]
     named = set(re.findall(r"`(llm_[a-z_]+)`", paragraph))
-    assert named == with_tenant, f"metrics.md's tenants paragraph names {sorted(named)}, the code {sorted(with_tenant)}"
+    assert named == with_tenant, (
+        f"metrics.md's tenants paragraph names {sorted(named)}, the code {sorted(with_tenant)}"
+    )
 
 
 def test_every_label_has_its_bound(registered):
@@ -161,10 +172,14 @@ def test_every_recording_rule_is_documented():
     """Each record the shipped rules make is named in docs/slo.md or docs/capacity.md (a windowed
     family by its ``<W>`` pattern)."""
     rules = (ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8")
-    docs = (DOCS / "slo.md").read_text(encoding="utf-8") + (DOCS / "capacity.md").read_text(encoding="utf-8")
+    docs = (DOCS / "slo.md").read_text(encoding="utf-8") + (DOCS / "capacity.md").read_text(
+        encoding="utf-8"
+    )
     records = set(re.findall(r"^\s*- record: (\S+)$", rules, re.MULTILINE))
     assert len(records) > 10
-    missing = sorted(r for r in records if r not in docs and re.sub(r"rate\d+[mhd]$", "rate<W>", r) not in docs)
+    missing = sorted(
+        r for r in records if r not in docs and re.sub(r"rate\d+[mhd]$", "rate<W>", r) not in docs
+    )
     assert not missing, f"records named in neither docs/slo.md nor docs/capacity.md: {missing}"
 
 

@@ -29,7 +29,9 @@ LABELS = ("m", "/v1/chat/completions")
 
 def exposition(reg: CollectorRegistry) -> list[str]:
     """Both formats, minus ``_created`` (a wall-clock timestamp that differs per histogram)."""
-    lines = generate_latest(reg).decode().splitlines() + generate_openmetrics(reg).decode().splitlines()
+    lines = (
+        generate_latest(reg).decode().splitlines() + generate_openmetrics(reg).decode().splitlines()
+    )
     return [line for line in lines if "_created" not in line]
 
 
@@ -45,12 +47,18 @@ def pair(buckets=ITL_BUCKETS):
 
 def on_bounds(buckets):
     bounds = [float(b) for b in buckets]
-    return bounds + [math.nextafter(b, math.inf) for b in bounds] + [math.nextafter(b, -math.inf) for b in bounds]
+    return (
+        bounds
+        + [math.nextafter(b, math.inf) for b in bounds]
+        + [math.nextafter(b, -math.inf) for b in bounds]
+    )
 
 
 def values(buckets):
     return st.one_of(
-        st.sampled_from(on_bounds(buckets) + [0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, 1e300]),
+        st.sampled_from(
+            on_bounds(buckets) + [0.0, -0.0, math.inf, -math.inf, math.nan, -1.0, 1e300]
+        ),
         st.floats(min_value=-1.0, max_value=2 * float(buckets[-1])),
         st.floats(allow_nan=True, allow_infinity=True),
     )
@@ -61,7 +69,9 @@ def values(buckets):
 def test_observe_one_is_observe(data):
     """``observe_one`` (a request's end observes ~10 histograms through it) against
     ``observe`` itself, value by value, exemplars included (OpenMetrics shows them)."""
-    buckets = data.draw(st.sampled_from([ITL_BUCKETS, TOKEN_COUNT_BUCKETS, (0.5,), (-1.0, 0.0, 1.0)]))
+    buckets = data.draw(
+        st.sampled_from([ITL_BUCKETS, TOKEN_COUNT_BUCKETS, (0.5,), (-1.0, 0.0, 1.0)])
+    )
     (reg_one, reg_fast), (one, fast) = pair(buckets)
     for v in data.draw(st.lists(values(buckets), min_size=1, max_size=40)):
         ex = data.draw(st.sampled_from([None, None, {}, {"trace_id": "abc"}]))
@@ -82,7 +92,9 @@ def untimed(lines: list[str]) -> list[str]:
 @FAST
 @given(st.data())
 def test_same_exposition_as_one_observe_per_value(data):
-    buckets = data.draw(st.sampled_from([ITL_BUCKETS, TOKEN_COUNT_BUCKETS, (0.5,), (-1.0, 0.0, 1.0)]))
+    buckets = data.draw(
+        st.sampled_from([ITL_BUCKETS, TOKEN_COUNT_BUCKETS, (0.5,), (-1.0, 0.0, 1.0)])
+    )
     batches = data.draw(st.lists(st.lists(values(buckets), max_size=60), min_size=1, max_size=4))
     (reg_one, reg_many), (one, many) = pair(buckets)
     for batch in batches:
@@ -103,7 +115,12 @@ def test_single_values_mixed_with_batches():
         one.observe(v)
     observe_many(many, batch)
     assert exposition(reg_many) == exposition(reg_one)
-    assert reg_many.get_sample_value("x_seconds_bucket", {"model": "m", "route": LABELS[1], "le": "0.02"}) == 8
+    assert (
+        reg_many.get_sample_value(
+            "x_seconds_bucket", {"model": "m", "route": LABELS[1], "le": "0.02"}
+        )
+        == 8
+    )
 
 
 def test_nan_is_summed_but_counted_in_no_bucket():
@@ -148,9 +165,18 @@ def test_record_itl_matches_per_gap_observe():
     reg = CollectorRegistry()
     SidecarMetrics(reg).record(t, "m")
     ref_reg = CollectorRegistry()
-    ref = Histogram("inter_token_latency_seconds", "itl", ("model", "route"), namespace="llm", buckets=ITL_BUCKETS, registry=ref_reg)
+    ref = Histogram(
+        "inter_token_latency_seconds",
+        "itl",
+        ("model", "route"),
+        namespace="llm",
+        buckets=ITL_BUCKETS,
+        registry=ref_reg,
+    )
     child = ref.labels(*LABELS)
     for gap in t.gaps:
         child.observe(gap)
     itl = [line for line in exposition(reg) if line.startswith("llm_inter_token_latency_seconds")]
-    assert itl and itl == [line for line in exposition(ref_reg) if line.startswith("llm_")]  # samples, not HELP
+    assert itl and itl == [
+        line for line in exposition(ref_reg) if line.startswith("llm_")
+    ]  # samples, not HELP

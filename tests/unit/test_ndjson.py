@@ -70,7 +70,7 @@ def test_empty_feed_and_empty_stream():
 
 
 def test_utf8_split_inside_a_character_is_carried():
-    line = "{\"t\":\"日本\"}".encode()
+    line = '{"t":"日本"}'.encode()
     data = line + b"\n"
     cut = data.index("日".encode()) + 2
     assert run([data[:cut], data[cut:]]) == [line]
@@ -93,7 +93,11 @@ def test_overlong_line_in_one_feed_is_reported_once_and_skipped():
 
 def test_overlong_line_across_feeds_is_reported_once_and_skipped():
     chunks = [b"ok\n"] + [b"x" * 7] * 20 + [b"\nnext\n"]
-    assert run(chunks, max_line_bytes=10) == [b"ok", NDJSONOverflow("line longer than 10 bytes"), b"next"]
+    assert run(chunks, max_line_bytes=10) == [
+        b"ok",
+        NDJSONOverflow("line longer than 10 bytes"),
+        b"next",
+    ]
     # byte by byte too: the buffer never holds more than the bound
     d = NDJSONDecoder(10)
     out: list = []
@@ -105,7 +109,10 @@ def test_overlong_line_across_feeds_is_reported_once_and_skipped():
 
 
 def test_overlong_unterminated_line_at_close_is_dropped():
-    assert run([b"ok\n", b"y" * 50], max_line_bytes=10) == [b"ok", NDJSONOverflow("line longer than 10 bytes")]
+    assert run([b"ok\n", b"y" * 50], max_line_bytes=10) == [
+        b"ok",
+        NDJSONOverflow("line longer than 10 bytes"),
+    ]
 
 
 def test_line_exactly_at_the_bound_is_kept():
@@ -117,7 +124,9 @@ def test_crlf_line_at_the_bound_split_before_the_lf_is_kept():
     # the CR that arrives before its LF must not count against the line
     assert run([b"x" * 10 + b"\r", b"\n"], max_line_bytes=10) == [b"x" * 10]
     assert run([b"x" * 10, b"\r", b"\nok\n"], max_line_bytes=10) == [b"x" * 10, b"ok"]
-    assert run([b"x" * 11, b"\n"], max_line_bytes=10) == [NDJSONOverflow("line longer than 10 bytes")]
+    assert run([b"x" * 11, b"\n"], max_line_bytes=10) == [
+        NDJSONOverflow("line longer than 10 bytes")
+    ]
 
 
 def test_line_crossing_the_bound_only_with_its_last_piece():

@@ -18,7 +18,13 @@ from sidecar.export import semconv as sc
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.export.spans import RequestTelemetry
 from sidecar.measure.cache_class import CacheClass, cache_class
-from sidecar.measure.objectives import ObjectiveDefaults, RequestObjectives, judge, parse_objective_ms, read_objectives
+from sidecar.measure.objectives import (
+    ObjectiveDefaults,
+    RequestObjectives,
+    judge,
+    parse_objective_ms,
+    read_objectives,
+)
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
 from sidecar.streams.protocols.anthropic import AnthropicStreamDialect
@@ -37,12 +43,18 @@ def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy:
 # -- reading the headers -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "seconds"), [("350", 0.35), ("1", 0.001), (" 2500 ", 2.5), ("12.5", 0.0125), ("86400000", 86400.0)])
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [("350", 0.35), ("1", 0.001), (" 2500 ", 2.5), ("12.5", 0.0125), ("86400000", 86400.0)],
+)
 def test_plain_milliseconds_are_read(raw, seconds):
     assert parse_objective_ms(raw) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("raw", ["0", "0.0", "-5", "+5", "86400001", "1e3", "NaN", "inf", "350ms", "", "0x10", "1_000", "٣"])
+@pytest.mark.parametrize(
+    "raw",
+    ["0", "0.0", "-5", "+5", "86400001", "1e3", "NaN", "inf", "350ms", "", "0x10", "1_000", "٣"],
+)
 def test_absurd_values_are_not_objectives(raw):
     assert parse_objective_ms(raw) is None
 
@@ -67,7 +79,8 @@ def test_a_repeated_header_is_a_list_not_a_number():
 
 def test_defaults_come_from_the_model_then_the_goodput_objectives():
     settings = load_settings(
-        {"upstream": "http://x:1", "slo_model_objectives": '{"big:405b": {"ttft_seconds": 5}}'}, environ={}
+        {"upstream": "http://x:1", "slo_model_objectives": '{"big:405b": {"ttft_seconds": 5}}'},
+        environ={},
     )
     defaults = objective_defaults(settings)
     assert defaults.for_model("big:405b") == (5.0, settings.slo_tpot_seconds)
@@ -76,7 +89,14 @@ def test_defaults_come_from_the_model_then_the_goodput_objectives():
 
 @pytest.mark.parametrize(
     "value",
-    ['{"m": {"ttft_seconds": 0}}', '{"m": {"ttft": 1}}', '{"m": 5}', "[1]", "{m: 1}", '{"m": {"tpot_seconds": 90000}}'],
+    [
+        '{"m": {"ttft_seconds": 0}}',
+        '{"m": {"ttft": 1}}',
+        '{"m": 5}',
+        "[1]",
+        "{m: 1}",
+        '{"m": {"tpot_seconds": 90000}}',
+    ],
 )
 def test_bad_model_objectives_fail_at_start(value):
     with pytest.raises(ConfigError, match="slo_model_objectives"):
@@ -85,14 +105,30 @@ def test_bad_model_objectives_fail_at_start(value):
 
 def test_yaml_mapping_is_accepted(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("upstream: http://x:1\nslo_model_objectives:\n  qwen3:8b: {tpot_seconds: 0.05}\n")
-    assert load_settings({}, environ={}, config_file=str(path)).slo_model_objectives["qwen3:8b"].tpot_seconds == 0.05
+    path.write_text(
+        "upstream: http://x:1\nslo_model_objectives:\n  qwen3:8b: {tpot_seconds: 0.05}\n"
+    )
+    assert (
+        load_settings({}, environ={}, config_file=str(path))
+        .slo_model_objectives["qwen3:8b"]
+        .tpot_seconds
+        == 0.05
+    )
 
 
 # -- verdicts ----------------------------------------------------------------------------------
 
 
-def stream(ttft: float | None, gaps: list[float], *, outcome=Outcome.OK, status=200, end: float | None = None, asked=None, model="m"):
+def stream(
+    ttft: float | None,
+    gaps: list[float],
+    *,
+    outcome=Outcome.OK,
+    status=200,
+    end: float | None = None,
+    asked=None,
+    model="m",
+):
     """A streamed request starting at 0 whose first token came at ``ttft`` and the next after ``gaps``."""
     t = RequestTimeline(0.0, "POST", ROUTE, model)
     t.objectives = asked
@@ -113,13 +149,24 @@ DEFAULTS = ObjectiveDefaults(2.0, 0.1)
 
 def test_header_objectives_win_over_defaults():
     j = judge(stream(0.5, [0.05] * 4, asked=RequestObjectives(0.3, 0.06)), DEFAULTS)
-    assert (j.ttft_objective, j.tpot_objective, j.ttft_from_header, j.tpot_from_header) == (0.3, 0.06, True, True)
+    assert (j.ttft_objective, j.tpot_objective, j.ttft_from_header, j.tpot_from_header) == (
+        0.3,
+        0.06,
+        True,
+        True,
+    )
     assert (j.ttft_met, j.tpot_met, j.met) == (False, True, False)
 
 
 def test_without_headers_the_defaults_judge():
     j = judge(stream(0.5, [0.05] * 4), DEFAULTS)
-    assert (j.ttft_objective, j.ttft_from_header, j.ttft_met, j.tpot_met, j.met) == (2.0, False, True, True, True)
+    assert (j.ttft_objective, j.ttft_from_header, j.ttft_met, j.tpot_met, j.met) == (
+        2.0,
+        False,
+        True,
+        True,
+        True,
+    )
 
 
 def test_no_token_is_a_ttft_miss_but_no_tpot_verdict():
@@ -160,19 +207,27 @@ def test_metrics_count_verdicts_and_invalid_headers():
     metrics.record(stream(0.5, [0.05] * 3, asked=RequestObjectives(0.3, None, ("tpot",))), "m")
     metrics.record(stream(0.2, [0.05] * 3), "m")
     value = lambda objective, result: registry.get_sample_value(  # noqa: E731
-        "llm_request_objectives_total", {"model": "m", "route": ROUTE, "objective": objective, "result": result}
+        "llm_request_objectives_total",
+        {"model": "m", "route": ROUTE, "objective": objective, "result": result},
     )
     assert (value("ttft", "met"), value("ttft", "missed")) == (1, 1)
     assert (value("tpot", "met"), value("tpot", "missed")) == (2, None)
     assert (value("all", "met"), value("all", "missed")) == (1, 1)
-    assert registry.get_sample_value("llm_request_objective_invalid_total", {"route": ROUTE, "objective": "tpot"}) == 1
+    assert (
+        registry.get_sample_value(
+            "llm_request_objective_invalid_total", {"route": ROUTE, "objective": "tpot"}
+        )
+        == 1
+    )
 
 
 def test_span_carries_objectives_verdicts_cache_class_and_tool_calls():
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry = RequestTelemetry("http://127.0.0.1:8000", tracer_provider=provider, objectives=DEFAULTS)
+    telemetry = RequestTelemetry(
+        "http://127.0.0.1:8000", tracer_provider=provider, objectives=DEFAULTS
+    )
     t = RequestTimeline(0.0, "POST", ROUTE, "m")
     t.objectives = RequestObjectives(0.3, None, ("tpot",))
     t.request_stream = True
@@ -185,8 +240,14 @@ def test_span_carries_objectives_verdicts_cache_class_and_tool_calls():
     telemetry.record(t, "m")
     (span,) = exporter.get_finished_spans()
     a = span.attributes
-    assert a[sc.LLM_SIDECAR_OBJECTIVE_TTFT] == 0.3 and a[sc.LLM_SIDECAR_OBJECTIVE_TTFT_SOURCE] == "header"
-    assert a[sc.LLM_SIDECAR_OBJECTIVE_TPOT] == 0.1 and a[sc.LLM_SIDECAR_OBJECTIVE_TPOT_SOURCE] == "default"
+    assert (
+        a[sc.LLM_SIDECAR_OBJECTIVE_TTFT] == 0.3
+        and a[sc.LLM_SIDECAR_OBJECTIVE_TTFT_SOURCE] == "header"
+    )
+    assert (
+        a[sc.LLM_SIDECAR_OBJECTIVE_TPOT] == 0.1
+        and a[sc.LLM_SIDECAR_OBJECTIVE_TPOT_SOURCE] == "default"
+    )
     assert a[sc.LLM_SIDECAR_OBJECTIVE_TTFT_MET] is True  # the first tool-call piece at 0.2 s
     assert a[sc.LLM_SIDECAR_OBJECTIVE_TPOT_MET] is True and a[sc.LLM_SIDECAR_OBJECTIVE_MET] is True
     assert a[sc.LLM_SIDECAR_OBJECTIVE_INVALID] == ("tpot",)
@@ -220,8 +281,18 @@ def test_cache_class_bounds(prompt, cached, cls):
     ("folder", "name", "make", "cls"),
     [
         ("openai", "built_vllm_parallel_tools.txt", OpenAIStreamDialect, "most"),
-        ("openai", "vllm032_chat_include_usage.txt", OpenAIStreamDialect, "unknown"),  # no prompt_tokens_details
-        ("openai", "vllm032_chat_no_usage.txt", OpenAIStreamDialect, "unknown"),  # no usage at all: never a miss
+        (
+            "openai",
+            "vllm032_chat_include_usage.txt",
+            OpenAIStreamDialect,
+            "unknown",
+        ),  # no prompt_tokens_details
+        (
+            "openai",
+            "vllm032_chat_no_usage.txt",
+            OpenAIStreamDialect,
+            "unknown",
+        ),  # no usage at all: never a miss
         ("anthropic", "basic.txt", AnthropicStreamDialect, "unknown"),  # no cache counts
         ("anthropic", "web_search_cache.txt", AnthropicStreamDialect, "partial"),  # 2048 of 12730
         ("anthropic", "parallel_tool_use.txt", AnthropicStreamDialect, "most"),  # 1536 of 1563
@@ -239,14 +310,19 @@ def test_ttft_by_cache_class_from_each_dialects_usage(folder, name, make, cls):
     metrics.record(t, "m")
     got = {
         c: registry.get_sample_value(
-            "llm_time_to_first_token_by_cache_seconds_count", {"model": "m", "route": ROUTE, "cache": c}
+            "llm_time_to_first_token_by_cache_seconds_count",
+            {"model": "m", "route": ROUTE, "cache": c},
         )
         for c in ("none", "partial", "most", "unknown")
     }
     assert got == {c: (1.0 if c == cls else None) for c in got}
-    assert registry.get_sample_value(
-        "llm_time_to_first_token_by_cache_seconds_sum", {"model": "m", "route": ROUTE, "cache": cls}
-    ) == 0.25
+    assert (
+        registry.get_sample_value(
+            "llm_time_to_first_token_by_cache_seconds_sum",
+            {"model": "m", "route": ROUTE, "cache": cls},
+        )
+        == 0.25
+    )
 
 
 def test_usage_reported_late_counts_the_class_of_the_last_usage():

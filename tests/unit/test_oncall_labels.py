@@ -8,8 +8,18 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.base.finish_reason import FINISH_REASONS, MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
-from sidecar.base.outcomes import CANCEL_TYPES, ERROR_TYPE_LABELS, ERROR_TYPES, Outcome, error_type_label
+from sidecar.base.finish_reason import (
+    FINISH_REASONS,
+    MAX_FINISH_REASONS_PER_REQUEST,
+    finish_reason_label,
+)
+from sidecar.base.outcomes import (
+    CANCEL_TYPES,
+    ERROR_TYPE_LABELS,
+    ERROR_TYPES,
+    Outcome,
+    error_type_label,
+)
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.timeline import MAX_FINISH_REASONS, RequestTimeline
 from sidecar.streams.protocols.events import ResponseInfo
@@ -63,7 +73,9 @@ def test_every_error_type_the_relay_gives_is_in_the_label_set():
         upstream._timeout().kind,
         upstream._disconnected().kind,
     }
-    body_ends = set(re.findall(r'_end\("([a-z_]+)"\)', (PACKAGE / "relay" / "data" / "upstream.py").read_text()))
+    body_ends = set(
+        re.findall(r'_end\("([a-z_]+)"\)', (PACKAGE / "relay" / "data" / "upstream.py").read_text())
+    )
     body_ends.add(upstream.UPSTREAM_DISCONNECTED)
     assert body_ends, "the pattern no longer finds the body's causes: update this test"
     assert before_head | body_ends <= set(ERROR_TYPES), (before_head | body_ends) - set(ERROR_TYPES)
@@ -79,7 +91,8 @@ def test_a_hostile_count_of_finish_reasons_is_capped_per_request():
     t.finish(Outcome.OK, 1.3)
     m.record(t, "m")
     got = m.registry.get_sample_value(
-        "llm_finish_reasons_total", {"model": "m", "route": "/v1/chat/completions", "finish_reason": "length"}
+        "llm_finish_reasons_total",
+        {"model": "m", "route": "/v1/chat/completions", "finish_reason": "length"},
     )
     assert got == MAX_FINISH_REASONS_PER_REQUEST
 

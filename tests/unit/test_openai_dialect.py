@@ -19,8 +19,21 @@ import orjson
 import pytest
 from hypothesis import given, settings
 
-from sidecar.streams.protocols.events import ParseError, ResponseInfo, StreamEnd, StreamError, TokenKind, Tokens, ToolCallDelta, Usage
-from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response, usage_from_openai
+from sidecar.streams.protocols.events import (
+    ParseError,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    ToolCallDelta,
+    Usage,
+)
+from sidecar.streams.protocols.openai import (
+    OpenAIStreamDialect,
+    parse_openai_response,
+    usage_from_openai,
+)
 from sidecar.measure.timeline import RequestTimeline
 from tests.fixtures.streams.expected import ANSWER, DIALECTS, REASONING, TOOL
 from tests.fixtures.streams.harness import load, objects_from, run_whole
@@ -48,7 +61,12 @@ def vllm_chunk(choices: bytes, tail: bytes = b"") -> bytes:
 def vllm_delta(delta: bytes, index: int = 0, finish: bytes = b"null") -> bytes:
     stop = b',"stop_reason":null' if finish != b"null" else b""
     return (
-        b'{"index":%d,"delta":' % index + delta + b',"logprobs":null,"finish_reason":' + finish + stop + b"}"
+        b'{"index":%d,"delta":' % index
+        + delta
+        + b',"logprobs":null,"finish_reason":'
+        + finish
+        + stop
+        + b"}"
     )
 
 
@@ -57,8 +75,12 @@ _CMPL_HEAD = b'{"id":"cmpl-4e0c2b9d8a7f4b61a3c5d7e9f1b2c3d4","object":"text_comp
 
 def vllm_text(text: bytes, finish: bytes = b"null") -> bytes:
     return (
-        _CMPL_HEAD + b'"choices":[{"index":0,"text":' + text + b',"logprobs":null,"finish_reason":'
-        + finish + b',"stop_reason":null}]}'
+        _CMPL_HEAD
+        + b'"choices":[{"index":0,"text":'
+        + text
+        + b',"logprobs":null,"finish_reason":'
+        + finish
+        + b',"stop_reason":null}]}'
     )
 
 
@@ -160,12 +182,16 @@ def test_openai_error_with_string_code():
         b'"type":"server_error","param":null,"code":"server_error"}}'
     )
     assert read(raw) == [
-        StreamError("The server had an error while processing your request.", "server_error", "server_error")
+        StreamError(
+            "The server had an error while processing your request.", "server_error", "server_error"
+        )
     ]
 
 
 def test_error_does_not_count_as_first_chunk_info():
-    raw = sse(b'{"error":{"message":"x","type":"t","code":1}}', vllm_chunk(vllm_delta(b'{"content":"a"}')))
+    raw = sse(
+        b'{"error":{"message":"x","type":"t","code":1}}', vllm_chunk(vllm_delta(b'{"content":"a"}'))
+    )
     assert read(raw) == [
         StreamError("x", "t", 1),
         ResponseInfo(response_model=VLLM_MODEL, response_id=VLLM_ID),
@@ -174,7 +200,9 @@ def test_error_does_not_count_as_first_chunk_info():
 
 
 def test_parse_error_then_later_events_still_parse():
-    raw = sse(b"{not json", b'"a string"', b"null", vllm_chunk(vllm_delta(b'{"content":"x"}'))) + DONE
+    raw = (
+        sse(b"{not json", b'"a string"', b"null", vllm_chunk(vllm_delta(b'{"content":"x"}'))) + DONE
+    )
     assert read(raw) == [
         ParseError("data is not JSON"),
         ParseError("data is not a JSON object"),
@@ -186,7 +214,9 @@ def test_parse_error_then_later_events_still_parse():
 
 
 def test_invalid_utf8_is_a_parse_error():
-    assert read(sse(b'{"choices":[{"delta":{"content":"\xff\xfe"}}]}')) == [ParseError("data is not JSON")]
+    assert read(sse(b'{"choices":[{"delta":{"content":"\xff\xfe"}}]}')) == [
+        ParseError("data is not JSON")
+    ]
 
 
 def test_bad_shapes_are_parse_errors_not_exceptions():
@@ -205,7 +235,12 @@ def test_blank_data_event_is_ignored():
 def test_sse_overflow_becomes_parse_error_and_stream_resumes():
     d = OpenAIStreamDialect(max_line_bytes=256)
     huge = sse(b'{"choices":[{"delta":{"content":"' + b"x" * 1000 + b'"}}]}')
-    out = d.feed(huge) + d.feed(sse(vllm_chunk(vllm_delta(b'{"content":"y"}')))) + d.feed(DONE) + d.close()
+    out = (
+        d.feed(huge)
+        + d.feed(sse(vllm_chunk(vllm_delta(b'{"content":"y"}'))))
+        + d.feed(DONE)
+        + d.close()
+    )
     assert [type(e) for e in out] == [ParseError, ResponseInfo, Tokens, StreamEnd]
 
 
@@ -228,7 +263,9 @@ def test_usage_details():
             "completion_tokens_details": {"reasoning_tokens": 30, "audio_tokens": 0},
         }
     )
-    assert u == Usage(input_tokens=100, output_tokens=50, reasoning_tokens=30, cached_input_tokens=64)
+    assert u == Usage(
+        input_tokens=100, output_tokens=50, reasoning_tokens=30, cached_input_tokens=64
+    )
 
 
 @pytest.mark.parametrize(
@@ -254,7 +291,9 @@ def test_continuous_usage_last_wins_in_timeline():
     d = OpenAIStreamDialect()
     tl = RequestTimeline(start=0.0)
     tl.response_started(0.01, 200, streamed=True)
-    for i, event in enumerate(load("openai", "built_vllm_continuous_usage.txt").split(b"\n\n")[:-1]):
+    for i, event in enumerate(
+        load("openai", "built_vllm_continuous_usage.txt").split(b"\n\n")[:-1]
+    ):
         tl.events(d.feed(event + b"\n\n"), 0.1 * (i + 1))
     tl.events(d.close(), 1.0)
     assert tl.usage == Usage(input_tokens=7, output_tokens=3)
@@ -276,7 +315,9 @@ def _timeline_of(body: bytes) -> RequestTimeline:
     return tl
 
 
-def _chunk(delta: str, finish: str | None = None, usage: int | None = None, legacy: bool = False) -> bytes:
+def _chunk(
+    delta: str, finish: str | None = None, usage: int | None = None, legacy: bool = False
+) -> bytes:
     choice = {"index": 0, "text": delta} if legacy else {"index": 0, "delta": {"content": delta}}
     choice["finish_reason"] = finish
     event: dict = {"choices": [choice]}
@@ -295,7 +336,12 @@ def _chunk(delta: str, finish: str | None = None, usage: int | None = None, lega
     ],
 )
 def test_a_finishing_chunk_without_text_is_a_token_when_the_usage_says_so(legacy, usage, counted):
-    final_usage = b"" if usage is None else b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (usage, usage + 1)
+    final_usage = (
+        b""
+        if usage is None
+        else b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+        % (usage, usage + 1)
+    )
     body = (
         _chunk("a", legacy=legacy) + _chunk("b", legacy=legacy) + _chunk("c", legacy=legacy)
         + _chunk("", "stop", legacy=legacy) + final_usage + b"data: [DONE]\n\n"
@@ -387,7 +433,9 @@ def test_parse_error_body():
 
 def test_parse_old_vllm_error_body():
     body = b'{"object":"error","message":"The model `x` does not exist.","type":"NotFoundError","param":null,"code":404}'
-    assert parse_openai_response(body) == [StreamError("The model `x` does not exist.", "NotFoundError", 404)]
+    assert parse_openai_response(body) == [
+        StreamError("The model `x` does not exist.", "NotFoundError", 404)
+    ]
 
 
 def test_parse_response_without_usage():
@@ -409,7 +457,9 @@ def test_parse_response_not_an_object(body, reason):
     assert parse_openai_response(body) == [ParseError(reason)]
 
 
-@pytest.mark.parametrize("choices", [b"5", b"true", b'"abc"', b'{"a":1}', b"[1,null]", b'[{"finish_reason":7}]'])
+@pytest.mark.parametrize(
+    "choices", [b"5", b"true", b'"abc"', b'{"a":1}', b"[1,null]", b'[{"finish_reason":7}]']
+)
 def test_parse_response_bad_choices_never_raise(choices):
     out = parse_openai_response(b'{"id":"x","choices":' + choices + b"}")
     assert out == [ResponseInfo(response_id="x")]
@@ -420,7 +470,9 @@ def test_parse_response_bad_choices_never_raise(choices):
 
 TOP_KEYS = ["id", "model", "object", "choices", "usage", "error", "message", "type", "code"]
 # a whole response body, nested with the keys the chunk reader knows too, to reach deep branches
-response_like = objects_from(sorted({*TOP_KEYS, *next(d for d in DIALECTS if d.folder == "openai").keys}))
+response_like = objects_from(
+    sorted({*TOP_KEYS, *next(d for d in DIALECTS if d.folder == "openai").keys})
+)
 
 
 @FAST
@@ -439,7 +491,8 @@ def test_continuous_usage_counts_k_tokens_per_chunk():
         return (
             b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
             b'"delta":{"content":"' + text + b'"},"logprobs":null,"finish_reason":null}],'
-            b'"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}}\n\n' % (5 + completion, completion)
+            b'"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}}\n\n'
+            % (5 + completion, completion)
         )
 
     d = OpenAIStreamDialect()
@@ -453,7 +506,9 @@ def test_usage_only_on_last_content_chunk_is_a_total_not_k_tokens():
     from sidecar.streams.protocols.openai import OpenAIStreamDialect
 
     d = OpenAIStreamDialect()
-    plain = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+    plain = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+    )
     last = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}\n\n'
     events = d.feed(plain + plain + last)
     assert [e.count for e in events if type(e) is Tokens] == [1, 1, 1]

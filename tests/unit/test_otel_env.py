@@ -12,8 +12,19 @@ import pytest
 
 from sidecar import __version__
 from sidecar.export import semconv as sc
-from sidecar.export.otel_env import genai_latest_names, otlp_protocol, resource_attributes, sdk_disabled, wanted_exporters
-from sidecar.export.otel_setup import TelemetryProviders, _metric_exporter, _span_exporter, providers_from_env
+from sidecar.export.otel_env import (
+    genai_latest_names,
+    otlp_protocol,
+    resource_attributes,
+    sdk_disabled,
+    wanted_exporters,
+)
+from sidecar.export.otel_setup import (
+    TelemetryProviders,
+    _metric_exporter,
+    _span_exporter,
+    providers_from_env,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -48,10 +59,24 @@ def test_endpoint_turns_traces_on_and_metrics_stay_opt_in(clean_env, monkeypatch
 
 
 def test_signal_specific_endpoints_and_exporter_variables():
-    assert wanted_exporters({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "TRACES") == {"otlp"}
-    assert wanted_exporters({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "METRICS") == set()
-    assert wanted_exporters({"OTEL_TRACES_EXPORTER": "otlp"}, "TRACES") == {"otlp"}  # default endpoint
-    assert wanted_exporters({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_TRACES_EXPORTER": "none"}, "TRACES") == set()
+    assert wanted_exporters(
+        {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "TRACES"
+    ) == {"otlp"}
+    assert (
+        wanted_exporters(
+            {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "METRICS"
+        )
+        == set()
+    )
+    assert wanted_exporters({"OTEL_TRACES_EXPORTER": "otlp"}, "TRACES") == {
+        "otlp"
+    }  # default endpoint
+    assert (
+        wanted_exporters(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_TRACES_EXPORTER": "none"}, "TRACES"
+        )
+        == set()
+    )
     assert wanted_exporters({"OTEL_TRACES_EXPORTER": "otlp,zipkin"}, "TRACES") == {"otlp"}
     assert wanted_exporters({"OTEL_METRICS_EXPORTER": "console"}, "METRICS") == {"console"}
     assert wanted_exporters({}, "TRACES") == set()
@@ -63,7 +88,18 @@ def test_sdk_disabled_wins(clean_env, monkeypatch):
     assert not build(clean_env, metrics=True).enabled
 
 
-@pytest.mark.parametrize(("value", "disabled"), [("1", True), ("yes", True), (" On ", True), ("TRUE", True), ("false", False), ("0", False), ("", False)])
+@pytest.mark.parametrize(
+    ("value", "disabled"),
+    [
+        ("1", True),
+        ("yes", True),
+        (" On ", True),
+        ("TRUE", True),
+        ("false", False),
+        ("0", False),
+        ("", False),
+    ],
+)
 def test_sdk_disabled_takes_the_usual_spellings_of_true(clean_env, monkeypatch, value, disabled):
     """Ours on purpose: the SDK's own parser takes only "true", so OTEL_SDK_DISABLED=1 would
     leave telemetry on."""
@@ -76,7 +112,10 @@ def test_sdk_disabled_takes_the_usual_spellings_of_true(clean_env, monkeypatch, 
 def test_protocol_selection():
     assert otlp_protocol({}, "TRACES") == "http/protobuf"
     assert otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "TRACES") == "grpc"
-    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    env = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    }
     assert otlp_protocol(env, "TRACES") == "http/protobuf"
     assert otlp_protocol(env, "METRICS") == "grpc"
     assert otlp_protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "TRACES") == "http/protobuf"
@@ -97,7 +136,10 @@ def test_exporter_classes_follow_the_protocol():
 
 
 def test_resource_defaults_kubernetes_and_precedence():
-    assert resource_attributes({}) == {sc.SERVICE_NAME: "llm-sidecar", sc.SERVICE_VERSION: __version__}
+    assert resource_attributes({}) == {
+        sc.SERVICE_NAME: "llm-sidecar",
+        sc.SERVICE_VERSION: __version__,
+    }
     env = {
         "K8S_POD_NAME": "vllm-0",
         "K8S_NAMESPACE_NAME": "inference",

@@ -55,7 +55,10 @@ def record(t: RequestTimeline, *, latest: bool) -> dict[str, list]:
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     telemetry = RequestTelemetry(
-        "http://127.0.0.1:8000", meter_provider=meters, objectives=DEFAULTS, latest_genai_names=latest
+        "http://127.0.0.1:8000",
+        meter_provider=meters,
+        objectives=DEFAULTS,
+        latest_genai_names=latest,
     )
     telemetry.record(t, "m")
     out = metric_points(reader)
@@ -63,7 +66,9 @@ def record(t: RequestTimeline, *, latest: bool) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("latest", [False, True], ids=["released-genai-names", "latest-genai-names"])
+@pytest.mark.parametrize(
+    "latest", [False, True], ids=["released-genai-names", "latest-genai-names"]
+)
 def test_tool_calls_cache_class_and_objectives_as_otel_metrics(latest):
     # Header objectives: TTFT 150 ms (the first tool-call piece comes at 0.2 s: missed), and a
     # TPOT header that is not a number (ignored and counted; the default 0.1 s judges).
@@ -71,7 +76,10 @@ def test_tool_calls_cache_class_and_objectives_as_otel_metrics(latest):
     got = record(t, latest=latest)
 
     (by_cache,) = got[sc.METRIC_OWN_TTFT_BY_CACHE]
-    assert dict(by_cache.attributes) == {**COMMON, sc.LLM_SIDECAR_CACHE_CLASS: "most"}  # 288 of 312 cached
+    assert dict(by_cache.attributes) == {
+        **COMMON,
+        sc.LLM_SIDECAR_CACHE_CLASS: "most",
+    }  # 288 of 312 cached
     assert by_cache.count == 1 and by_cache.sum == pytest.approx(0.2)
     assert tuple(by_cache.explicit_bounds) == sc.BUCKETS_CLIENT_SECONDS
 
@@ -87,12 +95,18 @@ def test_tool_calls_cache_class_and_objectives_as_otel_metrics(latest):
     assert tuple(calls.explicit_bounds) == TOOL_CALL_COUNT_BUCKETS
 
     verdicts = {
-        (p.attributes[sc.LLM_SIDECAR_OBJECTIVE_NAME], p.attributes[sc.LLM_SIDECAR_OBJECTIVE_RESULT]): p.value
+        (
+            p.attributes[sc.LLM_SIDECAR_OBJECTIVE_NAME],
+            p.attributes[sc.LLM_SIDECAR_OBJECTIVE_RESULT],
+        ): p.value
         for p in got[sc.METRIC_OWN_REQUEST_OBJECTIVES]
     }
     assert verdicts == {("ttft", "missed"): 1, ("tpot", "met"): 1, ("all", "missed"): 1}
     (invalid,) = got[sc.METRIC_OWN_REQUEST_OBJECTIVE_INVALID]
-    assert dict(invalid.attributes) == {**COMMON, sc.LLM_SIDECAR_OBJECTIVE_NAME: "tpot"} and invalid.value == 1
+    assert (
+        dict(invalid.attributes) == {**COMMON, sc.LLM_SIDECAR_OBJECTIVE_NAME: "tpot"}
+        and invalid.value == 1
+    )
 
 
 def test_the_same_figures_as_the_prometheus_families():
@@ -108,19 +122,32 @@ def test_the_same_figures_as_the_prometheus_families():
     assert got[sc.METRIC_OWN_TIME_TO_FIRST_TOOL_CALL][0].sum == pytest.approx(
         prom("llm_time_to_first_tool_call_seconds_sum", labels)
     )
-    assert got[sc.METRIC_OWN_TOOL_CALL_ASSEMBLY][0].count == prom("llm_tool_call_assembly_seconds_count", labels)
+    assert got[sc.METRIC_OWN_TOOL_CALL_ASSEMBLY][0].count == prom(
+        "llm_tool_call_assembly_seconds_count", labels
+    )
     assert got[sc.METRIC_OWN_TOOL_CALLS][0].sum == prom("llm_tool_calls_per_response_sum", labels)
     for p in got[sc.METRIC_OWN_REQUEST_OBJECTIVES]:
-        name, result = p.attributes[sc.LLM_SIDECAR_OBJECTIVE_NAME], p.attributes[sc.LLM_SIDECAR_OBJECTIVE_RESULT]
-        assert p.value == prom("llm_request_objectives_total", {**labels, "objective": name, "result": result})
+        name, result = (
+            p.attributes[sc.LLM_SIDECAR_OBJECTIVE_NAME],
+            p.attributes[sc.LLM_SIDECAR_OBJECTIVE_RESULT],
+        )
+        assert p.value == prom(
+            "llm_request_objectives_total", {**labels, "objective": name, "result": result}
+        )
 
 
 def test_a_text_answer_without_cached_count_records_no_tool_call_and_cache_unknown():
     t = streamed("vllm032_chat_include_usage.txt")
     got = record(t, latest=False)
     (by_cache,) = got[sc.METRIC_OWN_TTFT_BY_CACHE]
-    assert by_cache.attributes[sc.LLM_SIDECAR_CACHE_CLASS] == "unknown"  # no cached count: never a miss
-    for name in (sc.METRIC_OWN_TIME_TO_FIRST_TOOL_CALL, sc.METRIC_OWN_TOOL_CALL_ASSEMBLY, sc.METRIC_OWN_TOOL_CALLS):
+    assert (
+        by_cache.attributes[sc.LLM_SIDECAR_CACHE_CLASS] == "unknown"
+    )  # no cached count: never a miss
+    for name in (
+        sc.METRIC_OWN_TIME_TO_FIRST_TOOL_CALL,
+        sc.METRIC_OWN_TOOL_CALL_ASSEMBLY,
+        sc.METRIC_OWN_TOOL_CALLS,
+    ):
         assert name not in got
     assert sc.METRIC_OWN_REQUEST_OBJECTIVE_INVALID not in got
 

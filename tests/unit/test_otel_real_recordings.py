@@ -21,7 +21,9 @@ from tests.support.recordings import STREAMS, meta, replay
 
 def sse_events(body: bytes) -> list[bytes]:
     """The recording cut into its events, each as the server flushed it."""
-    return [block + b"\n\n" for block in body.replace(b"\r\n", b"\n").split(b"\n\n") if block.strip()]
+    return [
+        block + b"\n\n" for block in body.replace(b"\r\n", b"\n").split(b"\n\n") if block.strip()
+    ]
 
 
 @pytest.mark.parametrize("path", STREAMS, ids=lambda p: f"{p.parent.name}/{p.name}")

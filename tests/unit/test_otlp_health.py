@@ -36,7 +36,10 @@ class Failing(SpanExporter):
         self.sdk_log = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
 
     def export(self, spans):
-        self.sdk_log.warning("Transient error %s encountered while exporting spans batch, retrying in 1.00s.", "refused")
+        self.sdk_log.warning(
+            "Transient error %s encountered while exporting spans batch, retrying in 1.00s.",
+            "refused",
+        )
         self.sdk_log.error("Failed to export spans batch due to timeout, max retries or shutdown.")
         if self.raises:
             raise ConnectionError("boom")
@@ -60,24 +63,39 @@ def test_one_line_a_minute_every_failure_counted_and_the_recovery_said(caplog):
         exporter.export([])  # the next minute: one more line, saying how many since
         inner.result = SpanExportResult.SUCCESS
         assert exporter.export([]) is SpanExportResult.SUCCESS
-    assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")], "the SDK's text is dropped"
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")], (
+        "the SDK's text is dropped"
+    )
     failed = [e for e in logs if e["event"] == "otel_export_failed"]
     assert [e["failures"] for e in failed] == [1, 15]
-    assert failed[0]["signal"] == "traces" and failed[0]["endpoint"] == "http://collector:4318/v1/traces"
-    assert failed[0]["reason"].startswith("Transient error refused"), "the first text names the cause"
+    assert (
+        failed[0]["signal"] == "traces"
+        and failed[0]["endpoint"] == "http://collector:4318/v1/traces"
+    )
+    assert failed[0]["reason"].startswith("Transient error refused"), (
+        "the first text names the cause"
+    )
     assert [e["event"] for e in logs][-1] == "otel_export_recovered"
     assert health.failures == 16
 
     registry = CollectorRegistry()
     registry.register(ExportFailuresCollector([health, ExportHealth("metrics")]))
-    assert registry.get_sample_value("llm_sidecar_otlp_export_failures_total", {"signal": "traces"}) == 16
-    assert registry.get_sample_value("llm_sidecar_otlp_export_failures_total", {"signal": "metrics"}) == 0
+    assert (
+        registry.get_sample_value("llm_sidecar_otlp_export_failures_total", {"signal": "traces"})
+        == 16
+    )
+    assert (
+        registry.get_sample_value("llm_sidecar_otlp_export_failures_total", {"signal": "metrics"})
+        == 0
+    )
 
 
 def test_an_exporter_that_raises_is_a_failure_not_an_exception():
     health = ExportHealth("traces")
     with capture_logs() as logs:
-        assert GuardedSpanExporter(Failing(raises=True), health).export([]) is SpanExportResult.FAILURE
+        assert (
+            GuardedSpanExporter(Failing(raises=True), health).export([]) is SpanExportResult.FAILURE
+        )
     assert health.failures == 1 and "ConnectionError: boom" in logs[0]["reason"]
 
 

@@ -32,7 +32,12 @@ def test_dashboards_generator_names_the_extra_when_the_sdk_is_missing(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.tools.dashboards", "--check"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+        [sys.executable, "-m", "sidecar.tools.dashboards", "--check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
     )
     assert done.returncode != 0
     assert "pip install 'llm-sidecar-proxy[tools]'" in done.stderr, done.stderr

@@ -22,11 +22,17 @@ def test_the_private_names_exist_with_the_shapes_read():
     reg = CollectorRegistry()
     h = Histogram("h_seconds", "h", ["model"], buckets=(0.1, 1.0), registry=reg)
     child = h.labels("m")
-    assert type(child._sum) is MutexValue and hasattr(child._sum, "_lock") and child._sum._value == 0.0
+    assert (
+        type(child._sum) is MutexValue and hasattr(child._sum, "_lock") and child._sum._value == 0.0
+    )
     assert list(child._upper_bounds) == [0.1, 1.0, math.inf]
     assert len(child._buckets) == 3 and all(type(b) is MutexValue for b in child._buckets)
     child._raise_if_not_observable()  # a child may observe
-    for metric in (h, Counter("c", "c", ["model"], registry=reg), Gauge("g", "g", ["model"], registry=reg)):
+    for metric in (
+        h,
+        Counter("c", "c", ["model"], registry=reg),
+        Gauge("g", "g", ["model"], registry=reg),
+    ):
         assert metric._labelnames == ("model",) and metric._labelvalues == ()
         assert hasattr(metric._lock, "__enter__") and isinstance(metric._metrics, dict)
 
@@ -49,13 +55,19 @@ def test_the_readers_on_the_installed_version():
     pi.observe_many(h, [0.05, 0.5, 2.0, 0.1])
     for v in (0.05, 0.5, 2.0, 0.1):
         one.observe(v)
-    samples = lambda m: [(s.name.split("_", 1)[1], s.labels, s.value) for s in m.collect()[0].samples if "created" not in s.name]  # noqa: E731
+    samples = lambda m: [
+        (s.name.split("_", 1)[1], s.labels, s.value)
+        for s in m.collect()[0].samples
+        if "created" not in s.name
+    ]  # noqa: E731
     assert samples(h) == samples(one)
 
 
 def test_the_gate_reads_the_registry_and_makes_children_as_prometheus_client_does():
     reg = CollectorRegistry()
-    h = Histogram("h_seconds", "h", ["model", "route"], buckets=(0.1, 1.0), namespace="llm", registry=reg)
+    h = Histogram(
+        "h_seconds", "h", ["model", "route"], buckets=(0.1, 1.0), namespace="llm", registry=reg
+    )
     assert h in reg._collector_to_names and hasattr(reg._lock, "__enter__")
     assert (h._original_name, h._namespace, h._subsystem, h._unit) == ("h_seconds", "llm", "", "")
     assert h._kwargs == {"buckets": (0.1, 1.0)}
@@ -78,4 +90,6 @@ def test_pyproject_caps_prometheus_client_at_the_next_unchecked_minor():
     major, minor, *_ = (int(x) for x in pi.CHECKED_PROMETHEUS_CLIENT.split("."))
     assert cap.group(1) == f"{major}.{minor + 1}", (spec, pi.CHECKED_PROMETHEUS_CLIENT)
     installed = tuple(int(x) for x in version("prometheus-client").split(".")[:2])
-    assert installed <= (major, minor), "a newer prometheus-client than checked: re-check the readers and bump"
+    assert installed <= (major, minor), (
+        "a newer prometheus-client than checked: re-check the readers and bump"
+    )

@@ -15,7 +15,14 @@ from tests.support.timelines import ROUTE, streamed
 def test_classes_from_bounds_and_unknown_without_a_count():
     pc = PromptClasses([1024, 8192])
     assert pc.values == ("le1024", "le8192", "gt8192", "unknown")
-    assert [pc(n) for n in (0, 1024, 1025, 8192, 8193, 10**9)] == ["le1024", "le1024", "le8192", "le8192", "gt8192", "gt8192"]
+    assert [pc(n) for n in (0, 1024, 1025, 8192, 8193, 10**9)] == [
+        "le1024",
+        "le1024",
+        "le8192",
+        "le8192",
+        "gt8192",
+        "gt8192",
+    ]
     assert pc(None) == "unknown"
 
 
@@ -48,7 +55,9 @@ def test_setting_from_flag_env_and_file(tmp_path):
     assert load_settings({"upstream": "http://x"}, environ=env).ttft_prompt_classes == [1024, 8192]
     cfg = tmp_path / "c.yaml"
     cfg.write_text("ttft_prompt_classes: [2048]\n")
-    assert load_settings({"upstream": "http://x"}, environ={}, config_file=str(cfg)).ttft_prompt_classes == [2048]
+    assert load_settings(
+        {"upstream": "http://x"}, environ={}, config_file=str(cfg)
+    ).ttft_prompt_classes == [2048]
 
 
 def test_cardinality_is_bounded_whatever_the_prompts():
@@ -67,6 +76,16 @@ def test_cardinality_is_bounded_whatever_the_prompts():
     }
     assert seen == {"le1024", "le8192", "gt8192", "unknown"}
     base = {"model": "m", "route": ROUTE}
-    assert reg.get_sample_value("llm_time_to_first_token_seconds_count", {**base, "prompt_class": "unknown"}) == 1
+    assert (
+        reg.get_sample_value(
+            "llm_time_to_first_token_seconds_count", {**base, "prompt_class": "unknown"}
+        )
+        == 1
+    )
     # 0..1024 step 97: 11 requests
-    assert reg.get_sample_value("llm_time_to_first_token_seconds_count", {**base, "prompt_class": "le1024"}) == 11
+    assert (
+        reg.get_sample_value(
+            "llm_time_to_first_token_seconds_count", {**base, "prompt_class": "le1024"}
+        )
+        == 11
+    )

@@ -24,22 +24,35 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.streams.protocols.events import EngineTimings, ParseError, StreamEnd, StreamError, Tokens
+from sidecar.streams.protocols.events import (
+    EngineTimings,
+    ParseError,
+    StreamEnd,
+    StreamError,
+    Tokens,
+)
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, split_at
 from tests.real.wire import engine_counts, json_events, reported_usage, token_arrivals
 from tests.support.recordings import RECORDINGS, STREAMS, meta, replay
 
+
 def test_there_are_recordings_of_every_server():
     folders = {p.parent.name for p in RECORDINGS}
-    assert {"vllm-0.32.0", "vllm-0.32.0-force-include-usage", "vllm-0.32.0-per-request-metrics"} <= folders
+    assert {
+        "vllm-0.32.0",
+        "vllm-0.32.0-force-include-usage",
+        "vllm-0.32.0-per-request-metrics",
+    } <= folders
     assert any(f.startswith("llama.cpp-") for f in folders)
     assert any(f.startswith("transformers-") for f in folders)
     for folder in {p.parent for p in RECORDINGS}:
         if folder.name.startswith("transformers-"):
             continue  # transformers serve has no /metrics
-        assert (folder / "metrics.txt").read_text().strip(), f"{folder.name} has no /metrics recording"
+        assert (folder / "metrics.txt").read_text().strip(), (
+            f"{folder.name} has no /metrics recording"
+        )
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -69,7 +82,9 @@ def test_replayed_whole_the_sidecar_reads_what_the_server_said(path: Path):
         # Complete: the end marker, or (transformers serve never sends [DONE]) every choice
         # finished; either way the request is ok, not upstream_stream_truncated.
         assert timeline.complete
-        assert any(isinstance(e, StreamEnd) for e in events) or not body.rstrip().endswith(b"data: [DONE]")
+        assert any(isinstance(e, StreamEnd) for e in events) or not body.rstrip().endswith(
+            b"data: [DONE]"
+        )
         assert (timeline.outcome, timeline.error_type) == (Outcome.OK, None)
     engine = engine_counts(client_view)
     if usage is not None:
@@ -77,22 +92,31 @@ def test_replayed_whole_the_sidecar_reads_what_the_server_said(path: Path):
         assert (timeline.output_tokens, timeline.input_tokens) == (usage["output"], usage["input"])
     elif engine is not None:
         assert timeline.token_count_source is TokenCountSource.ENGINE
-        assert (timeline.output_tokens, timeline.input_tokens) == (engine["output"], engine["input"])
+        assert (timeline.output_tokens, timeline.input_tokens) == (
+            engine["output"],
+            engine["input"],
+        )
     else:
         assert streamed, "every non-streamed answer carries its counts"
         assert timeline.token_count_source is TokenCountSource.ESTIMATED
         assert timeline.output_tokens == timeline.stream_tokens
     if engine is not None:  # llama.cpp's timings: the engine's own prefill and decode
-        timings = next(e["timings"] for e in reversed(client_view) if isinstance(e.get("timings"), dict))
+        timings = next(
+            e["timings"] for e in reversed(client_view) if isinstance(e.get("timings"), dict)
+        )
         measured = [e for e in events if isinstance(e, EngineTimings)]
         assert measured, "llama.cpp's timings were not read"
         assert measured[-1].decode_seconds == pytest.approx(timings["predicted_ms"] / 1000)
         assert measured[-1].prefill_seconds == pytest.approx(timings["prompt_ms"] / 1000)
-    metrics = next((e["metrics"] for e in reversed(client_view) if isinstance(e.get("metrics"), dict)), None)
+    metrics = next(
+        (e["metrics"] for e in reversed(client_view) if isinstance(e.get("metrics"), dict)), None
+    )
     if metrics is not None:  # vLLM --enable-per-request-metrics: the engine's prefill and decode
         measured = [e for e in events if isinstance(e, EngineTimings)]
         assert measured, "vLLM's per-request metrics were not read"
-        assert measured[-1].prefill_seconds == pytest.approx(metrics["time_to_first_token_ms"] / 1000)
+        assert measured[-1].prefill_seconds == pytest.approx(
+            metrics["time_to_first_token_ms"] / 1000
+        )
         assert measured[-1].decode_seconds == pytest.approx(metrics["generation_time_ms"] / 1000)
 
 

@@ -62,7 +62,9 @@ class Conn:
 
 
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
+USAGE = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
+)
 
 
 def _relay(transport: Transport, chunked: bool = True):
@@ -165,7 +167,9 @@ def test_the_read_that_ends_the_body_goes_out_with_the_last_chunk_in_one_write()
     transport = Transport()
     relay, _, timeline = _relay(transport)
     relay.last([EVENT, DONE])
-    assert transport.written == [b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(EVENT), EVENT, len(DONE), DONE)]
+    assert transport.written == [
+        b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(EVENT), EVENT, len(DONE), DONE)
+    ]
     assert relay.terminated and relay.ended == body_relay.COMPLETE
     assert relay.sent == len(transport.written[0])
     assert timeline.stream_tokens == 1
@@ -209,8 +213,12 @@ def test_a_relay_already_ended_writes_nothing_more():
     assert relay.ended == "client_disconnected"
 
 
-@pytest.mark.parametrize("send_timeout, every", [(60.0, 5.0), (12.0, 1.0), (1.2, 0.1), (600.0, 5.0)])
-def test_the_clients_progress_is_checked_twelve_times_per_send_timeout_at_most_every_5_s(send_timeout, every):
+@pytest.mark.parametrize(
+    "send_timeout, every", [(60.0, 5.0), (12.0, 1.0), (1.2, 0.1), (600.0, 5.0)]
+)
+def test_the_clients_progress_is_checked_twelve_times_per_send_timeout_at_most_every_5_s(
+    send_timeout, every
+):
     """Each check is a read the token lane leaves to Python: once a second it cost 3-6 % of
     the CPU of 200 streams. A reader that stopped is let go within send_timeout + every."""
     transport = Transport()
@@ -219,7 +227,9 @@ def test_the_clients_progress_is_checked_twelve_times_per_send_timeout_at_most_e
     timeline = RequestTimeline(0.0, "POST", route.template, "m")
     observer = ResponseObserver(route, timeline, "text/event-stream")
     now = [100.0]
-    relay = BodyRelay(Request(transport, True), Conn(), observer, lambda: now[0], send_timeout=send_timeout)
+    relay = BodyRelay(
+        Request(transport, True), Conn(), observer, lambda: now[0], send_timeout=send_timeout
+    )
     checked = []
     for step in range(1, 41):  # ten intervals, a write every quarter of one
         now[0] = 100.0 + step * every / 4

@@ -15,7 +15,7 @@ from sidecar.tools.slo import generate, load_spec
 from sidecar.tools.slo.helm import release_rules
 from tests.support.rules import SPEC, every_alert_spec
 
-RELEASE = ('team-b', 'b-llm-sidecar')
+RELEASE = ("team-b", "b-llm-sidecar")
 MATCHER = 'llm_release="team-b/b-llm-sidecar"'
 _CLAUSE = re.compile(r"\b(by|on|ignoring|group_left|group_right|without) \([^)]*\)")
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?")
@@ -28,14 +28,20 @@ def unscoped(ruleset) -> list[tuple]:
         for rule in group.rules:
             name = rule.record or rule.alert
             expr = _CLAUSE.sub("", rule.expr)
-            expr = re.sub(r'"[^"]*"', lambda m: m.group(0).replace(" ", "\x00"), expr)  # a value is no selector
+            expr = re.sub(
+                r'"[^"]*"', lambda m: m.group(0).replace(" ", "\x00"), expr
+            )  # a value is no selector
             for metric, labels in _SELECTOR.findall(expr):
                 if metric.startswith(("llm_", "llm:", "up", "process_")) and MATCHER not in labels:
                     out.append((group.name, name, metric + labels))
             for by in re.findall(r"\bby \(([^)]*)\)", rule.expr):
                 kept = {label.strip() for label in by.split(",")}
                 # LLMNoTrafficData is the release's as a whole (its pods' namespaces apart: no).
-                need = {"llm_release"} if rule.alert == "LLMNoTrafficData" else {"llm_release", "namespace"}
+                need = (
+                    {"llm_release"}
+                    if rule.alert == "LLMNoTrafficData"
+                    else {"llm_release", "namespace"}
+                )
                 if not need <= kept:
                     out.append((group.name, name, f"by ({by})"))
     return out
@@ -45,7 +51,9 @@ def unscoped(ruleset) -> list[tuple]:
 def test_every_selector_and_aggregation_keeps_to_the_release(which):
     spec = load_spec(str(SPEC)) if which == "default" else every_alert_spec()
     ruleset = release_rules(spec, *RELEASE)
-    assert {"llm-sidecar-errors", "llm-sidecar-goodput", "llm-sidecar-health"} <= {g.name for g in ruleset.groups}
+    assert {"llm-sidecar-errors", "llm-sidecar-goodput", "llm-sidecar-health"} <= {
+        g.name for g in ruleset.groups
+    }
     assert not unscoped(ruleset)
     # The check sees an unscoped rule: the plain rules (no release) fail it in every group.
     plain = {group for group, _, _ in unscoped(generate(spec))}

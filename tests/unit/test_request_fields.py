@@ -37,7 +37,9 @@ def reference(body: bytes) -> RequestFields | None:
                 if type(holder.get(key)) is int:
                     max_tokens = holder[key]
                     break
-    return RequestFields(model if isinstance(model, str) else None, doc.get("stream") is True, max_tokens)
+    return RequestFields(
+        model if isinstance(model, str) else None, doc.get("stream") is True, max_tokens
+    )
 
 
 def split_feed(body: bytes, cuts: list[int]) -> RequestFields | None:
@@ -61,15 +63,37 @@ def check_all_ways(body: bytes, expected: RequestFields | None, rng: random.Rand
         assert split_feed(body, list(range(1, len(body)))) == expected
     for _ in range(5):
         n = rng.randint(0, min(60, max(len(body) - 1, 0)))
-        assert split_feed(body, sorted(rng.sample(range(1, len(body)), n)) if len(body) > 1 else []) == expected
+        assert (
+            split_feed(body, sorted(rng.sample(range(1, len(body)), n)) if len(body) > 1 else [])
+            == expected
+        )
 
 
-KEYS = st.sampled_from(["model", "stream", "parameters", "options", "messages", "prompt", "mo\u00efdel", "", *MAX_TOKEN_KEYS]) | st.text(max_size=8)
+KEYS = st.sampled_from(
+    [
+        "model",
+        "stream",
+        "parameters",
+        "options",
+        "messages",
+        "prompt",
+        "mo\u00efdel",
+        "",
+        *MAX_TOKEN_KEYS,
+    ]
+) | st.text(max_size=8)
 SCALARS = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4), max_leaves=25)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4),
+    max_leaves=25,
+)
 
 
 def encode_pairs(pairs: list[tuple[str, object]], rng: random.Random) -> bytes:
@@ -91,7 +115,10 @@ def encode_pairs(pairs: list[tuple[str, object]], rng: random.Random) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(
     pairs=st.lists(
-        st.tuples(KEYS, VALUES | st.lists(st.tuples(KEYS, VALUES), max_size=4).map(lambda p: ["__object__", p])),
+        st.tuples(
+            KEYS,
+            VALUES | st.lists(st.tuples(KEYS, VALUES), max_size=4).map(lambda p: ["__object__", p]),
+        ),
         max_size=8,
     ),
     seed=st.integers(0, 2**32),
@@ -115,15 +142,27 @@ def test_same_answer_as_orjson_for_any_json_value(doc, seed):
     "body, expected",
     [
         (b'{"model":"m","stream":true,"max_tokens":5}', RequestFields("m", True, 5)),
-        (b'{"mo\\u0064el":"a\\"b\\\\","stream":false,"parameters":{"max_new_tokens":3}}', RequestFields('a"b\\', False, 3)),
-        (b'{"options":{"num_predict":7},"messages":[{"a":[[[[[[{"b":"}]\\"{["}]]]]]]}],"model":"x"}', RequestFields("x", False, 7)),
+        (
+            b'{"mo\\u0064el":"a\\"b\\\\","stream":false,"parameters":{"max_new_tokens":3}}',
+            RequestFields('a"b\\', False, 3),
+        ),
+        (
+            b'{"options":{"num_predict":7},"messages":[{"a":[[[[[[{"b":"}]\\"{["}]]]]]]}],"model":"x"}',
+            RequestFields("x", False, 7),
+        ),
         (b'{"model":1,"model":"y"}', RequestFields("y")),  # the last duplicate wins
         (b'{"model":"y","model":null}', RequestFields(None)),
         (b'{"parameters":{"max_new_tokens":3},"parameters":5}', RequestFields()),
         (b'{"parameters":{"max_new_tokens":3},"parameters":{"x":1}}', RequestFields()),
-        (b'{"max_tokens":5.0,"n_predict":4,"max_completion_tokens":true}', RequestFields(max_tokens=4)),
-        (b'{"model":"\xf0\x9f\xa6\x99 caf\xc3\xa9","stream":true}', RequestFields("\U0001f999 caf\u00e9", True)),
-        (b'{"prompt":"' + b'\\\\' * 1000 + b'","model":"m"}', RequestFields("m")),
+        (
+            b'{"max_tokens":5.0,"n_predict":4,"max_completion_tokens":true}',
+            RequestFields(max_tokens=4),
+        ),
+        (
+            b'{"model":"\xf0\x9f\xa6\x99 caf\xc3\xa9","stream":true}',
+            RequestFields("\U0001f999 caf\u00e9", True),
+        ),
+        (b'{"prompt":"' + b"\\\\" * 1000 + b'","model":"m"}', RequestFields("m")),
         (b'{"a":' + b"[" * 5000 + b"]" * 5000 + b',"model":"deep"}', RequestFields("deep")),
         (b"[{}]", None),
         (b'"model"', None),
@@ -142,7 +181,14 @@ def test_known_bodies(body, expected):
 
 def test_deeper_than_orjson_still_scanned_without_recursion():
     # orjson refuses nesting past 1024 levels; the scanner keeps a counter, not a stack.
-    body = b'{"model":"m","x":' + b"[" * 20_000 + b"]" * 20_000 + b',"stream":true,"pad":"' + b"p" * 30_000 + b'"}'
+    body = (
+        b'{"model":"m","x":'
+        + b"[" * 20_000
+        + b"]" * 20_000
+        + b',"stream":true,"pad":"'
+        + b"p" * 30_000
+        + b'"}'
+    )
     assert reference(body) is None
     assert len(body) > SMALL_BODY_BYTES
     assert scan_request_fields(body) == scanned(body) == RequestFields("m", True)
@@ -155,7 +201,10 @@ def test_deeper_than_orjson_still_scanned_without_recursion():
         (b'{"model":"m","messages":' + b"[0," * 4_000_000 + b"0" + b"]" * 4_000_000 + b"}", None),
         (b'{"model":"m","x":' + b'{"a":' * 3_000_000 + b"0" + b"}" * 3_000_000 + b"}", None),
         # Escapes are skipped in C, in a skipped string and past a kept value's limit.
-        (b'{"model":"m","messages":[{"role":"user","content":"' + b"\\n" * 15_000_000 + b'"}]}', RequestFields("m")),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"' + b"\\n" * 15_000_000 + b'"}]}',
+            RequestFields("m"),
+        ),
         (b'{"stream":true,"model":"' + b"\\n" * 15_000_000 + b'"}', "cut"),
     ],
     ids=["deep-arrays", "deep-objects", "escaped-content", "escaped-model"],
@@ -178,11 +227,22 @@ def test_costly_shapes_take_bounded_cpu(body, expected):
 def test_hostile_bodies_are_scanned_in_bounded_memory_and_linear_time():
     import tracemalloc
 
-    messages = b'{"model":"m","messages":[' + b",".join([b'{"role":"user","content":"x"}'] * 200_000) + b'],"stream":true}'
+    messages = (
+        b'{"model":"m","messages":['
+        + b",".join([b'{"role":"user","content":"x"}'] * 200_000)
+        + b'],"stream":true}'
+    )
     empties = b"[" + b",".join([b"{}"] * 1_000_000) + b"]"
-    many_keys = b"{" + b",".join(b'"k%d":[1,{"a":"b"}]' % i for i in range(200_000)) + b',"model":"z"}'
+    many_keys = (
+        b"{" + b",".join(b'"k%d":[1,{"a":"b"}]' % i for i in range(200_000)) + b',"model":"z"}'
+    )
     long_model = b'{"model":"' + b"m" * 5_000_000 + b'"}'
-    for body, expected in ((messages, RequestFields("m", True)), (empties, None), (many_keys, RequestFields("z")), (long_model, None)):
+    for body, expected in (
+        (messages, RequestFields("m", True)),
+        (empties, None),
+        (many_keys, RequestFields("z")),
+        (long_model, None),
+    ):
         tracemalloc.start()
         scanner = RequestFieldScanner(max_value_bytes=1024)
         for i in range(0, len(body), 65536):
@@ -194,4 +254,6 @@ def test_hostile_bodies_are_scanned_in_bounded_memory_and_linear_time():
             assert got == expected
         assert peak < 1 << 20, (len(body), peak)  # the slices of one piece, never the body
     got = scanned(long_model, max_value_bytes=1024)
-    assert got is not None and got.model is not None and len(got.model) == 1024  # cut, labelled other
+    assert (
+        got is not None and got.model is not None and len(got.model) == 1024
+    )  # cut, labelled other

@@ -10,7 +10,9 @@ from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
 
 
-def finished(status: int | None, outcome: Outcome, error_type: str | None = None) -> RequestTimeline:
+def finished(
+    status: int | None, outcome: Outcome, error_type: str | None = None
+) -> RequestTimeline:
     t = RequestTimeline(0.0, "POST", "/v1/chat/completions", "m")
     if status is not None:
         t.response_started(0.1, status, streamed=False)

@@ -79,9 +79,15 @@ def test_slo_render_takes_the_base_url(tmp_path, capsys):
     out = tmp_path / "rules.yaml"
     url = "https://git.example.com/platform/llm-sidecar/blob/main/docs/runbooks.md"
     assert main(["slo", "render", str(SPEC), "-o", str(out), "--runbook-url", url]) == 0
-    rules = [r for g in yaml.safe_load(out.read_text())["groups"] for r in g["rules"] if "alert" in r]
-    assert rules and all(r["annotations"]["runbook_url"].startswith(url + "#runbook-") for r in rules)
-    assert main(["slo", "render", str(SPEC), "--runbook-url", "https://x.example/runbooks#top"]) == 2
+    rules = [
+        r for g in yaml.safe_load(out.read_text())["groups"] for r in g["rules"] if "alert" in r
+    ]
+    assert rules and all(
+        r["annotations"]["runbook_url"].startswith(url + "#runbook-") for r in rules
+    )
+    assert (
+        main(["slo", "render", str(SPEC), "--runbook-url", "https://x.example/runbooks#top"]) == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--runbook-url" in err
 

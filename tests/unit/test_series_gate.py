@@ -55,7 +55,9 @@ def test_a_series_past_the_budget_goes_to_other_then_nowhere_and_is_counted():
     c.labels("m9", CHAT, "t").inc()  # past the line: the other row (model and tenant folded)
     c.labels("m8", CHAT, "u").inc()  # the same other row, which exists now
     assert fates == ["other", "other"]
-    assert reg.get_sample_value("c_total", {"model": "other", "route": CHAT, "tenant": "other"}) == 2
+    assert (
+        reg.get_sample_value("c_total", {"model": "other", "route": CHAT, "tenant": "other"}) == 2
+    )
     plain.labels("/a").inc()  # a family without model or tenant may use the reserve
     assert gate.count() == 6
     plain.labels("/b").inc()  # full: nothing to fold, recorded nowhere
@@ -67,11 +69,18 @@ def test_a_series_past_the_budget_goes_to_other_then_nowhere_and_is_counted():
 
 def test_a_sidecar_page_never_passes_max_series_and_in_flight_ends_on_its_own_row():
     reg = CollectorRegistry()
-    sc = build_sidecar(Settings(upstream="http://127.0.0.1:9", max_series=600), reg, access_log=False)
+    sc = build_sidecar(
+        Settings(upstream="http://127.0.0.1:9", max_series=600), reg, access_log=False
+    )
     metrics = sc.metrics
 
     def in_flight() -> dict[str, float]:
-        return {s.labels["model"]: s.value for f in reg.collect() if f.name == "llm_requests_in_flight" for s in f.samples}
+        return {
+            s.labels["model"]: s.value
+            for f in reg.collect()
+            if f.name == "llm_requests_in_flight"
+            for s in f.samples
+        }
 
     for i in range(40):  # fill the page
         metrics.duration.labels(f"m{i}", CHAT, "ok").observe(0.1)
@@ -106,12 +115,16 @@ def test_listing_bodies_are_decoded_within_the_bound():
     assert decoded_listing(gzip.compress(doc), "x-gzip") == doc
     assert decoded_listing(zlib.compress(doc), "deflate") == doc
     raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
-    assert decoded_listing(raw.compress(doc) + raw.flush(), "deflate") == doc  # as many servers send it
+    assert (
+        decoded_listing(raw.compress(doc) + raw.flush(), "deflate") == doc
+    )  # as many servers send it
     assert decoded_listing(gzip.compress(gzip.compress(doc)), "gzip, gzip") == doc
     assert decoded_listing(doc, "br") is None  # not understood: not taken
     assert decoded_listing(gzip.compress(doc)[:-6], "gzip") is None  # truncated
     bomb = gzip.compress(b" " * (MAX_LISTING_BYTES + 1))
-    assert len(bomb) < 10_000 and decoded_listing(bomb, "gzip") is None  # never expanded past the bound
+    assert (
+        len(bomb) < 10_000 and decoded_listing(bomb, "gzip") is None
+    )  # never expanded past the bound
 
 
 @pytest.mark.parametrize("otlp", [False, True], ids=["otlp-off", "otlp-on"])
@@ -132,7 +145,10 @@ def test_every_labelled_family_of_a_built_sidecar_is_gated(otlp, monkeypatch):
     monkeypatch.setattr(SeriesGate, "guard", spy)
     providers = None
     if otlp:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        }
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         providers = providers_from_env(metrics=True, environ=env)
@@ -153,7 +169,11 @@ def test_every_labelled_family_of_a_built_sidecar_is_gated(otlp, monkeypatch):
     assert len(at_guard) == 1
     late = [[f.name for f in c.collect()] for c in reg._collector_to_names if c not in at_guard[0]]
     assert not late, late  # every family exists before the gate is set up
-    labelled = [c for c in reg._collector_to_names if isinstance(c, MetricWrapperBase) and is_labelled_parent(c)]
+    labelled = [
+        c
+        for c in reg._collector_to_names
+        if isinstance(c, MetricWrapperBase) and is_labelled_parent(c)
+    ]
     assert len(labelled) > 20
     ungated = [c._name for c in labelled if "labels" not in vars(c)]
     assert not ungated, ungated

@@ -38,7 +38,7 @@ def sse_events(raw: bytes) -> list[bytes]:
     for part in raw.split(b"\n\n")[:-1]:
         assert part.startswith(b"data: "), part
         assert b"\n" not in part
-        out.append(part[len(b"data: "):])
+        out.append(part[len(b"data: ") :])
     return out
 
 
@@ -85,14 +85,28 @@ async def test_chat_stream_shape(aiohttp_client: Any) -> None:
     parsed = await post_stream(client, CHAT, chat_body(stream=True), {**EXACT, "x-sim-tokens": "5"})
 
     first = parsed[0]
-    assert list(first) == ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
+    assert list(first) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "prompt_token_ids",
+        "prompt_text",
+    ]
     assert first["prompt_token_ids"] is None and first["prompt_text"] is None  # vLLM 0.32
     assert first["id"].startswith("chatcmpl-") and len(first["id"]) == len("chatcmpl-") + 16
     assert first["object"] == "chat.completion.chunk"
     assert isinstance(first["created"], int)
     assert first["model"] == MODEL
-    assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                 "logprobs": None, "finish_reason": None}]
+    assert first["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
 
     tokens = parsed[1:]
     assert len(tokens) == 5
@@ -120,7 +134,15 @@ async def test_chat_stream_include_usage(aiohttp_client: Any) -> None:
     *rest, usage_chunk = parsed
     assert all("usage" not in c for c in rest)  # current vLLM: exclude_unset, no usage key
     assert usage_chunk["choices"] == []
-    assert list(usage_chunk) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
+    assert list(usage_chunk) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "usage",
+        "system_fingerprint",
+    ]
     assert all("system_fingerprint" not in c for c in rest)  # it moved to the usage chunk
     usage = usage_chunk["usage"]
     assert list(usage) == ["prompt_tokens", "total_tokens", "completion_tokens"]
@@ -132,8 +154,11 @@ async def test_chat_stream_include_usage(aiohttp_client: Any) -> None:
     # the prompt estimate is deterministic and grows with the prompt
     again = await post_stream(client, CHAT, body, {**EXACT, "x-sim-tokens": "7"})
     assert again[-1]["usage"]["prompt_tokens"] == usage["prompt_tokens"]
-    longer = chat_body(stream=True, stream_options={"include_usage": True},
-                       messages=[{"role": "user", "content": "word " * 200}])
+    longer = chat_body(
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "word " * 200}],
+    )
     bigger = await post_stream(client, CHAT, longer, EXACT)
     assert bigger[-1]["usage"]["prompt_tokens"] > usage["prompt_tokens"] + 200
 
@@ -163,8 +188,12 @@ async def test_chat_stream_reasoning(aiohttp_client: Any) -> None:
     assert parsed[-1]["usage"]["completion_tokens"] == 7
 
     # from the config as well, and per choice
-    client = await make_client(aiohttp_client, SimulatorConfig(
-        ttft=0.001, tpot=0.0, jitter=0, tokens=3, tokens_spread=0, reasoning_tokens=2))
+    client = await make_client(
+        aiohttp_client,
+        SimulatorConfig(
+            ttft=0.001, tpot=0.0, jitter=0, tokens=3, tokens_spread=0, reasoning_tokens=2
+        ),
+    )
     parsed = await post_stream(client, CHAT, chat_body(stream=True, n=2))
     for i in (0, 1):
         mine = [list(c["choices"][0]["delta"]) for c in parsed if c["choices"][0]["index"] == i]
@@ -172,8 +201,9 @@ async def test_chat_stream_reasoning(aiohttp_client: Any) -> None:
 
 
 async def test_max_tokens_caps_and_finish_length(aiohttp_client: Any) -> None:
-    client = await make_client(aiohttp_client, SimulatorConfig(
-        ttft=0.001, tpot=0.0, jitter=0, tokens=50, tokens_spread=0))
+    client = await make_client(
+        aiohttp_client, SimulatorConfig(ttft=0.001, tpot=0.0, jitter=0, tokens=50, tokens_spread=0)
+    )
     for key in ("max_tokens", "max_completion_tokens"):
         parsed = await post_stream(client, CHAT, chat_body(stream=True, **{key: 6}))
         assert len(deltas(parsed)) == 6
@@ -196,7 +226,13 @@ async def test_completions_stream_shape(aiohttp_client: Any) -> None:
         assert list(c) == ["id", "object", "created", "model", "choices", *fingerprint]
         assert c["id"].startswith("cmpl-") and c["object"] == "text_completion"
         assert list(c["choices"][0]) == [
-            "index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids", "token_ids"
+            "index",
+            "text",
+            "logprobs",
+            "finish_reason",
+            "stop_reason",
+            "prompt_token_ids",
+            "token_ids",
         ]
         assert c["choices"][0]["text"]
     assert [c["choices"][0]["finish_reason"] for c in parsed] == [None, None, None, "stop"]
@@ -213,9 +249,22 @@ async def test_non_streaming_bodies(aiohttp_client: Any) -> None:
     resp = await client.post(CHAT, json=chat_body(n=2), headers=headers)
     assert resp.status == 200 and resp.headers["Content-Type"] == "application/json"
     data = await resp.json()
-    assert list(data) == ["id", "object", "created", "model", "choices", "service_tier",
-                          "system_fingerprint", "usage", "prompt_logprobs", "prompt_token_ids",
-                          "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"]
+    assert list(data) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
+    ]
     assert data["object"] == "chat.completion" and data["id"].startswith("chatcmpl-")
     assert [c["index"] for c in data["choices"]] == [0, 1]
     msg = data["choices"][0]["message"]
@@ -230,8 +279,17 @@ async def test_non_streaming_bodies(aiohttp_client: Any) -> None:
     resp = await client.post(COMPLETIONS, json=completion_body(max_tokens=4))
     data = await resp.json()
     assert data["object"] == "text_completion" and data["id"].startswith("cmpl-")
-    assert list(data["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
-                                        "token_ids", "prompt_logprobs", "prompt_token_ids", "routed_experts"]
+    assert list(data["choices"][0]) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "routed_experts",
+    ]
     assert data["choices"][0]["finish_reason"] == "length"
     assert data["usage"]["completion_tokens"] == 4
 
@@ -379,8 +437,16 @@ async def test_models_health_metrics(aiohttp_client: Any) -> None:
     data = await resp.json()
     assert data["object"] == "list"
     card = data["data"][0]
-    assert list(card) == ["id", "object", "created", "owned_by", "root", "parent",
-                          "max_model_len", "permission"]
+    assert list(card) == [
+        "id",
+        "object",
+        "created",
+        "owned_by",
+        "root",
+        "parent",
+        "max_model_len",
+        "permission",
+    ]
     assert card["id"] == card["root"] == MODEL and card["owned_by"] == "vllm"
     assert card["parent"] is None and card["max_model_len"] > 0
     assert card["permission"][0]["object"] == "model_permission"
@@ -465,8 +531,10 @@ async def test_client_disconnect_without_handler_cancellation() -> None:
     stats = app[SIM_STATS]
     try:
         async with aiohttp.ClientSession() as session:
-            for headers in ({"x-sim-ttft": "0", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"},
-                            {"x-sim-ttft": "30", "x-sim-tokens": "5"}):
+            for headers in (
+                {"x-sim-ttft": "0", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"},
+                {"x-sim-ttft": "30", "x-sim-tokens": "5"},
+            ):
                 url = f"http://127.0.0.1:{port}{CHAT}"
                 resp = await session.post(url, json=chat_body(stream=True), headers=headers)
                 await asyncio.sleep(0.05)

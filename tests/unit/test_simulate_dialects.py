@@ -40,7 +40,9 @@ from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 
 MODEL = "sim-model"
-FAST = SimulatorConfig(ttft=0.005, tpot=0.001, jitter=0.0, tokens=8, tokens_spread=0.0, seed=7, model=MODEL)
+FAST = SimulatorConfig(
+    ttft=0.005, tpot=0.001, jitter=0.0, tokens=8, tokens_spread=0.0, seed=7, model=MODEL
+)
 EXACT = {"x-sim-ttft": "0", "x-sim-tpot": "0"}
 MESSAGES = [{"role": "user", "content": "Hello there!"}]
 
@@ -124,7 +126,9 @@ async def make_client(aiohttp_client: Any, config: SimulatorConfig = FAST) -> An
     return await aiohttp_client(build_simulator_app(config))
 
 
-async def post(client: Any, d: Dialect, headers: dict[str, str] | None = None, **extra: Any) -> tuple[int, str, bytes]:
+async def post(
+    client: Any, d: Dialect, headers: dict[str, str] | None = None, **extra: Any
+) -> tuple[int, str, bytes]:
     resp = await client.post(d.path, json={**d.body, **extra}, headers=headers or {})
     return resp.status, resp.headers["Content-Type"], await resp.read()
 
@@ -247,7 +251,9 @@ async def test_in_stream_error_and_drop(aiohttp_client: Any, d: Dialect) -> None
     stats = client.app[SIM_STATS]
     assert stats.stream_errors == 1 and stats.completed == 0 and stats.in_flight == 0
 
-    resp = await client.post(d.path, json=d.body, headers={**EXACT, "x-sim-tokens": "10", "x-sim-fail": "drop"})
+    resp = await client.post(
+        d.path, json=d.body, headers={**EXACT, "x-sim-tokens": "10", "x-sim-fail": "drop"}
+    )
     got = b""
     with pytest.raises(Exception):  # aiohttp.ClientPayloadError: the connection was cut
         async for data in resp.content.iter_any():
@@ -278,7 +284,9 @@ async def test_http_500_in_the_dialects_error_shape(aiohttp_client: Any, d: Dial
 # ---------------------------------------------------------------- reasoning
 
 
-@pytest.mark.parametrize("d", [d for d in DIALECTS if d.reasoning], ids=[d.name for d in DIALECTS if d.reasoning])
+@pytest.mark.parametrize(
+    "d", [d for d in DIALECTS if d.reasoning], ids=[d.name for d in DIALECTS if d.reasoning]
+)
 async def test_reasoning_comes_first_and_is_counted(aiohttp_client: Any, d: Dialect) -> None:
     client = await make_client(aiohttp_client)
     _, _, raw = await post(client, d, {**EXACT, "x-sim-tokens": "4", "x-sim-reasoning": "3"})
@@ -291,7 +299,9 @@ async def test_reasoning_comes_first_and_is_counted(aiohttp_client: Any, d: Dial
         assert seen.usage.reasoning_tokens == 3
 
     # from the config too
-    config = SimulatorConfig(ttft=0, tpot=0, jitter=0, tokens=2, tokens_spread=0, reasoning_tokens=2, model=MODEL)
+    config = SimulatorConfig(
+        ttft=0, tpot=0, jitter=0, tokens=2, tokens_spread=0, reasoning_tokens=2, model=MODEL
+    )
     client = await make_client(aiohttp_client, config)
     _, _, raw = await post(client, d)
     assert read(d.parser(), raw).tokens == {TokenKind.REASONING: 2, TokenKind.ANSWER: 2}
@@ -354,7 +364,9 @@ async def test_anthropic_stream_layout(aiohttp_client: Any) -> None:
     _, _, raw = await post(client, d, EXACT, max_tokens=3)
     assert read(d.parser(), raw).finish == ["max_tokens"]
 
-    resp = await client.post("/v1/messages", json={**d.whole_body}, headers={"x-sim-tokens": "2", "x-sim-reasoning": "1"})
+    resp = await client.post(
+        "/v1/messages", json={**d.whole_body}, headers={"x-sim-tokens": "2", "x-sim-reasoning": "1"}
+    )
     msg = await resp.json()
     assert [b["type"] for b in msg["content"]] == ["thinking", "text"]
     assert msg["content"][0]["signature"] and msg["stop_reason"] == "end_turn"
@@ -385,7 +397,9 @@ async def test_tgi_end_of_sequence_details_and_compat_route(aiohttp_client: Any)
     # TGI's "/" answers streams or, in a one-element list, whole bodies
     raw = await (await client.post("/", json={**d.body, "stream": True}, headers=EXACT)).read()
     assert read(TGIStreamDialect(), raw).usage.output_tokens == 8
-    resp = await client.post("/", json={"inputs": "Hi", "parameters": {"return_full_text": True}}, headers=EXACT)
+    resp = await client.post(
+        "/", json={"inputs": "Hi", "parameters": {"return_full_text": True}}, headers=EXACT
+    )
     data = await resp.json()
     assert isinstance(data, list) and data[0]["generated_text"].startswith("Hi")
     assert parse_tgi_response(orjson.dumps(data)) == []  # no details were asked for
@@ -404,8 +418,11 @@ async def test_ollama_final_line_and_engine_timings(aiohttp_client: Any, name: s
     objs = stream_objects(d, raw)
     final = objs[-1]
     assert [o["done"] for o in objs] == [False] * 5 + [True]
-    keys = ["model", "created_at", "message", "done_reason", "done"] if name == "ollama_chat" else \
-        ["model", "created_at", "response", "done", "done_reason", "context"]
+    keys = (
+        ["model", "created_at", "message", "done_reason", "done"]
+        if name == "ollama_chat"
+        else ["model", "created_at", "response", "done", "done_reason", "context"]
+    )
     assert list(final) == keys + ["total_duration", "load_duration", "prompt_eval_count",
                                   "prompt_eval_duration", "eval_count", "eval_duration"]  # fmt: skip
     assert final["done_reason"] == "stop" and final["eval_count"] == 5
@@ -413,7 +430,9 @@ async def test_ollama_final_line_and_engine_timings(aiohttp_client: Any, name: s
     assert final["prompt_eval_duration"] == round(0.02 * ENGINE_PREFILL_SHARE * 1e9)
     assert final["eval_duration"] == round(4 * 0.005 * 1e9)
     assert final["total_duration"] == round((0.02 + 4 * 0.005) * 1e9)
-    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z", o["created_at"]) for o in objs)
+    assert all(
+        re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z", o["created_at"]) for o in objs
+    )
     engine = read(d.parser(), raw).engine
     assert engine == EngineTimings(0.02 * ENGINE_LOAD_SHARE, 0.02 * ENGINE_PREFILL_SHARE, 4 * 0.005)
 
@@ -464,7 +483,9 @@ async def test_llamacpp_final_timings(aiohttp_client: Any) -> None:
 async def test_triton_versions_and_events(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
     path = f"/v2/models/{MODEL}/versions/3/generate_stream"
-    raw = await (await client.post(path, json={"text_input": "Hi"}, headers={**EXACT, "x-sim-tokens": "3"})).read()
+    raw = await (
+        await client.post(path, json={"text_input": "Hi"}, headers={**EXACT, "x-sim-tokens": "3"})
+    ).read()
     objs = stream_objects(BY_NAME["triton"], raw)
     assert [o["output_log_probs"] for o in objs] == [0.0, [0.0, 0.0], [0.0, 0.0, 0.0]]
     assert all(list(o) == sorted(o) and o["model_version"] == "3" for o in objs)
@@ -489,7 +510,9 @@ async def test_triton_versions_and_events(aiohttp_client: Any) -> None:
         ("/v2/models/sim-model/generate", {}, 400, b"text_input"),
     ],
 )  # fmt: skip
-async def test_bad_requests(aiohttp_client: Any, path: str, body: dict, status: int, needle: bytes) -> None:
+async def test_bad_requests(
+    aiohttp_client: Any, path: str, body: dict, status: int, needle: bytes
+) -> None:
     client = await make_client(aiohttp_client)
     resp = await client.post(path, json=body)
     assert resp.status == status
@@ -505,7 +528,9 @@ async def test_bad_requests(aiohttp_client: Any, path: str, body: dict, status: 
 
 
 async def test_seeded_runs_repeat_byte_for_byte_but_for_clocks(aiohttp_client: Any) -> None:
-    config = SimulatorConfig(ttft=0.001, tpot=0.0002, jitter=0.5, tokens=6, tokens_spread=0.5, seed=11, model=MODEL)
+    config = SimulatorConfig(
+        ttft=0.001, tpot=0.0002, jitter=0.5, tokens=6, tokens_spread=0.5, seed=11, model=MODEL
+    )
     clocks = re.compile(rb'"(created_at|completed_at)":("[^"]*"|\d+)')
 
     async def run() -> list[bytes]:
@@ -518,14 +543,20 @@ async def test_seeded_runs_repeat_byte_for_byte_but_for_clocks(aiohttp_client: A
 async def test_vllm_routes_have_an_in_stream_error_too(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
     body = {"model": MODEL, "messages": MESSAGES, "stream": True}
-    resp = await client.post("/v1/chat/completions", json=body, headers={**EXACT, "x-sim-tokens": "6", "x-sim-fail": "stream"})
+    resp = await client.post(
+        "/v1/chat/completions",
+        json=body,
+        headers={**EXACT, "x-sim-tokens": "6", "x-sim-fail": "stream"},
+    )
     raw = await resp.read()
     assert raw.endswith(
         b'data: {"error":{"message":"Simulated engine failure","type":"InternalServerError",'
         b'"param":null,"code":500}}\n\ndata: [DONE]\n\n'
     )
     assert raw.count(b'"content":"') == 1 + 3  # the role chunk, then half the tokens
-    resp = await client.post("/v1/chat/completions", json={**body, "stream": False}, headers={"x-sim-fail": "stream"})
+    resp = await client.post(
+        "/v1/chat/completions", json={**body, "stream": False}, headers={"x-sim-fail": "stream"}
+    )
     assert resp.status == 500
     stats = client.app[SIM_STATS]
     assert stats.stream_errors == 1 and stats.failed == 1 and stats.in_flight == 0
@@ -534,7 +565,11 @@ async def test_vllm_routes_have_an_in_stream_error_too(aiohttp_client: Any) -> N
 async def test_client_disconnect_is_counted(aiohttp_client: Any) -> None:
     client = await make_client(aiohttp_client)
     d = BY_NAME["anthropic"]
-    resp = await client.post(d.path, json=d.body, headers={"x-sim-ttft": "0.01", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"})
+    resp = await client.post(
+        d.path,
+        json=d.body,
+        headers={"x-sim-ttft": "0.01", "x-sim-tpot": "0.01", "x-sim-tokens": "1000"},
+    )
     await resp.content.readline()
     resp.close()
     stats = client.app[SIM_STATS]

@@ -22,7 +22,11 @@ from sidecar.tools.sim.server import build_simulator_app
 from tests.real.wire import json_events
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0"
-CASES = sorted(p for p in RECORDED.glob("*") if p.suffix in (".sse", ".json") and not p.name.endswith(".meta.json"))
+CASES = sorted(
+    p
+    for p in RECORDED.glob("*")
+    if p.suffix in (".sse", ".json") and not p.name.endswith(".meta.json")
+)
 EXACT = {"x-sim-ttft": "0", "x-sim-tpot": "0", "x-sim-tokens": "5"}
 
 
@@ -34,7 +38,11 @@ def shape(value: Any) -> Any:
         return [shape(v) for v in value]
     if value is None:
         return None
-    return type(value).__name__ if not isinstance(value, int | float) or isinstance(value, bool) else "number"
+    return (
+        type(value).__name__
+        if not isinstance(value, int | float) or isinstance(value, bool)
+        else "number"
+    )
 
 
 def collapsed(events: list[dict]) -> list:
@@ -75,4 +83,6 @@ async def test_the_shape_comparison_sees_a_moved_field(aiohttp_client):
     recorded = (RECORDED / "chat-stream.sse").read_bytes()
     moved = recorded.replace(b',"system_fingerprint":', b',"system_fingerprint_":')
     assert body_shape(moved, True) != body_shape(recorded, True)
-    assert body_shape(recorded.replace(b'"token_ids":null', b'"token_ids":[]'), True) != body_shape(recorded, True)
+    assert body_shape(recorded.replace(b'"token_ids":null', b'"token_ids":[]'), True) != body_shape(
+        recorded, True
+    )

@@ -137,19 +137,27 @@ async def stream(aiohttp_client, folder: str, headers: dict[str, str]) -> bytes:
 
 @pytest.mark.parametrize("folder", list(DIALECTS))
 async def test_tool_call_streams_have_the_recordings_shape(aiohttp_client, folder):
-    raw = await stream(aiohttp_client, folder, {"x-sim-tool-calls": "2", "x-sim-tokens": "9", "x-sim-cached-tokens": "8"})
+    raw = await stream(
+        aiohttp_client,
+        folder,
+        {"x-sim-tool-calls": "2", "x-sim-tokens": "9", "x-sim-cached-tokens": "8"},
+    )
     assert compared(folder, raw) == compared(folder, load(folder, FIXTURES[folder]))
 
 
 async def test_the_shape_comparison_sees_a_changed_tool_call(aiohttp_client):
     """Not vacuous: a call without its id, or a wrong finish reason, is another shape."""
     recorded = load("openai", FIXTURES["openai"])
-    assert compared("openai", recorded.replace(b'"id":"chatcmpl-tool-', b'"xid":"chatcmpl-tool-')) != compared(
+    assert compared(
+        "openai", recorded.replace(b'"id":"chatcmpl-tool-', b'"xid":"chatcmpl-tool-')
+    ) != compared("openai", recorded)
+    assert compared("openai", recorded.replace(b'"tool_calls","stop', b'"stop","stop')) != compared(
         "openai", recorded
     )
-    assert compared("openai", recorded.replace(b'"tool_calls","stop', b'"stop","stop')) != compared("openai", recorded)
     anthropic = load("anthropic", FIXTURES["anthropic"])
-    assert compared("anthropic", anthropic.replace(b'"input":{}', b'"input":[]')) != compared("anthropic", anthropic)
+    assert compared("anthropic", anthropic.replace(b'"input":{}', b'"input":[]')) != compared(
+        "anthropic", anthropic
+    )
 
 
 async def test_the_usage_chunk_has_real_vllms_cached_shape(aiohttp_client):
@@ -157,7 +165,11 @@ async def test_the_usage_chunk_has_real_vllms_cached_shape(aiohttp_client):
     ``--enable-prompt-tokens-details`` (prompt_tokens_details after the counts)."""
     raw = await stream(aiohttp_client, "openai", {"x-sim-tokens": "3", "x-sim-cached-tokens": "8"})
     (usage,) = [o for o in objects("openai", raw) if not o["choices"]]
-    (real,) = [o for o in objects("openai", load("openai", "vllm032_chat_prefix_cached.txt")) if not o["choices"]]
+    (real,) = [
+        o
+        for o in objects("openai", load("openai", "vllm032_chat_prefix_cached.txt"))
+        if not o["choices"]
+    ]
     assert shape(usage) == shape(real)
     assert usage["usage"]["prompt_tokens_details"]["cached_tokens"] == 8
 
@@ -178,7 +190,9 @@ async def test_the_sidecar_reads_each_call_where_the_oracle_finds_it(aiohttp_cli
     want = expected_times(folder, events)
     assert len(want) == calls == t.tool_call_count
     assert t.time_to_first_tool_call == min(first for first, _ in want.values())
-    assert sorted(t.tool_call_assembly()) == sorted(float(last - first) for first, last in want.values())
+    assert sorted(t.tool_call_assembly()) == sorted(
+        float(last - first) for first, last in want.values()
+    )
     if folder != "ollama":  # Ollama sends each call whole
         assert all(a > 0 for a in t.tool_call_assembly())
     # Reasoning came first: the first token is not the first tool call (except in Ollama,
@@ -186,15 +200,23 @@ async def test_the_sidecar_reads_each_call_where_the_oracle_finds_it(aiohttp_cli
     assert t.ttft is not None and t.ttft < t.time_to_first_tool_call
 
 
-@pytest.mark.parametrize(("folder", "reported"), [("openai", 16), ("anthropic", 16), ("responses", 16)])
+@pytest.mark.parametrize(
+    ("folder", "reported"), [("openai", 16), ("anthropic", 16), ("responses", 16)]
+)
 async def test_cached_tokens_reach_the_cache_class(aiohttp_client, folder, reported):
-    raw = await stream(aiohttp_client, folder, {"x-sim-tokens": "3", "x-sim-cached-tokens": str(reported)})
+    raw = await stream(
+        aiohttp_client, folder, {"x-sim-tokens": "3", "x-sim-cached-tokens": str(reported)}
+    )
     d = DIALECTS[folder][2]()
     t = RequestTimeline(0.0, "POST", DIALECTS[folder][0], MODEL)
     t.response_started(0.0, 200, streamed=True)
     t.events(d.feed(raw) + d.close(), 1.0)
     t.finish(Outcome.OK, 1.0)
-    assert t.cached_input_tokens == reported and t.input_tokens is not None and t.input_tokens > reported
+    assert (
+        t.cached_input_tokens == reported
+        and t.input_tokens is not None
+        and t.input_tokens > reported
+    )
     assert cache_class(t.input_tokens, t.cached_input_tokens) is CacheClass.MOST
     none = await stream(aiohttp_client, folder, {"x-sim-tokens": "3", "x-sim-cached-tokens": "0"})
     d = DIALECTS[folder][2]()
@@ -208,16 +230,43 @@ async def test_cached_tokens_reach_the_cache_class(aiohttp_client, folder, repor
 @pytest.mark.parametrize(
     ("path", "body", "value", "needle"),
     [
-        ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "stream": True}, "-1", b"from 0 to 16"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "stream": True}, "17", b"from 0 to 16"),
-        ("/v1/messages", {"model": MODEL, "max_tokens": 9, "messages": MESSAGES, "stream": True}, "two", b"from 0 to 16"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES}, "1", b"only streamed answers"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": True}, "1", b"has no tool calls"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": MESSAGES, "stream": True},
+            "-1",
+            b"from 0 to 16",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": MESSAGES, "stream": True},
+            "17",
+            b"from 0 to 16",
+        ),
+        (
+            "/v1/messages",
+            {"model": MODEL, "max_tokens": 9, "messages": MESSAGES, "stream": True},
+            "two",
+            b"from 0 to 16",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": MESSAGES},
+            "1",
+            b"only streamed answers",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "stream": True},
+            "1",
+            b"has no tool calls",
+        ),
         ("/api/generate", {"model": MODEL, "prompt": "x"}, "1", b"has no tool calls"),
         ("/generate_stream", {"inputs": "x"}, "1", b"has no tool calls"),
     ],
 )
-async def test_tool_calls_where_the_api_has_none_are_refused(aiohttp_client, path, body, value, needle):
+async def test_tool_calls_where_the_api_has_none_are_refused(
+    aiohttp_client, path, body, value, needle
+):
     client = await aiohttp_client(build_simulator_app(SimulatorConfig(model=MODEL)))
     resp = await client.post(path, json=body, headers={**EXACT, "x-sim-tool-calls": value})
     assert resp.status in (400, 422) and needle in await resp.read()

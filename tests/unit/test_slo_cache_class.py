@@ -22,7 +22,13 @@ from sidecar.tools.slo.helm import schema_section
 from sidecar.tools.slo.rules import generate, objective_text
 from sidecar.tools.slo.spec import Objective, SpecError, parse_spec
 
-PREFILL = {"name": "ttft-prefill", "sli": "ttft", "target": 95, "threshold_seconds": 1.0, "cache_class": "none"}
+PREFILL = {
+    "name": "ttft-prefill",
+    "sli": "ttft",
+    "target": 95,
+    "threshold_seconds": 1.0,
+    "cache_class": "none",
+}
 
 
 def spec(*objectives: dict, **top):
@@ -38,10 +44,14 @@ def test_a_miss_objective_reads_only_the_misses_of_the_by_cache_histogram():
         f' - {by} (rate(llm_time_to_first_token_by_cache_seconds_bucket{{cache="none",le="1.0"}}[5m]))'
     )
     # Without cache_class: every request, from the TTFT histogram, as before.
-    assert "by_cache" not in bad["ttft"] and "llm_time_to_first_token_seconds_bucket{le=\"1.0\"}" in bad["ttft"]
+    assert (
+        "by_cache" not in bad["ttft"]
+        and 'llm_time_to_first_token_seconds_bucket{le="1.0"}' in bad["ttft"]
+    )
     alert = next(r for r in rs.rules() if r.alert == "LLMTTFTPrefillBurnRate")
-    assert "time to first token <= 1s for 95% of streamed requests that missed the prefix cache" in (
-        alert.annotations["description"]
+    assert (
+        "time to first token <= 1s for 95% of streamed requests that missed the prefix cache"
+        in (alert.annotations["description"])
     )
     assert alert.annotations["runbook_url"].endswith("#runbook-llmttftburnrate")  # a TTFT runbook
 
@@ -49,8 +59,14 @@ def test_a_miss_objective_reads_only_the_misses_of_the_by_cache_histogram():
 def test_overrides_keep_the_class_and_the_model_matchers():
     rs = generate(spec({**PREFILL, "models": {"big": {"threshold_seconds": 5.0}}}))
     exprs = [r.expr for r in rs.rules() if r.record == "llm:sli_bad_events:rate5m"]
-    assert 'llm_time_to_first_token_by_cache_seconds_bucket{cache="none",model!="big",le="1.0"}' in exprs[0]
-    assert 'llm_time_to_first_token_by_cache_seconds_bucket{cache="none",model="big",le="5.0"}' in exprs[1]
+    assert (
+        'llm_time_to_first_token_by_cache_seconds_bucket{cache="none",model!="big",le="1.0"}'
+        in exprs[0]
+    )
+    assert (
+        'llm_time_to_first_token_by_cache_seconds_bucket{cache="none",model="big",le="5.0"}'
+        in exprs[1]
+    )
 
 
 @pytest.mark.parametrize(
@@ -60,8 +76,14 @@ def test_overrides_keep_the_class_and_the_model_matchers():
         ({"prompt_class": "gt8192"}, "cache_class and prompt_class cannot be combined"),
         ({"cache_class": "unknown"}, "cache_class: Input should be 'none', 'partial' or 'most'"),
         ({"cache_class": "miss"}, "cache_class: Input should be"),
-        ({"threshold_seconds": 1.1}, "not a bucket bound of llm_time_to_first_token_by_cache_seconds"),
-        ({"models": {"big": {"threshold_seconds": 4.0}}}, "models.big: threshold_seconds 4 is not a bucket bound"),
+        (
+            {"threshold_seconds": 1.1},
+            "not a bucket bound of llm_time_to_first_token_by_cache_seconds",
+        ),
+        (
+            {"models": {"big": {"threshold_seconds": 4.0}}},
+            "models.big: threshold_seconds 4 is not a bucket bound",
+        ),
     ],
 )
 def test_bad_cache_class_objectives_are_refused_in_one_line(change, message):
@@ -91,7 +113,9 @@ def test_the_threshold_check_knows_the_by_cache_histograms_buckets():
     assert len(written) == len(TTFT_BUCKETS) + 1
     for cls in c.CACHE_CLASSES_JUDGED:
         latency = c.latency_sli("ttft", cls)
-        assert latency.histogram == c.TTFT_BY_CACHE_HISTOGRAM and latency.matchers == ((c.LABEL_CACHE, cls),)
+        assert latency.histogram == c.TTFT_BY_CACHE_HISTOGRAM and latency.matchers == (
+            (c.LABEL_CACHE, cls),
+        )
         assert {floatToGoString(b) for b in latency.buckets} | {"+Inf"} == written
     assert latency.buckets == TTFT_BUCKETS
 
@@ -104,10 +128,16 @@ def test_the_spec_offers_exactly_the_classes_the_sidecar_writes_but_unknown():
 def test_objective_text_and_chart_schema_name_the_histogram_read():
     s = spec(PREFILL)
     (scope,) = s.scopes(s.objectives[0])
-    assert objective_text(scope) == "time to first token <= 1s for 95% of streamed requests that missed the prefix cache"
+    assert (
+        objective_text(scope)
+        == "time to first token <= 1s for 95% of streamed requests that missed the prefix cache"
+    )
     schema = schema_section(s)
     threshold = schema["properties"]["ttft-prefill"]["properties"]["thresholdSeconds"]
-    assert "llm_time_to_first_token_by_cache_seconds" in threshold["description"] and 1.0 in threshold["enum"]
+    assert (
+        "llm_time_to_first_token_by_cache_seconds" in threshold["description"]
+        and 1.0 in threshold["enum"]
+    )
 
 
 def test_the_slo_dashboards_breakdown_reads_the_misses_too():

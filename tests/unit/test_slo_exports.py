@@ -34,12 +34,30 @@ ALL_KINDS_SPEC = {
     "version": 1,
     "objectives": [
         {"name": "availability", "sli": "availability", "target": 99.9},
-        {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 0.5, "models": {"big": {"threshold_seconds": 10.0}}},
+        {
+            "name": "ttft",
+            "sli": "ttft",
+            "target": 95,
+            "threshold_seconds": 0.5,
+            "models": {"big": {"threshold_seconds": 10.0}},
+        },
         {"name": "tpot", "sli": "tpot", "target": 95, "threshold_seconds": 0.05},
         {"name": "itl", "sli": "itl", "target": 99, "threshold_seconds": 0.1},
         {"name": "e2e", "sli": "e2e", "target": 99, "threshold_seconds": 30.0},
-        {"name": "ttft-long", "sli": "ttft", "target": 90, "threshold_seconds": 10.0, "prompt_class": "all"},
-        {"name": "ttft-prefill", "sli": "ttft", "target": 95, "threshold_seconds": 1.0, "cache_class": "none"},
+        {
+            "name": "ttft-long",
+            "sli": "ttft",
+            "target": 90,
+            "threshold_seconds": 10.0,
+            "prompt_class": "all",
+        },
+        {
+            "name": "ttft-prefill",
+            "sli": "ttft",
+            "target": 95,
+            "threshold_seconds": 1.0,
+            "cache_class": "none",
+        },
     ],
 }
 
@@ -65,7 +83,13 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         )  # fmt: skip
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    for data in (_chunk(role=True), _chunk("Hel"), _chunk("lo"), _chunk(" you", finish="stop"), b"data: [DONE]\n\n"):
+    for data in (
+        _chunk(role=True),
+        _chunk("Hel"),
+        _chunk("lo"),
+        _chunk(" you", finish="stop"),
+        b"data: [DONE]\n\n",
+    ):
         await resp.write(data)
         await asyncio.sleep(0.005)
     await resp.write_eof()
@@ -89,7 +113,9 @@ async def exported(upstream, sidecar_factory):
         async with s.post(url, json=body, headers={"x-fail": "1"}) as r:
             assert r.status == 500
         route = {"model": "m1", "route": "/v1/chat/completions"}
-        await wait_for(lambda: sc.sample("llm_requests_total", **route, code="500", outcome="error") == 1)
+        await wait_for(
+            lambda: sc.sample("llm_requests_total", **route, code="500", outcome="error") == 1
+        )
         await wait_for(lambda: sc.sample("llm_requests_within_slo_total", **route) == 2)
         async with s.get(f"{sc.admin_url}/metrics") as r:
             text = await r.text()
@@ -110,7 +136,11 @@ def rule_sources() -> list[tuple[str, dict]]:
 
 def test_rules_reference_only_what_the_sidecar_exports(exported):
     assert RULE_FILES, "no committed rules under deploy/prometheus/"
-    for name in (c.REQUESTS_TOTAL, c.REQUESTS_WITHIN_SLO_TOTAL, *(f"{s.histogram}_bucket" for s in c.LATENCY_SLIS.values())):
+    for name in (
+        c.REQUESTS_TOTAL,
+        c.REQUESTS_WITHIN_SLO_TOTAL,
+        *(f"{s.histogram}_bucket" for s in c.LATENCY_SLIS.values()),
+    ):
         assert name in exported, f"{name} missing from /metrics"
     outcomes = {o.value for o in Outcome}
     checked = 0
@@ -141,9 +171,13 @@ def test_rules_reference_only_what_the_sidecar_exports(exported):
                     names.append(metric)
                     labels = exported[metric]
                     for label, op, value in matchers:
-                        assert label in labels, f"{where}: the sidecar has no label {label!r} on {metric}"
+                        assert label in labels, (
+                            f"{where}: the sidecar has no label {label!r} on {metric}"
+                        )
                         if label == "le":
-                            assert op == "=" and value in labels["le"], f"{where}: no bucket le={value!r}"
+                            assert op == "=" and value in labels["le"], (
+                                f"{where}: no bucket le={value!r}"
+                            )
                         if label == "outcome":
                             assert value in outcomes, where
                     checked += 1
@@ -163,5 +197,7 @@ def test_le_values_in_rules_are_written_as_the_sidecar_writes_them(exported):
     """prometheus_client writes 2.0 as "2.0" and 60.0 as "60.0"; a rule with le="2" would read nothing."""
     les = set(re.findall(r'le="([^"]+)"', RULE_FILES[0].read_text(encoding="utf-8")))
     assert les == {"2.0", "0.1", "60.0"}  # ttft, tpot, e2e (no per-model override is shipped)
-    written = set().union(*(exported[f"{s.histogram}_bucket"]["le"] for s in c.LATENCY_SLIS.values()))
+    written = set().union(
+        *(exported[f"{s.histogram}_bucket"]["le"] for s in c.LATENCY_SLIS.values())
+    )
     assert les <= written

@@ -27,7 +27,13 @@ def ruleset(**top):
         "version": 1,
         "objectives": [
             {"name": "availability", "sli": "availability", "target": 99.5},
-            {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 2.0, "models": {"big": {"threshold_seconds": 5.0}}},
+            {
+                "name": "ttft",
+                "sli": "ttft",
+                "target": 95,
+                "threshold_seconds": 2.0,
+                "models": {"big": {"threshold_seconds": 5.0}},
+            },
             {"name": "itl", "sli": "itl", "target": 99, "threshold_seconds": 0.05},
         ],
         **top,
@@ -64,9 +70,15 @@ def test_record_names_follow_the_convention_and_carry_slo_label():
     windows = ["5m", "30m", "1h", "2h", "6h", "1d", "3d"]
     assert {f"llm:sli_error:ratio_rate{w}" for w in [*windows, "30d"]} <= records
     assert {f"llm:burn_rate:ratio_rate{w}" for w in windows} <= records
-    assert {"llm:error_budget_remaining:ratio", "llm:goodput:rate5m", "llm:goodput:ratio_rate5m"} <= records
+    assert {
+        "llm:error_budget_remaining:ratio",
+        "llm:goodput:rate5m",
+        "llm:goodput:ratio_rate5m",
+    } <= records
     for r in rs.rules():
-        if r.record and not r.record.startswith(("llm:goodput", "llm:request_errors_by_type", "llm:request_objectives_met")):
+        if r.record and not r.record.startswith(
+            ("llm:goodput", "llm:request_errors_by_type", "llm:request_objectives_met")
+        ):
             assert r.labels["slo"] in {"availability", "ttft", "itl"}
 
 
@@ -74,8 +86,15 @@ def test_each_scope_gets_the_four_workbook_arms_with_factors_for_30d():
     rs = ruleset()
     ttft = alerts(rs, "LLMTTFTBurnRate")
     assert len(ttft) == 8  # default scope and the "big" override, four arms each
-    arms = [(a.labels["severity"], a.labels["long_window"], a.labels["short_window"]) for a in ttft[:4]]
-    assert arms == [("page", "1h", "5m"), ("page", "6h", "30m"), ("ticket", "1d", "2h"), ("ticket", "3d", "6h")]
+    arms = [
+        (a.labels["severity"], a.labels["long_window"], a.labels["short_window"]) for a in ttft[:4]
+    ]
+    assert arms == [
+        ("page", "1h", "5m"),
+        ("page", "6h", "30m"),
+        ("ticket", "1d", "2h"),
+        ("ticket", "3d", "6h"),
+    ]
     exprs = [a.expr for a in ttft[:4]]
     assert exprs[0] == (
         'llm:burn_rate:ratio_rate1h{slo="ttft",model!="big"} > 14.4 and llm:burn_rate:ratio_rate5m{slo="ttft",model!="big"} > 14.4'
@@ -88,7 +107,9 @@ def test_each_scope_gets_the_four_workbook_arms_with_factors_for_30d():
 
 def test_28d_period_changes_factors_and_period_window():
     rs = ruleset(period="28d")
-    factors = [re.search(r"> ([\d.]+)$", a.expr).group(1) for a in alerts(rs, "LLMAvailabilityBurnRate")]
+    factors = [
+        re.search(r"> ([\d.]+)$", a.expr).group(1) for a in alerts(rs, "LLMAvailabilityBurnRate")
+    ]
     assert factors == ["13.44", "5.6", "2.8", "0.933333"]
     records = {r.record for r in rs.rules() if r.record}
     assert "llm:sli_error:ratio_rate28d" in records and "llm:sli_error:ratio_rate30d" not in records
@@ -99,7 +120,13 @@ def test_28d_period_changes_factors_and_period_window():
 
 
 def test_availability_counts_server_errors_over_non_cancelled_requests():
-    scope = parse_spec({"version": 1, "objectives": [{"name": "a", "sli": "availability", "target": 99}]}).objectives[0].scopes()[0]
+    scope = (
+        parse_spec(
+            {"version": 1, "objectives": [{"name": "a", "sli": "availability", "target": 99}]}
+        )
+        .objectives[0]
+        .scopes()[0]
+    )
     expr = sli_error_expr(scope, 3600, ("model",))
     assert expr == (
         '(sum by (model) (rate(llm_requests_total{outcome="error"}[1h])) '
@@ -122,12 +149,25 @@ def test_availability_counts_server_errors_over_non_cancelled_requests():
     ],
 )
 def test_latency_sli_reads_the_bucket_at_the_threshold(sli, threshold, metric, extra):
-    scope = parse_spec(
-        {"version": 1, "objectives": [{"name": sli, "sli": sli, "target": 99, "threshold_seconds": threshold}]}
-    ).objectives[0].scopes()[0]
+    scope = (
+        parse_spec(
+            {
+                "version": 1,
+                "objectives": [
+                    {"name": sli, "sli": sli, "target": 99, "threshold_seconds": threshold}
+                ],
+            }
+        )
+        .objectives[0]
+        .scopes()[0]
+    )
     expr = sli_error_expr(scope, 300, ("model",))
     le = floatToGoString(threshold)  # what prometheus_client writes: "2.0", "0.1", "0.0025"
-    count = f"sum by (model) (rate({metric}_count{{{extra.rstrip(',')}}}[5m]))" if extra else f"sum by (model) (rate({metric}_count[5m]))"
+    count = (
+        f"sum by (model) (rate({metric}_count{{{extra.rstrip(',')}}}[5m]))"
+        if extra
+        else f"sum by (model) (rate({metric}_count[5m]))"
+    )
     good = f'sum by (model) (rate({metric}_bucket{{{extra}le="{le}"}}[5m]))'
     assert expr == f"({count} - {good}) / {count}"
 
@@ -146,7 +186,12 @@ def test_override_scope_reads_its_own_threshold_and_budget():
 
 
 def test_health_alerts_use_the_configured_job_and_durations():
-    rs = ruleset(alerts={"target_down": {"job": "llm-prod", "for": "10m"}, "no_traffic": {"for": "1h", "severity": "page"}})
+    rs = ruleset(
+        alerts={
+            "target_down": {"job": "llm-prod", "for": "10m"},
+            "no_traffic": {"for": "1h", "severity": "page"},
+        }
+    )
     down = alerts(rs, c.ALERT_TARGET_DOWN)[0]
     assert down.expr == 'up{job="llm-prod"} == 0 or absent(up{job="llm-prod"})'
     assert down.for_ == 600
@@ -166,7 +211,9 @@ def test_every_alert_has_severity_summary_description_and_a_runbook():
         url, _, anchor = a.annotations["runbook_url"].partition("#")
         assert url == "docs/runbooks.md"  # the file in the repository (tests/unit/test_runbooks.py)
         assert anchor in anchors, (a.alert, anchor)
-        if a.alert in {cause.alert for cause in ERROR_CAUSES}:  # by cause, not burn rate: routed on error_type
+        if a.alert in {
+            cause.alert for cause in ERROR_CAUSES
+        }:  # by cause, not burn rate: routed on error_type
             assert "{{ $labels.error_type }}" in a.annotations["summary"] and "error_type" in a.expr
         elif a.alert not in (c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC, c.ALERT_HISTORY_SHORT):
             d = a.annotations["description"]
@@ -181,7 +228,16 @@ def test_alert_names_from_objective_names():
     assert c.alert_name("ttft-long_context") == "LLMTTFTLongContextBurnRate"
     assert c.runbook_anchor("LLMTTFTBurnRate") == "runbook-llmttftburnrate"
     # A custom objective links to the runbook of its SLI kind.
-    rs = generate(parse_spec({"version": 1, "objectives": [{"name": "ttft-tail", "sli": "ttft", "target": 99, "threshold_seconds": 10.0}]}))
+    rs = generate(
+        parse_spec(
+            {
+                "version": 1,
+                "objectives": [
+                    {"name": "ttft-tail", "sli": "ttft", "target": 99, "threshold_seconds": 10.0}
+                ],
+            }
+        )
+    )
     a = alerts(rs, "LLMTTFTTailBurnRate")[0]
     assert a.annotations["runbook_url"].endswith("#runbook-llmttftburnrate")
 
@@ -189,7 +245,19 @@ def test_alert_names_from_objective_names():
 def test_model_names_are_escaped_in_promql():
     assert promql_string('a"b\\c') == '"a\\"b\\\\c"'
     rs = generate(
-        parse_spec({"version": 1, "objectives": [{"name": "a", "sli": "availability", "target": 99, "models": {'we"ird': {"target": 90}}}]})
+        parse_spec(
+            {
+                "version": 1,
+                "objectives": [
+                    {
+                        "name": "a",
+                        "sli": "availability",
+                        "target": 99,
+                        "models": {'we"ird': {"target": 90}},
+                    }
+                ],
+            }
+        )
     )
     assert 'model!="we\\"ird"' in next(rs.rules()).expr
 
@@ -207,7 +275,10 @@ def test_render_has_header_and_plain_groups_yaml():
     assert list(rule) == ["record", "expr", "labels"]
     alert = next(r for r in doc["groups"][0]["rules"] if "alert" in r)
     assert list(alert) == ["alert", "expr", "labels", "annotations"]
-    assert "# Burn-rate alerts (SRE workbook): page 14.4x over 1h and 5m, page 6x over 6h and 30m," in text
+    assert (
+        "# Burn-rate alerts (SRE workbook): page 14.4x over 1h and 5m, page 6x over 6h and 30m,"
+        in text
+    )
 
 
 def test_render_is_deterministic():
@@ -233,12 +304,16 @@ def test_render_command_to_stdout(capsys):
 
 def test_invalid_spec_exits_2_with_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nobjectives:\n  - {name: ttft, sli: ttft, target: 95, threshold_seconds: 1.7}\n")
+    bad.write_text(
+        "version: 1\nobjectives:\n  - {name: ttft, sli: ttft, target: 95, threshold_seconds: 1.7}\n"
+    )
     out = tmp_path / "rules.yaml"
     assert main(["slo", "render", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith(f"llm-sidecar: SLO spec {bad}: objectives[0] (ttft): threshold_seconds 1.7 is not a bucket bound")
+    assert err.startswith(
+        f"llm-sidecar: SLO spec {bad}: objectives[0] (ttft): threshold_seconds 1.7 is not a bucket bound"
+    )
     assert not out.exists()
 
 
@@ -258,14 +333,22 @@ def test_unwritable_output_exits_2(tmp_path, capsys):
 
 
 def test_alertmanager_example_routes_every_severity_the_rules_use():
-    am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8"))
+    am = yaml.safe_load(
+        (ROOT / "deploy" / "alertmanager" / "alertmanager.yaml").read_text(encoding="utf-8")
+    )
     receivers = {r["name"] for r in am["receivers"]}
     routes = {m: r["receiver"] for r in am["route"]["routes"] for m in r["matchers"]}
     # Each error cause's types to its own receiver (#33), before the severity routes.
     by_cause = {f'error_type=~"{"|".join(cause.error_types)}"': cause for cause in ERROR_CAUSES}
-    assert [m for r in am["route"]["routes"][: len(by_cause)] for m in r["matchers"]] == list(by_cause)
+    assert [m for r in am["route"]["routes"][: len(by_cause)] for m in r["matchers"]] == list(
+        by_cause
+    )
     assert {routes.pop(m) for m in by_cause} == {"platform-tickets", "model-serving-tickets"}
-    assert routes == {'severity="page"': "pager", 'severity="ticket"': "tickets", 'severity="info"': "tickets"}
+    assert routes == {
+        'severity="page"': "pager",
+        'severity="ticket"': "tickets",
+        'severity="info"': "tickets",
+    }
     assert {r["receiver"] for r in am["route"]["routes"]} | {am["route"]["receiver"]} <= receivers
     rs = generate(load_spec(str(DEFAULT_SPEC)))
     assert {"slo", *rs.spec.grouping} <= set(am["route"]["group_by"])
@@ -287,7 +370,9 @@ def test_prompt_class_objective_reads_only_its_class():
     assert 'llm_time_to_first_token_seconds_bucket{prompt_class="gt8192",le="10.0"}' in bad.expr
     assert 'llm_time_to_first_token_seconds_count{prompt_class="gt8192"}' in bad.expr
     a = alerts(rs)[0]
-    assert "time to first token (prompt class gt8192) <= 10s for 90%" in a.annotations["description"]
+    assert (
+        "time to first token (prompt class gt8192) <= 10s for 90%" in a.annotations["description"]
+    )
 
 
 def test_alerts_carry_the_grouping_labels_through_their_expression():
@@ -302,6 +387,7 @@ def test_alerts_carry_the_grouping_labels_through_their_expression():
     assert page.annotations["summary"].startswith(
         "{{ with $labels.cluster }}{{ . }}/{{ end }}{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.model }}: "
     )
-    assert 'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" $labels.cluster $labels.namespace $labels.model' in (
-        page.annotations["description"]
+    assert (
+        'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" $labels.cluster $labels.namespace $labels.model'
+        in (page.annotations["description"])
     )

@@ -68,7 +68,12 @@ def test_default_spec_latency_thresholds_match_the_sidecars_goodput_defaults():
 
 
 def test_minimal_spec_takes_defaults():
-    s = parse_spec({"version": 1, "objectives": [{"name": "availability", "sli": "availability", "target": 99.9}]})
+    s = parse_spec(
+        {
+            "version": 1,
+            "objectives": [{"name": "availability", "sli": "availability", "target": 99.9}],
+        }
+    )
     assert s.period_name == "30d"
     assert s.alerts.target_down.job == "llm-sidecar"
     assert s.alerts.target_down.for_ == 300
@@ -86,7 +91,11 @@ def test_every_bucket_bound_is_an_acceptable_threshold(sli, buckets):
 
 
 def test_integer_threshold_in_yaml_is_the_same_bound():
-    s = parse_spec(yaml.safe_load("version: 1\nobjectives: [{name: e2e, sli: e2e, target: 99, threshold_seconds: 60}]"))
+    s = parse_spec(
+        yaml.safe_load(
+            "version: 1\nobjectives: [{name: e2e, sli: e2e, target: 99, threshold_seconds: 60}]"
+        )
+    )
     assert s.objectives[0].threshold_seconds == 60.0
 
 
@@ -116,12 +125,20 @@ def test_period_28d():
         ),
         (spec(threshold_seconds=None), "a ttft objective needs threshold_seconds"),
         (
-            {"version": 1, "objectives": [{"name": "a", "sli": "availability", "target": 99, "threshold_seconds": 1.0}]},
+            {
+                "version": 1,
+                "objectives": [
+                    {"name": "a", "sli": "availability", "target": 99, "threshold_seconds": 1.0}
+                ],
+            },
             "availability has no threshold_seconds",
         ),
         ({"objectives": []}, "version is required (write `version: 1` at the top)"),
         ({**spec(), "version": 2}, "unsupported spec version 2; this llm-sidecar reads version 1"),
-        ({"version": 1, "objectives": []}, "objectives: no objectives: there would be nothing to render"),
+        (
+            {"version": 1, "objectives": []},
+            "objectives: no objectives: there would be nothing to render",
+        ),
         ({"version": 1}, "objectives: is required"),
         (spec(target=0.995), "target is a percentage of good events"),
         (spec(target=100), "target is a percentage of good events"),
@@ -130,7 +147,10 @@ def test_period_28d():
         (spec(name="TTFT"), "'TTFT' must be lower case letters, digits, - or _"),
         (spec(models={"big": {}}), "an override sets target, threshold_seconds or both"),
         (spec(models={"": {"target": 90}}), "models: a model name is empty"),
-        ({**spec(), "period": "2d"}, "period must be whole days and longer than the 3d alert window"),
+        (
+            {**spec(), "period": "2d"},
+            "period must be whole days and longer than the 3d alert window",
+        ),
         ({**spec(), "period": 30}, "period: write a duration such as 5m, 6h or 30d"),
         ({**spec(), "period": "a month"}, "is not a duration"),
         ({**spec(), "alerts": {"target_down": {"job": ""}}}, "alerts.target_down.job"),
@@ -138,17 +158,41 @@ def test_period_28d():
         ({**spec(), "period": "1h"}, "a drill period must be a multiple of 2h24m"),
         ({**spec(), "grouping": ["namespace"]}, "grouping must include model"),
         ({**spec(), "grouping": ["model", "severity"]}, "'severity' cannot be a grouping label"),
-        ({**spec(), "grouping": ["model", "my-label"]}, "'my-label' is not a Prometheus label name"),
+        (
+            {**spec(), "grouping": ["model", "my-label"]},
+            "'my-label' is not a Prometheus label name",
+        ),
         ({**spec(), "grouping": ["model", "model"]}, "a grouping label is repeated"),
         ({**spec(), "selector": {"pod": "p-1"}}, "selector: 'pod' must be a grouping label too"),
         (spec(prompt_class="long"), "prompt_class"),
-        (spec(sli="tpot", name="tpot", threshold_seconds=0.1, prompt_class="le1024"), "prompt_class applies to ttft objectives only"),
-        ({**spec(), "alerts": {"history_short": {"severity": "sms"}}}, "alerts.history_short.severity"),
-        ({**spec(), "windows": {"page-medium": {"long": "3h"}}}, "windows: unknown alert arm 'page-medium'"),
-        ({**spec(), "windows": {"page-fast": {}}}, "a window setting sets long, short, budget_percent"),
-        ({**spec(), "windows": {"page-fast": {"short": "1h"}}}, "windows.page-fast: the short window (1h) must be shorter"),
-        ({**spec(), "windows": {"ticket-slow": {"long": "30d"}}}, "windows.ticket-slow: the long window (30d) must be shorter than the period"),
-        ({**spec(), "windows": {"ticket-slow": {"budget_percent": 0}}}, "windows.ticket-slow.budget_percent"),
+        (
+            spec(sli="tpot", name="tpot", threshold_seconds=0.1, prompt_class="le1024"),
+            "prompt_class applies to ttft objectives only",
+        ),
+        (
+            {**spec(), "alerts": {"history_short": {"severity": "sms"}}},
+            "alerts.history_short.severity",
+        ),
+        (
+            {**spec(), "windows": {"page-medium": {"long": "3h"}}},
+            "windows: unknown alert arm 'page-medium'",
+        ),
+        (
+            {**spec(), "windows": {"page-fast": {}}},
+            "a window setting sets long, short, budget_percent",
+        ),
+        (
+            {**spec(), "windows": {"page-fast": {"short": "1h"}}},
+            "windows.page-fast: the short window (1h) must be shorter",
+        ),
+        (
+            {**spec(), "windows": {"ticket-slow": {"long": "30d"}}},
+            "windows.ticket-slow: the long window (30d) must be shorter than the period",
+        ),
+        (
+            {**spec(), "windows": {"ticket-slow": {"budget_percent": 0}}},
+            "windows.ticket-slow.budget_percent",
+        ),
         (None, "the spec is empty; there would be nothing to render"),
         (["version: 1"], "expected a mapping with version and objectives"),
     ],
@@ -197,16 +241,36 @@ def test_window_table_is_the_workbooks():
 
 def test_windows_change_an_arm_and_its_factor_follows():
     """What the chart's prometheus.rules.windows mirror: an arm's windows and budget share."""
-    s = parse_spec({**spec(), "windows": {"page-fast": {"long": "2h"}, "ticket-slow": {"long": "7d", "budget_percent": 2.5}}})
-    rows = [(w.name, w.severity, w.long_name, w.short_name, w.budget_consumed) for w in s.alert_windows]
+    s = parse_spec(
+        {
+            **spec(),
+            "windows": {
+                "page-fast": {"long": "2h"},
+                "ticket-slow": {"long": "7d", "budget_percent": 2.5},
+            },
+        }
+    )
+    rows = [
+        (w.name, w.severity, w.long_name, w.short_name, w.budget_consumed) for w in s.alert_windows
+    ]
     assert rows == [
         ("page-fast", "page", "2h", "5m", Fraction(2, 100)),
         ("page-slow", "page", "6h", "30m", Fraction(5, 100)),
         ("ticket-fast", "ticket", "1d", "2h", Fraction(10, 100)),
         ("ticket-slow", "ticket", "7d", "6h", Fraction(25, 1000)),
     ]
-    assert [burn_rate_factor(w, s.period) for w in s.alert_windows] == [Fraction(36, 5), 6, 3, Fraction(3, 28)]
-    assert [w.name for w in WORKBOOK_WINDOWS] == ["page-fast", "page-slow", "ticket-fast", "ticket-slow"]
+    assert [burn_rate_factor(w, s.period) for w in s.alert_windows] == [
+        Fraction(36, 5),
+        6,
+        3,
+        Fraction(3, 28),
+    ]
+    assert [w.name for w in WORKBOOK_WINDOWS] == [
+        "page-fast",
+        "page-slow",
+        "ticket-fast",
+        "ticket-slow",
+    ]
 
 
 def test_factors_for_30d_are_the_workbooks_14_4_6_3_1():
@@ -215,7 +279,12 @@ def test_factors_for_30d_are_the_workbooks_14_4_6_3_1():
 
 def test_factors_follow_the_period_28d():
     # budget consumed * period / long window: 0.02 * 672h / 1h, 0.05 * 672h / 6h, ...
-    assert factors(28 * DAY) == [Fraction(1344, 100), Fraction(56, 10), Fraction(28, 10), Fraction(28, 30)]
+    assert factors(28 * DAY) == [
+        Fraction(1344, 100),
+        Fraction(56, 10),
+        Fraction(28, 10),
+        Fraction(28, 30),
+    ]
     assert [round(float(f), 4) for f in factors(28 * DAY)] == [13.44, 5.6, 2.8, 0.9333]
 
 
@@ -234,7 +303,16 @@ def test_detection_time_is_budget_consumed_times_period_over_burn_rate():
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("5m", 300), ("30m", 1800), ("1h", 3600), ("6h", 21600), ("1d", DAY), ("3d", 3 * DAY), ("1h30m", 5400), ("2w", 14 * DAY)],
+    [
+        ("5m", 300),
+        ("30m", 1800),
+        ("1h", 3600),
+        ("6h", 21600),
+        ("1d", DAY),
+        ("3d", 3 * DAY),
+        ("1h30m", 5400),
+        ("2w", 14 * DAY),
+    ],
 )
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
@@ -253,13 +331,22 @@ def test_bad_durations(text):
 
 def test_default_grouping_is_the_deployment_with_cluster_kept():
     assert parse_spec(spec()).grouping == ("cluster", "namespace", "model")
-    assert parse_spec({**spec(), "grouping": ["namespace", "service", "model"]}).grouping == ("namespace", "service", "model")
+    assert parse_spec({**spec(), "grouping": ["namespace", "service", "model"]}).grouping == (
+        "namespace",
+        "service",
+        "model",
+    )
 
 
 def test_drill_period_scales_every_window_and_keeps_the_30d_factors():
     drill = parse_spec({**spec(), "period": "12h"})
     rows = [(w.severity, w.long_name, w.short_name) for w in drill.alert_windows]
-    assert rows == [("page", "1m", "5s"), ("page", "6m", "30s"), ("ticket", "24m", "2m"), ("ticket", "72m", "6m")]
+    assert rows == [
+        ("page", "1m", "5s"),
+        ("page", "6m", "30s"),
+        ("ticket", "24m", "2m"),
+        ("ticket", "72m", "6m"),
+    ]
     assert [burn_rate_factor(w, drill.period) for w in drill.alert_windows] == [
         burn_rate_factor(w, 30 * DAY) for w in WORKBOOK_WINDOWS
     ]

@@ -36,15 +36,40 @@ def test_the_extension_is_built_and_used_in_ci():
 # Bytes at UTF-8's edges: overlong forms, surrogates, past U+10FFFF, truncated sequences,
 # unprintable non-ASCII characters (line separator, BOM, a tag), and printable ones.
 TRICKY = [
-    b"a", b" ", b'"', b"\\", b"\x7f", b"\x1f", b"\xc0\x80", b"\xc1\xbf", b"\xc2\xa0", b"\xe0\x80\x80",
-    b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbb\xbf", b"\xf0\x8f\xbf\xbf", b"\xf0\x90\x80\x80",
-    b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xff", b"\xc3", b"\xe2\x80", b"\xe2\x80\xa8",
-    "é".encode(), "日".encode(), "🚀".encode(), "\U000e0001".encode(),
+    b"a",
+    b" ",
+    b'"',
+    b"\\",
+    b"\x7f",
+    b"\x1f",
+    b"\xc0\x80",
+    b"\xc1\xbf",
+    b"\xc2\xa0",
+    b"\xe0\x80\x80",
+    b"\xe0\xa0\x80",
+    b"\xed\x9f\xbf",
+    b"\xed\xa0\x80",
+    b"\xef\xbb\xbf",
+    b"\xf0\x8f\xbf\xbf",
+    b"\xf0\x90\x80\x80",
+    b"\xf4\x8f\xbf\xbf",
+    b"\xf4\x90\x80\x80",
+    b"\xf5\x80\x80\x80",
+    b"\xff",
+    b"\xc3",
+    b"\xe2\x80",
+    b"\xe2\x80\xa8",
+    "é".encode(),
+    "日".encode(),
+    "🚀".encode(),
+    "\U000e0001".encode(),
 ]
 
 
 def frame(payload: bytes, size_line: bytes | None = None) -> bytes:
-    return (size_line if size_line is not None else b"%x" % len(payload)) + b"\r\n" + payload + b"\r\n"
+    return (
+        (size_line if size_line is not None else b"%x" % len(payload)) + b"\r\n" + payload + b"\r\n"
+    )
 
 
 CASES = [
@@ -81,7 +106,11 @@ def test_chunk_payload_cases(data):
 @FAST
 @given(
     st.binary(max_size=40),
-    st.one_of(st.none(), st.binary(max_size=18), st.text("0123456789abcdefABCDEFxX;+- ", max_size=17).map(str.encode)),
+    st.one_of(
+        st.none(),
+        st.binary(max_size=18),
+        st.text("0123456789abcdefABCDEFxX;+- ", max_size=17).map(str.encode),
+    ),
     st.sampled_from([b"\r\n", b"\n", b"", b"\r\nX"]),
 )
 def test_chunk_payload_like_python(payload, size_line, tail):
@@ -113,19 +142,34 @@ def test_plain_at_every_code_point_like_python():
     own printable table, so this follows the Python it runs on."""
     for cp in range(0x110000):
         raw = chr(cp).encode("utf-8", "surrogatepass")
-        assert _speedups.plain_at(raw, 0, len(raw)) is speedups.plain_at_py(raw, 0, len(raw)), hex(cp)
+        assert _speedups.plain_at(raw, 0, len(raw)) is speedups.plain_at_py(raw, 0, len(raw)), hex(
+            cp
+        )
 
 
 @needs_c
 def test_plain_at_edges():
-    for text in (b'"', b"\\", b"\x7f", b"\x1f", b"\x00", b"a\tb", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc3"):
+    for text in (
+        b'"',
+        b"\\",
+        b"\x7f",
+        b"\x1f",
+        b"\x00",
+        b"a\tb",
+        b"\xc0\x80",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xc3",
+    ):
         assert _speedups.plain_at(b"[" + text + b"]", 1, 1 + len(text)) is False, text
     assert _speedups.plain_at(b"[ok ~]", 1, 5) is True
     assert _speedups.plain_at(b"abc", 1, 1) is False  # empty
     assert _speedups.plain_at(b"abc", 2, 9) is False  # out of range
     assert _speedups.plain_at("café 日本 🚀".encode(), 0, len("café 日本 🚀".encode())) is True
     assert _speedups.plain_at(b'caf\xc3\xa9"', 0, 6) is False
-    assert _speedups.plain_at("a\u2028b".encode(), 0, 5) is False  # a line separator is not printable
+    assert (
+        _speedups.plain_at("a\u2028b".encode(), 0, 5) is False
+    )  # a line separator is not printable
 
 
 def test_without_the_extension_the_originals_answer(monkeypatch):
@@ -152,7 +196,11 @@ def test_without_the_extension_the_originals_answer(monkeypatch):
 
         lanes = importlib.reload(token_lane)
         # no C lane: the Python one (sidecar/relay/data/token_lane_py.py)
-        assert lanes.TokenLane is lanes.token_lane_py.TokenLane and lanes.AVAILABLE and not lanes.IN_C_LANE
+        assert (
+            lanes.TokenLane is lanes.token_lane_py.TokenLane
+            and lanes.AVAILABLE
+            and not lanes.IN_C_LANE
+        )
     finally:
         monkeypatch.setattr(builtins, "__import__", real_import)
         importlib.reload(speedups)

@@ -99,9 +99,19 @@ CASES: dict[str, tuple[set[str], str, str, str]] = {
     "chunk_payload no argument": ({"chunk_payload"}, "", "m.chunk_payload()", "TypeError"),
     "chunk_payload str": ({"chunk_payload"}, "", "m.chunk_payload('1\\r\\nx\\r\\n')", "TypeError"),
     "chunk_payload None": ({"chunk_payload"}, "", "m.chunk_payload(None)", "TypeError"),
-    "chunk_payload bytearray": ({"chunk_payload"}, "", "m.chunk_payload(bytearray(b'1\\r\\nx\\r\\n'))", "TypeError"),
+    "chunk_payload bytearray": (
+        {"chunk_payload"},
+        "",
+        "m.chunk_payload(bytearray(b'1\\r\\nx\\r\\n'))",
+        "TypeError",
+    ),
     "chunk_payload empty": ({"chunk_payload"}, "", "m.chunk_payload(b'')", "None"),
-    "chunk_payload 15 f digits": ({"chunk_payload"}, "", "m.chunk_payload(b'f' * 15 + b'\\r\\nx\\r\\n')", "None"),
+    "chunk_payload 15 f digits": (
+        {"chunk_payload"},
+        "",
+        "m.chunk_payload(b'f' * 15 + b'\\r\\nx\\r\\n')",
+        "None",
+    ),
     "plain_at no argument": ({"plain_at"}, "", "m.plain_at()", "TypeError"),
     "plain_at two arguments": ({"plain_at"}, "", "m.plain_at(b'x', 0)", "TypeError"),
     "plain_at str": ({"plain_at"}, "", "m.plain_at('x', 0, 1)", "TypeError"),
@@ -113,90 +123,212 @@ CASES: dict[str, tuple[set[str], str, str, str]] = {
     "plain_at max index": ({"plain_at"}, "", "m.plain_at(b'x', sys.maxsize, sys.maxsize)", "False"),
     # -- TokenLane() with bad arguments
     "TokenLane no argument": ({"__init__"}, "", "TokenLane()", "TypeError"),
-    "TokenLane str prefix": ({"__init__"}, "", "TokenLane(**lane_args(prefix='data'))", "TypeError"),
-    "TokenLane kind out of range": ({"__init__"}, "", "TokenLane(**lane_args(kind=7))", "ValueError"),
-    "TokenLane negative kind": ({"__init__"}, "", "TokenLane(**lane_args(kind=-1))", "ValueError"),
-    "TokenLane notes not callable": ({"__init__"}, "", "TokenLane(**lane_args(notes=NS()))", "TypeError"),
-    "TokenLane clock not callable": ({"__init__"}, "", "TokenLane(**lane_args(clock=2.0))", "TypeError"),
-    "TokenLane transport without is_closing": (
-        {"__init__"}, "", "TokenLane(**lane_args(transport=NS(write=print)))", "AttributeError",
+    "TokenLane str prefix": (
+        {"__init__"},
+        "",
+        "TokenLane(**lane_args(prefix='data'))",
+        "TypeError",
     ),
-    "TokenLane transport without write": ({"__init__"}, "", "TokenLane(**lane_args(transport=NS()))", "AttributeError"),
-    "__init__ on another type": ({"__init__"}, "", "TokenLane.__init__(object(), **lane_args())", "TypeError"),
+    "TokenLane kind out of range": (
+        {"__init__"},
+        "",
+        "TokenLane(**lane_args(kind=7))",
+        "ValueError",
+    ),
+    "TokenLane negative kind": ({"__init__"}, "", "TokenLane(**lane_args(kind=-1))", "ValueError"),
+    "TokenLane notes not callable": (
+        {"__init__"},
+        "",
+        "TokenLane(**lane_args(notes=NS()))",
+        "TypeError",
+    ),
+    "TokenLane clock not callable": (
+        {"__init__"},
+        "",
+        "TokenLane(**lane_args(clock=2.0))",
+        "TypeError",
+    ),
+    "TokenLane transport without is_closing": (
+        {"__init__"},
+        "",
+        "TokenLane(**lane_args(transport=NS(write=print)))",
+        "AttributeError",
+    ),
+    "TokenLane transport without write": (
+        {"__init__"},
+        "",
+        "TokenLane(**lane_args(transport=NS()))",
+        "AttributeError",
+    ),
+    "__init__ on another type": (
+        {"__init__"},
+        "",
+        "TokenLane.__init__(object(), **lane_args())",
+        "TypeError",
+    ),
     # -- a lane never initialised (TokenLane.__new__): every method and attribute
     "uninitialised open": ({"__new__", "open"}, "", "fresh().open(1.0, 1.0)", "RuntimeError"),
-    "uninitialised open str": ({"__new__", "open"}, "", "fresh().open('soon', 1.0)", "RuntimeError"),
+    "uninitialised open str": (
+        {"__new__", "open"},
+        "",
+        "fresh().open('soon', 1.0)",
+        "RuntimeError",
+    ),
     "uninitialised take": ({"__new__", "take"}, "", "fresh().take(frame())", "False"),
     "uninitialised take str": ({"__new__", "take"}, "", "fresh().take('x')", "False"),
     "uninitialised flush": ({"__new__", "flush"}, "", "fresh().flush()", "None"),
     "uninitialised flush open take": (
-        {"__new__", "flush", "open", "take"}, "u = fresh(); u.flush()",
-        "(outcome(lambda: u.open(1.0, 1.0)), u.take(frame()), u.flush())", "('RuntimeError', False, None)",
+        {"__new__", "flush", "open", "take"},
+        "u = fresh(); u.flush()",
+        "(outcome(lambda: u.open(1.0, 1.0)), u.take(frame()), u.flush())",
+        "('RuntimeError', False, None)",
     ),
     "uninitialised attributes": (
-        {"__new__", "taken", "off", "is_open", "pending", "memo"}, "u = fresh()",
-        "(u.taken, u.off, u.is_open, u.pending, u.memo)", "(0, False, False, 0, None)",
+        {"__new__", "taken", "off", "is_open", "pending", "memo"},
+        "u = fresh()",
+        "(u.taken, u.off, u.is_open, u.pending, u.memo)",
+        "(0, False, False, 0, None)",
     ),
     "uninitialised copy": ({"__new__"}, "", "type(copy.copy(fresh())).__name__", "TypeError"),
     "initialised after __new__": (
-        {"__new__", "__init__", "open", "take"}, "u = fresh(); u.__init__(**lane_args())",
-        "(u.open(10.0, 1.0), u.take(frame()), u.taken)", "(True, True, 1)",
+        {"__new__", "__init__", "open", "take"},
+        "u = fresh(); u.__init__(**lane_args())",
+        "(u.open(10.0, 1.0), u.take(frame()), u.taken)",
+        "(True, True, 1)",
     ),
-    "attribute assignment": ({"taken"}, "lane, _ = opened()", "setattr(lane, 'taken', 5)", "AttributeError"),
+    "attribute assignment": (
+        {"taken"},
+        "lane, _ = opened()",
+        "setattr(lane, 'taken', 5)",
+        "AttributeError",
+    ),
     # -- an initialised lane, misused
-    "open str": ({"open"}, "lane = TokenLane(**lane_args())", "lane.open('soon', 1.0)", "TypeError"),
-    "open one argument": ({"open"}, "lane = TokenLane(**lane_args())", "lane.open(10.0)", "TypeError"),
-    "open three arguments": ({"open"}, "lane = TokenLane(**lane_args())", "lane.open(10.0, 1.0, 1.0)", "TypeError"),
+    "open str": (
+        {"open"},
+        "lane = TokenLane(**lane_args())",
+        "lane.open('soon', 1.0)",
+        "TypeError",
+    ),
+    "open one argument": (
+        {"open"},
+        "lane = TokenLane(**lane_args())",
+        "lane.open(10.0)",
+        "TypeError",
+    ),
+    "open three arguments": (
+        {"open"},
+        "lane = TokenLane(**lane_args())",
+        "lane.open(10.0, 1.0, 1.0)",
+        "TypeError",
+    ),
     "open twice": (
-        {"open"}, "lane = TokenLane(**lane_args())", "(lane.open(10.0, 1.0), lane.open(10.0, 1.0))", "(True, True)",
+        {"open"},
+        "lane = TokenLane(**lane_args())",
+        "(lane.open(10.0, 1.0), lane.open(10.0, 1.0))",
+        "(True, True)",
     ),
-    "open before the first token": ({"open"}, "lane = TokenLane(**lane_args())", "lane.open(10.0, None)", "False"),
-    "open with a str last_token": ({"open"}, "lane = TokenLane(**lane_args())", "lane.open(10.0, 'x')", "TypeError"),
+    "open before the first token": (
+        {"open"},
+        "lane = TokenLane(**lane_args())",
+        "lane.open(10.0, None)",
+        "False",
+    ),
+    "open with a str last_token": (
+        {"open"},
+        "lane = TokenLane(**lane_args())",
+        "lane.open(10.0, 'x')",
+        "TypeError",
+    ),
     "open with notes pending": (
-        {"open", "take"}, "lane, _ = opened(); lane.take(frame())", "lane.open(10.0, 1.0)", "RuntimeError",
+        {"open", "take"},
+        "lane, _ = opened(); lane.take(frame())",
+        "lane.open(10.0, 1.0)",
+        "RuntimeError",
     ),
-    "take not bytes": ({"take"}, "lane, _ = opened()", "(lane.take(1), lane.take(bytearray(frame())), lane.take(None))",
-                       "(False, False, False)"),
-    "take before open": ({"take"}, "lane = TokenLane(**lane_args())", "lane.take(frame())", "False"),
-    "take after flush": ({"take", "flush"}, "lane, _ = opened(); lane.flush()", "lane.take(frame())", "False"),
+    "take not bytes": (
+        {"take"},
+        "lane, _ = opened()",
+        "(lane.take(1), lane.take(bytearray(frame())), lane.take(None))",
+        "(False, False, False)",
+    ),
+    "take before open": (
+        {"take"},
+        "lane = TokenLane(**lane_args())",
+        "lane.take(frame())",
+        "False",
+    ),
+    "take after flush": (
+        {"take", "flush"},
+        "lane, _ = opened(); lane.flush()",
+        "lane.take(frame())",
+        "False",
+    ),
     "clock not a float": (
-        {"take", "off"}, "lane, _ = opened(clock=lambda: 'x')", "(lane.take(frame()), lane.off)", "(False, True)",
+        {"take", "off"},
+        "lane, _ = opened(clock=lambda: 'x')",
+        "(lane.take(frame()), lane.off)",
+        "(False, True)",
     ),
-    "write raises": ({"take"}, "lane, _ = opened(transport=NS(write=lambda d: 1 / 0, is_closing=lambda: False, "
-                     "get_write_buffer_size=lambda: 0))", "lane.take(frame())", "ZeroDivisionError"),
+    "write raises": (
+        {"take"},
+        "lane, _ = opened(transport=NS(write=lambda d: 1 / 0, is_closing=lambda: False, "
+        "get_write_buffer_size=lambda: 0))",
+        "lane.take(frame())",
+        "ZeroDivisionError",
+    ),
     "decoding count past an array item": (
-        {"take"}, "lane, a = opened(); a['decoding'].n = 2 ** 40", "(lane.take(frame()), lane.off)", "(False, False)",
+        {"take"},
+        "lane, a = opened(); a['decoding'].n = 2 ** 40",
+        "(lane.take(frame()), lane.off)",
+        "(False, False)",
     ),
     "decoding count negative": (
-        {"take"}, "lane, a = opened(); a['decoding'].n = -1", "(lane.take(frame()), lane.off)", "(False, True)",
+        {"take"},
+        "lane, a = opened(); a['decoding'].n = -1",
+        "(lane.take(frame()), lane.off)",
+        "(False, True)",
     ),
     "decoding without a count": (
-        {"take"}, "lane, a = opened(decoding=NS())", "(lane.take(frame()), lane.off)", "(False, True)",
+        {"take"},
+        "lane, a = opened(decoding=NS())",
+        "(lane.take(frame()), lane.off)",
+        "(False, True)",
     ),
     "notes raise": (
-        {"take", "flush", "off"}, "lane, a = opened(notes=lambda *a: 1 / 0); lane.take(frame())",
-        "(lane.flush(), lane.off, lane.pending)", "(None, True, 0)",
+        {"take", "flush", "off"},
+        "lane, a = opened(notes=lambda *a: 1 / 0); lane.take(frame())",
+        "(lane.flush(), lane.off, lane.pending)",
+        "(None, True, 0)",
     ),
     "re-init refused while open": (
-        {"__init__", "take"}, "lane, a = opened()",
-        "(outcome(lambda: lane.__init__(**lane_args(kind=9))), lane.take(frame()))", "('ValueError', True)",
+        {"__init__", "take"},
+        "lane, a = opened()",
+        "(outcome(lambda: lane.__init__(**lane_args(kind=9))), lane.take(frame()))",
+        "('ValueError', True)",
     ),
     "re-init while open closes": (
-        {"__init__", "is_open", "pending"}, "lane, a = opened(); lane.take(frame()); lane.__init__(**lane_args())",
-        "(lane.is_open, lane.pending)", "(False, 0)",
+        {"__init__", "is_open", "pending"},
+        "lane, a = opened(); lane.take(frame()); lane.__init__(**lane_args())",
+        "(lane.is_open, lane.pending)",
+        "(False, 0)",
     ),
     "a batch and more": (
-        {"take", "flush", "pending"}, "lane, a = opened()\nfor _ in range(70): assert lane.take(frame())",
+        {"take", "flush", "pending"},
+        "lane, a = opened()\nfor _ in range(70): assert lane.take(frame())",
         "(lane.pending, lane.flush(), a['notes'].calls, len(a['notes'].gaps), lane.taken)",
         "(6, None, 3, 70, 70)",
     ),
     "notes are what was noted": (
-        {"take", "flush"}, "lane, a = opened(); lane.take(frame()); lane.take(frame(b'b')); lane.flush(); n = a['notes']",
+        {"take", "flush"},
+        "lane, a = opened(); lane.take(frame()); lane.take(frame(b'b')); lane.flush(); n = a['notes']",
         "(n.sent == 2 * len(frame()), n.gaps.tolist(), n.streams.tolist(), n.last, n.calls)",
         "(True, [1.0, 0.0], [1, 1], 2.0, 1)",
     ),
     "nothing noted, nothing handed": (
-        {"flush"}, "lane, a = opened(); lane.flush(); lane.flush()", "a['notes'].calls", "0",
+        {"flush"},
+        "lane, a = opened(); lane.flush(); lane.flush()",
+        "a['notes'].calls",
+        "0",
     ),
 }
 
@@ -206,9 +338,13 @@ ENTRY_POINTS = {"chunk_payload", "plain_at", "__new__", "__init__"}
 def run_case(setup: str, expr: str) -> subprocess.CompletedProcess:
     code = f"{PRELUDE}\n{setup}\nprint(outcome(lambda: {expr}))\n"
     env = dict(os.environ)
-    package_root = str(Path(sidecar.__file__).resolve().parents[1])  # the copy this process imported
+    package_root = str(
+        Path(sidecar.__file__).resolve().parents[1]
+    )  # the copy this process imported
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -216,7 +352,9 @@ def test_no_crash(name: str) -> None:
     _, setup, expr, expected = CASES[name]
     proc = run_case(setup, expr)
     if proc.returncode < 0:
-        pytest.fail(f"{name}: the interpreter died of {signal.Signals(-proc.returncode).name}\n{proc.stderr[-3000:]}")
+        pytest.fail(
+            f"{name}: the interpreter died of {signal.Signals(-proc.returncode).name}\n{proc.stderr[-3000:]}"
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == expected, proc.stderr[-3000:]
 

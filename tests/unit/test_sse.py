@@ -85,13 +85,21 @@ CASES = [
     ("id_field", b"id: 7\ndata: x\n\n", [ev("x", id="7")]),
     ("id_persists", b"id: 7\ndata: x\n\ndata: y\n\n", [ev("x", id="7"), ev("y", id="7")]),
     ("id_last_wins", b"id: 1\ndata: x\n\nid: 2\ndata: y\n\n", [ev("x", id="1"), ev("y", id="2")]),
-    ("id_with_nul_ignored", b"id: 1\ndata: x\n\nid: 2\x003\ndata: y\n\n", [ev("x", id="1"), ev("y", id="1")]),
+    (
+        "id_with_nul_ignored",
+        b"id: 1\ndata: x\n\nid: 2\x003\ndata: y\n\n",
+        [ev("x", id="1"), ev("y", id="1")],
+    ),
     ("id_empty_resets", b"id: 1\ndata: x\n\nid\ndata: y\n\n", [ev("x", id="1"), ev("y", id="")]),
     # The id buffer is set even by an event that is never dispatched.
     ("id_without_data_persists", b"id: 9\n\ndata: y\n\n", [ev("y", id="9")]),
     ("retry_digits", b"retry: 3000\ndata: x\n\n", [ev("x", retry=3000)]),
     ("retry_not_digits", b"retry: 3s\nretry: -1\nretry:\nretry:  5\ndata: x\n\n", [ev("x")]),
-    ("retry_persists", b"retry: 10\ndata: x\n\ndata: y\n\n", [ev("x", retry=10), ev("y", retry=10)]),
+    (
+        "retry_persists",
+        b"retry: 10\ndata: x\n\ndata: y\n\n",
+        [ev("x", retry=10), ev("y", retry=10)],
+    ),
     ("unknown_fields_ignored", b"foo: bar\nDATA: no\ndata : no\ndata: yes\n\n", [ev("yes")]),
     ("no_data_no_dispatch", b"event: ping\n\nid: 3\nretry: 5\n\n", []),
     ("blank_lines_only", b"\n\n\r\n\r\r\n", []),
@@ -206,9 +214,16 @@ MAX_LINE = 64
 
 def overflow_stream(long_len: int, eol: bytes = b"\n") -> tuple[bytes, list]:
     data = (
-        b"data: before" + eol + eol
-        + b"data: " + b"x" * long_len + eol + eol
-        + b"data: after" + eol + eol
+        b"data: before"
+        + eol
+        + eol
+        + b"data: "
+        + b"x" * long_len
+        + eol
+        + eol
+        + b"data: after"
+        + eol
+        + eol
     )
     return data, [ev("before"), SSEOverflow, ev("after")]
 
@@ -287,7 +302,9 @@ def test_event_over_max_event_bytes_overflows_once(driver):
 def test_event_within_max_event_bytes():
     line = b"data: " + b"x" * 40 + b"\n"
     raw = line * 2 + b"\n"
-    assert whole(raw, max_line_bytes=MAX_LINE, max_event_bytes=100) == [ev(("x" * 40 + "\n") + "x" * 40)]
+    assert whole(raw, max_line_bytes=MAX_LINE, max_event_bytes=100) == [
+        ev(("x" * 40 + "\n") + "x" * 40)
+    ]
 
 
 def test_endless_event_reports_once_and_holds_nothing():
@@ -314,15 +331,23 @@ def test_bad_bound_fails_at_construction(bad):
 def test_overflow_at_close_in_unterminated_tail():
     # An unterminated tail is interpreted at close; exceeding the event bound there is
     # reported, and still nothing is dispatched.
-    out = feed_chunks([b"data: " + b"x" * 40 + b"\ndata: " + b"y" * 40], max_line_bytes=MAX_LINE, max_event_bytes=60)
+    out = feed_chunks(
+        [b"data: " + b"x" * 40 + b"\ndata: " + b"y" * 40],
+        max_line_bytes=MAX_LINE,
+        max_event_bytes=60,
+    )
     assert normalise(out) == [SSEOverflow]
 
 
 # -- properties ---------------------------------------------------------------------------
 
-line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=20)
+line_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=20
+)
 event_name = st.one_of(st.none(), line_text.filter(bool))
-events_strategy = st.lists(st.tuples(event_name, st.lists(line_text, min_size=1, max_size=3)), max_size=8)
+events_strategy = st.lists(
+    st.tuples(event_name, st.lists(line_text, min_size=1, max_size=3)), max_size=8
+)
 EOLS = [b"\n", b"\r\n", b"\r"]
 
 
@@ -371,8 +396,27 @@ def test_any_bytes_any_split_never_raises(raw, data):
 
 
 # Fragments that make the fuzzer hit real structure: fields, line ends, BOM, UTF-8.
-FRAGMENTS = [b"data", b"data:", b": ", b"event:", b"id:", b"retry:", b"7", b"x", b"\r", b"\n",
-             b"\r\n", b" ", b":", BOM, BOM[:2], b"\xe6\x97", b"\xa5", b"\x00", b"y" * 20]
+FRAGMENTS = [
+    b"data",
+    b"data:",
+    b": ",
+    b"event:",
+    b"id:",
+    b"retry:",
+    b"7",
+    b"x",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b" ",
+    b":",
+    BOM,
+    BOM[:2],
+    b"\xe6\x97",
+    b"\xa5",
+    b"\x00",
+    b"y" * 20,
+]
 
 
 @FAST

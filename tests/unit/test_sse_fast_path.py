@@ -60,22 +60,32 @@ def idle_is_honest(decoder: SSEDecoder) -> bool:
 # -- streams that switch between the paths --------------------------------------------------
 
 text = st.one_of(
-    st.sampled_from(["", " ", "x", "[DONE]", '{"choices":[]}', "a:b", "  two", "héllo 世界", "\x00"]),
+    st.sampled_from(
+        ["", " ", "x", "[DONE]", '{"choices":[]}', "a:b", "  two", "héllo 世界", "\x00"]
+    ),
     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=30),
 ).map(str.encode)
 eol = st.sampled_from([b"\n"] * 6 + [b"\r\n", b"\r"])
-plain_event = st.builds(lambda sep, value: b"data:" + sep + value + b"\n\n", st.sampled_from([b" ", b"", b"  "]), text)
+plain_event = st.builds(
+    lambda sep, value: b"data:" + sep + value + b"\n\n", st.sampled_from([b" ", b"", b"  "]), text
+)
 other_piece = st.one_of(
-    st.builds(lambda v, e: b"data: " + v + e, text, eol),  # a data line not (yet) followed by a blank line
+    st.builds(
+        lambda v, e: b"data: " + v + e, text, eol
+    ),  # a data line not (yet) followed by a blank line
     st.builds(lambda v, e: b": " + v + e, text, eol),  # comment
     st.builds(lambda v, e: b"event: " + v + e, text, eol),
     st.builds(lambda v, e: b"id: " + v + e, st.sampled_from([b"7", b"", b"a\x00b", b"x"]), eol),
     st.builds(lambda v, e: b"retry: " + v + e, st.sampled_from([b"10", b"3s", b""]), eol),
-    st.builds(lambda v, e: b"data" + v + e, st.sampled_from([b"", b":", b"x"]), eol),  # odd data fields
+    st.builds(
+        lambda v, e: b"data" + v + e, st.sampled_from([b"", b":", b"x"]), eol
+    ),  # odd data fields
     st.builds(lambda v, e: b"data: " + v + e + e, text, eol),  # a whole event, any line end
     eol,  # a blank line
     st.sampled_from([b"\r", b"\n", b"\r\n", BOM, b"\xe6\x97", b"dat", b"data: x" * 12]),
-    st.builds(lambda a, b: b"data: " + a + b"\r" + b + b"\n\n", text, text),  # a CR inside: two lines
+    st.builds(
+        lambda a, b: b"data: " + a + b"\r" + b + b"\n\n", text, text
+    ),  # a CR inside: two lines
 )
 BOUNDS = [(1 << 20, None), (16, None), (40, None), (64, 20), (8, 8), (1, None), (30, 31)]
 bounds = st.sampled_from(BOUNDS)
@@ -161,7 +171,11 @@ def test_lone_data_is_the_event_feed_would_dispatch(data, bound):
     ref = GeneralOnly(max_line, max_event)
     for chunk in chunks:
         data = fast.lone_data(chunk)
-        got = fast.feed(chunk) if data is None else [SSEEvent(data, "message", fast._last_id, fast._retry)]
+        got = (
+            fast.feed(chunk)
+            if data is None
+            else [SSEEvent(data, "message", fast._last_id, fast._retry)]
+        )
         assert got == ref.feed(chunk), chunk
         assert state(fast) == state(ref)
         assert idle_is_honest(fast)
@@ -270,8 +284,12 @@ def test_lone_data_respects_both_bounds():
 @pytest.mark.parametrize("line,event", [(16, None), (8, 8), (64, 20)])
 def test_feed_fast_path_at_the_bounds(line, event):
     """Several events per chunk, values around both bounds: same as the general path."""
-    sizes = [line - 7, line - 6, line - 5, line - 4] + ([event - 2, event - 1, event] if event else [])
-    chunk = b"".join(b"data:" + sep + b"y" * n + b"\n\n" for n in sizes if n >= 0 for sep in (b" ", b""))
+    sizes = [line - 7, line - 6, line - 5, line - 4] + (
+        [event - 2, event - 1, event] if event else []
+    )
+    chunk = b"".join(
+        b"data:" + sep + b"y" * n + b"\n\n" for n in sizes if n >= 0 for sep in (b" ", b"")
+    )
     dec, ref = started(max_line_bytes=line, max_event_bytes=event), GeneralOnly(line, event)
     ref.feed(b": hello\n\n")
     assert dec.feed(chunk) == ref.feed(chunk)
@@ -292,7 +310,10 @@ def test_feed_fast_path_hands_over_mid_chunk():
 def test_id_and_retry_carry_into_fast_path_events():
     dec = started()
     dec.feed(b"id: 7\nretry: 10\n\n")
-    assert dec.feed(b"data: a\n\ndata: b\n\n") == [SSEEvent(b"a", id="7", retry=10), SSEEvent(b"b", id="7", retry=10)]
+    assert dec.feed(b"data: a\n\ndata: b\n\n") == [
+        SSEEvent(b"a", id="7", retry=10),
+        SSEEvent(b"b", id="7", retry=10),
+    ]
 
 
 # -- the dialect on top: the same events whichever path the framing took ---------------------

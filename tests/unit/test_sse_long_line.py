@@ -38,10 +38,18 @@ def test_held_line_grows_in_place_without_copies():
 def test_in_place_growth_gives_the_same_events_as_whole_feeding():
     rng = random.Random(7)
     stream = (
-        b"data: " + b"a" * 5000 + b"\n\n"
-        + b": comment " + b"c" * 3000 + b"\r\n"
-        + b"event: big\r\ndata: " + "é".encode() * 4000 + b"\r\n\r\n"
-        + b"data: " + b"z" * 20_000 + b"\n\n"  # past the bound below: an overflow, then on
+        b"data: "
+        + b"a" * 5000
+        + b"\n\n"
+        + b": comment "
+        + b"c" * 3000
+        + b"\r\n"
+        + b"event: big\r\ndata: "
+        + "é".encode() * 4000
+        + b"\r\n\r\n"
+        + b"data: "
+        + b"z" * 20_000
+        + b"\n\n"  # past the bound below: an overflow, then on
         + b"data: tail\n\n"
     )
     whole = SSEDecoder(max_line_bytes=10_000).feed(stream)

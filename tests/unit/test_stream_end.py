@@ -55,7 +55,11 @@ def replay(
     if outcome is not None:
         t.finish(outcome, 1.0, error_type)
     else:
-        t.finish(Outcome.OK if status < 500 else Outcome.ERROR, 1.0, None if status < 500 else "upstream_status")
+        t.finish(
+            Outcome.OK if status < 500 else Outcome.ERROR,
+            1.0,
+            None if status < 500 else "upstream_status",
+        )
     return t
 
 
@@ -84,14 +88,23 @@ def test_empty_200_stream_is_truncated():
 
 def test_triton_has_no_marker_so_a_clean_end_is_ok():
     raw = load("triton", "trtllm_ensemble.txt")
-    t = replay("/v2/models/ensemble/generate_stream", "text/event-stream; charset=utf-8", [raw[: len(raw) // 2]])
+    t = replay(
+        "/v2/models/ensemble/generate_stream",
+        "text/event-stream; charset=utf-8",
+        [raw[: len(raw) // 2]],
+    )
     assert t.stream_tokens > 0 and not t.end_marker_expected
     assert t.outcome is Outcome.OK
 
 
 @pytest.mark.parametrize(
     "status,method,outcome",
-    [(204, "POST", Outcome.OK), (200, "HEAD", Outcome.OK), (429, "POST", Outcome.OK), (503, "POST", Outcome.ERROR)],
+    [
+        (204, "POST", Outcome.OK),
+        (200, "HEAD", Outcome.OK),
+        (429, "POST", Outcome.OK),
+        (503, "POST", Outcome.ERROR),
+    ],
 )
 def test_bodiless_and_error_statuses_keep_their_outcome(status, method, outcome):
     t = replay("/v1/chat/completions", "text/event-stream", [], status=status, method=method)
@@ -100,7 +113,11 @@ def test_bodiless_and_error_statuses_keep_their_outcome(status, method, outcome)
 
 def test_error_event_wins_over_truncation():
     """An in-stream error then a clean end: the server said why, so that is the cause."""
-    t = replay("/v1/chat/completions", "text/event-stream", [b'data: {"error":{"message":"boom","type":"x"}}\n\n'])
+    t = replay(
+        "/v1/chat/completions",
+        "text/event-stream",
+        [b'data: {"error":{"message":"boom","type":"x"}}\n\n'],
+    )
     assert (t.outcome, t.error_type) == (Outcome.ERROR, "stream_error")
 
 
@@ -138,7 +155,10 @@ def test_non_streamed_json_needs_no_marker():
     t = RequestTimeline(0.0, "POST", route.template, "m")
     observer = ResponseObserver(route, t, "application/json")
     t.response_started(0.0, 200, observer.streaming)
-    observer.feed(b'{"id":"x","model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}', 0.1)
+    observer.feed(
+        b'{"id":"x","model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}',
+        0.1,
+    )
     observer.close(0.2)
     t.finish(Outcome.OK, 0.2)
     assert t.outcome is Outcome.OK
@@ -196,9 +216,27 @@ _USAGE_ONLY = b'data: {"id":"c","model":"m","choices":[],"usage":{"prompt_tokens
     "stream,outcome",
     [
         # n=2: one choice finished, the other still going when the server stopped.
-        ([_chunk(_ROLE % 0, _ROLE % 1), _chunk(_TEXT % 0), _chunk(_TEXT % 1), _chunk(_END % 0), _chunk(_TEXT % 1)], Outcome.ERROR),
+        (
+            [
+                _chunk(_ROLE % 0, _ROLE % 1),
+                _chunk(_TEXT % 0),
+                _chunk(_TEXT % 1),
+                _chunk(_END % 0),
+                _chunk(_TEXT % 1),
+            ],
+            Outcome.ERROR,
+        ),
         # n=2: both finished, in separate chunks, a usage-only chunk after: ok.
-        ([_chunk(_ROLE % 0, _ROLE % 1), _chunk(_TEXT % 0, _TEXT % 1), _chunk(_END % 1), _chunk(_END % 0), _USAGE_ONLY], Outcome.OK),
+        (
+            [
+                _chunk(_ROLE % 0, _ROLE % 1),
+                _chunk(_TEXT % 0, _TEXT % 1),
+                _chunk(_END % 1),
+                _chunk(_END % 0),
+                _USAGE_ONLY,
+            ],
+            Outcome.OK,
+        ),
         # n=2 without role chunks: choice 1 appeared before choice 0 finished.
         ([_chunk(_TEXT % 0), _chunk(_TEXT % 1), _chunk(_END % 0)], Outcome.ERROR),
         ([_chunk(_TEXT % 0), _chunk(_TEXT % 1), _chunk(_END % 0), _chunk(_END % 1)], Outcome.OK),
@@ -207,7 +245,14 @@ _USAGE_ONLY = b'data: {"id":"c","model":"m","choices":[],"usage":{"prompt_tokens
         # Only a usage chunk after content, no finish_reason: the answer may be cut.
         ([_chunk(_TEXT % 0), _USAGE_ONLY], Outcome.ERROR),
     ],
-    ids=["n2-one-open", "n2-both-then-usage", "n2-no-role-one-open", "n2-no-role-both", "empty-reason", "usage-no-reason"],
+    ids=[
+        "n2-one-open",
+        "n2-both-then-usage",
+        "n2-no-role-one-open",
+        "n2-no-role-both",
+        "empty-reason",
+        "usage-no-reason",
+    ],
 )
 def test_every_choice_must_finish(stream, outcome):
     t = replay("/v1/chat/completions", "text/event-stream", stream)
@@ -227,7 +272,9 @@ def test_anthropic_without_stop_reason_is_truncated():
 
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 def test_client_leaving_after_the_marker_is_ok(where, name, path, ctype):
-    t = replay(path, ctype, [load(where, name)], outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
+    t = replay(
+        path, ctype, [load(where, name)], outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED
+    )
     assert (t.outcome, t.error_type) == (Outcome.OK, None)
 
 
@@ -241,7 +288,9 @@ def test_client_leaving_once_generation_finished_is_ok(where, name, path, ctype)
 
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 def test_client_leaving_mid_answer_is_cancelled(where, name, path, ctype):
-    cut = cut_before_marker(dialect_of(match_route(path)[0]).stream, load(where, name), ctype == "application/x-ndjson")
+    cut = cut_before_marker(
+        dialect_of(match_route(path)[0]).stream, load(where, name), ctype == "application/x-ndjson"
+    )
     t = replay(path, ctype, [cut], outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
     assert (t.outcome, t.error_type) == (Outcome.CANCELLED, CLIENT_DISCONNECTED)
 
@@ -249,17 +298,36 @@ def test_client_leaving_mid_answer_is_cancelled(where, name, path, ctype):
 def test_client_that_stopped_reading_after_the_marker_is_still_cancelled():
     """A send timeout: the marker may still sit unread in the sidecar's buffer."""
     raw = load("openai", "vllm032_chat_no_usage.txt")
-    t = replay("/v1/chat/completions", "text/event-stream", [raw], outcome=Outcome.CANCELLED, error_type="client_send_timeout")
+    t = replay(
+        "/v1/chat/completions",
+        "text/event-stream",
+        [raw],
+        outcome=Outcome.CANCELLED,
+        error_type="client_send_timeout",
+    )
     assert (t.outcome, t.error_type) == (Outcome.CANCELLED, "client_send_timeout")
 
 
 def test_client_leaving_after_an_error_event_and_marker_is_an_error():
     stream = [b'data: {"error":{"message":"boom","type":"x"}}\n\n', b"data: [DONE]\n\n"]
-    t = replay("/v1/chat/completions", "text/event-stream", stream, outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
+    t = replay(
+        "/v1/chat/completions",
+        "text/event-stream",
+        stream,
+        outcome=Outcome.CANCELLED,
+        error_type=CLIENT_DISCONNECTED,
+    )
     assert (t.outcome, t.error_type) == (Outcome.ERROR, "stream_error")
 
 
 def test_client_leaving_a_complete_5xx_stream_is_an_upstream_error():
     raw = load("openai", "vllm032_chat_no_usage.txt")
-    t = replay("/v1/chat/completions", "text/event-stream", [raw], status=503, outcome=Outcome.CANCELLED, error_type=CLIENT_DISCONNECTED)
+    t = replay(
+        "/v1/chat/completions",
+        "text/event-stream",
+        [raw],
+        status=503,
+        outcome=Outcome.CANCELLED,
+        error_type=CLIENT_DISCONNECTED,
+    )
     assert (t.outcome, t.error_type) == (Outcome.ERROR, "upstream_status")

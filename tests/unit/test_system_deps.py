@@ -26,9 +26,15 @@ def test_packages_are_installed_with_service_starts_forbidden(tmp_path):
     _fake(bin_dir, "sudo", 'exec "$@"')
     _fake(bin_dir, "systemctl", "exit 0")
     # What invoke-rc.d would do during the install: run the policy and see whether it forbids.
-    _fake(bin_dir, "apt-get", f'case "$*" in *install*) "{policy}" nginx start; echo "policy=$?" >> "{record}";; esac')
+    _fake(
+        bin_dir,
+        "apt-get",
+        f'case "$*" in *install*) "{policy}" nginx start; echo "policy=$?" >> "{record}";; esac',
+    )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "POLICY_RC_D": str(policy)}
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     assert record.read_text().strip() == "policy=101", "services may start during the install"
     assert not policy.exists(), "the policy is removed afterwards"

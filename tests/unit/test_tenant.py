@@ -74,17 +74,27 @@ def test_credential_like_or_odd_values_become_other(value):
 
 def test_config_refuses_a_credential_header_with_one_line():
     with pytest.raises(ConfigError) as err:
-        load_settings({"upstream": "http://127.0.0.1:8000", "tenant_header": "Authorization"}, environ={})
+        load_settings(
+            {"upstream": "http://127.0.0.1:8000", "tenant_header": "Authorization"}, environ={}
+        )
     msg = str(err.value)
-    assert msg.startswith("invalid tenant_header (--tenant-header)") and "carries credentials" in msg
+    assert (
+        msg.startswith("invalid tenant_header (--tenant-header)") and "carries credentials" in msg
+    )
     assert "\n" not in msg
 
 
 def test_config_from_environment_and_off_by_default():
-    env = {"LLM_SIDECAR_TENANT_HEADER": "X-Tenant", "LLM_SIDECAR_TENANT_ALLOWLIST": "a, b", "LLM_SIDECAR_MAX_TENANTS": "5"}
+    env = {
+        "LLM_SIDECAR_TENANT_HEADER": "X-Tenant",
+        "LLM_SIDECAR_TENANT_ALLOWLIST": "a, b",
+        "LLM_SIDECAR_MAX_TENANTS": "5",
+    }
     s = load_settings({"upstream": "http://127.0.0.1:8000"}, environ=env)
     assert (s.tenant_header, s.tenant_allowlist, s.max_tenants) == ("X-Tenant", ["a", "b"], 5)
-    off = load_settings({"upstream": "http://127.0.0.1:8000"}, environ={"LLM_SIDECAR_TENANT_HEADER": ""})
+    off = load_settings(
+        {"upstream": "http://127.0.0.1:8000"}, environ={"LLM_SIDECAR_TENANT_HEADER": ""}
+    )
     assert off.tenant_header is None
 
 
@@ -92,7 +102,11 @@ def test_config_from_environment_and_off_by_default():
 
 
 def _chunk(text: str) -> bytes:
-    return b'data: {"id":"c","model":"m1","choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
+    return (
+        b'data: {"id":"c","model":"m1","choices":[{"index":0,"delta":{"content":"'
+        + text.encode()
+        + b'"}}]}\n\n'
+    )
 
 
 STREAM = [
@@ -134,19 +148,38 @@ async def test_tenant_label_on_requests_tokens_ttft_and_goodput(upstream, sideca
     await wait_for(lambda: sum(s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok", tenant=t) or 0
                                for t in ("team-a", "team-b", "other", "unknown")) == 6)  # fmt: skip
     ok = dict(model="m1", route=ROUTE, code="200", outcome="ok")
-    assert [s.sample("llm_requests_total", **ok, tenant=t) for t in ("team-a", "team-b", "other", "unknown")] == [2, 1, 2, 1]
-    assert s.sample("llm_tokens_total", model="m1", route=ROUTE, type="output", tenant="team-a") == 4
+    assert [
+        s.sample("llm_requests_total", **ok, tenant=t)
+        for t in ("team-a", "team-b", "other", "unknown")
+    ] == [2, 1, 2, 1]
+    assert (
+        s.sample("llm_tokens_total", model="m1", route=ROUTE, type="output", tenant="team-a") == 4
+    )
     assert s.sample("llm_tokens_total", model="m1", route=ROUTE, type="input", tenant="other") == 6
-    assert s.sample("llm_time_to_first_token_seconds_count", model="m1", route=ROUTE, tenant="team-b") == 1
+    assert (
+        s.sample("llm_time_to_first_token_seconds_count", model="m1", route=ROUTE, tenant="team-b")
+        == 1
+    )
     assert s.sample("llm_requests_within_slo_total", model="m1", route=ROUTE, tenant="team-a") == 2
     # Series that do not answer "who" keep their labels.
-    assert s.sample("llm_request_duration_seconds_count", model="m1", route=ROUTE, outcome="ok") == 6
+    assert (
+        s.sample("llm_request_duration_seconds_count", model="m1", route=ROUTE, outcome="ok") == 6
+    )
     assert s.sample("llm_requests_in_flight", model="m1", route=ROUTE) == 0
     # The secret-looking value never became a label value.
-    exposition = "\n".join(str(sample) for metric in s.registry.collect() for sample in metric.samples)
+    exposition = "\n".join(
+        str(sample) for metric in s.registry.collect() for sample in metric.samples
+    )
     assert "SECRET" not in exposition and "sk-live" not in exposition
     # Read, never changed: the upstream got the header as the client sent it.
-    assert [h.get("X-Tenant") for h, _ in received] == ["team-a", "team-a", "team-b", "team-c", None, "sk-live-SECRET"]
+    assert [h.get("X-Tenant") for h, _ in received] == [
+        "team-a",
+        "team-a",
+        "team-b",
+        "team-c",
+        None,
+        "sk-live-SECRET",
+    ]
 
 
 async def test_without_the_option_no_series_has_a_tenant_label(upstream, sidecar_factory):
@@ -154,8 +187,17 @@ async def test_without_the_option_no_series_has_a_tenant_label(upstream, sidecar
     up = await upstream.start(chat_upstream(received))
     s = await sidecar_factory(up.url)
     await send(s.url, "team-a")
-    await wait_for(lambda: s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 1)
-    names = {name for metric in s.registry.collect() for sample in metric.samples for name in sample.labels}
+    await wait_for(
+        lambda: (
+            s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 1
+        )
+    )
+    names = {
+        name
+        for metric in s.registry.collect()
+        for sample in metric.samples
+        for name in sample.labels
+    }
     assert "tenant" not in names
     assert s.sample("llm_tokens_total", model="m1", route=ROUTE, type="output") == 2
 
@@ -179,5 +221,14 @@ def test_slo_grouping_accepts_tenant_for_slis_whose_series_carry_it():
 @pytest.mark.parametrize("sli", ["tpot", "itl", "e2e"])
 def test_slo_grouping_by_tenant_refuses_slis_without_the_label(sli):
     threshold = {"tpot": 0.1, "itl": 0.1, "e2e": 60.0}[sli]
-    with pytest.raises(Exception, match=f"grouping by tenant needs an SLI whose series carry it.*{sli} has no tenant"):
-        parse_spec(spec(["model", "tenant"], AVAILABILITY, {"name": sli, "sli": sli, "target": 95, "threshold_seconds": threshold}))
+    with pytest.raises(
+        Exception,
+        match=f"grouping by tenant needs an SLI whose series carry it.*{sli} has no tenant",
+    ):
+        parse_spec(
+            spec(
+                ["model", "tenant"],
+                AVAILABILITY,
+                {"name": sli, "sli": sli, "target": 95, "threshold_seconds": threshold},
+            )
+        )

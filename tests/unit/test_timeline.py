@@ -19,11 +19,20 @@ HEADERS = 100.05
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
 
-def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None, choices=True) -> bytes:
+def chunk(
+    delta: dict | None = None, finish: str | None = None, usage: dict | None = None, choices=True
+) -> bytes:
     """One vLLM-shaped ``chat.completion.chunk`` SSE event."""
-    obj: dict = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1733011200, "model": MODEL}
+    obj: dict = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1733011200,
+        "model": MODEL,
+    }
     obj["choices"] = (
-        [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}] if choices else []
+        [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]
+        if choices
+        else []
     )
     if usage is not None:
         obj["usage"] = usage
@@ -47,10 +56,20 @@ def tool(args: str) -> bytes:
 
 
 def usage_chunk(prompt: int, completion: int, **extra) -> bytes:
-    return chunk(usage={"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion, **extra}, choices=False)
+    return chunk(
+        usage={
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+            **extra,
+        },
+        choices=False,
+    )
 
 
-def play(script: list[tuple[float, bytes]], end: float | None, outcome: Outcome = Outcome.OK) -> RequestTimeline:
+def play(
+    script: list[tuple[float, bytes]], end: float | None, outcome: Outcome = Outcome.OK
+) -> RequestTimeline:
     """Headers at HEADERS, each read at its scripted time, then finish at ``end``."""
     tl = RequestTimeline(start=START, method="POST", route="/v1/chat/completions", model=MODEL)
     tl.response_started(HEADERS, 200, streamed=True)
@@ -101,7 +120,9 @@ def test_basic_stream_figures():
 
 def test_tpot_uses_usage_count_when_it_differs_from_the_stream():
     # Speculative decoding / multi-token deltas: 5 deltas carried 9 tokens.
-    script = BASIC[:-1] + [(100.63, chunk({"content": ""}, finish="stop") + usage_chunk(14, 9) + DONE)]
+    script = BASIC[:-1] + [
+        (100.63, chunk({"content": ""}, finish="stop") + usage_chunk(14, 9) + DONE)
+    ]
     tl = play(script, end=100.64)
     assert tl.output_tokens == 9 and tl.tokens_from_usage
     assert tl.stream_tokens == 5
@@ -257,7 +278,11 @@ def test_in_stream_error_turns_ok_into_error():
     script = [
         (100.05, ROLE),
         (100.30, content("Par")),
-        (100.40, b'data: {"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}\n\n' + DONE),
+        (
+            100.40,
+            b'data: {"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}\n\n'
+            + DONE,
+        ),
     ]
     tl = play(script, end=100.41)
     assert tl.outcome is Outcome.ERROR
@@ -308,10 +333,19 @@ def test_cancelled_with_stream_error_stays_cancelled():
 
 def test_continuous_usage_last_wins():
     script = [
-        (100.05, chunk({"role": "assistant", "content": ""}, usage={"prompt_tokens": 7, "completion_tokens": 0})),
+        (
+            100.05,
+            chunk(
+                {"role": "assistant", "content": ""},
+                usage={"prompt_tokens": 7, "completion_tokens": 0},
+            ),
+        ),
         (100.30, chunk({"content": "A"}, usage={"prompt_tokens": 7, "completion_tokens": 1})),
         (100.40, chunk({"content": "B"}, usage={"prompt_tokens": 7, "completion_tokens": 2})),
-        (100.50, chunk({"content": "C"}, usage={"prompt_tokens": 7, "completion_tokens": 3}) + DONE),
+        (
+            100.50,
+            chunk({"content": "C"}, usage={"prompt_tokens": 7, "completion_tokens": 3}) + DONE,
+        ),
     ]
     tl = play(script, end=100.5)
     assert tl.usage == Usage(input_tokens=7, output_tokens=3)
@@ -366,7 +400,13 @@ def test_non_streaming_response_figures():
             "id": "chatcmpl-9",
             "object": "chat.completion",
             "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Paris."},
+                    "finish_reason": "stop",
+                }
+            ],
             "usage": {
                 "prompt_tokens": 20,
                 "completion_tokens": 12,

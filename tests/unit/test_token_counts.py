@@ -78,10 +78,18 @@ def test_usage_wins_over_the_engine_and_the_estimate():
     t.events([ANSWER, ANSWER], 0.1)
     assert (t.token_count_source, t.output_tokens) == (TokenCountSource.ESTIMATED, 2)
     t.events([Usage(input_tokens=20, output_tokens=5, cached_input_tokens=8, engine=True)], 0.2)
-    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (TokenCountSource.ENGINE, 5, 20)
+    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (
+        TokenCountSource.ENGINE,
+        5,
+        20,
+    )
     # usage lacks cached tokens: that one count still comes from the engine
     t.events([Usage(input_tokens=21, output_tokens=6)], 0.3)
-    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (TokenCountSource.USAGE, 6, 21)
+    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (
+        TokenCountSource.USAGE,
+        6,
+        21,
+    )
     assert t.cached_input_tokens == 8
 
 
@@ -90,14 +98,22 @@ def test_input_only_usage_leaves_output_estimated():
     t = RequestTimeline(0.0, "POST", "/v1/messages")
     t.response_started(0.0, 200, True)
     t.events([Usage(input_tokens=30), ANSWER], 0.1)
-    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (TokenCountSource.ESTIMATED, 1, 30)
+    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (
+        TokenCountSource.ESTIMATED,
+        1,
+        30,
+    )
 
 
 def test_non_streamed_json_without_usage_has_no_count():
     t = RequestTimeline(0.0, "POST", "/v1/chat/completions")
     t.response_started(0.0, 200, False)
     t.events(parse_openai_response(b'{"id":"x","model":"m","choices":[]}'), 0.1)
-    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (TokenCountSource.NONE, None, None)
+    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (
+        TokenCountSource.NONE,
+        None,
+        None,
+    )
 
 
 def test_non_streamed_llamacpp_timings_are_engine_counts():
@@ -109,12 +125,18 @@ def test_non_streamed_llamacpp_timings_are_engine_counts():
     t = RequestTimeline(0.0, "POST", "/v1/chat/completions")
     t.response_started(0.0, 200, False)
     t.events(parse_openai_response(body), 0.1)
-    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (TokenCountSource.ENGINE, 2, 6)
+    assert (t.token_count_source, t.output_tokens, t.input_tokens) == (
+        TokenCountSource.ENGINE,
+        2,
+        6,
+    )
 
 
 def test_vllm_metrics_garbage_is_ignored():
     d = OpenAIStreamDialect()
-    out = d.feed(b'data: {"choices":[],"metrics":{"time_to_first_token_ms":"x","generation_time_ms":-1}}\n\n')
+    out = d.feed(
+        b'data: {"choices":[],"metrics":{"time_to_first_token_ms":"x","generation_time_ms":-1}}\n\n'
+    )
     assert not any(type(e) is EngineTimings for e in out)
     out = d.feed(b'data: {"choices":[],"metrics":{}}\n\n')
     assert not any(type(e) is EngineTimings for e in out)
@@ -128,19 +150,34 @@ RECORDED: dict[str, tuple[str, tuple]] = {
     # not ask: cumulative usage on EVERY chunk (the role chunk's completion_tokens is 0),
     # then a choices: [] usage chunk with the per-request metrics.
     "vllm032_chat_force_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 17, None)),
-    "vllm032_completions_force_usage.txt": ("/v1/completions", (TokenCountSource.USAGE, 4, 5, None)),
+    "vllm032_completions_force_usage.txt": (
+        "/v1/completions",
+        (TokenCountSource.USAGE, 4, 5, None),
+    ),
     # vLLM 0.32 without those flags: the client asked include_usage (one usage chunk) ...
-    "vllm032_chat_include_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 17, None)),
+    "vllm032_chat_include_usage.txt": (
+        "/v1/chat/completions",
+        (TokenCountSource.USAGE, 4, 17, None),
+    ),
     # vLLM 0.32 --enable-prefix-caching --enable-prompt-tokens-details, the second request of
     # a 470-token prompt: prompt_tokens_details.cached_tokens 384 (whole 16-token blocks).
-    "vllm032_chat_prefix_cached.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 4, 470, 384)),
+    "vllm032_chat_prefix_cached.txt": (
+        "/v1/chat/completions",
+        (TokenCountSource.USAGE, 4, 470, 384),
+    ),
     # ... or did not: no usage key at all; estimated, input unknown.
-    "vllm032_chat_no_usage.txt": ("/v1/chat/completions", (TokenCountSource.ESTIMATED, 4, None, None)),
+    "vllm032_chat_no_usage.txt": (
+        "/v1/chat/completions",
+        (TokenCountSource.ESTIMATED, 4, None, None),
+    ),
     # llama.cpp b11434, no include_usage: timings on the finish chunk, prompt_n 25, cache_n 0.
     "llamacpp_b11434_chat.txt": ("/v1/chat/completions", (TokenCountSource.ENGINE, 6, 25, 0)),
     # The same request again with include_usage: usage says prompt_tokens 25 with 24 cached,
     # and its timings say prompt_n 1 + cache_n 24: the engine formula agrees with usage.
-    "llamacpp_b11434_chat_include_usage.txt": ("/v1/chat/completions", (TokenCountSource.USAGE, 6, 25, 24)),
+    "llamacpp_b11434_chat_include_usage.txt": (
+        "/v1/chat/completions",
+        (TokenCountSource.USAGE, 6, 25, 24),
+    ),
     # llama.cpp's /v1/completions puts usage on its finish chunk without being asked.
     "llamacpp_b11434_completions.txt": ("/v1/completions", (TokenCountSource.USAGE, 4, 5, 0)),
 }
@@ -159,8 +196,18 @@ def test_recorded_counts_and_their_source(name):
 @pytest.mark.parametrize(
     "name,prefill_ms,decode_ms,queue_ms",
     [
-        ("vllm032_chat_force_usage.txt", 127.4029689998315, 105.76010100021449, 0.03214800017303787),
-        ("vllm032_completions_force_usage.txt", 27.27981899988663, 29.06002500003524, 0.027349999982106965),
+        (
+            "vllm032_chat_force_usage.txt",
+            127.4029689998315,
+            105.76010100021449,
+            0.03214800017303787,
+        ),
+        (
+            "vllm032_completions_force_usage.txt",
+            27.27981899988663,
+            29.06002500003524,
+            0.027349999982106965,
+        ),
     ],
 )
 def test_recorded_vllm_per_chunk_usage_and_metrics(name, prefill_ms, decode_ms, queue_ms):
@@ -176,7 +223,9 @@ def test_recorded_vllm_per_chunk_usage_and_metrics(name, prefill_ms, decode_ms, 
 
 def test_recorded_llamacpp_engine_counts_match_its_usage():
     """Both figures from one real chunk: prompt_n + cache_n is usage.prompt_tokens."""
-    events = run_whole(OpenAIStreamDialect, load("openai", "llamacpp_b11434_chat_include_usage.txt"))
+    events = run_whole(
+        OpenAIStreamDialect, load("openai", "llamacpp_b11434_chat_include_usage.txt")
+    )
     usage = [e for e in events if type(e) is Usage and not e.engine]
     engine = [e for e in events if type(e) is Usage and e.engine]
     assert len(usage) == len(engine) == 1

@@ -58,6 +58,7 @@ def lane(request, monkeypatch):
     monkeypatch.setattr(token_lane, "TokenLane", request.param)
     return request.param
 
+
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
@@ -173,7 +174,9 @@ class Running:
         self.client = ClientTransport()
         # send_timeout 12 s: the client's progress is checked every second (a twelfth of it),
         # so the streams here have reads a check leaves to Python.
-        self.relay = BodyRelay(Request(self.client), conn, self.observer, clock, send_timeout=12.0, chunked=True)
+        self.relay = BodyRelay(
+            Request(self.client), conn, self.observer, clock, send_timeout=12.0, chunked=True
+        )
         self.task = asyncio.ensure_future(self.relay.run())
         await asyncio.sleep(0)  # the relay is pushed to
         return self
@@ -258,9 +261,13 @@ def test_recorded_streams_relay_as_the_python_path(name, lane, monkeypatch):
     path = "/v1/completions" if "completions" in name else "/v1/chat/completions"
     events = sse_events(body)
     got, _ = both(paced(events), path, monkeypatch)
-    assert got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK  # the relay ends the body
+    assert (
+        got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK
+    )  # the relay ends the body
     # A tool call's pieces are never a lane's (each is also a ToolCallDelta the timeline times).
-    if got["stream_tokens"] >= 8 and not any(k in name for k in ("continuous_usage", "force_usage", "tools")):
+    if got["stream_tokens"] >= 8 and not any(
+        k in name for k in ("continuous_usage", "force_usage", "tools")
+    ):
         assert got["taken"] > 0, "no lane took a read: the comparison proved nothing"
 
 
@@ -280,10 +287,24 @@ def test_the_bench_stream_with_every_kind_of_text(lane, monkeypatch):
 # plain texts and JSON's one-character escapes; \u escapes, broken escapes and anything
 # JSON refuses go the Python way (which decodes them, or counts a parse error).
 LANE_TEXTS = [
-    (b"a", True), (b"caf\xc3\xa9", True), (b"\\n", True), (b"\\n\\n", True), (b'x\\"y', True),
-    (b"\\\\", True), (b"\\/", True), (b"\\t\\b\\f\\r", True),
-    (b"\\u00e9", False), (b"\\ud83d\\ude80", False), (b"\\x", False), (b"a\\", False), (b"\\", False),
-    (b"\\0", False), (b"\x7f", False), (b"\xe2\x80\xa8", False), (b"\xc3", False), (b"", False),
+    (b"a", True),
+    (b"caf\xc3\xa9", True),
+    (b"\\n", True),
+    (b"\\n\\n", True),
+    (b'x\\"y', True),
+    (b"\\\\", True),
+    (b"\\/", True),
+    (b"\\t\\b\\f\\r", True),
+    (b"\\u00e9", False),
+    (b"\\ud83d\\ude80", False),
+    (b"\\x", False),
+    (b"a\\", False),
+    (b"\\", False),
+    (b"\\0", False),
+    (b"\x7f", False),
+    (b"\xe2\x80\xa8", False),
+    (b"\xc3", False),
+    (b"", False),
 ]
 
 
@@ -293,7 +314,14 @@ def test_what_a_lane_takes(raw, taken, lane, monkeypatch):
     arm it, and the lane opens), then the text under test, then a plain one: the lane takes
     it or leaves it, as listed, and the figures are the Python path's either way."""
     event = lambda t: b"data: " + SHAPES[0].replace(b'"@"', b'"' + t + b'"') + b"\n\n"  # noqa: E731
-    stream = [event(b"one"), event(b"two"), event(b"three"), event(b"four"), event(raw), event(b"five")]
+    stream = [
+        event(b"one"),
+        event(b"two"),
+        event(b"three"),
+        event(b"four"),
+        event(raw),
+        event(b"five"),
+    ]
     got, _ = both(paced(stream), "/v1/chat/completions", monkeypatch)
     without_it = relay(paced(stream[:4] + stream[5:]), "/v1/chat/completions", True, monkeypatch)
     assert without_it["taken"] == 2  # four and five (one says the model, two and three arm)
@@ -307,7 +335,14 @@ def test_the_client_buffer_the_progress_check_and_decoding_streams(lane, monkeyp
     events = [wire.role(), *(wire.token(k) for k in range(200)), wire.done()]
     steps = []
     for i, e in enumerate(events):
-        steps.append(Step(frame(e), 100.05 + i * 0.013, buffered=(700 if i % 17 == 5 else 0), decoding=1 + i // 40))
+        steps.append(
+            Step(
+                frame(e),
+                100.05 + i * 0.013,
+                buffered=(700 if i % 17 == 5 else 0),
+                decoding=1 + i // 40,
+            )
+        )
     got, _ = both(steps, "/v1/chat/completions", monkeypatch)
     assert got["taken"] > 100
     assert sorted(set(got["gap_streams"])) == sorted({1 + i // 40 for i in range(1, len(events))})
@@ -353,7 +388,9 @@ def test_a_client_gone_mid_stream(lane, monkeypatch):
     path ends it, with the same figures up to there."""
     wire = StreamWire(5, 60)
     events = [wire.role(), *(wire.token(k) for k in range(60)), wire.done()]
-    results = [_relay_until_closed(paced(events), 30, lanes, monkeypatch) for lanes in (True, False)]
+    results = [
+        _relay_until_closed(paced(events), 30, lanes, monkeypatch) for lanes in (True, False)
+    ]
     assert results[0] == results[1]
     assert results[0]["ended"] == body_relay.CLIENT_GONE
 
@@ -394,14 +431,20 @@ events = st.one_of(
 # A shape repeated with plain texts, so templates arm, with other events between.
 runs = st.tuples(
     st.sampled_from(range(len(SHAPES))),
-    st.lists(st.sampled_from([b"a", b" b", b"caf\xc3\xa9", b"\xf0\x9f\x9a\x80", b"\\n", b"x y"]), min_size=1, max_size=12),
+    st.lists(
+        st.sampled_from([b"a", b" b", b"caf\xc3\xa9", b"\xf0\x9f\x9a\x80", b"\\n", b"x y"]),
+        min_size=1,
+        max_size=12,
+    ),
 ).map(lambda p: [b"data: " + SHAPES[p[0]].replace(b'"@"', b'"' + t + b'"') + b"\n\n" for t in p[1]])
 
 
 @pytest.mark.parametrize("impl", LANES)
 @FAST
 @given(
-    st.lists(st.one_of(runs, events.map(lambda e: [e])), max_size=12).map(lambda xs: [e for x in xs for e in x]),
+    st.lists(st.one_of(runs, events.map(lambda e: [e])), max_size=12).map(
+        lambda xs: [e for x in xs for e in x]
+    ),
     st.data(),
 )
 def test_generated_streams_relay_as_the_python_path(impl, stream, data):
@@ -414,16 +457,19 @@ def test_generated_streams_relay_as_the_python_path(impl, stream, data):
     for e in stream:
         at += len(frame(e))
         ends.append(at)
-    cuts = sorted(set(data.draw(st.lists(st.sampled_from(ends), max_size=len(ends)) if ends else st.just([]))) | set(
-        data.draw(st.lists(st.integers(0, max(len(frames), 1)), max_size=4))
-    ))
+    cuts = sorted(
+        set(data.draw(st.lists(st.sampled_from(ends), max_size=len(ends)) if ends else st.just([])))
+        | set(data.draw(st.lists(st.integers(0, max(len(frames), 1)), max_size=4)))
+    )
     bounds = [0, *[c for c in cuts if 0 < c < len(frames)], len(frames)]
     reads = [frames[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
     t = 100.05
     steps = []
     for read in reads:
         t += data.draw(st.sampled_from([0.0, 0.001, 0.02, 0.3, 1.2]))
-        steps.append(Step(read, t, data.draw(st.sampled_from([0, 0, 0, 0, 9])), data.draw(st.integers(1, 3))))
+        steps.append(
+            Step(read, t, data.draw(st.sampled_from([0, 0, 0, 0, 9])), data.draw(st.integers(1, 3)))
+        )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(token_lane, "TokenLane", impl)
         got, _ = both(steps, "/v1/chat/completions", mp)
@@ -480,7 +526,14 @@ def test_the_lane_writes_no_attribute_of_another_object(lane, monkeypatch):
         off = property(lambda self: self._lane.off)
         taken = property(lambda self: self._lane.taken)
 
-    lane_codes.update({Watched.take.__code__, Watched.open.__code__, Watched.flush.__code__, Watched.poke.__code__})
+    lane_codes.update(
+        {
+            Watched.take.__code__,
+            Watched.open.__code__,
+            Watched.flush.__code__,
+            Watched.poke.__code__,
+        }
+    )
     refused: list[str] = []
 
     def check(obj, name: str) -> None:
@@ -567,7 +620,11 @@ def _python_lane_codes() -> set:
     for value in [*vars(token_lane_py).values(), *vars(PY_LANE).values()]:
         if isinstance(value, property):
             value = value.fget
-        if callable(value) and hasattr(value, "__code__") and value.__module__ == token_lane_py.__name__:
+        if (
+            callable(value)
+            and hasattr(value, "__code__")
+            and value.__module__ == token_lane_py.__name__
+        ):
             codes.add(value.__code__)
     assert PY_LANE.take.__code__ in codes and PY_LANE._hand_over.__code__ in codes
     return codes
@@ -599,7 +656,9 @@ def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(lane, mo
     wire = StreamWire(9, 120)
     events = [wire.role(), *(wire.token(k) for k in range(120)), wire.done()]
     got = relay(paced(events), "/v1/chat/completions", True, monkeypatch)
-    assert got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK  # the relay ends the body
+    assert (
+        got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK
+    )  # the relay ends the body
     assert got["ended"] == body_relay.COMPLETE
     assert got["parse_errors"] == 1
     assert got["taken"] > 0
@@ -647,11 +706,17 @@ def test_a_finished_relay_leaves_no_cycle_behind(lane, monkeypatch):
         gc.disable()
         try:
             got = relay(paced(events), "/v1/chat/completions", lanes, monkeypatch)
-            alive = sum(1 for o in gc.get_objects() if type(o) in (BodyRelay, token_lane.TokenLane, RequestTimeline))
+            alive = sum(
+                1
+                for o in gc.get_objects()
+                if type(o) in (BodyRelay, token_lane.TokenLane, RequestTimeline)
+            )
         finally:
             gc.enable()
         assert got["taken"] > 50 or not lanes
-        assert alive == 0, f"lanes={lanes}: {alive} relays, lanes or timelines wait for the cyclic collector"
+        assert alive == 0, (
+            f"lanes={lanes}: {alive} relays, lanes or timelines wait for the cyclic collector"
+        )
 
 
 def test_the_c_source_sets_no_attribute_and_reads_one():
@@ -687,7 +752,7 @@ class _Count:
         self.n = n
 
 
-def _lane(impl, prefix: bytes = b"data: {\"c\":\"", suffix: bytes = b"\"}\n\n", limit: int = 200, **kw):
+def _lane(impl, prefix: bytes = b'data: {"c":"', suffix: bytes = b'"}\n\n', limit: int = 200, **kw):
     notes: list = []
     transport = kw.pop("transport", None) or _Transport()
     args = dict(
@@ -705,7 +770,11 @@ def _text_lane_model(text: bytes) -> bool:
     out, i = [], 0
     while i < len(text):
         two = text[i : i + 2]
-        if len(two) == 2 and two[:1] == b"\\" and two[1:] in (b'"', b"\\", b"/", b"b", b"f", b"n", b"r", b"t"):
+        if (
+            len(two) == 2
+            and two[:1] == b"\\"
+            and two[1:] in (b'"', b"\\", b"/", b"b", b"f", b"n", b"r", b"t")
+        ):
             out.append(b"x")
             i += 2
         else:
@@ -728,9 +797,13 @@ def _taken_by_the_originals(data: bytes, prefix: bytes, suffix: bytes, limit: in
     return plain_at_py(payload, len(prefix), end) or _text_lane_model(payload[len(prefix) : end])
 
 
-size_lines = st.sampled_from(["%x"] * 12 + ["%X", "0%x", "000%x", "%x;e=1", "0x%x", " %x", "+%x", "%x ", "1_%x", "%d"])
+size_lines = st.sampled_from(
+    ["%x"] * 12 + ["%X", "0%x", "000%x", "%x;e=1", "0x%x", " %x", "+%x", "%x ", "1_%x", "%d"]
+)
 lane_texts = st.one_of(
-    st.text(min_size=1, max_size=6).map(lambda t: t.encode("utf-8", "surrogatepass")),  # mostly plain
+    st.text(min_size=1, max_size=6).map(
+        lambda t: t.encode("utf-8", "surrogatepass")
+    ),  # mostly plain
     st.sampled_from([t for t, _ in LANE_TEXTS]),
     texts,
 )
@@ -745,7 +818,7 @@ def test_the_python_lane_takes_the_reads_the_originals_take(size_line, text, off
     """The Python lane's whole-chunk and text checks, made on the read in place, against
     ``chunk_payload_py`` and the template's check on the payload (and against the C lane
     where it was built): size lines in every spelling, wrong sizes and ends, every text."""
-    prefix, suffix = b"data: {\"c\":\"", b"\"}\n\n"
+    prefix, suffix = b'data: {"c":"', b'"}\n\n'
     payload = prefix + text + suffix
     line = (size_line % max(len(payload) + off_by, 0)).encode()
     data = line + b"\r\n" + payload + end
@@ -766,7 +839,7 @@ def test_a_lane_s_refusals_and_failures(impl):
     """Both lanes alike: no take before open or before the first token, nor of a read too
     large, a client buffer not empty or a check due; a batch handed over every 32 tokens;
     a failure in measuring switches the lane off, an error writing goes to the caller."""
-    read = frame(b"data: {\"c\":\"hi\"}\n\n")
+    read = frame(b'data: {"c":"hi"}\n\n')
     lane, notes, transport = _lane(impl)
     assert lane.take(read) is False and lane.taken == 0  # not open
     assert lane.open(5.0, None) is False  # before the first token
@@ -791,7 +864,12 @@ def test_a_lane_s_refusals_and_failures(impl):
     assert lane.open(5.0, 1.0) and lane.take(read) is False
     lane, _, _ = _lane(impl, decoding=_Count(1 << 32))  # not an "I" item: left to Python, still on
     assert lane.open(5.0, 1.0) and lane.take(read) is False and not lane.off
-    broken_ones = [dict(decoding=_Count(-1)), dict(decoding=_Count(1.5)), dict(decoding=object()), dict(clock=lambda: 1 / 0)]
+    broken_ones = [
+        dict(decoding=_Count(-1)),
+        dict(decoding=_Count(1.5)),
+        dict(decoding=object()),
+        dict(clock=lambda: 1 / 0),
+    ]
     for broken in broken_ones:
         lane, notes, transport = _lane(impl, **broken)
         assert lane.open(5.0, 1.0) and lane.take(read) is False, broken

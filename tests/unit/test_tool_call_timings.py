@@ -50,14 +50,18 @@ def timeline_of(folder: str, name: str, make) -> tuple[RequestTimeline, list[byt
     return t, events
 
 
-@pytest.mark.parametrize(("folder", "name", "make", "calls"), STREAMS, ids=[f"{f}/{n}" for f, n, _, _ in STREAMS])
+@pytest.mark.parametrize(
+    ("folder", "name", "make", "calls"), STREAMS, ids=[f"{f}/{n}" for f, n, _, _ in STREAMS]
+)
 def test_first_tool_call_and_assembly_per_call(folder, name, make, calls):
     t, events = timeline_of(folder, name, make)
     want = expected_times(folder, events)
     assert len(want) == calls  # the oracle read the fixture as intended
     assert t.tool_call_count == calls
     assert t.time_to_first_tool_call == min(first for first, _ in want.values())
-    assert sorted(t.tool_call_assembly()) == sorted(float(last - first) for first, last in want.values())
+    assert sorted(t.tool_call_assembly()) == sorted(
+        float(last - first) for first, last in want.values()
+    )
     if folder != "ollama":  # Ollama sends each call whole: assembly 0
         assert all(a > 0 for a in t.tool_call_assembly())
 
@@ -81,7 +85,10 @@ def test_parallel_calls_give_one_assembly_observation_each():
     assert registry.get_sample_value("llm_time_to_first_tool_call_seconds_sum", labels) == 1.0
     assert registry.get_sample_value("llm_tool_calls_per_response_count", labels) == 1
     assert registry.get_sample_value("llm_tool_calls_per_response_sum", labels) == 2
-    assert registry.get_sample_value("llm_tool_calls_per_response_bucket", {**labels, "le": "1.0"}) == 0
+    assert (
+        registry.get_sample_value("llm_tool_calls_per_response_bucket", {**labels, "le": "1.0"})
+        == 0
+    )
 
 
 def test_a_text_answer_observes_no_tool_call():
@@ -124,4 +131,7 @@ def test_a_tool_arguments_template_arms_and_keeps_the_call_index():
     assert fast.feed(chunks[0]) == oracle.feed(chunks[0])  # the first also says the id
     for chunk in chunks[1:]:
         assert fast.feed(chunk) == oracle.feed(chunk) == [Tokens(TokenKind.TOOL), ToolCallDelta(1)]
-    assert fast._memo is not None and fast._memo.events == (Tokens(TokenKind.TOOL), ToolCallDelta(1))
+    assert fast._memo is not None and fast._memo.events == (
+        Tokens(TokenKind.TOOL),
+        ToolCallDelta(1),
+    )

@@ -68,7 +68,9 @@ pytestmark = pytest.mark.both_ways_in
 async def traced_sidecar(early_path):
     started: list[RunningSidecar] = []
 
-    async def make(upstream_url: str, *, tracer_provider=None, meter_provider=None, **overrides) -> RunningSidecar:
+    async def make(
+        upstream_url: str, *, tracer_provider=None, meter_provider=None, **overrides
+    ) -> RunningSidecar:
         s = build_sidecar(
             sidecar_settings(upstream_url, **overrides),
             CollectorRegistry(),
@@ -84,9 +86,13 @@ async def traced_sidecar(early_path):
         await running.stop()
 
 
-async def post(url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, bytes]:
+async def post(
+    url: str, body: dict | None = None, headers: dict | None = None
+) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as s:
-        async with s.post(url, json=body if body is not None else SECRET_BODY, headers=headers) as r:
+        async with s.post(
+            url, json=body if body is not None else SECRET_BODY, headers=headers
+        ) as r:
             return r.status, await r.read()
 
 
@@ -113,7 +119,9 @@ def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
 async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans, early_path):
     provider, exporter = spans
     received: list = []
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received)))
+    up = await upstream.start(
+        lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received))
+    )
     s = await traced_sidecar(up.url, tracer_provider=provider)
     status, _ = await post(
         s.url + ROUTE + "?api_key=SECRET-QUERY",
@@ -184,7 +192,9 @@ async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans, e
 async def test_root_span_when_client_sends_no_context(upstream, traced_sidecar, spans):
     provider, exporter = spans
     received: list = []
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received)))
+    up = await upstream.start(
+        lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received))
+    )
     s = await traced_sidecar(up.url, tracer_provider=provider)
     await post(s.url + ROUTE, headers={"traceparent": "00-garbage-01", "tracestate": "stale=1"})
     span = await one_span(exporter)
@@ -201,7 +211,9 @@ async def test_upstream_502_is_error_span(upstream, traced_sidecar, spans):
     provider, exporter = spans
     body = b'{"error":{"message":"bad gateway"}}'
     up = await upstream.start(
-        lambda app: app.router.add_post(ROUTE, scripted([(0, body)], status=502, content_type="application/json"))
+        lambda app: app.router.add_post(
+            ROUTE, scripted([(0, body)], status=502, content_type="application/json")
+        )
     )
     s = await traced_sidecar(up.url, tracer_provider=provider)
     status, _ = await post(s.url + ROUTE)
@@ -229,7 +241,10 @@ async def test_error_inside_stream_is_error_span(upstream, traced_sidecar, spans
     provider, exporter = spans
     script = [
         (0.0, chunk(role=True)),
-        (0.0, b'data: {"error":{"message":"overloaded SECRET","type":"InternalServerError","code":500}}\n\n'),
+        (
+            0.0,
+            b'data: {"error":{"message":"overloaded SECRET","type":"InternalServerError","code":500}}\n\n',
+        ),
         (0.0, b"data: [DONE]\n\n"),
     ]
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(script)))
@@ -247,7 +262,9 @@ async def test_error_inside_stream_is_error_span(upstream, traced_sidecar, spans
 async def test_4xx_is_error_on_the_client_span_but_outcome_ok(upstream, traced_sidecar, spans):
     provider, exporter = spans
     up = await upstream.start(
-        lambda app: app.router.add_post(ROUTE, scripted([(0, b"{}")], status=429, content_type="application/json"))
+        lambda app: app.router.add_post(
+            ROUTE, scripted([(0, b"{}")], status=429, content_type="application/json")
+        )
     )
     s = await traced_sidecar(up.url, tracer_provider=provider)
     await post(s.url + ROUTE)
@@ -308,9 +325,15 @@ async def test_first_answer_token_event_after_reasoning(upstream, traced_sidecar
     assert span.attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == 3
     assert span.attributes[sc.LLM_SIDECAR_REASONING_TOKENS] == 3
     first, answer = span.events
-    assert (first.name, first.attributes[sc.LLM_SIDECAR_TOKEN_KIND]) == (sc.EVENT_FIRST_TOKEN, "reasoning")
+    assert (first.name, first.attributes[sc.LLM_SIDECAR_TOKEN_KIND]) == (
+        sc.EVENT_FIRST_TOKEN,
+        "reasoning",
+    )
     assert answer.name == sc.EVENT_FIRST_ANSWER_TOKEN
-    assert abs((answer.timestamp - span.start_time) / 1e9 - span.attributes[sc.LLM_SIDECAR_TTFAT]) < 1e-6
+    assert (
+        abs((answer.timestamp - span.start_time) / 1e9 - span.attributes[sc.LLM_SIDECAR_TTFAT])
+        < 1e-6
+    )
     assert answer.timestamp - first.timestamp >= 0.04e9
 
 
@@ -340,8 +363,15 @@ async def test_span_names_use_the_bounded_model_label(upstream, traced_sidecar, 
     for body in ({"model": "a", "prompt": "x"}, {"model": "b", "prompt": "x"}, {"prompt": "x"}):
         await post(s.url + "/v1/completions", body)
     await wait_for(lambda: len(exporter.get_finished_spans()) == 3)
-    names = [(sp.name, sp.attributes.get(sc.GEN_AI_REQUEST_MODEL)) for sp in exporter.get_finished_spans()]
-    assert names == [("text_completion a", "a"), ("text_completion", "b"), ("text_completion", None)]
+    names = [
+        (sp.name, sp.attributes.get(sc.GEN_AI_REQUEST_MODEL))
+        for sp in exporter.get_finished_spans()
+    ]
+    assert names == [
+        ("text_completion a", "a"),
+        ("text_completion", "b"),
+        ("text_completion", None),
+    ]
 
 
 # -- sampling and exemplars ---------------------------------------------------------------------
@@ -363,7 +393,11 @@ async def test_exemplars_carry_the_sampled_span_trace_id(upstream, traced_sideca
     await post(s.url + ROUTE)
     span = await one_span(exporter)
     trace_id = f"{span.context.trace_id:032x}"
-    await wait_for(lambda: s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 1)
+    await wait_for(
+        lambda: (
+            s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 1
+        )
+    )
     for metric in (
         "llm_time_to_first_token_seconds_bucket",
         "llm_time_to_first_byte_seconds_bucket",
@@ -376,7 +410,9 @@ async def test_exemplars_carry_the_sampled_span_trace_id(upstream, traced_sideca
         headers = {"Accept": "application/openmetrics-text; version=1.0.0; charset=utf-8"}
         async with session.get(s.admin_url + "/metrics", headers=headers) as r:
             text = await r.text()
-    lines = [ln for ln in text.splitlines() if ln.startswith("llm_time_to_first_token_seconds_bucket{")]
+    lines = [
+        ln for ln in text.splitlines() if ln.startswith("llm_time_to_first_token_seconds_bucket{")
+    ]
     assert any(f'# {{trace_id="{trace_id}"}}' in ln for ln in lines), lines
 
 
@@ -385,11 +421,17 @@ async def test_unsampled_requests_propagate_but_leave_no_exemplar(upstream, trac
     provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     received: list = []
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received)))
+    up = await upstream.start(
+        lambda app: app.router.add_post(ROUTE, scripted(STREAM, received=received))
+    )
     s = await traced_sidecar(up.url, tracer_provider=provider)
     await post(s.url + ROUTE, headers={"traceparent": traceparent(CLIENT_TRACE, CLIENT_SPAN, "00")})
     await post(s.url + ROUTE)  # a root the sampler drops
-    await wait_for(lambda: s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 2)
+    await wait_for(
+        lambda: (
+            s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 2
+        )
+    )
     assert exporter.get_finished_spans() == ()
     assert exemplar_trace_ids(s.registry, "llm_time_to_first_token_seconds_bucket") == set()
     version, trace_id, span_id, flags = received[0]["traceparent"].split("-")
@@ -400,14 +442,18 @@ async def test_unsampled_requests_propagate_but_leave_no_exemplar(upstream, trac
 # -- OTel metrics -----------------------------------------------------------------------------------
 
 
-async def test_otel_genai_client_metrics_with_semconv_buckets_and_exemplars(upstream, traced_sidecar, spans):
+async def test_otel_genai_client_metrics_with_semconv_buckets_and_exemplars(
+    upstream, traced_sidecar, spans
+):
     provider, exporter = spans
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM)))
     # The response's model is on the metrics only when it is a model label already (here
     # allowlisted), so an upstream cannot mint series.
-    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters, model_allowlist=["m1", "m1-2025"])
+    s = await traced_sidecar(
+        up.url, tracer_provider=provider, meter_provider=meters, model_allowlist=["m1", "m1-2025"]
+    )
     await post(s.url + ROUTE)
     span = await one_span(exporter)
     points = metric_points(reader)
@@ -447,7 +493,9 @@ async def test_otel_metrics_error_request_only_in_duration(upstream, traced_side
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     up = await upstream.start(
-        lambda app: app.router.add_post(ROUTE, scripted([(0, b"{}")], status=500, content_type="application/json"))
+        lambda app: app.router.add_post(
+            ROUTE, scripted([(0, b"{}")], status=500, content_type="application/json")
+        )
     )
     s = await traced_sidecar(up.url, meter_provider=meters)  # metrics without tracing
     assert s.sidecar.proxy._tracer is None
@@ -468,7 +516,11 @@ async def test_otel_non_streamed_response_has_no_chunk_metrics(upstream, traced_
     ).encode()  # fmt: skip
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted([(0, body)], content_type="application/json")))
+    up = await upstream.start(
+        lambda app: app.router.add_post(
+            ROUTE, scripted([(0, body)], content_type="application/json")
+        )
+    )
     s = await traced_sidecar(up.url, meter_provider=meters)
     await post(s.url + ROUTE, {"model": "m1", "messages": []})
     await wait_for(lambda: sc.METRIC_CLIENT_TOKEN_USAGE in metric_points(reader))
@@ -485,7 +537,9 @@ async def test_otel_provider_name_is_configurable(upstream, traced_sidecar, span
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted(STREAM)))
-    s = await traced_sidecar(up.url, tracer_provider=provider, meter_provider=meters, otel_provider_name="vllm")
+    s = await traced_sidecar(
+        up.url, tracer_provider=provider, meter_provider=meters, otel_provider_name="vllm"
+    )
     await post(s.url + ROUTE)
     span = await one_span(exporter)
     assert span.attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
@@ -518,14 +572,29 @@ async def test_otel_latest_genai_names_behind_opt_in(upstream, traced_sidecar, m
     s = await traced_sidecar(up.url, meter_provider=meters)
     for _ in range(2):
         await post(s.url + ROUTE)
-    await wait_for(lambda: sum(p.count for p in metric_points(reader).get(sc.METRIC_CLIENT_INFERENCE_DURATION, ())) == 2)
+    await wait_for(
+        lambda: (
+            sum(p.count for p in metric_points(reader).get(sc.METRIC_CLIENT_INFERENCE_DURATION, ()))
+            == 2
+        )
+    )
     points = metric_points(reader)
-    assert not [n for n in points if n.startswith("gen_ai.client.operation.") or n == sc.METRIC_CLIENT_TOKEN_USAGE]
-    for name in (sc.METRIC_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK, sc.METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK):
+    assert not [
+        n
+        for n in points
+        if n.startswith("gen_ai.client.operation.") or n == sc.METRIC_CLIENT_TOKEN_USAGE
+    ]
+    for name in (
+        sc.METRIC_CLIENT_INFERENCE_TIME_TO_FIRST_CHUNK,
+        sc.METRIC_CLIENT_INFERENCE_TIME_PER_OUTPUT_CHUNK,
+    ):
         (point,) = points[name]
         assert tuple(point.explicit_bounds) == sc.BUCKETS_CLIENT_SECONDS, name
         assert point.count == 2, name
-    for name, value in ((sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 9), (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 4)):
+    for name, value in (
+        (sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 9),
+        (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 4),
+    ):
         (point,) = points[name]
         assert (point.count, point.sum) == (2, 2 * value), name
         assert tuple(point.explicit_bounds) == sc.BUCKETS_TOKEN_USAGE, name
@@ -541,7 +610,9 @@ async def test_otel_latest_genai_names_behind_opt_in(upstream, traced_sidecar, m
         assert point.value == 2 * value, name  # a counter: summed over the two requests
         assert point.attributes[sc.GEN_AI_TOKEN_MODALITY] == "unknown", name
         assert point.attributes[sc.GEN_AI_OPERATION_NAME] == "chat", name
-    assert sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS not in points  # no server reports it
+    assert (
+        sc.METRIC_CLIENT_INFERENCE_USAGE_CACHE_WRITE_INPUT_TOKENS not in points
+    )  # no server reports it
     meters.shutdown()
 
 
@@ -562,12 +633,18 @@ async def test_broken_telemetry_never_breaks_the_relay(upstream, traced_sidecar)
     s = await traced_sidecar(up.url, tracer_provider=_Broken(), meter_provider=_Broken())
     status, body = await post(s.url + ROUTE)
     assert status == 200 and body.endswith(b"data: [DONE]\n\n")
-    await wait_for(lambda: s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 1)
+    await wait_for(
+        lambda: (
+            s.sample("llm_requests_total", model="m1", route=ROUTE, code="200", outcome="ok") == 1
+        )
+    )
     assert s.sample("llm_time_to_first_token_seconds_count", model="m1", route=ROUTE) == 1
 
 
 def test_without_providers_the_proxy_has_no_tracer():
-    s = build_sidecar(Settings(upstream="http://127.0.0.1:1"), CollectorRegistry(), access_log=False)
+    s = build_sidecar(
+        Settings(upstream="http://127.0.0.1:1"), CollectorRegistry(), access_log=False
+    )
     assert s.proxy._tracer is None
     assert s.proxy._recorders == (s.metrics.record, s.capacity.record)
 
@@ -583,7 +660,9 @@ async def test_ollama_native_route_provider_and_engine_timings(upstream, traced_
     ]
     script = [(0.01, line) for line in lines]
     up = await upstream.start(
-        lambda app: app.router.add_post("/api/chat", scripted(script, content_type="application/x-ndjson"))
+        lambda app: app.router.add_post(
+            "/api/chat", scripted(script, content_type="application/x-ndjson")
+        )
     )
     s = await traced_sidecar(up.url, tracer_provider=provider)
     await post(s.url + "/api/chat", {"model": "qwen3:8b", "messages": [], "stream": True})

@@ -11,10 +11,12 @@ from tests.real.tap import WireTap
 
 async def _stream(request: web.Request) -> web.StreamResponse:
     body = await request.read()
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Seen": str(len(body))})
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "X-Seen": str(len(body))}
+    )
     await resp.prepare(request)
     for i in range(3):
-        await resp.write(b"data: {\"i\": %d}\n\n" % i)
+        await resp.write(b'data: {"i": %d}\n\n' % i)
     await resp.write_eof()
     return resp
 
@@ -39,10 +41,16 @@ async def test_the_tap_records_each_exchange_of_a_kept_alive_connection(aiohttp_
         first, second = tap.exchanges()
     finally:
         await tap.close()
-    assert (first.method, first.target, first.request_body) == ("POST", "/stream", b'{"prompt":"hi"}')
+    assert (first.method, first.target, first.request_body) == (
+        "POST",
+        "/stream",
+        b'{"prompt":"hi"}',
+    )
     assert first.status == 200 and ("x-seen", "15") in first.response_headers
     assert ("transfer-encoding", "chunked") in first.response_headers
-    assert first.response_body == streamed == b'data: {"i": 0}\n\ndata: {"i": 1}\n\ndata: {"i": 2}\n\n'
+    assert (
+        first.response_body == streamed == b'data: {"i": 0}\n\ndata: {"i": 1}\n\ndata: {"i": 2}\n\n'
+    )
     assert (second.method, second.status, second.response_body) == ("GET", 201, plain)
     assert plain == b'{"ok": true}'
 

@@ -46,15 +46,21 @@ def series(registry: CollectorRegistry, label: str, value: str) -> int:
 def test_the_labels_come_wired_and_report_to_the_page(refuse_late_wiring):
     registry = CollectorRegistry()
     sc = build_sidecar(
-        Settings(upstream="http://127.0.0.1:9", tenant_header="X-Tenant", max_models=1, max_tenants=1),
+        Settings(
+            upstream="http://127.0.0.1:9", tenant_header="X-Tenant", max_models=1, max_tenants=1
+        ),
         registry,
         access_log=False,
     )
     models, tenants, metrics = sc.metrics.model_label, sc.tenants, sc.metrics
     assert tenants is not None and tenants.bound.name == "tenant" and models.name == "model"
     budget = metrics.budget
-    assert budget is not None and models.budget is budget and tenants.bound.budget is budget  # one budget
-    assert metrics.gate is not None and budget.count() == metrics.gate.count()  # the page as the gate counts it
+    assert (
+        budget is not None and models.budget is budget and tenants.bound.budget is budget
+    )  # one budget
+    assert (
+        metrics.gate is not None and budget.count() == metrics.gate.count()
+    )  # the page as the gate counts it
     assert budget.fits("model") and budget.fits("tenant")
 
     assert models.settle("a", 200) == "a"
@@ -62,10 +68,20 @@ def test_the_labels_come_wired_and_report_to_the_page(refuse_late_wiring):
     metrics.requests.labels("other", CHAT, "200", "ok", "none", "t1").inc()
     sc.capacity.trackers("a")  # its capacity bands
     assert models.settle("b", 200) == "other"  # max_models=1
-    assert registry.get_sample_value("llm_label_overflow_total", {"label": "model", "reason": "max_values"}) == 1
+    assert (
+        registry.get_sample_value(
+            "llm_label_overflow_total", {"label": "model", "reason": "max_values"}
+        )
+        == 1
+    )
     assert tenants.settle({"X-Tenant": "t1"}, 200) == "t1"
     assert tenants.settle({"X-Tenant": "t2"}, 200) == "other"
-    assert registry.get_sample_value("llm_label_overflow_total", {"label": "tenant", "reason": "max_values"}) == 1
+    assert (
+        registry.get_sample_value(
+            "llm_label_overflow_total", {"label": "tenant", "reason": "max_values"}
+        )
+        == 1
+    )
 
     assert series(registry, "model", "a") > 1  # requests and capacity
     models.vouch(["x"])  # the server lists another name: "a" has no room left and goes
@@ -76,7 +92,9 @@ def test_the_labels_come_wired_and_report_to_the_page(refuse_late_wiring):
 
 
 def test_a_sidecar_has_its_drain_and_apps_when_made():
-    built = build_sidecar(Settings(upstream="http://127.0.0.1:9"), CollectorRegistry(), access_log=False)
+    built = build_sidecar(
+        Settings(upstream="http://127.0.0.1:9"), CollectorRegistry(), access_log=False
+    )
     sc = Sidecar(built.settings, built.registry, built.metrics, built.proxy, built.renderer)
     assert sc.proxy_app[SIDECAR] is sc and sc.admin_app[SIDECAR] is sc
     assert not sc.draining

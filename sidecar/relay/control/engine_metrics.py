@@ -43,22 +43,47 @@ def scrape_timeout(headers, configured: float) -> float:
     return max(0.1, min(configured, theirs - 0.5)) if theirs > 0 else configured
 
 
-async def _fetch(client: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: float) -> tuple:
+async def _fetch(
+    client: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: float
+) -> tuple:
     """One upstream scrape: ("ok", status, body, relayed headers) or ("error", status, kind, text)."""
     try:
-        async with client.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as upstream:
+        async with client.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as upstream:
             body = await read_bounded(upstream.content, MAX_ENGINE_METRICS_BYTES)
             if body is None:
-                return ("error", 502, "engine_metrics_too_large", "the inference server's metrics page is too large")
-            relayed = {name: upstream.headers[name] for name in _RELAYED_RESPONSE if name in upstream.headers}
+                return (
+                    "error",
+                    502,
+                    "engine_metrics_too_large",
+                    "the inference server's metrics page is too large",
+                )
+            relayed = {
+                name: upstream.headers[name]
+                for name in _RELAYED_RESPONSE
+                if name in upstream.headers
+            }
             return ("ok", upstream.status, body, relayed)
     except asyncio.TimeoutError:
-        return ("error", 504, "upstream_timeout", "the inference server's metrics did not answer in time")
+        return (
+            "error",
+            504,
+            "upstream_timeout",
+            "the inference server's metrics did not answer in time",
+        )
     except aiohttp.ClientError:
-        return ("error", 502, "upstream_unreachable", "the inference server's metrics are unreachable")
+        return (
+            "error",
+            502,
+            "upstream_unreachable",
+            "the inference server's metrics are unreachable",
+        )
 
 
-def engine_metrics_handler(session: Callable[[], aiohttp.ClientSession | None], url: str, timeout: float):
+def engine_metrics_handler(
+    session: Callable[[], aiohttp.ClientSession | None], url: str, timeout: float
+):
     """The aiohttp handler for the engine's metrics at ``url``, each scrape given at most
     ``timeout`` seconds; ``session`` returns the sidecar's client session once started.
 
@@ -80,11 +105,18 @@ def engine_metrics_handler(session: Callable[[], aiohttp.ClientSession | None], 
         if task is None:
             task = asyncio.ensure_future(_fetch(client, url, headers, timeout))
             in_flight[key] = task
-            task.add_done_callback(lambda t, key=key: in_flight.pop(key, None) if in_flight.get(key) is t else None)
+            task.add_done_callback(
+                lambda t, key=key: in_flight.pop(key, None) if in_flight.get(key) is t else None
+            )
         try:
             result = await asyncio.wait_for(asyncio.shield(task), timeout)
         except asyncio.TimeoutError:
-            result = ("error", 504, "upstream_timeout", "the inference server's metrics did not answer in time")
+            result = (
+                "error",
+                504,
+                "upstream_timeout",
+                "the inference server's metrics did not answer in time",
+            )
         if result[0] == "error":
             return error_response(result[1], result[2], result[3])
         response = web.Response(status=result[1], body=result[2])

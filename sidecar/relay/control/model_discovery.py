@@ -44,7 +44,11 @@ adapters; anything longer is not taken (the labels keep what they had)."""
 USER_AGENT = "llm-sidecar model-discovery"
 """Sent with every listing request, so the server's access log (and a test) can tell the
 sidecar's own requests from the clients' it relays."""
-LISTING_HEADERS = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Accept": "application/json"}
+LISTING_HEADERS = {
+    "User-Agent": USER_AGENT,
+    "Accept-Encoding": "identity",
+    "Accept": "application/json",
+}
 
 
 MAX_CODINGS = 2
@@ -61,7 +65,11 @@ def decoded_listing(body: bytes, encoding: str, limit: int = MAX_LISTING_BYTES) 
     """``body`` without its ``Content-Encoding`` (identity, gzip, x-gzip, deflate, raw or
     zlib-wrapped); None for a coding not understood, a corrupt one, or more than ``limit``
     bytes once decompressed."""
-    codings = [c.strip().lower() for c in encoding.split(",") if c.strip() and c.strip().lower() != "identity"]
+    codings = [
+        c.strip().lower()
+        for c in encoding.split(",")
+        if c.strip() and c.strip().lower() != "identity"
+    ]
     if len(codings) > MAX_CODINGS:
         return None  # each layer is a pass over up to ``limit`` bytes, on the event loop
     try:
@@ -126,14 +134,19 @@ def names_from_listing(path: str, doc: object, limit: int = MAX_LISTED_NAMES) ->
 
 
 async def served_models(
-    session: aiohttp.ClientSession, upstream: str, timeout: float = 5.0, limit: int = MAX_LISTED_NAMES
+    session: aiohttp.ClientSession,
+    upstream: str,
+    timeout: float = 5.0,
+    limit: int = MAX_LISTED_NAMES,
 ) -> list[str] | None:
     """The names the upstream lists, from the first listing path that answers 2xx JSON with
     at least one name; None when none does (then names earn their label by an answer)."""
     for path in LISTING_PATHS:
         try:
             async with session.get(
-                upstream + path, timeout=aiohttp.ClientTimeout(total=timeout), headers=LISTING_HEADERS
+                upstream + path,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                headers=LISTING_HEADERS,
             ) as resp:
                 if not 200 <= resp.status < 300:
                     continue

@@ -34,7 +34,14 @@ from aiohttp import web
 
 from ..server.errors import error_response
 
-__all__ = ["LOOP_HEADER", "LOOP_STATUS", "LOOP_TOKEN", "UpstreamLoopError", "loop_refusal", "loop_reason"]
+__all__ = [
+    "LOOP_HEADER",
+    "LOOP_STATUS",
+    "LOOP_TOKEN",
+    "UpstreamLoopError",
+    "loop_refusal",
+    "loop_reason",
+]
 
 _log = structlog.get_logger("sidecar.upstream")
 
@@ -118,7 +125,11 @@ async def loop_reason(upstream: str, bound: Iterable[tuple], *, timeout: float =
             continue
         for bound_host, bound_port in listening:
             if _reaches(addr, port, bound_host, bound_port):
-                where = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+                where = (
+                    f"[{bound_host}]:{bound_port}"
+                    if ":" in bound_host
+                    else f"{bound_host}:{bound_port}"
+                )
                 return (
                     f"--upstream {upstream} is this sidecar's own --listen address ({where}): every request "
                     "would be relayed back to the sidecar itself; give the inference server's address"

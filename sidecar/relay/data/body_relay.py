@@ -146,7 +146,9 @@ class BodyRelay:
         self.terminated = False  # a chunked client's last chunk is written (see end)
         # The client's progress, as last seen (see _reader_alive).
         start = clock()
-        self._check_every = min(send_timeout / _PROGRESS_CHECKS_PER_TIMEOUT, _PROGRESS_CHECK_MAX_SECONDS)
+        self._check_every = min(
+            send_timeout / _PROGRESS_CHECKS_PER_TIMEOUT, _PROGRESS_CHECK_MAX_SECONDS
+        )
         self._check_at = start + self._check_every
         self._taken, self._taken_at = 0, start
         # The token lane standing for the observer's armed template (token_lane.py): only a
@@ -285,7 +287,9 @@ class BodyRelay:
 
     def write(self, data: bytes, now: float) -> bool:
         """Write to the client; False (and the relay ends) when the client is gone."""
-        return self._write_framed(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data, now)
+        return self._write_framed(
+            b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data, now
+        )
 
     def _write_framed(self, data: bytes, now: float) -> bool:
         """The one write to the client and the flow check after it (a token lane takes a
@@ -296,7 +300,9 @@ class BodyRelay:
             return False
         transport.write(data)
         self.sent += len(data)
-        if (not self.paused and transport.get_write_buffer_size() > _HIGH_WATER) or now >= self._check_at:
+        if (
+            not self.paused and transport.get_write_buffer_size() > _HIGH_WATER
+        ) or now >= self._check_at:
             return self._flow(transport, now)
         return True
 

@@ -39,7 +39,9 @@ class ClientHead:
     keep_alive: bool  # the connection may carry another request afterwards
 
 
-def client_head(head: ResponseHead, *, http11: bool, method: str, client_keep_alive: bool) -> ClientHead:
+def client_head(
+    head: ResponseHead, *, http11: bool, method: str, client_keep_alive: bool
+) -> ClientHead:
     """The head for the client of a request (its HTTP version, method and whether it asked
     to keep the connection) answered by the upstream's ``head``."""
     listed: set[bytes] = set()

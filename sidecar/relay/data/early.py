@@ -56,7 +56,17 @@ class Early:
     head's header object, the same one the handler's request holds: how the handler knows
     the record is its own."""
 
-    __slots__ = ("headers", "path", "start", "body", "sent", "pending", "sent_at", "trace", "_abandoned")
+    __slots__ = (
+        "headers",
+        "path",
+        "start",
+        "body",
+        "sent",
+        "pending",
+        "sent_at",
+        "trace",
+        "_abandoned",
+    )
 
     def __init__(self, headers, path: str, start: float, body: bytes) -> None:
         self.headers = headers
@@ -130,7 +140,12 @@ class EarlyForwarder:
         """``message``/``payload``: aiohttp's parsed head and body stream of the only request
         on an idle connection, offered from the read that completed it (the head's, or a later
         one that completed the body); None leaves the request to its handler untouched."""
-        if message.method != "POST" or message.version != HttpVersion11 or message.upgrade or message.chunked:
+        if (
+            message.method != "POST"
+            or message.version != HttpVersion11
+            or message.upgrade
+            or message.chunked
+        ):
             return None
         headers = message.headers
         host = headers.get("Host")

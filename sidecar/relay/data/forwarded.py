@@ -49,7 +49,9 @@ def filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str]
     return out
 
 
-def forwarded_headers(headers, *, peer: str, scheme: str, host: str | None, body_is_bytes: bool) -> CIMultiDict[str]:
+def forwarded_headers(
+    headers, *, peer: str, scheme: str, host: str | None, body_is_bytes: bool
+) -> CIMultiDict[str]:
     """The upstream request's header fields (``Host`` and the body's framing are added by
     sidecar/relay/data/http1.py's ``request_head``)."""
     out = filter_headers(headers, NOT_FORWARDED_TO_UPSTREAM)

@@ -58,7 +58,17 @@ class ResponseHead:
     UTF-8 with ``surrogateescape`` so valid UTF-8 round-trips exactly.
     """
 
-    __slots__ = ("version", "status", "reason", "headers", "keep_alive", "chunked", "length", "raw_reason", "raw_fields")
+    __slots__ = (
+        "version",
+        "status",
+        "reason",
+        "headers",
+        "keep_alive",
+        "chunked",
+        "length",
+        "raw_reason",
+        "raw_fields",
+    )
 
     def __init__(
         self,
@@ -102,7 +112,16 @@ class ResponseParser:
     the next request; if it did, the connection is not reused).
     """
 
-    __slots__ = ("head", "done", "trailing", "_state", "_buf", "_remaining", "_no_body", "_max_head")
+    __slots__ = (
+        "head",
+        "done",
+        "trailing",
+        "_state",
+        "_buf",
+        "_remaining",
+        "_no_body",
+        "_max_head",
+    )
 
     def __init__(self, *, no_body: bool = False, max_head_bytes: int = 64 << 10) -> None:
         self.head: ResponseHead | None = None
@@ -341,7 +360,12 @@ class ResponseParser:
 
 
 def _status_line(line: bytes) -> tuple[str, int, str]:
-    if not line.startswith(b"HTTP/1.") or len(line) < 12 or line[8:9] != b" " or line[12:13] not in (b" ", b""):
+    if (
+        not line.startswith(b"HTTP/1.")
+        or len(line) < 12
+        or line[8:9] != b" "
+        or line[12:13] not in (b" ", b"")
+    ):
         raise ProtocolError("invalid status line")
     minor = line[7:8]
     code = line[9:12]

@@ -117,7 +117,11 @@ class _BoundedBody:
     __slots__ = ("_content", "_limit", "_timeout", "_scanner", "fields")
 
     def __init__(
-        self, content: aiohttp.StreamReader, limit: int, timeout: float, scanner: RequestFieldScanner | None = None
+        self,
+        content: aiohttp.StreamReader,
+        limit: int,
+        timeout: float,
+        scanner: RequestFieldScanner | None = None,
     ) -> None:
         self._content = content
         self._limit = limit
@@ -212,7 +216,11 @@ class Proxy:
         self._on_end = on_end
         self._recorders = tuple(recorders)
         self.limits = limits
-        self._budget = body_budget if body_budget is not None else BodyBudget(4 * limits.max_request_inspect_bytes)
+        self._budget = (
+            body_budget
+            if body_budget is not None
+            else BodyBudget(4 * limits.max_request_inspect_bytes)
+        )
         self._tracer = tracer
         self._clock = clock
         self.in_flight = 0
@@ -229,7 +237,9 @@ class Proxy:
             trace=None if self._tracer is None else self._early_trace,
         )
 
-    def _early_trace(self, early: Early, upstream_headers: CIMultiDict[str]) -> tuple[object, str | None] | None:
+    def _early_trace(
+        self, early: Early, upstream_headers: CIMultiDict[str]
+    ) -> tuple[object, str | None] | None:
         """Tracing on, a request the early path sends: its span, started and put in the
         upstream's header fields now (the handler adopts it: ``_adopt_trace``), from the
         same figures the handler's path would start it with."""
@@ -288,7 +298,9 @@ class Proxy:
                 # Handed over in a box the relay empties once the upstream has the request,
                 # so a large body is not kept alive for the whole stream by this frame.
                 held, body = [body], None
-                outcome, error_type, response = await self._relay(request, route, held, timeline, early)
+                outcome, error_type, response = await self._relay(
+                    request, route, held, timeline, early
+                )
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, CLIENT_DISCONNECTED
@@ -302,7 +314,13 @@ class Proxy:
             self._record(timeline, model, label, request.headers, outcome, error_type)
 
     def _open(
-        self, start: float, method: str, route: Route, model: str | None, fields: RequestFields | None, headers
+        self,
+        start: float,
+        method: str,
+        route: Route,
+        model: str | None,
+        fields: RequestFields | None,
+        headers,
     ) -> tuple[RequestTimeline, str]:
         """A request's record, opened the one way for every request (the handler's and one
         the early path sent whose client went before its handler ran): the timeline with
@@ -334,7 +352,13 @@ class Proxy:
         return timeline
 
     def _record(
-        self, timeline: RequestTimeline, model: str | None, label: str, headers, outcome: Outcome, error_type: str | None
+        self,
+        timeline: RequestTimeline,
+        model: str | None,
+        label: str,
+        headers,
+        outcome: Outcome,
+        error_type: str | None,
     ) -> None:
         """A request's record, closed the one way: finished once, its labels settled, and
         handed to every recorder."""
@@ -351,7 +375,9 @@ class Proxy:
             return await self.handle(request)
         if request.version == HttpVersion11:
             if request.headers.get("Expect", "").lower() != "100-continue":
-                return error_response(417, "expectation_failed", "only Expect: 100-continue is understood")
+                return error_response(
+                    417, "expectation_failed", "only Expect: 100-continue is understood"
+                )
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # the response proper has not started
         return None
@@ -373,7 +399,11 @@ class Proxy:
                 return 400, "bad_request", "Transfer-Encoding is not allowed in an HTTP/1.0 request"
             if coding.strip().lower() != "chunked":
                 # aiohttp decodes only chunked and would relay "gzip, chunked" still compressed.
-                return 501, "unsupported_transfer_coding", "only Transfer-Encoding: chunked is supported"
+                return (
+                    501,
+                    "unsupported_transfer_coding",
+                    "only Transfer-Encoding: chunked is supported",
+                )
         return None
 
     def _refuse(self, timeline: RequestTimeline, status: int, kind: str, message: str) -> Ended:
@@ -384,7 +414,9 @@ class Proxy:
         response.force_close()
         return Ended(Outcome.OK, None, response)
 
-    async def _request_body(self, request: web.Request, route: Route) -> tuple[object, RequestFields | None]:
+    async def _request_body(
+        self, request: web.Request, route: Route
+    ) -> tuple[object, RequestFields | None]:
         """The body to forward (exactly as the client sent it) and, on known API routes, the
         fields the figures are labelled with (model, stream, max tokens), else None.
 
@@ -399,10 +431,17 @@ class Proxy:
             return None, None
         limits = self.limits
         length = request.content_length
-        if route is OTHER or request.method != "POST" or length is None or length > limits.max_request_inspect_bytes:
+        if (
+            route is OTHER
+            or request.method != "POST"
+            or length is None
+            or length > limits.max_request_inspect_bytes
+        ):
             # Streamed. A declared length is within the limit already; a chunked body is
             # counted as it streams.
-            return _BoundedBody(request.content, limits.max_request_body_bytes, limits.client_body_timeout), None
+            return _BoundedBody(
+                request.content, limits.max_request_body_bytes, limits.client_body_timeout
+            ), None
         content = request.content
         if content.is_eof():
             # The usual case: the whole (small) body came in with the head, so it is all
@@ -413,7 +452,9 @@ class Proxy:
         budget = self._budget
         if not budget.reserve(length):
             # Held bodies are at their process-wide limit: stream this one (body_budget).
-            return _BoundedBody(content, limits.max_request_body_bytes, limits.client_body_timeout, scanner), None
+            return _BoundedBody(
+                content, limits.max_request_body_bytes, limits.client_body_timeout, scanner
+            ), None
         try:
             parts: list[bytes] = []
             while chunk := await _read_some(content, limits.client_body_timeout):
@@ -427,7 +468,9 @@ class Proxy:
             budget.release(length)
         return body, scanner.close()
 
-    def _upstream_headers(self, request: web.Request, body, timeline: RequestTimeline) -> CIMultiDict[str]:
+    def _upstream_headers(
+        self, request: web.Request, body, timeline: RequestTimeline
+    ) -> CIMultiDict[str]:
         headers = forwarded_headers(
             request.headers, peer=request.remote or "", scheme=request.scheme, host=request.host,
             body_is_bytes=isinstance(body, bytes),
@@ -439,7 +482,12 @@ class Proxy:
     # -- response ----------------------------------------------------------------------
 
     async def _relay(
-        self, request: web.Request, route: Route, held: list, timeline: RequestTimeline, early: Early | None = None
+        self,
+        request: web.Request,
+        route: Route,
+        held: list,
+        timeline: RequestTimeline,
+        early: Early | None = None,
     ) -> Ended:
         body = held.pop()
         target = request.raw_path
@@ -515,7 +563,10 @@ class Proxy:
         timeline.response_started(now, head.status, observer.streaming)
         # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
         out_head = client_head(
-            head, http11=request.version >= HttpVersion11, method=request.method, client_keep_alive=request.keep_alive
+            head,
+            http11=request.version >= HttpVersion11,
+            method=request.method,
+            client_keep_alive=request.keep_alive,
         )
         response = RawHeadResponse(out_head, head.status)
         await response.prepare(request)
@@ -525,7 +576,9 @@ class Proxy:
 
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = UPSTREAM_STATUS if head.status >= 500 else None
-        relay = BodyRelay(request, conn, observer, self._clock, self.limits.send_timeout, out_head.chunked)
+        relay = BodyRelay(
+            request, conn, observer, self._clock, self.limits.send_timeout, out_head.chunked
+        )
         try:
             ended = await relay.run()
         finally:

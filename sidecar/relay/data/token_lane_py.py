@@ -132,7 +132,9 @@ class TokenLane:
             if not self._least < size <= self._limit:
                 return False
             digits = data[:eol]
-            if digits != b"%x" % size and hex_size(digits) != size:  # the usual spelling, else the rule
+            if (
+                digits != b"%x" % size and hex_size(digits) != size
+            ):  # the usual spelling, else the rule
                 return False
             if not text_lane(data[eol + 2 + self._start : n - self._cut]):
                 return False

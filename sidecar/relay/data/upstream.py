@@ -100,7 +100,9 @@ def _disconnected() -> UpstreamError:
 
 
 def _invalid(exc: ProtocolError) -> UpstreamError:
-    return UpstreamError("upstream_invalid_response", 502, f"the inference server's response is invalid: {exc}")
+    return UpstreamError(
+        "upstream_invalid_response", 502, f"the inference server's response is invalid: {exc}"
+    )
 
 
 class BodySink(Protocol):
@@ -481,7 +483,9 @@ class UpstreamPool:
         self.loop = loop or asyncio.get_running_loop()
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
+        default_port = (parts.scheme == "https" and self.port == 443) or (
+            parts.scheme == "http" and self.port == 80
+        )
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if default_port else f"{host}:{self.port}"
         self.base_path = parts.path.rstrip("/")
@@ -528,9 +532,13 @@ class UpstreamPool:
 
     async def response(self, sent: Sent) -> UpstreamConnection:
         """The connection of a request :meth:`send_now` wrote, once its response head arrived."""
-        return await self._answered(sent, sent.method, sent.head, sent.body, False, sent.retry, None)
+        return await self._answered(
+            sent, sent.method, sent.head, sent.body, False, sent.retry, None
+        )
 
-    def _framed(self, method: str, target: str, headers: Iterable[tuple[str, str]], body) -> tuple[bytes, bool, bool]:
+    def _framed(
+        self, method: str, target: str, headers: Iterable[tuple[str, str]], body
+    ) -> tuple[bytes, bool, bool]:
         """The request head's bytes, whether the body goes out chunked, and whether the
         request may be repeated on a fresh connection (:func:`_replayable`)."""
         headers = list(headers)
@@ -547,11 +555,20 @@ class UpstreamPool:
             headers.append(("Transfer-Encoding", "chunked"))
             chunked_body = True
         # "*" (OPTIONS *) names the server itself, never a path under the base URL.
-        head = request_head(method, target if target == "*" else self.base_path + target, self.host_header, headers)
+        head = request_head(
+            method, target if target == "*" else self.base_path + target, self.host_header, headers
+        )
         return head, chunked_body, _replayable(method, headers, body)
 
     async def _answered(
-        self, sent: Sent | None, method: str, head: bytes, body, chunked_body: bool, retry: bool, on_sent
+        self,
+        sent: Sent | None,
+        method: str,
+        head: bytes,
+        body,
+        chunked_body: bool,
+        retry: bool,
+        on_sent,
     ) -> UpstreamConnection:
         fresh = False
         while True:
@@ -569,7 +586,12 @@ class UpstreamPool:
                     return await self._exchange(conn, method, head, body, chunked_body, on_sent)
                 return await self._await_head(conn, waiter, None)
             except UpstreamError as exc:
-                if retry and conn.reused and exc.kind == UPSTREAM_DISCONNECTED and not conn.answered:
+                if (
+                    retry
+                    and conn.reused
+                    and exc.kind == UPSTREAM_DISCONNECTED
+                    and not conn.answered
+                ):
                     # The server closed a keep-alive connection as we reused it. Once, on
                     # a new connection.
                     retry, fresh = False, True
@@ -597,7 +619,9 @@ class UpstreamPool:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _exchange(self, conn, method, head: bytes, body, chunked_body: bool, on_sent=None) -> UpstreamConnection:
+    async def _exchange(
+        self, conn, method, head: bytes, body, chunked_body: bool, on_sent=None
+    ) -> UpstreamConnection:
         if body is None or isinstance(body, bytes):
             waiter = self._send(conn, method, head, body)
             if on_sent is not None:
@@ -609,7 +633,9 @@ class UpstreamPool:
         return await self._await_head(conn, waiter, writer)
 
     @staticmethod
-    def _send(conn: UpstreamConnection, method: str, head: bytes, body: bytes | None) -> asyncio.Future[ResponseHead]:
+    def _send(
+        conn: UpstreamConnection, method: str, head: bytes, body: bytes | None
+    ) -> asyncio.Future[ResponseHead]:
         """Start the exchange and write a head with its whole (or no) body."""
         waiter = conn.begin(no_body=method == "HEAD")
         if body and len(body) > 1 << 16:
@@ -620,7 +646,9 @@ class UpstreamPool:
         return waiter
 
     @staticmethod
-    async def _await_head(conn, waiter: asyncio.Future, writer: asyncio.Task | None) -> UpstreamConnection:
+    async def _await_head(
+        conn, waiter: asyncio.Future, writer: asyncio.Task | None
+    ) -> UpstreamConnection:
         try:
             if writer is None:
                 await waiter

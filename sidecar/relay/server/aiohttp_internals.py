@@ -179,7 +179,9 @@ class RebuildingRunner(web.AppRunner):
 def set_shutdown_timeout(runner: web.BaseRunner, seconds: float) -> None:
     """How long ``runner.cleanup()`` waits for handlers still running."""
     if not hasattr(runner, "_shutdown_timeout"):  # a renamed attribute must not pass silently
-        raise AttributeError("aiohttp BaseRunner has no _shutdown_timeout: recheck aiohttp_internals")
+        raise AttributeError(
+            "aiohttp BaseRunner has no _shutdown_timeout: recheck aiohttp_internals"
+        )
     runner._shutdown_timeout = seconds
 
 
@@ -230,7 +232,9 @@ with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it
             super().__init__(**kwargs)
             self._entry = entry
             self._expect = expect
-            match = UrlMappingMatchInfo({}, ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect))
+            match = UrlMappingMatchInfo(
+                {}, ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect)
+            )
             match.add_app(self)
             match.freeze()
             self._one_match = match
@@ -294,7 +298,9 @@ class GuardedRequestHandler(RequestHandler):
             size = head_size(message) if hasattr(message, "raw_headers") else 0
         if self._head_bytes is None:
             self._head_bytes = HeadBudget(budget)
-        if not self._head_bytes.received(len(data), in_head=in_head, head_done=head_done, head_size=size):
+        if not self._head_bytes.received(
+            len(data), in_head=in_head, head_done=head_done, head_size=size
+        ):
             transport = self.transport
             answer = guard.head_too_large()
             if transport is not None and not transport.is_closing():
@@ -324,7 +330,9 @@ class GuardedRequestHandler(RequestHandler):
         for exactly it, offer it to ``early``, which may send it upstream now; or, its body
         still arriving, remember it for the read that completes the body."""
         slot = self.early_slot
-        waiting = None if slot.record is not None else only_request_waiting(self, slot.between_requests)
+        waiting = (
+            None if slot.record is not None else only_request_waiting(self, slot.between_requests)
+        )
         if waiting is not None and isinstance(waiting[0], RawRequestMessage):
             slot.between_requests = False
             if waiting[1].is_eof():

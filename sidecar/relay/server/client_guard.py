@@ -37,10 +37,18 @@ def parse_refusal(exc: BaseException) -> tuple[int, str, str]:
     """
     if isinstance(exc, LineTooLong):
         if isinstance(exc.args[0], bytearray):
-            return 414, "request_line_too_long", "the request line is longer than the sidecar accepts"
+            return (
+                414,
+                "request_line_too_long",
+                "the request line is longer than the sidecar accepts",
+            )
         return 431, "header_too_large", "a request header field is larger than the sidecar accepts"
     if isinstance(exc, HttpProcessingError) and "Too many headers" in (exc.message or ""):
-        return 431, "too_many_headers", "the request has more header fields than the sidecar accepts"
+        return (
+            431,
+            "too_many_headers",
+            "the request has more header fields than the sidecar accepts",
+        )
     return 400, "bad_request", "the request is not valid HTTP/1.1 (framing or header syntax)"
 
 
@@ -77,7 +85,9 @@ class ConnectionGuard:
 
     def __init__(self, max_connections: int = 0, head_budget: int = 0, early=None) -> None:
         self.max_connections = max_connections  # 0: no cap
-        self.head_budget = head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
+        self.head_budget = (
+            head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
+        )
         # Called with each request that completes on an idle connection; may send it upstream
         # before its handler runs (sidecar/relay/data/early.py). None on the admin port.
         self.early = early

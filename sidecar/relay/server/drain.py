@@ -49,7 +49,14 @@ from aiohttp import web
 
 from .errors import error_response
 
-__all__ = ["POLL_SECONDS", "PROGRESS_SECONDS", "RETRY_AFTER_SECONDS", "Drain", "in_kubernetes", "needs_full_drain"]
+__all__ = [
+    "POLL_SECONDS",
+    "PROGRESS_SECONDS",
+    "RETRY_AFTER_SECONDS",
+    "Drain",
+    "in_kubernetes",
+    "needs_full_drain",
+]
 
 _log = structlog.get_logger("sidecar.drain")
 
@@ -184,6 +191,8 @@ class Drain:
 
     async def _still_up(self, deadline: float) -> bool:
         try:
-            return await asyncio.wait_for(self._upstream_up(), timeout=max(0.05, deadline - self._clock()))
+            return await asyncio.wait_for(
+                self._upstream_up(), timeout=max(0.05, deadline - self._clock())
+            )
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
             return False

@@ -20,7 +20,9 @@ def error_response(status: int, kind: str, message: str) -> web.Response:
     )
 
 
-def raw_error_response(status: int, reason: str, kind: str, message: str, extra_headers: bytes = b"") -> bytes:
+def raw_error_response(
+    status: int, reason: str, kind: str, message: str, extra_headers: bytes = b""
+) -> bytes:
     """A whole ``Connection: close`` response carrying the sidecar's JSON error body, for the
     places that answer on a bare transport before aiohttp has a request (a connection past the
     cap, a request head past its budget). ``extra_headers``: complete ``Name: value\\r\\n`` lines."""
@@ -28,5 +30,13 @@ def raw_error_response(status: int, reason: str, kind: str, message: str, extra_
     return (
         b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\n%b%b: %b\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%b"
-        % (status, reason.encode(), extra_headers, ERROR_HEADER.encode(), kind.encode(), len(body), body)
+        % (
+            status,
+            reason.encode(),
+            extra_headers,
+            ERROR_HEADER.encode(),
+            kind.encode(),
+            len(body),
+            body,
+        )
     )

@@ -20,7 +20,16 @@ import orjson
 
 from ..ndjson import NDJSONDecoder
 from ..sse import SSEDecoder, SSEEvent
-from .events import DialectEvent, ParseError, StreamEnd, StreamError, TokenKind, Tokens, ToolCallDelta, Usage
+from .events import (
+    DialectEvent,
+    ParseError,
+    StreamEnd,
+    StreamError,
+    TokenKind,
+    Tokens,
+    ToolCallDelta,
+    Usage,
+)
 from .template import EventTemplate
 
 __all__ = [
@@ -137,8 +146,11 @@ class SSEJSONDialect:
                 self._candidate = None
                 return
         obj = self._data(data, "message", out)
-        if obj is not None and self._learning and type(out[0] if out else None) is Tokens and (
-            len(out) == 1 or (len(out) == 2 and type(out[1]) is ToolCallDelta)
+        if (
+            obj is not None
+            and self._learning
+            and type(out[0] if out else None) is Tokens
+            and (len(out) == 1 or (len(out) == 2 and type(out[1]) is ToolCallDelta))
         ):
             self._learning -= 1
             self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]
@@ -255,7 +267,10 @@ def add_engine_usage(
 ) -> None:
     """The engine's own counts (:class:`Usage` with ``engine=True``), when it reported any."""
     usage = Usage(
-        input_tokens=input_tokens, output_tokens=output_tokens, cached_input_tokens=cached_input_tokens, engine=True
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+        engine=True,
     )
     if usage != NO_ENGINE_COUNTS:
         out.append(usage)

@@ -34,8 +34,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ANSWER, REASONING, TOOL, SSEJSONDialect, error_of, int_or_none, load_object, str_or_none
-from .events import DialectEvent, GenerationDone, ResponseInfo, StreamEnd, StreamError, Tokens, ToolCallDelta, Usage
+from ._base import (
+    ANSWER,
+    REASONING,
+    TOOL,
+    SSEJSONDialect,
+    error_of,
+    int_or_none,
+    load_object,
+    str_or_none,
+)
+from .events import (
+    DialectEvent,
+    GenerationDone,
+    ResponseInfo,
+    StreamEnd,
+    StreamError,
+    Tokens,
+    ToolCallDelta,
+    Usage,
+)
 
 __all__ = ["AnthropicStreamDialect", "parse_anthropic_response", "usage_from_anthropic"]
 
@@ -149,7 +167,9 @@ class AnthropicStreamDialect(SSEJSONDialect):
         return changed
 
     def _usage(self) -> Usage:
-        return Usage(input_tokens=self._input, output_tokens=self._output, cached_input_tokens=self._cached)
+        return Usage(
+            input_tokens=self._input, output_tokens=self._output, cached_input_tokens=self._cached
+        )
 
 
 def _input_total(usage: dict[str, Any]) -> int | None:

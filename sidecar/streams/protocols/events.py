@@ -133,9 +133,15 @@ class EngineTimings:
         and a body's prefill time are two halves of one account)."""
         return EngineTimings(
             load_seconds=self.load_seconds if later.load_seconds is None else later.load_seconds,
-            prefill_seconds=self.prefill_seconds if later.prefill_seconds is None else later.prefill_seconds,
-            decode_seconds=self.decode_seconds if later.decode_seconds is None else later.decode_seconds,
-            queue_seconds=self.queue_seconds if later.queue_seconds is None else later.queue_seconds,
+            prefill_seconds=self.prefill_seconds
+            if later.prefill_seconds is None
+            else later.prefill_seconds,
+            decode_seconds=self.decode_seconds
+            if later.decode_seconds is None
+            else later.decode_seconds,
+            queue_seconds=self.queue_seconds
+            if later.queue_seconds is None
+            else later.queue_seconds,
         )
 
 
@@ -156,6 +162,14 @@ class ToolCallDelta:
 
 
 DialectEvent = (
-    Tokens | Usage | ResponseInfo | StreamError | StreamEnd | GenerationDone | MaybeLastToken | ParseError
-    | EngineTimings | ToolCallDelta
+    Tokens
+    | Usage
+    | ResponseInfo
+    | StreamError
+    | StreamEnd
+    | GenerationDone
+    | MaybeLastToken
+    | ParseError
+    | EngineTimings
+    | ToolCallDelta
 )

@@ -137,7 +137,9 @@ def engine_counts_from_llamacpp(timings: Any) -> Usage | None:
 def _error_of(obj: dict[str, Any]) -> StreamError | None:
     err = obj.get("error")
     if type(err) is dict:
-        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")), code_or_none(err.get("code")))
+        return StreamError(
+            str(err.get("message", "")), str_or_none(err.get("type")), code_or_none(err.get("code"))
+        )
     if isinstance(err, str):
         return StreamError(err)
     return None

@@ -98,7 +98,9 @@ def _final(obj: dict[str, Any], out: list[DialectEvent]) -> None:
     reason = obj.get("done_reason")
     if isinstance(reason, str) and reason:
         out.append(ResponseInfo(finish_reasons=(reason,)))
-    add_engine_usage(out, int_or_none(obj.get("prompt_eval_count")), int_or_none(obj.get("eval_count")))
+    add_engine_usage(
+        out, int_or_none(obj.get("prompt_eval_count")), int_or_none(obj.get("eval_count"))
+    )
     timings = engine_timings_from_ollama(obj)
     if timings is not None:
         out.append(timings)

@@ -64,6 +64,7 @@ __all__ = [
     "tool_call_deltas",
 ]
 
+
 class OpenAIStreamDialect(SSEJSONDialect):
     """SSE bytes in, :mod:`events` out. Sans-I/O; safe to feed arbitrary splits.
 
@@ -73,7 +74,15 @@ class OpenAIStreamDialect(SSEJSONDialect):
     timeline splits its gap evenly into k inter-token observations.
     """
 
-    __slots__ = ("_seen_info", "_completion_so_far", "_usage_per_chunk", "_started", "_open", "_finished", "_done")
+    __slots__ = (
+        "_seen_info",
+        "_completion_so_far",
+        "_usage_per_chunk",
+        "_started",
+        "_open",
+        "_finished",
+        "_done",
+    )
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         super().__init__(max_line_bytes)
@@ -244,7 +253,9 @@ def engine_timings_from_vllm(metrics: Any) -> EngineTimings | None:
 _MS = 1000.0
 
 
-def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False) -> int:
+def _count_choices(
+    choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False
+) -> int:
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
     carried more (``grown`` > deltas, one kind only: the surplus goes to that kind).
     ``started``: a token came before, so an empty ``content`` delta is a token too (module doc)."""
@@ -307,7 +318,11 @@ def _count_choices(choices: list, out: list[DialectEvent], grown: int | None = N
             if finish is None:
                 finish = []
             finish.append(reason)
-    if grown is not None and grown > answer + reasoning + tool and (answer > 0) + (reasoning > 0) + (tool > 0) == 1:
+    if (
+        grown is not None
+        and grown > answer + reasoning + tool
+        and (answer > 0) + (reasoning > 0) + (tool > 0) == 1
+    ):
         if answer:
             answer = grown
         elif reasoning:
@@ -359,17 +374,24 @@ def tool_call_deltas(choices: list, out: list[DialectEvent]) -> None:
         elif legacy:
             out.append(ToolCallDelta(0, at))
 
-usage_from_openai = usage_reader("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
+
+usage_from_openai = usage_reader(
+    "prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"
+)
 
 
 def _error_of(obj: dict[str, Any]) -> StreamError | None:
     err = obj.get("error")
     if type(err) is dict:
-        return StreamError(str(err.get("message", "")), str_or_none(err.get("type")), err.get("code"))
+        return StreamError(
+            str(err.get("message", "")), str_or_none(err.get("type")), err.get("code")
+        )
     if isinstance(err, str):
         return StreamError(err)
     if obj.get("object") == "error":
-        return StreamError(str(obj.get("message", "")), str_or_none(obj.get("type")), obj.get("code"))
+        return StreamError(
+            str(obj.get("message", "")), str_or_none(obj.get("type")), obj.get("code")
+        )
     return None
 
 

@@ -35,7 +35,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ANSWER, REASONING, TOOL, SSEJSONDialect, code_or_none, load_object, str_or_none, usage_reader
+from ._base import (
+    ANSWER,
+    REASONING,
+    TOOL,
+    SSEJSONDialect,
+    code_or_none,
+    load_object,
+    str_or_none,
+    usage_reader,
+)
 from .events import DialectEvent, ResponseInfo, StreamEnd, StreamError, Tokens, ToolCallDelta
 
 __all__ = ["ResponsesStreamDialect", "parse_responses_response", "usage_from_responses"]
@@ -51,7 +60,9 @@ _DELTA_KINDS: dict[str, Tokens] = {
     "response.code_interpreter_call_code.delta": TOOL,
 }
 # The deltas of calls the client runs (its tools), and the items that open them.
-_CLIENT_CALL_DELTAS = frozenset({"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"})
+_CLIENT_CALL_DELTAS = frozenset(
+    {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"}
+)
 _CLIENT_CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
 _STARTED = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -133,14 +144,18 @@ def _finish_reason(kind: str, response: dict[str, Any]) -> str:
 
 def _failure(error: Any) -> StreamError:
     if type(error) is dict:
-        return StreamError(str(error.get("message", "")), str_or_none(error.get("type")), _code(error))
+        return StreamError(
+            str(error.get("message", "")), str_or_none(error.get("type")), _code(error)
+        )
     return StreamError("response failed")
 
 
 def _error_event(obj: dict[str, Any]) -> StreamError:
     nested = obj.get("error")
     if type(nested) is dict:
-        return StreamError(str(nested.get("message", "")), str_or_none(nested.get("type")), _code(nested))
+        return StreamError(
+            str(nested.get("message", "")), str_or_none(nested.get("type")), _code(nested)
+        )
     return StreamError(str(obj.get("message", "")), None, _code(obj))
 
 
@@ -148,7 +163,9 @@ def _code(obj: dict[str, Any]) -> int | str | None:
     return code_or_none(obj.get("code"))
 
 
-usage_from_responses = usage_reader("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
+usage_from_responses = usage_reader(
+    "input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details"
+)
 
 
 def parse_responses_response(body: bytes) -> list[DialectEvent]:
@@ -164,7 +181,9 @@ def parse_responses_response(body: bytes) -> list[DialectEvent]:
     if not is_response:
         err = obj.get("error")
         if type(err) is dict:
-            return [StreamError(str(err.get("message", "")), str_or_none(err.get("type")), _code(err))]
+            return [
+                StreamError(str(err.get("message", "")), str_or_none(err.get("type")), _code(err))
+            ]
         if isinstance(err, str):
             return [StreamError(err)]
     out: list[DialectEvent] = []

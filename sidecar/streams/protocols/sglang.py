@@ -30,7 +30,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ANSWER, NO_ENGINE_COUNTS, add_engine_usage, int_or_none, seconds_or_none, str_or_none
+from ._base import (
+    ANSWER,
+    NO_ENGINE_COUNTS,
+    add_engine_usage,
+    int_or_none,
+    seconds_or_none,
+    str_or_none,
+)
 from .events import DialectEvent, EngineTimings, ResponseInfo, TokenKind, Tokens, Usage
 
 __all__ = ["SGLangState", "sglang_object", "sglang_response", "is_sglang"]
@@ -102,7 +109,11 @@ def sglang_response(objs: list[dict[str, Any]]) -> list[DialectEvent]:
     for obj in objs:
         meta = obj["meta_info"]
         for i, (name, value) in enumerate(
-            (("prompt", meta.get("prompt_tokens")), ("completion", meta.get("completion_tokens")), ("cached", meta.get("cached_tokens")))
+            (
+                ("prompt", meta.get("prompt_tokens")),
+                ("completion", meta.get("completion_tokens")),
+                ("cached", meta.get("cached_tokens")),
+            )
         ):
             n = int_or_none(value)
             if n is None:

@@ -90,7 +90,11 @@ class EventTemplate:
 
     def frames(self, chunk: bytes) -> bool:
         """Whether ``chunk`` has this shape's bytes around whatever text (plain or not)."""
-        return len(chunk) >= self._start + self._tail and chunk.startswith(self._prefix) and chunk.endswith(self._suffix)
+        return (
+            len(chunk) >= self._start + self._tail
+            and chunk.startswith(self._prefix)
+            and chunk.endswith(self._suffix)
+        )
 
     def matches(self, chunk: bytes) -> bool:
         """Whether ``chunk`` has this shape around a plain text, at most :attr:`limit` bytes:

@@ -44,7 +44,14 @@ from typing import Any
 
 import orjson
 
-from ._base import ANSWER, SSEJSONDialect, add_engine_usage, int_or_none, seconds_or_none, str_or_none
+from ._base import (
+    ANSWER,
+    SSEJSONDialect,
+    add_engine_usage,
+    int_or_none,
+    seconds_or_none,
+    str_or_none,
+)
 from .events import DialectEvent, EngineTimings, ParseError, ResponseInfo, StreamEnd, StreamError
 from .sglang import SGLangState, is_sglang, sglang_object, sglang_response
 
@@ -138,7 +145,11 @@ def tgi_head_events(headers: Mapping[str, str]) -> list[DialectEvent]:
     queue = _header_int(headers.get("x-queue-time"))
     if queue is not None:
         out.append(EngineTimings(queue_seconds=seconds_or_none(queue, 1000.0)))
-    add_engine_usage(out, _header_int(headers.get("x-prompt-tokens")), _header_int(headers.get("x-generated-tokens")))
+    add_engine_usage(
+        out,
+        _header_int(headers.get("x-prompt-tokens")),
+        _header_int(headers.get("x-generated-tokens")),
+    )
     return out
 
 

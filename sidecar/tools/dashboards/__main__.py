@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sidecar.tools.dashboards", description=__doc__)
     parser.add_argument("--root", default=".", help="repository root to write under (default: .)")
     parser.add_argument("--spec", default=None, help=f"SLO spec (default: ROOT/{DEFAULT_SPEC})")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a file is stale"
+    )
     args = parser.parse_args(argv)
     spec_path = args.spec or os.path.join(args.root, DEFAULT_SPEC)
     try:
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             _write(path, text)
     if args.check and stale:
-        print("stale (run python -m sidecar.tools.dashboards): " + ", ".join(stale), file=sys.stderr)
+        print(
+            "stale (run python -m sidecar.tools.dashboards): " + ", ".join(stale), file=sys.stderr
+        )
         return 1
     for rel in stale:
         print(f"wrote {rel}")

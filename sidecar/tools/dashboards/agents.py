@@ -107,7 +107,12 @@ def add_agents_row(board: Board) -> None:
             "model's default judged the request instead, and the client got its answer as ever. "
             "Lasting traffic here is a client sending seconds or a typo.",
             # No model label on this family (a bad header is the client's, whatever model).
-            [Query(sum_rate(INVALID, ("objective",), labels=(*TARGET_LABELS, "route")), "{{objective}}")],
+            [
+                Query(
+                    sum_rate(INVALID, ("objective",), labels=(*TARGET_LABELS, "route")),
+                    "{{objective}}",
+                )
+            ],
             "reqps",
         ),
     )

@@ -25,6 +25,7 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     threshold = objective.threshold_seconds
     q = format_number(objective.target)
     legend = " ".join(f"{{{{{label}}}}}" for label in split) + " band {{concurrency}}"
+
     def sel(metric: str) -> str:
         return selector(metric, (), labels=[label for label in split if label in FILTER_LABELS])
 
@@ -46,8 +47,14 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         "ended), over the rate interval; the dashed line is the objective's threshold. Where "
         "p95 crosses it is the knee. See docs/capacity.md.",
         [
-            Query(f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}", "p50 " + legend),
-            Query(f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}", "p95 " + legend),
+            Query(
+                f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}",
+                "p50 " + legend,
+            ),
+            Query(
+                f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}",
+                "p95 " + legend,
+            ),
         ],
         "s",
     )

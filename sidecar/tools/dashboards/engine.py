@@ -66,7 +66,14 @@ def add_engine_row(board: Board) -> None:
             "Requests vLLM evicted from the batch to free KV cache, per second per pod (the rate "
             f"of {PREEMPTIONS} over each {RATE_INTERVAL} window). Each one recomputes or "
             "swaps the request's cache: a burst of inter-token latency for that stream.",
-            [Query(on_release_pods(f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=ENGINE_LABELS)}[{RATE_INTERVAL}]))"), _LEGEND)],
+            [
+                Query(
+                    on_release_pods(
+                        f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=ENGINE_LABELS)}[{RATE_INTERVAL}]))"
+                    ),
+                    _LEGEND,
+                )
+            ],
             "ops",
             w=8,
         ),

@@ -106,7 +106,9 @@ def _stand_in(spec: SLOSpec, out: _Replacements) -> SLOSpec:
     objectives = []
     for i, o in enumerate(spec.objectives):
         if o.models:
-            raise ValueError(f"objective {o.name}: the chart's spec ships no per-model overrides (values add them)")
+            raise ValueError(
+                f"objective {o.name}: the chart's spec ships no per-model overrides (values add them)"
+            )
         target = round(_TARGET_BASE + i / 10000, 4)
         t = f'(float64 (index {_OBJECTIVES} "{o.name}" "target"))'
         actions = _target_actions(t)
@@ -136,7 +138,9 @@ def _stand_in(spec: SLOSpec, out: _Replacements) -> SLOSpec:
             setting[kind] = seconds
             out.add(format_duration(seconds), f'{{{{ index {_WINDOWS} "{arm.name}" "{kind}" }}}}')
         budget = round(_BUDGET_BASE + k / 100000, 5)
-        windows[arm.name] = WindowSetting.model_construct(long=setting["long"], short=setting["short"], budget_percent=budget)
+        windows[arm.name] = WindowSetting.model_construct(
+            long=setting["long"], short=setting["short"], budget_percent=budget
+        )
         b = f'(float64 (index {_WINDOWS} "{arm.name}" "budgetPercent"))'
         out.add(format_number(budget), f'{{{{ printf "%.6g" {b} }}}}')
     stand_in = spec.model_copy(update={"objectives": objectives, "windows": windows})
@@ -188,7 +192,10 @@ def _mark_overrides(data: dict, spec: SLOSpec, stand_in: SLOSpec, marks: dict[st
                     key = f"@@mark{len(marks)}@@"
                     marks[key] = _target_line_action(o.name, expr, forms["ratio"])
                     q["expr"] = key + expr
-                elif title.endswith("bad-event share by pod and route") and o.threshold_seconds is not None:
+                elif (
+                    title.endswith("bad-event share by pod and route")
+                    and o.threshold_seconds is not None
+                ):
                     key = f"@@mark{len(marks)}@@"
                     marks[key] = _breakdown_action(o.name, expr, o.threshold_seconds)
                     q["expr"] = key + expr
@@ -222,7 +229,10 @@ def _with_model(expr: str) -> str:
 
 
 def _target_line_action(objective: str, expr: str, ratio: str) -> str:
-    line = _with_model(expr)[: -len(ratio)] + _target_actions(_override_value(objective, "target"))["ratio"]()
+    line = (
+        _with_model(expr)[: -len(ratio)]
+        + _target_actions(_override_value(objective, "target"))["ratio"]()
+    )
     return _range(objective, f"({_json(line)}) or ")
 
 
@@ -241,24 +251,36 @@ def _stat_overrides_action(objective: str, existing: list) -> str:
         ' "properties" (list (dict "id" "thresholds" "value" (dict "mode" "absolute" "steps" (list (dict "color" "red" "value" nil)'
         f' (dict "color" "green" "value" (divf {t} 100))))))) }}}}'
     )
-    return f"{{{{ $items := fromJsonArray {json.dumps(json.dumps(existing))} }}}}" + _range(objective, body, need="target") + "{{ toJson $items }}"
+    return (
+        f"{{{{ $items := fromJsonArray {json.dumps(json.dumps(existing))} }}}}"
+        + _range(objective, body, need="target")
+        + "{{ toJson $items }}"
+    )
 
 
 def _overrides_count(objective: str) -> str:
-    """" (N per-model overrides)" after the objective's row title, as the generator writes it."""
+    """ " (N per-model overrides)" after the objective's row title, as the generator writes it."""
     count = _range(objective, "{{ $n = add1 $n }}")
-    return "{{ $n := 0 }}" + count + "{{ if $n }} ({{ $n }} per-model override{{ if gt $n 1 }}s{{ end }}){{ end }}"
+    return (
+        "{{ $n := 0 }}"
+        + count
+        + "{{ if $n }} ({{ $n }} per-model override{{ if gt $n 1 }}s{{ end }}){{ end }}"
+    )
 
 
 def _overrides_sentence(objective) -> str:
-    """" Per-model overrides: model M: <objective text>; ..." for the objective's overrides in values."""
+    """ " Per-model overrides: model M: <objective text>; ..." for the objective's overrides in values."""
     scope = objective.scopes()[0]
     text = objective_text(scope)
     forms = _target_forms(objective.target)
-    text = text.replace(forms["target"], _target_actions(_override_value(objective.name, "target"))["target"](), 1)
+    text = text.replace(
+        forms["target"], _target_actions(_override_value(objective.name, "target"))["target"](), 1
+    )
     if objective.threshold_seconds is not None:
         th = _override_value(objective.name, "thresholdSeconds")
-        text = text.replace(format_number(objective.threshold_seconds), f'{{{{ printf "%.6g" {th} }}}}', 1)
+        text = text.replace(
+            format_number(objective.threshold_seconds), f'{{{{ printf "%.6g" {th} }}}}', 1
+        )
     body = f"{{{{ if $first }}}} Per-model overrides: {{{{ else }}}}; {{{{ end }}}}model {{{{ $o.model }}}}: {_json(text)}{{{{ $first = false }}}}"
     return "{{ $first := true }}" + _range(objective.name, body) + "{{ if not $first }}.{{ end }}"
 
@@ -277,12 +299,18 @@ def _release_marks(data: dict, marks: dict[str, str]) -> None:
     release variable's current value: ``<namespace>/<fullname>``, as its monitors label them)."""
     base_uid, base_title = data["uid"], data["title"]
     marks["@@uid@@"] = f'{{{{ include "llm-sidecar.dashboardUid" (list $ "{base_uid}") }}}}'
-    marks["@@title@@"] = f'{{{{ include "llm-sidecar.dashboardTitle" (list $ "{_json(base_title)}") }}}}'
+    marks["@@title@@"] = (
+        f'{{{{ include "llm-sidecar.dashboardTitle" (list $ "{_json(base_title)}") }}}}'
+    )
     marks["@@release@@"] = '{{ $.Release.Namespace }}/{{ include "llm-sidecar.fullname" $ }}'
     data["uid"], data["title"] = "@@uid@@", "@@title@@"
     for variable in data.get("templating", {}).get("list", []):
         if variable.get("name") == c.LABEL_RELEASE:
-            variable["current"] = {"selected": True, "text": ["@@release@@"], "value": ["@@release@@"]}
+            variable["current"] = {
+                "selected": True,
+                "text": ["@@release@@"],
+                "value": ["@@release@@"],
+            }
 
 
 def _finish(data: dict, marks: dict[str, str], replacements: _Replacements | None = None) -> str:
@@ -291,7 +319,11 @@ def _finish(data: dict, marks: dict[str, str], replacements: _Replacements | Non
         text = replacements.apply(text)
     for key, action in marks.items():
         # A marker that stands for a whole JSON value (an array Helm writes) goes with its quotes.
-        text = text.replace(json.dumps(key), action) if "toJson" in action else text.replace(key, action)
+        text = (
+            text.replace(json.dumps(key), action)
+            if "toJson" in action
+            else text.replace(key, action)
+        )
     if "@@" in text:
         raise AssertionError("a marker was left in a chart dashboard template")
     header = (
@@ -318,7 +350,11 @@ def chart_templates(spec: SLOSpec, build: Callable[[SLOSpec], dict[str, dict]]) 
         _mark_overrides(data, spec, stand_in, marks)
         _release_marks(data, marks)
         text = _finish(data, marks, replacements)
-        leftover = [lit for lit in replacements.pairs if re.search(rf"(?<![0-9.]){re.escape(lit)}(?![0-9])", text)]
+        leftover = [
+            lit
+            for lit in replacements.pairs
+            if re.search(rf"(?<![0-9.]){re.escape(lit)}(?![0-9])", text)
+        ]
         if leftover or str(_WINDOW_BASE) in text:
             raise AssertionError(f"{name}: stand-ins left in the chart template: {leftover}")
         out[name] = text

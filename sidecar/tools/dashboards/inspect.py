@@ -31,7 +31,9 @@ ALL_VALUES: Mapping[str, str] = {
 """What Grafana puts in place of each variable when every value is selected (All = ``.*``);
 ``$__rate_interval`` is at least four scrape intervals, 1m for the usual 15 s scrape."""
 
-LABEL_VALUES = re.compile(r"^label_values\((?:(?P<selector>.+),\s*)?(?P<label>[a-zA-Z_]\w*)\)$", re.S)
+LABEL_VALUES = re.compile(
+    r"^label_values\((?:(?P<selector>.+),\s*)?(?P<label>[a-zA-Z_]\w*)\)$", re.S
+)
 _VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
@@ -84,7 +86,9 @@ def variable_queries(dashboard: Mapping[str, Any]) -> list[VariableQuery]:
         text = query["query"] if isinstance(query, Mapping) else query
         m = LABEL_VALUES.match(text.strip())
         if m is None:
-            raise ValueError(f"{dashboard['uid']} variable {v['name']}: not a label_values() query: {text!r}")
+            raise ValueError(
+                f"{dashboard['uid']} variable {v['name']}: not a label_values() query: {text!r}"
+            )
         out.append(VariableQuery(dashboard["uid"], v["name"], m["selector"], m["label"]))
     return out
 

@@ -115,7 +115,11 @@ LATENCIES: tuple[Latency, ...] = (
 
 def _latency_panels(lat: Latency) -> tuple:
     queries = [
-        Query(quantile(q, lat.metric, extra=lat.extra), f"p{round(q * 100)}", exemplar=lat.exemplars and q == 0.99)
+        Query(
+            quantile(q, lat.metric, extra=lat.extra),
+            f"p{round(q * 100)}",
+            exemplar=lat.exemplars and q == 0.99,
+        )
         for q in (0.5, 0.9, 0.99)
     ]
     lines = timeseries_panel(
@@ -155,8 +159,16 @@ def _traffic(board: Board) -> None:
             "requests whose client went away before the end. Both over each $__rate_interval "
             "window; 0 while there are requests and none failed.",
             [
-                Query(ratio_or_zero(sum_rate(REQUESTS, extra=ERROR), sum_rate(REQUESTS, extra=NOT_CANCELLED)), "error"),
-                Query(ratio_or_zero(sum_rate(REQUESTS, extra=CANCELLED), sum_rate(REQUESTS)), "cancelled"),
+                Query(
+                    ratio_or_zero(
+                        sum_rate(REQUESTS, extra=ERROR), sum_rate(REQUESTS, extra=NOT_CANCELLED)
+                    ),
+                    "error",
+                ),
+                Query(
+                    ratio_or_zero(sum_rate(REQUESTS, extra=CANCELLED), sum_rate(REQUESTS)),
+                    "cancelled",
+                ),
             ],
             "percentunit",
         ),
@@ -180,7 +192,10 @@ def _traffic(board: Board) -> None:
             "ok), against all requests with outcome ok. The gap between the lines is service "
             "that was delivered too slowly.",
             [
-                Query(f"{sum_rate(WITHIN_SLO)} or 0 * {sum_rate(REQUESTS, extra=OK)}", "met every objective"),
+                Query(
+                    f"{sum_rate(WITHIN_SLO)} or 0 * {sum_rate(REQUESTS, extra=OK)}",
+                    "met every objective",
+                ),
                 Query(sum_rate(REQUESTS, extra=OK), "ok requests"),
             ],
             "reqps",
@@ -191,7 +206,12 @@ def _traffic(board: Board) -> None:
             "Share of ok requests that met every latency objective at once (goodput / ok "
             "requests), over each $__rate_interval window. The SLO dashboard shows the same "
             "ratio from the llm:goodput:ratio_rate5m rule.",
-            [Query(ratio_or_zero(sum_rate(WITHIN_SLO), sum_rate(REQUESTS, extra=OK)), "goodput share")],
+            [
+                Query(
+                    ratio_or_zero(sum_rate(WITHIN_SLO), sum_rate(REQUESTS, extra=OK)),
+                    "goodput share",
+                )
+            ],
             "percentunit",
             w=6,
         ),
@@ -203,7 +223,10 @@ def _traffic(board: Board) -> None:
             "counter has never moved.",
             [
                 Query(
-                    zero_if_absent(sum_rate(PARSE_ERRORS, ("route",), labels=(*TARGET_LABELS, "route")), "route"),
+                    zero_if_absent(
+                        sum_rate(PARSE_ERRORS, ("route",), labels=(*TARGET_LABELS, "route")),
+                        "route",
+                    ),
                     "{{route}}",
                 )
             ],
@@ -240,7 +263,11 @@ def _finish_reasons_panel():
         "window), tool_calls (waiting for a tool's result), content_filter (refused or filtered), "
         "other (aborted, unloaded, ...). A rise in length means answers are being cut short; in "
         "content_filter, refused. One per answer (choice), over each $__rate_interval window.",
-        [Query(f"{by_reason} / on () group_left () {sum_rate(FINISH_REASONS)}", "{{finish_reason}}")],
+        [
+            Query(
+                f"{by_reason} / on () group_left () {sum_rate(FINISH_REASONS)}", "{{finish_reason}}"
+            )
+        ],
         "percentunit",
         w=8,
         stack=True,
@@ -272,7 +299,11 @@ def _latency(board: Board) -> None:
             "send headers at once and the first token later, so a low TTFB with a high TTFT is "
             f"queueing or prefill. {_QUANTILES}",
             [
-                Query(quantile(q, "llm_time_to_first_byte_seconds"), f"p{round(q * 100)}", exemplar=q == 0.99)
+                Query(
+                    quantile(q, "llm_time_to_first_byte_seconds"),
+                    f"p{round(q * 100)}",
+                    exemplar=q == 0.99,
+                )
                 for q in (0.5, 0.9, 0.99)
             ],
             "s",
@@ -360,7 +391,12 @@ def _label_overflow_panel():
         "name), max_values (--max-models / --max-tenants reached) or series_budget (--max-series "
         "reached). A model the server serves never lands here; a steady rate means clients send "
         "names the server does not serve.",
-        [Query(sum_rate(LABEL_OVERFLOW, ("label", "reason"), labels=TARGET_LABELS), "{{label}} {{reason}}")],
+        [
+            Query(
+                sum_rate(LABEL_OVERFLOW, ("label", "reason"), labels=TARGET_LABELS),
+                "{{label}} {{reason}}",
+            )
+        ],
         "reqps",
         w=8,
         h=7,
@@ -415,7 +451,14 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
             f"Share of non-cancelled requests that failed on the server side, by {what}: outcome "
             "error / outcome ok or error, over each $__rate_interval window (0 while there is "
             "traffic and no error). 4xx answers are not errors.",
-            [Query(ratio_or_zero(sum_rate(REQUESTS, by, ERROR), sum_rate(REQUESTS, by, NOT_CANCELLED)), legend)],
+            [
+                Query(
+                    ratio_or_zero(
+                        sum_rate(REQUESTS, by, ERROR), sum_rate(REQUESTS, by, NOT_CANCELLED)
+                    ),
+                    legend,
+                )
+            ],
             "percentunit",
             w=8,
         ),
@@ -456,7 +499,10 @@ def _ttft_by(by: tuple[str, ...], legend: str, what: str):
         f"TTFT {names} by {what}",
         f"{names} of time to first token (streamed requests, first token of any kind), by {what}. {_QUANTILES}",
         [
-            Query(quantile(q, "llm_time_to_first_token_seconds", by), legend if len(qs) == 1 else f"{legend} p{round(q * 100)}")
+            Query(
+                quantile(q, "llm_time_to_first_token_seconds", by),
+                legend if len(qs) == 1 else f"{legend} p{round(q * 100)}",
+            )
             for q in qs
         ],
         "s",
@@ -531,7 +577,9 @@ def build():
     _tokens(board)
     _breakdowns(board, ("model",), "{{model}}", "Per model", "model")
     _breakdowns(board, ("namespace", "pod"), "{{namespace}}/{{pod}}", "Per pod", "pod")
-    add_engine_row(board)  # the engine's own metrics (vLLM), open: sidecar/tools/dashboards/engine.py
+    add_engine_row(
+        board
+    )  # the engine's own metrics (vLLM), open: sidecar/tools/dashboards/engine.py
     add_where_time_goes_row(board)
     add_own_health_row(board)  # the sidecar's own CPU, memory, fds and build
     _token_count_sources(board)

@@ -52,7 +52,11 @@ def add_own_health_row(board: Board) -> None:
             "Resident memory of the sidecar process per pod (process_resident_memory_bytes). "
             "Request bodies held for inspection and the /metrics page are the large users; a "
             "steady climb under steady traffic is a leak.",
-            [Query(_per_pod(selector("process_resident_memory_bytes", labels=TARGET_LABELS)), _POD)],
+            [
+                Query(
+                    _per_pod(selector("process_resident_memory_bytes", labels=TARGET_LABELS)), _POD
+                )
+            ],
             "bytes",
             w=6,
         ),
@@ -77,7 +81,12 @@ def add_own_health_row(board: Board) -> None:
             "off: the package was installed without a C compiler, and the relay costs about "
             "twice the CPU per token (the start line and --version warn too); the image always "
             "has them. Two versions at once is a rollout.",
-            [Query(f"count by (version, speedups) ({selector(BUILD_INFO, labels=TARGET_LABELS)})", "{{version}} speedups {{speedups}}")],
+            [
+                Query(
+                    f"count by (version, speedups) ({selector(BUILD_INFO, labels=TARGET_LABELS)})",
+                    "{{version}} speedups {{speedups}}",
+                )
+            ],
             "short",
             w=6,
         ),

@@ -81,8 +81,17 @@ def _target(query: Query, i: int) -> prom.Dataquery:
     return q
 
 
-def _common(panel, title: str, description: str, queries: Sequence[Query], unit: str, w: int, h: int):
-    panel = panel.title(title).description(description).datasource(DATASOURCE).unit(unit).span(w).height(h)
+def _common(
+    panel, title: str, description: str, queries: Sequence[Query], unit: str, w: int, h: int
+):
+    panel = (
+        panel.title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(w)
+        .height(h)
+    )
     for i, query in enumerate(queries):
         panel = panel.with_target(_target(query, i))
     return panel
@@ -120,7 +129,9 @@ def timeseries_panel(
             .show_legend(True)
         )
         .tooltip(
-            common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI).sort(common_m.SortOrder.DESCENDING)
+            common_b.VizTooltipOptions()
+            .mode(common_m.TooltipDisplayMode.MULTI)
+            .sort(common_m.SortOrder.DESCENDING)
         )
     )
     if stack:
@@ -130,17 +141,23 @@ def timeseries_panel(
     return panel
 
 
-def dashed_threshold_lines(panel: timeseries.Panel, steps: Sequence[tuple[float | None, str]]) -> timeseries.Panel:
+def dashed_threshold_lines(
+    panel: timeseries.Panel, steps: Sequence[tuple[float | None, str]]
+) -> timeseries.Panel:
     """Draw the thresholds as dashed horizontal lines (alert thresholds, targets)."""
     return panel.thresholds(thresholds(*steps)).thresholds_style(
         common_b.GraphThresholdsStyleConfig().mode(common_m.GraphThresholdsStyleMode.DASHED)
     )
 
 
-def heatmap_panel(title: str, description: str, query: Query, unit: str, *, w: int = 12, h: int = 8) -> heatmap.Panel:
+def heatmap_panel(
+    title: str, description: str, query: Query, unit: str, *, w: int = 12, h: int = 8
+) -> heatmap.Panel:
     """Prometheus histogram buckets as a heatmap: y = bucket bounds in ``unit``, colour =
     observations per second in that bucket (the query is a rate of ``_bucket`` by ``le``)."""
-    panel = _common(heatmap.Panel(), title, description, [Query(query.expr, "{{le}}", heatmap=True)], unit, w, h)
+    panel = _common(
+        heatmap.Panel(), title, description, [Query(query.expr, "{{le}}", heatmap=True)], unit, w, h
+    )
     return (
         panel.calculate(False)
         .y_axis(heatmap.YAxisConfig().unit(unit).axis_placement(common_m.AxisPlacement.LEFT))
@@ -201,7 +218,9 @@ def bargauge_panel(
     min_val: float | None = None,
     max_val: float | None = None,
 ) -> bargauge.Panel:
-    panel = _common(bargauge.Panel(), title, description, [_instant(q) for q in queries], unit, w, h)
+    panel = _common(
+        bargauge.Panel(), title, description, [_instant(q) for q in queries], unit, w, h
+    )
     panel = (
         panel.thresholds(thresholds(*steps))
         .display_mode(common_m.BarGaugeDisplayMode.BASIC)
@@ -215,8 +234,12 @@ def bargauge_panel(
     return panel
 
 
-def table_panel(title: str, description: str, query: Query, unit: str, *, w: int = 12, h: int = 8) -> table.Panel:
-    panel = _common(table.Panel(), title, description, [Query(query.expr, query.legend, table=True)], unit, w, h)
+def table_panel(
+    title: str, description: str, query: Query, unit: str, *, w: int = 12, h: int = 8
+) -> table.Panel:
+    panel = _common(
+        table.Panel(), title, description, [Query(query.expr, query.legend, table=True)], unit, w, h
+    )
     return panel.with_transformation(
         dash_m.DataTransformerConfig(
             id_val="organize",
@@ -255,7 +278,9 @@ def variables() -> list[cogbuilder.Builder[dash_m.VariableModel]]:
         dash.DatasourceVariable(DATASOURCE_VARIABLE)
         .label("Data source")
         .type("prometheus")
-        .description("The Prometheus that scrapes the sidecars and evaluates llm-sidecar's SLO rules.")
+        .description(
+            "The Prometheus that scrapes the sidecars and evaluates llm-sidecar's SLO rules."
+        )
     ]
     for i, label in enumerate(FILTER_LABELS):
         narrowed_by = FILTER_LABELS[:i]
@@ -266,7 +291,13 @@ def variables() -> list[cogbuilder.Builder[dash_m.VariableModel]]:
             .label(label)
             .description(_VARIABLE_HELP[label])
             .datasource(DATASOURCE)
-            .query({"qryType": 1, "query": definition, "refId": f"PrometheusVariableQueryEditor-{label}"})
+            .query(
+                {
+                    "qryType": 1,
+                    "query": definition,
+                    "refId": f"PrometheusVariableQueryEditor-{label}",
+                }
+            )
             .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(dash_m.VariableSort.ALPHABETICAL_ASC)
             .multi(True)

@@ -67,7 +67,9 @@ def _matchers(labels: Iterable[str], extra: Sequence[Matcher]) -> list[str]:
     return out
 
 
-def selector(metric: str, extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
+def selector(
+    metric: str, extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+) -> str:
     """``metric{namespace=~"$namespace", ..., extra}``."""
     return f"{metric}{{{', '.join(_matchers(labels, extra))}}}"
 
@@ -77,7 +79,10 @@ def rate(metric: str, extra: Sequence[Matcher] = (), labels: Iterable[str] = FIL
 
 
 def sum_rate(
-    metric: str, by: Sequence[str] = (), extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+    metric: str,
+    by: Sequence[str] = (),
+    extra: Sequence[Matcher] = (),
+    labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
     """``sum by (by) (rate(metric{filters}[$__rate_interval]))``; ``sum (...)`` without ``by``."""
     grouping = f" by ({', '.join(by)})" if by else ""
@@ -85,14 +90,23 @@ def sum_rate(
 
 
 def quantile(
-    q: float, histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+    q: float,
+    histogram: str,
+    by: Sequence[str] = (),
+    extra: Sequence[Matcher] = (),
+    labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
     """The q-quantile of a histogram over the rate window, from its cumulative buckets."""
-    return f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra, labels)})"
+    return (
+        f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra, labels)})"
+    )
 
 
 def mean(
-    histogram: str, by: Sequence[str] = (), extra: Sequence[Matcher] = (), labels: Iterable[str] = FILTER_LABELS
+    histogram: str,
+    by: Sequence[str] = (),
+    extra: Sequence[Matcher] = (),
+    labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
     """Average observation over the rate window: rate of the sum / rate of the count."""
     return f"{sum_rate(histogram + '_sum', by, extra, labels)} / {sum_rate(histogram + '_count', by, extra, labels)}"
@@ -111,11 +125,17 @@ def ratio_or_zero(numerator: str, denominator: str) -> str:
 def zero_if_absent(expr: str, label: str | None = None) -> str:
     """``expr``, or a single 0 when it has no series at all (a counter that never moved),
     labelled ``label="(none)"`` when given, so a legend of ``{{label}}`` still reads."""
-    zero = "vector(0)" if label is None else f'label_replace(vector(0), "{label}", "(none)", "", "")'
+    zero = (
+        "vector(0)" if label is None else f'label_replace(vector(0), "{label}", "(none)", "", "")'
+    )
     return f"{expr} or on () {zero}"
 
 
-def recorded(record: str, extra: Sequence[Matcher] = (), grouping: Iterable[str] = ("cluster", "namespace", "model")) -> str:
+def recorded(
+    record: str,
+    extra: Sequence[Matcher] = (),
+    grouping: Iterable[str] = ("cluster", "namespace", "model"),
+) -> str:
     """A recorded SLO series, filtered by the variables among the rules' grouping labels (the
     rules sum over everything else, e.g. pods and routes)."""
     # The Helm chart's rules also carry ``llm_release`` (its release); plain rules match All.

@@ -49,6 +49,8 @@ def kustomization_text(names: Sequence[str]) -> str:
             "labels": {"grafana_dashboard": "1", "app.kubernetes.io/name": "llm-sidecar"},
             "annotations": {"grafana_folder": "LLM"},
         },
-        "configMapGenerator": [{"name": name.removesuffix(".json"), "files": [name]} for name in names],
+        "configMapGenerator": [
+            {"name": name.removesuffix(".json"), "files": [name]} for name in names
+        ],
     }
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=120)

@@ -48,7 +48,11 @@ BREAKDOWN_BY = ("namespace", "pod", "route", "model")
 
 def alert_names(spec: SLOSpec) -> list[str]:
     """Every alert the rules rendered from ``spec`` can raise."""
-    names = [*(c.alert_name(o.name) for o in spec.objectives), c.ALERT_TARGET_DOWN, c.ALERT_NO_TRAFFIC]
+    names = [
+        *(c.alert_name(o.name) for o in spec.objectives),
+        c.ALERT_TARGET_DOWN,
+        c.ALERT_NO_TRAFFIC,
+    ]
     names += [cause.alert for cause in ERROR_CAUSES]  # by error_type (#33)
     if spec.alerts.history_short.enabled:
         names.append(c.ALERT_HISTORY_SHORT)
@@ -193,7 +197,9 @@ def _target_overrides(
         out.append(
             dash_m.DashboardFieldConfigSourceOverrides(
                 # The legend ends with the model (see _who): match the name's end.
-                matcher=dash_m.MatcherConfig(id_val="byRegexp", options=f"^(.* )?{re.escape(scope.model or '')}$"),
+                matcher=dash_m.MatcherConfig(
+                    id_val="byRegexp", options=f"^(.* )?{re.escape(scope.model or '')}$"
+                ),
                 properties=[
                     dash_m.DynamicConfigValue(
                         id_val="thresholds",
@@ -217,8 +223,14 @@ def _burn_panel(spec: SLOSpec, name: str, arm: AlertWindow, period_text: str):
         f"above the dashed threshold {format_number(factor)}× ({spent}% of the budget gone in "
         f"{arm.long_name}; factor = {spent}% × {period_text} / {arm.long_name}).",
         [
-            Query(_rec(spec, c.burn_rate_record(arm.long), _slo(name)), f"{_who(spec)} {arm.long_name}"),
-            Query(_rec(spec, c.burn_rate_record(arm.short), _slo(name)), f"{_who(spec)} {arm.short_name}"),
+            Query(
+                _rec(spec, c.burn_rate_record(arm.long), _slo(name)),
+                f"{_who(spec)} {arm.long_name}",
+            ),
+            Query(
+                _rec(spec, c.burn_rate_record(arm.short), _slo(name)),
+                f"{_who(spec)} {arm.short_name}",
+            ),
         ],
         BURN_RATE_UNIT,
         w=6,
@@ -253,7 +265,11 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
     target_text = f"{format_number(default.target)}%"
     overrides = _overrides_text(scopes)
     sel = _slo(name)
-    more = f" ({len(scopes) - 1} per-model override{'s' if len(scopes) > 2 else ''})" if len(scopes) > 1 else ""
+    more = (
+        f" ({len(scopes) - 1} per-model override{'s' if len(scopes) > 2 else ''})"
+        if len(scopes) > 1
+        else ""
+    )
     board.row(f"SLO {name}: {objective_text(default)}, over {period}{more}")
 
     sli_stat = stat_panel(
@@ -357,7 +373,10 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
             f"the other panels of this objective follow the model variable only. The error budget "
             f"is {format_number(default.error_budget * 100)}% of events"
             + (" (per-model overrides have their own)." if len(scopes) > 1 else "."),
-            [Query(_breakdown_query(s), "{{namespace}}/{{pod}} {{route}} {{model}}") for s in scopes],
+            [
+                Query(_breakdown_query(s), "{{namespace}}/{{pod}} {{route}} {{model}}")
+                for s in scopes
+            ],
             "percentunit",
             w=24,
             h=7,
@@ -370,7 +389,9 @@ def _dashed_queries(first: int, count: int) -> list[dash_m.DashboardFieldConfigS
         dash_m.DashboardFieldConfigSourceOverrides(
             matcher=dash_m.MatcherConfig(id_val="byFrameRefID", options=ref_id(first + i)),
             properties=[
-                dash_m.DynamicConfigValue(id_val="custom.lineStyle", value={"dash": [10, 10], "fill": "dash"}),
+                dash_m.DynamicConfigValue(
+                    id_val="custom.lineStyle", value={"dash": [10, 10], "fill": "dash"}
+                ),
                 dash_m.DynamicConfigValue(id_val="custom.fillOpacity", value=0),
             ],
         )

@@ -24,7 +24,15 @@ p99s is no one's p99.
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import ENGINE_LABELS, FILTER_LABELS, TARGET_LABELS, mean, on_release_pods, quantile, selector
+from .queries import (
+    ENGINE_LABELS,
+    FILTER_LABELS,
+    TARGET_LABELS,
+    mean,
+    on_release_pods,
+    quantile,
+    selector,
+)
 
 __all__ = [
     "ROW_TITLE",
@@ -143,7 +151,10 @@ def add_where_time_goes_row(board: Board) -> None:
             "head in -> written to the client. Later bytes are written in the same call that "
             "reads them. Proof that the sidecar is not the problem, or that it is.",
             [
-                Query(quantile(q, OVERHEAD, ("direction",), labels=TARGET_LABELS), f"{{{{direction}}}} p{round(q * 100)}")
+                Query(
+                    quantile(q, OVERHEAD, ("direction",), labels=TARGET_LABELS),
+                    f"{{{{direction}}}} p{round(q * 100)}",
+                )
                 for q in (0.5, 0.99)
             ]
             + [Query(mean(OVERHEAD, ("direction",), labels=TARGET_LABELS), "{{direction}} mean")],

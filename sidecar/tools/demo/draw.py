@@ -47,13 +47,21 @@ def curve_lines(new: Snapshot, old: Snapshot, width: int = 24) -> list[str]:
         seconds = counter_delta(now.seconds, then.seconds)
         tokens = counter_delta(now.tokens, then.tokens)
         p95 = histogram_quantile(0.95, deltas)
-        rows.append((band, histogram_quantile(0.5, deltas), p95, tokens / seconds if seconds > 0 else None))
+        rows.append(
+            (band, histogram_quantile(0.5, deltas), p95, tokens / seconds if seconds > 0 else None)
+        )
     if not rows:
         return []
     longest = max((r[2] for r in rows if r[2] is not None and math.isfinite(r[2])), default=0.0)
-    lines = ["  decode streams   ITL p50    ITL p95   tok/s   (the pod's curve: latency grows with load)"]
+    lines = [
+        "  decode streams   ITL p50    ITL p95   tok/s   (the pod's curve: latency grows with load)"
+    ]
     for band, p50, p95, rate in rows:
-        filled = round(width * p95 / longest) if longest and p95 is not None and math.isfinite(p95) else 0
+        filled = (
+            round(width * p95 / longest)
+            if longest and p95 is not None and math.isfinite(p95)
+            else 0
+        )
         speed = "-" if rate is None else f"{rate:.0f}"
         lines.append(
             f"  {'<= ' + band if band != '+Inf' else '> 128':>14}  {format_seconds(p50):>8}  {format_seconds(p95):>9}  {speed:>6}   {'█' * filled}"
@@ -87,7 +95,9 @@ def plain_line(f: WindowFigures, elapsed: float) -> str:
     )
 
 
-def table_lines(f: WindowFigures, elapsed: float, concurrency: int, curve: Sequence[str] = ()) -> list[str]:
+def table_lines(
+    f: WindowFigures, elapsed: float, concurrency: int, curve: Sequence[str] = ()
+) -> list[str]:
     """The live table, redrawn in place on a terminal; the curve since the start below it."""
     w = min(f.seconds, WINDOW_SECONDS)
     return [
@@ -114,7 +124,9 @@ class Screen:
         self.live = live
         self._drawn = 0
 
-    def show(self, figures: WindowFigures, elapsed: float, concurrency: int, curve: Sequence[str] = ()) -> None:
+    def show(
+        self, figures: WindowFigures, elapsed: float, concurrency: int, curve: Sequence[str] = ()
+    ) -> None:
         if not self.live:
             self._out.write(plain_line(figures, elapsed) + "\n")
         else:

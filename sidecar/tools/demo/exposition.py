@@ -83,9 +83,13 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
                 le = float(labels["le"])
                 per_le[le] = per_le.get(le, 0.0) + value
             elif name == TOKENS_BY_BAND:
-                band_tokens[labels["concurrency"]] = band_tokens.get(labels["concurrency"], 0.0) + value
+                band_tokens[labels["concurrency"]] = (
+                    band_tokens.get(labels["concurrency"], 0.0) + value
+                )
             elif name == SECONDS_BY_BAND:
-                band_seconds[labels["concurrency"]] = band_seconds.get(labels["concurrency"], 0.0) + value
+                band_seconds[labels["concurrency"]] = (
+                    band_seconds.get(labels["concurrency"], 0.0) + value
+                )
             elif name == "llm_requests_total":
                 requests += value
                 outcome = labels.get("outcome")
@@ -110,7 +114,11 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
         output_tokens=output_tokens,
         histograms={name: tuple(sorted(b.items())) for name, b in buckets.items()},
         bands={
-            band: BandFigures(tuple(sorted(per_le.items())), band_tokens.get(band, 0.0), band_seconds.get(band, 0.0))
+            band: BandFigures(
+                tuple(sorted(per_le.items())),
+                band_tokens.get(band, 0.0),
+                band_seconds.get(band, 0.0),
+            )
             for band, per_le in band_buckets.items()
         },
     )

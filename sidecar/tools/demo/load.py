@@ -79,7 +79,12 @@ async def _one_request(session: aiohttp.ClientSession, base: str, rng: random.Ra
 
 
 async def client_loop(
-    session: aiohttp.ClientSession, base: str, stats: LoadStats, stop: asyncio.Event, seed: int, delay: float = 0.0
+    session: aiohttp.ClientSession,
+    base: str,
+    stats: LoadStats,
+    stop: asyncio.Event,
+    seed: int,
+    delay: float = 0.0,
 ) -> None:
     rng = random.Random(seed)
     with contextlib.suppress(asyncio.TimeoutError):

@@ -107,7 +107,9 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: Scr
     stats = LoadStats()
     codes: dict[str, int] = {}
     try:
-        simulator = Child("simulator", ["simulate", "--listen", f"{HOST}:{sim_port}", *SIMULATOR_ARGS])
+        simulator = Child(
+            "simulator", ["simulate", "--listen", f"{HOST}:{sim_port}", *SIMULATOR_ARGS]
+        )
         children.append(simulator)
         sidecar = Child(
             "sidecar",
@@ -128,16 +130,22 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: Scr
             await wait_ready(admin_session, f"http://{HOST}:{admin}/readyz", children)
             metrics_url = f"http://{HOST}:{admin}/metrics"
             first = await _scrape(admin_session, metrics_url)
-            history: deque[Snapshot] = deque([first], maxlen=int(WINDOW_SECONDS / REFRESH_SECONDS) + 5)
+            history: deque[Snapshot] = deque(
+                [first], maxlen=int(WINDOW_SECONDS / REFRESH_SECONDS) + 5
+            )
             screen.text(_intro(port, admin, sim_port, concurrency, duration))
 
             client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=30.0)
             connector = aiohttp.TCPConnector(limit=0)
-            async with aiohttp.ClientSession(timeout=client_timeout, connector=connector) as load_session:
+            async with aiohttp.ClientSession(
+                timeout=client_timeout, connector=connector
+            ) as load_session:
                 base = f"http://{HOST}:{port}"
                 seed = random.randrange(1 << 30)
                 load_tasks = [
-                    asyncio.create_task(client_loop(load_session, base, stats, stop, seed + i, i * RAMP_SECONDS))
+                    asyncio.create_task(
+                        client_loop(load_session, base, stats, stop, seed + i, i * RAMP_SECONDS)
+                    )
                     for i in range(concurrency)
                 ]
                 started = first.at
@@ -164,7 +172,12 @@ async def _demo(duration: float | None, concurrency: int, port: int, screen: Scr
                     failed_scrapes = 0
                     history.append(snap)
                     base_snap = window_baseline(history, snap.at, WINDOW_SECONDS)
-                    screen.show(window_figures(snap, base_snap), snap.at - started, concurrency, curve_lines(snap, first))
+                    screen.show(
+                        window_figures(snap, base_snap),
+                        snap.at - started,
+                        concurrency,
+                        curve_lines(snap, first),
+                    )
                     if deadline is not None and snap.at >= deadline - 1e-3:
                         break
 
@@ -216,7 +229,10 @@ def run_demo(duration: float | None = None, concurrency: int = 8, port: int = 80
         return fail("--duration must be a positive number of seconds", 2)
     for p, what in ((port, "proxy"), (admin, "metrics")):
         if not port_free(p):
-            return fail(f"{HOST}:{p} ({what} port) is already in use; pick another with --port (make demo PORT=...)", 2)
+            return fail(
+                f"{HOST}:{p} ({what} port) is already in use; pick another with --port (make demo PORT=...)",
+                2,
+            )
 
     screen = Screen(sys.stdout, live=sys.stdout.isatty() and os.environ.get("TERM") != "dumb")
     try:

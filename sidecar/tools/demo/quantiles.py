@@ -116,7 +116,9 @@ def window_figures(new: Snapshot, old: Snapshot) -> WindowFigures:
     seconds = max(new.at - old.at, 1e-9)
 
     def quantile(q: float, name: str) -> float | None:
-        return histogram_quantile(q, bucket_deltas(new.histograms.get(name, ()), old.histograms.get(name, ())))
+        return histogram_quantile(
+            q, bucket_deltas(new.histograms.get(name, ()), old.histograms.get(name, ()))
+        )
 
     requests = counter_delta(new.requests, old.requests)
     return WindowFigures(

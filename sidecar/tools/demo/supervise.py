@@ -148,7 +148,9 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, children: Sequenc
                 tail = child.tail()
                 if child.proc.returncode == 2 and "cannot listen" in tail:
                     # Someone took the port between our check and the bind: still a one-liner.
-                    raise DemoError(f"{child.name}: {tail.splitlines()[-1].removeprefix('llm-sidecar: ')}", 2)
+                    raise DemoError(
+                        f"{child.name}: {tail.splitlines()[-1].removeprefix('llm-sidecar: ')}", 2
+                    )
                 raise DemoError(exited_message(child, "before the sidecar was ready"))
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
@@ -162,5 +164,7 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, children: Sequenc
             tails = "".join(
                 f"\n  {c.name} output:\n{indent(c.tail()) or '    (none)'}" for c in children
             )
-            raise DemoError(f"the sidecar was not ready after {READY_TIMEOUT:.0f}s ({url}: {last}){tails}")
+            raise DemoError(
+                f"the sidecar was not ready after {READY_TIMEOUT:.0f}s ({url}: {last}){tails}"
+            )
         await asyncio.sleep(0.1)

@@ -163,18 +163,104 @@ _STREAM_ERROR = (
 # Plausible BPE-ish tokens: mostly ASCII words with a leading space, some punctuation, and
 # multi-byte UTF-8 (2, 3 and 4 bytes) so byte-splitting bugs downstream show up.
 _ASCII_TOKENS = (
-    " the", " of", " and", " to", " a", " in", " is", " that", " for", " it", " as",
-    " with", " on", " by", " this", " be", " are", " from", " at", " or", " an", " can",
-    " model", " token", " latency", " request", " server", " stream", " time", " first",
-    " output", " input", " queue", " batch", " cache", " memory", " decode", " prefill",
-    " throughput", " percent", " median", " tail", " budget", " the", " of", " a", " is",
-    " measure", " every", " second", " which", " when", " more", " less", " than", " each",
-    " Inference", " The", " We", " It", ",", ",", ".", ".", ":", ";", "'s", "ing", "ed",
-    " (", ")", "\n", "\n\n", " 42", " 3", ".5", " ms", "-", " \"", "\"",
+    " the",
+    " of",
+    " and",
+    " to",
+    " a",
+    " in",
+    " is",
+    " that",
+    " for",
+    " it",
+    " as",
+    " with",
+    " on",
+    " by",
+    " this",
+    " be",
+    " are",
+    " from",
+    " at",
+    " or",
+    " an",
+    " can",
+    " model",
+    " token",
+    " latency",
+    " request",
+    " server",
+    " stream",
+    " time",
+    " first",
+    " output",
+    " input",
+    " queue",
+    " batch",
+    " cache",
+    " memory",
+    " decode",
+    " prefill",
+    " throughput",
+    " percent",
+    " median",
+    " tail",
+    " budget",
+    " the",
+    " of",
+    " a",
+    " is",
+    " measure",
+    " every",
+    " second",
+    " which",
+    " when",
+    " more",
+    " less",
+    " than",
+    " each",
+    " Inference",
+    " The",
+    " We",
+    " It",
+    ",",
+    ",",
+    ".",
+    ".",
+    ":",
+    ";",
+    "'s",
+    "ing",
+    "ed",
+    " (",
+    ")",
+    "\n",
+    "\n\n",
+    " 42",
+    " 3",
+    ".5",
+    " ms",
+    "-",
+    ' "',
+    '"',
 )
 _MULTIBYTE_TOKENS = (
-    " café", " naïve", " Zürich", " façade", "—", " …", " 日本", "語", " 東京", " 🚀",
-    " 👍", " €", " π", " Ωmega", " señor", " 中文",
+    " café",
+    " naïve",
+    " Zürich",
+    " façade",
+    "—",
+    " …",
+    " 日本",
+    "語",
+    " 東京",
+    " 🚀",
+    " 👍",
+    " €",
+    " π",
+    " Ωmega",
+    " señor",
+    " 中文",
 )
 _MULTIBYTE_SHARE = 1 / 16
 
@@ -241,7 +327,11 @@ class SimulatorConfig:
             f"tpot {self.tpot:g}s, jitter {self.jitter:g}, {self.tokens} tokens ({spread}), "
             f"fail-rate {self.fail_rate:g}, drop-rate {self.drop_rate:g}"
             + (f", batch-alpha {self.batch_alpha:g}" if self.batch_alpha else "")
-            + (f", batch-knee {self.batch_knee} x{self.batch_knee_factor:g}" if self.batch_knee else "")
+            + (
+                f", batch-knee {self.batch_knee} x{self.batch_knee_factor:g}"
+                if self.batch_knee
+                else ""
+            )
         )
 
     def batch_factor(self, n: int) -> float:
@@ -278,8 +368,13 @@ class SimStats:
     @property
     def in_flight(self) -> int:
         return (
-            self.started - self.completed - self.cancelled - self.failed - self.dropped
-            - self.stream_errors - self.truncated
+            self.started
+            - self.completed
+            - self.cancelled
+            - self.failed
+            - self.dropped
+            - self.stream_errors
+            - self.truncated
         )
 
 
@@ -300,7 +395,9 @@ class BadRequest(Exception):
         self.param = param
 
 
-def _error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+def _error_response(
+    status: int, message: str, err_type: str, param: str | None = None
+) -> web.Response:
     body = orjson.dumps(
         {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     )
@@ -357,8 +454,16 @@ class SimState:
     as the OpenAI routes (one seed, one batching model) and the app builds it."""
 
     __slots__ = (
-        "config", "rng", "stats", "created", "model_json", "fingerprint", "tok_json", "tok_text",
-        "gaps", "decoding",
+        "config",
+        "rng",
+        "stats",
+        "created",
+        "model_json",
+        "fingerprint",
+        "tok_json",
+        "tok_text",
+        "gaps",
+        "decoding",
     )
 
     def __init__(self, config: SimulatorConfig) -> None:
@@ -381,7 +486,11 @@ class SimState:
         self.gaps = [_lognormal(rng, 1.0, config.jitter) for _ in range(_RING)]
 
     def plan(
-        self, n_choices: int, max_tokens: int | None, stream: bool, ov: Overrides | None,
+        self,
+        n_choices: int,
+        max_tokens: int | None,
+        stream: bool,
+        ov: Overrides | None,
         reasoning_ok: bool,
     ) -> Plan:
         cfg, rng = self.config, self.rng
@@ -481,7 +590,9 @@ def tool_steps(sim: SimState, plan: Plan, choice: int = 0) -> list[ToolStep]:
     k = plan.reasoning
     for call in range(calls):
         pieces = base + (1 if call < extra else 0) - 1  # argument pieces after the name
-        texts = [orjson.dumps(sim.text(plan, choice, k + 1 + p)).decode()[1:-1] for p in range(pieces)]
+        texts = [
+            orjson.dumps(sim.text(plan, choice, k + 1 + p)).decode()[1:-1] for p in range(pieces)
+        ]
         texts[0] = '{"query": "' + texts[0]
         texts[-1] += '"}'
         out.append(ToolStep(call, True, False, ""))
@@ -613,7 +724,8 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     opts = body.get("stream_options")
     if opts and not stream:
         raise BadRequest(
-            400, "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+            400,
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
             param="stream_options",
         )
     include_usage = bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
@@ -674,7 +786,11 @@ class _Encoder:
 
     def __init__(self, sim: SimState, plan: Plan, created: int, include_usage: bool) -> None:
         common = b'{"id":"%s%s","object":"%s","created":%d,"model":%s' % (
-            self.id_prefix, plan.rid.encode(), self.chunk_object, created, sim.model_json,
+            self.id_prefix,
+            plan.rid.encode(),
+            self.chunk_object,
+            created,
+            sim.model_json,
         )
         self.head = b"data: " + common + b',"choices":[{"index":'
         # Current vLLM dumps chat chunks with exclude_unset=True: no "usage" key unless set.
@@ -702,11 +818,17 @@ class _Encoder:
         # (tests/fixtures/streams/openai/vllm032_chat_prefix_cached.txt).
         details = b""
         if self.cached is not None:
-            details = b',"prompt_tokens_details":{"cached_tokens":%d,"created_cache_tokens":0}' % min(
-                self.cached, prompt
+            details = (
+                b',"prompt_tokens_details":{"cached_tokens":%d,"created_cache_tokens":0}'
+                % min(self.cached, prompt)
             )
         return b'%s{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%s}%s' % (
-            self.usage_head, prompt, prompt + completion, completion, details, self.usage_tail,
+            self.usage_head,
+            prompt,
+            prompt + completion,
+            completion,
+            details,
+            self.usage_tail,
         )
 
 
@@ -717,7 +839,8 @@ class _ChatEncoder(_Encoder):
 
     def role(self, i: int) -> bytes:
         return b"%s%d%s" % (
-            self.head, i,
+            self.head,
+            i,
             b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
             b'"prompt_token_ids":null,"prompt_text":null}\n\n',
         )
@@ -727,30 +850,58 @@ class _ChatEncoder(_Encoder):
         tests/fixtures/streams/openai/built_vllm_parallel_tools.txt in 0.32's envelope):
         first the call's id, type, index and name, then ``arguments`` pieces by index."""
         if step.first:
-            call = b'{"id":"chatcmpl-tool-%s","type":"function","index":%d,"function":{"name":"%s"}}' % (
-                tool_call_id(plan, step.call, 16).encode(), step.call,
-                TOOL_NAMES[step.call % len(TOOL_NAMES)].encode(),
+            call = (
+                b'{"id":"chatcmpl-tool-%s","type":"function","index":%d,"function":{"name":"%s"}}'
+                % (
+                    tool_call_id(plan, step.call, 16).encode(),
+                    step.call,
+                    TOOL_NAMES[step.call % len(TOOL_NAMES)].encode(),
+                )
             )
         else:
-            call = b'{"index":%d,"function":{"arguments":%s}}' % (step.call, orjson.dumps(step.arguments))
-        return b'%s%d,"delta":{"tool_calls":[%s]},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n' % (
-            self.head, i, call,
+            call = b'{"index":%d,"function":{"arguments":%s}}' % (
+                step.call,
+                orjson.dumps(step.arguments),
+            )
+        return (
+            b'%s%d,"delta":{"tool_calls":[%s]},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            % (
+                self.head,
+                i,
+                call,
+            )
         )
 
     def tool_finish(self, i: int) -> bytes:
         """The chunk after the last call: empty content, ``finish_reason`` ``tool_calls``."""
-        return b'%s%d,"delta":{"content":""},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null}]%s' % (
-            self.head, i, self.finish_tail,
+        return (
+            b'%s%d,"delta":{"content":""},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null}]%s'
+            % (
+                self.head,
+                i,
+                self.finish_tail,
+            )
         )
 
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
         key = b',"delta":{"reasoning":' if reasoning else b',"delta":{"content":'
         if finish is None:
             return b'%s%d%s%s},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n' % (
-                self.head, i, key, tok,
+                self.head,
+                i,
+                key,
+                tok,
             )
-        return b'%s%d%s%s},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]%s' % (
-            self.head, i, key, tok, finish, self.finish_tail,
+        return (
+            b'%s%d%s%s},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]%s'
+            % (
+                self.head,
+                i,
+                key,
+                tok,
+                finish,
+                self.finish_tail,
+            )
         )
 
 
@@ -762,13 +913,19 @@ class _CompletionEncoder(_Encoder):
     def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
         if finish is None:
             return b'%s%d,"text":%s%s' % (
-                self.head, i, tok,
+                self.head,
+                i,
+                tok,
                 b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
                 b'"token_ids":null}]}\n\n',
             )
         return b'%s%d,"text":%s,"logprobs":null,"finish_reason":"%s",%s%s' % (
-            self.head, i, tok, finish,
-            b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]', self.finish_tail,
+            self.head,
+            i,
+            tok,
+            finish,
+            b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]',
+            self.finish_tail,
         )
 
 
@@ -911,9 +1068,7 @@ async def _write_long_line(resp: web.StreamResponse, size: int) -> None:
     await resp.write(b"\n\n")
 
 
-async def wait_whole(
-    request: web.Request, sim: SimState, plan: Plan, start: float
-) -> bool:
+async def wait_whole(request: web.Request, sim: SimState, plan: Plan, start: float) -> bool:
     """Sleep for a whole non-streamed generation; False if the client left or was dropped.
     Every route's whole body waits through it, counting cancels and drops alike."""
     loop = asyncio.get_running_loop()
@@ -946,7 +1101,9 @@ def _usage(prompt: int, completion: int, plan: Plan) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached, "created_cache_tokens": 0},
+        "prompt_tokens_details": None
+        if cached is None
+        else {"cached_tokens": cached, "created_cache_tokens": 0},
         "completion_tokens_details": None,
     }
 
@@ -994,23 +1151,25 @@ def _chat_whole(
             sim.text(plan, i, k) for k in range(plan.reasoning, plan.reasoning + count)
         )
         completion += plan.reasoning + count
-        choices.append({
-            "index": i,
-            "message": {
-                "role": "assistant",
-                "content": content,
-                "refusal": None,
-                "annotations": None,
-                "audio": None,
-                "function_call": None,
-                "reasoning": reasoning or None,
-            },
-            "logprobs": None,
-            "finish_reason": _finish_reason(count, asked.max_tokens).decode(),
-            "stop_reason": None,
-            "token_ids": None,
-            "routed_experts": None,
-        })
+        choices.append(
+            {
+                "index": i,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": reasoning or None,
+                },
+                "logprobs": None,
+                "finish_reason": _finish_reason(count, asked.max_tokens).decode(),
+                "stop_reason": None,
+                "token_ids": None,
+                "routed_experts": None,
+            }
+        )
     return {
         "id": f"chatcmpl-{plan.rid}",
         "object": "chat.completion",
@@ -1035,17 +1194,19 @@ def _completion_whole(
     """The ``CompletionResponse`` and its completion tokens."""
     choices = []
     for i, count in enumerate(plan.counts):
-        choices.append({
-            "index": i,
-            "text": "".join(sim.text(plan, i, k) for k in range(count)),
-            "logprobs": None,
-            "finish_reason": _finish_reason(count, asked.max_tokens).decode(),
-            "stop_reason": None,
-            "token_ids": None,
-            "prompt_logprobs": None,
-            "prompt_token_ids": None,
-            "routed_experts": None,
-        })
+        choices.append(
+            {
+                "index": i,
+                "text": "".join(sim.text(plan, i, k) for k in range(count)),
+                "logprobs": None,
+                "finish_reason": _finish_reason(count, asked.max_tokens).decode(),
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
+            }
+        )
     completion = sum(plan.counts)
     return {
         "id": f"cmpl-{plan.rid}",
@@ -1105,8 +1266,14 @@ async def _serve_openai(request: web.Request, route: _Route) -> web.StreamRespon
     if stream:
         encoder = route.encoder(sim, plan, created, include_usage)
         return await _stream(
-            request, sim, plan, encoder, chat=route.chat, start=start,
-            prompt_tokens=asked.prompt_tokens, max_tokens=asked.max_tokens,
+            request,
+            sim,
+            plan,
+            encoder,
+            chat=route.chat,
+            start=start,
+            prompt_tokens=asked.prompt_tokens,
+            max_tokens=asked.max_tokens,
             include_usage=include_usage,
         )
 
@@ -1137,22 +1304,24 @@ async def _models(request: web.Request) -> web.Response:
         "root": model,
         "parent": None,
         "max_model_len": MAX_MODEL_LEN,
-        "permission": [{
-            # Random per call as vLLM's, but not from the seeded generator: a listing (the
-            # sidecar asks for one in the background) must not change the seeded answers.
-            "id": f"modelperm-{random.getrandbits(128):032x}",
-            "object": "model_permission",
-            "created": sim.created,
-            "allow_create_engine": False,
-            "allow_sampling": True,
-            "allow_logprobs": True,
-            "allow_search_indices": False,
-            "allow_view": True,
-            "allow_fine_tuning": False,
-            "organization": "*",
-            "group": None,
-            "is_blocking": False,
-        }],
+        "permission": [
+            {
+                # Random per call as vLLM's, but not from the seeded generator: a listing (the
+                # sidecar asks for one in the background) must not change the seeded answers.
+                "id": f"modelperm-{random.getrandbits(128):032x}",
+                "object": "model_permission",
+                "created": sim.created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
     }
     return web.Response(
         body=orjson.dumps({"object": "list", "data": [card]}), content_type="application/json"

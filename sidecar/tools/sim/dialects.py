@@ -286,7 +286,9 @@ async def _serve_stream(
     steps = d.steps
     fail_at = steps // 2 if plan.fail in ("drop", "stream") else -1
     emitted = 0
-    resp = web.StreamResponse(status=200, headers={"Content-Type": d.content_type, **(headers or {})})
+    resp = web.StreamResponse(
+        status=200, headers={"Content-Type": d.content_type, **(headers or {})}
+    )
     try:
         await resp.prepare(request)
         head = d.start()
@@ -416,7 +418,9 @@ class _Responses(_Dialect):
         self.seq += 1
         return _sse(kind, obj)
 
-    def _response(self, status: str, output: list[Any], usage: Any = None, error: Any = None) -> dict[str, Any]:
+    def _response(
+        self, status: str, output: list[Any], usage: Any = None, error: Any = None
+    ) -> dict[str, Any]:
         req = self.req
         done = status in ("completed", "incomplete")
         return {
@@ -427,7 +431,9 @@ class _Responses(_Dialect):
             "background": False,
             "completed_at": int(time.time()) if done else None,
             "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete"
+            else None,
             "instructions": req.instructions,
             "max_output_tokens": req.max_tokens,
             "max_tool_calls": None,
@@ -484,14 +490,22 @@ class _Responses(_Dialect):
     def _tool_events(self, step: ToolStep) -> bytes:
         index = step.call + (1 if self.reasoning else 0)
         if step.first:
-            return self._event("response.output_item.added", item=self._call_item(step.call, False), output_index=index)
+            return self._event(
+                "response.output_item.added",
+                item=self._call_item(step.call, False),
+                output_index=index,
+            )
         item_id = f"fc_{tool_call_id(self.plan, step.call, 48)}"
         out = self._event("response.function_call_arguments.delta", delta=step.arguments, item_id=item_id,
                           output_index=index)  # fmt: skip
         if step.last:
             out += self._event("response.function_call_arguments.done", arguments=self.tool_arguments(step.call),
                                item_id=item_id, output_index=index)  # fmt: skip
-            out += self._event("response.output_item.done", item=self._call_item(step.call, True), output_index=index)
+            out += self._event(
+                "response.output_item.done",
+                item=self._call_item(step.call, True),
+                output_index=index,
+            )
         return out
 
     def _usage(self) -> dict[str, Any]:
@@ -510,7 +524,9 @@ class _Responses(_Dialect):
     def token(self, k: int) -> bytes:
         out = b""
         if k == 0 and self.reasoning:
-            out += self._event("response.output_item.added", item=self._reasoning_item(None), output_index=0)
+            out += self._event(
+                "response.output_item.added", item=self._reasoning_item(None), output_index=0
+            )
             out += self._event("response.content_part.added", content_index=0, item_id=self.rs_id,
                                output_index=0, part={"type": "reasoning_text", "text": ""})  # fmt: skip
         step = self.tool_step(k)
@@ -544,7 +560,10 @@ class _Responses(_Dialect):
 
     def end(self) -> bytes:
         if self.tools is not None:
-            return self._event("response.completed", response=self._response("completed", self._output(), self._usage()))
+            return self._event(
+                "response.completed",
+                response=self._response("completed", self._output(), self._usage()),
+            )
         text, i = self.answer(), self.msg_index
         status = "incomplete" if self.length else "completed"
         return (
@@ -627,7 +646,9 @@ class _Anthropic(_Dialect):
         return {"input_tokens": self.req.prompt_tokens - cached, "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": cached, "output_tokens": output}  # fmt: skip
 
-    def _message(self, content: list[Any], stop: str | None, usage: dict[str, Any]) -> dict[str, Any]:
+    def _message(
+        self, content: list[Any], stop: str | None, usage: dict[str, Any]
+    ) -> dict[str, Any]:
         return {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}  # fmt: skip
 
@@ -638,11 +659,16 @@ class _Anthropic(_Dialect):
 
     @staticmethod
     def _block_start(index: int, block: dict[str, Any]) -> bytes:
-        return _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+        return _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": block},
+        )
 
     @staticmethod
     def _delta(index: int, delta: dict[str, Any]) -> bytes:
-        return _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        return _sse(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        )
 
     @staticmethod
     def _block_stop(index: int) -> bytes:
@@ -654,7 +680,9 @@ class _Anthropic(_Dialect):
             # The first block is the first tool_use, started when its name is generated
             # (tests/fixtures/streams/anthropic/parallel_tool_use.txt).
             return _sse("message_start", {"type": "message_start", "message": message})
-        first = {"type": "thinking", "thinking": ""} if self.reasoning else {"type": "text", "text": ""}
+        first = (
+            {"type": "thinking", "thinking": ""} if self.reasoning else {"type": "text", "text": ""}
+        )
         return (
             _sse("message_start", {"type": "message_start", "message": message})
             + self._block_start(0, first)
@@ -668,7 +696,9 @@ class _Anthropic(_Dialect):
         if step.first:
             block = {"type": "tool_use", "id": f"toolu_01{tool_call_id(self.plan, step.call, 22, _ALNUM)}",
                      "name": self.tool_name(step.call), "input": {}}  # fmt: skip
-            return self._block_start(index, block) + self._delta(index, {"type": "input_json_delta", "partial_json": ""})
+            return self._block_start(index, block) + self._delta(
+                index, {"type": "input_json_delta", "partial_json": ""}
+            )
         out = self._delta(index, {"type": "input_json_delta", "partial_json": step.arguments})
         return out + self._block_stop(index) if step.last else out
 
@@ -679,7 +709,9 @@ class _Anthropic(_Dialect):
         if step is not None:
             out = b""
             if k == self.reasoning and self.reasoning:
-                out = self._delta(0, {"type": "signature_delta", "signature": self.signature}) + self._block_stop(0)
+                out = self._delta(
+                    0, {"type": "signature_delta", "signature": self.signature}
+                ) + self._block_stop(0)
             return out + self._tool_block(step)
         out = b""
         if k == self.reasoning and self.reasoning:
@@ -705,7 +737,9 @@ class _Anthropic(_Dialect):
     def whole(self) -> bytes:
         content: list[Any] = []
         if self.reasoning:
-            content.append({"type": "thinking", "thinking": self.thinking(), "signature": self.signature})
+            content.append(
+                {"type": "thinking", "thinking": self.thinking(), "signature": self.signature}
+            )
         content.append({"type": "text", "text": self.answer()})
         usage = {**self._usage(self.steps), "service_tier": "standard"}
         return orjson.dumps(self._message(content, self._stop_reason(), usage))
@@ -879,7 +913,9 @@ class _Ollama(_Dialect):
             obj["done"] = final is not None
             if final is not None:
                 obj["done_reason"] = final.pop("done_reason")
-                obj["context"] = [_token_id(str(i)) for i in range(self.req.prompt_tokens + self.steps)]
+                obj["context"] = [
+                    _token_id(str(i)) for i in range(self.req.prompt_tokens + self.steps)
+                ]
         if final is not None:
             obj.update(final)
         return obj
@@ -917,13 +953,23 @@ class _Ollama(_Dialect):
             for call in range(self.plan.tool_calls)
         ]  # fmt: skip
         message = {"role": "assistant", "content": "", "tool_calls": calls}
-        return _go_json({"model": self.model, "created_at": _go_time(), "message": message, "done": False}) + b"\n"
+        return (
+            _go_json(
+                {"model": self.model, "created_at": _go_time(), "message": message, "done": False}
+            )
+            + b"\n"
+        )
 
     def end(self) -> bytes:
         return _go_json(self._line("", "", self._final())) + b"\n"
 
     def error(self) -> bytes:
-        return _go_json({"error": f"an error was encountered while running the model: {ENGINE_FAILURE}"}) + b"\n"
+        return (
+            _go_json(
+                {"error": f"an error was encountered while running the model: {ENGINE_FAILURE}"}
+            )
+            + b"\n"
+        )
 
     def whole(self) -> bytes:
         return _go_json(self._line(self.answer(), self.thinking(), self._final()))
@@ -953,13 +999,17 @@ class _LlamaCpp(_Dialect):
         limit = _limit(body, "n_predict", negative_is_unlimited=True)
         if limit is None:
             limit = _limit(body, "max_tokens", negative_is_unlimited=True)
-        return _Req(stream=_flag(body, "stream"), prompt_tokens=tokens, max_tokens=limit, prompt=prompt)
+        return _Req(
+            stream=_flag(body, "stream"), prompt_tokens=tokens, max_tokens=limit, prompt=prompt
+        )
 
     @classmethod
     def error_response(cls, status: int, message: str) -> web.Response:
         kind = "server_error" if status >= 500 else "invalid_request_error"
         body = {"error": {"code": status, "message": message, "type": kind}}
-        return web.Response(status=status, body=orjson.dumps(body), headers={"Content-Type": _JSON_UTF8})
+        return web.Response(
+            status=status, body=orjson.dumps(body), headers={"Content-Type": _JSON_UTF8}
+        )
 
     def token(self, k: int) -> bytes:
         text = self.text(k)
@@ -1027,7 +1077,9 @@ class _Triton(_Dialect):
 
     @classmethod
     def error_response(cls, status: int, message: str) -> web.Response:
-        return web.Response(status=status, body=orjson.dumps({"error": message}), content_type=_JSON)
+        return web.Response(
+            status=status, body=orjson.dumps({"error": message}), content_type=_JSON
+        )
 
     def _object(self, log_probs: Any, text: str) -> dict[str, Any]:
         return {"context_logits": 0.0, "cum_log_probs": 0.0, "generation_logits": 0.0,

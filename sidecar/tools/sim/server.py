@@ -70,7 +70,9 @@ async def run_simulator(config: SimulatorConfig, host: str, port: int) -> None:
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
         await site.start()
-        if port == 0:  # the kernel picked one: say which, so a caller can bind port 0 without a race
+        if (
+            port == 0
+        ):  # the kernel picked one: say which, so a caller can bind port 0 without a race
             port = runner.addresses[0][1]
         print(config.describe(host, port), file=sys.stderr, flush=True)
         await stop.wait()

@@ -26,15 +26,35 @@ from __future__ import annotations
 
 from ...measure.concurrency import BANDS
 from . import conventions as c
-from .rules import LITERAL, Group, LongWindows, Numbers, Rule, RuleSet, _spec_matchers, _who, selector
+from .rules import (
+    LITERAL,
+    Group,
+    LongWindows,
+    Numbers,
+    Rule,
+    RuleSet,
+    _spec_matchers,
+    _who,
+    selector,
+)
 from .rules import generate as generate_slo
 from .spec import SLOSpec
 from .windows import format_number
 
 __all__ = [
     "generate",
-    "CAPACITY_GROUP", "ALERT_NEAR_CAPACITY", "MIN_GAPS", "WINDOW", "capacity_objective", "capacity_group",
-    "CAPACITY", "CAPACITY_BAND", "CAPACITY_TPS", "LOAD_P95", "LOAD_RATIO", "THROUGHPUT",
+    "CAPACITY_GROUP",
+    "ALERT_NEAR_CAPACITY",
+    "MIN_GAPS",
+    "WINDOW",
+    "capacity_objective",
+    "capacity_group",
+    "CAPACITY",
+    "CAPACITY_BAND",
+    "CAPACITY_TPS",
+    "LOAD_P95",
+    "LOAD_RATIO",
+    "THROUGHPUT",
 ]
 
 CAPACITY_GROUP = "llm-sidecar-capacity"
@@ -92,20 +112,25 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         f"and on ({byc}) {inc(ITL_BY_CONCURRENCY, '_count')} >= {MIN_GAPS}"
     )
     throughput = f"{inc(TOKENS)} / ({inc(SECONDS)} > 0)"
+
     # Recorded series are read through the spec's selector too: in a fleet, each release's
     # rules must read (and so write) only its own deployment's series.
     def rec(name: str, *extra: tuple[str, str, str]) -> str:
         return selector(name, [*sel, *extra])
 
-    bands = " or ".join(f"({rec(p, ('concurrency', '=', b))} <= {threshold}) * 0 + {b}" for b in FINITE_BANDS)
+    bands = " or ".join(
+        f"({rec(p, ('concurrency', '=', b))} <= {threshold}) * 0 + {b}" for b in FINITE_BANDS
+    )
     at_capacity = f"{rec(CAPACITY_BAND)} == on ({by}) group_left () {rec(CAPACITY)}"
     total = f"sum by ({by}) (increase({selector(SECONDS, sel)}[{WINDOW}]))"
     cumulative = []
     for i, b in enumerate(BANDS):
         upto = "|".join(x.replace("+", "\\+") for x in BANDS[: i + 1])
-        share = f'sum by ({by}) (increase({selector(SECONDS, [*sel, ("concurrency", "=~", upto)])}[{WINDOW}])) / ({total} > 0)'
+        share = f"sum by ({by}) (increase({selector(SECONDS, [*sel, ('concurrency', '=~', upto)])}[{WINDOW}])) / ({total} > 0)"
         value = "256" if b == "+Inf" else b  # above every finite band
-        cumulative.append(f'label_replace({share} >= 0.95, "concurrency", "{b}", "", "") * 0 + {value}')
+        cumulative.append(
+            f'label_replace({share} >= 0.95, "concurrency", "{b}", "", "") * 0 + {value}'
+        )
     load = f"min by ({by}) ({' or '.join(cumulative)})"
     who = _who(spec.grouping)
     rules = (
@@ -113,7 +138,9 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         Rule(throughput, record=THROUGHPUT),
         Rule(bands, record=CAPACITY_BAND),
         Rule(f"max by ({by}) ({rec(CAPACITY_BAND)})", record=CAPACITY),
-        Rule(f"max by ({by}) ({rec(THROUGHPUT)} and on ({byc}) ({at_capacity}))", record=CAPACITY_TPS),
+        Rule(
+            f"max by ({by}) ({rec(THROUGHPUT)} and on ({byc}) ({at_capacity}))", record=CAPACITY_TPS
+        ),
         Rule(load, record=LOAD_P95),
         Rule(f"{rec(LOAD_P95)} / on ({by}) {rec(CAPACITY)}", record=LOAD_RATIO),
         Rule(
@@ -137,7 +164,9 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     return Group(CAPACITY_GROUP, rules)
 
 
-def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL) -> RuleSet:
+def generate(
+    spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL
+) -> RuleSet:
     """The SLO rules of :func:`.rules.generate`, then the capacity group when the spec has
     an ITL or TPOT objective: what ``llm-sidecar slo render`` and the chart render."""
     ruleset = generate_slo(spec, long_windows, numbers)

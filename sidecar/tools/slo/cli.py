@@ -38,14 +38,20 @@ def render_command(spec_path: str, output: str | None, runbook_url: str | None =
             spec = with_runbook_url(spec, runbook_url)
         text = render_rules(generate(spec))
     except SpecError as exc:
-        return _fail(str(exc) if runbook_url is not None and "--runbook-url" in str(exc) else f"SLO spec {exc}")
+        return _fail(
+            str(exc)
+            if runbook_url is not None and "--runbook-url" in str(exc)
+            else f"SLO spec {exc}"
+        )
     if output is None or output == "-":
         sys.stdout.write(text)
         return 0
     # Write beside the target and rename, so a failed run never leaves half a rules file.
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".slo-render-", dir=os.path.dirname(os.path.abspath(output)))
+        fd, tmp = tempfile.mkstemp(
+            prefix=".slo-render-", dir=os.path.dirname(os.path.abspath(output))
+        )
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the rules from a Prometheus user

@@ -160,6 +160,7 @@ def latency_sli(sli: str, cache_class: str | None = None) -> LatencySLI:
         _CACHE_EVENTS[cache_class], "time to first token",
     )  # fmt: skip
 
+
 # Recording rules.
 ERROR_BUDGET_REMAINING = f"{LEVEL}:error_budget_remaining:ratio"
 GOODPUT_RATE = f"{LEVEL}:goodput:rate5m"

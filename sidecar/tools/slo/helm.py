@@ -124,8 +124,15 @@ def scoped_spec(spec: SLOSpec, namespace: str, fullname: str) -> SLOSpec:
 def _scoped_stand_in(spec: SLOSpec) -> SLOSpec:
     """``spec`` scoped to a stand-in release, whose matcher the chart's template writes
     (``llm-sidecar.releaseMatcher``: exact, or the name in any namespace)."""
-    grouping = tuple(spec.grouping) + ((LABEL_RELEASE,) if LABEL_RELEASE not in spec.grouping else ())
-    return spec.model_copy(update={"grouping": grouping, "selector": {**spec.selector, LABEL_RELEASE: _RELEASE_STAND_IN}})
+    grouping = tuple(spec.grouping) + (
+        (LABEL_RELEASE,) if LABEL_RELEASE not in spec.grouping else ()
+    )
+    return spec.model_copy(
+        update={
+            "grouping": grouping,
+            "selector": {**spec.selector, LABEL_RELEASE: _RELEASE_STAND_IN},
+        }
+    )
 
 
 def _stand_in_model(objective: str) -> str:
@@ -159,7 +166,9 @@ class _Slot:
 def _slots(spec: SLOSpec) -> list[_Slot]:
     """Every arm's long and short window, ordered as the spec's own windows are (so the
     records come out in the generator's order with the default values), as stand-ins."""
-    pairs = [(w.name, kind, getattr(w, kind)) for w in spec.alert_windows for kind in ("short", "long")]
+    pairs = [
+        (w.name, kind, getattr(w, kind)) for w in spec.alert_windows for kind in ("short", "long")
+    ]
     pairs.sort(key=lambda p: p[2])
     return [_Slot(arm, kind, _SENTINEL_BASE + 2 * i) for i, (arm, kind, _) in enumerate(pairs)]
 
@@ -234,14 +243,16 @@ def _arm(arm: str, key: str) -> str:
     return f'(index {path} "{arm}" "{key}")'
 
 
-def _action(what: str, objective: str, period: int = 0, slots: dict[str, _Slot] | None = None) -> str:
+def _action(
+    what: str, objective: str, period: int = 0, slots: dict[str, _Slot] | None = None
+) -> str:
     """The Helm action that writes one number (or a release label) the way the literal rules do."""
     if what == "model":
         return "{{ $o.model }}"
     if what in ("otarget", "obudget", "othreshold", "ole"):
         return _number(what[1:], _override_lookup, objective)
     if what == "factor":  # budget share x period / long window, as windows.burn_rate_factor
-        budget = f'(float64 {_arm(objective, "budgetPercent")})'
+        budget = f"(float64 {_arm(objective, 'budgetPercent')})"
         return f'{{{{ printf "%.6g" (divf (mulf {budget} {period}) (mulf 100 {_seconds(_arm(objective, "long"))})) }}}}'
     if what == "spent":
         return f'{{{{ printf "%.6g" (float64 {_arm(objective, "budgetPercent")}) }}}}'
@@ -275,7 +286,10 @@ def _relabel(ruleset: RuleSet, severity: Callable[[str], str], runbook_url: str)
             annotations["runbook_url"] = runbook_url + link[len(old_url) :]
         return replace(rule, labels=labels, annotations=annotations)
 
-    return replace(ruleset, groups=tuple(replace(g, rules=tuple(one(r) for r in g.rules)) for g in ruleset.groups))
+    return replace(
+        ruleset,
+        groups=tuple(replace(g, rules=tuple(one(r) for r in g.rules)) for g in ruleset.groups),
+    )
 
 
 def release_rules(
@@ -296,9 +310,14 @@ def _stand_ins(spec: SLOSpec, slots: list[_Slot]) -> SLOSpec:
     by_arm: dict[str, dict[str, int]] = {}
     for slot in slots:
         by_arm.setdefault(slot.arm, {})[slot.kind] = slot.seconds
-    windows = {arm: WindowSetting.model_construct(long=w["long"], short=w["short"], budget_percent=None) for arm, w in by_arm.items()}
+    windows = {
+        arm: WindowSetting.model_construct(long=w["long"], short=w["short"], budget_percent=None)
+        for arm, w in by_arm.items()
+    }
     objectives = [
-        o.model_copy(update={"models": {**o.models, _stand_in_model(o.name): ModelOverride(target=o.target)}})
+        o.model_copy(
+            update={"models": {**o.models, _stand_in_model(o.name): ModelOverride(target=o.target)}}
+        )
         for o in spec.objectives
     ]
     return spec.model_copy(update={"windows": windows, "objectives": objectives})
@@ -326,14 +345,22 @@ def _marked(ruleset: RuleSet, slots: list[_Slot], marks: list[str]) -> RuleSet:
                 open_model = None
             if _is_stand_in(model) and open_model is None:
                 objective = r.labels[c.LABEL_SLO]
-                rules.append(mark(f'{{{{- range $o := {path} }}}}{{{{- if eq $o.objective "{objective}" }}}}'))
+                rules.append(
+                    mark(
+                        f'{{{{- range $o := {path} }}}}{{{{- if eq $o.objective "{objective}" }}}}'
+                    )
+                )
                 open_model = model
             i = next((i for text, i in ends.items() if r.record and r.record.endswith(text)), None)
             if i is None:
                 rules.append(r)
             else:
                 earlier = " ".join(slot.lookup for slot in slots[:i])
-                rules += [mark(f"{{{{- if not (has {slots[i].lookup} (list {earlier})) }}}}"), r, mark("{{- end }}")]
+                rules += [
+                    mark(f"{{{{- if not (has {slots[i].lookup} (list {earlier})) }}}}"),
+                    r,
+                    mark("{{- end }}"),
+                ]
         if open_model is not None:
             rules.append(mark("{{- end }}{{- end }}"))
         groups.append(replace(g, rules=tuple(rules)))
@@ -351,7 +378,9 @@ def render_helm_rules(spec: SLOSpec) -> str:
     slots = _slots(spec)
     scoped = _scoped_stand_in(_stand_ins(spec, slots))
     ruleset = _relabel(
-        generate(scoped, numbers=HelmNumbers(slots)), lambda s: f"@@helm:severity:{s}@@", "@@helm:runbook:url@@"
+        generate(scoped, numbers=HelmNumbers(slots)),
+        lambda s: f"@@helm:severity:{s}@@",
+        "@@helm:runbook:url@@",
     )
     marks: list[str] = []
     text = render_rules(_marked(ruleset, slots, marks))
@@ -372,14 +401,18 @@ def render_helm_rules(spec: SLOSpec) -> str:
     matcher = f'{LABEL_RELEASE}="{_RELEASE_STAND_IN}"'
     assert matcher in text, "the rules select no release"
     # A matcher first in its braces would make "{{{", which Helm cannot parse: that brace is an action too.
-    text = text.replace("{" + matcher, '{{ "{" }}' + matcher).replace(matcher, '{{ include "llm-sidecar.releaseMatcher" $ }}')
+    text = text.replace("{" + matcher, '{{ "{" }}' + matcher).replace(
+        matcher, '{{ include "llm-sidecar.releaseMatcher" $ }}'
+    )
     # LLMSidecarDown watches the job the chart's monitor writes (prometheus.monitor.jobLabel):
     # with the spec's job fixed here, another jobLabel would page every release for ever.
     job = f'job="{spec.alerts.target_down.job}"'
     assert job in text, "the rules watch no scrape job"
     text = text.replace(job, "job={{ $.Values.prometheus.monitor.jobLabel | quote }}")
     text = _TOKEN.sub(lambda m: _action(m.group(1), m.group(2), spec.period, by_key), text)
-    assert "@@" not in text and not any(slot.text in text for slot in slots), "a stand-in was left in the chart's rules"
+    assert "@@" not in text and not any(slot.text in text for slot in slots), (
+        "a stand-in was left in the chart's rules"
+    )
     # A Helm comment, so that the rendered rules are exactly the plain ones.
     header = (
         "{{- /* Helm template of the rules (the chart passes it through tpl): each objective's\n"
@@ -445,7 +478,8 @@ def _guard(spec: SLOSpec, slots: list[_Slot]) -> str:
         "{{- end }}"
         "{{- $seen = append $seen $id }}"
         '{{- if hasKey $o "target" }}'
-        + target_check % {"t": "$o.target", "what": f"{okey}[%d].target", "args": "$i $o.target"}
+        + target_check
+        % {"t": "$o.target", "what": f"{okey}[%d].target", "args": "$i $o.target"}
         + "{{- end }}"
         "{{- end -}}\n"
     )
@@ -479,13 +513,22 @@ def schema_section(spec: SLOSpec) -> dict[str, Any]:
         required = ["target"]
         if o.sli != "availability":
             latency = c.latency_sli(o.sli, o.cache_class)
-            as_text = sorted({format(b, "g") for b in latency.buckets} | {floatToGoString(b) for b in latency.buckets}, key=lambda t: (float(t), t))
+            as_text = sorted(
+                {format(b, "g") for b in latency.buckets}
+                | {floatToGoString(b) for b in latency.buckets},
+                key=lambda t: (float(t), t),
+            )
             entry["thresholdSeconds"] = {
                 "enum": [*latency.buckets, *as_text],
                 "description": f"a bucket bound of {latency.histogram} (the SLI reads the bucket at the threshold)",
             }
             required.append("thresholdSeconds")
-        props[o.name] = {"type": "object", "additionalProperties": False, "required": required, "properties": entry}
+        props[o.name] = {
+            "type": "object",
+            "additionalProperties": False,
+            "required": required,
+            "properties": entry,
+        }
     return {
         "type": "object",
         "additionalProperties": False,
@@ -529,7 +572,11 @@ def windows_schema(spec: SLOSpec) -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "required": ["long", "short", "budgetPercent"],
-        "properties": {"long": _DURATION_SCHEMA, "short": _DURATION_SCHEMA, "budgetPercent": budget},
+        "properties": {
+            "long": _DURATION_SCHEMA,
+            "short": _DURATION_SCHEMA,
+            "budgetPercent": budget,
+        },
     }
     names = [w.name for w in spec.alert_windows]
     return {
@@ -552,7 +599,9 @@ def overrides_schema(spec: SLOSpec) -> dict[str, Any]:
     for o in spec.objectives:
         then: dict[str, Any] = {"properties": {}}
         if "thresholdSeconds" in objectives[o.name]["properties"]:
-            then["properties"]["thresholdSeconds"] = objectives[o.name]["properties"]["thresholdSeconds"]
+            then["properties"]["thresholdSeconds"] = objectives[o.name]["properties"][
+                "thresholdSeconds"
+            ]
         else:
             then["not"] = {"required": ["thresholdSeconds"]}
         rules.append({"if": {"properties": {"objective": {"const": o.name}}}, "then": then})
@@ -562,9 +611,18 @@ def overrides_schema(spec: SLOSpec) -> dict[str, Any]:
         "required": ["objective", "model"],
         "anyOf": [{"required": ["target"]}, {"required": ["thresholdSeconds"]}],
         "properties": {
-            "objective": {"enum": [o.name for o in spec.objectives], "description": "the objective it changes"},
-            "model": {"type": "string", "pattern": MODEL_PATTERN, "description": "the `model` label value"},
-            "target": schema_section(spec)["properties"][spec.objectives[0].name]["properties"]["target"],
+            "objective": {
+                "enum": [o.name for o in spec.objectives],
+                "description": "the objective it changes",
+            },
+            "model": {
+                "type": "string",
+                "pattern": MODEL_PATTERN,
+                "description": "the `model` label value",
+            },
+            "target": schema_section(spec)["properties"][spec.objectives[0].name]["properties"][
+                "target"
+            ],
             "thresholdSeconds": {"description": "a bucket bound of the objective's histogram"},
         },
         "allOf": rules,

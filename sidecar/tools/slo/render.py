@@ -61,6 +61,15 @@ def render_rules(ruleset: RuleSet) -> str:
         f"{format_duration(record_windows(spec.alert_windows)[0])} event rates; "
         f"Prometheus must keep {format_duration(history_needed(spec))} of history.",
     ]
-    doc = {"groups": [{"name": g.name, "rules": [_rule(r) for r in g.rules]} for g in ruleset.groups]}
-    body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10**9, default_flow_style=False)
+    doc = {
+        "groups": [{"name": g.name, "rules": [_rule(r) for r in g.rules]} for g in ruleset.groups]
+    }
+    body = yaml.dump(
+        doc,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=10**9,
+        default_flow_style=False,
+    )
     return "\n".join(header) + "\n" + body

@@ -89,7 +89,9 @@ def selector(metric: str, matchers: Sequence[Matcher] = ()) -> str:
 
 
 def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int, by: Sequence[str]) -> str:
-    return f"sum by ({', '.join(by)}) (rate({selector(metric, matchers)}[{format_duration(window)}]))"
+    return (
+        f"sum by ({', '.join(by)}) (rate({selector(metric, matchers)}[{format_duration(window)}]))"
+    )
 
 
 def _le(bound: float) -> str:
@@ -176,14 +178,18 @@ def sli_event_exprs(
         # The error series appears only after a first error: "or 0 * total" keeps a ratio
         # (of 0) for groups that never failed.
         return f"{bad} or 0 * {total}", total
-    latency = c.latency_sli(sli, scope.objective.cache_class)  # cache_class: the TTFT-by-cache histogram
+    latency = c.latency_sli(
+        sli, scope.objective.cache_class
+    )  # cache_class: the TTFT-by-cache histogram
     assert scope.threshold is not None  # validated by the spec
     base = [(k, "=", v) for k, v in latency.matchers]
     if scope.objective.prompt_class is not None:
         base.append((c.LABEL_PROMPT_CLASS, "=", scope.objective.prompt_class))
     base += sm
     total = _sum_rate(f"{latency.histogram}_count", base, window, by)
-    good = _sum_rate(f"{latency.histogram}_bucket", [*base, ("le", "=", numbers.le(scope))], window, by)
+    good = _sum_rate(
+        f"{latency.histogram}_bucket", [*base, ("le", "=", numbers.le(scope))], window, by
+    )
     return f"{total} - {good}", total
 
 
@@ -213,7 +219,9 @@ def objective_text(scope: Scope, numbers: Numbers = LITERAL) -> str:
 LongWindows = Literal["recorded", "raw"]
 
 
-def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers: Numbers) -> list[Rule]:
+def _scope_rules(
+    spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers: Numbers
+) -> list[Rule]:
     """A scope's records, then its alerts.
 
     The cheap form: the base window's bad and total event *rates* are recorded once, and
@@ -253,7 +261,11 @@ def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers
         rules.append(Rule(expr, record=c.sli_error_record(w), labels=labels))
     for w in windows:
         rules.append(
-            Rule(f"{selector(c.sli_error_record(w), rm)} / {budget}", record=c.burn_rate_record(w), labels=labels)
+            Rule(
+                f"{selector(c.sli_error_record(w), rm)} / {budget}",
+                record=c.burn_rate_record(w),
+                labels=labels,
+            )
         )
     rules.append(
         Rule(
@@ -269,7 +281,11 @@ def _scope_rules(spec: SLOSpec, scope: Scope, long_windows: LongWindows, numbers
 
 def _who(by: Sequence[str]) -> str:
     """Prometheus template naming the deployment: ``prod/llama`` (grouping labels, model last)."""
-    parts = [f"{{{{ with $labels.{label} }}}}{{{{ . }}}}/{{{{ end }}}}" for label in by if label != c.LABEL_MODEL]
+    parts = [
+        f"{{{{ with $labels.{label} }}}}{{{{ . }}}}/{{{{ end }}}}"
+        for label in by
+        if label != c.LABEL_MODEL
+    ]
     return "".join(parts) + "{{ $labels.model }}"
 
 
@@ -344,7 +360,12 @@ def _goodput_rules(spec: SLOSpec) -> list[Rule]:
     ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok"), *sel], five_min, spec.grouping)
     good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, spec.grouping)
     judged = _sum_rate(REQUEST_OBJECTIVES_TOTAL, sel, five_min, (*spec.grouping, "objective"))
-    met = _sum_rate(REQUEST_OBJECTIVES_TOTAL, [("result", "=", "met"), *sel], five_min, (*spec.grouping, "objective"))
+    met = _sum_rate(
+        REQUEST_OBJECTIVES_TOTAL,
+        [("result", "=", "met"), *sel],
+        five_min,
+        (*spec.grouping, "objective"),
+    )
     return [
         Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
         Rule(f"({good} or 0 * {ok}) / {ok}", record=c.GOODPUT_RATIO),
@@ -395,7 +416,13 @@ ERROR_CAUSES: tuple[ErrorCause, ...] = (
     ),
     ErrorCause(
         "LLMStreamsBroken",
-        ("upstream_disconnected", "upstream_read_timeout", STREAM_TRUNCATED, STREAM_ERROR, "upstream_invalid_response"),
+        (
+            "upstream_disconnected",
+            "upstream_read_timeout",
+            STREAM_TRUNCATED,
+            STREAM_ERROR,
+            "upstream_invalid_response",
+        ),
         "the inference server fails mid-answer ({{ $labels.error_type }})",
         "were answered, then failed: the server closed the connection (upstream_disconnected), "
         "stalled past the read timeout (upstream_read_timeout), ended a stream before its end "
@@ -417,9 +444,13 @@ def _error_cause_rules(spec: SLOSpec) -> list[Rule]:
     five_min = 5 * 60
     sel = _spec_matchers(spec)
     by = spec.grouping
-    errors = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sel], five_min, (*by, "error_type"))
+    errors = _sum_rate(
+        c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sel], five_min, (*by, "error_type")
+    )
     total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min, by)
-    rules = [Rule(f"{errors} / ignoring (error_type) group_left () {total}", record=ERROR_SHARE_BY_TYPE)]
+    rules = [
+        Rule(f"{errors} / ignoring (error_type) group_left () {total}", record=ERROR_SHARE_BY_TYPE)
+    ]
     who = _who(by)
     share = format_number(CAUSE_SHARE)
     for cause in ERROR_CAUSES:
@@ -541,7 +572,9 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
     ]
 
 
-def generate(spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL) -> RuleSet:
+def generate(
+    spec: SLOSpec, long_windows: LongWindows = "recorded", numbers: Numbers = LITERAL
+) -> RuleSet:
     """All groups for ``spec``. Never empty: a spec has at least one objective.
 
     ``long_windows="raw"`` reads the long windows straight from the raw series (today's

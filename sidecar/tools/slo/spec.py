@@ -154,7 +154,9 @@ DEFAULT_GROUPING = ("cluster", "namespace", "model")
 """A deployment's identity after scrape: Prometheus' target labels, the model, and ``cluster``
 where an external label or a Thanos/Mimir ruler keeps it."""
 
-_RESERVED_LABELS = frozenset({"slo", "severity", "long_window", "short_window", "le", "outcome", "__name__"})
+_RESERVED_LABELS = frozenset(
+    {"slo", "severity", "long_window", "short_window", "le", "outcome", "__name__"}
+)
 
 
 class Objective(BaseModel):
@@ -185,7 +187,9 @@ class Objective(BaseModel):
         if any(not model for model in self.models):
             raise ValueError("models: a model name is empty")
         if self.prompt_class is not None and self.sli != "ttft":
-            raise ValueError(f"prompt_class applies to ttft objectives only (the TTFT histogram has it), not {self.sli}")
+            raise ValueError(
+                f"prompt_class applies to ttft objectives only (the TTFT histogram has it), not {self.sli}"
+            )
         if self.cache_class is not None:
             if self.sli != "ttft":
                 raise ValueError(
@@ -203,7 +207,9 @@ class Objective(BaseModel):
                     raise ValueError(f"models.{model}: availability has no threshold_seconds")
             return self
         if self.threshold_seconds is None:
-            raise ValueError(f"a {self.sli} objective needs threshold_seconds (a histogram bucket bound)")
+            raise ValueError(
+                f"a {self.sli} objective needs threshold_seconds (a histogram bucket bound)"
+            )
         _check_threshold(self.sli, self.threshold_seconds, self.cache_class)
         for model, o in self.models.items():
             if o.threshold_seconds is not None:
@@ -220,7 +226,9 @@ class Objective(BaseModel):
         out = [Scope(self, None, self.target, self.threshold_seconds, overridden, selector)]
         for model, o in self.models.items():
             target = self.target if o.target is None else o.target
-            threshold = self.threshold_seconds if o.threshold_seconds is None else o.threshold_seconds
+            threshold = (
+                self.threshold_seconds if o.threshold_seconds is None else o.threshold_seconds
+            )
             out.append(Scope(self, model, target, threshold, (), selector))
         return out
 
@@ -248,7 +256,9 @@ class Scope:
 class TargetDownAlert(BaseModel):
     model_config = _STRICT
 
-    job: str = Field("llm-sidecar", min_length=1, description="the `job` label of the sidecar's scrape targets")
+    job: str = Field(
+        "llm-sidecar", min_length=1, description="the `job` label of the sidecar's scrape targets"
+    )
     for_: Duration = Field(5 * 60, alias="for")
     severity: Severity = "page"
 
@@ -318,7 +328,9 @@ class SLOSpec(BaseModel):
     @classmethod
     def _version(cls, v: int) -> int:
         if v != SPEC_VERSION:
-            raise ValueError(f"unsupported spec version {v}; this llm-sidecar reads version {SPEC_VERSION}")
+            raise ValueError(
+                f"unsupported spec version {v}; this llm-sidecar reads version {SPEC_VERSION}"
+            )
         return v
 
     @field_validator("period")
@@ -343,11 +355,15 @@ class SLOSpec(BaseModel):
             if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label):
                 raise ValueError(f"{label!r} is not a Prometheus label name")
             if label in _RESERVED_LABELS:
-                raise ValueError(f"{label!r} cannot be a grouping label: the rules set or read it themselves")
+                raise ValueError(
+                    f"{label!r} cannot be a grouping label: the rules set or read it themselves"
+                )
         if len(set(v)) != len(v):
             raise ValueError("a grouping label is repeated")
         if "model" not in v:
-            raise ValueError("grouping must include model (per-model overrides and goodput are per model)")
+            raise ValueError(
+                "grouping must include model (per-model overrides and goodput are per model)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -381,14 +397,18 @@ class SLOSpec(BaseModel):
     def _windows(self) -> SLOSpec:
         for name in self.windows:
             if name not in ARM_NAMES:
-                raise ValueError(f"windows: unknown alert arm {name!r}; choose one of {', '.join(ARM_NAMES)}")
+                raise ValueError(
+                    f"windows: unknown alert arm {name!r}; choose one of {', '.join(ARM_NAMES)}"
+                )
         for w in self.alert_windows:
             if w.short >= w.long:
                 raise ValueError(
                     f"windows.{w.name}: the short window ({w.short_name}) must be shorter than the long one ({w.long_name})"
                 )
             if w.long >= self.period:
-                raise ValueError(f"windows.{w.name}: the long window ({w.long_name}) must be shorter than the period")
+                raise ValueError(
+                    f"windows.{w.name}: the long window ({w.long_name}) must be shorter than the period"
+                )
         return self
 
     def scopes(self, objective: Objective) -> list[Scope]:
@@ -422,7 +442,9 @@ class SLOSpec(BaseModel):
                     w.severity,
                     w.long if setting.long is None else setting.long,
                     w.short if setting.short is None else setting.short,
-                    w.budget_consumed if setting.budget_percent is None else Fraction(str(setting.budget_percent)) / 100,
+                    w.budget_consumed
+                    if setting.budget_percent is None
+                    else Fraction(str(setting.budget_percent)) / 100,
                     w.name,
                 )
             out.append(w)
@@ -455,7 +477,9 @@ def parse_spec(data: Any, source: str = "spec") -> SLOSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping with version and objectives")
     if "version" not in data:
-        raise SpecError(f"{source}: version is required (write `version: {SPEC_VERSION}` at the top)")
+        raise SpecError(
+            f"{source}: version is required (write `version: {SPEC_VERSION}` at the top)"
+        )
     try:
         return SLOSpec.model_validate(data)
     except ValidationError as exc:

@@ -128,7 +128,10 @@ def windows_for_period(period: int) -> tuple[AlertWindow, ...]:
         return WORKBOOK_WINDOWS
     out = []
     for w in WORKBOOK_WINDOWS:
-        long, short = Fraction(w.long * period, REFERENCE_PERIOD), Fraction(w.short * period, REFERENCE_PERIOD)
+        long, short = (
+            Fraction(w.long * period, REFERENCE_PERIOD),
+            Fraction(w.short * period, REFERENCE_PERIOD),
+        )
         if long.denominator != 1 or short.denominator != 1:
             raise ValueError(
                 f"a drill period of {format_duration(period)} scales the {w.long_name}/{w.short_name} "

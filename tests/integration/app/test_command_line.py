@@ -22,8 +22,14 @@ from tests.conftest import ServeProcess
 from tests.support.raw import taken_port
 
 CLI = str(Path(sys.executable).with_name("llm-sidecar"))
-ENV = {k: v for k, v in os.environ.items() if not k.startswith("LLM_SIDECAR_") and not k.startswith("OTEL_")}
-ENV["COLUMNS"] = "250"  # argparse wraps help to the terminal; one line per option is easier to check
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith("LLM_SIDECAR_") and not k.startswith("OTEL_")
+}
+ENV["COLUMNS"] = (
+    "250"  # argparse wraps help to the terminal; one line per option is easier to check
+)
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -54,7 +60,12 @@ def test_serve_help_shows_upstream_as_required_and_explains_logging():
 
 def test_simulate_help_shows_defaults():
     help_lines = run("simulate", "--help").stdout.splitlines()  # COLUMNS=250: one line per option
-    for flag, default in (("--ttft", "0.2"), ("--tokens", "64"), ("--jitter", "0.1"), ("--model", "sim-llama-3-8b")):
+    for flag, default in (
+        ("--ttft", "0.2"),
+        ("--tokens", "64"),
+        ("--jitter", "0.1"),
+        ("--model", "sim-llama-3-8b"),
+    ):
         line = next(ln for ln in help_lines if ln.strip().startswith(f"{flag} {flag[2:].upper()} "))
         assert f"(default: {default})" in line, line
 
@@ -85,8 +96,13 @@ def test_openai_base_url_as_upstream_is_refused_with_the_root_to_use():
 def test_port_in_use_is_one_clear_line_and_no_stopped_event():
     with taken_port() as port:
         done = run(
-            "serve", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", "127.0.0.1:0",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            "127.0.0.1:0",
         )
     assert done.returncode == 2
     assert done.stderr.startswith(f"llm-sidecar: cannot listen on 127.0.0.1:{port} (--listen):")
@@ -97,7 +113,9 @@ def test_port_in_use_is_one_clear_line_and_no_stopped_event():
 
 @contextmanager
 def _sidecar(upstream: str):
-    sc = ServeProcess(upstream, "--connect-timeout", "3", command=(CLI,), clean_env=True, env={"COLUMNS": "250"})
+    sc = ServeProcess(
+        upstream, "--connect-timeout", "3", command=(CLI,), clean_env=True, env={"COLUMNS": "250"}
+    )
     proc = sc.proc
     try:
         port, admin = sc.ports()

@@ -63,10 +63,16 @@ async def test_outside_kubernetes_sigterm_exits_when_the_last_stream_ends(upstre
         await sc.wait_alive()
         received = b""
         async with aiohttp.ClientSession() as s:
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+            ) as r:
                 async for chunk in r.content.iter_any():
                     received += chunk
-                    if b"t1" in received and sc.proc.poll() is None and logged(sc, "draining") is None:
+                    if (
+                        b"t1" in received
+                        and sc.proc.poll() is None
+                        and logged(sc, "draining") is None
+                    ):
                         sc.proc.send_signal(signal.SIGTERM)
                         await wait_for(lambda: logged(sc, "draining") is not None, timeout=30)
         stream_end = time.monotonic()
@@ -87,8 +93,16 @@ async def test_in_kubernetes_the_drain_waits_for_the_upstream_and_a_second_signa
     """In a pod the endpoints still send requests for a few seconds after SIGTERM: an idle
     sidecar keeps relaying while the upstream answers (the pre-stop grace is kept), says so,
     and a second signal exits at once."""
-    up = await upstream.start(routes_with([(0.0, chat_chunk(role=True)), (0.0, b"data: [DONE]\n\n")]))
-    sc = ServeProcess(up.url, "--drain-seconds", "60", clean_env=True, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+    up = await upstream.start(
+        routes_with([(0.0, chat_chunk(role=True)), (0.0, b"data: [DONE]\n\n")])
+    )
+    sc = ServeProcess(
+        up.url,
+        "--drain-seconds",
+        "60",
+        clean_env=True,
+        env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+    )
     try:
         await sc.wait_alive()
         sc.proc.send_signal(signal.SIGTERM)
@@ -100,7 +114,9 @@ async def test_in_kubernetes_the_drain_waits_for_the_upstream_and_a_second_signa
         await asyncio.sleep(1.0)
         assert sc.proc.poll() is None, "in a pod the drain waits while the upstream answers"
         draining = logged(sc, "draining")
-        assert draining["in_flight"] == 0 and "inference server to stop" in draining["waits_for"], draining
+        assert draining["in_flight"] == 0 and "inference server to stop" in draining["waits_for"], (
+            draining
+        )
         assert "again to exit now" in draining["exit_now"]
         forced_at = time.monotonic()
         sc.proc.send_signal(signal.SIGTERM)

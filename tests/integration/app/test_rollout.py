@@ -35,7 +35,9 @@ from tests.conftest import ServeProcess, start_simulator, wait_for
 pytestmark = pytest.mark.integration
 
 ENDPOINT_REMOVAL = 1.5  # seconds until no new request reaches the pod
-PRE_STOP = 3.0  # the model server's preStop sleep (the chart's default is 10 s for ~seconds of removal)
+PRE_STOP = (
+    3.0  # the model server's preStop sleep (the chart's default is 10 s for ~seconds of removal)
+)
 WORKERS = 6  # concurrent client streams
 STREAM = ("--ttft", "0.05", "--tpot", "0.02", "--tokens", "25")  # about 0.6 s per stream
 BODY = {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -93,8 +95,13 @@ async def start_pod(drain_seconds: float) -> Pod:
     # A pod: the kubelet sets KUBERNETES_SERVICE_HOST, and the drain waits for the server
     # (outside Kubernetes it would end with the last request; test_drain_outside_kubernetes.py).
     sc = ServeProcess(
-        f"http://127.0.0.1:{up}", "--drain-seconds", str(drain_seconds), "--access-log", "false",
-        clean_env=True, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+        f"http://127.0.0.1:{up}",
+        "--drain-seconds",
+        str(drain_seconds),
+        "--access-log",
+        "false",
+        clean_env=True,
+        env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
     )
     pod = Pod(server, sc.proc, sc.url, sc.admin_url)
     try:
@@ -168,7 +175,9 @@ async def test_termination_sequence_under_load_loses_no_request(native):
         pod.stop()
     during = [t for t in load.ok if t >= t0]
     assert not load.failed, f"{len(load.failed)} failed: {load.failed[:5]} (sequence {times})"
-    assert len(during) >= WORKERS, f"the load kept streams in flight during termination ({len(during)})"
+    assert len(during) >= WORKERS, (
+        f"the load kept streams in flight during termination ({len(during)})"
+    )
     # The sidecar stayed up until the server stopped serving (its SIGTERM, after the
     # preStop), and left soon after, not at drain_seconds.
     assert times["sidecar_exited"] >= PRE_STOP, times

@@ -76,7 +76,10 @@ async def test_serve_relays_and_measures_with_every_tool_import_failing():
                 async with session.get(f"http://127.0.0.1:{admin}/metrics") as r:
                     text = await r.text()
                 return any(
-                    s.name == "llm_requests_total" and s.labels["outcome"] == "ok" and s.labels["route"] == ROUTE and s.value == 1
+                    s.name == "llm_requests_total"
+                    and s.labels["outcome"] == "ok"
+                    and s.labels["route"] == ROUTE
+                    and s.value == 1
                     for family in text_string_to_metric_families(text)
                     for s in family.samples
                 )

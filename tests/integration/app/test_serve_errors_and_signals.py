@@ -21,11 +21,17 @@ from tests.support.raw import taken_port
 pytestmark = pytest.mark.integration
 
 CLI = str(Path(sys.executable).with_name("llm-sidecar"))
-ENV = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_", "KUBERNETES_"))}
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("LLM_SIDECAR_", "OTEL_", "KUBERNETES_"))
+}
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=30, env={**ENV, **(env or {})})
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, timeout=30, env={**ENV, **(env or {})}
+    )
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -77,7 +83,9 @@ class Procs:
         self.sidecars: list[Sidecar] = []
 
     def start(self, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        proc = subprocess.Popen(
+            [CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        )
         self.procs.append(proc)
         return proc
 
@@ -87,9 +95,17 @@ class Procs:
         _wait(lambda: _get(port, "/health")[0] == 200)
         return proc, port
 
-    def sidecar(self, upstream_port: int, *extra: str, env: dict | None = None) -> tuple[Sidecar, int, int]:
+    def sidecar(
+        self, upstream_port: int, *extra: str, env: dict | None = None
+    ) -> tuple[Sidecar, int, int]:
         sc = Sidecar(
-            f"http://127.0.0.1:{upstream_port}", "--log-format", "json", *extra, command=(CLI,), clean_env=True, env=env
+            f"http://127.0.0.1:{upstream_port}",
+            "--log-format",
+            "json",
+            *extra,
+            command=(CLI,),
+            clean_env=True,
+            env=env,
         )
         self.sidecars.append(sc)
         port, admin = sc.ports()
@@ -139,7 +155,9 @@ def test_second_signal_forces_exit_while_a_stream_is_live(procs):
     _, up = procs.simulator("--ttft", "0", "--tpot", "0.5", "--tokens", "200")
     sidecar, port, _ = procs.sidecar(up, "--drain-seconds", "60")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    body = json.dumps({"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    body = json.dumps(
+        {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    )
     conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
@@ -172,12 +190,16 @@ def test_bad_upstream_urls_are_refused_naming_the_root(upstream, says, root):
 def test_misspelled_environment_variable_named_with_the_closest(tmp_path):
     done = run("serve", "--upstream", "http://127.0.0.1:1", env={"LLM_SIDECAR_READ_TIMOUT": "3"})
     assert done.returncode == 2
-    assert "LLM_SIDECAR_READ_TIMOUT" in done.stderr and "LLM_SIDECAR_READ_TIMEOUT?" in done.stderr, done.stderr
+    assert (
+        "LLM_SIDECAR_READ_TIMOUT" in done.stderr and "LLM_SIDECAR_READ_TIMEOUT?" in done.stderr
+    ), done.stderr
 
 
 def test_log_level_is_case_insensitive(procs):
     _, up = procs.simulator()
-    sc, _, admin = procs.sidecar(up, env={"LLM_SIDECAR_LOG_LEVEL": "DEBUG"})  # started at all: it was accepted
+    sc, _, admin = procs.sidecar(
+        up, env={"LLM_SIDECAR_LOG_LEVEL": "DEBUG"}
+    )  # started at all: it was accepted
     assert _get(admin, "/healthz")[0] == 200
     assert sc.poll() is None
 
@@ -238,5 +260,7 @@ def test_make_demo_takes_port():
     if subprocess.run(["which", "make"], capture_output=True).returncode != 0:
         pytest.skip("make is not installed")
     root = ROOT
-    done = subprocess.run(["make", "-n", "demo", "PORT=18123", "DURATION=1"], cwd=root, capture_output=True, text=True)
+    done = subprocess.run(
+        ["make", "-n", "demo", "PORT=18123", "DURATION=1"], cwd=root, capture_output=True, text=True
+    )
     assert "--port 18123" in done.stdout, done.stdout

@@ -84,7 +84,9 @@ def pod_spec(objs: list[dict]) -> dict:
 
 
 def sidecar_container(spec: dict) -> dict:
-    found = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "llm-sidecar"]
+    found = [
+        c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == "llm-sidecar"
+    ]
     assert len(found) == 1
     return found[0]
 
@@ -103,7 +105,9 @@ def literal_env(container: dict) -> dict[str, str]:
 @pytest.mark.parametrize("values", [None] + sorted(p.name for p in (CHART / "ci").glob("*.yaml")))
 def test_helm_lint_strict(helm_ok, values):
     image = ["--set", f"image.repository={sync.EXAMPLE_IMAGE}"]  # required: none is published
-    args = ["lint", "--strict", *image, str(CHART)] + (["-f", str(CHART / "ci" / values)] if values else [])
+    args = ["lint", "--strict", *image, str(CHART)] + (
+        ["-f", str(CHART / "ci" / values)] if values else []
+    )
     out = sync.helm(*args)
     assert "0 chart(s) failed" in out
 
@@ -120,21 +124,33 @@ def test_render_matches_its_golden(renders, name):
 
 
 def test_golden_dir_holds_exactly_the_cases(helm_ok):
-    assert {p.name for p in sync.GOLDEN_DIR.glob("*.yaml")} == {sync.golden_path(c).name for c in sync.CASES}
+    assert {p.name for p in sync.GOLDEN_DIR.glob("*.yaml")} == {
+        sync.golden_path(c).name for c in sync.CASES
+    }
 
 
 def test_plain_manifests_are_a_fresh_render_of_the_chart(helm_ok):
-    assert not sync.stale(sync.expected_rules(), complete=False), "the chart's rules are stale: scripts/sync-chart.sh"
+    assert not sync.stale(sync.expected_rules(), complete=False), (
+        "the chart's rules are stale: scripts/sync-chart.sh"
+    )
     want = sync.expected_manifests()
     have = set(sync.DEPLOY_DIR.glob("**/*.yaml"))
     assert have == set(want), "deploy/kubernetes/ holds only rendered files: scripts/sync-chart.sh"
     for path, text in want.items():
-        assert path.read_text(encoding="utf-8") == text, f"{path.relative_to(ROOT)} is stale: scripts/sync-chart.sh"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path.relative_to(ROOT)} is stale: scripts/sync-chart.sh"
+        )
 
 
 def test_sync_check_agrees(helm_ok):
     """`scripts/sync-chart.sh --check` (what CI or a reviewer can run) sees everything in step."""
-    done = subprocess.run(["bash", "scripts/sync-chart.sh", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "scripts/sync-chart.sh", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -145,7 +161,9 @@ def test_sync_check_reports_a_stale_render(helm_ok, monkeypatch, capsys):
     want[path] += "# the chart changed\n"
     monkeypatch.setattr(sync, "expected_manifests", lambda: want)
     assert sync.main(["--check"]) == 1
-    assert "deploy/kubernetes/monitoring.yaml: differs from a fresh render" in capsys.readouterr().err
+    assert (
+        "deploy/kubernetes/monitoring.yaml: differs from a fresh render" in capsys.readouterr().err
+    )
 
 
 # ------------------------------------------------------------------------------ schemas
@@ -179,7 +197,9 @@ def test_every_object_validates_against_kubernetes_schemas(parsed, kubernetes_va
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
-                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} for Kubernetes {version}: {exc.message} at {list(exc.path)}")
+                pytest.fail(
+                    f"{obj['kind']}/{obj['metadata']['name']} for Kubernetes {version}: {exc.message} at {list(exc.path)}"
+                )
         checked += 1
     assert checked or name == "monitoring-only"
 
@@ -201,7 +221,9 @@ def check_endpoint(endpoint: dict, jobs: str, path: str = "/metrics") -> None:
     for key in ("interval", "scrapeTimeout"):
         if key in endpoint:
             assert DURATION.fullmatch(endpoint[key])
-    assert {"action": "replace", "targetLabel": "job", "replacement": jobs} in endpoint["relabelings"]
+    assert {"action": "replace", "targetLabel": "job", "replacement": jobs} in endpoint[
+        "relabelings"
+    ]
 
 
 def check_endpoints(endpoints: list[dict], values: dict) -> None:
@@ -220,7 +242,9 @@ def check_crd(obj: dict, values: dict) -> None:
     meta = obj["metadata"]
     assert len(meta["name"]) <= 63 and DNS_LABEL.fullmatch(meta["name"])
     if values["release"]:
-        assert meta["labels"]["release"] == values["release"], "kube-prometheus-stack selects on release"
+        assert meta["labels"]["release"] == values["release"], (
+            "kube-prometheus-stack selects on release"
+        )
     spec = obj["spec"]
     if obj["kind"] == "PodMonitor":
         assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints"}
@@ -236,19 +260,52 @@ def check_crd(obj: dict, values: dict) -> None:
             assert set(group) <= {"name", "interval", "rules", "limit", "partial_response_strategy"}
             assert group["name"] and group["rules"]
             for rule in group["rules"]:
-                assert set(rule) <= {"record", "alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
+                assert set(rule) <= {
+                    "record",
+                    "alert",
+                    "expr",
+                    "for",
+                    "labels",
+                    "annotations",
+                    "keep_firing_for",
+                }
                 assert ("record" in rule) != ("alert" in rule) and rule["expr"]
     else:
         raise AssertionError(obj["kind"])
 
 
 CRD_EXPECTATIONS = {
-    "default": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
-    "default-k8s-1.28": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
-    "default-k8s-1.29": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
-    "model-server-liveness": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}},
-    "monitoring-only": {"release": "kube-prometheus-stack", "job": "llm-sidecar", "kinds": {"PodMonitor", "PrometheusRule"}, "engine": False},
-    "otel-slo": {"release": "prometheus", "job": "llm-sidecar", "kinds": {"ServiceMonitor", "PrometheusRule"}},
+    "default": {
+        "release": "kube-prometheus-stack",
+        "job": "llm-sidecar",
+        "kinds": {"PodMonitor", "PrometheusRule"},
+    },
+    "default-k8s-1.28": {
+        "release": "kube-prometheus-stack",
+        "job": "llm-sidecar",
+        "kinds": {"PodMonitor", "PrometheusRule"},
+    },
+    "default-k8s-1.29": {
+        "release": "kube-prometheus-stack",
+        "job": "llm-sidecar",
+        "kinds": {"PodMonitor", "PrometheusRule"},
+    },
+    "model-server-liveness": {
+        "release": "kube-prometheus-stack",
+        "job": "llm-sidecar",
+        "kinds": {"PodMonitor", "PrometheusRule"},
+    },
+    "monitoring-only": {
+        "release": "kube-prometheus-stack",
+        "job": "llm-sidecar",
+        "kinds": {"PodMonitor", "PrometheusRule"},
+        "engine": False,
+    },
+    "otel-slo": {
+        "release": "prometheus",
+        "job": "llm-sidecar",
+        "kinds": {"ServiceMonitor", "PrometheusRule"},
+    },
 }
 
 
@@ -277,10 +334,14 @@ def test_every_request_to_the_service_passes_through_the_sidecar(parsed, name):
     sidecar = sidecar_container(spec)
     sidecar_ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert sidecar_ports == {"http": 8080, "metrics": 9464}
-    all_ports = [p for c in spec.get("initContainers", []) + spec["containers"] for p in c.get("ports", [])]
+    all_ports = [
+        p for c in spec.get("initContainers", []) + spec["containers"] for p in c.get("ports", [])
+    ]
     assert len({p["name"] for p in all_ports}) == len(all_ports), "port names are unique in the pod"
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-    assert targets == {"http": 8080, "metrics": 9464}, "every Service port lands on the sidecar, by number"
+    assert targets == {"http": 8080, "metrics": 9464}, (
+        "every Service port lands on the sidecar, by number"
+    )
     # The model server listens on loopback only, on the port the sidecar forwards to.
     server = [c for c in spec["containers"] if c["name"] != "llm-sidecar"]
     assert len(server) == 1
@@ -317,7 +378,16 @@ def test_native_sidecar_from_kubernetes_1_29_regular_container_before(parsed, na
 )  # fmt: skip
 def test_native_sidecar_switch(helm_ok, kube_version, native, expected):
     objs = sync.objects(
-        sync.template(["--kube-version", kube_version, "--set", f"sidecar.native={native}", "--show-only", "templates/deployment.yaml"])
+        sync.template(
+            [
+                "--kube-version",
+                kube_version,
+                "--set",
+                f"sidecar.native={native}",
+                "--show-only",
+                "templates/deployment.yaml",
+            ]
+        )
     )
     assert ("initContainers" in pod_spec(objs)) is expected
 
@@ -328,7 +398,11 @@ def test_probes_ask_the_admin_port(parsed, name):
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     admin = int(literal_env(sidecar)["LLM_SIDECAR_METRICS_LISTEN"].rsplit(":", 1)[1])
     assert ports["metrics"] == admin
-    expected = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    expected = {
+        "startupProbe": "/healthz",
+        "livenessProbe": "/healthz",
+        "readinessProbe": "/readyz",
+    }
     for probe, path in expected.items():
         assert sidecar[probe]["httpGet"] == {"path": path, "port": "metrics"}
     assert sidecar["readinessProbe"]["timeoutSeconds"] > float(
@@ -353,20 +427,33 @@ def test_grace_period_outlasts_the_drain(parsed, name):
     drain = float(literal_env(sidecar_container(spec))["LLM_SIDECAR_DRAIN_SECONDS"])
     server = [c for c in spec["containers"] if c["name"] == "model-server"][0]
     pre_stop = server["lifecycle"]["preStop"]
-    slept = pre_stop["sleep"]["seconds"] if "sleep" in pre_stop else int(pre_stop["exec"]["command"][1])
-    assert spec["terminationGracePeriodSeconds"] > slept + drain + 5, "preStop, drain, then up to 5 s of trace flush"
+    slept = (
+        pre_stop["sleep"]["seconds"] if "sleep" in pre_stop else int(pre_stop["exec"]["command"][1])
+    )
+    assert spec["terminationGracePeriodSeconds"] > slept + drain + 5, (
+        "preStop, drain, then up to 5 s of trace flush"
+    )
 
 
 def test_grace_period_is_computed_or_refused(helm_ok):
-    spec = pod_spec(render("--set", "sidecar.drainSeconds=100", "--show-only", "templates/deployment.yaml"))
+    spec = pod_spec(
+        render("--set", "sidecar.drainSeconds=100", "--show-only", "templates/deployment.yaml")
+    )
     assert spec["terminationGracePeriodSeconds"] == 125  # 10 s preStop + 100 s drain + 15
-    spec = pod_spec(render("--set", "sidecar.drainSeconds=12.5", "--show-only", "templates/deployment.yaml"))
+    spec = pod_spec(
+        render("--set", "sidecar.drainSeconds=12.5", "--show-only", "templates/deployment.yaml")
+    )
     assert spec["terminationGracePeriodSeconds"] == 38
-    spec = pod_spec(render("--set", "modelServer.preStopSeconds=0", "--show-only", "templates/deployment.yaml"))
+    spec = pod_spec(
+        render("--set", "modelServer.preStopSeconds=0", "--show-only", "templates/deployment.yaml")
+    )
     assert spec["terminationGracePeriodSeconds"] == 45
     assert "lifecycle" not in [c for c in spec["containers"] if c["name"] == "model-server"][0]
     error = render_error("--set", "terminationGracePeriodSeconds=40")
-    assert "terminationGracePeriodSeconds (40) must exceed sidecar.drainSeconds (30) plus modelServer.preStopSeconds (10)" in error
+    assert (
+        "terminationGracePeriodSeconds (40) must exceed sidecar.drainSeconds (30) plus modelServer.preStopSeconds (10)"
+        in error
+    )
     error = render_error("--set", "modelServer.preStopSeconds=30")
     assert "sidecar.drainSeconds must exceed modelServer.preStopSeconds" in error
 
@@ -382,7 +469,9 @@ def test_sidecar_environment_is_accepted_by_the_sidecar(parsed, name):
     env = env_of(container)
     settings = load_settings({}, environ=literal_env(container))
     assert settings.listen_addr == ("0.0.0.0", 8080) and settings.metrics_addr == ("0.0.0.0", 9464)
-    field_refs = {n: e["valueFrom"]["fieldRef"]["fieldPath"] for n, e in env.items() if "valueFrom" in e}
+    field_refs = {
+        n: e["valueFrom"]["fieldRef"]["fieldPath"] for n, e in env.items() if "valueFrom" in e
+    }
     assert field_refs == {
         "K8S_POD_NAME": "metadata.name",
         "K8S_POD_UID": "metadata.uid",
@@ -399,9 +488,20 @@ def test_custom_thresholds_and_otel_reach_the_sidecar(parsed):
     sidecar = sidecar_container(pod_spec(parsed["otel-slo"]))
     env = literal_env(sidecar)
     settings = load_settings({}, environ=env)
-    assert (settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds) == (5.0, 0.05, 120.0)
-    assert settings.drain_seconds == 120 and settings.read_timeout == 900 and settings.inject_stream_usage is False
-    assert settings.model_allowlist == ["meta-llama/Llama-3.1-8B-Instruct"] and settings.otel_metrics is True
+    assert (settings.slo_ttft_seconds, settings.slo_tpot_seconds, settings.slo_e2e_seconds) == (
+        5.0,
+        0.05,
+        120.0,
+    )
+    assert (
+        settings.drain_seconds == 120
+        and settings.read_timeout == 900
+        and settings.inject_stream_usage is False
+    )
+    assert (
+        settings.model_allowlist == ["meta-llama/Llama-3.1-8B-Instruct"]
+        and settings.otel_metrics is True
+    )
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4317"
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
     assert env["OTEL_SERVICE_NAME"] == "llm-sidecar-llama-8b"
@@ -431,7 +531,12 @@ def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
         K8S_NAMESPACE_NAME="llm",
     )
     out = tmp_path / "out"
-    proc = subprocess.Popen([exe, "serve"], env={**base_env, **env}, stdout=out.open("w"), stderr=(tmp_path / "err").open("w"))
+    proc = subprocess.Popen(
+        [exe, "serve"],
+        env={**base_env, **env},
+        stdout=out.open("w"),
+        stderr=(tmp_path / "err").open("w"),
+    )
     try:
 
         async def exercise() -> None:
@@ -454,13 +559,22 @@ def test_rendered_environment_starts_the_real_sidecar(parsed, tmp_path):
                 assert status == 200, (tmp_path / "err").read_text()
                 async with http.get(f"http://127.0.0.1:{admin}/healthz") as r:
                     assert r.status == 200
-                body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-                async with http.post(f"http://127.0.0.1:{proxy}/v1/chat/completions", json=body) as r:
+                body = {
+                    "model": "meta-llama/Llama-3.1-8B-Instruct",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+                async with http.post(
+                    f"http://127.0.0.1:{proxy}/v1/chat/completions", json=body
+                ) as r:
                     assert r.status == 200
                     assert b"[DONE]" in await r.read()
                 async with http.get(f"http://127.0.0.1:{admin}/metrics") as r:
                     text = await r.text()
-                assert 'llm_requests_total{code="200",error_type="none",model="meta-llama/Llama-3.1-8B-Instruct"' in text
+                assert (
+                    'llm_requests_total{code="200",error_type="none",model="meta-llama/Llama-3.1-8B-Instruct"'
+                    in text
+                )
 
         asyncio.run(exercise())
     finally:
@@ -508,8 +622,16 @@ def test_dashboard_configmaps_equal_the_dashboards(parsed):
         assert list(cm["data"]) == [path.name]
         # The release's own copy: its uid and title name the release (test_helm_dashboards.py).
         got, want = json.loads(cm["data"][path.name]), json.loads(path.read_text(encoding="utf-8"))
-        assert got["uid"].startswith(want["uid"] + "-") and got["title"] == f"{want['title']} (llm/llm-sidecar)"
-        assert {**got, "uid": want["uid"], "title": want["title"], "templating": want["templating"]} == want
+        assert (
+            got["uid"].startswith(want["uid"] + "-")
+            and got["title"] == f"{want['title']} (llm/llm-sidecar)"
+        )
+        assert {
+            **got,
+            "uid": want["uid"],
+            "title": want["title"],
+            "templating": want["templating"],
+        } == want
         assert len(json.dumps(cm).encode()) < 1 << 20, "a ConfigMap holds at most 1 MiB"
 
 
@@ -519,8 +641,15 @@ def test_the_packaged_chart_holds_the_dashboards_themselves(helm_ok, tmp_path):
     sync.helm("package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("llm-sidecar-*.tgz")
     with tarfile.open(package) as tar:
-        stored = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if "/files/dashboards/" in m.name}
-    shipped = {f"llm-sidecar/files/dashboards/{p.name}": p.read_bytes() for p in (ROOT / "dashboards").glob("*.json")}
+        stored = {
+            m.name: tar.extractfile(m).read()
+            for m in tar.getmembers()
+            if "/files/dashboards/" in m.name
+        }
+    shipped = {
+        f"llm-sidecar/files/dashboards/{p.name}": p.read_bytes()
+        for p in (ROOT / "dashboards").glob("*.json")
+    }
     assert shipped and stored == shipped
 
 
@@ -528,12 +657,16 @@ def test_the_packaged_chart_holds_the_dashboards_themselves(helm_ok, tmp_path):
 def test_one_dashboard_configmap_per_json_file(helm_ok, tmp_path, count):
     chart = tmp_path / "llm-sidecar"
     shutil.copytree(CHART, chart)
-    dashboards = chart / "files" / "dashboard-templates"  # what the chart renders (tests/integration/chart/test_helm_dashboards.py)
+    dashboards = (
+        chart / "files" / "dashboard-templates"
+    )  # what the chart renders (tests/integration/chart/test_helm_dashboards.py)
     shutil.rmtree(dashboards)
     dashboards.mkdir()
     names = ["llm-sidecar-overview.json", "Token_Throughput.json", "a b.json"][:count]
     for i, name in enumerate(names):
-        (dashboards / name).write_text(json.dumps({"title": name, "panels": [{"id": i}]}, indent=2) + "\n")
+        (dashboards / name).write_text(
+            json.dumps({"title": name, "panels": [{"id": i}]}, indent=2) + "\n"
+        )
     (dashboards / "README.md").write_text("not a dashboard\n")
     objs = sync.objects(
         sync.template(["--kube-version", sync.KUBE_VERSION, "--set", "grafana.dashboards.folder=Models",
@@ -568,10 +701,17 @@ def test_monitoring_only_notes_print_the_snippet(helm_ok):
     deploy/kubernetes/snippets/, from the same template."""
     args = [*CASES["monitoring-only"].args()]
     notes = sync.render_extra(sync.NOTES_TEMPLATE, args)["text"]
-    printed = yaml.safe_load(notes.split("pod template", 1)[1].split("\n\n", 1)[1].split("\n\n", 1)[0])
-    snippet = yaml.safe_load((sync.DEPLOY_DIR / "snippets" / "sidecar-container.yaml").read_text(encoding="utf-8"))
+    printed = yaml.safe_load(
+        notes.split("pod template", 1)[1].split("\n\n", 1)[1].split("\n\n", 1)[0]
+    )
+    snippet = yaml.safe_load(
+        (sync.DEPLOY_DIR / "snippets" / "sidecar-container.yaml").read_text(encoding="utf-8")
+    )
     assert printed == snippet
-    assert "targetPort at the sidecar's port number, 8080" in notes and "terminationGracePeriodSeconds: 55" in notes
+    assert (
+        "targetPort at the sidecar's port number, 8080" in notes
+        and "terminationGracePeriodSeconds: 55" in notes
+    )
     full = sync.render_extra(sync.NOTES_TEMPLATE, CASES["default"].args())["text"]
     assert "a native sidecar" in full and "port-forward svc/llm-sidecar 8000:8000" in full
 
@@ -583,7 +723,9 @@ def test_monitoring_only_with_a_servicemonitor_adds_a_metrics_service(helm_ok):
     service, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")
     assert service["spec"]["selector"] == {"app": "my-vllm"}
     assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", 9464)]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
     assert not by_kind(objs, "Deployment")
 
 
@@ -594,14 +736,19 @@ def test_monitoring_only_needs_the_servers_pod_labels(helm_ok):
 def test_servicemonitor_selects_the_service_and_its_metrics_port(parsed):
     objs = parsed["otel-slo"]
     service, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
     assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
 
 
 def test_podmonitor_selects_the_pods_and_their_metrics_port(parsed):
     objs = parsed["default"]
     monitor, deployment = one(objs, "PodMonitor"), one(objs, "Deployment")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert "metrics" in [p["name"] for p in sidecar_container(pod_spec(objs))["ports"]]
 
 
@@ -642,7 +789,9 @@ def resolves(target, pod: dict, kube_version: str) -> bool:
     return target in {p.get("name") for p in declared}
 
 
-@pytest.mark.parametrize("kube_version", ["1.28.0", "1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"])
+@pytest.mark.parametrize(
+    "kube_version", ["1.28.0", "1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
+)
 def test_services_resolve_on_every_kubernetes_version(helm_ok, kube_version):
     objs = sync.objects(sync.template(["--kube-version", kube_version]))
     pod = pod_spec(objs)
@@ -658,14 +807,28 @@ def test_services_resolve_on_every_kubernetes_version(helm_ok, kube_version):
         assert resolves(port["targetPort"], as_native, kube_version), (kube_version, port)
 
 
-@pytest.mark.parametrize("kube_version, expected", [("1.29.0", False), ("1.31.0", False), ("1.32.0", True)])
-def test_the_resolution_check_catches_named_ports_on_native_sidecars(helm_ok, kube_version, expected):
+@pytest.mark.parametrize(
+    "kube_version, expected", [("1.29.0", False), ("1.31.0", False), ("1.32.0", True)]
+)
+def test_the_resolution_check_catches_named_ports_on_native_sidecars(
+    helm_ok, kube_version, expected
+):
     """Today's chart before this fix: `targetPort: http` on a native sidecar has no endpoint
     before 1.32; the check above would have failed on it."""
-    pod = pod_spec(sync.objects(sync.template(["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"])))
+    pod = pod_spec(
+        sync.objects(
+            sync.template(
+                ["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"]
+            )
+        )
+    )
     assert "initContainers" in pod
     assert resolves("http", pod, kube_version) is expected
-    legacy = pod_spec(sync.objects(sync.template(["--kube-version", "1.28.0", "--show-only", "templates/deployment.yaml"])))
+    legacy = pod_spec(
+        sync.objects(
+            sync.template(["--kube-version", "1.28.0", "--show-only", "templates/deployment.yaml"])
+        )
+    )
     assert resolves("http", legacy, "1.28.0")
 
 
@@ -677,14 +840,22 @@ def test_the_resolution_check_catches_named_ports_on_native_sidecars(helm_ok, ku
 def test_model_server_keeps_serving_while_endpoints_are_removed(helm_ok, kube_version, action):
     """A preStop sleep on the model server (the kubelet's sleep action from 1.30, `sleep`
     before); the sidecar gets none: it follows the server down (sidecar/relay/server/drain.py)."""
-    pod = pod_spec(sync.objects(sync.template(["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"])))
+    pod = pod_spec(
+        sync.objects(
+            sync.template(
+                ["--kube-version", kube_version, "--show-only", "templates/deployment.yaml"]
+            )
+        )
+    )
     server = [c for c in pod["containers"] if c["name"] == "model-server"][0]
     assert server["lifecycle"] == {"preStop": action}
     assert "lifecycle" not in sidecar_container(pod)
 
 
 def test_model_server_liveness_is_off_by_default_and_asks_the_sidecar_when_on(parsed):
-    server = [c for c in pod_spec(parsed["default"])["containers"] if c["name"] == "model-server"][0]
+    server = [c for c in pod_spec(parsed["default"])["containers"] if c["name"] == "model-server"][
+        0
+    ]
     assert "livenessProbe" not in server and "startupProbe" not in server
     pod = pod_spec(parsed["model-server-liveness"])
     server = [c for c in pod["containers"] if c["name"] == "model-server"][0]
@@ -694,7 +865,9 @@ def test_model_server_liveness_is_off_by_default_and_asks_the_sidecar_when_on(pa
         assert server[probe]["httpGet"] == {"path": "/upstreamz", "port": admin}
     startup = server["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] == 1800, "the load allowance"
-    assert server["livenessProbe"]["failureThreshold"] * server["livenessProbe"]["periodSeconds"] == 60
+    assert (
+        server["livenessProbe"]["failureThreshold"] * server["livenessProbe"]["periodSeconds"] == 60
+    )
     own = pod_spec(render("--set", "modelServer.liveness.enabled=true", "--set-string", "modelServer.livenessProbe.exec.command={true}",
                           "--show-only", "templates/deployment.yaml"))  # fmt: skip
     server = [c for c in own["containers"] if c["name"] == "model-server"][0]

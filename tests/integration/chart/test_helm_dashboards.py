@@ -67,7 +67,9 @@ def test_two_releases_dashboards_cannot_overwrite_each_other(pair):
     (r1, n1), (r2, n2), sets = PAIRS[pair]
     one, two = dashboards(r1, n1, *sets), dashboards(r2, n2, *sets)
     # Kubernetes: no ConfigMap of one is the other's (same namespace and name).
-    assert not {(m["namespace"], m["name"]) for m in one} & {(m["namespace"], m["name"]) for m in two}
+    assert not {(m["namespace"], m["name"]) for m in one} & {
+        (m["namespace"], m["name"]) for m in two
+    }
     # Grafana: no uid, and no title, of one is the other's.
     assert not {m["dashboard"]["uid"] for m in one} & {m["dashboard"]["uid"] for m in two}
     assert not {m["dashboard"]["title"] for m in one} & {m["dashboard"]["title"] for m in two}
@@ -78,7 +80,10 @@ def test_two_releases_dashboards_cannot_overwrite_each_other(pair):
 def test_a_release_keeps_its_uids_across_upgrades():
     """The uid follows the release, not the values: an upgrade updates the same dashboard."""
     before = {m["dashboard"]["uid"] for m in dashboards("a", "llm")}
-    after = {m["dashboard"]["uid"] for m in dashboards("a", "llm", "prometheus.rules.objectives.ttft.target=99")}
+    after = {
+        m["dashboard"]["uid"]
+        for m in dashboards("a", "llm", "prometheus.rules.objectives.ttft.target=99")
+    }
     assert before == after
 
 
@@ -107,7 +112,10 @@ def without_release(d: dict, like: dict) -> dict:
 def test_with_the_default_values_each_is_the_committed_dashboard():
     for name, got in by_file(dashboards()).items():
         want = json.loads((ROOT / "dashboards" / name).read_text(encoding="utf-8"))
-        assert got["uid"].startswith(want["uid"] + "-") and got["title"] == f"{want['title']} (llm/llm-sidecar)"
+        assert (
+            got["uid"].startswith(want["uid"] + "-")
+            and got["title"] == f"{want['title']} (llm/llm-sidecar)"
+        )
         # It opens on its own release (the label its monitors give its series), not on All.
         assert release_variable(got)["current"]["value"] == ["llm/llm-sidecar"]
         assert release_variable(want)["current"]["value"] == "$__all"
@@ -137,13 +145,17 @@ def test_the_slo_dashboard_draws_the_objectives_the_values_give(case):
     if windows:
         data["windows"] = windows
     want = plain(data)
-    for name, got in by_file(dashboards("llm-sidecar", "llm", *(f"{k}={v}" for k, v in sets.items()))).items():
+    for name, got in by_file(
+        dashboards("llm-sidecar", "llm", *(f"{k}={v}" for k, v in sets.items()))
+    ).items():
         assert without_release(got, want[name]) == want[name], name
 
 
 def test_ttft_threshold_from_values_is_the_one_drawn():
     """The issue's example: --set ...ttft.thresholdSeconds=5.0 left "<= 2s" drawn."""
-    slo = by_file(dashboards("llm-sidecar", "llm", "prometheus.rules.objectives.ttft.thresholdSeconds=5.0"))["llm-sidecar-slo.json"]
+    slo = by_file(
+        dashboards("llm-sidecar", "llm", "prometheus.rules.objectives.ttft.thresholdSeconds=5.0")
+    )["llm-sidecar-slo.json"]
     text = json.dumps(slo)
     assert "time to first token <= 5s for 95% of streamed requests" in text
     assert "time to first token <= 2s" not in text
@@ -162,17 +174,29 @@ def test_per_model_overrides_from_values_are_drawn():
     slo = by_file(dashboards("llm-sidecar", "llm", *sets))["llm-sidecar-slo.json"]
     default = by_file(dashboards())["llm-sidecar-slo.json"]
     byt = {p["title"]: p for p in panels(slo)}
-    assert "SLO ttft: time to first token <= 2s for 95% of streamed requests, over 30d (1 per-model override)" in byt
-    line = next(q["expr"] for q in byt["ttft: SLI vs target"]["targets"] if q["expr"].startswith("(0 * "))
+    assert (
+        "SLO ttft: time to first token <= 2s for 95% of streamed requests, over 30d (1 per-model override)"
+        in byt
+    )
+    line = next(
+        q["expr"] for q in byt["ttft: SLI vs target"]["targets"] if q["expr"].startswith("(0 * ")
+    )
     assert line.startswith("(0 * llm:sli_error:ratio_rate30d{") and 'model="big-405b"' in line
     assert "} + 0.9) or 0 * llm:sli_error:ratio_rate30d{" in line and line.endswith(" + 0.95")
     (breakdown,) = [q["expr"] for q in byt["ttft: bad-event share by pod and route"]["targets"]]
     override_part, _, default_part = breakdown.partition(") or ")
-    assert 'model="big-405b"' in override_part and 'le="10.0"' in override_part and 'le="2.0"' in default_part
+    assert (
+        'model="big-405b"' in override_part
+        and 'le="10.0"' in override_part
+        and 'le="2.0"' in default_part
+    )
     (colour,) = byt["ttft: SLI over 30d"]["fieldConfig"]["overrides"]
     assert colour["matcher"] == {"id": "byRegexp", "options": "^(.* )?big-405b$"}
     assert colour["properties"][0]["value"]["steps"][-1] == {"color": "green", "value": 0.9}
-    assert "Per-model overrides: model big-405b: time to first token <= 10s for 90% of streamed requests." in byt["ttft: SLI over 30d"]["description"]
+    assert (
+        "Per-model overrides: model big-405b: time to first token <= 10s for 90% of streamed requests."
+        in byt["ttft: SLI over 30d"]["description"]
+    )
     # Nothing else changes: the other objectives' panels are the default render's.
     others = [p for p in panels(slo) if not p["title"].startswith(("ttft", "SLO ttft"))]
     assert others == [p for p in panels(default) if not p["title"].startswith(("ttft", "SLO ttft"))]
@@ -185,5 +209,13 @@ def test_an_override_of_the_target_alone_keeps_the_objectives_threshold():
     byt = {p["title"]: p for p in panels(slo)}
     (breakdown,) = [q["expr"] for q in byt["ttft: bad-event share by pod and route"]["targets"]]
     assert ") or " not in breakdown  # the default scope's threshold is the model's own
-    assert "model m: time to first token <= 2s for 90% of streamed requests" in byt["ttft: SLI over 30d"]["description"]
-    assert copy.deepcopy(byt["ttft: SLI over 30d"]["fieldConfig"]["overrides"])[0]["matcher"]["options"] == "^(.* )?m$"
+    assert (
+        "model m: time to first token <= 2s for 90% of streamed requests"
+        in byt["ttft: SLI over 30d"]["description"]
+    )
+    assert (
+        copy.deepcopy(byt["ttft: SLI over 30d"]["fieldConfig"]["overrides"])[0]["matcher"][
+            "options"
+        ]
+        == "^(.* )?m$"
+    )

@@ -29,7 +29,11 @@ def error_of(*args: str) -> str:
     """The error `helm template` prints (its symbolic-link notice about files/dashboards aside)."""
     with pytest.raises(sync.SyncError) as err:
         sync.helm("template", "llm-sidecar", str(CHART), "--namespace", "llm", *args)
-    lines = [ln for ln in str(err.value).splitlines()[1:] if ln.strip() and "found symbolic link" not in ln]
+    lines = [
+        ln
+        for ln in str(err.value).splitlines()[1:]
+        if ln.strip() and "found symbolic link" not in ln
+    ]
     return "\n".join(ln for ln in lines if "Use --debug" not in ln)
 
 
@@ -40,7 +44,9 @@ def test_without_an_image_the_chart_refuses_and_says_how_to_build_one():
 
 
 def test_monitoring_only_also_needs_the_image_it_prints_for_pasting():
-    text = error_of("--set", "mode=monitoring-only", "--set", "existingServer.podSelector.app=my-vllm")
+    text = error_of(
+        "--set", "mode=monitoring-only", "--set", "existingServer.podSelector.app=my-vllm"
+    )
     assert "image.repository is not set" in text and len(text) < MAX_ERROR
 
 
@@ -71,7 +77,11 @@ def test_a_wrong_rules_value_fails_with_one_short_line(sets, reason):
 
 def engine_paths(*sets: str) -> list[str]:
     args = [a for s in sets for a in ("--set", s)]
-    (monitor,) = sync.objects(sync.template(["--kube-version", sync.KUBE_VERSION, "--show-only", "templates/podmonitor.yaml", *args]))
+    (monitor,) = sync.objects(
+        sync.template(
+            ["--kube-version", sync.KUBE_VERSION, "--show-only", "templates/podmonitor.yaml", *args]
+        )
+    )
     return [e["path"] for e in monitor["spec"]["podMetricsEndpoints"]]
 
 
@@ -83,15 +93,27 @@ def test_the_engine_scrape_is_off_in_monitoring_only_and_on_in_full_unless_set()
     queue panel's sums would double) if the chart scraped /metrics/engine as well."""
     assert engine_paths() == ["/metrics", "/metrics/engine"]
     assert engine_paths(*MONITORING_ONLY) == ["/metrics"]
-    assert engine_paths(*MONITORING_ONLY, "prometheus.monitor.engine.enabled=true") == ["/metrics", "/metrics/engine"]
+    assert engine_paths(*MONITORING_ONLY, "prometheus.monitor.engine.enabled=true") == [
+        "/metrics",
+        "/metrics/engine",
+    ]
     assert engine_paths("prometheus.monitor.engine.enabled=false") == ["/metrics"]
 
 
 def test_monitoring_only_notes_are_the_checklist_with_the_server_flags():
-    notes = sync.render_extra(sync.NOTES_TEMPLATE, ["--kube-version", sync.KUBE_VERSION, *(a for s in MONITORING_ONLY for a in ("--set", s))])["text"]
-    for flag in ("--enable-force-include-usage", "--enable-per-request-metrics", "--enable-prompt-tokens-details"):
+    notes = sync.render_extra(
+        sync.NOTES_TEMPLATE,
+        ["--kube-version", sync.KUBE_VERSION, *(a for s in MONITORING_ONLY for a in ("--set", s))],
+    )["text"]
+    for flag in (
+        "--enable-force-include-usage",
+        "--enable-per-request-metrics",
+        "--enable-prompt-tokens-details",
+    ):
         assert flag in notes
-    assert "not scraped by this release" in notes and "prometheus.monitor.engine.enabled=true" in notes
+    assert (
+        "not scraped by this release" in notes and "prometheus.monitor.engine.enabled=true" in notes
+    )
     assert [int(n) for n in re.findall(r"^(\d)\. ", notes, re.MULTILINE)] == [1, 2, 3, 4, 5, 6]
 
 
@@ -102,6 +124,9 @@ def test_every_refusal_in_a_tpl_file_also_runs_first_from_a_template():
     """A `fail` that only the rules' or dashboards' tpl reaches prints that whole file before
     its sentence: each must also be in a named template that templates/validate.yaml runs."""
     templates = "".join(p.read_text(encoding="utf-8") for p in (CHART / "templates").glob("*.tpl"))
-    for path in [*(CHART / "files" / "rules").glob("*.yaml"), *(CHART / "files" / "dashboard-templates").glob("*.json")]:
+    for path in [
+        *(CHART / "files" / "rules").glob("*.yaml"),
+        *(CHART / "files" / "dashboard-templates").glob("*.json"),
+    ]:
         for message in FAIL.findall(path.read_text(encoding="utf-8")):
             assert message in templates, f"{path.name}: {message!r} fails only inside tpl"

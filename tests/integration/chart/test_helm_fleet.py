@@ -33,7 +33,9 @@ from tests.support.chart import CHART, RELEASES, by_kind, deployment, render_rel
 pytestmark = pytest.mark.integration
 
 
-def series(release: str, namespace: str, model: str, slow: int, *, gone_after: int | None = None) -> list[dict]:
+def series(
+    release: str, namespace: str, model: str, slow: int, *, gone_after: int | None = None
+) -> list[dict]:
     """One deployment's scraped series: 1000 streamed requests a minute, ``slow`` of them
     with a first token over 2 s; ``gone_after`` minutes, its target and traffic vanish."""
     labels = f'namespace="{namespace}",{LABEL_RELEASE}="{release_id(namespace, deployment(release))}",model="{model}",route="/v1/chat/completions"'
@@ -41,11 +43,18 @@ def series(release: str, namespace: str, model: str, slow: int, *, gone_after: i
     def values(step: int, ups: str = "") -> str:
         if gone_after is None:
             return f"0+{step}x90"
-        return f"0+{step}x{gone_after} _x{90 - gone_after}" if not ups else f"1x{gone_after} _x{90 - gone_after}"
+        return (
+            f"0+{step}x{gone_after} _x{90 - gone_after}"
+            if not ups
+            else f"1x{gone_after} _x{90 - gone_after}"
+        )
 
     ttft = "llm_time_to_first_token_seconds"
     return [
-        {"series": f'up{{job="llm-sidecar",{labels.rsplit(",model=", 1)[0]},instance="{release}:9091"}}', "values": values(0, "up") if gone_after is not None else "1x90"},
+        {
+            "series": f'up{{job="llm-sidecar",{labels.rsplit(",model=", 1)[0]},instance="{release}:9091"}}',
+            "values": values(0, "up") if gone_after is not None else "1x90",
+        },
         {"series": f'llm_requests_total{{{labels},outcome="ok"}}', "values": values(1000)},
         {"series": f"{ttft}_count{{{labels}}}", "values": values(1000)},
         {"series": f'{ttft}_bucket{{{labels},le="2.0"}}', "values": values(1000 - slow)},
@@ -60,11 +69,15 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
     for release, namespace, sets, _, _ in RELEASES:
         (rule,) = by_kind(render_release(release, namespace, sets, chart), "PrometheusRule")
         path = tmp_path / f"{release}.yaml"
-        path.write_text(yaml.safe_dump(rule["spec"], sort_keys=False, width=10**9), encoding="utf-8")
+        path.write_text(
+            yaml.safe_dump(rule["spec"], sort_keys=False, width=10**9), encoding="utf-8"
+        )
         files.append(path.name)
     healthy = [s for r, ns, _, model, slow in RELEASES for s in series(r, ns, model, slow)]
     b_gone = [
-        s for r, ns, _, model, slow in RELEASES for s in series(r, ns, model, slow, gone_after=5 if r == "b" else None)
+        s
+        for r, ns, _, model, slow in RELEASES
+        for s in series(r, ns, model, slow, gone_after=5 if r == "b" else None)
     ]
     a, b, c = (rid(r) for r, *_ in RELEASES)
     burn = "llm:burn_rate:ratio_rate1h"
@@ -82,9 +95,18 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
                         "expr": f'round({burn}{{slo="ttft"}}, 0.001)',  # drops the float noise
                         "eval_time": "65m",
                         "exp_samples": [
-                            {"labels": f'{{slo="ttft",namespace="team-a",{LABEL_RELEASE}="{a}",model="llama"}}', "value": 0.6},
-                            {"labels": f'{{slo="ttft",namespace="team-b",{LABEL_RELEASE}="{b}",model="llama"}}', "value": 0.5},
-                            {"labels": f'{{slo="ttft",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen"}}', "value": 16},
+                            {
+                                "labels": f'{{slo="ttft",namespace="team-a",{LABEL_RELEASE}="{a}",model="llama"}}',
+                                "value": 0.6,
+                            },
+                            {
+                                "labels": f'{{slo="ttft",namespace="team-b",{LABEL_RELEASE}="{b}",model="llama"}}',
+                                "value": 0.5,
+                            },
+                            {
+                                "labels": f'{{slo="ttft",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen"}}',
+                                "value": 16,
+                            },
                         ],
                     },
                     {
@@ -93,8 +115,14 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
                         "expr": f"count by (alertname, namespace, {LABEL_RELEASE}, model, severity) (ALERTS{{{watched}}})",
                         "eval_time": "65m",
                         "exp_samples": [
-                            {"labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen",severity="critical"}}', "value": 2},
-                            {"labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen",severity="warning"}}', "value": 2},
+                            {
+                                "labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen",severity="critical"}}',
+                                "value": 2,
+                            },
+                            {
+                                "labels": f'{{alertname="LLMTTFTBurnRate",namespace="team-a",{LABEL_RELEASE}="{c}",model="qwen",severity="warning"}}',
+                                "value": 2,
+                            },
                         ],
                     },
                 ],
@@ -109,17 +137,29 @@ def fleet_test(tmp_path: Path, chart: Path = CHART) -> subprocess.CompletedProce
                         "eval_time": "60m",
                         "exp_samples": [
                             # No target left: absent() keeps the release, which says whose it is (not the pods' namespace).
-                            {"labels": f'{{alertname="LLMSidecarDown",{LABEL_RELEASE}="{b}",severity="critical"}}', "value": 1},
-                            {"labels": f'{{alertname="LLMNoTrafficData",{LABEL_RELEASE}="{b}",severity="warning"}}', "value": 1},
+                            {
+                                "labels": f'{{alertname="LLMSidecarDown",{LABEL_RELEASE}="{b}",severity="critical"}}',
+                                "value": 1,
+                            },
+                            {
+                                "labels": f'{{alertname="LLMNoTrafficData",{LABEL_RELEASE}="{b}",severity="warning"}}',
+                                "value": 1,
+                            },
                         ],
                     },
                 ],
             },
         ],
     }
-    (tmp_path / "fleet-test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=10**9), encoding="utf-8")
+    (tmp_path / "fleet-test.yaml").write_text(
+        yaml.safe_dump(test, sort_keys=False, width=10**9), encoding="utf-8"
+    )
     return subprocess.run(
-        [promtool, "test", "rules", "fleet-test.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [promtool, "test", "rules", "fleet-test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -146,7 +186,9 @@ def test_monitors_label_the_release_the_rules_select(helm_ok):
             assert relabel == [{"action": "replace", "targetLabel": LABEL_RELEASE, **source}]
     (rule,) = by_kind(render_release("a", "team-a", ()), "PrometheusRule")
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert all(f'{LABEL_RELEASE}="team-a/{deployment("a")}"' in e for e in exprs), "an unscoped rule"
+    assert all(f'{LABEL_RELEASE}="team-a/{deployment("a")}"' in e for e in exprs), (
+        "an unscoped rule"
+    )
 
 
 def test_three_releases_in_one_prometheus_judge_only_themselves(helm_ok, tmp_path):

@@ -23,12 +23,25 @@ JOB = "inference-sidecar"
 
 def render(kind: str) -> dict[str, dict]:
     require_helm()
-    args = ["-n", "team-a", "--set", f"prometheus.monitor.jobLabel={JOB}", "--set", f"prometheus.monitor.kind={kind}"]
-    return {o["kind"]: o for o in sync.objects(sync.template(args)) if o["kind"] in sync.MONITORING_KINDS}
+    args = [
+        "-n",
+        "team-a",
+        "--set",
+        f"prometheus.monitor.jobLabel={JOB}",
+        "--set",
+        f"prometheus.monitor.kind={kind}",
+    ]
+    return {
+        o["kind"]: o
+        for o in sync.objects(sync.template(args))
+        if o["kind"] in sync.MONITORING_KINDS
+    }
 
 
 def down_rule(rule: dict) -> dict:
-    (down,) = [r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "LLMSidecarDown"]
+    (down,) = [
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "LLMSidecarDown"
+    ]
     return down
 
 
@@ -46,7 +59,9 @@ def test_the_down_alert_watches_the_monitors_job(kind):
 
 def test_healthy_targets_of_another_job_do_not_page(tmp_path):
     rule = render("PodMonitor")["PrometheusRule"]
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}), encoding="utf-8")
+    (tmp_path / "rules.yaml").write_text(
+        yaml.safe_dump({"groups": rule["spec"]["groups"]}), encoding="utf-8"
+    )
     up = f'up{{job="{JOB}",namespace="team-a",pod="p-0",llm_release="team-a/llm-sidecar"}}'
     test = {
         "rule_files": ["rules.yaml"],
@@ -55,5 +70,11 @@ def test_healthy_targets_of_another_job_do_not_page(tmp_path):
                    "alert_rule_test": [{"eval_time": "20m", "alertname": "LLMSidecarDown", "exp_alerts": []}]}],
     }  # fmt: skip
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(test), encoding="utf-8")
-    done = subprocess.run([require_tool("promtool"), "test", "rules", "t.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [require_tool("promtool"), "test", "rules", "t.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

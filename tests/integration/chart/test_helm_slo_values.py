@@ -87,17 +87,21 @@ def test_default_values_give_the_committed_rules_scoped_to_the_release(helm_ok):
     assert got == released(load_spec(str(SPEC)))
     text = json.dumps(got)
     assert 'llm_release=\\"llm/llm-sidecar\\"' in text and 'namespace=\\"' not in text
-    assert "severity\": \"critical" in text and "severity\": \"page" not in text
+    assert 'severity": "critical' in text and 'severity": "page' not in text
 
 
 def test_set_changes_severities_and_runbook_url(helm_ok):
     severities = {"page": "page", "ticket": "ticket", "info": "none"}
     url = "https://runbooks.example.com/llm"
-    args = [a for k, v in severities.items() for a in ("--set", f"prometheus.rules.severities.{k}={v}")]
+    args = [
+        a for k, v in severities.items() for a in ("--set", f"prometheus.rules.severities.{k}={v}")
+    ]
     got = rules_of(render(*args, "--set", f"prometheus.rules.runbookUrl={url}"))
     assert got == released(load_spec(str(SPEC)), severities=severities, runbook_url=url)
     assert got != rules_of(render())
-    links = {r["annotations"]["runbook_url"] for g in got["groups"] for r in g["rules"] if "alert" in r}
+    links = {
+        r["annotations"]["runbook_url"] for g in got["groups"] for r in g["rules"] if "alert" in r
+    }
     assert links and all(link.startswith(url + "#runbook-") for link in links)
 
 
@@ -118,7 +122,12 @@ def test_the_capacity_bound_follows_the_objective_threshold_from_values(helm_ok)
         if o["name"] == "tpot":
             o["threshold_seconds"] = 0.075
     assert got == released(parse_spec(data))
-    (band,) = [r["expr"] for g in got["groups"] for r in g["rules"] if r.get("record") == "llm:slo_capacity:band"]
+    (band,) = [
+        r["expr"]
+        for g in got["groups"]
+        for r in g["rules"]
+        if r.get("record") == "llm:slo_capacity:band"
+    ]
     assert band.count("<= 0.075") == 8 and "<= 0.1)" not in band  # every finite band
 
 
@@ -126,7 +135,9 @@ def test_promtool_agrees_with_the_values(helm_ok, tmp_path):
     promtool = require_tool("promtool")
     files = {
         "default": render_text(),
-        "set": render_text("--set", f"{KEY}.ttft.target=99", "--set", f"{KEY}.ttft.thresholdSeconds=5.0"),
+        "set": render_text(
+            "--set", f"{KEY}.ttft.target=99", "--set", f"{KEY}.ttft.thresholdSeconds=5.0"
+        ),
     }
     for name, text in files.items():
         (tmp_path / f"{name}.yaml").write_text(text, encoding="utf-8")
@@ -144,8 +155,11 @@ def test_promtool_agrees_with_the_values(helm_ok, tmp_path):
     ]
     inputs = [
         {
-            "series": "llm_time_to_first_token_seconds" + suffix + '{namespace="llm",llm_release="llm/llm-sidecar",model="m",route="/v1/chat/completions",prompt_class="all"'
-            + (f',le="{le}"' if le else "") + "}",
+            "series": "llm_time_to_first_token_seconds"
+            + suffix
+            + '{namespace="llm",llm_release="llm/llm-sidecar",model="m",route="/v1/chat/completions",prompt_class="all"'
+            + (f',le="{le}"' if le else "")
+            + "}",
             "values": values,
         }
         for suffix, le, values in series
@@ -169,9 +183,15 @@ def test_promtool_agrees_with_the_values(helm_ok, tmp_path):
                 }
             ],
         }
-        (tmp_path / f"test-{name}.yaml").write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
+        (tmp_path / f"test-{name}.yaml").write_text(
+            yaml.safe_dump(test, sort_keys=False), encoding="utf-8"
+        )
         result = subprocess.run(
-            [promtool, "test", "rules", f"test-{name}.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+            [promtool, "test", "rules", f"test-{name}.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert result.returncode == 0, f"{name}: {result.stdout}{result.stderr}"
 
@@ -217,7 +237,11 @@ def test_schema_and_template_refuse_what_the_spec_would(helm_ok, values, message
     assert message in render_error(*sets(*values))
 
 
-WINDOW_SETS = (f"{WKEY}.page-fast.long=2h", f"{WKEY}.ticket-slow.long=7d", f"{WKEY}.ticket-slow.budgetPercent=2.5")
+WINDOW_SETS = (
+    f"{WKEY}.page-fast.long=2h",
+    f"{WKEY}.ticket-slow.long=7d",
+    f"{WKEY}.ticket-slow.budgetPercent=2.5",
+)
 WINDOW_SPEC = {"page-fast": {"long": "2h"}, "ticket-slow": {"long": "7d", "budget_percent": 2.5}}
 
 
@@ -246,23 +270,38 @@ def test_set_changes_windows_as_the_generator_would(helm_ok):
     found = exprs(got)
     # page-fast: 2% x 30d / 2h = 7.2 over 2h and 5m; ticket-slow: 2.5% x 30d / 7d = 0.107143.
     burn = [e for e in found["LLMTTFTBurnRate"]]
-    assert burn[0].startswith("llm:burn_rate:ratio_rate2h{") and " > 7.2 and llm:burn_rate:ratio_rate5m{" in burn[0]
-    assert burn[3].startswith("llm:burn_rate:ratio_rate7d{") and " > 0.107143 and llm:burn_rate:ratio_rate6h{" in burn[3]
+    assert (
+        burn[0].startswith("llm:burn_rate:ratio_rate2h{")
+        and " > 7.2 and llm:burn_rate:ratio_rate5m{" in burn[0]
+    )
+    assert (
+        burn[3].startswith("llm:burn_rate:ratio_rate7d{")
+        and " > 0.107143 and llm:burn_rate:ratio_rate6h{" in burn[3]
+    )
     assert "llm:burn_rate:ratio_rate1h" not in found and "llm:burn_rate:ratio_rate3d" not in found
     # 2h is page-fast's long and ticket-fast's short window: recorded once per scope.
     assert len(found["llm:sli_error:ratio_rate2h"]) == len(found["llm:sli_error:ratio_rate5m"])
     # 7d is a long window (a day or more): summed from the recorded 5m rates, not a raw rate.
-    assert all(e.startswith("sum_over_time(llm:sli_bad_events:rate5m{") and "[7d])" in e for e in found["llm:sli_error:ratio_rate7d"])
+    assert all(
+        e.startswith("sum_over_time(llm:sli_bad_events:rate5m{") and "[7d])" in e
+        for e in found["llm:sli_error:ratio_rate7d"]
+    )
     alerts = [r for g in got["groups"] for r in g["rules"] if r.get("alert") == "LLMTTFTBurnRate"]
     assert (alerts[0]["labels"]["long_window"], alerts[0]["labels"]["short_window"]) == ("2h", "5m")
-    assert "fires above 7.2x, i.e. when 2% of the budget is gone in 2h" in alerts[0]["annotations"]["description"]
+    assert (
+        "fires above 7.2x, i.e. when 2% of the budget is gone in 2h"
+        in alerts[0]["annotations"]["description"]
+    )
 
 
 def test_set_adds_model_overrides_as_the_generator_would(helm_ok):
     args = override_sets(0, objective="ttft", model=BIG, thresholdSeconds="5.0", target=90)
     args += override_sets(1, objective="availability", model="qwen", target="99.9")
     got = rules_of(render(*args))
-    models = {"ttft": {BIG: {"threshold_seconds": 5.0, "target": 90}}, "availability": {"qwen": {"target": 99.9}}}
+    models = {
+        "ttft": {BIG: {"threshold_seconds": 5.0, "target": 90}},
+        "availability": {"qwen": {"target": 99.9}},
+    }
     assert got == released(parse_spec(spec_data(models=models)))
     assert rules_of(render()) == released(load_spec(str(SPEC))), "no override by default"
     ttft = next(g for g in got["groups"] if g["name"] == "llm-sidecar-slo-ttft")["rules"]
@@ -274,17 +313,23 @@ def test_set_adds_model_overrides_as_the_generator_would(helm_ok):
     assert any(f'model="{BIG}",le="5.0"' in r["expr"] for r in mine)
     assert any(',le="2.0"' in r["expr"] for r in others)
     budget = [r["expr"] for r in mine if r.get("record") == "llm:error_budget_remaining:ratio"]
-    assert budget == [f'1 - llm:sli_error:ratio_rate30d{{slo="ttft",llm_release="llm/llm-sidecar",model="{BIG}"}} / 0.1']
+    assert budget == [
+        f'1 - llm:sli_error:ratio_rate30d{{slo="ttft",llm_release="llm/llm-sidecar",model="{BIG}"}} / 0.1'
+    ]
     # A target-only override keeps its objective's threshold (availability has none).
     avail = next(g for g in got["groups"] if g["name"] == "llm-sidecar-slo-availability")["rules"]
-    assert any(r.get("labels", {}).get("model") == "qwen" and r["expr"].endswith(" / 0.001") for r in avail)
+    assert any(
+        r.get("labels", {}).get("model") == "qwen" and r["expr"].endswith(" / 0.001") for r in avail
+    )
 
 
 def test_promtool_reads_windows_and_an_override_from_values(helm_ok, tmp_path):
     """One check and one test run: a stricter threshold for one model fires, the same
     latencies for another model stay quiet, and page-fast reads its 2h window."""
     promtool = require_tool("promtool")
-    args = sets(f"{WKEY}.page-fast.long=2h") + override_sets(0, objective="ttft", model="strict", thresholdSeconds="1.0")
+    args = sets(f"{WKEY}.page-fast.long=2h") + override_sets(
+        0, objective="ttft", model="strict", thresholdSeconds="1.0"
+    )
     (tmp_path / "rules.yaml").write_text(render_text(*args), encoding="utf-8")
     check = subprocess.run(
         [promtool, "check", "rules", "--lint=all", "--lint-fatal", "rules.yaml"],
@@ -297,10 +342,25 @@ def test_promtool_reads_windows_and_an_override_from_values(helm_ok, tmp_path):
     labels = 'namespace="llm",llm_release="llm/llm-sidecar",route="/v1/chat/completions",prompt_class="all"'
     inputs = []
     for model in ("m", "strict"):
-        for suffix, le, step in (("_count", None, 1000), ("_bucket", "1.0", 500), ("_bucket", "2.0", 960), ("_bucket", "+Inf", 1000)):
+        for suffix, le, step in (
+            ("_count", None, 1000),
+            ("_bucket", "1.0", 500),
+            ("_bucket", "2.0", 960),
+            ("_bucket", "+Inf", 1000),
+        ):
             extra = f',le="{le}"' if le else ""
-            inputs.append({"series": f'llm_time_to_first_token_seconds{suffix}{{{labels},model="{model}"{extra}}}', "values": f"0+{step}x60"})
-    arms = (("critical", "2h", "5m"), ("critical", "6h", "30m"), ("warning", "1d", "2h"), ("warning", "3d", "6h"))
+            inputs.append(
+                {
+                    "series": f'llm_time_to_first_token_seconds{suffix}{{{labels},model="{model}"{extra}}}',
+                    "values": f"0+{step}x60",
+                }
+            )
+    arms = (
+        ("critical", "2h", "5m"),
+        ("critical", "6h", "30m"),
+        ("warning", "1d", "2h"),
+        ("warning", "3d", "6h"),
+    )
     firing = [
         {
             "labels": f'ALERTS{{alertname="LLMTTFTBurnRate",alertstate="firing",severity="{sev}",slo="ttft",'
@@ -318,7 +378,11 @@ def test_promtool_reads_windows_and_an_override_from_values(helm_ok, tmp_path):
                 "interval": "1m",
                 "input_series": inputs,
                 "promql_expr_test": [
-                    {"expr": 'ALERTS{alertname="LLMTTFTBurnRate"}', "eval_time": "1h", "exp_samples": firing},
+                    {
+                        "expr": 'ALERTS{alertname="LLMTTFTBurnRate"}',
+                        "eval_time": "1h",
+                        "exp_samples": firing,
+                    },
                     {
                         "expr": 'round(llm:burn_rate:ratio_rate2h{slo="ttft"}, 0.001)',
                         "eval_time": "1h",
@@ -327,13 +391,25 @@ def test_promtool_reads_windows_and_an_override_from_values(helm_ok, tmp_path):
                             {"labels": f'{{{scope},model="strict"}}', "value": 10},
                         ],
                     },
-                    {"expr": "absent(llm:burn_rate:ratio_rate1h)", "eval_time": "1h", "exp_samples": [{"labels": "{}", "value": 1}]},
+                    {
+                        "expr": "absent(llm:burn_rate:ratio_rate1h)",
+                        "eval_time": "1h",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    },
                 ],
             }
         ],
     }
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=10**9), encoding="utf-8")
-    result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    (tmp_path / "test.yaml").write_text(
+        yaml.safe_dump(test, sort_keys=False, width=10**9), encoding="utf-8"
+    )
+    result = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -353,4 +429,6 @@ def test_values_and_schema_are_derived_from_the_spec():
     assert rules_schema["windows"] == windows_schema(spec)
     assert rules_values["modelOverrides"] == [], "no per-model override is shipped active"
     assert rules_schema["modelOverrides"] == overrides_schema(spec)
-    assert props["properties"]["ttft"]["properties"]["thresholdSeconds"]["enum"][-1] == "60.0"  # and the number 60.0 before it
+    assert (
+        props["properties"]["ttft"]["properties"]["thresholdSeconds"]["enum"][-1] == "60.0"
+    )  # and the number 60.0 before it

@@ -32,7 +32,10 @@ def test_default_model_server_is_current_vllm_with_the_dashboards_flags(helm_ok)
     deployment, server = model_server()
     assert server["image"] == "vllm/vllm-openai:v0.32.0"
     assert server["args"][-2:] == FLAGS
-    assert server["resources"]["requests"]["memory"] and server["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert (
+        server["resources"]["requests"]["memory"]
+        and server["resources"]["limits"]["nvidia.com/gpu"] == 1
+    )
     mount = next(m for m in server["volumeMounts"] if m["name"] == "model-cache")
     assert mount["mountPath"] == "/root/.cache/huggingface"
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
@@ -51,5 +54,8 @@ def test_model_cache_from_a_claim_or_none(helm_ok):
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "weights"}
     deployment, server = model_server("--set", "modelServer.modelCache.enabled=false")
-    assert all(v["name"] != "model-cache" for v in deployment["spec"]["template"]["spec"].get("volumes", []))
+    assert all(
+        v["name"] != "model-cache"
+        for v in deployment["spec"]["template"]["spec"].get("volumes", [])
+    )
     assert all(m["name"] != "model-cache" for m in server.get("volumeMounts", []))

@@ -72,7 +72,11 @@ pytestmark = pytest.mark.integration
 
 DEPLOY = sync.DEPLOY_DIR
 HEALTHY = {"x-sim-ttft": "0.01", "x-sim-tpot": "0.002", "x-sim-tokens": "2"}
-SLOW = {"x-sim-ttft": "2.2", "x-sim-tpot": "0.002", "x-sim-tokens": "2"}  # over the 2 s TTFT objective
+SLOW = {
+    "x-sim-ttft": "2.2",
+    "x-sim-tpot": "0.002",
+    "x-sim-tokens": "2",
+}  # over the 2 s TTFT objective
 ACTIVE = ("critical", "warning")
 
 
@@ -124,7 +128,11 @@ def _in_namespace(objects: list[dict], namespace: str) -> list[dict]:
 def _template(objects: list[dict]) -> tuple[dict[str, str], list[dict], list[dict]]:
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]
-    return pod["metadata"]["labels"], pod["spec"]["containers"], pod["spec"].get("initContainers", [])
+    return (
+        pod["metadata"]["labels"],
+        pod["spec"]["containers"],
+        pod["spec"].get("initContainers", []),
+    )
 
 
 def _helm(release: str, namespace: str, *sets: str, chart: Path = CHART) -> list[dict]:
@@ -132,43 +140,100 @@ def _helm(release: str, namespace: str, *sets: str, chart: Path = CHART) -> list
 
 
 def install_paths(chart: Path = CHART, deploy: Path = DEPLOY) -> list[InstallPath]:
-    snippet = yaml.safe_load((deploy / "snippets" / "sidecar-container.yaml").read_text(encoding="utf-8"))
+    snippet = yaml.safe_load(
+        (deploy / "snippets" / "sidecar-container.yaml").read_text(encoding="utf-8")
+    )
     server = {"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}
-    theirs = [server, *snippet]  # a team's own vLLM pod with the printed sidecar container pasted in
+    theirs = [
+        server,
+        *snippet,
+    ]  # a team's own vLLM pod with the printed sidecar container pasted in
     paths = []
     for ns in ("team-a", "team-b"):
         objs = _helm("chat", ns, chart=chart)
-        paths.append(InstallPath(f"full-{ns}", ns, "chat-llm-sidecar", objs, [(ns, *_template(objs))]))
-    same = _helm("watch", "inference", "mode=monitoring-only", "existingServer.podSelector.app=vllm-a", chart=chart)
+        paths.append(
+            InstallPath(f"full-{ns}", ns, "chat-llm-sidecar", objs, [(ns, *_template(objs))])
+        )
+    same = _helm(
+        "watch",
+        "inference",
+        "mode=monitoring-only",
+        "existingServer.podSelector.app=vllm-a",
+        chart=chart,
+    )
     paths.append(InstallPath("monitoring-only-same-ns", "inference", "watch-llm-sidecar", same,
                              [("inference", {"app": "vllm-a"}, theirs, [])]))  # fmt: skip
     other = _helm("watch", "monitoring", "mode=monitoring-only", "existingServer.podSelector.app=vllm-b",
                   "existingServer.namespaces={inference}", chart=chart)  # fmt: skip
     paths.append(InstallPath("monitoring-only-other-ns", "monitoring", "watch-llm-sidecar", other,
                              [("inference", {"app": "vllm-b"}, theirs, [])]))  # fmt: skip
-    plain = [o for f in ("llm-sidecar.yaml", "monitoring.yaml") for o in yaml.safe_load_all((deploy / f).read_text(encoding="utf-8")) if o]
+    plain = [
+        o
+        for f in ("llm-sidecar.yaml", "monitoring.yaml")
+        for o in yaml.safe_load_all((deploy / f).read_text(encoding="utf-8"))
+        if o
+    ]
     plain = _in_namespace(plain, "prod")
-    paths.append(InstallPath("plain-manifests-prod", "prod", "llm-sidecar", plain, [("prod", *_template(plain))]))
+    paths.append(
+        InstallPath(
+            "plain-manifests-prod", "prod", "llm-sidecar", plain, [("prod", *_template(plain))]
+        )
+    )
     # prometheus.monitor.kind=ServiceMonitor: the full chart, and monitoring-only (its metrics Service).
     sm = "prometheus.monitor.kind=ServiceMonitor"
     full = _helm("chat", "team-c", sm, chart=chart)
-    paths.append(InstallPath("servicemonitor-full", "team-c", "chat-llm-sidecar", full, [("team-c", *_template(full))]))
-    only = _helm("watch", "serving", "mode=monitoring-only", "existingServer.podSelector.app=vllm-c", sm, chart=chart)
+    paths.append(
+        InstallPath(
+            "servicemonitor-full",
+            "team-c",
+            "chat-llm-sidecar",
+            full,
+            [("team-c", *_template(full))],
+        )
+    )
+    only = _helm(
+        "watch",
+        "serving",
+        "mode=monitoring-only",
+        "existingServer.podSelector.app=vllm-c",
+        sm,
+        chart=chart,
+    )
     paths.append(InstallPath("servicemonitor-monitoring-only", "serving", "watch-llm-sidecar", only,
                              [("serving", {"app": "vllm-c"}, theirs, [])]))  # fmt: skip
     # The plain rules select their name in any namespace: a second plain install judges apart
     # from the first only where each PrometheusRule sees its own namespace (docs/kubernetes.md).
-    staging = _in_namespace([{**o, "metadata": {k: v for k, v in o["metadata"].items() if k != "namespace"}} for o in plain], "staging")
-    paths.append(InstallPath("plain-manifests-staging", "staging", "llm-sidecar", staging, [("staging", *_template(staging))], True))
+    staging = _in_namespace(
+        [
+            {**o, "metadata": {k: v for k, v in o["metadata"].items() if k != "namespace"}}
+            for o in plain
+        ],
+        "staging",
+    )
+    paths.append(
+        InstallPath(
+            "plain-manifests-staging",
+            "staging",
+            "llm-sidecar",
+            staging,
+            [("staging", *_template(staging))],
+            True,
+        )
+    )
     return paths
 
 
-def _containers(specs: list[dict], init: bool, sidecar: ServeProcess, upstream: str) -> list[operator.Container]:
+def _containers(
+    specs: list[dict], init: bool, sidecar: ServeProcess, upstream: str
+) -> list[operator.Container]:
     out = []
     for c in specs:
         ports = {p["name"]: p["containerPort"] for p in c.get("ports", []) if p.get("name")}
         if c["name"] == "llm-sidecar":
-            where = {"http": f"127.0.0.1:{sidecar.port}", "metrics": f"127.0.0.1:{sidecar.admin_port}"}
+            where = {
+                "http": f"127.0.0.1:{sidecar.port}",
+                "metrics": f"127.0.0.1:{sidecar.admin_port}",
+            }
         else:
             where = dict.fromkeys(ports, upstream)
         out.append(operator.Container(c["name"], {n: where[n] for n in ports}, ports, init))
@@ -205,7 +270,11 @@ class Prom:
     async def active(self, session: aiohttp.ClientSession) -> list[dict]:
         """Labels of every critical or warning alert, pending or firing."""
         alerts = (await _api(session, self.base, "alerts"))["alerts"]
-        return [a["labels"] | {"state": a["state"]} for a in alerts if a["labels"].get("severity") in ACTIVE]
+        return [
+            a["labels"] | {"state": a["state"]}
+            for a in alerts
+            if a["labels"].get("severity") in ACTIVE
+        ]
 
     async def query(self, session: aiohttp.ClientSession, expr: str) -> list[dict]:
         return (await _api(session, self.base, "query", query=expr))["result"]
@@ -289,8 +358,15 @@ def test_generated_scrape_job_labels_as_the_operator_would(tools, tmp_path):
         kept = [t["labels"] for t in json.loads(done.stdout) if t.get("labels")]
         assert len(kept) == 1, kept
         labels = kept[0]
-        assert labels["pod"] == "vllm-b-1" and labels["container"] == "llm-sidecar" and labels["endpoint"] == "metrics"
-        assert labels["job"] == "llm-sidecar" and labels[LABEL_RELEASE] == "monitoring/watch-llm-sidecar"
+        assert (
+            labels["pod"] == "vllm-b-1"
+            and labels["container"] == "llm-sidecar"
+            and labels["endpoint"] == "metrics"
+        )
+        assert (
+            labels["job"] == "llm-sidecar"
+            and labels[LABEL_RELEASE] == "monitoring/watch-llm-sidecar"
+        )
         assert labels["namespace"] == ("monitoring" if enforced else "inference")
 
 
@@ -300,9 +376,9 @@ def test_enforce_expr_reaches_every_selector():
         'sum by (a) (rate(x{a="1",namespace="p"}[5m])) / absent(up{namespace="p"}) or group by (a) '
         '(y{namespace="p"}[1d] offset 29d) unless on (a) z{b=~"}",namespace="p"}'
     )
-    assert operator.enforce_expr('label_replace(vector(0), "a", "x{y}", "", "")', "namespace", "p") == (
-        'label_replace(vector(0), "a", "x{y}", "", "")'
-    )
+    assert operator.enforce_expr(
+        'label_replace(vector(0), "a", "x{y}", "", "")', "namespace", "p"
+    ) == ('label_replace(vector(0), "a", "x{y}", "", "")')
 
 
 async def test_every_install_path_pages_right_in_a_real_prometheus(tools, tmp_path):
@@ -336,14 +412,26 @@ async def test_every_install_path_pages_right_in_a_real_prometheus(tools, tmp_pa
                 for monitor in path.of_kind("PodMonitor"):
                     jobs += operator.podmonitor_scrape_configs(monitor, cluster, label)
                 for monitor in path.of_kind("ServiceMonitor"):
-                    jobs += operator.servicemonitor_scrape_configs(monitor, services, cluster, label)
+                    jobs += operator.servicemonitor_scrape_configs(
+                        monitor, services, cluster, label
+                    )
                 (rule,) = path.of_kind("PrometheusRule")
-                spec = operator.enforce_rules(rule["spec"], label, path.namespace) if enforced else rule["spec"]
+                spec = (
+                    operator.enforce_rules(rule["spec"], label, path.namespace)
+                    if enforced
+                    else rule["spec"]
+                )
                 file = work / f"{path.key}.yaml"
-                file.write_text(yaml.safe_dump(spec, sort_keys=False, width=10**9), encoding="utf-8")
+                file.write_text(
+                    yaml.safe_dump(spec, sort_keys=False, width=10**9), encoding="utf-8"
+                )
                 files.append(str(file))
             config = {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+                "global": {
+                    "scrape_interval": "1s",
+                    "scrape_timeout": "1s",
+                    "evaluation_interval": "1s",
+                },
                 "rule_files": files,
                 "scrape_configs": jobs,
             }
@@ -375,29 +463,59 @@ async def _run(session, paths: list[InstallPath], sidecars, proms: list[Prom], m
 
     # 1. Healthy: targets, records and quiet alerts, in both Prometheus.
     for prom in proms:
-        await _until(lambda prom=prom: _targets_wrong(session, prom), f"{prom.name}: targets", traffic=healthy)
-        await _until(lambda prom=prom: _records_missing(session, prom), f"{prom.name}: SLO records", traffic=healthy)
-        await _until(lambda prom=prom: prom.active(session), f"{prom.name}: healthy, yet alerts", traffic=healthy)
-        await _until(lambda prom=prom: _rules_unhealthy(session, prom), f"{prom.name}: rules", traffic=healthy)
-        assert await prom.query(session, 'count({deployment!=""})') == [], f"{prom.name}: a series carries deployment"
+        await _until(
+            lambda prom=prom: _targets_wrong(session, prom),
+            f"{prom.name}: targets",
+            traffic=healthy,
+        )
+        await _until(
+            lambda prom=prom: _records_missing(session, prom),
+            f"{prom.name}: SLO records",
+            traffic=healthy,
+        )
+        await _until(
+            lambda prom=prom: prom.active(session),
+            f"{prom.name}: healthy, yet alerts",
+            traffic=healthy,
+        )
+        await _until(
+            lambda prom=prom: _rules_unhealthy(session, prom),
+            f"{prom.name}: rules",
+            traffic=healthy,
+        )
+        assert await prom.query(session, 'count({deployment!=""})') == [], (
+            f"{prom.name}: a series carries deployment"
+        )
 
     # 2. A TTFT regression in team-b's chat: its own page, nobody else's.
     regressed = by_key["full-team-b"]
     slow = live.pop((regressed.key, 0))  # from now on it gets slow requests only
     for _ in range(3):
-        await asyncio.gather(healthy(), *(_stream(session, slow.url, model, SLOW) for _ in range(16)))
+        await asyncio.gather(
+            healthy(), *(_stream(session, slow.url, model, SLOW) for _ in range(16))
+        )
 
     def paged(prom: Prom):
         async def check() -> list:
             active = await prom.active(session)
-            mine = [a for a in active if a["alertname"] == "LLMTTFTBurnRate" and a["severity"] == "critical" and a[LABEL_RELEASE] == regressed.release]
+            mine = [
+                a
+                for a in active
+                if a["alertname"] == "LLMTTFTBurnRate"
+                and a["severity"] == "critical"
+                and a[LABEL_RELEASE] == regressed.release
+            ]
             others = [a for a in active if a.get(LABEL_RELEASE) != regressed.release]
-            return (["no page for " + regressed.release] if not mine else []) + [("not its own", a) for a in others]
+            return (["no page for " + regressed.release] if not mine else []) + [
+                ("not its own", a) for a in others
+            ]
 
         return check
 
     for prom in proms:
-        await _until(paged(prom), f"{prom.name}: regression in {regressed.release}", traffic=healthy)
+        await _until(
+            paged(prom), f"{prom.name}: regression in {regressed.release}", traffic=healthy
+        )
 
     # 3. The cross-namespace monitoring-only sidecar stops: its own down alert only.
     stopped = by_key["monitoring-only-other-ns"]
@@ -406,10 +524,25 @@ async def _run(session, paths: list[InstallPath], sidecars, proms: list[Prom], m
     def down(prom: Prom):
         async def check() -> list:
             active = await prom.active(session)
-            mine = [a for a in active if a["alertname"] == "LLMSidecarDown" and a[LABEL_RELEASE] == stopped.release]
-            health = [a for a in active if a["alertname"] in ("LLMSidecarDown", "LLMNoTrafficData") and a[LABEL_RELEASE] != stopped.release]
-            strays = [a for a in active if a.get(LABEL_RELEASE) not in (stopped.release, regressed.release)]
-            return (["no LLMSidecarDown for " + stopped.release] if not mine else []) + [("not its own", a) for a in health + strays]
+            mine = [
+                a
+                for a in active
+                if a["alertname"] == "LLMSidecarDown" and a[LABEL_RELEASE] == stopped.release
+            ]
+            health = [
+                a
+                for a in active
+                if a["alertname"] in ("LLMSidecarDown", "LLMNoTrafficData")
+                and a[LABEL_RELEASE] != stopped.release
+            ]
+            strays = [
+                a
+                for a in active
+                if a.get(LABEL_RELEASE) not in (stopped.release, regressed.release)
+            ]
+            return (["no LLMSidecarDown for " + stopped.release] if not mine else []) + [
+                ("not its own", a) for a in health + strays
+            ]
 
         return check
 
@@ -438,7 +571,8 @@ async def _targets_wrong(session: aiohttp.ClientSession, prom: Prom) -> list:
             for t in targets if t["scrapePool"] == pool
         )  # fmt: skip
         want = sorted(
-            (prom.namespace(path, ns), path.release, "llm-sidecar", "llm-sidecar", "metrics", "up") for ns, *_ in path.pods
+            (prom.namespace(path, ns), path.release, "llm-sidecar", "llm-sidecar", "metrics", "up")
+            for ns, *_ in path.pods
         )
         if got != want:
             problems.append((path.key, got, want))
@@ -449,7 +583,12 @@ async def _rules_unhealthy(session: aiohttp.ClientSession, prom: Prom) -> list:
     """Every rule of every release evaluated without error (the enforced ones too)."""
     groups = (await _api(session, prom.base, "rules"))["groups"]
     assert len({g["file"] for g in groups}) == len(prom.paths)
-    return [(g["file"].rsplit("/", 1)[-1], r.get("name"), r.get("health"), r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") != "ok"]
+    return [
+        (g["file"].rsplit("/", 1)[-1], r.get("name"), r.get("health"), r.get("lastError"))
+        for g in groups
+        for r in g["rules"]
+        if r.get("health") != "ok"
+    ]
 
 
 async def _records_missing(session: aiohttp.ClientSession, prom: Prom) -> list:
@@ -457,7 +596,8 @@ async def _records_missing(session: aiohttp.ClientSession, prom: Prom) -> list:
     for path in prom.paths:
         (ns, *_), *_ = path.pods
         result = await prom.query(
-            session, f'group by (__name__, slo, namespace) ({{__name__=~"llm:.+",{LABEL_RELEASE}="{path.release}"}})'
+            session,
+            f'group by (__name__, slo, namespace) ({{__name__=~"llm:.+",{LABEL_RELEASE}="{path.release}"}})',
         )
         got = {(s["metric"]["__name__"], s["metric"].get("slo", "")) for s in result}
         missing = _slo_records(path) - got

@@ -31,10 +31,14 @@ from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-IMAGE_REPOSITORY = "registry.example.com/team/llm-sidecar-proxy"  # scripts/sync_chart.py EXAMPLE_IMAGE
+IMAGE_REPOSITORY = (
+    "registry.example.com/team/llm-sidecar-proxy"  # scripts/sync_chart.py EXAMPLE_IMAGE
+)
 # Renderings of monitoring objects only (the snippet file carries monitoring-only's container).
 MONITORING_ONLY = {"monitoring.yaml", "monitoring-only.yaml"}
-RENDERINGS = sorted((ROOT / "tests" / "golden" / "helm").glob("*.yaml")) + sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml"))
+RENDERINGS = sorted((ROOT / "tests" / "golden" / "helm").glob("*.yaml")) + sorted(
+    (ROOT / "deploy" / "kubernetes").rglob("*.yaml")
+)
 
 
 def kubelet_argv(entrypoint: list[str], cmd: list[str], container: dict) -> list[str]:
@@ -91,7 +95,9 @@ def local_executable(argv0: str) -> str:
 def simulator():
     exe = local_executable("llm-sidecar")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
-    proc, port = start_simulator("--ttft", "0.01", "--tpot", "0.001", "--tokens", "3", command=(exe,), env=env)
+    proc, port = start_simulator(
+        "--ttft", "0.01", "--tpot", "0.001", "--tokens", "3", command=(exe,), env=env
+    )
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
@@ -102,13 +108,18 @@ async def _ready(out: Path, proc: subprocess.Popen, err: Path) -> None:
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"exited {proc.returncode}: {err.read_text()}"
-            ports = bound_ports(out.read_text())  # port 0: the ports it bound, from its started line
+            ports = bound_ports(
+                out.read_text()
+            )  # port 0: the ports it bound, from its started line
             if ports is None:
                 await asyncio.sleep(0.05)
                 continue
             admin = f"http://127.0.0.1:{ports[1]}"
             try:
-                async with http.get(f"{admin}/healthz") as alive, http.get(f"{admin}/readyz") as ready:
+                async with (
+                    http.get(f"{admin}/healthz") as alive,
+                    http.get(f"{admin}/readyz") as ready,
+                ):
                     if alive.status == 200 and ready.status == 200:
                         return
             except aiohttp.ClientError:
@@ -117,7 +128,11 @@ async def _ready(out: Path, proc: subprocess.Popen, err: Path) -> None:
     raise AssertionError(f"not ready within 30 s: {err.read_text()}")
 
 
-@pytest.mark.parametrize("path", [p for p in RENDERINGS if p.name not in MONITORING_ONLY], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    [p for p in RENDERINGS if p.name not in MONITORING_ONLY],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_rendered_sidecar_starts_with_the_kubelets_argv(path, simulator, tmp_path):
     containers = sidecar_containers(path)
     assert containers
@@ -126,7 +141,9 @@ def test_rendered_sidecar_starts_with_the_kubelets_argv(path, simulator, tmp_pat
         argv = kubelet_argv(entrypoint, cmd, container)
         argv[0] = local_executable(argv[0])
         env = literal_env(container)
-        for name in [k for k in env if k.startswith("OTEL_EXPORTER_OTLP")] + ["LLM_SIDECAR_OTEL_METRICS"]:
+        for name in [k for k in env if k.startswith("OTEL_EXPORTER_OTLP")] + [
+            "LLM_SIDECAR_OTEL_METRICS"
+        ]:
             env.pop(name, None)  # no collector here
         env.update(
             LLM_SIDECAR_UPSTREAM=simulator,
@@ -135,7 +152,9 @@ def test_rendered_sidecar_starts_with_the_kubelets_argv(path, simulator, tmp_pat
         )
         base = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SIDECAR_", "OTEL_"))}
         out, err = tmp_path / f"out-{i}", tmp_path / f"err-{i}"
-        proc = subprocess.Popen(argv, env={**base, **env}, stdout=out.open("w"), stderr=err.open("w"))
+        proc = subprocess.Popen(
+            argv, env={**base, **env}, stdout=out.open("w"), stderr=err.open("w")
+        )
         try:
             asyncio.run(_ready(out, proc, err))
         finally:

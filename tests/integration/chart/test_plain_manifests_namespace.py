@@ -44,8 +44,19 @@ def doc_block() -> str:
 
 def apply_as_documented(namespace: str, out: Path) -> list[dict]:
     script = KUBECTL_STUB + doc_block().replace("NS=prod\n", f"NS={namespace}\n", 1)
-    subprocess.run(["bash", "-euc", script], cwd=ROOT, env={"OUT": str(out), "PATH": "/usr/bin:/bin"}, check=True)
-    return [d for d in yaml.safe_load_all((out / f"{namespace}.monitoring.yaml").read_text(encoding="utf-8")) if d]
+    subprocess.run(
+        ["bash", "-euc", script],
+        cwd=ROOT,
+        env={"OUT": str(out), "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    return [
+        d
+        for d in yaml.safe_load_all(
+            (out / f"{namespace}.monitoring.yaml").read_text(encoding="utf-8")
+        )
+        if d
+    ]
 
 
 def by_kind(objects: list[dict]) -> dict[str, dict]:
@@ -56,13 +67,21 @@ def test_pinned_plain_objects_are_the_charts_for_that_namespace(tmp_path):
     require_helm()
     pinned = by_kind(apply_as_documented("prod", tmp_path))
     chart = by_kind(
-        [o for o in sync.objects(sync.template(["-n", "prod", *sync.Case("pinned").args()])) if o["kind"] in sync.MONITORING_KINDS]
+        [
+            o
+            for o in sync.objects(sync.template(["-n", "prod", *sync.Case("pinned").args()]))
+            if o["kind"] in sync.MONITORING_KINDS
+        ]
     )
     assert set(pinned) == set(chart) == {"PodMonitor", "PrometheusRule"}
     for kind in pinned:
-        assert pinned[kind]["spec"] == chart[kind]["spec"], f"{kind}: the pinned plain manifest is not the chart's for prod"
+        assert pinned[kind]["spec"] == chart[kind]["spec"], (
+            f"{kind}: the pinned plain manifest is not the chart's for prod"
+        )
     assert '".+/llm-sidecar"' not in yaml.safe_dump(pinned["PrometheusRule"])
-    assert (tmp_path / "prod.core.yaml").read_text() == (ROOT / "deploy" / "kubernetes" / "llm-sidecar.yaml").read_text()
+    assert (tmp_path / "prod.core.yaml").read_text() == (
+        ROOT / "deploy" / "kubernetes" / "llm-sidecar.yaml"
+    ).read_text()
 
 
 def rule_file(objects: list[dict], path: Path) -> str:
@@ -76,32 +95,62 @@ def sidecar_down(rule_files: list[str], tmp_path: Path, second_install: bool = T
     """promtool: install a's only target goes away at 10m while b's (if any) stays up; at 35m
     (well past LLMSidecarDown's 5m `for`) which LLMSidecarDown alerts fire? ('' when none)."""
     series = [
-        {"series": 'up{job="llm-sidecar",namespace="a",pod="a-1",llm_release="a/llm-sidecar"}', "values": "1x10 _x30"},
-        {"series": 'up{job="llm-sidecar",namespace="b",pod="b-1",llm_release="b/llm-sidecar"}', "values": "1x40"},
+        {
+            "series": 'up{job="llm-sidecar",namespace="a",pod="a-1",llm_release="a/llm-sidecar"}',
+            "values": "1x10 _x30",
+        },
+        {
+            "series": 'up{job="llm-sidecar",namespace="b",pod="b-1",llm_release="b/llm-sidecar"}',
+            "values": "1x40",
+        },
     ][: 2 if second_install else 1]
     test = {
         "rule_files": rule_files,
         "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [{"eval_time": "35m", "alertname": "LLMSidecarDown", "exp_alerts": []}]}],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "35m", "alertname": "LLMSidecarDown", "exp_alerts": []}
+                ],
+            }
+        ],
     }
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(test), encoding="utf-8")
-    done = subprocess.run([require_tool("promtool"), "test", "rules", "t.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [require_tool("promtool"), "test", "rules", "t.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     return "" if done.returncode == 0 else done.stdout + done.stderr
 
 
 def test_unpinned_plain_installs_hide_each_others_absence(tmp_path):
     """The fault the docs warn of: as shipped, two installs, and a's absence pages nobody."""
-    shipped = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "monitoring.yaml").read_text(encoding="utf-8")) if d]
+    shipped = [
+        d
+        for d in yaml.safe_load_all(
+            (ROOT / "deploy" / "kubernetes" / "monitoring.yaml").read_text(encoding="utf-8")
+        )
+        if d
+    ]
     files = [rule_file(shipped, tmp_path / "a.yaml"), rule_file(shipped, tmp_path / "b.yaml")]
     assert sidecar_down(files, tmp_path) == ""
     # One install alone does page (absent() of a regex keeps only job: no release named).
     alone = sidecar_down(files[:1], tmp_path, second_install=False)
-    assert 'Labels:{alertname="LLMSidecarDown", job="llm-sidecar", severity="critical"}' in alone, alone
+    assert 'Labels:{alertname="LLMSidecarDown", job="llm-sidecar", severity="critical"}' in alone, (
+        alone
+    )
 
 
 def test_pinned_plain_installs_page_for_their_own_absence(tmp_path):
     require_helm()
-    files = [rule_file(apply_as_documented(ns, tmp_path), tmp_path / f"{ns}.rules.yaml") for ns in ("a", "b")]
+    files = [
+        rule_file(apply_as_documented(ns, tmp_path), tmp_path / f"{ns}.rules.yaml")
+        for ns in ("a", "b")
+    ]
     got = sidecar_down(files, tmp_path)
     # Exactly one alert, a's, named by its release (routable: llm_release=~"a/.+").
     assert got.count('alertname="LLMSidecarDown"') == 1, got

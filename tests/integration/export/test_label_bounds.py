@@ -33,7 +33,9 @@ async def sim():
     runners = []
 
     async def make(**kwargs) -> str:
-        runner, port = await start_app(build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, **kwargs)))
+        runner, port = await start_app(
+            build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, **kwargs))
+        )
         runners.append(runner)
         return f"http://127.0.0.1:{port}"
 
@@ -68,20 +70,35 @@ async def test_unknown_names_first_never_squat_the_served_models_label(sim, side
         async with s.post(sc.url + CHAT, json=body, headers=FAST) as r:
             assert r.status == 200
             await r.read()
-    await wait_for(lambda: sc.sample("llm_requests_total", model=MODEL, route=CHAT, code="200", outcome="ok") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample("llm_requests_total", model=MODEL, route=CHAT, code="200", outcome="ok") == 1
+        )
+    )
     assert labels_of(sc, "llm_requests_total", "model") == {MODEL, "other"}
-    assert sc.sample("llm_requests_total", model="other", route=CHAT, code="404", outcome="ok") == 60
+    assert (
+        sc.sample("llm_requests_total", model="other", route=CHAT, code="404", outcome="ok") == 60
+    )
     assert sc.sample("llm_label_overflow_total", label="model", reason="not_listed") == 60
 
 
-async def test_a_name_answered_4xx_never_takes_a_slot_where_the_server_lists_nothing(upstream, sidecar_factory):
+async def test_a_name_answered_4xx_never_takes_a_slot_where_the_server_lists_nothing(
+    upstream, sidecar_factory
+):
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         if body["model"] != "real":
             return web.json_response({"error": "no such model"}, status=404)
-        return web.json_response({"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+        return web.json_response(
+            {
+                "choices": [{"message": {"content": "hi"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+            }
+        )
 
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, chat))  # no /v1/models, /api/tags, /info
+    up = await upstream.start(
+        lambda app: app.router.add_post(CHAT, chat)
+    )  # no /v1/models, /api/tags, /info
     sc = await sidecar_factory(up.url, max_models=3)
     async with aiohttp.ClientSession() as s:
         for i in range(10):
@@ -89,7 +106,11 @@ async def test_a_name_answered_4xx_never_takes_a_slot_where_the_server_lists_not
                 assert r.status == 404
         async with s.post(sc.url + CHAT, json={"model": "real"}) as r:
             assert r.status == 200
-    await wait_for(lambda: sc.sample("llm_requests_total", model="real", route=CHAT, code="200", outcome="ok") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample("llm_requests_total", model="real", route=CHAT, code="200", outcome="ok") == 1
+        )
+    )
     assert labels_of(sc, "llm_requests_total", "model") == {"real", "other"}
     assert sc.in_flight() == 0
 
@@ -98,7 +119,9 @@ def test_an_idle_earned_value_gives_its_slot_and_series_back():
     from prometheus_client import CollectorRegistry
 
     now = [0.0]
-    metrics = SidecarMetrics(CollectorRegistry(), max_models=1, label_idle_seconds=60, clock=lambda: now[0])
+    metrics = SidecarMetrics(
+        CollectorRegistry(), max_models=1, label_idle_seconds=60, clock=lambda: now[0]
+    )
     labeler = metrics.model_label
     assert labeler.settle("a", 200) == "a"
     metrics.requests.labels("a", CHAT, "200", "ok", "none").inc()
@@ -109,9 +132,20 @@ def test_an_idle_earned_value_gives_its_slot_and_series_back():
     assert labeler.expire() == []
     now[0] = 91.0
     assert labeler.expire() == ["a"]
-    assert metrics.registry.get_sample_value("llm_requests_total", {"model": "a", "route": CHAT, "code": "200", "outcome": "ok", "error_type": "none"}) is None
+    assert (
+        metrics.registry.get_sample_value(
+            "llm_requests_total",
+            {"model": "a", "route": CHAT, "code": "200", "outcome": "ok", "error_type": "none"},
+        )
+        is None
+    )
     assert labeler.settle("b", 200) == "b"
-    assert metrics.registry.get_sample_value("llm_label_overflow_total", {"label": "model", "reason": "max_values"}) == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "llm_label_overflow_total", {"label": "model", "reason": "max_values"}
+        )
+        == 1
+    )
 
 
 def test_the_servers_list_replaces_earned_names_and_is_the_authority():
@@ -132,8 +166,16 @@ async def test_hostile_mix_keeps_metrics_small_and_quick(sim, sidecar_factory):
     sem = asyncio.Semaphore(32)
 
     async def one(s: aiohttp.ClientSession, model: str, tenant: str, route: str) -> None:
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "stream": True}
-        async with sem, s.post(sc.url + route, json=body, headers={**FAST, "X-Tenant": tenant}) as r:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "prompt": "hi",
+            "stream": True,
+        }
+        async with (
+            sem,
+            s.post(sc.url + route, json=body, headers={**FAST, "X-Tenant": tenant}) as r,
+        ):
             await r.read()
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as s:
@@ -142,7 +184,9 @@ async def test_hostile_mix_keeps_metrics_small_and_quick(sim, sidecar_factory):
         # Every tenant on every route with the served model (the combinations that make
         # series), and every made-up model on every route (the names that used to squat).
         await asyncio.gather(*(one(s, MODEL, t, r) for t in tenants for r in routes))
-        await asyncio.gather(*(one(s, m, t, r) for m in models[1:] for t in tenants[:2] for r in routes))
+        await asyncio.gather(
+            *(one(s, m, t, r) for m in models[1:] for t in tenants[:2] for r in routes)
+        )
         took = []
         for _ in range(5):
             began = time.perf_counter()
@@ -168,20 +212,33 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
         if request.path != "/v1/models":
             return await handler(request)
         names = [MODEL] + [f"rot-{generation[0]}-{i}" for i in range(10)]
-        return web.json_response({"object": "list", "data": [{"id": n, "object": "model"} for n in names]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": n, "object": "model"} for n in names]}
+        )
 
     runner, port = await start_app(_sim_app_with(rotating_listing))
     max_series = 6000
     sc = await sidecar_factory(
-        f"http://127.0.0.1:{port}", tenant_header="X-Tenant", model_refresh_seconds=0.05, max_series=max_series
+        f"http://127.0.0.1:{port}",
+        tenant_header="X-Tenant",
+        model_refresh_seconds=0.05,
+        max_series=max_series,
     )
     routes = [r for r in ROUTES if "{" not in r]
     sem = asyncio.Semaphore(32)
     labeler = sc.sidecar.metrics.model_label
 
     async def one(s: aiohttp.ClientSession, model: str, tenant: str, route: str) -> None:
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "stream": True}
-        async with sem, s.post(sc.url + route, json=body, headers={**FAST, "X-Tenant": tenant}) as r:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "prompt": "hi",
+            "stream": True,
+        }
+        async with (
+            sem,
+            s.post(sc.url + route, json=body, headers={**FAST, "X-Tenant": tenant}) as r,
+        ):
             await r.read()
 
     try:
@@ -195,8 +252,12 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
                 rotating = [f"rot-{g}-{i}" for i in range(10)]
                 if g == 0:  # the mix of issue 21 once; then each new listing's names on every route
                     await asyncio.gather(*(one(s, MODEL, t, r) for t in tenants for r in routes))
-                    await asyncio.gather(*(one(s, m, t, r) for m in made_up for t in tenants[:2] for r in routes))
-                await asyncio.gather(*(one(s, m, t, r) for m in rotating for t in tenants[g::3][:2] for r in routes))
+                    await asyncio.gather(
+                        *(one(s, m, t, r) for m in made_up for t in tenants[:2] for r in routes)
+                    )
+                await asyncio.gather(
+                    *(one(s, m, t, r) for m in rotating for t in tenants[g::3][:2] for r in routes)
+                )
                 await wait_for(lambda: sc.in_flight() == 0)
                 async with s.get(sc.admin_url + "/metrics") as r:
                     pages.append(await r.read())
@@ -205,7 +266,9 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
     counts = [count_series(p) for p in pages]
     assert all(n <= max_series for n in counts), counts
     assert max(counts) > max_series * 0.9, counts  # the mix did fill the page: the bound held it
-    assert sc.sample("llm_series_refused_total", fate="other") > 0  # and what did not fit is counted
+    assert (
+        sc.sample("llm_series_refused_total", fate="other") > 0
+    )  # and what did not fit is counted
     assert b"_created" not in pages[-1]
     assert len(labels_of(sc, "llm_requests_total", "model") - {"other", "unknown"}) <= 50
     assert len(labels_of(sc, "llm_requests_total", "tenant")) <= 22  # 20 + other (+ unknown)

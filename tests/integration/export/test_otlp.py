@@ -45,7 +45,10 @@ STREAM = [
     (0.05, chunk("one")),
     (0.01, chunk("two")),
     (0.01, chunk("three", finish="stop")),
-    (0.0, b'data: {"id":"chatcmpl-9","model":"m1","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}\n\n'),
+    (
+        0.0,
+        b'data: {"id":"chatcmpl-9","model":"m1","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}\n\n',
+    ),
     (0.0, b"data: [DONE]\n\n"),
 ]
 
@@ -112,7 +115,9 @@ def attributes(kvs) -> dict:
     return {kv.key: value(kv.value) for kv in kvs}
 
 
-class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+class GrpcReceiver(
+    trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer
+):
     def __init__(self, received: Received) -> None:
         self.received = received
 
@@ -150,18 +155,28 @@ async def http_receiver():
             message = request_type()
             message.ParseFromString(body)
             received.add(kind, message)
-            return web.Response(body=response_type().SerializeToString(), content_type="application/x-protobuf")
+            return web.Response(
+                body=response_type().SerializeToString(), content_type="application/x-protobuf"
+            )
 
         return handle
 
     app = web.Application()
     app.router.add_post(
         "/v1/traces",
-        handler("traces", trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse),
+        handler(
+            "traces",
+            trace_service_pb2.ExportTraceServiceRequest,
+            trace_service_pb2.ExportTraceServiceResponse,
+        ),
     )
     app.router.add_post(
         "/v1/metrics",
-        handler("metrics", metrics_service_pb2.ExportMetricsServiceRequest, metrics_service_pb2.ExportMetricsServiceResponse),
+        handler(
+            "metrics",
+            metrics_service_pb2.ExportMetricsServiceRequest,
+            metrics_service_pb2.ExportMetricsServiceResponse,
+        ),
     )
     runner, port = await start_app(app)
     yield received, f"http://127.0.0.1:{port}"
@@ -172,7 +187,9 @@ async def http_receiver():
 
 
 async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "K8S_", "LLM_SIDECAR_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "K8S_", "LLM_SIDECAR_"))
+    }
     env.update(
         {
             "LLM_SIDECAR_UPSTREAM": upstream_url,
@@ -187,7 +204,13 @@ async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
     )
     out = log.open("wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar", "serve", env=env, stdout=out, stderr=asyncio.subprocess.STDOUT
+        sys.executable,
+        "-m",
+        "sidecar",
+        "serve",
+        env=env,
+        stdout=out,
+        stderr=asyncio.subprocess.STDOUT,
     )
 
     ports: list[int] = []
@@ -210,7 +233,9 @@ async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
     return proc, f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", out
 
 
-async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_path: Path, *, latest: bool = False) -> None:
+async def exercise(
+    upstream, received: Received, otel_env: dict[str, str], tmp_path: Path, *, latest: bool = False
+) -> None:
     seen: list = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -228,8 +253,15 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
     proc, url, admin, out = await run_sidecar(up.url, otel_env, tmp_path / "sidecar.log")
     try:
         async with aiohttp.ClientSession() as s:
-            headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "Authorization": "Bearer SECRET"}
-            body = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "SECRET prompt"}]}
+            headers = {
+                "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01",
+                "Authorization": "Bearer SECRET",
+            }
+            body = {
+                "model": "m1",
+                "stream": True,
+                "messages": [{"role": "user", "content": "SECRET prompt"}],
+            }
             async with s.post(url + ROUTE, json=body, headers=headers) as r:
                 assert r.status == 200
                 await r.read()
@@ -274,7 +306,11 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
     assert traceparent.split("-")[1:3] == [CLIENT_TRACE, span.span_id.hex()]
 
     # The Prometheus TTFT bucket links to the trace (OpenMetrics exemplar).
-    ttft = [ln for ln in exposition.splitlines() if ln.startswith("llm_time_to_first_token_seconds_bucket{")]
+    ttft = [
+        ln
+        for ln in exposition.splitlines()
+        if ln.startswith("llm_time_to_first_token_seconds_bucket{")
+    ]
     assert any(f'# {{trace_id="{CLIENT_TRACE}"}}' in ln for ln in ttft), ttft
 
     # The opt-in GenAI client metrics (semantic-conventions-genai, see sidecar/export/semconv.py):
@@ -320,14 +356,20 @@ async def exercise(upstream, received: Received, otel_env: dict[str, str], tmp_p
     if latest:
         assert not [n for n in points if n.startswith("gen_ai.client.operation.")], sorted(points)
         assert sc.METRIC_CLIENT_TOKEN_USAGE not in points, sorted(points)
-        for name, total in ((sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 3)):
+        for name, total in (
+            (sc.METRIC_CLIENT_INFERENCE_OPERATION_INPUT_TOKENS, 4),
+            (sc.METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS, 3),
+        ):
             point = points[name][-1]
             assert units[name] == {"{token}"}, name
             assert (point.count, point.sum) == (1, total), name
             assert tuple(point.explicit_bounds) == sc.BUCKETS_TOKEN_USAGE, name
             assert attributes(point.attributes) == required, name
         counted = {**required, sc.GEN_AI_TOKEN_MODALITY: "unknown"}
-        for name, total in ((sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS, 4), (sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS, 3)):
+        for name, total in (
+            (sc.METRIC_CLIENT_INFERENCE_USAGE_INPUT_TOKENS, 4),
+            (sc.METRIC_CLIENT_INFERENCE_USAGE_OUTPUT_TOKENS, 3),
+        ):
             point = points[name][-1]  # a monotonic cumulative Sum: the last export holds the run
             assert units[name] == {"{token}"}, name
             assert point.as_int == total, name

@@ -75,7 +75,9 @@ async def simulated():
     runners = []
 
     async def start():
-        runner, port = await start_app(build_simulator_app(SimulatorConfig(ttft=0.01, tpot=0.002, jitter=0, tokens=12, seed=3)))
+        runner, port = await start_app(
+            build_simulator_app(SimulatorConfig(ttft=0.01, tpot=0.002, jitter=0, tokens=12, seed=3))
+        )
         runners.append(runner)
         return f"http://127.0.0.1:{port}"
 
@@ -84,7 +86,9 @@ async def simulated():
         await runner.cleanup()
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict, headers: dict | None = None) -> int:
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict, headers: dict | None = None
+) -> int:
     try:
         async with session.post(url, json=body, headers=headers or {}) as r:
             await r.read()
@@ -96,7 +100,9 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict, headers: d
 # -- finding 9 -------------------------------------------------------------------------------------
 
 
-async def test_a_drop_a_truncated_stream_and_an_in_stream_error_are_told_apart(simulated, sidecar_factory, refused_url):
+async def test_a_drop_a_truncated_stream_and_an_in_stream_error_are_told_apart(
+    simulated, sidecar_factory, refused_url
+):
     sc = await sidecar_factory(await simulated())
     stream = {"model": MODEL, "messages": MESSAGES, "stream": True}
     async with aiohttp.ClientSession() as s:
@@ -109,24 +115,34 @@ async def test_a_drop_a_truncated_stream_and_an_in_stream_error_are_told_apart(s
 
     samples = await scrape(sc.admin_url)
     # All three look alike by status and outcome; the cause is what differs.
-    failed = label_values(samples, "llm_requests_total", "error_type", code="200", outcome="error", route=CHAT)
+    failed = label_values(
+        samples, "llm_requests_total", "error_type", code="200", outcome="error", route=CHAT
+    )
     assert failed == {"upstream_disconnected": 1, "upstream_stream_truncated": 1, "stream_error": 1}
     assert label_values(samples, "llm_requests_total", "error_type", outcome="ok") == {"none": 1}
-    unreachable = label_values(await scrape(down.admin_url), "llm_requests_total", "error_type", outcome="error")
+    unreachable = label_values(
+        await scrape(down.admin_url), "llm_requests_total", "error_type", outcome="error"
+    )
     assert unreachable == {"upstream_unreachable": 1}
-    assert {s.labels["error_type"] for s in samples if s.name == "llm_requests_total"} <= ERROR_TYPE_LABELS
+    assert {
+        s.labels["error_type"] for s in samples if s.name == "llm_requests_total"
+    } <= ERROR_TYPE_LABELS
 
 
 async def test_a_client_that_leaves_is_cancelled_with_its_cause(simulated, sidecar_factory):
     sc = await sidecar_factory(await simulated())
     body = {"model": MODEL, "messages": MESSAGES, "stream": True}
     async with aiohttp.ClientSession() as s:
-        async with s.post(sc.url + CHAT, json=body, headers={"x-sim-tpot": "0.2", "x-sim-tokens": "40"}) as r:
+        async with s.post(
+            sc.url + CHAT, json=body, headers={"x-sim-tpot": "0.2", "x-sim-tokens": "40"}
+        ) as r:
             await r.content.readany()
             r.close()  # mid-answer
 
     async def cancelled() -> dict:
-        return label_values(await scrape(sc.admin_url), "llm_requests_total", "error_type", outcome="cancelled")
+        return label_values(
+            await scrape(sc.admin_url), "llm_requests_total", "error_type", outcome="cancelled"
+        )
 
     await wait_for(lambda: cancelled())
     assert await cancelled() == {"client_disconnected": 1}
@@ -135,40 +151,57 @@ async def test_a_client_that_leaves_is_cancelled_with_its_cause(simulated, sidec
 # -- finding 10 ------------------------------------------------------------------------------------
 
 
-async def test_answers_cut_at_max_tokens_show_as_length_in_every_dialect(simulated, sidecar_factory):
+async def test_answers_cut_at_max_tokens_show_as_length_in_every_dialect(
+    simulated, sidecar_factory
+):
     sc = await sidecar_factory(await simulated())
     async with aiohttp.ClientSession() as s:
         # OpenAI chat, streamed and whole: finish_reason "stop" and "length".
         for stream in (True, False):
             await _post(s, sc.url + CHAT, {"model": MODEL, "messages": MESSAGES, "stream": stream})
-            await _post(s, sc.url + CHAT, {"model": MODEL, "messages": MESSAGES, "stream": stream, "max_tokens": 3})
+            await _post(
+                s,
+                sc.url + CHAT,
+                {"model": MODEL, "messages": MESSAGES, "stream": stream, "max_tokens": 3},
+            )
         # Anthropic Messages: stop_reason "end_turn" and "max_tokens".
         messages = {"model": MODEL, "messages": MESSAGES, "stream": True}
         await _post(s, sc.url + "/v1/messages", {**messages, "max_tokens": 100})
         await _post(s, sc.url + "/v1/messages", {**messages, "max_tokens": 3})
         # Ollama native: done_reason "stop" and "length".
         await _post(s, sc.url + "/api/chat", {"model": MODEL, "messages": MESSAGES})
-        await _post(s, sc.url + "/api/chat", {"model": MODEL, "messages": MESSAGES, "options": {"num_predict": 3}})
+        await _post(
+            s,
+            sc.url + "/api/chat",
+            {"model": MODEL, "messages": MESSAGES, "options": {"num_predict": 3}},
+        )
 
     samples = await scrape(sc.admin_url)
     for route in (CHAT, "/v1/messages", "/api/chat"):
         reasons = label_values(samples, "llm_finish_reasons_total", "finish_reason", route=route)
         expected = {"stop": 2, "length": 2} if route == CHAT else {"stop": 1, "length": 1}
         assert reasons == expected, (route, reasons)
-    assert {s.labels["finish_reason"] for s in samples if s.name == "llm_finish_reasons_total"} <= set(FINISH_REASONS)
+    assert {
+        s.labels["finish_reason"] for s in samples if s.name == "llm_finish_reasons_total"
+    } <= set(FINISH_REASONS)
 
 
 # -- finding 11 ------------------------------------------------------------------------------------
 
 
-async def test_health_checks_and_listings_through_the_proxy_port_are_not_slo_requests(simulated, sidecar_factory):
+async def test_health_checks_and_listings_through_the_proxy_port_are_not_slo_requests(
+    simulated, sidecar_factory
+):
     sc = await sidecar_factory(await simulated())
     async with aiohttp.ClientSession() as s:
         for path in ("/health", "/metrics", "/v1/models", "/health"):
             async with s.get(sc.url + path) as r:
                 assert r.status == 200
                 await r.read()
-        assert await _post(s, sc.url + CHAT, {"model": MODEL, "messages": MESSAGES, "stream": True}) == 200
+        assert (
+            await _post(s, sc.url + CHAT, {"model": MODEL, "messages": MESSAGES, "stream": True})
+            == 200
+        )
 
     samples = await scrape(sc.admin_url)
     # Only the API request is an SLO request: no model "unknown" / route "other" series to
@@ -190,7 +223,12 @@ async def test_the_sidecar_exports_its_own_process_and_build(simulated, sidecar_
     sc = await sidecar_factory(await simulated())
     samples = await scrape(sc.admin_url)
     own = {s.name: s.value for s in samples if s.name.startswith("process_")}
-    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "process_max_fds"):
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+    ):
         assert own.get(name, 0) > 0, (name, own)
     (build,) = [s for s in samples if s.name == "llm_sidecar_build_info"]
     assert build.value == 1
@@ -199,16 +237,26 @@ async def test_the_sidecar_exports_its_own_process_and_build(simulated, sidecar_
     assert build.labels["speedups"] == ("on" if IN_C else "off")
 
 
-async def test_without_the_c_speedups_the_start_line_the_build_info_and_version_say_so(simulated, serve_process):
+async def test_without_the_c_speedups_the_start_line_the_build_info_and_version_say_so(
+    simulated, serve_process
+):
     """A compiler-less install (the extension cannot be imported) runs at about 2x the CPU:
     it must say so where an operator looks: ``--version``, the start line, the build info."""
-    version = subprocess.run([*WITHOUT_SPEEDUPS, "--version"], capture_output=True, text=True, timeout=30)
+    version = subprocess.run(
+        [*WITHOUT_SPEEDUPS, "--version"], capture_output=True, text=True, timeout=30
+    )
     assert version.returncode == 0, version.stderr
     first, warning = version.stdout.strip().splitlines()
-    assert first.startswith(f"llm-sidecar {__version__} (Python ") and first.endswith("C speedups off)")
-    assert warning.startswith("warning: the C speedups are not loaded") and "twice the CPU" in warning
+    assert first.startswith(f"llm-sidecar {__version__} (Python ") and first.endswith(
+        "C speedups off)"
+    )
+    assert (
+        warning.startswith("warning: the C speedups are not loaded") and "twice the CPU" in warning
+    )
 
-    p = serve_process(await simulated(), "--log-format", "json", command=WITHOUT_SPEEDUPS, clean_env=True)
+    p = serve_process(
+        await simulated(), "--log-format", "json", command=WITHOUT_SPEEDUPS, clean_env=True
+    )
     await p.wait_started()
     samples = await scrape(p.admin_url)
     (build,) = [s for s in samples if s.name == "llm_sidecar_build_info"]
@@ -239,11 +287,22 @@ def test_the_example_alertmanager_routes_each_cause_by_error_type():
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
-    expected = {"LLMUpstreamUnreachable": "platform-tickets", "LLMStreamsBroken": "model-serving-tickets"}
+    expected = {
+        "LLMUpstreamUnreachable": "platform-tickets",
+        "LLMStreamsBroken": "model-serving-tickets",
+    }
     assert {cause.alert for cause in ERROR_CAUSES} == set(expected)
     for cause in ERROR_CAUSES:
         for error_type in cause.error_types:
             for severity in ("ticket", "page"):
-                got = receiver(f"alertname={cause.alert}", f"error_type={error_type}", f"severity={severity}", "model=m")
+                got = receiver(
+                    f"alertname={cause.alert}",
+                    f"error_type={error_type}",
+                    f"severity={severity}",
+                    "model=m",
+                )
                 assert got == expected[cause.alert], (cause.alert, error_type, severity, got)
-    assert receiver("alertname=LLMAvailabilityBurnRate", "severity=page", "slo=availability") == "pager"
+    assert (
+        receiver("alertname=LLMAvailabilityBurnRate", "severity=page", "slo=availability")
+        == "pager"
+    )

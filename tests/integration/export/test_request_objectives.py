@@ -37,9 +37,19 @@ CASES = [
     (MODEL, 0.9, 0.3, {"x-slo-ttft-ms": "200", "x-slo-tpot-ms": "40"}),  # both missed
     (MODEL, 0.02, 0.005, {}),  # defaults: met
     (MODEL, 0.02, 0.4, {}),  # defaults: tpot missed (0.4 > 0.1)
-    (MODEL, 0.02, 0.03, {}),  # the model's tpot objective (0.1): met; the global one (0.01) would miss
+    (
+        MODEL,
+        0.02,
+        0.03,
+        {},
+    ),  # the model's tpot objective (0.1): met; the global one (0.01) would miss
     (MODEL, 0.02, 0.005, {"x-slo-ttft-ms": "abc"}),  # ignored and counted: default, met
-    (MODEL, 0.6, 0.005, {"x-slo-ttft-ms": "0", "x-slo-tpot-ms": "1e3"}),  # both ignored: default 2 s, met
+    (
+        MODEL,
+        0.6,
+        0.005,
+        {"x-slo-ttft-ms": "0", "x-slo-tpot-ms": "1e3"},
+    ),  # both ignored: default 2 s, met
     (MODEL, 0.02, 0.005, {"x-slo-ttft-ms": "-40"}),  # ignored
     (MODEL, 0.3, 0.005, {"x-slo-ttft-ms": "90000000"}),  # more than a day: ignored
 ]
@@ -53,11 +63,15 @@ def objective(headers: dict[str, str], name: str, model: str) -> float:
     return DEFAULT_TTFT if name == "ttft" else MODEL_TPOT
 
 
-async def measure(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> tuple[float, float]:
+async def measure(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> tuple[float, float]:
     """The client's own TTFT and TPOT: the first and last content chunk it read."""
     began = time.perf_counter()
     times: list[float] = []
-    async with session.post(url, data=body, headers={"Content-Type": "application/json", **headers}) as resp:
+    async with session.post(
+        url, data=body, headers={"Content-Type": "application/json", **headers}
+    ) as resp:
         assert resp.status == 200
         async for line in resp.content:
             if line.startswith(b"data: {"):
@@ -74,7 +88,16 @@ async def test_met_and_missed_counts_equal_what_the_client_measured(sidecar_fact
     @web.middleware
     async def tap(request: web.Request, handler):
         body = await request.read()
-        received.append((body, {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("x-slo-")}))
+        received.append(
+            (
+                body,
+                {
+                    k.lower(): v
+                    for k, v in request.headers.items()
+                    if k.lower().startswith("x-slo-")
+                },
+            )
+        )
         return await handler(request)
 
     sim = build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, seed=5))
@@ -93,14 +116,26 @@ async def test_met_and_missed_counts_equal_what_the_client_measured(sidecar_fact
         async with aiohttp.ClientSession() as session:
             for i, (model, sim_ttft, sim_tpot, slo) in enumerate(CASES):
                 body = orjson.dumps(
-                    {"model": model, "stream": True, "messages": [{"role": "user", "content": f"case {i}"}]}
+                    {
+                        "model": model,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": f"case {i}"}],
+                    }
                 )
-                delays = {"x-sim-ttft": str(sim_ttft), "x-sim-tpot": str(sim_tpot), "x-sim-tokens": str(TOKENS)}
+                delays = {
+                    "x-sim-ttft": str(sim_ttft),
+                    "x-sim-tpot": str(sim_tpot),
+                    "x-sim-tokens": str(TOKENS),
+                }
                 ttft, tpot = await measure(session, s.url + ROUTE, body, {**delays, **slo})
                 sent.append((body, slo))
                 met_ttft = ttft <= objective(slo, "ttft", model)
                 met_tpot = tpot <= objective(slo, "tpot", model)
-                for name, met in (("ttft", met_ttft), ("tpot", met_tpot), ("all", met_ttft and met_tpot)):
+                for name, met in (
+                    ("ttft", met_ttft),
+                    ("tpot", met_tpot),
+                    ("all", met_ttft and met_tpot),
+                ):
                     key = (model, name, "met" if met else "missed")
                     want[key] = want.get(key, 0) + 1
 
@@ -111,7 +146,9 @@ async def test_met_and_missed_counts_equal_what_the_client_measured(sidecar_fact
                     for sample in family.samples:
                         if sample.name == "llm_request_objectives_total" and sample.value:
                             labels = sample.labels
-                            out[(labels["model"], labels["objective"], labels["result"])] = int(sample.value)
+                            out[(labels["model"], labels["objective"], labels["result"])] = int(
+                                sample.value
+                            )
             return out
 
         await wait_for(lambda: sum(v for (_, o, _), v in got().items() if o == "all") == len(CASES))
@@ -120,7 +157,8 @@ async def test_met_and_missed_counts_equal_what_the_client_measured(sidecar_fact
         assert {r for (_, _, r) in want} == {"met", "missed"}
 
         invalid = {
-            name: s.sample("llm_request_objective_invalid_total", route=ROUTE, objective=name) for name in ("ttft", "tpot")
+            name: s.sample("llm_request_objective_invalid_total", route=ROUTE, objective=name)
+            for name in ("ttft", "tpot")
         }
         assert invalid == {"ttft": 4, "tpot": 1}
         # The server got each request as sent: body bytes and objective headers, bad ones too.

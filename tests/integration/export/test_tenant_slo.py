@@ -38,18 +38,36 @@ SPEC = {
 async def scraped_label_names(upstream, sidecar_factory) -> dict[str, set[str]]:
     """Label names of the sidecar's own requests and TTFT bucket series, per family."""
 
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, scripted([(0, data) for data in STREAM])))
+    up = await upstream.start(
+        lambda app: app.router.add_post(ROUTE, scripted([(0, data) for data in STREAM]))
+    )
     s = await sidecar_factory(up.url, tenant_header="X-Tenant")
     async with aiohttp.ClientSession() as client:
-        async with client.post(s.url + ROUTE, json={"model": "m1", "stream": True}, headers={"X-Tenant": "team-a"}) as r:
+        async with client.post(
+            s.url + ROUTE, json={"model": "m1", "stream": True}, headers={"X-Tenant": "team-a"}
+        ) as r:
             await r.read()
-        await wait_for(lambda: s.sample("llm_time_to_first_token_seconds_count", model="m1", route=ROUTE, tenant="team-a") == 1)
+        await wait_for(
+            lambda: (
+                s.sample(
+                    "llm_time_to_first_token_seconds_count",
+                    model="m1",
+                    route=ROUTE,
+                    tenant="team-a",
+                )
+                == 1
+            )
+        )
         async with client.get(s.admin_url + "/metrics") as r:
             text = await r.text()
     out: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in ("llm_requests_total", "llm_time_to_first_token_seconds_bucket", "llm_time_to_first_token_seconds_count"):
+            if sample.name in (
+                "llm_requests_total",
+                "llm_time_to_first_token_seconds_bucket",
+                "llm_time_to_first_token_seconds_count",
+            ):
                 out.setdefault(sample.name, set()).update(sample.labels)
     return out
 
@@ -59,12 +77,32 @@ def series(name: str, labels: dict[str, str], values: str) -> dict:
     return {"series": f"{name}{{{inner}}}", "values": values}
 
 
-async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(upstream, sidecar_factory, tmp_path):
+async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(
+    upstream, sidecar_factory, tmp_path
+):
     promtool = require_tool("promtool")
     names = await scraped_label_names(upstream, sidecar_factory)
-    assert names["llm_requests_total"] == {"model", "route", "code", "outcome", "error_type", "tenant"}
-    assert names["llm_time_to_first_token_seconds_bucket"] == {"model", "route", "prompt_class", "tenant", "le"}
-    assert names["llm_time_to_first_token_seconds_count"] == {"model", "route", "prompt_class", "tenant"}
+    assert names["llm_requests_total"] == {
+        "model",
+        "route",
+        "code",
+        "outcome",
+        "error_type",
+        "tenant",
+    }
+    assert names["llm_time_to_first_token_seconds_bucket"] == {
+        "model",
+        "route",
+        "prompt_class",
+        "tenant",
+        "le",
+    }
+    assert names["llm_time_to_first_token_seconds_count"] == {
+        "model",
+        "route",
+        "prompt_class",
+        "tenant",
+    }
 
     # Per tenant, 1000 requests a minute from the start. team-a: 20% errors (b = 40 on a
     # 0.5% budget) and every first token after 2 s (b = 20 on 5%): every arm of both fires.
@@ -72,12 +110,23 @@ async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(upstream, s
     inputs = []
     for tenant, errors, slow in (("team-a", 200, 1000), ("team-b", 1, 0)):
         base = {"namespace": "prod", "model": "m1", "route": ROUTE, "tenant": tenant}
-        ok, failed = {"code": "200", "outcome": "ok", "error_type": "none"}, {"code": "500", "outcome": "error", "error_type": "upstream_status"}
+        ok, failed = (
+            {"code": "200", "outcome": "ok", "error_type": "none"},
+            {"code": "500", "outcome": "error", "error_type": "upstream_status"},
+        )
         inputs.append(series("llm_requests_total", {**base, **ok}, f"0+{1000 - errors}x60"))
         inputs.append(series("llm_requests_total", {**base, **failed}, f"0+{errors}x60"))
         ttft = {**base, "prompt_class": "all"}
-        inputs.append(series("llm_time_to_first_token_seconds_bucket", {**ttft, "le": "2.0"}, f"0+{1000 - slow}x60"))
-        inputs.append(series("llm_time_to_first_token_seconds_bucket", {**ttft, "le": "+Inf"}, "0+1000x60"))
+        inputs.append(
+            series(
+                "llm_time_to_first_token_seconds_bucket",
+                {**ttft, "le": "2.0"},
+                f"0+{1000 - slow}x60",
+            )
+        )
+        inputs.append(
+            series("llm_time_to_first_token_seconds_bucket", {**ttft, "le": "+Inf"}, "0+1000x60")
+        )
         inputs.append(series("llm_time_to_first_token_seconds_count", ttft, "0+1000x60"))
     for s in inputs:  # the hand-made series have exactly the scraped label names (+ namespace)
         family = s["series"].split("{")[0]
@@ -102,8 +151,14 @@ async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(upstream, s
                         "expr": 'round(llm:burn_rate:ratio_rate1h{slo="availability"} * 100) / 100',
                         "eval_time": "1h",
                         "exp_samples": [
-                            {"labels": '{slo="availability",namespace="prod",model="m1",tenant="team-a"}', "value": 40},
-                            {"labels": '{slo="availability",namespace="prod",model="m1",tenant="team-b"}', "value": 0.2},
+                            {
+                                "labels": '{slo="availability",namespace="prod",model="m1",tenant="team-a"}',
+                                "value": 40,
+                            },
+                            {
+                                "labels": '{slo="availability",namespace="prod",model="m1",tenant="team-b"}',
+                                "value": 0.2,
+                            },
                         ],
                     },
                     {
@@ -117,9 +172,19 @@ async def test_rules_grouped_by_tenant_alert_only_the_burning_tenant(upstream, s
         ],
     }
     (tmp_path / "tenant.yaml").write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
-    result = subprocess.run([promtool, "test", "rules", "tenant.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [promtool, "test", "rules", "tenant.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     check = subprocess.run(
-        [promtool, "check", "rules", "--lint=all", "--lint-fatal", rules.name], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [promtool, "check", "rules", "--lint=all", "--lint-fatal", rules.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert check.returncode == 0, check.stdout + check.stderr

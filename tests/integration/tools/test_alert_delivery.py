@@ -119,7 +119,9 @@ def processes():
     p.stop()
 
 
-async def _wait_ready(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path) -> None:
+async def _wait_ready(
+    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path
+) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"{proc.args[0]} exited:\n{log.read_text()[-2000:]}"
@@ -159,7 +161,8 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
     alertmanager = require_tool("prometheus-alertmanager")
 
     sim_runner, sim_port = await start_app(
-        build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, seed=3)), handler_cancellation=True
+        build_simulator_app(SimulatorConfig(model=MODEL, jitter=0.0, seed=3)),
+        handler_cancellation=True,
     )
     receiver = Receiver()
     recv_runner, recv_port = await start_app(receiver.app())
@@ -203,16 +206,26 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
         prom_config = _write_yaml(
             tmp_path / "prometheus.yml",
             {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+                "global": {
+                    "scrape_interval": "1s",
+                    "scrape_timeout": "1s",
+                    "evaluation_interval": "1s",
+                },
                 "rule_files": [str(rules)],
-                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+                "alerting": {
+                    "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
+                },
                 "scrape_configs": [
                     {
                         "job_name": "llm-sidecar",
                         "static_configs": [
                             {
                                 "targets": [f"127.0.0.1:{sc.admin_port}"],
-                                "labels": {"cluster": CLUSTER, "namespace": NAMESPACE, "pod": "llm-0"},
+                                "labels": {
+                                    "cluster": CLUSTER,
+                                    "namespace": NAMESPACE,
+                                    "pod": "llm-0",
+                                },
                             }
                         ],
                     }
@@ -242,17 +255,23 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
             workers = [asyncio.create_task(_load(sc.url, HEALTHY, stop)) for _ in range(WORKERS)]
             await asyncio.sleep(HEALTHY_SECONDS)
             burn = await _query(session, base, 'llm:burn_rate:ratio_rate1m{slo="ttft"}')
-            assert [(s["metric"]["namespace"], s["metric"]["cluster"], float(s["value"][1])) for s in burn] == [
-                (NAMESPACE, CLUSTER, 0.0)
-            ], "the ttft burn rate must be recorded (silence is not blindness) and 0"
+            assert [
+                (s["metric"]["namespace"], s["metric"]["cluster"], float(s["value"][1]))
+                for s in burn
+            ] == [(NAMESPACE, CLUSTER, 0.0)], (
+                "the ttft burn rate must be recorded (silence is not blindness) and 0"
+            )
             assert await _query(session, base, 'ALERTS{alertname=~"LLM.*BurnRate"}') == []
             assert receiver.firing("slo") == [], receiver.alerts["slo"]
             info = receiver.firing("info")
-            assert info, "the history alert (12h window, seconds of data) should have been delivered"
+            assert info, (
+                "the history alert (12h window, seconds of data) should have been delivered"
+            )
             assert {a["labels"]["alertname"] for a in info} == {"LLMSLOHistoryShort"}
-            assert {(a["labels"]["cluster"], a["labels"]["namespace"], a["labels"]["model"]) for a in info} == {
-                (CLUSTER, NAMESPACE, MODEL)
-            }
+            assert {
+                (a["labels"]["cluster"], a["labels"]["namespace"], a["labels"]["model"])
+                for a in info
+            } == {(CLUSTER, NAMESPACE, MODEL)}
             stop.set()
             healthy_sent = sum(await asyncio.gather(*workers))
             assert healthy_sent > 50
@@ -262,7 +281,9 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
             stop = asyncio.Event()
             workers = [asyncio.create_task(_load(sc.url, REGRESSED, stop)) for _ in range(WORKERS)]
             try:
-                while not any(a["labels"].get("severity") == "page" for a in receiver.firing("slo")):
+                while not any(
+                    a["labels"].get("severity") == "page" for a in receiver.firing("slo")
+                ):
                     assert time.monotonic() - started < REGRESSION_TIMEOUT, (
                         f"no page within {REGRESSION_TIMEOUT}s; received {receiver.alerts['slo']}; "
                         f"burn rates {await _query(session, base, 'llm:burn_rate:ratio_rate1m')}"
@@ -281,11 +302,16 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
         labels = page["labels"]
         assert labels["alertname"] == "LLMTTFTBurnRate"
         assert (labels["slo"], labels["cluster"], labels["namespace"], labels["model"]) == (
-            "ttft", CLUSTER, NAMESPACE, MODEL
+            "ttft",
+            CLUSTER,
+            NAMESPACE,
+            MODEL,
         )
         assert (labels["long_window"], labels["short_window"]) in {("1m", "5s"), ("6m", "30s")}
         assert page["annotations"]["runbook_url"] == f"{RUNBOOK}#runbook-llmttftburnrate"
-        assert page["annotations"]["summary"].startswith(f"{CLUSTER}/{NAMESPACE}/{MODEL}: ttft error budget burning")
+        assert page["annotations"]["summary"].startswith(
+            f"{CLUSTER}/{NAMESPACE}/{MODEL}: ttft error budget burning"
+        )
         # Only the regressed objective pages: availability stayed clean.
         assert {a["labels"]["slo"] for a in receiver.firing("slo")} == {"ttft"}
     finally:

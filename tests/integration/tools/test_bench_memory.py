@@ -45,6 +45,6 @@ def test_memory_bench_reports_streams_and_the_largest_body(tmp_path):
     assert (4 << 20) - 64 < body["bytes"] <= 4 << 20
     assert body["peak_rss_mib"] >= body["rss_while_streaming_mib"] * 0.9
     assert "streams that fit" in proc.stdout
-    (name, attack), = report["attacks"].items()
+    ((name, attack),) = report["attacks"].items()
     assert name == "unended_heads" and attack["peak_rss_mib"] >= attack["rss_before_mib"] * 0.9
     assert attack["healthz_max_ms"] > 0 and "attack unended_heads" in proc.stdout

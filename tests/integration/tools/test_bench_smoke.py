@@ -76,7 +76,10 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path, shape):
             assert set(t["kinds"]) == KINDS and sum(t["kinds"].values()) == t["streams_complete"]
             assert set(t["models"]) == set(MODELS)
             assert 0 < t["streamed_tokens_total"] < t["tokens_total"]
-            assert t["nonstream_latency_ms"]["p50"] is not None and t["nonstream_excess_ms"]["p99"] is not None
+            assert (
+                t["nonstream_latency_ms"]["p50"] is not None
+                and t["nonstream_excess_ms"]["p99"] is not None
+            )
             # 3 of the 10 connections connect per request: more connects than connections.
             assert t["connections_opened"] > 10
             assert t["requests_per_s"] > 0
@@ -151,7 +154,11 @@ def test_paired_benchmark_runs_two_proxies_at_once(tmp_path):
     (only,) = report["rounds"]
     for side in ("a", "b"):
         assert only[side]["complete"] is True
-        assert only[side]["tokens"] >= 5 * 20 and only[side]["tokens"] % 20 == 0  # whole streams, 5 at least
+        assert (
+            only[side]["tokens"] >= 5 * 20 and only[side]["tokens"] % 20 == 0
+        )  # whole streams, 5 at least
         assert only[side]["cpu_us_per_token"] > 0
-    assert only["b_vs_a_cpu_per_token"] == pytest.approx(only["b"]["cpu_us_per_token"] / only["a"]["cpu_us_per_token"])
+    assert only["b_vs_a_cpu_per_token"] == pytest.approx(
+        only["b"]["cpu_us_per_token"] / only["a"]["cpu_us_per_token"]
+    )
     assert report["summary"]["complete"] is True

@@ -16,7 +16,9 @@ from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for
 
 ROUTE = "/v1/chat/completions"
-SIM = SimulatorConfig(model="m", ttft=0.01, tpot=0.02, jitter=0, tokens=30, tokens_spread=0, batch_alpha=0.25, seed=3)
+SIM = SimulatorConfig(
+    model="m", ttft=0.01, tpot=0.02, jitter=0, tokens=30, tokens_spread=0, batch_alpha=0.25, seed=3
+)
 REQUESTS_PER_STREAM = 3
 
 
@@ -35,7 +37,9 @@ def by_band(sc, name: str) -> dict[str, float]:
     return {b: sc.sample(name, model="m", concurrency=b) or 0.0 for b in BANDS}
 
 
-async def test_per_band_latency_and_throughput_follow_the_simulators_batching_model(sidecar_factory):
+async def test_per_band_latency_and_throughput_follow_the_simulators_batching_model(
+    sidecar_factory,
+):
     runner, port = await start_app(build_simulator_app(SIM), handler_cancellation=True)
     try:
         sc = await sidecar_factory(f"http://127.0.0.1:{port}")
@@ -54,7 +58,12 @@ async def test_per_band_latency_and_throughput_follow_the_simulators_batching_mo
                 await closed_loop(session, sc.url, n)
                 done += n * REQUESTS_PER_STREAM
                 await wait_for(
-                    lambda: sc.sample("llm_requests_total", model="m", route=ROUTE, code="200", outcome="ok") == done
+                    lambda: (
+                        sc.sample(
+                            "llm_requests_total", model="m", route=ROUTE, code="200", outcome="ok"
+                        )
+                        == done
+                    )
                 )
                 b = band(n)
                 delta = {k: by_band(sc, k)[b] - v[b] for k, v in before.items()}
@@ -65,7 +74,8 @@ async def test_per_band_latency_and_throughput_follow_the_simulators_batching_mo
                 )
                 assert mean_gap == pytest.approx(expected_gap, rel=0.2), (n, mean_gap, expected_gap)
                 throughput = (
-                    delta["llm_decode_tokens_by_concurrency_total"] / delta["llm_decode_seconds_by_concurrency_total"]
+                    delta["llm_decode_tokens_by_concurrency_total"]
+                    / delta["llm_decode_seconds_by_concurrency_total"]
                 )
                 assert throughput == pytest.approx(n / expected_gap, rel=0.25), (n, throughput)
         plain = sc.sample("llm_inter_token_latency_seconds_count", model="m", route=ROUTE)

@@ -80,7 +80,9 @@ def spec_with_override():
     return parse_spec(data)
 
 
-async def _request(session: aiohttp.ClientSession, url: str, body: dict, headers: dict, cancel: bool = False) -> None:
+async def _request(
+    session: aiohttp.ClientSession, url: str, body: dict, headers: dict, cancel: bool = False
+) -> None:
     async with session.post(url, json=body, headers=headers) as r:
         if cancel:
             await r.content.readany()
@@ -97,7 +99,10 @@ def _script(base: str, model: str) -> list[tuple[str, dict, dict, bool]]:
     msgs = [{"role": "user", "content": "How fast are my tokens?"}]  # 13 prompt tokens
     stream = {"model": model, "messages": msgs, "stream": True}
     anthropic = {"model": model, "messages": msgs, "max_tokens": 64, "stream": True}
-    with_usage = {**stream, "stream_options": {"include_usage": True}}  # the usage carries the cached count
+    with_usage = {
+        **stream,
+        "stream_options": {"include_usage": True},
+    }  # the usage carries the cached count
     whole = {"model": model, "messages": msgs}
     ollama_body = {"model": model, "messages": msgs}  # Ollama streams unless told not to
     return [
@@ -117,8 +122,18 @@ def _script(base: str, model: str) -> list[tuple[str, dict, dict, bool]]:
         (chat, stream, {**FAST, "x-sim-ttft": "2.5"}, False),
         # Agents: two parallel tool calls on a cache miss; one call on a mostly cached prompt.
         # ... and an objective header that is not a number (ignored and counted).
-        (chat, with_usage, {**FAST, "x-sim-tool-calls": "2", "x-sim-cached-tokens": "0", "x-slo-ttft-ms": "2s"}, False),
-        (messages, anthropic, {**FAST, "x-sim-tool-calls": "1", "x-sim-cached-tokens": "12"}, False),
+        (
+            chat,
+            with_usage,
+            {**FAST, "x-sim-tool-calls": "2", "x-sim-cached-tokens": "0", "x-slo-ttft-ms": "2s"},
+            False,
+        ),
+        (
+            messages,
+            anthropic,
+            {**FAST, "x-sim-tool-calls": "1", "x-sim-cached-tokens": "12"},
+            False,
+        ),
     ]
 
 
@@ -151,7 +166,15 @@ def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
                 # The job the spec's LLMSidecarDown alert watches.
                 "job_name": "llm-sidecar",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "namespace": NAMESPACE, "llm_release": RELEASE, "pod": pod}}
+                    {
+                        "targets": [f"127.0.0.1:{port}"],
+                        "labels": {
+                            "cluster": CLUSTER,
+                            "namespace": NAMESPACE,
+                            "llm_release": RELEASE,
+                            "pod": pod,
+                        },
+                    }
                     for pod, port in targets.items()
                 ],
             },
@@ -161,7 +184,10 @@ def _prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
                 "job_name": "llm-engine",
                 "metrics_path": "/metrics/engine",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": NAMESPACE, "llm_release": RELEASE, "pod": pod}}
+                    {
+                        "targets": [f"127.0.0.1:{port}"],
+                        "labels": {"namespace": NAMESPACE, "llm_release": RELEASE, "pod": pod},
+                    }
                     for pod, port in targets.items()
                 ],
             },
@@ -179,10 +205,14 @@ async def _get(session: aiohttp.ClientSession, url: str, **params) -> dict:
         return doc["data"]
 
 
-async def _wait_ready(session: aiohttp.ClientSession, base: str, proc: subprocess.Popen, timeout: float = 20) -> None:
+async def _wait_ready(
+    session: aiohttp.ClientSession, base: str, proc: subprocess.Popen, timeout: float = 20
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, f"prometheus exited: {proc.stderr.read() if proc.stderr else ''}"
+        assert proc.poll() is None, (
+            f"prometheus exited: {proc.stderr.read() if proc.stderr else ''}"
+        )
         try:
             async with session.get(f"{base}/-/ready") as r:
                 if r.status == 200:
@@ -200,7 +230,8 @@ async def pods(sidecar_factory):
     out = {}
     for pod, model in (("llm-0", DEFAULT_MODEL), ("llm-1", OVERRIDE_MODEL)):
         runner, port = await start_app(
-            build_simulator_app(SimulatorConfig(model=model, jitter=0.0, seed=7)), handler_cancellation=True
+            build_simulator_app(SimulatorConfig(model=model, jitter=0.0, seed=7)),
+            handler_cancellation=True,
         )
         runners.append(runner)
         sc = await sidecar_factory(f"http://127.0.0.1:{port}")
@@ -251,14 +282,21 @@ async def test_every_dashboard_query_returns_data(pods, prometheus_server):
         await _wait_ready(session, base, proc)
         deadline = time.monotonic() + LOAD_SECONDS
         sent = await asyncio.gather(
-            *(_load(url, model, deadline) for url, _, model in pods.values() for _ in range(WORKERS_PER_POD))
+            *(
+                _load(url, model, deadline)
+                for url, _, model in pods.values()
+                for _ in range(WORKERS_PER_POD)
+            )
         )
         assert sum(sent) > 100, sent
         # Two more scrapes and rule evaluations after the last request.
         await asyncio.sleep(3)
 
         up = await _get(session, f"{base}/api/v1/query", query='up{job="llm-sidecar"}')
-        assert {s["metric"]["pod"]: s["value"][1] for s in up["result"]} == {"llm-0": "1", "llm-1": "1"}
+        assert {s["metric"]["pod"]: s["value"][1] for s in up["result"]} == {
+            "llm-0": "1",
+            "llm-1": "1",
+        }
 
         problems = []
         checked = 0
@@ -270,7 +308,11 @@ async def test_every_dashboard_query_returns_data(pods, prometheus_server):
                 expr = substitute(q.expr)
                 data = await _get(session, f"{base}/api/v1/query", query=expr)
                 result = data["result"]
-                values = [s["value"][1] for s in result] if data["resultType"] == "vector" else [result[1]]
+                values = (
+                    [s["value"][1] for s in result]
+                    if data["resultType"] == "vector"
+                    else [result[1]]
+                )
                 checked += 1
                 if not values:
                     problems.append(f"{q.where}: no data: {expr}")
@@ -305,13 +347,19 @@ async def test_every_dashboard_query_returns_data(pods, prometheus_server):
 
         # The burn the load creates is what the SLO dashboard's alert panels show.
         firing = await _get(
-            session, f"{base}/api/v1/query", query='ALERTS{alertstate="firing", alertname="LLMAvailabilityBurnRate"}'
+            session,
+            f"{base}/api/v1/query",
+            query='ALERTS{alertstate="firing", alertname="LLMAvailabilityBurnRate"}',
         )
         assert {s["metric"]["severity"] for s in firing["result"]} == {"page", "ticket"}
 
         # The TTFT objective's SLI panel honours the override: 2.5 s is bad only under 2 s.
         slo = to_json_dict(build_slo_dashboard(spec_with_override()))
-        (sli,) = [q for q in panel_queries(slo) if q.panel_title == "ttft: SLI vs target" and q.ref_id == "A"]
+        (sli,) = [
+            q
+            for q in panel_queries(slo)
+            if q.panel_title == "ttft: SLI vs target" and q.ref_id == "A"
+        ]
         data = await _get(session, f"{base}/api/v1/query", query=substitute(sli.expr))
         by_model = {s["metric"]["model"]: float(s["value"][1]) for s in data["result"]}
         assert by_model.keys() == {DEFAULT_MODEL, OVERRIDE_MODEL}

@@ -61,7 +61,9 @@ def test_histogram_quantile_edges():
     # Every observation above the top finite bound.
     assert histogram_quantile(0.5, ((0.1, 0.0), (0.2, 0.0), (INF, 5.0))) == pytest.approx(0.2)
     # The rank in a bucket after empty ones: interpolates from the bound below it.
-    assert histogram_quantile(0.5, ((0.1, 0.0), (0.2, 0.0), (0.4, 4.0), (INF, 4.0))) == pytest.approx(0.3)
+    assert histogram_quantile(
+        0.5, ((0.1, 0.0), (0.2, 0.0), (0.4, 4.0), (INF, 4.0))
+    ) == pytest.approx(0.3)
 
 
 def test_histogram_quantile_matches_exact_for_uniform_data():
@@ -93,7 +95,9 @@ def test_window_baseline_picks_oldest_scrape_inside_the_window():
 def _exposition() -> str:
     """A real prometheus_client exposition: two label sets per metric, to be summed."""
     reg = CollectorRegistry()
-    requests = Counter("requests", "", ("model", "route", "code", "outcome"), namespace="llm", registry=reg)
+    requests = Counter(
+        "requests", "", ("model", "route", "code", "outcome"), namespace="llm", registry=reg
+    )
     tokens = Counter("tokens", "", ("model", "route", "type"), namespace="llm", registry=reg)
     ttft = Histogram(
         "time_to_first_token_seconds", "", ("model", "route"), namespace="llm", registry=reg,
@@ -114,7 +118,12 @@ def _exposition() -> str:
 
 def test_parse_snapshot_sums_label_sets():
     snap = parse_snapshot(_exposition(), at=12.0)
-    assert (snap.requests, snap.errors, snap.cancelled, snap.output_tokens) == (10.0, 2.0, 1.0, 400.0)
+    assert (snap.requests, snap.errors, snap.cancelled, snap.output_tokens) == (
+        10.0,
+        2.0,
+        1.0,
+        400.0,
+    )
     assert snap.histograms["llm_time_to_first_token_seconds"] == BUCKETS
     assert snap.histograms["llm_inter_token_latency_seconds"] == ()  # no series yet
 

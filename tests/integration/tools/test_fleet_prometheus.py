@@ -35,7 +35,9 @@ async def fleet(sidecar_factory):
     """{release: (proxy URL, admin port, namespace, model)}: a simulator behind a sidecar each."""
     runners, out = [], {}
     for release, namespace, _, model, _ in RELEASES:
-        runner, port = await start_app(build_simulator_app(SimulatorConfig(model=model, jitter=0.0, seed=3)))
+        runner, port = await start_app(
+            build_simulator_app(SimulatorConfig(model=model, jitter=0.0, seed=3))
+        )
         runners.append(runner)
         sc = await sidecar_factory(f"http://127.0.0.1:{port}")
         out[release] = (sc.url, sc.admin_port, namespace, model)
@@ -73,7 +75,9 @@ async def test_three_releases_rules_evaluate_cleanly_in_one_prometheus(fleet, tm
     for release, namespace, sets, _, _ in RELEASES:
         (rule,) = by_kind(render_release(release, namespace, sets), "PrometheusRule")
         path = tmp_path / f"rules-{release}.yaml"
-        path.write_text(yaml.safe_dump(rule["spec"], sort_keys=False, width=10**9), encoding="utf-8")
+        path.write_text(
+            yaml.safe_dump(rule["spec"], sort_keys=False, width=10**9), encoding="utf-8"
+        )
         files.append(str(path))
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
@@ -82,7 +86,10 @@ async def test_three_releases_rules_evaluate_cleanly_in_one_prometheus(fleet, tm
             {
                 "job_name": "llm-sidecar",
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{admin}"], "labels": {"namespace": ns, "llm_release": rid(r)}}
+                    {
+                        "targets": [f"127.0.0.1:{admin}"],
+                        "labels": {"namespace": ns, "llm_release": rid(r)},
+                    }
                     for r, (_, admin, ns, _) in fleet.items()
                 ],
             }
@@ -94,19 +101,34 @@ async def test_three_releases_rules_evaluate_cleanly_in_one_prometheus(fleet, tm
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             deadline = time.monotonic() + 60
             while not await _ready(session, base):
-                assert proc.poll() is None and time.monotonic() < deadline, "prometheus did not become ready"
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    "prometheus did not become ready"
+                )
                 await asyncio.sleep(0.2)
             want = {(ns, rid(r)) for r, (_, _, ns, _) in fleet.items()}
             got: set = set()
             while time.monotonic() < deadline and got != want:
                 assert proc.poll() is None, "prometheus exited"
-                await asyncio.gather(*(_stream(session, url, model) for url, _, _, model in fleet.values()))
-                data = await _get(session, f"{base}/api/v1/query", query='llm:sli_events:rate5m{slo="ttft"} > 0')
-                got = {(s["metric"]["namespace"], s["metric"].get("llm_release")) for s in data["result"]}
+                await asyncio.gather(
+                    *(_stream(session, url, model) for url, _, _, model in fleet.values())
+                )
+                data = await _get(
+                    session, f"{base}/api/v1/query", query='llm:sli_events:rate5m{slo="ttft"} > 0'
+                )
+                got = {
+                    (s["metric"]["namespace"], s["metric"].get("llm_release"))
+                    for s in data["result"]
+                }
                 await asyncio.sleep(0.5)
             assert got == want
-            counts = await _get(session, f"{base}/api/v1/query", query="count by (namespace, llm_release, slo) (llm:sli_events:rate5m)")
-            assert {s["value"][1] for s in counts["result"]} == {"1"}, counts  # one series per deployment and SLO
+            counts = await _get(
+                session,
+                f"{base}/api/v1/query",
+                query="count by (namespace, llm_release, slo) (llm:sli_events:rate5m)",
+            )
+            assert {s["value"][1] for s in counts["result"]} == {"1"}, (
+                counts
+            )  # one series per deployment and SLO
             await asyncio.sleep(2)  # every group evaluated at least once more
             rules = await _get(session, f"{base}/api/v1/rules")
             groups = rules["groups"]

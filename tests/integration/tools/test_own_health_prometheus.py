@@ -54,7 +54,9 @@ def _row_queries() -> dict[str, str]:
     board = json.loads(OVERVIEW.read_text(encoding="utf-8"))
     row = next(p for p in board["panels"] if p.get("type") == "row" and p["title"] == ROW_TITLE)
     titles = {p["title"] for p in board["panels"] if p["gridPos"]["y"] == row["gridPos"]["y"] + 1}
-    return {q.panel_title: substitute(q.expr) for q in panel_queries(board) if q.panel_title in titles}
+    return {
+        q.panel_title: substitute(q.expr) for q in panel_queries(board) if q.panel_title in titles
+    }
 
 
 async def _query(session: aiohttp.ClientSession, base: str, expr: str) -> list[dict]:
@@ -66,6 +68,7 @@ async def _query(session: aiohttp.ClientSession, base: str, expr: str) -> list[d
 
 async def test_the_own_health_row_shows_the_sidecar_not_the_engine(sidecar_factory, tmp_path):
     binary = require_tool("prometheus")
+
     async def engine_metrics(_: web.Request) -> web.Response:
         return web.Response(text=ENGINE_PAGE, content_type="text/plain")
 
@@ -75,12 +78,19 @@ async def test_the_own_health_row_shows_the_sidecar_not_the_engine(sidecar_facto
     proc = None
     try:
         sc = await sidecar_factory(f"http://127.0.0.1:{engine_port}")
-        target = {"targets": [f"127.0.0.1:{sc.admin_port}"], "labels": {"namespace": "llm", "pod": "llm-0", "llm_release": "llm/llm-sidecar"}}
+        target = {
+            "targets": [f"127.0.0.1:{sc.admin_port}"],
+            "labels": {"namespace": "llm", "pod": "llm-0", "llm_release": "llm/llm-sidecar"},
+        }
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
             "scrape_configs": [
                 {"job_name": "llm-sidecar", "static_configs": [target]},
-                {"job_name": "llm-engine", "metrics_path": "/metrics/engine", "static_configs": [target]},
+                {
+                    "job_name": "llm-engine",
+                    "metrics_path": "/metrics/engine",
+                    "static_configs": [target],
+                },
             ],
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -97,24 +107,38 @@ async def test_the_own_health_row_shows_the_sidecar_not_the_engine(sidecar_facto
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             # Both pages scraped (three samples each, so a rate over them has two points).
             for _ in range(150):
-                jobs = await _query(session, base, "count by (job) (count_over_time(process_cpu_seconds_total[1m]) >= 3)")
+                jobs = await _query(
+                    session,
+                    base,
+                    "count by (job) (count_over_time(process_cpu_seconds_total[1m]) >= 3)",
+                )
                 if {s["metric"]["job"] for s in jobs} == {"llm-sidecar", "llm-engine"}:
                     break
                 await asyncio.sleep(0.2)
             else:
                 raise AssertionError(f"both pages not scraped: {jobs}")
-            both = await _query(session, base, "sum by (namespace, pod) (process_resident_memory_bytes)")
+            both = await _query(
+                session, base, "sum by (namespace, pod) (process_resident_memory_bytes)"
+            )
             assert float(both[0]["value"][1]) > ENGINE_RSS  # the engine's series are there to leak
 
             own = await _query(session, base, 'process_resident_memory_bytes{job="llm-sidecar"}')
             (memory,) = await _query(session, base, queries["Sidecar memory (resident)"])
             assert memory["metric"] == {"namespace": "llm", "pod": "llm-0"}
             assert 1e6 < float(memory["value"][1]) < 4e9
-            assert abs(float(memory["value"][1]) - float(own[0]["value"][1])) < 0.2 * float(own[0]["value"][1])
-            (fds,) = await _query(session, base, queries["Sidecar open file descriptors (share of limit)"])
-            assert 0 < float(fds["value"][1]) < 0.5  # the engine's 900/1000 would be 0.9 (or 0.45 summed)
+            assert abs(float(memory["value"][1]) - float(own[0]["value"][1])) < 0.2 * float(
+                own[0]["value"][1]
+            )
+            (fds,) = await _query(
+                session, base, queries["Sidecar open file descriptors (share of limit)"]
+            )
+            assert (
+                0 < float(fds["value"][1]) < 0.5
+            )  # the engine's 900/1000 would be 0.9 (or 0.45 summed)
             (cpu,) = await _query(session, base, queries["Sidecar CPU (cores)"])
-            assert 0 <= float(cpu["value"][1]) < 2  # the engine's counter does not move; summed, still the sidecar's
+            assert (
+                0 <= float(cpu["value"][1]) < 2
+            )  # the engine's counter does not move; summed, still the sidecar's
             (builds,) = await _query(session, base, queries["Sidecar builds"])
             assert builds["metric"].keys() == {"version", "speedups"} and builds["value"][1] == "1"
     finally:

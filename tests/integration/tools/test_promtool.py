@@ -44,8 +44,13 @@ def default_spec_data() -> dict:
 def unit_test_results() -> dict[str, subprocess.CompletedProcess]:
     """Run every promtool unit-test file at once (the longest takes several seconds)."""
     require_tool("promtool")
-    with ThreadPoolExecutor(max_workers=max(1, min(len(PROMTOOL_TESTS), os.cpu_count() or 1))) as pool:
-        futures = {p.name: pool.submit(promtool, "test", "rules", p.name, cwd=p.parent) for p in PROMTOOL_TESTS}
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(len(PROMTOOL_TESTS), os.cpu_count() or 1))
+    ) as pool:
+        futures = {
+            p.name: pool.submit(promtool, "test", "rules", p.name, cwd=p.parent)
+            for p in PROMTOOL_TESTS
+        }
         return {name: f.result() for name, f in futures.items()}
 
 
@@ -62,8 +67,19 @@ def rendered_variants(tmp_path: Path) -> list[Path]:
         "version": 1,
         "period": "30d",
         "objectives": [
-            {"name": "availability", "sli": "availability", "target": 99.9, "models": {"a": {"target": 99}, "b": {"target": 98}}},
-            {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 0.5, "models": {"a": {"threshold_seconds": 10.0}}},
+            {
+                "name": "availability",
+                "sli": "availability",
+                "target": 99.9,
+                "models": {"a": {"target": 99}, "b": {"target": 98}},
+            },
+            {
+                "name": "ttft",
+                "sli": "ttft",
+                "target": 95,
+                "threshold_seconds": 0.5,
+                "models": {"a": {"threshold_seconds": 10.0}},
+            },
             {"name": "ttft-tail", "sli": "ttft", "target": 99, "threshold_seconds": 5.0},
             {"name": "tpot", "sli": "tpot", "target": 95, "threshold_seconds": 0.05},
             {"name": "itl", "sli": "itl", "target": 99, "threshold_seconds": 0.1},
@@ -74,7 +90,12 @@ def rendered_variants(tmp_path: Path) -> list[Path]:
     drill["period"] = "12h"
     grouped = default_spec_data()
     grouped["grouping"] = ["cluster", "namespace", "service", "model", "route"]
-    for name, data in (("default-28d.yaml", d28), ("every-kind.yaml", every), ("drill-12h.yaml", drill), ("grouped.yaml", grouped)):
+    for name, data in (
+        ("default-28d.yaml", d28),
+        ("every-kind.yaml", every),
+        ("drill-12h.yaml", drill),
+        ("grouped.yaml", grouped),
+    ):
         path = tmp_path / name
         path.write_text(render_rules(generate(parse_spec(data))), encoding="utf-8")
         out.append(path)
@@ -99,13 +120,17 @@ def test_promtool_test_files_exist_and_set_interval_in_every_group():
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         assert doc["rule_files"] == ["../../deploy/prometheus/llm-sidecar-rules.yaml"], path.name
         for group in doc["tests"]:
-            assert "interval" in group, f"{path.name}: Prometheus 2.42 needs interval: in every test group"
+            assert "interval" in group, (
+                f"{path.name}: Prometheus 2.42 needs interval: in every test group"
+            )
 
 
 @pytest.mark.parametrize("name", [p.name for p in PROMTOOL_TESTS])
 def test_promtool_unit_tests_pass(unit_test_results, name):
     result = unit_test_results[name]
-    assert result.returncode == 0, f"promtool test rules tests/promtool/{name}\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"promtool test rules tests/promtool/{name}\n{result.stdout}{result.stderr}"
+    )
     assert "SUCCESS" in result.stdout
 
 
@@ -137,8 +162,18 @@ def steady_burn_test(rules: Path, period: str) -> dict:
     series = []
     for model, (_, errors) in BURNS.items():
         labels = f'model="{model}",route="/v1/chat/completions"'
-        series.append({"series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}', "values": f"0+{4000 - errors}x60"})
-        series.append({"series": f'llm_requests_total{{{labels},code="500",outcome="error"}}', "values": f"0+{errors}x60"})
+        series.append(
+            {
+                "series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}',
+                "values": f"0+{4000 - errors}x60",
+            }
+        )
+        series.append(
+            {
+                "series": f'llm_requests_total{{{labels},code="500",outcome="error"}}',
+                "values": f"0+{errors}x60",
+            }
+        )
     return {
         "rule_files": [rules.name],
         "evaluation_interval": "10m",
@@ -172,7 +207,9 @@ def test_period_moves_the_factors_promtool_agrees(tmp_path, period):
     rules = tmp_path / "rules.yaml"
     rules.write_text(render_rules(generate(spec)), encoding="utf-8")
     test_file = tmp_path / "steady.yaml"
-    test_file.write_text(yaml.safe_dump(steady_burn_test(rules, period), sort_keys=False), encoding="utf-8")
+    test_file.write_text(
+        yaml.safe_dump(steady_burn_test(rules, period), sort_keys=False), encoding="utf-8"
+    )
     result = promtool("test", "rules", test_file.name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -180,7 +217,9 @@ def test_period_moves_the_factors_promtool_agrees(tmp_path, period):
 def test_default_spec_renders_to_the_committed_file():
     """Guards the promtool tests above: they run against the committed rules."""
     assert RULE_FILES == [ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"]
-    assert RULE_FILES[0].read_text(encoding="utf-8") == render_rules(generate(load_spec(str(DEFAULT_SPEC))))
+    assert RULE_FILES[0].read_text(encoding="utf-8") == render_rules(
+        generate(load_spec(str(DEFAULT_SPEC)))
+    )
 
 
 # --------------------------------------------------------------------- cheap long windows
@@ -218,7 +257,10 @@ def verdicts_only(doc: dict, rules: Path) -> dict:
                     "eval_time": t["eval_time"],
                     "exp_samples": [
                         {
-                            "labels": _labels("ALERTS", {"alertname": name, "alertstate": "firing", **a["exp_labels"]}),
+                            "labels": _labels(
+                                "ALERTS",
+                                {"alertname": name, "alertstate": "firing", **a["exp_labels"]},
+                            ),
                             "value": 1,
                         }
                         for a in t.get("exp_alerts", [])
@@ -249,11 +291,17 @@ def verdict_results(tmp_path_factory) -> dict[tuple[str, str], subprocess.Comple
         for name in VERDICT_FILES:
             doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
             reduced = verdicts_only(doc, rules)
-            assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), f"{name} has no verdicts to compare"
-            (tmp / f"{form}.{name}").write_text(yaml.safe_dump(reduced, sort_keys=False), encoding="utf-8")
+            assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), (
+                f"{name} has no verdicts to compare"
+            )
+            (tmp / f"{form}.{name}").write_text(
+                yaml.safe_dump(reduced, sort_keys=False), encoding="utf-8"
+            )
             jobs[(name, form)] = f"{form}.{name}"
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {key: pool.submit(promtool, "test", "rules", file, cwd=tmp) for key, file in jobs.items()}
+        futures = {
+            key: pool.submit(promtool, "test", "rules", file, cwd=tmp) for key, file in jobs.items()
+        }
         return {key: f.result() for key, f in futures.items()}
 
 
@@ -290,15 +338,27 @@ def test_one_spec_per_deployment_side_by_side_in_one_prometheus(tmp_path):
     files = []
     for namespace, target in (("prod", 99.5), ("staging", 90)):
         path = tmp_path / f"{namespace}.yaml"
-        path.write_text(render_rules(generate(parse_spec(deployment_spec(namespace, target)))), encoding="utf-8")
+        path.write_text(
+            render_rules(generate(parse_spec(deployment_spec(namespace, target)))), encoding="utf-8"
+        )
         files.append(path.name)
     check = promtool("check", "rules", "--lint=all", "--lint-fatal", *files, cwd=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
     series = []
     for namespace in ("prod", "staging"):
         labels = f'namespace="{namespace}",model="m",route="/v1/chat/completions"'
-        series.append({"series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}', "values": "0+950x60"})
-        series.append({"series": f'llm_requests_total{{{labels},code="500",outcome="error"}}', "values": "0+50x60"})
+        series.append(
+            {
+                "series": f'llm_requests_total{{{labels},code="200",outcome="ok"}}',
+                "values": "0+950x60",
+            }
+        )
+        series.append(
+            {
+                "series": f'llm_requests_total{{{labels},code="500",outcome="error"}}',
+                "values": "0+50x60",
+            }
+        )
     firing = [
         {
             "labels": 'ALERTS{alertname="LLMAvailabilityBurnRate",alertstate="firing",severity="%s",slo="availability",'
@@ -315,13 +375,23 @@ def test_one_spec_per_deployment_side_by_side_in_one_prometheus(tmp_path):
                 "interval": "1m",
                 "input_series": series,
                 "promql_expr_test": [
-                    {"expr": 'ALERTS{alertname="LLMAvailabilityBurnRate"}', "eval_time": "1h", "exp_samples": firing},
+                    {
+                        "expr": 'ALERTS{alertname="LLMAvailabilityBurnRate"}',
+                        "eval_time": "1h",
+                        "exp_samples": firing,
+                    },
                     {
                         "expr": "round(llm:burn_rate:ratio_rate1h * 100) / 100",
                         "eval_time": "1h",
                         "exp_samples": [
-                            {"labels": '{slo="availability",namespace="prod",model="m"}', "value": 10},
-                            {"labels": '{slo="availability",namespace="staging",model="m"}', "value": 0.5},
+                            {
+                                "labels": '{slo="availability",namespace="prod",model="m"}',
+                                "value": 10,
+                            },
+                            {
+                                "labels": '{slo="availability",namespace="staging",model="m"}',
+                                "value": 0.5,
+                            },
                         ],
                     },
                 ],
@@ -347,7 +417,13 @@ PREFILL_SPEC = {
     "version": 1,
     "objectives": [
         {"name": "ttft", "sli": "ttft", "target": 95, "threshold_seconds": 2.0},
-        {"name": "ttft-prefill", "sli": "ttft", "target": 95, "threshold_seconds": 2.0, "cache_class": "none"},
+        {
+            "name": "ttft-prefill",
+            "sli": "ttft",
+            "target": 95,
+            "threshold_seconds": 2.0,
+            "cache_class": "none",
+        },
     ],
 }
 
@@ -361,14 +437,28 @@ def _histogram(name: str, labels: str, per_minute: dict[str, int]) -> list[dict]
 
 def test_a_prefill_objective_burns_on_misses_that_hits_would_hide(tmp_path):
     rules = tmp_path / "prefill-rules.yaml"
-    rules.write_text(render_rules(generate(parse_spec(copy.deepcopy(PREFILL_SPEC)))), encoding="utf-8")
+    rules.write_text(
+        render_rules(generate(parse_spec(copy.deepcopy(PREFILL_SPEC)))), encoding="utf-8"
+    )
     check = promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
     assert check.returncode == 0, check.stdout + check.stderr
     route = 'model="m",route="/v1/chat/completions"'
     series = [
-        *_histogram("llm_time_to_first_token_seconds", f'{route},prompt_class="all"', {"2.0": 990, "+Inf": 1000}),
-        *_histogram("llm_time_to_first_token_by_cache_seconds", f'{route},cache="none"', {"2.0": 80, "+Inf": 100}),
-        *_histogram("llm_time_to_first_token_by_cache_seconds", f'{route},cache="most"', {"2.0": 900, "+Inf": 900}),
+        *_histogram(
+            "llm_time_to_first_token_seconds",
+            f'{route},prompt_class="all"',
+            {"2.0": 990, "+Inf": 1000},
+        ),
+        *_histogram(
+            "llm_time_to_first_token_by_cache_seconds",
+            f'{route},cache="none"',
+            {"2.0": 80, "+Inf": 100},
+        ),
+        *_histogram(
+            "llm_time_to_first_token_by_cache_seconds",
+            f'{route},cache="most"',
+            {"2.0": 900, "+Inf": 900},
+        ),
     ]
     tickets = [
         'ALERTS{alertname="LLMTTFTPrefillBurnRate",alertstate="firing",severity="ticket",slo="ttft-prefill",'

@@ -36,6 +36,7 @@ def answer(status: int = 200, body: bytes = b""):
 
     return handler
 
+
 EXPOSITION = (
     b"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
     b"# TYPE vllm:num_requests_waiting gauge\n"
@@ -47,7 +48,9 @@ async def test_relays_the_servers_metrics_byte_exact_with_their_encoding(upstrea
     seen = {}
 
     async def metrics(request):
-        seen.update(accept=request.headers.get("Accept"), encoding=request.headers.get("Accept-Encoding"))
+        seen.update(
+            accept=request.headers.get("Accept"), encoding=request.headers.get("Accept-Encoding")
+        )
         body = gzip.compress(EXPOSITION, mtime=0)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8",
                                                 "Content-Encoding": "gzip", "X-Other": "kept-out"})  # fmt: skip
@@ -67,7 +70,9 @@ async def test_relays_the_servers_metrics_byte_exact_with_their_encoding(upstrea
     assert sc.sample("llm_non_api_requests_total", method="GET", code="200", outcome="ok") is None
 
 
-async def test_the_same_page_through_the_proxy_port_is_counted_as_a_request(upstream, sidecar_factory):
+async def test_the_same_page_through_the_proxy_port_is_counted_as_a_request(
+    upstream, sidecar_factory
+):
     """Why the chart scrapes the admin port: through the proxy port, /metrics is relayed and
     counted as non-API traffic, as every request outside the route table is."""
     up = await upstream.start(lambda app: app.router.add_get("/metrics", answer(body=EXPOSITION)))
@@ -107,7 +112,9 @@ async def test_concurrent_scrapes_share_one_upstream_fetch(upstream, sidecar_fac
 
         scrapes = [asyncio.create_task(scrape()) for _ in range(60)]
         await wait_for(lambda: calls >= 1)
-        await asyncio.sleep(1.0)  # the other scrapes reach the sidecar while the first fetch is held
+        await asyncio.sleep(
+            1.0
+        )  # the other scrapes reach the sidecar while the first fetch is held
         held = calls
         release.set()
         results = await asyncio.gather(*scrapes)
@@ -121,7 +128,9 @@ async def test_concurrent_scrapes_share_one_upstream_fetch(upstream, sidecar_fac
     assert calls >= 2
 
 
-async def test_unreachable_server_is_a_502_and_a_slow_one_a_504_within_the_scrape_timeout(upstream, sidecar_factory, refused_url):
+async def test_unreachable_server_is_a_502_and_a_slow_one_a_504_within_the_scrape_timeout(
+    upstream, sidecar_factory, refused_url
+):
     sc = await sidecar_factory(refused_url)
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{sc.admin_url}/metrics/engine") as r:
@@ -136,14 +145,18 @@ async def test_unreachable_server_is_a_502_and_a_slow_one_a_504_within_the_scrap
     sc = await sidecar_factory(up.url)
     async with aiohttp.ClientSession() as s:
         started = time.monotonic()
-        async with s.get(f"{sc.admin_url}/metrics/engine", headers={"X-Prometheus-Scrape-Timeout-Seconds": "1.5"}) as r:
+        async with s.get(
+            f"{sc.admin_url}/metrics/engine", headers={"X-Prometheus-Scrape-Timeout-Seconds": "1.5"}
+        ) as r:
             assert r.status == 504
             assert (await r.json())["error"]["type"] == "upstream_timeout"
         assert time.monotonic() - started < 1.5, "answers before the scraper gives up"
 
 
 async def test_engine_metrics_path_is_configurable_and_can_be_turned_off(upstream, sidecar_factory):
-    up = await upstream.start(lambda app: app.router.add_get("/stats/prom", answer(body=EXPOSITION)))
+    up = await upstream.start(
+        lambda app: app.router.add_get("/stats/prom", answer(body=EXPOSITION))
+    )
     sc = await sidecar_factory(up.url, engine_metrics_path="/stats/prom")
     off = await sidecar_factory(up.url, engine_metrics_path="")
     async with aiohttp.ClientSession() as s:
@@ -153,8 +166,11 @@ async def test_engine_metrics_path_is_configurable_and_can_be_turned_off(upstrea
             assert r.status == 404
 
 
-async def test_upstreamz_follows_the_server_and_ignores_draining(upstream, sidecar_factory, refused_url):
+async def test_upstreamz_follows_the_server_and_ignores_draining(
+    upstream, sidecar_factory, refused_url
+):
     health = {"status": 200}
+
     async def health_check(request: web.Request) -> web.Response:
         return web.Response(status=health["status"])
 
@@ -163,7 +179,10 @@ async def test_upstreamz_follows_the_server_and_ignores_draining(upstream, sidec
     async with aiohttp.ClientSession() as s:
 
         async def statuses() -> tuple[int, int]:
-            async with s.get(f"{sc.admin_url}/upstreamz") as a, s.get(f"{sc.admin_url}/readyz") as b:
+            async with (
+                s.get(f"{sc.admin_url}/upstreamz") as a,
+                s.get(f"{sc.admin_url}/readyz") as b,
+            ):
                 return a.status, b.status
 
         assert await statuses() == (200, 200)
@@ -205,12 +224,16 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
     runner, sim_port = await start_app(app, handler_cancellation=True)
     sc = await sidecar_factory(f"http://127.0.0.1:{sim_port}")
     labels = {"namespace": "llm", "pod": "llm-sidecar-0"}
-    proc, port = start_prometheus(binary, tmp_path, pod_scrape_config(f"127.0.0.1:{sc.admin_port}", labels))
+    proc, port = start_prometheus(
+        binary, tmp_path, pod_scrape_config(f"127.0.0.1:{sc.admin_port}", labels)
+    )
     try:
         async with aiohttp.ClientSession() as s:
 
             async def query(expr: str) -> list[dict]:
-                async with s.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}) as r:
+                async with s.get(
+                    f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}
+                ) as r:
                     return (await r.json())["data"]["result"] if r.status == 200 else []
 
             deadline = time.monotonic() + 30
@@ -226,7 +249,10 @@ async def test_prometheus_scrapes_the_engines_series_with_target_labels_and_coun
                 await asyncio.sleep(0.5)
             assert found, "the engine's series never reached Prometheus"
             series = found[0]["metric"]
-            assert {k: series[k] for k in ("namespace", "pod", "model_name")} == {**labels, "model_name": model_name}
+            assert {k: series[k] for k in ("namespace", "pod", "model_name")} == {
+                **labels,
+                "model_name": model_name,
+            }
             engine_row = (WAITING, RUNNING, KV_CACHE, PREEMPTIONS)
             queries = panel_queries(json.loads(OVERVIEW.read_text(encoding="utf-8")))
             row = [q for q in queries if any(metric in q.expr for metric in engine_row)]
@@ -250,7 +276,9 @@ async def test_the_simulated_vllm_series_are_named_and_labelled_as_the_real_ones
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     def samples(text: str) -> dict[str, set[str]]:
-        return {s.name: set(s.labels) for f in text_string_to_metric_families(text) for s in f.samples}
+        return {
+            s.name: set(s.labels) for f in text_string_to_metric_families(text) for s in f.samples
+        }
 
     runner, port = await start_app(build_simulator_app(SimulatorConfig(model="m", seed=1)))
     try:
@@ -261,5 +289,10 @@ async def test_the_simulated_vllm_series_are_named_and_labelled_as_the_real_ones
         await runner.cleanup()
     real = samples(RECORDED_VLLM.read_text(encoding="utf-8"))
     assert set(simulated) <= set(real), set(simulated) - set(real)
-    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"):
+    for name in (
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+    ):
         assert simulated[name] == real[name] == {"model_name", "engine"}, name

@@ -39,7 +39,12 @@ def vllm_card(name: str, parent: str | None = None) -> dict:
 
 
 def listing(names: list[str]) -> bytes:
-    return orjson.dumps({"object": "list", "data": [vllm_card(n, None if i == 0 else names[0]) for i, n in enumerate(names)]})
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [vllm_card(n, None if i == 0 else names[0]) for i, n in enumerate(names)],
+        }
+    )
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -87,13 +92,31 @@ async def page(sc) -> bytes:
 
 async def listed(sc, name: str) -> None:
     """The background poll has taken a listing that names ``name``."""
-    await wait_for(lambda: sc.sidecar.metrics.model_label.authoritative and sc.sidecar.metrics.model_label.known(name))
+    await wait_for(
+        lambda: (
+            sc.sidecar.metrics.model_label.authoritative
+            and sc.sidecar.metrics.model_label.known(name)
+        )
+    )
 
 
 async def test_a_listing_that_arrives_in_two_reads_is_the_authority(upstream, sidecar_factory):
     """Finding 1: ``read(n)`` returned the first chunk only, the cut JSON failed to parse and
     the listing was ignored, so a squatting name answered 200 got its own series."""
-    body = orjson.dumps({"object": "list", "data": [{"id": SERVED, "object": "model", "owned_by": "vllm", "root": SERVED, "parent": None}]})
+    body = orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": SERVED,
+                    "object": "model",
+                    "owned_by": "vllm",
+                    "root": SERVED,
+                    "parent": None,
+                }
+            ],
+        }
+    )
     assert 100 < len(body) < 300
 
     async def models(request: web.Request) -> web.StreamResponse:
@@ -105,13 +128,17 @@ async def test_a_listing_that_arrives_in_two_reads_is_the_authority(upstream, si
         await response.write(body[60:])
         return response
 
-    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    up = await upstream.start(
+        lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat))
+    )
     sc = await sidecar_factory(up.url, model_refresh_seconds=0.2)
     await listed(sc, SERVED)
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, "squatter") == 200
         assert await ask(s, sc.url, SERVED) == 200
-    await wait_for(lambda: sc.sample("llm_label_overflow_total", label="model", reason="not_listed") == 1)
+    await wait_for(
+        lambda: sc.sample("llm_label_overflow_total", label="model", reason="not_listed") == 1
+    )
     assert model_values(sc) <= {SERVED, "other", "unknown"}
 
 
@@ -129,19 +156,35 @@ async def test_a_gzip_listing_is_read_and_the_poll_asks_for_identity(upstream, s
             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
         )
 
-    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    up = await upstream.start(
+        lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat))
+    )
     sc = await sidecar_factory(up.url, model_refresh_seconds=0.2)
     await listed(sc, "adapter-a")
     assert seen and set(seen) == {"identity"}
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, "squatter") == 200
         assert await ask(s, sc.url, SERVED) == 200
-    await wait_for(lambda: sc.sample("llm_requests_total", model=SERVED, route=CHAT, code="200", outcome="ok", error_type="none") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model=SERVED,
+                route=CHAT,
+                code="200",
+                outcome="ok",
+                error_type="none",
+            )
+            == 1
+        )
+    )
     assert sc.sample("llm_label_overflow_total", label="model", reason="not_listed") == 1
     assert model_values(sc) <= {SERVED, "other", "unknown"}
 
 
-async def test_a_1200_entry_vllm_listing_with_adapters_keeps_the_served_model(upstream, sidecar_factory):
+async def test_a_1200_entry_vllm_listing_with_adapters_keeps_the_served_model(
+    upstream, sidecar_factory
+):
     """Findings 1 and 5: a ~550 KB vLLM listing (the served model first, then 1,199 LoRA
     adapters, written in 64 KB pieces) was cut at the first read; and a listing longer than
     --max-models kept the alphabetically first names, so the served model (listed first,
@@ -159,21 +202,39 @@ async def test_a_1200_entry_vllm_listing_with_adapters_keeps_the_served_model(up
         await response.write_eof()
         return response
 
-    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    up = await upstream.start(
+        lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat))
+    )
     sc = await sidecar_factory(up.url, model_refresh_seconds=0.5, max_models=5)
     await listed(sc, SERVED)
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, SERVED) == 200
         assert await ask(s, sc.url, "adapter-1198") == 200  # listed (the 1,200th), no slot left
         assert await ask(s, sc.url, "squatter") == 200
-    await wait_for(lambda: sc.sample("llm_requests_total", model=SERVED, route=CHAT, code="200", outcome="ok", error_type="none") == 1)
-    assert sc.sample("llm_label_overflow_total", label="model", reason="not_listed") == 1  # the squatter only
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model=SERVED,
+                route=CHAT,
+                code="200",
+                outcome="ok",
+                error_type="none",
+            )
+            == 1
+        )
+    )
+    assert (
+        sc.sample("llm_label_overflow_total", label="model", reason="not_listed") == 1
+    )  # the squatter only
     # The adapter the server answered took the slot of one never requested; five at most.
     assert model_values(sc) == {SERVED, "adapter-1198", "other"}
     assert len(sc.sidecar.metrics.model_label.values) == 5
 
 
-async def test_a_rotating_listing_keeps_model_values_and_the_page_bounded(upstream, sidecar_factory):
+async def test_a_rotating_listing_keeps_model_values_and_the_page_bounded(
+    upstream, sidecar_factory
+):
     """Finding 3: a listing naming ten new models every poll, each requested once: every
     name ever listed stayed as a label value (80 values and 29,480 samples after 8 polls
     with --max-models 10 --max-series 3000). Now values stay within --max-models and the
@@ -182,9 +243,13 @@ async def test_a_rotating_listing_keeps_model_values_and_the_page_bounded(upstre
 
     async def models(request: web.Request) -> web.Response:
         g = generation[0]
-        return web.Response(body=listing([f"rot-{g}-{i}" for i in range(10)]), content_type="application/json")
+        return web.Response(
+            body=listing([f"rot-{g}-{i}" for i in range(10)]), content_type="application/json"
+        )
 
-    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    up = await upstream.start(
+        lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat))
+    )
     sc = await sidecar_factory(up.url, model_refresh_seconds=0.05, max_models=10, max_series=3000)
     async with aiohttp.ClientSession() as s:
         for g in range(8):
@@ -211,7 +276,9 @@ async def test_listed_names_cannot_take_the_page_past_the_series_budget(upstream
     async def models(request: web.Request) -> web.Response:
         return web.Response(body=listing(names), content_type="application/json")
 
-    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    up = await upstream.start(
+        lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat))
+    )
     sc = await sidecar_factory(up.url, model_refresh_seconds=0.2)
     await listed(sc, names[-1])
     async with aiohttp.ClientSession() as s:
@@ -235,7 +302,19 @@ async def test_a_label_is_never_dropped_while_a_request_holds_it(upstream, sidec
     gauge = {"model": "earned-a", "route": CHAT}
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, "earned-a") == 200  # earns the label
-        await wait_for(lambda: sc.sample("llm_requests_total", model="earned-a", route=CHAT, code="200", outcome="ok", error_type="none") == 1)
+        await wait_for(
+            lambda: (
+                sc.sample(
+                    "llm_requests_total",
+                    model="earned-a",
+                    route=CHAT,
+                    code="200",
+                    outcome="ok",
+                    error_type="none",
+                )
+                == 1
+            )
+        )
         long = asyncio.ensure_future(ask(s, sc.url, "earned-a", **{"x-hold": "3"}))
         await wait_for(lambda: sc.sample("llm_requests_in_flight", **gauge) == 1)
         seen = []
@@ -246,7 +325,9 @@ async def test_a_label_is_never_dropped_while_a_request_holds_it(upstream, sidec
     await wait_for(lambda: sc.in_flight() == 0)
     assert seen == [1.0] * 10
     assert sc.sample("llm_requests_in_flight", **gauge) in (0.0, None)  # never -1
-    seconds = sc.sample("llm_decode_seconds_by_concurrency_total", model="earned-a", concurrency="1")
+    seconds = sc.sample(
+        "llm_decode_seconds_by_concurrency_total", model="earned-a", concurrency="1"
+    )
     assert seconds is not None and seconds >= 1.0, seconds  # the held stream's decode time is kept
     # Released and idle: now it gives its slot and series back.
     await wait_for(lambda: "earned-a" not in model_values(sc))
@@ -257,8 +338,17 @@ async def test_a_tenant_is_never_dropped_while_a_request_holds_it(upstream, side
     tenant whose idle time passed mid-stream lost its series (its request counter dropped and
     restarted from zero) while its own request still ran."""
     up = await upstream.start(lambda app: app.router.add_post(CHAT, chat))
-    sc = await sidecar_factory(up.url, tenant_header="X-Tenant", label_idle_seconds=0.2, model_refresh_seconds=0.05)
-    ok = {"model": "m", "route": CHAT, "code": "200", "outcome": "ok", "error_type": "none", "tenant": "team-a"}
+    sc = await sidecar_factory(
+        up.url, tenant_header="X-Tenant", label_idle_seconds=0.2, model_refresh_seconds=0.05
+    )
+    ok = {
+        "model": "m",
+        "route": CHAT,
+        "code": "200",
+        "outcome": "ok",
+        "error_type": "none",
+        "tenant": "team-a",
+    }
     gauge = {"model": "m", "route": CHAT}
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, "m", **{"X-Tenant": "team-a"}) == 200  # earns the tenant
@@ -290,11 +380,17 @@ async def test_a_models_first_stream_does_not_make_every_capacity_band(upstream,
     async with aiohttp.ClientSession() as s:
         assert await ask(s, sc.url, "m") == 200
     await wait_for(lambda: sc.in_flight() == 0)
-    lines = [line for line in (await page(sc)).split(b"\n") if line.startswith(b"llm_inter_token_latency_by_concurrency_seconds")]
+    lines = [
+        line
+        for line in (await page(sc)).split(b"\n")
+        if line.startswith(b"llm_inter_token_latency_by_concurrency_seconds")
+    ]
     assert 0 < len(lines) <= 100, len(lines)
 
 
-async def test_a_listing_longer_than_max_models_keeps_the_served_model_listed_first(upstream, sidecar_factory):
+async def test_a_listing_longer_than_max_models_keeps_the_served_model_listed_first(
+    upstream, sidecar_factory
+):
     """Finding 5: ``sorted(listed)[:max_models]`` kept the alphabetically first names: the
     served model listed first plus 60 adapters put every request for it under ``other``."""
     names = [SERVED] + [f"adapter-{i:02d}" for i in range(60)]
@@ -303,13 +399,27 @@ async def test_a_listing_longer_than_max_models_keeps_the_served_model_listed_fi
     async def models(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 
-    up = await upstream.start(lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat)))
+    up = await upstream.start(
+        lambda app: (app.router.add_get("/v1/models", models), app.router.add_post(CHAT, chat))
+    )
     sc = await sidecar_factory(up.url, model_refresh_seconds=0.2, max_models=50)
     await wait_for(lambda: sc.sidecar.metrics.model_label.authoritative)
     async with aiohttp.ClientSession() as s:
         for _ in range(3):
             assert await ask(s, sc.url, SERVED) == 200
-    await wait_for(lambda: sc.sample("llm_requests_total", model=SERVED, route=CHAT, code="200", outcome="ok", error_type="none") == 3)
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model=SERVED,
+                route=CHAT,
+                code="200",
+                outcome="ok",
+                error_type="none",
+            )
+            == 3
+        )
+    )
     assert sc.sidecar.metrics.model_label.values == frozenset(names[:50])
 
 
@@ -340,7 +450,9 @@ def test_a_rotating_listing_forgets_at_once_what_does_not_fit_and_never_a_held_v
 
     now = [0.0]
     forgotten: list[str] = []
-    labeler = ModelLabeler(max_models=3, idle_seconds=10, clock=lambda: now[0], on_forget=forgotten.append)
+    labeler = ModelLabeler(
+        max_models=3, idle_seconds=10, clock=lambda: now[0], on_forget=forgotten.append
+    )
     labeler.vouch(["a", "b", "c"])
     for name in ("a", "b", "c"):
         now[0] += 1

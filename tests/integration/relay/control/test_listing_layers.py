@@ -34,7 +34,11 @@ async def test_a_listing_under_many_codings_is_not_undone_and_two_still_are(upst
         assert request.headers.get("Accept-Encoding") == LISTING_HEADERS["Accept-Encoding"]
         n = layers["/v1/models"]
         return web.Response(
-            body=_layered(listing, n), headers={"Content-Type": "application/json", "Content-Encoding": ", ".join(["gzip"] * n)}
+            body=_layered(listing, n),
+            headers={
+                "Content-Type": "application/json",
+                "Content-Encoding": ", ".join(["gzip"] * n),
+            },
         )
 
     up = await upstream.start(lambda app: app.router.add_get("/v1/models", models))

@@ -22,7 +22,10 @@ from tests.conftest import ServeProcess, free_port, wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize(("listen_host", "upstream_host"), [("127.0.0.1", "127.0.0.1"), ("127.0.0.1", "localhost"), ("0.0.0.0", "127.0.0.1")])
+@pytest.mark.parametrize(
+    ("listen_host", "upstream_host"),
+    [("127.0.0.1", "127.0.0.1"), ("127.0.0.1", "localhost"), ("0.0.0.0", "127.0.0.1")],
+)
 def test_upstream_at_the_own_listen_address_is_refused_in_one_line(listen_host, upstream_host):
     port = free_port()
     r = subprocess.run(
@@ -33,7 +36,9 @@ def test_upstream_at_the_own_listen_address_is_refused_in_one_line(listen_host, 
     assert r.returncode == 2, (r.stdout, r.stderr)  # on main: it serves (the timeout fires)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "--upstream" in lines[0] and "own --listen address" in lines[0] and f":{port}" in lines[0]
+    assert (
+        "--upstream" in lines[0] and "own --listen address" in lines[0] and f":{port}" in lines[0]
+    )
     assert '"started"' not in r.stdout
 
 
@@ -107,7 +112,9 @@ def test_requested_model_is_bounded_and_printable():
 async def test_a_404_for_an_unknown_model_logs_the_name_asked(upstream):
     async def chat(request: web.Request) -> web.Response:
         doc = await request.json()
-        return web.json_response({"error": {"message": f"model {doc['model']} not found"}}, status=404)
+        return web.json_response(
+            {"error": {"message": f"model {doc['model']} not found"}}, status=404
+        )
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "served-model"}]})
@@ -123,7 +130,9 @@ async def test_a_404_for_an_unknown_model_logs_the_name_asked(upstream):
         await sc.wait_alive()
         async with aiohttp.ClientSession() as s:
             for name in asked:
-                async with s.post(sc.url + "/v1/chat/completions", json={"model": name, "messages": []}) as r:
+                async with s.post(
+                    sc.url + "/v1/chat/completions", json={"model": name, "messages": []}
+                ) as r:
                     assert r.status == 404
 
         def request_lines() -> list[dict]:

@@ -33,7 +33,9 @@ async def test_an_ipv4_server_at_the_port_of_an_ipv6_only_listener_is_not_a_loop
     await web.TCPSite(runner, "::", 0).start()
     try:
         port = runner.addresses[0][1]
-        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", port)  # the inference server
+        server = await asyncio.start_server(
+            lambda r, w: w.close(), "127.0.0.1", port
+        )  # the inference server
         try:
             assert await loop_reason(f"http://127.0.0.1:{port}", runner.addresses) is None
             assert await loop_reason(f"http://[::ffff:127.0.0.1]:{port}", runner.addresses) is None

@@ -94,7 +94,9 @@ def outcomes(s) -> dict[str, float]:
     return counts
 
 
-async def rounds(upstream, sidecar_factory, path: str, ctype: str, sent: bytes, hold: bool, n: int) -> dict[str, float]:
+async def rounds(
+    upstream, sidecar_factory, path: str, ctype: str, sent: bytes, hold: bool, n: int
+) -> dict[str, float]:
     up = await upstream.start(lambda app: app.router.add_post(path, sending(sent, ctype, hold)))
     s = await sidecar_factory(up.url)
     for i in range(n):
@@ -106,13 +108,17 @@ async def rounds(upstream, sidecar_factory, path: str, ctype: str, sent: bytes, 
 
 @pytest.mark.parametrize("hold", [True, False], ids=["hold", "paced"])
 @pytest.mark.parametrize("where,name,path,ctype", END_MARKER_STREAMS, ids=IDS)
-async def test_close_right_after_the_end_marker_is_ok(upstream, sidecar_factory, where, name, path, ctype, hold):
+async def test_close_right_after_the_end_marker_is_ok(
+    upstream, sidecar_factory, where, name, path, ctype, hold
+):
     counts = await rounds(upstream, sidecar_factory, path, ctype, load(where, name), hold, ROUNDS)
     assert counts == {"ok": ROUNDS}
 
 
 @pytest.mark.parametrize("where,name,path,ctype", FINISHED_BEFORE_MARKER, ids=FINISHED_IDS)
-async def test_close_once_every_choice_finished_is_ok(upstream, sidecar_factory, where, name, path, ctype):
+async def test_close_once_every_choice_finished_is_ok(
+    upstream, sidecar_factory, where, name, path, ctype
+):
     """The finish_reason (stop_reason) chunk is in, the usage chunk and the marker not yet."""
     sent = up_to_generation_done(dialect_of(match_route(path)[0]).stream, load(where, name), False)
     counts = await rounds(upstream, sidecar_factory, path, ctype, sent, True, ROUNDS // 5)
@@ -122,6 +128,8 @@ async def test_close_once_every_choice_finished_is_ok(upstream, sidecar_factory,
 @pytest.mark.parametrize("where,name,path,ctype", END_MARKER_STREAMS, ids=IDS)
 async def test_leaving_mid_answer_is_cancelled(upstream, sidecar_factory, where, name, path, ctype):
     raw = load(where, name)
-    sent = cut_before_marker(dialect_of(match_route(path)[0]).stream, raw, ctype == "application/x-ndjson")
+    sent = cut_before_marker(
+        dialect_of(match_route(path)[0]).stream, raw, ctype == "application/x-ndjson"
+    )
     counts = await rounds(upstream, sidecar_factory, path, ctype, sent, True, ROUNDS // 5)
     assert counts == {"cancelled": ROUNDS // 5}

@@ -39,7 +39,9 @@ async def pair(simulator, sidecar_factory, seed: int) -> tuple[str, RunningSidec
     return direct, sc
 
 
-def timing(ttft: float, tpot: float, tokens: int, reasoning: int = 0, fail: str | None = None) -> dict[str, str]:
+def timing(
+    ttft: float, tpot: float, tokens: int, reasoning: int = 0, fail: str | None = None
+) -> dict[str, str]:
     headers = {"x-sim-ttft": str(ttft), "x-sim-tpot": str(tpot), "x-sim-tokens": str(tokens)}
     if reasoning:
         headers["x-sim-reasoning"] = str(reasoning)
@@ -48,8 +50,15 @@ def timing(ttft: float, tpot: float, tokens: int, reasoning: int = 0, fail: str 
     return headers
 
 
-async def finished(sc: RunningSidecar, route: str, model: str, code: str = "200", outcome: str = "ok", n: int = 1) -> None:
-    await wait_for(lambda: sc.sample("llm_requests_total", model=model, route=route, code=code, outcome=outcome) == n)
+async def finished(
+    sc: RunningSidecar, route: str, model: str, code: str = "200", outcome: str = "ok", n: int = 1
+) -> None:
+    await wait_for(
+        lambda: (
+            sc.sample("llm_requests_total", model=model, route=route, code=code, outcome=outcome)
+            == n
+        )
+    )
 
 
 async def answered_4xx(sc: RunningSidecar, route: str, model: str, code: str) -> None:
@@ -59,15 +68,25 @@ async def answered_4xx(sc: RunningSidecar, route: str, model: str, code: str) ->
 
     def total() -> float:
         return sum(
-            sc.sample("llm_requests_total", model=model, route=route, code=code, outcome=o) or 0 for o in ("ok", "error")
+            sc.sample("llm_requests_total", model=model, route=route, code=code, outcome=o) or 0
+            for o in ("ok", "error")
         )
 
     await wait_for(lambda: total() == 1)
 
 
 def check_stream(
-    sc: RunningSidecar, route: str, model: str, *, ttft: float, tpot: float, gaps: int, output: int,
-    input_tokens: bool = True, reasoning: int | None = None, tpot_seen: float | None = None,
+    sc: RunningSidecar,
+    route: str,
+    model: str,
+    *,
+    ttft: float,
+    tpot: float,
+    gaps: int,
+    output: int,
+    input_tokens: bool = True,
+    reasoning: int | None = None,
+    tpot_seen: float | None = None,
 ) -> None:
     """The registry after exactly one ok streamed request on (route, model).
 
@@ -95,13 +114,19 @@ def check_stream(
     assert sc.sample("llm_tokens_total", type="reasoning", **labels) == reasoning
     if reasoning:
         answer_at = sc.sample("llm_time_to_first_answer_token_seconds_sum", **labels)
-        assert ttft + reasoning * tpot - 0.005 <= answer_at <= e2e - (gaps - reasoning) * expected * 0.8, answer_at
+        assert (
+            ttft + reasoning * tpot - 0.005
+            <= answer_at
+            <= e2e - (gaps - reasoning) * expected * 0.8
+        ), answer_at
     else:
         assert sc.sample("llm_time_to_first_answer_token_seconds_count", **labels) is None
     assert sc.sample("llm_stream_parse_errors_total", route=route) is None
 
 
-def check_engine(sc: RunningSidecar, route: str, model: str, *, load: float | None, prefill: float, decode: float) -> None:
+def check_engine(
+    sc: RunningSidecar, route: str, model: str, *, load: float | None, prefill: float, decode: float
+) -> None:
     labels = {"model": model, "route": route}
     for name, value in (("load", load), ("prefill", prefill), ("decode", decode)):
         seen = sc.sample(f"llm_upstream_{name}_seconds_sum", **labels)
@@ -140,7 +165,10 @@ async def test_openai_responses_stream(simulator, sidecar_factory):
     # The SDK's own parsing, through the sidecar.
     async with _openai(sc.url) as client:
         stream = await client.responses.create(
-            model=MODEL, input="Tell me a story", stream=True, extra_headers=timing(0.02, 0.002, 5, reasoning=2)
+            model=MODEL,
+            input="Tell me a story",
+            stream=True,
+            extra_headers=timing(0.02, 0.002, 5, reasoning=2),
         )
         events = [event async for event in stream]
     assert [e.type for e in events if e.type.endswith(".delta")] == (
@@ -162,22 +190,33 @@ async def test_openai_responses_failed_whole_and_500(simulator, sidecar_factory)
     route = "/v1/responses"
     async with _openai(sc.url) as client:
         stream = await client.responses.create(
-            model=MODEL, input="hi", stream=True, extra_headers=timing(0.02, 0.002, 8, fail="stream")
+            model=MODEL,
+            input="hi",
+            stream=True,
+            extra_headers=timing(0.02, 0.002, 8, fail="stream"),
         )
         events = [event async for event in stream]
         assert events[-1].type == "response.failed"
         assert events[-1].response.error.code == "server_error"
         await finished(sc, route, MODEL, outcome="error")
-        assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4  # counted from the stream
+        assert (
+            sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4
+        )  # counted from the stream
 
-        whole = await client.responses.create(model=MODEL, input="hi", extra_headers=timing(0.01, 0.001, 6))
+        whole = await client.responses.create(
+            model=MODEL, input="hi", extra_headers=timing(0.01, 0.001, 6)
+        )
         assert whole.status == "completed" and whole.usage.output_tokens == 6
         await finished(sc, route, MODEL)
         assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4 + 6
-        assert sc.sample("llm_time_to_first_token_seconds_count", model=MODEL, route=route) == 1  # streams only
+        assert (
+            sc.sample("llm_time_to_first_token_seconds_count", model=MODEL, route=route) == 1
+        )  # streams only
 
         with pytest.raises(openai.InternalServerError):
-            await client.responses.create(model=MODEL, input="hi", extra_headers={"x-sim-fail": "500"})
+            await client.responses.create(
+                model=MODEL, input="hi", extra_headers={"x-sim-fail": "500"}
+            )
     await finished(sc, route, MODEL, code="500", outcome="error")
 
 
@@ -212,7 +251,10 @@ async def test_anthropic_messages_stream(simulator, sidecar_factory):
     # The SDK's stream helper, through the sidecar.
     async with _anthropic(sc.url) as client:
         async with client.messages.stream(
-            model=MODEL, max_tokens=1024, messages=MESSAGES, extra_headers=timing(0.02, 0.002, 5, reasoning=2)
+            model=MODEL,
+            max_tokens=1024,
+            messages=MESSAGES,
+            extra_headers=timing(0.02, 0.002, 5, reasoning=2),
         ) as stream:
             text = "".join([piece async for piece in stream.text_stream])
             final = await stream.get_final_message()
@@ -230,13 +272,18 @@ async def test_anthropic_errors(simulator, sidecar_factory):
     async with _anthropic(sc.url) as client:
         with pytest.raises(anthropic.APIStatusError, match="overloaded_error"):
             async with client.messages.stream(
-                model=MODEL, max_tokens=100, messages=MESSAGES, extra_headers=timing(0.02, 0.002, 8, fail="stream")
+                model=MODEL,
+                max_tokens=100,
+                messages=MESSAGES,
+                extra_headers=timing(0.02, 0.002, 8, fail="stream"),
             ) as stream:
                 async for _ in stream.text_stream:
                     pass
         await finished(sc, route, MODEL, outcome="error")
         assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4
-        assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="input") > 0  # from message_start
+        assert (
+            sc.sample("llm_tokens_total", model=MODEL, route=route, type="input") > 0
+        )  # from message_start
 
         whole = await client.messages.create(
             model=MODEL, max_tokens=100, messages=MESSAGES, extra_headers=timing(0.01, 0.001, 6)
@@ -277,7 +324,9 @@ async def test_tgi_inference_client_stream(simulator, sidecar_factory):
     await finished(sc, route, UNKNOWN)
     # 11 text tokens then the special </s>: the stream counts 11 (10 gaps), usage says 12,
     # so TPOT is (11 - 1) gaps spread over (12 - 1).
-    check_stream(sc, route, UNKNOWN, ttft=0.1, tpot=0.01, gaps=10, output=12, tpot_seen=0.01 * 10 / 11)
+    check_stream(
+        sc, route, UNKNOWN, ttft=0.1, tpot=0.01, gaps=10, output=12, tpot_seen=0.01 * 10 / 11
+    )
 
     # Whole body, with details.
     whole = await _hf(sc.url + "/generate", timing(0.01, 0.001, 5)).text_generation(
@@ -297,7 +346,9 @@ async def test_tgi_generation_error(simulator, sidecar_factory):
             tokens.append(token)
     assert len(tokens) == 4
     await finished(sc, "/generate_stream", UNKNOWN, outcome="error")
-    assert sc.sample("llm_tokens_total", model=UNKNOWN, route="/generate_stream", type="output") == 4
+    assert (
+        sc.sample("llm_tokens_total", model=UNKNOWN, route="/generate_stream", type="output") == 4
+    )
 
 
 # ---------------------------------------------------------------- Ollama
@@ -330,14 +381,23 @@ async def test_ollama_chat_and_generate_stream(simulator, sidecar_factory):
     route = "/api/chat"
     await finished(sc, route, MODEL)
     check_stream(sc, route, MODEL, ttft=ttft, tpot=tpot, gaps=12, output=13, reasoning=3)
-    check_engine(sc, route, MODEL, load=ttft * ENGINE_LOAD_SHARE, prefill=ttft * ENGINE_PREFILL_SHARE, decode=12 * tpot)
+    check_engine(
+        sc,
+        route,
+        MODEL,
+        load=ttft * ENGINE_LOAD_SHARE,
+        prefill=ttft * ENGINE_PREFILL_SHARE,
+        decode=12 * tpot,
+    )
     # The engine's own prefill fits inside the TTFT the sidecar saw; the rest is overhead.
     assert sc.sample("llm_upstream_prefill_seconds_sum", model=MODEL, route=route) < sc.sample(
         "llm_time_to_first_token_seconds_sum", model=MODEL, route=route
     )
 
     async def generate(base: str) -> list[dict[str, Any]]:
-        stream = await _ollama(base, timing(0.05, 0.005, 6)).generate(model=MODEL, prompt="Once upon", stream=True)
+        stream = await _ollama(base, timing(0.05, 0.005, 6)).generate(
+            model=MODEL, prompt="Once upon", stream=True
+        )
         return [_dump(part) async for part in stream]
 
     want, got = await generate(direct), await generate(sc.url)
@@ -346,7 +406,14 @@ async def test_ollama_chat_and_generate_stream(simulator, sidecar_factory):
     route = "/api/generate"
     await finished(sc, route, MODEL)
     check_stream(sc, route, MODEL, ttft=0.05, tpot=0.005, gaps=5, output=6)
-    check_engine(sc, route, MODEL, load=0.05 * ENGINE_LOAD_SHARE, prefill=0.05 * ENGINE_PREFILL_SHARE, decode=5 * 0.005)
+    check_engine(
+        sc,
+        route,
+        MODEL,
+        load=0.05 * ENGINE_LOAD_SHARE,
+        prefill=0.05 * ENGINE_PREFILL_SHARE,
+        decode=5 * 0.005,
+    )
 
 
 async def test_ollama_errors(simulator, sidecar_factory):
@@ -354,22 +421,30 @@ async def test_ollama_errors(simulator, sidecar_factory):
     route = "/api/chat"
     parts = []
     with pytest.raises(ollama.ResponseError, match="Simulated engine failure"):
-        stream = await _ollama(sc.url, timing(0.02, 0.002, 8, fail="stream")).chat(model=MODEL, messages=MESSAGES, stream=True)
+        stream = await _ollama(sc.url, timing(0.02, 0.002, 8, fail="stream")).chat(
+            model=MODEL, messages=MESSAGES, stream=True
+        )
         async for part in stream:
             parts.append(part)
     assert len(parts) == 4
     await finished(sc, route, MODEL, outcome="error")
     assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4
-    assert sc.sample("llm_upstream_prefill_seconds_count", model=MODEL, route=route) is None  # no final line
+    assert (
+        sc.sample("llm_upstream_prefill_seconds_count", model=MODEL, route=route) is None
+    )  # no final line
 
-    whole = await _ollama(sc.url, timing(0.01, 0.001, 5)).chat(model=MODEL, messages=MESSAGES, stream=False)
+    whole = await _ollama(sc.url, timing(0.01, 0.001, 5)).chat(
+        model=MODEL, messages=MESSAGES, stream=False
+    )
     assert whole.eval_count == 5 and whole.message.content
     await finished(sc, route, MODEL)
     assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4 + 5
     assert sc.sample("llm_upstream_prefill_seconds_count", model=MODEL, route=route) == 1
 
     with pytest.raises(ollama.ResponseError) as info:
-        async for _ in await _ollama(sc.url, {}).chat(model="llama9", messages=MESSAGES, stream=True):
+        async for _ in await _ollama(sc.url, {}).chat(
+            model="llama9", messages=MESSAGES, stream=True
+        ):
             pass
     assert info.value.status_code == 404
     await answered_4xx(sc, route, "other", "404")  # a name answered 4xx never takes a label slot
@@ -389,13 +464,18 @@ async def test_llamacpp_completion_stream(simulator, sidecar_factory):
     ttft, tpot = 0.1, 0.01
     headers = timing(ttft, tpot, 12)
     body = {"prompt": "The capital of France is", "n_predict": 64, "stream": True}
-    want, got = await _post(direct + "/completion", body, headers), await _post(sc.url + "/completion", body, headers)
+    want, got = (
+        await _post(direct + "/completion", body, headers),
+        await _post(sc.url + "/completion", body, headers),
+    )
     assert got == want and got[0] == 200
     assert b'"stop":true' in got[1] and b'"timings":{' in got[1]
     route = "/completion"
     await finished(sc, route, UNKNOWN)
     check_stream(sc, route, UNKNOWN, ttft=ttft, tpot=tpot, gaps=11, output=12)
-    check_engine(sc, route, UNKNOWN, load=None, prefill=ttft * ENGINE_PREFILL_SHARE, decode=11 * tpot)
+    check_engine(
+        sc, route, UNKNOWN, load=None, prefill=ttft * ENGINE_PREFILL_SHARE, decode=11 * tpot
+    )
 
     status, raw = await _post(sc.url + "/completion", body, timing(0.02, 0.002, 8, fail="stream"))
     assert status == 200 and raw.endswith(b'"type":"server_error"}}\n\n')

@@ -50,12 +50,20 @@ async def test_vllm_queue_time_reaches_prometheus_and_the_span(upstream, traced,
     m = _metrics(VLLM)
     labels = {"model": "tiny", "route": CHAT}
     await wait_for(lambda: s.sample("llm_upstream_queue_seconds_count", **labels) == 1)
-    assert s.sample("llm_upstream_queue_seconds_sum", **labels) == pytest.approx(m["queue_time_ms"] / 1000)
-    assert s.sample("llm_upstream_prefill_seconds_sum", **labels) == pytest.approx(m["time_to_first_token_ms"] / 1000)
-    assert s.sample("llm_upstream_decode_seconds_sum", **labels) == pytest.approx(m["generation_time_ms"] / 1000)
+    assert s.sample("llm_upstream_queue_seconds_sum", **labels) == pytest.approx(
+        m["queue_time_ms"] / 1000
+    )
+    assert s.sample("llm_upstream_prefill_seconds_sum", **labels) == pytest.approx(
+        m["time_to_first_token_ms"] / 1000
+    )
+    assert s.sample("llm_upstream_decode_seconds_sum", **labels) == pytest.approx(
+        m["generation_time_ms"] / 1000
+    )
     span = await one_span(exporter)
     assert span.attributes[sc.LLM_SIDECAR_ENGINE_QUEUE] == pytest.approx(m["queue_time_ms"] / 1000)
-    assert span.attributes[sc.LLM_SIDECAR_ENGINE_PREFILL] == pytest.approx(m["time_to_first_token_ms"] / 1000)
+    assert span.attributes[sc.LLM_SIDECAR_ENGINE_PREFILL] == pytest.approx(
+        m["time_to_first_token_ms"] / 1000
+    )
     assert 0 <= span.attributes[sc.LLM_SIDECAR_OVERHEAD_REQUEST] < 1
     assert 0 <= span.attributes[sc.LLM_SIDECAR_OVERHEAD_RESPONSE] < 1
 
@@ -101,9 +109,13 @@ async def test_overhead_excludes_the_servers_time(upstream, sidecar_factory):
     up = await upstream.start(lambda app: app.router.add_post(CHAT, sse(VLLM, wait=SERVER_WAIT)))
     s = await sidecar_factory(up.url)
     async with aiohttp.ClientSession() as session:
-        async with session.post(s.url + CHAT, json={"model": "tiny", "messages": [], "stream": True}) as r:
+        async with session.post(
+            s.url + CHAT, json={"model": "tiny", "messages": [], "stream": True}
+        ) as r:
             await r.read()
-    await wait_for(lambda: s.sample("llm_sidecar_overhead_seconds_count", direction="response") == 1)
+    await wait_for(
+        lambda: s.sample("llm_sidecar_overhead_seconds_count", direction="response") == 1
+    )
     assert s.sample("llm_sidecar_overhead_seconds_count", direction="request") == 1
     assert s.sample("llm_time_to_first_byte_seconds_sum", model="tiny", route=CHAT) >= SERVER_WAIT
     assert s.sample("llm_sidecar_overhead_seconds_sum", direction="request") < SERVER_WAIT / 2
@@ -129,7 +141,10 @@ async def test_overhead_excludes_a_slow_clients_upload(upstream, sidecar_factory
     writer.close()
     assert answer.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in answer
     await wait_for(lambda: s.sample("llm_sidecar_overhead_seconds_count", direction="request") == 1)
-    assert s.sample("llm_request_duration_seconds_sum", model="tiny", route=CHAT, outcome="ok") >= SERVER_WAIT
+    assert (
+        s.sample("llm_request_duration_seconds_sum", model="tiny", route=CHAT, outcome="ok")
+        >= SERVER_WAIT
+    )
     assert s.sample("llm_sidecar_overhead_seconds_sum", direction="request") < SERVER_WAIT / 2
 
 
@@ -145,5 +160,7 @@ async def test_a_streamed_request_body_has_no_request_overhead_figure(upstream, 
     async with aiohttp.ClientSession() as session:
         async with session.post(s.url + "/upload", data=b"x" * 1000) as r:
             assert await r.read() == b"x" * 1000
-    await wait_for(lambda: s.sample("llm_sidecar_overhead_seconds_count", direction="response") == 1)
+    await wait_for(
+        lambda: s.sample("llm_sidecar_overhead_seconds_count", direction="response") == 1
+    )
     assert s.sample("llm_sidecar_overhead_seconds_count", direction="request") == 0

@@ -39,14 +39,26 @@ LABELS = {"model": MODEL, "route": CHAT}
 
 
 def chat_body(stream: bool = True, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        **extra,
+    }
 
 
 def sim_headers(tokens: int = 20, **extra: str) -> dict[str, str]:
-    return {"x-sim-ttft": "0.01", "x-sim-tpot": "0.005", "x-sim-tokens": str(tokens), **{f"x-sim-{k.replace('_', '-')}": v for k, v in extra.items()}}
+    return {
+        "x-sim-ttft": "0.01",
+        "x-sim-tpot": "0.005",
+        "x-sim-tokens": str(tokens),
+        **{f"x-sim-{k.replace('_', '-')}": v for k, v in extra.items()},
+    }
 
 
-async def read_all(url: str, body: dict, headers: dict) -> tuple[int | None, bytes, BaseException | None]:
+async def read_all(
+    url: str, body: dict, headers: dict
+) -> tuple[int | None, bytes, BaseException | None]:
     """POST and read to the end; the status, every byte relayed, and how the read ended."""
     got = bytearray()
     status = None
@@ -63,7 +75,9 @@ async def read_all(url: str, body: dict, headers: dict) -> tuple[int | None, byt
 
 
 async def counted(rig: Rig, code: str, outcome: str, labels: dict = LABELS) -> None:
-    await wait_for(lambda: rig.sample("llm_requests_total", code=code, outcome=outcome, **labels) == 1)
+    await wait_for(
+        lambda: rig.sample("llm_requests_total", code=code, outcome=outcome, **labels) == 1
+    )
     assert in_flight_total(rig.registry) == 0
 
 
@@ -81,11 +95,22 @@ async def test_simulator_fault_modes(rig_factory):
     assert end is None and b"[DONE]" not in cut and b'"usage"' not in cut
     assert cut.count(b'"content":"') == 6  # role chunk + 5 tokens, then a clean end
 
-    _, long, end = await read_all(sim_url, inc, sim_headers(10, fail="longline", line_bytes="100000"))
-    assert end is None and long.endswith(b"data: [DONE]\n\n") and b"\ndata: " + b"x" * 100000 + b"\n\n" in long
+    _, long, end = await read_all(
+        sim_url, inc, sim_headers(10, fail="longline", line_bytes="100000")
+    )
+    assert (
+        end is None
+        and long.endswith(b"data: [DONE]\n\n")
+        and b"\ndata: " + b"x" * 100000 + b"\n\n" in long
+    )
 
     messages_url = f"http://127.0.0.1:{rig.sim_port}/v1/messages"
-    messages = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    messages = {
+        "model": MODEL,
+        "max_tokens": 5,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     for url, body in ((sim_url, inc), (messages_url, messages)):  # reset: on every route
         with pytest.raises(aiohttp.ServerDisconnectedError):
             await read_all(url, body, sim_headers(10, fail="reset"))
@@ -121,7 +146,9 @@ async def test_upstream_resets_mid_stream(rig_factory):
     rig = await rig_factory()
     before = await quiet_census()
     status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="drop"))
-    assert status == 200 and isinstance(end, aiohttp.ClientPayloadError)  # truncated, never a clean end
+    assert status == 200 and isinstance(
+        end, aiohttp.ClientPayloadError
+    )  # truncated, never a clean end
     assert body.endswith(b"}\n\n") and b"[DONE]" not in body and body.count(b'"content":"') == 11
     await counted(rig, "200", "error")
     assert rig.sample("llm_tokens_total", type="output", **LABELS) == 10  # partial figures kept
@@ -145,7 +172,9 @@ async def test_upstream_closes_without_done(rig_factory):
     before = await quiet_census()
     status, body, end = await read_all(rig.url + CHAT, chat_body(), sim_headers(fail="truncate"))
     # Exactly what the upstream sent, ending cleanly: the sidecar adds no [DONE] and cuts nothing.
-    assert status == 200 and end is None and b"[DONE]" not in body and body.count(b'"content":"') == 11
+    assert (
+        status == 200 and end is None and b"[DONE]" not in body and body.count(b'"content":"') == 11
+    )
     # A clean HTTP end without [DONE] is how a server that died between chunks looks: an
     # error (upstream_stream_truncated) with the upstream's 200; tokens estimated from the stream.
     await counted(rig, "200", "error")
@@ -169,7 +198,11 @@ async def test_endless_line_passes_with_bounded_buffers(rig_factory):
         tail = b""
         xs = 0
         async with aiohttp.ClientSession(auto_decompress=False) as s:
-            async with s.post(rig.url + CHAT, json=chat_body(), headers=sim_headers(fail="longline", line_bytes=str(line))) as r:
+            async with s.post(
+                rig.url + CHAT,
+                json=chat_body(),
+                headers=sim_headers(fail="longline", line_bytes=str(line)),
+            ) as r:
                 async for chunk in r.content.iter_any():  # streamed, never held whole
                     size += len(chunk)
                     xs += chunk.count(b"x")
@@ -179,10 +212,14 @@ async def test_endless_line_passes_with_bounded_buffers(rig_factory):
         tracemalloc.stop()
     assert size > line and xs >= line and tail.endswith(b"data: [DONE]\n\n")
     # Client, sidecar and simulator share this process: all three together stay bounded.
-    assert peak - base < 8 << 20, f"peak {(peak - base) >> 20} MiB while relaying a {line >> 20} MiB line"
+    assert peak - base < 8 << 20, (
+        f"peak {(peak - base) >> 20} MiB while relaying a {line >> 20} MiB line"
+    )
     await counted(rig, "200", "ok")
     assert rig.sample("llm_stream_parse_errors_total", route=CHAT) == 1
-    assert rig.sample("llm_tokens_total", type="output", **LABELS) == 20  # from the usage after the line
+    assert (
+        rig.sample("llm_tokens_total", type="output", **LABELS) == 20
+    )  # from the usage after the line
     await settles_to(before.plus(tasks=1, fds=2, established=2))
 
 
@@ -191,7 +228,9 @@ async def test_client_disconnects_before_headers(rig_factory):
     rig = await rig_factory()
     before = await quiet_census()
     async with aiohttp.ClientSession() as s:
-        task = asyncio.create_task(s.post(rig.url + CHAT, json=chat_body(stream=False), headers={"x-sim-fail": "stall"}))
+        task = asyncio.create_task(
+            s.post(rig.url + CHAT, json=chat_body(stream=False), headers={"x-sim-fail": "stall"})
+        )
         await wait_for(lambda: rig.sim.started == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -207,7 +246,9 @@ async def test_client_disconnects_mid_stream(rig_factory):
     rig = await rig_factory()
     before = await quiet_census()
     async with aiohttp.ClientSession() as s:
-        async with s.post(rig.url + CHAT, json=chat_body(), headers=sim_headers(tokens=10_000)) as r:
+        async with s.post(
+            rig.url + CHAT, json=chat_body(), headers=sim_headers(tokens=10_000)
+        ) as r:
             seen = b""
             async for chunk in r.content.iter_any():
                 seen += chunk
@@ -273,9 +314,16 @@ async def test_slow_client_backpressure_reaches_upstream(upstream, serve_process
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", sc.port))
-    body = b'{"model":"%s","stream":true,"stream_options":{"include_usage":true},"messages":[]}' % MODEL.encode()
+    body = (
+        b'{"model":"%s","stream":true,"stream_options":{"include_usage":true},"messages":[]}'
+        % MODEL.encode()
+    )
     # HTTP/1.0: the body comes back unchunked, so the bytes read are the upstream's bytes.
-    await loop.sock_sendall(sock, b"POST %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (CHAT.encode(), len(body), body))
+    await loop.sock_sendall(
+        sock,
+        b"POST %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (CHAT.encode(), len(body), body),
+    )
     got = bytearray()
     marks = {}
     t0 = time.monotonic()
@@ -298,13 +346,18 @@ async def test_slow_client_backpressure_reaches_upstream(upstream, serve_process
     # Bounded: socket buffers along the path, not the 1 GiB the upstream would send.
     assert marks["end"] < 64 << 20, marks
     assert rss_end - rss_start < 16 << 20, (rss_start, rss_end)
-    print(f"\nslow client: read {len(got)} B one byte at a time; upstream wrote {marks['end'] >> 10} KiB then blocked; sidecar RSS {rss_start >> 20} -> {rss_end >> 20} MiB")
+    print(
+        f"\nslow client: read {len(got)} B one byte at a time; upstream wrote {marks['end'] >> 10} KiB then blocked; sidecar RSS {rss_start >> 20} -> {rss_end >> 20} MiB"
+    )
 
     sock.close()
     await wait_for(lambda: state["ended"] == "client gone", timeout=30)
 
     async def cancelled() -> bool:
-        return sample_of(await sc.metrics(), "llm_requests_total", code="200", outcome="cancelled") == 1
+        return (
+            sample_of(await sc.metrics(), "llm_requests_total", code="200", outcome="cancelled")
+            == 1
+        )
 
     await wait_for(cancelled, timeout=30)
     await settles_to(before, pid)
@@ -313,7 +366,13 @@ async def test_slow_client_backpressure_reaches_upstream(upstream, serve_process
 # -- SIGTERM with streams in flight ----------------------------------------------------------------
 
 
-_LEAK_SIGNS = ("Unclosed", "Task was destroyed", "was never awaited", "ResourceWarning", "Traceback")
+_LEAK_SIGNS = (
+    "Unclosed",
+    "Task was destroyed",
+    "was never awaited",
+    "ResourceWarning",
+    "Traceback",
+)
 
 
 async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_process):
@@ -324,18 +383,26 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
     sim_runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     sim_port = await start_site(sim_runner)
     try:
-        sc = serve_process(f"http://127.0.0.1:{sim_port}", "--drain-seconds", "60", env={"PYTHONDEVMODE": "1"})
+        sc = serve_process(
+            f"http://127.0.0.1:{sim_port}", "--drain-seconds", "60", env={"PYTHONDEVMODE": "1"}
+        )
         await sc.wait_alive()
 
         async def stream() -> bytes:
             async with aiohttp.ClientSession() as s:
-                async with s.post(sc.url + CHAT, json=chat_body(), headers={"x-sim-tokens": "20", "x-sim-tpot": "0.05"}) as r:
+                async with s.post(
+                    sc.url + CHAT,
+                    json=chat_body(),
+                    headers={"x-sim-tokens": "20", "x-sim-tpot": "0.05"},
+                ) as r:
                     return await r.read()
 
         streams = [asyncio.create_task(stream()) for _ in range(5)]
         await wait_for(lambda: app[SIM_STATS].started == 5, timeout=30)
         sc.proc.send_signal(signal.SIGTERM)
-        async with aiohttp.ClientSession() as s:  # relayed while the upstream answers (sidecar/relay/server/drain.py)
+        async with (
+            aiohttp.ClientSession() as s
+        ):  # relayed while the upstream answers (sidecar/relay/server/drain.py)
 
             async def draining() -> bool:
                 async with s.get(sc.admin_url + "/readyz") as r:
@@ -345,16 +412,30 @@ async def test_sigterm_drains_concurrent_streams_and_leaves_nothing(serve_proces
             async with s.get(sc.url + "/v1/models") as r:
                 assert r.status == 200
         bodies = await asyncio.gather(*streams)
-        assert all(b.endswith(b"data: [DONE]\n\n") and b.count(b'"content":"') == 21 for b in bodies)
+        assert all(
+            b.endswith(b"data: [DONE]\n\n") and b.count(b'"content":"') == 21 for b in bodies
+        )
         t0 = time.monotonic()
         for site in list(sim_runner.sites):  # the server stops listening, as in a pod's shutdown
-            await site.stop()  # (its idle keep-alive connections stay open: the drain must not be fooled)
+            await (
+                site.stop()
+            )  # (its idle keep-alive connections stay open: the drain must not be fooled)
         assert await asyncio.to_thread(sc.proc.wait, 45) == 0
-        assert time.monotonic() - t0 < 30, "exits once the upstream is gone, not at drain_seconds (60)"
+        assert time.monotonic() - t0 < 30, (
+            "exits once the upstream is gone, not at drain_seconds (60)"
+        )
         out, err = sc.stop()
         for sign in _LEAK_SIGNS:
             assert sign not in out and sign not in err, (sign, out, err)
         assert app[SIM_STATS].completed == 5 and app[SIM_STATS].in_flight == 0
-        await wait_for(lambda: not [s for s in tcp_sockets() if s[1] == sim_port and s[0] != "LISTEN" and s[0] != "TIME_WAIT"])
+        await wait_for(
+            lambda: (
+                not [
+                    s
+                    for s in tcp_sockets()
+                    if s[1] == sim_port and s[0] != "LISTEN" and s[0] != "TIME_WAIT"
+                ]
+            )
+        )
     finally:
         await sim_runner.cleanup()

@@ -49,7 +49,9 @@ class Echo:
         return resp
 
 
-async def _start(app: web.Application, runner_cls=web.AppRunner, **kwargs) -> tuple[web.AppRunner, int]:
+async def _start(
+    app: web.Application, runner_cls=web.AppRunner, **kwargs
+) -> tuple[web.AppRunner, int]:
     runner = runner_cls(app, **kwargs)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -63,7 +65,11 @@ def test_any_bytes_any_route_any_pieces_pass_through_exactly():
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", echo.handle)
     up_runner, up_port = loop.run_until_complete(_start(app))
-    sc = build_sidecar(Settings(upstream=f"http://127.0.0.1:{up_port}", max_sse_line_bytes=256), CollectorRegistry(), access_log=False)
+    sc = build_sidecar(
+        Settings(upstream=f"http://127.0.0.1:{up_port}", max_sse_line_bytes=256),
+        CollectorRegistry(),
+        access_log=False,
+    )
     runner, port = loop.run_until_complete(_start(sc.proxy_app, SidecarRunner, **RUNNER_KWARGS))
     session = loop.run_until_complete(_session())
 
@@ -72,7 +78,13 @@ def test_any_bytes_any_route_any_pieces_pass_through_exactly():
             return r.status, await r.read()
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(st.sampled_from(sorted(PATHS)), st.data(), st.sampled_from([200, 200, 200, 404, 500]), st.booleans(), st.booleans())
+    @given(
+        st.sampled_from(sorted(PATHS)),
+        st.data(),
+        st.sampled_from([200, 200, 200, 404, 500]),
+        st.booleans(),
+        st.booleans(),
+    )
     def check(path: str, data, status: int, declared_json: bool, client_asked_usage: bool) -> None:
         raw = data.draw(hostile_bytes)
         pieces = split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=12)))

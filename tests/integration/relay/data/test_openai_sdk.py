@@ -32,7 +32,9 @@ async def _raw_stream(base: str, **extra) -> bytes:
             return b"".join([chunk async for chunk in resp.iter_bytes()])
 
 
-async def test_sdk_stream_through_sidecar_is_byte_identical_and_measured(simulator, sidecar_factory):
+async def test_sdk_stream_through_sidecar_is_byte_identical_and_measured(
+    simulator, sidecar_factory
+):
     direct_url = await simulator(model="sim-model", seed=7)
     proxied_upstream = await simulator(model="sim-model", seed=7)
     sc = await sidecar_factory(proxied_upstream)
@@ -58,7 +60,9 @@ async def test_sdk_stream_through_sidecar_is_byte_identical_and_measured(simulat
     assert 0.3 + 19 * 0.03 - 0.02 <= e2e < 1.3
 
 
-async def test_stream_without_usage_is_relayed_as_is_and_input_stays_unknown(simulator, sidecar_factory):
+async def test_stream_without_usage_is_relayed_as_is_and_input_stays_unknown(
+    simulator, sidecar_factory
+):
     """The client did not ask for usage: the server is not asked either, the client gets the
     bytes a direct connection gives, output tokens come from the stream's own chunks and the
     input count, which only usage knows, is never invented."""
@@ -83,7 +87,11 @@ async def test_sdk_parsed_stream_and_counts_without_usage(simulator, sidecar_fac
             stream=True,
             extra_headers={"x-sim-ttft": "0.05", "x-sim-tpot": "0.01", "x-sim-tokens": "12"},
         )
-        deltas = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
+        deltas = [
+            c.choices[0].delta.content
+            async for c in stream
+            if c.choices and c.choices[0].delta.content
+        ]
     assert len(deltas) == 12
     labels = {"model": "sim-model", "route": ROUTE}
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
@@ -96,24 +104,45 @@ async def test_sdk_non_streaming_and_completions(simulator, sidecar_factory):
     sc = await sidecar_factory(await simulator(model="sim-model", seed=2))
     async with _client(sc.url) as client:
         chat = await client.chat.completions.create(
-            model="sim-model", messages=[{"role": "user", "content": "hi"}], extra_headers={"x-sim-tokens": "9", "x-sim-tpot": "0.001"}
+            model="sim-model",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-sim-tokens": "9", "x-sim-tpot": "0.001"},
         )
         comp = await client.completions.create(
-            model="sim-model", prompt="Once", stream=True, extra_headers={"x-sim-tokens": "6", "x-sim-tpot": "0.001"}
+            model="sim-model",
+            prompt="Once",
+            stream=True,
+            extra_headers={"x-sim-tokens": "6", "x-sim-tpot": "0.001"},
         )
         texts = [c.choices[0].text async for c in comp if c.choices]
     assert chat.usage.completion_tokens == 9
     assert len([t for t in texts if t]) == 6
-    await wait_for(lambda: sc.sample("llm_requests_total", model="sim-model", route="/v1/completions", code="200", outcome="ok") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model="sim-model",
+                route="/v1/completions",
+                code="200",
+                outcome="ok",
+            )
+            == 1
+        )
+    )
     assert sc.sample("llm_tokens_total", model="sim-model", route=ROUTE, type="output") == 9
-    assert sc.sample("llm_tokens_total", model="sim-model", route="/v1/completions", type="output") == 6
+    assert (
+        sc.sample("llm_tokens_total", model="sim-model", route="/v1/completions", type="output")
+        == 6
+    )
 
 
 async def test_sdk_sees_clean_errors(simulator, sidecar_factory, refused_url):
     sc = await sidecar_factory(refused_url)
     async with _client(sc.url) as client:
         with pytest.raises(openai.APIStatusError) as info:
-            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
     assert info.value.status_code == 502
     assert "unreachable" in str(info.value)
 
@@ -121,7 +150,9 @@ async def test_sdk_sees_clean_errors(simulator, sidecar_factory, refused_url):
     async with _client(sc.url) as client:
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(
-                model="sim-model", messages=[{"role": "user", "content": "hi"}], extra_headers={"x-sim-fail": "500"}
+                model="sim-model",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-sim-fail": "500"},
             )
         with pytest.raises(openai.APIError):
             stream = await client.chat.completions.create(
@@ -133,5 +164,9 @@ async def test_sdk_sees_clean_errors(simulator, sidecar_factory, refused_url):
             async for _ in stream:
                 pass
     labels = {"model": "sim-model", "route": ROUTE}
-    await wait_for(lambda: sc.sample("llm_requests_total", code="500", outcome="error", **labels) == 1)
-    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="error", **labels) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="500", outcome="error", **labels) == 1
+    )
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="200", outcome="error", **labels) == 1
+    )

@@ -19,12 +19,16 @@ from tests.support.sse import USAGE, chat_chunk, scripted
 pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
 
 
-async def post_stream(url: str, body: dict | None = None, headers=None) -> tuple[bytes, list[float], aiohttp.ClientResponse]:
+async def post_stream(
+    url: str, body: dict | None = None, headers=None
+) -> tuple[bytes, list[float], aiohttp.ClientResponse]:
     """POST and collect the raw body and each read's arrival time."""
     arrivals: list[float] = []
     chunks: list[bytes] = []
     async with aiohttp.ClientSession(auto_decompress=False) as s:
-        async with s.post(url, json=body or {"model": "m1", "stream": True, "messages": []}, headers=headers) as r:
+        async with s.post(
+            url, json=body or {"model": "m1", "stream": True, "messages": []}, headers=headers
+        ) as r:
             async for chunk in r.content.iter_any():
                 arrivals.append(time.perf_counter())
                 chunks.append(chunk)
@@ -45,9 +49,16 @@ STREAM = [
 
 async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar_factory):
     sent: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent)))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent))
+    )
     sc = await sidecar_factory(up.url)
-    request = {"model": "m1", "stream": True, "stream_options": {"include_usage": True}, "messages": []}
+    request = {
+        "model": "m1",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [],
+    }
     body, _, resp = await post_stream(sc.url + "/v1/chat/completions", request)
     assert resp.status == 200
     assert body == b"".join(sent)
@@ -80,29 +91,53 @@ async def test_both_ways_in_are_taken(upstream, sidecar_factory, early_path):
     and body in one write) goes upstream from the read that completed it when the early path
     is on, and through the handler when it is off, with the same bytes back either way."""
     sent: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent)))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent))
+    )
     sc = await sidecar_factory(up.url)
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         for n in (1, 2):  # a new connection, then the same one kept alive
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True, "messages": []}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions",
+                json={"model": "m1", "stream": True, "messages": []},
+            ) as r:
                 assert r.status == 200
                 assert await r.read() == b"".join(sent[-len(STREAM) :])
-            await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/chat/completions", code="200", outcome="ok") == n)
+            await wait_for(
+                lambda: (
+                    sc.sample(
+                        "llm_requests_total",
+                        model="m1",
+                        route="/v1/chat/completions",
+                        code="200",
+                        outcome="ok",
+                    )
+                    == n
+                )
+            )
     assert sc.early_sent == (2 if early_path else 0)
 
 
-async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(upstream, sidecar_factory):
+async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(
+    upstream, sidecar_factory
+):
     seen: list[dict] = []
 
     async def handler(request):
         doc = await request.json()
         seen.append(doc)
-        inner = scripted(STREAM if doc.get("stream_options", {}).get("include_usage") else [x for x in STREAM if x[1] != USAGE])
+        inner = scripted(
+            STREAM
+            if doc.get("stream_options", {}).get("include_usage")
+            else [x for x in STREAM if x[1] != USAGE]
+        )
         return await inner(request)
 
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", handler))
     sc = await sidecar_factory(up.url)
-    body, _, _ = await post_stream(sc.url + "/v1/chat/completions", {"model": "m1", "stream": True, "messages": []})
+    body, _, _ = await post_stream(
+        sc.url + "/v1/chat/completions", {"model": "m1", "stream": True, "messages": []}
+    )
     assert seen[0] == {"model": "m1", "stream": True, "messages": []}  # never asked for usage
     assert body == b"".join(data for _, data in STREAM if data != USAGE)
     labels = {"model": "m1", "route": "/v1/chat/completions"}
@@ -121,7 +156,9 @@ async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(upst
 
 async def test_chunks_are_relayed_as_they_arrive_not_buffered(upstream, sidecar_factory):
     script = [(0.0, chat_chunk(role=True))] + [(0.15, chat_chunk(f"t{i}")) for i in range(4)]
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/chat/completions", scripted(script))
+    )
     sc = await sidecar_factory(up.url)
     _, arrivals, _ = await post_stream(sc.url + "/v1/chat/completions")
     # Each scripted chunk is its own read at the client, ~150 ms apart (a buffering proxy
@@ -137,7 +174,9 @@ async def test_non_streaming_json_measured_from_usage(upstream, sidecar_factory)
         "object": "chat.completion",
         "created": 1,
         "model": "m1",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
     }
     raw = json.dumps(doc).encode()
@@ -149,7 +188,9 @@ async def test_non_streaming_json_measured_from_usage(upstream, sidecar_factory)
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", handler))
     sc = await sidecar_factory(up.url)
     async with aiohttp.ClientSession() as s:
-        async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "messages": []}) as r:
+        async with s.post(
+            sc.url + "/v1/chat/completions", json={"model": "m1", "messages": []}
+        ) as r:
             assert await r.read() == raw
             assert r.headers["Content-Length"] == str(len(raw))
     labels = {"model": "m1", "route": "/v1/chat/completions"}
@@ -170,7 +211,12 @@ async def test_any_method_path_query_and_body_pass_through(upstream, sidecar_fac
             body=await request.read(),
             headers=dict(request.headers),
         )
-        return web.Response(status=207, reason="Multi", body=b"echo", headers={"X-Up": "1", "Keep-Alive": "timeout=5"})
+        return web.Response(
+            status=207,
+            reason="Multi",
+            body=b"echo",
+            headers={"X-Up": "1", "Keep-Alive": "timeout=5"},
+        )
 
     up = await upstream.start(lambda app: app.router.add_route("*", "/{tail:.*}", echo))
     sc = await sidecar_factory(up.url)
@@ -201,19 +247,25 @@ async def test_any_method_path_query_and_body_pass_through(upstream, sidecar_fac
     assert h["X-Forwarded-Proto"] == "http"
     assert h["X-Forwarded-Host"] == f"127.0.0.1:{sc.port}"
     assert "User-Agent" not in h or h["User-Agent"].startswith("Python/")  # the client's own
-    await wait_for(lambda: sc.sample("llm_non_api_requests_total", method="PUT", code="207", outcome="ok") == 1)
+    await wait_for(
+        lambda: sc.sample("llm_non_api_requests_total", method="PUT", code="207", outcome="ok") == 1
+    )
 
 
 async def test_upstream_refused_is_502_json(sidecar_factory, refused_url):
     sc = await sidecar_factory(refused_url)
     async with aiohttp.ClientSession() as s:
-        async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+        async with s.post(
+            sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+        ) as r:
             assert r.status == 502
             doc = await r.json()
     assert doc["error"]["type"] == "upstream_unreachable"
     assert doc["error"]["code"] == 502
     labels = {"model": "m1", "route": "/v1/chat/completions"}
-    await wait_for(lambda: sc.sample("llm_requests_total", code="502", outcome="error", **labels) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="502", outcome="error", **labels) == 1
+    )
     assert sc.in_flight() == 0
 
 
@@ -230,7 +282,18 @@ async def test_upstream_slow_headers_is_504_json(upstream, sidecar_factory):
             assert r.status == 504
             assert (await r.json())["error"]["type"] == "upstream_timeout"
     assert time.perf_counter() - t0 < 20, "the 0.3 s read timeout, not the answer at 60 s"
-    await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/completions", code="504", outcome="error") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model="m1",
+                route="/v1/completions",
+                code="504",
+                outcome="error",
+            )
+            == 1
+        )
+    )
 
 
 async def test_upstream_dying_mid_stream_ends_client_stream_with_error(upstream, sidecar_factory):
@@ -251,27 +314,48 @@ async def test_upstream_dying_mid_stream_ends_client_stream_with_error(upstream,
     received = b""
     with pytest.raises(aiohttp.ClientPayloadError):
         async with aiohttp.ClientSession() as s:
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+            ) as r:
                 async with asyncio.timeout(5):  # must not hang
                     async for chunk in r.content.iter_any():
                         received += chunk
     assert received.endswith(chat_chunk("b"))  # everything relayed before the death arrived
     labels = {"model": "m1", "route": "/v1/chat/completions"}
-    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="error", **labels) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="200", outcome="error", **labels) == 1
+    )
     assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1  # partial figures kept
 
 
 async def test_upstream_stalling_past_idle_timeout_ends_stream(upstream, sidecar_factory):
     script = [(0.0, chat_chunk(role=True)), (0.0, chat_chunk("a")), (60.0, chat_chunk("late"))]
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/chat/completions", scripted(script))
+    )
     sc = await sidecar_factory(up.url, read_timeout=0.4)
     t0 = time.perf_counter()
     with pytest.raises(aiohttp.ClientPayloadError):
         async with aiohttp.ClientSession() as s:
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+            ) as r:
                 await r.read()
-    assert time.perf_counter() - t0 < 20, "cut by the 0.4 s read timeout, not by the late chunk (60 s)"
-    await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/chat/completions", code="200", outcome="error") == 1)
+    assert time.perf_counter() - t0 < 20, (
+        "cut by the 0.4 s read timeout, not by the late chunk (60 s)"
+    )
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model="m1",
+                route="/v1/chat/completions",
+                code="200",
+                outcome="error",
+            )
+            == 1
+        )
+    )
 
 
 async def test_client_disconnect_cancels_upstream_within_a_second(upstream, sidecar_factory):
@@ -294,7 +378,9 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
     up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", endless))
     sc = await sidecar_factory(up.url)
     async with aiohttp.ClientSession() as s:
-        async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+        async with s.post(
+            sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+        ) as r:
             n = 0
             async for _ in r.content.iter_any():
                 n += 1
@@ -307,7 +393,9 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
     # the stream's own end.
     assert state["cancelled_at"] - closed_at < 20
     labels = {"model": "m1", "route": "/v1/chat/completions"}
-    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1
+    )
     assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1
     assert sc.sample("llm_inter_token_latency_seconds_count", **labels) >= 3
     assert sc.in_flight() == 0
@@ -333,15 +421,21 @@ async def test_client_disconnect_during_prefill_is_cancelled(upstream, sidecar_f
     up = await upstream.start(app_routes)
     sc = await sidecar_factory(up.url)
     async with aiohttp.ClientSession() as s:
-        task = asyncio.create_task(s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}))
+        task = asyncio.create_task(
+            s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True})
+        )
         resp = await task
         await wait_for(lambda: state["prefilling"])
         closed_at = time.perf_counter()
         resp.close()
     await wait_for(lambda: state["cancelled"])  # the server stops generating
-    assert time.perf_counter() - closed_at < 20, "cancelled when the client left, not after the 60 s prefill"
+    assert time.perf_counter() - closed_at < 20, (
+        "cancelled when the client left, not after the 60 s prefill"
+    )
     labels = {"model": "m1", "route": "/v1/chat/completions"}
-    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1
+    )
     assert sc.in_flight() == 0
 
 
@@ -355,45 +449,85 @@ async def test_malformed_stream_passes_through_and_counts_parse_errors(upstream,
         (0.0, b"data: [DONE]\n\n"),
     ]
     sent: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(junk, sent=sent)))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/chat/completions", scripted(junk, sent=sent))
+    )
     sc = await sidecar_factory(up.url)
     body, _, _ = await post_stream(sc.url + "/v1/chat/completions")
     assert body == b"".join(sent)
-    await wait_for(lambda: sc.sample("llm_stream_parse_errors_total", route="/v1/chat/completions") == 3)
-    assert sc.sample("llm_tokens_total", model="m1", route="/v1/chat/completions", type="output") == 1
+    await wait_for(
+        lambda: sc.sample("llm_stream_parse_errors_total", route="/v1/chat/completions") == 3
+    )
+    assert (
+        sc.sample("llm_tokens_total", model="m1", route="/v1/chat/completions", type="output") == 1
+    )
 
 
 async def test_error_inside_stream_counts_as_error(upstream, sidecar_factory):
     script = [
         (0.0, chat_chunk(role=True)),
-        (0.0, b'data: {"error":{"object":"error","message":"overloaded","type":"InternalServerError","param":null,"code":500}}\n\n'),
+        (
+            0.0,
+            b'data: {"error":{"object":"error","message":"overloaded","type":"InternalServerError","param":null,"code":500}}\n\n',
+        ),
         (0.0, b"data: [DONE]\n\n"),
     ]
-    up = await upstream.start(lambda app: app.router.add_post("/v1/chat/completions", scripted(script)))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/chat/completions", scripted(script))
+    )
     sc = await sidecar_factory(up.url)
     await post_stream(sc.url + "/v1/chat/completions")
-    await wait_for(lambda: sc.sample("llm_requests_total", model="m1", route="/v1/chat/completions", code="200", outcome="error") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample(
+                "llm_requests_total",
+                model="m1",
+                route="/v1/chat/completions",
+                code="200",
+                outcome="error",
+            )
+            == 1
+        )
+    )
 
 
 async def test_model_labels_are_bounded(upstream, sidecar_factory):
-    up = await upstream.start(lambda app: app.router.add_post("/v1/completions", scripted([(0, b"data: [DONE]\n\n")])))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/completions", scripted([(0, b"data: [DONE]\n\n")]))
+    )
     sc = await sidecar_factory(up.url, max_models=2)
     for name in ["a", "b", "c", "d", "a"]:
-        await post_stream(sc.url + "/v1/completions", {"model": name, "prompt": "x", "stream": True})
+        await post_stream(
+            sc.url + "/v1/completions", {"model": name, "prompt": "x", "stream": True}
+        )
     route = "/v1/completions"
-    await wait_for(lambda: sc.sample("llm_requests_total", model="other", route=route, code="200", outcome="ok") == 2)
+    await wait_for(
+        lambda: (
+            sc.sample("llm_requests_total", model="other", route=route, code="200", outcome="ok")
+            == 2
+        )
+    )
     assert sc.sample("llm_requests_total", model="a", route=route, code="200", outcome="ok") == 2
     assert sc.sample("llm_requests_total", model="b", route=route, code="200", outcome="ok") == 1
     assert sc.sample("llm_requests_total", model="c", route=route, code="200", outcome="ok") is None
 
 
 async def test_allowlist(upstream, sidecar_factory):
-    up = await upstream.start(lambda app: app.router.add_post("/v1/completions", scripted([(0, b"data: [DONE]\n\n")])))
+    up = await upstream.start(
+        lambda app: app.router.add_post("/v1/completions", scripted([(0, b"data: [DONE]\n\n")]))
+    )
     sc = await sidecar_factory(up.url, model_allowlist=["good"])
     for name in ["good", "evil" * 100]:
-        await post_stream(sc.url + "/v1/completions", {"model": name, "prompt": "x", "stream": True})
+        await post_stream(
+            sc.url + "/v1/completions", {"model": name, "prompt": "x", "stream": True}
+        )
     route = "/v1/completions"
-    await wait_for(lambda: sc.sample("llm_requests_total", model="other", route=route, code="200", outcome="ok") == 1)
+    await wait_for(
+        lambda: (
+            sc.sample("llm_requests_total", model="other", route=route, code="200", outcome="ok")
+            == 1
+        )
+    )
     assert sc.sample("llm_requests_total", model="good", route=route, code="200", outcome="ok") == 1
 
 

@@ -39,12 +39,25 @@ async def rig(upstream):
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     started: list[RunningSidecar] = []
 
-    async def make(path: str, raw: bytes, content_type: str) -> tuple[RunningSidecar, InMemorySpanExporter]:
+    async def make(
+        path: str, raw: bytes, content_type: str
+    ) -> tuple[RunningSidecar, InMemorySpanExporter]:
         if path.startswith("/v2/models/"):
-            up = await upstream.start(lambda app: app.router.add_post("/v2/models/{m}/generate_stream", replaying(raw, piece=64, content_type=content_type)))
+            up = await upstream.start(
+                lambda app: app.router.add_post(
+                    "/v2/models/{m}/generate_stream",
+                    replaying(raw, piece=64, content_type=content_type),
+                )
+            )
         else:
-            up = await upstream.start(lambda app: app.router.add_post(path, replaying(raw, piece=64, content_type=content_type)))
-        s = build_sidecar(sidecar_settings(up.url), CollectorRegistry(), access_log=True, tracer_provider=provider)
+            up = await upstream.start(
+                lambda app: app.router.add_post(
+                    path, replaying(raw, piece=64, content_type=content_type)
+                )
+            )
+        s = build_sidecar(
+            sidecar_settings(up.url), CollectorRegistry(), access_log=True, tracer_provider=provider
+        )
         started.append(running := await run_sidecar(s))
         return running, exporter
 
@@ -55,7 +68,12 @@ async def rig(upstream):
 
 
 async def post(url: str) -> tuple[int, bytes]:
-    body = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    body = {
+        "model": "m1",
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt": "hi",
+    }
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         async with session.post(url, json=body) as r:
             return r.status, await r.read()
@@ -66,7 +84,11 @@ async def finished(s: RunningSidecar, outcome: str) -> dict:
         for metric in s.registry.collect():
             if metric.name == "llm_requests":
                 for smp in metric.samples:
-                    if smp.name == "llm_requests_total" and smp.labels["outcome"] == outcome and smp.value == 1:
+                    if (
+                        smp.name == "llm_requests_total"
+                        and smp.labels["outcome"] == outcome
+                        and smp.value == 1
+                    ):
                         return smp.labels
         return None
 
@@ -76,7 +98,9 @@ async def finished(s: RunningSidecar, outcome: str) -> dict:
 
 @pytest.mark.parametrize("where,name,path,ctype", STREAMS, ids=IDS)
 async def test_truncated_stream_is_an_error_and_relayed_untouched(rig, where, name, path, ctype):
-    cut = cut_before_marker(dialect_of(match_route(path)[0]).stream, load(where, name), ctype == "application/x-ndjson")
+    cut = cut_before_marker(
+        dialect_of(match_route(path)[0]).stream, load(where, name), ctype == "application/x-ndjson"
+    )
     with structlog.testing.capture_logs() as logs:
         s, exporter = await rig(path, cut, ctype)
         status, body = await post(s.url + path)
@@ -84,7 +108,11 @@ async def test_truncated_stream_is_an_error_and_relayed_untouched(rig, where, na
         labels = await finished(s, "error")
     assert labels["code"] == "200"
     (line,) = [entry for entry in logs if entry.get("event") == "request"]
-    assert (line["log_level"], line["outcome"], line["error"]) == ("error", "error", STREAM_TRUNCATED)
+    assert (line["log_level"], line["outcome"], line["error"]) == (
+        "error",
+        "error",
+        STREAM_TRUNCATED,
+    )
     await wait_for(lambda: len(exporter.get_finished_spans()) == 1)
     (span,) = exporter.get_finished_spans()
     assert span.status.status_code is StatusCode.ERROR
@@ -106,7 +134,9 @@ async def test_complete_stream_is_ok(rig, where, name, path, ctype):
 async def test_triton_stream_has_no_marker_and_stays_ok(rig):
     raw = load("triton", "trtllm_ensemble.txt")
     half = raw[: raw.index(b"\n\n", len(raw) // 2) + 2]
-    s, _ = await rig("/v2/models/ensemble/generate_stream", half, "text/event-stream; charset=utf-8")
+    s, _ = await rig(
+        "/v2/models/ensemble/generate_stream", half, "text/event-stream; charset=utf-8"
+    )
     assert await post(s.url + "/v2/models/ensemble/generate_stream") == (200, half)
     await finished(s, "ok")
 

@@ -48,7 +48,11 @@ def sdk(s: RunningSidecar) -> openai.AsyncOpenAI:
 async def test_client_asked_usage_through_the_openai_sdk(upstream, traced, spans):
     _, exporter = spans
     received: list[bytes] = []
-    up = await upstream.start(lambda app: app.router.add_post(CHAT, replay(load("openai", "vllm032_chat_include_usage.txt"), received=received)))
+    up = await upstream.start(
+        lambda app: app.router.add_post(
+            CHAT, replay(load("openai", "vllm032_chat_include_usage.txt"), received=received)
+        )
+    )
     s = await traced(up.url)
     async with sdk(s) as client:
         stream = await client.chat.completions.create(
@@ -57,7 +61,9 @@ async def test_client_asked_usage_through_the_openai_sdk(upstream, traced, spans
         )  # fmt: skip
         chunks = [c async for c in stream]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
-    assert json.loads(received[0])["stream_options"] == {"include_usage": True}  # as the client sent it
+    assert json.loads(received[0])["stream_options"] == {
+        "include_usage": True
+    }  # as the client sent it
     await counted(s, "tiny", CHAT, "usage")
     assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
     span = await one_span(exporter)
@@ -86,7 +92,9 @@ async def test_force_included_usage_the_client_did_not_ask_for(upstream, traced,
     assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
     # usage on every chunk grew by one each time: 4 tokens, 3 gaps, not 4 x 4
     assert s.sample("llm_inter_token_latency_seconds_count", model="tiny", route=CHAT) == 3
-    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny", route=CHAT) == 1  # vLLM metrics
+    assert (
+        s.sample("llm_upstream_prefill_seconds_count", model="tiny", route=CHAT) == 1
+    )  # vLLM metrics
     span = await one_span(exporter)
     assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "usage"
     assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 17
@@ -121,7 +129,9 @@ async def test_usage_null_on_every_chunk_is_estimated_not_zero(upstream, traced,
     await counted(s, "gpt-4o-mini", CHAT, "estimated")
     assert tokens(s, "gpt-4o-mini", CHAT, "output") == 2
     assert tokens(s, "gpt-4o-mini", CHAT, "input") is None  # unknown, never invented
-    assert s.sample("llm_request_tokens_count", model="gpt-4o-mini", route=CHAT, type="input") is None
+    assert (
+        s.sample("llm_request_tokens_count", model="gpt-4o-mini", route=CHAT, type="input") is None
+    )
     span = await one_span(exporter)
     assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
     assert sc.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
@@ -130,7 +140,8 @@ async def test_usage_null_on_every_chunk_is_estimated_not_zero(upstream, traced,
 
 
 @pytest.mark.parametrize(
-    "name,source", [("llamacpp_chat_timings.txt", "engine"), ("llamacpp_chat_include_usage.txt", "usage")]
+    "name,source",
+    [("llamacpp_chat_timings.txt", "engine"), ("llamacpp_chat_include_usage.txt", "usage")],
 )
 async def test_llamacpp_timings(upstream, traced, spans, name, source):
     _, exporter = spans
@@ -161,7 +172,10 @@ async def test_no_usage_at_all_is_estimated_with_input_unknown(upstream, traced,
         stream = await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
         )
-        assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "ditions included included defini"
+        assert (
+            "".join([c.choices[0].delta.content or "" async for c in stream])
+            == "ditions included included defini"
+        )
     await counted(s, "tiny", CHAT, "estimated")
     assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") is None
     assert s.sample("llm_time_per_output_token_seconds_count", model="tiny", route=CHAT) == 1
@@ -178,5 +192,10 @@ async def test_non_api_route_counts_no_source(upstream, traced):
     s = await traced(up.url)
     async with openai.AsyncOpenAI(base_url=s.url, api_key="x", max_retries=0) as client:
         await client.get("/health", cast_to=object)
-    await wait_for(lambda: s.sample("llm_non_api_requests_total", method="GET", code="200", outcome="ok") == 1)
-    assert s.sample("llm_token_count_source_total", model="unknown", route="other", source="none") is None
+    await wait_for(
+        lambda: s.sample("llm_non_api_requests_total", method="GET", code="200", outcome="ok") == 1
+    )
+    assert (
+        s.sample("llm_token_count_source_total", model="unknown", route="other", source="none")
+        is None
+    )

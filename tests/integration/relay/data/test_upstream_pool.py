@@ -62,13 +62,17 @@ class Sink:
 
     def chunk(self, frame: bytes, piece: bytes) -> None:
         # The frame is the whole chunk as received, around exactly this piece.
-        assert frame == b"%x\r\n%b\r\n" % (len(piece), piece) or frame.endswith(b"\r\n" + piece + b"\r\n")
+        assert frame == b"%x\r\n%b\r\n" % (len(piece), piece) or frame.endswith(
+            b"\r\n" + piece + b"\r\n"
+        )
         self.frames.append(frame)
         self.body(piece)
 
     def chunks(self, frames: bytes, pieces: list[bytes]) -> None:
         # The read is these pieces' chunks back to back, exactly.
-        assert frames == b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) or frames.endswith(b"\r\n" + pieces[-1] + b"\r\n")
+        assert frames == b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) or frames.endswith(
+            b"\r\n" + pieces[-1] + b"\r\n"
+        )
         self.frames.append(frames)
         for piece in pieces:
             self.body(piece)
@@ -168,7 +172,9 @@ class Rig:
         for peer in peers:
             peer.go.set()  # a script waiting on its cue goes on to read until EOF
         try:
-            await wait_for(lambda: all(p.eof.is_set() or p.closed_by_server for p in peers), timeout=5.0)
+            await wait_for(
+                lambda: all(p.eof.is_set() or p.closed_by_server for p in peers), timeout=5.0
+            )
         except AssertionError:
             open_ = [p.index for p in peers if not (p.eof.is_set() or p.closed_by_server)]
             raise AssertionError(f"connections left open after pool.close(): {open_}") from None
@@ -341,12 +347,19 @@ async def test_server_closing_idle_connection_is_survived(rig, pause):
     [
         ("GET", [], None, True),
         ("PUT", [("Content-Type", "application/json")], b'{"n":2}', True),
-        ("POST", [("Content-Type", "application/json"), ("Idempotency-Key", "k1")], b'{"n":2}', True),
+        (
+            "POST",
+            [("Content-Type", "application/json"), ("Idempotency-Key", "k1")],
+            b'{"n":2}',
+            True,
+        ),
         # A POST may have been read by a server that then died: never sent twice.
         ("POST", [("Content-Type", "application/json")], b'{"n":2}', False),
     ],
 )
-async def test_stale_reused_connection_retries_only_idempotent_requests(rig, method, headers, body, retried):
+async def test_stale_reused_connection_retries_only_idempotent_requests(
+    rig, method, headers, body, retried
+):
     async def script(peer: Peer) -> None:
         if peer.index == 0:
             await peer.read_request()
@@ -460,7 +473,9 @@ async def _one_request(rig, method, target, headers, body, base=""):
 
 async def test_get_request_bytes(rig):
     headers = [("Accept", "text/event-stream"), ("X-B", "2"), ("x-a", "1"), ("X-B", "3")]
-    server, raw = await _one_request(rig, "GET", "/v1/models?x=1&y=%20", headers, None, base="/base/")
+    server, raw = await _one_request(
+        rig, "GET", "/v1/models?x=1&y=%20", headers, None, base="/base/"
+    )
     assert raw == (
         b"GET /base/v1/models?x=1&y=%%20 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
         b"Accept: text/event-stream\r\nX-B: 2\r\nx-a: 1\r\nX-B: 3\r\n\r\n" % server.port
@@ -476,7 +491,9 @@ async def test_bodyless_methods_send_no_content_length(rig, method):
 
 async def test_post_bytes_body_gets_content_length(rig):
     body = b'{"model":"m","stream":true}'
-    server, raw = await _one_request(rig, "POST", "/v1/chat/completions", [("Content-Type", "application/json")], body)
+    server, raw = await _one_request(
+        rig, "POST", "/v1/chat/completions", [("Content-Type", "application/json")], body
+    )
     assert raw == (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%b" % (server.port, len(body), body)
@@ -493,14 +510,22 @@ async def test_bodyless_post_gets_content_length_zero(rig, method):
 
 
 async def test_bodyless_post_with_given_content_length_is_not_duplicated(rig):
-    server, raw = await _one_request(rig, "POST", "/x", [("content-length", "0"), ("X-A", "1")], None)
-    assert raw == b"POST /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\ncontent-length: 0\r\nX-A: 1\r\n\r\n" % server.port
+    server, raw = await _one_request(
+        rig, "POST", "/x", [("content-length", "0"), ("X-A", "1")], None
+    )
+    assert (
+        raw
+        == b"POST /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\ncontent-length: 0\r\nX-A: 1\r\n\r\n"
+        % server.port
+    )
     assert raw.lower().count(b"content-length") == 1
 
 
 async def test_empty_bytes_body_gets_content_length_zero(rig):
     server, raw = await _one_request(rig, "POST", "/x", [], b"")
-    assert raw == b"POST /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 0\r\n\r\n" % server.port
+    assert (
+        raw == b"POST /x HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 0\r\n\r\n" % server.port
+    )
 
 
 async def test_bytes_body_with_a_content_length_header_is_refused(rig):
@@ -523,13 +548,21 @@ async def test_streamed_body_is_sent_chunked(rig):
 
 async def test_empty_streamed_body_is_one_last_chunk(rig):
     server, raw = await _one_request(rig, "POST", "/up", [], Chunks([]))
-    assert raw == b"POST /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" % server.port
+    assert (
+        raw
+        == b"POST /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        % server.port
+    )
 
 
 async def test_streamed_body_with_content_length_is_sent_raw(rig):
     body = Chunks([b"hello", b" ", b"world"], delay=0.01)
     server, raw = await _one_request(rig, "PUT", "/up", [("Content-Length", "11")], body)
-    assert raw == b"PUT /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 11\r\n\r\nhello world" % server.port
+    assert (
+        raw
+        == b"PUT /up HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 11\r\n\r\nhello world"
+        % server.port
+    )
     assert b"transfer-encoding" not in raw.lower()
 
 
@@ -584,7 +617,9 @@ async def test_garbage_response_is_invalid(rig, answer):
     assert server.accepted == 1
 
 
-@pytest.mark.parametrize("partial", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"], ids=["nothing", "partial-head"])
+@pytest.mark.parametrize(
+    "partial", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"], ids=["nothing", "partial-head"]
+)
 async def test_close_before_complete_head_is_disconnected(rig, partial):
     async def script(peer: Peer) -> None:
         await peer.read_request()
@@ -651,7 +686,10 @@ async def fault_around_push(rig, script, when: str):
 @pytest.mark.parametrize("when", ["after-push", "before-push"])
 @pytest.mark.parametrize(
     "head, body",
-    [(CHUNKED_HEAD, http_chunk(b"data: 1\n\n") + b"5\r\nda"), (response(b"y" * 50)[:-50], b"y" * 20)],
+    [
+        (CHUNKED_HEAD, http_chunk(b"data: 1\n\n") + b"5\r\nda"),
+        (response(b"y" * 50)[:-50], b"y" * 20),
+    ],
     ids=["chunked", "content-length"],
 )
 async def test_mid_body_close_is_disconnected(rig, head, body, when):
@@ -796,7 +834,9 @@ async def test_pieces_that_came_before_push_are_delivered_first_in_order(rig):
     server = await rig.server(script)
     pool = rig.pool(server.url)
     conn = await pool.request("GET", "/", [], None)
-    await wait_for(lambda: b"".join(conn._early) == b"abc")  # a, b and c arrive before the relay is ready
+    await wait_for(
+        lambda: b"".join(conn._early) == b"abc"
+    )  # a, b and c arrive before the relay is ready
     sink = Sink()
     conn.push(sink)
     assert sink.data == b"abc"  # delivered inside push(), in order
@@ -883,7 +923,9 @@ async def test_no_body_statuses_end_at_the_head(rig, status):
 
 
 async def test_interim_response_is_skipped(rig):
-    server = await rig.server(serve(b"HTTP/1.1 100 Continue\r\n\r\n" + response(b"final", b"201 Created")))
+    server = await rig.server(
+        serve(b"HTTP/1.1 100 Continue\r\n\r\n" + response(b"final", b"201 Created"))
+    )
     pool = rig.pool(server.url)
     conn, sink = await fetch(pool, "POST", "/", [], b"x")
     pool.release(conn)
@@ -1075,12 +1117,16 @@ async def test_send_now_writes_the_same_request_at_once_or_nothing(rig):
     pool = rig.pool(server.url)
     headers = [("Content-Type", "application/json"), ("X-Trace", "a")]
 
-    assert pool.send_now("POST", "/v1/x", headers, b"{}") is None  # no idle connection: nothing sent
+    assert (
+        pool.send_now("POST", "/v1/x", headers, b"{}") is None
+    )  # no idle connection: nothing sent
     conn, sink = await fetch(pool, "POST", "/v1/x", headers, b"{}")
     pool.release(conn)
     sent = pool.send_now("POST", "/v1/x", headers, b"{}")
     assert sent is not None and sent.conn is conn
-    await wait_for(lambda: len(server.requests) == 2, timeout=5.0)  # written before any await of ours
+    await wait_for(
+        lambda: len(server.requests) == 2, timeout=5.0
+    )  # written before any await of ours
     answered = await pool.response(sent)
     sink2 = Sink()
     answered.push(sink2)

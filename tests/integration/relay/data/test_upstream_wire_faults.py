@@ -16,7 +16,9 @@ from tests.support.sse import http_chunk
 pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
 
 LABELS = {"model": "m1", "route": "/v1/chat/completions"}
-CHUNK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+CHUNK_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
 EVENT = b'data: {"id":"c1","object":"chat.completion.chunk","model":"m1","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
 
 
@@ -53,11 +55,15 @@ async def test_invalid_upstream_response_is_502_json(sidecar_factory, answer):
     async with server:
         sc = await sidecar_factory(url)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+            ) as r:
                 assert r.status == 502
                 doc = await r.json()
     assert doc["error"]["type"] == "upstream_invalid_response"
-    await wait_for(lambda: sc.sample("llm_requests_total", code="502", outcome="error", **LABELS) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="502", outcome="error", **LABELS) == 1
+    )
     assert sc.in_flight() == 0
 
 
@@ -70,11 +76,15 @@ async def test_broken_chunk_mid_stream_truncates_after_every_valid_byte(sidecar_
         sc = await sidecar_factory(url)
         received = b""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions", json={"model": "m1", "stream": True}
+            ) as r:
                 assert r.status == 200
                 with pytest.raises(aiohttp.ClientPayloadError):
                     async for piece in r.content.iter_any():
                         received += piece
     assert received == EVENT + EVENT
-    await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="error", **LABELS) == 1)
+    await wait_for(
+        lambda: sc.sample("llm_requests_total", code="200", outcome="error", **LABELS) == 1
+    )
     assert sc.sample("llm_tokens_total", type="output", **LABELS) == 2

@@ -35,7 +35,12 @@ SSE = CHUNKED_HEAD + chunked(b'data: {"choices":[{"index":0,"delta":{"content":"
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 
 
-def post(path: bytes = b"/v1/chat/completions", body: bytes = BODY, *extra: bytes, version: bytes = b"1.1") -> bytes:
+def post(
+    path: bytes = b"/v1/chat/completions",
+    body: bytes = BODY,
+    *extra: bytes,
+    version: bytes = b"1.1",
+) -> bytes:
     lines = b"".join(e + b"\r\n" for e in extra)
     return (
         b"POST %b HTTP/%b\r\nHost: sidecar.test\r\nContent-Type: application/json\r\n%bContent-Length: %d\r\n\r\n%b"
@@ -85,7 +90,9 @@ class Side:
         for peer in self.upstream.peers:
             peer.go.set()
 
-    async def exchange(self, *requests: bytes | tuple[bytes, ...], together: bool = False) -> list[bytes]:
+    async def exchange(
+        self, *requests: bytes | tuple[bytes, ...], together: bool = False
+    ) -> list[bytes]:
         """Send the requests on one connection, one after the other's response (or all in one
         write; a request given as parts is read by the sidecar in as many reads,
         :func:`write_apart`); the raw responses."""
@@ -110,7 +117,9 @@ class Side:
         """What the upstream got from clients (not the sidecar's own model discovery), its
         port (which differs between the two sidecars' upstreams) written as PORT."""
         own = f":{self.upstream.port}".encode()
-        return [r.replace(own, b":PORT") for r in self.upstream.requests if b"model-discovery" not in r]
+        return [
+            r.replace(own, b":PORT") for r in self.upstream.requests if b"model-discovery" not in r
+        ]
 
     def counted(self, outcome: str) -> float:
         return sum(
@@ -137,7 +146,9 @@ async def read_response(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.read()  # delimited by the close (an HTTP/1.0 client)
 
 
-async def both(*requests: bytes | tuple[bytes, ...], together: bool = False, **settings) -> tuple[Side, Side, list[bytes], list[bytes]]:
+async def both(
+    *requests: bytes | tuple[bytes, ...], together: bool = False, **settings
+) -> tuple[Side, Side, list[bytes], list[bytes]]:
     async with Side(True, **settings) as on, Side(False, **settings) as off:
         answers_on = await on.exchange(*requests, together=together)
         answers_off = await off.exchange(*requests, together=together)
@@ -163,7 +174,9 @@ FORWARDED = [
         ],
         id="forwarded-for-connection-listed-query",
     ),
-    pytest.param([post(b"/v1/completions", b'{"model":"m","prompt":"hi","stream":true}')], id="completions"),
+    pytest.param(
+        [post(b"/v1/completions", b'{"model":"m","prompt":"hi","stream":true}')], id="completions"
+    ),
 ]
 
 
@@ -174,7 +187,9 @@ async def test_the_upstream_gets_the_same_bytes_either_way(requests):
     on, off, answers_on, answers_off = await both(*requests, *requests)
 
     assert on.relayed == off.relayed and len(on.relayed) == 2
-    assert answers_on == answers_off and all(a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on)
+    assert answers_on == answers_off and all(
+        a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on
+    )
     assert all(r is not None for r in on.records) and len(on.records) == 2
     assert on.records[0].pending is not None  # type: ignore[attr-defined]
     assert on.records[1].sent is not None  # type: ignore[attr-defined]
@@ -194,7 +209,9 @@ LEFT_TO_THE_HANDLER = [
         False,
         id="chunked-body",
     ),
-    pytest.param([post(b"/v1/chat/completions", BODY, b"Expect: 100-continue")], False, id="expect"),
+    pytest.param(
+        [post(b"/v1/chat/completions", BODY, b"Expect: 100-continue")], False, id="expect"
+    ),
     pytest.param([post(), post()], True, id="pipelined"),
 ]
 
@@ -229,7 +246,11 @@ async def test_a_client_gone_before_its_handler_ran_stops_the_upstream_request_a
         sock.close()  # request and FIN together: aiohttp runs no handler for it
         await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
         await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)  # it did reach the server
-        upstream = next(p for p in on.upstream.peers if p.requests and p.requests[-1] == on.upstream.requests[-1])
+        upstream = next(
+            p
+            for p in on.upstream.peers
+            if p.requests and p.requests[-1] == on.upstream.requests[-1]
+        )
         await asyncio.wait_for(upstream.eof.wait(), 5.0)  # and was stopped there
         await asyncio.sleep(0.05)
         assert on.counted("cancelled") == 1 and on.counted("ok") == 1
@@ -242,7 +263,11 @@ async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_c
     before its handler ran still ends its span, as cancelled."""
     provider, exporter = spans
     client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    traced = post(b"/v1/chat/completions", BODY, b"traceparent: 00-%s-%s-01" % (client_trace.encode(), client_span.encode()))
+    traced = post(
+        b"/v1/chat/completions",
+        BODY,
+        b"traceparent: 00-%s-%s-01" % (client_trace.encode(), client_span.encode()),
+    )
     async with Side(True, tracer_provider=provider) as on:
         await on.exchange(traced)  # (and a pooled upstream connection for the next one to take)
         assert on.records[0] is not None and on.records[0].on_its_way  # type: ignore[attr-defined]
@@ -341,15 +366,21 @@ def on_its_way(record) -> bool:
 
 
 @pytest.mark.parametrize("requests", FORWARDED)
-async def test_a_body_read_after_its_head_goes_upstream_from_that_read_with_the_same_bytes(requests, reads):
+async def test_a_body_read_after_its_head_goes_upstream_from_that_read_with_the_same_bytes(
+    requests, reads
+):
     # Twice on one connection: a task connects for the first, the second is written at once.
     request = apart(requests[0])
     on, off, answers_on, answers_off = await both(request, request)
 
     assert reads[on.port] == reads[off.port] == [len(request[0]), len(request[1])] * 2  # apart
     assert on.relayed == off.relayed and len(on.relayed) == 2
-    assert answers_on == answers_off and all(a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on)
-    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)  # offered once each, sent
+    assert answers_on == answers_off and all(
+        a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on
+    )
+    assert len(on.records) == 2 and all(
+        on_its_way(r) for r in on.records
+    )  # offered once each, sent
     assert on.records[0].pending is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
     assert on.counted("ok") == off.counted("ok") == 2
 
@@ -375,7 +406,9 @@ class SplitHop:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    async def _connection(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+    async def _connection(
+        self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter
+    ) -> None:
         sidecar, to_sidecar = await asyncio.open_connection("127.0.0.1", self.port)
         back = asyncio.ensure_future(self._answers(sidecar, to_client))
         self.tasks.add(back)
@@ -386,7 +419,11 @@ class SplitHop:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 length = next(
-                    (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
                     0,
                 )
                 body = await client.readexactly(length)
@@ -408,10 +445,17 @@ async def test_httpx_whose_body_comes_in_the_read_after_its_head_is_sent_from_th
     import httpx
 
     async def run(side: Side) -> list[bytes]:
-        async with SplitHop(side.port) as hop, httpx.AsyncClient(headers={"Host": "sidecar.test"}) as client:
+        async with (
+            SplitHop(side.port) as hop,
+            httpx.AsyncClient(headers={"Host": "sidecar.test"}) as client,
+        ):
             answers = []
             for _ in range(2):  # a new connection, then the same one kept alive
-                response = await client.post(hop.url + "/v1/chat/completions", content=BODY, headers={"Content-Type": "application/json"})
+                response = await client.post(
+                    hop.url + "/v1/chat/completions",
+                    content=BODY,
+                    headers={"Content-Type": "application/json"},
+                )
                 answers.append(await response.aread())
             return answers
 
@@ -423,17 +467,24 @@ async def test_httpx_whose_body_comes_in_the_read_after_its_head_is_sent_from_th
     assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
 
 
-async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_takes_the_early_path(reads):
+async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_takes_the_early_path(
+    reads,
+):
     import openai
 
     async def run(side: Side) -> list[str]:
         async with SplitHop(side.port) as hop:
             client = openai.AsyncOpenAI(
-                base_url=hop.url + "/v1", api_key="sk-test", max_retries=0, default_headers={"Host": "sidecar.test"}
+                base_url=hop.url + "/v1",
+                api_key="sk-test",
+                max_retries=0,
+                default_headers={"Host": "sidecar.test"},
             )
             texts = []
             for _ in range(2):
-                stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+                stream = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
                 texts.append("".join([c.choices[0].delta.content or "" async for c in stream]))
             await client.close()
             return texts
@@ -446,7 +497,9 @@ async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_takes_t
     assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
 
 
-async def test_a_body_whose_handler_started_first_is_read_by_the_handler_and_sent_once(reads, monkeypatch):
+async def test_a_body_whose_handler_started_first_is_read_by_the_handler_and_sent_once(
+    reads, monkeypatch
+):
     # The head, then 20 ms later the body: the connection's task has long started the handler,
     # which claimed the request with nothing sent and reads the body itself; the body's read
     # offers nothing, so the upstream gets the request once, as with the early path off.
@@ -461,7 +514,9 @@ async def test_a_body_whose_handler_started_first_is_read_by_the_handler_and_sen
 
     async def claimed(reader) -> None:
         await asyncio.sleep(0.02)
-        await wait_for(lambda: claims == [None], timeout=5.0)  # (20 ms is plenty: this only says so)
+        await wait_for(
+            lambda: claims == [None], timeout=5.0
+        )  # (20 ms is plenty: this only says so)
 
     async def head_wait_body(side: Side) -> bytes:
         claims.clear()
@@ -493,12 +548,17 @@ async def test_a_body_in_two_reads_after_its_head_reaches_the_handler_first_and_
 LEFT_TO_THE_HANDLER_APART = [
     pytest.param(apart(post(b"/not/an/api", b"{}")), id="not-an-api-route"),
     pytest.param(apart(post(version=b"1.0")), id="http-1.0"),
-    pytest.param(apart(post(b"/v1/completions", b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}')), id="past-the-inspect-limit"),
+    pytest.param(
+        apart(post(b"/v1/completions", b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}')),
+        id="past-the-inspect-limit",
+    ),
 ]
 
 
 @pytest.mark.parametrize("request_parts", LEFT_TO_THE_HANDLER_APART)
-async def test_a_body_read_apart_that_the_early_path_declines_takes_the_handlers_path(request_parts, reads):
+async def test_a_body_read_apart_that_the_early_path_declines_takes_the_handlers_path(
+    request_parts, reads
+):
     on, off, answers_on, answers_off = await both(request_parts, max_request_inspect_bytes=1024)
 
     assert reads[on.port] == reads[off.port] == [len(p) for p in request_parts]
@@ -521,7 +581,9 @@ async def test_expect_100_continue_then_the_body_takes_the_handlers_path():
         assert interim.startswith(b"HTTP/1.1 100")
 
     async def expect_then_body(side: Side) -> bytes:
-        return await head_then_body(side, post(b"/v1/chat/completions", BODY, b"Expect: 100-continue"), continued)
+        return await head_then_body(
+            side, post(b"/v1/chat/completions", BODY, b"Expect: 100-continue"), continued
+        )
 
     async with Side(True) as on, Side(False) as off:
         answer_on, answer_off = await expect_then_body(on), await expect_then_body(off)
@@ -551,12 +613,24 @@ async def test_a_client_gone_between_head_and_body_is_counted_as_with_the_early_
         await leave(on)
         await leave(off)
         await asyncio.sleep(0.1)
-        counts = [(side.counted("ok"), side.counted("cancelled"), side.counted("error"), len(side.relayed)) for side in (on, off)]
-    assert counts[0] == counts[1] and counts[0][0] == 1 and counts[0][3] == 1  # only the first went upstream
+        counts = [
+            (
+                side.counted("ok"),
+                side.counted("cancelled"),
+                side.counted("error"),
+                len(side.relayed),
+            )
+            for side in (on, off)
+        ]
+    assert (
+        counts[0] == counts[1] and counts[0][0] == 1 and counts[0][3] == 1
+    )  # only the first went upstream
     assert len(on.records) == 1  # the first one; the one that left was never offered
 
 
-async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_request_and_counts_once(reads):
+async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_request_and_counts_once(
+    reads,
+):
     async with Side(True) as on:
         await on.exchange(post())  # a pooled upstream connection for the next one to take
         reader, writer = await asyncio.open_connection("127.0.0.1", on.port)
@@ -565,7 +639,11 @@ async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_req
         writer.close()  # its FIN a read behind the body
         await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
         await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)  # it did reach the server
-        upstream = next(p for p in on.upstream.peers if p.requests and p.requests[-1] == on.upstream.requests[-1])
+        upstream = next(
+            p
+            for p in on.upstream.peers
+            if p.requests and p.requests[-1] == on.upstream.requests[-1]
+        )
         await asyncio.wait_for(upstream.eof.wait(), 5.0)  # and was stopped there
         await asyncio.sleep(0.05)
         assert on.counted("cancelled") == 1 and on.counted("ok") == 1

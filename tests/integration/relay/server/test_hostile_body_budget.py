@@ -38,7 +38,9 @@ async def test_bodies_held_at_once_stay_within_the_budget_and_all_complete(serve
 
     async def all_but_the_last_byte():
         reader, writer = await asyncio.open_connection("127.0.0.1", sc.port)
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        )
         writer.write(b"Content-Length: %d\r\n\r\n" % len(body))
         view = memoryview(body)
         for i in range(0, len(body) - 1, 1 << 20):
@@ -56,7 +58,9 @@ async def test_bodies_held_at_once_stay_within_the_budget_and_all_complete(serve
         writer.close()
     up.server.close()
 
-    print(f"{CLIENTS} x {BODY // MiB} MiB bodies, last byte withheld: peak rose by {held / MiB:.0f} MiB")
+    print(
+        f"{CLIENTS} x {BODY // MiB} MiB bodies, last byte withheld: peak rose by {held / MiB:.0f} MiB"
+    )
     # The default budget is 64 MiB; the rest of the bodies went on to the upstream.
     assert held < 128 * MiB, f"the sidecar held {held / MiB:.0f} MiB of unfinished bodies"
     assert proc_status(pid, "VmHWM") < CHART_LIMIT // 2

@@ -40,7 +40,10 @@ class CountingUpstream:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
                 self.requests += 1
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%b" % (len(self.body), self.body))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%b"
+                    % (len(self.body), self.body)
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -108,7 +111,11 @@ async def _post_stream(port: int, rcvbuf: int = 4096) -> socket.socket:
     loop = asyncio.get_running_loop()
     sock = await raw_socket(port, rcvbuf)
     body = b'{"model":"m","stream":true,"messages":[]}'
-    await loop.sock_sendall(sock, b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (CHAT.encode(), len(body), body))
+    await loop.sock_sendall(
+        sock,
+        b"POST %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+        % (CHAT.encode(), len(body), body),
+    )
     return sock
 
 
@@ -131,7 +138,9 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
     await wait_for(lambda: "closed" in state)
     assert state["closed"] - state["started"] < 10, "let go after send_timeout (1 s), not never"
     labels = {"model": "m", "route": CHAT}
-    await wait_for(lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1)
+    await wait_for(
+        lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1
+    )
     assert in_flight_total(rig.registry) == 0
     async with asyncio.timeout(10):
         while await _recv(sock, 1 << 16):
@@ -139,13 +148,17 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
     sock.close()
 
 
-async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout(upstream, rig_factory):
+async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout(
+    upstream, rig_factory
+):
     """Issue 23, finding 7: at a token pace the kernel's send buffer (autotuned to MiBs)
     took the stream for a minute or more before any write queued, and only then did the
     send timeout start: the server generated for nobody for 126 s with send_timeout 60 s.
     Now the client's progress is read from the kernel: let go within send_timeout + ~2 s."""
     state: dict = {}
-    await upstream.start(lambda app: app.router.add_post(CHAT, _endless_stream(state, 0.01)))  # ~100 KiB/s
+    await upstream.start(
+        lambda app: app.router.add_post(CHAT, _endless_stream(state, 0.01))
+    )  # ~100 KiB/s
     rig = await rig_factory(upstream=upstream.url, send_timeout=1.0)
     sock = await _post_stream(rig.port)  # 4 KiB receive buffer, never read
     await wait_for(lambda: "started" in state)
@@ -153,7 +166,12 @@ async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout
     # send_timeout + ~2 s on a quiet machine; the margin is for a loaded one, and still far
     # short of the minute the kernel's buffer used to hide the stall for.
     assert state["closed"] - state["started"] < 12, state["closed"] - state["started"]
-    await wait_for(lambda: rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT) == 1)
+    await wait_for(
+        lambda: (
+            rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT)
+            == 1
+        )
+    )
     sock.close()
 
 
@@ -173,7 +191,10 @@ async def test_slow_but_live_reader_is_never_cut_off(upstream, rig_factory):
         got += len(chunk)
         await asyncio.sleep(0.3)
     assert "closed" not in state
-    assert rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT) is None
+    assert (
+        rig.sample("llm_requests_total", code="200", outcome="cancelled", model="m", route=CHAT)
+        is None
+    )
     sock.close()
     await wait_for(lambda: "closed" in state)
 
@@ -189,7 +210,9 @@ async def test_long_unterminated_event_in_small_pieces_never_stalls_the_loop(ups
     line = b"data: {" + b'"x":"' + b"y" * ((1 << 20) - 20) + b'"}'
     pieces = [line[i : i + 200] for i in range(0, len(line), 200)] + [b"\n\n", b"data: [DONE]\n\n"]
 
-    await upstream.start(lambda app: app.router.add_post(CHAT, scripted([(0, piece) for piece in pieces])))
+    await upstream.start(
+        lambda app: app.router.add_post(CHAT, scripted([(0, piece) for piece in pieces]))
+    )
     rig = await rig_factory(upstream=upstream.url)
     worst = 0.0
     done = asyncio.Event()

@@ -48,7 +48,9 @@ async def read_to_eof(reader: asyncio.StreamReader, wait: float = 5.0) -> bytes:
     return out
 
 
-async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(serve_process, upstream):
+async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(
+    serve_process, upstream
+):
     from aiohttp import web
 
     async def models(request: web.Request) -> web.Response:
@@ -66,7 +68,9 @@ async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(
         assert len(refused) == len(answers) == 136
         head, _, body = refused[0].partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 ")
-        assert b"\r\nRetry-After: 1\r\n" in head and b"\r\nContent-Type: application/json\r\n" in head
+        assert (
+            b"\r\nRetry-After: 1\r\n" in head and b"\r\nContent-Type: application/json\r\n" in head
+        )
         assert json.loads(body)["error"]["type"] == "too_many_connections"
         for reader, _ in held[:64]:  # the accepted ones are still open, nothing was said
             assert not reader.at_eof() and not reader._buffer
@@ -88,7 +92,9 @@ async def test_connections_past_the_fd_limit_get_503_and_the_admin_port_answers(
         out, err = sc.stop()
         err = out + err
     lines = [json.loads(line) for line in err.splitlines() if "connection_limit_reached" in line]
-    assert len(lines) == 1 and lines[0]["max_connections"] == 64, err[-2000:]  # rate-limited: one line
+    assert len(lines) == 1 and lines[0]["max_connections"] == 64, err[
+        -2000:
+    ]  # rate-limited: one line
 
 
 async def test_configured_connection_cap(serve_process):
@@ -134,7 +140,10 @@ async def test_heads_that_never_finish_are_let_go_after_client_header_timeout(se
         except ConnectionError:
             closed_at = time.monotonic()
             break
-        if dribble_reader.at_eof() or tcp_state(dribble.get_extra_info("socket")) != TCP_ESTABLISHED:
+        if (
+            dribble_reader.at_eof()
+            or tcp_state(dribble.get_extra_info("socket")) != TCP_ESTABLISHED
+        ):
             closed_at = time.monotonic()
             break
         await asyncio.sleep(0.1)

@@ -26,16 +26,24 @@ pytestmark = pytest.mark.integration
 
 
 def messages_body() -> bytes:
-    return b'{"model":"m","stream":true,"messages":[' + b",".join([b'{"role":"user","content":"x"}'] * 1_100_000) + b"]}"
+    return (
+        b'{"model":"m","stream":true,"messages":['
+        + b",".join([b'{"role":"user","content":"x"}'] * 1_100_000)
+        + b"]}"
+    )
 
 
 def empties_body() -> bytes:
     return b"[" + b",".join([b"{}"] * 11_000_000) + b"]"
 
 
-@pytest.mark.parametrize("make_body", [messages_body, empties_body], ids=["million-messages", "empty-objects"])
+@pytest.mark.parametrize(
+    "make_body", [messages_body, empties_body], ids=["million-messages", "empty-objects"]
+)
 async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_process, make_body):
-    up = BodyReadingUpstream(event=b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', hold=True)
+    up = BodyReadingUpstream(
+        event=b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', hold=True
+    )
     url = await up.start()
     sc = serve_process(url, "--max-request-body-bytes", str(64 * MiB))
     await sc.wait_alive()
@@ -43,7 +51,9 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
     body = make_body()
     assert 31 * MiB < len(body) <= 32 * MiB  # the largest body read to learn its model
     # Warm the code paths once, then measure from here.
-    reader, writer = await post_raw(sc.port, b"/v1/chat/completions", b'{"model":"m","stream":true}')
+    reader, writer = await post_raw(
+        sc.port, b"/v1/chat/completions", b'{"model":"m","stream":true}'
+    )
     await asyncio.wait_for(up.in_stream.wait(), 60)
     up.finish.set()
     await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 60)
@@ -66,7 +76,9 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
     up.server.close()
 
     assert up.received[-1] > 31 * MiB and data.startswith(b"HTTP/1.1 200 ")
-    print(f"rss before {before / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, during the stream {during / MiB:.0f} MiB")
+    print(
+        f"rss before {before / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, during the stream {during / MiB:.0f} MiB"
+    )
     # The raw bytes pass through a few buffers (aiohttp's reader, the joined body, the
     # upstream transport): a few times 33 MB at the peak, never a parsed object.
     assert peak - before < 200 * MiB, (before, peak)
@@ -81,25 +93,32 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
 def choices_body() -> bytes:
     """The finding's body: just under the default ``max_response_inspect_bytes`` (16 MiB) of
     ``{"choices":[{},{},...]}``, with a usage the sidecar must still read."""
-    body = b'{"id":"x","model":"m","choices":[' + b",".join([b"{}"] * 5_550_000) + b'],"usage":{"prompt_tokens":7,"completion_tokens":11}}'
+    body = (
+        b'{"id":"x","model":"m","choices":['
+        + b",".join([b"{}"] * 5_550_000)
+        + b'],"usage":{"prompt_tokens":7,"completion_tokens":11}}'
+    )
     assert 15.8 * MiB < len(body) < 16 * MiB
     return body
 
 
-async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the_loop(serve_process):
+async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the_loop(
+    serve_process,
+):
     """Parsed whole, this body took the sidecar from 53 to 553 MiB and stalled its loop 1.5 s.
     Read by the skeleton reader: the client gets every byte, the usage is counted, the
     peak stays within tens of MiB of idle and ``/healthz`` keeps answering at once."""
     import aiohttp
     from aiohttp import web
 
-
     big = choices_body()
     small = b'{"id":"w","model":"m","choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
 
     async def answer(request: web.Request) -> web.Response:
         await request.read()
-        return web.Response(body=big if request.headers.get("x-big") else small, content_type="application/json")
+        return web.Response(
+            body=big if request.headers.get("x-big") else small, content_type="application/json"
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
@@ -112,7 +131,6 @@ async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the
     try:
         await sc.wait_alive()
         pid = sc.proc.pid
-
 
         async with aiohttp.ClientSession() as s:
             for _ in range(2):  # warm the code paths (the JSON path included), then measure
@@ -136,7 +154,9 @@ async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the
                     await asyncio.sleep(0.02)
 
             prober = asyncio.create_task(probe())
-            async with s.post(sc.url + "/v1/chat/completions", json={"model": "m"}, headers={"x-big": "1"}) as r:
+            async with s.post(
+                sc.url + "/v1/chat/completions", json={"model": "m"}, headers={"x-big": "1"}
+            ) as r:
                 got = await r.read()
                 status = r.status
             await asyncio.sleep(0.3)  # the observer's close runs after the last byte
@@ -151,7 +171,9 @@ async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the
     labels = {"route": "/v1/chat/completions", "model": "m"}
     assert sample_of(metrics, "llm_tokens_total", type="input", **labels) == 1 + 1 + 7
     assert sample_of(metrics, "llm_tokens_total", type="output", **labels) == 1 + 1 + 11
-    print(f"rss before {before / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB; /healthz slowest {max(waits) * 1e3:.0f} ms of {len(waits)}")
+    print(
+        f"rss before {before / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB; /healthz slowest {max(waits) * 1e3:.0f} ms of {len(waits)}"
+    )
     # Before: +500 MiB (the body joined, then ~5.5 M dicts). The relay's own buffers and
     # the skeleton's 64 KiB pieces remain.
     assert peak - before < 64 * MiB, (before, peak)

@@ -38,7 +38,18 @@ def _hostile_models(rng: random.Random) -> list:
     for i in range(200):
         n = rng.choice([1, 8, 64, 300, 5000])
         out.append("".join(rng.choice(string.printable) for _ in range(n)) + str(i))
-    out += ["x" * 1_000_000, 'quo"te\\back\nnewline', "日本語🚀", "", 12, 3.5, None, True, ["a"], {"a": 1}]
+    out += [
+        "x" * 1_000_000,
+        'quo"te\\back\nnewline',
+        "日本語🚀",
+        "",
+        12,
+        3.5,
+        None,
+        True,
+        ["a"],
+        {"a": 1},
+    ]
     return out
 
 
@@ -48,14 +59,20 @@ async def test_model_and_route_labels_stay_bounded(rig_factory):
     models = _hostile_models(rng)
     paths = [CHAT] * len(models)
     # Route labels come from a fixed table: random paths, and models named in a Triton path.
-    paths += ["/" + "".join(rng.choice(string.ascii_letters + "/%.") for _ in range(rng.randint(1, 40))) for _ in range(100)]
+    paths += [
+        "/" + "".join(rng.choice(string.ascii_letters + "/%.") for _ in range(rng.randint(1, 40)))
+        for _ in range(100)
+    ]
     paths += [f"/v2/models/{rng.getrandbits(64):x}/generate_stream" for _ in range(50)]
     models += ["m"] * 150
     sem = asyncio.Semaphore(16)
 
     async def one(session: aiohttp.ClientSession, path: str, model) -> None:
         async with sem:
-            async with session.post(rig.url + path, json={"model": model, "messages": [{"role": "user", "content": "x"}]}) as r:
+            async with session.post(
+                rig.url + path,
+                json={"model": model, "messages": [{"role": "user", "content": "x"}]},
+            ) as r:
                 await r.read()
 
     def finished() -> float:  # API requests and the rest (non-API paths), each counted once
@@ -79,8 +96,20 @@ async def test_model_and_route_labels_stay_bounded(rig_factory):
     assert len(model_values) <= 5 + 2, model_values  # max_models, plus "other" and "unknown"
     assert {"other", "unknown"} <= model_values
     assert route_values <= set(ROUTES) | {"other"}, route_values
-    requests = [s for f in families if f.name == "llm_requests" for s in f.samples if s.name == "llm_requests_total"]
-    non_api = [s for f in families if f.name == "llm_non_api_requests" for s in f.samples if s.name == "llm_non_api_requests_total"]
+    requests = [
+        s
+        for f in families
+        if f.name == "llm_requests"
+        for s in f.samples
+        if s.name == "llm_requests_total"
+    ]
+    non_api = [
+        s
+        for f in families
+        if f.name == "llm_non_api_requests"
+        for s in f.samples
+        if s.name == "llm_non_api_requests_total"
+    ]
     assert sum(s.value for s in requests) + sum(s.value for s in non_api) == len(paths)
     series = sum(len(f.samples) for f in families if f.name.startswith("llm_"))
     # Bounded by labels, not by traffic: 7 models x 3 routes x a few codes (10 request series
@@ -101,7 +130,9 @@ async def test_oversized_bodies_get_413_and_never_reach_the_upstream(rig_factory
 
     # A declared Content-Length over the limit: refused before the upstream is asked.
     async with aiohttp.ClientSession() as s:
-        async with s.post(rig.url + "/v1/completions", data=big, headers={"Content-Type": "application/json"}) as r:
+        async with s.post(
+            rig.url + "/v1/completions", data=big, headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == 413
             doc = await r.json()
     assert doc["error"]["type"] == "request_too_large" and doc["error"]["code"] == 413
@@ -109,7 +140,8 @@ async def test_oversized_bodies_get_413_and_never_reach_the_upstream(rig_factory
     # Expect: 100-continue: refused at once, so the client never sends the body.
     raw = await raw_exchange(
         rig.port,
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(big),
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+        % len(big),
     )
     assert not raw.startswith(b"HTTP/1.1 100") and status_and_json(raw)[0] == 413
 
@@ -124,7 +156,9 @@ async def test_oversized_bodies_get_413_and_never_reach_the_upstream(rig_factory
             assert (await r.json())["error"]["type"] == "request_too_large"
     # The upstream never received a complete request (at most a cut-off chunked body).
     assert all(not RawUpstream._complete(req) for req in up.requests), up.requests
-    await wait_for(lambda: rig.sample("llm_requests_total", code="413", outcome="ok", **labels) == 3)
+    await wait_for(
+        lambda: rig.sample("llm_requests_total", code="413", outcome="ok", **labels) == 3
+    )
 
     # Just under the limit: relayed whole.
     small = b"c" * (LIMIT - 10)
@@ -147,9 +181,14 @@ async def test_stalled_request_bodies_get_408(rig_factory, raw_upstream):
     up = await raw_upstream()
     rig = await rig_factory(upstream=up.url, client_body_timeout=0.5)  # CLIENT_BODY_TIMEOUT is 60 s
     cases = [
-        [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":"],
-        [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"m\r\n"],
-        [b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", b"-2\r\nhi\r\n0\r\n\r\n" + SMUGGLED],
+        [b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model":'],
+        [
+            b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{"m\r\n'
+        ],
+        [
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+            b"-2\r\nhi\r\n0\r\n\r\n" + SMUGGLED,
+        ],
     ]
     for pieces in cases:
         reader, writer = await asyncio.open_connection("127.0.0.1", rig.port)
@@ -164,8 +203,15 @@ async def test_stalled_request_bodies_get_408(rig_factory, raw_upstream):
         assert (status, doc["error"]["type"]) == (408, "request_timeout"), pieces
         assert asyncio.get_running_loop().time() - t0 < 2.0
     # The upstream never received a complete request, and never the smuggled one.
-    assert all(not RawUpstream._complete(req) and b"/admin" not in req for req in up.requests), up.requests
-    await wait_for(lambda: rig.sample("llm_requests_total", model="unknown", route=CHAT, code="408", outcome="ok") == 2)
+    assert all(not RawUpstream._complete(req) and b"/admin" not in req for req in up.requests), (
+        up.requests
+    )
+    await wait_for(
+        lambda: (
+            rig.sample("llm_requests_total", model="unknown", route=CHAT, code="408", outcome="ok")
+            == 2
+        )
+    )
     assert rig.sample("llm_non_api_requests_total", method="POST", code="408", outcome="ok") == 1
 
 
@@ -174,15 +220,47 @@ async def test_stalled_request_bodies_get_408(rig_factory, raw_upstream):
 
 async def test_header_floods_get_431_and_long_request_lines_414(rig_factory, raw_upstream):
     up = await raw_upstream()
-    rig = await rig_factory(upstream=up.url, max_request_headers=40, max_header_field_bytes=4096, max_request_line_bytes=2048, max_request_head_bytes=128 << 10)
+    rig = await rig_factory(
+        upstream=up.url,
+        max_request_headers=40,
+        max_header_field_bytes=4096,
+        max_request_line_bytes=2048,
+        max_request_head_bytes=128 << 10,
+    )
     before = await quiet_census()
     cases = {
-        "too many headers": (b"GET /x HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-F%d: v\r\n" % i for i in range(60)) + b"\r\n", 431, "too_many_headers"),
-        "one huge header": (b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 5000 + b"\r\n\r\n", 431, "header_too_large"),
-        "huge header name": (b"GET /x HTTP/1.1\r\nHost: x\r\n" + b"N" * 5000 + b": v\r\n\r\n", 431, "header_too_large"),
-        "huge cookie": (b"GET /x HTTP/1.1\r\nHost: x\r\nCookie: " + b"c=1; " * 2000 + b"\r\n\r\n", 431, "header_too_large"),
-        "long request line": (b"GET /" + b"p" * 3000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request_line_too_long"),
-        "long query": (b"GET /x?" + b"q=1&" * 1000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request_line_too_long"),
+        "too many headers": (
+            b"GET /x HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-F%d: v\r\n" % i for i in range(60))
+            + b"\r\n",
+            431,
+            "too_many_headers",
+        ),
+        "one huge header": (
+            b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 5000 + b"\r\n\r\n",
+            431,
+            "header_too_large",
+        ),
+        "huge header name": (
+            b"GET /x HTTP/1.1\r\nHost: x\r\n" + b"N" * 5000 + b": v\r\n\r\n",
+            431,
+            "header_too_large",
+        ),
+        "huge cookie": (
+            b"GET /x HTTP/1.1\r\nHost: x\r\nCookie: " + b"c=1; " * 2000 + b"\r\n\r\n",
+            431,
+            "header_too_large",
+        ),
+        "long request line": (
+            b"GET /" + b"p" * 3000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            414,
+            "request_line_too_long",
+        ),
+        "long query": (
+            b"GET /x?" + b"q=1&" * 1000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            414,
+            "request_line_too_long",
+        ),
     }
     for name, (request, status, kind) in cases.items():
         raw = await raw_exchange(rig.port, request)
@@ -190,7 +268,11 @@ async def test_header_floods_get_431_and_long_request_lines_414(rig_factory, raw
         assert (got, doc["error"]["type"]) == (status, kind), name
         assert b"content-type: application/json" in head.lower(), name
     # Within the limits: relayed.
-    ok = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 3000) for i in range(30)) + b"\r\n"
+    ok = (
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 3000) for i in range(30))
+        + b"\r\n"
+    )
     assert (await raw_exchange(rig.port, ok)).endswith(b"\r\n\r\nok")
     assert len(up.requests) == 1  # only the request within the limits reached the upstream
     await settles_to(before)
@@ -203,25 +285,39 @@ _H = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
 
 SMUGGLING = {
     "CL.TE": _H + b"Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
-    "TE.CL": _H + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n",
-    "duplicate Content-Length, same value": _H + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\nhi" + SMUGGLED,
-    "duplicate Content-Length, conflicting": _H + b"Content-Length: 2\r\nContent-Length: 40\r\n\r\nhi" + SMUGGLED,
+    "TE.CL": _H
+    + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n",
+    "duplicate Content-Length, same value": _H
+    + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\nhi"
+    + SMUGGLED,
+    "duplicate Content-Length, conflicting": _H
+    + b"Content-Length: 2\r\nContent-Length: 40\r\n\r\nhi"
+    + SMUGGLED,
     "Content-Length list": _H + b"Content-Length: 2, 40\r\n\r\nhi" + SMUGGLED,
     "Content-Length sign": _H + b"Content-Length: +2\r\n\r\nhi" + SMUGGLED,
     "Content-Length hex": _H + b"Content-Length: 0x2\r\n\r\nhi" + SMUGGLED,
     "space before colon": _H + b"Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
     "xchunked": _H + b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
     "chunked not last": _H + b"Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n" + SMUGGLED,
-    "duplicate Transfer-Encoding": _H + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n" + SMUGGLED,
-    "obs-fold Transfer-Encoding": _H + b"Transfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
+    "duplicate Transfer-Encoding": _H
+    + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n"
+    + SMUGGLED,
+    "obs-fold Transfer-Encoding": _H
+    + b"Transfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n"
+    + SMUGGLED,
     "vertical tab": _H + b"Transfer-Encoding:\x0bchunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
     "NUL in a value": _H + b"X-A: a\x00b\r\nContent-Length: 0\r\n\r\n" + SMUGGLED,
-    "bare LF line ends": b"POST /v1/completions HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n0\n\n" + SMUGGLED,
-    "LF-only chunk extension": _H + b"Transfer-Encoding: chunked\r\n\r\n2;x\nhi\r\n0\r\n\r\n" + SMUGGLED,
+    "bare LF line ends": b"POST /v1/completions HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n0\n\n"
+    + SMUGGLED,
+    "LF-only chunk extension": _H
+    + b"Transfer-Encoding: chunked\r\n\r\n2;x\nhi\r\n0\r\n\r\n"
+    + SMUGGLED,
     "bad chunk size": _H + b"Transfer-Encoding: chunked\r\n\r\n-2\r\nhi\r\n0\r\n\r\n" + SMUGGLED,
-    "HTTP/1.1 without Host": b"POST /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n" + SMUGGLED,
+    "HTTP/1.1 without Host": b"POST /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+    + SMUGGLED,
     # Parsed fine by aiohttp, refused by the proxy itself (RFC 9112 section 6.1).
-    "Transfer-Encoding in HTTP/1.0": b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
+    "Transfer-Encoding in HTTP/1.0": b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    + SMUGGLED,
     "identity, chunked": _H + b"Transfer-Encoding: identity, chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
     "gzip, chunked": _H + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
 }
@@ -236,7 +332,9 @@ async def test_request_smuggling_is_refused_and_never_forwarded(rig_factory, raw
         status, doc, _ = status_and_json(raw)
         want = 501 if name in ("identity, chunked", "gzip, chunked") else 400
         assert status == want and doc["error"]["code"] == want, (name, raw)
-        assert len(re.findall(rb"HTTP/1\.[01] \d{3} ", raw)) == 1, name  # one answer, then closed: the tail is never parsed
+        assert len(re.findall(rb"HTTP/1\.[01] \d{3} ", raw)) == 1, (
+            name
+        )  # one answer, then closed: the tail is never parsed
         assert up.requests == [], (name, up.requests)  # nothing reached the upstream
     await settles_to(before)
 
@@ -247,14 +345,24 @@ async def test_accepted_framing_variants_are_reframed_not_relayed(rig_factory, r
     up = await raw_upstream()
     rig = await rig_factory(upstream=up.url)
     for te in (b"Transfer-Encoding:\tchunked", b"TRANSFER-ENCODING: CHUNKED"):
-        raw = await raw_exchange(rig.port, b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + te + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        raw = await raw_exchange(
+            rig.port,
+            b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            + te
+            + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        )
         assert raw.endswith(b"ok")
         sent = up.requests[-1]
         assert sent.count(b"POST /x HTTP/1.1") == 1 and b"CHUNKED" not in sent and b"\t" not in sent
         assert sent.endswith(b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
     # Absolute-form: only its path and query are used; the named host is never contacted.
-    raw = await raw_exchange(rig.port, b"GET http://evil.example/x?y=%2F HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
-    assert raw.endswith(b"ok") and up.requests[-1].startswith(b"GET /x?y=%2F HTTP/1.1\r\nHost: 127.0.0.1:")
+    raw = await raw_exchange(
+        rig.port,
+        b"GET http://evil.example/x?y=%2F HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n",
+    )
+    assert raw.endswith(b"ok") and up.requests[-1].startswith(
+        b"GET /x?y=%2F HTTP/1.1\r\nHost: 127.0.0.1:"
+    )
 
 
 # -- hop-by-hop headers, both directions -------------------------------------------------------------
@@ -275,16 +383,38 @@ async def test_hop_by_hop_headers_dropped_both_ways(rig_factory, raw_upstream):
         b"Keep-Alive: timeout=5\r\nTE: trailers\r\nTrailer: X-T\r\nUpgrade: h2c\r\nProxy-Connection: keep-alive\r\n"
         b"Proxy-Authorization: Basic YQ==\r\nExpect: 100-continue\r\nX-End-To-End: yes\r\n\r\nhi"
     )
-    raw = await raw_exchange(rig.port, request + b"GET /end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw = await raw_exchange(
+        rig.port, request + b"GET /end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
     sent = up.requests[0].lower()
-    for name in (b"x-hop-req", b"keep-alive", b"te:", b"trailer", b"upgrade", b"proxy-connection", b"proxy-authorization", b"expect"):
+    for name in (
+        b"x-hop-req",
+        b"keep-alive",
+        b"te:",
+        b"trailer",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"expect",
+    ):
         assert name not in sent, (name, sent)
-    assert b"\r\nx-end-to-end: yes\r\n" in sent and sent.count(b"\r\nhost:") == 1 and sent.count(b"content-length") == 1
+    assert (
+        b"\r\nx-end-to-end: yes\r\n" in sent
+        and sent.count(b"\r\nhost:") == 1
+        and sent.count(b"content-length") == 1
+    )
     first = raw.split(b"\r\n\r\n", 1)[0].lower()
     assert first.startswith(b"http/1.1 100 continue")  # aiohttp's own, for the Expect it consumed
     head = raw.split(b"\r\n\r\n")[1].lower()
     assert b"x-end-to-end: yes" in head
-    for name in (b"x-hop-resp", b"keep-alive", b"proxy-authenticate", b"proxy-connection", b"trailer", b"upgrade"):
+    for name in (
+        b"x-hop-resp",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-connection",
+        b"trailer",
+        b"upgrade",
+    ):
         assert name not in head, (name, head)
 
 
@@ -298,7 +428,9 @@ async def test_admin_port_is_bound_separately(upstream, serve_process):
     seen: list[str] = []
 
     async def anything(request: web.Request) -> web.Response:
-        if not request.headers.get("User-Agent", "").startswith("llm-sidecar"):  # not its own probes
+        if not request.headers.get("User-Agent", "").startswith(
+            "llm-sidecar"
+        ):  # not its own probes
             seen.append(request.path)
         return web.Response(text="upstream")
 
@@ -309,7 +441,9 @@ async def test_admin_port_is_bound_separately(upstream, serve_process):
     up = await upstream.start(routes)
     sc = serve_process(up.url)
     await sc.wait_alive()
-    listening = sorted((local, remote) for state, local, remote in tcp_sockets(sc.proc.pid) if state == "LISTEN")
+    listening = sorted(
+        (local, remote) for state, local, remote in tcp_sockets(sc.proc.pid) if state == "LISTEN"
+    )
     assert [p for p, _ in listening] == sorted([sc.port, sc.admin_port])
     # Bound to the loopback address given, not to every interface.
     for table in ("tcp", "tcp6"):
@@ -358,20 +492,39 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
         doc = await request.json()
         if not doc.get("stream"):
             return web.json_response(
-                {"id": "c2", "object": "chat.completion", "model": "m1", "choices": [{"index": 0, "message": {"role": "assistant", "content": m["json completion"]}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+                {
+                    "id": "c2",
+                    "object": "chat.completion",
+                    "model": "m1",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": m["json completion"]},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                },
                 headers={"Set-Cookie": f"sid={m['set-cookie']}"},
             )
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Set-Cookie": f"sid={m['set-cookie']}"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Set-Cookie": f"sid={m['set-cookie']}"}
+        )
         await resp.prepare(request)
         for piece in ("Hi ", m["completion"], "!"):
             await resp.write(chat_chunk(piece, id="c1", created=None, logprobs=False, spaced=True))
-        await resp.write(b'data: {"id":"c1","model":"m1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}\n\n')
+        await resp.write(
+            b'data: {"id":"c1","model":"m1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}\n\n'
+        )
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
     async def failing(request: web.Request) -> web.Response:
         body = await request.read()
-        return web.json_response({"error": {"message": f"cannot process {body.decode()} {m['upstream error body']}"}}, status=500)
+        return web.json_response(
+            {"error": {"message": f"cannot process {body.decode()} {m['upstream error body']}"}},
+            status=500,
+        )
 
     def routes(app: web.Application) -> None:
         app.router.add_post(CHAT, chat)
@@ -397,20 +550,42 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
     }
     prompt = {"role": "user", "content": f"my password is {m['prompt']}"}
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{sc.url}{CHAT}?key={m['query']}", json={"model": "m1", "stream": True, "messages": [prompt]}, headers=headers) as r:
+        async with s.post(
+            f"{sc.url}{CHAT}?key={m['query']}",
+            json={"model": "m1", "stream": True, "messages": [prompt]},
+            headers=headers,
+        ) as r:
             assert m["completion"].encode() in await r.read()
-        async with s.post(f"{sc.url}{CHAT}?key={m['query']}", json={"model": "m1", "messages": [prompt]}, headers=headers) as r:
+        async with s.post(
+            f"{sc.url}{CHAT}?key={m['query']}",
+            json={"model": "m1", "messages": [prompt]},
+            headers=headers,
+        ) as r:
             assert m["json completion"] in await r.text()
-        async with s.post(f"{sc.url}/v1/completions?key={m['query']}", json={"model": "m1", "prompt": m["prompt"]}, headers=headers) as r:
+        async with s.post(
+            f"{sc.url}/v1/completions?key={m['query']}",
+            json={"model": "m1", "prompt": m["prompt"]},
+            headers=headers,
+        ) as r:
             assert r.status == 500 and m["upstream error body"] in await r.text()
         async with s.get(f"{sc.url}/files/{m['path']}?key={m['query']}", headers=headers) as r:
             assert r.status == 500
-        async with s.post(f"{sc.url}{CHAT}", data=(m["oversized body"] * 1000).encode(), headers=headers) as r:
+        async with s.post(
+            f"{sc.url}{CHAT}", data=(m["oversized body"] * 1000).encode(), headers=headers
+        ) as r:
             assert r.status == 413
     # Refused by the HTTP parser: aiohttp alone would log (and echo) the first bytes of these.
-    huge = await raw_exchange(sc.port, b"GET /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s%s\r\n\r\n" % (m["huge header"].encode(), b"A" * 9000))
+    huge = await raw_exchange(
+        sc.port,
+        b"GET /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s%s\r\n\r\n"
+        % (m["huge header"].encode(), b"A" * 9000),
+    )
     assert huge.startswith(b"HTTP/1.0 431") and m["huge header"].encode() not in huge
-    smuggle = await raw_exchange(sc.port, b"POST /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" % m["smuggled request"].encode())
+    smuggle = await raw_exchange(
+        sc.port,
+        b"POST /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        % m["smuggled request"].encode(),
+    )
     assert smuggle.startswith(b"HTTP/1.0 400") and m["smuggled request"].encode() not in smuggle
 
     metrics = await sc.metrics()
@@ -420,10 +595,16 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
     out, err = sc.stop()
 
     # The outputs are real, so finding nothing means something.
-    assert '"name": "chat m1"' in out and "gen_ai.client.operation.duration" in out  # a span, OTel metrics
+    assert (
+        '"name": "chat m1"' in out and "gen_ai.client.operation.duration" in out
+    )  # a span, OTel metrics
     assert out.count('"event": "request"') == 5 and '"event": "request_refused"' in out
     assert 'llm_requests_total{code="413"' in metrics
-    for where, text in (("stdout (logs, spans, OTel metrics)", out), ("stderr", err), ("/metrics", metrics)):
+    for where, text in (
+        ("stdout (logs, spans, OTel metrics)", out),
+        ("stderr", err),
+        ("/metrics", metrics),
+    ):
         for what, marker in m.items():
             assert marker not in text, f"{what} marker {marker} found in {where}"
 
@@ -436,7 +617,9 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
 # timeout; request bodies do not count. Finding 5: the admin port caps its connections.
 
 # 126 fields of 8,000 B, as the probe sent: each within the 8,190 B field limit, never ended.
-UNENDED = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 7990) for i in range(126))
+UNENDED = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(
+    b"X-F%d: %s\r\n" % (i, b"v" * 7990) for i in range(126)
+)
 
 
 async def test_an_unended_oversized_head_gets_431_on_both_ports(rig_factory, raw_upstream):
@@ -455,15 +638,24 @@ async def test_an_unended_oversized_head_gets_431_on_both_ports(rig_factory, raw
 async def test_heads_within_the_budget_and_large_bodies_are_relayed(rig_factory, raw_upstream):
     up = await raw_upstream()
     rig = await rig_factory(upstream=up.url, max_request_head_bytes=48 * 1024)
-    ok = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 1000) for i in range(40)) + b"\r\n"
+    ok = (
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 1000) for i in range(40))
+        + b"\r\n"
+    )
     assert (await raw_exchange(rig.port, ok)).endswith(b"\r\n\r\nok")
-    over = b"GET /x HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 1000) for i in range(60)) + b"\r\n"
+    over = (
+        b"GET /x HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 1000) for i in range(60))
+        + b"\r\n"
+    )
     assert status_and_json(await raw_exchange(rig.port, over))[0] == 431
     # A body far larger than the head budget, then a second request on the same connection:
     # neither the body nor the next head is refused.
     body = b'{"model":"m","pad":"' + b"p" * 300_000 + b'"}'
     two = (
-        b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+        b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+        % (len(body), body)
         + b"GET /y HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
     raw = await raw_exchange(rig.port, two, wait=5.0)
@@ -471,7 +663,9 @@ async def test_heads_within_the_budget_and_large_bodies_are_relayed(rig_factory,
     assert len(up.requests) == 3
 
 
-async def test_the_admin_port_caps_its_connections_and_answers_503_past_the_cap(rig_factory, raw_upstream):
+async def test_the_admin_port_caps_its_connections_and_answers_503_past_the_cap(
+    rig_factory, raw_upstream
+):
     """Issue 23, finding 5: 1,100 idle admin connections used to use up the open files."""
     up = await raw_upstream()
     rig = await rig_factory(upstream=up.url, max_admin_connections=5)
@@ -481,11 +675,17 @@ async def test_the_admin_port_caps_its_connections_and_answers_503_past_the_cap(
     assert (status, doc["error"]["type"]) == (503, "too_many_connections")
     assert b"retry-after: 1" in head.lower()
     # The proxy port is not affected, and the admin port answers again once the idle ones go.
-    assert (await raw_exchange(rig.port, b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).endswith(b"ok")
+    assert (
+        await raw_exchange(rig.port, b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    ).endswith(b"ok")
     for _, writer in idle:
         writer.close()
 
     async def healthz_ok() -> bool:
-        return (await raw_exchange(rig.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        return (
+            await raw_exchange(
+                rig.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+        ).startswith(b"HTTP/1.1 200")
 
     await wait_for(healthz_ok)

@@ -26,7 +26,8 @@ from tests.support.rig import serve_process  # noqa: F401 - fixture
 pytestmark = pytest.mark.integration
 
 EVENTS = 200_000
-FLOOD = """
+FLOOD = (
+    """
 import socket
 from aiohttp import web
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tok"},"finish_reason":null}]}\\n\\n'
@@ -44,7 +45,9 @@ sock = socket.socket()
 sock.bind(("127.0.0.1", 0))  # the kernel picks the port; the parent reads it from stdout
 print(sock.getsockname()[1], flush=True)
 web.run_app(app, sock=sock, print=None)
-""" % EVENTS
+"""
+    % EVENTS
+)
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
@@ -96,7 +99,9 @@ async def test_healthz_answers_within_500_ms_while_one_stream_floods(serve_proce
 
         await wait_for(lambda: listening(up_port), timeout=20)
         client = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, sidecar.url + "/v1/chat/completions"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", CLIENT, sidecar.url + "/v1/chat/completions"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         waits, busy = [], []  # per probe: seconds waited, and the sidecar's CPU seconds meanwhile
         pid = sidecar.proc.pid

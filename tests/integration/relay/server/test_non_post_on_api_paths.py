@@ -27,21 +27,34 @@ async def _samples(admin_url: str) -> list:
 
 
 async def test_preflight_head_and_get_on_api_paths_count_apart_and_are_relayed(sidecar_factory):
-    runner, port = await start_app(build_simulator_app(SimulatorConfig(ttft=0.005, tpot=0.001, jitter=0, tokens=4, seed=1)))
+    runner, port = await start_app(
+        build_simulator_app(SimulatorConfig(ttft=0.005, tpot=0.001, jitter=0, tokens=4, seed=1))
+    )
     try:
         sc = await sidecar_factory(f"http://127.0.0.1:{port}")
         statuses = {}
         async with aiohttp.ClientSession() as s:
-            for method, path in (("OPTIONS", CHAT), ("HEAD", CHAT), ("GET", CHAT), ("GET", "/v1/messages/")):
+            for method, path in (
+                ("OPTIONS", CHAT),
+                ("HEAD", CHAT),
+                ("GET", CHAT),
+                ("GET", "/v1/messages/"),
+            ):
                 headers = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
                 async with s.request(method, sc.url + path, headers=headers) as r:
                     await r.read()
                     statuses[method, path] = r.status
                 # What the server answers, relayed unchanged: the same status straight from it.
-                async with s.request(method, f"http://127.0.0.1:{port}{path}", headers=headers) as r:
+                async with s.request(
+                    method, f"http://127.0.0.1:{port}{path}", headers=headers
+                ) as r:
                     await r.read()
                     assert r.status == statuses[method, path], (method, path)
-            body = {"model": "sim-llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            body = {
+                "model": "sim-llama-3-8b",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+            }
             async with s.post(sc.url + CHAT + "?trace=1", json=body) as r:
                 await r.read()
                 assert r.status == 200
@@ -52,7 +65,9 @@ async def test_preflight_head_and_get_on_api_paths_count_apart_and_are_relayed(s
     requests = [s for s in samples if s.name == "llm_requests_total"]
     assert sum(s.value for s in requests) == 1, requests  # the one POST (its query string aside)
     assert {s.labels["route"] for s in requests} == {CHAT}
-    assert not [s for s in samples if s.labels.get("model") == "unknown" and s.value], "no unknown-model series"
+    assert not [s for s in samples if s.labels.get("model") == "unknown" and s.value], (
+        "no unknown-model series"
+    )
     methods: dict[str, float] = {}
     for s in samples:
         if s.name == "llm_non_api_requests_total":
