@@ -22,7 +22,7 @@ RUN headers=$(python -c "import os, sysconfig; print(os.path.exists(sysconfig.ge
        $([ "$headers" = True ] || echo python3-dev) && rm -rf /var/lib/apt/lists/*) \
     || echo "no C compiler: the Python byte checks are used"
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY sidecar ./sidecar
 RUN /opt/llm-sidecar/bin/pip install --no-compile . \
  && (/opt/llm-sidecar/bin/python -c "from sidecar.base.speedups import IN_C; from sidecar.relay.data.token_lane import IN_C_LANE; print('C byte checks:', IN_C, 'token lane in C:', IN_C_LANE)") \

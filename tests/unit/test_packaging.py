@@ -42,3 +42,17 @@ def test_dashboards_generator_names_the_extra_when_the_sdk_is_missing(tmp_path):
     assert done.returncode != 0
     assert "pip install 'llm-sidecar-proxy[tools]'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_licence_text_is_the_one_pyproject_and_the_image_name():
+    """Legal review reads LICENSE; pip, the wheel's metadata and the image label must say the
+    same licence, and the text must be the Apache-2.0 text itself, whole."""
+    text = (ROOT / "LICENSE").read_text()
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+    assert PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    assert text.lstrip().startswith(
+        "Apache License\n                           Version 2.0, January 2004"
+    )
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert len(text.split("\n")) > 200  # the whole text, appendix included
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in (ROOT / "Dockerfile").read_text()
