@@ -39,7 +39,7 @@ def _return_large_buffers_to_the_os() -> None:
 
     glibc raises its mmap threshold after the first large buffer is freed (up to 32 MiB),
     so later bodies come from the heap, which it rarely gives back: after a burst of large
-    requests the pod kept ~50 MiB it no longer used, counted against its limit (#23). A
+    requests a pod keeps ~50 MiB it no longer uses, counted against its limit. A
     fixed threshold (glibc's ``MALLOC_MMAP_THRESHOLD_``) keeps the default's behaviour for
     good. No-op where the C library is not glibc, or when the variable is set already."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:

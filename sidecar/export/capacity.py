@@ -1,4 +1,4 @@
-"""Load-conditioned decode metrics: the throughput-latency curve from live traffic (#24).
+"""Load-conditioned decode metrics: the throughput-latency curve from live traffic.
 
 - ``llm_inter_token_latency_by_concurrency_seconds{model, concurrency}``: every gap that
   ``llm_inter_token_latency_seconds`` observes, again, labelled by the band of this

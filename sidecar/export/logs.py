@@ -86,8 +86,8 @@ class RequestLogger:
         # A failed request is an error line, so level filters and log alerts find it; a
         # client that went away or a 4xx (outcome ok) is routine traffic.
         emit = self._log.error if t.outcome is Outcome.ERROR else self._log.info
-        # Filed under other/unknown: also say what was asked (a 404 for a misspelt model
-        # said only "other", issue 33, finding 15).
+        # Filed under other/unknown: also say what was asked (else a 404 for a misspelt
+        # model would say only "other").
         asked = (
             {"requested_model": requested_model(t.model)}
             if t.model and t.model != model_label

@@ -1,4 +1,4 @@
-"""The OTel metrics in the sidecar's own namespace: what issue 34 measures and the GenAI
+"""The OTel metrics in the sidecar's own namespace: what the sidecar measures and the GenAI
 conventions do not name (see :mod:`sidecar.export.semconv` for what was checked).
 
 The same figures as the Prometheus families of the same meaning, from the same finished

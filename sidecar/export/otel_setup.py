@@ -43,7 +43,7 @@ SHUTDOWN_TIMEOUT_SECONDS = 5.0  # the most a SIGTERM exit waits for the last exp
 UNHEALTHY_SHUTDOWN_SECONDS = 0.5
 """The wait when an OTLP exporter has not shown it can export (its last export failed, one
 is hanging, or none succeeded yet): what is queued is lost either way, and an idle SIGTERM
-exits within a second (issue 33, finding 13; sidecar/export/otlp_health.py)."""
+exits within a second (sidecar/export/otlp_health.py)."""
 
 
 @dataclass

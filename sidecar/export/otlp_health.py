@@ -3,8 +3,8 @@ wait on a collector that is not there.
 
 With the OTLP endpoint unreachable the SDK's exporters log their raw retry text for every
 attempt of every batch ("Transient error ... retrying in 2.00s", then "Failed to export
-... due to timeout"): about 15 lines in 40 s, and an idle SIGTERM then waited 5-7 s for a
-flush that could not happen (``otel_flush_incomplete``; issue 33, finding 13). Here:
+... due to timeout"): about 15 lines in 40 s, and an idle SIGTERM would wait 5-7 s for a
+flush that cannot happen (``otel_flush_incomplete``). Here:
 
 - :class:`GuardedSpanExporter` and :class:`GuardedMetricExporter` wrap the SDK's OTLP
   exporters and report each export's result to the signal's :class:`ExportHealth`;

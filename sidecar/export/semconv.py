@@ -186,7 +186,7 @@ METRIC_CLIENT_INFERENCE_OPERATION_OUTPUT_TOKENS = "gen_ai.client.inference.opera
 UNIT_SECONDS = "s"
 UNIT_TOKENS = "{token}"
 
-# -- metrics in our own namespace (issue 34), recorded beside the GenAI ones ------------------
+# -- metrics in our own namespace, recorded beside the GenAI ones ---------------------------
 # No GenAI convention names these (checked against the genai repository's gen-ai-metrics.md,
 # client-inference.md and token-metrics.yaml at the commits above): its metrics time the
 # operation, the first chunk and each chunk, and count tokens; ``gen_ai.invoke_agent.

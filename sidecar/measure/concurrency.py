@@ -1,4 +1,4 @@
-"""How many of this sidecar's streams are decoding right now, by model (issue #24).
+"""How many of this sidecar's streams are decoding right now, by model.
 
 A stream is *decoding* from its first token until it finishes. Each gap between tokens is
 labelled with the number decoding when the gap ended, as a band named by its upper bound

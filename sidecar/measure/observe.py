@@ -8,8 +8,8 @@ error and lets the relay go on.
 A non-streamed JSON body is kept as it came while it is small (up to
 ``SMALL_JSON_BYTES``) and parsed whole at the end, as always; a larger one is read by a
 :class:`~sidecar.measure.json_skeleton.JsonSkeleton` as it arrives, and only the small copy
-it keeps is parsed (issue 23, finding 3: a 15.9 MiB body of ``{"choices":[{},{},...]}``
-parsed whole took the sidecar from 53 to 553 MiB).
+it keeps is parsed (a 15.9 MiB body of ``{"choices":[{},{},...]}`` parsed whole takes the
+sidecar from 53 to 553 MiB).
 """
 
 from __future__ import annotations

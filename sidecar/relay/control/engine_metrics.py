@@ -87,7 +87,7 @@ def engine_metrics_handler(
     """The aiohttp handler for the engine's metrics at ``url``, each scrape given at most
     ``timeout`` seconds; ``session`` returns the sidecar's client session once started.
 
-    Single-flight (issue 23, finding 6): concurrent scrapes with the same forwarded headers
+    Single-flight: concurrent scrapes with the same forwarded headers
     share one upstream fetch, so 300 scrapes at once open one upstream connection, not 300.
     Each scraper still waits no longer than its own timeout; a scraper that leaves does not
     cancel the fetch the others wait for."""

@@ -1,10 +1,10 @@
 """An upstream that is the sidecar itself: refused at start, and named when it comes back.
 
 ``--upstream`` at the sidecar's own ``--listen`` address (a copy-paste slip, or ``localhost``
-when the server listens elsewhere) made every request relay to the sidecar again, each hop
-adding to ``X-Forwarded-For`` until a head passed its budget and the innermost hop answered
-431, hundreds of connections deep; ``/readyz`` blamed the inference server (issue 33,
-finding 15). Two checks, neither touching what a client sends:
+when the server listens elsewhere) would relay every request to the sidecar again, each hop
+adding to ``X-Forwarded-For`` until a head passes its budget and the innermost hop answers
+431, hundreds of connections deep, while ``/readyz`` blames the inference server. Two
+checks, neither touching what a client sends:
 
 - at start, once the proxy port is bound, :func:`loop_reason` resolves the upstream's host
   and refuses to serve when one of its addresses is one the proxy listens on (the same

@@ -2,9 +2,10 @@
 
 A known API route's JSON body is read whole before it is forwarded, so its model can label
 the figures (:mod:`sidecar.measure.request_fields`). Each body is bounded
-(``max_request_inspect_bytes``), but nothing bounded them together: 16 clients sending 30
-MiB each and withholding the last byte (a byte a minute keeps them alive) held 536 MiB, past
-the chart's 512Mi limit, and the kubelet killed every stream in the pod (#23, finding 2).
+(``max_request_inspect_bytes``), but that alone does not bound them together: 16 clients
+sending 30 MiB each and withholding the last byte (a byte a minute keeps them alive) would
+hold 536 MiB, past the chart's 512Mi limit, and the kubelet would kill every stream in the
+pod.
 
 The budget counts the bytes promised to bodies being held. A body whose declared length
 does not fit is not refused: it is streamed to the upstream as it arrives (as nginx's

@@ -245,8 +245,8 @@ class BodyRelay:
 
         One write per read is not only cheaper: uvloop retries its whole buffered list on
         every write once a slow client's buffer is past the high-water mark, so a read of
-        thousands of tiny events written one by one cost quadratic time and held the event
-        loop for over a second (#23, finding 4)."""
+        thousands of tiny events written one by one would cost quadratic time and hold the
+        event loop for over a second."""
         now = self._clock()
         if self.ended is not None:
             return
@@ -329,7 +329,7 @@ class BodyRelay:
         The transport's buffer alone cannot tell: the kernel's send buffer grows to MiBs for
         a connection and absorbs a paced token stream for minutes before a write ever
         queues, so a reader that stopped held the server's generation slot for 126 s with
-        a 60 s ``send_timeout`` (#23, finding 7). What the client has taken is what was
+        a 60 s ``send_timeout``. What the client has taken is what was
         written minus what the kernel still holds unacknowledged (``SIOCOUTQ``). A slow
         reader that takes anything at all keeps its stream."""
         self._check_at = now + self._check_every

@@ -2,10 +2,10 @@
 
 aiohttp hands a parsed request to its handler two event-loop turns after the read that
 completed it (the connection's task wakes, then starts a task for the handler), and each
-turn first runs every other callback ready: under 200 streams of tokens that was 187 µs at
+turn first runs every other callback ready: under 200 streams of tokens that is 187 µs at
 the median and 2.1 ms at p99 from the read to the handler, then 167 µs (2.0 ms at p99) of
-the handler's own setup before the upstream had the request (#27, docs/performance.md).
-Every microsecond of it was added to the time to first token.
+the handler's own setup before the upstream has the request (docs/performance.md). Every
+microsecond of it is added to the time to first token.
 
 So the common request goes out from inside ``data_received``: a ``POST`` to an API route,
 HTTP/1.1, whose whole body (within ``max_request_inspect_bytes``, framed by
@@ -22,7 +22,7 @@ builds the header fields for both); with none idle, a task starts connecting and
 it at once. The handler, when it runs, claims the record (:meth:`EarlyForwarder.claim`)
 and carries on as if it had sent the request itself: the same labels, figures, relay and
 faults. With tracing on, the request's span starts here and its context goes in the
-upstream's header fields, as the handler's path would put it (the ``trace`` hook, #36).
+upstream's header fields, as the handler's path would put it (the ``trace`` hook).
 Everything else (a body still arriving when its handler starts, chunked, ``Expect``, a
 request the proxy refuses, pipelined requests, a draining pod) waits for the handler as
 before.

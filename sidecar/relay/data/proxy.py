@@ -327,7 +327,7 @@ class Proxy:
         what the request says, and its model label."""
         timeline = self._timeline(start, method, route, model, fields)
         label = self._model_label(model)
-        if self._decode_tracker is not None:  # streams decoding per model label (#24)
+        if self._decode_tracker is not None:  # streams decoding per model label
             timeline.decode = self._decode_tracker(label)
         if self._tenant_label is not None:  # read only: the header is forwarded as sent
             try:

@@ -1,4 +1,4 @@
-"""The steady token read, relayed and noted in one compiled call (#27).
+"""The steady token read, relayed and noted in one compiled call.
 
 Once a stream's dialect has armed its repeating event's template
 (:mod:`sidecar.streams.protocols.template`), nearly every read from the upstream is one

@@ -1,11 +1,11 @@
-"""The token lane in Python, for an install without a C compiler (#36).
+"""The token lane in Python, for an install without a C compiler.
 
-Without the C extensions every steady token took the general Python path (seven functions
+Without a lane every steady token takes the general Python path (seven functions
 over as many objects: ``UpstreamConnection.data_received`` -> ``BodyRelay.chunk`` ->
 ``ResponseObserver.feed`` -> ``SSEJSONDialect.feed`` -> ``EventTemplate.matches`` ->
-``RequestTimeline.events`` ...), and the sidecar used about 1.9× nginx's CPU per token
-against ~1.35× with C: an install where ``pip`` found no compiler was a trap. What made
-the C lane pay was less the compiled code than keeping a token's notes in one object
+``RequestTimeline.events`` ...), and the sidecar uses about 1.9× nginx's CPU per token
+against ~1.35× with C: an install where ``pip`` found no compiler would be a trap. What
+makes the C lane pay is less the compiled code than keeping a token's notes in one object
 (sidecar/relay/data/token_lane.py), and that holds in Python too: this lane makes the
 same checks with the Python originals of the byte checks (:mod:`sidecar.base.speedups`'s
 ``chunk_payload_py`` and ``plain_at_py``) and keeps its notes in itself (two arrays and a

@@ -354,7 +354,7 @@ class UpstreamConnection(asyncio.Protocol):
         An upstream sending faster than it is relayed fills every read; libuv then reads
         the same socket again and again (up to 32 full reads) before it looks at any other
         socket or timer, so one fast stream of tiny events held uvloop for over half a
-        second at a time: probes and other clients waited (#23, finding 4). Pausing for one
+        second at a time while probes and other clients wait. Pausing for one
         turn lets everything else ready run between two reads. Only full reads pay for it;
         a token stream's reads are a few hundred bytes."""
         if self._yielding or self._reading_paused or self.transport is None or self.closed:

@@ -219,8 +219,8 @@ with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it
         """An ``Application`` that hands every request to one handler, with no router lookup
         and no middleware chain: the proxy port relays every target, so aiohttp's route walk
         (a dictionary lookup per path segment, then the pattern) and one coroutine layer per
-        middleware, plus the one aiohttp adds to fix ``current_app``, were a request's cost
-        with nothing to decide (#36).
+        middleware, plus the one aiohttp adds to fix ``current_app``, would be a request's
+        cost with nothing to decide.
 
         ``entry(request)`` answers every request, ``expect(request)`` an ``Expect`` header first
         (as aiohttp's ``_handle`` does). Every request shares one frozen match info holding

@@ -25,8 +25,8 @@ the seconds until the endpoints drop the pod, which only Kubernetes has. Outside
 routes by endpoints, so the drain is just the in-flight requests: a process with nothing in
 flight when the signal comes exits at once (:func:`needs_full_drain`), one with streams in
 flight exits as soon as the last has ended, new requests meanwhile being relayed (or
-refused, step 2) as in a pod. Waiting on for the upstream there held a Ctrl-C'd ``serve``
-for the whole ``drain_seconds`` (30 s) after its one stream ended (issue 33, finding 14).
+refused, step 2) as in a pod. Waiting on for the upstream there would hold a Ctrl-C'd
+``serve`` for the whole ``drain_seconds`` (30 s) after its one stream ended.
 
 The drain says what it waits for: one ``draining`` line at the start (what, how long at
 most, and that a second SIGTERM/SIGINT exits now), a ``still_draining`` line every

@@ -2,8 +2,8 @@
 
 aiohttp bounds each header field (``max_field_size``) and their number (``max_headers``),
 so a head may still be ~1 MiB (128 fields of 8 KiB), and a client that never ends it pins
-that much per connection until the head timeout (issue 23, finding 1: 200 connections took
-RSS from 53 to 449 MiB). nginx refuses a head over 32 KiB by default, Envoy over 60 KiB;
+that much per connection until the head timeout (200 such connections take RSS from 53 to
+449 MiB). nginx refuses a head over 32 KiB by default, Envoy over 60 KiB;
 the sidecar counts the bytes a connection sends while it is between requests (no request
 body being read) and answers 431 with the proxy's JSON body past ``max_request_head_bytes``.
 

@@ -1,4 +1,4 @@
-"""The SLO dashboard's "Capacity" row (issue #24): the throughput-latency curve per
+"""The SLO dashboard's "Capacity" row: the throughput-latency curve per
 deployment, read from the capacity records of sidecar/tools/slo/capacity.py (same spec)."""
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def alert_names(spec: SLOSpec) -> list[str]:
         c.ALERT_TARGET_DOWN,
         c.ALERT_NO_TRAFFIC,
     ]
-    names += [cause.alert for cause in ERROR_CAUSES]  # by error_type (#33)
+    names += [cause.alert for cause in ERROR_CAUSES]  # by error_type
     if spec.alerts.history_short.enabled:
         names.append(c.ALERT_HISTORY_SHORT)
     if capacity_objective(spec) is not None:
@@ -428,5 +428,5 @@ def build(spec: SLOSpec):
     _summary(board, spec)
     for objective in spec.objectives:
         _objective(board, spec, objective)
-    capacity_row(board, spec)  # the throughput-latency curve (#24)
+    capacity_row(board, spec)  # the throughput-latency curve
     return board.build()

@@ -1,4 +1,4 @@
-"""SLO capacity from live traffic (issue #24): recorded rules and a ticket alert, generated
+"""SLO capacity from live traffic: recorded rules and a ticket alert, generated
 from the same spec as the SLO rules and summed by its ``grouping``.
 
 Which objective: the spec's first ``itl`` objective, else its first ``tpot`` one (no such
