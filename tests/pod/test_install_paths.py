@@ -1,4 +1,4 @@
-"""The README's three Kubernetes paths, followed as written, played in podman (issue 32).
+"""The README's three Kubernetes paths, followed as written, played in podman.
 
 Each path's commands are read from the README's code blocks, not restated here:
 

@@ -1,4 +1,4 @@
-"""The throughput-latency curve against an independent load generator (issue #24).
+"""The throughput-latency curve against an independent load generator.
 
 aiperf (from PyPI, scripts/install-aiperf.sh) sweeps closed-loop concurrency 1, 2, 4 and 8
 (streamed chat, 64 output tokens, ``ROUNDS`` requests per stream) through one sidecar in

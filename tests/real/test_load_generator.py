@@ -3,9 +3,9 @@ streamed chat requests through the sidecar against real vLLM: the sidecar's ``ok
 equals the generator's own count of successful requests, and nothing is ``cancelled``.
 
 aiperf, like vLLM's benchmark, stops reading a stream at ``data: [DONE]`` and closes the
-connection before the HTTP response's terminating chunk. Before issue #21 the sidecar filed
-8 to 17 of 30 such requests as ``cancelled`` (that close landed before it finished relaying),
-so they fell out of availability, goodput and the ``ok`` latency figures.
+connection before the HTTP response's terminating chunk. Filed as ``cancelled`` (that close
+can land before the sidecar has finished relaying; 8 to 17 of 30 such requests), they would
+fall out of availability, goodput and the ``ok`` latency figures.
 
 aiperf needs no network: its tokenizer is the tiny model's folder, loaded from disk. Not
 with HF_HUB_OFFLINE=1: aiperf 0.13 then resolves every tokenizer name as a Hub cache entry

@@ -73,7 +73,7 @@ def test_every_alert_of_a_release_routes_by_its_severity_and_team():
 
 
 def test_every_error_cause_alert_of_a_release_routes_by_error_type():
-    """The error-cause alerts (#33) carry error_type: each cause goes to the team that can fix
+    """The error-cause alerts carry error_type: each cause goes to the team that can fix
     it, whichever team's release it is, and with the same routes as the plain example
     (deploy/alertmanager/alertmanager.yaml); the burn-rate pages keep their routes."""
     from sidecar.tools.slo.rules import ERROR_CAUSES

@@ -1,4 +1,4 @@
-"""bench.run's --rounds summary: per-round ratios, medians, and the goal (#36) judged on them."""
+"""bench.run's --rounds summary: per-round ratios, medians, and the goal judged on them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decode concurrency bands and the by-concurrency instruments (issue #24), from scripted
+"""Decode concurrency bands and the by-concurrency instruments, from scripted
 timelines on a fake clock: each phase runs n streams whose gap follows a batching model."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
     series appeared only with its first request's gaps lost them from the capacity rules'
     window (20-25 % of each band in tests/real/test_capacity_sweep.py): a band's three
     series exist at zero before the first stream that takes the load into it. Not all nine
-    bands at a model's first stream (issue 33: 234 samples per model label, ``other`` and
+    bands at a model's first stream (234 samples per model label, ``other`` and
     ``unknown`` included): the lowest three, then two bands ahead of the load."""
     registry = CollectorRegistry()
     capacity = CapacityMetrics(registry)

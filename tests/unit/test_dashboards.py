@@ -274,7 +274,7 @@ def test_every_objective_has_its_row_and_panels():
     assert names == ["availability", "ttft", "tpot", "e2e"]
     assert [r.split(":")[0] for r in rows[1:]] == [f"SLO {n}" for n in names] + [
         "Capacity"
-    ]  # #24, last
+    ]  # capacity last
     for n in names:
         for suffix in ("SLI over 30d", "error budget remaining", "budget runs out in", "SLI vs target",
                        "bad-event share by pod and route"):  # fmt: skip

@@ -1,4 +1,4 @@
-"""README and docs/ as a newcomer reads them (issue 18): the first screen says how to run it
+"""README and docs/ as a newcomer reads them: the first screen says how to run it
 beside vLLM, every link leads somewhere, and the example sends a model the simulator serves."""
 
 from __future__ import annotations

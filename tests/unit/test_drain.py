@@ -80,8 +80,8 @@ async def test_drain_seconds_bounds_every_step():
 @pytest.mark.parametrize("pod", [False, True])
 async def test_outside_a_pod_the_drain_ends_with_the_last_request(pod):
     """Outside Kubernetes nobody routes by endpoints: once nothing is in flight there is
-    nothing to wait for, though the upstream still answers (issue 33, finding 14: a
-    Ctrl-C'd serve waited the whole drain_seconds after its stream). In a pod, step 1 waits
+    nothing to wait for, though the upstream still answers (a Ctrl-C'd serve
+    must not wait the whole drain_seconds after its stream). In a pod, step 1 waits
     on for the upstream to go, as requests still arrive until the endpoints drop the pod."""
     upstream, in_flight = Upstream(True), [1]
     drain = Drain(upstream, lambda: in_flight[0], pod=pod)

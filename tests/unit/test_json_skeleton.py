@@ -1,4 +1,4 @@
-"""The JSON skeleton reader (issue 23, finding 3): within its bounds the copy is the body's
+"""The JSON skeleton reader: within its bounds the copy is the body's
 document, so every route's whole-body parser gives the same events on it; fed whole, byte
 by byte and at random splits; on hostile bodies its copy, memory and work stay bounded."""
 

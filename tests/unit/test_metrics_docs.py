@@ -1,4 +1,4 @@
-"""docs/metrics.md and docs/design.md say what the code registers, both ways (issues 33, 34).
+"""docs/metrics.md and docs/design.md say what the code registers, both ways.
 
 A sidecar is built with every option on (tenants, prompt classes, per-model objectives, OTLP
 with its own metrics, as ``serve`` builds it), and its registry is read: every family, with

@@ -1,4 +1,4 @@
-"""The bounds of the labels #33 added: ``error_type`` and ``finish_reason`` (sidecar/base)."""
+"""The bounds of the on-call labels ``error_type`` and ``finish_reason`` (sidecar/base)."""
 
 from __future__ import annotations
 

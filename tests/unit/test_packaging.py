@@ -1,4 +1,4 @@
-"""The distribution's name and extras (issue 25)."""
+"""The distribution's name and extras."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every rule of a release reads and keeps its own release (issues 22, 32, 33): each selector
+"""Every rule of a release reads and keeps its own release: each selector
 of a sidecar series or ``llm:`` record carries the release's ``llm_release`` matcher, and
 each aggregation keeps ``llm_release`` and ``namespace`` (LLMNoTrafficData: the release as a
 whole), in every group the generator makes

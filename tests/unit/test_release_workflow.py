@@ -1,4 +1,4 @@
-"""The release workflow (issue 25) passes actionlint, and publishes what the chart and the
+"""The release workflow passes actionlint, and publishes what the chart and the
 docs name: the image ghcr.io/<owner>/llm-sidecar-proxy and the chart."""
 
 from __future__ import annotations

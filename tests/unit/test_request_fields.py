@@ -210,8 +210,8 @@ def test_deeper_than_orjson_still_scanned_without_recursion():
     ids=["deep-arrays", "deep-objects", "escaped-content", "escaped-model"],
 )
 def test_costly_shapes_take_bounded_cpu(body, expected):
-    """A body built to cost Python steps per byte took 5-14 s of CPU (helper finding while
-    bounding responses, issue 23): now one step per 8 bytes at most, then it is given up."""
+    """A body built to cost Python steps per byte (5-14 s of CPU if read naively) takes one
+    step per 8 bytes at most, then it is given up."""
     start = time.process_time()
     scanner = RequestFieldScanner(max_value_bytes=1024)
     for i in range(0, len(body), 65536):

@@ -1,4 +1,4 @@
-"""Runbooks that resolve (issue 32): every alert the rule generator can emit links into
+"""Runbooks that resolve: every alert the rule generator can emit links into
 docs/runbooks.md, and that file has the section its anchor names; the base of the links is
 the user's to set (spec, `slo render --runbook-url`, the chart's prometheus.rules.runbookUrl),
 and defaults to the file's path in the repository, not to an address that does not exist."""

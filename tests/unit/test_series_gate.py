@@ -1,4 +1,4 @@
-"""The one series budget (issue 33): every family counted before a series is made, a series
+"""The one series budget: every family counted before a series is made, a series
 that does not fit recorded under ``other`` or not at all, the in-flight gauge balanced on the
 row it started on, the page served without ``_created``, and the listing's bodies decoded
 within their bound (sidecar/export/prometheus_internals.py, sidecar/relay/control/model_discovery.py)."""

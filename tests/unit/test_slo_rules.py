@@ -11,7 +11,7 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.cli import main
 from sidecar.tools.slo import conventions as c
-from sidecar.tools.slo import generate as slo_generate  # the SLO rules and the capacity group (#24)
+from sidecar.tools.slo import generate as slo_generate  # the SLO rules and the capacity group
 from sidecar.tools.slo.cli import render_command
 from sidecar.tools.slo.render import HEADER, render_rules
 from sidecar.tools.slo.rules import ERROR_CAUSES, generate, promql_string, sli_error_expr
@@ -338,7 +338,7 @@ def test_alertmanager_example_routes_every_severity_the_rules_use():
     )
     receivers = {r["name"] for r in am["receivers"]}
     routes = {m: r["receiver"] for r in am["route"]["routes"] for m in r["matchers"]}
-    # Each error cause's types to its own receiver (#33), before the severity routes.
+    # Each error cause's types to its own receiver, before the severity routes.
     by_cause = {f'error_type=~"{"|".join(cause.error_types)}"': cause for cause in ERROR_CAUSES}
     assert [m for r in am["route"]["routes"][: len(by_cause)] for m in r["matchers"]] == list(
         by_cause

@@ -1,4 +1,4 @@
-"""Every part build_sidecar wires is complete when its constructor returns (issue 35): no hook,
+"""Every part build_sidecar wires is complete when its constructor returns: no hook,
 name or budget is set on a label after it is built, no count is swapped into the series budget
 later, and a Sidecar has its drain and both apps as it is made."""
 

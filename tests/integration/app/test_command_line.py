@@ -1,5 +1,5 @@
-"""The command line as a newcomer meets it (issue 18): each fault found by trying the real
-``llm-sidecar`` executable, checked the same way, in a subprocess."""
+"""The command line as a newcomer meets it: each fault a first try of the real ``llm-sidecar``
+executable can meet, checked the same way, in a subprocess."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_version_prints_the_package_version():
     assert first.startswith(f"llm-sidecar {__version__} (Python "), first
     from sidecar.base.speedups import IN_C
 
-    # Says whether the C speedups are loaded, and warns only when they are not (#33).
+    # Says whether the C speedups are loaded, and warns only when they are not.
     assert first.endswith("C speedups on)" if IN_C else "C speedups off)"), first
     assert rest == ([] if IN_C else rest) and all(line.startswith("warning:") for line in rest)
 

@@ -1,7 +1,7 @@
 """The drain over a real ``serve`` subprocess and real sockets, outside Kubernetes and in a pod
-(issue 33, finding 14): outside Kubernetes SIGTERM with a stream in flight used to wait the
-whole ``drain_seconds`` (30 s) after the stream had ended, saying nothing about what it
-waited for or that a second signal exits now."""
+(docs/reliability.md): outside Kubernetes SIGTERM with a stream in flight exits once the
+stream has ended, not after the whole ``drain_seconds`` (30 s), and the drain says what it
+waits for and that a second signal exits now."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime stands without the tools (issue 26): ``llm-sidecar serve`` relays and measures a
+"""The runtime stands without the tools: ``llm-sidecar serve`` relays and measures a
 stream while every import of ``sidecar.tools`` (simulator, demo, dashboards and SLO
 generators) and of the tools' extra (the Grafana SDK) fails, as in an install without the
 ``tools`` extra that also lost the tools' code. The layout test checks the same statically;

@@ -1,4 +1,4 @@
-"""An operator's first day (issue 25), over the real ``llm-sidecar`` executable: how the process
+"""An operator's first day, over the real ``llm-sidecar`` executable: how the process
 stops, what it says about its upstream, and the mistakes it refuses at start."""
 
 from __future__ import annotations

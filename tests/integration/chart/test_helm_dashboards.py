@@ -1,4 +1,4 @@
-"""Dashboards for many releases (issue 32), rendered by the pinned helm.
+"""Dashboards for many releases, rendered by the pinned helm.
 
 - Two releases never overwrite each other's dashboards: Grafana keys a dashboard by its uid
   (and wants titles unique in a folder), kube-prometheus-stack's dashboard sidecar loads every

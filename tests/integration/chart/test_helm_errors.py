@@ -1,4 +1,4 @@
-"""The chart's refusals are one short line a user can read (issue 32).
+"""The chart's refusals are one short line a user can read.
 
 A `fail` inside the rules' `tpl` made helm print the whole rules file (401 KB) before the one
 useful sentence; the checks now run first, from templates/validate.yaml, so the error is the

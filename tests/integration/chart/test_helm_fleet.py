@@ -1,4 +1,4 @@
-"""A fleet in one Prometheus (issue #22): the rules of three releases loaded at once.
+"""A fleet in one Prometheus: the rules of three releases loaded at once.
 
 Releases ``a`` and ``c`` share the namespace team-a, ``b`` lives in team-b with a stricter
 TTFT objective (99 %). Each serves its own model(s) with its own traffic, scraped with the
@@ -13,7 +13,7 @@ PrometheusRules together:
 - absence is per deployment: ``b`` losing its target and its traffic fires LLMSidecarDown and
   LLMNoTrafficData for b alone.
 
-On the chart before #22 (unscoped rules) the same test fails: every release's rules read the
+With unscoped rules the same test fails: every release's rules read the
 whole fleet, so b's objective judges a's traffic and the alerts carry no release.
 Skipped without helm (make tools) or promtool locally; fails under CI=true.
 """

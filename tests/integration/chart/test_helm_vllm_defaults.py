@@ -1,4 +1,4 @@
-"""Chart defaults a vLLM operator would pick (issue #22): the vLLM release the tests prove,
+"""Chart defaults a vLLM operator would pick: the vLLM release the tests prove,
 the server options the dashboards read on vLLM's default command line only, resources, a
 model cache, and a rollout that needs no spare GPU.
 Skipped without helm (make tools) locally; fails under CI=true."""

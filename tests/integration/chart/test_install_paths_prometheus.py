@@ -1,4 +1,4 @@
-"""Every documented Kubernetes install path, as a user installs it, in a real Prometheus (#32).
+"""Every documented Kubernetes install path, as a user installs it, in a real Prometheus.
 
 The paths (docs/kubernetes.md "Install paths"), all at once in one Prometheus, as a fleet:
 
@@ -42,7 +42,7 @@ Then, in both Prometheus at once:
    every critical or warning alert is its own (team-a's ``chat``, same name, stays quiet);
 3. the cross-namespace monitoring-only sidecar stopped: LLMSidecarDown for it alone.
 
-On main before #32 (rules pinned to namespace="<release namespace>" and the PodMonitor's
+With rules pinned to namespace="<release namespace>" and the PodMonitor's
 ``deployment`` label), step 1 fails: the cross-namespace monitoring-only release and the plain
 manifests in prod record no SLO series, and LLMSidecarDown (absent) and LLMNoTrafficData are
 pending for both; the series carry ``deployment``.

@@ -1,5 +1,5 @@
 """Label values a client cannot squat, a /metrics page that stays small, and scrapes that
-cannot stall the relay (issue 21). Over real sockets: the simulator (which lists its model at
+cannot stall the relay. Over real sockets: the simulator (which lists its model at
 /v1/models and answers 404 to any other name, as vLLM does) or a small upstream that lists
 nothing, the sidecar in front, the client in the test."""
 
@@ -250,7 +250,7 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
                 generation[0] = g
                 await wait_for(lambda: labeler.known(f"rot-{generation[0]}-9"))
                 rotating = [f"rot-{g}-{i}" for i in range(10)]
-                if g == 0:  # the mix of issue 21 once; then each new listing's names on every route
+                if g == 0:  # the first mix once; then each new listing's names on every route
                     await asyncio.gather(*(one(s, MODEL, t, r) for t in tenants for r in routes))
                     await asyncio.gather(
                         *(one(s, m, t, r) for m in made_up for t in tenants[:2] for r in routes)

@@ -1,6 +1,6 @@
-"""An unreachable OTLP endpoint over a real ``serve`` subprocess (issue 33, finding 13): on
-main the SDK's raw retry text filled the log (~15 lines in 40 s) and an idle SIGTERM then
-waited 5-7 s for a flush that could not happen (``otel_flush_incomplete``). Now: one
+"""An unreachable OTLP endpoint over a real ``serve`` subprocess: left alone, the SDK's raw
+retry text fills the log (~15 lines in 40 s) and an idle SIGTERM waits 5-7 s for a flush
+that cannot happen (``otel_flush_incomplete``). Instead: one
 ``otel_export_failed`` line per signal and minute, the count on /metrics, and an exit
 within a second whatever the exporter is doing."""
 

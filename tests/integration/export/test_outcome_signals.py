@@ -1,4 +1,4 @@
-"""What an on-call could not see (#33, findings 9-12), read the way Prometheus reads it: a
+"""What an on-call needs to see, read the way Prometheus reads it: a
 simulated inference server behind a sidecar, real sockets both ways, and the admin port's
 /metrics page parsed as exposition text.
 
@@ -267,7 +267,7 @@ async def test_without_the_c_speedups_the_start_line_the_build_info_and_version_
     assert "speedups_missing" in logs, logs
 
 
-# -- alert routing by error_type (#33) ---------------------------------------------------------------
+# -- alert routing by error_type ---------------------------------------------------------------------
 
 
 def test_the_example_alertmanager_routes_each_cause_by_error_type():

@@ -1,4 +1,4 @@
-"""The throughput-latency curve end to end (issue #24): the batching simulator behind a real
+"""The throughput-latency curve end to end: the batching simulator behind a real
 sidecar, closed-loop load at 1, 2, 4 and 8 streams. The simulator's model is the truth:
 per band, the mean gap within 20 % of tpot(n), tokens/s within 25 % of n / tpot(n), and the
 by-concurrency counts add up to the plain ITL histogram's count."""

@@ -1,4 +1,4 @@
-"""Three releases' rules in one real Prometheus, scraping real sidecars (issue #22).
+"""Three releases' rules in one real Prometheus, scraping real sidecars.
 
 The chart renders the rules of three releases (tests/support/chart.py RELEASES: two in team-a, one
 in team-b with a stricter TTFT objective). Debian's Prometheus loads all three files and

@@ -1,5 +1,5 @@
 """The overview's own-health row shows the sidecar's process alone, on a real Prometheus
-scraping the pod as the chart does (issue 33).
+scraping the pod as the chart does.
 
 The chart scrapes one port twice: the sidecar's admin ``/metrics`` (job ``llm-sidecar``) and
 the engine's page relayed at ``/metrics/engine`` (job ``llm-engine``), so both have the same

@@ -1,4 +1,4 @@
-"""Label admission that the upstream cannot game either (issue 33, findings 1-6 and 8), over
+"""Label admission that the upstream cannot game either, over
 real sockets: a scripted upstream that lists what each test wants at /v1/models (in several
 reads, gzip-compressed, rotating, 1,200 entries long) and, like llama.cpp, answers any model
 name with a 200 stream; the sidecar in front; the page read as Prometheus reads it."""

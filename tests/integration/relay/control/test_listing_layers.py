@@ -1,5 +1,5 @@
-"""A hostile upstream's model listing under many layers of content coding (issue 33's
-listing rules: bounded in bytes and in time). Each layer stayed within the size bound, so a
+"""A hostile upstream's model listing under many layers of content coding (the listing's
+rules: bounded in bytes and in time). Each layer stayed within the size bound, so a
 listing gzipped a thousand times over (its ``Content-Encoding`` fits aiohttp's header limit)
 was undone layer by layer on the event loop, holding every stream it relays for most of a
 second at each refresh. At most two codings are undone now; one is what servers send."""

@@ -1,5 +1,5 @@
-"""An upstream that is the sidecar itself, and the model name a client asked for (issue 33,
-finding 15), over a real ``serve`` subprocess and real sockets.
+"""An upstream that is the sidecar itself, and the model name a client asked for, over a
+real ``serve`` subprocess and real sockets.
 
 On main, ``--upstream`` at the sidecar's own ``--listen`` address started, relayed every
 request back to itself until a head passed its budget (431), and ``/readyz`` blamed the

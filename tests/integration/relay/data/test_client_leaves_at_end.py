@@ -5,10 +5,10 @@ got its whole answer, so the request is ``ok``; one that leaves mid-answer is ``
 
 Load generators (aiperf, vLLM's benchmark) stop reading at ``[DONE]`` and close before the
 HTTP response's terminating chunk; when the close lands before the sidecar finished
-relaying, the sidecar used to file the request as ``cancelled`` (issue #21). Two upstreams:
+relaying, the request must still be filed as ``ok``, not ``cancelled``. Two upstreams:
 ``paced`` sends one event per write, a millisecond apart, and ends the response right after
-the last one, as a real server does (on main: 50 of 50 cancelled; written all at once, 0
-of 50: the race is about timing); ``hold`` keeps the response open after the stream (a
+the last one, as a real server does (the race is about timing: written all at once, a
+response seldom shows it); ``hold`` keeps the response open after the stream (a
 server slow to end it), so every client close lands before the sidecar finished.
 
 The client is a raw socket: it reads the response head and de-chunks the body itself, and

@@ -1109,7 +1109,7 @@ async def test_every_stale_idle_connection_is_closed_not_dropped(rig):
     assert pool._all == {conn} and pool._idle == [conn]
 
 
-# -- sending at once (#27) -----------------------------------------------------------------
+# -- sending at once ---------------------------------------------------------------------
 
 
 async def test_send_now_writes_the_same_request_at_once_or_nothing(rig):

@@ -1,5 +1,5 @@
 """Clients that stop reading, pipeline without reading, or dawdle: they cannot hold the
-upstream (and the server's generation slot), memory or the process (issue 17, items 2, 5).
+upstream (and the server's generation slot), memory or the process.
 
 Real sockets on 127.0.0.1: raw client sockets with a small receive buffer, a raw keep-alive
 upstream that counts what reaches it, and the sidecar in this event loop (``rig_factory``).

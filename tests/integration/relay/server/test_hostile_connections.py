@@ -1,6 +1,6 @@
 """Connections that never finish a head, and more connections than file descriptors: the
 proxy port lets them go or refuses them, and the admin port (the kubelet's probes, the
-scrape) keeps answering (issue 17, item 6). ``serve`` subprocesses on 127.0.0.1."""
+scrape) keeps answering. ``serve`` subprocesses on 127.0.0.1."""
 
 from __future__ import annotations
 

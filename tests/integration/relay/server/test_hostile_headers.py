@@ -1,6 +1,6 @@
 """The response head reaches the client as the upstream sent it; odd request targets and
-HTTP/1.0 clients are relayed, not stuck or answered with aiohttp's text 404 (issue 17,
-items 7 to 10). Raw sockets both sides, the sidecar in this event loop."""
+HTTP/1.0 clients are relayed, not stuck or answered with aiohttp's text 404. Raw
+sockets both sides, the sidecar in this event loop."""
 
 from __future__ import annotations
 

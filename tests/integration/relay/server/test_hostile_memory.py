@@ -1,4 +1,4 @@
-"""Bounded memory per request, whatever the client sends (issue 17, item 1).
+"""Bounded memory per request, whatever the client sends.
 
 A ``serve`` subprocess in front of a raw upstream that reads the whole request and answers
 with a short stream; the peak (``VmHWM``) and current RSS of the sidecar process are read
@@ -6,9 +6,9 @@ from /proc. The bodies are the probe's: 33 MB of one million small chat messages
 of ``[{},{},...]``. Parsing them whole held 450 and 874 MiB (peaks 563 and 1,073) for the
 whole stream, past the chart's 512Mi limit.
 
-The same for a response (issue 23, finding 3): an upstream answering a non-streamed chat
-completion with 15.9 MiB of ``{"choices":[{},{},...]}`` took the sidecar from 55 to 554 MiB
-and stalled its loop 1.5 s when the body was parsed whole.
+The same for a response: an upstream answering a non-streamed chat completion with 15.9 MiB
+of ``{"choices":[{},{},...]}`` would take the sidecar from 55 to 554 MiB and stall its loop
+1.5 s if the body were parsed whole.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ async def test_largest_accepted_body_stays_far_below_the_chart_limit(serve_proce
     assert during - before < 40 * MiB, (before, during)
 
 
-# -- a hostile non-streamed JSON response (issue 23, finding 3) -------------------------------
+# -- a hostile non-streamed JSON response --------------------------------------------------------
 
 
 def choices_body() -> bytes:

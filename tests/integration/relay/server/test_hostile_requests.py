@@ -1,6 +1,6 @@
 """Hostile requests over real sockets: label cardinality, oversized bodies and headers, request
 smuggling, hop-by-hop headers, the admin port's separation, and secrets in every output; and
-(issue 23) a whole request head's budget on both ports and the admin port's connection cap.
+a whole request head's budget on both ports and the admin port's connection cap.
 
 Raw requests go through plain sockets (an HTTP client library would refuse to send most of
 them), and a raw upstream records every byte it receives, so "never forwarded" means the
@@ -609,7 +609,7 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
             assert marker not in text, f"{what} marker {marker} found in {where}"
 
 
-# -- a whole head's budget, the admin port's connection cap (issue 23) ------------------------------
+# -- a whole head's budget, the admin port's connection cap ---------------------------------------
 #
 # Finding 1: a whole request head has a budget on both ports: a client that sends many fields,
 # each within the per-field limit, and never ends the head gets 431 with the JSON error body as
