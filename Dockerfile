@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# llm-sidecar image: docker build -t llm-sidecar .
+# llm-sidecar image: docker build -t llm-sidecar . (`make image REGISTRY=...` gives it the name
+# and version tag the chart expects, `make image-push` pushes it too)
 # Runs as an unprivileged user (uid 10001) on a read-only root filesystem: nothing is written
 # at run time (bytecode is compiled at build time, PYTHONDONTWRITEBYTECODE stops the rest).
 # Ports: 8080 the proxy, 9464 the admin port (/metrics, /healthz alive, /readyz upstream ready);
@@ -31,9 +32,13 @@ RUN /opt/llm-sidecar/bin/pip install --no-compile . \
 
 # -- runtime: the virtualenv on a clean slim base, no build tools, no root ------------------
 FROM ${PYTHON_IMAGE} AS runtime
+# SOURCE_URL: the repository the image is built from, for its OCI source label (registries such
+# as ghcr.io link the image to it); empty unless given (`make image SOURCE_URL=https://...`),
+# since the project has no public repository address yet.
+ARG SOURCE_URL=""
 LABEL org.opencontainers.image.title="llm-sidecar" \
       org.opencontainers.image.description="Latency observability sidecar for LLM inference servers" \
-      org.opencontainers.image.source="https://github.com/llm-sidecar/llm-sidecar" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 llm-sidecar \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

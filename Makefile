@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 BASE_STAMP := $(VENV)/.installed-base
 STAMP      := $(VENV)/.installed
 
-.PHONY: generate image-push demo test test-real real-servers test-pod install system-deps tools podman image clean
+.PHONY: generate image image-push demo test test-real real-servers test-pod test-image install system-deps tools podman clean
 
 demo: $(BASE_STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION)) $(if $(PORT),--port $(PORT))
@@ -52,25 +52,37 @@ tools:
 	@bash scripts/install-actionlint.sh
 
 # The real image in podman (tests/pod): podman, runc and debootstrap installed and configured,
-# the Dockerfile built on a debootstrapped Debian base (cached under .tools/image), then the
-# pod tests, which play the rendered chart with `podman kube play`.
-test-pod: $(STAMP) tools podman image
+# the Dockerfile built on a debootstrapped Debian base (cached under .tools/image) as
+# localhost/llm-sidecar:test, then the pod tests, which play the rendered chart with
+# `podman kube play`.
+test-pod: $(STAMP) tools test-image
 	$(BIN)/pytest -q -m pod tests/pod $(PYTEST_ARGS)
-
-# Build and push the image the chart runs: make image-push REGISTRY=registry.example.com/team
-# (CONTAINER=podman works too) -> REGISTRY/llm-sidecar-proxy:VERSION, VERSION from pyproject.toml.
-CONTAINER ?= docker
-VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-image-push:
-	@test -n "$(REGISTRY)" || { echo "usage: make image-push REGISTRY=registry.example.com/team" >&2; exit 2; }
-	$(CONTAINER) build -t $(REGISTRY)/llm-sidecar-proxy:$(VERSION) .
-	$(CONTAINER) push $(REGISTRY)/llm-sidecar-proxy:$(VERSION)
 
 podman:
 	@bash scripts/install-podman.sh
 
-image: podman
+test-image: podman
 	@bash scripts/build-image.sh
+
+# The image the chart runs, REGISTRY/llm-sidecar-proxy:VERSION (VERSION: pyproject.toml's, the
+# one version source). `make image REGISTRY=registry.example.com/team` builds it (for kind or
+# minikube: `kind load docker-image NAME`, `minikube image load NAME`); `make image-push` builds
+# and pushes it. CONTAINER=podman works too. SOURCE_URL=https://... sets the image's
+# org.opencontainers.image.source label, empty otherwise (the project has no public repository).
+CONTAINER ?= docker
+VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE      = $(REGISTRY)/llm-sidecar-proxy:$(VERSION)
+need_registry = @test -n "$(REGISTRY)" || { echo "usage: make $@ REGISTRY=registry.example.com/team" >&2; exit 2; }
+build_image   = $(CONTAINER) build -t $(IMAGE) .$(if $(SOURCE_URL), --build-arg 'SOURCE_URL=$(SOURCE_URL)')
+
+image:
+	$(need_registry)
+	$(build_image)
+
+image-push:
+	$(need_registry)
+	$(build_image)
+	$(CONTAINER) push $(IMAGE)
 
 # Live tests against real servers (tests/real/, marker `real`, not in `make test`): a real
 # vLLM on CPU (.tools/vllm-venv, ~3.5 GB) and a llama.cpp server built from source

@@ -18,7 +18,6 @@ import jsonschema
 import pytest
 import yaml
 
-import sidecar
 from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings, parse_host_port
 from tests.support.chart import CHART, ROOT, sync
@@ -292,12 +291,6 @@ def test_default_slo_values_are_the_sidecars_defaults():
     assert (
         chart_values()["sidecar"]["drainSeconds"] == Settings.model_fields["drain_seconds"].default
     )
-
-
-def test_chart_app_version_is_the_package_version():
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert chart["appVersion"] == project["version"] == sidecar.__version__
 
 
 def test_helm_tools_dir_is_gitignored():
