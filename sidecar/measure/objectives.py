@@ -1,7 +1,9 @@
 """The request's own latency objectives, and whether the response met them.
 
-llm-d's router reads per-request objectives from the headers ``x-slo-ttft-ms`` and
-``x-slo-tpot-ms`` (milliseconds); benchmarks report "goodput" against such objectives
+llm-d's router reads per-request objectives from the headers ``x-llm-d-slo-ttft-ms`` and
+``x-llm-d-slo-tpot-ms`` (milliseconds), and still from their first spelling, ``x-slo-ttft-ms``
+and ``x-slo-tpot-ms``: the sidecar reads both, and where a request carries both spellings of
+one objective the llm-d one is read and the other is not. Benchmarks report "goodput" against such objectives
 offline. The sidecar judges every streamed API request against its objectives live, one
 verdict per objective, so goodput against what the client asked for is one PromQL ratio
 (``llm_request_objectives_total``, docs/metrics.md).
@@ -14,7 +16,9 @@ relayed unchanged, as every header.
 
 A header value that is not a plain positive number of milliseconds up to one day (``0``,
 ``-5``, ``1e3``, ``NaN``, ``350ms``, a repeated header) is ignored (the default applies)
-and counted (``llm_request_objective_invalid_total``); the client never sees an error.
+and counted (``llm_request_objective_invalid_total``); the client never sees an error. Only
+HTTP's optional whitespace (space and tab) around the number is allowed: any other space
+character (NBSP, U+3000, NEL) makes the value invalid, as it would for a strict parser.
 
 The verdicts, for a streamed API request (``stream`` asked, or a token stream came):
 
@@ -40,6 +44,8 @@ from .timeline import RequestTimeline
 __all__ = [
     "TTFT_HEADER",
     "TPOT_HEADER",
+    "TTFT_HEADER_FIRST",
+    "TPOT_HEADER_FIRST",
     "MAX_OBJECTIVE_SECONDS",
     "OBJECTIVES",
     "RequestObjectives",
@@ -50,20 +56,27 @@ __all__ = [
     "judge",
 ]
 
-TTFT_HEADER = "x-slo-ttft-ms"
-TPOT_HEADER = "x-slo-tpot-ms"
+TTFT_HEADER = "x-llm-d-slo-ttft-ms"
+TPOT_HEADER = "x-llm-d-slo-tpot-ms"
+TTFT_HEADER_FIRST = "x-slo-ttft-ms"
+"""The first spelling of :data:`TTFT_HEADER`, read when a request does not carry that one."""
+TPOT_HEADER_FIRST = "x-slo-tpot-ms"
+"""The first spelling of :data:`TPOT_HEADER`, read when a request does not carry that one."""
 MAX_OBJECTIVE_SECONDS = 86_400.0
 """Longer than a day is not an objective a latency can be judged against: ignored."""
 OBJECTIVES = ("ttft", "tpot", "all")
 """Every value of the ``objective`` label."""
 
 _MS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?")
+_OWS = " \t"
+"""HTTP's optional whitespace (RFC 9110, 5.6.3), the only space a field value may be padded
+with; ``str.strip()`` would also take Unicode's (NBSP, U+3000, NEL)."""
 
 
 def parse_objective_ms(raw: str) -> float | None:
     """A header's milliseconds -> seconds; None for anything but a plain positive number of
     milliseconds up to one day (no sign, exponent, unit, NaN or infinity)."""
-    text = raw.strip()
+    text = raw.strip(_OWS)
     if not _MS.fullmatch(text):
         return None
     seconds = float(text) / 1000.0
@@ -95,10 +108,14 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def read_objectives(headers: Mapping[str, str]) -> RequestObjectives | None:
-    """The request's objectives, or None when it sent neither header (nearly every request:
-    two lookups, nothing built)."""
+    """The request's objectives, or None when it sent no objective header (nearly every
+    request: four lookups, nothing built)."""
     raw_ttft = _header(headers, TTFT_HEADER)
+    if raw_ttft is None:
+        raw_ttft = _header(headers, TTFT_HEADER_FIRST)
     raw_tpot = _header(headers, TPOT_HEADER)
+    if raw_tpot is None:
+        raw_tpot = _header(headers, TPOT_HEADER_FIRST)
     if raw_ttft is None and raw_tpot is None:
         return None
     ttft = None if raw_ttft is None else parse_objective_ms(raw_ttft)

@@ -1,4 +1,4 @@
-"""The request's own objectives (x-slo-ttft-ms / x-slo-tpot-ms), the model's defaults, the
+"""The request's own objectives (x-llm-d-slo-*-ms, x-slo-*-ms), the model's defaults, the
 verdicts, and the TTFT cache class: sidecar/measure/objectives.py, cache_class.py and the
 families and span attributes they feed."""
 
@@ -26,8 +26,8 @@ from sidecar.measure.objectives import (
     read_objectives,
 )
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
 from sidecar.streams.protocols.anthropic import AnthropicStreamDialect
+from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect
 from sidecar.streams.protocols.responses import ResponsesStreamDialect
 from tests.fixtures.streams.harness import load, run_whole
@@ -45,7 +45,14 @@ def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy:
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [("350", 0.35), ("1", 0.001), (" 2500 ", 2.5), ("12.5", 0.0125), ("86400000", 86400.0)],
+    [
+        ("350", 0.35),
+        ("1", 0.001),
+        (" 2500 ", 2.5),
+        ("\t40 \t", 0.04),
+        ("12.5", 0.0125),
+        ("86400000", 86400.0),
+    ],
 )
 def test_plain_milliseconds_are_read(raw, seconds):
     assert parse_objective_ms(raw) == pytest.approx(seconds)
@@ -53,7 +60,10 @@ def test_plain_milliseconds_are_read(raw, seconds):
 
 @pytest.mark.parametrize(
     "raw",
-    ["0", "0.0", "-5", "+5", "86400001", "1e3", "NaN", "inf", "350ms", "", "0x10", "1_000", "٣"],
+    [
+        *("0", "0.0", "-5", "+5", "86400001", "1e3", "NaN", "inf", "350ms", "", "0x10", "1_000"),
+        *("٣", "\u00a05", "5\u00a0", "\u30005", "\u00855", "\x0b5", "\x0c5", "\r5", "\n5"),
+    ],
 )
 def test_absurd_values_are_not_objectives(raw):
     assert parse_objective_ms(raw) is None
@@ -67,6 +77,21 @@ def test_headers_are_read_and_bad_ones_named():
     got = read_objectives(headers(("X-SLO-TTFT-MS", "500"), ("x-slo-tpot-ms", "-1")))
     assert got == RequestObjectives(ttft=0.5, tpot=None, invalid=("tpot",))
     assert read_objectives(headers(("x-slo-tpot-ms", "40"))) == RequestObjectives(None, 0.04, ())
+
+
+def test_llm_d_spelling_is_read_and_wins_over_the_first_one():
+    assert read_objectives(headers(("x-llm-d-slo-ttft-ms", "500"))) == RequestObjectives(0.5)
+    assert read_objectives(headers(("X-LLM-D-SLO-TPOT-MS", "40"))) == RequestObjectives(None, 0.04)
+    both = headers(
+        ("x-slo-ttft-ms", "100"),
+        ("x-llm-d-slo-ttft-ms", "900"),
+        ("x-llm-d-slo-tpot-ms", "bad"),
+        ("x-slo-tpot-ms", "40"),
+    )
+    # Per objective: the llm-d header is read when present, valid or not; the other is not.
+    assert read_objectives(both) == RequestObjectives(0.9, None, ("tpot",))
+    mixed = headers(("x-llm-d-slo-ttft-ms", "250"), ("x-slo-tpot-ms", "30"))
+    assert read_objectives(mixed) == RequestObjectives(0.25, 0.03)
 
 
 def test_a_repeated_header_is_a_list_not_a_number():

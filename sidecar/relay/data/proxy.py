@@ -52,21 +52,27 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
-from ...measure.concurrency import DecodeConcurrency
-from ...measure.observe import ResponseObserver
 from ...base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
-from ...measure.timeline import RequestTimeline
-from .body_budget import BodyBudget
-from .client_head import RawHeadResponse, client_head
-from ...measure.objectives import read_objectives
-from ...measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from ...base.routes import OTHER, Route, match_route
-from .early import Early, EarlyForwarder
+from ...measure.concurrency import DecodeConcurrency
+from ...measure.objectives import read_objectives
+from ...measure.observe import ResponseObserver
+from ...measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
+from ...measure.timeline import RequestTimeline
 from ..server.errors import error_response
-from .forwarded import HOP_BY_HOP, forwarded_headers
+from .body_budget import BodyBudget
 from .body_relay import (
-    CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, SEND_TIMEOUT, BodyRelay, SendTimeout, drain_client,
-)  # fmt: skip
+    CLIENT_GONE,
+    COMPLETE,
+    SEND_TIMED_OUT,
+    SEND_TIMEOUT,
+    BodyRelay,
+    SendTimeout,
+    drain_client,
+)
+from .client_head import RawHeadResponse, client_head
+from .early import Early, EarlyForwarder
+from .forwarded import HOP_BY_HOP, forwarded_headers
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 __all__ = ["Proxy", "RelayLimits", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
@@ -334,7 +340,7 @@ class Proxy:
                 timeline.tenant = self._tenant_label(headers)
             except Exception:
                 _log.exception("tenant_label_failed")
-        try:  # x-slo-ttft-ms / x-slo-tpot-ms, read only: forwarded as sent
+        try:  # the objective headers (both spellings), read only: forwarded as sent
             timeline.objectives = read_objectives(headers)
         except Exception:
             _log.exception("objectives_failed")
