@@ -210,6 +210,12 @@ def _build_parser() -> argparse.ArgumentParser:
         128 << 20,
         "largest request body read, else 413 (above the sidecar's own 64 MiB limit)",
     )
+    sim.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="as vLLM's flag: every stream carries usage (on each chunk and in a last chunk) "
+        "whatever the client asked, so the sidecar counts tokens from usage, not estimates",
+    )
 
     demo = sub.add_parser("demo", help="simulated server + sidecar + load, with live figures")
     demo.add_argument(
@@ -308,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 batch_knee=args.batch_knee,
                 batch_knee_factor=args.batch_knee_factor,
                 max_body_bytes=args.max_body_bytes,
+                force_include_usage=args.enable_force_include_usage,
             )
         except ValueError as exc:
             return _die(f"invalid simulate option: {exc}")

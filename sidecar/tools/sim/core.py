@@ -30,8 +30,16 @@ and JSON is compact with raw (unescaped) UTF-8.
 * ``stream_options.include_usage``: a final chunk ``"choices":[],"usage":{"prompt_tokens":P,
   "total_tokens":P+C,"completion_tokens":C},"system_fingerprint":..`` (``UsageInfo`` field
   order; ``exclude_none`` drops the details); the fingerprint then moves from the finishing
-  chunk to this one. Other chunks carry no ``usage`` key. (Real vLLM with
-  ``--enable-force-include-usage`` also adds usage to every chunk; not simulated.)
+  chunk to this one. Other chunks carry no ``usage`` key.
+* ``--enable-force-include-usage`` (:attr:`SimulatorConfig.force_include_usage`), recorded in
+  tests/fixtures/real/vllm-0.32.0-force-include-usage/: every stream is answered as if the
+  client had asked for ``include_usage``, whatever it sent, and every chunk before the usage
+  chunk also carries the running count after ``choices`` (chat:
+  ``"usage":{"prompt_tokens":P,"total_tokens":P+c,"completion_tokens":c,
+  "completion_tokens_details":null}``, the role chunk with ``c`` = 0, before
+  ``prompt_token_ids``; completions: the same without ``completion_tokens_details``), ``c``
+  counting that choice's tokens so far. Non-streamed bodies are unchanged (they always have
+  usage).
 * Completions stream chunk (``CompletionStreamResponse``): ``{"id":"cmpl-<16 hex>",
   "object":"text_completion","created":..,"model":M,"choices":[{"index":i,"text":"tok",
   "logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,
@@ -296,6 +304,9 @@ class SimulatorConfig:
     max_body_bytes: int = 128 << 20
     """Largest request body read (else 413). Above the sidecar's own 64 MiB default
     (``--max-request-body-bytes``), so the sidecar's limits can be tried through it."""
+    force_include_usage: bool = False
+    """As vLLM's ``--enable-force-include-usage``: every OpenAI stream carries usage (the
+    running count on each chunk, the usage chunk at the end) whatever the client asked."""
 
     def __post_init__(self) -> None:
         for name in ("ttft", "tpot", "jitter", "tokens_spread", "batch_alpha", "batch_knee_factor"):
@@ -318,6 +329,10 @@ class SimulatorConfig:
             raise ValueError(f"max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
         if not self.model:
             raise ValueError("model must be a non-empty string")
+        if not isinstance(self.force_include_usage, bool):
+            raise ValueError(
+                f"force_include_usage must be true or false, got {self.force_include_usage!r}"
+            )
 
     def describe(self, host: str, port: int) -> str:
         """The one line ``llm-sidecar simulate`` prints at start."""
@@ -332,13 +347,14 @@ class SimulatorConfig:
                 if self.batch_knee
                 else ""
             )
+            + (", force-include-usage" if self.force_include_usage else "")
         )
 
     def batch_factor(self, n: int) -> float:
         """How much slower each stream's tokens come with ``n`` streams decoding."""
         if n <= 1 or not self.batch_alpha:
             return 1.0
-        extra = n - 1
+        extra: float = n - 1
         if self.batch_knee and n > self.batch_knee:
             extra = self.batch_knee - 1 + (n - self.batch_knee) * self.batch_knee_factor
         return 1.0 + self.batch_alpha * extra
@@ -719,7 +735,9 @@ def _positive_int(body: dict[str, Any], name: str, limit: int = 1 << 31) -> int 
     return value
 
 
-def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+def _stream_flags(body: dict[str, Any], force_usage: bool = False) -> tuple[bool, bool]:
+    """``(stream, include_usage)``; ``force_usage`` (vLLM's ``--enable-force-include-usage``)
+    includes usage in every stream, whatever ``stream_options`` says."""
     stream = bool(body.get("stream"))
     opts = body.get("stream_options")
     if opts and not stream:
@@ -728,8 +746,8 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
             "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
             param="stream_options",
         )
-    include_usage = bool(stream and isinstance(opts, dict) and opts.get("include_usage"))
-    return stream, include_usage
+    asked = isinstance(opts, dict) and bool(opts.get("include_usage"))
+    return stream, stream and (force_usage or asked)
 
 
 def _fingerprint(model: str) -> str:
@@ -778,13 +796,33 @@ def _completion_prompts(prompt: Any) -> list[int]:
 
 class _Encoder:
     """Byte fragments for one OpenAI stream, built once per request: the chunk head (id,
-    object, created, model), where ``system_fingerprint`` rides, and the usage chunk."""
+    object, created, model), where ``system_fingerprint`` rides, the usage chunk, and with
+    ``continuous_usage`` (force-included usage) the running count each chunk carries."""
 
-    __slots__ = ("head", "finish_tail", "usage_head", "usage_tail", "cached")
+    __slots__ = (
+        "head",
+        "finish_tail",
+        "usage_head",
+        "usage_tail",
+        "cached",
+        "prompt",
+        "continuous",
+    )
     id_prefix: ClassVar[bytes]
     chunk_object: ClassVar[bytes]
+    running_details: ClassVar[bytes] = b""
+    """What follows ``completion_tokens`` in a chunk's running usage."""
 
-    def __init__(self, sim: SimState, plan: Plan, created: int, include_usage: bool) -> None:
+    def __init__(
+        self,
+        sim: SimState,
+        plan: Plan,
+        created: int,
+        include_usage: bool,
+        *,
+        prompt_tokens: int = 0,
+        continuous_usage: bool = False,
+    ) -> None:
         common = b'{"id":"%s%s","object":"%s","created":%d,"model":%s' % (
             self.id_prefix,
             plan.rid.encode(),
@@ -800,17 +838,33 @@ class _Encoder:
         self.usage_head = b"data: " + common + b',"choices":[],"usage":'
         self.usage_tail = fingerprint + b"}\n\n"
         self.cached = plan.cached_tokens
+        self.prompt = prompt_tokens
+        self.continuous = continuous_usage
+
+    def running(self, completion: int) -> bytes:
+        """The running usage after ``choices`` (empty unless usage is force-included)."""
+        if not self.continuous:
+            return b""
+        return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%s}' % (
+            self.prompt,
+            self.prompt + completion,
+            completion,
+            self.running_details,
+        )
 
     def role(self, i: int) -> bytes:  # pragma: no cover - completions have no role chunk
         raise NotImplementedError
 
-    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
+    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None, done: int) -> bytes:
+        """Choice ``i``'s token chunk; ``done`` counts its tokens with this one."""
         raise NotImplementedError  # pragma: no cover
 
-    def tool(self, i: int, step: ToolStep, plan: Plan) -> bytes:  # pragma: no cover - chat only
+    def tool(  # pragma: no cover - chat only
+        self, i: int, step: ToolStep, plan: Plan, done: int
+    ) -> bytes:
         raise NotImplementedError
 
-    def tool_finish(self, i: int) -> bytes:  # pragma: no cover - chat only
+    def tool_finish(self, i: int, done: int) -> bytes:  # pragma: no cover - chat only
         raise NotImplementedError
 
     def usage(self, prompt: int, completion: int) -> bytes:
@@ -836,16 +890,18 @@ class _ChatEncoder(_Encoder):
     __slots__ = ()
     id_prefix = b"chatcmpl-"
     chunk_object = b"chat.completion.chunk"
+    running_details = b',"completion_tokens_details":null'
 
     def role(self, i: int) -> bytes:
-        return b"%s%d%s" % (
+        return b"%s%d%s%s%s" % (
             self.head,
             i,
-            b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
-            b'"prompt_token_ids":null,"prompt_text":null}\n\n',
+            b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]',
+            self.running(0),
+            b',"prompt_token_ids":null,"prompt_text":null}\n\n',
         )
 
-    def tool(self, i: int, step: ToolStep, plan: Plan) -> bytes:
+    def tool(self, i: int, step: ToolStep, plan: Plan, done: int) -> bytes:
         """One piece of a tool call, as vLLM's tool parsers stream them (the layout of
         tests/fixtures/streams/openai/built_vllm_parallel_tools.txt in 0.32's envelope):
         first the call's id, type, index and name, then ``arguments`` pieces by index."""
@@ -864,42 +920,46 @@ class _ChatEncoder(_Encoder):
                 orjson.dumps(step.arguments),
             )
         return (
-            b'%s%d,"delta":{"tool_calls":[%s]},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            b'%s%d,"delta":{"tool_calls":[%s]},"logprobs":null,"finish_reason":null,"token_ids":null}]%s}\n\n'
             % (
                 self.head,
                 i,
                 call,
+                self.running(done),
             )
         )
 
-    def tool_finish(self, i: int) -> bytes:
+    def tool_finish(self, i: int, done: int) -> bytes:
         """The chunk after the last call: empty content, ``finish_reason`` ``tool_calls``."""
         return (
-            b'%s%d,"delta":{"content":""},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null}]%s'
+            b'%s%d,"delta":{"content":""},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null,"token_ids":null}]%s%s'
             % (
                 self.head,
                 i,
+                self.running(done),
                 self.finish_tail,
             )
         )
 
-    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
+    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None, done: int) -> bytes:
         key = b',"delta":{"reasoning":' if reasoning else b',"delta":{"content":'
         if finish is None:
-            return b'%s%d%s%s},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n' % (
+            return b'%s%d%s%s},"logprobs":null,"finish_reason":null,"token_ids":null}]%s}\n\n' % (
                 self.head,
                 i,
                 key,
                 tok,
+                self.running(done),
             )
         return (
-            b'%s%d%s%s},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]%s'
+            b'%s%d%s%s},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]%s%s'
             % (
                 self.head,
                 i,
                 key,
                 tok,
                 finish,
+                self.running(done),
                 self.finish_tail,
             )
         )
@@ -910,21 +970,23 @@ class _CompletionEncoder(_Encoder):
     id_prefix = b"cmpl-"
     chunk_object = b"text_completion"
 
-    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None) -> bytes:
+    def token(self, i: int, tok: bytes, reasoning: bool, finish: bytes | None, done: int) -> bytes:
         if finish is None:
-            return b'%s%d,"text":%s%s' % (
+            return b'%s%d,"text":%s%s%s}\n\n' % (
                 self.head,
                 i,
                 tok,
                 b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
-                b'"token_ids":null}]}\n\n',
+                b'"token_ids":null}]',
+                self.running(done),
             )
-        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":"%s",%s%s' % (
+        return b'%s%d,"text":%s,"logprobs":null,"finish_reason":"%s",%s%s%s' % (
             self.head,
             i,
             tok,
             finish,
             b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]',
+            self.running(done),
             self.finish_tail,
         )
 
@@ -1024,15 +1086,15 @@ async def _stream(
                     continue
                 reasoning = k < plan.reasoning
                 if tools is not None and not reasoning:
-                    chunk = encoder.tool(i, tools[i][k - plan.reasoning], plan)
+                    chunk = encoder.tool(i, tools[i][k - plan.reasoning], plan, k + 1)
                     if k == totals[i] - 1:
-                        chunk += encoder.tool_finish(i)
+                        chunk += encoder.tool_finish(i, k + 1)
                     await resp.write(chunk)
                     emitted += 1
                     continue
                 tok = sim.json(plan, i, k)
                 finish = finishes[i] if k == totals[i] - 1 else None
-                await resp.write(encoder.token(i, tok, reasoning, finish))
+                await resp.write(encoder.token(i, tok, reasoning, finish, k + 1))
                 emitted += 1
         if include_usage:
             await resp.write(encoder.usage(prompt_tokens, emitted))
@@ -1246,7 +1308,7 @@ async def _serve_openai(request: web.Request, route: _Route) -> web.StreamRespon
     try:
         body = await _read_body(request)
         asked = route.asked(body)
-        stream, include_usage = _stream_flags(body)
+        stream, include_usage = _stream_flags(body, sim.config.force_include_usage)
         _check_model(body, sim)
         overrides = parse_overrides(request.headers, _OPENAI_FAIL_MODES)
         if overrides is not None and overrides.tool_calls:
@@ -1264,7 +1326,14 @@ async def _serve_openai(request: web.Request, route: _Route) -> web.StreamRespon
     created = int(time.time())
 
     if stream:
-        encoder = route.encoder(sim, plan, created, include_usage)
+        encoder = route.encoder(
+            sim,
+            plan,
+            created,
+            include_usage,
+            prompt_tokens=asked.prompt_tokens,
+            continuous_usage=sim.config.force_include_usage,
+        )
         return await _stream(
             request,
             sim,
@@ -1335,7 +1404,8 @@ async def _health(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     sim = request.app[SIM_STATE]
     s = sim.stats
-    label = '{model_name="%s"}' % sim.config.model.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = sim.config.model.replace("\\", "\\\\").replace('"', '\\"')
+    label = '{model_name="' + escaped + '"}'
     # vLLM's V1 engine labels its scheduler and cache series by model and engine index.
     engine = label[:-1] + ',engine="0"}'
     lines = [
