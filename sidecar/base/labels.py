@@ -1,9 +1,9 @@
 """Bounded label values that a client cannot squat: ``model`` and ``tenant``.
 
 A label value costs series for as long as the process lives, and every client chooses the
-model name and tenant header it sends. Admitting values first come, first served let a client
-that sent 60 made-up model names (each answered 404) take all 50 slots, so the model the
-server really serves was counted as ``other`` until restart. The rules here:
+model name and tenant header it sends. Admitted first come, first served, a client that
+sends 60 made-up model names (each answered 404) would take all 50 slots, and the model the
+server really serves would be counted as ``other`` until restart. The rules here:
 
 - **Allowlist** (``--model-allowlist``): when set, only its names, nothing else.
 - **Vouched**: the names the upstream says it serves (``/v1/models``, Ollama ``/api/tags``,
@@ -25,8 +25,8 @@ server really serves was counted as ``other`` until restart. The rules here:
   the in-flight gauge, set at the start, counts it under ``other``.
 - **One bound, whatever the listing does**: vouched and earned values together never exceed
   ``max_values``. A name the new list drops stays (earned, to age out) only while there is
-  room; otherwise the least recently seen give their slots and series back at once. A
-  listing that names ten new models every refresh used to keep every name it ever listed.
+  room; otherwise the least recently seen give their slots and series back at once, so a
+  listing that names ten new models every refresh does not keep every name it ever listed.
 - **The series budget counts before series exist**: a value's first request (a listed name's
   too) is labelled with it only if one series in each family that carries the label still
   fits (:class:`SeriesBudget`, counted from the registry by

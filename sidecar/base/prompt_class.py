@@ -7,7 +7,7 @@ carries ``prompt_class``, and an SLO objective can target one class.
 Cardinality stays bounded by construction: the classes are fixed at start from at most
 :data:`MAX_BOUNDS` token bounds, so the label has at most ``MAX_BOUNDS + 2`` values
 (``le<b>`` per bound, ``gt<last bound>``, and ``unknown``), never a value taken from a
-request. Without bounds every request is ``all`` (one value, the old series count).
+request. Without bounds every request is ``all`` (one value: the series count without it).
 
 ``unknown``: the input token count is known only when the response reports it (``usage``,
 llama.cpp ``timings``, TGI ``details``, Ollama counts). The sidecar never asks the server for

@@ -110,8 +110,8 @@ LLM_SIDECAR_TOKENS_FROM_USAGE = (
 LLM_SIDECAR_TOKEN_COUNT_SOURCE = "llm_sidecar.usage.token_count_source"
 # true when gen_ai.usage.output_tokens is the sidecar's count of stream events, not the server's.
 LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED = "llm_sidecar.usage.output_tokens_estimated"
-# Kept beside gen_ai.usage.reasoning.output_tokens, which the registry added later, so
-# queries written against the old name keep working.
+# Set beside gen_ai.usage.reasoning.output_tokens (the registry's name) for queries that read
+# the sidecar's own namespace.
 LLM_SIDECAR_REASONING_TOKENS = "llm_sidecar.usage.reasoning_tokens"
 LLM_SIDECAR_PARSE_ERRORS = "llm_sidecar.stream.parse_errors"
 LLM_SIDECAR_STREAM_ERROR_TYPE = "llm_sidecar.stream.error_type"  # the server's own error type

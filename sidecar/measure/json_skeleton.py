@@ -1,11 +1,11 @@
 """Sans-I/O: a small copy of a JSON response body, made as the pieces arrive.
 
-Why: a non-streamed JSON response used to be kept whole (up to
-``max_response_inspect_bytes``, 16 MiB) and parsed by ``orjson.loads``. A hostile upstream
-answering 15.9 MiB of ``{"choices":[{},{},...]}`` would take the sidecar's peak RSS from
-53 to 553 MiB (the pod's limit is 512Mi) and stall its event loop for 1.5 s. The whole-body parsers (``parse_*_response`` in
-:mod:`sidecar.streams.protocols`) read only small things: ids, model names, finish
-reasons, ``usage`` and the engines' counts and timings (vLLM's ``metrics``, llama.cpp's
+Why: kept whole (up to ``max_response_inspect_bytes``, 16 MiB) and parsed by
+``orjson.loads``, a non-streamed JSON response is a hostile upstream's lever: 15.9 MiB of
+``{"choices":[{},{},...]}`` would take the sidecar's peak RSS from 53 to 553 MiB (the pod's
+limit is 512Mi) and stall its event loop for 1.5 s. The whole-body parsers
+(``parse_*_response`` in :mod:`sidecar.streams.protocols`) read only small things: ids,
+model names, finish reasons, ``usage`` and the engines' counts and timings (vLLM's ``metrics``, llama.cpp's
 ``timings``, Ollama's durations, SGLang's ``meta_info``), and an error's type, code and
 message; never the generated text. So :class:`JsonSkeleton` keeps a pruned copy of the
 document and the parsers run unchanged on it:
