@@ -5,9 +5,9 @@ Why: kept whole (up to ``max_response_inspect_bytes``, 16 MiB) and parsed by
 ``{"choices":[{},{},...]}`` would take the sidecar's peak RSS from 53 to 553 MiB (the pod's
 limit is 512Mi) and stall its event loop for 1.5 s. The whole-body parsers
 (``parse_*_response`` in :mod:`sidecar.streams.protocols`) read only small things: ids,
-model names, finish reasons, ``usage`` and the engines' counts and timings (vLLM's ``metrics``, llama.cpp's
-``timings``, Ollama's durations, SGLang's ``meta_info``), and an error's type, code and
-message; never the generated text. So :class:`JsonSkeleton` keeps a pruned copy of the
+model names, finish reasons, ``usage`` and the engines' counts and timings (vLLM's
+``metrics``, llama.cpp's ``timings``, Ollama's durations, SGLang's ``meta_info``), and an
+error's type, code and message; never the generated text. So :class:`JsonSkeleton` keeps a pruned copy of the
 document and the parsers run unchanged on it:
 
 - a string (key or value) longer than ``MAX_STRING_BYTES`` is cut to a prefix of at most
