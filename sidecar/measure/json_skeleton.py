@@ -7,8 +7,8 @@ limit is 512Mi) and stall its event loop for 1.5 s. The whole-body parsers
 (``parse_*_response`` in :mod:`sidecar.streams.protocols`) read only small things: ids,
 model names, finish reasons, ``usage`` and the engines' counts and timings (vLLM's
 ``metrics``, llama.cpp's ``timings``, Ollama's durations, SGLang's ``meta_info``), and an
-error's type, code and message; never the generated text. So :class:`JsonSkeleton` keeps a pruned copy of the
-document and the parsers run unchanged on it:
+error's type, code and message; never the generated text. So :class:`JsonSkeleton` keeps a
+pruned copy of the document and the parsers run unchanged on it:
 
 - a string (key or value) longer than ``MAX_STRING_BYTES`` is cut to a prefix of at most
   that many bytes that is still a valid JSON string (whole escapes and UTF-8 characters);
