@@ -1,7 +1,8 @@
 """A request to an API path that is not a POST (a browser's CORS preflight ``OPTIONS``, a
 load balancer's ``HEAD`` or ``GET`` check) is no LLM request: every API route is a POST
 (sidecar/base/routes.py). Counted as one, each would form ``model="unknown"`` series of the
-API route in ``llm_requests_total``; it is counted apart from the SLO's requests. Over real sockets, read back from the page as Prometheus parses it."""
+API route in ``llm_requests_total``; it is counted apart from the SLO's requests. Over real
+sockets, read back from the page as Prometheus parses it."""
 
 from __future__ import annotations
 
