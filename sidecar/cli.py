@@ -225,8 +225,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="stop after this many seconds (default: until Ctrl-C)",
     )
     demo.add_argument("--concurrency", type=int, default=8, help="concurrent client streams")
+    demo.add_argument("--port", type=int, default=8080, help="sidecar proxy port")
     demo.add_argument(
-        "--port", type=int, default=8080, help="sidecar proxy port (admin port is --port + 1384)"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="sidecar admin (metrics) port (default: --port + 1)",
     )
     slo = sub.add_parser("slo", help="SLO spec -> Prometheus recording and burn-rate alert rules")
     slo_sub = slo.add_subparsers(dest="slo_command", required=True, metavar="SLO_COMMAND")
@@ -330,7 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .tools.demo import run_demo  # noqa: PLC0415
 
         _install_fast_loop()
-        return run_demo(duration=args.duration, concurrency=args.concurrency, port=args.port)
+        return run_demo(
+            duration=args.duration,
+            concurrency=args.concurrency,
+            port=args.port,
+            metrics_port=args.metrics_port,
+        )
     if args.command == "slo":
         from .tools.slo.cli import render_command  # noqa: PLC0415
 

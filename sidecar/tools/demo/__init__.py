@@ -12,6 +12,6 @@ One module per concern, each importing only those before it:
 =================  ==========================================================================
 """
 
-from .main import ADMIN_PORT_OFFSET, run_demo
+from .main import METRICS_PORT_OFFSET, metrics_port_for, run_demo
 
-__all__ = ["ADMIN_PORT_OFFSET", "run_demo"]
+__all__ = ["METRICS_PORT_OFFSET", "metrics_port_for", "run_demo"]

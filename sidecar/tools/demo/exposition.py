@@ -26,6 +26,7 @@ HISTOGRAMS = (TTFT, ITL, TPOT)
 ITL_BY_BAND = "llm_inter_token_latency_by_concurrency_seconds"
 TOKENS_BY_BAND = "llm_decode_tokens_by_concurrency_total"
 SECONDS_BY_BAND = "llm_decode_seconds_by_concurrency_total"
+TOKEN_SOURCES = "llm_token_count_source_total"
 
 Buckets = tuple[tuple[float, float], ...]
 """Cumulative histogram buckets ``((le, count), ...)`` sorted by ``le``, ending at +Inf."""
@@ -49,8 +50,11 @@ class Snapshot:
     """``llm_tokens_total{type="output"}``."""
     histograms: Mapping[str, Buckets] = field(default_factory=dict)
     """Cumulative buckets of each histogram in :data:`HISTOGRAMS`."""
-    bands: Mapping[str, "BandFigures"] = field(default_factory=dict)
+    bands: Mapping[str, BandFigures] = field(default_factory=dict)
     """The throughput-latency curve so far, by decode-concurrency band (docs/capacity.md)."""
+    token_sources: Mapping[str, float] = field(default_factory=dict)
+    """``llm_token_count_source_total`` by ``source``: where each request's token counts
+    came from (``usage``, ``engine``, ``estimated``, ``none``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,7 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
     band_buckets: dict[str, dict[float, float]] = {}
     band_tokens: dict[str, float] = {}
     band_seconds: dict[str, float] = {}
+    sources: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name, labels, value = s.name, s.labels, s.value
@@ -90,6 +95,8 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
                 band_seconds[labels["concurrency"]] = (
                     band_seconds.get(labels["concurrency"], 0.0) + value
                 )
+            elif name == TOKEN_SOURCES:
+                sources[labels["source"]] = sources.get(labels["source"], 0.0) + value
             elif name == "llm_requests_total":
                 requests += value
                 outcome = labels.get("outcome")
@@ -121,4 +128,5 @@ def parse_snapshot(text: str, at: float, histograms: Iterable[str] = HISTOGRAMS)
             )
             for band, per_le in band_buckets.items()
         },
+        token_sources=sources,
     )

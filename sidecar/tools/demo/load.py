@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -28,6 +29,8 @@ class LoadStats:
     errors: int = 0
     stopped: int = 0
     """Cut short when the demo stopped (the sidecar counts them as ``cancelled``)."""
+    running: int = 0
+    """Clients that have joined and not yet left: what the table shows while they ramp up."""
 
 
 _PROMPTS = (
@@ -40,13 +43,13 @@ _PROMPTS = (
 _MAX_TOKENS = (16, 32, 64, 96, 128, 192)
 
 
-def _request(rng: random.Random) -> tuple[str, dict, bool]:
+def _request(rng: random.Random) -> tuple[str, dict[str, Any], bool]:
     """One request of the mix: mostly streamed chat, some completions and non-streamed."""
     roll = rng.random()
     chat = roll < 0.8
     stream = roll < 0.65 or 0.8 <= roll < 0.92
     prompt = rng.choice(_PROMPTS)
-    body: dict = {"model": MODEL, "max_tokens": rng.choice(_MAX_TOKENS)}
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": rng.choice(_MAX_TOKENS)}
     if chat:
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -89,17 +92,23 @@ async def client_loop(
     rng = random.Random(seed)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(stop.wait(), delay)  # join the ramp (or leave if stopped first)
-    while not stop.is_set():
-        stats.sent += 1
-        try:
-            ok = await _one_request(session, base, rng)
-        except asyncio.CancelledError:
-            stats.stopped += 1
-            raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            ok = False
-            await asyncio.sleep(0.05)  # do not spin if the sidecar is gone
-        if ok:
-            stats.ok += 1
-        else:
-            stats.errors += 1
+    if stop.is_set():
+        return
+    stats.running += 1
+    try:
+        while not stop.is_set():
+            stats.sent += 1
+            try:
+                ok = await _one_request(session, base, rng)
+            except asyncio.CancelledError:
+                stats.stopped += 1
+                raise
+            except (TimeoutError, aiohttp.ClientError, ValueError):
+                ok = False
+                await asyncio.sleep(0.05)  # do not spin if the sidecar is gone
+            if ok:
+                stats.ok += 1
+            else:
+                stats.errors += 1
+    finally:
+        stats.running -= 1

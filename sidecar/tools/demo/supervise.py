@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 
@@ -58,10 +58,11 @@ def port_free(port: int, host: str = HOST) -> bool:
 def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _parent_death_signal():
+def _parent_death_signal() -> Callable[[], None] | None:
     """On Linux, a child gets SIGTERM if the demo itself is killed (even by SIGKILL)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -158,7 +159,7 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, children: Sequenc
                 if resp.status == 200:
                     return
                 last = f"{resp.status} {body.strip()}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             last = type(exc).__name__
         if time.monotonic() > deadline:
             tails = "".join(
