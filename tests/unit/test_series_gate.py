@@ -132,7 +132,7 @@ def test_every_labelled_family_of_a_built_sidecar_is_gated(otlp, monkeypatch):
     """Whoever adds a family (in SidecarMetrics, CapacityMetrics or after them), it counts
     against the budget before its series exist: a family registered after the gate's
     guard() in build_sidecar would fail here. With OTLP on (built as ``serve`` builds it),
-    ``llm_sidecar_otlp_export_failures_total`` too: it used to be registered after the gate."""
+    ``llm_sidecar_otlp_export_failures_total`` too, which is registered with the exporters."""
     from sidecar.export.prometheus_internals import MetricWrapperBase, is_labelled_parent
 
     at_guard: list[set] = []

@@ -115,7 +115,7 @@ def test_set_changes_target_and_threshold_as_the_generator_would(helm_ok, tmp_pa
 
 def test_the_capacity_bound_follows_the_objective_threshold_from_values(helm_ok):
     """The capacity rules judge each band against the TPOT objective's threshold: set from
-    values, both move together (they used to keep the spec's number)."""
+    values, both move together (neither keeps the spec's number)."""
     got = rules_of(render("--set", f"{KEY}.tpot.thresholdSeconds=0.075"))
     data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
     for o in data["objectives"]:

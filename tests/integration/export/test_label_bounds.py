@@ -182,7 +182,7 @@ async def test_hostile_mix_keeps_metrics_small_and_quick(sim, sidecar_factory):
         models = [MODEL] + [f"made-up-{i}" for i in range(51)]
         tenants = [f"team-{i}" for i in range(22)]
         # Every tenant on every route with the served model (the combinations that make
-        # series), and every made-up model on every route (the names that used to squat).
+        # series), and every made-up model on every route (the names that would squat).
         await asyncio.gather(*(one(s, MODEL, t, r) for t in tenants for r in routes))
         await asyncio.gather(
             *(one(s, m, t, r) for m in models[1:] for t in tenants[:2] for r in routes)
@@ -201,7 +201,7 @@ async def test_hostile_mix_keeps_metrics_small_and_quick(sim, sidecar_factory):
 
 
 async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, sidecar_factory):
-    """Issue 33's probe: the hostile mix above (52 names x 22 tenants x every API route)
+    """The hostile mix above (52 names x 22 tenants x every API route)
     while the server's listing names ten new models at every refresh, each of them
     requested too. The page, read as Prometheus reads it, never holds more samples than
     --max-series: every family counts against the one budget before a series is made."""

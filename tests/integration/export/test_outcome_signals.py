@@ -2,15 +2,15 @@
 simulated inference server behind a sidecar, real sockets both ways, and the admin port's
 /metrics page parsed as exposition text.
 
-- 9: an upstream that drops the connection mid-stream, one that ends a stream cleanly before
-  it is complete, and one that sends an error event inside a 200 stream all used to count as
-  ``code="200", outcome="error"`` and nothing else; ``error_type`` tells them apart.
-- 10: answers cut at ``max_tokens`` (``length``) were invisible; ``llm_finish_reasons_total``
-  counts them, in each dialect's words folded into one set.
-- 11: ``/health``, ``/metrics`` and ``GET /v1/models`` through the proxy port used to count in
-  ``llm_requests_total`` as ``model="unknown", route="other"``: an SLO of their own.
-- 12: no ``process_*`` metrics, no build info, and nothing said whether the C speedups were
-  loaded (``--version`` neither).
+- an upstream that drops the connection mid-stream, one that ends a stream cleanly before it
+  is complete, and one that sends an error event inside a 200 stream all count as
+  ``code="200", outcome="error"``; ``error_type`` tells them apart.
+- answers cut at ``max_tokens`` (``length``): ``llm_finish_reasons_total`` counts them, in
+  each dialect's words folded into one set.
+- ``/health``, ``/metrics`` and ``GET /v1/models`` through the proxy port are counted apart,
+  not in ``llm_requests_total`` as ``model="unknown", route="other"`` (an SLO of their own).
+- the ``process_*`` metrics, the build info, and whether the C speedups are loaded (also in
+  ``--version``).
 """
 
 from __future__ import annotations

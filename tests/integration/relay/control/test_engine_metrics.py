@@ -92,7 +92,7 @@ async def test_servers_error_status_is_relayed(upstream, sidecar_factory):
 
 
 async def test_concurrent_scrapes_share_one_upstream_fetch(upstream, sidecar_factory):
-    """Issue 23, finding 6: 300 concurrent scrapes used to open 300 upstream connections."""
+    """300 concurrent scrapes share one upstream fetch, not 300 upstream connections."""
     calls = 0
     release = asyncio.Event()
 

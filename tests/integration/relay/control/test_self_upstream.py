@@ -33,7 +33,7 @@ def test_upstream_at_the_own_listen_address_is_refused_in_one_line(listen_host, 
          "--metrics-listen", "127.0.0.1:0", "--upstream", f"http://{upstream_host}:{port}"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    assert r.returncode == 2, (r.stdout, r.stderr)  # on main: it serves (the timeout fires)
+    assert r.returncode == 2, (r.stdout, r.stderr)  # refused, not served (the timeout would fire)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert (
@@ -143,6 +143,6 @@ async def test_a_404_for_an_unknown_model_logs_the_name_asked(upstream):
         sc.stop()
     first, second = request_lines()
     assert (first["status"], first["model"]) == (404, "other")
-    assert first["requested_model"] == "lama-3-8b-instruct"  # on main: no such field
+    assert first["requested_model"] == "lama-3-8b-instruct"  # what the client asked for
     assert second["requested_model"] == "x" * MAX_REQUESTED_MODEL + "..."
     assert "\n" not in second["requested_model"]

@@ -1086,7 +1086,7 @@ async def test_release_after_close_does_not_pool(rig):
 
 async def test_every_stale_idle_connection_is_closed_not_dropped(rig):
     # A burst leaves many idle connections; after the keep-alive time the next request must
-    # close every one of them. Closing while iterating the list close() shrinks used to skip
+    # close every one of them. Closing while iterating the list close() shrinks would skip
     # every other one and then drop it from the pool unclosed: a leaked upstream connection.
     server = await rig.server(serve(OK))
     pool = rig.pool(server.url, keepalive_seconds=0.2)

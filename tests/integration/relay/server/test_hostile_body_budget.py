@@ -1,4 +1,4 @@
-"""Issue 23, finding 2: request bodies held while they arrive have one process-wide budget.
+"""Request bodies held while they arrive have one process-wide budget.
 
 Sixteen clients each declaring 30 MiB, sending all but the last byte, held 536 MiB in the
 sidecar (a byte a minute keeps each alive), past the chart's 512Mi limit. Now bodies that do

@@ -151,10 +151,10 @@ async def test_reader_that_stops_is_let_go_and_the_upstream_closed(upstream, rig
 async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout(
     upstream, rig_factory
 ):
-    """Issue 23, finding 7: at a token pace the kernel's send buffer (autotuned to MiBs)
-    took the stream for a minute or more before any write queued, and only then did the
-    send timeout start: the server generated for nobody for 126 s with send_timeout 60 s.
-    Now the client's progress is read from the kernel: let go within send_timeout + ~2 s."""
+    """At a token pace the kernel's send buffer (autotuned to MiBs) takes the stream for a
+    minute or more before any write queues, so a send timeout counted from a queued write
+    would let the server generate for nobody for 126 s with send_timeout 60 s. The client's
+    progress is read from the kernel instead: let go within send_timeout + ~2 s."""
     state: dict = {}
     await upstream.start(
         lambda app: app.router.add_post(CHAT, _endless_stream(state, 0.01))
@@ -164,7 +164,7 @@ async def test_reader_that_stops_on_a_paced_stream_is_let_go_within_send_timeout
     await wait_for(lambda: "started" in state)
     await wait_for(lambda: "closed" in state)
     # send_timeout + ~2 s on a quiet machine; the margin is for a loaded one, and still far
-    # short of the minute the kernel's buffer used to hide the stall for.
+    # short of the minute the kernel's buffer can hide the stall for.
     assert state["closed"] - state["started"] < 12, state["closed"] - state["started"]
     await wait_for(
         lambda: (
@@ -200,9 +200,9 @@ async def test_slow_but_live_reader_is_never_cut_off(upstream, rig_factory):
 
 
 async def test_long_unterminated_event_in_small_pieces_never_stalls_the_loop(upstream, rig_factory):
-    """Issue 17 item 4: the usage filter held an incomplete event and rescanned it per
-    piece (23 s of CPU per MiB in 200-byte pieces, the admin port stalled). The filter is
-    gone; this keeps a quadratic hold from coming back anywhere on the path (the SSE
+    """A held incomplete event rescanned per piece costs quadratic time (23 s of CPU per
+    MiB in 200-byte pieces, the admin port stalled); this keeps such a hold from anywhere on
+    the path (the SSE
     decoder's held line included): a 1 MiB event in 200-byte pieces is relayed byte for byte
     while /healthz on the admin port keeps answering."""
     import aiohttp

@@ -666,7 +666,7 @@ async def test_heads_within_the_budget_and_large_bodies_are_relayed(rig_factory,
 async def test_the_admin_port_caps_its_connections_and_answers_503_past_the_cap(
     rig_factory, raw_upstream
 ):
-    """Issue 23, finding 5: 1,100 idle admin connections used to use up the open files."""
+    """1,100 idle admin connections would use up the open files without the admin cap."""
     up = await raw_upstream()
     rig = await rig_factory(upstream=up.url, max_admin_connections=5)
     idle = [await asyncio.open_connection("127.0.0.1", rig.admin_port) for _ in range(5)]

@@ -1,4 +1,4 @@
-"""Issue 23, finding 4: one fast stream must not starve everyone else.
+"""One fast stream must not starve everyone else.
 
 The real ``llm-sidecar serve`` (uvloop, as deployed) relays an upstream that writes 200,000
 tiny SSE events as fast as it can, to a client that reads as fast as it can. Meanwhile a
