@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import aiohttp
@@ -58,6 +59,14 @@ def test_the_image_relays_with_the_c_byte_checks(image):
         "command -v gcc || echo none",
     )
     assert gcc.stdout.strip() == "none"
+
+
+def test_the_oci_labels_name_no_repository_unless_given(image):
+    """scripts/build-image.sh gives no SOURCE_URL build argument: the source label is empty
+    (the project has no public repository), the licence label is pyproject's."""
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout)
+    assert labels["org.opencontainers.image.source"] == ""
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
 
 
 def test_a_bad_setting_exits_with_one_line(image):

@@ -23,7 +23,9 @@ What a cluster would do is done here as closely as podman allows, and no more:
   same image on the port the render gives it, with no resources and no /dev/shm volume.
   Downward-API env entries other than metadata.name are dropped (podman refuses them).
 - ``kubectl port-forward svc/...``: the Service is not played; its targetPort is looked up in
-  the render and published as a hostPort of the container that declares it.
+  the render and published as a hostPort of the container that declares it. Every declared
+  port gets a hostPort taken free at run time (podman 4.3 would publish the model server's
+  8000 on the host's 8000 otherwise), and every pod is removed also when a test fails.
 """
 
 from __future__ import annotations
@@ -34,14 +36,15 @@ import re
 import shlex
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import free_port
-from tests.pod.conftest import ROOT, podman
+from tests.pod.conftest import ROOT, kube_played, podman, publish_ports
 from tests.support.chart import sync
 from tests.support.http import wait_status
 
@@ -152,31 +155,27 @@ def for_podman(deployment: dict, server: str, server_port: int, model: str) -> d
     return doc
 
 
-def publish(deployment: dict, container_port: int) -> int:
-    """A hostPort for the container port a Service targets (what port-forward reaches)."""
-    host = free_port()
-    for c in deployment["spec"]["template"]["spec"]["containers"]:
-        for p in c.get("ports", []):
-            if p["containerPort"] == container_port:
-                p["hostPort"] = host
-                return host
-    raise AssertionError(f"no container declares port {container_port}")
+def publish(deployment: dict, *container_ports: int) -> list[int]:
+    """The hostPorts of the container ports a Service targets (what port-forward reaches).
+    Every port the pod declares gets one, taken free now (:func:`publish_ports`), so call
+    this once per pod."""
+    published = publish_ports(deployment)
+    missing = [port for port in container_ports if port not in published]
+    assert not missing, f"no container declares port(s) {missing}"
+    return [published[port] for port in container_ports]
 
 
-class Played:
-    def __init__(self, deployment: dict, tmp: Path) -> None:
-        self.name = f"install-path-{uuid.uuid4().hex[:6]}"
-        deployment = copy.deepcopy(deployment)
-        deployment["metadata"]["name"] = self.name
-        self.path = tmp / f"{self.name}.yaml"
-        self.path.write_text(yaml.safe_dump(deployment, sort_keys=False), encoding="utf-8")
-
-    def __enter__(self) -> Played:
-        podman("kube", "play", str(self.path), timeout=180)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        podman("kube", "down", str(self.path), check=False, timeout=120)
+@contextmanager
+def played_pod(deployment: dict, tmp: Path) -> Iterator[str]:
+    """The Deployment played as a pod (its name made unique), removed afterwards also when
+    the play or the test fails (:func:`kube_played`)."""
+    name = f"install-path-{uuid.uuid4().hex[:6]}"
+    deployment = copy.deepcopy(deployment)
+    deployment["metadata"]["name"] = name
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(deployment, sort_keys=False), encoding="utf-8")
+    with kube_played(path, name) as pod:
+        yield pod
 
 
 async def stream_through(port: int, model: str) -> bytes:
@@ -249,11 +248,10 @@ async def test_quick_start_as_written(image, tmp_path, untag):
     )
     model = next(a.split("=", 1)[1] for a in args if a.startswith("modelServer.model="))
     pod = for_podman(deployment, "model-server", 8000, model)
-    proxy, admin = (
-        publish(pod, svc_port["targetPort"]),
-        publish(pod, port_named(sidecar_of(deployment), "metrics")),
+    proxy, admin = publish(
+        pod, svc_port["targetPort"], port_named(sidecar_of(deployment), "metrics")
     )
-    with Played(pod, tmp_path):
+    with played_pod(pod, tmp_path):
         await check_pod_serves(pod, proxy, admin, model)
 
 
@@ -288,11 +286,10 @@ async def test_without_helm_as_written(image, tmp_path, untag):
     ]
     model = server["args"][server["args"].index("--model") + 1]
     pod = for_podman(deployment, "model-server", 8000, model)
-    proxy, admin = (
-        publish(pod, svc_port["targetPort"]),
-        publish(pod, port_named(sidecar_of(deployment), "metrics")),
+    proxy, admin = publish(
+        pod, svc_port["targetPort"], port_named(sidecar_of(deployment), "metrics")
     )
-    with Played(pod, tmp_path):
+    with played_pod(pod, tmp_path):
         await check_pod_serves(pod, proxy, admin, model)
 
 
@@ -354,9 +351,10 @@ async def test_monitoring_only_checklist_as_written(image, tmp_path, untag):
     )
 
     pod = for_podman(deployment, "vllm", 8000, "Qwen/Qwen2.5-1.5B-Instruct")
-    proxy = publish(pod, service["spec"]["ports"][0]["targetPort"])
-    admin = publish(pod, port_named(container, "metrics"))
-    with Played(pod, tmp_path):
+    proxy, admin = publish(
+        pod, service["spec"]["ports"][0]["targetPort"], port_named(container, "metrics")
+    )
+    with played_pod(pod, tmp_path):
         await check_pod_serves(pod, proxy, admin, "Qwen/Qwen2.5-1.5B-Instruct")
         # The sidecar still relays the engine's own metrics for whoever scrapes them.
         await wait_status(f"http://127.0.0.1:{admin}/metrics/engine", 200)

@@ -8,9 +8,10 @@ chart's command line: today's `args: [serve]` on the old `ENTRYPOINT [llm-sideca
 crash-looped here with `unrecognized arguments: serve`.
 
 The test copy differs from the render only where podman needs it: image names and pull
-policy (no registry), the simulator's arguments, no GPU limit or /dev/shm volume, hostPorts
-on the sidecar's two ports (to reach the pod from here), and no downward-API env entries
-other than metadata.name (podman refuses them).
+policy (no registry), the simulator's arguments, no GPU limit or /dev/shm volume, a hostPort
+taken free at run time on every declared port (the sidecar's two, to reach the pod from here,
+and the model server's, which podman 4.3 would otherwise publish on the host's 8000), and no
+downward-API env entries other than metadata.name (podman refuses them).
 
 The native-sidecar rendering (Kubernetes >= 1.29) is not played: podman 4.3 runs init
 containers to completion before the others, so a native sidecar (an init container with
@@ -40,7 +41,13 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, require_tool, start_prometheus
-from tests.pod.conftest import podman
+from tests.pod.conftest import (
+    MODEL_SERVER_PORT,
+    kube_played,
+    podman,
+    publish_ports,
+    published_host_ports,
+)
 from tests.support.chart import require_helm, sync
 from tests.support.http import status, wait_status
 from tests.support.scrape import pod_scrape_config
@@ -51,7 +58,7 @@ SEED = "7"
 SIM_ARGS = [
     "simulate",
     "--listen",
-    "127.0.0.1:8000",
+    f"127.0.0.1:{MODEL_SERVER_PORT}",
     "--seed",
     SEED,
     "--ttft",
@@ -77,8 +84,9 @@ def rendered_deployment(image: str) -> dict:
     return deployment
 
 
-def for_podman(deployment: dict, proxy_port: int, admin_port: int) -> dict:
-    """The render, changed only where podman needs it (see the module docstring)."""
+def for_podman(deployment: dict) -> dict:
+    """The render, changed only where podman needs it (see the module docstring); the host
+    ports are :func:`publish_ports`'s."""
     doc = copy.deepcopy(deployment)
     spec = doc["spec"]["template"]["spec"]
     assert "initContainers" not in spec, (
@@ -89,8 +97,6 @@ def for_podman(deployment: dict, proxy_port: int, admin_port: int) -> dict:
             assert container["args"] == ["serve"], "played with the chart's own command line"
             container["env"] = [e for e in container["env"]
                                 if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "metadata.name") == "metadata.name"]  # fmt: skip
-            for port in container["ports"]:
-                port["hostPort"] = {"http": proxy_port, "metrics": admin_port}[port["name"]]
         else:
             container["args"] = SIM_ARGS
             container.pop("resources", None)  # no GPU here
@@ -98,8 +104,9 @@ def for_podman(deployment: dict, proxy_port: int, admin_port: int) -> dict:
 
 
 class Played:
-    def __init__(self, path: Path, proxy: int, admin: int, pod: str) -> None:
-        self.path, self.proxy, self.admin, self.pod = path, proxy, admin, pod
+    def __init__(self, path: Path, published: dict[int, int], ports: dict[str, int], pod: str):
+        self.path, self.published, self.pod = path, published, pod
+        self.proxy, self.admin = published[ports["http"]], published[ports["metrics"]]
 
     @property
     def proxy_url(self) -> str:
@@ -116,21 +123,20 @@ class Played:
 @pytest.fixture(scope="module")
 def played(image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kube")
-    proxy, admin = free_port(), free_port()
-    deployment = for_podman(rendered_deployment(image), proxy, admin)
+    deployment = for_podman(rendered_deployment(image))
+    published = publish_ports(deployment)
+    (sidecar,) = [
+        c
+        for c in deployment["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "llm-sidecar"
+    ]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     name = f"llm-sidecar-pod-test-{uuid.uuid4().hex[:6]}"
     deployment["metadata"]["name"] = name
     path = tmp / "pod.yaml"
     path.write_text(yaml.safe_dump(deployment, sort_keys=False), encoding="utf-8")
-    podman("kube", "play", str(path), timeout=180)
-    try:
-        pods = podman(
-            "pod", "ps", "--filter", f"name={name}", "--format", "{{.Name}}"
-        ).stdout.split()
-        assert len(pods) == 1, pods
-        yield Played(path, proxy, admin, pods[0])
-    finally:
-        podman("kube", "down", str(path), check=False, timeout=120)
+    with kube_played(path, name) as pod:
+        yield Played(path, published, ports, pod)
 
 
 async def test_pod_starts_and_becomes_ready(played):
@@ -144,6 +150,10 @@ async def test_pod_starts_and_becomes_ready(played):
     ).stdout
     assert f"{played.container('llm-sidecar')}=running" in states
     assert f"{played.container('model-server')}=running" in states
+    # Only the free ports taken for it are published: the model server's port is one of them.
+    assert MODEL_SERVER_PORT in played.published
+    assert published_host_ports(played.pod) == set(played.published.values())
+    assert MODEL_SERVER_PORT not in played.published.values()
     logs = podman("logs", played.container("llm-sidecar"), check=False).stderr
     assert "unrecognized arguments" not in logs
 
@@ -158,9 +168,10 @@ async def test_a_stream_through_the_pod_arrives_byte_exact(played, image):
     # The reference: a second simulator with the same seed, given the same requests in the
     # same order (each request draws the same random plan from the seeded generator).
     port, ref = free_port(), f"llm-sidecar-ref-{uuid.uuid4().hex[:6]}"
-    podman("run", "-d", "--read-only", "--network", "host", "--name", ref, image,
-           *[a if a != "127.0.0.1:8000" else f"127.0.0.1:{port}" for a in SIM_ARGS])  # fmt: skip
+    listen = f"127.0.0.1:{MODEL_SERVER_PORT}"
     try:
+        podman("run", "-d", "--read-only", "--network", "host", "--name", ref, image,
+               *[a if a != listen else f"127.0.0.1:{port}" for a in SIM_ARGS])  # fmt: skip
         await wait_status(f"http://127.0.0.1:{port}/health", 200)
         async with aiohttp.ClientSession() as s:
             for _ in range(served_before):
