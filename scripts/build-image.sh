@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the project's Dockerfile with podman, as CI and the pod tests (tests/pod) use it:
+# Builds the project's Dockerfile with podman, as CI and the pod tests (tests/pod) use it
+# (`make test-image`; `make image` is the plain docker/podman build of the chart's image):
 #   scripts/build-image.sh [TAG]      (default tag llm-sidecar:test)
 # No registry image can be pulled on these machines, so the Dockerfile's base
 # (python:3.11-slim-bookworm) is made from Debian packages: a debootstrap minbase with
