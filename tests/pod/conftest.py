@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,8 +60,9 @@ MODEL_SERVER_PORT = 8000
 @pytest.fixture(scope="session", autouse=True)
 def host_port_8000_taken() -> Iterator[None]:
     """Listeners on 0.0.0.0:8000 and 127.0.0.1:8000 for the whole session (SO_REUSEPORT lets the
-    two coexist; a bind without it, as podman's port publishing does, fails). Where something
-    already listens there, it is left as it is and serves the same purpose."""
+    two coexist; a bind without it, as podman's port publishing does, fails). They accept and
+    close at once, so a client of the host's 8000 meanwhile gets an answer, not a full backlog.
+    Where something already listens there, it is left as it is and serves the same purpose."""
     held = []
     for host in ("0.0.0.0", "127.0.0.1"):
         sock = socket.socket()
@@ -68,12 +70,29 @@ def host_port_8000_taken() -> Iterator[None]:
         try:
             sock.bind((host, MODEL_SERVER_PORT))
             sock.listen()
+            sock.settimeout(0.2)
             held.append(sock)
         except OSError:  # taken already: by the developer's own server, say
             sock.close()
+    stop = threading.Event()
+
+    def answer(sock: socket.socket) -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+
+    threads = [threading.Thread(target=answer, args=(sock,), daemon=True) for sock in held]
+    for thread in threads:
+        thread.start()
     try:
         yield
     finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
         for sock in held:
             sock.close()
 
