@@ -1,14 +1,17 @@
 """Render what is derived from the Helm chart, and check it is in step.
 
-Helm can only read files inside the chart. The dashboards need nothing: the chart's
-files/dashboards is a link to dashboards/ (helm follows it, and `helm package` stores the
-files). The rest is rendered, in order:
+Helm can only read files inside the chart, and warns on every run about a symbolic link in
+it, so what the chart needs from the rest of the repository is copied or rendered into it, in
+order:
 
-1. the chart's rules, helm/llm-sidecar/files/rules/: the SLO spec rendered as a Helm
-   template by sidecar/tools/slo/helm.py (targets, thresholds and windows from values);
+1. the chart's own files: helm/llm-sidecar/files/dashboards/, a copy of dashboards/*.json
+   (what `helm package` ships beside the per-release templates in
+   files/dashboard-templates/), and helm/llm-sidecar/files/rules/: the SLO spec rendered as
+   a Helm template by sidecar/tools/slo/helm.py (targets, thresholds and windows from values);
 2. the plain manifests, rendered from the chart: deploy/kubernetes/llm-sidecar.yaml (the
-   Deployment and Service), deploy/kubernetes/monitoring.yaml (monitor and rules; the
-   dashboards are applied from dashboards/, a kustomization) and
+   Deployment, its Service, ServiceAccount and PodDisruptionBudget),
+   deploy/kubernetes/monitoring.yaml (monitor and rules; the dashboards are applied from
+   dashboards/, a kustomization) and
    deploy/kubernetes/snippets/sidecar-container.yaml (the container that monitoring-only
    mode asks users to paste);
 3. the golden renders in tests/golden/helm/, one per entry of CASES.
@@ -16,7 +19,8 @@ files). The rest is rendered, in order:
     scripts/sync-chart.sh            # write everything (needs .tools/bin/helm: make tools)
     scripts/sync-chart.sh --check    # change nothing; exit 1 and list what is stale
 
-tests/unit/test_helm_files.py and tests/integration/chart/test_helm.py check the same things.
+tests/unit/test_helm_files.py (step 1, without helm) and tests/integration/chart/test_helm.py
+check the same things.
 """
 
 from __future__ import annotations
@@ -33,8 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from sidecar.tools.slo import helm as helm_rules
-from sidecar.tools.slo import load_spec
+from sidecar.tools.slo import helm as helm_rules, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "llm-sidecar"
@@ -98,6 +101,7 @@ CASES = (
     Case("model-server-liveness", sets=("modelServer.liveness.enabled=true",)),
     Case("monitoring-only", values=("ci/monitoring-only-values.yaml",)),
     Case("otel-slo", values=("ci/otel-slo-values.yaml",)),
+    Case("platform", values=("ci/platform-values.yaml",)),
 )
 
 
@@ -149,13 +153,21 @@ def objects(rendered: str) -> list[dict]:
     return [yaml.safe_load(doc) for doc in documents(rendered)]
 
 
-# ------------------------------------------------------------------------------ 1. chart rules
+# ------------------------------------------------------------------------------ 1. chart files
+
+DASHBOARDS = ROOT / "dashboards"
+CHART_DASHBOARDS = CHART / "files" / "dashboards"
 
 
-def expected_rules() -> dict[Path, str]:
-    """helm/llm-sidecar/files/rules/ file -> its text: the generator's rules with each
-    objective's target and threshold as a values lookup (sidecar/tools/slo/helm.py)."""
+def expected_chart_files() -> dict[Path, str]:
+    """The chart's files from the rest of the repository -> their text: the copy of each
+    dashboards/*.json, and each helm/llm-sidecar/files/rules/ file, the generator's rules with
+    each objective's target and threshold as a values lookup (sidecar/tools/slo/helm.py)."""
     out = {
+        CHART_DASHBOARDS / p.name: p.read_text(encoding="utf-8")
+        for p in sorted(DASHBOARDS.glob("*.json"))
+    }
+    out |= {
         CHART / "files" / "rules" / name: helm_rules.render_helm_rules(load_spec(str(ROOT / spec)))
         for name, spec in helm_rules.SHIPPED.items()
     }
@@ -243,7 +255,9 @@ def expected_manifests() -> dict[Path, str]:
     command = case.command()
     return {
         DEPLOY_DIR / "llm-sidecar.yaml": _header(
-            "The model server (vLLM) with llm-sidecar in front of it, and its Service.", command
+            "The model server (vLLM) with llm-sidecar in front of it, its Service, ServiceAccount and\n"
+            "# PodDisruptionBudget.",
+            command,
         )
         + _note_image("---\n".join(core)),
         DEPLOY_DIR / "monitoring.yaml": _header(
@@ -301,7 +315,12 @@ def expected_golden(case: Case) -> str:
 # ------------------------------------------------------------------------------ main
 
 # Directories whose files are all rendered here: a file no step renders is stale.
-OWNED = ((CHART / "files" / "rules", "*.yaml"), (GOLDEN_DIR, "*.yaml"), (DEPLOY_DIR, "**/*.yaml"))
+OWNED = (
+    (CHART_DASHBOARDS, "*"),
+    (CHART / "files" / "rules", "*.yaml"),
+    (GOLDEN_DIR, "*.yaml"),
+    (DEPLOY_DIR, "**/*.yaml"),
+)
 
 
 def expected_outputs() -> dict[Path, str]:
@@ -316,6 +335,10 @@ def stale(want: dict[Path, str], complete: bool = True) -> list[str]:
     """What differs from ``want``; with ``complete``, also owned files it does not name."""
     out = [f"{p.relative_to(ROOT)}: differs from a fresh render" for p, text in want.items()
            if not p.exists() or p.read_text(encoding="utf-8") != text]  # fmt: skip
+    if CHART_DASHBOARDS.is_symlink():
+        out.append(
+            f"{CHART_DASHBOARDS.relative_to(ROOT)}: a link (helm warns on it); a copy instead"
+        )
     if complete:
         have = {p for directory, pattern in OWNED for p in directory.glob(pattern)}
         out += [
@@ -326,6 +349,8 @@ def stale(want: dict[Path, str], complete: bool = True) -> list[str]:
 
 
 def write(want: dict[Path, str], remove: bool = False) -> None:
+    if CHART_DASHBOARDS.is_symlink():
+        CHART_DASHBOARDS.unlink()  # writing through it would write dashboards/ itself
     if remove:
         for directory, pattern in OWNED:
             for path in directory.glob(pattern):
@@ -346,15 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check:
-            # The rules first: the manifests and goldens render them.
-            rules = expected_rules()
+            # The chart's files first: the manifests and goldens render them.
+            rules = expected_chart_files()
             problems = stale(rules, complete=False) or stale({**rules, **expected_outputs()})
             for p in problems:
                 print(f"stale: {p}", file=sys.stderr)
             if problems:
                 print("refresh with: scripts/sync-chart.sh", file=sys.stderr)
             return 1 if problems else 0
-        rules = expected_rules()
+        rules = expected_chart_files()
         write(rules)
         want = {**rules, **expected_outputs()}
         write(want, remove=True)

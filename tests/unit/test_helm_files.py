@@ -1,5 +1,5 @@
 """The image and chart files that need no helm binary: Dockerfile, .dockerignore, the chart's
-rules (rendered) and dashboards (a link), values.yaml against values.schema.json, and the values
+rules (rendered) and dashboards (a copy), values.yaml against values.schema.json, and the values
 that must agree with the rest of the repo (settings, buckets, SLO spec, versions).
 
 Rendering tests (helm lint, helm template, goldens, Kubernetes schemas) are in
@@ -9,7 +9,6 @@ tests/integration/chart/test_helm.py.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import tomllib
@@ -22,7 +21,6 @@ from sidecar.base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from sidecar.config import Settings, parse_host_port
 from tests.support.chart import CHART, ROOT, sync
 from tests.support.image import dockerfile_instructions, final_stage, image_entrypoint_and_cmd
-
 
 # ------------------------------------------------------------------------------ Dockerfile
 
@@ -142,18 +140,36 @@ def test_dockerignore_keeps_everything_the_build_copies():
 # ------------------------------------------------------------------------------ chart files
 
 
-def test_chart_rules_are_a_fresh_render_of_the_spec():
-    drift = sync.stale(sync.expected_rules(), complete=False)
+def test_chart_rules_and_dashboards_are_a_fresh_render_and_copy():
+    drift = sync.stale(sync.expected_chart_files(), complete=False)
     assert not drift, "refresh with scripts/sync-chart.sh:\n" + "\n".join(drift)
 
 
-def test_chart_dashboards_are_a_link_to_the_repos_dashboards():
-    """One copy of each dashboard: helm follows the link (and `helm package` stores the files,
-    tests/integration/chart/test_helm.py checks it), so nothing is copied into the chart."""
-    link = CHART / "files" / "dashboards"
-    assert link.is_symlink(), "helm/llm-sidecar/files/dashboards must stay a link to dashboards/"
-    assert link.resolve() == (ROOT / "dashboards").resolve()
-    assert os.readlink(link) == "../../../dashboards", "relative, so it holds in every checkout"
+def test_chart_dashboards_are_a_copy_of_the_repos_dashboards():
+    """helm warns about a symbolic link in a chart on every run (walk.go "found symbolic link"),
+    so files/dashboards is a directory holding a copy of each dashboards/*.json, byte for byte,
+    and nothing else (`helm package` ships it; tests/integration/chart/test_helm.py)."""
+    copy = CHART / "files" / "dashboards"
+    assert copy.is_dir() and not copy.is_symlink()
+    shipped = {p.name: p.read_bytes() for p in (ROOT / "dashboards").glob("*.json")}
+    assert shipped and {p.name: p.read_bytes() for p in copy.iterdir()} == shipped
+
+
+def test_the_chart_holds_no_symbolic_link():
+    links = [str(p.relative_to(CHART)) for p in CHART.rglob("*") if p.is_symlink()]
+    assert not links, f"helm warns about each on every run: {links}"
+
+
+def test_a_link_or_a_stale_copy_is_reported(monkeypatch, tmp_path):
+    """The staleness check sees a dashboard edited without the copy, and a link in its place."""
+    want = sync.expected_chart_files()
+    edited = {p: (t + " " if p.parent == sync.CHART_DASHBOARDS else t) for p, t in want.items()}
+    assert any("files/dashboards/" in d for d in sync.stale(edited, complete=False))
+    link = tmp_path / "dashboards"
+    link.symlink_to(ROOT / "dashboards")
+    monkeypatch.setattr(sync, "CHART_DASHBOARDS", link)
+    monkeypatch.setattr(sync, "ROOT", tmp_path)
+    assert any("a link" in d for d in sync.stale({}, complete=False))
 
 
 def test_chart_renders_every_rules_file_the_repo_ships():
@@ -223,6 +239,29 @@ def test_values_files_satisfy_the_schema(values_file):
             ("prometheus", "rules", "modelOverrides"),
             [{"objective": "ttft", "model": "a b", "target": 90}],
         ),
+        (("commonLabels",), {"team": 1}),
+        (("commonLabels",), {"bad key": "x"}),
+        (("commonLabels",), {"team": "not a label value"}),
+        (("commonAnnotations",), {"owner": ["a"]}),
+        (("serviceAccount", "create"), "yes"),
+        (("serviceAccount", "name"), "Not_A_Name"),
+        (("serviceAccount", "nope"), 1),
+        (("podDisruptionBudget", "minAvailable"), "50"),
+        (("podDisruptionBudget", "maxUnavailable"), -1),
+        (("podDisruptionBudget", "maxUnavailable"), None),
+        (("podDisruptionBudget", "unhealthyPodEvictionPolicy"), "Always"),
+        (("podDisruptionBudget", "nope"), 1),
+        (("topologySpreadConstraints",), [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}]),
+        (
+            ("topologySpreadConstraints",),
+            [{"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}],
+        ),
+        (("extraContainers",), [{"name": "shipper"}]),
+        (("extraInitContainers",), [{"name": "Fetch", "image": "x"}]),
+        (("volumes",), [{"emptyDir": {}}]),
+        (("sidecar", "extraArgs"), ["--max-connections", 2048]),
+        (("sidecar", "volumeMounts"), [{"name": "ca"}]),
+        (("service", "exposeAdminPort"), "yes"),
     ],
 )
 def test_schema_refuses_bad_values(path, bad):
@@ -249,6 +288,26 @@ def test_schema_accepts_a_model_override_and_changed_windows():
     ]
     rules["windows"]["page-fast"] = {"long": "2h", "short": "10m", "budgetPercent": "2.5"}
     jsonschema.Draft7Validator(schema()).validate(values)
+
+
+def test_schema_admits_what_a_platform_team_sets():
+    """Each of the chart's Kubernetes conventions, with its types (ci/platform-values.yaml has
+    them all; the defaults, and these alternatives too)."""
+    validator = jsonschema.Draft7Validator(schema())
+    values = chart_values("ci/platform-values.yaml")
+    validator.validate(values)
+    assert {"commonLabels", "commonAnnotations", "serviceAccount", "podDisruptionBudget",
+            "topologySpreadConstraints", "extraContainers", "extraInitContainers", "volumes"} <= values.keys()  # fmt: skip
+    assert values["sidecar"]["extraArgs"] and values["sidecar"]["volumeMounts"]
+    for pdb in ({"minAvailable": 2}, {"maxUnavailable": "25%"}, {"unhealthyPodEvictionPolicy": ""},
+                {"enabled": False, "minAvailable": None}):  # fmt: skip
+        v = chart_values()
+        v["podDisruptionBudget"].update(pdb)
+        validator.validate(v)
+    v = chart_values()
+    v["serviceAccount"] = {"create": False, "name": "", "automount": True, "annotations": {}}
+    v["service"]["exposeAdminPort"] = True
+    validator.validate(v)
 
 
 def test_schema_slo_thresholds_are_exactly_the_bucket_bounds():

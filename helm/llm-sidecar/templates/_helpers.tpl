@@ -21,7 +21,8 @@ app.kubernetes.io/name: {{ include "llm-sidecar.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "llm-sidecar.labels" -}}
+{{/* The chart's own labels of every object it renders. */}}
+{{- define "llm-sidecar.ownLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "llm-sidecar.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -29,15 +30,82 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: llm-sidecar
 {{- end -}}
 
-{{/* Labels of the objects Prometheus Operator selects (monitors, rules). */}}
+{{/*
+Metadata entries (labels or annotations) added to some already written: (list $written $a $b ...)
+gives each key of $a, then of $b, ... that is neither written nor given before, as YAML lines
+(string values; keys quoted where YAML would read them as something else). So the chart's own
+labels win over prometheus.extraLabels, and both over commonLabels: a selector keeps working.
+*/}}
+{{- define "llm-sidecar.moreMeta" -}}
+{{- $seen := deepCopy (first .) -}}
+{{- $lines := list -}}
+{{- range $more := rest . -}}
+{{- range $key, $value := $more -}}
+{{- if not (hasKey $seen $key) -}}
+{{- $_ := set $seen $key true -}}
+{{- $plain := and (regexMatch "^[A-Za-z][-A-Za-z0-9_./]*$" $key) (not (regexMatch "^(?i)(y|yes|n|no|true|false|on|off|null)$" $key)) -}}
+{{- $lines = append $lines (printf "%s: %s" (ternary $key (quote $key) $plain) (quote (toString $value))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
+
+{{/* The labels of every object: the chart's own, then commonLabels. */}}
+{{- define "llm-sidecar.labels" -}}
+{{- include "llm-sidecar.labelsWith" (dict "root" . "own" (dict)) -}}
+{{- end -}}
+
+{{/* The same with labels of the object's own: (dict "root" $ "own" (dict "grafana_dashboard" "1")). */}}
+{{- define "llm-sidecar.labelsWith" -}}
+{{- $own := include "llm-sidecar.ownLabels" .root -}}
+{{ $own }}
+{{- with include "llm-sidecar.moreMeta" (list (fromYaml $own) .own .root.Values.commonLabels) }}
+{{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Labels of the objects Prometheus Operator selects (monitors, rules): the chart's own,
+release=<prometheus.release>, prometheus.extraLabels, then commonLabels. */}}
 {{- define "llm-sidecar.prometheusLabels" -}}
-{{ include "llm-sidecar.labels" . }}
-{{- with .Values.prometheus.release }}
-release: {{ . | quote }}
+{{- $own := include "llm-sidecar.ownLabels" . -}}
+{{ $own }}
+{{- $release := dict -}}
+{{- with .Values.prometheus.release }}{{ $_ := set $release "release" . }}{{ end -}}
+{{- with include "llm-sidecar.moreMeta" (list (fromYaml $own) $release .Values.prometheus.extraLabels .Values.commonLabels) }}
+{{ . }}
 {{- end }}
-{{- with .Values.prometheus.extraLabels }}
-{{ toYaml . }}
-{{- end }}
+{{- end -}}
+
+{{/* An object's annotations block: (dict "root" $ "own" $itsAnnotations), then commonAnnotations;
+nothing when both are empty. */}}
+{{- define "llm-sidecar.annotations" -}}
+{{- with include "llm-sidecar.moreMeta" (list (dict) (default (dict) .own) .root.Values.commonAnnotations) -}}
+annotations:
+  {{- . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The pods' ServiceAccount: the one the chart creates (serviceAccount.name, default the
+fullname), or serviceAccount.name, or "" (the namespace's default). */}}
+{{- define "llm-sidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "llm-sidecar.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart renders a Service for the admin port alone (<fullname>-metrics): what
+a ServiceMonitor scrapes, so the clients' Service never carries the admin port for it. */}}
+{{- define "llm-sidecar.metricsService" -}}
+{{- if and .Values.prometheus.monitor.enabled (eq .Values.prometheus.monitor.kind "ServiceMonitor") }}true{{ end -}}
+{{- end -}}
+
+{{/* The labels a ServiceMonitor selects its Service by, and that Service carries. */}}
+{{- define "llm-sidecar.metricsServiceLabels" -}}
+{{ include "llm-sidecar.selectorLabels" . }}
+app.kubernetes.io/component: metrics
 {{- end -}}
 
 {{/* The pods the monitors scrape: the chart's own, or the existing server's. */}}
@@ -320,7 +388,12 @@ sidecar). Monitoring-only mode prints this same container for users to paste.
 name: llm-sidecar
 image: {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) | quote }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- if $s.extraArgs }}
+args:
+  {{- toYaml (concat (list "serve") $s.extraArgs) | nindent 2 }}
+{{- else }}
 args: [serve]
+{{- end }}
 ports:
   - name: http
     containerPort: {{ $s.port }}
@@ -350,6 +423,10 @@ resources:
 securityContext:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with $s.volumeMounts }}
+volumeMounts:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* Values the schema cannot check on its own. */}}
@@ -374,6 +451,31 @@ securityContext:
 {{- end -}}
 {{- if and (eq .Values.mode "full") (eq (int .Values.sidecar.port) (int .Values.modelServer.port)) -}}
 {{- fail "sidecar.port and modelServer.port must differ: both listen in the same pod" -}}
+{{- end -}}
+{{- if eq .Values.mode "full" -}}
+{{- $taken := list "llm-sidecar" .Values.modelServer.name -}}
+{{- range $which := list "extraInitContainers" "extraContainers" -}}
+{{- range $i, $c := index $.Values $which -}}
+{{- if has $c.name $taken -}}
+{{- fail (printf "%s[%d]: a container named %s is already in the pod" $which $i $c.name) -}}
+{{- end -}}
+{{- $taken = append $taken $c.name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.podDisruptionBudget -}}
+{{- if and .enabled (eq $.Values.mode "full") -}}
+{{- $min := .minAvailable -}}
+{{- $never := false -}}
+{{- if not (kindIs "invalid" $min) -}}
+{{- $never = or (eq (toString $min) "100%") (and (not (kindIs "string" $min)) (gt (int $min) 0) (ge (int $min) (int $.Values.replicaCount))) -}}
+{{- else -}}
+{{- $never = or (eq (toString .maxUnavailable) "0") (eq (toString .maxUnavailable) "0%") -}}
+{{- end -}}
+{{- if $never -}}
+{{- fail (printf "podDisruptionBudget allows no eviction (minAvailable %v, maxUnavailable %v, replicaCount %v): a node drain would wait forever; lower it, or podDisruptionBudget.enabled=false" (default "null" $min) .maxUnavailable $.Values.replicaCount) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -1,5 +1,6 @@
 """The chart's dashboards: the same generators, rendered as Helm templates, so each release
-gets its own copy (its own uid and title: two releases never overwrite each other's) and
+gets its own copy (its own uid and title here, its own data key, the file Grafana's dashboard
+sidecar writes, in templates/dashboards.yaml: two releases never overwrite each other's) and
 its SLO dashboard draws the objectives its own rules use (``--set
 prometheus.rules.objectives.ttft.thresholdSeconds=5.0`` reads "<= 5s", not the spec's 2 s).
 

@@ -34,10 +34,10 @@ import aiohttp
 import pytest
 import yaml
 
-from sidecar.export import semconv
 from sidecar.config import load_settings
-from tests.support.chart import CHART, ROOT, by_kind, render, render_error, sync
+from sidecar.export import semconv
 from tests.conftest import IN_CI, bound_ports, start_simulator
+from tests.support.chart import CHART, ROOT, by_kind, render, render_error, sync
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +77,21 @@ def one(objs: list[dict], kind: str) -> dict:
     found = by_kind(objs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def client_service(objs: list[dict]) -> dict:
+    """The Service clients use (not the admin port's <fullname>-metrics, a ServiceMonitor's)."""
+    found = [o for o in by_kind(objs, "Service") if not o["metadata"]["name"].endswith("-metrics")]
+    assert len(found) == 1, f"expected one clients' Service, got {len(found)}"
+    return found[0]
+
+
+def case_values(name: str) -> dict:
+    """The values files of a case, merged (shallowly: enough for the top-level lists)."""
+    out: dict = {}
+    for v in CASES[name].values:
+        out.update(yaml.safe_load((CHART / v).read_text(encoding="utf-8")))
+    return out
 
 
 def pod_spec(objs: list[dict]) -> dict:
@@ -130,8 +145,8 @@ def test_golden_dir_holds_exactly_the_cases(helm_ok):
 
 
 def test_plain_manifests_are_a_fresh_render_of_the_chart(helm_ok):
-    assert not sync.stale(sync.expected_rules(), complete=False), (
-        "the chart's rules are stale: scripts/sync-chart.sh"
+    assert not sync.stale(sync.expected_chart_files(), complete=False), (
+        "the chart's rules or dashboards are stale: scripts/sync-chart.sh"
     )
     want = sync.expected_manifests()
     have = set(sync.DEPLOY_DIR.glob("**/*.yaml"))
@@ -306,6 +321,11 @@ CRD_EXPECTATIONS = {
         "job": "llm-sidecar",
         "kinds": {"ServiceMonitor", "PrometheusRule"},
     },
+    "platform": {
+        "release": "kube-prometheus-stack",
+        "job": "llm-sidecar",
+        "kinds": {"ServiceMonitor", "PrometheusRule"},
+    },
 }
 
 
@@ -316,8 +336,8 @@ def test_prometheus_operator_objects_have_their_required_fields(parsed, name):
     assert {o["kind"] for o in crds} == CRD_EXPECTATIONS[name]["kinds"]
     for obj in crds:
         check_crd(obj, CRD_EXPECTATIONS[name])
-    unknown = {o["kind"] for o in objs} - CRD_KINDS - {"Deployment", "Service", "ConfigMap"}
-    assert not unknown
+    core = {"Deployment", "Service", "ConfigMap", "ServiceAccount", "PodDisruptionBudget"}
+    assert not {o["kind"] for o in objs} - CRD_KINDS - core
 
 
 # ------------------------------------------------------------------------------ the pod
@@ -326,7 +346,7 @@ def test_prometheus_operator_objects_have_their_required_fields(parsed, name):
 @pytest.mark.parametrize("name", FULL_CASES)
 def test_every_request_to_the_service_passes_through_the_sidecar(parsed, name):
     objs = parsed[name]
-    service, deployment = one(objs, "Service"), one(objs, "Deployment")
+    service, deployment = client_service(objs), one(objs, "Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
@@ -338,12 +358,12 @@ def test_every_request_to_the_service_passes_through_the_sidecar(parsed, name):
         p for c in spec.get("initContainers", []) + spec["containers"] for p in c.get("ports", [])
     ]
     assert len({p["name"] for p in all_ports}) == len(all_ports), "port names are unique in the pod"
+    # The admin port (the engine's own metrics too) is not for clients: the monitors scrape it.
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-    assert targets == {"http": 8080, "metrics": 9464}, (
-        "every Service port lands on the sidecar, by number"
-    )
+    assert targets == {"http": 8080}, "every Service port lands on the sidecar, by number"
     # The model server listens on loopback only, on the port the sidecar forwards to.
-    server = [c for c in spec["containers"] if c["name"] != "llm-sidecar"]
+    extras = [c["name"] for c in case_values(name).get("extraContainers", [])]
+    server = [c for c in spec["containers"] if c["name"] not in ["llm-sidecar", *extras]]
     assert len(server) == 1
     args = server[0]["args"]
     assert args[args.index("--host") + 1] == "127.0.0.1"
@@ -360,15 +380,18 @@ def test_native_sidecar_from_kubernetes_1_29_regular_container_before(parsed, na
     spec = pod_spec(parsed[name])
     native = CASES[name].kube_version != sync.KUBE_VERSION_LEGACY
     sidecar = sidecar_container(spec)
+    # Init containers of the values run first; extra containers come after the chart's.
+    init = [c["name"] for c in case_values(name).get("extraInitContainers", [])]
+    extras = [c["name"] for c in case_values(name).get("extraContainers", [])]
     if native:
-        assert [c["name"] for c in spec["initContainers"]] == ["llm-sidecar"]
+        assert [c["name"] for c in spec["initContainers"]] == [*init, "llm-sidecar"]
         assert sidecar["restartPolicy"] == "Always"
         assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
-        assert "llm-sidecar" not in [c["name"] for c in spec["containers"]]
+        assert [c["name"] for c in spec["containers"]] == ["model-server", *extras]
     else:
-        assert "initContainers" not in spec
+        assert [c["name"] for c in spec.get("initContainers", [])] == init
         assert "restartPolicy" not in sidecar
-        assert [c["name"] for c in spec["containers"]] == ["model-server", "llm-sidecar"]
+        assert [c["name"] for c in spec["containers"]] == ["model-server", "llm-sidecar", *extras]
 
 
 @pytest.mark.parametrize(
@@ -493,11 +516,7 @@ def test_custom_thresholds_and_otel_reach_the_sidecar(parsed):
         0.05,
         120.0,
     )
-    assert (
-        settings.drain_seconds == 120
-        and settings.read_timeout == 900
-        and settings.inject_stream_usage is False
-    )
+    assert settings.drain_seconds == 120 and settings.read_timeout == 900
     assert (
         settings.model_allowlist == ["meta-llama/Llama-3.1-8B-Instruct"]
         and settings.otel_metrics is True
@@ -619,9 +638,11 @@ def test_dashboard_configmaps_equal_the_dashboards(parsed):
     for cm, path in zip(maps, shipped, strict=True):
         assert cm["metadata"]["annotations"]["llm-sidecar/source"] == f"dashboards/{path.name}"
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-        assert list(cm["data"]) == [path.name]
-        # The release's own copy: its uid and title name the release (test_helm_dashboards.py).
-        got, want = json.loads(cm["data"][path.name]), json.loads(path.read_text(encoding="utf-8"))
+        # The release's own copy: its key (the file Grafana's sidecar writes), uid and title
+        # name the release (test_helm_dashboards.py).
+        assert list(cm["data"]) == [f"llm_llm-sidecar_{path.name}"]
+        (text,) = cm["data"].values()
+        got, want = json.loads(text), json.loads(path.read_text(encoding="utf-8"))
         assert (
             got["uid"].startswith(want["uid"] + "-")
             and got["title"] == f"{want['title']} (llm/llm-sidecar)"
@@ -636,8 +657,8 @@ def test_dashboard_configmaps_equal_the_dashboards(parsed):
 
 
 def test_the_packaged_chart_holds_the_dashboards_themselves(helm_ok, tmp_path):
-    """files/dashboards is a link to dashboards/: `helm package` (what the release publishes)
-    must store the files it points at, and only the JSON."""
+    """files/dashboards is a copy of dashboards/ (scripts/sync-chart.sh): `helm package` (what
+    the release publishes) stores exactly those files."""
     sync.helm("package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("llm-sidecar-*.tgz")
     with tarfile.open(package) as tar:
@@ -733,13 +754,40 @@ def test_monitoring_only_needs_the_servers_pod_labels(helm_ok):
     assert "set existingServer.podSelector" in render_error("--set", "mode=monitoring-only")
 
 
-def test_servicemonitor_selects_the_service_and_its_metrics_port(parsed):
-    objs = parsed["otel-slo"]
-    service, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
-    assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
+@pytest.mark.parametrize("name", ["otel-slo", "platform"])
+def test_servicemonitor_selects_the_metrics_service_and_its_admin_port_alone(parsed, name):
+    """The ServiceMonitor scrapes through a Service: the chart's <fullname>-metrics, which
+    carries the admin port and selects the release's pods; the clients' Service stays
+    without it, and the monitor does not select it."""
+    objs = parsed[name]
+    monitor, client = one(objs, "ServiceMonitor"), client_service(objs)
+    (metrics,) = [s for s in by_kind(objs, "Service") if s is not client]
+    selector = monitor["spec"]["selector"]["matchLabels"].items()
+    assert metrics["metadata"]["name"] == "llm-sidecar-metrics"
+    assert selector <= metrics["metadata"]["labels"].items()
+    assert not selector <= client["metadata"]["labels"].items()
+    assert [(p["name"], p["port"], p["targetPort"]) for p in metrics["spec"]["ports"]] == [
+        ("metrics", 9464, 9464)
+    ]
+    assert metrics["spec"]["type"] == "ClusterIP"
+    assert metrics["spec"]["selector"] == client["spec"]["selector"]
+    assert [p["name"] for p in client["spec"]["ports"]] == ["http"]
+
+
+def test_the_admin_port_is_on_the_clients_service_only_when_asked(helm_ok):
+    def ports(*args: str) -> dict[str, list[str]]:
+        return {s["metadata"]["name"]: [p["name"] for p in s["spec"]["ports"]]
+                for s in by_kind(render(*args), "Service")}  # fmt: skip
+
+    assert ports() == {"llm-sidecar": ["http"]}, "the PodMonitor scrapes the pods"
+    assert ports("--set", "prometheus.monitor.kind=ServiceMonitor") == {
+        "llm-sidecar": ["http"],
+        "llm-sidecar-metrics": ["metrics"],
+    }
+    assert ports("--set", "service.exposeAdminPort=true") == {"llm-sidecar": ["http", "metrics"]}
+    assert ports("--set", "prometheus.monitor.kind=ServiceMonitor",
+                 "--set", "prometheus.monitor.enabled=false", "--set", "prometheus.rules.enabled=false") == {
+        "llm-sidecar": ["http"]}  # fmt: skip
 
 
 def test_podmonitor_selects_the_pods_and_their_metrics_port(parsed):
@@ -757,12 +805,17 @@ def test_each_monitoring_object_can_be_switched_off(helm_ok):
         "--set", "prometheus.monitor.enabled=false", "--set", "prometheus.rules.enabled=false",
         "--set", "grafana.dashboards.enabled=false",
     )  # fmt: skip
-    assert {o["kind"] for o in objs} == {"Deployment", "Service"}
+    assert {o["kind"] for o in objs} == {
+        "Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"}  # fmt: skip
     objs = render("--set", "prometheus.release=", "--set", "prometheus.extraLabels.team=ml")
     for obj in objs:
         if obj["kind"] in CRD_KINDS:
             assert "release" not in obj["metadata"]["labels"]
             assert obj["metadata"]["labels"]["team"] == "ml"
+        else:
+            assert "team" not in obj["metadata"]["labels"], (
+                "extraLabels: the monitor and rules only"
+            )
 
 
 def test_bad_values_are_refused_at_render_time(helm_ok):
@@ -793,10 +846,21 @@ def resolves(target, pod: dict, kube_version: str) -> bool:
     "kube_version", ["1.28.0", "1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
 )
 def test_services_resolve_on_every_kubernetes_version(helm_ok, kube_version):
-    objs = sync.objects(sync.template(["--kube-version", kube_version]))
-    pod = pod_spec(objs)
-    for port in one(objs, "Service")["spec"]["ports"]:
-        assert resolves(port["targetPort"], pod, kube_version), (kube_version, port)
+    for sets in (
+        [],
+        [
+            "--set",
+            "prometheus.monitor.kind=ServiceMonitor",
+            "--set",
+            "service.exposeAdminPort=true",
+        ],
+    ):
+        objs = sync.objects(sync.template(["--kube-version", kube_version, *sets]))
+        pod = pod_spec(objs)
+        ports = [p for s in by_kind(objs, "Service") for p in s["spec"]["ports"]]
+        assert len(ports) == (1 if not sets else 3)
+        for port in ports:
+            assert resolves(port["targetPort"], pod, kube_version), (kube_version, port)
     monitoring = sync.objects(
         sync.template(["--kube-version", kube_version, "-f", str(CHART / "ci" / "monitoring-only-values.yaml"),
                        "--set", "prometheus.monitor.kind=ServiceMonitor", "--set-json", "existingServer.namespaces=[]"])

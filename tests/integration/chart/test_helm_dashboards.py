@@ -2,8 +2,11 @@
 
 - Two releases never overwrite each other's dashboards: Grafana keys a dashboard by its uid
   (and wants titles unique in a folder), kube-prometheus-stack's dashboard sidecar loads every
-  labelled ConfigMap, so each release's ConfigMaps, uids and titles must differ: two names in
-  one namespace, one name in two namespaces, with and without one shared Grafana namespace.
+  labelled ConfigMap and writes each data key as a file into one folder (the last writer wins,
+  and deleting a ConfigMap deletes its files), so each release's ConfigMaps, uids, titles and
+  data keys must differ: two names in one namespace, one name in two namespaces, with and
+  without one shared Grafana namespace; and the plain set's keys (`kubectl apply -k
+  dashboards/`) are none of a release's.
 - The SLO dashboard draws what the release's rules use: with the default values it is
   dashboards/llm-sidecar-slo.json itself (but for uid and title); with other objectives,
   windows or budget shares it is exactly what the generator draws for the spec those values
@@ -33,15 +36,17 @@ def helm_ok() -> None:
 
 
 def dashboards(release: str = "llm-sidecar", namespace: str = "llm", *sets: str) -> list[dict]:
-    """The dashboard ConfigMaps of one release, each with its dashboard parsed."""
+    """The dashboard ConfigMaps of one release, each with its data key, the dashboards/ file it
+    is the copy of, and its dashboard parsed."""
     args = [a for s in sets for a in ("--set", s)]
     text = sync.helm("template", release, str(CHART), "--namespace", namespace, "--kube-version", sync.KUBE_VERSION,
                      "--set", f"image.repository={sync.EXAMPLE_IMAGE}", "--show-only", "templates/dashboards.yaml", *args)  # fmt: skip
     out = []
     for cm in sync.objects(text):
         (key,) = cm["data"]
+        source = cm["metadata"]["annotations"]["llm-sidecar/source"]
         out.append({"namespace": cm["metadata"].get("namespace", namespace), "name": cm["metadata"]["name"],
-                    "file": key, "dashboard": json.loads(cm["data"][key])})  # fmt: skip
+                    "key": key, "file": source.removeprefix("dashboards/"), "dashboard": json.loads(cm["data"][key])})  # fmt: skip
     assert out
     return out
 
@@ -62,6 +67,16 @@ PAIRS = {
 }  # fmt: skip
 
 
+def plain_keys() -> set[str]:
+    """The data keys of `kubectl apply -k dashboards/`: kustomize's key of a `files` entry is
+    its `key=` part, else the file's name."""
+    k = yaml.safe_load((ROOT / "dashboards" / "kustomization.yaml").read_text(encoding="utf-8"))
+    entries = [f for g in k["configMapGenerator"] for f in g["files"]]
+    keys = {f.split("=", 1)[0] if "=" in f else f.rsplit("/", 1)[-1] for f in entries}
+    assert len(keys) == len(entries) and keys
+    return keys
+
+
 @pytest.mark.parametrize("pair", list(PAIRS))
 def test_two_releases_dashboards_cannot_overwrite_each_other(pair):
     (r1, n1), (r2, n2), sets = PAIRS[pair]
@@ -70,6 +85,12 @@ def test_two_releases_dashboards_cannot_overwrite_each_other(pair):
     assert not {(m["namespace"], m["name"]) for m in one} & {
         (m["namespace"], m["name"]) for m in two
     }
+    # Grafana's dashboard sidecar: no file of one is the other's, nor one of the plain set's
+    # (it writes every ConfigMap's keys into one folder, whichever namespace they come from).
+    keys_one, keys_two = {m["key"] for m in one}, {m["key"] for m in two}
+    assert len(keys_one) == len(one) and len(keys_two) == len(two)
+    assert not keys_one & keys_two
+    assert not (keys_one | keys_two) & plain_keys()
     # Grafana: no uid, and no title, of one is the other's.
     assert not {m["dashboard"]["uid"] for m in one} & {m["dashboard"]["uid"] for m in two}
     assert not {m["dashboard"]["title"] for m in one} & {m["dashboard"]["title"] for m in two}
@@ -77,11 +98,25 @@ def test_two_releases_dashboards_cannot_overwrite_each_other(pair):
         assert len(m["dashboard"]["uid"]) <= 40, "Grafana's uid limit"
 
 
+def test_a_release_names_its_keys_namespace_fullname_file():
+    """<namespace>_<fullname>_<file>: neither a namespace nor a fullname (DNS names) holds "_",
+    so the key says whose file it is, and no plain file name (none holds "_") is one."""
+    for release, namespace, fullname in (
+        ("llm-sidecar", "llm", "llm-sidecar"),
+        ("chat", "team-a", "chat-llm-sidecar"),
+    ):
+        for m in dashboards(release, namespace):
+            assert m["key"] == f"{namespace}_{fullname}_{m['file']}"
+    assert not [k for k in plain_keys() if "_" in k]
+    assert {m["file"] for m in dashboards()} == plain_keys(), "one release copy per plain file"
+
+
 def test_a_release_keeps_its_uids_across_upgrades():
-    """The uid follows the release, not the values: an upgrade updates the same dashboard."""
-    before = {m["dashboard"]["uid"] for m in dashboards("a", "llm")}
+    """The uid and the key follow the release, not the values: an upgrade updates the same
+    dashboard, in the same file."""
+    before = {(m["key"], m["dashboard"]["uid"]) for m in dashboards("a", "llm")}
     after = {
-        m["dashboard"]["uid"]
+        (m["key"], m["dashboard"]["uid"])
         for m in dashboards("a", "llm", "prometheus.rules.objectives.ttft.target=99")
     }
     assert before == after
