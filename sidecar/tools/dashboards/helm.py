@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any
 
 from ..slo import conventions as c
 from ..slo.rules import objective_text
-from ..slo.spec import SLOSpec, WindowSetting
+from ..slo.spec import Objective, SLOSpec, WindowSetting
 from ..slo.windows import burn_rate_factor, format_duration, format_number
 from .render import json_text
 
@@ -59,6 +59,11 @@ def _seconds(lookup: str) -> str:
     return f'(include "llm-sidecar.seconds" {lookup} | atoi)'
 
 
+def _constant(value: str) -> Callable[[re.Match[str]], str]:
+    """A re.sub replacement that is ``value`` as it is (no backslash processing)."""
+    return lambda _match: value
+
+
 class _Replacements:
     """(literal, Helm action) pairs, applied longest literal first so that no literal
     replaces part of a longer one."""
@@ -74,7 +79,7 @@ class _Replacements:
     def apply(self, text: str) -> str:
         for literal in sorted(self.pairs, key=len, reverse=True):
             pattern = rf"(?<![0-9.]){re.escape(literal)}(?![0-9])"
-            text = re.sub(pattern, lambda _m, a=self.pairs[literal]: a, text)
+            text = re.sub(pattern, _constant(self.pairs[literal]), text)
         return text
 
 
@@ -156,7 +161,7 @@ def _stand_in(spec: SLOSpec, out: _Replacements) -> SLOSpec:
 # ----------------------------------------------------------------- per-model overrides
 
 
-def _walk(node: Any):
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
     """Every JSON object in ``node``, outermost first (panels, rows' panels, queries)."""
     if isinstance(node, dict):
         yield node
@@ -172,7 +177,9 @@ def _override_value(objective: str, key: str) -> str:
     return f'(float64 (default (index {_OBJECTIVES} "{objective}" "{key}") (index $o "{key}")))'
 
 
-def _mark_overrides(data: dict, spec: SLOSpec, stand_in: SLOSpec, marks: dict[str, str]) -> None:
+def _mark_overrides(
+    data: dict[str, Any], spec: SLOSpec, stand_in: SLOSpec, marks: dict[str, str]
+) -> None:
     """Put a marker where values' per-model overrides add to the SLO dashboard: before each
     objective's target line and breakdown query (``(override) or`` per overridden model), in
     its SLI stat's field overrides (the model's own target colour), at the end of its SLI
@@ -243,7 +250,7 @@ def _breakdown_action(objective: str, expr: str, threshold: float) -> str:
     return _range(objective, f"({_json(variant)}) or ", need="thresholdSeconds")
 
 
-def _stat_overrides_action(objective: str, existing: list) -> str:
+def _stat_overrides_action(objective: str, existing: list[Any]) -> str:
     """The SLI stat's field overrides: an overridden model's legend (it ends with the model)
     coloured by its own target. Built by Helm as data, written with toJson."""
     t = _override_value(objective, "target")
@@ -269,7 +276,7 @@ def _overrides_count(objective: str) -> str:
     )
 
 
-def _overrides_sentence(objective) -> str:
+def _overrides_sentence(objective: Objective) -> str:
     """ " Per-model overrides: model M: <objective text>; ..." for the objective's overrides in values."""
     scope = objective.scopes()[0]
     text = objective_text(scope)
@@ -295,7 +302,7 @@ def _json(text: str) -> str:
 # ------------------------------------------------------------------------ the templates
 
 
-def _release_marks(data: dict, marks: dict[str, str]) -> None:
+def _release_marks(data: dict[str, Any], marks: dict[str, str]) -> None:
     """The release's uid and title, and its own series selected when the dashboard opens (the
     release variable's current value: ``<namespace>/<fullname>``, as its monitors label them)."""
     base_uid, base_title = data["uid"], data["title"]
@@ -314,7 +321,9 @@ def _release_marks(data: dict, marks: dict[str, str]) -> None:
             }
 
 
-def _finish(data: dict, marks: dict[str, str], replacements: _Replacements | None = None) -> str:
+def _finish(
+    data: dict[str, Any], marks: dict[str, str], replacements: _Replacements | None = None
+) -> str:
     text = _escape(json_text(data))
     if replacements is not None:
         text = replacements.apply(text)
@@ -334,7 +343,9 @@ def _finish(data: dict, marks: dict[str, str], replacements: _Replacements | Non
     return header + text
 
 
-def chart_templates(spec: SLOSpec, build: Callable[[SLOSpec], dict[str, dict]]) -> dict[str, str]:
+def chart_templates(
+    spec: SLOSpec, build: Callable[[SLOSpec], dict[str, dict[str, Any]]]
+) -> dict[str, str]:
     """File name -> the chart's Helm template of that dashboard. ``build`` makes the
     dashboards for a spec (``sidecar.tools.dashboards.build_dashboards``)."""
     out: dict[str, str] = {}

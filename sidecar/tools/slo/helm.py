@@ -38,10 +38,10 @@ from typing import Any
 from prometheus_client.utils import floatToGoString
 
 from . import conventions as c
-from .render import render_rules
 from .capacity import generate
+from .render import render_rules
 from .rules import Numbers, Rule, RuleSet
-from .spec import ModelOverride, SLOSpec, Scope, WindowSetting
+from .spec import ModelOverride, Scope, SLOSpec, WindowSetting
 from .windows import AlertWindow
 
 __all__ = [
@@ -515,7 +515,7 @@ def schema_section(spec: SLOSpec) -> dict[str, Any]:
             latency = c.latency_sli(o.sli, o.cache_class)
             as_text = sorted(
                 {format(b, "g") for b in latency.buckets}
-                | {floatToGoString(b) for b in latency.buckets},
+                | {floatToGoString(b) for b in latency.buckets},  # type: ignore[no-untyped-call]
                 key=lambda t: (float(t), t),
             )
             entry["thresholdSeconds"] = {
