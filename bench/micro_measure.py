@@ -49,7 +49,7 @@ def chunk(i: int) -> bytes:
         "choices": [
             {
                 "index": 0,
-                "delta": {"content": " tok%d" % i},
+                "delta": {"content": f" tok{i}"},
                 "logprobs": None,
                 "finish_reason": None,
             }

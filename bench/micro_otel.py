@@ -22,12 +22,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
 from bench.micro_measure import ITL, TOKENS, _best, chunk
-from sidecar.export.metrics import SidecarMetrics
-from sidecar.measure.observe import ResponseObserver
-from sidecar.base.routes import match_route
 from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline
+from sidecar.base.routes import match_route
+from sidecar.export.metrics import SidecarMetrics
 from sidecar.export.spans import RequestTelemetry
+from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.timeline import RequestTimeline
 
 
 def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:

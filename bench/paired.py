@@ -37,8 +37,17 @@ import orjson
 
 from bench.client import token_range
 from bench.run import (
-    Procs, cpu_seconds, find_nginx, free_port, longest_tokens, pinning, process_tree, shape_args, start_nginx, wait_http,
-)  # fmt: skip
+    Procs,
+    cpu_seconds,
+    find_nginx,
+    free_port,
+    longest_tokens,
+    pinning,
+    process_tree,
+    shape_args,
+    start_nginx,
+    wait_http,
+)
 from bench.wire import MIXED_TOKENS
 
 

@@ -347,7 +347,7 @@ def run_target(
             client.wait(limit)
         except subprocess.TimeoutExpired:
             procs.stop(client, signal.SIGKILL)
-            raise RuntimeError(f"load generator did not finish within {limit:.0f} s")
+            raise RuntimeError(f"load generator did not finish within {limit:.0f} s") from None
         wall = time.monotonic() - t0
         cpu1, up1, sys1 = cpu_seconds(tree), cpu_seconds([upstream.pid]), system_busy_seconds()
         kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client, start-up included
@@ -404,7 +404,7 @@ def shape_args(args: argparse.Namespace, who: str) -> list[str]:
         return []
     if who == "upstream":
         return ["--shape", args.shape]
-    return ["--shape", args.shape, "--token-range", "%d,%d" % args.token_range]
+    return ["--shape", args.shape, "--token-range", ",".join(map(str, args.token_range))]
 
 
 def longest_tokens(args: argparse.Namespace) -> int:
@@ -583,8 +583,12 @@ def summarize(rounds: list[dict]) -> dict:
         all(s is not None and "skipped" not in s for s in sidecar)
         and rounds[0]["targets"].get("direct") is not None
     ):
-        itl = statistics.median(_added(s, r["ratios"], "itl") for s, r in zip(sidecar, rounds))
-        ttft = statistics.median(_added(s, r["ratios"], "ttft") for s, r in zip(sidecar, rounds))
+        itl = statistics.median(
+            _added(s, r["ratios"], "itl") for s, r in zip(sidecar, rounds, strict=True)
+        )
+        ttft = statistics.median(
+            _added(s, r["ratios"], "ttft") for s, r in zip(sidecar, rounds, strict=True)
+        )
         checks = {
             "complete_and_unbuffered": all(s["complete"] and s["unbuffered"] for s in sidecar),
             f"added_itl_p99_ms<={GOAL['added_itl_p99_ms']}": itl <= GOAL["added_itl_p99_ms"],

@@ -28,8 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from sidecar.base.buckets import TTFT_BUCKETS
-from sidecar.tools.slo import conventions as c
-from sidecar.tools.slo import parse_spec
+from sidecar.tools.slo import conventions as c, parse_spec
 from sidecar.tools.slo.rules import sli_error_expr
 
 MODEL = "m"

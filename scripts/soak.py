@@ -297,7 +297,7 @@ async def drive(
                                 first = time.monotonic() - t0
                             sha.update(chunk)
                             size += len(chunk)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     errors[type(exc).__name__] += 1
                     continue
                 finally:

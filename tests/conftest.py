@@ -444,7 +444,7 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: flo
         if result:
             return
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met within %.1f s" % timeout)
+            raise AssertionError(f"condition not met within {timeout:.1f} s")
         await asyncio.sleep(0.01)
 
 

@@ -55,7 +55,7 @@ class WireTap:
 
     async def start(self) -> WireTap:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.url = "http://127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self
 
     async def close(self) -> None:

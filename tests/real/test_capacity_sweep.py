@@ -172,7 +172,7 @@ def token_gaps(artifacts) -> list[float]:
         if line.strip():
             times = token_times(json.loads(line))
             assert 0 < len(times) <= OUTPUT_TOKENS, len(times)
-            gaps.extend((b - a) / 1e9 for a, b in zip(times, times[1:]))
+            gaps.extend((b - a) / 1e9 for a, b in zip(times, times[1:], strict=False))
     return gaps
 
 
@@ -234,7 +234,7 @@ def choose_threshold(
             margin = min(margin, *(abs(j - 0.95) for j in judged.values() if j is not None))
         if best is None or margin > best[2]:
             best = (bound, max(meeting), margin)
-    assert best is not None, f"no ITL bucket bound separates the levels' p95 gaps: " + str(
+    assert best is not None, "no ITL bucket bound separates the levels' p95 gaps: " + str(
         {lvl: quantile(g, 0.95) for lvl, g in gaps_by_level.items()}
     )
     return best
@@ -289,7 +289,10 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
                 requests += ROUNDS * level
                 # Each request is filed just after its connection ends; aiperf may exit first.
                 await wait_for(
-                    lambda: sum(outcome_counts(running.registry).values()) == requests, timeout=30
+                    lambda requests=requests: (
+                        sum(outcome_counts(running.registry).values()) == requests
+                    ),
+                    timeout=30,
                 )
                 assert outcome_counts(running.registry) == {"ok": requests}, output[-3000:]
                 d = delta(band_figures(running.registry), before)

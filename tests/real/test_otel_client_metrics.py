@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from sidecar.export import semconv as sc
 from sidecar.app import build_sidecar
+from sidecar.export import semconv as sc
 from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
 from tests.real.servers import LLAMACPP, MODEL, serving
 

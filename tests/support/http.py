@@ -15,7 +15,7 @@ async def status(url: str) -> int | None:
             async with s.get(url) as r:
                 await r.read()
                 return r.status
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return None
 
 

@@ -81,7 +81,7 @@ class RawUpstream:
                 self.received[index] = data
             writer.write(self.response)
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()

@@ -8,7 +8,6 @@ process then holds the simulator, the sidecar and the client, so a census of it 
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass, field, replace
 from functools import partial
 

@@ -23,8 +23,7 @@ import yaml
 
 from sidecar.tools.dashboards import overview, slo
 from sidecar.tools.dashboards.inspect import panel_queries, variable_queries
-from sidecar.tools.slo import conventions as c
-from sidecar.tools.slo import load_spec, parse_spec
+from sidecar.tools.slo import conventions as c, load_spec, parse_spec
 from sidecar.tools.slo.windows import WORKBOOK_WINDOWS, burn_rate_factor, format_number
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -86,7 +86,7 @@ def test_engine_panels_show_the_selected_release_pods_only(tmp_path):
     # promtool checks each expression's result exactly: its labels must be the release's pod
     # (value unchecked: any number). An expected-result miss names the query.
     tests = []
-    for where, expr in queries:
+    for _where, expr in queries:
         tests.append(
             {
                 "expr": f"count by (namespace, pod) ({expr})",

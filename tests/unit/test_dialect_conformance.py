@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from tests.fixtures.streams.expected import DIALECTS, Dialect
 from tests.fixtures.streams.harness import (
@@ -129,7 +128,7 @@ def test_any_json_events_never_raise_and_split_invariant(folder, data):
         data.draw(st.sampled_from(dialect.event_names)) if dialect.event_names else None
         for _ in objs
     ]
-    raw = b"".join(dialect.frame(orjson.dumps(o), e) for o, e in zip(objs, events))
+    raw = b"".join(dialect.frame(orjson.dumps(o), e) for o, e in zip(objs, events, strict=True))
     expected = run_whole(dialect.make, raw)
     assert (
         run(dialect.make, split_at(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=10))))

@@ -33,7 +33,6 @@ from tests.fixtures.streams.expected import ANSWER, LLAMACPP
 from tests.fixtures.streams.harness import load, run_whole
 from tests.support.sse import sse
 
-
 make = LlamaCppStreamDialect
 
 

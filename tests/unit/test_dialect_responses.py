@@ -37,7 +37,6 @@ from tests.fixtures.streams.expected import ANSWER, REASONING, TOOL
 from tests.fixtures.streams.harness import load, run_whole
 from tests.support.sse import sse
 
-
 make = ResponsesStreamDialect
 
 

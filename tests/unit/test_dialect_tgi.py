@@ -20,7 +20,6 @@ from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response
 from tests.fixtures.streams.expected import ANSWER
 from tests.fixtures.streams.harness import FAST, load, objects_from, run_whole
 
-
 make = TGIStreamDialect
 
 

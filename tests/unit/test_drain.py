@@ -10,7 +10,6 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
-
 from structlog.testing import capture_logs
 
 from sidecar.relay.server.drain import PROGRESS_SECONDS, RETRY_AFTER_SECONDS, Drain, in_kubernetes

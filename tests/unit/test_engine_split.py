@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from sidecar.streams.protocols.events import (
     EngineTimings,
     ResponseInfo,
@@ -26,8 +27,6 @@ from sidecar.streams.protocols.events import (
 )
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
 from sidecar.streams.protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
-from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, load, run_bytewise, run_whole, split_at
 
 VLLM_CHAT = load("openai", "vllm032_chat_per_request_metrics.txt")

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from sidecar.streams.protocols import _base
 from sidecar.streams.protocols.openai import OpenAIStreamDialect

@@ -21,12 +21,15 @@ from __future__ import annotations
 import json
 from functools import partial
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
+from sidecar.base.outcomes import Outcome
+from sidecar.base.routes import ROUTES
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.dialects import dialect_of
 from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
@@ -36,11 +39,7 @@ from sidecar.streams.protocols.events import (
     Tokens,
     Usage,
 )
-from sidecar.base.routes import ROUTES
 from sidecar.streams.sse import SSEDecoder
-from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline
-from sidecar.streams.dialects import dialect_of
 from tests.fixtures.streams.harness import run, split_at
 from tests.support.fuzz import RECORDED_LINES, hostile_bytes, json_objects
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.measure.observe import ResponseObserver
 from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline
 from sidecar.base.routes import match_route
+from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.timeline import RequestTimeline
 
 
 def chunk(delta: str, finish: str = "null") -> bytes:

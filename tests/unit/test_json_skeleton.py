@@ -10,9 +10,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from sidecar.base.routes import ROUTES
 from sidecar.measure import json_skeleton as js
 from sidecar.measure.json_skeleton import (
     MAX_KEPT_DEPTH,
@@ -24,9 +24,8 @@ from sidecar.measure.json_skeleton import (
 )
 from sidecar.measure.observe import SMALL_JSON_BYTES, ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.base.routes import ROUTES
-from sidecar.streams.protocols.events import ParseError
 from sidecar.streams.dialects import DIALECTS
+from sidecar.streams.protocols.events import ParseError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # Every recorded non-streamed body: real servers' answers and the dialects' recorded shapes.
@@ -38,7 +37,7 @@ PARSER_IDS = sorted(p.__name__ for p in PARSERS)
 
 def split_feed(body: bytes, cuts: list[int]) -> bytes | None:
     reader = JsonSkeleton()
-    for a, b in zip([0, *cuts], [*cuts, len(body)]):
+    for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True):
         reader.feed(body[a:b])
     return reader.close()
 

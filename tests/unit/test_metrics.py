@@ -12,13 +12,13 @@ from sidecar.base.buckets import (
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
-from sidecar.config import Settings
 from sidecar.base.labels import ModelLabeler
-from sidecar.export.metrics import SidecarMetrics, SLOThresholds
-from sidecar.streams.protocols.events import TokenKind, Usage
-from sidecar.base.routes import OTHER, ROUTES, match_route
 from sidecar.base.outcomes import Outcome
+from sidecar.base.routes import OTHER, ROUTES, match_route
+from sidecar.config import Settings
+from sidecar.export.metrics import SidecarMetrics, SLOThresholds
 from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.protocols.events import TokenKind, Usage
 from tests.support.timelines import ROUTE, streamed
 
 

@@ -26,8 +26,8 @@ from sidecar.base.outcomes import ERROR_TYPE_LABELS
 from sidecar.base.routes import ROUTES
 from sidecar.config import Settings
 from sidecar.export import semconv as sc
-from sidecar.export.prometheus_internals import MetricWrapperBase
 from sidecar.export.otel_setup import providers_from_env
+from sidecar.export.prometheus_internals import MetricWrapperBase
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -191,7 +191,7 @@ def test_the_documented_values_of_the_fixed_labels_are_the_codes():
     """The bounds table's value lists, and the error-type table, against the sets the code
     folds into (a value added on one side only fails)."""
     from sidecar.base.finish_reason import _LABELS as FINISH
-    from sidecar.export.metrics import SERIES_REFUSED_FATES, _METHODS
+    from sidecar.export.metrics import _METHODS, SERIES_REFUSED_FATES
     from sidecar.measure.cache_class import CACHE_CLASSES
     from sidecar.measure.objectives import OBJECTIVES
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from sidecar.streams.ndjson import DEFAULT_MAX_LINE_BYTES, NDJSONDecoder, NDJSONOverflow
 from tests.fixtures.streams.harness import FAST, load, split_at

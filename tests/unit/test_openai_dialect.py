@@ -19,6 +19,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 
+from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import (
     ParseError,
     ResponseInfo,
@@ -34,7 +35,6 @@ from sidecar.streams.protocols.openai import (
     parse_openai_response,
     usage_from_openai,
 )
-from sidecar.measure.timeline import RequestTimeline
 from tests.fixtures.streams.expected import ANSWER, DIALECTS, REASONING, TOOL
 from tests.fixtures.streams.harness import load, objects_from, run_whole
 

@@ -14,8 +14,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
-from sidecar.base.outcomes import Outcome
 from sidecar.base.buckets import TOOL_CALL_COUNT_BUCKETS
+from sidecar.base.outcomes import Outcome
 from sidecar.export import semconv as sc
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.export.spans import RequestTelemetry

@@ -9,6 +9,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from sidecar.export.otel_setup import UNHEALTHY_SHUTDOWN_SECONDS, TelemetryProviders
 from sidecar.export.otlp_health import (
     LOG_EVERY_SECONDS,
     SLOW_EXPORT_SECONDS,
@@ -17,7 +18,6 @@ from sidecar.export.otlp_health import (
     GuardedSpanExporter,
     quiet_sdk_export_logs,
 )
-from sidecar.export.otel_setup import UNHEALTHY_SHUTDOWN_SECONDS, TelemetryProviders
 
 
 class Clock:

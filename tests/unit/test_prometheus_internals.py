@@ -55,11 +55,14 @@ def test_the_readers_on_the_installed_version():
     pi.observe_many(h, [0.05, 0.5, 2.0, 0.1])
     for v in (0.05, 0.5, 2.0, 0.1):
         one.observe(v)
-    samples = lambda m: [
-        (s.name.split("_", 1)[1], s.labels, s.value)
-        for s in m.collect()[0].samples
-        if "created" not in s.name
-    ]  # noqa: E731
+
+    def samples(m):
+        return [
+            (s.name.split("_", 1)[1], s.labels, s.value)
+            for s in m.collect()[0].samples
+            if "created" not in s.name
+        ]
+
     assert samples(h) == samples(one)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.base.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
 from sidecar.config import ConfigError, load_settings
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.base.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
 from sidecar.streams.protocols.events import Usage
 from tests.support.timelines import ROUTE, streamed
 

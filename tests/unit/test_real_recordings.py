@@ -21,9 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
+from sidecar.base.outcomes import Outcome
+from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from sidecar.streams.protocols.events import (
     EngineTimings,
     ParseError,
@@ -31,8 +32,6 @@ from sidecar.streams.protocols.events import (
     StreamError,
     Tokens,
 )
-from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import FAST, split_at
 from tests.real.wire import engine_counts, json_events, reported_usage, token_arrivals
 from tests.support.recordings import RECORDINGS, STREAMS, meta, replay

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
+from sidecar.base.routes import match_route
 from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.timeline import RequestTimeline
 from sidecar.relay.data import body_relay
 from sidecar.relay.data.body_relay import BodyRelay
-from sidecar.base.routes import match_route
-from sidecar.measure.timeline import RequestTimeline
 
 
 class Transport:

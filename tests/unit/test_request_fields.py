@@ -9,8 +9,7 @@ import time
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from sidecar.measure.request_fields import (
     MAX_TOKEN_KEYS,
@@ -44,7 +43,7 @@ def reference(body: bytes) -> RequestFields | None:
 
 def split_feed(body: bytes, cuts: list[int]) -> RequestFields | None:
     scanner = RequestFieldScanner()
-    for a, b in zip([0, *cuts], [*cuts, len(body)]):
+    for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True):
         scanner.feed(body[a:b])
     return scanner.close()
 
@@ -106,7 +105,7 @@ def encode_pairs(pairs: list[tuple[str, object]], rng: random.Random) -> bytes:
             text = json.dumps(value, ensure_ascii=rng.random() < 0.5)
         k = json.dumps(key, ensure_ascii=rng.random() < 0.5)
         if rng.random() < 0.2 and key and max(map(ord, key)) < 0xD800:
-            k = '"' + "".join("\\u%04x" % ord(c) for c in key) + '"'  # a fully escaped key
+            k = '"' + "".join(f"\\u{ord(c):04x}" for c in key) + '"'  # a fully escaped key
         ws = rng.choice(["", " ", "\n\t ", "\r\n"])
         parts.append(f"{ws}{k}{ws}:{ws}{text}{ws}")
     return ("{" + ",".join(parts) + "}").encode()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from sidecar.export.logs import RequestLogger
 from sidecar.base.outcomes import Outcome
+from sidecar.export.logs import RequestLogger
 from sidecar.measure.timeline import RequestTimeline
 
 

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from sidecar.cli import main
-from sidecar.tools.slo import conventions as c
-from sidecar.tools.slo import generate
+from sidecar.tools.slo import conventions as c, generate
 from sidecar.tools.slo.spec import DEFAULT_RUNBOOK_URL, load_spec
 from tests.support.rules import SPEC, every_alert_spec
 

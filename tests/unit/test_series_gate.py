@@ -14,8 +14,8 @@ from prometheus_client.exposition import generate_latest
 
 from sidecar.app import build_sidecar
 from sidecar.config import Settings
-from sidecar.export.prometheus_internals import SeriesGate, WithoutCreated
 from sidecar.export.otel_setup import providers_from_env
+from sidecar.export.prometheus_internals import SeriesGate, WithoutCreated
 from sidecar.relay.control.model_discovery import MAX_LISTING_BYTES, decoded_listing
 from tests.support.exposition import count_series
 

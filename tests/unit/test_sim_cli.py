@@ -4,8 +4,10 @@ cap above the sidecar's own so the sidecar's limits can be tried through it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import urllib.request
 from typing import Any
 
 import pytest
@@ -14,8 +16,6 @@ from sidecar.cli import _build_parser
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-import re
-import urllib.request
 
 MODEL = "sim-llama-3-8b"
 

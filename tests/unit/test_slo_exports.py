@@ -20,9 +20,8 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.tools.slo import conventions as c
-from sidecar.tools.slo import generate, parse_spec, render_rules
 from sidecar.base.outcomes import Outcome
+from sidecar.tools.slo import conventions as c, generate, parse_spec, render_rules
 from tests.conftest import wait_for
 from tests.support.sse import chat_chunk
 

@@ -10,8 +10,10 @@ import yaml
 from prometheus_client.utils import floatToGoString
 
 from sidecar.cli import main
-from sidecar.tools.slo import conventions as c
-from sidecar.tools.slo import generate as slo_generate  # the SLO rules and the capacity group
+from sidecar.tools.slo import (
+    conventions as c,
+    generate as slo_generate,  # the SLO rules and the capacity group
+)
 from sidecar.tools.slo.cli import render_command
 from sidecar.tools.slo.render import HEADER, render_rules
 from sidecar.tools.slo.rules import ERROR_CAUSES, generate, promql_string, sli_error_expr

@@ -4,11 +4,8 @@ token lane is checked against the Python relay path: tests/unit/test_token_lane.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from sidecar.base import speedups
 from tests.conftest import IN_CI

@@ -7,8 +7,7 @@ time, at random split points (hypothesis), and with trailing incomplete data aft
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from sidecar.streams.sse import SSEDecoder, SSEEvent, SSEOverflow
 
@@ -40,7 +39,7 @@ def bytewise(data: bytes, **kw):
 def split_at(data: bytes, cuts) -> list[bytes]:
     cuts = sorted(set(cuts))
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def draw_chunks(draw, data: bytes) -> list[bytes]:

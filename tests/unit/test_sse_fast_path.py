@@ -18,8 +18,7 @@ and past their bounds.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from sidecar.streams.protocols.openai import OpenAIStreamDialect
 from sidecar.streams.sse import SSEDecoder, SSEEvent
@@ -124,7 +123,7 @@ def chunked_stream(draw, bound: tuple[int, int | None] = (1 << 20, None)) -> lis
     if mode == "cut":
         raw = b"".join(pieces)
         cuts = sorted(set(draw(st.lists(st.integers(0, len(raw)), max_size=12))))
-        return [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+        return [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     chunks: list[bytes] = []
     current = b""
     for p in pieces:

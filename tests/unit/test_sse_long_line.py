@@ -60,7 +60,7 @@ def test_in_place_growth_gives_the_same_events_as_whole_feeding():
     for _ in range(20):
         decoder = SSEDecoder(max_line_bytes=10_000)
         cuts = sorted(rng.sample(range(1, len(stream)), 50))
-        parts = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+        parts = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
         assert [e for p in parts for e in decoder.feed(p)] == whole
     assert sum(isinstance(e, SSEOverflow) for e in whole) == 1
     assert whole[-1] == SSEEvent(b"tail")

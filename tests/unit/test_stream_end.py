@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.measure.observe import ResponseObserver
-from sidecar.streams.protocols.openai import OpenAIStreamDialect
-from sidecar.base.routes import ROUTES, match_route
 from sidecar.base.outcomes import CLIENT_DISCONNECTED, STREAM_TRUNCATED, Outcome
+from sidecar.base.routes import ROUTES, match_route
+from sidecar.measure.observe import ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.dialects import dialect_of
+from sidecar.streams.protocols.openai import OpenAIStreamDialect
 from tests.fixtures.streams.harness import (
     END_MARKER_STREAMS,
     FINISHED_BEFORE_MARKER,

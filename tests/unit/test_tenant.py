@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
+from sidecar.base.tenant import TenantLabeler, check_tenant_header
 from sidecar.config import ConfigError, load_settings
 from sidecar.tools.slo import parse_spec
-from sidecar.base.tenant import TenantLabeler, check_tenant_header
 from tests.conftest import wait_for
 
 ROUTE = "/v1/chat/completions"

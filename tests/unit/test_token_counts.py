@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.base.outcomes import Outcome
+from sidecar.base.routes import ROUTES
 from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from sidecar.streams.protocols.events import EngineTimings, TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
-from sidecar.base.routes import ROUTES
-from sidecar.base.outcomes import Outcome
-from sidecar.measure.timeline import RequestTimeline, TokenCountSource
 from tests.fixtures.streams.harness import load, run_whole
 
 ANSWER = Tokens(TokenKind.ANSWER, 1)

@@ -20,17 +20,15 @@ import sys
 from array import array
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from bench.wire import StreamWire
-from sidecar.relay.data import token_lane, token_lane_py
 from sidecar.base.routes import match_route
 from sidecar.base.speedups import chunk_payload_py, plain, plain_at_py
 from sidecar.measure.concurrency import DecodeConcurrency
 from sidecar.measure.observe import ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.relay.data import body_relay
+from sidecar.relay.data import body_relay, token_lane, token_lane_py
 from sidecar.relay.data.body_relay import BodyRelay
 from sidecar.relay.data.upstream import UpstreamConnection
 from tests.conftest import IN_CI
@@ -462,7 +460,7 @@ def test_generated_streams_relay_as_the_python_path(impl, stream, data):
         | set(data.draw(st.lists(st.integers(0, max(len(frames), 1)), max_size=4)))
     )
     bounds = [0, *[c for c in cuts if 0 < c < len(frames)], len(frames)]
-    reads = [frames[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    reads = [frames[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     t = 100.05
     steps = []
     for read in reads:
@@ -520,7 +518,7 @@ def test_the_lane_writes_no_attribute_of_another_object(lane, monkeypatch):
             return self._lane.flush()
 
         def poke(self, obj) -> None:  # what the old lane did: a write from C (builtin setattr)
-            setattr(obj, "last_token", 1.0)
+            obj.last_token = 1.0
 
         memo = property(lambda self: self._lane.memo)
         off = property(lambda self: self._lane.off)

@@ -24,7 +24,6 @@ from sidecar.streams.protocols.responses import ResponsesStreamDialect
 from tests.fixtures.streams.harness import events_of, load
 from tests.support.tool_calls import expected_times
 
-
 STREAMS = [
     ("openai", "built_vllm_tools.txt", OpenAIStreamDialect, 1),
     ("openai", "built_vllm_parallel_tools.txt", OpenAIStreamDialect, 2),

@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
-from sidecar.export import semconv as sc
 from sidecar.app import build_sidecar
 from sidecar.config import Settings
+from sidecar.export import semconv as sc
 from tests.conftest import RunningSidecar, metric_points, run_sidecar, sidecar_settings, wait_for
 from tests.support.spans import one_span
 from tests.support.sse import chat_chunk, scripted

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import ServeProcess, serve_process, wait_for  # noqa: F401 - fixture
+from tests.conftest import ServeProcess, wait_for
 from tests.support.sse import USAGE, chat_chunk, scripted
 
 pytestmark = pytest.mark.integration
@@ -180,7 +180,8 @@ async def test_sigterm_keeps_relaying_while_the_upstream_answers_then_refuses_wi
                             health["status"] = 503  # the upstream is going away
                             statuses = []
 
-                            async def refused() -> bool:  # once the drain's health poll sees it
+                            async def refused(statuses: list[int] = statuses) -> bool:
+                                # once the drain's health poll sees it
                                 async with s2.get(sc.url + "/v1/models") as gone:
                                     statuses.append(gone.status)
                                     seen["gone"] = (

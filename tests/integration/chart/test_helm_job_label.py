@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.chart import require_helm, sync
 from tests.conftest import require_tool
+from tests.support.chart import require_helm, sync
 
 JOB = "inference-sidecar"
 

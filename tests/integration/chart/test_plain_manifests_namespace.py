@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.chart import require_helm, sync
 from tests.conftest import require_tool
+from tests.support.chart import require_helm, sync
 from tests.support.paths import ROOT
 
 DOC = ROOT / "docs" / "kubernetes.md"

@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 
 from sidecar.base.labels import BoundedLabel
-from sidecar.export.metrics import SidecarMetrics
 from sidecar.base.routes import ROUTES
+from sidecar.export.metrics import SidecarMetrics
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for

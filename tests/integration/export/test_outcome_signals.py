@@ -23,8 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import __version__
-from sidecar.base.outcomes import ERROR_TYPE_LABELS
 from sidecar.base.finish_reason import FINISH_REASONS
+from sidecar.base.outcomes import ERROR_TYPE_LABELS
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.conftest import start_app, wait_for

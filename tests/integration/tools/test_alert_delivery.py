@@ -291,7 +291,7 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
                     receiver.arrived.clear()
                     try:
                         await asyncio.wait_for(receiver.arrived.wait(), timeout=2)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
             finally:
                 stop.set()

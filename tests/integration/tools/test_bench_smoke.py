@@ -18,7 +18,6 @@ from bench.wire import COMPLETIONS_PATH, MODELS, closes_per_request, expected_bo
 from tests.conftest import IN_CI
 from tests.support.paths import ROOT
 
-
 TARGET_FIELDS = {
     "tokens_per_s", "errors", "error_kinds", "streams_started", "streams_complete", "checksum_mismatches",
     "complete", "unbuffered", "bunched_share", "tokens_total", "proxy_cpu_us_per_token", "proxy_cpu_pct_core",

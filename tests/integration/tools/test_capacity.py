@@ -58,7 +58,7 @@ async def test_per_band_latency_and_throughput_follow_the_simulators_batching_mo
                 await closed_loop(session, sc.url, n)
                 done += n * REQUESTS_PER_STREAM
                 await wait_for(
-                    lambda: (
+                    lambda done=done: (
                         sc.sample(
                             "llm_requests_total", model="m", route=ROUTE, code="200", outcome="ok"
                         )

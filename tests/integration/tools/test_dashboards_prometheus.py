@@ -45,9 +45,9 @@ import yaml
 from sidecar.tools.dashboards.inspect import panel_queries, substitute, variable_queries
 from sidecar.tools.dashboards.render import to_json_dict
 from sidecar.tools.dashboards.slo import build as build_slo_dashboard
-from sidecar.tools.slo import generate, parse_spec, render_rules
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
+from sidecar.tools.slo import generate, parse_spec, render_rules
 from tests.conftest import require_tool, retry_on_port_clash, start_app
 from tests.support.paths import ROOT
 from tests.support.processes import stop_process

@@ -361,11 +361,15 @@ def test_one_spec_per_deployment_side_by_side_in_one_prometheus(tmp_path):
         )
     firing = [
         {
-            "labels": 'ALERTS{alertname="LLMAvailabilityBurnRate",alertstate="firing",severity="%s",slo="availability",'
-            'namespace="prod",model="m",long_window="%s",short_window="%s"}' % arm,
+            "labels": f'ALERTS{{alertname="LLMAvailabilityBurnRate",alertstate="firing",severity="{severity}",slo="availability",'
+            f'namespace="prod",model="m",long_window="{long_window}",short_window="{short_window}"}}',
             "value": 1,
         }
-        for arm in (("page", "6h", "30m"), ("ticket", "1d", "2h"), ("ticket", "3d", "6h"))
+        for severity, long_window, short_window in (
+            ("page", "6h", "30m"),
+            ("ticket", "1d", "2h"),
+            ("ticket", "3d", "6h"),
+        )
     ]
     test = {
         "rule_files": files,

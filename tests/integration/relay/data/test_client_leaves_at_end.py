@@ -102,7 +102,7 @@ async def rounds(
     for i in range(n):
         assert await read_then_close(s.port, path, sent) == sent
         # One at a time: the next request starts once this one was filed.
-        await wait_for(lambda: sum(outcomes(s).values()) == i + 1)
+        await wait_for(lambda i=i: sum(outcomes(s).values()) == i + 1)
     return outcomes(s)
 
 

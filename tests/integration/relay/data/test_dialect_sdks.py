@@ -23,7 +23,6 @@ from huggingface_hub.errors import GenerationError
 
 from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 from tests.conftest import RunningSidecar, wait_for
-from tests.support.rig import simulator  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

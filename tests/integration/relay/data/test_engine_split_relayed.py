@@ -14,8 +14,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from sidecar.export import semconv as sc
 from sidecar.base.labels import UNKNOWN as UNKNOWN_MODEL
+from sidecar.export import semconv as sc
 from tests.conftest import wait_for
 from tests.fixtures.streams.harness import load
 from tests.support.spans import one_span

@@ -14,13 +14,12 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
-from sidecar.config import Settings
 from sidecar.base.routes import ROUTES
+from sidecar.config import Settings
 from tests.fixtures.streams.harness import split_at
 from tests.support.fuzz import hostile_bytes
 

@@ -8,7 +8,6 @@ import openai
 import pytest
 
 from tests.conftest import wait_for
-from tests.support.rig import simulator  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

@@ -104,7 +104,7 @@ async def test_both_ways_in_are_taken(upstream, sidecar_factory, early_path):
                 assert r.status == 200
                 assert await r.read() == b"".join(sent[-len(STREAM) :])
             await wait_for(
-                lambda: (
+                lambda n=n: (
                     sc.sample(
                         "llm_requests_total",
                         model="m1",
@@ -164,7 +164,7 @@ async def test_chunks_are_relayed_as_they_arrive_not_buffered(upstream, sidecar_
     # Each scripted chunk is its own read at the client, ~150 ms apart (a buffering proxy
     # would deliver them together at the end).
     assert len(arrivals) >= 5
-    gaps = [b - a for a, b in zip(arrivals[-4:], arrivals[-3:])]
+    gaps = [b - a for a, b in zip(arrivals[-4:], arrivals[-3:], strict=False)]
     assert all(g > 0.1 for g in gaps), gaps
 
 

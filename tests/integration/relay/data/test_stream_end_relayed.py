@@ -16,14 +16,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
-from sidecar.export import semconv as sc
 from sidecar.app import build_sidecar
 from sidecar.base.outcomes import STREAM_TRUNCATED
-from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
 from sidecar.base.routes import match_route
+from sidecar.export import semconv as sc
 from sidecar.streams.dialects import dialect_of
-from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS
-from tests.fixtures.streams.harness import cut_before_marker, load
+from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
+from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS, cut_before_marker, load
 from tests.support.sse import replaying
 
 pytestmark = pytest.mark.integration

@@ -1048,7 +1048,7 @@ async def test_pool_close_closes_idle_and_busy_connections(rig):
     )
     assert server.accepted == 3
     sinks = [Sink(), Sink(), Sink()]
-    for conn, sink in zip((fast1, fast2, slow), sinks):
+    for conn, sink in zip((fast1, fast2, slow), sinks, strict=True):
         conn.push(sink)
     await sinks[0].wait()
     await sinks[1].wait()

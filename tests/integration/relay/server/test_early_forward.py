@@ -278,7 +278,7 @@ async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_c
         await wait_for(lambda: len(exporter.get_finished_spans()) == 2, timeout=5.0)
         assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
     first, gone = exporter.get_finished_spans()
-    for span, request in zip((first, gone), on.upstream.requests[-2:]):
+    for span, request in zip((first, gone), on.upstream.requests[-2:], strict=True):
         assert span.context.trace_id == int(client_trace, 16)
         assert span.parent is not None and span.parent.span_id == int(client_span, 16)
         own = b"traceparent: 00-%s-%016x-01" % (client_trace.encode(), span.context.span_id)
@@ -329,7 +329,7 @@ def apart(request: bytes, *cuts: int) -> tuple[bytes, ...]:
     end = request.index(b"\r\n\r\n") + 4
     head, body = request[:end], request[end:]
     bounds = [0, *cuts, len(body)]
-    return (head, *(body[a:b] for a, b in zip(bounds, bounds[1:])))
+    return (head, *(body[a:b] for a, b in zip(bounds, bounds[1:], strict=False)))
 
 
 async def head_then_body(side: Side, request: bytes, between) -> bytes:

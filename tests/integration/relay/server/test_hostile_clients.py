@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tests.conftest import in_flight_total, wait_for
 from tests.support.raw import TCP_ESTABLISHED, raw_socket, tcp_state
-from tests.support.rig import CHAT, rig_factory  # noqa: F401 - fixture
+from tests.support.rig import CHAT
 from tests.support.sse import scripted
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,6 @@ import pytest
 
 from tests.conftest import ServeProcess, wait_for
 from tests.support.raw import TCP_ESTABLISHED, tcp_state
-from tests.support.rig import serve_process  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

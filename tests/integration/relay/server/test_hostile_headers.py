@@ -10,8 +10,8 @@ import json
 import pytest
 
 from tests.conftest import wait_for
-from tests.support.raw import RawUpstream, raw_exchange, raw_upstream  # noqa: F401 - fixture
-from tests.support.rig import CHAT, rig_factory  # noqa: F401 - fixture
+from tests.support.raw import raw_exchange
+from tests.support.rig import CHAT
 from tests.support.sse import chunked
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,6 @@ import pytest
 
 from tests.support.census import CHART_LIMIT, MiB, proc_status, reset_peak
 from tests.support.raw import BodyReadingUpstream, post_raw
-from tests.support.rig import serve_process  # noqa: F401 - fixture
 from tests.support.samples import sample_of
 
 pytestmark = pytest.mark.integration

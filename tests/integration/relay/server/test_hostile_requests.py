@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.base.routes import ROUTES
 from tests.conftest import wait_for
 from tests.support.census import quiet_census, settles_to, tcp_sockets
-from tests.support.raw import RawUpstream, raw_exchange, raw_upstream, status_and_json  # noqa: F401 - fixture
-from tests.support.rig import CHAT, rig_factory, serve_process  # noqa: F401 - fixtures
+from tests.support.raw import RawUpstream, raw_exchange, status_and_json
+from tests.support.rig import CHAT
 from tests.support.sse import chat_chunk
 
 pytestmark = pytest.mark.integration
@@ -85,7 +85,7 @@ async def test_model_and_route_labels_stay_bounded(rig_factory):
         )
 
     async with aiohttp.ClientSession() as s:
-        await asyncio.gather(*(one(s, p, m) for p, m in zip(paths, models)))
+        await asyncio.gather(*(one(s, p, m) for p, m in zip(paths, models, strict=True)))
         await wait_for(lambda: finished() == len(paths))
         async with s.get(f"http://127.0.0.1:{rig.admin_port}/metrics") as r:
             text = await r.text()

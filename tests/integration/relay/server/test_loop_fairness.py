@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.support.rig import serve_process  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
 EVENTS = 200_000
 FLOOD = (
+    f"EVENTS = {EVENTS}\n"
     """
 import socket
 from aiohttp import web
@@ -35,7 +35,7 @@ async def flood(request):
     await request.read()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    for _ in range(%d):
+    for _ in range(EVENTS):
         await resp.write(EVENT)  # one write per event: the reads arrive full of tiny chunks
     await resp.write(b"data: [DONE]\\n\\n")
     return resp
@@ -46,7 +46,6 @@ sock.bind(("127.0.0.1", 0))  # the kernel picks the port; the parent reads it fr
 print(sock.getsockname()[1], flush=True)
 web.run_app(app, sock=sock, print=None)
 """
-    % EVENTS
 )
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
