@@ -176,12 +176,6 @@ class Settings(BaseModel):
         ge=0,
         description="Largest non-streaming JSON response read for its usage; past 64 KiB only a bounded skeleton of it is kept (at most 1 MiB), larger ones are relayed unread",
     )
-    inject_stream_usage: bool = Field(
-        False,
-        description="Removed: the sidecar never rewrites a request, not even to ask for usage "
-        "(real servers answer such a request with other changes too). Kept so old config files "
-        "that say false still load; true is refused",
-    )
     max_request_body_bytes: int = Field(
         64 << 20,
         gt=0,
@@ -282,15 +276,6 @@ class Settings(BaseModel):
         "the route (openai for /v1/*, anthropic for /v1/messages, ...), e.g. vllm",
     )
 
-    @field_validator("inject_stream_usage")
-    @classmethod
-    def _no_injection(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(
-                "removed: the sidecar never rewrites a request; token counts come from the stream"
-            )
-        return value
-
     @field_validator("tenant_header", "otel_provider_name", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: Any) -> Any:
@@ -356,15 +341,6 @@ class Settings(BaseModel):
                 f"{parts.path.rstrip('/')}/v1/chat/completions. Give the server's root instead: {root}"
             )
         return v.rstrip("/")
-
-    @field_validator("inject_stream_usage", mode="before")
-    @classmethod
-    def _false_from_text(cls, v: Any) -> Any:
-        """LLM_SIDECAR_INJECT_STREAM_USAGE=false (an old chart's env) reads as the text
-        'false', which a Literal[False] refuses: read the usual spellings of false as False."""
-        if isinstance(v, str) and v.strip().lower() in ("false", "0", "no", "off"):
-            return False
-        return v
 
     @field_validator("listen", "metrics_listen")
     @classmethod

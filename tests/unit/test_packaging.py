@@ -21,7 +21,8 @@ def test_distribution_name_is_not_the_taken_one():
 def test_the_tools_dependencies_are_an_extra_named_in_the_docs():
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert any(dep.startswith("grafana-foundation-sdk") for dep in extras["tools"])
-    assert extras["dashboards"] == extras["tools"]  # the old name still installs
+    # One name for the tools: nothing is released, so no second name is kept for old installs.
+    assert [name for name, deps in extras.items() if deps == extras["tools"]] == ["tools"]
     assert not any(dep.startswith("grafana") for dep in PYPROJECT["project"]["dependencies"])
     assert "llm-sidecar-proxy[tools]" in (ROOT / "docs" / "dashboards.md").read_text()
 
