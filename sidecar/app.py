@@ -20,7 +20,7 @@ import asyncio
 import gc
 import signal
 from dataclasses import dataclass, field
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 try:
@@ -34,6 +34,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from . import __version__
 from .config import Settings
 from .relay.server.aiohttp_internals import (
     GuardedServer,
@@ -398,6 +399,24 @@ def _proxy_entry(sc: Sidecar):
     return entry
 
 
+ADMIN_ENDPOINTS: tuple[tuple[str, str], ...] = (
+    ("/metrics", "the request metrics, Prometheus text (OpenMetrics when asked)"),
+    ("/healthz", "200 while the process runs (liveness)"),
+    ("/readyz", "200 when the upstream's health path answers 2xx, else 503 and why (readiness)"),
+    ("/upstreamz", "the upstream's health alone: 200 or 503 and why, 200 also while draining"),
+    ("/metrics/engine", "the upstream's own metrics page, relayed (--engine-metrics-path)"),
+)
+"""The admin port's endpoints and one line on each, as its ``/`` lists them."""
+
+
+def admin_index(endpoints: Sequence[tuple[str, str]]) -> str:
+    """The admin port's ``/``: one line per endpoint, plain text."""
+    width = max(len(path) for path, _ in endpoints)
+    lines = [f"llm-sidecar {__version__} admin port"]
+    lines += [f"{path.ljust(width)}  {what}" for path, what in endpoints]
+    return "\n".join(lines) + "\n"
+
+
 def _admin_app(sc: Sidecar) -> web.Application:
     app = web.Application()
     app[SIDECAR] = sc
@@ -418,6 +437,16 @@ def _admin_app(sc: Sidecar) -> web.Application:
         so a liveness probe never restarts a server that is finishing its streams."""
         return await _upstream_health(sc, "alive")
 
+    endpoints = list(ADMIN_ENDPOINTS)
+    if not sc.settings.engine_metrics_path:
+        endpoints = [e for e in endpoints if e[0] != "/metrics/engine"]
+    index_text = admin_index(endpoints)
+
+    async def index(request: web.Request) -> web.Response:
+        """What a person opening the admin port in a browser looks for: its endpoints."""
+        return web.Response(text=index_text, content_type="text/plain")
+
+    app.router.add_get("/", index)
     app.router.add_get("/metrics", sc.renderer.handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

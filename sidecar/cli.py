@@ -12,11 +12,20 @@ import ctypes
 import os
 import platform
 import sys
-from collections.abc import Sequence
-from typing import Literal, get_args, get_origin
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NoReturn, get_args, get_origin
+
+from pydantic.fields import FieldInfo
 
 from . import __version__
-from .config import ENV_PREFIX, ConfigError, Settings, load_settings, parse_host_port
+from .config import (
+    ENV_PREFIX,
+    ConfigError,
+    Settings,
+    did_you_mean,
+    load_settings,
+    parse_host_port,
+)
 
 __all__ = ["main"]
 
@@ -52,8 +61,61 @@ def _return_large_buffers_to_the_os() -> None:
     mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
 
-def _flag(name: str) -> str:
+class _Parser(argparse.ArgumentParser):
+    """No abbreviations (``--metrics`` is not ``--metrics-listen``: a later ``--metrics-*``
+    flag would change what a script means), and a misspelt command gets the closest one.
+    Subcommands' parsers are of this class too (argparse makes them ``type(parser)``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument ") and "invalid choice: '" in message:
+            given = message.split("invalid choice: '", 1)[1].split("'", 1)[0]
+            choices = [
+                name
+                for action in self._actions
+                if isinstance(action, argparse._SubParsersAction)
+                for name in action.choices
+            ]
+            message += did_you_mean(given, choices)
+        super().error(message)
+
+
+def flag(name: str) -> str:
+    """The ``serve`` flag of setting ``name``."""
     return "--" + name.replace("_", "-")
+
+
+def _metavar(name: str, info: FieldInfo) -> str | None:
+    """What the value of a setting's flag looks like (None: argparse's own, e.g. choices)."""
+    kind = info.annotation
+    if name == "upstream":
+        return "URL"
+    if name in ("listen", "metrics_listen"):
+        return "HOST:PORT"
+    if name.endswith("_path"):
+        return "PATH"
+    if name == "tenant_header":
+        return "HEADER"
+    if get_origin(kind) is Literal:
+        return None
+    if kind is bool:
+        return "BOOL"
+    if kind is float:
+        return "SECONDS"
+    if kind is int:
+        return "BYTES" if name.endswith("_bytes") else "N"
+    if get_origin(kind) is dict:
+        return "JSON"
+    if get_origin(kind) is list:
+        return "N1,N2" if get_args(kind) == (int,) else "A,B"
+    return "TEXT"
+
+
+def _comma_list(text: str) -> list[str]:
+    return [m.strip() for m in text.split(",") if m.strip()]
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,17 +127,23 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
             if info.is_required()
             else f" (default: {info.get_default(call_default_factory=True)!r})"
         )
-        kwargs: dict = {"dest": name, "default": None, "help": f"{help_text}{default} [env {env}]"}
+        kwargs: dict[str, Any] = {
+            "dest": name,
+            "default": None,
+            "help": f"{help_text}{default} [env {env}]",
+            "metavar": _metavar(name, info),
+        }
         if name == "model_allowlist":
-            kwargs["type"] = lambda s: [m.strip() for m in s.split(",") if m.strip()]
-            kwargs["metavar"] = "M1,M2"
+            kwargs["type"] = _comma_list
         if get_origin(info.annotation) is Literal:
             kwargs["choices"] = get_args(info.annotation)
-        if name == "upstream":
-            kwargs["metavar"] = "URL"
-        parser.add_argument(_flag(name), **kwargs)
+        parser.add_argument(flag(name), **kwargs)
     parser.add_argument(
-        "--config", dest="config", default=None, help=f"YAML settings file [env {ENV_PREFIX}CONFIG]"
+        "--config",
+        dest="config",
+        default=None,
+        metavar="FILE",
+        help=f"YAML settings file [env {ENV_PREFIX}CONFIG]",
     )
 
 
@@ -105,17 +173,20 @@ class _DefaultsAndRawEpilog(
     """Each option's default in its help, and the epilog's table kept as written."""
 
 
-def _env(name: str, default):
+def _env(name: str, default: object) -> object:
     return os.environ.get(ENV_PREFIX + name.upper(), default)
 
 
-def _env_option(parser: argparse.ArgumentParser):
+def _env_option(parser: argparse.ArgumentParser) -> Callable[[str, type, object, str], None]:
     """``add(flag, kind, default, help)``: an option whose default the environment may set
     (``--tokens-spread``: ``LLM_SIDECAR_TOKENS_SPREAD``), read as ``kind``."""
 
-    def add(flag: str, kind: type, default, help: str) -> None:
+    def add(option: str, kind: type, default: object, help: str) -> None:
         parser.add_argument(
-            flag, type=kind, default=kind(_env(flag[2:].replace("-", "_"), default)), help=help
+            option,
+            type=kind,
+            default=kind(_env(option[2:].replace("-", "_"), default)),
+            help=help,
         )
 
     return add
@@ -133,17 +204,27 @@ class _Version(argparse.Action):
     """argparse's version action, without its re-wrapping of the text into one paragraph."""
 
     def __init__(
-        self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None
+        self,
+        option_strings: Sequence[str],
+        dest: str = argparse.SUPPRESS,
+        default: object = argparse.SUPPRESS,
+        help: str | None = None,
     ) -> None:
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         print(_version_text())
         parser.exit()
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="llm-sidecar",
         description="Latency observability sidecar for LLM inference servers.",
     )
@@ -152,7 +233,8 @@ def _build_parser() -> argparse.ArgumentParser:
         action=_Version,
         help="show the version (and whether the C speedups are loaded) and exit",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Not required: a bare `llm-sidecar` prints this help (the commands), not an error.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     # --upstream is required, but may come from the environment or --config instead of a
     # flag, so argparse cannot enforce it; the usage line says so and load_settings checks.
@@ -233,7 +315,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="sidecar admin (metrics) port (default: --port + 1)",
     )
     slo = sub.add_parser("slo", help="SLO spec -> Prometheus recording and burn-rate alert rules")
-    slo_sub = slo.add_subparsers(dest="slo_command", required=True, metavar="SLO_COMMAND")
+    slo_sub = slo.add_subparsers(dest="slo_command", metavar="SLO_COMMAND")
     render = slo_sub.add_parser("render", help="render a spec's rules (YAML) to stdout or --output")
     render.add_argument("spec", help="SLO spec YAML file (see deploy/slo/)")
     render.add_argument("--output", "-o", default=None, help="write here instead of stdout")
@@ -246,19 +328,29 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    """The ``serve`` command's parser (its flags: the settings reference reads them)."""
+    return _command_parser(_build_parser(), argparse.Namespace(command="serve"))
+
+
 def _die(message: str) -> int:
     print(f"llm-sidecar: {message}", file=sys.stderr)
     return 2
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse, and report an unknown flag with the usage of the command it was given to
-    (argparse's own check runs at the top level and prints the top-level usage)."""
+def _parse(argv: Sequence[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Parse; the parser of the command given, and the arguments. An unknown flag is reported
+    with the usage of the command it was given to (argparse's own check runs at the top level
+    and prints the top-level usage) and the closest flag that command has."""
     parser = _build_parser()
     args, extras = parser.parse_known_args(argv)
+    command = _command_parser(parser, args)
     if extras:
-        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
-    return args
+        known = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+        unknown = next((e.partition("=")[0] for e in extras if e.startswith("--")), None)
+        hint = did_you_mean(unknown, known) if unknown else ""
+        command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    return command, args
 
 
 def _command_parser(
@@ -275,7 +367,10 @@ def _command_parser(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
+    command, args = _parse(argv)
+    if args.command is None or (args.command == "slo" and args.slo_command is None):
+        command.print_help()  # a bare command lists its subcommands
+        return 0
     if args.command == "serve":
         flags = {name: getattr(args, name) for name in Settings.model_fields}
         try:
@@ -292,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(serve(settings))
         except OSError as exc:  # e.g. the port is taken; serve's ListenError names the flag
             return _die(
-                exc.strerror
+                str(exc.strerror)
                 if getattr(exc, "flag", None)
                 else f"cannot listen: {exc.strerror or exc}"
             )

@@ -29,6 +29,8 @@ __all__ = [
     "load_settings",
     "parse_host_port",
     "ENV_PREFIX",
+    "BOOLEAN_WORDS",
+    "did_you_mean",
 ]
 
 ENV_PREFIX = "LLM_SIDECAR_"
@@ -94,10 +96,12 @@ class Settings(BaseModel):
     )
     listen: str = Field("0.0.0.0:8080", description="Proxy address HOST:PORT")
     metrics_listen: str = Field(
-        "0.0.0.0:9464", description="Admin address for /metrics /healthz /readyz"
+        "0.0.0.0:9464",
+        description="Admin address HOST:PORT: /metrics, /healthz, /readyz, /upstreamz, "
+        "/metrics/engine (its / lists them)",
     )
     connect_timeout: float = Field(
-        5.0, gt=0, description="Seconds to open a connection to the upstream"
+        5.0, gt=0, description="Seconds to open a connection to the upstream (else 502 or 504)"
     )
     read_timeout: float = Field(
         600.0,
@@ -105,9 +109,17 @@ class Settings(BaseModel):
         description="Idle seconds allowed between two reads from the upstream (no total timeout)",
     )
     drain_seconds: float = Field(
-        30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish"
+        30.0,
+        ge=0,
+        description="On SIGTERM, the longest the sidecar keeps relaying while the upstream answers "
+        "and then lets in-flight streams finish (keep it below the pod's "
+        "terminationGracePeriodSeconds)",
     )
-    health_path: str = Field("/health", description="Upstream path whose 2xx makes /readyz ready")
+    health_path: str = Field(
+        "/health",
+        description="Upstream path whose 2xx makes /readyz ready; also asked by /upstreamz and "
+        "the drain",
+    )
     readiness_timeout: float = Field(
         2.0, gt=0, description="Seconds a readiness probe of the upstream may take"
     )
@@ -126,7 +138,10 @@ class Settings(BaseModel):
         description="If set, only these model label values; others become 'other'",
     )
     max_models: int = Field(
-        50, ge=1, description="Distinct model label values kept before new ones become 'other'"
+        50,
+        ge=1,
+        description="Distinct model label values kept before new ones become 'other'; a name the "
+        "server does not list earns a slot only with an answer that is not a 4xx",
     )
     model_refresh_seconds: float = Field(
         30.0,
@@ -220,8 +235,8 @@ class Settings(BaseModel):
         0,
         ge=0,
         description="Client connections open at once on the proxy port; more get 503 with Retry-After. "
-        "0: derived from the open-files limit (half of it, leaving room for the upstream sockets "
-        "and the admin port)",
+        "0: derived from the open-files limit, (limit - 128) / 2 and at least 16, leaving room "
+        "for the upstream sockets, the admin port and the process's own files",
     )
     max_admin_connections: int = Field(
         64,
@@ -262,7 +277,11 @@ class Settings(BaseModel):
         "info",
         description="Least severe level logged; failed requests are error lines, served ones info",
     )
-    access_log: bool = Field(True, description="One structured line per request")
+    access_log: bool = Field(
+        True,
+        description="One structured line per request (route, model, status, outcome, stream, "
+        "TTFT, TPOT, tokens, duration; never a prompt, a completion or a header)",
+    )
     otel_metrics: bool = Field(
         False,
         description="Also export the GenAI client metrics (gen_ai.client.operation.duration, "
@@ -316,7 +335,7 @@ class Settings(BaseModel):
                 f"own Authorization headers are relayed unchanged. Use {root}"
             )
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http(s) URL with a host, got {v!r}")
+            raise ValueError(f"must be an http(s) URL with a host, got {v!r}{_with_scheme(v)}")
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
@@ -385,7 +404,7 @@ class Settings(BaseModel):
     @field_validator("slo_ttft_seconds", "slo_tpot_seconds", "slo_e2e_seconds")
     @classmethod
     def _threshold_is_bucket(cls, v: float, info: ValidationInfo) -> float:
-        buckets = _SLO_BUCKETS[info.field_name]
+        buckets = _SLO_BUCKETS[str(info.field_name)]
         if v not in buckets:
             raise ValueError(f"{v} is not a histogram bucket bound; choose one of {list(buckets)}")
         return v
@@ -399,9 +418,31 @@ class Settings(BaseModel):
         return parse_host_port(self.metrics_listen)
 
 
-def _closest(name: str, valid: list[str]) -> str:
-    match = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+def did_you_mean(name: str, valid: list[str]) -> str:
+    """``"; did you mean X?"`` naming the closest of ``valid`` to a mistyped ``name``, or ``""``.
+    The one suggestion for every source: flags, environment variables and YAML keys. A name
+    that begins exactly one valid name (an abbreviation, ``--metrics``) suggests that one."""
+    longer = [v for v in valid if v.startswith(name)]
+    match = longer if len(longer) == 1 else difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     return f"; did you mean {match[0]}?" if match else ""
+
+
+def _with_scheme(value: str) -> str:
+    """An address without a scheme (``127.0.0.1:8000``, ``vllm:8000``): the URL meant."""
+    text = value.strip()
+    if "://" in text or not text:
+        return ""
+    meant = "http://" + text
+    try:
+        parts = urlsplit(meant)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return ""
+    return f"; did you mean {meant}?" if parts.hostname else ""
+
+
+BOOLEAN_WORDS = ("true", "false", "1", "0", "yes", "no", "on", "off")
+"""How a boolean setting is written in a flag, a variable or the file (any case)."""
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -410,7 +451,7 @@ def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     ]
     for key in environ:
         if key.startswith(ENV_PREFIX) and key not in known:
-            raise ConfigError(f"unknown environment variable {key}{_closest(key, known)}")
+            raise ConfigError(f"unknown environment variable {key}{did_you_mean(key, known)}")
     out: dict[str, Any] = {}
     for name in Settings.model_fields:
         key = ENV_PREFIX + name.upper()
@@ -476,9 +517,11 @@ def load_settings(
         if err["type"] == "missing":
             msg = f"is required (--{field.replace('_', '-')} or {ENV_PREFIX}{field.upper()})"
             return _raise(f"{field} {msg}")
+        if err["type"] == "bool_parsing":
+            msg = f"{err['input']!r} is not a boolean; use one of {', '.join(BOOLEAN_WORDS)}"
         if err["type"] == "extra_forbidden":
             valid = list(Settings.model_fields)
-            return _raise(f"unknown setting {field!r} in {where}{_closest(field, valid)}")
+            return _raise(f"unknown setting {field!r} in {where}{did_you_mean(field, valid)}")
         return _raise(f"invalid {field} ({where}): {msg}")
 
 

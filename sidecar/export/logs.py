@@ -101,7 +101,9 @@ class RequestLogger:
             status=t.status,
             outcome=t.outcome.value if t.outcome else None,
             error=t.error_type,
-            stream=t.streamed,
+            # What the request asked: a 502 or a refusal never got a token stream, yet the
+            # client asked for one. Without a JSON flag, whether the response was a stream.
+            stream=t.streamed if t.request_stream is None else t.request_stream,
             ttfb_ms=_ms(t.ttfb),
             ttft_ms=_ms(t.ttft),
             tpot_ms=_ms(t.tpot),
