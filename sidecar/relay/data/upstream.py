@@ -69,14 +69,14 @@ class UpstreamError(Exception):
         self.status = status
 
 
-def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
-    """Name the cause (DNS, TLS, refused, other) in the message: the error type stays
-    ``upstream_unreachable`` (a label value), but an operator reading one 502 should not
 # OpenSSL's reasons for a handshake whose answer is not TLS at all: a plain-HTTP server's
 # "HTTP/1.1 400" read as a TLS record (3.0 and 3.1 say the first, later releases the others).
 _NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"})
 
 
+def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
+    """Name the cause (DNS, TLS, refused, other) in the message: the error type stays
+    ``upstream_unreachable`` (a label value), but an operator reading one 502 should not
     have to open ``/readyz`` to learn which of these it was. Each message keeps the word
     "unreachable" that clients and log searches already match."""
     where = f"{host}:{port}"
@@ -85,12 +85,12 @@ _NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_
     elif isinstance(exc, ssl.SSLError):
         detail = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
         reason = f"the inference server at {where} is unreachable: TLS handshake failed ({detail})"
-    elif isinstance(exc, ConnectionRefusedError):
-        reason = f"the inference server at {where} is unreachable: connection refused (is it listening on that port?)"
-    else:
         if getattr(exc, "reason", None) in _NOT_TLS:
             authority = f"[{host}]:{port}" if ":" in host else where
             reason += f"; it answers without TLS: if it serves plain HTTP, use http://{authority}"
+    elif isinstance(exc, ConnectionRefusedError):
+        reason = f"the inference server at {where} is unreachable: connection refused (is it listening on that port?)"
+    else:
         reason = f"the inference server at {where} is unreachable ({exc.strerror or exc})"
     return UpstreamError("upstream_unreachable", 502, reason)
 
