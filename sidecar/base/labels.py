@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import TypedDict, Unpack
 
 __all__ = [
     "BoundedLabel",
@@ -88,6 +89,17 @@ class SeriesBudget:
     def fits(self, label: str) -> bool:
         """Whether a new value of ``label`` may have its series."""
         return self.count() + self.cost(label) <= self.max_series - self.reserve
+
+
+class LabelOptions(TypedDict, total=False):
+    """:class:`BoundedLabel`'s keyword arguments, for the labelers that pass them on."""
+
+    idle_seconds: float
+    budget: SeriesBudget | None
+    clock: Callable[[], float]
+    name: str
+    on_overflow: Callable[[str], None] | None
+    on_forget: Callable[[str], None] | None
 
 
 class BoundedLabel:
@@ -203,6 +215,7 @@ class BoundedLabel:
                 del self._earned[oldest]
                 self._forget(oldest)
             else:
+                assert idle is not None  # `not delisted and idle is None` returned above
                 del self._vouched[idle]
                 self._forget(idle)
         elif not self._fits():
@@ -316,6 +329,8 @@ class ModelLabeler(BoundedLabel):
     """The ``model`` label: the allowlist, else the names the upstream serves, else names
     that earned a slot with an answer that was not a 4xx (sidecar/base/labels.py has the rules)."""
 
-    def __init__(self, allowlist: Iterable[str] = (), max_models: int = 50, **kwargs) -> None:
+    def __init__(
+        self, allowlist: Iterable[str] = (), max_models: int = 50, **kwargs: Unpack[LabelOptions]
+    ) -> None:
         kwargs.setdefault("name", "model")
         super().__init__(allowlist, max_models, **kwargs)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Unpack
 
-from .labels import OTHER, BoundedLabel
+from .labels import OTHER, BoundedLabel, LabelOptions
 
 __all__ = ["TenantLabeler", "check_tenant_header", "CREDENTIAL_HEADER_HINT"]
 
@@ -91,7 +92,11 @@ class TenantLabeler:
     which ``kwargs`` go to: the idle time, the series budget, the overflow and forget hooks)."""
 
     def __init__(
-        self, header: str, allowlist: Iterable[str] = (), max_tenants: int = 20, **kwargs
+        self,
+        header: str,
+        allowlist: Iterable[str] = (),
+        max_tenants: int = 20,
+        **kwargs: Unpack[LabelOptions],
     ) -> None:
         self.header = check_tenant_header(header)
         kwargs.setdefault(

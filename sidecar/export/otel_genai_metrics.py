@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.context import Context
+from opentelemetry.metrics import MeterProvider
+
 from .. import __version__
 from ..measure.objectives import ObjectiveDefaults
 from ..measure.timeline import RequestTimeline
@@ -29,7 +32,7 @@ class GenAIInstruments:
     ``latest``: the current names (see :mod:`sidecar.export.semconv`); otherwise the last
     released ones. Chosen once here, so the per-chunk path is the same either way."""
 
-    def __init__(self, meter_provider, *, latest: bool = False) -> None:
+    def __init__(self, meter_provider: MeterProvider, *, latest: bool = False) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
         self.latest = latest
         self.own = OwnInstruments(meter_provider)  # our namespace: what the conventions do not name
@@ -95,7 +98,7 @@ class GenAIInstruments:
         attrs: dict[str, Any],
         error_type: str | None,
         objectives: ObjectiveDefaults,
-        ctx,
+        ctx: Context | None,
     ) -> None:
         """The GenAI client metrics of one finished request (gen-ai-metrics.md).
 
@@ -126,7 +129,9 @@ class GenAIInstruments:
             if value is not None:
                 self.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: kind}, context=ctx)
 
-    def _record_usage_latest(self, t: RequestTimeline, attrs: dict[str, Any], ctx) -> None:
+    def _record_usage_latest(
+        self, t: RequestTimeline, attrs: dict[str, Any], ctx: Context | None
+    ) -> None:
         """Token metrics under the current names: the per-operation histograms carry the common
         attributes; the usage counters add the required ``gen_ai.token.modality``."""
         counted = {**attrs, sc.GEN_AI_TOKEN_MODALITY: sc.GEN_AI_TOKEN_MODALITY_UNKNOWN}

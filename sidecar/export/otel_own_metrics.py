@@ -23,7 +23,10 @@ line sits on the same bounds as ``gen_ai.client.*.time_to_first_chunk``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+from opentelemetry.metrics import MeterProvider
 
 from .. import __version__
 from ..base.buckets import TOOL_CALL_COUNT_BUCKETS
@@ -35,12 +38,19 @@ from . import semconv as sc
 __all__ = ["OwnInstruments"]
 
 
+class _Seconds(TypedDict):
+    """The options every seconds histogram is created with."""
+
+    unit: str
+    explicit_bucket_boundaries_advisory: Sequence[float]
+
+
 class OwnInstruments:
     """Created once per meter provider; :meth:`record` takes one finished request."""
 
-    def __init__(self, meter_provider) -> None:
+    def __init__(self, meter_provider: MeterProvider) -> None:
         meter = meter_provider.get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
-        seconds = {
+        seconds: _Seconds = {
             "unit": sc.UNIT_SECONDS,
             "explicit_bucket_boundaries_advisory": sc.BUCKETS_CLIENT_SECONDS,
         }

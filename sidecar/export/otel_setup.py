@@ -17,9 +17,19 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast, overload
 
 import structlog
+
+if TYPE_CHECKING:  # the SDK is imported when a signal is on, not at start (see below)
+    from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from prometheus_client import CollectorRegistry
+
+    from .otlp_health import ExportHealth
 
 from . import semconv as sc
 from .otel_env import (
@@ -50,15 +60,15 @@ exits within a second (sidecar/export/otlp_health.py)."""
 class TelemetryProviders:
     """The SDK providers ``serve`` owns; either may be None (that signal is off)."""
 
-    tracer_provider: Any = None
-    meter_provider: Any = None
-    healths: list = field(default_factory=list)  # one ExportHealth per OTLP exporter
+    tracer_provider: SDKTracerProvider | None = None
+    meter_provider: SDKMeterProvider | None = None
+    healths: list[ExportHealth] = field(default_factory=list)  # one per OTLP exporter
 
     @property
     def enabled(self) -> bool:
         return self.tracer_provider is not None or self.meter_provider is not None
 
-    def register(self, registry) -> None:
+    def register(self, registry: CollectorRegistry) -> None:
         """``llm_sidecar_otlp_export_failures_total{signal}`` on ``registry`` (the sidecar's
         /metrics), when an OTLP exporter is configured."""
         if self.healths:
@@ -177,7 +187,33 @@ def _describe(exporters: Iterable[str], env: Mapping[str, str], signal: str) -> 
     return sorted(f"otlp ({otlp_protocol(env, signal)})" if e == "otlp" else e for e in exporters)
 
 
-def _guarded(exporter, name: str, signal: str, env: Mapping[str, str], healths: list | None):
+@overload
+def _guarded(
+    exporter: SpanExporter,
+    name: str,
+    signal: str,
+    env: Mapping[str, str],
+    healths: list[ExportHealth] | None,
+) -> SpanExporter: ...
+
+
+@overload
+def _guarded(
+    exporter: MetricExporter,
+    name: str,
+    signal: str,
+    env: Mapping[str, str],
+    healths: list[ExportHealth] | None,
+) -> MetricExporter: ...
+
+
+def _guarded(
+    exporter: SpanExporter | MetricExporter,
+    name: str,
+    signal: str,
+    env: Mapping[str, str],
+    healths: list[ExportHealth] | None,
+) -> SpanExporter | MetricExporter:
     """An OTLP exporter wrapped to report its failures (one line a minute and a counter, not
     the SDK's retry text: sidecar/export/otlp_health.py); the console one as it is."""
     if name != "otlp" or healths is None:
@@ -193,12 +229,17 @@ def _guarded(exporter, name: str, signal: str, env: Mapping[str, str], healths: 
     endpoint = otlp_endpoint(env, signal.upper())
     health = ExportHealth(signal, endpoint or str(getattr(exporter, "_endpoint", "")))
     healths.append(health)
-    return (GuardedSpanExporter if signal == "traces" else GuardedMetricExporter)(exporter, health)
+    if signal == "traces":
+        return GuardedSpanExporter(cast("SpanExporter", exporter), health)
+    return GuardedMetricExporter(cast("MetricExporter", exporter), health)
 
 
 def _tracer_provider(
-    resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None
-):
+    resource: Resource,
+    exporters: set[str],
+    env: Mapping[str, str],
+    healths: list[ExportHealth] | None = None,
+) -> SDKTracerProvider | None:
     try:
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
@@ -214,7 +255,7 @@ def _tracer_provider(
         return None
 
 
-def _span_exporter(name: str, env: Mapping[str, str]):
+def _span_exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
     """The exporter ``name`` for spans; an OTLP one reads its own endpoint, headers, TLS,
     timeout and compression (``OTEL_EXPORTER_OTLP_[TRACES_]*``)."""
     if name == "console":
@@ -222,15 +263,24 @@ def _span_exporter(name: str, env: Mapping[str, str]):
 
         return ConsoleSpanExporter()
     if otlp_protocol(env, "TRACES") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
-    return OTLPSpanExporter()
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter()
 
 
 def _meter_provider(
-    resource, exporters: set[str], env: Mapping[str, str], healths: list | None = None
-):
+    resource: Resource,
+    exporters: set[str],
+    env: Mapping[str, str],
+    healths: list[ExportHealth] | None = None,
+) -> SDKMeterProvider | None:
     try:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # noqa: PLC0415
@@ -247,14 +297,20 @@ def _meter_provider(
         return None
 
 
-def _metric_exporter(name: str, env: Mapping[str, str]):
+def _metric_exporter(name: str, env: Mapping[str, str]) -> MetricExporter:
     """The exporter ``name`` for metrics; an OTLP one reads its own ``OTEL_EXPORTER_OTLP_[METRICS_]*``."""
     if name == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter  # noqa: PLC0415
 
         return ConsoleMetricExporter()
     if otlp_protocol(env, "METRICS") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
-    return OTLPMetricExporter()
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter()

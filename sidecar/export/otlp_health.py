@@ -27,14 +27,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import structlog
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, Metric
 
 __all__ = [
     "ExportFailuresCollector",
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("sidecar.tracing")
+
+R = TypeVar("R")
 
 LOG_EVERY_SECONDS = 60.0
 """At most one ``otel_export_failed`` line per signal in this many seconds."""
@@ -164,7 +167,7 @@ class ExportHealth:
             return self.successes > 0 and not self.failing and not slow
 
 
-def _run(health: ExportHealth, export: Callable[[], Any], success: Any, failure: Any) -> Any:
+def _run(health: ExportHealth, export: Callable[[], R], success: R, failure: R) -> R:
     _last_text.value = ""
     health.started()
     try:
@@ -184,7 +187,7 @@ class GuardedSpanExporter(SpanExporter):
         self.inner = inner
         self.health = health
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         return _run(
             self.health,
             lambda: self.inner.export(spans),
@@ -218,7 +221,9 @@ class GuardedMetricExporter(MetricExporter):
         self.inner = inner
         self.health = health
 
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
         return _run(
             self.health,
             lambda: self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs),
@@ -226,7 +231,7 @@ class GuardedMetricExporter(MetricExporter):
             MetricExportResult.FAILURE,
         )
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         try:
             self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
         except Exception:  # noqa: BLE001
@@ -246,7 +251,7 @@ class ExportFailuresCollector:
     def __init__(self, healths: Iterable[ExportHealth]) -> None:
         self._healths = list(healths)
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
             FAILURES_METRIC,
             "OTLP exports (batches of spans or metrics) that failed, by signal: the collector "
@@ -257,5 +262,5 @@ class ExportFailuresCollector:
             family.add_metric([health.signal], health.failures)
         yield family
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []

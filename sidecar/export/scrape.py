@@ -39,8 +39,11 @@ class ScrapeRenderer:
         self._max_age = max_age
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-render")
-        self._pages: dict[tuple, tuple[float, bytes, str]] = {}  # key -> (reuse until, page, type)
-        self._rendering: dict[tuple, asyncio.Future] = {}
+        # (content type, names) -> (reuse until, page, type)
+        self._pages: dict[tuple[str, tuple[str, ...]], tuple[float, bytes, str]] = {}
+        self._rendering: dict[
+            tuple[str, tuple[str, ...]], asyncio.Future[tuple[bytes, str, float]]
+        ] = {}
 
     def _render(self, accept: str, names: tuple[str, ...]) -> tuple[bytes, str, float]:
         began = self._clock()

@@ -106,6 +106,7 @@ def genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
         attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(
             bounded(r, 64) for r in t.finish_reasons[:MAX_FINISH_REASONS]
         )
+    value: float | None  # counts here, seconds in the loop below
     for key, value in (
         (sc.GEN_AI_USAGE_INPUT_TOKENS, t.input_tokens),
         (sc.GEN_AI_USAGE_OUTPUT_TOKENS, t.output_tokens),

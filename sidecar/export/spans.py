@@ -37,9 +37,10 @@ import structlog
 from opentelemetry import trace as trace_api
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
@@ -82,7 +83,7 @@ PROVIDER_BY_ROUTE: dict[str, str] = {
 # -- propagation ------------------------------------------------------------------------------
 
 
-class _HeaderGetter(Getter):
+class _HeaderGetter(Getter[Any]):
     """Reads aiohttp's case-insensitive multidict; repeated ``tracestate``/``baggage`` headers
     are one list (W3C allows splitting them), ``traceparent`` keeps only its first value."""
 
@@ -141,8 +142,8 @@ class RequestTelemetry:
         self,
         upstream: str,
         *,
-        tracer_provider=None,
-        meter_provider=None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         model_label: Callable[[str | None], str] | None = None,
         provider_name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import re
 
-from .request_fields import _SKIP_RUN
+from .request_fields import _SKIP_RUN, _run
 
 __all__ = [
     "JsonSkeleton",
@@ -92,14 +92,14 @@ _QUOTE = 0x22
 _OPEN = frozenset(b"[{")
 _CLOSE = frozenset(b"]}")
 
-_SPACE = re.compile(rb"[ \t\r\n]*+")
-_STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.S)  # stops at ", a trailing \ or the end
-_SCALAR = re.compile(rb'[^,:\[\]{}"\s]*+')
-_OPENERS = re.compile(rb"[\[{]++")
-_CLOSERS = re.compile(rb"[\]}]++")
+_SPACE = _run(rb"[ \t\r\n]*+")
+_STRING_BODY = _run(rb'(?:[^"\\]++|\\.)*+', re.S)  # stops at ", a trailing \ or the end
+_SCALAR = _run(rb'[^,:\[\]{}"\s]*+')
+_OPENERS = _run(rb"[\[{]++")
+_CLOSERS = _run(rb"[\]}]++")
 # A whole prefix of a JSON string's body: stops before an escape cut in two, a lone high
 # surrogate or anything else orjson would refuse.
-_WHOLE_ESCAPES = re.compile(
+_WHOLE_ESCAPES = _run(
     rb'(?:[^\\]++|\\["\\/bfnrt]|\\u(?![dD][89abAB])[0-9a-fA-F]{4}'
     rb"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})*+"
 )
@@ -307,7 +307,7 @@ class JsonSkeleton:
         return end
 
     def _string_done(self) -> None:
-        token = self._token
+        token: bytes | bytearray = self._token
         if self._token_len > MAX_STRING_BYTES:
             token = _whole_prefix(bytes(token))
         out = self._out
@@ -418,10 +418,10 @@ def _small_value(data: bytes, pos: int, end: int) -> bytes | None:
     commas than ``MAX_MEMBERS``. One step for what would take dozens (a ``usage`` object,
     one logprobs entry, SGLang's ``meta_info``); the checks err towards the slow path."""
     window = data[pos : min(end, pos + _SMALL_BYTES)]
-    value = _SMALL.match(window)
-    if value is None:
+    found = _SMALL.match(window)
+    if found is None:
         return None
-    value = value.group()
+    value = found.group()
     if value.count(b",") >= MAX_MEMBERS or _LONG_SCALAR.search(value) is not None:
         return None
     if len(value) > MAX_STRING_BYTES and 0x22 in value:  # are its strings short? (odd parts)

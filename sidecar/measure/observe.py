@@ -14,13 +14,20 @@ sidecar from 53 to 553 MiB).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import structlog
 
 from ..base.routes import Route
-from ..streams.dialects import dialect_of
-from ..streams.protocols.events import ParseError, Tokens
+from ..streams.dialects import StreamDialect, dialect_of
+from ..streams.protocols.events import DialectEvent, ParseError, Tokens
 from .json_skeleton import JsonSkeleton
 from .timeline import RequestTimeline
+
+if TYPE_CHECKING:
+    from ..streams.protocols.events import TokenKind
+    from ..streams.protocols.template import EventTemplate
 
 __all__ = ["ResponseObserver", "SMALL_JSON_BYTES"]
 
@@ -53,7 +60,7 @@ class ResponseObserver:
         content_encoding: str = "",
         max_json_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
-        headers=None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self._timeline = timeline
         dialect = dialect_of(route)
@@ -64,8 +71,8 @@ class ResponseObserver:
             and headers is not None
         ):
             self._head(dialect.head, headers)
-        self._dialect = None
-        self._json_parser = None
+        self._dialect: StreamDialect | None = None
+        self._json_parser: Callable[[bytes], list[DialectEvent]] | None = None
         self._json_parts: list[bytes] = []
         self._json_size = 0
         self._json_limit = max_json_bytes
@@ -76,7 +83,9 @@ class ResponseObserver:
         if dialect is None:
             return
         if mime == route.stream_mime:
-            kwargs = {"max_line_bytes": max_line_bytes} if max_line_bytes else {}
+            kwargs: dict[str, int | str | None] = (
+                {"max_line_bytes": max_line_bytes} if max_line_bytes else {}
+            )
             if route.model_from_path:
                 kwargs["model"] = timeline.model or None
             self._dialect = dialect.stream(**kwargs)
@@ -98,7 +107,7 @@ class ResponseObserver:
         (:mod:`sidecar.streams.protocols.template`): only those can have a token lane."""
         return getattr(self._dialect, "_learning", 0) > 0
 
-    def steady(self):
+    def steady(self) -> tuple[EventTemplate, TokenKind] | None:
         """``(template, kind)`` while the dialect has a template armed whose event is one
         token of ``kind`` (a :class:`~sidecar.streams.protocols.events.TokenKind`): what
         :mod:`sidecar.relay.data.token_lane` builds a lane from; else None."""
@@ -126,6 +135,7 @@ class ResponseObserver:
                 self._not_inspected()
                 return
             skeleton = self._skeleton
+            parts: Sequence[bytes]
             if skeleton is None:
                 self._json_parts.append(chunk)
                 if self._json_size <= SMALL_JSON_BYTES:
@@ -185,7 +195,11 @@ class ResponseObserver:
                 return
             self._timeline.events(events, now)
 
-    def _head(self, parser, headers) -> None:
+    def _head(
+        self,
+        parser: Callable[[Mapping[str, str]], list[DialectEvent]],
+        headers: Mapping[str, str],
+    ) -> None:
         """Facts the response head carries (TGI's timing headers); they have no time of
         their own, so they are stamped with the request's start."""
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import orjson
 
@@ -44,17 +45,32 @@ _HOLDERS = ("parameters", "options")  # TGI's and Ollama's nested option objects
 _MAX_KEY_BYTES = 256  # far above any key of interest, even fully \\u-escaped
 _MAX_SCALAR_BYTES = 64
 
-_STRING_BODY = re.compile(rb'[^"\\]*+', re.S)
+
+class _Run(Protocol):
+    """A pattern that matches wherever it is tried (a ``*+`` run, empty at worst, or one
+    tried where the caller saw its first byte): ``match`` never answers None."""
+
+    @property
+    def pattern(self) -> bytes: ...
+
+    def match(self, string: bytes, pos: int = ..., /) -> re.Match[bytes]: ...
+
+
+def _run(pattern: bytes, flags: int = 0) -> _Run:
+    return cast(_Run, re.compile(pattern, flags))
+
+
+_STRING_BODY = _run(rb'[^"\\]*+', re.S)
 # A skipped string's body, escapes and all, up to its closing quote or a backslash that ends
 # the piece: an escape-dense string ("\\n\\n...") is consumed in C, not one escape per step.
-_SKIPPED_STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.S)
-_SCALAR_BODY = re.compile(rb"[^,}\]\s]*+")
-_SPACE = re.compile(rb"[ \t\r\n]*+")
+_SKIPPED_STRING_BODY = _run(rb'(?:[^"\\]++|\\.)*+', re.S)
+_SCALAR_BODY = _run(rb"[^,}\]\s]*+")
+_SPACE = _run(rb"[ \t\r\n]*+")
 _BASE_STEPS = 50_000
 """Python steps any body may take, beyond one per 8 bytes (see ``RequestFieldScanner.feed``)."""
 
 
-def _skip_pattern(levels: int) -> re.Pattern[bytes]:
+def _skip_pattern(levels: int) -> _Run:
     """A run of content inside a container: non-structural bytes, whole strings and whole
     nested containers up to ``levels`` deep. Possessive, so a container cut by the end of a
     piece fails at once instead of backtracking."""
@@ -63,13 +79,13 @@ def _skip_pattern(levels: int) -> re.Pattern[bytes]:
     run = rb"(?:%s|%s)*+" % (plain, string)
     for _ in range(levels):
         run = rb"(?:%s|%s|\{%s\}|\[%s\])*+" % (plain, string, run, run)
-    return re.compile(run, re.S)
+    return _run(run, re.S)
 
 
 _SKIP_RUN = _skip_pattern(3)
 
 
-def _pairs_pattern() -> re.Pattern[bytes]:
+def _pairs_pattern() -> _Run:
     """A run of ``, "key": value`` pairs whose key is not of interest: a plain key (no
     escape) that is none of ours, and a value that is a string, a scalar or a container
     up to three levels deep. Lets a body of millions of top-level keys pass in C."""
@@ -78,7 +94,7 @@ def _pairs_pattern() -> re.Pattern[bytes]:
     run = _skip_pattern(2).pattern
     value = rb"(?:%s|[^,}\]\s\[{\"]++(?=[,}\]\s])|\{%s\}|\[%s\])" % (string, run, run)
     pair = rb'[ \t\r\n]*+,[ \t\r\n]*+"(?!(?:%s)")[^"\\]*+"[ \t\r\n]*+:[ \t\r\n]*+%s' % (ours, value)
-    return re.compile(rb"(?:%s)*+" % pair, re.S)
+    return _run(rb"(?:%s)*+" % pair, re.S)
 
 
 _OTHER_PAIRS = _pairs_pattern()
@@ -172,7 +188,8 @@ class RequestFieldScanner:
     def __init__(self, max_value_bytes: int = 1024) -> None:
         self._where = _BEFORE
         self._expect = _KEY_OR_END
-        self._key: str | None = None  # the key whose value comes next (None: not of interest)
+        # The key whose value comes next (None: not of interest; _BAD: not decodable).
+        self._key: str | _Bad | None = None
         self._holder: str | None = None  # inside "parameters"/"options" (else the top level)
         self._skip = 0  # depth inside a container that is not of interest
         self._in_string = False
@@ -437,9 +454,10 @@ def _decode_key(raw: bytes) -> str | None | _Bad:
         except UnicodeDecodeError:
             return _BAD
     try:
-        return orjson.loads(b'"' + raw + b'"')
+        key: str = orjson.loads(b'"' + raw + b'"')  # a JSON string: a str
     except orjson.JSONDecodeError:
         return _BAD
+    return key
 
 
 def _decode_string(raw: bytes, cut: bool) -> str | _Bad:
@@ -448,6 +466,7 @@ def _decode_string(raw: bytes, cut: bool) -> str | _Bad:
     if cut:
         return raw.decode("utf-8", "replace")
     try:
-        return orjson.loads(b'"' + raw + b'"')
+        value: str = orjson.loads(b'"' + raw + b'"')  # a JSON string: a str
     except orjson.JSONDecodeError:
         return _BAD
+    return value

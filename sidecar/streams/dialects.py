@@ -7,11 +7,13 @@ headers where the server sends them (TGI).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..base.routes import Route
 from .protocols.anthropic import AnthropicStreamDialect, parse_anthropic_response
+from .protocols.events import DialectEvent
 from .protocols.llamacpp import LlamaCppStreamDialect, parse_llamacpp_response
 from .protocols.ollama import OllamaStreamDialect, parse_ollama_response
 from .protocols.openai import OpenAIStreamDialect, parse_openai_response
@@ -19,14 +21,23 @@ from .protocols.responses import ResponsesStreamDialect, parse_responses_respons
 from .protocols.tgi import TGIStreamDialect, parse_tgi_response, tgi_head_events
 from .protocols.triton import TritonStreamDialect, parse_triton_response
 
-__all__ = ["Dialect", "DIALECTS", "dialect_of"]
+__all__ = ["Dialect", "DIALECTS", "StreamDialect", "dialect_of"]
+
+
+class StreamDialect(Protocol):
+    """One response's stream reader: SSE/NDJSON bytes -> events, sans I/O."""
+
+    def feed(self, chunk: bytes) -> list[DialectEvent]: ...
+
+    def close(self) -> list[DialectEvent]: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    stream: Callable[..., object]  # SSE/NDJSON bytes -> events (a class: one per response)
-    json: Callable[[bytes], list]  # a whole JSON response -> events
-    head: Callable[..., list] | None = None  # response headers -> events (TGI's timings)
+    stream: Callable[..., StreamDialect]  # a class: one reader per response
+    json: Callable[[bytes], list[DialectEvent]]  # a whole JSON response -> events
+    # Response headers -> events (TGI's timings).
+    head: Callable[[Mapping[str, str]], list[DialectEvent]] | None = None
 
 
 DIALECTS: dict[str, Dialect] = {

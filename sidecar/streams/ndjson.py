@@ -93,7 +93,7 @@ class NDJSONDecoder:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _hold(self, rest: bytes, out: list) -> None:
+    def _hold(self, rest: bytes, out: list[bytes | NDJSONOverflow]) -> None:
         self._size += len(rest)
         # One byte of slack: the held part may end with the CR of a CRLF still to come,
         # which is not part of the line. The complete line is checked exactly in _line.
@@ -101,15 +101,15 @@ class NDJSONDecoder:
             self._parts = []
             self._size = 0
             self._skipping = True
-            out.append(NDJSONOverflow("line longer than %d bytes" % self._max_line))
+            out.append(NDJSONOverflow(f"line longer than {self._max_line} bytes"))
         else:
             self._parts.append(rest)
 
-    def _line(self, line: bytes, out: list) -> None:
+    def _line(self, line: bytes, out: list[bytes | NDJSONOverflow]) -> None:
         if line[-1:] == b"\r":
             line = line[:-1]
         if len(line) > self._max_line:
-            out.append(NDJSONOverflow("line longer than %d bytes" % self._max_line))
+            out.append(NDJSONOverflow(f"line longer than {self._max_line} bytes"))
             return
         if not line.strip(_BLANK):
             return

@@ -82,7 +82,7 @@ class SSEDecoder:
             raise ValueError("max_line_bytes must be positive")
         self._max_line = max_line_bytes
         self._max_event = max_event_bytes if max_event_bytes is not None else 4 * max_line_bytes
-        self._tail = b""  # an incomplete line carried to the next feed
+        self._tail: bytes | bytearray = b""  # an incomplete line carried to the next feed
         self._after_cr = False  # the last byte seen was CR: a leading LF is part of that line end
         self._skipping = False  # discarding an oversized line up to its end
         self._started = False  # the optional BOM is only honoured at the very start
@@ -180,7 +180,7 @@ class SSEDecoder:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _grow_tail(self, chunk: bytes, out: list) -> None:
+    def _grow_tail(self, chunk: bytes, out: list[SSEEvent | SSEOverflow]) -> None:
         """An incomplete line grows by a chunk with no line end in it: append it in place,
         without copying or rescanning what is held, so a long line sent in small pieces costs
         O(n) in its length, not O(n^2) (a 1 MiB line in 200-byte pieces would rescan ~2.6 GB).
@@ -188,7 +188,7 @@ class SSEDecoder:
         tail = self._tail
         if len(tail) + len(chunk) > self._max_line:
             self._tail = b""
-            self._overflow(out, "line longer than %d bytes" % self._max_line)
+            self._overflow(out, f"line longer than {self._max_line} bytes")
             self._skipping = True
             self._settle()
             return
@@ -207,7 +207,7 @@ class SSEDecoder:
             or self._discarding
         )
 
-    def _lines(self, buf: bytes, pos: int, has_cr: bool, out: list) -> None:
+    def _lines(self, buf: bytes, pos: int, has_cr: bool, out: list[SSEEvent | SSEOverflow]) -> None:
         """The general path: ``buf[pos:]`` starts at a line start; interpret every complete
         line, then hold back (or start skipping) an incomplete last one."""
         self._idle = False  # until _settle says otherwise, whatever happens below
@@ -239,20 +239,20 @@ class SSEDecoder:
                 self._skipping = False
                 continue
             if len(line) > self._max_line:
-                self._overflow(out, "line longer than %d bytes" % self._max_line)
+                self._overflow(out, f"line longer than {self._max_line} bytes")
                 continue
             self._line(line, out)
 
         if pos < end and not self._skipping:
             rest = buf[pos:]
             if len(rest) > self._max_line:
-                self._overflow(out, "line longer than %d bytes" % self._max_line)
+                self._overflow(out, f"line longer than {self._max_line} bytes")
                 self._skipping = True
             else:
                 self._tail = rest
         self._settle()
 
-    def _whole_events(self, buf: bytes, out: list) -> int:
+    def _whole_events(self, buf: bytes, out: list[SSEEvent | SSEOverflow]) -> int:
         """Fast path: dispatch the leading ``data: ...\\n\\n`` events of ``buf``; return
         where the general path must take over (``len(buf)`` when nothing is left).
 
@@ -281,7 +281,7 @@ class SSEDecoder:
             pos = nl + 2
         return pos
 
-    def _overflow(self, out: list, reason: str) -> None:
+    def _overflow(self, out: list[SSEEvent | SSEOverflow], reason: str) -> None:
         self._reset_event()
         self._discarding = True
         out.append(SSEOverflow(reason))
@@ -293,7 +293,7 @@ class SSEDecoder:
         self._discarding = False
         self._event = ""
 
-    def _line(self, line: bytes, out: list) -> None:
+    def _line(self, line: bytes, out: list[SSEEvent | SSEOverflow]) -> None:
         if not line:
             # Blank line: dispatch. No data field at all means no event (spec step 1).
             if self._has_data:
@@ -316,7 +316,7 @@ class SSEDecoder:
                 return
             self._data_size += len(value) + 1
             if self._data_size > self._max_event:
-                self._overflow(out, "event longer than %d bytes" % self._max_event)
+                self._overflow(out, f"event longer than {self._max_event} bytes")
                 return
             self._data.append(value)
             self._has_data = True

@@ -15,13 +15,14 @@ slow one a 504, each with a JSON body, so ``up`` of the engine job goes to 0.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Literal
 
 import aiohttp
 from aiohttp import web
 
-from .bounded_read import read_bounded
 from ..server.errors import error_response
+from .bounded_read import read_bounded
 
 __all__ = ["MAX_ENGINE_METRICS_BYTES", "engine_metrics_handler", "scrape_timeout"]
 
@@ -32,8 +33,12 @@ _FORWARDED_REQUEST = ("Accept", "Accept-Encoding")
 _RELAYED_RESPONSE = ("Content-Type", "Content-Encoding")
 _SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
 
+Fetched = tuple[Literal["ok"], int, bytes, dict[str, str]] | tuple[Literal["error"], int, str, str]
+"""``_fetch``'s answer: ("ok", status, body bytes, relayed headers) or ("error", status,
+kind, text)."""
 
-def scrape_timeout(headers, configured: float) -> float:
+
+def scrape_timeout(headers: Mapping[str, str], configured: float) -> float:
     """The configured timeout, shortened to stay inside the scraper's own (Prometheus sends
     it in a header), so the scraper gets our 504 instead of its own timeout."""
     try:
@@ -45,7 +50,7 @@ def scrape_timeout(headers, configured: float) -> float:
 
 async def _fetch(
     client: aiohttp.ClientSession, url: str, headers: dict[str, str], timeout: float
-) -> tuple:
+) -> Fetched:
     """One upstream scrape: ("ok", status, body, relayed headers) or ("error", status, kind, text)."""
     try:
         async with client.get(
@@ -65,7 +70,7 @@ async def _fetch(
                 if name in upstream.headers
             }
             return ("ok", upstream.status, body, relayed)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return (
             "error",
             504,
@@ -83,7 +88,7 @@ async def _fetch(
 
 def engine_metrics_handler(
     session: Callable[[], aiohttp.ClientSession | None], url: str, timeout: float
-):
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The aiohttp handler for the engine's metrics at ``url``, each scrape given at most
     ``timeout`` seconds; ``session`` returns the sidecar's client session once started.
 
@@ -92,7 +97,7 @@ def engine_metrics_handler(
     Each scraper still waits no longer than its own timeout; a scraper that leaves does not
     cancel the fetch the others wait for."""
     configured_timeout = timeout
-    in_flight: dict[tuple[str, ...], asyncio.Task] = {}
+    in_flight: dict[tuple[str, ...], asyncio.Task[Fetched]] = {}
 
     async def engine_metrics(request: web.Request) -> web.StreamResponse:
         client = session()
@@ -105,12 +110,15 @@ def engine_metrics_handler(
         if task is None:
             task = asyncio.ensure_future(_fetch(client, url, headers, timeout))
             in_flight[key] = task
-            task.add_done_callback(
-                lambda t, key=key: in_flight.pop(key, None) if in_flight.get(key) is t else None
-            )
+
+            def forget(t: asyncio.Task[Fetched], key: tuple[str, ...] = key) -> None:
+                if in_flight.get(key) is t:
+                    in_flight.pop(key, None)
+
+            task.add_done_callback(forget)
         try:
             result = await asyncio.wait_for(asyncio.shield(task), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             result = (
                 "error",
                 504,

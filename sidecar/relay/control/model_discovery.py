@@ -19,7 +19,6 @@ into memory).
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 
 import aiohttp
@@ -115,7 +114,7 @@ def names_from_listing(path: str, doc: object, limit: int = MAX_LISTED_NAMES) ->
         return []
     if path == "/v1/models":  # {"data": [{"id": ...}, ...]}; vLLM adds LoRA adapters as entries
         entries = doc.get("data")
-        keys = ("id",)
+        keys: tuple[str, ...] = ("id",)
     elif path == "/api/tags":  # Ollama: {"models": [{"name": "llama3:8b", "model": "llama3:8b"}]}
         entries = doc.get("models")
         keys = ("name", "model")
@@ -152,7 +151,7 @@ async def served_models(
                     continue
                 body = await read_bounded(resp.content, MAX_LISTING_BYTES)
                 encoding = resp.headers.get("Content-Encoding", "")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return None  # the upstream is down or broken: keep what we had
         if body is None:
             continue

@@ -13,20 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import structlog
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 
 from ...base.outcomes import CLIENT_DISCONNECTED
 from ...measure.observe import ResponseObserver
 from .token_lane import AVAILABLE as _LANES, lane_for
 from .upstream import UpstreamConnection
 
+if TYPE_CHECKING:
+    from .token_lane_py import TokenLane
+
 try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
     import fcntl
-    from termios import TIOCOUTQ as _SIOCOUTQ
+    from termios import TIOCOUTQ
+
+    _SIOCOUTQ: int | None = TIOCOUTQ
 except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no module there: _SIOCOUTQ None guards its use
     _SIOCOUTQ = None
 
 __all__ = [
@@ -126,19 +134,20 @@ class BodyRelay:
         request: web.Request,
         conn: UpstreamConnection,
         observer: ResponseObserver,
-        clock,
+        clock: Callable[[], float],
         send_timeout: float = SEND_TIMEOUT,
         chunked: bool | None = None,
     ) -> None:
         self._request = request
-        self._transport = request.transport
+        # A live request's (the handler runs on an open connection).
+        self._transport = cast(asyncio.Transport, request.transport)
         self._conn = conn
         self._observer = observer
         self._clock = clock
         # Whether the client's body goes out in chunks: the head the proxy wrote says
         # (RawHeadResponse); None reads aiohttp's writer, for a head aiohttp wrote.
-        self._chunked = request.writer.chunked if chunked is None else chunked
-        self._waiter: asyncio.Future | None = None
+        self._chunked = cast(StreamWriter, request.writer).chunked if chunked is None else chunked
+        self._waiter: asyncio.Future[None] | None = None
         self._send_timeout = send_timeout
         self.ended: str | None = None
         self.paused = False
@@ -153,7 +162,7 @@ class BodyRelay:
         self._taken, self._taken_at = 0, start
         # The token lane standing for the observer's armed template (token_lane.py): only a
         # chunked client's relay passes reads on as they came, which is all a lane does.
-        self._lane = None
+        self._lane: TokenLane | None = None
         self._linkable = _LANES and self._chunked and observer.templated
 
     def body(self, piece: bytes) -> None:
@@ -311,7 +320,7 @@ class BodyRelay:
         self._conn.close()  # stop the server generating for nobody
         self._end(CLIENT_GONE)
 
-    def _flow(self, transport, now: float) -> bool:
+    def _flow(self, transport: asyncio.Transport, now: float) -> bool:
         """After a write that left the client's buffer past ``_HIGH_WATER`` (the upstream is
         paused until the client drains it) or came when the client's progress is due a
         check; False when that check ended the relay."""
@@ -406,4 +415,4 @@ class BodyRelay:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self.ended
+        return self.ended  # type: ignore[return-value]  # str: the loop ends once _end set it

@@ -68,7 +68,7 @@ def client_head(
                 continue
         out += (line, b"\r\n")
     if length_framed and not plain_length:
-        out.append(b"Content-Length: %d\r\n" % head.length)
+        out.append(b"Content-Length: %d\r\n" % head.length)  # type: ignore[str-format]  # length_framed: an int
     chunked = False
     keep_alive = client_keep_alive
     if not no_body and not length_framed:

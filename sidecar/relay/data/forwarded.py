@@ -7,7 +7,7 @@ sidecar/relay/data/early.py's from inside ``data_received``), so both send the s
 
 from __future__ import annotations
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 
 __all__ = ["HOP_BY_HOP", "NOT_FORWARDED_TO_UPSTREAM", "forwarded_headers", "peer_address"]
 
@@ -30,14 +30,14 @@ NOT_FORWARDED_TO_UPSTREAM = HOP_BY_HOP | {"host", "expect"}
 already been accepted by this server, so the upstream must not be asked to continue."""
 
 
-def _connection_listed(headers) -> set[str]:
+def _connection_listed(headers: MultiMapping[str]) -> set[str]:
     listed: set[str] = set()
     for value in headers.getall("Connection", ()):
         listed.update(token.strip().lower() for token in value.split(",") if token.strip())
     return listed
 
 
-def filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
+def filter_headers(headers: MultiMapping[str], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
     """``headers`` without the names in ``drop`` and those the Connection field lists."""
     listed = _connection_listed(headers)
     out: CIMultiDict[str] = CIMultiDict()
@@ -50,7 +50,7 @@ def filter_headers(headers, drop: frozenset[str] | set[str]) -> CIMultiDict[str]
 
 
 def forwarded_headers(
-    headers, *, peer: str, scheme: str, host: str | None, body_is_bytes: bool
+    headers: MultiMapping[str], *, peer: str, scheme: str, host: str | None, body_is_bytes: bool
 ) -> CIMultiDict[str]:
     """The upstream request's header fields (``Host`` and the body's framing are added by
     sidecar/relay/data/http1.py's ``request_head``)."""
@@ -67,7 +67,7 @@ def forwarded_headers(
     return out
 
 
-def peer_address(peername) -> str:
+def peer_address(peername: object) -> str:
     """The client's address as aiohttp's ``request.remote`` gives it for a TCP peer."""
     if isinstance(peername, (list, tuple)):
         return str(peername[0])

@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import aiohttp
 import structlog
@@ -73,6 +73,7 @@ from .body_relay import (
 from .client_head import RawHeadResponse, client_head
 from .early import Early, EarlyForwarder
 from .forwarded import HOP_BY_HOP, forwarded_headers
+from .http1 import ResponseHead
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
 __all__ = ["Proxy", "RelayLimits", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
@@ -137,7 +138,7 @@ class _BoundedBody:
         self._scanner = scanner
         self.fields: RequestFields | None = None
 
-    async def __aiter__(self):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         seen = 0
         scanner = self._scanner
         while True:
@@ -253,7 +254,9 @@ class Proxy:
         try:
             route, model = match_route(early.path, "POST")
             fields = scan_request_fields(early.body)
-            timeline = self._timeline(early.start, "POST", route, model or fields.model, fields)
+            if fields is not None:  # None: not a JSON object
+                model = model or fields.model
+            timeline = self._timeline(early.start, "POST", route, model, fields)
             self._tracer.start(early.headers, timeline)
             self._tracer.inject(timeline, upstream_headers)
             return timeline.trace, timeline.trace_id
@@ -261,7 +264,9 @@ class Proxy:
             _log.exception("early_trace_failed")
             return None
 
-    def _adopt_trace(self, early: Early | None, headers, timeline: RequestTimeline) -> None:
+    def _adopt_trace(
+        self, early: Early | None, headers: Mapping[str, str], timeline: RequestTimeline
+    ) -> None:
         """The request's span: the one the early path started, else started now."""
         if early is not None and early.trace is not None:
             timeline.trace, timeline.trace_id = early.trace  # type: ignore[misc]
@@ -273,7 +278,8 @@ class Proxy:
         start = self._clock() if early is None else early.start
         route, model = match_route(request.path, request.method)
         refusal = None if early is not None else self._refusal(request)
-        body, fields = None, None
+        body: bytes | _BoundedBody | None = None
+        fields: RequestFields | None = None
         if early is not None:  # sent (or at least read) from the read that completed it
             body, fields = early.body, scan_request_fields(early.body)
         elif refusal is None:
@@ -296,7 +302,8 @@ class Proxy:
         tenant_held = self._hold_tenant(timeline.tenant)
         if self._tracer is not None:
             self._adopt_trace(early, request.headers, timeline)
-        outcome, error_type = Outcome.ERROR, INTERNAL
+        outcome: Outcome = Outcome.ERROR
+        error_type: str | None = INTERNAL
         try:
             if refusal is not None:
                 outcome, error_type, response = self._refuse(timeline, *refusal)
@@ -316,7 +323,8 @@ class Proxy:
             if self._on_end is not None:  # the in-flight gauge ends under the label it began with
                 self._safely(self._on_end, label, route.template)
             if tenant_held is not None:
-                self._safely(self._tenant_label.release, tenant_held)
+                # Held only where the labeler has hold() and release() (_hold_tenant).
+                self._safely(self._tenant_label.release, tenant_held)  # type: ignore[union-attr]
             self._record(timeline, model, label, request.headers, outcome, error_type)
 
     def _open(
@@ -326,7 +334,7 @@ class Proxy:
         route: Route,
         model: str | None,
         fields: RequestFields | None,
-        headers,
+        headers: Mapping[str, str],
     ) -> tuple[RequestTimeline, str]:
         """A request's record, opened the one way for every request (the handler's and one
         the early path sent whose client went before its handler ran): the timeline with
@@ -362,7 +370,7 @@ class Proxy:
         timeline: RequestTimeline,
         model: str | None,
         label: str,
-        headers,
+        headers: Mapping[str, str],
         outcome: Outcome,
         error_type: str | None,
     ) -> None:
@@ -422,7 +430,7 @@ class Proxy:
 
     async def _request_body(
         self, request: web.Request, route: Route
-    ) -> tuple[object, RequestFields | None]:
+    ) -> tuple[bytes | _BoundedBody | None, RequestFields | None]:
         """The body to forward (exactly as the client sent it) and, on known API routes, the
         fields the figures are labelled with (model, stream, max tokens), else None.
 
@@ -475,7 +483,7 @@ class Proxy:
         return body, scanner.close()
 
     def _upstream_headers(
-        self, request: web.Request, body, timeline: RequestTimeline
+        self, request: web.Request, body: bytes | _BoundedBody | None, timeline: RequestTimeline
     ) -> CIMultiDict[str]:
         headers = forwarded_headers(
             request.headers, peer=request.remote or "", scheme=request.scheme, host=request.host,
@@ -491,7 +499,7 @@ class Proxy:
         self,
         request: web.Request,
         route: Route,
-        held: list,
+        held: list[bytes | _BoundedBody | None],
         timeline: RequestTimeline,
         early: Early | None = None,
     ) -> Ended:
@@ -539,7 +547,8 @@ class Proxy:
         while waiting for the response head."""
         route, model = match_route(early.path, "POST")
         fields = scan_request_fields(early.body)
-        model = model or fields.model
+        if fields is not None:  # None: not a JSON object
+            model = model or fields.model
         timeline, label = self._open(early.start, "POST", route, model, fields, early.headers)
         timeline.body_received, timeline.upstream_sent = early.start, early.sent_at
         if self._tracer is not None:
@@ -553,9 +562,15 @@ class Proxy:
         timeline.response_started(self._clock(), status, streamed=False)
         return Ended(Outcome.ERROR, kind, error_response(status, kind, message))
 
-    async def _stream(self, request, route, conn: UpstreamConnection, timeline) -> Ended:
+    async def _stream(
+        self,
+        request: web.Request,
+        route: Route,
+        conn: UpstreamConnection,
+        timeline: RequestTimeline,
+    ) -> Ended:
         now = self._clock()
-        head = conn.head
+        head = cast(ResponseHead, conn.head)  # the pool answers once the head arrived
         upstream_headers = CIMultiDict(head.headers)
         observer = ResponseObserver(
             route,
@@ -628,7 +643,9 @@ class Proxy:
             request.transport.abort()
         return Ended(Outcome.CANCELLED, SEND_TIMED_OUT, response)
 
-    def _settled(self, model: str | None, label: str, headers, timeline: RequestTimeline) -> str:
+    def _settled(
+        self, model: str | None, label: str, headers: Mapping[str, str], timeline: RequestTimeline
+    ) -> str:
         """The labels a finished request is recorded with: a model or tenant the upstream
         answered (not 4xx) may earn its own label now (sidecar/base/labels.py); a 4xx never does."""
         try:
@@ -653,7 +670,7 @@ class Proxy:
         return tenant
 
     @staticmethod
-    def _safely(fn, *args) -> None:
+    def _safely(fn: Callable[..., object], *args: object) -> None:
         try:
             fn(*args)
         except Exception:  # telemetry never breaks the relay

@@ -45,26 +45,32 @@ here, once: :data:`TokenLane`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from ...base.speedups import IN_C
 from ...measure.timeline import RequestTimeline
 from ...streams.protocols.events import TokenKind
 from . import token_lane_py
+from .token_lane_py import Decoding, LaneTransport
 from .upstream import YIELD_AFTER_READ
+
+if TYPE_CHECKING:
+    from array import array
+
+    from ...streams.protocols.template import EventTemplate
 
 __all__ = ["lane_for", "AVAILABLE", "LaneTransport", "Decoding", "TokenLane", "IN_C_LANE"]
 
+_c_lane: type[token_lane_py.TokenLane] | None
 try:  # sidecar/relay/data/_token_lane.c, built with the byte checks where a compiler is
-    from ._token_lane import TokenLane
+    from ._token_lane import TokenLane as _c_lane
 except ImportError:
-    TokenLane = None
+    _c_lane = None
 if not IN_C:  # one compiler builds both; a C lane without the C checks is no install's state
-    TokenLane = None
-IN_C_LANE = TokenLane is not None
+    _c_lane = None
+IN_C_LANE = _c_lane is not None
 """Whether the lanes are the compiled ones (else :class:`token_lane_py.TokenLane`)."""
-if TokenLane is None:
-    TokenLane = token_lane_py.TokenLane
+TokenLane = token_lane_py.TokenLane if _c_lane is None else _c_lane
 
 AVAILABLE = True
 """Lanes are always there (in C or in Python); the relay still reads this, and a test
@@ -73,32 +79,15 @@ switches lanes off through it."""
 _KINDS = {TokenKind.ANSWER: 0, TokenKind.REASONING: 1, TokenKind.TOOL: 2}
 
 
-class LaneTransport(Protocol):
-    """What a lane asks of the client's transport: the three calls the relay makes per write."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def is_closing(self) -> bool: ...
-
-    def get_write_buffer_size(self) -> int: ...
-
-
-class Decoding(Protocol):
-    """What a lane reads per token (:class:`~sidecar.measure.concurrency.DecodeConcurrency`):
-    how many streams of the model are decoding now."""
-
-    n: int
-
-
 def lane_for(
-    steady,
+    steady: tuple[EventTemplate, TokenKind] | None,
     *,
     clock: Callable[[], float],
     transport: LaneTransport,
     timeline: RequestTimeline,
     on_sent: Callable[[int], None],
     high_water: int,
-):
+) -> token_lane_py.TokenLane | None:
     """A lane for ``steady``, ``observer.steady()``'s ``(template, kind)``, or None
     when there is nothing it may stand for yet: the first token (of an answer lane's kind:
     the first answer token) is the Python path's to record. Its notes go to ``on_sent``
@@ -110,7 +99,7 @@ def lane_for(
         return None
     add_tokens = timeline.add_tokens
 
-    def notes(sent: int, gaps, streams, last: float) -> None:
+    def notes(sent: int, gaps: array[float], streams: array[int], last: float) -> None:
         if sent:
             on_sent(sent)
         if gaps:

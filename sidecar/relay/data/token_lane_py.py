@@ -23,16 +23,42 @@ from __future__ import annotations
 
 import re
 from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, SupportsFloat, SupportsIndex
 
 from ...base.speedups import hex_size, plain
 
-__all__ = ["TokenLane", "text_lane"]
+if TYPE_CHECKING:
+    from ...streams.protocols.template import EventTemplate
+
+    Notes = Callable[[int, array[float], array[int], float], None]
+    """A lane's hand-over: ``notes(sent, gaps, streams, last)`` (bytes written, the tokens'
+    gaps and decoding counts, the last token's time)."""
+
+__all__ = ["Decoding", "LaneTransport", "TokenLane", "text_lane"]
 
 BATCH = 32
 """Tokens noted before they are handed over (the C lane's ``LANE_BATCH``)."""
 
 _UINT_MAX = 0xFFFFFFFF  # the largest item of an ``array("I")``, the timeline's gap_streams
 _ONE_CHAR_ESCAPE = re.compile(rb'\\["\\/bfnrt]')
+
+
+class LaneTransport(Protocol):
+    """What a lane asks of the client's transport: the three calls the relay makes per write."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_write_buffer_size(self) -> int: ...
+
+
+class Decoding(Protocol):
+    """What a lane reads per token (:class:`~sidecar.measure.concurrency.DecodeConcurrency`):
+    how many streams of the model are decoding now."""
+
+    n: int
 
 
 def text_lane(text: bytes) -> bool:
@@ -45,7 +71,7 @@ def text_lane(text: bytes) -> bool:
     return plain(text) or (b"\\" in text and plain(_ONE_CHAR_ESCAPE.sub(b"x", text)))
 
 
-def _double(value) -> float:
+def _double(value: SupportsFloat | SupportsIndex) -> float:
     """``value`` as C's ``PyFloat_AsDouble`` reads it (a float, an int, anything with
     ``__float__`` or ``__index__``): ``float()`` would also parse a string."""
     if isinstance(value, (str, bytes, bytearray)):
@@ -78,11 +104,11 @@ class TokenLane:
     def __init__(
         self,
         *,
-        clock,
-        transport,
-        decoding,
-        notes,
-        memo,
+        clock: Callable[[], float],
+        transport: LaneTransport,
+        decoding: Decoding,
+        notes: Notes,
+        memo: EventTemplate,
         prefix: bytes,
         suffix: bytes,
         limit: int,
@@ -114,7 +140,7 @@ class TokenLane:
         self._count = self._sent = self._handed = 0
         self._gaps, self._streams = array("d"), array("I")
 
-    def take(self, data) -> bool:
+    def take(self, data: bytes) -> bool:
         """True when ``data`` was relayed and noted here; False (nothing done) for the
         Python path to take."""
         if not self._open or data.__class__ is not bytes:
@@ -170,7 +196,7 @@ class TokenLane:
         self._sent += n
         return True
 
-    def open(self, check_at, last_token) -> bool:
+    def open(self, check_at: float, last_token: float | None) -> bool:
         """Take reads again, the next token's gap counted from ``last_token`` (the
         timeline's), until a progress check is due at ``check_at`` (the relay's; it checks
         everything else before calling). False when switched off, or before the first token."""
@@ -233,6 +259,6 @@ class TokenLane:
         return self._count
 
     @property
-    def memo(self):
+    def memo(self) -> EventTemplate:
         """The template it stands for."""
         return self._memo

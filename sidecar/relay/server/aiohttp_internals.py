@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import hdrs, web
 from aiohttp.http import RawRequestMessage
@@ -49,8 +50,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import ResourceRoute, UrlMappingMatchInfo
 
-from .client_guard import ConnectionGuard
+from .client_guard import ConnectionGuard, EarlyHook
 from .head_budget import HeadBudget, head_size
+
+if TYPE_CHECKING:
+    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 __all__ = [
     "CHECKED_AIOHTTP",
@@ -78,7 +83,7 @@ CHECKED_AIOHTTP = "3.14.5"
 
 def handler_server(handler: RequestHandler) -> web.Server:
     """The server (connection manager) a connection handler belongs to."""
-    return handler._manager  # type: ignore[return-value]
+    return handler._manager  # type: ignore[return-value]  # private: typed Server | None, set once connected
 
 
 def handler_loop(handler: RequestHandler) -> asyncio.AbstractEventLoop:
@@ -228,18 +233,20 @@ with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it
         (``_handle``, ``_match_info``; pinned in tests/unit/test_aiohttp_internals.py).
         """
 
-        def __init__(self, entry, expect, **kwargs: Any) -> None:
+        def __init__(self, entry: Handler, expect: ExpectHandler, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self._entry = entry
             self._expect = expect
             match = UrlMappingMatchInfo(
-                {}, ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect)
+                {},
+                # A route of no resource: only this frozen match info holds it.
+                ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect),  # type: ignore[arg-type]
             )
             match.add_app(self)
             match.freeze()
             self._one_match = match
 
-        async def _handle(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]
+        async def _handle(self, request: web.Request) -> web.StreamResponse:
             request._match_info = self._one_match
             if request.headers.get(hdrs.EXPECT):
                 response = await self._expect(request)
@@ -265,13 +272,13 @@ class GuardedRequestHandler(RequestHandler):
         super().__init__(*args, **kwargs)
         self.early_slot = EarlySlot()
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = handler_server(self)
-        guard = server.guard  # type: ignore[attr-defined]
+        guard: ConnectionGuard = server.guard  # type: ignore[attr-defined]  # a GuardedServer's
         cap = guard.max_connections
         if cap and open_connections(server) >= cap:
             self._over_cap = True
-            transport.write(guard.refuse_connection(handler_loop(self)))
+            cast(asyncio.Transport, transport).write(guard.refuse_connection(handler_loop(self)))
             transport.close()
             return
         super().connection_made(transport)
@@ -279,7 +286,7 @@ class GuardedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._over_cap:
             return
-        guard = handler_server(self).guard  # type: ignore[attr-defined]
+        guard: ConnectionGuard = handler_server(self).guard  # type: ignore[attr-defined]  # a GuardedServer's
         budget = guard.head_budget
         count = request_count(self)
         if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
@@ -311,7 +318,7 @@ class GuardedRequestHandler(RequestHandler):
         if guard.early is not None:
             self._offer_early(guard.early, request_count(self) - count)
 
-    def _offer_early(self, early, heads: int) -> None:
+    def _offer_early(self, early: EarlyHook, heads: int) -> None:
         """After a read that completed ``heads`` request heads: offer ``early``
         (sidecar/relay/data/early.py) the one request this read completed, head and body or
         only the body of a head that came before. Two heads in a row (pipelining) leave both
@@ -325,7 +332,7 @@ class GuardedRequestHandler(RequestHandler):
         if heads == 1:
             self._send_early(early)
 
-    def _send_early(self, early) -> None:
+    def _send_early(self, early: EarlyHook) -> None:
         """One request head completed in this read: if the connection's task is idle, waiting
         for exactly it, offer it to ``early``, which may send it upstream now; or, its body
         still arriving, remember it for the read that completes the body."""
@@ -340,14 +347,14 @@ class GuardedRequestHandler(RequestHandler):
             else:
                 slot.body_awaited = waiting
 
-    def _send_early_body(self, early) -> None:
+    def _send_early_body(self, early: EarlyHook) -> None:
         """A read brought more of the body of the request remembered by :meth:`_send_early`:
         once all of it is in, offer the request to ``early`` if its handler has not claimed it
         yet (on Python 3.11 the connection's task takes it off the queue a loop turn after
         its head, and starts its handler a turn after that: a body read in between is still
         in time) and nothing else came."""
         slot = self.early_slot
-        message, payload = slot.body_awaited  # type: ignore[misc]
+        message, payload = slot.body_awaited  # type: ignore[misc]  # set: _offer_early checked
         if not payload.is_eof():
             return  # more to come (or the body failed: the connection is going)
         slot.body_awaited = None
@@ -366,12 +373,19 @@ class GuardedRequestHandler(RequestHandler):
         if early is not None:  # sent, but aiohttp runs no handler for a connection gone
             early.abandon()
 
-    def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         if status != 400 or not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
         if request.writer.output_size > 0:  # as aiohttp: too late for another response
             raise ConnectionError("a response was already sent")
-        return handler_server(self).guard.parse_refused(exc, request.remote)  # type: ignore[attr-defined]
+        guard: ConnectionGuard = handler_server(self).guard  # type: ignore[attr-defined]  # a GuardedServer's
+        return guard.parse_refused(exc, request.remote)
 
 
 class GuardedServer(HandlerServer):

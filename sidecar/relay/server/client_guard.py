@@ -10,10 +10,14 @@ The mechanics, which ride on aiohttp's connection handler, are in
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 from aiohttp import web
+from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.streams import StreamReader
 
 try:
     import resource
@@ -80,10 +84,25 @@ class RefusalLog:
             self._last, self._count = now, 0
 
 
+class EarlyRecord(Protocol):
+    """A request the early hook sent upstream before its handler ran."""
+
+    def abandon(self) -> None: ...
+
+
+EarlyHook = Callable[
+    [RawRequestMessage, StreamReader, asyncio.Transport | None], "EarlyRecord | None"
+]
+"""``early(head, body, transport)``: may send a request that completed on an idle connection
+upstream before its handler runs (sidecar/relay/data/early.py's ``EarlyForwarder``)."""
+
+
 class ConnectionGuard:
     """The limits of one listening port and the answers past them (see the module doc)."""
 
-    def __init__(self, max_connections: int = 0, head_budget: int = 0, early=None) -> None:
+    def __init__(
+        self, max_connections: int = 0, head_budget: int = 0, early: EarlyHook | None = None
+    ) -> None:
         self.max_connections = max_connections  # 0: no cap
         self.head_budget = (
             head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone

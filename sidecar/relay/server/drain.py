@@ -194,5 +194,5 @@ class Drain:
             return await asyncio.wait_for(
                 self._upstream_up(), timeout=max(0.05, deadline - self._clock())
             )
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False

@@ -13,12 +13,14 @@ connection handler (sidecar/app.py) writes :func:`head_too_large_response` and c
 
 from __future__ import annotations
 
+from aiohttp.http import RawRequestMessage
+
 from .errors import raw_error_response
 
 __all__ = ["HeadBudget", "head_size", "head_too_large_response"]
 
 
-def head_size(message) -> int:
+def head_size(message: RawRequestMessage) -> int:
     """Bytes of a parsed request head (aiohttp ``RawRequestMessage``): the request line and
     each field line with their CRLFs, as sent (obsolete spacing aside)."""
     size = len(message.method) + len(message.path) + 13  # " HTTP/1.1\r\n" and the end CRLF

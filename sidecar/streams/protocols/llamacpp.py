@@ -149,7 +149,7 @@ def parse_llamacpp_response(body: bytes) -> list[DialectEvent]:
     """A whole non-streaming ``/completion`` body -> events (model, stop type, usage,
     engine timings, or the error)."""
     obj = load_object(body, _error_of)
-    if type(obj) is list:
+    if isinstance(obj, list):
         return obj
     out: list[DialectEvent] = []
     _final(obj, out)

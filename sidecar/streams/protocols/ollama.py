@@ -124,7 +124,7 @@ def parse_ollama_response(body: bytes) -> list[DialectEvent]:
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
     obj = load_object(body, error_of)
-    if type(obj) is list:
+    if isinstance(obj, list):
         return obj
     out: list[DialectEvent] = [ResponseInfo(response_model=str_or_none(obj.get("model")))]
     _final(obj, out)

@@ -174,7 +174,7 @@ def parse_responses_response(body: bytes) -> list[DialectEvent]:
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
     obj = load_object(body)
-    if type(obj) is list:
+    if isinstance(obj, list):
         return obj
     status = obj.get("status")
     is_response = obj.get("object") == "response" or isinstance(status, str)

@@ -20,7 +20,12 @@ does not move). The decoded path stays the oracle: tests feed both the same stre
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...base.speedups import plain, plain_at
+
+if TYPE_CHECKING:
+    from .events import DialectEvent
 
 __all__ = ["EventTemplate", "plain"]
 
@@ -33,7 +38,9 @@ class EventTemplate:
 
     __slots__ = ("text", "events", "limit", "_prefix", "_suffix", "_start", "_tail")
 
-    def __init__(self, prefix: bytes, suffix: bytes, text: bytes | None, events: tuple) -> None:
+    def __init__(
+        self, prefix: bytes, suffix: bytes, text: bytes | None, events: tuple[DialectEvent, ...]
+    ) -> None:
         self.text = text  # the text of the event it was learned from (dropped once armed)
         self.events = _shared(events)  # what the dialect made of that event
         self.limit = 0  # the longest event matches() takes (the framing's bound, set on arming)
@@ -43,7 +50,9 @@ class EventTemplate:
         self._tail = len(suffix)
 
     @classmethod
-    def learn(cls, chunk: bytes, data: bytes, text: object, events: list) -> EventTemplate | None:
+    def learn(
+        cls, chunk: bytes, data: bytes, text: object, events: list[DialectEvent]
+    ) -> EventTemplate | None:
         """The template of ``chunk``, one SSE event whose data is ``data`` and whose token
         text the dialect decoded as ``text``: None unless that text is plain and written
         verbatim exactly once in ``data``."""
@@ -108,10 +117,10 @@ class EventTemplate:
         return False
 
 
-_SHARED: list[tuple] = []
+_SHARED: list[tuple[DialectEvent, ...]] = []
 
 
-def _shared(events: tuple) -> tuple:
+def _shared(events: tuple[DialectEvent, ...]) -> tuple[DialectEvent, ...]:
     """One tuple per distinct events value (nearly always one answer token), not one per
     stream; events are never mutated, so sharing is safe. Learning is rare and the values
     few: a short list, scanned (events compare by value but do not hash)."""

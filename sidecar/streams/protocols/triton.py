@@ -65,7 +65,7 @@ class TritonStreamDialect(SSEJSONDialect):
 def parse_triton_response(body: bytes, model: str | None = None) -> list[DialectEvent]:
     """A whole ``/generate`` body -> events (the model, or the error). No usage exists."""
     obj = load_object(body, error_of)
-    if type(obj) is list:
+    if isinstance(obj, list):
         return obj
     name = str_or_none(obj.get("model_name")) or model
     return [ResponseInfo(response_model=name)] if name is not None else []

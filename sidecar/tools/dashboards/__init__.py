@@ -19,6 +19,10 @@ dependency only, never imported by the running sidecar). Every panel reads the
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..slo.spec import SLOSpec
 
 try:
     from . import overview, slo
@@ -42,7 +46,7 @@ DASHBOARD_DIR = "dashboards"
 KUSTOMIZATION = "dashboards/kustomization.yaml"
 
 
-def build_dashboards(spec) -> dict[str, dict]:
+def build_dashboards(spec: SLOSpec) -> dict[str, dict[str, Any]]:
     """File name -> dashboard JSON data, for an :class:`~sidecar.tools.slo.SLOSpec`."""
     return {
         f"{overview.UID}.json": to_json_dict(overview.build()),
@@ -50,7 +54,7 @@ def build_dashboards(spec) -> dict[str, dict]:
     }
 
 
-def render_files(spec) -> dict[str, str]:
+def render_files(spec: SLOSpec) -> dict[str, str]:
     """Repository path -> file text, for every generated file."""
     texts = {name: json_text(data) for name, data in build_dashboards(spec).items()}
     out = {f"{DASHBOARD_DIR}/{name}": text for name, text in texts.items()}

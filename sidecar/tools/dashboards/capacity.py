@@ -23,6 +23,7 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     split = [*spec.grouping, *(() if "llm_release" in spec.grouping else ("llm_release",))]
     by = ", ".join(split)
     threshold = objective.threshold_seconds
+    assert threshold is not None  # a latency objective has one (Objective's validator)
     q = format_number(objective.target)
     legend = " ".join(f"{{{{{label}}}}}" for label in split) + " band {{concurrency}}"
 

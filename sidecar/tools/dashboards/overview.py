@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grafana_foundation_sdk.builders import heatmap, timeseries
+from grafana_foundation_sdk.models import dashboard as dash_m
+
 from .agents import add_agents_row
 from .engine import add_engine_row
-from .panels import Board, Query, heatmap_panel, timeseries_panel
 from .own_health import add_own_health_row
-from .where_time_goes import add_where_time_goes_row
+from .panels import Board, Query, heatmap_panel, timeseries_panel
 from .queries import (
     TARGET_LABELS,
     Matcher,
@@ -23,6 +25,7 @@ from .queries import (
     sum_rate,
     zero_if_absent,
 )
+from .where_time_goes import add_where_time_goes_row
 
 __all__ = ["UID", "TITLE", "build"]
 
@@ -113,7 +116,7 @@ LATENCIES: tuple[Latency, ...] = (
 )
 
 
-def _latency_panels(lat: Latency) -> tuple:
+def _latency_panels(lat: Latency) -> tuple[timeseries.Panel, heatmap.Panel]:
     queries = [
         Query(
             quantile(q, lat.metric, extra=lat.extra),
@@ -236,7 +239,7 @@ def _traffic(board: Board) -> None:
     )
 
 
-def _errors_by_type_panel():
+def _errors_by_type_panel() -> timeseries.Panel:
     return timeseries_panel(
         "Errors by type (/s)",
         "Failed requests per second by why they failed (the error_type label, a fixed set): "
@@ -254,7 +257,7 @@ def _errors_by_type_panel():
     )
 
 
-def _finish_reasons_panel():
+def _finish_reasons_panel() -> timeseries.Panel:
     by_reason = sum_rate(FINISH_REASONS, ("finish_reason",))
     return timeseries_panel(
         "Finish reasons (share of answers)",
@@ -274,7 +277,7 @@ def _finish_reasons_panel():
     )
 
 
-def _non_api_panel():
+def _non_api_panel() -> timeseries.Panel:
     return timeseries_panel(
         "Non-API requests through the proxy port (/s)",
         "Requests to paths outside the API route table (the server's /health, /metrics, GET "
@@ -383,7 +386,7 @@ def _token_count_sources(board: Board) -> None:
     board.add(_series_refused_panel())
 
 
-def _label_overflow_panel():
+def _label_overflow_panel() -> timeseries.Panel:
     return timeseries_panel(
         "Requests filed under model/tenant 'other' (/s)",
         "Requests that named a model or tenant but were counted under 'other', by label and "
@@ -403,7 +406,7 @@ def _label_overflow_panel():
     )
 
 
-def _series_refused_panel():
+def _series_refused_panel() -> timeseries.Panel:
     return timeseries_panel(
         "Updates refused by the series budget (/s)",
         "Metric updates whose own series did not fit in --max-series (counted before a series is "
@@ -418,7 +421,7 @@ def _series_refused_panel():
     )
 
 
-def _exact_counts_panel():
+def _exact_counts_panel() -> timeseries.Panel:
     exact = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "=~", "usage|engine"),))
     counted = sum_rate(TOKEN_COUNT_SOURCE, ("route",), (("source", "!=", "none"),))
     return timeseries_panel(
@@ -491,7 +494,7 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
     )
 
 
-def _ttft_by(by: tuple[str, ...], legend: str, what: str):
+def _ttft_by(by: tuple[str, ...], legend: str, what: str) -> timeseries.Panel:
     """TTFT quantiles per ``what``: p50/p95/p99 per model (where objectives are set), p90 per pod."""
     qs = (0.5, 0.95, 0.99) if what == "model" else (0.9,)
     names = " / ".join(f"p{round(q * 100)}" for q in qs)
@@ -560,7 +563,7 @@ def _engine(board: Board) -> None:
     )
 
 
-def build():
+def build() -> dash_m.Dashboard:
     """The dashboard model (grafana-foundation-sdk), ready to serialise."""
     board = Board(
         UID,

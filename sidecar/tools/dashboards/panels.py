@@ -10,16 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, Self, TypeVar
 
-from grafana_foundation_sdk.builders import bargauge, heatmap, stat, table, timeseries
-from grafana_foundation_sdk.builders import common as common_b
-from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.builders import prometheus as prom
-from grafana_foundation_sdk.cog import builder as cogbuilder
-from grafana_foundation_sdk.models import common as common_m
-from grafana_foundation_sdk.models import dashboard as dash_m
-from grafana_foundation_sdk.models import heatmap as heatmap_m
-from grafana_foundation_sdk.models import prometheus as prom_m
+from grafana_foundation_sdk.builders import (
+    bargauge,
+    common as common_b,
+    dashboard as dash,
+    heatmap,
+    prometheus as prom,
+    stat,
+    table,
+    timeseries,
+)
+from grafana_foundation_sdk.cog import builder as cogbuilder, variants as cogvariants
+from grafana_foundation_sdk.models import (
+    common as common_m,
+    dashboard as dash_m,
+    heatmap as heatmap_m,
+    prometheus as prom_m,
+)
 
 from .queries import FILTER_LABELS, selector
 
@@ -81,9 +90,24 @@ def _target(query: Query, i: int) -> prom.Dataquery:
     return q
 
 
+class _PanelBuilder(Protocol):
+    """What every panel builder of the SDK has (each returns the builder itself)."""
+
+    def title(self, title: str) -> Self: ...
+    def description(self, description: str) -> Self: ...
+    def datasource(self, datasource: dash_m.DataSourceRef) -> Self: ...
+    def unit(self, unit: str) -> Self: ...
+    def span(self, w: int) -> Self: ...
+    def height(self, h: int) -> Self: ...
+    def with_target(self, target: cogbuilder.Builder[cogvariants.Dataquery]) -> Self: ...
+
+
+_P = TypeVar("_P", bound=_PanelBuilder)
+
+
 def _common(
-    panel, title: str, description: str, queries: Sequence[Query], unit: str, w: int, h: int
-):
+    panel: _P, title: str, description: str, queries: Sequence[Query], unit: str, w: int, h: int
+) -> _P:
     panel = (
         panel.title(title)
         .description(description)
@@ -311,14 +335,24 @@ def variables() -> list[cogbuilder.Builder[dash_m.VariableModel]]:
 # ------------------------------------------------------------------------------- the board
 
 
-class _Built(cogbuilder.Builder):
+_M = TypeVar("_M")
+
+
+class _Built(cogbuilder.Builder[_M]):
     """An already built panel or row, handed to the dashboard builder as is."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: _M) -> None:
         self._model = model
 
-    def build(self):
+    def build(self) -> _M:
         return self._model
+
+
+class _Placeable(Protocol):
+    """A panel builder the board numbers and places."""
+
+    def id(self, id_val: int) -> Self: ...
+    def build(self) -> dash_m.Panel: ...
 
 
 class Board:
@@ -386,7 +420,7 @@ class Board:
         self._y += 1
         return self
 
-    def collapsed_row(self, title: str, *panels) -> Board:
+    def collapsed_row(self, title: str, *panels: _Placeable) -> Board:
         """A row that starts collapsed, holding ``panels``: one line on the board until it
         is opened (Grafana keeps a collapsed row's panels inside the row), so a section that
         has no data on some deployments costs a line there, not a screen of empty panels."""
@@ -396,6 +430,7 @@ class Board:
         x, y, line_h = 0, self._y + 1, 0
         for panel in panels:
             model = panel.id(self._id()).build()
+            assert model.grid_pos is not None  # span() and height() set it (_common)
             w, h = model.grid_pos.w, model.grid_pos.h
             if x + w > 24:
                 x, y, line_h = 0, y + line_h, 0
@@ -407,9 +442,10 @@ class Board:
         self._y += 1
         return self
 
-    def add(self, *panels) -> Board:
+    def add(self, *panels: _Placeable) -> Board:
         for panel in panels:
             model = panel.id(self._id()).build()
+            assert model.grid_pos is not None  # span() and height() set it (_common)
             w, h = model.grid_pos.w, model.grid_pos.h
             if self._x + w > 24:
                 self._newline()

@@ -13,15 +13,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from grafana_foundation_sdk.builders import timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import dashboard as dash_m
 from prometheus_client.utils import floatToGoString
 
 from ..slo import conventions as c
+from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
 from ..slo.helm import SEVERITIES as CHART_SEVERITIES
 from ..slo.rules import ERROR_CAUSES, REQUEST_OBJECTIVES_RATIO, objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
-from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
 from .capacity import capacity_row
 from .panels import (
     Board,
@@ -211,7 +213,7 @@ def _target_overrides(
     return out
 
 
-def _burn_panel(spec: SLOSpec, name: str, arm: AlertWindow, period_text: str):
+def _burn_panel(spec: SLOSpec, name: str, arm: AlertWindow, period_text: str) -> timeseries.Panel:
     factor = float(format_number(burn_rate_factor(arm, spec.period)))
     spent = format_number(arm.budget_consumed * 100)
     panel = timeseries_panel(
@@ -251,7 +253,8 @@ def _breakdown_query(scope: Scope) -> str:
         return ratio_or_zero(bad, total)
     latency = c.latency_sli(sli, scope.objective.cache_class)
     base = [(k, "=", v) for k, v in latency.matchers] + sm
-    le = floatToGoString(scope.threshold)  # the bucket bound as the sidecar and the rules write it
+    # The bucket bound as the sidecar and the rules write it (unannotated in prometheus_client).
+    le: str = floatToGoString(scope.threshold)  # type: ignore[no-untyped-call]
     total = sum_rate(f"{latency.histogram}_count", by, base)
     good = sum_rate(f"{latency.histogram}_bucket", by, [*base, ("le", "=", le)])
     return f"({total} - {good}) / {total}"
@@ -399,7 +402,7 @@ def _dashed_queries(first: int, count: int) -> list[dash_m.DashboardFieldConfigS
     ]
 
 
-class _Override:
+class _Override(cogbuilder.Builder[dash_m.DashboardFieldConfigSourceOverrides]):
     """Hands an already built override to the SDK's ``overrides()``, which builds each item."""
 
     def __init__(self, model: dash_m.DashboardFieldConfigSourceOverrides) -> None:
@@ -409,11 +412,13 @@ class _Override:
         return self._model
 
 
-def _wrap(models: Sequence[dash_m.DashboardFieldConfigSourceOverrides]) -> list[_Override]:
+def _wrap(
+    models: Sequence[dash_m.DashboardFieldConfigSourceOverrides],
+) -> list[cogbuilder.Builder[dash_m.DashboardFieldConfigSourceOverrides]]:
     return [_Override(m) for m in models]
 
 
-def build(spec: SLOSpec):
+def build(spec: SLOSpec) -> dash_m.Dashboard:
     """The SLO dashboard model for ``spec`` (the spec the committed rules were rendered from)."""
     board = Board(
         UID,

@@ -23,11 +23,16 @@ p99s is no one's p99.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from grafana_foundation_sdk.builders import timeseries
+
 from .panels import Board, Query, timeseries_panel
 from .queries import (
     ENGINE_LABELS,
     FILTER_LABELS,
     TARGET_LABELS,
+    Matcher,
     mean,
     on_release_pods,
     quantile,
@@ -58,7 +63,7 @@ _BY_POD = ("namespace", "pod")
 _POD = "{{namespace}}/{{pod}}"
 
 
-def _pod_mean(histogram: str, extra=()) -> str:
+def _pod_mean(histogram: str, extra: Sequence[Matcher] = ()) -> str:
     """Mean per pod over the rate window. The sidecar's series take every filter; vLLM's
     (no ``model`` or ``route`` label, and no ``llm_release`` from a team's own scrape) only
     the other target labels, kept for the selected releases' pods. Both sum to one series
@@ -99,7 +104,9 @@ def e2e_split() -> dict[str, str]:
     }
 
 
-def _split_panel(title: str, description: str, parts: dict[str, str], total: str):
+def _split_panel(
+    title: str, description: str, parts: dict[str, str], total: str
+) -> timeseries.Panel:
     """The parts stacked per pod, the client-seen total as a line over them."""
     queries = [Query(expr, f"{_POD} {name}") for name, expr in parts.items() if name != total]
     queries.append(Query(parts[total], f"{_POD} {total}"))

@@ -8,8 +8,8 @@ command line (:mod:`.cli`) is a thin shim over those.
 
 from __future__ import annotations
 
-from .render import render_rules
 from .capacity import generate
+from .render import render_rules
 from .spec import SLOSpec, SpecError, load_spec, parse_spec
 
 __all__ = ["SLOSpec", "SpecError", "load_spec", "parse_spec", "generate", "render_rules"]

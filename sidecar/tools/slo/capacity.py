@@ -35,10 +35,10 @@ from .rules import (
     RuleSet,
     _spec_matchers,
     _who,
+    generate as generate_slo,
     selector,
 )
-from .rules import generate as generate_slo
-from .spec import SLOSpec
+from .spec import Objective, SLOSpec
 from .windows import format_number
 
 __all__ = [
@@ -74,7 +74,7 @@ LOAD_RATIO = "llm:slo_capacity:load_ratio"
 FINITE_BANDS = tuple(b for b in BANDS if b != "+Inf")
 
 
-def capacity_objective(spec: SLOSpec):
+def capacity_objective(spec: SLOSpec) -> Objective | None:
     for sli in ("itl", "tpot"):
         for o in spec.objectives:
             if o.sli == sli:
@@ -82,7 +82,7 @@ def capacity_objective(spec: SLOSpec):
     return None
 
 
-def quantile_record(objective) -> str:
+def quantile_record(objective: Objective) -> str:
     return f"llm:itl_by_concurrency:p{format_number(objective.target)}_{WINDOW}".replace(".", "_")
 
 

@@ -8,8 +8,8 @@ import re
 import sys
 import tempfile
 
-from .render import render_rules
 from .capacity import generate
+from .render import render_rules
 from .spec import RUNBOOK_URL_PATTERN, SLOSpec, SpecError, load_spec
 
 __all__ = ["render_command"]

@@ -6,8 +6,7 @@ from typing import Any
 
 import yaml
 
-from .rules import Rule, RuleSet
-from .rules import history_needed
+from .rules import Rule, RuleSet, history_needed
 from .windows import burn_rate_factor, format_duration, format_number, record_windows
 
 __all__ = ["HEADER", "render_rules"]

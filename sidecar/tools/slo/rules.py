@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from ...base.outcomes import ERROR_TYPES, STREAM_ERROR, STREAM_TRUNCATED
 from . import conventions as c
-from .spec import DEFAULT_GROUPING, SLOSpec, Scope
+from .spec import DEFAULT_GROUPING, Scope, SLOSpec
 from .windows import (
     AlertWindow,
     burn_rate_factor,
@@ -96,7 +96,8 @@ def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int, by: Sequenc
 
 def _le(bound: float) -> str:
     """The ``le`` label value prometheus_client writes for a bucket bound ("2.0", "0.1")."""
-    return floatToGoString(bound)
+    le: str = floatToGoString(bound)  # type: ignore[no-untyped-call]  # unannotated upstream
+    return le
 
 
 def _scope_matchers(scope: Scope) -> list[Matcher]:
