@@ -57,3 +57,20 @@ def test_the_licence_text_is_the_one_pyproject_and_the_image_name():
     assert "END OF TERMS AND CONDITIONS" in text
     assert len(text.split("\n")) > 200  # the whole text, appendix included
     assert 'org.opencontainers.image.licenses="Apache-2.0"' in (ROOT / "Dockerfile").read_text()
+
+
+def test_the_wheel_ships_py_typed_and_a_stub_for_each_c_extension():
+    """PEP 561: ``py.typed`` marks the package as typed for its users' type checkers, and each
+    C extension's signatures are in a ``.pyi`` beside it; package-data puts both in the wheel."""
+    from fnmatch import fnmatch  # noqa: PLC0415
+
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    assert (ROOT / "sidecar" / "py.typed").is_file()
+    assert "py.typed" in data["sidecar"]
+    extensions = PYPROJECT["tool"]["setuptools"]["ext-modules"]
+    assert extensions
+    for ext in extensions:
+        package, _, module = ext["name"].rpartition(".")
+        stub = ROOT / Path(*package.split(".")) / f"{module}.pyi"
+        assert stub.is_file(), f"{ext['name']} has no stub"
+        assert any(fnmatch(stub.name, pattern) for pattern in data.get(package, [])), package
