@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
-from sidecar.relay.data.early import EarlyForwarder
+from sidecar.relay.data.early import Early, EarlyForwarder
 from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
@@ -255,6 +257,29 @@ async def test_a_client_gone_before_its_handler_ran_stops_the_upstream_request_a
         await asyncio.sleep(0.05)
         assert on.counted("cancelled") == 1 and on.counted("ok") == 1
         assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]"], ids=["not-json", "not-an-object"])
+@pytest.mark.parametrize("tracing", [False, True], ids=["untraced", "traced"])
+async def test_an_abandoned_early_request_whose_body_has_no_fields_is_recorded(
+    body, tracing, spans
+):
+    """A body that is not a JSON object has no fields to label with: a request the early
+    path sent whose client left before any handler ran is recorded all the same (the record
+    the proxy makes when the connection closes), and with tracing on its span ends."""
+    provider, exporter = spans
+    async with Side(True, tracer_provider=provider if tracing else None) as on:
+        early = Early(CIMultiDict(), "/v1/chat/completions", time.perf_counter(), body)
+        proxy = on.sc.proxy
+        if tracing:
+            early.trace = proxy._early_trace(early, CIMultiDict())
+            assert early.trace is not None  # its span started
+        early.sent_at = time.perf_counter()
+        proxy._abandoned(early)
+        assert on.counted("cancelled") == 1
+        if tracing:
+            (span,) = exporter.get_finished_spans()
+            assert span.attributes["llm_sidecar.outcome"] == "cancelled"
 
 
 async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_cancelled(spans):
