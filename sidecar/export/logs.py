@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from ..base.outcomes import Outcome
 from ..measure.timeline import RequestTimeline
@@ -25,7 +26,7 @@ _LEVELS = {
 }
 
 
-def configure_logging(fmt: str = "json", level: str = "info", stream=None) -> None:
+def configure_logging(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog for the process (called once by the CLI, never on import)."""
     renderer: Any = (
         structlog.processors.JSONRenderer()
@@ -79,7 +80,7 @@ def _ms(value: float | None) -> float | None:
 class RequestLogger:
     """A recorder that writes the per-request line."""
 
-    def __init__(self, logger=None) -> None:
+    def __init__(self, logger: FilteringBoundLogger | None = None) -> None:
         self._log = logger or structlog.get_logger("sidecar.request")
 
     def __call__(self, t: RequestTimeline, model_label: str) -> None:

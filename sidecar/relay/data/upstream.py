@@ -30,13 +30,16 @@ import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterable, Callable, Iterable
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 from urllib.parse import urlsplit
 
 import structlog
 
 from ...base.outcomes import INTERNAL
 from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
+
+if TYPE_CHECKING:
+    from .token_lane_py import TokenLane
 
 __all__ = [
     "YIELD_AFTER_READ",
@@ -159,10 +162,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._received = 0  # response bytes seen for the current request
         self._sink: BodySink | None = None
         # The sink's open token lane (sidecar/relay/data/token_lane.py), while it has one.
-        self._lane = None
+        self._lane: TokenLane | None = None
         self._ended = False
         self._end_error: str | None = None
-        self._body_writer: asyncio.Task | None = None
+        self._body_writer: asyncio.Task[None] | None = None
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._reading_paused = False
@@ -172,8 +175,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a TCP (or TLS) connection's
 
     @property
     def between_chunks(self) -> bool:
@@ -320,7 +323,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._write_waiter = self._loop.create_future()
             await self._write_waiter
 
-    def set_lane(self, lane) -> None:
+    def set_lane(self, lane: TokenLane | None) -> None:
         """While the current sink is pushed to: ``lane.take(read)`` is tried first for each
         read, and True means it relayed and noted that read (sidecar/relay/data/token_lane.py).
         Dropped (after a flush) at the first read it does not take, and at the end."""
@@ -465,7 +468,7 @@ class Sent(NamedTuple):
     """A request :meth:`UpstreamPool.send_now` wrote, awaiting its answer."""
 
     conn: UpstreamConnection
-    waiter: asyncio.Future
+    waiter: asyncio.Future[ResponseHead]
     method: str
     head: bytes
     body: bytes | None
@@ -545,7 +548,11 @@ class UpstreamPool:
         )
 
     def _framed(
-        self, method: str, target: str, headers: Iterable[tuple[str, str]], body
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | AsyncIterable[bytes] | None,
     ) -> tuple[bytes, bool, bool]:
         """The request head's bytes, whether the body goes out chunked, and whether the
         request may be repeated on a fresh connection (:func:`_replayable`)."""
@@ -573,12 +580,13 @@ class UpstreamPool:
         sent: Sent | None,
         method: str,
         head: bytes,
-        body,
+        body: bytes | AsyncIterable[bytes] | None,
         chunked_body: bool,
         retry: bool,
-        on_sent,
+        on_sent: Callable[[], None] | None,
     ) -> UpstreamConnection:
         fresh = False
+        conn: UpstreamConnection | None
         while True:
             if sent is not None:  # already written by send_now: only its answer is awaited
                 conn, waiter, sent = sent.conn, sent.waiter, None
@@ -628,7 +636,13 @@ class UpstreamPool:
     # -- internals -------------------------------------------------------------------------
 
     async def _exchange(
-        self, conn, method, head: bytes, body, chunked_body: bool, on_sent=None
+        self,
+        conn: UpstreamConnection,
+        method: str,
+        head: bytes,
+        body: bytes | AsyncIterable[bytes] | None,
+        chunked_body: bool,
+        on_sent: Callable[[], None] | None = None,
     ) -> UpstreamConnection:
         if body is None or isinstance(body, bytes):
             waiter = self._send(conn, method, head, body)
@@ -655,7 +669,9 @@ class UpstreamPool:
 
     @staticmethod
     async def _await_head(
-        conn, waiter: asyncio.Future, writer: asyncio.Task | None
+        conn: UpstreamConnection,
+        waiter: asyncio.Future[ResponseHead],
+        writer: asyncio.Task[None] | None,
     ) -> UpstreamConnection:
         try:
             if writer is None:
@@ -717,7 +733,9 @@ class UpstreamPool:
             self._idle.remove(conn)
 
 
-def _replayable(method: str, headers: list[tuple[str, str]], body) -> bool:
+def _replayable(
+    method: str, headers: list[tuple[str, str]], body: bytes | AsyncIterable[bytes] | None
+) -> bool:
     """Whether a request may be sent again after a reused connection closed before any
     response byte. As Go's net/http decides: the closing server may have read the request
     and died working on it, so only an idempotent method or a request carrying an
