@@ -99,7 +99,7 @@ class LabelOptions(TypedDict, total=False):
     clock: Callable[[], float]
     name: str
     on_overflow: Callable[[str], None] | None
-    on_forget: Callable[[str], None] | None
+    on_forget: Callable[[str], object] | None  # its result is not used
 
 
 class BoundedLabel:
@@ -123,7 +123,7 @@ class BoundedLabel:
         clock: Callable[[], float] = time.monotonic,
         name: str = "value",
         on_overflow: Callable[[str], None] | None = None,
-        on_forget: Callable[[str], None] | None = None,
+        on_forget: Callable[[str], object] | None = None,
     ) -> None:
         self._allow = frozenset(allowlist)
         self._max = max_values
