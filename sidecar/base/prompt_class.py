@@ -31,6 +31,7 @@ def parse_bounds(value: object) -> list[int]:
     """``"1024,8192"`` or ``[1024, 8192]`` -> ``[1024, 8192]``; raises ValueError naming the problem."""
     if value is None or value == "":
         return []
+    # Anything else is checked just below (a config value: any JSON).
     items: Iterable[object] = value.split(",") if isinstance(value, str) else value  # type: ignore[assignment]
     if not isinstance(items, Iterable):
         raise ValueError(f"expected token bounds such as 1024,8192, got {value!r}")

@@ -199,7 +199,7 @@ class RequestTelemetry:
         mono = self._clock()
         handle = _Trace(self._propagator.extract(headers, getter=_GETTER), time.time_ns(), mono)
         name, attributes = self._span_start(t)
-        span = self._tracer.start_span(  # type: ignore[union-attr]
+        span = self._tracer.start_span(  # type: ignore[union-attr]  # start() checked it
             name,
             context=handle.parent,
             kind=SpanKind.CLIENT,

@@ -269,7 +269,7 @@ class Proxy:
     ) -> None:
         """The request's span: the one the early path started, else started now."""
         if early is not None and early.trace is not None:
-            timeline.trace, timeline.trace_id = early.trace  # type: ignore[misc]
+            timeline.trace, timeline.trace_id = early.trace  # type: ignore[misc]  # _early_trace's pair
         elif self._tracer is not None:
             self._safely(self._tracer.start, headers, timeline)
 
@@ -324,7 +324,7 @@ class Proxy:
                 self._safely(self._on_end, label, route.template)
             if tenant_held is not None:
                 # Held only where the labeler has hold() and release() (_hold_tenant).
-                self._safely(self._tenant_label.release, tenant_held)  # type: ignore[union-attr]
+                self._safely(self._tenant_label.release, tenant_held)  # type: ignore[union-attr]  # held: set
             self._record(timeline, model, label, request.headers, outcome, error_type)
 
     def _open(

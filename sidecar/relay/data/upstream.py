@@ -206,16 +206,16 @@ class UpstreamConnection(asyncio.Protocol):
                     # noted, so the lane hands its notes over now (the sink opens it again).
                     self._lane = None
                     lane.flush()
-                piece = parser.whole_chunk(data)  # type: ignore[union-attr]
+                piece = parser.whole_chunk(data)  # type: ignore[union-attr]  # a sink: a parser
                 if piece is not None:
                     sink.chunk(data, piece)
                     return
-                pieces = parser.whole_chunks(data)  # type: ignore[union-attr]
+                pieces = parser.whole_chunks(data)  # type: ignore[union-attr]  # a sink: a parser
                 if pieces is not None:  # several whole chunks in one read (a busy upstream)
                     sink.chunks(data, pieces)
                     return
-                pieces = parser.feed(data)  # type: ignore[union-attr]
-                if parser.done:  # type: ignore[union-attr]
+                pieces = parser.feed(data)  # type: ignore[union-attr]  # a sink: a parser
+                if parser.done:  # type: ignore[union-attr]  # a sink: a parser
                     self._end(None, pieces)  # the body's end came in this read
                     return
                 if len(pieces) == 1:
@@ -455,7 +455,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         if self._reading_paused:
             self._last_read = self._time()
-        elif self._time() >= self._last_read + self._pool.read_timeout:  # type: ignore[operator]
+        elif self._time() >= self._last_read + self._pool.read_timeout:  # type: ignore[operator]  # armed: set
             if self._head_waiter is not None:
                 self._fail_head(_timeout())
             else:

@@ -240,7 +240,7 @@ with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it
             match = UrlMappingMatchInfo(
                 {},
                 # A route of no resource: only this frozen match info holds it.
-                ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect),  # type: ignore[arg-type]
+                ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect),  # type: ignore[arg-type]  # no resource
             )
             match.add_app(self)
             match.freeze()

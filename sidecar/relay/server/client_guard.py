@@ -22,7 +22,7 @@ from aiohttp.streams import StreamReader
 try:
     import resource
 except ImportError:  # pragma: no cover - not on Linux
-    resource = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]  # no module there: None guards its use
 
 from .errors import error_response, raw_error_response
 from .head_budget import head_too_large_response
