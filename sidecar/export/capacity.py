@@ -21,7 +21,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ..base.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.timeline import RequestTimeline
-from .prometheus_internals import drop_label_value, label_children, observe_many, samples_per_child
+from .prometheus_internals import (
+    drop_label_value,
+    label_children,
+    observe_many,
+    observe_repeated,
+    samples_per_child,
+)
 
 __all__ = ["CapacityMetrics"]
 
@@ -111,6 +117,7 @@ class CapacityMetrics:
         gaps, streams = t.gaps, t.gap_streams
         if not gaps or len(gaps) != len(streams):
             return
+        runs = t.gap_runs()
         lowest = band(min(streams))
         made = self._made.get(model_label)
         if made is not None:  # the bands it reached, and the two above each, exist from now
@@ -120,11 +127,14 @@ class CapacityMetrics:
             # The usual case: the load stayed within one band for the whole stream (bands are
             # ranges of n, so the extremes tell), and the gaps go in as one batch, without a
             # Python step per gap.
-            observe_many(self.itl.labels(model_label, lowest), gaps)
-            self.tokens.labels(model_label, lowest).inc(len(gaps))
+            itl = self.itl.labels(model_label, lowest)
+            observe_many(itl, gaps)
+            for index, count in runs:
+                observe_repeated(itl, gaps[index], count - 1)
+            self.tokens.labels(model_label, lowest).inc(t.gap_count)
             return
         by_band: dict[str, list[float]] = {}
-        for gap, n in zip(gaps, streams):
+        for gap, n in zip(gaps, streams, strict=True):
             b = band(n)
             values = by_band.get(b)
             if values is None:
@@ -134,3 +144,7 @@ class CapacityMetrics:
         for b, values in by_band.items():
             observe_many(self.itl.labels(model_label, b), values)
             self.tokens.labels(model_label, b).inc(len(values))
+        for index, count in runs:  # k tokens of one event: the surplus of their one entry
+            b = band(streams[index])
+            observe_repeated(self.itl.labels(model_label, b), gaps[index], count - 1)
+            self.tokens.labels(model_label, b).inc(count - 1)

@@ -40,6 +40,7 @@ from .prometheus_internals import (
     label_names,
     observe_many,
     observe_one,
+    observe_repeated,
 )
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
@@ -506,8 +507,12 @@ class SidecarMetrics:
             observe_one(self.ttfat.labels(*mr), t.ttfat, ex)
         if t.first_tool_call is not None:
             self._record_tool_calls(t, mr, ex)
-        if t.gaps:
-            observe_many(self.itl.labels(*mr), t.gaps)
+        gaps = t.gaps
+        if gaps:
+            itl = self.itl.labels(*mr)
+            observe_many(itl, gaps)
+            for index, count in t.gap_runs():  # k tokens of one event: k gaps, one entry
+                observe_repeated(itl, gaps[index], count - 1)
         tpot = t.tpot
         if tpot is not None:
             observe_one(self.tpot.labels(*mr), tpot, ex)

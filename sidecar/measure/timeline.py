@@ -60,6 +60,7 @@ from array import array
 from enum import Enum
 
 from ..streams.protocols.events import (
+    MAX_INDICES_PER_RESPONSE,
     DialectEvent,
     EngineTimings,
     GenerationDone,
@@ -84,8 +85,9 @@ from .concurrency import NO_TRACKER, DecodeConcurrency
 
 __all__ = ["RequestTimeline", "TokenCountSource", "MAX_TOOL_CALLS", "MAX_FINISH_REASONS"]
 
-MAX_TOOL_CALLS = 128
-"""Tool calls timed per response; more are not kept (parallel calls are a handful)."""
+MAX_TOOL_CALLS = MAX_INDICES_PER_RESPONSE
+"""Tool calls timed per response; more are not kept (parallel calls are a handful). The
+bound of every index an upstream chooses (sidecar/streams/protocols/events.py)."""
 
 MAX_FINISH_REASONS = 64
 """Finish reasons kept per response (one per choice; a request asks a few at most): an
@@ -174,9 +176,10 @@ class RequestTimeline:
         # gap ended (sidecar/measure/concurrency.py); one integer read per token.
         self.gap_streams = array("I")
         self.decode: DecodeConcurrency = NO_TRACKER
-        # Where a multi-token event spread its gap over several ``gaps`` entries: (index of
-        # the first, how many, whether they stand for a chunk gap). Only :meth:`chunk_gaps`
-        # reads it; the one-token path, nearly every event, never touches it.
+        # The ``gaps`` entries that stand for several tokens' gaps: (index of the entry, how
+        # many gaps it stands for, whether together they are one chunk's gap). An event of
+        # k tokens is one entry however large k is, so a hostile count costs O(1); the
+        # one-token path, nearly every event, never touches it (:meth:`gap_runs`).
         self._grouped: list[tuple[int, int, bool]] | None = None
         self.stream_tokens = 0
         self.reasoning_stream_tokens = 0
@@ -208,7 +211,7 @@ class RequestTimeline:
         # index) the [first, last] piece's times; None until a response makes one.
         self.first_tool_call: float | None = None
         self.tool_calls: dict[tuple[int, int], list[float]] | None = None
-        # The client's own objectives (x-slo-ttft-ms / x-slo-tpot-ms), read from its request
+        # The client's own objectives (x-llm-d-slo-*-ms or x-slo-*-ms), read from its request
         # headers (sidecar/measure/objectives.py); None when it sent neither.
         self.objectives: object | None = None
 
@@ -299,7 +302,11 @@ class RequestTimeline:
             self.reasoning_stream_tokens += count
 
     def _tokens(self, ev: Tokens, now: float) -> None:
-        """An event that is not one steady token: the response's first, or several at once."""
+        """An event that is not one steady token: the response's first, or several at once.
+
+        k tokens that arrived together are one ``gaps`` entry standing for k gaps (or k - 1
+        in the first event), whatever k is: an upstream claiming millions of tokens in one
+        event costs the same as one that claims two."""
         k = ev.count
         if self.first_token is None:
             self.first_token = now
@@ -307,16 +314,18 @@ class RequestTimeline:
             self.decode.enter(now)
             if k > 1:  # k tokens in the first event arrived together: k - 1 gaps of 0
                 self._group(len(self.gaps), k - 1, False)
-            gaps = [0.0] * (k - 1)
+                self.add_tokens(k, (0.0,), (self.decode.n,), now, ev.kind)
+            else:
+                self.add_tokens(k, (), (), now, ev.kind)
         elif k == 1:
-            gaps = [now - self.last_token]  # type: ignore[operator]
-        else:
+            self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]
+        elif k > 1:
             # k tokens in one event: the gap since the previous event is split evenly
             # into k observations, so ITL's count matches the token count and its sum
             # still equals the time spent decoding.
             self._group(len(self.gaps), k, True)
-            gaps = [(now - self.last_token) / k] * k  # type: ignore[operator]
-        self.add_tokens(k, gaps, [self.decode.n] * len(gaps), now, ev.kind)
+            gap = (now - self.last_token) / k  # type: ignore[operator]
+            self.add_tokens(k, (gap,), (self.decode.n,), now, ev.kind)
 
     def _settle_last(self, usage: Usage) -> None:
         """A :class:`MaybeLastToken` was a token when the usage counts exactly one more than
@@ -336,10 +345,25 @@ class RequestTimeline:
             self._grouped = []
         self._grouped.append((index, count, chunk_gap))
 
+    def gap_runs(self) -> list[tuple[int, int]]:
+        """The ``gaps`` entries that stand for more than one gap: (index, how many). Every
+        other entry stands for one. An exporter observes entry ``index`` that many times
+        (``observe_many`` over ``gaps``, then the surplus of each run at once)."""
+        grouped = self._grouped
+        return [] if grouped is None else [(i, n) for i, n, _ in grouped if n != 1]
+
+    @property
+    def gap_count(self) -> int:
+        """Gaps between tokens (ITL's observations): one per token after the response's
+        first, counted from the runs, never by expanding them."""
+        grouped = self._grouped
+        n = len(self.gaps)
+        return n if grouped is None else n + sum(count - 1 for _, count, _ in grouped)
+
     def chunk_gaps(self) -> list[float]:
         """One value per token-bearing event after the first: the time from the previous
         such event (OTel's ``time_per_output_chunk``). ``gaps`` is per *token*: an event
-        of k tokens put k shares of its gap there, which are summed back into one here."""
+        of k tokens is one entry holding a k-th of its gap, multiplied back here."""
         grouped = self._grouped
         if not grouped:
             return list(self.gaps)
@@ -348,8 +372,8 @@ class RequestTimeline:
         for index, count, chunk_gap in grouped:
             out.extend(gaps[i:index])
             if chunk_gap:
-                out.append(sum(gaps[index : index + count]))
-            i = index + count
+                out.append(gaps[index] * count)
+            i = index + 1
         out.extend(gaps[i:])
         return out
 

@@ -24,3 +24,13 @@ def streamed(
         t.events([usage], times[-1])
     t.finish(outcome, end if end is not None else times[-1] + 0.001)
     return t
+
+
+def per_token_gaps(t: RequestTimeline) -> list[float]:
+    """``t``'s gaps one per token, its runs (an event of k tokens is one entry standing for k
+    gaps) written out: what observing one by one would see. For the small records of tests."""
+    runs = dict(t.gap_runs())
+    out: list[float] = []
+    for i, gap in enumerate(t.gaps):
+        out.extend([gap] * runs.get(i, 1))
+    return out

@@ -8,11 +8,11 @@ import heapq
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.base.buckets import ITL_BUCKETS
+from sidecar.base.outcomes import Outcome
 from sidecar.export.capacity import CapacityMetrics
 from sidecar.export.metrics import SidecarMetrics
-from sidecar.base.buckets import ITL_BUCKETS
 from sidecar.measure.concurrency import BANDS, DecodeConcurrency, band
-from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import TokenKind, Tokens
 
@@ -223,14 +223,15 @@ def test_the_series_budget_counts_the_capacity_series_too():
 )
 def test_a_requests_gaps_land_in_the_band_of_each_gap_in_one_band_or_many(streams):
     from array import array
-    from types import SimpleNamespace
 
     gaps = array("d", [0.01 * (i + 1) for i in range(len(streams))])
     reg = CollectorRegistry()
     capacity = CapacityMetrics(reg)
-    capacity.record(SimpleNamespace(gaps=gaps, gap_streams=array("I", streams)), "m")  # type: ignore[arg-type]
+    t = RequestTimeline(100.0, "POST", "/v1/chat/completions", "m")
+    t.add_tokens(len(gaps), gaps, array("I", streams), 101.0, None)
+    capacity.record(t, "m")
     expected: dict[str, list[float]] = {}
-    for gap, n in zip(gaps, streams):
+    for gap, n in zip(gaps, streams, strict=True):
         expected.setdefault(band(n), []).append(gap)
     for b in BANDS:
         labels = {"model": "m", "concurrency": b}

@@ -11,17 +11,17 @@ import math
 from array import array
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from sidecar.base.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
-from sidecar.export.metrics import SidecarMetrics
-from sidecar.export.prometheus_internals import observe_many, observe_one
-from sidecar.streams.protocols.events import TokenKind, Tokens
 from sidecar.base.outcomes import Outcome
+from sidecar.export.metrics import SidecarMetrics
+from sidecar.export.prometheus_internals import observe_many, observe_one, observe_repeated
 from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.protocols.events import TokenKind, Tokens
+from tests.support.timelines import per_token_gaps
 
 FAST = settings(max_examples=300, deadline=None)
 LABELS = ("m", "/v1/chat/completions")
@@ -105,6 +105,46 @@ def test_same_exposition_as_one_observe_per_value(data):
     assert exposition(reg_many) == exposition(reg_one)
 
 
+def same_but_the_sum(got: list[str], want: list[str]) -> None:
+    """Equal sample for sample, the ``_sum`` lines to float rounding: observing a value n
+    times at once adds ``value * n``, not n additions."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        name = g.split("{")[0].split(" ")[0]
+        if name.endswith("_sum"):
+            gv, wv = float(g.rsplit(" ", 1)[1]), float(w.rsplit(" ", 1)[1])
+            assert (gv != gv and wv != wv) or gv == pytest.approx(wv, rel=1e-9), (g, w)
+        else:
+            assert g == w
+
+
+@FAST
+@given(st.data())
+def test_observe_repeated_is_observe_n_times(data):
+    buckets = data.draw(
+        st.sampled_from([ITL_BUCKETS, TOKEN_COUNT_BUCKETS, (0.5,), (-1.0, 0.0, 1.0)])
+    )
+    (reg_one, reg_rep), (one, rep) = pair(buckets)
+    for v, n in data.draw(
+        st.lists(st.tuples(values(buckets), st.integers(0, 40)), min_size=1, max_size=6)
+    ):
+        for _ in range(n):
+            one.observe(v)
+        observe_repeated(rep, v, n)
+    same_but_the_sum(exposition(reg_rep), exposition(reg_one))
+
+
+def test_observe_repeated_costs_the_same_for_millions():
+    """k tokens that arrived in one event are k gaps of one value: counted at once."""
+    (reg, _), (h, _) = pair()
+    observe_repeated(h, 0.004, 20_000_000)
+    labels = {"model": "m", "route": LABELS[1]}
+    assert reg.get_sample_value("x_seconds_count", labels) == 20_000_000
+    assert reg.get_sample_value("x_seconds_bucket", {**labels, "le": "0.0025"}) == 0
+    assert reg.get_sample_value("x_seconds_bucket", {**labels, "le": "0.005"}) == 20_000_000
+    assert reg.get_sample_value("x_seconds_sum", labels) == pytest.approx(80_000)
+
+
 def test_single_values_mixed_with_batches():
     (reg_one, reg_many), (one, many) = pair()
     for v in (0.02, 0.0025, 7.0):
@@ -174,9 +214,11 @@ def test_record_itl_matches_per_gap_observe():
         registry=ref_reg,
     )
     child = ref.labels(*LABELS)
-    for gap in t.gaps:
+    for gap in per_token_gaps(t):
         child.observe(gap)
+    assert t.gap_runs()  # events of 2 and 3 tokens: their gaps are runs
     itl = [line for line in exposition(reg) if line.startswith("llm_inter_token_latency_seconds")]
-    assert itl and itl == [
-        line for line in exposition(ref_reg) if line.startswith("llm_")
-    ]  # samples, not HELP
+    assert itl
+    same_but_the_sum(
+        itl, [line for line in exposition(ref_reg) if line.startswith("llm_")]
+    )  # samples, not HELP

@@ -9,10 +9,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.streams.protocols.events import ParseError, StreamError, TokenKind, Tokens, Usage
-from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
 from sidecar.base.outcomes import Outcome
 from sidecar.measure.timeline import RequestTimeline
+from sidecar.streams.protocols.events import ParseError, StreamError, TokenKind, Tokens, Usage
+from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
+from tests.support.timelines import per_token_gaps
 
 START = 100.0
 HEADERS = 100.05
@@ -212,16 +213,31 @@ def test_tokens_count_k_splits_the_gap_into_k_observations():
     tl = RequestTimeline(start=START)
     tl.response_started(HEADERS, 200, streamed=True)
     tl.events([Tokens(TokenKind.ANSWER, 3)], 100.3)
-    assert list(tl.gaps) == [0.0, 0.0]  # the first event's tokens arrived together
+    assert per_token_gaps(tl) == [0.0, 0.0]  # the first event's tokens arrived together
     tl.events([Tokens(TokenKind.ANSWER, 4)], 100.4)
-    assert list(tl.gaps) == pytest.approx([0.0, 0.0, 0.025, 0.025, 0.025, 0.025])
+    assert per_token_gaps(tl) == pytest.approx([0.0, 0.0, 0.025, 0.025, 0.025, 0.025])
     tl.events([Tokens(TokenKind.ANSWER, 1)], 100.6)
-    assert list(tl.gaps) == pytest.approx([0.0, 0.0, 0.025, 0.025, 0.025, 0.025, 0.2])
-    assert sum(tl.gaps) == pytest.approx(tl.decode_seconds)
+    assert per_token_gaps(tl) == pytest.approx([0.0, 0.0, 0.025, 0.025, 0.025, 0.025, 0.2])
+    assert sum(per_token_gaps(tl)) == pytest.approx(tl.decode_seconds)
     assert tl.stream_tokens == 8
-    assert len(tl.gaps) == tl.stream_tokens - 1
+    assert tl.gap_count == len(per_token_gaps(tl)) == tl.stream_tokens - 1
+    assert len(tl.gaps) == 3  # one entry per event after the first's, whatever its count
     assert tl.ttft == pytest.approx(0.3)
     assert tl.tpot == pytest.approx(0.3 / 7)
+
+
+def test_a_hostile_token_count_in_one_event_costs_one_entry():
+    """An upstream whose per-chunk usage claims millions of tokens in one event: the record
+    holds one entry standing for them, not millions (memory and time O(1) per event)."""
+    tl = RequestTimeline(start=START)
+    tl.response_started(HEADERS, 200, streamed=True)
+    tl.events([Tokens(TokenKind.ANSWER, 1)], 100.3)
+    for i in range(100):  # alternating claims repeat the cost on every event, were it per token
+        tl.events([Tokens(TokenKind.ANSWER, 20_000_000 if i % 2 else 1)], 100.4 + i / 100)
+    assert len(tl.gaps) == len(tl.gap_streams) == 100
+    assert tl.gap_count == 50 * 20_000_000 + 50 == tl.stream_tokens - 1
+    assert tl.gap_runs() == [(i, 20_000_000) for i in range(1, 100, 2)]
+    assert len(tl.chunk_gaps()) == 100
 
 
 def test_chunk_gaps_are_one_per_event_after_the_first():
@@ -236,8 +252,8 @@ def test_chunk_gaps_are_one_per_event_after_the_first():
     tl.events([Tokens(TokenKind.REASONING, 1), Tokens(TokenKind.ANSWER, 2)], 100.6)
     tl.events([Tokens(TokenKind.ANSWER, 1)], 100.9)
     assert tl.chunk_gaps() == pytest.approx([0.05, 0.1, 0.15, 0.0, 0.3])
-    assert sum(tl.chunk_gaps()) == pytest.approx(sum(tl.gaps))
-    assert len(tl.gaps) == tl.stream_tokens - 1 == 11
+    assert sum(tl.chunk_gaps()) == pytest.approx(sum(per_token_gaps(tl)))
+    assert tl.gap_count == tl.stream_tokens - 1 == 11
 
 
 def test_chunk_gaps_equal_gaps_for_one_token_events():

@@ -45,6 +45,7 @@ from ._base import (
     str_or_none,
 )
 from .events import (
+    MAX_INDICES_PER_RESPONSE,
     DialectEvent,
     GenerationDone,
     ResponseInfo,
@@ -70,7 +71,7 @@ class AnthropicStreamDialect(SSEJSONDialect):
 
     __slots__ = ("_input", "_cached", "_output", "_info_sent", "_tool_blocks")
 
-    MAX_TOOL_BLOCKS = 256
+    MAX_TOOL_BLOCKS = MAX_INDICES_PER_RESPONSE
     """Tool-use block indices remembered per stream (a hostile stream cannot grow it)."""
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
@@ -86,7 +87,7 @@ class AnthropicStreamDialect(SSEJSONDialect):
         if not isinstance(kind, str):
             kind = event
         if kind == "content_block_delta":
-            delta = obj.get("delta")
+            delta: Any = obj.get("delta")  # JSON
             dtype = delta.get("type") if type(delta) is dict else None
             if isinstance(dtype, str):
                 spec = _DELTAS.get(dtype)
@@ -198,7 +199,7 @@ def parse_anthropic_response(body: bytes) -> list[DialectEvent]:
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
     obj = load_object(body)
-    if type(obj) is list:
+    if isinstance(obj, list):
         return obj
     if obj.get("type") == "error" or (obj.get("type") != "message" and "error" in obj):
         err = error_of(obj)

@@ -22,7 +22,15 @@ __all__ = [
     "EngineTimings",
     "ToolCallDelta",
     "DialectEvent",
+    "MAX_INDICES_PER_RESPONSE",
 ]
+
+MAX_INDICES_PER_RESPONSE = 128
+"""The most indices an upstream chooses that one response's state keeps, of each kind:
+choices (``n``; OpenAI's API takes at most 128), tool calls (their timings in the record)
+and content blocks. Past it an index is not tracked, so a hostile stream numbering its
+events 0, 1, 2, ... cannot grow the state of its response without bound (tokens are still
+counted). Parallel tool calls and choices are a handful in practice."""
 
 
 class TokenKind(str, Enum):
@@ -127,7 +135,7 @@ class EngineTimings:
     decode_seconds: float | None = None
     queue_seconds: float | None = None
 
-    def merged(self, later: "EngineTimings") -> "EngineTimings":
+    def merged(self, later: EngineTimings) -> EngineTimings:
         """This account updated by a later one: each field the later one reports wins (the
         figures are cumulative where repeated); the others are kept (a header's queue time
         and a body's prefill time are two halves of one account)."""
