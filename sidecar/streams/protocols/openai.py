@@ -43,6 +43,7 @@ from typing import Any
 
 from ._base import ANSWER, SSEJSONDialect, load_object, seconds_or_none, str_or_none, usage_reader
 from .events import (
+    MAX_INDICES_PER_RESPONSE,
     DialectEvent,
     EngineTimings,
     GenerationDone,
@@ -120,9 +121,13 @@ class OpenAIStreamDialect(SSEJSONDialect):
         return None
 
     def _state(self) -> tuple:
+        """What a templated event could change, compared before and after it. The choice
+        sets stand in by their sizes, so no event copies them: :meth:`_track` only adds an
+        index to one of them or moves it from open to finished, so every change it makes
+        changes a size."""
         return (
             self._seen_info, self._completion_so_far, self._usage_per_chunk, self._started,
-            frozenset(self._open), frozenset(self._finished), self._done,
+            len(self._open), len(self._finished), self._done,
         )  # fmt: skip
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
@@ -171,7 +176,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
                         len(choices) == 1
                         and type(index) is int
                         and index in self._open
-                        and choice.get("finish_reason") is None
+                        and not choice.get("finish_reason")
                     ):
                         self._track(choices, out)
         if parsed is not None:
@@ -186,22 +191,30 @@ class OpenAIStreamDialect(SSEJSONDialect):
             _llamacpp_timings(timings, out)
 
     def _track(self, choices: list, out: list[DialectEvent]) -> None:
-        """:class:`GenerationDone` once every choice seen so far has finished."""
+        """:class:`GenerationDone` once every choice seen so far has finished. At most
+        :data:`MAX_INDICES_PER_RESPONSE` choices are tracked: a later index is not."""
         finished = False
+        opened, done = self._open, self._finished
         for choice in choices:
             if type(choice) is not dict:
                 continue
             index = choice.get("index", 0)
             if type(index) is not int:
                 index = 0
+            if (
+                index not in opened
+                and index not in done
+                and len(opened) + len(done) >= MAX_INDICES_PER_RESPONSE
+            ):
+                continue
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
-                self._finished.add(index)
-                self._open.discard(index)
+                done.add(index)
+                opened.discard(index)
                 finished = True
-            elif index not in self._finished:
-                self._open.add(index)
-        if finished and not self._open:
+            elif index not in done:
+                opened.add(index)
+        if finished and not opened:
             self._done = True
             out.append(_GENERATION_DONE)
 
@@ -269,7 +282,7 @@ def _count_choices(
                 type(delta) is dict
                 and len(delta) == 1
                 and delta.get("content")
-                and choice.get("finish_reason") is None
+                and not choice.get("finish_reason")
             ):
                 out.append(ANSWER)
                 return 1
@@ -298,7 +311,7 @@ def _count_choices(
                     and content == ""
                     and answer + reasoning + tool == before
                     and "role" not in delta
-                    and choice.get("finish_reason") is None
+                    and not choice.get("finish_reason")
                 ):
                     answer += 1  # a token whose bytes are not a whole character yet
                 elif (
@@ -314,7 +327,7 @@ def _count_choices(
         elif started and choice.get("text") == "" and choice.get("finish_reason"):
             maybe_last = True
         reason = choice.get("finish_reason")
-        if isinstance(reason, str):
+        if isinstance(reason, str) and reason:  # Ollama and SGLang send "" until the end
             if finish is None:
                 finish = []
             finish.append(reason)
@@ -409,7 +422,7 @@ def parse_openai_response(body: bytes) -> list[DialectEvent]:
     finish = tuple(
         c["finish_reason"]
         for c in (choices if type(choices) is list else ())
-        if type(c) is dict and isinstance(c.get("finish_reason"), str)
+        if type(c) is dict and isinstance(c.get("finish_reason"), str) and c["finish_reason"]
     )
     out.append(
         ResponseInfo(
