@@ -359,6 +359,9 @@ class ResponseParser:
         self._state = _CLOSE
 
 
+_STATUS_CLASSES = (b"1", b"2", b"3", b"4", b"5")
+
+
 def _status_line(line: bytes) -> tuple[str, int, str]:
     if (
         not line.startswith(b"HTTP/1.")
@@ -369,7 +372,9 @@ def _status_line(line: bytes) -> tuple[str, int, str]:
         raise ProtocolError("invalid status line")
     minor = line[7:8]
     code = line[9:12]
-    if minor not in (b"0", b"1") or not code.isdigit() or code[:1] == b"0":  # 100-999
+    # 100-599: RFC 9110 defines no other class, and a code outside them is not a response
+    # a client can act on (nor a ``code`` label value).
+    if minor not in (b"0", b"1") or not code.isdigit() or code[:1] not in _STATUS_CLASSES:
         raise ProtocolError("invalid status line")
     reason = line[13:]
     if b"\r" in reason or b"\n" in reason or b"\0" in reason:

@@ -37,7 +37,7 @@ async def raw_upstream(answer: bytes):
             writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, "http://127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
 @pytest.mark.parametrize(
@@ -47,8 +47,12 @@ async def raw_upstream(answer: bytes):
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+        # no status class past 5xx: never a ``code`` label value, a bad response
+        b"HTTP/1.1 600 Six\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 799 Custom\r\nContent-Type: text/event-stream\r\n\r\n" + EVENT,
+        b"HTTP/1.1 999 High\r\nContent-Length: 0\r\n\r\n",
     ],
-    ids=["bad-status-line", "conflicting-lengths", "gzip-coding", "bare-lf"],
+    ids=["bad-status-line", "conflicting-lengths", "gzip-coding", "bare-lf", "600", "799", "999"],
 )
 async def test_invalid_upstream_response_is_502_json(sidecar_factory, answer):
     server, url = await raw_upstream(answer)
@@ -65,6 +69,13 @@ async def test_invalid_upstream_response_is_502_json(sidecar_factory, answer):
         lambda: sc.sample("llm_requests_total", code="502", outcome="error", **LABELS) == 1
     )
     assert sc.in_flight() == 0
+    codes = {
+        sample.labels.get("code")
+        for family in sc.registry.collect()
+        for sample in family.samples
+        if "code" in sample.labels
+    }
+    assert codes == {"502"}, codes
 
 
 async def test_broken_chunk_mid_stream_truncates_after_every_valid_byte(sidecar_factory):
