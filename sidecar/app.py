@@ -66,6 +66,7 @@ from .relay.control.self_loop import (
     LOOP_STATUS,
     LOOP_TOKEN,
     UpstreamLoopError,
+    came_back,
     loop_refusal,
     loop_reason,
 )
@@ -390,7 +391,7 @@ def _proxy_entry(sc: Sidecar):
     handle, drain = sc.proxy.handle, sc.drain
 
     async def entry(request: web.Request) -> web.StreamResponse:
-        if request.headers.get(LOOP_HEADER) == LOOP_TOKEN:
+        if came_back(request.headers):
             return loop_refusal()
         if drain.refusing:
             return drain.refusal(request)
@@ -507,7 +508,7 @@ class SidecarRunner(RebuildingRunner):
             guard = ConnectionGuard(
                 max_connections=connection_cap(sc.settings.max_connections),
                 head_budget=sc.settings.max_request_head_bytes,
-                early=sc.proxy.early_forwarder(lambda: not sc.drain.draining),
+                early=sc.proxy.early_forwarder(lambda: not sc.drain.draining, came_back),
             )
         elif sc is not None:  # the admin port: within connection_cap's reserve of 128
             max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0

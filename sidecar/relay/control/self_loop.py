@@ -26,7 +26,7 @@ import errno
 import ipaddress
 import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 import structlog
@@ -39,6 +39,7 @@ __all__ = [
     "LOOP_STATUS",
     "LOOP_TOKEN",
     "UpstreamLoopError",
+    "came_back",
     "loop_refusal",
     "loop_reason",
 ]
@@ -117,7 +118,7 @@ async def loop_reason(upstream: str, bound: Iterable[tuple], *, timeout: float =
         infos = await asyncio.wait_for(
             asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout
         )
-    except (OSError, asyncio.TimeoutError, UnicodeError):
+    except (TimeoutError, OSError, UnicodeError):
         return None
     for info in infos:
         addr = _ip(str(info[4][0]))
@@ -135,6 +136,14 @@ async def loop_reason(upstream: str, bound: Iterable[tuple], *, timeout: float =
                     "would be relayed back to the sidecar itself; give the inference server's address"
                 )
     return None
+
+
+def came_back(headers: Mapping[str, str]) -> bool:
+    """Whether a request on the proxy port is this process's own, come back through a loop
+    (it carries :data:`LOOP_TOKEN` in :data:`LOOP_HEADER`). The one loop check: the proxy
+    app's entry answers such a request with :func:`loop_refusal`, and the early path
+    (sidecar/relay/data/early.py) asks the same before it would send one upstream."""
+    return headers.get(LOOP_HEADER) == LOOP_TOKEN
 
 
 def loop_refusal() -> web.StreamResponse:

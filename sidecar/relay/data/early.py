@@ -24,8 +24,8 @@ and carries on as if it had sent the request itself: the same labels, figures, r
 faults. With tracing on, the request's span starts here and its context goes in the
 upstream's header fields, as the handler's path would put it (the ``trace`` hook).
 Everything else (a body still arriving when its handler starts, chunked, ``Expect``, a
-request the proxy refuses, pipelined requests, a draining pod) waits for the handler as
-before.
+request the proxy refuses, such as the sidecar's own come back through a loop, pipelined
+requests, a draining pod) waits for the handler.
 
 A client that goes away before its handler runs never gets one (aiohttp cancels the
 connection's task): :meth:`Early.abandon` then closes the upstream connection, so the
@@ -35,7 +35,7 @@ server stops generating, and the request is recorded as cancelled.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
@@ -113,7 +113,8 @@ class EarlyForwarder:
     """Decides, per completed request head, whether to send it now (see the module doc).
 
     ``enabled`` is asked each time (False while draining, so a pod that stops takes the
-    handler's path, with its refusals); ``on_abandoned`` records a request that reached the
+    handler's path, with its refusals); ``refused`` is the entry's refusal by header fields
+    (the loop check), so a request it refuses is left to it; ``on_abandoned`` records a request that reached the
     upstream but whose client went before its handler ran. ``trace`` (tracing on) starts the
     request's span before it is sent and puts its context in the upstream's header fields,
     as the handler's path does: ``trace(early, upstream_headers)``, kept as ``early.trace``
@@ -126,6 +127,7 @@ class EarlyForwarder:
         max_body: int,
         clock: Callable[[], float],
         enabled: Callable[[], bool],
+        refused: Callable[[Mapping[str, str]], bool],
         on_abandoned: Callable[[Early], None],
         trace: Callable[[Early, CIMultiDict[str]], object] | None = None,
     ) -> None:
@@ -134,6 +136,7 @@ class EarlyForwarder:
         self._max_body = max_body
         self._clock = clock
         self._enabled = enabled
+        self._refused = refused
         self._on_abandoned = on_abandoned
 
     def __call__(self, message, payload, transport) -> Early | None:
@@ -157,6 +160,8 @@ class EarlyForwarder:
         target = message.path
         if not target.startswith("/") or not payload.is_eof() or not self._enabled():
             return None
+        if self._refused(headers):
+            return None  # the entry answers it (508 for a loop) and nothing goes upstream
         path = message.url.path
         route, _ = match_route(path, "POST")
         if route is OTHER:

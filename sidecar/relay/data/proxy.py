@@ -232,14 +232,19 @@ class Proxy:
         self._clock = clock
         self.in_flight = 0
 
-    def early_forwarder(self, enabled: Callable[[], bool]) -> EarlyForwarder:
+    def early_forwarder(
+        self, enabled: Callable[[], bool], refused: Callable[[Mapping[str, str]], bool]
+    ) -> EarlyForwarder:
         """What the proxy port's connections call with each request that completes on an
-        idle connection (sidecar/relay/data/early.py); ``enabled``: False while draining."""
+        idle connection (sidecar/relay/data/early.py); ``enabled``: False while draining;
+        ``refused``: the entry's own refusal of a request by its header fields (the loop
+        check), so that a request the entry refuses is never sent."""
         return EarlyForwarder(
             self._pool,
             max_body=min(self.limits.max_request_inspect_bytes, self.limits.max_request_body_bytes),
             clock=self._clock,
             enabled=enabled,
+            refused=refused,
             on_abandoned=self._abandoned,
             trace=None if self._tracer is None else self._early_trace,
         )

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
+from sidecar.relay.control.self_loop import LOOP_HEADER, LOOP_TOKEN
 from sidecar.relay.data.early import Early, EarlyForwarder
 from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler
 from tests.conftest import wait_for
@@ -231,6 +232,25 @@ async def test_a_body_past_the_inspect_limit_is_left_to_the_handler():
     big = b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}'
     on, off, _, _ = await both(post(b"/v1/completions", big), max_request_inspect_bytes=1024)
     assert on.relayed == off.relayed and on.records == [None]
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["body-with-head", "body-read-apart"])
+async def test_the_sidecars_own_request_come_back_is_508_and_never_sent_upstream(apart):
+    """One loop check for both ways in: a POST to an API route carrying this process's loop
+    token (its own probe, come back through a forwarder) is refused before anything goes
+    upstream, whichever read completed it; the handler's path answers it 508."""
+    looped = post(b"/v1/chat/completions", BODY, f"{LOOP_HEADER}: {LOOP_TOKEN}".encode())
+    head, body = looped.split(b"\r\n\r\n", 1)
+    request = (head + b"\r\n\r\n", body) if apart else looped
+    for early in (True, False):
+        async with Side(early) as side:
+            await side.exchange(post())  # leaves an idle pooled upstream connection
+            answers = await side.exchange(request)
+            await asyncio.sleep(0.3)  # a request sent early would have arrived by now
+            assert answers[0].startswith(b"HTTP/1.1 508 ")
+            assert b'"type":"upstream_loop"' in answers[0].replace(b" ", b"")
+            assert len(side.relayed) == 1 and LOOP_TOKEN.encode() not in side.relayed[0]
+            assert all(r is None for r in side.records[1:])  # offered, declined
 
 
 async def test_no_early_path_while_draining():
