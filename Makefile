@@ -35,12 +35,14 @@ $(STAMP): $(BASE_STAMP)
 
 # Every generated artefact from its one source, in order: the SLO spec -> the plain rules
 # (deploy/prometheus/) -> the dashboards and their kustomization (dashboards/) -> the chart's
-# rules, the plain manifests and the golden renders (scripts/sync-chart.sh, which needs helm).
+# rules, the plain manifests and the golden renders (scripts/sync-chart.sh, which needs helm) ->
+# the settings reference in docs/configuration.md (from the config model).
 # Nothing generated is edited by hand; the golden tests fail when a file is stale.
 generate: $(STAMP) tools
 	$(BIN)/llm-sidecar slo render deploy/slo/default.yaml -o deploy/prometheus/llm-sidecar-rules.yaml
 	$(BIN)/python -m sidecar.tools.dashboards
 	bash scripts/sync-chart.sh
+	$(BIN)/python -m sidecar.tools.config_reference
 
 # Debian packages the tests use (promtool from prometheus, nginx for the benchmark).
 system-deps:

@@ -786,7 +786,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--sidecar-args",
         default="",
-        help="extra arguments for `sidecar serve`, e.g. '--inject-stream-usage false'",
+        help="extra arguments for `sidecar serve`, e.g. '--read-timeout 900'",
     )
     p.add_argument(
         "--sidecar-module",
