@@ -15,6 +15,7 @@ integer read the timeline does per token.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -32,9 +33,16 @@ from .prometheus_internals import (
 __all__ = ["CapacityMetrics"]
 
 
+class _Options(TypedDict):
+    """The keywords every family here is made with."""
+
+    registry: CollectorRegistry
+    namespace: str
+
+
 class CapacityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        h = dict(registry=registry, namespace="llm")
+        h: _Options = dict(registry=registry, namespace="llm")
         mc = ("model", "concurrency")
         self.itl = Histogram(
             "inter_token_latency_by_concurrency_seconds",
