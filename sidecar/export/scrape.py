@@ -18,20 +18,30 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from aiohttp import hdrs, web
-from prometheus_client import CollectorRegistry
+from prometheus_client import Metric
 from prometheus_client.exposition import choose_encoder
 
 __all__ = ["ScrapeRenderer"]
 
 
+class Page(Protocol):
+    """What is rendered: a registry, or a view of one (``WithoutCreated``), and its
+    ``name[]``-filtered view."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+    def restricted_registry(self, names: Iterable[str]) -> object: ...
+
+
 class ScrapeRenderer:
     def __init__(
         self,
-        registry: CollectorRegistry,
+        registry: Page,
         max_age: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -49,7 +59,7 @@ class ScrapeRenderer:
         began = self._clock()
         encoder, content_type = choose_encoder(accept)
         registry = self._registry.restricted_registry(list(names)) if names else self._registry
-        page = encoder(registry)
+        page = encoder(registry)  # type: ignore[arg-type]  # any collector: it calls collect()
         return page, content_type, self._clock() - began
 
     def _reuse_for(self, took: float) -> float:
