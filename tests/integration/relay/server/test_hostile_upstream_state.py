@@ -26,7 +26,6 @@ import pytest
 
 from sidecar.streams.protocols.events import MAX_INDICES_PER_RESPONSE
 from tests.support.census import MiB, proc_status, reset_peak
-from tests.support.rig import serve_process  # noqa: F401 - fixture
 from tests.support.samples import sample_of
 from tests.support.sse import http_chunk
 
