@@ -16,6 +16,7 @@ import copy
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from functools import reduce
+from math import isfinite, isinf
 from operator import add
 
 from prometheus_client import Histogram, Summary
@@ -117,18 +118,21 @@ def observe_repeated(histogram: Histogram, value: float, times: int) -> None:
     ``times`` and the sum ``value * times``. k tokens that arrived in one event are k gaps
     of one value (sidecar/measure/timeline.py), and an upstream may claim millions of them
     in one event: the bucket counts are those of observing one by one, the sum is the
-    product (equal to the repeated addition up to float rounding). NaN and values that are
-    not plain in-process ones (multiprocess mode) take the one-by-one way, as in
+    product (equal to the repeated addition up to float rounding). NaN, a product that
+    overflows where the value does not (a value near the largest float, never a gap: the
+    repeated additions may stay finite, or leave an infinite sum as it is) and values that
+    are not plain in-process ones (multiprocess mode) take the one-by-one way, as in
     :func:`observe_many`, whose checks it shares."""
     if times <= 0:
         return
     histogram._raise_if_not_observable()
     total = histogram._sum
-    if value != value or type(total) is not MutexValue:
+    step = value * times
+    if value != value or type(total) is not MutexValue or (isinf(step) and isfinite(value)):
         for _ in range(times):
             histogram.observe(value)
         return
-    total.inc(value * times)
+    total.inc(step)
     histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(times)
 
 
