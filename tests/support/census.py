@@ -8,6 +8,7 @@ exactly that once the client has gone (``quiet_census`` then ``settles_to``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import time
@@ -132,3 +133,29 @@ def rss_bytes(pid: int) -> int:
 def reset_peak(pid: int) -> None:
     """Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+@contextlib.asynccontextmanager
+async def answer_times(session, url: str, every: float = 0.02):
+    """Probe ``url`` (an admin endpoint, e.g. ``/healthz``) every ``every`` seconds while the
+    block runs; yields the list of each answer's time in seconds, filled as they come. What a
+    readiness or liveness probe would have waited for while the sidecar was busy."""
+    waits: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        loop = asyncio.get_running_loop()
+        while not done.is_set():
+            t = loop.time()
+            async with session.get(url) as r:
+                assert r.status == 200
+                await r.read()
+            waits.append(loop.time() - t)
+            await asyncio.sleep(every)
+
+    prober = asyncio.create_task(probe())
+    try:
+        yield waits
+    finally:
+        done.set()
+        await prober

@@ -17,7 +17,7 @@ import asyncio
 
 import pytest
 
-from tests.support.census import CHART_LIMIT, MiB, proc_status, reset_peak
+from tests.support.census import CHART_LIMIT, MiB, answer_times, proc_status, reset_peak
 from tests.support.raw import BodyReadingUpstream, post_raw
 from tests.support.samples import sample_of
 
@@ -139,28 +139,13 @@ async def test_huge_json_response_is_read_in_bounded_memory_and_never_stalls_the
             before = proc_status(pid, "VmRSS")
             reset_peak(pid)
 
-            waits: list[float] = []
-            done = asyncio.Event()
-
-            async def probe() -> None:
-                loop = asyncio.get_running_loop()
-                while not done.is_set():
-                    t = loop.time()
-                    async with s.get(sc.admin_url + "/healthz") as r:
-                        assert r.status == 200
-                        await r.read()
-                    waits.append(loop.time() - t)
-                    await asyncio.sleep(0.02)
-
-            prober = asyncio.create_task(probe())
-            async with s.post(
-                sc.url + "/v1/chat/completions", json={"model": "m"}, headers={"x-big": "1"}
-            ) as r:
-                got = await r.read()
-                status = r.status
-            await asyncio.sleep(0.3)  # the observer's close runs after the last byte
-            done.set()
-            await prober
+            async with answer_times(s, sc.admin_url + "/healthz") as waits:
+                async with s.post(
+                    sc.url + "/v1/chat/completions", json={"model": "m"}, headers={"x-big": "1"}
+                ) as r:
+                    got = await r.read()
+                    status = r.status
+                await asyncio.sleep(0.3)  # the observer's close runs after the last byte
             peak = proc_status(pid, "VmHWM")
             metrics = await sc.metrics()
     finally:

@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 
 from sidecar.streams.protocols.events import MAX_INDICES_PER_RESPONSE
-from tests.support.census import MiB, proc_status, reset_peak
+from tests.support.census import MiB, answer_times, proc_status, reset_peak
 from tests.support.samples import sample_of
 from tests.support.sse import http_chunk
 
@@ -129,25 +129,10 @@ async def run_hostile(serve_process, script: list[tuple[bytes, float]]):
             before = proc_status(pid, "VmRSS")
             reset_peak(pid)
             cpu_before = cpu_seconds(pid)
-            waits: list[float] = []
-            done = asyncio.Event()
-
-            async def probe() -> None:
-                loop = asyncio.get_running_loop()
-                while not done.is_set():
-                    t = loop.time()
-                    async with s.get(sc.admin_url + "/healthz") as r:
-                        assert r.status == 200
-                        await r.read()
-                    waits.append(loop.time() - t)
-                    await asyncio.sleep(0.02)
-
-            prober = asyncio.create_task(probe())
-            async with s.post(sc.url + "/v1/chat/completions", json=body) as r:
-                got = await r.read()
-            await asyncio.sleep(0.3)  # the record is made after the last byte
-            done.set()
-            await prober
+            async with answer_times(s, sc.admin_url + "/healthz") as waits:
+                async with s.post(sc.url + "/v1/chat/completions", json=body) as r:
+                    got = await r.read()
+                await asyncio.sleep(0.3)  # the record is made after the last byte
             rss = proc_status(pid, "VmRSS") - before
             peak = proc_status(pid, "VmHWM") - before
             cpu = cpu_seconds(pid) - cpu_before
