@@ -8,29 +8,32 @@ bounded here: ``model`` through :class:`ModelLabeler`, ``route`` by the fixed ro
 
 from __future__ import annotations
 
-
 import platform
 import time
 from collections.abc import Callable, Iterable
+from typing import TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from ..base.buckets import (
     E2E_BUCKETS,
     ENGINE_PHASE_BUCKETS,
-    OVERHEAD_BUCKETS,
     ITL_BUCKETS,
+    OVERHEAD_BUCKETS,
     TOKEN_COUNT_BUCKETS,
     TOOL_CALL_COUNT_BUCKETS,
     TPS_BUCKETS,
     TTFT_BUCKETS,
 )
-from ..base.prompt_class import PromptClasses
-from ..base.labels import OVERFLOW_REASONS, UNKNOWN, ModelLabeler, SeriesBudget
-from ..base.routes import ROUTES
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
+from ..base.labels import OVERFLOW_REASONS, UNKNOWN, ModelLabeler, SeriesBudget
 from ..base.outcomes import Outcome, error_type_label
+from ..base.prompt_class import PromptClasses
+from ..base.routes import ROUTES
 from ..base.speedups import IN_C
+from ..measure.cache_class import cache_class
+from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
+from ..measure.timeline import RequestTimeline
 from .capacity import CapacityMetrics
 from .prometheus_internals import (
     SeriesGate,
@@ -42,9 +45,6 @@ from .prometheus_internals import (
     observe_one,
     observe_repeated,
 )
-from ..measure.cache_class import cache_class
-from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
-from ..measure.timeline import RequestTimeline
 
 __all__ = ["SidecarMetrics", "SLOThresholds", "method_label", "SERIES_REFUSED_FATES"]
 
@@ -98,6 +98,13 @@ class SLOThresholds:
         return True
 
 
+class _Options(TypedDict):
+    """The keywords every family is made with."""
+
+    registry: CollectorRegistry
+    namespace: str
+
+
 class SidecarMetrics:
     """Owns the instruments; :meth:`record` is the only way figures reach them.
 
@@ -136,7 +143,7 @@ class SidecarMetrics:
         self.objectives = objectives or ObjectiveDefaults()
         self.prompt_class = prompt_classes or PromptClasses()
         mr = ("model", "route")
-        h = dict(registry=registry, namespace="llm")
+        h: _Options = dict(registry=registry, namespace="llm")
 
         def per_model_route(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
             """A histogram labelled by model and route alone (most latency figures)."""
@@ -304,7 +311,7 @@ class SidecarMetrics:
         }
         # In-flight gauge children a request started under when its own series was refused
         # (the gate gave the 'other' row): the request ends on the same child.
-        self._in_flight_folded: dict[tuple[str, str], list] = {}
+        self._in_flight_folded: dict[tuple[str, str], list[Gauge]] = {}
         self._own_health(registry, version)
         self.capacity = CapacityMetrics(registry) if capacity else None
         self.gate: SeriesGate | None = None
@@ -339,11 +346,11 @@ class SidecarMetrics:
             "sidecar_build_info",
             "Always 1: the running sidecar's version, Python version, and speedups 'on' when its "
             "C byte checks are loaded ('off': a build without a C compiler, about 2x the CPU per token).",
-            ("version", "python", "speedups"), **dict(registry=registry, namespace="llm"),
+            ("version", "python", "speedups"), registry=registry, namespace="llm",
         )  # fmt: skip
         self.build_info.labels(version, platform.python_version(), "on" if IN_C else "off").set(1)
 
-    def _labelled(self):
+    def _labelled(self) -> list[Counter | Gauge | Histogram]:
         """The labelled instruments (parents, not the children some attributes cache)."""
         return [
             m
@@ -490,7 +497,11 @@ class SidecarMetrics:
         return (t.tenant or UNKNOWN,) if self.tenants else ()
 
     def _record_stream(
-        self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None, tenant: tuple[str, ...] = ()
+        self,
+        t: RequestTimeline,
+        mr: tuple[str, str],
+        ex: dict[str, str] | None,
+        tenant: tuple[str, ...] = (),
     ) -> None:
         if t.ttft is not None:
             observe_one(
@@ -520,7 +531,10 @@ class SidecarMetrics:
         if tps is not None:
             observe_one(self.tps.labels(*mr), tps)
 
-    def _record_tool_calls(self, t: RequestTimeline, mr: tuple[str, str], ex: dict | None) -> None:
+    def _record_tool_calls(
+        self, t: RequestTimeline, mr: tuple[str, str], ex: dict[str, str] | None
+    ) -> None:
+        # Called for a response with a tool call: its time is a float.
         observe_one(self.time_to_first_tool_call.labels(*mr), t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
         observe_many(self.tool_call_assembly.labels(*mr), t.tool_call_assembly())
         observe_one(self.tool_calls_per_response.labels(*mr), t.tool_call_count)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import reduce
 from math import isfinite, isinf
 from operator import add
+from typing import Any
 
-from prometheus_client import Histogram, Summary
+from prometheus_client import CollectorRegistry, Histogram, Metric, Summary
 from prometheus_client.metrics import Enum, MetricWrapperBase
+from prometheus_client.registry import Collector
 from prometheus_client.values import MutexValue
 
 __all__ = [
@@ -43,12 +45,13 @@ CHECKED_PROMETHEUS_CLIENT = "0.26.0"
 """The version these private reads were last checked on (pyproject: ``<0.27``)."""
 
 
-def label_names(metric) -> tuple[str, ...]:
+def label_names(metric: MetricWrapperBase) -> tuple[str, ...]:
     """The label names ``metric`` was declared with."""
-    return metric._labelnames
+    names: tuple[str, ...] = metric._labelnames
+    return names
 
 
-def is_labelled_parent(metric) -> bool:
+def is_labelled_parent(metric: MetricWrapperBase) -> bool:
     """``metric`` has labels and is the parent (not a child ``.labels(...)`` returned)."""
     return bool(metric._labelnames) and not metric._labelvalues
 
@@ -74,7 +77,7 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     internals (``_sum``, ``_buckets``, ``_upper_bounds``, the value's ``_lock``); where the
     values are not plain in-process ones (multiprocess mode) it observes one by one.
     """
-    histogram._raise_if_not_observable()  # a labelled parent refuses, as observe() does
+    histogram._raise_if_not_observable()  # type: ignore[no-untyped-call]  # private, unannotated; a labelled parent refuses, as observe() does
     total = histogram._sum
     if type(total) is not MutexValue:
         for value in values:
@@ -85,7 +88,7 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
         has_nan = total._value != total._value  # NaN in, NaN out (also an earlier NaN)
     ordered = sorted([v for v in values if v == v] if has_nan else values)
     done, end = 0, len(ordered)
-    for bound, bucket in zip(histogram._upper_bounds, histogram._buckets):
+    for bound, bucket in zip(histogram._upper_bounds, histogram._buckets, strict=True):
         upto = bisect_right(ordered, bound, done)
         if upto > done:
             bucket.inc(upto - done)
@@ -94,7 +97,7 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
             done = upto
 
 
-def observe_one(histogram: Histogram, value: float, exemplar: dict | None = None) -> None:
+def observe_one(histogram: Histogram, value: float, exemplar: dict[str, str] | None = None) -> None:
     """``histogram.observe(value, exemplar)``, with the same result, at less than half the
     cost where there is no exemplar: the bucket found by bisection, not a Python loop over
     the bounds, and no check that ``histogram`` is a child (the callers pass children they
@@ -109,7 +112,7 @@ def observe_one(histogram: Histogram, value: float, exemplar: dict | None = None
     if exemplar or value != value or type(total) is not MutexValue:
         histogram.observe(value, exemplar)
         return
-    total.inc(value)
+    total.inc(value)  # type: ignore[no-untyped-call]  # MutexValue.inc is unannotated
     histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(1)
 
 
@@ -125,18 +128,18 @@ def observe_repeated(histogram: Histogram, value: float, times: int) -> None:
     :func:`observe_many`, whose checks it shares."""
     if times <= 0:
         return
-    histogram._raise_if_not_observable()
+    histogram._raise_if_not_observable()  # type: ignore[no-untyped-call]  # private, unannotated
     total = histogram._sum
     step = value * times
     if value != value or type(total) is not MutexValue or (isinf(step) and isfinite(value)):
         for _ in range(times):
             histogram.observe(value)
         return
-    total.inc(step)
+    total.inc(step)  # type: ignore[no-untyped-call]  # MutexValue.inc is unannotated
     histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(times)
 
 
-def samples_per_child(metric) -> int:
+def samples_per_child(metric: MetricWrapperBase) -> int:
     """Samples one child of ``metric`` puts on the page (served through
     :class:`WithoutCreated`, so never a ``_created``): a histogram's buckets, ``+Inf``,
     ``_sum`` and ``_count``; a summary's ``_sum`` and ``_count``; an enum's states; a
@@ -150,20 +153,20 @@ def samples_per_child(metric) -> int:
     return 1
 
 
-def has_child(metric, values: tuple[str, ...]) -> bool:
+def has_child(metric: MetricWrapperBase, values: tuple[str, ...]) -> bool:
     """Whether ``metric`` has the child ``values`` now (without making it)."""
     return values in metric._metrics
 
 
-def label_children(metric) -> list[tuple[str, ...]]:
+def label_children(metric: MetricWrapperBase) -> list[tuple[str, ...]]:
     """The label-value tuples of ``metric``'s children. prometheus_client lists them only in
     the private ``_metrics`` dict (read under the metric's ``_lock``, as ``remove`` itself
     does)."""
     with metric._lock:
-        return list(metric._metrics)
+        return list(metric._metrics)  # type: ignore[arg-type]  # typed Sequence[str]: tuples
 
 
-def drop_label_value(metric, label: str, value: str) -> int:
+def drop_label_value(metric: MetricWrapperBase, label: str, value: str) -> int:
     """Remove ``metric``'s children whose ``label`` is ``value``; how many were removed
     (prometheus_client removes a child only by its full tuple of label values)."""
     index = label_names(metric).index(label)
@@ -179,7 +182,7 @@ def drop_label_value(metric, label: str, value: str) -> int:
 _HAS_CREATED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
-def _without_created(family):
+def _without_created(family: Metric) -> Metric:
     """``family`` minus its ``_created`` samples (a copy when it had any)."""
     if family.type not in _HAS_CREATED:
         return family
@@ -192,7 +195,7 @@ def _without_created(family):
     return kept
 
 
-def page_samples(families: Iterable) -> int:
+def page_samples(families: Iterable[Metric]) -> int:
     """Samples ``families`` (a collector's ``collect()``) put on a page without ``_created``."""
     return sum(len(_without_created(f).samples) for f in families)
 
@@ -209,15 +212,16 @@ class WithoutCreated:
     avoid). This view drops them from one registry's page instead, whoever embeds the
     sidecar; the registry itself is unchanged (``get_sample_value`` still answers for them)."""
 
-    def __init__(self, registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for family in self._registry.collect():
             yield _without_created(family)
 
-    def restricted_registry(self, names: Iterable[str]) -> "WithoutCreated":
-        return WithoutCreated(self._registry.restricted_registry(list(names)))
+    def restricted_registry(self, names: Iterable[str]) -> WithoutCreated:
+        # A restricted view is not a CollectorRegistry, but collect() is all it is asked.
+        return WithoutCreated(self._registry.restricted_registry(list(names)))  # type: ignore[arg-type]
 
 
 class SeriesGate:
@@ -248,7 +252,7 @@ class SeriesGate:
 
     def __init__(
         self,
-        registry,
+        registry: CollectorRegistry,
         max_series: int,
         *,
         fold: Iterable[str] = ("model", "tenant"),
@@ -265,16 +269,16 @@ class SeriesGate:
         self._unvalued = frozenset(unvalued)
         self.on_refused = on_refused
         self._fixed: dict[object, int] = {}  # collectors that are not prometheus_client metrics
-        self._planned: tuple[int, tuple[int, list]] | None = None
+        self._planned: tuple[int, tuple[int, list[tuple[MetricWrapperBase, int]]]] | None = None
         self._guarded: set[int] = set()
 
     # -- counting ---------------------------------------------------------------------
 
-    def _collectors(self) -> list:
+    def _collectors(self) -> list[Collector]:
         with self._registry._lock:
             return list(self._registry._collector_to_names)
 
-    def _plan(self) -> tuple[int, list[tuple[dict, int]]]:
+    def _plan(self) -> tuple[int, list[tuple[MetricWrapperBase, int]]]:
         """(samples of the fixed collectors, [(a labelled family's children, samples per
         child)]), worked out again only when the registry's collectors change: counting is
         then a sum over the families, a few microseconds."""
@@ -283,7 +287,8 @@ class SeriesGate:
             key = len(registry._collector_to_names)
         if self._planned is not None and self._planned[0] == key:
             return self._planned[1]
-        fixed, labelled = 0, []
+        fixed = 0
+        labelled: list[tuple[MetricWrapperBase, int]] = []
         for collector in self._collectors():
             if isinstance(collector, MetricWrapperBase):
                 per = samples_per_child(collector)
@@ -327,32 +332,32 @@ class SeriesGate:
         for collector in self._collectors():
             if isinstance(collector, MetricWrapperBase) and is_labelled_parent(collector):
                 if id(collector) not in self._guarded:
-                    collector.labels = self._gated(collector)
+                    collector.labels = self._gated(collector)  # type: ignore[method-assign]  # the gate: see the class doc
                     self._guarded.add(id(collector))
                 n += 1
         return n
 
-    def _gated(self, metric):
+    def _gated(self, metric: MetricWrapperBase) -> Callable[..., Any]:
         make = type(metric).labels.__get__(metric)  # prometheus_client's own labels()
         names = metric._labelnames
         fold_at = frozenset(i for i, name in enumerate(names) if name in self._fold)
         per = samples_per_child(metric)
         unvalued, fold_to = self._unvalued, self._fold_to
-        detached: list = []
+        detached: list[MetricWrapperBase] = []
 
-        def refuse(fate: str):
+        def refuse(fate: str) -> None:
             if self.on_refused is not None:
                 try:
                     self.on_refused(fate)
                 except Exception:  # counting a refusal never breaks the caller
                     pass
 
-        def labels(*values, **by_name):
+        def labels(*values: object, **by_name: object) -> Any:
             if by_name and not values and sorted(by_name) == sorted(names):
                 values = tuple(by_name[name] for name in names)
             elif by_name or len(values) != len(names):
                 return make(*values, **by_name)  # prometheus_client's own error
-            child = metric._metrics.get(values)
+            child = metric._metrics.get(values)  # type: ignore[arg-type]  # a miss: str() below
             if child is not None:
                 return child
             key = tuple(str(v) for v in values)

@@ -57,8 +57,17 @@ The clock is injected so tests can script exact timings.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from enum import Enum
+from typing import Any
 
+from ..base.outcomes import (
+    CLIENT_DISCONNECTED,
+    STREAM_ERROR,
+    STREAM_TRUNCATED,
+    UPSTREAM_STATUS,
+    Outcome,
+)
 from ..streams.protocols.events import (
     MAX_INDICES_PER_RESPONSE,
     DialectEvent,
@@ -73,13 +82,6 @@ from ..streams.protocols.events import (
     Tokens,
     ToolCallDelta,
     Usage,
-)
-from ..base.outcomes import (
-    CLIENT_DISCONNECTED,
-    STREAM_ERROR,
-    STREAM_TRUNCATED,
-    UPSTREAM_STATUS,
-    Outcome,
 )
 from .concurrency import NO_TRACKER, DecodeConcurrency
 
@@ -225,13 +227,15 @@ class RequestTimeline:
 
     def events(self, events: list[DialectEvent], now: float) -> None:
         """Apply a batch of dialect events that arrived together at ``now``."""
+        # Dispatched on type(ev), taken once per event: mypy does not narrow through ``t``.
+        ev: Any
         for ev in events:
             t = type(ev)
             if t is Tokens:
                 if (
                     self.first_token is not None and ev.count == 1
                 ):  # steady decode: nearly every event
-                    self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]
+                    self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]  # a token before: last_token set
                 else:
                     self._tokens(ev, now)
             elif t is Usage:
@@ -283,7 +287,14 @@ class RequestTimeline:
         elif len(calls) < MAX_TOOL_CALLS:
             calls[key] = [now, now]
 
-    def add_tokens(self, count: int, gaps, streams, at: float, kind: TokenKind | None) -> None:
+    def add_tokens(
+        self,
+        count: int,
+        gaps: Iterable[float],
+        streams: Iterable[int],
+        at: float,
+        kind: TokenKind | None,
+    ) -> None:
         """The per-token rule, the one place tokens are added: ``count`` tokens of ``kind``
         (None: a kind that was not said) that arrived by ``at``, with the gaps before them
         (seconds; one per token after the first of the response) and, beside each gap, how
@@ -318,13 +329,13 @@ class RequestTimeline:
             else:
                 self.add_tokens(k, (), (), now, ev.kind)
         elif k == 1:
-            self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]
+            self.add_tokens(1, (now - self.last_token,), (self.decode.n,), now, ev.kind)  # type: ignore[operator]  # a token before: last_token set
         elif k > 1:
             # k tokens in one event: the gap since the previous event is split evenly
             # into k observations, so ITL's count matches the token count and its sum
             # still equals the time spent decoding.
             self._group(len(self.gaps), k, True)
-            gap = (now - self.last_token) / k  # type: ignore[operator]
+            gap = (now - self.last_token) / k  # type: ignore[operator]  # a token before: last_token set
             self.add_tokens(k, (gap,), (self.decode.n,), now, ev.kind)
 
     def _settle_last(self, usage: Usage) -> None:
@@ -333,7 +344,7 @@ class RequestTimeline:
         arrived then, so its gap is observed and TPOT's span ends there, as the usage count
         it is divided by says. Counting it otherwise left vLLM's every naturally finished
         stream one gap short and its TPOT low by 1/(n-1)."""
-        at, decoding = self._maybe_last  # type: ignore[misc]
+        at, decoding = self._maybe_last  # type: ignore[misc]  # called when one is held
         self._maybe_last = None
         last = self.last_token
         if usage.output_tokens != self.stream_tokens + 1 or last is None or at < last:
@@ -485,7 +496,7 @@ class RequestTimeline:
         """One count, from the first source that has it: usage, then the engine's own."""
         for counts in (self.usage, self.engine_usage):
             if counts is not None:
-                value = getattr(counts, field)
+                value: int | None = getattr(counts, field)
                 if value is not None:
                     return value
         return None
