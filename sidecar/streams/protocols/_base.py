@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from ..ndjson import NDJSONDecoder
-from ..sse import SSEDecoder, SSEEvent
+from ..ndjson import NDJSONDecoder, NDJSONOverflow
+from ..sse import SSEDecoder, SSEEvent, SSEOverflow
 from .events import (
     DialectEvent,
     ParseError,
@@ -80,7 +80,7 @@ class SSEJSONDialect:
     LEARN_TRIES = 4
     """Templates a stream may learn without arming one before it stops trying (a stream
     whose every token event differs outside the text pays this many)."""
-    _token_text: Callable[[dict], object] | None = None
+    _token_text: Callable[[dict[str, Any]], object] | None = None
 
     def __init__(self, max_line_bytes: int | None = None) -> None:
         self._sse = SSEDecoder(max_line_bytes) if max_line_bytes else SSEDecoder()
@@ -106,9 +106,9 @@ class SSEJSONDialect:
             if memo.frames(chunk):
                 # The shape with a text that is not plain (an escaped newline or quote): it
                 # is decoded, and the template stays while the state stays a fixed point.
-                before = self._state()  # type: ignore[attr-defined]
+                before = self._state()  # type: ignore[attr-defined]  # a templated dialect's
                 self._data(data, "message", out)
-                if self._state() != before:  # type: ignore[attr-defined]
+                if self._state() != before:  # type: ignore[attr-defined]  # a templated dialect's
                     self._memo = None
                 return out
             self._memo = None  # another shape: decoded, and it may change the state
@@ -129,13 +129,13 @@ class SSEJSONDialect:
         if candidate is not None:
             text = candidate.text_of(chunk)
             if text is not None:
-                before = self._state()  # type: ignore[attr-defined]
+                before = self._state()  # type: ignore[attr-defined]  # a templated dialect's
                 obj = self._data(data, "message", out)
                 if (
                     obj is not None
                     and tuple(out) == candidate.events
-                    and self._state() == before  # type: ignore[attr-defined]
-                    and self._token_text(obj) == text.decode()  # type: ignore[misc]
+                    and self._state() == before  # type: ignore[attr-defined]  # a templated dialect's
+                    and self._token_text(obj) == text.decode()  # type: ignore[misc]  # set: learning
                 ):
                     if text != candidate.text:
                         candidate.limit = self._sse.lone_limit(candidate.spaced)
@@ -153,20 +153,20 @@ class SSEJSONDialect:
             and (len(out) == 1 or (len(out) == 2 and type(out[1]) is ToolCallDelta))
         ):
             self._learning -= 1
-            self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]
+            self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
         else:
             self._candidate = None
 
     def close(self) -> list[DialectEvent]:
         return self._interpret(self._sse.close())
 
-    def _interpret(self, framed: list) -> list[DialectEvent]:
+    def _interpret(self, framed: list[SSEEvent | SSEOverflow]) -> list[DialectEvent]:
         out: list[DialectEvent] = []
         for ev in framed:
             if type(ev) is SSEEvent:
                 self._data(ev.data, ev.event, out)
             else:
-                out.append(ParseError(ev.reason))
+                out.append(ParseError(ev.reason))  # type: ignore[union-attr]  # an SSEOverflow
         return out
 
     def _data(self, data: bytes, event: str, out: list[DialectEvent]) -> dict[str, Any] | None:
@@ -209,11 +209,11 @@ class NDJSONDialect:
     def close(self) -> list[DialectEvent]:
         return self._interpret(self._nd.close())
 
-    def _interpret(self, lines: list) -> list[DialectEvent]:
+    def _interpret(self, lines: list[bytes | NDJSONOverflow]) -> list[DialectEvent]:
         out: list[DialectEvent] = []
         for line in lines:
             if type(line) is not bytes:
-                out.append(ParseError(line.reason))
+                out.append(ParseError(line.reason))  # type: ignore[union-attr]  # an NDJSONOverflow
                 continue
             try:
                 obj = orjson.loads(line)

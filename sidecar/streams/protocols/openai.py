@@ -120,7 +120,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
                 return function.get("arguments")
         return None
 
-    def _state(self) -> tuple:
+    def _state(self) -> tuple[object, ...]:
         """What a templated event could change, compared before and after it. The choice
         sets stand in by their sizes, so no event copies them: :meth:`_track` only adds an
         index to one of them or moves it from open to finished, so every change it makes
@@ -190,7 +190,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
         if timings:
             _llamacpp_timings(timings, out)
 
-    def _track(self, choices: list, out: list[DialectEvent]) -> None:
+    def _track(self, choices: list[Any], out: list[DialectEvent]) -> None:
         """:class:`GenerationDone` once every choice seen so far has finished. At most
         :data:`MAX_INDICES_PER_RESPONSE` choices are tracked: a later index is not."""
         finished = False
@@ -267,7 +267,7 @@ _MS = 1000.0
 
 
 def _count_choices(
-    choices: list, out: list[DialectEvent], grown: int | None = None, started: bool = False
+    choices: list[Any], out: list[DialectEvent], grown: int | None = None, started: bool = False
 ) -> int:
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
     carried more (``grown`` > deltas, one kind only: the surplus goes to that kind).
@@ -359,7 +359,7 @@ def _count_choices(
 _MAYBE_LAST = MaybeLastToken()
 
 
-def tool_call_deltas(choices: list, out: list[DialectEvent]) -> None:
+def tool_call_deltas(choices: list[Any], out: list[DialectEvent]) -> None:
     """One :class:`ToolCallDelta` per entry of a choice's ``delta.tool_calls`` (each is a
     piece of the call at its ``index``: the opening with id and name, or a piece of its
     ``function.arguments``), and one for a legacy ``delta.function_call`` (call 0).
@@ -414,7 +414,7 @@ def parse_openai_response(body: bytes) -> list[DialectEvent]:
     Tokens are not emitted one by one (they arrived at once); the usage carries the count.
     """
     obj = load_object(body, _error_of)
-    if type(obj) is list:
+    if isinstance(obj, list):
         return obj
     out: list[DialectEvent] = []
     model, rid = obj.get("model"), obj.get("id")
