@@ -27,6 +27,7 @@ import ipaddress
 import secrets
 import socket
 from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -92,7 +93,9 @@ def _local(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return True
 
 
-def _reaches(addr, port: int, host: str, bound_port: int) -> bool:
+def _reaches(
+    addr: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int, host: str, bound_port: int
+) -> bool:
     """Whether a connection to ``addr:port`` lands on a socket bound to ``host:bound_port``."""
     if port != bound_port:
         return False
@@ -106,7 +109,9 @@ def _reaches(addr, port: int, host: str, bound_port: int) -> bool:
     return bound is not None and (bound == addr or (bound.is_unspecified and _local(addr)))
 
 
-async def loop_reason(upstream: str, bound: Iterable[tuple], *, timeout: float = 2.0) -> str | None:
+async def loop_reason(
+    upstream: str, bound: Iterable[tuple[Any, ...]], *, timeout: float = 2.0
+) -> str | None:
     """Why ``upstream`` is this sidecar itself, or None. ``bound``: the proxy runner's
     socket addresses (``(host, port, ...)``). A name that does not resolve is not a loop
     (the proxy's 502s will say why it is unreachable)."""

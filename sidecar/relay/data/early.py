@@ -37,8 +37,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 
-from aiohttp.http import HttpVersion11
-from multidict import CIMultiDict
+from aiohttp import web
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
+from multidict import CIMultiDict, MultiMapping
 
 from ...base.routes import OTHER, match_route
 from ..server.aiohttp_internals import early_slot
@@ -68,7 +70,7 @@ class Early:
         "_abandoned",
     )
 
-    def __init__(self, headers, path: str, start: float, body: bytes) -> None:
+    def __init__(self, headers: MultiMapping[str], path: str, start: float, body: bytes) -> None:
         self.headers = headers
         self.path = path
         self.start = start  # the whole request was in: the timeline starts here
@@ -92,7 +94,7 @@ class Early:
         an idle pooled connection (its head awaited here) or sent by the task connecting."""
         if self.sent is not None:
             return await pool.response(self.sent)
-        return await self.pending  # type: ignore[misc]
+        return await self.pending  # type: ignore[misc,no-any-return]  # on_its_way(): set
 
     def abandon(self) -> None:
         """The client connection closed before a handler claimed the record: the upstream
@@ -139,7 +141,12 @@ class EarlyForwarder:
         self._refused = refused
         self._on_abandoned = on_abandoned
 
-    def __call__(self, message, payload, transport) -> Early | None:
+    def __call__(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        transport: asyncio.Transport | None,
+    ) -> Early | None:
         """``message``/``payload``: aiohttp's parsed head and body stream of the only request
         on an idle connection, offered from the read that completed it (the head's, or a later
         one that completed the body); None leaves the request to its handler untouched."""
@@ -172,8 +179,9 @@ class EarlyForwarder:
         early = Early(headers, path, self._clock(), payload.read_nowait())
         upstream_headers = forwarded_headers(
             headers,
-            peer=peer_address(transport.get_extra_info("peername")),
-            scheme="https" if transport.get_extra_info("sslcontext") else "http",
+            # From the read that completed the request: its connection is open.
+            peer=peer_address(transport.get_extra_info("peername")),  # type: ignore[union-attr]
+            scheme="https" if transport.get_extra_info("sslcontext") else "http",  # type: ignore[union-attr]
             host=host,
             body_is_bytes=True,
         )
@@ -194,7 +202,7 @@ class EarlyForwarder:
         return early
 
     @staticmethod
-    def claim(request) -> Early | None:
+    def claim(request: web.BaseRequest) -> Early | None:
         """The record for ``request`` (an aiohttp request) if its connection made one,
         taken off the connection so that closing it no longer abandons the request."""
         slot = early_slot(request)
@@ -202,14 +210,14 @@ class EarlyForwarder:
             return None
         slot.between_requests = False  # this one is in flight now
         slot.body_awaited = None  # a body still arriving is the handler's to read from now on
-        early = slot.record
+        early: Early | None = slot.record
         if early is None or early.headers is not request.headers:
             return None
         slot.record = None
         return early
 
     @staticmethod
-    def ready_for_next(request) -> None:
+    def ready_for_next(request: web.BaseRequest) -> None:
         """``request``'s answer is complete, the client took it and the connection stays
         open: the next request on it counts as one on an idle connection, although the
         handler is still winding down (a client that sends its next request the moment it

@@ -30,7 +30,12 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...base.speedups import chunk_payload, hex_size, size_line
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head"]
 
@@ -301,13 +306,13 @@ class ResponseParser:
         if stop == -1:
             # + 3: a held head may end in part of its CRLFCRLF (same limit at any split)
             if len(data) - pos > self._max_head + 3:
-                raise ProtocolError("response head larger than %d bytes" % self._max_head)
+                raise ProtocolError(f"response head larger than {self._max_head} bytes")
             if data.count(b"\n", pos) != data.count(b"\r\n", pos):  # a bare LF: never wait on it
                 raise ProtocolError("response head line not ended by CRLF")
             self._buf = data[pos:]
             return -1
         if stop - pos > self._max_head:
-            raise ProtocolError("response head larger than %d bytes" % self._max_head)
+            raise ProtocolError(f"response head larger than {self._max_head} bytes")
         lines = data[pos:stop].split(_CRLF)
         version, status, reason = _status_line(lines[0])
         headers = [_field(line) for line in lines[1:]]
@@ -342,7 +347,7 @@ class ResponseParser:
             if lengths:
                 raise ProtocolError("response has both Transfer-Encoding and Content-Length")
             if coding != ["chunked"]:
-                raise ProtocolError("unsupported transfer coding: %s" % ", ".join(coding))
+                raise ProtocolError(f"unsupported transfer coding: {', '.join(coding)}")
             head.chunked = True
             self._state = _SIZE
             return
@@ -408,7 +413,7 @@ def _chunk_size(line: bytes) -> int:
     return size
 
 
-def request_head(method: str, target: str, host: str, headers) -> bytes:
+def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]]) -> bytes:
     """Serialise a request head. ``headers``: (name, value) pairs, already filtered of
     hop-by-hop fields; ``Host`` is the upstream's, written first as RFC 9110 asks."""
     parts = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
