@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 try:
     import resource
@@ -34,8 +34,38 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
 from . import __version__
+from .base.prompt_class import PromptClasses
+from .base.speedups import IN_C, SPEEDUPS_MISSING
+from .base.tenant import TenantLabeler
 from .config import Settings
+from .export.capacity import CapacityMetrics
+from .export.logs import RequestLogger
+from .export.metrics import SidecarMetrics, SLOThresholds
+from .export.otel_setup import TelemetryProviders, providers_from_env
+from .export.prometheus_internals import WithoutCreated
+from .export.scrape import ScrapeRenderer
+from .export.spans import RequestTelemetry
+from .measure.objectives import ObjectiveDefaults
+from .relay.control.engine_metrics import engine_metrics_handler
+from .relay.control.model_discovery import served_models
+from .relay.control.self_loop import (
+    LOOP_HEADER,
+    LOOP_STATUS,
+    LOOP_TOKEN,
+    UpstreamLoopError,
+    came_back,
+    loop_reason,
+    loop_refusal,
+)
+from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
+from .relay.data.body_budget import BodyBudget
+from .relay.data.proxy import Proxy, RelayLimits
+from .relay.data.upstream import UpstreamPool
 from .relay.server.aiohttp_internals import (
     GuardedServer,
     OneHandlerApplication,
@@ -43,33 +73,7 @@ from .relay.server.aiohttp_internals import (
     set_shutdown_timeout,
 )
 from .relay.server.client_guard import ConnectionGuard, connection_cap
-from .relay.data.body_budget import BodyBudget
 from .relay.server.drain import Drain, needs_full_drain
-from .relay.control.engine_metrics import engine_metrics_handler
-from .export.capacity import CapacityMetrics
-from .export.logs import RequestLogger
-from .base.speedups import IN_C, SPEEDUPS_MISSING
-from .export.metrics import SidecarMetrics, SLOThresholds
-from .measure.objectives import ObjectiveDefaults
-from .export.prometheus_internals import WithoutCreated
-from .export.scrape import ScrapeRenderer
-from .base.tenant import TenantLabeler
-from .base.prompt_class import PromptClasses
-from .relay.data.proxy import Proxy, RelayLimits
-from .export.spans import RequestTelemetry
-from .export.otel_setup import TelemetryProviders, providers_from_env
-from .relay.control.model_discovery import served_models
-from .relay.data.upstream import UpstreamPool
-from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
-from .relay.control.self_loop import (
-    LOOP_HEADER,
-    LOOP_STATUS,
-    LOOP_TOKEN,
-    UpstreamLoopError,
-    came_back,
-    loop_refusal,
-    loop_reason,
-)
 
 __all__ = [
     "Sidecar",
@@ -212,8 +216,16 @@ OWN_REQUEST_HEADERS = {"User-Agent": "llm-sidecar", LOOP_HEADER: LOOP_TOKEN}
 metrics; the model listing adds what it is), so the server's access log, and a test, can
 tell them from the clients' requests it relays, which keep the client's User-Agent."""
 
+
+class _RunnerOptions(TypedDict):
+    """What every runner of the sidecar is made with."""
+
+    handler_cancellation: bool
+    access_log: None
+
+
 # aiohttp's own per-request access log would duplicate ours and log raw paths (queries).
-RUNNER_KWARGS = {"handler_cancellation": True, "access_log": None}
+RUNNER_KWARGS: _RunnerOptions = {"handler_cancellation": True, "access_log": None}
 
 
 def objective_defaults(settings: Settings) -> ObjectiveDefaults:
@@ -234,8 +246,8 @@ def build_sidecar(
     registry: CollectorRegistry | None = None,
     access_log: bool | None = None,
     *,
-    tracer_provider=None,
-    meter_provider=None,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
     providers: TelemetryProviders | None = None,
 ) -> Sidecar:
     """Wire the parts. OpenTelemetry is on only for the providers passed in (``serve`` builds
@@ -345,7 +357,7 @@ def _proxy_app(sc: Sidecar) -> web.Application:
     )
     app[SIDECAR] = sc
 
-    async def upstream_session(app: web.Application):
+    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         sc.link.open(sc.settings)
         refresh = asyncio.ensure_future(_refresh_labels(sc))
         yield
@@ -381,7 +393,7 @@ async def _refresh_labels(sc: Sidecar) -> None:
         await asyncio.sleep(sc.settings.model_refresh_seconds)
 
 
-def _proxy_entry(sc: Sidecar):
+def _proxy_entry(sc: Sidecar) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """Every request on the proxy port, whatever its target: the proxy port is a
     pass-through (aiohttp's router would answer its text 404 to ``OPTIONS *``, ``CONNECT
     host:port``, an absolute form with no path or a decoded path holding a line end, so the
@@ -468,7 +480,7 @@ async def _upstream_health(sc: Sidecar, key: str) -> web.Response:
     """200 ``{key: true}`` when the upstream's health path answers 2xx, else 503 and why."""
     try:
         status = await sc.upstream_status()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         reason = describe_failure(exc, sc.settings.upstream)  # the words of the proxy's 502s
         sc.watch.report(False, reason)
         return _json(503, {key: False, "reason": reason})
@@ -482,7 +494,7 @@ async def _upstream_health(sc: Sidecar, key: str) -> web.Response:
     return _json(503, {key: False, "reason": reason, "upstream_status": status})
 
 
-def _json(status: int, doc: dict) -> web.Response:
+def _json(status: int, doc: dict[str, Any]) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 

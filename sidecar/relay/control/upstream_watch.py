@@ -65,7 +65,7 @@ class UpstreamWatch:
         self.up, self.reason = up, reason
 
 
-async def watch(probe: Callable[[], Awaitable[None]], interval: float = WATCH_SECONDS) -> None:
+async def watch(probe: Callable[[], Awaitable[object]], interval: float = WATCH_SECONDS) -> None:
     """Call ``probe`` (which reports to the watch) every ``interval`` seconds until cancelled."""
     while True:
         try:
