@@ -88,6 +88,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -329,7 +330,9 @@ async def _serve_stream(
     return resp
 
 
-def _handler(cls: type[_Dialect], force_stream: bool | None = None, compat_list: bool = False):
+def _handler(
+    cls: type[_Dialect], force_stream: bool | None = None, compat_list: bool = False
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """An aiohttp handler for one dialect. ``force_stream``: the route decides, not the
     body (TGI's two routes, Triton's). ``compat_list``: TGI's ``/`` wraps whole bodies in a list."""
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from .core import (
     SHUTDOWN_TIMEOUT,
@@ -29,7 +29,7 @@ __all__ = ["build_simulator_app", "run_simulator"]
 
 
 @web.middleware
-async def _reset_faults(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _reset_faults(request: web.Request, handler: Handler) -> web.StreamResponse:
     """``x-sim-fail: reset`` on any route: read the request, then abort before any header."""
     if request.headers.get("x-sim-fail", "").strip().lower() != "reset":
         return await handler(request)
