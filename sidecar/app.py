@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 try:
     import resource
 except ImportError:  # pragma: no cover - not on Windows
-    resource = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]  # no module there: None guards its use
 
 import aiohttp
 import orjson

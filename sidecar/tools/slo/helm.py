@@ -515,7 +515,7 @@ def schema_section(spec: SLOSpec) -> dict[str, Any]:
             latency = c.latency_sli(o.sli, o.cache_class)
             as_text = sorted(
                 {format(b, "g") for b in latency.buckets}
-                | {floatToGoString(b) for b in latency.buckets},  # type: ignore[no-untyped-call]
+                | {floatToGoString(b) for b in latency.buckets},  # type: ignore[no-untyped-call]  # unannotated upstream
                 key=lambda t: (float(t), t),
             )
             entry["thresholdSeconds"] = {
