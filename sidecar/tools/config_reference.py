@@ -11,9 +11,7 @@ documented by the same change that adds it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import NoneType, UnionType
@@ -23,6 +21,7 @@ from pydantic.fields import FieldInfo
 
 from ..cli import serve_parser
 from ..config import BOOLEAN_WORDS, ENV_PREFIX, Settings
+from .files import write_whole
 
 __all__ = ["BEGIN", "END", "DOC", "render", "updated", "main"]
 
@@ -133,19 +132,6 @@ def updated(text: str) -> str:
     return head + render() + tail
 
 
-def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".configuration-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=COMMAND,
@@ -167,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         print(f"stale (run {COMMAND}): {args.doc}", file=sys.stderr)
         return 1
-    _write(args.doc, fresh)
+    write_whole(args.doc, fresh)
     return 0
 
 

@@ -6,24 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
+from ..files import write_whole
 from ..slo import SpecError, load_spec
 from . import DEFAULT_SPEC, render_files
-
-
-def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".dashboards-", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stale.append(rel)
         if not args.check:
-            _write(path, text)
+            write_whole(path, text, make_dirs=True)
     if args.check and stale:
         print(
             "stale (run python -m sidecar.tools.dashboards): " + ", ".join(stale), file=sys.stderr

@@ -3,11 +3,10 @@ generate -> render."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
 
+from ..files import write_whole
 from .capacity import generate
 from .render import render_rules
 from .spec import RUNBOOK_URL_PATTERN, SLOSpec, SpecError, load_spec
@@ -46,18 +45,8 @@ def render_command(spec_path: str, output: str | None, runbook_url: str | None =
     if output is None or output == "-":
         sys.stdout.write(text)
         return 0
-    # Write beside the target and rename, so a failed run never leaves half a rules file.
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=".slo-render-", dir=os.path.dirname(os.path.abspath(output))
-        )
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the rules from a Prometheus user
-        os.replace(tmp, output)
+        write_whole(output, text)
     except OSError as exc:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         return _fail(f"cannot write {output}: {exc.strerror or exc}")
     return 0
