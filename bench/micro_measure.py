@@ -147,9 +147,7 @@ def measure(requests: int = 200, repeats: int = 7, lane: str = "auto") -> dict[s
             conn.data_received(head)
             tl = RequestTimeline(0.0, "POST", route.template, "m")
             ob = ResponseObserver(route, tl, "text/event-stream")
-            sink = BodyRelay(
-                _Request(_CountingTransport()), conn, ob, time.perf_counter, chunked=True
-            )
+            sink = BodyRelay(_CountingTransport(), conn, ob, time.perf_counter, chunked=True)
             conn.push(sink)
             received = conn.data_received
             for frame in frames:
@@ -205,13 +203,6 @@ class _CountingTransport:
 
     def resume_reading(self) -> None:
         pass
-
-
-class _Request:
-    """What the relay's sink reads of an aiohttp request: its transport."""
-
-    def __init__(self, transport: _CountingTransport) -> None:
-        self.transport = transport
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,6 +64,7 @@ from .relay.control.self_loop import (
 )
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
 from .relay.data.body_budget import BodyBudget
+from .relay.data.exchange import Carrier
 from .relay.data.proxy import Proxy, RelayLimits
 from .relay.data.upstream import UpstreamPool
 from .relay.server.aiohttp_internals import (
@@ -520,7 +521,7 @@ class SidecarRunner(RebuildingRunner):
             guard = ConnectionGuard(
                 max_connections=connection_cap(sc.settings.max_connections),
                 head_budget=sc.settings.max_request_head_bytes,
-                early=sc.proxy.early_forwarder(lambda: not sc.drain.draining, came_back),
+                carry=Carrier(sc.proxy, enabled=lambda: not sc.drain.draining, refused=came_back),
             )
         elif sc is not None:  # the admin port: within connection_cap's reserve of 128
             max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0
@@ -584,7 +585,7 @@ async def _bind(site: web.TCPSite, flag: str, address: str) -> None:
 async def setup_runners(sc: Sidecar) -> tuple[SidecarRunner, SidecarRunner]:
     """The proxy's and the admin app's runners, set up but not yet listening: what ``serve``
     runs, and what the tests' in-process sidecar runs (tests/conftest.py), so the server the
-    tests exercise (guarded handler, connection caps, head budget, early path) is this one."""
+    tests exercise (guarded handler, connection caps, head budget, the relay's own way in) is this one."""
     proxy_runner = SidecarRunner(
         sc.proxy_app, shutdown_timeout=sc.settings.drain_seconds, **RUNNER_KWARGS
     )

@@ -284,14 +284,14 @@ async def upstream():
 @dataclass
 class RunningSidecar:
     """A sidecar started by :func:`run_sidecar`: its parts, its ports, and how many requests
-    the proxy port sent upstream from the read that completed them (the early path)."""
+    the relay carried from the connection's own callbacks (sidecar/relay/data/exchange.py)."""
 
     sidecar: Sidecar
     registry: CollectorRegistry
     port: int
     admin_port: int
     runners: list[web.BaseRunner] = field(default_factory=list)
-    early_sent: int = 0
+    carried: int = 0
 
     async def stop(self) -> None:
         """Close both ports as ``serve`` closes them (proxy first): what is still in flight
@@ -359,13 +359,13 @@ def sidecar_settings(upstream_url: str, **overrides) -> Settings:
     return Settings(upstream=upstream_url, **{**LOOPBACK, **overrides})
 
 
-async def run_sidecar(sc: Sidecar, *, early: bool = True) -> RunningSidecar:
+async def run_sidecar(sc: Sidecar, *, carried: bool = True) -> RunningSidecar:
     """Start ``sc`` in this event loop as ``serve`` starts it (sidecar.app's ``setup_runners``
     and ``bind_sites``: ``SidecarRunner``, the guarded connection handler, the connection
-    caps, the head budget, the early path), on the addresses its settings name
-    (:func:`sidecar_settings`). ``early=False`` removes the proxy port's early hook, as if the
-    production server had none: every request then takes the handler's path. Stop it with
-    :meth:`RunningSidecar.stop`."""
+    caps, the head budget, the relay's own way in), on the addresses its settings name
+    (:func:`sidecar_settings`). ``carried=False`` removes the proxy port's ``carry`` hook, as if
+    the production server had none: every request then takes the door, aiohttp's handler.
+    Stop it with :meth:`RunningSidecar.stop`."""
     proxy_runner, admin_runner = await setup_runners(sc)
     running = RunningSidecar(sc, sc.registry, 0, 0, [proxy_runner, admin_runner])
     try:
@@ -376,45 +376,44 @@ async def run_sidecar(sc: Sidecar, *, early: bool = True) -> RunningSidecar:
     running.port = proxy_runner.addresses[0][1]
     running.admin_port = admin_runner.addresses[0][1]
     guard = proxy_runner.server.guard  # type: ignore[union-attr]
-    hook = guard.early
-    assert hook is not None, "the production proxy port has an early path; is this SidecarRunner?"
+    hook = guard.carry
+    assert hook is not None, "the production proxy port carries requests; is this SidecarRunner?"
 
-    def counted(message, payload, transport):
-        early_request = hook(message, payload, transport)
-        if early_request is not None and (
-            early_request.sent is not None or early_request.pending is not None
-        ):
-            running.early_sent += 1
-        return early_request
+    def counted(connection, message, payload):
+        carried = hook(connection, message, payload)
+        if carried is not None:
+            running.carried += 1
+        return carried
 
-    guard.early = counted if early else None
+    guard.carry = counted if carried else None
     return running
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "both_ways_in: run each test that starts an in-process sidecar twice, with the early "
-        "path (as served) and without it (every request through the handler)",
+        "both_ways_in: run each test that starts an in-process sidecar twice, with the relay "
+        "carrying requests itself (as served) and without it (every request through the door, "
+        "aiohttp's handler)",
     )
 
 
 def pytest_generate_tests(metafunc) -> None:
-    if "early_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+    if "carried_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
         "both_ways_in"
     ):
-        metafunc.parametrize("early_path", [True, False], ids=["early", "handler"], indirect=True)
+        metafunc.parametrize("carried_path", [True, False], ids=["carried", "door"], indirect=True)
 
 
 @pytest.fixture
-def early_path(request) -> bool:
-    """Whether in-process sidecars take the early path: yes, as served, unless the test module
+def carried_path(request) -> bool:
+    """Whether in-process sidecars carry requests themselves: yes, as served, unless the module
     is marked ``both_ways_in`` (then each test runs once each way)."""
     return getattr(request, "param", True)
 
 
 @pytest.fixture
-async def sidecar_factory(early_path):
+async def sidecar_factory(carried_path):
     """Start a sidecar (proxy and admin apps, the production server) in this event loop on
     ephemeral ports."""
     started: list[RunningSidecar] = []
@@ -425,7 +424,7 @@ async def sidecar_factory(early_path):
             CollectorRegistry(),
             access_log=overrides.get("access_log", False),
         )
-        started.append(running := await run_sidecar(sc, early=early_path))
+        started.append(running := await run_sidecar(sc, carried=carried_path))
         return running
 
     yield make
@@ -472,7 +471,7 @@ def spans():
 @pytest.fixture
 async def traced(spans):
     """A sidecar with tracing on (the ``spans`` provider), in front of ``url``, as served (the
-    early path starts the span where it sends the request), once even in a ``both_ways_in``
+    relay starts the span where it sends the request), once even in a ``both_ways_in``
     module (tests/unit/test_tracing.py runs its spans both ways)."""
     provider, _ = spans
     started: list[RunningSidecar] = []

@@ -132,41 +132,21 @@ def test_request_count_and_last_message_are_the_handler_slots_data_received_fill
     assert ai.last_message(handler) == (None, None) and ai.upgraded(handler)
 
 
-def test_only_request_waiting_reads_the_handler_slots_the_early_path_needs():
-    """The early path (sidecar/relay/data/early.py) reads these four right after
-    RequestHandler.data_received: a rename fails here by name."""
-    import collections
-
+def test_the_handler_slots_one_way_in_reads_and_sets_exist():
+    """The relay's own way in (GuardedRequestHandler with a ``carry`` hook) reads and sets
+    these of aiohttp's connection handler: a rename fails here by name, not as a request
+    answered twice or a connection closed under a stream."""
     slots = {name for cls in ai.RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
-    assert {"_waiter", "_messages", "_force_close", "_close", "_request_count"} <= slots
-    handler = ai.RequestHandler.__new__(ai.RequestHandler)
-    handler._waiter, handler._request_count = None, 1
-    handler._force_close = handler._close = False
-    handler._messages = collections.deque([("head", "body")])
-    assert ai.only_request_waiting(handler, between_requests=False) == (
-        "head",
-        "body",
-    )  # first request
-    handler._request_count = 2
-    assert ai.only_request_waiting(handler, between_requests=False) is None  # still winding down
-    assert ai.only_request_waiting(handler, between_requests=True) == ("head", "body")
-    handler._messages.append(("next", "body"))
-    assert ai.only_request_waiting(handler, between_requests=True) is None  # pipelined: not only
-    handler._messages.pop()
-    handler._close = True
-    assert ai.only_request_waiting(handler, between_requests=True) is None
+    assert {
+        "_waiter", "_messages", "_force_close", "_close", "_parser", "_request_in_progress",
+        "_handler_waiter", "_keepalive_handle", "_next_keepalive_close_time",
+        "_keepalive_timeout", "_keepalive", "_loop",
+    } <= slots  # fmt: skip
+    from aiohttp import http_parser
 
-
-def test_the_early_slot_is_the_guarded_connections_and_none_elsewhere():
-    class Request:
-        def __init__(self, protocol) -> None:
-            self.protocol = protocol
-
-    guarded = ai.GuardedRequestHandler.__new__(ai.GuardedRequestHandler)
-    guarded.early_slot = ai.EarlySlot()
-    assert ai.early_slot(Request(guarded)) is guarded.early_slot
-    assert ai.early_slot(Request(ai.RequestHandler.__new__(ai.RequestHandler))) is None
-    assert ai.early_slot(Request(None)) is None
+    # The parser's pipelining queue: one slot freed per request taken off ``_messages``.
+    assert callable(http_parser.HttpRequestParser.message_consumed)
+    assert callable(http_parser.HttpRequestParserPy.message_consumed)
 
 
 def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_signatures():
@@ -178,6 +158,10 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
         "eof_received": ["self"],
         "connection_lost": ["self", "exc"],
         "handle_error": ["self", "request", "status", "exc", "message"],
+        "start": ["self"],
+        "close": ["self"],
+        "resume_writing": ["self"],
+        "_process_keepalive": ["self"],
     }.items():
         method = getattr(ai.RequestHandler, name)
         assert method is not getattr(object, name, None), name
@@ -233,24 +217,3 @@ async def test_one_handler_application_takes_every_target_with_hooks_and_expect(
         ("expect", "/v1/chat/completions"),
         ("entry", "POST", "/v1/chat/completions", True),
     ]
-
-
-def test_body_still_wanted_reads_the_handler_slots_the_early_path_needs():
-    """A body completed in a later read than its head (sidecar/relay/data/early.py): the same
-    slots as only_request_waiting, read the same way."""
-    import collections
-
-    handler = ai.RequestHandler.__new__(ai.RequestHandler)
-    handler._force_close = handler._close = False
-    head = object()
-    handler._messages = collections.deque([(head, "body")])
-    assert ai.body_still_wanted(handler, head)  # still queued, alone
-    handler._messages.clear()
-    assert ai.body_still_wanted(handler, head)  # taken by the connection's task, no handler yet
-    handler._messages.append((object(), "body"))
-    assert not ai.body_still_wanted(handler, head)  # another request queued: not alone
-    handler._messages.clear()
-    handler._force_close = True
-    assert not ai.body_still_wanted(handler, head)
-    handler._force_close, handler._close = False, True
-    assert not ai.body_still_wanted(handler, head)

@@ -31,15 +31,8 @@ class Transport:
         return self.buffered
 
 
-class Writer:
-    def __init__(self, chunked: bool) -> None:
-        self.chunked = chunked
-
-
-class Request:
-    def __init__(self, transport: Transport, chunked: bool) -> None:
-        self.transport = transport
-        self.writer = Writer(chunked)
+async def drain_never_called() -> None:
+    raise AssertionError("the relay waits for the client's drain only when paused")
 
 
 class Conn:
@@ -72,7 +65,7 @@ def _relay(transport: Transport, chunked: bool = True):
     timeline = RequestTimeline(0.0, "POST", route.template, "m")
     observer = ResponseObserver(route, timeline, "text/event-stream")
     conn = Conn()
-    relay = BodyRelay(Request(transport, chunked), conn, observer, lambda: 1.0)
+    relay = BodyRelay(transport, conn, observer, lambda: 1.0, chunked=chunked)
     return relay, conn, timeline
 
 
@@ -153,7 +146,7 @@ def test_run_returns_how_the_body_ended():
                 asyncio.get_running_loop().call_soon(sink.end, "upstream_read_timeout")
 
         relay._conn = PushingConn()
-        return await relay.run()
+        return await relay.run(drain_never_called)
 
     assert asyncio.run(main()) == "upstream_read_timeout"
 
@@ -228,7 +221,7 @@ def test_the_clients_progress_is_checked_twelve_times_per_send_timeout_at_most_e
     observer = ResponseObserver(route, timeline, "text/event-stream")
     now = [100.0]
     relay = BodyRelay(
-        Request(transport, True), Conn(), observer, lambda: now[0], send_timeout=send_timeout
+        transport, Conn(), observer, lambda: now[0], send_timeout=send_timeout, chunked=True
     )
     checked = []
     for step in range(1, 41):  # ten intervals, a write every quarter of one

@@ -65,7 +65,7 @@ pytestmark = pytest.mark.both_ways_in
 
 
 @pytest.fixture
-async def traced_sidecar(early_path):
+async def traced_sidecar(carried_path):
     started: list[RunningSidecar] = []
 
     async def make(
@@ -78,7 +78,7 @@ async def traced_sidecar(early_path):
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
         )
-        started.append(running := await run_sidecar(s, early=early_path))
+        started.append(running := await run_sidecar(s, carried=carried_path))
         return running
 
     yield make
@@ -116,7 +116,7 @@ def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
 # -- spans ----------------------------------------------------------------------------------------
 
 
-async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans, early_path):
+async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans, carried_path):
     provider, exporter = spans
     received: list = []
     up = await upstream.start(
@@ -134,7 +134,7 @@ async def test_ok_stream_span_in_client_trace(upstream, traced_sidecar, spans, e
     )
     assert status == 200
     span = await one_span(exporter)
-    assert s.early_sent == (1 if early_path else 0)  # the way in this run is the one asked for
+    assert s.carried == (1 if carried_path else 0)  # the way in this run is the one asked for
 
     assert span.name == "chat m1"
     assert span.kind is SpanKind.CLIENT

@@ -146,8 +146,8 @@ async def loop_reason(
 def came_back(headers: Mapping[str, str]) -> bool:
     """Whether a request on the proxy port is this process's own, come back through a loop
     (it carries :data:`LOOP_TOKEN` in :data:`LOOP_HEADER`). The one loop check: the proxy
-    app's entry answers such a request with :func:`loop_refusal`, and the early path
-    (sidecar/relay/data/early.py) asks the same before it would send one upstream."""
+    app's entry answers such a request with :func:`loop_refusal`, and the relay's own
+    way in (sidecar/relay/data/exchange.py) asks the same before it would send one upstream."""
     return headers.get(LOOP_HEADER) == LOOP_TOKEN
 
 

@@ -1,6 +1,8 @@
 """One response's body, relayed: the sink an upstream connection pushes each read to, which
-writes it to the client and hands a copy to the observer, and the handler task's wait for
-the end, an error or back-pressure.
+writes it to the client and hands a copy to the observer, and the wait for the end, an error
+or back-pressure (a callback, ``on_wake``, for a request carried from the client
+connection's own callbacks, sidecar/relay/data/exchange.py; an awaited :meth:`BodyRelay.run`
+for one aiohttp's handler answers).
 
 Order of duties for every read: note the time, write to the client, then measure
 (:class:`~sidecar.measure.observe.ResponseObserver`; a token lane does the same in one
@@ -13,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
-from aiohttp.http_writer import StreamWriter
 
 from ...base.outcomes import CLIENT_DISCONNECTED
 from ...measure.observe import ResponseObserver
@@ -38,7 +38,8 @@ except ImportError:  # pragma: no cover - Windows: progress is seen in the trans
     _SIOCOUTQ = None
 
 __all__ = [
-    "BodyRelay", "drain_client", "SendTimeout", "SEND_TIMEOUT", "COMPLETE", "CLIENT_GONE", "SEND_TIMED_OUT",
+    "BodyRelay", "drain_client", "unsent", "SendTimeout", "SEND_TIMEOUT", "COMPLETE", "CLIENT_GONE",
+    "SEND_TIMED_OUT",
 ]  # fmt: skip
 
 _log = structlog.get_logger("sidecar.proxy")
@@ -54,34 +55,36 @@ class SendTimeout(Exception):
     """The client took nothing for ``send_timeout`` seconds."""
 
 
-async def drain_client(request: web.Request, timeout: float) -> None:
+async def drain_client(
+    transport: asyncio.Transport | None, drain: Callable[[], Awaitable[None]], timeout: float
+) -> None:
     """Wait until the client has taken the response bytes queued for it (down to the
-    transport's low-water mark), for as long as it makes progress.
+    transport's low-water mark: ``drain``, aiohttp's writer's), for as long as it makes
+    progress.
 
     Raises :class:`SendTimeout` after ``timeout`` seconds in which the queue did not
     shrink, ``ConnectionError`` when the client is gone. aiohttp's ``drain`` itself waits
     forever, and cancelling it would cancel the writer's shared waiter, so it is only
     cancelled when the connection is let go anyway.
     """
-    transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client is gone")
     if not transport.get_write_buffer_size():
         return  # the usual case: all handed to the kernel, so writing is not paused either
-    drained = asyncio.ensure_future(request.writer.drain())
+    drained = asyncio.ensure_future(drain())
     while True:
-        queued = _unsent(transport)
+        queued = unsent(transport)
         done, _ = await asyncio.wait((drained,), timeout=timeout)  # never cancels it
         if done:
             return drained.result()
         if transport.is_closing():
             raise ConnectionResetError("the client is gone")
-        if _unsent(transport) >= queued:
+        if unsent(transport) >= queued:
             drained.cancel()
             raise SendTimeout()
 
 
-def _unsent(transport: asyncio.Transport) -> int:
+def unsent(transport: asyncio.Transport) -> int:
     """Bytes not yet taken by the client: the transport's buffer plus the kernel's send
     queue (Linux ``SIOCOUTQ``). The kernel queue is what shows a slow reader's progress: the
     transport's buffer only shrinks once a third of the socket buffer is free, which a
@@ -120,33 +123,34 @@ class BodyRelay:
     is chunked), then hand the same piece to the observer. No task switch per token: the
     handler task (:meth:`run`) only wakes for the end, an error, or back-pressure, when the
     client's socket buffer passed ``_HIGH_WATER`` and the upstream was paused until the
-    client drained it.
+    client drained it. With ``on_wake`` (a request carried from the connection's callbacks)
+    there is no task: ``on_wake`` is called instead, and the carrier reads :attr:`ended`
+    and :attr:`paused`.
     """
 
     __slots__ = (
-        "_request", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
+        "_on_wake", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
         "_check_at", "_check_every", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent",
         "terminated",
     )  # fmt: skip
 
     def __init__(
         self,
-        request: web.Request,
+        transport: asyncio.Transport,
         conn: UpstreamConnection,
         observer: ResponseObserver,
         clock: Callable[[], float],
         send_timeout: float = SEND_TIMEOUT,
-        chunked: bool | None = None,
+        chunked: bool = False,
+        on_wake: Callable[[], None] | None = None,
     ) -> None:
-        self._request = request
-        # A live request's (the handler runs on an open connection).
-        self._transport = cast(asyncio.Transport, request.transport)
+        self._transport = transport  # the client's, open: a head was just written to it
+        self._on_wake = on_wake
         self._conn = conn
         self._observer = observer
         self._clock = clock
-        # Whether the client's body goes out in chunks: the head the proxy wrote says
-        # (RawHeadResponse); None reads aiohttp's writer, for a head aiohttp wrote.
-        self._chunked = cast(StreamWriter, request.writer).chunked if chunked is None else chunked
+        # Whether the client's body goes out in chunks: the head the proxy wrote says.
+        self._chunked = chunked
         self._waiter: asyncio.Future[None] | None = None
         self._send_timeout = send_timeout
         self.ended: str | None = None
@@ -342,9 +346,9 @@ class BodyRelay:
         written minus what the kernel still holds unacknowledged (``SIOCOUTQ``). A slow
         reader that takes anything at all keeps its stream."""
         self._check_at = now + self._check_every
-        unsent = _unsent(self._transport)
-        taken = self.sent - unsent
-        if taken > self._taken or not unsent:
+        queued = unsent(self._transport)
+        taken = self.sent - queued
+        if taken > self._taken or not queued:
             self._taken, self._taken_at = taken, now
             return True
         if now - self._taken_at < self._send_timeout:
@@ -373,42 +377,62 @@ class BodyRelay:
             self._wake()
 
     def _wake(self) -> None:
+        if self._on_wake is not None:
+            self._on_wake()
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def run(self) -> str:
-        """Relay until the body ends; returns how: ``COMPLETE``, ``CLIENT_GONE`` or the
-        upstream error_type."""
-        try:
-            return await self._run()
-        finally:
-            # The lane refers to this relay: dropped here, so a finished relay is freed at
-            # once, not by the cyclic collector much later (with its request and timeline).
-            lane, self._lane = self._lane, None
-            if lane is not None:
-                self._conn.set_lane(None)
-                lane.flush()  # what the lane noted, before anyone reads the timeline
-                if lane.off:
-                    self._lane_failed()
-
-    async def _run(self) -> str:
+    def start(self) -> None:
+        """Take the body's reads from now on (some may be delivered at once, from the
+        upstream connection's buffer)."""
         self._conn.push(self)
+
+    def resumed(self) -> None:
+        """The client drained what was queued for it: the upstream may send again."""
+        self.paused = False
+        self._conn.resume_reading()
+
+    def stop(self, ended: str) -> None:
+        """End the relay from outside (the client went, or stopped reading): the upstream
+        request is closed, so the server stops generating."""
+        self._conn.close()
+        self._end(ended)
+
+    def settle(self) -> None:
+        """The relay is over: what a token lane noted goes into the timeline before anyone
+        reads it, and the lane, which refers to this relay, is dropped (so a finished relay
+        is freed at once, not by the cyclic collector much later, with its timeline)."""
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            self._conn.set_lane(None)
+            lane.flush()
+            if lane.off:
+                self._lane_failed()
+
+    async def run(self, drain: Callable[[], Awaitable[None]]) -> str:
+        """Relay until the body ends, waiting out back-pressure with ``drain`` (aiohttp's
+        writer's); returns how: ``COMPLETE``, ``CLIENT_GONE`` or the upstream error_type."""
+        try:
+            return await self._run(drain)
+        finally:
+            self.settle()
+
+    async def _run(self, drain: Callable[[], Awaitable[None]]) -> str:
+        self.start()
         loop = asyncio.get_running_loop()
         while self.ended is None:
             if self.paused:
                 try:
-                    await drain_client(self._request, self._send_timeout)
+                    await drain_client(self._transport, drain, self._send_timeout)
                 except ConnectionError:
-                    self._conn.close()
-                    self._end(CLIENT_GONE)
+                    self.stop(CLIENT_GONE)
                     break
                 except SendTimeout:
-                    self._conn.close()  # the server stops generating for a reader that stopped
-                    self._end(SEND_TIMED_OUT)
+                    self.stop(SEND_TIMED_OUT)  # the server stops generating for nobody
                     break
-                self.paused = False
-                self._conn.resume_reading()
+                self.resumed()
                 continue
             self._waiter = loop.create_future()
             try:

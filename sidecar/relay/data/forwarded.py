@@ -2,7 +2,7 @@
 hop-by-hop ones and those the sidecar sets itself, plus ``X-Forwarded-For/-Proto/-Host``.
 
 One function for both ways a request reaches the upstream (the handler's and
-sidecar/relay/data/early.py's from inside ``data_received``), so both send the same bytes.
+sidecar/relay/data/exchange.py's from the client connection's callbacks), so both send the same bytes.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The proxy's handler: I/O only. Forwards any request to the upstream and streams the
-response back (:class:`~sidecar.relay.data.body_relay.BodyRelay`: each piece written to the
-client first, then a copy to the observer).
+"""aiohttp's handler for the proxy port, the door for what the relay does not carry from the
+connection's own callbacks (sidecar/relay/data/exchange.py: the one way in, and what it
+declines), and the record both share: I/O only. Forwards the request to the upstream and
+streams the response back (:class:`~sidecar.relay.data.body_relay.BodyRelay`: each piece
+written to the client first, then a copy to the observer).
 
-Every request is opened one way (:meth:`Proxy._open`: one
-:class:`~sidecar.measure.timeline.RequestTimeline`, its labels) and recorded one way
-(:meth:`Proxy._record`: finalised exactly once, in ``finally``), whether its handler ran or
-its client went before that (the early path's ``_abandoned``). Measuring never raises into
-the relay (see :mod:`sidecar.measure.observe`).
+Every request is opened one way (:meth:`Proxy.open_record`: its timeline, its labels held,
+its span) and given its verdict one way (:meth:`Proxy.close_record`: once, whatever
+happened), whichever way it was answered. Measuring never raises into the relay (see
+:mod:`sidecar.measure.observe`).
 
 Faults map to what a client can act on:
 - upstream refused / unreachable / broken before headers -> 502 with a JSON error body
@@ -57,6 +58,7 @@ from ...base.routes import OTHER, Route, match_route
 from ...measure.concurrency import DecodeConcurrency
 from ...measure.objectives import read_objectives
 from ...measure.observe import ResponseObserver
+from ...measure.record import RequestRecord
 from ...measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from ...measure.timeline import RequestTimeline
 from ..server.errors import error_response
@@ -71,7 +73,6 @@ from .body_relay import (
     drain_client,
 )
 from .client_head import RawHeadResponse, client_head
-from .early import Early, EarlyForwarder
 from .forwarded import HOP_BY_HOP, forwarded_headers
 from .http1 import ResponseHead
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
@@ -217,96 +218,88 @@ class Proxy:
     ) -> None:
         self._tenant_label = tenant_label
         self._decode_tracker = decode_tracker
-        self._pool = pool_getter
+        self._pool = self.pool = pool_getter
         self._model_label = model_label
         self._on_start = on_start
         self._on_end = on_end
         self._recorders = tuple(recorders)
         self.limits = limits
-        self._budget = (
+        self._budget = self.budget = (
             body_budget
             if body_budget is not None
             else BodyBudget(4 * limits.max_request_inspect_bytes)
         )
         self._tracer = tracer
-        self._clock = clock
+        self._clock = self.clock = clock
         self.in_flight = 0
 
-    def early_forwarder(
-        self, enabled: Callable[[], bool], refused: Callable[[Mapping[str, str]], bool]
-    ) -> EarlyForwarder:
-        """What the proxy port's connections call with each request that completes on an
-        idle connection (sidecar/relay/data/early.py); ``enabled``: False while draining;
-        ``refused``: the entry's own refusal of a request by its header fields (the loop
-        check), so that a request the entry refuses is never sent."""
-        return EarlyForwarder(
-            self._pool,
-            max_body=min(self.limits.max_request_inspect_bytes, self.limits.max_request_body_bytes),
-            clock=self._clock,
-            enabled=enabled,
-            refused=refused,
-            on_abandoned=self._abandoned,
-            trace=None if self._tracer is None else self._early_trace,
+    def open_record(
+        self,
+        start: float,
+        method: str,
+        route: Route,
+        model: str | None,
+        fields: RequestFields | None,
+        headers: Mapping[str, str],
+    ) -> RequestRecord:
+        """A request's record, opened the one way for both ways a request is answered (the
+        relay's own, sidecar/relay/data/exchange.py, and aiohttp's handler, :meth:`handle`):
+        its timeline with what the request says, its labels held (the in-flight gauge, the
+        tenant), and its span started (tracing on). :meth:`close_record` ends each of these
+        once."""
+        if fields is not None:
+            model = model or fields.model
+        timeline, label = self._open(start, method, route, model, fields, headers)
+        record = RequestRecord(timeline, label, model, headers, route.template)
+        self.in_flight += 1
+        if self._on_start is not None:
+            self._safely(self._on_start, label, route.template)
+        record.tenant_held = self._hold_tenant(timeline.tenant)
+        if self._tracer is not None:
+            self._safely(self._tracer.start, headers, timeline)
+        return record
+
+    def trace_into(self, record: RequestRecord, headers: MutableMapping[str, str]) -> None:
+        """Tracing on: the request's span context in the upstream's header fields."""
+        if self._tracer is not None and record.timeline.trace is not None:
+            self._safely(self._tracer.inject, record.timeline, headers)
+
+    def close_record(self, record: RequestRecord, outcome: Outcome, error_type: str | None) -> None:
+        """The verdict on a request, given once: its labels released (the in-flight gauge
+        under the label it began with), then its record finished, settled and handed to
+        every recorder. A second verdict changes nothing."""
+        if record.closed:
+            return
+        record.closed = True
+        self.in_flight -= 1
+        if self._on_end is not None:
+            self._safely(self._on_end, record.label, record.route)
+        if record.tenant_held is not None:
+            # Held only where the labeler has hold() and release() (_hold_tenant).
+            self._safely(self._tenant_label.release, record.tenant_held)  # type: ignore[union-attr]  # held: set
+        self._record(
+            record.timeline, record.model, record.label, record.headers, outcome, error_type
         )
 
-    def _early_trace(
-        self, early: Early, upstream_headers: CIMultiDict[str]
-    ) -> tuple[object, str | None] | None:
-        """Tracing on, a request the early path sends: its span, started and put in the
-        upstream's header fields now (the handler adopts it: ``_adopt_trace``), from the
-        same figures the handler's path would start it with."""
-        assert self._tracer is not None
-        try:
-            route, model = match_route(early.path, "POST")
-            fields = scan_request_fields(early.body)
-            if fields is not None:  # None: not a JSON object
-                model = model or fields.model
-            timeline = self._timeline(early.start, "POST", route, model, fields)
-            self._tracer.start(early.headers, timeline)
-            self._tracer.inject(timeline, upstream_headers)
-            return timeline.trace, timeline.trace_id
-        except Exception:  # telemetry never breaks the relay
-            _log.exception("early_trace_failed")
-            return None
-
-    def _adopt_trace(
-        self, early: Early | None, headers: Mapping[str, str], timeline: RequestTimeline
-    ) -> None:
-        """The request's span: the one the early path started, else started now."""
-        if early is not None and early.trace is not None:
-            timeline.trace, timeline.trace_id = early.trace  # type: ignore[misc]  # _early_trace's pair
-        elif self._tracer is not None:
-            self._safely(self._tracer.start, headers, timeline)
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        early = EarlyForwarder.claim(request)
-        start = self._clock() if early is None else early.start
+        """aiohttp's handler: the door for what the relay does not carry itself
+        (sidecar/relay/data/exchange.py says what), with the same record and relay."""
+        start = self._clock()
         route, model = match_route(request.path, request.method)
-        refusal = None if early is not None else self._refusal(request)
+        refusal = self._refusal(request)
         body: bytes | _BoundedBody | None = None
         fields: RequestFields | None = None
-        if early is not None:  # sent (or at least read) from the read that completed it
-            body, fields = early.body, scan_request_fields(early.body)
-        elif refusal is None:
+        if refusal is None:
             try:
                 body, fields = await self._request_body(request, route)
             except _BodyRefused as exc:
                 refusal = exc.refusal
-        if fields is not None:
-            model = model or fields.model
         received = None  # a streamed body has no overhead figure
-        if early is not None:
-            received = early.start
-        elif refusal is None and (body is None or type(body) is bytes):
+        if refusal is None and (body is None or type(body) is bytes):
             received = self._clock()
-        timeline, label = self._open(start, request.method, route, model, fields, request.headers)
+        record = self.open_record(start, request.method, route, model, fields, request.headers)
+        timeline = record.timeline
         timeline.body_received = received
-        self.in_flight += 1
-        if self._on_start is not None:
-            self._safely(self._on_start, label, route.template)
-        tenant_held = self._hold_tenant(timeline.tenant)
-        if self._tracer is not None:
-            self._adopt_trace(early, request.headers, timeline)
         outcome: Outcome = Outcome.ERROR
         error_type: str | None = INTERNAL
         try:
@@ -316,21 +309,13 @@ class Proxy:
                 # Handed over in a box the relay empties once the upstream has the request,
                 # so a large body is not kept alive for the whole stream by this frame.
                 held, body = [body], None
-                outcome, error_type, response = await self._relay(
-                    request, route, held, timeline, early
-                )
+                outcome, error_type, response = await self._relay(request, route, held, record)
             return response
         except asyncio.CancelledError:
             outcome, error_type = Outcome.CANCELLED, CLIENT_DISCONNECTED
             raise
         finally:
-            self.in_flight -= 1
-            if self._on_end is not None:  # the in-flight gauge ends under the label it began with
-                self._safely(self._on_end, label, route.template)
-            if tenant_held is not None:
-                # Held only where the labeler has hold() and release() (_hold_tenant).
-                self._safely(self._tenant_label.release, tenant_held)  # type: ignore[union-attr]  # held: set
-            self._record(timeline, model, label, request.headers, outcome, error_type)
+            self.close_record(record, outcome, error_type)
 
     def _open(
         self,
@@ -341,9 +326,7 @@ class Proxy:
         fields: RequestFields | None,
         headers: Mapping[str, str],
     ) -> tuple[RequestTimeline, str]:
-        """A request's record, opened the one way for every request (the handler's and one
-        the early path sent whose client went before its handler ran): the timeline with
-        what the request says, and its model label."""
+        """The timeline with what the request says, and its model label."""
         timeline = self._timeline(start, method, route, model, fields)
         label = self._model_label(model)
         if self._decode_tracker is not None:  # streams decoding per model label
@@ -488,14 +471,13 @@ class Proxy:
         return body, scanner.close()
 
     def _upstream_headers(
-        self, request: web.Request, body: bytes | _BoundedBody | None, timeline: RequestTimeline
+        self, request: web.Request, body: bytes | _BoundedBody | None, record: RequestRecord
     ) -> CIMultiDict[str]:
         headers = forwarded_headers(
             request.headers, peer=request.remote or "", scheme=request.scheme, host=request.host,
             body_is_bytes=isinstance(body, bytes),
         )  # fmt: skip
-        if self._tracer is not None and timeline.trace is not None:
-            self._safely(self._tracer.inject, timeline, headers)
+        self.trace_into(record, headers)
         return headers
 
     # -- response ----------------------------------------------------------------------
@@ -505,10 +487,10 @@ class Proxy:
         request: web.Request,
         route: Route,
         held: list[bytes | _BoundedBody | None],
-        timeline: RequestTimeline,
-        early: Early | None = None,
+        record: RequestRecord,
     ) -> Ended:
         body = held.pop()
+        timeline = record.timeline
         target = request.raw_path
         if target != "*" and not target.startswith("/"):
             # Absolute form (GET http://host/path): only its path and query are ours to use;
@@ -518,19 +500,13 @@ class Proxy:
                 target = "/" + target
         pool = self._pool()
         try:
-            if early is not None and early.on_its_way:  # sent from the read that completed it
-                try:
-                    conn = await early.connection(pool)
-                finally:
-                    timeline.upstream_sent = early.sent_at
-            else:
-                conn = await pool.request(
-                    request.method,
-                    target,
-                    self._upstream_headers(request, body, timeline).items(),
-                    body,
-                    None if timeline.body_received is None else partial(self._sent, timeline),
-                )
+            conn = await pool.request(
+                request.method,
+                target,
+                self._upstream_headers(request, body, record).items(),
+                body,
+                None if timeline.body_received is None else partial(self._sent, timeline),
+            )
         except _BodyRefused as exc:
             return self._refuse(timeline, *exc.refusal)
         except UpstreamError as exc:
@@ -545,20 +521,6 @@ class Proxy:
             # else closes it, which is how the server learns to stop generating for a gone
             # client.
             pool.release(conn)
-
-    def _abandoned(self, early: Early) -> None:
-        """A request sent from its client's read whose client went before the handler ran
-        (sidecar/relay/data/early.py): recorded as the handler would record a client that went
-        while waiting for the response head."""
-        route, model = match_route(early.path, "POST")
-        fields = scan_request_fields(early.body)
-        if fields is not None:  # None: not a JSON object
-            model = model or fields.model
-        timeline, label = self._open(early.start, "POST", route, model, fields, early.headers)
-        timeline.body_received, timeline.upstream_sent = early.start, early.sent_at
-        if self._tracer is not None:
-            self._adopt_trace(early, early.headers, timeline)
-        self._record(timeline, model, label, early.headers, Outcome.CANCELLED, CLIENT_DISCONNECTED)
 
     def _sent(self, timeline: RequestTimeline) -> None:
         timeline.upstream_sent = self._clock()
@@ -603,10 +565,11 @@ class Proxy:
         outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
         error_type = UPSTREAM_STATUS if head.status >= 500 else None
         relay = BodyRelay(
-            request, conn, observer, self._clock, self.limits.send_timeout, out_head.chunked
-        )
+            request.transport, conn, observer, self._clock, self.limits.send_timeout,
+            out_head.chunked,
+        )  # fmt: skip
         try:
-            ended = await relay.run()
+            ended = await relay.run(request.writer.drain)
         finally:
             request.writer.output_size += relay.sent
             observer.close(self._clock())
@@ -626,16 +589,11 @@ class Proxy:
             # aiohttp's write_eof does not wait for the client to take the bytes: without
             # this, a client that pipelines requests and never reads gets each next one
             # forwarded while the answers pile up in memory.
-            await drain_client(request, self.limits.send_timeout)
+            await drain_client(request.transport, request.writer.drain, self.limits.send_timeout)
         except ConnectionError:
             return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
         except SendTimeout:
             return self._stalled_reader(request, response)
-        if response.keep_alive and request.content.is_eof():
-            # Answered, taken by the client, and the connection stays open: the client's next
-            # request may go upstream from the read that completes it (sidecar/relay/data/early.py),
-            # though aiohttp has yet to wind this one down.
-            EarlyForwarder.ready_for_next(request)
         return Ended(outcome, error_type, response)
 
     @staticmethod

@@ -531,7 +531,7 @@ class UpstreamPool:
         no await: None (nothing written) when no connection is idle. Awaiting
         :meth:`response` with the result gives what :meth:`request` returns, the one retry
         on a fresh connection included. This is how a request reaches the server from
-        inside the client connection's ``data_received`` (sidecar/relay/data/early.py)."""
+        inside the client connection's callbacks (sidecar/relay/data/exchange.py)."""
         if self._closing or not self._idle:
             return None
         head, chunked_body, retry = self._framed(method, target, headers, body)

@@ -15,14 +15,16 @@ aiohttp has no public hook for some things the sidecar needs, so it leans on int
   that order) and reads ``_req`` / sets ``_keep_alive``;
 * the whole-head budget (sidecar/relay/server/head_budget.py): the handler's ``_request_count``,
   ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
-* a request sent before its handler runs (sidecar/relay/data/early.py): the handler's
-  ``_waiter`` (done: its task is about to take the next request), ``_messages``,
-  ``_close`` and ``_force_close``, read right after ``RequestHandler.data_received`` by
-  :func:`only_request_waiting` (a head) and :func:`body_still_wanted` (the body of a head
-  that came in an earlier read); the early path's own state is one :class:`EarlySlot` per
-  guarded connection, reached through :func:`early_slot`
-  (pinned over real sockets by ``tests/integration/relay/server/test_early_forward.py``,
-  which fails if the hook stops being offered requests);
+* one way in (sidecar/relay/data/exchange.py): :class:`GuardedRequestHandler` offers each
+  request in ``_messages`` to the relay, hides ``_waiter`` from ``data_received`` and sets it
+  only for a request the relay declines, parks ``start()`` until then, frees the parser's
+  queue slot (``_parser.message_consumed()``), and while a request is carried holds
+  ``_request_in_progress`` / ``_handler_waiter`` (the graceful shutdown's wait) and the
+  keep-alive timer (``_keepalive_handle``, ``_next_keepalive_close_time``,
+  ``_keepalive_timeout``, ``_keepalive``, ``_process_keepalive``), reading ``_close`` and
+  ``_force_close`` (pinned over real sockets by
+  ``tests/integration/relay/server/test_one_way_in.py``, which fails if the proxy port's
+  handler runs for a request the relay carries);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
   (:func:`set_shutdown_timeout`);
 * every request to one handler without the router or middlewares:
@@ -50,7 +52,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import ResourceRoute, UrlMappingMatchInfo
 
-from .client_guard import ConnectionGuard, EarlyHook
+from .client_guard import Carried, CarryHook, ConnectionGuard
 from .head_budget import HeadBudget, head_size
 
 if TYPE_CHECKING:
@@ -59,19 +61,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKED_AIOHTTP",
-    "EarlySlot",
     "GuardedRequestHandler",
     "GuardedServer",
     "HandlerServer",
     "OwnHeadResponse",
     "RebuildingRunner",
     "RequestHandler",
-    "body_still_wanted",
-    "early_slot",
     "handler_loop",
     "handler_server",
     "last_message",
-    "only_request_waiting",
     "open_connections",
     "request_count",
     "set_shutdown_timeout",
@@ -104,55 +102,6 @@ def last_message(handler: RequestHandler) -> tuple[Any, Any]:
 def upgraded(handler: RequestHandler) -> bool:
     """True once the connection was upgraded (its bytes no longer pass the HTTP parser)."""
     return handler._upgraded
-
-
-def body_still_wanted(handler: RequestHandler, message: Any) -> bool:
-    """True if ``message``, whose head completed in an earlier read, may still be offered now
-    that its body is in: the connection is not closing and nothing but it is queued (the
-    connection's task may have taken it off the queue, but no handler has claimed it: the
-    early slot says that, :class:`EarlySlot`)."""
-    if handler._force_close or handler._close:
-        return False
-    messages = handler._messages
-    return not messages or (len(messages) == 1 and messages[0][0] is message)
-
-
-def only_request_waiting(handler: RequestHandler, between_requests: bool) -> tuple[Any, Any] | None:
-    """(head, body stream) of the one request the handler's task is idle waiting for, or
-    None: nothing in flight or queued besides it, the connection not closing. Idle: its
-    waiter was just woken; or it has not started yet and this is the connection's first
-    request; or the proxy said the last answer is complete and taken (``between_requests``)."""
-    waiter = handler._waiter
-    if waiter is not None:
-        idle = waiter.done()
-    else:  # not started yet, or still winding down an answer the client has taken
-        idle = handler._request_count == 1 or between_requests
-    if not idle or len(handler._messages) != 1 or handler._force_close or handler._close:
-        return None
-    return handler._messages[0]
-
-
-class EarlySlot:
-    """The early path's state on one guarded connection (sidecar/relay/data/early.py): the
-    request sent before its handler ran (``record``), until the handler claims it; whether
-    the connection's last answer is complete and taken (``between_requests``); and the
-    (head, body stream) of the only request waiting whose head came without all its body
-    (``body_awaited``), offered once a later read completes the body, unless its handler
-    claimed it first (the claim clears it: the handler then reads the body itself)."""
-
-    __slots__ = ("record", "between_requests", "body_awaited")
-
-    def __init__(self) -> None:
-        self.record: Any = None
-        self.between_requests = False
-        self.body_awaited: tuple[Any, Any] | None = None
-
-
-def early_slot(request: web.BaseRequest) -> EarlySlot | None:
-    """The early path's slot of the connection ``request`` came on; None on a connection
-    that is not guarded (one served by a plain runner has no early path)."""
-    protocol = request.protocol
-    return protocol.early_slot if isinstance(protocol, GuardedRequestHandler) else None
 
 
 def open_connections(server: web.Server) -> int:
@@ -262,15 +211,55 @@ class GuardedRequestHandler(RequestHandler):
     the cap is answered at once and closed (the process keeps file descriptors for the admin
     port, the upstream sockets and its own files); a request head past the byte budget is
     answered 431 and the connection closed; a request the parser refuses gets the guard's
-    answer instead of aiohttp's (which quotes the request bytes)."""
+    answer instead of aiohttp's (which quotes the request bytes).
+
+    With a ``carry`` hook (the proxy port: sidecar/relay/data/exchange.py) the connection
+    answers requests itself. Each request head aiohttp's parser completes is offered, in
+    order, to ``carry``; a request it takes is answered from this connection's callbacks and
+    aiohttp's task never sees it. The first one it declines opens the door: aiohttp's task,
+    parked until then (:meth:`start`), takes that request and answers it with its handler,
+    then every request queued behind it. The relay carries again once that task waits for a
+    request (its ``_waiter`` pending), whose wake-up is held back while the relay carries
+    one, so answers go out in the order asked. While a request is carried the connection
+    holds what aiohttp's task would: the keep-alive timer (not run down under a request),
+    the graceful shutdown's wait (``_request_in_progress``, ``_handler_waiter``) and
+    closing after the answer.
+    """
 
     _over_cap = False
     _head_payload = None  # the body of the last request whose head completed
     _head_bytes = None  # a HeadBudget once the first bytes arrive
+    _carried: Carried | None = None  # the request the relay is answering on this connection
+    _door: asyncio.Future[None] | None = None  # done once aiohttp's task may take requests
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.early_slot = EarlySlot()
+    async def start(self) -> None:
+        """aiohttp's task for this connection, parked until the first request the relay
+        declines: until then every request is the relay's, and nothing else may take one."""
+        if self._door is None:
+            self._door = self._loop.create_future()
+        if not self._door.done():
+            await self._door
+        await super().start()
+
+    def _open_door(self) -> None:
+        """Let aiohttp's task take the request at the head of the queue."""
+        door = self._door
+        if door is None:
+            self._door = door = self._loop.create_future()
+        if not door.done():
+            door.set_result(None)
+            return
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _door_idle(self) -> bool:
+        """aiohttp's task is answering nothing: parked, or waiting for a request."""
+        door = self._door
+        if door is None or not door.done():
+            return True
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = handler_server(self)
@@ -281,22 +270,45 @@ class GuardedRequestHandler(RequestHandler):
             cast(asyncio.Transport, transport).write(guard.refuse_connection(handler_loop(self)))
             transport.close()
             return
+        if guard.carry is None:
+            self._door = self._loop.create_future()
+            self._door.set_result(None)  # no relay of its own: aiohttp's task takes every request
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._over_cap:
             return
         guard: ConnectionGuard = handler_server(self).guard  # type: ignore[attr-defined]  # a GuardedServer's
+        carry = guard.carry
+        if carry is None or upgraded(self):  # past an Upgrade the bytes are no HTTP head
+            self._parse(data, guard)
+            return
+        # A request the relay carries must not wake aiohttp's task: the wake-up is held back
+        # and given (by _dispatch) only to a request the relay declines.
+        waiter, self._waiter = self._waiter, None
+        try:
+            self._parse(data, guard)
+        finally:
+            self._waiter = waiter
+        if self._force_close or self._close:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()  # as force_close() would have
+            return
+        carried = self._carried
+        if carried is not None:
+            carried.body_arrived()
+        self._dispatch(carry)
+
+    def _parse(self, data: bytes, guard: ConnectionGuard) -> None:
+        """aiohttp's parse of one read, held to the whole-head budget."""
         budget = guard.head_budget
-        count = request_count(self)
-        if not budget or upgraded(self):  # past an Upgrade the bytes are no HTTP head
+        if not budget or upgraded(self):
             super().data_received(data)
-            if guard.early is not None:
-                self._offer_early(guard.early, request_count(self) - count)
             return
         # Bytes that arrive while no request body is being read count towards the next head.
         payload = self._head_payload
         in_head = payload is None or payload.is_eof()
+        count = request_count(self)
         super().data_received(data)
         head_done = request_count(self) != count
         size = 0
@@ -314,52 +326,95 @@ class GuardedRequestHandler(RequestHandler):
                 transport.write(answer)
                 transport.close()
             self.force_close()
+
+    def _dispatch(self, carry: CarryHook) -> None:
+        """Offer the request at the head of the queue to ``carry`` while nothing is being
+        answered on this connection: one it takes leaves the queue for good; the first it
+        declines goes through the door, with everything queued behind it."""
+        messages = self._messages
+        while self._carried is None and messages and self._door_idle():
+            if self._force_close or self._close or self.transport is None:
+                return
+            message, payload = messages[0]
+            carried = None
+            if isinstance(message, RawRequestMessage):
+                carried = carry(self, message, payload)
+            if carried is None:
+                self._open_door()
+                return
+            messages.popleft()
+            if self._parser is not None:  # a slot of aiohttp's pipelining queue is free again
+                self._parser.message_consumed()
+            self._carried = carried
+            self._request_in_progress = True  # a graceful shutdown waits for it
+            keepalive, self._keepalive_handle = self._keepalive_handle, None
+            if keepalive is not None:
+                keepalive.cancel()  # no idle timer runs under a request
+            carried.start()
+
+    def carried_done(self, carried: Carried, keep_alive: bool) -> None:
+        """The carried request is answered (and the client took it): the next request on the
+        connection, or the keep-alive timer; or the connection closes."""
+        if carried is not self._carried:
             return
-        if guard.early is not None:
-            self._offer_early(guard.early, request_count(self) - count)
-
-    def _offer_early(self, early: EarlyHook, heads: int) -> None:
-        """After a read that completed ``heads`` request heads: offer ``early``
-        (sidecar/relay/data/early.py) the one request this read completed, head and body or
-        only the body of a head that came before. Two heads in a row (pipelining) leave both
-        to their handlers."""
-        slot = self.early_slot
-        if heads == 0:
-            if slot.body_awaited is not None:
-                self._send_early_body(early)
+        self._carried = None
+        self._request_in_progress = False
+        waiter = self._handler_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # a graceful shutdown was waiting for it
+        transport = self.transport
+        if not keep_alive or self._close or self._force_close or transport is None:
+            if transport is not None and not transport.is_closing():
+                transport.close()
             return
-        slot.body_awaited = None  # a next head came in: the one before was never completed alone
-        if heads == 1:
-            self._send_early(early)
+        if self._messages:
+            carry = handler_server(self).guard.carry  # type: ignore[attr-defined]  # a GuardedServer's
+            if carry is not None:
+                self._dispatch(carry)
+            if self._carried is not None or not self._door_idle():
+                return
+        loop = self._loop
+        close_time = loop.time() + self._keepalive_timeout
+        self._next_keepalive_close_time = close_time
+        if self._keepalive_handle is None and self._keepalive_timeout > 0:
+            self._keepalive_handle = loop.call_at(close_time, self._process_keepalive)
 
-    def _send_early(self, early: EarlyHook) -> None:
-        """One request head completed in this read: if the connection's task is idle, waiting
-        for exactly it, offer it to ``early``, which may send it upstream now; or, its body
-        still arriving, remember it for the read that completes the body."""
-        slot = self.early_slot
-        waiting = (
-            None if slot.record is not None else only_request_waiting(self, slot.between_requests)
-        )
-        if waiting is not None and isinstance(waiting[0], RawRequestMessage):
-            slot.between_requests = False
-            if waiting[1].is_eof():
-                slot.record = early(waiting[0], waiting[1], self.transport)
-            else:
-                slot.body_awaited = waiting
+    def _process_keepalive(self) -> None:
+        """aiohttp's keep-alive timer, which closes a connection whose task waits for a
+        request: not under a request the relay carries (its end starts the timer again), and
+        on a connection whose task is still parked as if it were waiting."""
+        if self._carried is not None:
+            self._keepalive_handle = None
+            return
+        door = self._door
+        if door is not None and door.done():
+            super()._process_keepalive()
+            return
+        self._keepalive_handle = None
+        if self._force_close or not self._keepalive:
+            return
+        loop = self._loop
+        close_time = self._next_keepalive_close_time
+        if loop.time() < close_time:
+            self._keepalive_handle = loop.call_at(close_time, self._process_keepalive)
+            return
+        self.force_close()
 
-    def _send_early_body(self, early: EarlyHook) -> None:
-        """A read brought more of the body of the request remembered by :meth:`_send_early`:
-        once all of it is in, offer the request to ``early`` if its handler has not claimed it
-        yet (on Python 3.11 the connection's task takes it off the queue a loop turn after
-        its head, and starts its handler a turn after that: a body read in between is still
-        in time) and nothing else came."""
-        slot = self.early_slot
-        message, payload = slot.body_awaited  # type: ignore[misc]  # set: _offer_early checked
-        if not payload.is_eof():
-            return  # more to come (or the body failed: the connection is going)
-        slot.body_awaited = None
-        if slot.record is None and self.transport is not None and body_still_wanted(self, message):
-            slot.record = early(message, payload, self.transport)
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        carried = self._carried
+        if carried is not None:
+            carried.client_drained()
+
+    def close(self) -> None:
+        """aiohttp's graceful close: no new requests, the connection closes once what is
+        being answered is. A parked task ends now; an idle connection closes now."""
+        super().close()
+        door = self._door
+        if door is not None and not door.done():
+            door.cancel()
+            if self._carried is None and self.transport is not None:
+                self.force_close()
 
     def eof_received(self) -> None:
         if not self._over_cap:
@@ -368,10 +423,9 @@ class GuardedRequestHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._over_cap:
             super().connection_lost(exc)
-        slot = self.early_slot
-        early, slot.record, slot.body_awaited = slot.record, None, None
-        if early is not None:  # sent, but aiohttp runs no handler for a connection gone
-            early.abandon()
+        carried, self._carried = self._carried, None
+        if carried is not None:  # aiohttp knows nothing of it: its upstream request is stopped
+            carried.client_gone()
 
     def handle_error(
         self,

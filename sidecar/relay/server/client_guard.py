@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
@@ -84,32 +84,35 @@ class RefusalLog:
             self._last, self._count = now, 0
 
 
-class EarlyRecord(Protocol):
-    """A request the early hook sent upstream before its handler ran."""
+class Carried(Protocol):
+    """A request the relay carries on a connection (sidecar/relay/data/exchange.py's
+    ``Exchange``), told what happens to that connection."""
 
-    def abandon(self) -> None: ...
+    def start(self) -> None: ...
+    def body_arrived(self) -> None: ...
+    def client_drained(self) -> None: ...
+    def client_gone(self) -> None: ...
 
 
-EarlyHook = Callable[
-    [RawRequestMessage, StreamReader, asyncio.Transport | None], "EarlyRecord | None"
-]
-"""``early(head, body, transport)``: may send a request that completed on an idle connection
-upstream before its handler runs (sidecar/relay/data/early.py's ``EarlyForwarder``)."""
+CarryHook = Callable[[Any, RawRequestMessage, StreamReader], "Carried | None"]
+"""``carry(connection, head, body)``: the relay's answer to the next request on
+``connection`` (its body may still be arriving), or None: aiohttp's handler answers it
+(sidecar/relay/data/exchange.py's ``Carrier``)."""
 
 
 class ConnectionGuard:
     """The limits of one listening port and the answers past them (see the module doc)."""
 
     def __init__(
-        self, max_connections: int = 0, head_budget: int = 0, early: EarlyHook | None = None
+        self, max_connections: int = 0, head_budget: int = 0, carry: CarryHook | None = None
     ) -> None:
         self.max_connections = max_connections  # 0: no cap
         self.head_budget = (
             head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
         )
-        # Called with each request that completes on an idle connection; may send it upstream
-        # before its handler runs (sidecar/relay/data/early.py). None on the admin port.
-        self.early = early
+        # Offered each request head on a connection, in order; the relay answers those it
+        # takes (sidecar/relay/data/exchange.py). None on the admin port.
+        self.carry = carry
         self.refusal_log = RefusalLog()
 
     def refuse_connection(self, loop: asyncio.AbstractEventLoop) -> bytes:

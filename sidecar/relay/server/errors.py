@@ -21,21 +21,30 @@ def error_response(status: int, kind: str, message: str) -> web.Response:
 
 
 def raw_error_response(
-    status: int, reason: str, kind: str, message: str, extra_headers: bytes = b""
+    status: int,
+    reason: str,
+    kind: str,
+    message: str,
+    extra_headers: bytes = b"",
+    *,
+    keep_alive: bool = False,
 ) -> bytes:
-    """A whole ``Connection: close`` response carrying the sidecar's JSON error body, for the
-    places that answer on a bare transport before aiohttp has a request (a connection past the
-    cap, a request head past its budget). ``extra_headers``: complete ``Name: value\\r\\n`` lines."""
+    """A whole HTTP/1.1 response carrying the sidecar's JSON error body, for the places that
+    answer on a bare transport, with no aiohttp response (a connection past the cap, a request
+    head past its budget, a request the relay carries: sidecar/relay/data/exchange.py).
+    ``Connection: close`` unless ``keep_alive``; ``extra_headers``: complete
+    ``Name: value\\r\\n`` lines."""
     body = error_body(status, kind, message)
     return (
         b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\n%b%b: %b\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b"
+        b"%bContent-Length: %d\r\n\r\n%b"
         % (
             status,
             reason.encode(),
             extra_headers,
             ERROR_HEADER.encode(),
             kind.encode(),
+            b"" if keep_alive else b"Connection: close\r\n",
             len(body),
             body,
         )

@@ -86,7 +86,7 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
 
 
-async def test_both_ways_in_are_taken(upstream, sidecar_factory, early_path):
+async def test_both_ways_in_are_taken(upstream, sidecar_factory, carried_path):
     """The two runs of this module differ where they say: a client's POST (aiohttp's, head
     and body in one write) goes upstream from the read that completed it when the early path
     is on, and through the handler when it is off, with the same bytes back either way."""
@@ -115,7 +115,7 @@ async def test_both_ways_in_are_taken(upstream, sidecar_factory, early_path):
                     == n
                 )
             )
-    assert sc.early_sent == (2 if early_path else 0)
+    assert sc.carried == (2 if carried_path else 0)
 
 
 async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(

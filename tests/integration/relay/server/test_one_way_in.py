@@ -1,32 +1,31 @@
-"""A request sent upstream from the read that completed it (sidecar/relay/data/early.py), over real
-sockets: the upstream gets exactly the bytes the handler's path sends, the requests the early
-path must leave alone take the handler's path, and a client that goes before its handler ran
-stops the upstream request and is counted once, as cancelled.
+"""The relay's one way in (sidecar/relay/data/exchange.py), over real sockets: a request it
+carries is answered from the connection's own callbacks (aiohttp's handler never runs for
+it) and the upstream gets exactly the bytes the door (aiohttp's handler) sends; what it
+declines takes the door; a client that goes stops the upstream request and is counted once,
+as cancelled.
 
 The same holds for a head and its body that arrive in separate reads (httpx writes them
-apart): the read that completes the body sends the request, unless its handler claimed it
-first, and then it goes the handler's way, once.
+apart): the head is taken off aiohttp's queue at once and its body is awaited by the
+exchange, whenever it comes.
 
 Each case runs through two sidecars in front of the same kind of scripted upstream (which
-records every request byte for byte): one as served, one with the early path switched off
-(the connection guard's ``early`` hook removed). A spy on the hook records what it did.
+records every request byte for byte): one as served, one with the relay's way in switched off
+(the connection guard's ``carry`` hook removed: every request takes the door). A spy on the
+hook records what it did, and one on the door counts its requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import pytest
 from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.relay.control.self_loop import LOOP_HEADER, LOOP_TOKEN
-from sidecar.relay.data.early import Early, EarlyForwarder
 from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
@@ -57,13 +56,15 @@ async def answer_all(peer: Peer) -> None:
 
 
 class Side:
-    """One sidecar in front of its own scripted upstream, with a spy on the early hook."""
+    """One sidecar in front of its own scripted upstream, with a spy on the ``carry`` hook and
+    one on the door."""
 
-    def __init__(self, early: bool, tracer_provider=None, **settings) -> None:
-        self.early = early
+    def __init__(self, carried: bool, tracer_provider=None, **settings) -> None:
+        self.carried = carried
         self.tracer_provider = tracer_provider
         self.settings = settings
         self.records: list[object] = []  # what the hook returned, per call
+        self.door = 0  # requests aiohttp's handler answered
 
     async def __aenter__(self) -> Side:
         self.upstream = await ScriptedServer(answer_all).start()
@@ -77,15 +78,23 @@ class Side:
         await site.start()
         self.port = self.runner.addresses[0][1]
         guard = self.runner.server.guard  # type: ignore[union-attr]
-        hook = guard.early
-        assert hook is not None  # the proxy port has the early path unless switched off
+        hook = guard.carry
+        assert hook is not None  # the proxy port carries requests unless switched off
 
-        def spy(message, payload, transport):
-            record = hook(message, payload, transport)
+        def spy(connection, message, payload):
+            record = hook(connection, message, payload)
             self.records.append(record)
             return record
 
-        guard.early = spy if self.early else None
+        guard.carry = spy if self.carried else None
+        app = self.sc.proxy_app
+        entry = app._entry  # the door: every request aiohttp's handler answers
+
+        async def door(request):
+            self.door += 1
+            return await entry(request)
+
+        app._entry = door
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -197,6 +206,7 @@ async def test_the_upstream_gets_the_same_bytes_either_way(requests):
     assert on.records[0].pending is not None  # type: ignore[attr-defined]
     assert on.records[1].sent is not None  # type: ignore[attr-defined]
     assert on.counted("ok") == off.counted("ok") == 2
+    assert on.door == 0 and off.door == 2  # one way in: the handler never ran for them
 
 
 LEFT_TO_THE_HANDLER = [
@@ -215,57 +225,98 @@ LEFT_TO_THE_HANDLER = [
     pytest.param(
         [post(b"/v1/chat/completions", BODY, b"Expect: 100-continue")], False, id="expect"
     ),
-    pytest.param([post(), post()], True, id="pipelined"),
 ]
 
 
 @pytest.mark.parametrize("requests,together", LEFT_TO_THE_HANDLER)
-async def test_requests_the_early_path_leaves_to_the_handler(requests, together):
+async def test_requests_the_relay_declines_take_the_door(requests, together):
     on, off, answers_on, answers_off = await both(*requests, together=together)
 
     assert on.relayed == off.relayed and on.relayed
     assert [a.split(b"\r\n")[0] for a in answers_on] == [a.split(b"\r\n")[0] for a in answers_off]
-    assert all(r is None for r in on.records)  # offered (or not even that) and declined
+    assert all(r is None for r in on.records)  # offered and declined
+    assert on.door == off.door == len(requests)
 
 
-async def test_a_body_past_the_inspect_limit_is_left_to_the_handler():
+async def test_pipelined_requests_are_each_carried_and_answered_in_order():
+    """Three requests in one write: each is carried once the one before it is answered and
+    taken, never two at once, and the answers come in the order asked."""
+    bodies = [b'{"model":"m","prompt":"%d","stream":true}' % i for i in range(3)]
+    requests = [post(b"/v1/completions", body) for body in bodies]
+    on, off, answers_on, answers_off = await both(*requests, together=True)
+
+    assert on.relayed == off.relayed and len(on.relayed) == 3
+    assert [r.endswith(b) for r, b in zip(on.relayed, bodies, strict=True)] == [True] * 3
+    assert answers_on == answers_off and len(answers_on) == 3
+    assert len(on.records) == 3 and all(r is not None for r in on.records)
+    assert on.door == 0 and off.door == 3
+
+
+GET_MODELS = b"GET /v1/models HTTP/1.1\r\nHost: sidecar.test\r\n\r\n"
+
+
+async def test_a_declined_request_behind_a_carried_one_waits_its_turn_at_the_door():
+    """A carried request, then one the relay declines (a GET), then one it would carry, in
+    one write: the door takes the second only once the first is answered, and with it the
+    third, queued behind it (aiohttp's task answers what is queued, in order)."""
+    on, off, answers_on, answers_off = await both(post(), GET_MODELS, post(), together=True)
+
+    assert on.relayed == off.relayed and len(on.relayed) == 3
+    assert on.relayed[1].startswith(b"GET /v1/models ")
+    assert [a.split(b"\r\n")[0] for a in answers_on] == [b"HTTP/1.1 200 OK"] * 3
+    assert answers_on == answers_off
+    assert [r is not None for r in on.records] == [True, False]
+    assert on.door == 2 and off.door == 3
+
+
+async def test_the_relay_carries_again_once_the_door_is_idle():
+    """A GET through the door, then, once it is answered, a request the relay carries on the
+    same connection: aiohttp's task waits for a request again, and the relay takes it."""
+    on, off, answers_on, answers_off = await both(GET_MODELS, post(), post())
+
+    assert on.relayed == off.relayed and len(on.relayed) == 3 and answers_on == answers_off
+    assert [r is not None for r in on.records] == [False, True, True]
+    assert on.door == 1 and off.door == 3
+
+
+async def test_a_body_past_the_inspect_limit_takes_the_door():
     big = b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}'
     on, off, _, _ = await both(post(b"/v1/completions", big), max_request_inspect_bytes=1024)
-    assert on.relayed == off.relayed and on.records == [None]
+    assert on.relayed == off.relayed and on.records == [None] and on.door == 1
 
 
 @pytest.mark.parametrize("apart", [False, True], ids=["body-with-head", "body-read-apart"])
 async def test_the_sidecars_own_request_come_back_is_508_and_never_sent_upstream(apart):
     """One loop check for both ways in: a POST to an API route carrying this process's loop
     token (its own probe, come back through a forwarder) is refused before anything goes
-    upstream, whichever read completed it; the handler's path answers it 508."""
+    upstream, whichever read completed it; the door answers it 508."""
     looped = post(b"/v1/chat/completions", BODY, f"{LOOP_HEADER}: {LOOP_TOKEN}".encode())
     head, body = looped.split(b"\r\n\r\n", 1)
     request = (head + b"\r\n\r\n", body) if apart else looped
-    for early in (True, False):
-        async with Side(early) as side:
+    for carried in (True, False):
+        async with Side(carried) as side:
             await side.exchange(post())  # leaves an idle pooled upstream connection
             answers = await side.exchange(request)
-            await asyncio.sleep(0.3)  # a request sent early would have arrived by now
+            await asyncio.sleep(0.3)  # a request sent would have arrived by now
             assert answers[0].startswith(b"HTTP/1.1 508 ")
             assert b'"type":"upstream_loop"' in answers[0].replace(b" ", b"")
             assert len(side.relayed) == 1 and LOOP_TOKEN.encode() not in side.relayed[0]
             assert all(r is None for r in side.records[1:])  # offered, declined
 
 
-async def test_no_early_path_while_draining():
+async def test_no_carried_path_while_draining():
     async with Side(True) as on:
         on.sc.drain.draining = True
         await on.exchange(post())
     assert on.records == [None]
 
 
-async def test_a_client_gone_before_its_handler_ran_stops_the_upstream_request_and_counts_once():
+async def test_a_client_gone_with_its_request_sent_stops_the_upstream_request_and_counts_once():
     async with Side(True) as on:
         await on.exchange(post())  # a pooled upstream connection for the next one to take
         sock = socket.create_connection(("127.0.0.1", on.port))
         sock.sendall(post())
-        sock.close()  # request and FIN together: aiohttp runs no handler for it
+        sock.close()  # request and FIN together
         await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
         await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)  # it did reach the server
         upstream = next(
@@ -281,31 +332,27 @@ async def test_a_client_gone_before_its_handler_ran_stops_the_upstream_request_a
 
 @pytest.mark.parametrize("body", [b"not json", b"[1, 2]"], ids=["not-json", "not-an-object"])
 @pytest.mark.parametrize("tracing", [False, True], ids=["untraced", "traced"])
-async def test_an_abandoned_early_request_whose_body_has_no_fields_is_recorded(
-    body, tracing, spans
-):
-    """A body that is not a JSON object has no fields to label with: a request the early
-    path sent whose client left before any handler ran is recorded all the same (the record
-    the proxy makes when the connection closes), and with tracing on its span ends."""
+async def test_a_gone_clients_request_whose_body_has_no_fields_is_recorded(body, tracing, spans):
+    """A body that is not a JSON object has no fields to label with: a carried request whose
+    client left once it was sent is recorded all the same, and with tracing on its span ends."""
     provider, exporter = spans
     async with Side(True, tracer_provider=provider if tracing else None) as on:
-        early = Early(CIMultiDict(), "/v1/chat/completions", time.perf_counter(), body)
-        proxy = on.sc.proxy
+        await on.exchange(post())  # a pooled upstream connection for the next one to take
+        sock = socket.create_connection(("127.0.0.1", on.port))
+        sock.sendall(post(body=body))
+        sock.close()
+        await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
+        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
         if tracing:
-            early.trace = proxy._early_trace(early, CIMultiDict())
-            assert early.trace is not None  # its span started
-        early.sent_at = time.perf_counter()
-        proxy._abandoned(early)
-        assert on.counted("cancelled") == 1
-        if tracing:
-            (span,) = exporter.get_finished_spans()
-            assert span.attributes["llm_sidecar.outcome"] == "cancelled"
+            await wait_for(lambda: len(exporter.get_finished_spans()) == 2, timeout=5.0)
+            gone = exporter.get_finished_spans()[1]
+            assert gone.attributes["llm_sidecar.outcome"] == "cancelled"
 
 
-async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_cancelled(spans):
-    """Tracing on: the request goes from the read that completed it with this span's context
-    (the upstream joins the client's trace as the span's child), and a client that went
-    before its handler ran still ends its span, as cancelled."""
+async def test_with_tracing_on_the_span_goes_upstream_and_a_gone_client_ends_it_cancelled(spans):
+    """Tracing on: a carried request goes with this span's context (the upstream joins the
+    client's trace as the span's child), and a client that went once it was sent still ends
+    its span, as cancelled."""
     provider, exporter = spans
     client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     traced = post(
@@ -315,11 +362,11 @@ async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_c
     )
     async with Side(True, tracer_provider=provider) as on:
         await on.exchange(traced)  # (and a pooled upstream connection for the next one to take)
-        assert on.records[0] is not None and on.records[0].on_its_way  # type: ignore[attr-defined]
+        assert on_its_way(on.records[0])
         await wait_for(lambda: len(exporter.get_finished_spans()) == 1, timeout=5.0)
         sock = socket.create_connection(("127.0.0.1", on.port))
         sock.sendall(traced)
-        sock.close()  # request and FIN together: aiohttp runs no handler for it
+        sock.close()  # request and FIN together
         await wait_for(lambda: len(exporter.get_finished_spans()) == 2, timeout=5.0)
         assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
     first, gone = exporter.get_finished_spans()
@@ -333,8 +380,8 @@ async def test_with_tracing_on_the_span_starts_early_and_a_gone_client_ends_it_c
 
 
 # A head and its body in separate reads (httpx, and so the openai SDK, writes them apart: over
-# a network they often arrive apart). The read that completes the body sends the request, if
-# its handler has not claimed it yet; a handler that ran first reads the body itself.
+# a network they often arrive apart). The head is carried at once; the read that completes the
+# body sends the request.
 
 
 async def write_apart(writer: asyncio.StreamWriter, first: bytes, *rest: bytes) -> None:
@@ -407,7 +454,8 @@ def reads(monkeypatch) -> dict[int, list[int]]:
 
 
 def on_its_way(record) -> bool:
-    return record is not None and record.on_its_way  # type: ignore[attr-defined]
+    """The hook carried it, and it went upstream (on a pooled connection, or a task connecting)."""
+    return record is not None and (record.sent is not None or record.pending is not None)
 
 
 @pytest.mark.parametrize("requests", FORWARDED)
@@ -512,7 +560,7 @@ async def test_httpx_whose_body_comes_in_the_read_after_its_head_is_sent_from_th
     assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
 
 
-async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_takes_the_early_path(
+async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_is_carried(
     reads,
 ):
     import openai
@@ -542,52 +590,32 @@ async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_takes_t
     assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
 
 
-async def test_a_body_whose_handler_started_first_is_read_by_the_handler_and_sent_once(
-    reads, monkeypatch
-):
-    # The head, then 20 ms later the body: the connection's task has long started the handler,
-    # which claimed the request with nothing sent and reads the body itself; the body's read
-    # offers nothing, so the upstream gets the request once, as with the early path off.
-    claims: list[object] = []
-    claim = EarlyForwarder.claim
+async def test_a_body_that_comes_well_after_its_head_is_carried_and_sent_once(reads):
+    """The head, then 20 ms later the body: the head was taken off aiohttp's queue at once,
+    so no handler ever starts for it; the body's read sends it, once."""
 
-    def watched_claim(request):
-        claims.append(record := claim(request))
-        return record
-
-    monkeypatch.setattr(EarlyForwarder, "claim", staticmethod(watched_claim))
-
-    async def claimed(reader) -> None:
+    async def wait(reader) -> None:
         await asyncio.sleep(0.02)
-        await wait_for(
-            lambda: claims == [None], timeout=5.0
-        )  # (20 ms is plenty: this only says so)
-
-    async def head_wait_body(side: Side) -> bytes:
-        claims.clear()
-        return await head_then_body(side, post(), claimed)
 
     async with Side(True) as on, Side(False) as off:
-        answer_on, answer_off = await head_wait_body(on), await head_wait_body(off)
+        answer_on = await head_then_body(on, post(), wait)
+        answer_off = await head_then_body(off, post(), wait)
         await wait_for(lambda: len(on.relayed) == len(off.relayed) == 1, timeout=5.0)
         await asyncio.sleep(0.05)  # nothing more arrives upstream
         assert len(on.relayed) == 1 and len(on.upstream.requests) == len(off.upstream.requests)
     assert reads[on.port] == reads[off.port] and len(reads[on.port]) == 2
-    assert on.relayed == off.relayed and answer_on == answer_off and on.records == []
+    assert on.relayed == off.relayed and answer_on == answer_off
+    assert len(on.records) == 1 and on_its_way(on.records[0]) and on.door == 0
     assert on.counted("ok") == off.counted("ok") == 1
 
 
-async def test_a_body_in_two_reads_after_its_head_reaches_the_handler_first_and_goes_once(reads):
-    # Head, then the body in two reads a loop turn apart each: on an idle connection the
-    # handler starts two turns after the head's read (Python 3.11), so it claims the request
-    # before the last part arrives and reads the body itself. (Unclaimed, the last part's read
-    # would send it: tests/unit/test_early.py.)
+async def test_a_body_in_two_reads_after_its_head_is_carried_and_sent_once(reads):
     request = apart(post(), 10)
     on, off, answers_on, answers_off = await both(request)
 
     assert reads[on.port] == reads[off.port] == [len(p) for p in request]
     assert on.relayed == off.relayed and len(on.relayed) == 1 and answers_on == answers_off
-    assert on.records == []  # claimed before the body was in: never offered
+    assert len(on.records) == 1 and on_its_way(on.records[0]) and on.door == 0
 
 
 LEFT_TO_THE_HANDLER_APART = [
@@ -601,15 +629,13 @@ LEFT_TO_THE_HANDLER_APART = [
 
 
 @pytest.mark.parametrize("request_parts", LEFT_TO_THE_HANDLER_APART)
-async def test_a_body_read_apart_that_the_early_path_declines_takes_the_handlers_path(
-    request_parts, reads
-):
+async def test_a_body_read_apart_that_the_relay_declines_takes_the_door(request_parts, reads):
     on, off, answers_on, answers_off = await both(request_parts, max_request_inspect_bytes=1024)
 
     assert reads[on.port] == reads[off.port] == [len(p) for p in request_parts]
     assert on.relayed == off.relayed and on.relayed
     assert [a.split(b"\r\n")[0] for a in answers_on] == [a.split(b"\r\n")[0] for a in answers_off]
-    assert on.records == [None]  # offered from the body's read, declined
+    assert on.records == [None] and on.door == 1  # offered from the head's read, declined
 
 
 async def test_a_head_past_the_head_budget_is_answered_431_and_its_body_never_offered(reads):
@@ -620,7 +646,7 @@ async def test_a_head_past_the_head_budget_is_answered_431_and_its_body_never_of
     assert on.relayed == off.relayed == [] and on.records == []
 
 
-async def test_expect_100_continue_then_the_body_takes_the_handlers_path():
+async def test_expect_100_continue_then_the_body_takes_the_door():
     async def continued(reader) -> None:
         interim = await reader.readuntil(b"\r\n\r\n")
         assert interim.startswith(b"HTTP/1.1 100")
@@ -637,7 +663,7 @@ async def test_expect_100_continue_then_the_body_takes_the_handlers_path():
     assert all(r is None for r in on.records)
 
 
-async def test_no_early_path_for_a_body_read_apart_while_draining():
+async def test_no_body_read_apart_is_carried_while_draining():
     async with Side(True) as on:
         on.sc.drain.draining = True
         await on.exchange(apart(post()))
@@ -645,7 +671,7 @@ async def test_no_early_path_for_a_body_read_apart_while_draining():
 
 
 @pytest.mark.parametrize("sent", [0, 10], ids=["head-only", "part-of-the-body"])
-async def test_a_client_gone_between_head_and_body_is_counted_as_with_the_early_path_off(sent):
+async def test_a_client_gone_between_head_and_body_is_counted_as_through_the_door(sent):
     async def leave(side: Side) -> None:
         await side.exchange(post())  # a pooled upstream connection the next could take
         reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
@@ -670,7 +696,8 @@ async def test_a_client_gone_between_head_and_body_is_counted_as_with_the_early_
     assert (
         counts[0] == counts[1] and counts[0][0] == 1 and counts[0][3] == 1
     )  # only the first went upstream
-    assert len(on.records) == 1  # the first one; the one that left was never offered
+    # The first went upstream; the one that left was carried, and never sent.
+    assert len(on.records) == 2 and on_its_way(on.records[0]) and not on_its_way(on.records[1])
 
 
 async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_request_and_counts_once(

@@ -1,0 +1,565 @@
+"""A request carried from its client connection's own callbacks: the relay's one way in.
+
+aiohttp hands a parsed request to a handler task two event-loop turns after the read that
+completed it, and answers it through a ``Request``, a ``StreamResponse`` and a last loop
+turn to wind it down. Each turn first runs every other callback ready: under 200 streams
+that was 187 µs at the median and 2.1 ms at p99 from the read to the handler, and as much
+again of the handler's own setup before the upstream had the request (docs/performance.md).
+
+So the proxy port's connection
+(:class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`) offers every
+request head aiohttp's parser completes, in order, to the :class:`Carrier`. A request it
+takes becomes an :class:`Exchange`, which owns it from then to its verdict: the rest of its
+body, its record (``Proxy.open_record``: timeline, labels, span), the upstream request, the
+response head and body (:class:`~sidecar.relay.data.body_relay.BodyRelay`), the wait for the
+client to take it, the verdict (``Proxy.close_record``, given once, here), and handing the
+connection back for its next request. Every step runs from a callback: the client's reads,
+the upstream's head and body reads, the client's transport draining, a timer. No task runs
+for it, unless no pooled upstream connection is idle (then one connects and sends it).
+
+What the carrier declines takes the one door, aiohttp's handler
+(:meth:`sidecar.relay.data.proxy.Proxy.handle`), with the same record and relay, and so does
+every request after it on that connection until aiohttp's handler is idle again (answers go
+out in order). Declined: anything but a ``POST`` to an API route over HTTP/1.1 whose
+``Content-Length`` body is within ``max_request_inspect_bytes`` (so chunked bodies,
+``Expect``, upgrades, HTTP/1.0, other methods and paths), a request the entry refuses (the
+sidecar's own come back through a loop), a body the process-wide body budget has no room
+for, and every request while the pod drains (so each gets the drain's answers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Mapping
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
+from multidict import CIMultiDict
+
+from ...base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
+from ...base.routes import OTHER, Route, match_route
+from ...measure.observe import ResponseObserver
+from ...measure.request_fields import scan_request_fields
+from ..server.errors import raw_error_response
+from .body_budget import BodyBudget
+from .body_relay import CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, BodyRelay, unsent
+from .client_head import client_head
+from .forwarded import forwarded_headers, peer_address
+from .http1 import ResponseHead
+from .upstream import Sent, UpstreamConnection, UpstreamError, UpstreamPool
+
+if TYPE_CHECKING:
+    from ...measure.record import RequestRecord
+    from .proxy import Proxy
+
+__all__ = ["Carrier", "Exchange", "ClientConnection"]
+
+_log = structlog.get_logger("sidecar.proxy")
+
+
+class ClientConnection(Protocol):
+    """What an exchange needs of the client connection that carries it."""
+
+    transport: asyncio.Transport | None
+
+    @property
+    def writing_paused(self) -> bool:
+        """The client's transport is past its high-water mark (``resume_writing`` to come)."""
+
+    def carried_done(self, exchange: Exchange, keep_alive: bool) -> None:
+        """The exchange is over: the connection takes its next request, or closes."""
+
+
+class Carrier:
+    """Decides, per request head, whether the relay carries it (the module doc), with the
+    proxy's limits, pool and record. ``enabled`` is asked each time (False while draining,
+    so every request takes the door, with the drain's answers); ``refused`` is the entry's
+    refusal by header fields (the loop check), so a request it refuses is never sent."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        *,
+        enabled: Callable[[], bool],
+        refused: Callable[[Mapping[str, str]], bool],
+    ) -> None:
+        limits = proxy.limits
+        self.proxy = proxy
+        self.pool: Callable[[], UpstreamPool | None] = proxy.pool
+        self.budget: BodyBudget = proxy.budget
+        self.enabled = enabled
+        self._refused = refused
+        self.clock = proxy.clock
+        self.max_body = min(limits.max_request_inspect_bytes, limits.max_request_body_bytes)
+        self.body_timeout = limits.client_body_timeout
+        self.send_timeout = limits.send_timeout
+        self.max_json_bytes = limits.max_response_inspect_bytes
+        self.max_line_bytes = limits.max_line_bytes
+
+    def __call__(
+        self, connection: ClientConnection, message: RawRequestMessage, payload: StreamReader
+    ) -> Exchange | None:
+        """``message``/``payload``: aiohttp's parsed head and body stream of the next request
+        on ``connection`` (its body may still be arriving); None leaves it to the door."""
+        if (
+            message.method != "POST"
+            or message.version != HttpVersion11
+            or message.upgrade
+            or message.chunked
+        ):
+            return None
+        headers = message.headers
+        length = headers.get("Content-Length")
+        if "Host" not in headers or length is None or not length.isdigit() or "Expect" in headers:
+            return None
+        size = int(length)
+        if "Transfer-Encoding" in headers or not 0 < size <= self.max_body:
+            return None  # (no body: the door sends the client's own Content-Length: 0)
+        if not message.path.startswith("/") or not self.enabled() or self._refused(headers):
+            return None  # the entry answers a refused one (508 for a loop), nothing goes upstream
+        route, path_model = match_route(message.url.path, "POST")
+        if route is OTHER:
+            return None  # its body is streamed, as the door does
+        pool = self.pool()
+        if pool is None:
+            return None
+        reserved = 0
+        if not payload.is_eof():
+            if not self.budget.reserve(size):
+                return None  # held bodies are at their process-wide limit: the door streams it
+            reserved = size
+        return Exchange(self, connection, pool, message, payload, route, path_model, reserved)
+
+
+class Exchange:
+    """One carried request, from its head to its verdict (the module doc). The connection
+    calls :meth:`start` once it took the request off aiohttp's queue, :meth:`body_arrived`
+    after each read while the body is still coming, :meth:`client_drained` when its transport
+    drains and :meth:`client_gone` when it is lost. ``sent``/``pending``: how the request is
+    on its way upstream (written on an idle pooled connection, or a task connecting)."""
+
+    __slots__ = (
+        "_start", "_path_model", "_carrier", "_connection", "_pool", "_message", "_payload", "_route", "_parts", "_reserved",
+        "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_queued", "_waiting", "_head_written",
+        "_verdict", "_taking", "keep_alive", "sent", "pending", "done",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        carrier: Carrier,
+        connection: ClientConnection,
+        pool: UpstreamPool,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        route: Route,
+        path_model: str | None,
+        reserved: int,
+    ) -> None:
+        self._start = carrier.clock()  # the head is in: the request's time starts here
+        self._path_model = path_model  # a model the route names in its path (Triton, TGI)
+        self._carrier = carrier
+        self._connection = connection
+        self._pool = pool
+        self._message = message
+        self._payload = payload
+        self._route = route
+        self._parts: list[bytes] = []
+        self._reserved = reserved  # body bytes held against the body budget until sent
+        self._record: RequestRecord | None = None
+        self._conn: UpstreamConnection | None = None
+        self._relay: BodyRelay | None = None  # until its end is taken (_relay_ended)
+        self._observer: ResponseObserver | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._queued = 0  # bytes the client had not taken at the last progress check
+        self._waiting = False  # for the client to take what is queued for it
+        self._head_written = False
+        self._taking = False  # reading the body's buffered pieces (_take_body)
+        self._verdict: tuple[Outcome, str | None] = (Outcome.OK, None)
+        self.keep_alive = not message.should_close
+        self.sent: Sent | None = None
+        self.pending: asyncio.Future[UpstreamConnection] | None = None
+        self.done = False
+
+    # -- the request ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._take_body()
+
+    def body_arrived(self) -> None:
+        if self._record is None and not self.done:
+            self._take_body()
+
+    def _take_body(self) -> None:
+        if self._taking:
+            return  # a read aiohttp's reader resumed from inside read_nowait: taken below
+        payload = self._payload
+        self._taking = True
+        try:
+            while chunk := payload.read_nowait():  # taken as it comes: aiohttp's reader
+                self._parts.append(chunk)  # pauses the socket past its buffer's limit
+        except Exception:  # the body failed: the connection is going (client_gone follows)
+            return
+        finally:
+            self._taking = False
+        if payload.is_eof():
+            self._cancel_timer()
+            self._guarded(self._send)
+            return
+        self._deadline = self._carrier.clock() + self._carrier.body_timeout
+        if self._timer is None:
+            self._arm(self._carrier.body_timeout, self._body_stalled)
+
+    def _body_stalled(self) -> None:
+        self._timer = None
+        if self._record is not None or self.done:
+            return
+        left = self._deadline - self._carrier.clock()
+        if left > 0:
+            self._arm(left, self._body_stalled)
+            return
+        timeout = self._carrier.body_timeout
+        self._guarded(
+            self._refuse,
+            408,
+            "request_timeout",
+            f"the request body stalled for {timeout:g} seconds",
+        )
+
+    def _open(self, body: bytes) -> RequestRecord:
+        carrier = self._carrier
+        if self._reserved:
+            carrier.budget.release(self._reserved)
+            self._reserved = 0
+        fields = scan_request_fields(body) if body else None
+        return carrier.proxy.open_record(
+            self._start, "POST", self._route, self._path_model, fields, self._message.headers
+        )
+
+    def _send(self) -> None:
+        body = b"".join(self._parts)
+        self._parts = []
+        record = self._record = self._open(body)
+        timeline = record.timeline
+        timeline.body_received = self._carrier.clock()
+        message = self._message
+        transport = self._connection.transport
+        if transport is None or transport.is_closing():
+            self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+            return
+        headers = forwarded_headers(
+            message.headers,
+            peer=peer_address(transport.get_extra_info("peername")),
+            scheme="https" if transport.get_extra_info("sslcontext") else "http",
+            host=message.headers["Host"],
+            body_is_bytes=True,
+        )
+        self._carrier.proxy.trace_into(record, headers)
+        pool, target = self._pool, message.path
+        try:
+            sent = pool.send_now("POST", target, headers.items(), body)
+        except ValueError:  # a field line that cannot be written (aiohttp's handler: a 500)
+            _log.exception("request_not_sendable")
+            self._fail(500, INTERNAL, "the request has a header field that cannot be relayed")
+            return
+        if sent is not None:
+            timeline.upstream_sent = self._carrier.clock()
+            self.sent = sent
+            sent.waiter.add_done_callback(self._head_in)
+        else:
+            self._connect(pool.request("POST", target, headers.items(), body, self._mark_sent))
+
+    def _mark_sent(self) -> None:
+        if self._record is not None:
+            self._record.timeline.upstream_sent = self._carrier.clock()
+
+    def _connect(self, answer: Coroutine[object, object, UpstreamConnection]) -> None:
+        """Await the answer in a task (no idle connection: one connects and sends it; or the
+        pooled one was closed under it: the pool's one retry)."""
+        self.pending = pending = asyncio.ensure_future(answer)
+        pending.add_done_callback(self._answered)
+
+    def _head_in(self, waiter: asyncio.Future[ResponseHead]) -> None:
+        """The head of the answer on the pooled connection arrived, or it failed."""
+        failed = waiter.cancelled() or waiter.exception() is not None
+        if self.done:
+            return
+        sent = self.sent
+        assert sent is not None
+        if failed:  # the pool decides (a reused connection closed under it: once more)
+            self._connect(self._pool.response(sent))
+            return
+        self._guarded(self._respond, sent.conn)
+
+    def _answered(self, pending: asyncio.Future[UpstreamConnection]) -> None:
+        if pending.cancelled():
+            return
+        exc = pending.exception()
+        if self.done:  # the client went: the answer is for nobody
+            if exc is None:
+                pending.result().close()
+            return
+        if isinstance(exc, UpstreamError):
+            self._guarded(self._fail, exc.status, exc.kind, str(exc))
+        elif exc is not None:
+            _log.error("upstream_request_failed", exc_info=exc)
+            self._guarded(self._fail, 500, INTERNAL, "the sidecar failed to relay the request")
+        else:
+            self._guarded(self._respond, pending.result())
+
+    # -- the response --------------------------------------------------------------------
+
+    def _respond(self, conn: UpstreamConnection) -> None:
+        record = self._record
+        assert record is not None and conn.head is not None  # answered once the head arrived
+        self._conn = conn
+        carrier, head, timeline = self._carrier, conn.head, record.timeline
+        headers = CIMultiDict(head.headers)
+        observer = ResponseObserver(
+            self._route,
+            timeline,
+            headers.get("Content-Type", ""),
+            headers.get("Content-Encoding", ""),
+            max_json_bytes=carrier.max_json_bytes,
+            max_line_bytes=carrier.max_line_bytes,
+            headers=headers,
+        )
+        timeline.response_started(carrier.clock(), head.status, observer.streaming)
+        transport = self._connection.transport
+        if transport is None or transport.is_closing():
+            observer.close(carrier.clock())
+            self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+            return
+        # The upstream's head bytes (client_head); while draining, the connection closes after.
+        out = client_head(
+            head,
+            http11=True,
+            method="POST",
+            client_keep_alive=self.keep_alive and carrier.enabled(),
+        )
+        self.keep_alive = out.keep_alive
+        transport.write(out.data)
+        self._head_written = True
+        timeline.client_head_sent = carrier.clock()
+        if head.status >= 500:
+            self._verdict = (Outcome.ERROR, UPSTREAM_STATUS)
+        self._observer = observer
+        relay = self._relay = BodyRelay(
+            transport, conn, observer, carrier.clock, carrier.send_timeout, out.chunked,
+            on_wake=self._relay_woke,
+        )  # fmt: skip
+        relay.start()
+
+    def _relay_woke(self) -> None:
+        """The relay ended, or it paused the upstream: the client's buffer is full."""
+        relay = self._relay
+        if relay is None or self.done or self._waiting:
+            return
+        if relay.ended is not None:
+            self._guarded(self._relay_ended, relay)
+        elif relay.paused:
+            self._wait_for_client()
+
+    def _relay_ended(self, relay: BodyRelay) -> None:
+        self._relay = None
+        relay.settle()
+        if self._observer is not None:
+            self._observer.close(self._carrier.clock())
+        ended = relay.ended
+        if ended == CLIENT_GONE:
+            self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+        elif ended == SEND_TIMED_OUT:
+            self._stalled_reader()
+        elif ended is not COMPLETE:
+            # Flush what was relayed, then close: a truncated stream, never a false clean end.
+            self.keep_alive = False
+            self._finish(Outcome.ERROR, ended)
+        else:
+            self._wait_for_client()
+
+    # -- the client's pace ---------------------------------------------------------------
+
+    def _wait_for_client(self) -> None:
+        """Wait for the client to take what is queued for it (the transport's
+        ``resume_writing``: :meth:`client_drained`), for as long as it makes progress: a
+        client that takes nothing for ``send_timeout`` is let go. Without this wait at the
+        end, a client that pipelines requests and never reads would get each next one
+        forwarded while the answers pile up in memory."""
+        transport = self._connection.transport
+        if transport is None or transport.is_closing():
+            self._gone()
+            return
+        if not transport.get_write_buffer_size() or not self._connection.writing_paused:
+            self._carry_on()
+            return
+        self._waiting = True
+        self._queued = unsent(transport)
+        self._arm(self._carrier.send_timeout, self._progress)
+
+    def client_drained(self) -> None:
+        if self._waiting and not self.done:
+            self._waiting = False
+            self._cancel_timer()
+            self._guarded(self._carry_on)
+
+    def _progress(self) -> None:
+        self._timer = None
+        if not self._waiting or self.done:
+            return
+        transport = self._connection.transport
+        if transport is None or transport.is_closing():
+            self._waiting = False
+            self._gone()
+            return
+        queued = unsent(transport)
+        if queued < self._queued:  # it took something: a slow reader keeps its stream
+            self._queued = queued
+            self._arm(self._carrier.send_timeout, self._progress)
+            return
+        self._waiting = False
+        relay = self._relay
+        if relay is not None and relay.ended is None:
+            relay.stop(SEND_TIMED_OUT)  # the server stops generating for a reader that stopped
+        else:
+            self._stalled_reader()
+
+    def _carry_on(self) -> None:
+        """The client took what was queued: the relay goes on (or ends, if its end came while
+        it was paused), or the exchange is over."""
+        relay = self._relay
+        if relay is None:
+            outcome, error_type = self._verdict
+            self._finish(outcome, error_type)
+        elif relay.ended is None:
+            relay.resumed()
+        else:
+            self._relay_ended(relay)
+
+    def _stalled_reader(self) -> None:
+        """The client stopped reading for ``send_timeout``: let it go (its unread bytes with
+        it: abort, since close would wait to flush them, forever)."""
+        self.keep_alive = False
+        transport = self._connection.transport
+        if transport is not None:
+            transport.abort()
+        self._finish(Outcome.CANCELLED, SEND_TIMED_OUT)
+
+    def client_gone(self) -> None:
+        """The client connection was lost: the upstream request is stopped (the server stops
+        generating for nobody) and the request, if it was sent, recorded as cancelled."""
+        if self.done:
+            return
+        self._cancel_timer()
+        self._waiting = False
+        if self._record is None:  # its body never came: nothing was sent, nothing to record
+            self.done = True
+            if self._reserved:
+                self._carrier.budget.release(self._reserved)
+                self._reserved = 0
+            return
+        relay = self._relay
+        if relay is not None and relay.ended is None:
+            relay.stop(CLIENT_GONE)  # wakes _relay_woke, which gives the verdict
+            if self.done:
+                return
+        self._gone()
+
+    def _gone(self) -> None:
+        if self.sent is not None and self._conn is None:
+            self.sent.conn.close()
+        if self.pending is not None and not self.pending.done():
+            self.pending.cancel()  # the pool closes the connection it was using
+        relay = self._relay
+        if relay is not None and relay.ended is None:
+            relay.stop(CLIENT_GONE)
+        self.keep_alive = False
+        self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+
+    # -- answers of the sidecar's own ----------------------------------------------------
+
+    def _fail(self, status: int, kind: str, text: str) -> None:
+        """No answer from the upstream: the sidecar's JSON error, outcome error."""
+        self._answer(status, kind, text, keep_alive=self.keep_alive)
+        self._finish(Outcome.ERROR, kind)
+
+    def _refuse(self, status: int, kind: str, text: str) -> None:
+        """A client error the sidecar answers itself (a body that stalled): outcome ok with its
+        4xx code, as an upstream's 4xx is; the unread rest of the body is not wanted, so the
+        connection closes after."""
+        self._record = self._open(b"")
+        self.keep_alive = False
+        self._answer(status, kind, text, keep_alive=False)
+        self._finish(Outcome.OK, None)
+
+    def _answer(self, status: int, kind: str, text: str, *, keep_alive: bool) -> None:
+        record = self._record
+        if record is not None:
+            record.timeline.response_started(self._carrier.clock(), status, streamed=False)
+        transport = self._connection.transport
+        if transport is None or transport.is_closing() or self._head_written:
+            return
+        self._head_written = True
+        transport.write(
+            raw_error_response(status, HTTPStatus(status).phrase, kind, text, keep_alive=keep_alive)
+        )
+
+    # -- the verdict ---------------------------------------------------------------------
+
+    def _finish(self, outcome: Outcome, error_type: str | None) -> None:
+        """The one verdict: the upstream connection back to the pool (or closed), the record
+        given its outcome, and the client connection handed back."""
+        if self.done:
+            return
+        self.done = True
+        self._cancel_timer()
+        relay, self._relay = self._relay, None
+        if relay is not None:  # (only a failure of the sidecar's own ends it before its end)
+            relay.settle()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # A complete keep-alive response returns the connection to the pool; anything else
+            # closes it, which is how the server learns to stop generating for a gone client.
+            self._pool.release(conn)
+        record = self._record
+        if record is not None:
+            self._carrier.proxy.close_record(record, outcome, error_type)
+        transport = self._connection.transport
+        keep_alive = self.keep_alive and self._carrier.enabled()
+        if not keep_alive and transport is not None and not transport.is_closing():
+            transport.close()  # after flushing what was written
+        self._connection.carried_done(self, keep_alive)
+
+    def _guarded(self, step: Callable[..., None], *args: object) -> None:
+        """Run one step from a callback: a bug in it never leaves the request hanging (the
+        client gets a 500 if nothing was written yet, else the connection closes) and is
+        recorded as the sidecar's own failure."""
+        try:
+            step(*args)
+        except Exception:
+            _log.exception("exchange_failed", step=getattr(step, "__name__", repr(step)))
+            if self.done:
+                return
+            try:
+                if self._record is None:
+                    self._record = self._open(b"")
+                self.keep_alive = False
+                relay = self._relay
+                if relay is not None and relay.ended is None:
+                    relay.stop(INTERNAL)
+                self._answer(
+                    500, INTERNAL, "the sidecar failed to relay the request", keep_alive=False
+                )
+            finally:
+                self._finish(Outcome.ERROR, INTERNAL)
+
+    def _arm(self, delay: float, then: Callable[[], None]) -> None:
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_later(delay, then)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
