@@ -526,11 +526,12 @@ class Exchange:
         record = self._record
         if record is not None:
             self._carrier.proxy.close_record(record, outcome, error_type)
+        # Kept alive as the head told the client (a head written before the drain began said
+        # so: the next request on it takes the door, whose answer says the connection closes).
         transport = self._connection.transport
-        keep_alive = self.keep_alive and self._carrier.enabled()
-        if not keep_alive and transport is not None and not transport.is_closing():
+        if not self.keep_alive and transport is not None and not transport.is_closing():
             transport.close()  # after flushing what was written
-        self._connection.carried_done(self, keep_alive)
+        self._connection.carried_done(self, self.keep_alive)
 
     def _guarded(self, step: Callable[..., None], *args: object) -> None:
         """Run one step from a callback: a bug in it never leaves the request hanging (the
