@@ -27,7 +27,7 @@ from ..base.buckets import (
 )
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
 from ..base.labels import OVERFLOW_REASONS, UNKNOWN, ModelLabeler, SeriesBudget
-from ..base.outcomes import Outcome, error_type_label
+from ..base.outcomes import Outcome, Verdict
 from ..base.prompt_class import PromptClasses
 from ..base.routes import ROUTES
 from ..base.speedups import IN_C
@@ -423,11 +423,9 @@ class SidecarMetrics:
         """Observe one finished request. Called exactly once per request."""
         route = t.route
         mr = (model_label, route)
-        outcome = t.outcome.value if t.outcome else Outcome.ERROR.value
-        if t.status is not None:
-            code = str(t.status)
-        else:  # no response reached the client: nginx's 499 for a client that left
-            code = "499" if t.outcome is Outcome.CANCELLED else "500"
+        verdict = t.verdict or Verdict.INTERNAL  # (recorded once finished: a guard)
+        outcome = verdict.outcome.value
+        code = verdict.code(t.status)
         if route not in ROUTES:
             # Not an API request (a health check, the server's own /metrics, a model listing
             # through the proxy port): one count apart, so it never forms an SLO of its own
@@ -436,8 +434,7 @@ class SidecarMetrics:
             self._record_overhead(t)  # the sidecar's own cost, whatever it relayed
             return
         tenant = self._tenant(t)
-        error_type = error_type_label(t.outcome, t.error_type)
-        self.requests.labels(model_label, route, code, outcome, error_type, *tenant).inc()
+        self.requests.labels(model_label, route, code, outcome, verdict.error_type, *tenant).inc()
         reasons = t.finish_reasons
         if reasons:
             for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base.outcomes import Outcome
 from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import MAX_FINISH_REASONS, RequestTimeline, TokenCountSource
@@ -44,15 +43,12 @@ def error_type_of(t: RequestTimeline) -> str | None:
     ``upstream_timeout``, ``upstream_disconnected``, ``upstream_read_timeout``,
     ``upstream_invalid_response`` (the upstream broke HTTP/1.1 framing),
     ``stream_error`` (an error event inside a 200 stream), ``internal``. A cancelled request
-    is not an error (the client left; ``llm_sidecar.cancelled`` says so).
+    is not an error (the client left; ``llm_sidecar.cancelled`` says so). Read from the
+    request's verdict (:meth:`~sidecar.base.outcomes.Verdict.otel_error_type`).
     """
-    if t.outcome is Outcome.ERROR:
-        if t.error_type == "upstream_status" and t.status is not None:
-            return str(t.status)
-        return t.error_type or "_OTHER"
-    if t.outcome is Outcome.OK and t.status is not None and t.status >= 400:
-        return str(t.status)
-    return None
+    if t.verdict is None:
+        return "_OTHER"  # (recorded once finished: a guard)
+    return t.verdict.otel_error_type(t.status)
 
 
 def objective_attributes(

@@ -61,13 +61,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
-from ..base.outcomes import (
-    CLIENT_DISCONNECTED,
-    STREAM_ERROR,
-    STREAM_TRUNCATED,
-    UPSTREAM_STATUS,
-    Outcome,
-)
+from ..base.outcomes import Outcome, Verdict, verdict_of
 from ..streams.protocols.events import (
     MAX_INDICES_PER_RESPONSE,
     DialectEvent,
@@ -141,6 +135,7 @@ class RequestTimeline:
         "_maybe_last",
         "end_marker_expected",
         "parse_errors",
+        "verdict",
         "outcome",
         "error_type",
         "request_max_tokens",
@@ -198,6 +193,8 @@ class RequestTimeline:
         )
         self.end_marker_expected = False  # the stream's dialect has an end marker to see
         self.parse_errors = 0
+        # The verdict, once finished; outcome and error_type are its words (None when ok).
+        self.verdict: Verdict | None = None
         self.outcome: Outcome | None = None
         self.error_type: str | None = None  # short machine-readable cause, never content
         self.request_max_tokens: int | None = None
@@ -388,33 +385,39 @@ class RequestTimeline:
         out.extend(gaps[i:])
         return out
 
-    def finish(self, outcome: Outcome, now: float, error_type: str | None = None) -> bool:
-        """Finalise once. Returns False (and changes nothing) if already finished."""
-        if self.outcome is not None:
+    def finish(self, outcome: Outcome | Verdict, now: float, error_type: str | None = None) -> bool:
+        """Finalise once, with the relay's verdict (or its outcome and error type), refined
+        by what the stream said (:meth:`refined`). Returns False (and changes nothing) if
+        already finished."""
+        if self.verdict is not None:
             return False
-        # The client left after the whole answer was relayed to it (module doc): not a cancel,
-        # but what the exchange would have been had it stayed (a 5xx stays an upstream error).
-        if outcome is Outcome.CANCELLED and error_type == CLIENT_DISCONNECTED and self.complete:
-            if self.status is not None and self.status >= 500:
-                outcome, error_type = Outcome.ERROR, UPSTREAM_STATUS  # as the relay files a 5xx
-            else:
-                outcome, error_type = Outcome.OK, None
-        # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
-        # just how the API words a client error, which stays outcome ok with its code.
-        if (
-            outcome is Outcome.OK
-            and self.stream_error is not None
-            and (self.status is None or self.status < 400)
-        ):
-            outcome, error_type = Outcome.ERROR, error_type or STREAM_ERROR
-        elif outcome is Outcome.OK and self.truncated:
-            outcome, error_type = Outcome.ERROR, STREAM_TRUNCATED
-        self.outcome = outcome
-        self.error_type = error_type
+        verdict = outcome if isinstance(outcome, Verdict) else verdict_of(outcome, error_type)
+        verdict = self.refined(verdict)
+        self.verdict = verdict
+        self.outcome = verdict.outcome
+        self.error_type = None if verdict is Verdict.OK else verdict.error_type
         self.end = now
         if self.first_token is not None:
             self.decode.leave(now)
         return True
+
+    def refined(self, verdict: Verdict) -> Verdict:
+        """The relay's verdict, read again with what the stream said: the one place a
+        request's verdict changes after the relay gave it."""
+        # The client left after the whole answer was relayed to it (module doc): not a cancel,
+        # but what the exchange would have been had it stayed (a 5xx stays an upstream error).
+        if verdict is Verdict.CLIENT_DISCONNECTED and self.complete:
+            if self.status is not None and self.status >= 500:
+                return Verdict.UPSTREAM_STATUS  # as the relay files a 5xx
+            verdict = Verdict.OK
+        # An error object in a 2xx/3xx body is a failure the status hid; in a 4xx body it is
+        # just how the API words a client error, which stays outcome ok with its code.
+        if verdict is Verdict.OK:
+            if self.stream_error is not None and (self.status is None or self.status < 400):
+                return Verdict.STREAM_ERROR
+            if self.truncated:
+                return Verdict.STREAM_TRUNCATED
+        return verdict
 
     # -- figures (seconds; None when not applicable) --------------------------------------
 

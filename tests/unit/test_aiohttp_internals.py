@@ -140,7 +140,8 @@ def test_the_handler_slots_one_way_in_reads_and_sets_exist():
     assert {
         "_waiter", "_messages", "_force_close", "_close", "_parser", "_request_in_progress",
         "_handler_waiter", "_keepalive_handle", "_next_keepalive_close_time",
-        "_keepalive_timeout", "_keepalive", "_loop",
+        "_keepalive_timeout", "_keepalive", "_loop", "_reading_paused", "_buffer_paused",
+        "_msg_queue_resume_size",
     } <= slots  # fmt: skip
     from aiohttp import http_parser
 
@@ -161,7 +162,9 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
         "start": ["self"],
         "close": ["self"],
         "resume_writing": ["self"],
+        "resume_reading": ["self", "resume_parser"],
         "_process_keepalive": ["self"],
+        "_resume_reading_if_drained": ["self"],
     }.items():
         method = getattr(ai.RequestHandler, name)
         assert method is not getattr(object, name, None), name

@@ -18,7 +18,9 @@ from sidecar.base.outcomes import (
     ERROR_TYPE_LABELS,
     ERROR_TYPES,
     Outcome,
+    Verdict,
     error_type_label,
+    verdict_of,
 )
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.timeline import MAX_FINISH_REASONS, RequestTimeline
@@ -47,6 +49,61 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
 def test_each_dialects_finish_reason_has_one_label(raw, label):
     assert finish_reason_label(raw) == label
     assert label in FINISH_REASONS
+
+
+def test_the_verdicts_are_the_error_type_vocabulary_each_once():
+    pairs = [(v.outcome, v.error_type) for v in Verdict]
+    assert len(set(pairs)) == len(pairs)
+    assert {v.error_type for v in Verdict} == ERROR_TYPE_LABELS
+    assert {v.error_type for v in Verdict if v.outcome is Outcome.CANCELLED} == {
+        *CANCEL_TYPES,
+        "other",
+    }
+    for v in Verdict:
+        assert verdict_of(v.outcome, v.error_type) is v or v is Verdict.OK
+
+
+def test_each_error_cause_alert_names_exactly_the_verdicts_that_say_so():
+    from sidecar.tools.slo.rules import ERROR_CAUSES
+
+    for cause in ERROR_CAUSES:
+        assert set(cause.error_types) == {v.error_type for v in Verdict if v.alert == cause.alert}
+    assert {v.alert for v in Verdict if v.alert} == {c.alert for c in ERROR_CAUSES}
+
+
+def test_the_upstream_pools_answers_are_the_verdicts_statuses():
+    import ssl
+
+    from sidecar.relay.data import upstream
+    from sidecar.relay.data.http1 import ProtocolError
+
+    for error in (
+        upstream._unreachable(ConnectionRefusedError(), "h", 1),
+        upstream._unreachable(ssl.SSLError(), "h", 1),
+        upstream._timeout(),
+        upstream._disconnected(),
+        upstream._invalid(ProtocolError("x")),
+    ):
+        assert verdict_of(Outcome.ERROR, error.kind).answer_status == error.status, error.kind
+
+
+@pytest.mark.parametrize(
+    ("verdict", "status", "error_type", "code"),
+    [
+        (Verdict.OK, 200, None, "200"),
+        (Verdict.OK, 404, "404", "404"),  # a 4xx answered: as HTTP client spans say it
+        (Verdict.UPSTREAM_STATUS, 503, "503", "503"),
+        (Verdict.UPSTREAM_UNREACHABLE, 502, "upstream_unreachable", "502"),
+        (Verdict.STREAM_ERROR, 200, "stream_error", "200"),
+        (Verdict.CLIENT_DISCONNECTED, None, None, "499"),  # a cancel is not an error
+        (Verdict.CLIENT_SEND_TIMEOUT, 200, None, "200"),
+        (Verdict.INTERNAL, None, "internal", "500"),
+        (Verdict.OTHER_ERROR, None, "_OTHER", "500"),  # OTel's own word for an unknown cause
+    ],
+)
+def test_a_verdict_gives_the_otel_error_type_and_the_code_label(verdict, status, error_type, code):
+    assert verdict.otel_error_type(status) == error_type
+    assert verdict.code(status) == code
 
 
 def test_error_type_label_is_bounded_by_outcome():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sidecar.base.outcomes import Outcome
+from sidecar.base.outcomes import Outcome, Verdict
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import ParseError, StreamError, TokenKind, Tokens, Usage
 from sidecar.streams.protocols.openai import OpenAIStreamDialect, parse_openai_response
@@ -314,17 +314,25 @@ def test_first_stream_error_is_kept():
     assert tl.stream_error == StreamError("first")
 
 
-def test_explicit_error_type_is_kept_with_stream_error():
+def test_an_ok_answer_with_a_stream_error_is_a_stream_error_whatever_else_was_said():
     tl = RequestTimeline(start=START)
     tl.events([StreamError("boom")], 100.1)
-    assert tl.finish(Outcome.OK, 100.2, "upstream_said_so")
-    assert tl.outcome is Outcome.ERROR and tl.error_type == "upstream_said_so"
+    assert tl.finish(Outcome.OK, 100.2, "upstream_said_so")  # ok has no error type of its own
+    assert tl.outcome is Outcome.ERROR and tl.error_type == "stream_error"
+    assert tl.verdict is Verdict.STREAM_ERROR
 
 
 def test_error_outcome_stays_error():
     tl = play(BASIC[:3], end=None)
+    assert tl.finish(Outcome.ERROR, 100.5, "upstream_disconnected")
+    assert tl.outcome is Outcome.ERROR and tl.error_type == "upstream_disconnected"
+    assert tl.verdict is Verdict.UPSTREAM_DISCONNECTED
+
+
+def test_a_cause_outside_the_vocabulary_is_other_on_the_record_too():
+    tl = play(BASIC[:3], end=None)
     assert tl.finish(Outcome.ERROR, 100.5, "upstream_reset")
-    assert tl.outcome is Outcome.ERROR and tl.error_type == "upstream_reset"
+    assert tl.verdict is Verdict.OTHER_ERROR and tl.error_type == "other"
 
 
 def test_cancelled_keeps_partial_figures():
@@ -343,8 +351,8 @@ def test_cancelled_keeps_partial_figures():
 def test_cancelled_with_stream_error_stays_cancelled():
     tl = RequestTimeline(start=START)
     tl.events([StreamError("boom")], 100.1)
-    assert tl.finish(Outcome.CANCELLED, 100.2)
-    assert tl.outcome is Outcome.CANCELLED and tl.error_type is None
+    assert tl.finish(Verdict.CLIENT_SEND_TIMEOUT, 100.2)
+    assert tl.outcome is Outcome.CANCELLED and tl.error_type == "client_send_timeout"
 
 
 def test_continuous_usage_last_wins():

@@ -39,7 +39,7 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
 from multidict import CIMultiDict
 
-from ...base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
+from ...base.outcomes import INTERNAL, Outcome, Verdict, verdict_of
 from ...base.routes import OTHER, Route, match_route
 from ...measure.observe import ResponseObserver
 from ...measure.request_fields import scan_request_fields
@@ -178,7 +178,7 @@ class Exchange:
         self._waiting = False  # for the client to take what is queued for it
         self._head_written = False
         self._taking = False  # reading the body's buffered pieces (_take_body)
-        self._verdict: tuple[Outcome, str | None] = (Outcome.OK, None)
+        self._verdict = Verdict.OK  # the upstream's status may make it an error
         self.keep_alive = not message.should_close
         self.sent: Sent | None = None
         self.pending: asyncio.Future[UpstreamConnection] | None = None
@@ -190,12 +190,13 @@ class Exchange:
         self._take_body()
 
     def body_arrived(self) -> None:
-        if self._record is None and not self.done:
-            self._take_body()
+        self._take_body()
 
     def _take_body(self) -> None:
-        if self._taking:
-            return  # a read aiohttp's reader resumed from inside read_nowait: taken below
+        if self._taking or self._record is not None or self.done:
+            # A read aiohttp's reader resumed from inside read_nowait (taken below), or the
+            # body is in and sent already (the connection resumed reading before start()).
+            return
         payload = self._payload
         self._taking = True
         try:
@@ -248,7 +249,7 @@ class Exchange:
         message = self._message
         transport = self._connection.transport
         if transport is None or transport.is_closing():
-            self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+            self._finish(Verdict.CLIENT_DISCONNECTED)
             return
         headers = forwarded_headers(
             message.headers,
@@ -331,7 +332,7 @@ class Exchange:
         transport = self._connection.transport
         if transport is None or transport.is_closing():
             observer.close(carrier.clock())
-            self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+            self._finish(Verdict.CLIENT_DISCONNECTED)
             return
         # The upstream's head bytes (client_head); while draining, the connection closes after.
         out = client_head(
@@ -345,7 +346,7 @@ class Exchange:
         self._head_written = True
         timeline.client_head_sent = carrier.clock()
         if head.status >= 500:
-            self._verdict = (Outcome.ERROR, UPSTREAM_STATUS)
+            self._verdict = Verdict.UPSTREAM_STATUS
         self._observer = observer
         relay = self._relay = BodyRelay(
             transport, conn, observer, carrier.clock, carrier.send_timeout, out.chunked,
@@ -370,13 +371,13 @@ class Exchange:
             self._observer.close(self._carrier.clock())
         ended = relay.ended
         if ended == CLIENT_GONE:
-            self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+            self._finish(Verdict.CLIENT_DISCONNECTED)
         elif ended == SEND_TIMED_OUT:
             self._stalled_reader()
         elif ended is not COMPLETE:
             # Flush what was relayed, then close: a truncated stream, never a false clean end.
             self.keep_alive = False
-            self._finish(Outcome.ERROR, ended)
+            self._finish(verdict_of(Outcome.ERROR, ended))
         else:
             self._wait_for_client()
 
@@ -431,8 +432,7 @@ class Exchange:
         it was paused), or the exchange is over."""
         relay = self._relay
         if relay is None:
-            outcome, error_type = self._verdict
-            self._finish(outcome, error_type)
+            self._finish(self._verdict)
         elif relay.ended is None:
             relay.resumed()
         else:
@@ -445,7 +445,7 @@ class Exchange:
         transport = self._connection.transport
         if transport is not None:
             transport.abort()
-        self._finish(Outcome.CANCELLED, SEND_TIMED_OUT)
+        self._finish(Verdict.CLIENT_SEND_TIMEOUT)
 
     def client_gone(self) -> None:
         """The client connection was lost: the upstream request is stopped (the server stops
@@ -476,14 +476,14 @@ class Exchange:
         if relay is not None and relay.ended is None:
             relay.stop(CLIENT_GONE)
         self.keep_alive = False
-        self._finish(Outcome.CANCELLED, CLIENT_DISCONNECTED)
+        self._finish(Verdict.CLIENT_DISCONNECTED)
 
     # -- answers of the sidecar's own ----------------------------------------------------
 
     def _fail(self, status: int, kind: str, text: str) -> None:
         """No answer from the upstream: the sidecar's JSON error, outcome error."""
         self._answer(status, kind, text, keep_alive=self.keep_alive)
-        self._finish(Outcome.ERROR, kind)
+        self._finish(verdict_of(Outcome.ERROR, kind))
 
     def _refuse(self, status: int, kind: str, text: str) -> None:
         """A client error the sidecar answers itself (a body that stalled): outcome ok with its
@@ -492,7 +492,7 @@ class Exchange:
         self._record = self._open(b"")
         self.keep_alive = False
         self._answer(status, kind, text, keep_alive=False)
-        self._finish(Outcome.OK, None)
+        self._finish(Verdict.OK)
 
     def _answer(self, status: int, kind: str, text: str, *, keep_alive: bool) -> None:
         record = self._record
@@ -508,7 +508,7 @@ class Exchange:
 
     # -- the verdict ---------------------------------------------------------------------
 
-    def _finish(self, outcome: Outcome, error_type: str | None) -> None:
+    def _finish(self, verdict: Verdict) -> None:
         """The one verdict: the upstream connection back to the pool (or closed), the record
         given its outcome, and the client connection handed back."""
         if self.done:
@@ -525,7 +525,7 @@ class Exchange:
             self._pool.release(conn)
         record = self._record
         if record is not None:
-            self._carrier.proxy.close_record(record, outcome, error_type)
+            self._carrier.proxy.close_record(record, verdict)
         # Kept alive as the head told the client (a head written before the drain began said
         # so: the next request on it takes the door, whose answer says the connection closes).
         transport = self._connection.transport
@@ -554,7 +554,7 @@ class Exchange:
                     500, INTERNAL, "the sidecar failed to relay the request", keep_alive=False
                 )
             finally:
-                self._finish(Outcome.ERROR, INTERNAL)
+                self._finish(Verdict.INTERNAL)
 
     def _arm(self, delay: float, then: Callable[[], None]) -> None:
         self._cancel_timer()

@@ -53,7 +53,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict
 
-from ...base.outcomes import CLIENT_DISCONNECTED, INTERNAL, UPSTREAM_STATUS, Outcome
+from ...base.outcomes import Outcome, Verdict, verdict_of
 from ...base.routes import OTHER, Route, match_route
 from ...measure.concurrency import DecodeConcurrency
 from ...measure.objectives import read_objectives
@@ -100,11 +100,9 @@ class RequestTracer(Protocol):
 
 
 class Ended(NamedTuple):
-    """How the relay of one request ended: its outcome, the error_type that says why (None
-    when ok) and the response the handler returns."""
+    """How the relay of one request ended: its verdict and the response the handler returns."""
 
-    outcome: Outcome
-    error_type: str | None
+    verdict: Verdict
     response: web.StreamResponse
 
 
@@ -264,7 +262,7 @@ class Proxy:
         if self._tracer is not None and record.timeline.trace is not None:
             self._safely(self._tracer.inject, record.timeline, headers)
 
-    def close_record(self, record: RequestRecord, outcome: Outcome, error_type: str | None) -> None:
+    def close_record(self, record: RequestRecord, verdict: Verdict) -> None:
         """The verdict on a request, given once: its labels released (the in-flight gauge
         under the label it began with), then its record finished, settled and handed to
         every recorder. A second verdict changes nothing."""
@@ -277,9 +275,7 @@ class Proxy:
         if record.tenant_held is not None:
             # Held only where the labeler has hold() and release() (_hold_tenant).
             self._safely(self._tenant_label.release, record.tenant_held)  # type: ignore[union-attr]  # held: set
-        self._record(
-            record.timeline, record.model, record.label, record.headers, outcome, error_type
-        )
+        self._record(record.timeline, record.model, record.label, record.headers, verdict)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """aiohttp's handler: the door for what the relay does not carry itself
@@ -300,22 +296,21 @@ class Proxy:
         record = self.open_record(start, request.method, route, model, fields, request.headers)
         timeline = record.timeline
         timeline.body_received = received
-        outcome: Outcome = Outcome.ERROR
-        error_type: str | None = INTERNAL
+        verdict = Verdict.INTERNAL  # unless the relay says otherwise
         try:
             if refusal is not None:
-                outcome, error_type, response = self._refuse(timeline, *refusal)
+                verdict, response = self._refuse(timeline, *refusal)
             else:
                 # Handed over in a box the relay empties once the upstream has the request,
                 # so a large body is not kept alive for the whole stream by this frame.
                 held, body = [body], None
-                outcome, error_type, response = await self._relay(request, route, held, record)
+                verdict, response = await self._relay(request, route, held, record)
             return response
         except asyncio.CancelledError:
-            outcome, error_type = Outcome.CANCELLED, CLIENT_DISCONNECTED
+            verdict = Verdict.CLIENT_DISCONNECTED
             raise
         finally:
-            self.close_record(record, outcome, error_type)
+            self.close_record(record, verdict)
 
     def _open(
         self,
@@ -359,12 +354,11 @@ class Proxy:
         model: str | None,
         label: str,
         headers: Mapping[str, str],
-        outcome: Outcome,
-        error_type: str | None,
+        verdict: Verdict,
     ) -> None:
         """A request's record, closed the one way: finished once, its labels settled, and
         handed to every recorder."""
-        if timeline.finish(outcome, self._clock(), error_type):
+        if timeline.finish(verdict, self._clock()):
             model = model or timeline.model or None  # a streamed body's model comes late
             label = self._settled(model, label, headers, timeline)
             for recorder in self._recorders:
@@ -414,7 +408,7 @@ class Proxy:
         timeline.response_started(self._clock(), status, streamed=False)
         response = error_response(status, kind, message)
         response.force_close()
-        return Ended(Outcome.OK, None, response)
+        return Ended(Verdict.OK, response)
 
     async def _request_body(
         self, request: web.Request, route: Route
@@ -527,7 +521,7 @@ class Proxy:
 
     def _fail(self, timeline: RequestTimeline, status: int, kind: str, message: str) -> Ended:
         timeline.response_started(self._clock(), status, streamed=False)
-        return Ended(Outcome.ERROR, kind, error_response(status, kind, message))
+        return Ended(verdict_of(Outcome.ERROR, kind), error_response(status, kind, message))
 
     async def _stream(
         self,
@@ -560,10 +554,9 @@ class Proxy:
         await response.prepare(request)
         timeline.client_head_sent = self._clock()
         if request.transport is None or request.transport.is_closing():
-            return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
+            return Ended(Verdict.CLIENT_DISCONNECTED, response)
 
-        outcome = Outcome.ERROR if head.status >= 500 else Outcome.OK
-        error_type = UPSTREAM_STATUS if head.status >= 500 else None
+        verdict = Verdict.UPSTREAM_STATUS if head.status >= 500 else Verdict.OK
         relay = BodyRelay(
             request.transport, conn, observer, self._clock, self.limits.send_timeout,
             out_head.chunked,
@@ -575,7 +568,7 @@ class Proxy:
             observer.close(self._clock())
 
         if ended == CLIENT_GONE:
-            return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
+            return Ended(Verdict.CLIENT_DISCONNECTED, response)
         if ended == SEND_TIMED_OUT:
             return self._stalled_reader(request, response)
         if ended is not COMPLETE:
@@ -583,7 +576,7 @@ class Proxy:
             response.force_close()
             if request.transport is not None:
                 request.transport.close()
-            return Ended(Outcome.ERROR, ended, response)
+            return Ended(verdict_of(Outcome.ERROR, ended), response)
         try:
             await response.write_eof()  # the relay wrote the body's end (BodyRelay.end)
             # aiohttp's write_eof does not wait for the client to take the bytes: without
@@ -591,10 +584,10 @@ class Proxy:
             # forwarded while the answers pile up in memory.
             await drain_client(request.transport, request.writer.drain, self.limits.send_timeout)
         except ConnectionError:
-            return Ended(Outcome.CANCELLED, CLIENT_DISCONNECTED, response)
+            return Ended(Verdict.CLIENT_DISCONNECTED, response)
         except SendTimeout:
             return self._stalled_reader(request, response)
-        return Ended(outcome, error_type, response)
+        return Ended(verdict, response)
 
     @staticmethod
     def _stalled_reader(request: web.Request, response: web.StreamResponse) -> Ended:
@@ -604,7 +597,7 @@ class Proxy:
         if request.transport is not None:
             # abort, not close: close() would wait to flush the unread bytes, forever.
             request.transport.abort()
-        return Ended(Outcome.CANCELLED, SEND_TIMED_OUT, response)
+        return Ended(Verdict.CLIENT_SEND_TIMEOUT, response)
 
     def _settled(
         self, model: str | None, label: str, headers: Mapping[str, str], timeline: RequestTimeline

@@ -21,8 +21,9 @@ aiohttp has no public hook for some things the sidecar needs, so it leans on int
   queue slot (``_parser.message_consumed()``), and while a request is carried holds
   ``_request_in_progress`` / ``_handler_waiter`` (the graceful shutdown's wait) and the
   keep-alive timer (``_keepalive_handle``, ``_next_keepalive_close_time``,
-  ``_keepalive_timeout``, ``_keepalive``, ``_process_keepalive``), reading ``_close`` and
-  ``_force_close`` (pinned over real sockets by
+  ``_keepalive_timeout``, ``_keepalive``, ``_process_keepalive``), resumes a queue that was
+  full as ``start()`` does (``_buffer_paused``, ``_msg_queue_resume_size``,
+  ``_resume_reading_if_drained``), reading ``_close`` and ``_force_close`` (pinned over real sockets by
   ``tests/integration/relay/server/test_one_way_in.py``, which fails if the proxy port's
   handler runs for a request the relay carries);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
@@ -343,13 +344,12 @@ class GuardedRequestHandler(RequestHandler):
                 self._open_door()
                 return
             messages.popleft()
-            if self._parser is not None:  # a slot of aiohttp's pipelining queue is free again
-                self._parser.message_consumed()
             self._carried = carried
             self._request_in_progress = True  # a graceful shutdown waits for it
-            keepalive, self._keepalive_handle = self._keepalive_handle, None
-            if keepalive is not None:
-                keepalive.cancel()  # no idle timer runs under a request
+            if self._parser is not None:  # a slot of aiohttp's pipelining queue is free again
+                self._parser.message_consumed()
+            if self._buffer_paused and len(messages) <= self._msg_queue_resume_size:
+                self._resume_reading_if_drained()  # the queue was full: read on, as start() does
             carried.start()
 
     def carried_done(self, carried: Carried, keep_alive: bool) -> None:
@@ -381,10 +381,13 @@ class GuardedRequestHandler(RequestHandler):
 
     def _process_keepalive(self) -> None:
         """aiohttp's keep-alive timer, which closes a connection whose task waits for a
-        request: not under a request the relay carries (its end starts the timer again), and
-        on a connection whose task is still parked as if it were waiting."""
+        request: not under a request the relay carries (it looks again a timeout later; the
+        request's end moves the close time, so no timer is made per request), and on a
+        connection whose task is still parked, as if it were waiting."""
         if self._carried is not None:
-            self._keepalive_handle = None
+            self._keepalive_handle = self._loop.call_at(
+                self._loop.time() + self._keepalive_timeout, self._process_keepalive
+            )
             return
         door = self._door
         if door is not None and door.done():
@@ -399,6 +402,13 @@ class GuardedRequestHandler(RequestHandler):
             self._keepalive_handle = loop.call_at(close_time, self._process_keepalive)
             return
         self.force_close()
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        """aiohttp's body reader calls this after every read of a body, paused or not, and it
+        parses again (a whole ``data_received`` of nothing, per request): only a connection
+        whose reading was paused has anything to resume."""
+        if self._reading_paused:
+            super().resume_reading(resume_parser)
 
     def resume_writing(self) -> None:
         super().resume_writing()

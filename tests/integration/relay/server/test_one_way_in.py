@@ -255,6 +255,22 @@ async def test_pipelined_requests_are_each_carried_and_answered_in_order():
 GET_MODELS = b"GET /v1/models HTTP/1.1\r\nHost: sidecar.test\r\n\r\n"
 
 
+async def test_more_pipelined_requests_than_aiohttps_queue_holds_are_each_answered_in_order():
+    """aiohttp stops reading a connection whose queue of parsed requests is full (32): the
+    relay takes them off that queue, so it must resume reading as aiohttp's own task would,
+    or the 33rd request would never be read."""
+    bodies = [b'{"model":"m","prompt":"%d","stream":true}' % i for i in range(45)]
+    requests = [post(b"/v1/completions", body) for body in bodies]
+    async with Side(True) as on:
+        answers = await asyncio.wait_for(on.exchange(*requests, together=True), 20.0)
+        posts = lambda: [r for r in on.relayed if r.startswith(b"POST ")]  # noqa: E731
+        await wait_for(lambda: len(posts()) == 45, timeout=5.0)
+        await asyncio.sleep(0.1)  # and no more
+        assert [r.endswith(b) for r, b in zip(posts(), bodies, strict=True)] == [True] * 45
+    assert len(answers) == 45 and all(a.endswith(b"0\r\n\r\n") for a in answers)
+    assert on.door == 0 and len(on.records) == 45
+
+
 async def test_a_declined_request_behind_a_carried_one_waits_its_turn_at_the_door():
     """A carried request, then one the relay declines (a GET), then one it would carry, in
     one write: the door takes the second only once the first is answered, and with it the
