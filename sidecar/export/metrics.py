@@ -11,20 +11,9 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Iterable
-from typing import TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from ..base.buckets import (
-    E2E_BUCKETS,
-    ENGINE_PHASE_BUCKETS,
-    ITL_BUCKETS,
-    OVERHEAD_BUCKETS,
-    TOKEN_COUNT_BUCKETS,
-    TOOL_CALL_COUNT_BUCKETS,
-    TPS_BUCKETS,
-    TTFT_BUCKETS,
-)
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
 from ..base.labels import OVERFLOW_REASONS, UNKNOWN, ModelLabeler, SeriesBudget
 from ..base.outcomes import Outcome, Verdict
@@ -35,6 +24,7 @@ from ..measure.cache_class import cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline
 from .capacity import CapacityMetrics
+from .families import FAMILIES
 from .prometheus_internals import (
     SeriesGate,
     drop_label_value,
@@ -57,20 +47,6 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 def method_label(method: str) -> str:
     """The bounded ``method`` label of ``llm_non_api_requests_total`` (anything else: ``other``)."""
     return method if method in _METHODS else "other"
-
-
-# llm_upstream_{phase}_seconds, one histogram per phase of the engine's own account
-# (EngineTimings), in this order: load, prefill, decode, queue.
-_ENGINE_PHASES = (
-    ("load", "Model load time reported by the engine in its stream."),
-    ("prefill", "Prompt processing time reported by the engine in its stream."),
-    ("decode", "Generation time reported by the engine in its stream."),
-    (
-        "queue",
-        "Time the request waited in the engine's queue before it ran, as the engine "
-        "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
-    ),
-)
 
 
 class SLOThresholds:
@@ -98,13 +74,6 @@ class SLOThresholds:
         return True
 
 
-class _Options(TypedDict):
-    """The keywords every family is made with."""
-
-    registry: CollectorRegistry
-    namespace: str
-
-
 class SidecarMetrics:
     """Owns the instruments; :meth:`record` is the only way figures reach them.
 
@@ -117,6 +86,37 @@ class SidecarMetrics:
     (:class:`~sidecar.base.labels.ModelLabeler`, bounded by ``model_allowlist``,
     ``max_models`` and ``label_idle_seconds``), which counts its overflows here and, when a
     value goes idle, drops its series here and in the capacity metrics."""
+
+    # The request figures' families (set from FAMILIES, sidecar/export/families.py).
+    requests: Counter
+    finish_reasons: Counter
+    non_api: Counter
+    in_flight: Gauge
+    duration: Histogram
+    ttfb: Histogram
+    ttft: Histogram
+    ttfat: Histogram
+    itl: Histogram
+    tpot: Histogram
+    tps: Histogram
+    tokens: Counter
+    request_tokens: Histogram
+    within_slo: Counter
+    request_objectives: Counter
+    request_objective_invalid: Counter
+    ttft_by_cache: Histogram
+    time_to_first_tool_call: Histogram
+    tool_call_assembly: Histogram
+    tool_calls_per_response: Histogram
+    upstream_load: Histogram
+    upstream_prefill: Histogram
+    upstream_decode: Histogram
+    upstream_queue: Histogram
+    overhead: Histogram
+    parse_errors: Counter
+    token_count_source: Counter
+    label_overflow: Counter
+    series_refused: Counter
 
     def __init__(
         self,
@@ -135,177 +135,16 @@ class SidecarMetrics:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
-        # The opt-in tenant label (sidecar/base/tenant.py) goes last on the series that answer
-        # "who": requests, tokens, TTFT and goodput. Off, the label sets are unchanged.
-        self.tenants = tenants
-        tl: tuple[str, ...] = ("tenant",) if tenants else ()
+        self.tenants = tenants  # the opt-in tenant label (sidecar/export/families.py)
         self.slo = slo
         self.objectives = objectives or ObjectiveDefaults()
         self.prompt_class = prompt_classes or PromptClasses()
-        mr = ("model", "route")
-        h: _Options = dict(registry=registry, namespace="llm")
-
-        def per_model_route(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
-            """A histogram labelled by model and route alone (most latency figures)."""
-            return Histogram(name, documentation, mr, buckets=buckets, **h)
-
-        self.requests = Counter(
-            "requests",
-            "API requests (the route table's) by final outcome, HTTP status and error type: why "
-            "an error or cancel happened (upstream_unreachable, upstream_stream_truncated, "
-            "stream_error, ... a fixed set; 'none' when ok).",
-            ("model", "route", "code", "outcome", "error_type", *tl), **h,
-        )  # fmt: skip
-        self.finish_reasons = Counter(
-            "finish_reasons",
-            "Why generation ended, as the response said (one per choice): stop, length (cut at "
-            "max_tokens), tool_calls, content_filter or other; each dialect's words folded into these.",
-            (*mr, "finish_reason"), **h,
-        )  # fmt: skip
-        self.non_api = Counter(
-            "non_api_requests",
-            "Requests through the proxy port to a path outside the API route table (the "
-            "server's /health, /metrics, GET /v1/models, ...): relayed, counted here only, "
-            "never in llm_requests_total or the SLIs.",
-            ("method", "code", "outcome"), **h,
-        )  # fmt: skip
-        self.in_flight = Gauge("requests_in_flight", "Requests being relayed now.", mr, **h)
-        self.duration = Histogram(
-            "request_duration_seconds",
-            "End-to-end seconds from request headers received to the last response byte relayed.",
-            ("model", "route", "outcome"), buckets=E2E_BUCKETS, **h,
-        )  # fmt: skip
-        self.ttfb = per_model_route(
-            "time_to_first_byte_seconds",
-            "Seconds from request headers received to upstream response headers.",
-            TTFT_BUCKETS,
-        )
-        self.ttft = Histogram(
-            "time_to_first_token_seconds",
-            "Streamed requests: seconds to the first generated token of any kind "
-            "(content, reasoning or tool call); a role-only chunk is not a token. "
-            "prompt_class: the input-token class (--ttft-prompt-classes), 'unknown' when the "
-            "response did not report the count, 'all' when no classes are configured.",
-            (*mr, "prompt_class", *tl), buckets=TTFT_BUCKETS, **h,
-        )  # fmt: skip
-        self.ttfat = per_model_route(
-            "time_to_first_answer_token_seconds",
-            "Streamed requests whose first token was reasoning or a tool call: "
-            "seconds to the first answer (non-reasoning) token.",
-            TTFT_BUCKETS,
-        )
-        self.itl = per_model_route(
-            "inter_token_latency_seconds",
-            "Every gap between consecutive token-bearing stream events (0 for tokens that arrived together).",
-            ITL_BUCKETS,
-        )
-        self.tpot = per_model_route(
-            "time_per_output_token_seconds",
-            "Streamed requests: (last token - first token) / (output tokens - 1).",
-            ITL_BUCKETS,
-        )
-        self.tps = per_model_route(
-            "output_tokens_per_second",
-            "Streamed requests: decode speed, (output tokens - 1) / (last token - first token).",
-            TPS_BUCKETS,
-        )
-        self.tokens = Counter(
-            "tokens",
-            "Tokens by type, from the response's usage, else the engine's own counts in its "
-            "stream; otherwise output tokens are estimated from the stream, one per "
-            "content-bearing event, and input is not counted (llm_token_count_source_total).",
-            ("model", "route", "type", *tl), **h,
-        )  # fmt: skip
-        self.request_tokens = Histogram(
-            "request_tokens",
-            "Tokens per request by type (input, output): prompt and output length distributions; "
-            "usage or the engine's counts when reported, else output estimated from the stream.",
-            ("model", "route", "type"), buckets=TOKEN_COUNT_BUCKETS, **h,
-        )  # fmt: skip
-        self.within_slo = Counter(
-            "requests_within_slo",
-            "Goodput: 2xx ok requests that met every latency objective at once (TTFT, TPOT, e2e "
-            "thresholds from the sidecar's config).",
-            (*mr, *tl), **h,
-        )  # fmt: skip
-        self.request_objectives = Counter(
-            "request_objectives",
-            "Streamed API requests judged against their own latency objectives (x-slo-ttft-ms / "
-            "x-slo-tpot-ms headers, else the model's defaults): objective ttft, tpot, or all "
-            "(ok 2xx and every judged objective met: goodput against what the client asked for); "
-            "result met or missed. Never sum over objective.",
-            (*mr, "objective", "result", *tl), **h,
-        )  # fmt: skip
-        self.request_objective_invalid = Counter(
-            "request_objective_invalid",
-            "Objective headers (x-slo-ttft-ms, x-slo-tpot-ms) that were not a positive number of "
-            "milliseconds up to a day: ignored (the default applied), never an error for the client.",
-            ("route", "objective"), **h,
-        )  # fmt: skip
-        self.ttft_by_cache = Histogram(
-            "time_to_first_token_by_cache_seconds",
-            "Streamed requests: TTFT again, by how much of the prompt the server's prefix cache "
-            "held (usage's cached tokens over prompt tokens): none, partial (< half), most (>= "
-            "half), unknown (not reported; never counted as a miss).",
-            (*mr, "cache"), buckets=TTFT_BUCKETS, **h,
-        )  # fmt: skip
-        self.time_to_first_tool_call = per_model_route(
-            "time_to_first_tool_call_seconds",
-            "Streamed requests with a tool call: seconds from request headers received to the "
-            "first piece of the first tool call (its id and name).",
-            TTFT_BUCKETS,
-        )
-        self.tool_call_assembly = per_model_route(
-            "tool_call_assembly_seconds",
-            "Every tool call of a streamed response: seconds from its first piece to its last "
-            "argument piece (0 for a call sent whole); parallel calls are one observation each.",
-            TTFT_BUCKETS,
-        )
-        self.tool_calls_per_response = per_model_route(
-            "tool_calls_per_response",
-            "Streamed responses with a tool call: how many calls (client tools) it made.",
-            TOOL_CALL_COUNT_BUCKETS,
-        )
-        self.upstream_load, self.upstream_prefill, self.upstream_decode, self.upstream_queue = (
-            per_model_route(f"upstream_{phase}_seconds", documentation, ENGINE_PHASE_BUCKETS)
-            for phase, documentation in _ENGINE_PHASES
-        )
-        self.overhead = Histogram(
-            "sidecar_overhead_seconds",
-            "Time the sidecar itself added, per request and direction: request (body in -> "
-            "written to the upstream) and response (upstream head in -> written to the client).",
-            ("direction",), buckets=OVERHEAD_BUCKETS, **h,
-        )  # fmt: skip
+        # The request figures' families, from the table (sidecar/export/families.py).
+        for family in FAMILIES:
+            setattr(self, family.attr, family.make(registry, tenants))
         self._overhead_request = self.overhead.labels("request")
         self._overhead_response = self.overhead.labels("response")
-        self.parse_errors = Counter(
-            "stream_parse_errors",
-            "Stream events the dialect could not understand (the bytes were still relayed).",
-            ("route",), **h,
-        )  # fmt: skip
-        self.token_count_source = Counter(
-            "token_count_source",
-            "API requests by where their output token count came from: usage (the response's "
-            "usage object), engine (the engine's own counts in its stream), estimated (counted "
-            "from the stream; input unknown) or none. One per request.",
-            ("model", "route", "source"), **h,
-        )  # fmt: skip
-
-        self.label_overflow = Counter(
-            "label_overflow",
-            "Requests whose model or tenant label value became 'other' although they named one: "
-            "reason not_listed (the allowlist or the upstream's model list does not have it), "
-            "max_values (--max-models / --max-tenants reached) or series_budget (--max-series reached).",
-            ("label", "reason"), **h,
-        )  # fmt: skip
         self._overflow_children: dict[tuple[str, str], Counter] = {}
-        self.series_refused = Counter(
-            "series_refused",
-            "Updates whose own series did not fit in --max-series (counted before a series is "
-            "made, every family alike): fate 'other' (recorded with model and tenant 'other') "
-            "or 'dropped' (not recorded: even that row did not fit).",
-            ("fate",), **h,
-        )  # fmt: skip
         self._refused_children = {
             fate: self.series_refused.labels(fate) for fate in SERIES_REFUSED_FATES
         }

@@ -247,7 +247,22 @@ class Proxy:
         once."""
         if fields is not None:
             model = model or fields.model
-        timeline, label = self._open(start, method, route, model, fields, headers)
+        timeline = RequestTimeline(start, method, route.template, model or "")
+        if fields is not None:  # what the request says
+            timeline.request_stream = fields.stream
+            timeline.request_max_tokens = fields.max_tokens
+        label = self._model_label(model)
+        if self._decode_tracker is not None:  # streams decoding per model label
+            timeline.decode = self._decode_tracker(label)
+        if self._tenant_label is not None:  # read only: the header is forwarded as sent
+            try:
+                timeline.tenant = self._tenant_label(headers)
+            except Exception:
+                _log.exception("tenant_label_failed")
+        try:  # the objective headers (both spellings), read only: forwarded as sent
+            timeline.objectives = read_objectives(headers)
+        except Exception:
+            _log.exception("objectives_failed")
         record = RequestRecord(timeline, label, model, headers, route.template)
         self.in_flight += 1
         if self._on_start is not None:
@@ -311,42 +326,6 @@ class Proxy:
             raise
         finally:
             self.close_record(record, verdict)
-
-    def _open(
-        self,
-        start: float,
-        method: str,
-        route: Route,
-        model: str | None,
-        fields: RequestFields | None,
-        headers: Mapping[str, str],
-    ) -> tuple[RequestTimeline, str]:
-        """The timeline with what the request says, and its model label."""
-        timeline = self._timeline(start, method, route, model, fields)
-        label = self._model_label(model)
-        if self._decode_tracker is not None:  # streams decoding per model label
-            timeline.decode = self._decode_tracker(label)
-        if self._tenant_label is not None:  # read only: the header is forwarded as sent
-            try:
-                timeline.tenant = self._tenant_label(headers)
-            except Exception:
-                _log.exception("tenant_label_failed")
-        try:  # the objective headers (both spellings), read only: forwarded as sent
-            timeline.objectives = read_objectives(headers)
-        except Exception:
-            _log.exception("objectives_failed")
-        return timeline, label
-
-    @staticmethod
-    def _timeline(
-        start: float, method: str, route: Route, model: str | None, fields: RequestFields | None
-    ) -> RequestTimeline:
-        """A request's timeline with what the request says (model, stream, max tokens)."""
-        timeline = RequestTimeline(start, method, route.template, model or "")
-        if fields is not None:
-            timeline.request_stream = fields.stream
-            timeline.request_max_tokens = fields.max_tokens
-        return timeline
 
     def _record(
         self,

@@ -333,17 +333,21 @@ async def test_a_client_gone_with_its_request_sent_stops_the_upstream_request_an
         sock = socket.create_connection(("127.0.0.1", on.port))
         sock.sendall(post())
         sock.close()  # request and FIN together
-        await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
-        await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)  # it did reach the server
-        upstream = next(
-            p
-            for p in on.upstream.peers
-            if p.requests and p.requests[-1] == on.upstream.requests[-1]
-        )
-        await asyncio.wait_for(upstream.eof.wait(), 5.0)  # and was stopped there
-        await asyncio.sleep(0.05)
-        assert on.counted("cancelled") == 1 and on.counted("ok") == 1
-        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+        await sent_then_stopped_and_counted_once(on)
+
+
+async def sent_then_stopped_and_counted_once(on: Side) -> None:
+    """The second request on ``on`` (its client gone) reached the server, was stopped there
+    (the upstream connection closed) and is counted once, as cancelled."""
+    await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
+    await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)
+    upstream = next(
+        p for p in on.upstream.peers if p.requests and p.requests[-1] == on.upstream.requests[-1]
+    )
+    await asyncio.wait_for(upstream.eof.wait(), 5.0)
+    await asyncio.sleep(0.05)
+    assert on.counted("cancelled") == 1 and on.counted("ok") == 1
+    assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("body", [b"not json", b"[1, 2]"], ids=["not-json", "not-an-object"])
@@ -725,15 +729,5 @@ async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_req
         head, body = apart(post())
         await write_apart(writer, head, body)
         writer.close()  # its FIN a read behind the body
-        await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
-        await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)  # it did reach the server
-        upstream = next(
-            p
-            for p in on.upstream.peers
-            if p.requests and p.requests[-1] == on.upstream.requests[-1]
-        )
-        await asyncio.wait_for(upstream.eof.wait(), 5.0)  # and was stopped there
-        await asyncio.sleep(0.05)
-        assert on.counted("cancelled") == 1 and on.counted("ok") == 1
-        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+        await sent_then_stopped_and_counted_once(on)
     assert reads[on.port][-2:] == [len(head), len(body)]

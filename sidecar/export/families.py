@@ -1,0 +1,336 @@
+"""The Prometheus families of the request figures, as data: one row per family (its name under
+the ``llm_`` namespace, type, help, labels and buckets), from which
+:class:`~sidecar.export.metrics.SidecarMetrics` builds the registry, in this order (the page's
+order). docs/metrics.md and docs/design.md are checked against the registry built from it
+(tests/unit/test_metrics_docs.py), and every series the dashboards and the rules read against
+it too (tests/unit/test_series_names.py).
+
+The opt-in ``tenant`` label (sidecar/base/tenant.py) goes last on the families marked
+``tenant``, the ones that answer "who": requests, tokens, TTFT, goodput and per-request
+objectives. Off, their label sets are unchanged. Label values are bounded where they are
+made: ``model`` and ``tenant`` by their labelers (sidecar/base/labels.py), ``route`` by the
+route table, ``outcome``, ``error_type`` and ``code`` by the verdict
+(sidecar/base/outcomes.py), the rest by fixed sets (docs/metrics.md, "Label bounds").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..base.buckets import (
+    E2E_BUCKETS,
+    ENGINE_PHASE_BUCKETS,
+    ITL_BUCKETS,
+    OVERHEAD_BUCKETS,
+    TOKEN_COUNT_BUCKETS,
+    TOOL_CALL_COUNT_BUCKETS,
+    TPS_BUCKETS,
+    TTFT_BUCKETS,
+)
+
+__all__ = ["COUNTER", "FAMILIES", "GAUGE", "HISTOGRAM", "Family", "NAMESPACE"]
+
+NAMESPACE = "llm"
+COUNTER: Literal["counter"] = "counter"
+GAUGE: Literal["gauge"] = "gauge"
+HISTOGRAM: Literal["histogram"] = "histogram"
+Kind = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One family: ``attr``, the SidecarMetrics attribute that holds it; ``name`` under the
+    namespace; ``kind``; ``help``; ``labels`` (``tenant`` appended when ``tenant`` and the
+    option is on); ``buckets`` of a histogram."""
+
+    attr: str
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] | None = None
+    tenant: bool = False
+
+    def label_names(self, tenants: bool) -> tuple[str, ...]:
+        return (*self.labels, "tenant") if self.tenant and tenants else self.labels
+
+    def make(self, registry: CollectorRegistry, tenants: bool) -> Counter | Gauge | Histogram:
+        labels = self.label_names(tenants)
+        if self.kind == HISTOGRAM:
+            assert self.buckets is not None, self.name
+            return Histogram(
+                self.name, self.help, labels, buckets=self.buckets,
+                registry=registry, namespace=NAMESPACE,
+            )  # fmt: skip
+        made = Counter if self.kind == COUNTER else Gauge
+        return made(self.name, self.help, labels, registry=registry, namespace=NAMESPACE)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "requests",
+        "requests",
+        COUNTER,
+        "API requests (the route table's) by final outcome, HTTP status and error "
+        "type: why an error or cancel happened (upstream_unreachable, "
+        "upstream_stream_truncated, stream_error, ... a fixed set; 'none' when ok).",
+        ("model", "route", "code", "outcome", "error_type"),
+        tenant=True,
+    ),
+    Family(
+        "finish_reasons",
+        "finish_reasons",
+        COUNTER,
+        "Why generation ended, as the response said (one per choice): stop, length "
+        "(cut at max_tokens), tool_calls, content_filter or other; each dialect's "
+        "words folded into these.",
+        ("model", "route", "finish_reason"),
+    ),
+    Family(
+        "non_api",
+        "non_api_requests",
+        COUNTER,
+        "Requests through the proxy port to a path outside the API route table (the "
+        "server's /health, /metrics, GET /v1/models, ...): relayed, counted here "
+        "only, never in llm_requests_total or the SLIs.",
+        ("method", "code", "outcome"),
+    ),
+    Family(
+        "in_flight",
+        "requests_in_flight",
+        GAUGE,
+        "Requests being relayed now.",
+        ("model", "route"),
+    ),
+    Family(
+        "duration",
+        "request_duration_seconds",
+        HISTOGRAM,
+        "End-to-end seconds from request headers received to the last response byte relayed.",
+        ("model", "route", "outcome"),
+        E2E_BUCKETS,
+    ),
+    Family(
+        "ttfb",
+        "time_to_first_byte_seconds",
+        HISTOGRAM,
+        "Seconds from request headers received to upstream response headers.",
+        ("model", "route"),
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "ttft",
+        "time_to_first_token_seconds",
+        HISTOGRAM,
+        "Streamed requests: seconds to the first generated token of any kind "
+        "(content, reasoning or tool call); a role-only chunk is not a token. "
+        "prompt_class: the input-token class (--ttft-prompt-classes), 'unknown' when "
+        "the response did not report the count, 'all' when no classes are configured.",
+        ("model", "route", "prompt_class"),
+        TTFT_BUCKETS,
+        tenant=True,
+    ),
+    Family(
+        "ttfat",
+        "time_to_first_answer_token_seconds",
+        HISTOGRAM,
+        "Streamed requests whose first token was reasoning or a tool call: seconds to "
+        "the first answer (non-reasoning) token.",
+        ("model", "route"),
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "itl",
+        "inter_token_latency_seconds",
+        HISTOGRAM,
+        "Every gap between consecutive token-bearing stream events (0 for tokens that "
+        "arrived together).",
+        ("model", "route"),
+        ITL_BUCKETS,
+    ),
+    Family(
+        "tpot",
+        "time_per_output_token_seconds",
+        HISTOGRAM,
+        "Streamed requests: (last token - first token) / (output tokens - 1).",
+        ("model", "route"),
+        ITL_BUCKETS,
+    ),
+    Family(
+        "tps",
+        "output_tokens_per_second",
+        HISTOGRAM,
+        "Streamed requests: decode speed, (output tokens - 1) / (last token - first token).",
+        ("model", "route"),
+        TPS_BUCKETS,
+    ),
+    Family(
+        "tokens",
+        "tokens",
+        COUNTER,
+        "Tokens by type, from the response's usage, else the engine's own counts in "
+        "its stream; otherwise output tokens are estimated from the stream, one per "
+        "content-bearing event, and input is not counted "
+        "(llm_token_count_source_total).",
+        ("model", "route", "type"),
+        tenant=True,
+    ),
+    Family(
+        "request_tokens",
+        "request_tokens",
+        HISTOGRAM,
+        "Tokens per request by type (input, output): prompt and output length "
+        "distributions; usage or the engine's counts when reported, else output "
+        "estimated from the stream.",
+        ("model", "route", "type"),
+        TOKEN_COUNT_BUCKETS,
+    ),
+    Family(
+        "within_slo",
+        "requests_within_slo",
+        COUNTER,
+        "Goodput: 2xx ok requests that met every latency objective at once (TTFT, "
+        "TPOT, e2e thresholds from the sidecar's config).",
+        ("model", "route"),
+        tenant=True,
+    ),
+    Family(
+        "request_objectives",
+        "request_objectives",
+        COUNTER,
+        "Streamed API requests judged against their own latency objectives "
+        "(x-slo-ttft-ms / x-slo-tpot-ms headers, else the model's defaults): "
+        "objective ttft, tpot, or all (ok 2xx and every judged objective met: goodput "
+        "against what the client asked for); result met or missed. Never sum over "
+        "objective.",
+        ("model", "route", "objective", "result"),
+        tenant=True,
+    ),
+    Family(
+        "request_objective_invalid",
+        "request_objective_invalid",
+        COUNTER,
+        "Objective headers (x-slo-ttft-ms, x-slo-tpot-ms) that were not a positive "
+        "number of milliseconds up to a day: ignored (the default applied), never an "
+        "error for the client.",
+        ("route", "objective"),
+    ),
+    Family(
+        "ttft_by_cache",
+        "time_to_first_token_by_cache_seconds",
+        HISTOGRAM,
+        "Streamed requests: TTFT again, by how much of the prompt the server's prefix "
+        "cache held (usage's cached tokens over prompt tokens): none, partial (< "
+        "half), most (>= half), unknown (not reported; never counted as a miss).",
+        ("model", "route", "cache"),
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "time_to_first_tool_call",
+        "time_to_first_tool_call_seconds",
+        HISTOGRAM,
+        "Streamed requests with a tool call: seconds from request headers received to "
+        "the first piece of the first tool call (its id and name).",
+        ("model", "route"),
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "tool_call_assembly",
+        "tool_call_assembly_seconds",
+        HISTOGRAM,
+        "Every tool call of a streamed response: seconds from its first piece to its "
+        "last argument piece (0 for a call sent whole); parallel calls are one "
+        "observation each.",
+        ("model", "route"),
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "tool_calls_per_response",
+        "tool_calls_per_response",
+        HISTOGRAM,
+        "Streamed responses with a tool call: how many calls (client tools) it made.",
+        ("model", "route"),
+        TOOL_CALL_COUNT_BUCKETS,
+    ),
+    Family(
+        "upstream_load",
+        "upstream_load_seconds",
+        HISTOGRAM,
+        "Model load time reported by the engine in its stream.",
+        ("model", "route"),
+        ENGINE_PHASE_BUCKETS,
+    ),
+    Family(
+        "upstream_prefill",
+        "upstream_prefill_seconds",
+        HISTOGRAM,
+        "Prompt processing time reported by the engine in its stream.",
+        ("model", "route"),
+        ENGINE_PHASE_BUCKETS,
+    ),
+    Family(
+        "upstream_decode",
+        "upstream_decode_seconds",
+        HISTOGRAM,
+        "Generation time reported by the engine in its stream.",
+        ("model", "route"),
+        ENGINE_PHASE_BUCKETS,
+    ),
+    Family(
+        "upstream_queue",
+        "upstream_queue_seconds",
+        HISTOGRAM,
+        "Time the request waited in the engine's queue before it ran, as the engine "
+        "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
+        ("model", "route"),
+        ENGINE_PHASE_BUCKETS,
+    ),
+    Family(
+        "overhead",
+        "sidecar_overhead_seconds",
+        HISTOGRAM,
+        "Time the sidecar itself added, per request and direction: request (body in "
+        "-> written to the upstream) and response (upstream head in -> written to the "
+        "client).",
+        ("direction",),
+        OVERHEAD_BUCKETS,
+    ),
+    Family(
+        "parse_errors",
+        "stream_parse_errors",
+        COUNTER,
+        "Stream events the dialect could not understand (the bytes were still relayed).",
+        ("route",),
+    ),
+    Family(
+        "token_count_source",
+        "token_count_source",
+        COUNTER,
+        "API requests by where their output token count came from: usage (the "
+        "response's usage object), engine (the engine's own counts in its stream), "
+        "estimated (counted from the stream; input unknown) or none. One per request.",
+        ("model", "route", "source"),
+    ),
+    Family(
+        "label_overflow",
+        "label_overflow",
+        COUNTER,
+        "Requests whose model or tenant label value became 'other' although they "
+        "named one: reason not_listed (the allowlist or the upstream's model list "
+        "does not have it), max_values (--max-models / --max-tenants reached) or "
+        "series_budget (--max-series reached).",
+        ("label", "reason"),
+    ),
+    Family(
+        "series_refused",
+        "series_refused",
+        COUNTER,
+        "Updates whose own series did not fit in --max-series (counted before a "
+        "series is made, every family alike): fate 'other' (recorded with model and "
+        "tenant 'other') or 'dropped' (not recorded: even that row did not fit).",
+        ("fate",),
+    ),
+)
