@@ -17,6 +17,8 @@ from enum import Enum
 __all__ = [
     "Outcome",
     "Verdict",
+    "STREAMS_BROKEN_ALERT",
+    "UPSTREAM_UNREACHABLE_ALERT",
     "verdict_of",
     "STREAM_TRUNCATED",
     "STREAM_ERROR",

@@ -181,33 +181,30 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-async def warm_up(url: str, n: int = 3) -> None:
-    """A few streamed requests straight to vLLM (not through the sidecar)."""
+async def stream_chats(url: str, content: str, max_tokens: int, n: int = 1) -> None:
+    """``n`` streamed chat requests to ``url``, one after the other, each read whole."""
     body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "warm up"}],
-        "max_tokens": 16,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
         "stream": True,
     }
     async with aiohttp.ClientSession() as session:
         for _ in range(n):
             async with session.post(f"{url}/v1/chat/completions", json=body) as r:
+                assert r.status == 200
                 await r.read()
+
+
+async def warm_up(url: str, n: int = 3) -> None:
+    """A few streamed requests straight to vLLM (not through the sidecar)."""
+    await stream_chats(url, "warm up", 16, n)
 
 
 async def prime_bands(url: str) -> None:
     """One streamed request of one token through the sidecar at ``url``: the model's
     capacity bands are made (at zero) and no gap is observed (a first token has none)."""
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "prime"}],
-        "max_tokens": 1,
-        "stream": True,
-    }
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as r:
-            assert r.status == 200
-            await r.read()
+    await stream_chats(url, "prime", 1)
 
 
 async def prom_query(session: aiohttp.ClientSession, base: str, query: str) -> list:

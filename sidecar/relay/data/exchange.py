@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
-from multidict import CIMultiDict
 
 from ...base.outcomes import INTERNAL, Outcome, Verdict, verdict_of
 from ...base.routes import OTHER, Route, match_route
@@ -96,8 +95,6 @@ class Carrier:
         self.max_body = min(limits.max_request_inspect_bytes, limits.max_request_body_bytes)
         self.body_timeout = limits.client_body_timeout
         self.send_timeout = limits.send_timeout
-        self.max_json_bytes = limits.max_response_inspect_bytes
-        self.max_line_bytes = limits.max_line_bytes
 
     def __call__(
         self, connection: ClientConnection, message: RawRequestMessage, payload: StreamReader
@@ -318,17 +315,7 @@ class Exchange:
         assert record is not None and conn.head is not None  # answered once the head arrived
         self._conn = conn
         carrier, head, timeline = self._carrier, conn.head, record.timeline
-        headers = CIMultiDict(head.headers)
-        observer = ResponseObserver(
-            self._route,
-            timeline,
-            headers.get("Content-Type", ""),
-            headers.get("Content-Encoding", ""),
-            max_json_bytes=carrier.max_json_bytes,
-            max_line_bytes=carrier.max_line_bytes,
-            headers=headers,
-        )
-        timeline.response_started(carrier.clock(), head.status, observer.streaming)
+        observer = carrier.proxy.observe_response(self._route, timeline, head)
         transport = self._connection.transport
         if transport is None or transport.is_closing():
             observer.close(carrier.clock())

@@ -495,6 +495,24 @@ class Proxy:
             # client.
             pool.release(conn)
 
+    def observe_response(
+        self, route: Route, timeline: RequestTimeline, head: ResponseHead
+    ) -> ResponseObserver:
+        """The upstream's head is in: the response's observer (its dialect by route, content
+        type and encoding, held to the inspect limits), and the timeline says so."""
+        headers = CIMultiDict(head.headers)
+        observer = ResponseObserver(
+            route,
+            timeline,
+            headers.get("Content-Type", ""),
+            headers.get("Content-Encoding", ""),
+            max_json_bytes=self.limits.max_response_inspect_bytes,
+            max_line_bytes=self.limits.max_line_bytes,
+            headers=headers,
+        )
+        timeline.response_started(self._clock(), head.status, observer.streaming)
+        return observer
+
     def _sent(self, timeline: RequestTimeline) -> None:
         timeline.upstream_sent = self._clock()
 
@@ -509,19 +527,8 @@ class Proxy:
         conn: UpstreamConnection,
         timeline: RequestTimeline,
     ) -> Ended:
-        now = self._clock()
         head = cast(ResponseHead, conn.head)  # the pool answers once the head arrived
-        upstream_headers = CIMultiDict(head.headers)
-        observer = ResponseObserver(
-            route,
-            timeline,
-            upstream_headers.get("Content-Type", ""),
-            upstream_headers.get("Content-Encoding", ""),
-            max_json_bytes=self.limits.max_response_inspect_bytes,
-            max_line_bytes=self.limits.max_line_bytes,
-            headers=upstream_headers,
-        )
-        timeline.response_started(now, head.status, observer.streaming)
+        observer = self.observe_response(route, timeline, head)
         # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
         out_head = client_head(
             head,

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from ...base.outcomes import INTERNAL
+from ...base.outcomes import INTERNAL, Outcome, verdict_of
 from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 if TYPE_CHECKING:
@@ -64,12 +64,12 @@ YIELD_AFTER_READ = 64 << 10
 
 class UpstreamError(Exception):
     """The upstream could not give a response head. ``kind`` is the outcome's error_type;
-    ``status`` the answer the proxy gives the client (502 or 504)."""
+    ``status`` the answer the proxy gives the client (502 or 504: the verdict's own)."""
 
-    def __init__(self, kind: str, status: int, message: str) -> None:
+    def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-        self.status = status
+        self.status = verdict_of(Outcome.ERROR, kind).answer_status or 502
 
 
 # OpenSSL's reasons for a handshake whose answer is not TLS at all: a plain-HTTP server's
@@ -95,11 +95,11 @@ def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
         reason = f"the inference server at {where} is unreachable: connection refused (is it listening on that port?)"
     else:
         reason = f"the inference server at {where} is unreachable ({exc.strerror or exc})"
-    return UpstreamError("upstream_unreachable", 502, reason)
+    return UpstreamError("upstream_unreachable", reason)
 
 
 def _timeout() -> UpstreamError:
-    return UpstreamError("upstream_timeout", 504, "the inference server did not answer in time")
+    return UpstreamError("upstream_timeout", "the inference server did not answer in time")
 
 
 UPSTREAM_DISCONNECTED = "upstream_disconnected"
@@ -107,12 +107,12 @@ UPSTREAM_DISCONNECTED = "upstream_disconnected"
 
 
 def _disconnected() -> UpstreamError:
-    return UpstreamError(UPSTREAM_DISCONNECTED, 502, "the inference server closed the connection")
+    return UpstreamError(UPSTREAM_DISCONNECTED, "the inference server closed the connection")
 
 
 def _invalid(exc: ProtocolError) -> UpstreamError:
     return UpstreamError(
-        "upstream_invalid_response", 502, f"the inference server's response is invalid: {exc}"
+        "upstream_invalid_response", f"the inference server's response is invalid: {exc}"
     )
 
 

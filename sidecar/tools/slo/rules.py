@@ -25,7 +25,13 @@ from typing import Literal
 
 from prometheus_client.utils import floatToGoString
 
-from ...base.outcomes import ERROR_TYPES, STREAM_ERROR, STREAM_TRUNCATED
+from ...base.outcomes import (
+    ERROR_TYPES,
+    STREAM_ERROR,
+    STREAM_TRUNCATED,
+    STREAMS_BROKEN_ALERT,
+    UPSTREAM_UNREACHABLE_ALERT,
+)
 from . import conventions as c
 from .spec import DEFAULT_GROUPING, Scope, SLOSpec
 from .windows import (
@@ -407,7 +413,7 @@ class ErrorCause:
 
 ERROR_CAUSES: tuple[ErrorCause, ...] = (
     ErrorCause(
-        "LLMUpstreamUnreachable",
+        UPSTREAM_UNREACHABLE_ALERT,
         ("upstream_unreachable", "upstream_timeout"),
         "the inference server does not answer ({{ $labels.error_type }})",
         "got no response from the inference server: it is down, restarting, still loading "
@@ -416,7 +422,7 @@ ERROR_CAUSES: tuple[ErrorCause, ...] = (
         "the pod's restarts and the engine's log, and /readyz on the sidecar's admin port.",
     ),
     ErrorCause(
-        "LLMStreamsBroken",
+        STREAMS_BROKEN_ALERT,
         (
             "upstream_disconnected",
             "upstream_read_timeout",
