@@ -23,7 +23,8 @@ aiohttp has no public hook for some things the sidecar needs, so it leans on int
   keep-alive timer (``_keepalive_handle``, ``_next_keepalive_close_time``,
   ``_keepalive_timeout``, ``_keepalive``, ``_process_keepalive``), resumes a queue that was
   full as ``start()`` does (``_buffer_paused``, ``_msg_queue_resume_size``,
-  ``_resume_reading_if_drained``), reading ``_close`` and ``_force_close`` (pinned over real sockets by
+  ``_resume_reading_if_drained``), resumes a body's reading only when it was paused
+  (``_reading_paused``), reading ``_close`` and ``_force_close`` (pinned over real sockets by
   ``tests/integration/relay/server/test_one_way_in.py``, which fails if the proxy port's
   handler runs for a request the relay carries);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
