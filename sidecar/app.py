@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from .export.prometheus_internals import WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .export.spans import RequestTelemetry
 from .measure.objectives import ObjectiveDefaults
+from .measure.record import InFlightLedger, RecordBook
 from .relay.control.engine_metrics import engine_metrics_handler
 from .relay.control.model_discovery import served_models
 from .relay.control.self_loop import (
@@ -65,7 +67,8 @@ from .relay.control.self_loop import (
 from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
 from .relay.data.body_budget import BodyBudget
 from .relay.data.exchange import Carrier
-from .relay.data.proxy import Proxy, RelayLimits
+from .relay.data.limits import RelayLimits
+from .relay.data.proxy import Proxy
 from .relay.data.upstream import UpstreamPool
 from .relay.server.aiohttp_internals import (
     GuardedServer,
@@ -147,7 +150,7 @@ class Sidecar:
 
     def __post_init__(self) -> None:
         proxy = self.proxy
-        self.drain = Drain(self.upstream_up, lambda: proxy.in_flight)
+        self.drain = Drain(self.upstream_up, lambda: proxy.records.in_flight)
         self.proxy_app = _proxy_app(self)
         self.admin_app = _admin_app(self)
 
@@ -250,6 +253,7 @@ def build_sidecar(
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
     providers: TelemetryProviders | None = None,
+    ledger: InFlightLedger | None = None,
 ) -> Sidecar:
     """Wire the parts. OpenTelemetry is on only for the providers passed in (``serve`` builds
     them from ``OTEL_*`` and passes ``providers``; tests pass in-memory ones); with neither,
@@ -315,14 +319,21 @@ def build_sidecar(
     # would cost (metrics.budget).
     gate.guard()
     link = UpstreamLink()  # the relay's pool, made when the proxy app starts
-    proxy = Proxy(
-        link.get_pool,
-        model_label=metrics.model_label,
+    records = RecordBook(
+        metrics.model_label,
         on_start=metrics.started,
         on_end=metrics.ended,
-        decode_tracker=capacity.trackers,
-        tenant_label=tenants,
         recorders=recorders,
+        tracer=telemetry if telemetry is not None and telemetry.tracing else None,
+        tenant_label=tenants,
+        decode_tracker=capacity.trackers,
+        ledger=ledger,
+        max_json_bytes=settings.max_response_inspect_bytes,
+        max_line_bytes=settings.max_sse_line_bytes,
+    )
+    proxy = Proxy(
+        link.get_pool,
+        records,
         limits=RelayLimits(
             max_request_inspect_bytes=settings.max_request_inspect_bytes,
             max_request_body_bytes=settings.max_request_body_bytes,
@@ -332,7 +343,6 @@ def build_sidecar(
             max_line_bytes=settings.max_sse_line_bytes,
         ),
         body_budget=BodyBudget(settings.max_buffered_request_bytes),
-        tracer=telemetry if telemetry is not None and telemetry.tracing else None,
     )
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
@@ -521,7 +531,14 @@ class SidecarRunner(RebuildingRunner):
             guard = ConnectionGuard(
                 max_connections=connection_cap(sc.settings.max_connections),
                 head_budget=sc.settings.max_request_head_bytes,
-                carry=Carrier(sc.proxy, enabled=lambda: not sc.drain.draining, refused=came_back),
+                carry=Carrier(
+                    sc.proxy.records,
+                    sc.proxy.pool,
+                    sc.proxy.limits,
+                    sc.proxy.budget,
+                    enabled=lambda: not sc.drain.draining,
+                    refused=came_back,
+                ),  # fmt: skip
             )
         elif sc is not None:  # the admin port: within connection_cap's reserve of 128
             max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0
@@ -570,6 +587,9 @@ def bound_addresses(runner: web.BaseRunner) -> list[str]:
     """The ``host:port`` pairs ``runner`` listens on (one per socket; IPv6 hosts bracketed)."""
     out = []
     for address in runner.addresses:
+        if isinstance(address, str):  # a Unix socket's path (a pod worker's admin app)
+            out.append(address)
+            continue
         host, port = address[:2]
         out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return out
@@ -618,7 +638,35 @@ async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
             t.cancel()
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+@dataclass(frozen=True)
+class PodWorker:
+    """How :func:`serve` runs as one of a pod's workers (sidecar/fleet/worker.py): on the
+    proxy socket its supervisor bound (``bind`` listens on it, and the admin app on the
+    worker's private socket), the routes its supervisor reads added to the admin app
+    (``admin_routes``), its requests in flight kept in ``ledger``, its final figures handed
+    on once its last request is done (``stopped``), and stopping (draining) when its
+    supervisor, ``parent_pid``, is gone."""
+
+    index: int
+    bind: Callable[[Sidecar, SidecarRunner, SidecarRunner], Awaitable[None]]
+    admin_routes: Callable[[Sidecar], None]
+    stopped: Callable[[Sidecar], None]
+    ledger: InFlightLedger
+    parent_pid: int
+
+
+async def _orphaned(parent_pid: int, stop: asyncio.Event) -> None:
+    """A worker whose supervisor died (``kill -9``: it cannot pass on a signal) drains and
+    stops, rather than serve on unwatched."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(1.0)
+    _log.warning("supervisor_gone", parent_pid=parent_pid)
+    stop.set()
+
+
+async def serve(
+    settings: Settings, stop: asyncio.Event | None = None, *, worker: PodWorker | None = None
+) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain and return.
 
     Shutdown order (:mod:`sidecar.relay.server.drain`): readiness goes 503 and the proxy keeps relaying
@@ -628,7 +676,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """
     open_files = raise_open_file_limit()
     providers = providers_from_env(metrics=settings.otel_metrics)
-    sc = build_sidecar(settings, providers=providers)
+    sc = build_sidecar(
+        settings, providers=providers, ledger=worker.ledger if worker is not None else None
+    )
+    if worker is not None:
+        worker.admin_routes(sc)
     # Tail latency: the start-up objects never die, so keep them out of every collection,
     # and collect the young generation less often (the benchmark saw 14-39 ms gen1/gen2
     # pauses at 600 streams; with this, gen1 pauses stayed under 1 ms).
@@ -642,7 +694,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     def on_signal() -> None:
         if stop.is_set():
             if not force.is_set():
-                _log.warning("forced_exit", in_flight=sc.proxy.in_flight)
+                _log.warning("forced_exit", in_flight=sc.proxy.records.in_flight)
             force.set()
         stop.set()
 
@@ -654,7 +706,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     proxy_runner, admin_runner = await setup_runners(sc)
     started = False  # a bind failure (port taken) is reported by the CLI alone, no "stopped" line
     try:
-        await bind_sites(sc, proxy_runner, admin_runner)
+        await (worker.bind if worker is not None else bind_sites)(sc, proxy_runner, admin_runner)
         if looping := await loop_reason(settings.upstream, proxy_runner.addresses):
             raise UpstreamLoopError(looping)  # one line from the CLI, before "started"
         _log.info(
@@ -667,6 +719,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             upstream=settings.upstream,
             open_files_limit=open_files,
             speedups="on" if IN_C else "off",
+            **({"worker": worker.index} if worker is not None else {}),
         )
         if (
             not IN_C
@@ -674,8 +727,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             _log.warning("speedups_missing", reason=SPEEDUPS_MISSING)
         started = True
         watcher = asyncio.create_task(watch(lambda: _upstream_health(sc, "ready")))
+        orphaned = (
+            asyncio.create_task(_orphaned(worker.parent_pid, stop)) if worker is not None else None
+        )
         await stop.wait()
-        if not needs_full_drain(sc.proxy.in_flight):  # idle, not in a pod: nothing to wait for
+        if not needs_full_drain(
+            sc.proxy.records.in_flight
+        ):  # idle, not in a pod: nothing to wait for
             _log.info("stopping", in_flight=0)
             set_shutdown_timeout(proxy_runner, 0.1)
         else:
@@ -688,7 +746,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     finally:
         if started:
             watcher.cancel()
+            if orphaned is not None:
+                orphaned.cancel()
         await proxy_runner.cleanup()
+        if worker is not None and started:
+            worker.stopped(sc)  # every request's record is closed: its final figures
         await admin_runner.cleanup()
         if providers.enabled:  # flush the spans and metrics of the drained requests
             await asyncio.to_thread(providers.shutdown)

@@ -2,8 +2,8 @@
 in the client's trace, ended from the finished timeline, and the opt-in GenAI metrics recorded
 beside it.
 
-:class:`RequestTelemetry` is the proxy's :class:`~sidecar.relay.data.proxy.RequestTracer` (``start``
-and ``inject``) and a :data:`~sidecar.relay.data.proxy.Recorder` (``record``). Providers are
+:class:`RequestTelemetry` is the proxy's :class:`~sidecar.measure.record.RequestTracer` (``start``
+and ``inject``) and a :data:`~sidecar.measure.record.Recorder` (``record``). Providers are
 injected, never taken from the global API state, so tests hand in in-memory ones; where they
 come from in production is :mod:`sidecar.export.otel_setup`. What the span says at its end is
 :mod:`sidecar.export.span_attributes`; the metric instruments are

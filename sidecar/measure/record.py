@@ -1,22 +1,95 @@
-"""One request's record while it is in flight: what :meth:`~sidecar.relay.data.proxy.Proxy.open_record`
-opened (its timeline, the labels it holds) and :meth:`~sidecar.relay.data.proxy.Proxy.close_record`
-gives its verdict to, once."""
+"""Every request's record, opened one way and given its verdict one way, whichever way the
+request was answered (the relay's own, sidecar/relay/data/exchange.py, or aiohttp's handler
+through the door, sidecar/relay/data/proxy.py).
+
+:meth:`RecordBook.open` makes the timeline with what the request says, holds its labels
+(the in-flight gauge, the tenant) and starts its span (tracing on); :meth:`RecordBook.observe`
+reads the response as it is relayed; :meth:`RecordBook.close` gives the verdict once: the
+labels released, the timeline finished, the labels settled and the record handed to every
+recorder. Nothing here raises into the relay: a failing labeler, tracer or recorder is
+logged and the request goes on.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import Protocol
 
+import structlog
+from multidict import CIMultiDict
+
+from ..base.outcomes import Verdict
+from ..base.routes import Route
+from .concurrency import DecodeConcurrency
+from .objectives import read_objectives
+from .observe import ResponseObserver
+from .request_fields import RequestFields
 from .timeline import RequestTimeline
 
-__all__ = ["RequestRecord"]
+__all__ = [
+    "RecordBook",
+    "RequestRecord",
+    "Recorder",
+    "RequestTracer",
+    "ModelLabels",
+    "TenantLabels",
+]
+
+_log = structlog.get_logger("sidecar.proxy")
+
+Recorder = Callable[[RequestTimeline, str], None]
+"""Called once per finished request with the timeline and its bounded model label."""
+
+
+class RequestTracer(Protocol):
+    """What a record needs from tracing (see :mod:`sidecar.export.spans`)."""
+
+    def start(self, headers: Mapping[str, str], timeline: RequestTimeline) -> None:
+        """Begin the request's span in the client's trace; set ``timeline.trace``/``trace_id``."""
+
+    def inject(self, timeline: RequestTimeline, headers: MutableMapping[str, str]) -> None:
+        """Add trace-context headers for the upstream request."""
+
+
+class ModelLabels(Protocol):
+    """The model label (sidecar/base/labels.py, ``ModelLabeler``): one at the start, which a
+    request the upstream answered may settle into its own label at the end."""
+
+    def __call__(self, value: str | None, /) -> str: ...
+
+    def settle(self, value: str | None, status: int | None, /) -> str: ...
+
+
+class TenantLabels(Protocol):
+    """The tenant label (sidecar/base/tenant.py, ``TenantLabeler``), read from the header
+    fields and held from a request's start to its end."""
+
+    def __call__(self, headers: Mapping[str, str], /) -> str: ...
+
+    def settle(self, headers: Mapping[str, str], status: int | None, /) -> str: ...
+
+    def hold(self, label: str, /) -> None: ...
+
+    def release(self, label: str, /) -> None: ...
+
+
+class InFlightLedger(Protocol):
+    """Where a pod's worker keeps its requests in flight for its supervisor to read if it
+    dies (sidecar/fleet/ledger.py), by the labels the in-flight gauge moves under."""
+
+    def opened(self, model: str, route: str, tenant: str, /) -> None: ...
+
+    def closed(self, model: str, route: str, tenant: str, /) -> None: ...
 
 
 class RequestRecord:
-    """``timeline``: the figures; ``label``: the model label the request started under (the
-    in-flight gauge ends under it too); ``model``: the client's model name, if it gave one;
-    ``headers``: the client's header fields (the tenant and objective headers are read from
-    them, never changed); ``route``: the route template; ``tenant_held``: the tenant label
-    held until the verdict; ``closed``: the verdict was given."""
+    """One request in flight. ``timeline``: the figures; ``label``: the model label the
+    request started under (the in-flight gauge ends under it too); ``model``: the client's
+    model name, if it gave one; ``headers``: the client's header fields (the tenant and
+    objective headers are read from them, never changed); ``route``: the route template;
+    ``tenant_held``: the tenant label held until the verdict; ``closed``: the verdict was
+    given."""
 
     __slots__ = ("timeline", "label", "model", "headers", "route", "tenant_held", "closed")
 
@@ -35,3 +108,152 @@ class RequestRecord:
         self.route = route
         self.tenant_held: str | None = None
         self.closed = False
+
+
+class RecordBook:
+    """Opens and closes every request's record (the module doc). ``on_start``/``on_end``:
+    the in-flight gauge, by model label and route; ``decode_tracker``: streams decoding per
+    model label; ``ledger``: a pod worker's requests in flight; ``max_json_bytes``/``max_line_bytes``: how much of a response is read.
+    ``in_flight`` counts the records open (the drain waits for it to reach 0)."""
+
+    def __init__(
+        self,
+        model_label: ModelLabels,
+        *,
+        on_start: Callable[[str, str], None] | None = None,
+        on_end: Callable[[str, str], None] | None = None,
+        recorders: Iterable[Recorder] = (),
+        tracer: RequestTracer | None = None,
+        tenant_label: TenantLabels | None = None,
+        decode_tracker: Callable[[str], DecodeConcurrency] | None = None,
+        ledger: InFlightLedger | None = None,
+        max_json_bytes: int = 16 << 20,
+        max_line_bytes: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._model_label = model_label
+        self._on_start = on_start
+        self._on_end = on_end
+        self._recorders = tuple(recorders)
+        self._tracer = tracer
+        self._tenant_label = tenant_label
+        self._decode_tracker = decode_tracker
+        self._ledger = ledger
+        self._max_json_bytes = max_json_bytes
+        self._max_line_bytes = max_line_bytes
+        self.clock = clock
+        self.in_flight = 0
+
+    def open(
+        self,
+        start: float,
+        method: str,
+        route: Route,
+        model: str | None,
+        fields: RequestFields | None,
+        headers: Mapping[str, str],
+    ) -> RequestRecord:
+        """The record of a request whose head came in at ``start``: its timeline with what
+        the request says (``fields``, read from its body, if it was read), its labels held
+        and its span started. :meth:`close` ends each of these once."""
+        if fields is not None:
+            model = model or fields.model
+        timeline = RequestTimeline(start, method, route.template, model or "")
+        if fields is not None:  # what the request says
+            timeline.request_stream = fields.stream
+            timeline.request_max_tokens = fields.max_tokens
+        label = self._model_label(model)
+        if self._decode_tracker is not None:
+            timeline.decode = self._decode_tracker(label)
+        tenants = self._tenant_label
+        if tenants is not None:  # read only: the header is forwarded as sent
+            try:
+                timeline.tenant = tenants(headers)
+            except Exception:
+                _log.exception("tenant_label_failed")
+        try:  # the objective headers (both spellings), read only: forwarded as sent
+            timeline.objectives = read_objectives(headers)
+        except Exception:
+            _log.exception("objectives_failed")
+        record = RequestRecord(timeline, label, model, headers, route.template)
+        self.in_flight += 1
+        if self._on_start is not None:
+            _safely(self._on_start, label, route.template)
+        if tenants is not None and timeline.tenant:
+            # Held until the verdict, like the model label (sidecar/base/labels.py, ``hold``):
+            # an idle expiry mid-stream would drop the tenant's series under a running request.
+            _safely(tenants.hold, timeline.tenant)
+            record.tenant_held = timeline.tenant
+        if self._ledger is not None:
+            _safely(self._ledger.opened, label, route.template, record.tenant_held or "")
+        if self._tracer is not None:
+            _safely(self._tracer.start, headers, timeline)
+        return record
+
+    def trace_into(self, record: RequestRecord, headers: MutableMapping[str, str]) -> None:
+        """Tracing on: the request's span context in the upstream's header fields."""
+        if self._tracer is not None and record.timeline.trace is not None:
+            _safely(self._tracer.inject, record.timeline, headers)
+
+    def observe(
+        self, record: RequestRecord, route: Route, status: int, fields: Sequence[tuple[str, str]]
+    ) -> ResponseObserver:
+        """The upstream's head is in (its status and header ``fields``): the response's
+        observer (its dialect by route, content type and encoding, held to the inspect
+        limits), and the timeline says so."""
+        timeline = record.timeline
+        headers = CIMultiDict(fields)
+        observer = ResponseObserver(
+            route,
+            timeline,
+            headers.get("Content-Type", ""),
+            headers.get("Content-Encoding", ""),
+            max_json_bytes=self._max_json_bytes,
+            max_line_bytes=self._max_line_bytes,
+            headers=headers,
+        )
+        timeline.response_started(self.clock(), status, observer.streaming)
+        return observer
+
+    def close(self, record: RequestRecord, verdict: Verdict) -> None:
+        """The verdict on a request, given once: its labels released (the in-flight gauge
+        under the label it began with), then its timeline finished, its labels settled and
+        the record handed to every recorder. A second verdict changes nothing."""
+        if record.closed:
+            return
+        record.closed = True
+        self.in_flight -= 1
+        if self._on_end is not None:
+            _safely(self._on_end, record.label, record.route)
+        tenants = self._tenant_label
+        if record.tenant_held is not None and tenants is not None:
+            _safely(tenants.release, record.tenant_held)
+        if self._ledger is not None:
+            _safely(self._ledger.closed, record.label, record.route, record.tenant_held or "")
+        timeline = record.timeline
+        if timeline.finish(verdict, self.clock()):
+            model = record.model or timeline.model or None  # a streamed body's model comes late
+            label = self._settled(model, record.label, record.headers, timeline)
+            for recorder in self._recorders:
+                _safely(recorder, timeline, label)
+
+    def _settled(
+        self, model: str | None, label: str, headers: Mapping[str, str], timeline: RequestTimeline
+    ) -> str:
+        """The labels a finished request is recorded with: a model or tenant the upstream
+        answered (not 4xx) may earn its own label now (sidecar/base/labels.py); a 4xx never
+        does."""
+        try:
+            label = self._model_label.settle(model, timeline.status)
+            if self._tenant_label is not None:
+                timeline.tenant = self._tenant_label.settle(headers, timeline.status)
+        except Exception:  # telemetry never breaks the relay
+            _log.exception("label_settle_failed")
+        return label
+
+
+def _safely(fn: Callable[..., object], *args: object) -> None:
+    try:
+        fn(*args)
+    except Exception:  # telemetry never breaks the relay
+        _log.exception("recorder_failed", recorder=getattr(fn, "__qualname__", repr(fn)))

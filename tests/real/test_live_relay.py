@@ -94,7 +94,10 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     timelines: list = []
     # The proxy's recorders are fixed at build time; add a capture beside the metrics.
     proxy = running.sidecar.proxy
-    proxy._recorders = (*proxy._recorders, lambda t, label, into=timelines: into.append(t))
+    proxy.records._recorders = (
+        *proxy.records._recorders,
+        lambda t, label, into=timelines: into.append(t),
+    )
     sent = json.dumps(case.body(kind.model)).encode()
     try:
         timeout = aiohttp.ClientTimeout(total=120)

@@ -498,7 +498,7 @@ async def test_otel_metrics_error_request_only_in_duration(upstream, traced_side
         )
     )
     s = await traced_sidecar(up.url, meter_provider=meters)  # metrics without tracing
-    assert s.sidecar.proxy._tracer is None
+    assert s.sidecar.proxy.records._tracer is None
     await post(s.url + ROUTE)
     await wait_for(lambda: sc.METRIC_CLIENT_OPERATION_DURATION in metric_points(reader))
     points = metric_points(reader)
@@ -645,8 +645,8 @@ def test_without_providers_the_proxy_has_no_tracer():
     s = build_sidecar(
         Settings(upstream="http://127.0.0.1:1"), CollectorRegistry(), access_log=False
     )
-    assert s.proxy._tracer is None
-    assert s.proxy._recorders == (s.metrics.record, s.capacity.record)
+    assert s.proxy.records._tracer is None
+    assert s.proxy.records._recorders == (s.metrics.record, s.capacity.record)
 
 
 async def test_ollama_native_route_provider_and_engine_timings(upstream, traced_sidecar, spans):

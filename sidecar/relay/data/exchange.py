@@ -10,10 +10,10 @@ So the proxy port's connection
 (:class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`) offers every
 request head aiohttp's parser completes, in order, to the :class:`Carrier`. A request it
 takes becomes an :class:`Exchange`, which owns it from then to its verdict: the rest of its
-body, its record (``Proxy.open_record``: timeline, labels, span), the upstream request, the
-response head and body (:class:`~sidecar.relay.data.body_relay.BodyRelay`), the wait for the
-client to take it, the verdict (``Proxy.close_record``, given once, here), and handing the
-connection back for its next request. Every step runs from a callback: the client's reads,
+body, its record (:class:`~sidecar.measure.record.RecordBook`: timeline, labels, span,
+opened here), the upstream request, the response head and body
+(:class:`~sidecar.relay.data.body_relay.BodyRelay`), the wait for the client to take it, the
+verdict (given once, here), and handing the connection back for its next request. Every step runs from a callback: the client's reads,
 the upstream's head and body reads, the client's transport draining, a timer. No task runs
 for it, unless no pooled upstream connection is idle (then one connects and sends it).
 
@@ -48,11 +48,11 @@ from .body_relay import CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, BodyRelay, unsent
 from .client_head import client_head
 from .forwarded import forwarded_headers, peer_address
 from .http1 import ResponseHead
+from .limits import RelayLimits
 from .upstream import Sent, UpstreamConnection, UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
-    from ...measure.record import RequestRecord
-    from .proxy import Proxy
+    from ...measure.record import RecordBook, RequestRecord
 
 __all__ = ["Carrier", "Exchange", "ClientConnection"]
 
@@ -73,25 +73,28 @@ class ClientConnection(Protocol):
 
 
 class Carrier:
-    """Decides, per request head, whether the relay carries it (the module doc), with the
-    proxy's limits, pool and record. ``enabled`` is asked each time (False while draining,
+    """Decides, per request head, whether the relay carries it (the module doc), within the
+    relay's ``limits``, on the ``pool`` (None until the proxy app started), into ``records``,
+    holding bodies against ``budget``. ``enabled`` is asked each time (False while draining,
     so every request takes the door, with the drain's answers); ``refused`` is the entry's
     refusal by header fields (the loop check), so a request it refuses is never sent."""
 
     def __init__(
         self,
-        proxy: Proxy,
+        records: RecordBook,
+        pool: Callable[[], UpstreamPool | None],
+        limits: RelayLimits,
+        budget: BodyBudget,
         *,
         enabled: Callable[[], bool],
         refused: Callable[[Mapping[str, str]], bool],
     ) -> None:
-        limits = proxy.limits
-        self.proxy = proxy
-        self.pool: Callable[[], UpstreamPool | None] = proxy.pool
-        self.budget: BodyBudget = proxy.budget
+        self.records = records
+        self.pool = pool
+        self.budget = budget
         self.enabled = enabled
         self._refused = refused
-        self.clock = proxy.clock
+        self.clock = records.clock
         self.max_body = min(limits.max_request_inspect_bytes, limits.max_request_body_bytes)
         self.body_timeout = limits.client_body_timeout
         self.send_timeout = limits.send_timeout
@@ -233,7 +236,7 @@ class Exchange:
             carrier.budget.release(self._reserved)
             self._reserved = 0
         fields = scan_request_fields(body) if body else None
-        return carrier.proxy.open_record(
+        return carrier.records.open(
             self._start, "POST", self._route, self._path_model, fields, self._message.headers
         )
 
@@ -255,7 +258,7 @@ class Exchange:
             host=message.headers["Host"],
             body_is_bytes=True,
         )
-        self._carrier.proxy.trace_into(record, headers)
+        self._carrier.records.trace_into(record, headers)
         pool, target = self._pool, message.path
         try:
             sent = pool.send_now("POST", target, headers.items(), body)
@@ -315,7 +318,7 @@ class Exchange:
         assert record is not None and conn.head is not None  # answered once the head arrived
         self._conn = conn
         carrier, head, timeline = self._carrier, conn.head, record.timeline
-        observer = carrier.proxy.observe_response(self._route, timeline, head)
+        observer = carrier.records.observe(record, self._route, head.status, head.headers)
         transport = self._connection.transport
         if transport is None or transport.is_closing():
             observer.close(carrier.clock())
@@ -512,7 +515,7 @@ class Exchange:
             self._pool.release(conn)
         record = self._record
         if record is not None:
-            self._carrier.proxy.close_record(record, verdict)
+            self._carrier.records.close(record, verdict)
         # Kept alive as the head told the client (a head written before the drain began said
         # so: the next request on it takes the door, whose answer says the connection closes).
         transport = self._connection.transport

@@ -1,12 +1,12 @@
 """aiohttp's handler for the proxy port, the door for what the relay does not carry from the
 connection's own callbacks (sidecar/relay/data/exchange.py: the one way in, and what it
-declines), and the record both share: I/O only. Forwards the request to the upstream and
+declines): I/O only. Forwards the request to the upstream and
 streams the response back (:class:`~sidecar.relay.data.body_relay.BodyRelay`: each piece
 written to the client first, then a copy to the observer).
 
-Every request is opened one way (:meth:`Proxy.open_record`: its timeline, its labels held,
-its span) and given its verdict one way (:meth:`Proxy.close_record`: once, whatever
-happened), whichever way it was answered. Measuring never raises into the relay (see
+A request through the door has the same record as one the relay carries
+(:class:`~sidecar.measure.record.RecordBook`: opened once, given its verdict once, whatever
+happened). Measuring never raises into the relay (see
 :mod:`sidecar.measure.observe`).
 
 Faults map to what a client can act on:
@@ -41,11 +41,9 @@ again: aiohttp would not decode it), and the connection is closed after either.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import NamedTuple, Protocol, cast
+from typing import NamedTuple, cast
 
 import aiohttp
 import structlog
@@ -55,10 +53,7 @@ from multidict import CIMultiDict
 
 from ...base.outcomes import Outcome, Verdict, verdict_of
 from ...base.routes import OTHER, Route, match_route
-from ...measure.concurrency import DecodeConcurrency
-from ...measure.objectives import read_objectives
-from ...measure.observe import ResponseObserver
-from ...measure.record import RequestRecord
+from ...measure.record import RecordBook, RequestRecord
 from ...measure.request_fields import RequestFields, RequestFieldScanner, scan_request_fields
 from ...measure.timeline import RequestTimeline
 from ..server.errors import error_response
@@ -67,7 +62,6 @@ from .body_relay import (
     CLIENT_GONE,
     COMPLETE,
     SEND_TIMED_OUT,
-    SEND_TIMEOUT,
     BodyRelay,
     SendTimeout,
     drain_client,
@@ -75,28 +69,12 @@ from .body_relay import (
 from .client_head import RawHeadResponse, client_head
 from .forwarded import HOP_BY_HOP, forwarded_headers
 from .http1 import ResponseHead
+from .limits import RelayLimits
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
 
-__all__ = ["Proxy", "RelayLimits", "HOP_BY_HOP", "Recorder", "Ended", "CLIENT_BODY_TIMEOUT"]
+__all__ = ["Proxy", "HOP_BY_HOP", "Ended"]
 
 _log = structlog.get_logger("sidecar.proxy")
-
-CLIENT_BODY_TIMEOUT = 60.0
-"""Idle seconds allowed between two reads of a request body from the client (nginx's
-``client_body_timeout`` and its default); past it the request gets 408."""
-
-Recorder = Callable[[RequestTimeline, str], None]
-"""Called once per finished request with the timeline and its bounded model label."""
-
-
-class RequestTracer(Protocol):
-    """What the proxy needs from tracing (see :mod:`sidecar.export.spans`)."""
-
-    def start(self, headers: Mapping[str, str], timeline: RequestTimeline) -> None:
-        """Begin the request's span in the client's trace; set ``timeline.trace``/``trace_id``."""
-
-    def inject(self, timeline: RequestTimeline, headers: MutableMapping[str, str]) -> None:
-        """Add trace-context headers for the upstream request."""
 
 
 class Ended(NamedTuple):
@@ -177,120 +155,26 @@ def _too_large(limit: int) -> tuple[int, str, str]:
     return 413, "request_too_large", f"the request body is larger than {limit} bytes"
 
 
-@dataclass(frozen=True, slots=True)
-class RelayLimits:
-    """The bounds the proxy holds every request and response to (their settings and why:
-    docs/reliability.md; the defaults are the settings' defaults)."""
-
-    max_request_inspect_bytes: int = 32 << 20
-    """A known API route's JSON body up to this is read whole to learn its model; larger is streamed."""
-    max_request_body_bytes: int = 64 << 20
-    """Past this a request body is refused with 413."""
-    client_body_timeout: float = CLIENT_BODY_TIMEOUT
-    """Idle seconds allowed between two reads of a request body (408 after)."""
-    send_timeout: float = SEND_TIMEOUT
-    """Seconds a client may take no bytes of a response that waits for it."""
-    max_response_inspect_bytes: int = 16 << 20
-    """A non-streamed JSON response up to this is read for its usage."""
-    max_line_bytes: int | None = None
-    """An SSE/NDJSON line past this is not parsed (None: the parser's default)."""
-
-
 class Proxy:
     """The aiohttp handler for every method and path of the proxy port."""
 
     def __init__(
         self,
         pool_getter: Callable[[], UpstreamPool],
+        records: RecordBook,
         *,
-        model_label: Callable[[str | None], str],
-        on_start: Callable[[str, str], None] | None = None,
-        on_end: Callable[[str, str], None] | None = None,
-        recorders: Iterable[Recorder] = (),
         limits: RelayLimits = RelayLimits(),
         body_budget: BodyBudget | None = None,
-        tracer: RequestTracer | None = None,
-        tenant_label: Callable[[Mapping[str, str]], str] | None = None,
-        decode_tracker: Callable[[str], DecodeConcurrency] | None = None,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self._tenant_label = tenant_label
-        self._decode_tracker = decode_tracker
         self._pool = self.pool = pool_getter
-        self._model_label = model_label
-        self._on_start = on_start
-        self._on_end = on_end
-        self._recorders = tuple(recorders)
+        self.records = records
         self.limits = limits
         self._budget = self.budget = (
             body_budget
             if body_budget is not None
             else BodyBudget(4 * limits.max_request_inspect_bytes)
         )
-        self._tracer = tracer
-        self._clock = self.clock = clock
-        self.in_flight = 0
-
-    def open_record(
-        self,
-        start: float,
-        method: str,
-        route: Route,
-        model: str | None,
-        fields: RequestFields | None,
-        headers: Mapping[str, str],
-    ) -> RequestRecord:
-        """A request's record, opened the one way for both ways a request is answered (the
-        relay's own, sidecar/relay/data/exchange.py, and aiohttp's handler, :meth:`handle`):
-        its timeline with what the request says, its labels held (the in-flight gauge, the
-        tenant), and its span started (tracing on). :meth:`close_record` ends each of these
-        once."""
-        if fields is not None:
-            model = model or fields.model
-        timeline = RequestTimeline(start, method, route.template, model or "")
-        if fields is not None:  # what the request says
-            timeline.request_stream = fields.stream
-            timeline.request_max_tokens = fields.max_tokens
-        label = self._model_label(model)
-        if self._decode_tracker is not None:  # streams decoding per model label
-            timeline.decode = self._decode_tracker(label)
-        if self._tenant_label is not None:  # read only: the header is forwarded as sent
-            try:
-                timeline.tenant = self._tenant_label(headers)
-            except Exception:
-                _log.exception("tenant_label_failed")
-        try:  # the objective headers (both spellings), read only: forwarded as sent
-            timeline.objectives = read_objectives(headers)
-        except Exception:
-            _log.exception("objectives_failed")
-        record = RequestRecord(timeline, label, model, headers, route.template)
-        self.in_flight += 1
-        if self._on_start is not None:
-            self._safely(self._on_start, label, route.template)
-        record.tenant_held = self._hold_tenant(timeline.tenant)
-        if self._tracer is not None:
-            self._safely(self._tracer.start, headers, timeline)
-        return record
-
-    def trace_into(self, record: RequestRecord, headers: MutableMapping[str, str]) -> None:
-        """Tracing on: the request's span context in the upstream's header fields."""
-        if self._tracer is not None and record.timeline.trace is not None:
-            self._safely(self._tracer.inject, record.timeline, headers)
-
-    def close_record(self, record: RequestRecord, verdict: Verdict) -> None:
-        """The verdict on a request, given once: its labels released (the in-flight gauge
-        under the label it began with), then its record finished, settled and handed to
-        every recorder. A second verdict changes nothing."""
-        if record.closed:
-            return
-        record.closed = True
-        self.in_flight -= 1
-        if self._on_end is not None:
-            self._safely(self._on_end, record.label, record.route)
-        if record.tenant_held is not None:
-            # Held only where the labeler has hold() and release() (_hold_tenant).
-            self._safely(self._tenant_label.release, record.tenant_held)  # type: ignore[union-attr]  # held: set
-        self._record(record.timeline, record.model, record.label, record.headers, verdict)
+        self._clock = self.clock = records.clock
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """aiohttp's handler: the door for what the relay does not carry itself
@@ -308,7 +192,7 @@ class Proxy:
         received = None  # a streamed body has no overhead figure
         if refusal is None and (body is None or type(body) is bytes):
             received = self._clock()
-        record = self.open_record(start, request.method, route, model, fields, request.headers)
+        record = self.records.open(start, request.method, route, model, fields, request.headers)
         timeline = record.timeline
         timeline.body_received = received
         verdict = Verdict.INTERNAL  # unless the relay says otherwise
@@ -325,23 +209,7 @@ class Proxy:
             verdict = Verdict.CLIENT_DISCONNECTED
             raise
         finally:
-            self.close_record(record, verdict)
-
-    def _record(
-        self,
-        timeline: RequestTimeline,
-        model: str | None,
-        label: str,
-        headers: Mapping[str, str],
-        verdict: Verdict,
-    ) -> None:
-        """A request's record, closed the one way: finished once, its labels settled, and
-        handed to every recorder."""
-        if timeline.finish(verdict, self._clock()):
-            model = model or timeline.model or None  # a streamed body's model comes late
-            label = self._settled(model, label, headers, timeline)
-            for recorder in self._recorders:
-                self._safely(recorder, timeline, label)
+            self.records.close(record, verdict)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue``: refuse a body that would be refused anyway before the
@@ -450,7 +318,7 @@ class Proxy:
             request.headers, peer=request.remote or "", scheme=request.scheme, host=request.host,
             body_is_bytes=isinstance(body, bytes),
         )  # fmt: skip
-        self.trace_into(record, headers)
+        self.records.trace_into(record, headers)
         return headers
 
     # -- response ----------------------------------------------------------------------
@@ -488,30 +356,12 @@ class Proxy:
             _late_fields(timeline, body.fields)
         body = None  # sent: not kept for the stream's lifetime
         try:
-            return await self._stream(request, route, conn, timeline)
+            return await self._stream(request, route, conn, record)
         finally:
             # A complete keep-alive response returns the connection to the pool; anything
             # else closes it, which is how the server learns to stop generating for a gone
             # client.
             pool.release(conn)
-
-    def observe_response(
-        self, route: Route, timeline: RequestTimeline, head: ResponseHead
-    ) -> ResponseObserver:
-        """The upstream's head is in: the response's observer (its dialect by route, content
-        type and encoding, held to the inspect limits), and the timeline says so."""
-        headers = CIMultiDict(head.headers)
-        observer = ResponseObserver(
-            route,
-            timeline,
-            headers.get("Content-Type", ""),
-            headers.get("Content-Encoding", ""),
-            max_json_bytes=self.limits.max_response_inspect_bytes,
-            max_line_bytes=self.limits.max_line_bytes,
-            headers=headers,
-        )
-        timeline.response_started(self._clock(), head.status, observer.streaming)
-        return observer
 
     def _sent(self, timeline: RequestTimeline) -> None:
         timeline.upstream_sent = self._clock()
@@ -525,10 +375,11 @@ class Proxy:
         request: web.Request,
         route: Route,
         conn: UpstreamConnection,
-        timeline: RequestTimeline,
+        record: RequestRecord,
     ) -> Ended:
         head = cast(ResponseHead, conn.head)  # the pool answers once the head arrived
-        observer = self.observe_response(route, timeline, head)
+        timeline = record.timeline
+        observer = self.records.observe(record, route, head.status, head.headers)
         # The upstream's head bytes, not aiohttp's re-encoding of them (see client_head).
         out_head = client_head(
             head,
@@ -584,36 +435,3 @@ class Proxy:
             # abort, not close: close() would wait to flush the unread bytes, forever.
             request.transport.abort()
         return Ended(Verdict.CLIENT_SEND_TIMEOUT, response)
-
-    def _settled(
-        self, model: str | None, label: str, headers: Mapping[str, str], timeline: RequestTimeline
-    ) -> str:
-        """The labels a finished request is recorded with: a model or tenant the upstream
-        answered (not 4xx) may earn its own label now (sidecar/base/labels.py); a 4xx never does."""
-        try:
-            settle = getattr(self._model_label, "settle", None)
-            if settle is not None:
-                label = settle(model, timeline.status)
-            settle = getattr(self._tenant_label, "settle", None)
-            if settle is not None:
-                timeline.tenant = settle(headers, timeline.status)
-        except Exception:  # telemetry never breaks the relay
-            _log.exception("label_settle_failed")
-        return label
-
-    def _hold_tenant(self, tenant: str | None) -> str | None:
-        """The tenant label a request starts with is held until it ends, like its model label
-        (sidecar/base/labels.py, ``hold``): an idle expiry mid-stream would drop the tenant's
-        series under a running request. Returns what to release."""
-        hold = getattr(self._tenant_label, "hold", None)
-        if hold is None or not tenant:
-            return None
-        self._safely(hold, tenant)
-        return tenant
-
-    @staticmethod
-    def _safely(fn: Callable[..., object], *args: object) -> None:
-        try:
-            fn(*args)
-        except Exception:  # telemetry never breaks the relay
-            _log.exception("recorder_failed", recorder=getattr(fn, "__qualname__", repr(fn)))
