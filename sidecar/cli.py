@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import platform
 import sys
@@ -28,37 +27,6 @@ from .config import (
 )
 
 __all__ = ["main"]
-
-
-def _install_fast_loop() -> None:
-    try:
-        import uvloop  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-_MMAP_THRESHOLD = 256 << 10
-
-
-def _return_large_buffers_to_the_os() -> None:
-    """Serve large allocations (request bodies, big reads) from their own mappings, so the
-    memory goes back to the kernel when they are freed.
-
-    glibc raises its mmap threshold after the first large buffer is freed (up to 32 MiB),
-    so later bodies come from the heap, which it rarely gives back: after a burst of large
-    requests a pod keeps ~50 MiB it no longer uses, counted against its limit. A
-    fixed threshold (glibc's ``MALLOC_MMAP_THRESHOLD_``) keeps the default's behaviour for
-    good. No-op where the C library is not glibc, or when the variable is set already."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # pragma: no cover - not glibc (musl, macOS)
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +67,8 @@ def _metavar(name: str, info: FieldInfo) -> str | None:
         return "PATH"
     if name == "tenant_header":
         return "HEADER"
+    if name == "workers":
+        return "N|auto"
     if get_origin(kind) is Literal:
         return None
     if kind is bool:
@@ -379,12 +349,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _die(str(exc))
         from .app import serve  # noqa: PLC0415 - keep `--help` fast
         from .export.logs import configure_logging  # noqa: PLC0415
+        from .fleet.cpus import worker_count  # noqa: PLC0415
+        from .fleet.process import prepare_process  # noqa: PLC0415
+        from .fleet.supervisor import supervise  # noqa: PLC0415
 
         configure_logging(settings.log_format, settings.log_level)
-        _install_fast_loop()
-        _return_large_buffers_to_the_os()
+        prepare_process()
+        workers = worker_count(settings.workers)
         try:
-            asyncio.run(serve(settings))
+            asyncio.run(serve(settings) if workers == 1 else supervise(settings, workers))
         except OSError as exc:  # e.g. the port is taken; serve's ListenError names the flag
             return _die(
                 str(exc.strerror)
@@ -417,7 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except ValueError as exc:
             return _die(f"invalid simulate option: {exc}")
-        _install_fast_loop()
+        from .fleet.process import install_fast_loop  # noqa: PLC0415
+
+        install_fast_loop()
         try:
             asyncio.run(run_simulator(config, host, port))
         except KeyboardInterrupt:
@@ -426,9 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _die(f"cannot listen: {exc.strerror or exc}")
         return 0
     if args.command == "demo":
+        from .fleet.process import install_fast_loop  # noqa: PLC0415
         from .tools.demo import run_demo  # noqa: PLC0415
 
-        _install_fast_loop()
+        install_fast_loop()
         return run_demo(
             duration=args.duration,
             concurrency=args.concurrency,

@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "LLM_SIDECAR_"
+MAX_WORKERS = 64
+"""The most worker processes ``--workers`` takes (one a core; past this, a pod is too big)."""
 
 # An upstream URL ending in /v1 (or /v2, /v1beta...) is a client's base URL, not a server's
 # root: the relayed path already starts with it, so every request would 404 as /v1/v1/...
@@ -99,6 +101,13 @@ class Settings(BaseModel):
         "0.0.0.0:9464",
         description="Admin address HOST:PORT: /metrics, /healthz, /readyz, /upstreamz, "
         "/metrics/engine (its / lists them)",
+    )
+    workers: int | Literal["auto"] = Field(
+        1,
+        description="Processes relaying behind the proxy port, each on its own core; 'auto': the "
+        "container's CPU limit (its cgroup), else the cores it may run on. Past 1, a supervisor "
+        "serves the admin port with one page for the pod (counters summed, never decreasing when "
+        "a worker dies) and replaces a worker that exits",
     )
     connect_timeout: float = Field(
         5.0, gt=0, description="Seconds to open a connection to the upstream (else 502 or 504)"
@@ -365,6 +374,13 @@ class Settings(BaseModel):
     @classmethod
     def _address(cls, v: str) -> str:
         parse_host_port(v)
+        return v
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int | str) -> int | str:
+        if v != "auto" and not 1 <= int(v) <= MAX_WORKERS:
+            raise ValueError(f"must be 'auto' or 1 to {MAX_WORKERS}, got {v!r}")
         return v
 
     @field_validator("health_path")

@@ -1,0 +1,422 @@
+"""``--workers N``: N worker processes behind one proxy port, one admin port for the pod.
+
+One sidecar process relays about 47,000 tokens/s on a core (docs/performance.md); a busy
+server produces more. So the supervisor binds the proxy port once and hands the listening
+socket to N workers (:mod:`sidecar.fleet.worker`), each the single-process sidecar with its
+own loop; the kernel gives each new connection to whichever worker accepts first, so a busy
+worker takes fewer. The supervisor relays nothing: it watches the workers and serves the
+admin port.
+
+* ``/metrics``: the pod's one page (:mod:`sidecar.fleet.merge`), from a fresh copy of every
+  worker's families taken for the scrape (the last copy where one does not answer in time),
+  the totals that gone workers left, and the supervisor's own families: how many workers
+  run (``llm_sidecar_workers``), how many were replaced (``llm_sidecar_worker_restarts_total``),
+  and its process's figures in the pod's ``process_*``. A copy is also taken every
+  :data:`SYNC_SECONDS`, so a worker killed without warning takes at most that much of its
+  counting with it; a worker that exits cleanly leaves its final families in a file, so
+  nothing of it is lost. No merged counter or bucket ever decreases.
+* A worker that exits unasked is replaced (logged, counted); its requests in flight are read
+  from its ledger (:mod:`sidecar.fleet.ledger`) and each is counted once, as an error.
+* ``/readyz`` is 200 only when every worker runs and says it is ready; ``/healthz`` while
+  the supervisor runs; ``/upstreamz`` and ``/metrics/engine`` are a worker's.
+* SIGTERM (or SIGINT) goes on to every worker, which drains as the single process does
+  (sidecar/relay/server/drain.py); readiness is 503 from the first signal, and the admin
+  port stays up until the last worker is done, so the final figures can be scraped. A second
+  signal is passed on too: the workers stop draining.
+
+The series budget (``--max-series``) is the pod's: each worker gets an equal share, so the
+page, the union of the workers' series, stays within it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Coroutine, Iterable, Sequence
+from pathlib import Path
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from ..app import ADMIN_ENDPOINTS, ListenError, admin_index
+from ..config import Settings
+from ..export.scrape import ScrapeRenderer
+from ..relay.control.self_loop import UpstreamLoopError, loop_reason
+from .ledger import create_ledger, read_lost
+from .merge import PodPage, lost_request_labels
+from .worker import FAMILIES_PATH, WorkerPlan, spawn_args
+
+__all__ = ["SYNC_SECONDS", "Supervisor", "supervise"]
+
+_log = structlog.get_logger("sidecar.fleet")
+
+SYNC_SECONDS = 1.0
+"""How often every worker's families are copied between scrapes."""
+
+COPY_TIMEOUT = 2.0
+"""Seconds a worker has to hand over its families before its last copy is used."""
+
+RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
+"""Seconds before a worker that exited is started again, longer after each quick exit."""
+
+_Families = list[Metric]
+
+
+class _Worker:
+    """One worker slot: its process (replaced when it exits), its paths and its last copy."""
+
+    def __init__(self, index: int, rundir: Path) -> None:
+        self.index = index
+        self.admin_path = str(rundir / f"w{index}.sock")
+        self.ledger_path = str(rundir / f"w{index}.inflight")
+        self.final_path = str(rundir / f"w{index}.final")
+        self.proc: asyncio.subprocess.Process | None = None
+        self.families: _Families = []
+        self.sequence = 0
+        self.started_at = 0.0
+        self.quick_exits = 0
+        self.session: aiohttp.ClientSession | None = None
+
+    def take(self, sequence: int, families: _Families) -> None:
+        """A copy of the worker's families: kept only when newer than the one held (copies
+        taken for a scrape and by the sync may come back in either order)."""
+        if sequence > self.sequence:
+            self.sequence, self.families = sequence, families
+
+    def clear(self) -> None:
+        self.families, self.sequence = [], 0
+
+
+class Supervisor:
+    """The pod's workers and its admin app (the module doc)."""
+
+    def __init__(self, settings: Settings, count: int, rundir: Path) -> None:
+        self.count = count
+        self.rundir = rundir
+        # Each worker's share of the pod's series budget, so the merged page stays within it.
+        self.worker_settings = settings.model_copy(
+            update={"max_series": max(1, settings.max_series // count), "workers": 1}
+        )
+        self.settings = settings
+        self.tenants = settings.tenant_header is not None
+        self.page = PodPage()
+        self.workers = [_Worker(i, rundir) for i in range(count)]
+        self.stopping = False
+        self.listener: socket.socket | None = None
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.restarts = Counter(
+            "llm_sidecar_worker_restarts",
+            "Worker processes that exited unasked and were replaced (--workers).",
+            registry=self.registry,
+        )
+        self.running = Gauge(
+            "llm_sidecar_workers", "Worker processes running (--workers).", registry=self.registry
+        )
+        self.renderer = ScrapeRenderer(_MergedPage(self))
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.all_exited = asyncio.Event()
+
+    # -- the workers ---------------------------------------------------------------------
+
+    async def start(self, listener: socket.socket) -> None:
+        self.listener = listener
+        for worker in self.workers:
+            await self._spawn(worker)
+        self._spawn_task(self._sync())
+
+    def _spawn_task(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _spawn(self, worker: _Worker) -> None:
+        assert self.listener is not None
+        create_ledger(worker.ledger_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(worker.final_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(worker.admin_path)
+        plan = WorkerPlan(
+            index=worker.index,
+            listen_fd=self.listener.fileno(),
+            admin_path=worker.admin_path,
+            ledger_path=worker.ledger_path,
+            final_path=worker.final_path,
+            parent_pid=os.getpid(),
+        )
+        args, stdin = spawn_args(self.worker_settings, plan)
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            pass_fds=(self.listener.fileno(),),
+            start_new_session=True,  # a terminal's Ctrl-C is the supervisor's to pass on
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        await proc.stdin.drain()
+        proc.stdin.close()
+        worker.proc = proc
+        worker.started_at = time.monotonic()
+        worker.clear()
+        if worker.session is None:
+            worker.session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=worker.admin_path),
+                timeout=aiohttp.ClientTimeout(total=COPY_TIMEOUT),
+            )
+        self.running.set(sum(1 for w in self.workers if w.proc is not None))
+        _log.info("worker_started", worker=worker.index, pid=proc.pid)
+        self._spawn_task(self._watch(worker, proc))
+
+    async def _watch(self, worker: _Worker, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        worker.proc = None
+        self.running.set(sum(1 for w in self.workers if w.proc is not None))
+        lost = self._retire(worker)
+        if self.stopping:
+            _log.info("worker_stopped", worker=worker.index, pid=proc.pid, code=code)
+            if all(w.proc is None for w in self.workers):
+                self.all_exited.set()
+            return
+        self.restarts.inc()
+        quick = time.monotonic() - worker.started_at < 10.0
+        worker.quick_exits = worker.quick_exits + 1 if quick else 0
+        delay = RESTART_BACKOFF[min(worker.quick_exits, len(RESTART_BACKOFF) - 1)]
+        _log.warning(
+            "worker_exited",
+            worker=worker.index,
+            pid=proc.pid,
+            code=code,
+            requests_lost=lost,
+            restart_in=delay,
+        )
+        await asyncio.sleep(delay)
+        if not self.stopping:
+            await self._spawn(worker)
+
+    def _retire(self, worker: _Worker) -> int:
+        """The worker is gone: its final families (written as it exited cleanly) or its last
+        copy go into the pod's totals, with its requests still in flight counted once."""
+        try:
+            with open(worker.final_path, "rb") as f:
+                sequence, families = pickle.load(f)
+            worker.take(sequence, families)
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            pass
+        lost = [
+            (lost_request_labels(model, route, tenant, tenants=self.tenants), float(n))
+            for (model, route, tenant), n in read_lost(worker.ledger_path)
+        ]
+        self.page.retire(worker.families, lost)
+        worker.clear()
+        return int(sum(n for _, n in lost))
+
+    async def _copy(self, worker: _Worker) -> None:
+        proc, session = worker.proc, worker.session
+        if proc is None or session is None:
+            return
+        try:
+            async with session.get(f"http://worker{FAMILIES_PATH}") as resp:
+                if resp.status != 200:
+                    return
+                body = await resp.read()
+            sequence, families = pickle.loads(body)
+        except (aiohttp.ClientError, TimeoutError, OSError, pickle.UnpicklingError, ValueError):
+            return  # starting, or going: its last copy stands
+        if worker.proc is proc:  # not retired meanwhile
+            worker.take(sequence, families)
+
+    async def refresh(self) -> None:
+        await asyncio.gather(*(self._copy(w) for w in self.workers))
+
+    async def _sync(self) -> None:
+        while not self.all_exited.is_set():
+            await asyncio.sleep(SYNC_SECONDS)
+            await self.refresh()
+
+    def merged(self) -> list[Metric]:
+        live = [w.families for w in self.workers if w.families]
+        return self.page.merged([*live, list(self.registry.collect())])
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Pass SIGTERM on to every worker (they drain); again: they stop draining."""
+        self.stopping = True
+        for worker in self.workers:
+            if worker.proc is not None and worker.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.send_signal(signal.SIGTERM)
+        if all(w.proc is None for w in self.workers):
+            self.all_exited.set()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for worker in self.workers:
+            if worker.proc is not None and worker.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.kill()
+                await worker.proc.wait()
+            if worker.session is not None:
+                await worker.session.close()
+        self.renderer.close()
+
+    # -- the admin port ------------------------------------------------------------------
+
+    async def _worker_get(self, path: str) -> web.Response:
+        """A worker's own answer on ``path`` (the first one that answers)."""
+        for worker in self.workers:
+            if worker.proc is None or worker.session is None:
+                continue
+            try:
+                async with worker.session.get(f"http://worker{path}") as resp:
+                    body = await resp.read()
+                    return web.Response(
+                        status=resp.status, body=body, content_type=resp.content_type
+                    )
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                continue
+        return web.json_response({"ready": False, "reason": "no worker answers"}, status=503)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.stopping:
+            return web.json_response({"ready": False, "reason": "draining"}, status=503)
+        running = [w for w in self.workers if w.proc is not None and w.session is not None]
+        if len(running) < self.count:
+            reason = f"{len(running)} of {self.count} workers running"
+            return web.json_response({"ready": False, "reason": reason}, status=503)
+        for worker in running:
+            assert worker.session is not None
+            try:
+                async with worker.session.get("http://worker/readyz") as resp:
+                    doc = await resp.json(content_type=None)
+                    if resp.status != 200:
+                        doc["worker"] = worker.index
+                        return web.json_response(doc, status=503)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                reason = f"worker {worker.index} does not answer yet"
+                return web.json_response({"ready": False, "reason": reason}, status=503)
+        return web.json_response({"ready": True, "workers": self.count})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        await self.refresh()
+        return await self.renderer.handler(request)
+
+    def admin_app(self) -> web.Application:
+        app = web.Application()
+        endpoints = list(ADMIN_ENDPOINTS)
+        if not self.settings.engine_metrics_path:
+            endpoints = [e for e in endpoints if e[0] != "/metrics/engine"]
+        index_text = admin_index(endpoints)
+
+        async def index(request: web.Request) -> web.Response:
+            return web.Response(text=index_text, content_type="text/plain")
+
+        async def healthz(request: web.Request) -> web.Response:
+            return web.json_response({"status": "alive", "workers": self.count})
+
+        async def relayed(request: web.Request) -> web.Response:
+            return await self._worker_get(request.path_qs)
+
+        app.router.add_get("/", index)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/upstreamz", relayed)
+        if self.settings.engine_metrics_path:
+            app.router.add_get("/metrics/engine", relayed)
+        return app
+
+
+class _MergedPage:
+    """The pod's page as the scrape renderer reads it (``collect``, and a ``name[]`` view)."""
+
+    def __init__(self, supervisor: Supervisor, names: Sequence[str] = ()) -> None:
+        self._supervisor = supervisor
+        self._names = frozenset(names)
+
+    def collect(self) -> Iterable[Metric]:
+        families = self._supervisor.merged()
+        if not self._names:
+            return families
+        return [m for m in families if any(s.name in self._names for s in m.samples)]
+
+    def restricted_registry(self, names: Iterable[str]) -> _MergedPage:
+        return _MergedPage(self._supervisor, list(names))
+
+
+def _listen(settings: Settings) -> socket.socket:
+    host, port = settings.listen_addr
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as exc:
+        raise ListenError("--listen", settings.listen, exc) from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+async def supervise(settings: Settings, count: int, stop: asyncio.Event | None = None) -> None:
+    """Run ``count`` workers until SIGTERM/SIGINT (or ``stop``), then drain them and return."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals > 1:  # a second signal: the workers stop draining too
+            supervisor.stop()
+
+    listener = _listen(settings)
+    rundir = Path(tempfile.mkdtemp(prefix="llm-sidecar-pod-"))
+    supervisor = Supervisor(settings, count, rundir)
+    admin = web.AppRunner(supervisor.admin_app(), access_log=None, shutdown_timeout=1.0)
+    try:
+        if looping := await loop_reason(settings.upstream, [listener.getsockname()]):
+            raise UpstreamLoopError(looping)
+        await admin.setup()
+        mhost, mport = settings.metrics_addr
+        try:
+            await web.TCPSite(admin, mhost, mport).start()
+        except OSError as exc:
+            raise ListenError("--metrics-listen", settings.metrics_listen, exc) from exc
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_signal)
+        await supervisor.start(listener)
+        _log.info(
+            "started",
+            workers=count,
+            listen=settings.listen,
+            metrics_listen=settings.metrics_listen,
+            bound=[_address(listener.getsockname())],
+            metrics_bound=[_address(a) for a in admin.addresses],
+            upstream=settings.upstream,
+        )
+        await stop.wait()
+        supervisor.stop()
+        await supervisor.all_exited.wait()
+        _log.info("stopped", workers=count)
+    finally:
+        await supervisor.close()
+        await admin.cleanup()
+        listener.close()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def _address(address: tuple[object, ...]) -> str:
+    host, port = str(address[0]), address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

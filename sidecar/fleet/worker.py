@@ -1,0 +1,123 @@
+"""One of a pod's workers: the sidecar's own ``serve``, on the proxy socket its supervisor
+bound and handed down, with its admin app on a private Unix socket that only the supervisor
+reads (``python -m sidecar.fleet.worker``, its plan on stdin: :func:`spawn_args`).
+
+The worker is the single-process sidecar in every way that touches a request: the same
+relay, records and registry (exemplars, process metrics). What it adds is for its supervisor
+(:mod:`sidecar.fleet.supervisor`):
+
+* ``GET /pod/families`` on the private socket: what its registry's ``collect()`` yields,
+  pickled, with a sequence number, so the supervisor keeps only the newest copy;
+* its requests in flight in a :class:`~sidecar.fleet.ledger.InFlightLedger`, which the
+  supervisor reads if the worker dies;
+* stopping (draining) when the supervisor is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import pickle
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aiohttp import web
+
+from ..app import PodWorker, Sidecar, SidecarRunner, serve
+from ..config import Settings
+from ..export.logs import configure_logging
+from .ledger import InFlightLedger
+from .process import prepare_process
+
+__all__ = ["FAMILIES_PATH", "WorkerPlan", "main", "spawn_args"]
+
+FAMILIES_PATH = "/pod/families"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What a worker is told on stdin: its index, the inherited proxy socket's descriptor,
+    its admin socket's and ledger's paths, its supervisor's pid."""
+
+    index: int
+    listen_fd: int
+    admin_path: str
+    ledger_path: str
+    final_path: str
+    parent_pid: int
+
+
+def spawn_args(settings: Settings, plan: WorkerPlan) -> tuple[list[str], bytes]:
+    """The command that starts a worker and what to write to its stdin."""
+    doc = {"settings": settings.model_dump(mode="json"), "plan": asdict(plan)}
+    return [sys.executable, "-m", "sidecar.fleet.worker"], json.dumps(doc).encode()
+
+
+class _Families:
+    """The worker's families for its supervisor: ``GET /pod/families`` answers
+    ``(sequence, families)`` pickled, collected off the loop (one thread: copies leave in the
+    order they were collected, and the sequence says so); :meth:`final` writes the last
+    copy to ``final_path`` once every request is done (written whole, then renamed)."""
+
+    def __init__(self, final_path: str) -> None:
+        self._numbers = itertools.count(1)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pod-families")
+        self._final_path = final_path
+
+    def _collect(self, sc: Sidecar) -> bytes:
+        return pickle.dumps((next(self._numbers), list(sc.registry.collect())), protocol=5)
+
+    def route(self, sc: Sidecar) -> None:
+        async def families(request: web.Request) -> web.Response:
+            body = await asyncio.get_running_loop().run_in_executor(self._pool, self._collect, sc)
+            return web.Response(body=body, content_type="application/octet-stream")
+
+        sc.admin_app.router.add_get(FAMILIES_PATH, families)
+
+    def final(self, sc: Sidecar) -> None:
+        body = self._pool.submit(self._collect, sc).result()
+        partial = self._final_path + ".part"
+        with open(partial, "wb") as f:
+            f.write(body)
+        os.replace(partial, self._final_path)
+
+
+def _binder(plan: WorkerPlan) -> Any:
+    async def bind(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: SidecarRunner) -> None:
+        sock = socket.socket(fileno=plan.listen_fd)  # bound and listening: the supervisor's
+        await web.SockSite(proxy_runner, sock).start()
+        await web.UnixSite(admin_runner, plan.admin_path).start()
+
+    return bind
+
+
+def main() -> int:
+    doc = json.loads(sys.stdin.buffer.read())
+    settings = Settings.model_validate(doc["settings"])
+    plan = WorkerPlan(**doc["plan"])
+    configure_logging(settings.log_format, settings.log_level)
+    prepare_process()
+    ledger = InFlightLedger(plan.ledger_path)
+    families = _Families(plan.final_path)
+    worker = PodWorker(
+        index=plan.index,
+        bind=_binder(plan),
+        admin_routes=families.route,
+        stopped=families.final,
+        ledger=ledger,
+        parent_pid=plan.parent_pid,
+    )
+    try:
+        asyncio.run(serve(settings, worker=worker))
+    finally:
+        ledger.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

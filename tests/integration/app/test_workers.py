@@ -1,0 +1,275 @@
+"""``serve --workers N`` over real sockets and processes: the pod's one page is exact (what
+the clients and the upstream counted), never decreases when a worker is killed, and the
+drain takes every worker.
+
+The upstream is an aiohttp server in the test that counts what it sent; the sidecar is the
+real command (a supervisor and its worker processes). Its private folder goes under the
+test's ``TMPDIR``, so the test can ask each worker's own admin socket what it counted and
+kill the one that holds streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter as Tally
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import start_app, wait_for
+from tests.support.sse import DONE, chat_chunk
+
+pytestmark = pytest.mark.integration
+
+ROUTE = "/v1/chat/completions"
+MODELS = ("alpha", "beta")
+MONOTONE = ("_total", "_bucket", "_count", "_sum")
+
+
+class CountingUpstream:
+    """Streams ``x-tokens`` content chunks ``x-gap`` seconds apart, then usage and
+    ``[DONE]``; counts the requests and tokens it answered, by model."""
+
+    def __init__(self) -> None:
+        self.requests: Tally[str] = Tally()
+        self.tokens: Tally[str] = Tally()
+        self.streaming = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post(ROUTE, self.handler)
+        app.router.add_get("/health", self.health)
+        return app
+
+    @staticmethod
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        model = body["model"]
+        tokens = int(request.headers.get("x-tokens", "5"))
+        gap = float(request.headers.get("x-gap", "0"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.streaming += 1
+        try:
+            await resp.write(chat_chunk(role=True, model=model))
+            for i in range(tokens):
+                if gap:
+                    await asyncio.sleep(gap)
+                await resp.write(chat_chunk(f"t{i}", model=model))
+            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}
+            await resp.write(chat_chunk(finish="stop", model=model))
+            await resp.write(b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage}).encode() + b"\n\n")  # fmt: skip
+            await resp.write(DONE)
+            await resp.write_eof()
+        finally:
+            self.streaming -= 1
+        self.requests[model] += 1
+        self.tokens[model] += tokens
+        return resp
+
+
+def parse(page: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            out[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    return sum(
+        v
+        for (n, ls), v in samples.items()
+        if n == name and all(dict(ls).get(k) == want for k, want in labels.items())
+    )
+
+
+async def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + "/metrics") as r:
+            assert r.status == 200
+            return parse(await r.text())
+
+
+async def worker_page(sock: Path) -> dict[tuple[str, tuple], float]:
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as s:
+        async with s.get("http://worker/metrics") as r:
+            return parse(await r.text())
+
+
+def worker_sockets(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("llm-sidecar-pod-*/w*.sock"))
+
+
+async def start_pod(serve_process, upstream_url: str, tmp: Path, workers: int):
+    pod = serve_process(upstream_url, "--workers", str(workers), env={"TMPDIR": str(tmp)})
+    await pod.wait_started()
+
+    async def ready() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/readyz") as r:
+                    return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_for(ready, timeout=60)
+    return pod
+
+
+async def chat(session: aiohttp.ClientSession, url: str, model: str, tokens: int, gap=0.0) -> bytes:
+    headers = {"x-tokens": str(tokens), "x-gap": str(gap)}
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    async with session.post(url + ROUTE, json=body, headers=headers) as r:
+        assert r.status == 200
+        return await r.read()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_the_pods_page_is_what_the_clients_and_the_upstream_counted(
+    serve_process, tmp_path, workers
+):
+    upstream = CountingUpstream()
+    runner, port = await start_app(upstream.app())
+    try:
+        pod = await start_pod(serve_process, f"http://127.0.0.1:{port}", tmp_path, workers)
+        sent: Tally[str] = Tally()
+        tokens: Tally[str] = Tally()
+
+        async def client(n: int) -> None:
+            # Its own connections: the kernel hands each new one to a worker.
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2)) as s:
+                for i in range(12):
+                    model = MODELS[(n + i) % 2]
+                    k = 3 + (n * 7 + i) % 9
+                    body = await chat(s, pod.url, model, k)
+                    assert body.endswith(DONE)
+                    sent[model] += 1
+                    tokens[model] += k
+
+        await asyncio.gather(*(client(n) for n in range(16)))
+        page = await scrape(pod.admin_url)
+        assert upstream.requests == sent  # every request reached the upstream once
+        for model in MODELS:
+            assert total(page, "llm_requests_total", model=model, outcome="ok") == sent[model]
+            assert total(page, "llm_requests_total", model=model) == sent[model]
+            assert total(page, "llm_tokens_total", model=model, type="output") == tokens[model]
+            assert total(page, "llm_tokens_total", model=model, type="input") == 3 * sent[model]
+            assert total(page, "llm_time_to_first_token_seconds_count", model=model) == sent[model]
+            assert total(page, "llm_request_duration_seconds_count", model=model) == sent[model]
+            # Every gap between two content tokens: k - 1 a stream.
+            assert total(page, "llm_inter_token_latency_seconds_count", model=model) == (
+                tokens[model] - sent[model]
+            )
+        assert total(page, "llm_requests_in_flight") == 0
+        if workers > 1:
+            pages = [await worker_page(sock) for sock in worker_sockets(tmp_path)]
+            assert len(pages) == workers
+            served = [total(p, "llm_requests_total") for p in pages]
+            assert all(n > 0 for n in served), served  # the load reached every worker
+            assert sum(served) == sum(sent.values())
+            ttft_sum = sum(total(p, "llm_time_to_first_token_seconds_sum") for p in pages)
+            assert total(page, "llm_time_to_first_token_seconds_sum") == pytest.approx(ttft_sum)
+            assert total(page, "llm_sidecar_workers") == workers
+            assert total(page, "llm_sidecar_worker_restarts_total") == 0
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=30) == 0
+    finally:
+        await runner.cleanup()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.extend(int(p) for p in text)
+    return found
+
+
+async def test_kill_9_of_a_worker_mid_stream_never_takes_a_count_back(serve_process, tmp_path):
+    """Streams through two workers; one worker (the one holding streams) is killed with
+    SIGKILL mid-stream while the page is scraped every 100 ms. No counter or bucket of the
+    page ever decreases, the worker is replaced, and each stream it was relaying is counted
+    once, as an error; the rest end ok."""
+    upstream = CountingUpstream()
+    runner, port = await start_app(upstream.app())
+    scrapes: list[dict] = []
+    stop_scraping = asyncio.Event()
+    try:
+        pod = await start_pod(serve_process, f"http://127.0.0.1:{port}", tmp_path, 2)
+
+        async def scraper() -> None:
+            while not stop_scraping.is_set():
+                scrapes.append(await scrape(pod.admin_url))
+                await asyncio.sleep(0.1)
+
+        scraping = asyncio.create_task(scraper())
+        # A first round that ends ok, so there are counts to keep.
+        async with aiohttp.ClientSession() as s:
+            await asyncio.gather(*(chat(s, pod.url, MODELS[i % 2], 4) for i in range(20)))
+
+        streams = 16
+        outcomes: list[str] = []
+
+        async def long_stream(i: int) -> None:
+            async with aiohttp.ClientSession() as s:
+                try:
+                    body = await chat(s, pod.url, MODELS[i % 2], 60, gap=0.05)
+                    outcomes.append("ok" if body.endswith(DONE) else "cut")
+                except (aiohttp.ClientError, AssertionError):
+                    outcomes.append("cut")
+
+        tasks = [asyncio.create_task(long_stream(i)) for i in range(streams)]
+        await wait_for(lambda: upstream.streaming == streams, timeout=30)
+        socks = worker_sockets(tmp_path)
+        in_flight = [total(await worker_page(s), "llm_requests_in_flight") for s in socks]
+        victim_index = max(range(len(socks)), key=lambda i: in_flight[i])
+        assert in_flight[victim_index] > 0
+        started = [json.loads(line) for line in pod.out if '"worker_started"' in line]
+        victim = int(socks[victim_index].stem[1:])  # w<index>.sock
+        pid = next(e["pid"] for e in started if e["worker"] == victim)
+        assert pid in _children(pod.proc.pid)
+        await scrape(pod.admin_url)  # the first round's counts are in the supervisor's copy
+        before_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.gather(*tasks)
+        cut = outcomes.count("cut")
+        assert cut == in_flight[victim_index]  # the killed worker's streams, no others
+        assert outcomes.count("ok") == streams - cut
+
+        async def replaced() -> bool:
+            page = await scrape(pod.admin_url)
+            return (
+                total(page, "llm_sidecar_worker_restarts_total") == 1
+                and total(page, "llm_sidecar_workers") == 2
+            )
+
+        await wait_for(replaced, timeout=30)
+        await asyncio.sleep(0.3)
+        stop_scraping.set()
+        await scraping
+        assert time.monotonic() - before_kill < 60
+        final = scrapes[-1]
+        assert total(final, "llm_requests_total", outcome="error", error_type="internal") == cut
+        assert total(final, "llm_requests_total", outcome="error") == cut
+        assert total(final, "llm_requests_total", outcome="ok") == 20 + streams - cut
+        assert total(final, "llm_requests_in_flight") == 0
+        for earlier, later in zip(scrapes, scrapes[1:], strict=False):
+            for key, value in earlier.items():
+                if key[0].endswith(MONOTONE):
+                    assert later.get(key, 0.0) >= value, (key, value, later.get(key))
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=30) == 0
+    finally:
+        stop_scraping.set()
+        await runner.cleanup()
