@@ -68,7 +68,7 @@ def _metavar(name: str, info: FieldInfo) -> str | None:
     if name == "tenant_header":
         return "HEADER"
     if name == "workers":
-        return "N|auto"
+        return "{N,auto}"
     if get_origin(kind) is Literal:
         return None
     if kind is bool:

@@ -44,6 +44,8 @@ def _kind(annotation: object) -> str:
     if origin in (Union, UnionType) and NoneType in args:
         (inner,) = (a for a in args if a is not NoneType)
         return f"{_kind(inner)}, empty: unset"
+    if origin in (Union, UnionType):
+        return " or ".join(_kind(a) for a in args)
     if origin is list:
         return f"list of {_kind(args[0])}s, comma-separated"
     if origin is dict:

@@ -291,6 +291,25 @@ timeoutSeconds: {{ $l.timeoutSeconds }}
 failureThreshold: {{ .failureThreshold }}
 {{- end -}}
 
+{{/* The sidecar's worker processes: sidecar.workers, else one per core of its CPU request
+(rounded up, at least 1: "100m" is 1, "1500m" and "2" are 2). The request, not a limit:
+the chart sets no CPU limit (CFS throttling would add latency to what is measured). */}}
+{{- define "llm-sidecar.workers" -}}
+{{- $s := .Values.sidecar -}}
+{{- if $s.workers -}}
+{{- $s.workers -}}
+{{- else -}}
+{{- $cpu := toString (dig "requests" "cpu" "" ($s.resources | default dict)) -}}
+{{- $milli := 1000 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $milli = int (trimSuffix "m" $cpu) -}}
+{{- else if $cpu -}}
+{{- $milli = int (mulf (float64 $cpu) 1000) -}}
+{{- end -}}
+{{- max 1 (div (add $milli 999) 1000) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The sidecar's environment: its settings, OpenTelemetry, and the downward API. */}}
 {{- define "llm-sidecar.env" -}}
 {{- $s := .Values.sidecar -}}
@@ -316,6 +335,8 @@ failureThreshold: {{ .failureThreshold }}
 {{- end }}
 - name: LLM_SIDECAR_MAX_MODELS
   value: {{ include "llm-sidecar.number" $s.maxModels | quote }}
+- name: LLM_SIDECAR_WORKERS
+  value: {{ include "llm-sidecar.workers" . | quote }}
 - name: LLM_SIDECAR_LOG_FORMAT
   value: {{ $s.logFormat | quote }}
 - name: LLM_SIDECAR_LOG_LEVEL

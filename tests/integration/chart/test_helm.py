@@ -941,3 +941,28 @@ def test_model_server_liveness_is_off_by_default_and_asks_the_sidecar_when_on(pa
 def test_engine_metrics_scrape_can_be_switched_off(helm_ok):
     monitor = one(render("--set", "prometheus.monitor.engine.enabled=false"), "PodMonitor")
     assert [e["path"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["/metrics"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "workers"),
+    [
+        ((), "1"),  # the default request, 100m
+        (("sidecar.resources.requests.cpu=1500m",), "2"),
+        (("sidecar.resources.requests.cpu=2",), "2"),
+        (("sidecar.resources.requests.cpu=0.5",), "1"),
+        (("sidecar.resources.requests.cpu=4", "sidecar.workers=3"), "3"),
+        (("sidecar.workers=auto",), "auto"),
+    ],
+)
+def test_workers_follow_the_sidecars_cpu_request(helm_ok, sets, workers):
+    """One worker per requested core, rounded up, unless ``sidecar.workers`` says; the value
+    the sidecar then reads is a valid ``--workers``."""
+    args = [a for s in sets for a in ("--set", s)]
+    env = literal_env(sidecar_container(pod_spec(render(*args))))
+    assert env["LLM_SIDECAR_WORKERS"] == workers
+    settings = load_settings({}, environ={"LLM_SIDECAR_UPSTREAM": "http://x:1", **env})
+    assert settings.workers == (int(workers) if workers.isdigit() else workers)
+
+
+def test_workers_below_one_are_refused(helm_ok):
+    assert "sidecar.workers" in render_error("--set", "sidecar.workers=0")
