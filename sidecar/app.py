@@ -147,6 +147,9 @@ class Sidecar:
     watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
+    lists_models: bool = (
+        True  # asks the upstream which models it serves (a pod's supervisor does, for its workers)
+    )
 
     def __post_init__(self) -> None:
         proxy = self.proxy
@@ -388,7 +391,7 @@ async def _refresh_labels(sc: Sidecar) -> None:
     labeler = sc.metrics.model_label
     while True:
         try:
-            if sc.session is not None and not sc.settings.model_allowlist:
+            if sc.lists_models and sc.session is not None and not sc.settings.model_allowlist:
                 names = await served_models(
                     sc.session, sc.settings.upstream, sc.settings.readiness_timeout
                 )
@@ -680,6 +683,7 @@ async def serve(
         settings, providers=providers, ledger=worker.ledger if worker is not None else None
     )
     if worker is not None:
+        sc.lists_models = False  # the supervisor asks once for the pod and hands the names on
         worker.admin_routes(sc)
     # Tail latency: the start-up objects never die, so keep them out of every collection,
     # and collect the young generation less often (the benchmark saw 14-39 ms gen1/gen2

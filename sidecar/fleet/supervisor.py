@@ -51,10 +51,11 @@ from prometheus_client.process_collector import ProcessCollector
 from ..app import ADMIN_ENDPOINTS, ListenError, admin_index
 from ..config import Settings
 from ..export.scrape import ScrapeRenderer
+from ..relay.control.model_discovery import served_models
 from ..relay.control.self_loop import UpstreamLoopError, loop_reason
 from .ledger import create_ledger, read_lost
 from .merge import PodPage, lost_request_labels
-from .worker import FAMILIES_PATH, WorkerPlan, spawn_args
+from .worker import FAMILIES_PATH, MODELS_PATH, WorkerPlan, spawn_args
 
 __all__ = ["SYNC_SECONDS", "Supervisor", "supervise"]
 
@@ -83,6 +84,7 @@ class _Worker:
         self.proc: asyncio.subprocess.Process | None = None
         self.families: _Families = []
         self.sequence = 0
+        self.listed: list[str] | None = None  # the model names it was last handed
         self.started_at = 0.0
         self.quick_exits = 0
         self.session: aiohttp.ClientSession | None = None
@@ -94,7 +96,7 @@ class _Worker:
             self.sequence, self.families = sequence, families
 
     def clear(self) -> None:
-        self.families, self.sequence = [], 0
+        self.families, self.sequence, self.listed = [], 0, None
 
 
 class Supervisor:
@@ -125,6 +127,7 @@ class Supervisor:
         )
         self.renderer = ScrapeRenderer(_MergedPage(self))
         self._tasks: set[asyncio.Task[None]] = set()
+        self.models: list[str] | None = None  # what the upstream lists, asked once for the pod
         self.all_exited = asyncio.Event()
 
     # -- the workers ---------------------------------------------------------------------
@@ -134,6 +137,8 @@ class Supervisor:
         for worker in self.workers:
             await self._spawn(worker)
         self._spawn_task(self._sync())
+        if not self.settings.model_allowlist:
+            self._spawn_task(self._listing())
 
     def _spawn_task(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -235,6 +240,35 @@ class Supervisor:
             return  # starting, or going: its last copy stands
         if worker.proc is proc:  # not retired meanwhile
             worker.take(sequence, families)
+            if self.models is not None and worker.listed != self.models:
+                await self._hand_models(worker, self.models)  # a new worker: at once
+
+    async def _hand_models(self, worker: _Worker, names: list[str]) -> None:
+        if worker.proc is None or worker.session is None:
+            return
+        try:
+            async with worker.session.post(f"http://worker{MODELS_PATH}", json=names) as resp:
+                if resp.status == 204:
+                    worker.listed = names
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            pass
+
+    async def _listing(self) -> None:
+        """Which models the upstream serves, asked once for the pod every
+        ``model_refresh_seconds`` (not once a worker) and handed to every worker."""
+        settings = self.settings
+        async with aiohttp.ClientSession() as session:
+            while not self.stopping:
+                try:
+                    names = await served_models(
+                        session, settings.upstream, settings.readiness_timeout
+                    )
+                    if names is not None:
+                        self.models = names
+                        await asyncio.gather(*(self._hand_models(w, names) for w in self.workers))
+                except Exception:  # the workers keep what they had
+                    _log.exception("model_listing_failed")
+                await asyncio.sleep(settings.model_refresh_seconds)
 
     async def refresh(self) -> None:
         await asyncio.gather(*(self._copy(w) for w in self.workers))

@@ -8,6 +8,8 @@ relay, records and registry (exemplars, process metrics). What it adds is for it
 
 * ``GET /pod/families`` on the private socket: what its registry's ``collect()`` yields,
   pickled, with a sequence number, so the supervisor keeps only the newest copy;
+* ``POST /pod/models``: the model names the upstream lists, which the supervisor asks for
+  once for the pod (not once a worker) and hands to every worker;
 * its requests in flight in a :class:`~sidecar.fleet.ledger.InFlightLedger`, which the
   supervisor reads if the worker dies;
 * stopping (draining) when the supervisor is gone.
@@ -34,9 +36,10 @@ from ..export.logs import configure_logging
 from .ledger import InFlightLedger
 from .process import prepare_process
 
-__all__ = ["FAMILIES_PATH", "WorkerPlan", "main", "spawn_args"]
+__all__ = ["FAMILIES_PATH", "MODELS_PATH", "WorkerPlan", "main", "spawn_args"]
 
 FAMILIES_PATH = "/pod/families"
+MODELS_PATH = "/pod/models"
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,15 @@ class _Families:
             body = await asyncio.get_running_loop().run_in_executor(self._pool, self._collect, sc)
             return web.Response(body=body, content_type="application/octet-stream")
 
+        async def models(request: web.Request) -> web.Response:
+            names = await request.json()
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                sc.metrics.model_label.vouch(names)
+                return web.Response(status=204)
+            return web.Response(status=400)
+
         sc.admin_app.router.add_get(FAMILIES_PATH, families)
+        sc.admin_app.router.add_post(MODELS_PATH, models)
 
     def final(self, sc: Sidecar) -> None:
         body = self._pool.submit(self._collect, sc).result()

@@ -41,12 +41,18 @@ class CountingUpstream:
         self.requests: Tally[str] = Tally()
         self.tokens: Tally[str] = Tally()
         self.streaming = 0
+        self.listings = 0
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post(ROUTE, self.handler)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
         return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.listings += 1
+        return web.json_response({"object": "list", "data": [{"id": m} for m in MODELS]})
 
     @staticmethod
     async def health(request: web.Request) -> web.Response:
@@ -272,4 +278,45 @@ async def test_kill_9_of_a_worker_mid_stream_never_takes_a_count_back(serve_proc
         assert pod.proc.wait(timeout=30) == 0
     finally:
         stop_scraping.set()
+        await runner.cleanup()
+
+
+async def test_the_pod_asks_for_the_model_listing_once_and_every_worker_uses_it(
+    serve_process, tmp_path
+):
+    """The supervisor asks the upstream which models it serves once an interval for the pod,
+    not once a worker, and every worker labels by it: a listed model is its own label, a name
+    the server does not list is ``other``, on whichever worker served it."""
+    upstream = CountingUpstream()
+    runner, port = await start_app(upstream.app())
+    try:
+        pod = serve_process(
+            f"http://127.0.0.1:{port}", "--workers", "2", "--model-refresh-seconds", "0.5",
+            env={"TMPDIR": str(tmp_path)},
+        )  # fmt: skip
+        await pod.wait_started()
+        await wait_for(lambda: upstream.listings >= 1, timeout=30)
+        began, asked = time.monotonic(), upstream.listings
+        await asyncio.sleep(3.0)
+        rounds = (time.monotonic() - began) / 0.5
+        assert upstream.listings - asked <= rounds + 1  # once a round, not once a worker
+        await asyncio.sleep(0.5)  # the listing handed to both workers
+
+        async def client(n: int) -> None:
+            async with aiohttp.ClientSession() as s:
+                for i in range(6):
+                    await chat(s, pod.url, ("alpha", "unlisted-model")[(n + i) % 2], 3)
+
+        await asyncio.gather(*(client(n) for n in range(8)))
+        page = await scrape(pod.admin_url)
+        assert total(page, "llm_requests_total", model="alpha") == 24
+        assert total(page, "llm_requests_total", model="other") == 24
+        assert total(page, "llm_requests_total", model="unlisted-model") == 0
+        pages = [await worker_page(sock) for sock in worker_sockets(tmp_path)]
+        assert all(total(p, "llm_requests_total", model="other") > 0 for p in pages), [
+            total(p, "llm_requests_total") for p in pages
+        ]
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=30) == 0
+    finally:
         await runner.cleanup()
