@@ -14,16 +14,18 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 from collections import Counter as Tally
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import start_app, wait_for
+from tests.conftest import require_tool, retry_on_port_clash, start_app, wait_for
 from tests.support.sse import DONE, chat_chunk
 
 pytestmark = pytest.mark.integration
@@ -319,4 +321,90 @@ async def test_the_pod_asks_for_the_model_listing_once_and_every_worker_uses_it(
         pod.proc.send_signal(signal.SIGTERM)
         assert pod.proc.wait(timeout=30) == 0
     finally:
+        await runner.cleanup()
+
+
+async def test_a_real_prometheus_sees_no_counter_reset_when_a_worker_is_killed(
+    serve_process, tmp_path
+):
+    """A real Prometheus scrapes the pod every 250 ms while load runs and a worker is killed
+    with SIGKILL and replaced: ``resets()`` of every counter, bucket, count and sum is 0 (a
+    reset is what ``rate()`` turns into a false spike), and ``increase()`` over the run is
+    what the clients sent."""
+    binary = require_tool("prometheus")
+    upstream = CountingUpstream()
+    runner, port = await start_app(upstream.app())
+    prom = None
+    try:
+        pod = await start_pod(serve_process, f"http://127.0.0.1:{port}", tmp_path, 2)
+        config = {
+            "global": {"scrape_interval": "250ms", "scrape_timeout": "200ms"},
+            "scrape_configs": [
+                {"job_name": "llm-sidecar", "static_configs": [{"targets": [f"127.0.0.1:{pod.admin_port}"]}]}
+            ],
+        }  # fmt: skip
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        prom, prom_port = retry_on_port_clash(
+            lambda p: subprocess.Popen(
+                [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{p}", "--log.level=warn"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{prom_port}"
+
+        async def query(expr: str) -> list[dict]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                async with s.get(f"{base}/api/v1/query", params={"query": expr}) as r:
+                    doc = await r.json()
+            assert doc["status"] == "success", doc
+            return doc["data"]["result"]
+
+        async def scraping() -> bool:
+            got = await query("count_over_time(llm_sidecar_workers[1m])")
+            return bool(got) and float(got[0]["value"][1]) >= 4
+
+        await wait_for(scraping, timeout=60)
+        sent = 0
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            nonlocal sent
+            async with aiohttp.ClientSession() as s:
+                while not stop.is_set():
+                    try:
+                        await chat(s, pod.url, MODELS[sent % 2], 4, gap=0.01)
+                    except (aiohttp.ClientError, AssertionError):
+                        continue  # cut by the kill: counted as an error by the pod
+                    sent += 1
+
+        loads = [asyncio.create_task(load()) for _ in range(6)]
+        await asyncio.sleep(3.0)
+        for sock in worker_sockets(tmp_path)[:1]:
+            started = [json.loads(line) for line in pod.out if '"worker_started"' in line]
+            victim = int(sock.stem[1:])
+            os.kill(next(e["pid"] for e in started if e["worker"] == victim), signal.SIGKILL)
+        await asyncio.sleep(3.0)
+        stop.set()
+        await asyncio.gather(*loads)
+        await asyncio.sleep(1.5)  # the last counts scraped
+        page = await scrape(pod.admin_url)
+        assert total(page, "llm_sidecar_worker_restarts_total") == 1
+        scraped = await query("count_over_time(llm_sidecar_workers[1m])")
+        assert float(scraped[0]["value"][1]) >= 24  # scraped all along the load (7.5 s)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{base}/api/v1/label/__name__/values") as r:
+                names = [n for n in (await r.json())["data"] if n.endswith(MONOTONE)]
+        assert "llm_requests_total" in names and "llm_request_duration_seconds_bucket" in names
+        for name in names:
+            (reset,) = await query(f"sum(resets({name}[1m])) or vector(0)")
+            assert float(reset["value"][1]) == 0, name
+        # The most requests a second the page ever said, over 2 s windows: a reset would
+        # read as the whole total at once.
+        (peak,) = await query("max_over_time(sum(rate(llm_requests_total[2s]))[1m:250ms])")
+        assert float(peak["value"][1]) < 0.6 * sent, (peak, sent)
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait(timeout=10)
         await runner.cleanup()
