@@ -643,9 +643,9 @@ async def _until_forced(drain: Awaitable[None], force: asyncio.Event) -> None:
 
 @dataclass(frozen=True)
 class PodWorker:
-    """How :func:`serve` runs as one of a pod's workers (sidecar/fleet/worker.py): on the
-    proxy socket its supervisor bound (``bind`` listens on it, and the admin app on the
-    worker's private socket), the routes its supervisor reads added to the admin app
+    """How :func:`serve` runs as one of a pod's workers (sidecar/fleet/worker.py): ``bind``
+    listens on the proxy port beside the other workers, and the admin app on the worker's
+    private socket; the routes its supervisor reads added to the admin app
     (``admin_routes``), its requests in flight kept in ``ledger``, its final figures handed
     on once its last request is done (``stopped``), and stopping (draining) when its
     supervisor, ``parent_pid``, is gone."""

@@ -1,11 +1,14 @@
 """``--workers N``: N worker processes behind one proxy port, one admin port for the pod.
 
 One sidecar process relays about 47,000 tokens/s on a core (docs/performance.md); a busy
-server produces more. So the supervisor binds the proxy port once and hands the listening
-socket to N workers (:mod:`sidecar.fleet.worker`), each the single-process sidecar with its
-own loop; the kernel gives each new connection to whichever worker accepts first, so a busy
-worker takes fewer. The supervisor relays nothing: it watches the workers and serves the
-admin port.
+server produces more. So N workers (:mod:`sidecar.fleet.worker`), each the single-process
+sidecar with its own loop, listen on the proxy port side by side (``SO_REUSEPORT``): the
+kernel spreads new connections over them by their addresses' hash. One listening socket
+handed to every worker balanced far worse: a worker woken for a burst of connections accepts
+them all (64 streams opened at once went 0/64, 60/4 and 26/38 over two workers; with
+``SO_REUSEPORT`` 35/29, 40/24 and 34/30; docs/performance.md), and an LLM stream holds its
+connection for seconds to minutes. The supervisor holds the port bound (not listening),
+relays nothing, watches the workers and serves the admin port.
 
 * ``/metrics``: the pod's one page (:mod:`sidecar.fleet.merge`), from a fresh copy of every
   worker's families taken for the scrape (the last copy where one does not answer in time),
@@ -55,7 +58,7 @@ from ..relay.control.model_discovery import served_models
 from ..relay.control.self_loop import UpstreamLoopError, loop_reason
 from .ledger import create_ledger, read_lost
 from .merge import PodPage, lost_request_labels
-from .worker import FAMILIES_PATH, MODELS_PATH, WorkerPlan, spawn_args
+from .worker import FAMILIES_PATH, MODELS_PATH, WorkerPlan, reuse_port_socket, spawn_args
 
 __all__ = ["SYNC_SECONDS", "Supervisor", "supervise"]
 
@@ -154,7 +157,8 @@ class Supervisor:
             os.unlink(worker.admin_path)
         plan = WorkerPlan(
             index=worker.index,
-            listen_fd=self.listener.fileno(),
+            listen_host=self.listener.getsockname()[0],
+            listen_port=self.listener.getsockname()[1],
             admin_path=worker.admin_path,
             ledger_path=worker.ledger_path,
             final_path=worker.final_path,
@@ -164,7 +168,6 @@ class Supervisor:
         proc = await asyncio.create_subprocess_exec(
             *args,
             stdin=asyncio.subprocess.PIPE,
-            pass_fds=(self.listener.fileno(),),
             start_new_session=True,  # a terminal's Ctrl-C is the supervisor's to pass on
         )
         assert proc.stdin is not None
@@ -390,15 +393,15 @@ class _MergedPage:
         return _MergedPage(self._supervisor, list(names))
 
 
-def _listen(settings: Settings) -> socket.socket:
+def _reserve(settings: Settings) -> socket.socket:
+    """The proxy port, bound for the pod but not listening: it takes no connection itself,
+    it holds the port (and learns it, for ``:0``) while workers come and go; each worker
+    binds and listens beside it (:func:`~sidecar.fleet.worker.reuse_port_socket`)."""
     host, port = settings.listen_addr
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        sock = socket.create_server((host, port), family=family, backlog=1024)
+        return reuse_port_socket(host, port)
     except OSError as exc:
         raise ListenError("--listen", settings.listen, exc) from exc
-    sock.set_inheritable(True)
-    return sock
 
 
 async def supervise(settings: Settings, count: int, stop: asyncio.Event | None = None) -> None:
@@ -414,7 +417,7 @@ async def supervise(settings: Settings, count: int, stop: asyncio.Event | None =
         if signals > 1:  # a second signal: the workers stop draining too
             supervisor.stop()
 
-    listener = _listen(settings)
+    listener = _reserve(settings)
     rundir = Path(tempfile.mkdtemp(prefix="llm-sidecar-pod-"))
     supervisor = Supervisor(settings, count, rundir)
     admin = web.AppRunner(supervisor.admin_app(), access_log=None, shutdown_timeout=1.0)

@@ -1,5 +1,5 @@
-"""One of a pod's workers: the sidecar's own ``serve``, on the proxy socket its supervisor
-bound and handed down, with its admin app on a private Unix socket that only the supervisor
+"""One of a pod's workers: the sidecar's own ``serve``, listening on the proxy port beside
+the pod's other workers (``SO_REUSEPORT``), with its admin app on a private Unix socket that only the supervisor
 reads (``python -m sidecar.fleet.worker``, its plan on stdin: :func:`spawn_args`).
 
 The worker is the single-process sidecar in every way that touches a request: the same
@@ -44,11 +44,12 @@ MODELS_PATH = "/pod/models"
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """What a worker is told on stdin: its index, the inherited proxy socket's descriptor,
-    its admin socket's and ledger's paths, its supervisor's pid."""
+    """What a worker is told on stdin: its index, the proxy port's address, its admin
+    socket's, ledger's and final families' paths, its supervisor's pid."""
 
     index: int
-    listen_fd: int
+    listen_host: str
+    listen_port: int
     admin_path: str
     ledger_path: str
     final_path: str
@@ -100,11 +101,23 @@ class _Families:
 
 def _binder(plan: WorkerPlan) -> Any:
     async def bind(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: SidecarRunner) -> None:
-        sock = socket.socket(fileno=plan.listen_fd)  # bound and listening: the supervisor's
+        sock = reuse_port_socket(plan.listen_host, plan.listen_port)
+        sock.listen(1024)
         await web.SockSite(proxy_runner, sock).start()
         await web.UnixSite(admin_runner, plan.admin_path).start()
 
     return bind
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` beside the others of the pod (SO_REUSEPORT: the kernel
+    spreads new connections over the listening ones by their addresses' hash)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def main() -> int:

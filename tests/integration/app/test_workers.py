@@ -408,3 +408,40 @@ async def test_a_real_prometheus_sees_no_counter_reset_when_a_worker_is_killed(
             prom.terminate()
             prom.wait(timeout=10)
         await runner.cleanup()
+
+
+async def test_sigterm_drains_every_worker(serve_process, tmp_path):
+    """SIGTERM to the supervisor: readiness goes 503 at once, the streams in flight on every
+    worker end whole, the page can still be scraped while they do, and the pod exits 0."""
+    upstream = CountingUpstream()
+    runner, port = await start_app(upstream.app())
+    try:
+        pod = await start_pod(serve_process, f"http://127.0.0.1:{port}", tmp_path, 2)
+        bodies: list[bytes] = []
+
+        async def long_stream(i: int) -> None:
+            async with aiohttp.ClientSession() as s:
+                bodies.append(await chat(s, pod.url, MODELS[i % 2], 30, gap=0.05))
+
+        tasks = [asyncio.create_task(long_stream(i)) for i in range(12)]
+        await wait_for(lambda: upstream.streaming == 12, timeout=30)
+        in_flight = [
+            total(await worker_page(s), "llm_requests_in_flight") for s in worker_sockets(tmp_path)
+        ]
+        assert all(n > 0 for n in in_flight), in_flight  # both workers hold streams
+        pod.proc.send_signal(signal.SIGTERM)
+
+        async def not_ready() -> bool:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/readyz") as r:
+                    return r.status == 503 and (await r.json())["reason"] == "draining"
+
+        await wait_for(not_ready, timeout=5)
+        page = await scrape(pod.admin_url)  # the admin port is up while they drain
+        assert total(page, "llm_requests_in_flight") > 0
+        await asyncio.gather(*tasks)
+        assert len(bodies) == 12 and all(b.endswith(DONE) for b in bodies)
+        assert await asyncio.to_thread(pod.proc.wait, 30) == 0
+        assert upstream.requests.total() == 12
+    finally:
+        await runner.cleanup()
