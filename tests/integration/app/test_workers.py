@@ -445,3 +445,84 @@ async def test_sigterm_drains_every_worker(serve_process, tmp_path):
         assert upstream.requests.total() == 12
     finally:
         await runner.cleanup()
+
+
+async def test_the_series_budget_is_the_pods_under_the_hostile_label_mix(serve_process, tmp_path):
+    """52 model names x 22 tenants x every API route, while the listing names ten new models
+    at every refresh, through two workers: the pod's page, counted as Prometheus reads it,
+    never holds more samples than --max-series (each worker has its share), and it did fill."""
+    from sidecar.base.routes import ROUTES
+    from sidecar.tools.sim.core import SimulatorConfig
+    from sidecar.tools.sim.server import build_simulator_app
+    from tests.support.exposition import count_series
+
+    served = "sim-llama-3-8b"
+    generation = [0]
+
+    @web.middleware
+    async def rotating_listing(request: web.Request, handler):
+        if request.path != "/v1/models":
+            return await handler(request)
+        names = [served] + [f"rot-{generation[0]}-{i}" for i in range(10)]
+        return web.json_response({"object": "list", "data": [{"id": n} for n in names]})
+
+    app = build_simulator_app(SimulatorConfig(model=served, jitter=0.0))
+    app.middlewares.insert(0, rotating_listing)
+    runner, port = await start_app(app)
+    max_series = 6000
+    try:
+        pod = await start_pod(
+            lambda url, *a, **k: serve_process(
+                url, *a, "--tenant-header", "X-Tenant", "--model-refresh-seconds", "0.05",
+                "--max-series", str(max_series), **k,
+            ),
+            f"http://127.0.0.1:{port}", tmp_path, 2,
+        )  # fmt: skip
+        routes = [r for r in ROUTES if "{" not in r]
+        fast = {"x-sim-ttft": "0", "x-sim-tpot": "0", "x-sim-tokens": "2"}
+        sem = asyncio.Semaphore(32)
+
+        async def one(model: str, tenant: str, route: str) -> None:
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                    "prompt": "hi", "stream": True}  # fmt: skip
+            async with sem, aiohttp.ClientSession() as s:  # a connection each: both workers
+                async with s.post(
+                    pod.url + route, json=body, headers={**fast, "X-Tenant": tenant}
+                ) as r:
+                    await r.read()
+
+        made_up = [f"made-up-{i}" for i in range(51)]
+        tenants = [f"team-{i}" for i in range(22)]
+        pages = []
+        for g in range(3):
+            generation[0] = g
+            await asyncio.sleep(0.5)  # the new listing asked for and handed to both workers
+            rotating = [f"rot-{g}-{i}" for i in range(10)]
+            if g == 0:
+                await asyncio.gather(*(one(served, t, r) for t in tenants for r in routes))
+                await asyncio.gather(
+                    *(one(m, t, r) for m in made_up for t in tenants[:2] for r in routes)
+                )
+            await asyncio.gather(
+                *(one(m, t, r) for m in rotating for t in tenants[g::3][:2] for r in routes)
+            )
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/metrics") as r:
+                    pages.append(await r.read())
+        counts = [count_series(p) for p in pages]
+        assert all(n <= max_series for n in counts), counts
+        assert max(counts) > 0.45 * max_series, counts  # at least a worker's share filled
+        per_worker = [
+            count_series((await _raw_worker_page(s)).encode()) for s in worker_sockets(tmp_path)
+        ]
+        assert all(n <= max_series // 2 for n in per_worker), per_worker
+        pod.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(pod.proc.wait, 30) == 0
+    finally:
+        await runner.cleanup()
+
+
+async def _raw_worker_page(sock: Path) -> str:
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as s:
+        async with s.get("http://worker/metrics") as r:
+            return await r.text()
