@@ -224,6 +224,7 @@ BUCKETS_TOKEN_USAGE: tuple[float, ...] = (
 # -- resource ------------------------------------------------------------------------------------
 SERVICE_NAME = "service.name"
 SERVICE_VERSION = "service.version"
+SERVICE_INSTANCE_ID = "service.instance.id"
 DEFAULT_SERVICE_NAME = "llm-sidecar"
 INSTRUMENTATION_SCOPE = "llm_sidecar"
 

@@ -12,7 +12,9 @@ relay, records and registry (exemplars, process metrics). What it adds is for it
   once for the pod (not once a worker) and hands to every worker;
 * its requests in flight in a :class:`~sidecar.fleet.ledger.InFlightLedger`, which the
   supervisor reads if the worker dies;
-* stopping (draining) when the supervisor is gone.
+* stopping (draining) when the supervisor is gone;
+* OpenTelemetry under the pod's resource with a ``service.instance.id`` of its own
+  (:func:`worker_resource`).
 """
 
 from __future__ import annotations
@@ -24,15 +26,20 @@ import os
 import pickle
 import socket
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
+from opentelemetry.sdk.environment_variables import OTEL_RESOURCE_ATTRIBUTES
 
 from ..app import PodWorker, Sidecar, SidecarRunner, serve
 from ..config import Settings
+from ..export import semconv
 from ..export.logs import configure_logging
+from ..export.otel_env import resource_attributes
 from .ledger import InFlightLedger
 from .process import prepare_process
 
@@ -120,10 +127,29 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def worker_resource(environ: Mapping[str, str], index: int) -> str:
+    """``OTEL_RESOURCE_ATTRIBUTES`` for worker ``index``: the pod's resource (every attribute
+    the single process would have), and a ``service.instance.id`` of its own. Each worker
+    exports its own cumulative metrics; two exporters under one identity would be one
+    series written by two processes. The id is the one given, else the pod's uid or name,
+    else the host's name, with ``-worker-<index>``."""
+    attrs = resource_attributes(environ)
+    base = (
+        attrs.get(semconv.SERVICE_INSTANCE_ID)
+        or attrs.get("k8s.pod.uid")
+        or attrs.get("k8s.pod.name")
+        or socket.gethostname()
+    )
+    given = environ.get(OTEL_RESOURCE_ATTRIBUTES, "").strip().strip(",")
+    own = f"{semconv.SERVICE_INSTANCE_ID}={quote(f'{base}-worker-{index}', safe='')}"
+    return f"{given},{own}" if given else own
+
+
 def main() -> int:
     doc = json.loads(sys.stdin.buffer.read())
     settings = Settings.model_validate(doc["settings"])
     plan = WorkerPlan(**doc["plan"])
+    os.environ[OTEL_RESOURCE_ATTRIBUTES] = worker_resource(os.environ, plan.index)
     configure_logging(settings.log_format, settings.log_level)
     prepare_process()
     ledger = InFlightLedger(plan.ledger_path)

@@ -91,3 +91,25 @@ def test_auto_is_the_limit_rounded_up_within_the_usable_cpus(tmp_path):
     assert worker_count("auto", tmp_path) == 1
     (tmp_path / "cpu.max").write_text(f"{(usable + 8) * 100000} 100000\n")
     assert worker_count("auto", tmp_path) == usable  # a limit above the cpus it has
+
+
+def test_each_worker_exports_under_the_pods_resource_with_its_own_instance_id():
+    from sidecar.export.otel_env import resource_attributes
+    from sidecar.fleet.worker import worker_resource
+
+    env = {
+        "K8S_POD_NAME": "llm-0",
+        "K8S_NAMESPACE_NAME": "team-a",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,team=a%2Cb",
+    }
+    attrs = [
+        resource_attributes({**env, "OTEL_RESOURCE_ATTRIBUTES": worker_resource(env, i)})
+        for i in range(2)
+    ]
+    single = resource_attributes(env)
+    for i, a in enumerate(attrs):
+        assert {k: v for k, v in a.items() if k != "service.instance.id"} == single
+        assert a["service.instance.id"] == f"llm-0-worker-{i}"
+    given = {**env, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=abc"}
+    got = resource_attributes({**given, "OTEL_RESOURCE_ATTRIBUTES": worker_resource(given, 3)})
+    assert got["service.instance.id"] == "abc-worker-3"
