@@ -70,6 +70,9 @@ SYNC_SECONDS = 1.0
 COPY_TIMEOUT = 2.0
 """Seconds a worker has to hand over its families before its last copy is used."""
 
+STARTUP_TIMEOUT = 60.0
+"""Seconds the supervisor waits for its workers to listen before it says it started."""
+
 RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
 """Seconds before a worker that exited is started again, longer after each quick exit."""
 
@@ -273,6 +276,24 @@ class Supervisor:
                     _log.exception("model_listing_failed")
                 await asyncio.sleep(settings.model_refresh_seconds)
 
+    async def listening(self, timeout: float) -> None:
+        """Until every worker listens on the proxy port (its admin socket answers: it binds
+        that after the proxy port), or ``timeout``: "started" means the port takes requests."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.workers)
+        while waiting and time.monotonic() < deadline and not self.stopping:
+            for worker in list(waiting):
+                if worker.session is None or worker.proc is None:
+                    continue
+                try:
+                    async with worker.session.get("http://worker/healthz") as resp:
+                        if resp.status == 200:
+                            waiting.remove(worker)
+                except (aiohttp.ClientError, TimeoutError, OSError):
+                    pass
+            if waiting:
+                await asyncio.sleep(0.05)
+
     async def refresh(self) -> None:
         await asyncio.gather(*(self._copy(w) for w in self.workers))
 
@@ -434,6 +455,7 @@ async def supervise(settings: Settings, count: int, stop: asyncio.Event | None =
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, on_signal)
         await supervisor.start(listener)
+        await supervisor.listening(timeout=STARTUP_TIMEOUT)
         _log.info(
             "started",
             workers=count,

@@ -417,3 +417,65 @@ async def test_otlp_latest_genai_metric_names_behind_opt_in(upstream, http_recei
         "OTEL_SEMCONV_STABILITY_OPT_IN": "http, gen_ai_latest_experimental",
     }
     await exercise(upstream, received, env, tmp_path, latest=True)
+
+
+async def test_every_worker_of_a_pod_exports_under_the_pods_resource(
+    upstream, http_receiver, tmp_path
+):
+    """``--workers 2``: spans and metrics arrive from both workers, each under the pod's
+    resource (service name, pod, namespace) with a ``service.instance.id`` of its own, and one
+    span a request."""
+    received, base = http_receiver
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for delay, data in STREAM:
+            await asyncio.sleep(delay)
+            await resp.write(data)
+        await resp.write_eof()
+        return resp
+
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, handler))
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": base + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": base + "/v1/metrics",
+        "LLM_SIDECAR_OTEL_METRICS": "true",
+        "LLM_SIDECAR_WORKERS": "2",
+    }
+    proc, url, _admin, out = await run_sidecar(up.url, env, tmp_path / "sidecar.log")
+    requests = 24
+    try:
+
+        async def one(_: int) -> None:
+            async with aiohttp.ClientSession() as s:  # a connection each: both workers
+                body = {
+                    "model": "m1",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+                async with s.post(url + ROUTE, json=body) as r:
+                    assert r.status == 200
+                    await r.read()
+
+        await asyncio.gather(*(one(i) for i in range(requests)))
+    finally:
+        proc.send_signal(signal.SIGTERM)  # every worker drains, then flushes its exporters
+        await asyncio.wait_for(proc.wait(), timeout=30)
+        out.close()
+    assert proc.returncode == 0, (tmp_path / "sidecar.log").read_text()
+    spans = [(res, span) for res, _scope, span in received.spans() if span.name == "chat m1"]
+    assert len(spans) == requests
+    instances = {res["service.instance.id"] for res, _ in spans}
+    assert instances == {"vllm-0-worker-0", "vllm-0-worker-1"}
+    for res, _ in spans:
+        assert res["service.name"] == "sidecar-under-test"
+        assert res["k8s.pod.name"] == "vllm-0" and res["k8s.namespace.name"] == "inference"
+    with received.lock:
+        metric_instances = {
+            attributes(rm.resource.attributes).get("service.instance.id")
+            for req in received.metrics
+            for rm in req.resource_metrics
+        }
+    assert metric_instances == instances
