@@ -351,13 +351,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .export.logs import configure_logging  # noqa: PLC0415
         from .fleet.cpus import worker_count  # noqa: PLC0415
         from .fleet.process import prepare_process  # noqa: PLC0415
-        from .fleet.supervisor import supervise  # noqa: PLC0415
 
         configure_logging(settings.log_format, settings.log_level)
         prepare_process()
         workers = worker_count(settings.workers)
         try:
-            asyncio.run(serve(settings) if workers == 1 else supervise(settings, workers))
+            if workers == 1:
+                asyncio.run(serve(settings))
+            else:
+                from .fleet.supervisor import supervise  # noqa: PLC0415
+
+                asyncio.run(supervise(settings, workers))
         except OSError as exc:  # e.g. the port is taken; serve's ListenError names the flag
             return _die(
                 str(exc.strerror)

@@ -296,6 +296,28 @@ class BoundedLabel:
         self._listed, self._vouched, self.authoritative = listed, vouched, bool(listed)
         self._trim()
 
+    def adopt(self, values: Iterable[str]) -> list[str]:
+        """Values another process of the pod admitted (sidecar/fleet: its workers share one
+        admission): each becomes a value here too, as if it had earned its slot, while there
+        is room and budget, so a name is one label across the pod rather than its own in one
+        worker and ``other`` in the next. What the allowlist or the server's list excludes is
+        not adopted; a value adopted and never seen here ages out as an idle earned one does.
+        Returns what was adopted."""
+        if self._allow:
+            return []
+        adopted = []
+        now = self._clock()
+        for value in values:
+            if not value or value in (OTHER, UNKNOWN) or len(value) > MAX_LABEL_CHARS:
+                continue
+            if self.known(value) or (self.authoritative and value not in self._listed):
+                continue
+            if len(self._earned) + len(self._vouched) >= self._max or not self._fits():
+                break
+            self._earned[value] = now
+            adopted.append(value)
+        return adopted
+
     def _trim(self) -> list[str]:
         """Give back the least recently seen earned values while vouched and earned exceed
         ``max_values`` (never one a request holds); returns them."""

@@ -16,8 +16,9 @@ relays nothing, watches the workers and serves the admin port.
   run (``llm_sidecar_workers``), how many were replaced (``llm_sidecar_worker_restarts_total``),
   and its process's figures in the pod's ``process_*``. A copy is also taken every
   :data:`SYNC_SECONDS`, so a worker killed without warning takes at most that much of its
-  counting with it; a worker that exits cleanly leaves its final families in a file, so
-  nothing of it is lost. No merged counter or bucket ever decreases.
+  counting with it (less when the page was scraped since); a worker that exits cleanly
+  leaves its final families in a file, so nothing of it is lost. No merged counter or bucket
+  ever decreases.
 * A worker that exits unasked is replaced (logged, counted); its requests in flight are read
   from its ledger (:mod:`sidecar.fleet.ledger`) and each is counted once, as an error.
 * ``/readyz`` is 200 only when every worker runs and says it is ready; ``/healthz`` while
@@ -28,7 +29,9 @@ relays nothing, watches the workers and serves the admin port.
   signal is passed on too: the workers stop draining.
 
 The series budget (``--max-series``) is the pod's: each worker gets an equal share, so the
-page, the union of the workers' series, stays within it.
+page, the union of the workers' series, stays within it. The label admission is the pod's:
+the model listing is asked once and handed to every worker, and a value one worker admits
+(a name the server does not list, a tenant) is handed to the others at the next sync.
 """
 
 from __future__ import annotations
@@ -58,14 +61,26 @@ from ..relay.control.model_discovery import served_models
 from ..relay.control.self_loop import UpstreamLoopError, loop_reason
 from .ledger import create_ledger, read_lost
 from .merge import PodPage, lost_request_labels
-from .worker import FAMILIES_PATH, MODELS_PATH, WorkerPlan, reuse_port_socket, spawn_args
+from .worker import (
+    FAMILIES_PATH,
+    LABELS_PATH,
+    MODELS_PATH,
+    WorkerPlan,
+    reuse_port_socket,
+    spawn_args,
+)
 
 __all__ = ["SYNC_SECONDS", "Supervisor", "supervise"]
 
 _log = structlog.get_logger("sidecar.fleet")
 
-SYNC_SECONDS = 1.0
-"""How often every worker's families are copied between scrapes."""
+SYNC_SECONDS = 5.0
+"""How often every worker's families are copied between scrapes (a scrape copies them too),
+and the pod's label values shared. A copy costs a worker about 2-5 ms (its registry's
+``collect()`` and the pickle): every second it was about 10 % of the CPU per token at 5,000
+tokens/s a worker (paired), every 5 s about 2 %. So a worker killed without warning takes
+at most this long of its counting with it (less when the page was scraped since); its
+requests in flight are not lost (the ledger)."""
 
 COPY_TIMEOUT = 2.0
 """Seconds a worker has to hand over its families before its last copy is used."""
@@ -132,6 +147,7 @@ class Supervisor:
             "llm_sidecar_workers", "Worker processes running (--workers).", registry=self.registry
         )
         self.renderer = ScrapeRenderer(_MergedPage(self))
+        self.page_families: list[Metric] = []  # the last merge, which the renderer reads
         self._tasks: set[asyncio.Task[None]] = set()
         self.models: list[str] | None = None  # what the upstream lists, asked once for the pod
         self.all_exited = asyncio.Event()
@@ -301,6 +317,36 @@ class Supervisor:
         while not self.all_exited.is_set():
             await asyncio.sleep(SYNC_SECONDS)
             await self.refresh()
+            await self.share_labels()
+
+    async def share_labels(self) -> None:
+        """One label admission for the pod: what any worker admitted (a model name the
+        server does not list, a tenant) is handed to every worker that lacks it, so a value
+        is the same label on every worker within :data:`SYNC_SECONDS` (a worker adopts within
+        its room and its share of the series budget)."""
+        admitted: list[tuple[_Worker, dict[str, set[str]]]] = []
+        for worker in self.workers:
+            if worker.proc is None or worker.session is None:
+                continue
+            try:
+                async with worker.session.get(f"http://worker{LABELS_PATH}") as resp:
+                    doc = await resp.json()
+                admitted.append((worker, {k: set(v) for k, v in doc.items()}))
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                continue
+        pod: dict[str, set[str]] = {}
+        for _, labels in admitted:
+            for name, values in labels.items():
+                pod.setdefault(name, set()).update(values)
+        for worker, labels in admitted:
+            missing = {k: sorted(v - labels.get(k, set())) for k, v in pod.items()}
+            if not any(missing.values()) or worker.session is None:
+                continue
+            try:
+                async with worker.session.post(f"http://worker{LABELS_PATH}", json=missing):
+                    pass
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                continue
 
     def merged(self) -> list[Metric]:
         live = [w.families for w in self.workers if w.families]
@@ -369,6 +415,8 @@ class Supervisor:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self.refresh()
+        # Merged here, on the loop that retires workers (the renderer's thread only reads it).
+        self.page_families = self.merged()
         return await self.renderer.handler(request)
 
     def admin_app(self) -> web.Application:
@@ -405,7 +453,7 @@ class _MergedPage:
         self._names = frozenset(names)
 
     def collect(self) -> Iterable[Metric]:
-        families = self._supervisor.merged()
+        families = self._supervisor.page_families
         if not self._names:
             return families
         return [m for m in families if any(s.name in self._names for s in m.samples)]

@@ -10,6 +10,8 @@ relay, records and registry (exemplars, process metrics). What it adds is for it
   pickled, with a sequence number, so the supervisor keeps only the newest copy;
 * ``POST /pod/models``: the model names the upstream lists, which the supervisor asks for
   once for the pod (not once a worker) and hands to every worker;
+* ``GET``/``POST /pod/labels``: the model and tenant label values it admitted, and those the
+  rest of the pod admitted, which it adopts (one admission for the pod, within a sync);
 * its requests in flight in a :class:`~sidecar.fleet.ledger.InFlightLedger`, which the
   supervisor reads if the worker dies;
 * stopping (draining) when the supervisor is gone;
@@ -36,6 +38,7 @@ from aiohttp import web
 from opentelemetry.sdk.environment_variables import OTEL_RESOURCE_ATTRIBUTES
 
 from ..app import PodWorker, Sidecar, SidecarRunner, serve
+from ..base.labels import BoundedLabel
 from ..config import Settings
 from ..export import semconv
 from ..export.logs import configure_logging
@@ -43,10 +46,11 @@ from ..export.otel_env import resource_attributes
 from .ledger import InFlightLedger
 from .process import prepare_process
 
-__all__ = ["FAMILIES_PATH", "MODELS_PATH", "WorkerPlan", "main", "spawn_args"]
+__all__ = ["FAMILIES_PATH", "LABELS_PATH", "MODELS_PATH", "WorkerPlan", "main", "spawn_args"]
 
 FAMILIES_PATH = "/pod/families"
 MODELS_PATH = "/pod/models"
+LABELS_PATH = "/pod/labels"
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,27 @@ class _Families:
                 return web.Response(status=204)
             return web.Response(status=400)
 
+        def labelers() -> dict[str, BoundedLabel]:
+            found: dict[str, BoundedLabel] = {"model": sc.metrics.model_label}
+            if sc.tenants is not None:
+                found["tenant"] = sc.tenants.bound
+            return found
+
+        async def labels(request: web.Request) -> web.Response:
+            """GET: the label values this worker admitted; POST: those the pod admitted."""
+            if request.method == "GET":
+                return web.json_response({k: sorted(b.values) for k, b in labelers().items()})
+            doc = await request.json()
+            for name, labeler in labelers().items():
+                values = doc.get(name, [])
+                if isinstance(values, list):
+                    labeler.adopt(v for v in values if isinstance(v, str))
+            return web.Response(status=204)
+
         sc.admin_app.router.add_get(FAMILIES_PATH, families)
         sc.admin_app.router.add_post(MODELS_PATH, models)
+        sc.admin_app.router.add_get(LABELS_PATH, labels)
+        sc.admin_app.router.add_post(LABELS_PATH, labels)
 
     def final(self, sc: Sidecar) -> None:
         body = self._pool.submit(self._collect, sc).result()

@@ -2,11 +2,12 @@
 
 Layers, each importing only the ones below it (docs/design.md, "Code layout"):
 
-    base -> streams -> measure -> relay | export -> config -> app -> cli
+    base -> streams -> measure -> relay | export -> config -> app -> fleet -> cli
 
 ``relay`` and ``export`` sit side by side and never import each other: measuring flows from
 the relay into one record per request, and the exporters read that record. Neither reads the
-settings model: ``app`` builds them from it with plain arguments. Inside ``relay`` three
+settings model: ``app`` builds them from it with plain arguments. ``fleet`` runs N of what
+``app`` serves (``--workers``) and merges their pages. Inside ``relay`` three
 folders are layered the same way, ``server -> data -> control``: the client-facing server's
 plumbing (aiohttp's internals, what it refuses, the error answers, draining), the data plane
 (a request to the upstream and its bytes back, measured on the way) and the control plane (the
@@ -94,6 +95,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"relay", "export"}),
     frozenset({"config"}),
     frozenset({"app"}),
+    frozenset({"fleet"}),
     frozenset({"cli"}),
 )
 TOOLS = "tools"

@@ -2,7 +2,7 @@
 
 A sidecar is built with every option on (tenants, prompt classes, per-model objectives, OTLP
 with its own metrics, as ``serve`` builds it), and its registry is read: every family, with
-its label names. Then:
+its label names, with the pod supervisor's own families (``--workers``). Then:
 
 - every family is a row of the metrics table in docs/metrics.md *and* docs/design.md, with
   the same labels (``tenant`` apart: the opt-in label is named once, in the tenants
@@ -16,6 +16,7 @@ its label names. Then:
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,18 @@ from sidecar.config import Settings
 from sidecar.export import semconv as sc
 from sidecar.export.otel_setup import providers_from_env
 from sidecar.export.prometheus_internals import MetricWrapperBase
+from sidecar.fleet.supervisor import Supervisor
+
+
+class _Fixed:
+    """One family as collected, registered as a custom collector."""
+
+    def __init__(self, family) -> None:
+        self._family = family
+
+    def collect(self):
+        return [self._family]
+
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -53,6 +66,12 @@ def registered() -> dict[str, frozenset[str]]:
         build_sidecar(settings, reg, access_log=False, providers=providers)
     finally:
         providers.shutdown(timeout=0.1)
+    # A pod (--workers): the supervisor's own families join the workers' on its page.
+    supervisor = Supervisor(settings, 2, Path(tempfile.mkdtemp()))
+    supervisor.renderer.close()
+    for family in supervisor.registry.collect():
+        if not family.name.startswith("process_"):
+            reg.register(_Fixed(family))
     families: dict[str, frozenset[str]] = {}
     for collector in list(reg._collector_to_names):
         if isinstance(collector, MetricWrapperBase):

@@ -113,3 +113,22 @@ def test_each_worker_exports_under_the_pods_resource_with_its_own_instance_id():
     given = {**env, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=abc"}
     got = resource_attributes({**given, "OTEL_RESOURCE_ATTRIBUTES": worker_resource(given, 3)})
     assert got["service.instance.id"] == "abc-worker-3"
+
+
+def test_a_worker_adopts_what_the_pod_admitted_within_its_bounds():
+    from sidecar.base.labels import BoundedLabel
+
+    clock = [0.0]
+    label = BoundedLabel(max_values=3, idle_seconds=10.0, clock=lambda: clock[0], name="model")
+    assert label.settle("a", 200) == "a"  # earned here
+    assert label.adopt(["a", "b", "other", "unknown", "", "c", "d"]) == ["b", "c"]  # room for 3
+    assert label("b") == "b" and label.settle("c", 404) == "c"  # labels, not 'other'
+    assert label.settle("d", 200) == "other"  # the pod's room is used up
+    clock[0] = 11.0
+    assert label("a") == "a"  # seen again here: it stays
+    assert sorted(label.expire()) == ["b", "c"]  # adopted, never seen here: aged out
+    listed = BoundedLabel(max_values=5, name="model")
+    listed.vouch(["served"])
+    assert listed.adopt(["served", "not-listed"]) == []  # the server's list is the authority
+    allow = BoundedLabel(["x"], name="tenant")
+    assert allow.adopt(["y"]) == [] and allow("y") == "other"

@@ -25,6 +25,7 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.fleet.supervisor import SYNC_SECONDS
 from tests.conftest import require_tool, retry_on_port_clash, start_app, wait_for
 from tests.support.sse import DONE, chat_chunk
 
@@ -39,7 +40,8 @@ class CountingUpstream:
     """Streams ``x-tokens`` content chunks ``x-gap`` seconds apart, then usage and
     ``[DONE]``; counts the requests and tokens it answered, by model."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, lists: bool = True) -> None:
+        self.lists = lists  # answers /v1/models (else 404: names earn labels by answers)
         self.requests: Tally[str] = Tally()
         self.tokens: Tally[str] = Tally()
         self.streaming = 0
@@ -54,6 +56,8 @@ class CountingUpstream:
 
     async def models(self, request: web.Request) -> web.Response:
         self.listings += 1
+        if not self.lists:
+            return web.json_response({"error": "not found"}, status=404)
         return web.json_response({"object": "list", "data": [{"id": m} for m in MODELS]})
 
     @staticmethod
@@ -196,6 +200,12 @@ async def test_the_pods_page_is_what_the_clients_and_the_upstream_counted(
         await runner.cleanup()
 
 
+async def readiness_ok(admin_url: str) -> bool:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(admin_url + "/readyz") as r:
+            return r.status == 200
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -250,6 +260,19 @@ async def test_kill_9_of_a_worker_mid_stream_never_takes_a_count_back(serve_proc
         await scrape(pod.admin_url)  # the first round's counts are in the supervisor's copy
         before_kill = time.monotonic()
         os.kill(pid, signal.SIGKILL)
+
+        async def readiness() -> tuple[int, dict]:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/readyz") as r:
+                    return r.status, await r.json()
+
+        # Not ready while a worker is missing (its replacement takes a restart delay and a
+        # start), ready again once it runs.
+        async def missing() -> bool:
+            status, doc = await readiness()
+            return status == 503 and doc["reason"] == "1 of 2 workers running"
+
+        await wait_for(missing, timeout=5)
         await asyncio.gather(*tasks)
         cut = outcomes.count("cut")
         assert cut == in_flight[victim_index]  # the killed worker's streams, no others
@@ -263,6 +286,7 @@ async def test_kill_9_of_a_worker_mid_stream_never_takes_a_count_back(serve_proc
             )
 
         await wait_for(replaced, timeout=30)
+        await wait_for(lambda: readiness_ok(pod.admin_url), timeout=30)
         await asyncio.sleep(0.3)
         stop_scraping.set()
         await scraping
@@ -526,3 +550,48 @@ async def _raw_worker_page(sock: Path) -> str:
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as s:
         async with s.get("http://worker/metrics") as r:
             return await r.text()
+
+
+async def test_a_label_one_worker_admits_is_every_workers_at_the_next_sync(serve_process, tmp_path):
+    """One admission for the pod: a model name the server does not list and a tenant, both
+    earned by answers on one connection (so on one worker), are label values of every worker
+    at the next sync (SYNC_SECONDS), not ``other`` on the workers that have not served them yet."""
+    upstream = CountingUpstream(lists=False)
+    runner, port = await start_app(upstream.app())
+    try:
+        pod = await start_pod(
+            lambda url, *a, **k: serve_process(url, *a, "--tenant-header", "X-Tenant", **k),
+            f"http://127.0.0.1:{port}", tmp_path, 2,
+        )  # fmt: skip
+        async with aiohttp.ClientSession() as s:  # one connection: one worker
+            body = {
+                "model": "zeta",
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            for _ in range(3):
+                async with s.post(pod.url + ROUTE, json=body, headers={"X-Tenant": "acme"}) as r:
+                    assert r.status == 200
+                    await r.read()
+
+        async def labels(sock: Path) -> dict:
+            connector = aiohttp.UnixConnector(path=str(sock))
+            async with aiohttp.ClientSession(connector=connector) as s:
+                async with s.get("http://worker/pod/labels") as r:
+                    return await r.json()
+
+        socks = worker_sockets(tmp_path)
+        first = [await labels(sock) for sock in socks]
+        assert sum("zeta" in doc["model"] for doc in first) >= 1  # the worker that answered
+
+        async def everywhere() -> bool:
+            docs = [await labels(sock) for sock in socks]
+            return all("zeta" in d["model"] and "acme" in d["tenant"] for d in docs)
+
+        began = time.monotonic()
+        await wait_for(everywhere, timeout=SYNC_SECONDS + 10)
+        assert time.monotonic() - began < SYNC_SECONDS + 2.0
+        pod.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(pod.proc.wait, 30) == 0
+    finally:
+        await runner.cleanup()
