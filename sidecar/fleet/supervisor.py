@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import pickle
 import shutil
@@ -47,6 +48,7 @@ import tempfile
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import structlog
@@ -59,6 +61,8 @@ from ..config import Settings
 from ..export.scrape import ScrapeRenderer
 from ..relay.control.model_discovery import served_models
 from ..relay.control.self_loop import UpstreamLoopError, loop_reason
+from ..relay.server.aiohttp_internals import GuardedServer, RebuildingRunner
+from ..relay.server.client_guard import ConnectionGuard
 from .ledger import create_ledger, read_lost
 from .merge import PodPage, lost_request_labels
 from .worker import (
@@ -445,6 +449,32 @@ class Supervisor:
         return app
 
 
+class AdminRunner(RebuildingRunner):
+    """The pod's admin port guarded as the single process's is (``SidecarRunner``): its
+    connection cap (``max_admin_connections``, a JSON 503 past it), the head budget and
+    timeout, and the proxy's JSON answers to parser refusals."""
+
+    def __init__(self, app: web.Application, settings: Settings) -> None:
+        super().__init__(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
+        self._settings = settings
+
+    def rebuild_server(self, built: web.Server, kwargs: dict[str, Any]) -> web.Server:
+        settings = self._settings
+        kwargs["keepalive_timeout"] = settings.client_header_timeout
+        guard = ConnectionGuard(
+            max_connections=settings.max_admin_connections,
+            head_budget=settings.max_request_head_bytes,
+        )
+        return GuardedServer(
+            built.request_handler,
+            request_factory=built.request_factory,
+            handler_cancellation=built.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            guard=guard,
+            **kwargs,
+        )
+
+
 class _MergedPage:
     """The pod's page as the scrape renderer reads it (``collect``, and a ``name[]`` view)."""
 
@@ -460,6 +490,35 @@ class _MergedPage:
 
     def restricted_registry(self, names: Iterable[str]) -> _MergedPage:
         return _MergedPage(self._supervisor, list(names))
+
+
+class RunDirectoryError(OSError):
+    """No folder for the pod's workers (the CLI prints its one line)."""
+
+    flag = "--workers"
+
+
+RUN_DIRECTORY_BASES: tuple[str | None, ...] = (None, "/dev/shm")
+"""Where the pod's private folder (the workers' admin sockets, ledgers, final families) may
+go: the temporary directory (``TMPDIR``, else ``/tmp``), else ``/dev/shm``, a tmpfs that
+Kubernetes gives every pod and keeps writable under ``readOnlyRootFilesystem`` (the chart's
+setting), where ``/tmp`` is not."""
+
+
+def run_directory(bases: Sequence[str | None] = RUN_DIRECTORY_BASES) -> Path:
+    """The pod's private folder (mode 0700), in the first of ``bases`` that takes one."""
+    tried = []
+    for base in bases:
+        try:
+            return Path(tempfile.mkdtemp(prefix="llm-sidecar-pod-", dir=base))
+        except OSError as exc:  # read-only, missing (gettempdir found nothing writable)
+            tried.append(f"{base or 'TMPDIR, /tmp'}: {exc.strerror or exc}")
+    raise RunDirectoryError(
+        errno.EROFS,
+        "--workers needs a writable folder for its workers' sockets and ledgers ("
+        + "; ".join(tried)
+        + "): set TMPDIR, or mount an emptyDir at /tmp",
+    )
 
 
 def _reserve(settings: Settings) -> socket.socket:
@@ -486,10 +545,14 @@ async def supervise(settings: Settings, count: int, stop: asyncio.Event | None =
         if signals > 1:  # a second signal: the workers stop draining too
             supervisor.stop()
 
-    listener = _reserve(settings)
-    rundir = Path(tempfile.mkdtemp(prefix="llm-sidecar-pod-"))
+    rundir = run_directory()
+    try:
+        listener = _reserve(settings)
+    except OSError:
+        shutil.rmtree(rundir, ignore_errors=True)
+        raise
     supervisor = Supervisor(settings, count, rundir)
-    admin = web.AppRunner(supervisor.admin_app(), access_log=None, shutdown_timeout=1.0)
+    admin = AdminRunner(supervisor.admin_app(), settings)
     try:
         if looping := await loop_reason(settings.upstream, [listener.getsockname()]):
             raise UpstreamLoopError(looping)

@@ -1,6 +1,7 @@
 """One of a pod's workers: the sidecar's own ``serve``, listening on the proxy port beside
-the pod's other workers (``SO_REUSEPORT``), with its admin app on a private Unix socket that only the supervisor
-reads (``python -m sidecar.fleet.worker``, its plan on stdin: :func:`spawn_args`).
+the pod's other workers (``SO_REUSEPORT``), with its admin app on a private Unix socket that
+only the supervisor reads (``python -m sidecar.fleet.worker``, its plan on stdin:
+:func:`spawn_args`).
 
 The worker is the single-process sidecar in every way that touches a request: the same
 relay, records and registry (exemplars, process metrics). What it adds is for its supervisor
@@ -28,10 +29,9 @@ import os
 import pickle
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
@@ -129,7 +129,7 @@ class _Families:
         os.replace(partial, self._final_path)
 
 
-def _binder(plan: WorkerPlan) -> Any:
+def _binder(plan: WorkerPlan) -> Callable[[Sidecar, SidecarRunner, SidecarRunner], Awaitable[None]]:
     async def bind(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: SidecarRunner) -> None:
         sock = reuse_port_socket(plan.listen_host, plan.listen_port)
         sock.listen(1024)

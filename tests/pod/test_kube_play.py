@@ -72,14 +72,14 @@ BODY = {"model": "sim-llama-3-8b", "stream": True, "messages": [{"role": "user",
 CREATED = re.compile(rb'"created":\d+')
 
 
-def rendered_deployment(image: str) -> dict:
+def rendered_deployment(image: str, *extra: str) -> dict:
     require_helm()
     repo, tag = image.rsplit(":", 1)
     args = ["--kube-version", sync.KUBE_VERSION_LEGACY, "--show-only", "templates/deployment.yaml",
             "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
             "--set", f"modelServer.image.repository={repo}", "--set", f"modelServer.image.tag={tag}",
             "--set", "modelServer.image.pullPolicy=Never", "--set", "modelServer.shmSize=",
-            "--set", "modelServer.preStopSeconds=2", "--set", "sidecar.drainSeconds=10"]  # fmt: skip
+            "--set", "modelServer.preStopSeconds=2", "--set", "sidecar.drainSeconds=10", *extra]  # fmt: skip
     (deployment,) = sync.objects(sync.template(args))
     return deployment
 
@@ -104,8 +104,10 @@ def for_podman(deployment: dict) -> dict:
 
 
 class Played:
-    def __init__(self, path: Path, published: dict[int, int], ports: dict[str, int], pod: str):
-        self.path, self.published, self.pod = path, published, pod
+    def __init__(
+        self, path: Path, published: dict[int, int], ports: dict[str, int], pod: str, workers: int
+    ):
+        self.path, self.published, self.pod, self.workers = path, published, pod, workers
         self.proxy, self.admin = published[ports["http"]], published[ports["metrics"]]
 
     @property
@@ -120,10 +122,14 @@ class Played:
         return f"{self.pod}-{name}"
 
 
-@pytest.fixture(scope="module")
-def played(image, tmp_path_factory):
+@pytest.fixture(
+    scope="module",
+    params=[(), ("--set", "sidecar.resources.requests.cpu=2")],
+    ids=["one-worker", "two-workers"],  # the chart: one worker per core of the CPU request
+)
+def played(image, tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("kube")
-    deployment = for_podman(rendered_deployment(image))
+    deployment = for_podman(rendered_deployment(image, *request.param))
     published = publish_ports(deployment)
     (sidecar,) = [
         c
@@ -135,8 +141,9 @@ def played(image, tmp_path_factory):
     deployment["metadata"]["name"] = name
     path = tmp / "pod.yaml"
     path.write_text(yaml.safe_dump(deployment, sort_keys=False), encoding="utf-8")
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
     with kube_played(path, name) as pod:
-        yield Played(path, published, ports, pod)
+        yield Played(path, published, ports, pod, int(env["LLM_SIDECAR_WORKERS"]))
 
 
 async def test_pod_starts_and_becomes_ready(played):
@@ -265,3 +272,24 @@ async def test_readyz_follows_the_model_server_down_and_up(played):
     finally:
         podman("start", server)
     await wait_status(f"{played.admin_url}/readyz", 200, timeout=30)
+
+
+async def test_the_sidecar_runs_the_workers_its_cpu_request_asks_for(played):
+    """The chart's worker count from the CPU request, in the real image with its read-only
+    root: two workers behind the one proxy port, one page for the pod."""
+    await wait_status(f"{played.admin_url}/readyz", 200)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(6):
+            async with aiohttp.ClientSession() as one:  # a connection each
+                async with one.post(f"{played.proxy_url}/v1/chat/completions", json=BODY) as r:
+                    assert r.status == 200
+                    await r.read()
+        async with s.get(f"{played.admin_url}/metrics") as r:
+            page = await r.text()
+    served = re.search(r'llm_requests_total\{code="200"[^}]*outcome="ok"[^}]*\} (\S+)', page)
+    assert served is not None and float(served[1]) >= 6
+    if played.workers == 1:
+        assert "llm_sidecar_workers" not in page
+        return
+    assert f"llm_sidecar_workers {float(played.workers)}" in page
+    assert "llm_sidecar_worker_restarts_total 0.0" in page

@@ -132,3 +132,22 @@ def test_a_worker_adopts_what_the_pod_admitted_within_its_bounds():
     assert listed.adopt(["served", "not-listed"]) == []  # the server's list is the authority
     allow = BoundedLabel(["x"], name="tenant")
     assert allow.adopt(["y"]) == [] and allow("y") == "other"
+
+
+def test_the_pods_folder_falls_back_where_tmp_is_read_only(tmp_path):
+    """Under readOnlyRootFilesystem /tmp is not writable, /dev/shm is: the next base is used,
+    and with none a one-line error names --workers and what to do."""
+    from sidecar.fleet.supervisor import RunDirectoryError, run_directory
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    writable = tmp_path / "shm"
+    writable.mkdir()
+    if os.access(read_only, os.W_OK):  # root ignores the mode bits: use a path that cannot be
+        read_only = tmp_path / "missing" / "dir"
+    got = run_directory((str(read_only), str(writable)))
+    assert got.parent == writable and got.is_dir() and (got.stat().st_mode & 0o777) == 0o700
+    with pytest.raises(RunDirectoryError, match="--workers needs a writable folder") as err:
+        run_directory((str(read_only),))
+    assert err.value.flag == "--workers"

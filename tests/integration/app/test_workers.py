@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.fleet.supervisor import SYNC_SECONDS
 from tests.conftest import require_tool, retry_on_port_clash, start_app, wait_for
+from tests.support.raw import raw_exchange, status_and_json
 from tests.support.sse import DONE, chat_chunk
 
 pytestmark = pytest.mark.integration
@@ -594,4 +595,33 @@ async def test_a_label_one_worker_admits_is_every_workers_at_the_next_sync(serve
         pod.proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(pod.proc.wait, 30) == 0
     finally:
+        await runner.cleanup()
+
+
+async def test_the_pods_admin_port_caps_its_connections_as_the_single_process_does(
+    serve_process, tmp_path
+):
+    upstream = CountingUpstream()
+    runner, port = await start_app(upstream.app())
+    idle = []
+    try:
+        pod = await start_pod(
+            lambda url, *a, **k: serve_process(url, *a, "--max-admin-connections", "3", **k),
+            f"http://127.0.0.1:{port}", tmp_path, 2,
+        )  # fmt: skip
+        idle = [await asyncio.open_connection("127.0.0.1", pod.admin_port) for _ in range(3)]
+        raw = await raw_exchange(
+            pod.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", wait=5.0
+        )
+        status, doc, _head = status_and_json(raw)
+        assert (status, doc["error"]["type"]) == (503, "too_many_connections")
+        for _, writer in idle:
+            writer.close()
+        idle = []
+        await wait_for(lambda: readiness_ok(pod.admin_url), timeout=10)
+        pod.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(pod.proc.wait, 30) == 0
+    finally:
+        for _, writer in idle:
+            writer.close()
         await runner.cleanup()
