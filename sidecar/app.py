@@ -444,6 +444,20 @@ def admin_index(endpoints: Sequence[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def admin_index_handler(settings: Settings) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The admin port's ``/``, what a person opening it in a browser looks for: its
+    endpoints (``/metrics/engine`` only where it is relayed)."""
+    endpoints = list(ADMIN_ENDPOINTS)
+    if not settings.engine_metrics_path:
+        endpoints = [e for e in endpoints if e[0] != "/metrics/engine"]
+    index_text = admin_index(endpoints)
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=index_text, content_type="text/plain")
+
+    return index
+
+
 def _admin_app(sc: Sidecar) -> web.Application:
     app = web.Application()
     app[SIDECAR] = sc
@@ -464,16 +478,7 @@ def _admin_app(sc: Sidecar) -> web.Application:
         so a liveness probe never restarts a server that is finishing its streams."""
         return await _upstream_health(sc, "alive")
 
-    endpoints = list(ADMIN_ENDPOINTS)
-    if not sc.settings.engine_metrics_path:
-        endpoints = [e for e in endpoints if e[0] != "/metrics/engine"]
-    index_text = admin_index(endpoints)
-
-    async def index(request: web.Request) -> web.Response:
-        """What a person opening the admin port in a browser looks for: its endpoints."""
-        return web.Response(text=index_text, content_type="text/plain")
-
-    app.router.add_get("/", index)
+    app.router.add_get("/", admin_index_handler(sc.settings))
     app.router.add_get("/metrics", sc.renderer.handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

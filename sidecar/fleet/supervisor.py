@@ -56,7 +56,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Metric
 from prometheus_client.process_collector import ProcessCollector
 
-from ..app import ADMIN_ENDPOINTS, ListenError, admin_index
+from ..app import ListenError, admin_index_handler
 from ..config import Settings
 from ..export.scrape import ScrapeRenderer
 from ..relay.control.model_discovery import served_models
@@ -425,13 +425,6 @@ class Supervisor:
 
     def admin_app(self) -> web.Application:
         app = web.Application()
-        endpoints = list(ADMIN_ENDPOINTS)
-        if not self.settings.engine_metrics_path:
-            endpoints = [e for e in endpoints if e[0] != "/metrics/engine"]
-        index_text = admin_index(endpoints)
-
-        async def index(request: web.Request) -> web.Response:
-            return web.Response(text=index_text, content_type="text/plain")
 
         async def healthz(request: web.Request) -> web.Response:
             return web.json_response({"status": "alive", "workers": self.count})
@@ -439,7 +432,7 @@ class Supervisor:
         async def relayed(request: web.Request) -> web.Response:
             return await self._worker_get(request.path_qs)
 
-        app.router.add_get("/", index)
+        app.router.add_get("/", admin_index_handler(self.settings))
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", self._readyz)

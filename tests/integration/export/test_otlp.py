@@ -233,23 +233,24 @@ async def run_sidecar(upstream_url: str, otel_env: dict[str, str], log: Path):
     return proc, f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", out
 
 
+async def stream(seen: list, request: web.Request) -> web.StreamResponse:
+    """The upstream: STREAM, with the traceparent each request came with in ``seen``."""
+    await request.read()
+    seen.append(request.headers.get("traceparent"))
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for delay, data in STREAM:
+        await asyncio.sleep(delay)
+        await resp.write(data)
+    await resp.write_eof()
+    return resp
+
+
 async def exercise(
     upstream, received: Received, otel_env: dict[str, str], tmp_path: Path, *, latest: bool = False
 ) -> None:
     seen: list = []
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        seen.append(request.headers.get("traceparent"))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for delay, data in STREAM:
-            await asyncio.sleep(delay)
-            await resp.write(data)
-        await resp.write_eof()
-        return resp
-
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, handler))
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, partial(stream, seen)))
     proc, url, admin, out = await run_sidecar(up.url, otel_env, tmp_path / "sidecar.log")
     try:
         async with aiohttp.ClientSession() as s:
@@ -426,18 +427,7 @@ async def test_every_worker_of_a_pod_exports_under_the_pods_resource(
     resource (service name, pod, namespace) with a ``service.instance.id`` of its own, and one
     span a request."""
     received, base = http_receiver
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for delay, data in STREAM:
-            await asyncio.sleep(delay)
-            await resp.write(data)
-        await resp.write_eof()
-        return resp
-
-    up = await upstream.start(lambda app: app.router.add_post(ROUTE, handler))
+    up = await upstream.start(lambda app: app.router.add_post(ROUTE, partial(stream, [])))
     env = {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": base + "/v1/traces",
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": base + "/v1/metrics",
