@@ -553,14 +553,7 @@ class SidecarRunner(RebuildingRunner):
             guard = ConnectionGuard(
                 max_connections=max_connections, head_budget=sc.settings.max_request_head_bytes
             )
-        return GuardedServer(
-            built.request_handler,
-            request_factory=built.request_factory,
-            handler_cancellation=built.handler_cancellation,
-            loop=asyncio.get_running_loop(),
-            guard=guard,
-            **kwargs,
-        )
+        return GuardedServer.rebuilt(built, guard, kwargs)
 
 
 def raise_open_file_limit() -> int | None:

@@ -458,14 +458,7 @@ class AdminRunner(RebuildingRunner):
             max_connections=settings.max_admin_connections,
             head_budget=settings.max_request_head_bytes,
         )
-        return GuardedServer(
-            built.request_handler,
-            request_factory=built.request_factory,
-            handler_cancellation=built.handler_cancellation,
-            loop=asyncio.get_running_loop(),
-            guard=guard,
-            **kwargs,
-        )
+        return GuardedServer.rebuilt(built, guard, kwargs)
 
 
 class _MergedPage:

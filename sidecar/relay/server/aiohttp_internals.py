@@ -463,3 +463,18 @@ class GuardedServer(HandlerServer):
     def __init__(self, *args: Any, guard: ConnectionGuard | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.guard = guard if guard is not None else ConnectionGuard()
+
+    @classmethod
+    def rebuilt(
+        cls, built: web.Server, guard: ConnectionGuard, kwargs: dict[str, Any]
+    ) -> GuardedServer:
+        """The server ``AppRunner._make_server`` made (:class:`RebuildingRunner`), rebuilt
+        with the same handler, factory and arguments, its connections asking ``guard``."""
+        return cls(
+            built.request_handler,
+            request_factory=built.request_factory,
+            handler_cancellation=built.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            guard=guard,
+            **kwargs,
+        )
