@@ -11,9 +11,10 @@ process metrics), and hands the supervisor what its ``collect()`` yields
 * a worker that exits or is killed leaves its last counts in the pod's totals
   (:meth:`PodPage.retire`): what it counted is never taken back, and its replacement's counts
   add to them, so no merged counter or bucket ever decreases (not even by a float sum's last
-  place: :meth:`PodPage._hold_up`), and ``rate()`` never reads a false reset. A gauge of a gone worker goes with it (nothing of it is in flight any more).
-  What the worker's requests in flight at its end were is given as ``lost``: each is
-  counted once, as an error of the sidecar's own (:data:`LOST_REQUEST`).
+  place: :meth:`PodPage._hold_up`), and ``rate()`` never reads a false reset. A gauge of a
+  gone worker goes with it (nothing of it is in flight any more). What the worker's
+  requests in flight at its end were is given as ``lost``: each is counted once, as an
+  error of the sidecar's own (:data:`LOST_REQUEST`).
 
 ``_created`` samples are left out, as the single process's page leaves them out
 (sidecar/export/prometheus_internals.py, ``WithoutCreated``).

@@ -82,9 +82,9 @@ SYNC_SECONDS = 5.0
 """How often every worker's families are copied between scrapes (a scrape copies them too),
 and the pod's label values shared. A copy costs a worker about 2-5 ms (its registry's
 ``collect()`` and the pickle): every second it was about 10 % of the CPU per token at 5,000
-tokens/s a worker (paired), so every 5 s about a fifth of that. So a worker killed without warning takes
-at most this long of its counting with it (less when the page was scraped since); its
-requests in flight are not lost (the ledger)."""
+tokens/s a worker (paired), so every 5 s about a fifth of that. So a worker killed without
+warning takes at most this long of its counting with it (less when the page was scraped
+since); its requests in flight are not lost (the ledger)."""
 
 COPY_TIMEOUT = 2.0
 """Seconds a worker has to hand over its families before its last copy is used."""

@@ -113,7 +113,8 @@ class RequestRecord:
 class RecordBook:
     """Opens and closes every request's record (the module doc). ``on_start``/``on_end``:
     the in-flight gauge, by model label and route; ``decode_tracker``: streams decoding per
-    model label; ``ledger``: a pod worker's requests in flight; ``max_json_bytes``/``max_line_bytes``: how much of a response is read.
+    model label; ``ledger``: a pod worker's requests in flight;
+    ``max_json_bytes``/``max_line_bytes``: how much of a response is read.
     ``in_flight`` counts the records open (the drain waits for it to reach 0)."""
 
     def __init__(

@@ -13,8 +13,9 @@ takes becomes an :class:`Exchange`, which owns it from then to its verdict: the 
 body, its record (:class:`~sidecar.measure.record.RecordBook`: timeline, labels, span,
 opened here), the upstream request, the response head and body
 (:class:`~sidecar.relay.data.body_relay.BodyRelay`), the wait for the client to take it, the
-verdict (given once, here), and handing the connection back for its next request. Every step runs from a callback: the client's reads,
-the upstream's head and body reads, the client's transport draining, a timer. No task runs
+verdict (given once, here), and handing the connection back for its next request. Every
+step runs from a callback: the client's reads, the upstream's head and body reads, the
+client's transport draining, a timer. No task runs
 for it, unless no pooled upstream connection is idle (then one connects and sends it).
 
 What the carrier declines takes the one door, aiohttp's handler
