@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import pickle
 import shutil
@@ -48,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import structlog
@@ -98,6 +99,12 @@ RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
 _Families = list[Metric]
 
 
+class _Answer(NamedTuple):
+    status: int
+    body: bytes
+    content_type: str | None
+
+
 class _Worker:
     """One worker slot: its process (replaced when it exits), its paths and its last copy."""
 
@@ -122,6 +129,19 @@ class _Worker:
 
     def clear(self) -> None:
         self.families, self.sequence, self.listed = [], 0, None
+
+    async def ask(self, path: str, json: object = None) -> _Answer | None:
+        """``GET path`` on the worker's private socket (``POST`` with a ``json`` body): its
+        status and body, or None when it is not running or does not answer (starting, going,
+        past :data:`COPY_TIMEOUT`)."""
+        if self.proc is None or self.session is None:
+            return None
+        method = "GET" if json is None else "POST"  # (json: the body, not the module)
+        try:
+            async with self.session.request(method, f"http://worker{path}", json=json) as resp:
+                return _Answer(resp.status, await resp.read(), resp.headers.get("Content-Type"))
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return None
 
 
 class Supervisor:
@@ -253,31 +273,23 @@ class Supervisor:
         return int(sum(n for _, n in lost))
 
     async def _copy(self, worker: _Worker) -> None:
-        proc, session = worker.proc, worker.session
-        if proc is None or session is None:
-            return
-        try:
-            async with session.get(f"http://worker{FAMILIES_PATH}") as resp:
-                if resp.status != 200:
-                    return
-                body = await resp.read()
-            sequence, families = pickle.loads(body)
-        except (aiohttp.ClientError, TimeoutError, OSError, pickle.UnpicklingError, ValueError):
+        proc = worker.proc
+        answer = await worker.ask(FAMILIES_PATH)
+        if answer is None or answer.status != 200:
             return  # starting, or going: its last copy stands
+        try:
+            sequence, families = pickle.loads(answer.body)
+        except (pickle.UnpicklingError, ValueError, EOFError):
+            return
         if worker.proc is proc:  # not retired meanwhile
             worker.take(sequence, families)
             if self.models is not None and worker.listed != self.models:
                 await self._hand_models(worker, self.models)  # a new worker: at once
 
     async def _hand_models(self, worker: _Worker, names: list[str]) -> None:
-        if worker.proc is None or worker.session is None:
-            return
-        try:
-            async with worker.session.post(f"http://worker{MODELS_PATH}", json=names) as resp:
-                if resp.status == 204:
-                    worker.listed = names
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            pass
+        answer = await worker.ask(MODELS_PATH, json=names)
+        if answer is not None and answer.status == 204:
+            worker.listed = names
 
     async def _listing(self) -> None:
         """Which models the upstream serves, asked once for the pod every
@@ -303,14 +315,9 @@ class Supervisor:
         waiting = list(self.workers)
         while waiting and time.monotonic() < deadline and not self.stopping:
             for worker in list(waiting):
-                if worker.session is None or worker.proc is None:
-                    continue
-                try:
-                    async with worker.session.get("http://worker/healthz") as resp:
-                        if resp.status == 200:
-                            waiting.remove(worker)
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    pass
+                answer = await worker.ask("/healthz")
+                if answer is not None and answer.status == 200:
+                    waiting.remove(worker)
             if waiting:
                 await asyncio.sleep(0.05)
 
@@ -330,27 +337,22 @@ class Supervisor:
         its room and its share of the series budget)."""
         admitted: list[tuple[_Worker, dict[str, set[str]]]] = []
         for worker in self.workers:
-            if worker.proc is None or worker.session is None:
+            answer = await worker.ask(LABELS_PATH)
+            if answer is None or answer.status != 200:
                 continue
             try:
-                async with worker.session.get(f"http://worker{LABELS_PATH}") as resp:
-                    doc = await resp.json()
-                admitted.append((worker, {k: set(v) for k, v in doc.items()}))
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                doc = json.loads(answer.body)
+            except ValueError:
                 continue
+            admitted.append((worker, {k: set(v) for k, v in doc.items()}))
         pod: dict[str, set[str]] = {}
         for _, labels in admitted:
             for name, values in labels.items():
                 pod.setdefault(name, set()).update(values)
         for worker, labels in admitted:
             missing = {k: sorted(v - labels.get(k, set())) for k, v in pod.items()}
-            if not any(missing.values()) or worker.session is None:
-                continue
-            try:
-                async with worker.session.post(f"http://worker{LABELS_PATH}", json=missing):
-                    pass
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                continue
+            if any(missing.values()):
+                await worker.ask(LABELS_PATH, json=missing)
 
     def merged(self) -> list[Metric]:
         live = [w.families for w in self.workers if w.families]
@@ -385,17 +387,11 @@ class Supervisor:
     async def _worker_get(self, path: str) -> web.Response:
         """A worker's own answer on ``path`` (the first one that answers)."""
         for worker in self.workers:
-            if worker.proc is None or worker.session is None:
-                continue
-            try:
-                async with worker.session.get(f"http://worker{path}") as resp:
-                    body = await resp.read()
-                    return web.Response(
-                        status=resp.status, body=body, content_type=resp.content_type
-                    )
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                continue
-        return web.json_response({"ready": False, "reason": "no worker answers"}, status=503)
+            answer = await worker.ask(path)
+            if answer is not None:
+                headers = {"Content-Type": answer.content_type} if answer.content_type else None
+                return web.Response(status=answer.status, body=answer.body, headers=headers)
+        return web.json_response({"reason": "no worker answers"}, status=503)
 
     async def _readyz(self, request: web.Request) -> web.Response:
         if self.stopping:
@@ -405,16 +401,16 @@ class Supervisor:
             reason = f"{len(running)} of {self.count} workers running"
             return web.json_response({"ready": False, "reason": reason}, status=503)
         for worker in running:
-            assert worker.session is not None
-            try:
-                async with worker.session.get("http://worker/readyz") as resp:
-                    doc = await resp.json(content_type=None)
-                    if resp.status != 200:
-                        doc["worker"] = worker.index
-                        return web.json_response(doc, status=503)
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            answer = await worker.ask("/readyz")
+            if answer is None:
                 reason = f"worker {worker.index} does not answer yet"
                 return web.json_response({"ready": False, "reason": reason}, status=503)
+            if answer.status != 200:
+                try:
+                    doc = dict(json.loads(answer.body))
+                except ValueError:
+                    doc = {"ready": False, "reason": f"worker {worker.index} is not ready"}
+                return web.json_response({**doc, "worker": worker.index}, status=503)
         return web.json_response({"ready": True, "workers": self.count})
 
     async def _metrics(self, request: web.Request) -> web.Response:
