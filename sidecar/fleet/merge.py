@@ -72,6 +72,20 @@ def _at(exemplar: Exemplar) -> float:
     return 0.0 if exemplar.timestamp is None else float(exemplar.timestamp)
 
 
+class _Series:
+    """One series being merged: its labels, its value so far, its newest exemplar."""
+
+    __slots__ = ("labels", "value", "exemplar")
+
+    def __init__(self, labels: dict[str, str], value: float, exemplar: Exemplar | None) -> None:
+        self.labels = labels
+        self.value = value
+        self.exemplar = exemplar
+
+    def copy(self) -> _Series:
+        return _Series(self.labels, self.value, self.exemplar)
+
+
 class _Family:
     """One family being merged: its head and its series, in the order first seen."""
 
@@ -82,8 +96,7 @@ class _Family:
         self.documentation = documentation
         self.typ = typ
         self.unit = unit
-        # key -> [labels, value, exemplar, how many workers gave it]
-        self.series: dict[_Key, list[object]] = {}
+        self.series: dict[_Key, _Series] = {}
 
     @classmethod
     def like(cls, metric: Metric | _Family) -> _Family:
@@ -96,26 +109,25 @@ class _Family:
         key = _key(sample)
         got = self.series.get(key)
         if got is None:
-            self.series[key] = [dict(sample.labels), sample.value, sample.exemplar]
+            self.series[key] = _Series(dict(sample.labels), sample.value, sample.exemplar)
             return
-        value = float(got[1])  # type: ignore[arg-type]
         if merge == "sum":
-            got[1] = value + sample.value
+            got.value += sample.value
         elif merge == "max":
-            got[1] = max(value, sample.value)
+            got.value = max(got.value, sample.value)
         else:
-            got[1] = min(value, sample.value)
-        got[2] = _newer(got[2], sample.exemplar)  # type: ignore[arg-type]
+            got.value = min(got.value, sample.value)
+        got.exemplar = _newer(got.exemplar, sample.exemplar)
 
     def copy(self) -> _Family:
         out = _Family.like(self)
-        out.series = {key: list(row) for key, row in self.series.items()}
+        out.series = {key: series.copy() for key, series in self.series.items()}
         return out
 
     def metric(self) -> Metric:
         metric = Metric(self.name, self.documentation, self.typ, self.unit)
-        for (name, _labels), (labels, value, exemplar) in self.series.items():
-            metric.samples.append(Sample(name, labels, value, None, exemplar))  # type: ignore[arg-type]
+        for (name, _labels), series in self.series.items():
+            metric.samples.append(Sample(name, series.labels, series.value, None, series.exemplar))
         return metric
 
 
@@ -206,10 +218,9 @@ class PodPage:
         for family in families:
             if family.typ not in _SUMMED_TYPES:
                 continue
-            for key, row in family.series.items():
-                value = float(row[1])  # type: ignore[arg-type]
+            for key, series in family.series.items():
                 before = self._published.get((family.name, key))
-                if before is not None and value < before:
-                    row[1] = value = before
-                published[family.name, key] = value
+                if before is not None and series.value < before:
+                    series.value = before
+                published[family.name, key] = series.value
         self._published = published
