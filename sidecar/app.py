@@ -147,9 +147,8 @@ class Sidecar:
     watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
     proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
-    lists_models: bool = (
-        True  # asks the upstream which models it serves (a pod's supervisor does, for its workers)
-    )
+    # Asks the upstream which models it serves (a pod's supervisor does, for its workers).
+    lists_models: bool = True
 
     def __post_init__(self) -> None:
         proxy = self.proxy
@@ -733,9 +732,8 @@ async def serve(
             asyncio.create_task(_orphaned(worker.parent_pid, stop)) if worker is not None else None
         )
         await stop.wait()
-        if not needs_full_drain(
-            sc.proxy.records.in_flight
-        ):  # idle, not in a pod: nothing to wait for
+        # Idle, not in a pod: nothing to wait for.
+        if not needs_full_drain(sc.proxy.records.in_flight):
             _log.info("stopping", in_flight=0)
             set_shutdown_timeout(proxy_runner, 0.1)
         else:
