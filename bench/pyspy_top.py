@@ -3,7 +3,7 @@ inclusive share of the sampled (non-idle) time.
 
     .venv/bin/python -m bench.pyspy_top /tmp/prof/sidecar-200.txt [--top 25] [--lines]
 
-``--lines`` keeps line numbers (``Proxy._stream (sidecar/relay/data/proxy.py:270)``) to see which
+``--lines`` keeps line numbers (``Exchange._respond (sidecar/relay/data/exchange.py:440)``) to see which
 statement of a function is hot; without it, frames are merged per function.
 ``--breakdown`` assigns every sample to one part of the sidecar's relay path (first match
 in :data:`PARTS`), for a per-token cost split; best on a ``--native`` profile, where the
@@ -31,7 +31,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("observe: dialect + JSON decode", ("Dialect.", "_count_choices", "orjson")),
     ("observe: timeline", ("RequestTimeline.",)),
     ("observe: other", ("ResponseObserver.feed",)),
-    ("metrics at request end", ("SidecarMetrics.", "Proxy._safely", "observe_many")),
+    ("metrics at request end", ("SidecarMetrics.", "RecordBook.close", "observe_many")),
     ("relay: write to client", ("BodyRelay.write", "BodyRelay._write_framed")),
     ("relay: upstream framing", ("ResponseParser.", "UpstreamConnection.data_received")),
     (
@@ -40,16 +40,16 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "UpstreamPool.",
             "_request_body",
             "_upstream_headers",
-            "StreamResponse.",
             "RequestHandler.data_received",
-            "Application._make_request",
-            "BaseRequest",
-            "StreamWriter.",
-            "Proxy._relay;Proxy._fail",
+            "Carrier.",
+            "Exchange._begin",
+            "Exchange._send",
+            "Exchange._finish",
+            "RecordBook.open",
             "request_head",
         ),
     ),
-    ("relay: handler task", ("Proxy._stream", "BodyRelay.")),
+    ("relay: the exchange", ("Exchange.", "BodyRelay.")),
     ("event loop, tasks, other", ("",)),
 )
 

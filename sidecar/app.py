@@ -68,11 +68,9 @@ from .relay.control.upstream_watch import UpstreamWatch, describe_failure, watch
 from .relay.data.body_budget import BodyBudget
 from .relay.data.exchange import Carrier
 from .relay.data.limits import RelayLimits
-from .relay.data.proxy import Proxy
 from .relay.data.upstream import UpstreamPool
 from .relay.server.aiohttp_internals import (
     GuardedServer,
-    OneHandlerApplication,
     RebuildingRunner,
     set_shutdown_timeout,
 )
@@ -138,7 +136,7 @@ class Sidecar:
     settings: Settings
     registry: CollectorRegistry
     metrics: SidecarMetrics
-    proxy: Proxy
+    proxy: Carrier  # the relay: every request on the proxy port
     renderer: ScrapeRenderer
     tenants: TenantLabeler | None = None
     capacity: CapacityMetrics | None = None
@@ -153,6 +151,7 @@ class Sidecar:
     def __post_init__(self) -> None:
         proxy = self.proxy
         self.drain = Drain(self.upstream_up, lambda: proxy.records.in_flight)
+        proxy.drain = self.drain
         self.proxy_app = _proxy_app(self)
         self.admin_app = _admin_app(self)
 
@@ -333,10 +332,10 @@ def build_sidecar(
         max_json_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
     )
-    proxy = Proxy(
-        link.get_pool,
+    proxy = Carrier(
         records,
-        limits=RelayLimits(
+        link.get_pool,
+        RelayLimits(
             max_request_inspect_bytes=settings.max_request_inspect_bytes,
             max_request_body_bytes=settings.max_request_body_bytes,
             client_body_timeout=settings.client_body_timeout,
@@ -344,7 +343,8 @@ def build_sidecar(
             max_response_inspect_bytes=settings.max_response_inspect_bytes,
             max_line_bytes=settings.max_sse_line_bytes,
         ),
-        body_budget=BodyBudget(settings.max_buffered_request_bytes),
+        BodyBudget(settings.max_buffered_request_bytes),
+        refused=lambda headers: loop_refusal() if came_back(headers) else None,
     )
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
@@ -355,13 +355,13 @@ def build_sidecar(
 
 
 def _proxy_app(sc: Sidecar) -> web.Application:
+    """The proxy port's app: its parser limits (``handler_args``, which bound what one
+    connection may make the process hold) and the upstream connections' lifetime. It has
+    no handler: the relay answers every request from the connection's own callbacks
+    (sidecar/relay/data/exchange.py), whatever its target (aiohttp's router would answer its
+    text 404 to ``OPTIONS *``, ``CONNECT host:port`` or an absolute form with no path)."""
     settings = sc.settings
-    # client_max_size only bounds request.read(); larger bodies are streamed, not read.
-    # handler_args: aiohttp's parser limits, which bound what one connection may make us hold.
-    app = OneHandlerApplication(
-        _proxy_entry(sc),
-        sc.proxy.expect,
-        client_max_size=max(settings.max_request_inspect_bytes, 1024**2) + 1,
+    app = web.Application(
         handler_args={
             "max_line_size": settings.max_request_line_bytes,
             "max_field_size": settings.max_header_field_bytes,
@@ -379,7 +379,6 @@ def _proxy_app(sc: Sidecar) -> web.Application:
         sc.renderer.close()
 
     app.cleanup_ctx.append(upstream_session)
-    app.on_response_prepare.append(sc.drain.close_connections)
     return app
 
 
@@ -404,25 +403,6 @@ async def _refresh_labels(sc: Sidecar) -> None:
         except Exception:  # measuring never stops the proxy
             _log.exception("label_refresh_failed")
         await asyncio.sleep(sc.settings.model_refresh_seconds)
-
-
-def _proxy_entry(sc: Sidecar) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """Every request on the proxy port, whatever its target: the proxy port is a
-    pass-through (aiohttp's router would answer its text 404 to ``OPTIONS *``, ``CONNECT
-    host:port``, an absolute form with no path or a decoded path holding a line end, so the
-    app has none: OneHandlerApplication). Two refusals come first, each answered at once:
-    the sidecar's own probe come back (self_loop.py) and a new request in the drain's
-    second step (drain.py)."""
-    handle, drain = sc.proxy.handle, sc.drain
-
-    async def entry(request: web.Request) -> web.StreamResponse:
-        if came_back(request.headers):
-            return loop_refusal()
-        if drain.refusing:
-            return drain.refusal(request)
-        return await handle(request)
-
-    return entry
 
 
 ADMIN_ENDPOINTS: tuple[tuple[str, str], ...] = (
@@ -538,14 +518,7 @@ class SidecarRunner(RebuildingRunner):
             guard = ConnectionGuard(
                 max_connections=connection_cap(sc.settings.max_connections),
                 head_budget=sc.settings.max_request_head_bytes,
-                carry=Carrier(
-                    sc.proxy.records,
-                    sc.proxy.pool,
-                    sc.proxy.limits,
-                    sc.proxy.budget,
-                    enabled=lambda: not sc.drain.draining,
-                    refused=came_back,
-                ),  # fmt: skip
+                carry=sc.proxy,
             )
         elif sc is not None:  # the admin port: within connection_cap's reserve of 128
             max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0

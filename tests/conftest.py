@@ -359,13 +359,12 @@ def sidecar_settings(upstream_url: str, **overrides) -> Settings:
     return Settings(upstream=upstream_url, **{**LOOPBACK, **overrides})
 
 
-async def run_sidecar(sc: Sidecar, *, carried: bool = True) -> RunningSidecar:
+async def run_sidecar(sc: Sidecar) -> RunningSidecar:
     """Start ``sc`` in this event loop as ``serve`` starts it (sidecar.app's ``setup_runners``
     and ``bind_sites``: ``SidecarRunner``, the guarded connection handler, the connection
     caps, the head budget, the relay's own way in), on the addresses its settings name
-    (:func:`sidecar_settings`). ``carried=False`` removes the proxy port's ``carry`` hook, as if
-    the production server had none: every request then takes the door, aiohttp's handler.
-    Stop it with :meth:`RunningSidecar.stop`."""
+    (:func:`sidecar_settings`); ``carried`` counts the requests the relay answered (every
+    one). Stop it with :meth:`RunningSidecar.stop`."""
     proxy_runner, admin_runner = await setup_runners(sc)
     running = RunningSidecar(sc, sc.registry, 0, 0, [proxy_runner, admin_runner])
     try:
@@ -380,40 +379,15 @@ async def run_sidecar(sc: Sidecar, *, carried: bool = True) -> RunningSidecar:
     assert hook is not None, "the production proxy port carries requests; is this SidecarRunner?"
 
     def counted(connection, message, payload):
-        carried = hook(connection, message, payload)
-        if carried is not None:
-            running.carried += 1
-        return carried
+        running.carried += 1
+        return hook(connection, message, payload)
 
-    guard.carry = counted if carried else None
+    guard.carry = counted
     return running
 
 
-def pytest_configure(config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "both_ways_in: run each test that starts an in-process sidecar twice, with the relay "
-        "carrying requests itself (as served) and without it (every request through the door, "
-        "aiohttp's handler)",
-    )
-
-
-def pytest_generate_tests(metafunc) -> None:
-    if "carried_path" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
-        "both_ways_in"
-    ):
-        metafunc.parametrize("carried_path", [True, False], ids=["carried", "door"], indirect=True)
-
-
 @pytest.fixture
-def carried_path(request) -> bool:
-    """Whether in-process sidecars carry requests themselves: yes, as served, unless the module
-    is marked ``both_ways_in`` (then each test runs once each way)."""
-    return getattr(request, "param", True)
-
-
-@pytest.fixture
-async def sidecar_factory(carried_path):
+async def sidecar_factory():
     """Start a sidecar (proxy and admin apps, the production server) in this event loop on
     ephemeral ports."""
     started: list[RunningSidecar] = []
@@ -424,7 +398,7 @@ async def sidecar_factory(carried_path):
             CollectorRegistry(),
             access_log=overrides.get("access_log", False),
         )
-        started.append(running := await run_sidecar(sc, carried=carried_path))
+        started.append(running := await run_sidecar(sc))
         return running
 
     yield make
@@ -471,8 +445,7 @@ def spans():
 @pytest.fixture
 async def traced(spans):
     """A sidecar with tracing on (the ``spans`` provider), in front of ``url``, as served (the
-    relay starts the span where it sends the request), once even in a ``both_ways_in``
-    module (tests/unit/test_tracing.py runs its spans both ways)."""
+    relay starts the span where it sends the request)."""
     provider, _ = spans
     started: list[RunningSidecar] = []
 

@@ -71,7 +71,7 @@ ERROR_TYPES: tuple[str, ...] = (
     INTERNAL,  # the sidecar's own failure
 )
 """Why a request ended with outcome ``error``: the whole set the relay and the timeline give
-(sidecar/relay/data/upstream.py, sidecar/relay/data/proxy.py, sidecar/measure/timeline.py)."""
+(sidecar/relay/data/upstream.py, sidecar/relay/data/exchange.py, sidecar/measure/timeline.py)."""
 
 CANCEL_TYPES: tuple[str, ...] = (CLIENT_DISCONNECTED, CLIENT_SEND_TIMEOUT)
 """Why a request ended with outcome ``cancelled``: the client left, or stopped reading."""

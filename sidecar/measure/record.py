@@ -1,6 +1,5 @@
-"""Every request's record, opened one way and given its verdict one way, whichever way the
-request was answered (the relay's own, sidecar/relay/data/exchange.py, or aiohttp's handler
-through the door, sidecar/relay/data/proxy.py).
+"""Every request's record, opened one way and given its verdict one way, by the exchange that
+answers it (sidecar/relay/data/exchange.py).
 
 :meth:`RecordBook.open` makes the timeline with what the request says, holds its labels
 (the in-flight gauge, the tenant) and starts its span (tracing on); :meth:`RecordBook.observe`

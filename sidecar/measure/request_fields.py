@@ -116,7 +116,7 @@ _OPAQUE = _Opaque()
 
 @dataclass(frozen=True, slots=True)
 class RequestFields:
-    """What :mod:`sidecar.relay.data.proxy` labels a request with."""
+    """What :mod:`sidecar.relay.data.exchange` labels a request with."""
 
     model: str | None = None
     stream: bool = False

@@ -78,48 +78,6 @@ def test_shutdown_timeout_refuses_a_runner_without_the_attribute():
         ai.set_shutdown_timeout(NotARunner(), 1.0)  # type: ignore[arg-type]
 
 
-async def test_own_head_response_writes_only_its_head_and_sees_force_close():
-    class Head(ai.OwnHeadResponse):
-        def head_bytes(self) -> bytes:
-            state = b"close" if self.closing else b"keep-alive"
-            return (
-                b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: "
-                + state
-                + b"\r\n\r\n"
-            )
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        resp = Head(status=203, keep_alive=True)
-        if request.query.get("close"):
-            resp.force_close()
-        await resp.prepare(request)
-        request.transport.write(b"ok")  # type: ignore[union-attr]
-        await resp.write_eof()
-        return resp
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        for query, state in (("", b"keep-alive"), ("?close=1", b"close")):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(f"GET /{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-            assert head == (
-                b"HTTP/1.1 203 Mine\r\nX-Own: 1\r\nContent-Length: 2\r\nConnection: "
-                + state
-                + b"\r\n\r\n"
-            )  # no Date, Server or Content-Type of aiohttp's
-            assert await reader.readexactly(2) == b"ok"
-            writer.close()
-    finally:
-        await runner.cleanup()
-
-
 def test_request_count_and_last_message_are_the_handler_slots_data_received_fills():
     # The head budget (sidecar/app.py) reads these right after RequestHandler.data_received.
     slots = {name for cls in ai.RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
@@ -138,7 +96,7 @@ def test_the_handler_slots_one_way_in_reads_and_sets_exist():
     answered twice or a connection closed under a stream."""
     slots = {name for cls in ai.RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
     assert {
-        "_waiter", "_messages", "_force_close", "_close", "_parser", "_request_in_progress",
+        "_messages", "_force_close", "_close", "_parser", "_request_in_progress",
         "_handler_waiter", "_keepalive_handle", "_next_keepalive_close_time",
         "_keepalive_timeout", "_keepalive", "_loop", "_reading_paused", "_buffer_paused",
         "_msg_queue_resume_size",
@@ -161,6 +119,7 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
         "handle_error": ["self", "request", "status", "exc", "message"],
         "start": ["self"],
         "close": ["self"],
+        "_handle_request": ["self", "request", "start_time", "request_handler"],
         "resume_writing": ["self"],
         "resume_reading": ["self", "resume_parser"],
         "_process_keepalive": ["self"],
@@ -175,48 +134,12 @@ def test_the_handler_methods_guarded_request_handler_overrides_exist_with_their_
     )
 
 
-async def test_one_handler_application_takes_every_target_with_hooks_and_expect():
-    """Every target reaches the one entry (aiohttp's router would 404 ``OPTIONS *`` and a
-    decoded line end), ``request.app`` and the ``on_response_prepare`` hooks see the app
-    (the shared match info), and an ``Expect`` header is offered to ``expect`` first."""
-    seen: list[tuple] = []
+def test_a_parse_error_is_queued_where_its_request_would_be_with_its_exception():
+    """aiohttp queues what its parser refused in ``_messages`` as an ``_ErrInfo`` holding the
+    exception (``exc``): the relay answers it in its turn from that exception."""
+    from aiohttp import web_protocol
+    from aiohttp.http_exceptions import BadHttpMessage
 
-    async def entry(request: web.Request) -> web.Response:
-        seen.append(("entry", request.method, request.raw_path, request.app is app))
-        return web.Response(text="relayed")
-
-    async def expect(request: web.Request):
-        seen.append(("expect", request.raw_path))
-        return None  # carry on to the entry
-
-    async def hook(request, response) -> None:
-        response.headers["X-Hook"] = "1"
-
-    app = ai.OneHandlerApplication(entry, expect)
-    app.on_response_prepare.append(hook)
-    assert ai.web.Application._handle  # the method replaced (renamed upstream: fails here)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        answers = []
-        for head in (
-            b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-            b"GET /a/%0Ab HTTP/1.1\r\nHost: x\r\n\r\n",
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n",
-        ):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(head)
-            answers.append(await reader.readuntil(b"relayed"))
-            writer.close()
-    finally:
-        await runner.cleanup()
-    assert all(a.startswith(b"HTTP/1.1 200") and b"X-Hook: 1" in a for a in answers)
-    assert seen == [
-        ("entry", "OPTIONS", "*", True),
-        ("entry", "GET", "/a/%0Ab", True),
-        ("expect", "/v1/chat/completions"),
-        ("entry", "POST", "/v1/chat/completions", True),
-    ]
+    refused = BadHttpMessage("bad")
+    info = web_protocol._ErrInfo(status=400, exc=refused, message=refused.message)
+    assert info.exc is refused

@@ -8,8 +8,6 @@ import time
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 from structlog.testing import capture_logs
 
 from sidecar.relay.server.drain import PROGRESS_SECONDS, RETRY_AFTER_SECONDS, Drain, in_kubernetes
@@ -137,22 +135,15 @@ async def test_a_hanging_health_check_counts_as_gone_at_the_deadline():
 
 
 async def test_the_refusal_is_503_json_with_retry_after():
-    """What the proxy app's entry answers in step 2 (that it asks only then, and relays
-    otherwise, is the drain's integration tests')."""
+    """What the relay answers a new request in step 2 (that it asks only then, and relays
+    otherwise, is the one-way-in and drain integration tests')."""
     drain = Drain(Upstream(), lambda: 0)
-    response = drain.refusal(make_mocked_request("POST", "/v1/chat/completions"))
-    assert response.status == 503
-    assert response.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
-    assert response.content_type == "application/json"
-    assert orjson.loads(response.body)["error"]["type"] == "draining"
-    assert not response.keep_alive, "the client reconnects, to another pod"
-
-
-@pytest.mark.parametrize("draining", [False, True])
-async def test_responses_close_their_connection_once_draining(draining):
-    drain = Drain(Upstream(), lambda: 0)
-    drain.draining = draining
-    response = web.StreamResponse()
-    await drain.close_connections(make_mocked_request("GET", "/v1/models"), response)
-    assert response.keep_alive is (False if draining else None)
-    assert response.headers.get("Connection") == ("close" if draining else None)
+    answer = drain.refusal("POST", "10.0.0.1")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert fields[b"Retry-After"] == str(RETRY_AFTER_SECONDS).encode()
+    assert fields[b"Content-Type"] == b"application/json"
+    assert int(fields[b"Content-Length"]) == len(body)
+    assert orjson.loads(body)["error"]["type"] == "draining"
+    assert fields[b"Connection"] == b"close", "the client reconnects, to another pod"

@@ -31,9 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
-from aiohttp import web
 
-from ..server.errors import error_response
+from ..server.errors import raw_error_response
 
 __all__ = [
     "LOOP_HEADER",
@@ -151,11 +150,10 @@ def came_back(headers: Mapping[str, str]) -> bool:
     return headers.get(LOOP_HEADER) == LOOP_TOKEN
 
 
-def loop_refusal() -> web.StreamResponse:
-    """The answer to a request that carries this process's :data:`LOOP_TOKEN` in
-    :data:`LOOP_HEADER` on the proxy port (the proxy app's entry asks): the sidecar's own
-    probe, come back, gets 508 at once."""
+def loop_refusal() -> bytes:
+    """The whole answer to a request that carries this process's :data:`LOOP_TOKEN` in
+    :data:`LOOP_HEADER` on the proxy port (the relay asks before it sends anything
+    upstream): the sidecar's own probe, come back, gets 508 at once, and the connection
+    closes after it."""
     _log.debug("upstream_loop_cut")  # /readyz and the upstream watch say it, once per change
-    response = error_response(LOOP_STATUS, "upstream_loop", LOOP_MESSAGE)
-    response.force_close()
-    return response
+    return raw_error_response(LOOP_STATUS, "Loop Detected", "upstream_loop", LOOP_MESSAGE)

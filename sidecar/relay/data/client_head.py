@@ -11,20 +11,18 @@ built here from the upstream's raw status line and field lines: hop-by-hop field
 chunked`` it adds for a re-framed body, one plain ``Content-Length``), ``Connection`` says
 what this connection does; every other byte is the upstream's.
 
-:class:`RawHeadResponse` writes the head through
-:class:`~sidecar.relay.server.aiohttp_internals.OwnHeadResponse`, where the aiohttp internals this
-takes are named and pinned (``tests/unit/test_client_head.py`` and the header tests in
-``tests/integration/relay/server/test_hostile_headers.py`` pin the bytes on the wire).
+The relay writes these bytes to the client's transport itself
+(sidecar/relay/data/exchange.py); ``tests/unit/test_client_head.py`` and the header tests in
+``tests/integration/relay/server/test_hostile_headers.py`` pin the bytes on the wire.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..server.aiohttp_internals import OwnHeadResponse
 from .http1 import ResponseHead
 
-__all__ = ["ClientHead", "RawHeadResponse", "client_head"]
+__all__ = ["ClientHead", "client_head"]
 
 _HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
@@ -83,43 +81,3 @@ def client_head(
         out.append(b"Connection: close\r\n")
     out.append(b"\r\n")
     return ClientHead(b"".join(out), chunked, keep_alive)
-
-
-class RawHeadResponse(OwnHeadResponse):
-    """A ``StreamResponse`` whose head is :class:`ClientHead` bytes, written as they are.
-
-    The body is written by the relay straight to the transport (framed by it when
-    ``chunked``, its last chunk too: BodyRelay.end); ``write_eof`` then only marks the end, and aiohttp's request handler reads
-    ``keep_alive`` to decide whether the connection carries another request.
-    """
-
-    def __init__(self, head: ClientHead, status: int) -> None:
-        super().__init__(status=status, keep_alive=head.keep_alive)
-        self._raw_head = head
-
-    def head_bytes(self) -> bytes:
-        data = self._raw_head.data
-        if self._raw_head.keep_alive and self.closing:
-            data = _closing(data)
-        return data
-
-    @property
-    def chunked(self) -> bool:
-        return self._raw_head.chunked
-
-
-_KEEP_ALIVE_FIELD = b"Connection: keep-alive\r\n"
-
-
-def _closing(data: bytes) -> bytes:
-    """A keep-alive head turned into one that says the connection closes after it.
-
-    ``prepare()`` runs the app's ``on_response_prepare`` hooks after the head was built and
-    before it is written; a hook that calls ``force_close()`` (the drain does, so pooled
-    clients reconnect through the Service) must be told to the client, or it reuses a
-    connection the sidecar is about to close and loses a request.
-    """
-    fields = data[:-2]  # the head without its final blank line
-    if fields.endswith(_KEEP_ALIVE_FIELD):  # HTTP/1.0: without keep-alive it closes
-        return fields[: -len(_KEEP_ALIVE_FIELD)] + b"\r\n"
-    return fields + b"Connection: close\r\n\r\n"

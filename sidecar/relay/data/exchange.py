@@ -1,4 +1,5 @@
-"""A request carried from its client connection's own callbacks: the relay's one way in.
+"""Every request on the proxy port, carried from its client connection's own callbacks: the
+relay's one way in.
 
 aiohttp hands a parsed request to a handler task two event-loop turns after the read that
 completed it, and answers it through a ``Request``, a ``StreamResponse`` and a last loop
@@ -7,25 +8,45 @@ that was 187 µs at the median and 2.1 ms at p99 from the read to the handler, a
 again of the handler's own setup before the upstream had the request (docs/performance.md).
 
 So the proxy port's connection
-(:class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`) offers every
-request head aiohttp's parser completes, in order, to the :class:`Carrier`. A request it
-takes becomes an :class:`Exchange`, which owns it from then to its verdict: the rest of its
-body, its record (:class:`~sidecar.measure.record.RecordBook`: timeline, labels, span,
-opened here), the upstream request, the response head and body
+(:class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`) hands every
+request head aiohttp's parser completes, in order, to the :class:`Carrier`, and aiohttp's
+handler never runs there. Each request becomes an :class:`Exchange`, which owns it from then
+to its verdict: the rest of its body, its record
+(:class:`~sidecar.measure.record.RecordBook`: timeline, labels, span, opened here), the
+upstream request, the response head and body
 (:class:`~sidecar.relay.data.body_relay.BodyRelay`), the wait for the client to take it, the
 verdict (given once, here), and handing the connection back for its next request. Every
 step runs from a callback: the client's reads, the upstream's head and body reads, the
-client's transport draining, a timer. No task runs
-for it, unless no pooled upstream connection is idle (then one connects and sends it).
+client's transport draining, a timer. No task runs for it, unless no pooled upstream
+connection is idle (then one connects and sends it) or its body is streamed (a task sends
+it as it comes).
 
-What the carrier declines takes the one door, aiohttp's handler
-(:meth:`sidecar.relay.data.proxy.Proxy.handle`), with the same record and relay, and so does
-every request after it on that connection until aiohttp's handler is idle again (answers go
-out in order). Declined: anything but a ``POST`` to an API route over HTTP/1.1 whose
-``Content-Length`` body is within ``max_request_inspect_bytes`` (so chunked bodies,
-``Expect``, upgrades, HTTP/1.0, other methods and paths), a request the entry refuses (the
-sidecar's own come back through a loop), a body the process-wide body budget has no room
-for, and every request while the pod drains (so each gets the drain's answers).
+What the head says of the body (sidecar/relay/data/request_body.py): refused at once (405,
+413, 400, 501, 417), none, held whole (a known API route's JSON within
+``max_request_inspect_bytes``, read for its fields), or streamed. Before any of it, two
+answers of the sidecar's own, with nothing sent upstream and nothing recorded: its own probe
+come back through a loop (508, sidecar/relay/control/self_loop.py) and a new request in the
+drain's second step (503, sidecar/relay/server/drain.py). While the pod drains, every answer
+says the connection closes.
+
+Faults map to what a client can act on:
+
+- upstream refused / unreachable / broken before headers -> 502 with a JSON error body;
+  a connect or read timeout before headers -> 504;
+- upstream dies or stalls past the idle timeout mid-stream -> the client connection is
+  closed after flushing what was relayed: a truncated stream, never a false clean end;
+- client goes away -> the upstream request is stopped at once (the server stops
+  generating); outcome ``cancelled`` with the partial figures;
+- client stops taking bytes for ``send_timeout`` -> the upstream request is stopped and
+  the client connection aborted; outcome ``cancelled``, error type ``client_send_timeout``.
+  After each response the relay also waits for the client to take it, so a client that
+  pipelines requests without reading gets no further request forwarded;
+- request body larger than ``max_request_body_bytes`` -> 413: before the upstream is asked
+  when ``Content-Length`` says so (also in answer to ``Expect: 100-continue``, so the
+  client never sends it), else as soon as a chunked body passes the limit (the upstream
+  then sees its request cut off, never a complete one);
+- request body stalls for ``client_body_timeout`` between two reads -> 408 (a streamed body
+  is cut off as above). This also bounds a body whose framing breaks mid-way.
 """
 
 from __future__ import annotations
@@ -40,9 +61,9 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
 
 from ...base.outcomes import INTERNAL, Outcome, Verdict, verdict_of
-from ...base.routes import OTHER, Route, match_route
+from ...base.routes import Route, match_route
 from ...measure.observe import ResponseObserver
-from ...measure.request_fields import scan_request_fields
+from ...measure.request_fields import RequestFieldScanner, scan_request_fields
 from ..server.errors import raw_error_response
 from .body_budget import BodyBudget
 from .body_relay import CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, BodyRelay, unsent
@@ -50,14 +71,26 @@ from .client_head import client_head
 from .forwarded import forwarded_headers, peer_address
 from .http1 import ResponseHead
 from .limits import RelayLimits
+from .request_body import (
+    BodyRefused,
+    BoundedBody,
+    has_body,
+    holds_whole,
+    late_fields,
+    refusal,
+    stalled,
+    upstream_target,
+)
 from .upstream import Sent, UpstreamConnection, UpstreamError, UpstreamPool
 
 if TYPE_CHECKING:
     from ...measure.record import RecordBook, RequestRecord
 
-__all__ = ["Carrier", "Exchange", "ClientConnection"]
+__all__ = ["Carrier", "ClientConnection", "DrainState", "Exchange"]
 
 _log = structlog.get_logger("sidecar.proxy")
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class ClientConnection(Protocol):
@@ -73,12 +106,29 @@ class ClientConnection(Protocol):
         """The exchange is over: the connection takes its next request, or closes."""
 
 
+class DrainState(Protocol):
+    """What the relay asks of the drain (sidecar/relay/server/drain.py)."""
+
+    draining: bool  # every answer closes its connection
+    refusing: bool  # step 2: new requests are answered 503
+
+    def refusal(self, method: str, peer: str | None) -> bytes: ...
+
+
+class _NotDraining:
+    draining = refusing = False
+
+    def refusal(self, method: str, peer: str | None) -> bytes:  # pragma: no cover - never refusing
+        raise AssertionError("not draining")
+
+
 class Carrier:
-    """Decides, per request head, whether the relay carries it (the module doc), within the
-    relay's ``limits``, on the ``pool`` (None until the proxy app started), into ``records``,
-    holding bodies against ``budget``. ``enabled`` is asked each time (False while draining,
-    so every request takes the door, with the drain's answers); ``refused`` is the entry's
-    refusal by header fields (the loop check), so a request it refuses is never sent."""
+    """Makes the :class:`Exchange` of each request head on the proxy port, within the relay's
+    ``limits``, on the ``pool`` (None until the proxy app started), into ``records``, holding
+    bodies against ``budget``. ``refused(headers)`` is the sidecar's own answer to a request
+    its head alone refuses before anything goes upstream (the loop check's 508), else None;
+    ``drain`` (set once the sidecar has one) says whether answers close their connections
+    and whether new requests are refused."""
 
     def __init__(
         self,
@@ -87,88 +137,60 @@ class Carrier:
         limits: RelayLimits,
         budget: BodyBudget,
         *,
-        enabled: Callable[[], bool],
-        refused: Callable[[Mapping[str, str]], bool],
+        refused: Callable[[Mapping[str, str]], bytes | None] = lambda headers: None,
     ) -> None:
         self.records = records
         self.pool = pool
+        self.limits = limits
         self.budget = budget
-        self.enabled = enabled
-        self._refused = refused
+        self.refused = refused
+        self.drain: DrainState = _NotDraining()
         self.clock = records.clock
-        self.max_body = min(limits.max_request_inspect_bytes, limits.max_request_body_bytes)
-        self.body_timeout = limits.client_body_timeout
-        self.send_timeout = limits.send_timeout
 
     def __call__(
         self, connection: ClientConnection, message: RawRequestMessage, payload: StreamReader
-    ) -> Exchange | None:
+    ) -> Exchange:
         """``message``/``payload``: aiohttp's parsed head and body stream of the next request
-        on ``connection`` (its body may still be arriving); None leaves it to the door."""
-        if (
-            message.method != "POST"
-            or message.version != HttpVersion11
-            or message.upgrade
-            or message.chunked
-        ):
-            return None
-        headers = message.headers
-        length = headers.get("Content-Length")
-        if "Host" not in headers or length is None or not length.isdigit() or "Expect" in headers:
-            return None
-        size = int(length)
-        if "Transfer-Encoding" in headers or not 0 < size <= self.max_body:
-            return None  # (no body: the door sends the client's own Content-Length: 0)
-        if not message.path.startswith("/") or not self.enabled() or self._refused(headers):
-            return None  # the entry answers a refused one (508 for a loop), nothing goes upstream
-        route, path_model = match_route(message.url.path, "POST")
-        if route is OTHER:
-            return None  # its body is streamed, as the door does
-        pool = self.pool()
-        if pool is None:
-            return None
-        reserved = 0
-        if not payload.is_eof():
-            if not self.budget.reserve(size):
-                return None  # held bodies are at their process-wide limit: the door streams it
-            reserved = size
-        return Exchange(self, connection, pool, message, payload, route, path_model, reserved)
+        on ``connection`` (its body may still be arriving)."""
+        return Exchange(self, connection, message, payload)
+
+
+_NO_BODY, _WHOLE, _STREAMED = 0, 1, 2  # how the request's body goes upstream
 
 
 class Exchange:
-    """One carried request, from its head to its verdict (the module doc). The connection
-    calls :meth:`start` once it took the request off aiohttp's queue, :meth:`body_arrived`
-    after each read while the body is still coming, :meth:`client_drained` when its transport
+    """One request, from its head to its verdict (the module doc). The connection calls
+    :meth:`start` once it took the request off aiohttp's queue, :meth:`body_arrived` after
+    each read while the body is still coming, :meth:`client_drained` when its transport
     drains and :meth:`client_gone` when it is lost. ``sent``/``pending``: how the request is
-    on its way upstream (written on an idle pooled connection, or a task connecting)."""
+    on its way upstream (written on an idle pooled connection, or a task connecting or
+    streaming its body)."""
 
     __slots__ = (
-        "_start", "_path_model", "_carrier", "_connection", "_pool", "_message", "_payload", "_route", "_parts", "_reserved",
-        "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_queued", "_waiting", "_head_written",
-        "_verdict", "_taking", "keep_alive", "sent", "pending", "done",
+        "_start", "_path_model", "_carrier", "_connection", "_pool", "_message", "_payload", "_route", "_parts",
+        "_reserved", "_mode", "_streamed", "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_queued", "_waiting",
+        "_head_written", "_verdict", "_taking", "keep_alive", "sent", "pending", "done",
     )  # fmt: skip
 
     def __init__(
         self,
         carrier: Carrier,
         connection: ClientConnection,
-        pool: UpstreamPool,
         message: RawRequestMessage,
         payload: StreamReader,
-        route: Route,
-        path_model: str | None,
-        reserved: int,
     ) -> None:
         self._start = carrier.clock()  # the head is in: the request's time starts here
-        self._path_model = path_model  # a model the route names in its path (Triton, TGI)
         self._carrier = carrier
         self._connection = connection
-        self._pool = pool
+        self._pool: UpstreamPool | None = None
         self._message = message
         self._payload = payload
-        self._route = route
+        self._route: Route
+        self._route, self._path_model = match_route(message.url.path, message.method)
         self._parts: list[bytes] = []
-        self._reserved = reserved  # body bytes held against the body budget until sent
+        self._reserved = 0  # body bytes held against the body budget until sent
+        self._mode = _NO_BODY
+        self._streamed: BoundedBody | None = None  # a body streamed upstream, until answered
         self._record: RequestRecord | None = None
         self._conn: UpstreamConnection | None = None
         self._relay: BodyRelay | None = None  # until its end is taken (_relay_ended)
@@ -180,7 +202,8 @@ class Exchange:
         self._head_written = False
         self._taking = False  # reading the body's buffered pieces (_take_body)
         self._verdict = Verdict.OK  # the upstream's status may make it an error
-        self.keep_alive = not message.should_close
+        # After an Upgrade the connection's bytes are no HTTP: it closes after the answer.
+        self.keep_alive = not message.should_close and not message.upgrade
         self.sent: Sent | None = None
         self.pending: asyncio.Future[UpstreamConnection] | None = None
         self.done = False
@@ -188,10 +211,56 @@ class Exchange:
     # -- the request ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._take_body()
+        self._guarded(self._begin)
+
+    def _begin(self) -> None:
+        """What the head says: an answer of the sidecar's own, or how the body goes."""
+        carrier, message = self._carrier, self._message
+        headers = message.headers
+        own = carrier.refused(headers)
+        if own is None and carrier.drain.refusing:
+            own = carrier.drain.refusal(message.method, self._peer())
+        if own is not None:  # nothing goes upstream, nothing is recorded
+            self._answer_only(own)
+            return
+        self._pool = carrier.pool()
+        limits = carrier.limits
+        refused = refusal(message, limits)
+        expect = headers.get("Expect") if message.version == HttpVersion11 else None
+        if refused is None and expect is not None and expect.lower() != "100-continue":
+            refused = 417, "expectation_failed", "only Expect: 100-continue is understood"
+        if refused is not None:
+            self._refuse(*refused)
+            return
+        if expect is not None:  # invite the body, as aiohttp's default handler does
+            transport = self._connection.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(CONTINUE)
+        if not has_body(message):
+            self._send(None)
+            return
+        payload = self._payload
+        size = holds_whole(message.method, self._route, headers, limits.max_request_inspect_bytes)
+        if size and (payload.is_eof() or carrier.budget.reserve(size)):
+            self._reserved = 0 if payload.is_eof() else size
+            self._mode = _WHOLE
+            self._take_body()
+            return
+        # Streamed; an API body streamed because held bodies are at their process-wide limit
+        # (body_budget) has its fields read as it goes.
+        self._mode = _STREAMED
+        self._stream(
+            BoundedBody(
+                payload,
+                limits.max_request_body_bytes,
+                limits.client_body_timeout,
+                RequestFieldScanner() if size else None,
+            )
+        )
 
     def body_arrived(self) -> None:
-        self._take_body()
+        if self._mode == _WHOLE:
+            self._take_body()
 
     def _take_body(self) -> None:
         if self._taking or self._record is not None or self.done:
@@ -209,11 +278,14 @@ class Exchange:
             self._taking = False
         if payload.is_eof():
             self._cancel_timer()
-            self._guarded(self._send)
+            body = b"".join(self._parts)
+            self._parts = []
+            self._guarded(self._send, body)
             return
-        self._deadline = self._carrier.clock() + self._carrier.body_timeout
+        timeout = self._carrier.limits.client_body_timeout
+        self._deadline = self._carrier.clock() + timeout
         if self._timer is None:
-            self._arm(self._carrier.body_timeout, self._body_stalled)
+            self._arm(timeout, self._body_stalled)
 
     def _body_stalled(self) -> None:
         self._timer = None
@@ -223,64 +295,92 @@ class Exchange:
         if left > 0:
             self._arm(left, self._body_stalled)
             return
-        timeout = self._carrier.body_timeout
-        self._guarded(
-            self._refuse,
-            408,
-            "request_timeout",
-            f"the request body stalled for {timeout:g} seconds",
-        )
+        self._guarded(self._refuse, *stalled(self._carrier.limits.client_body_timeout))
 
-    def _open(self, body: bytes) -> RequestRecord:
+    def _peer(self) -> str:
+        transport = self._connection.transport
+        return peer_address(transport.get_extra_info("peername") if transport else None)
+
+    def _open(self, body: bytes | None) -> RequestRecord:
         carrier = self._carrier
         if self._reserved:
             carrier.budget.release(self._reserved)
             self._reserved = 0
         fields = scan_request_fields(body) if body else None
+        message = self._message
         return carrier.records.open(
-            self._start, "POST", self._route, self._path_model, fields, self._message.headers
+            self._start, message.method, self._route, self._path_model, fields, message.headers
         )
 
-    def _send(self) -> None:
-        body = b"".join(self._parts)
-        self._parts = []
-        record = self._record = self._open(body)
-        timeline = record.timeline
-        timeline.body_received = self._carrier.clock()
+    def _upstream_headers(
+        self, record: RequestRecord, body_is_bytes: bool
+    ) -> list[tuple[str, str]]:
         message = self._message
+        transport = self._connection.transport
+        assert transport is not None
+        url = message.url
+        # The host the request names: an absolute form's (RFC 9112 section 3.2.2), else the
+        # Host field, else (HTTP/1.0) the address it came to, as aiohttp's request.host.
+        host = (url.host or "") if url.absolute else message.headers.get("Host")
+        if host is None:
+            sockname = transport.get_extra_info("sockname")
+            host = str(sockname[0]) if isinstance(sockname, tuple) else ""
+        headers = forwarded_headers(
+            message.headers,
+            peer=self._peer(),
+            scheme="https" if transport.get_extra_info("sslcontext") else "http",
+            host=host,
+            body_is_bytes=body_is_bytes,
+        )
+        self._carrier.records.trace_into(record, headers)
+        return list(headers.items())
+
+    def _send(self, body: bytes | None) -> None:
+        """Send a request whose body is in (or that has none)."""
+        record = self._record = self._open(body)
+        record.timeline.body_received = self._carrier.clock()
         transport = self._connection.transport
         if transport is None or transport.is_closing():
             self._finish(Verdict.CLIENT_DISCONNECTED)
             return
-        headers = forwarded_headers(
-            message.headers,
-            peer=peer_address(transport.get_extra_info("peername")),
-            scheme="https" if transport.get_extra_info("sslcontext") else "http",
-            host=message.headers["Host"],
-            body_is_bytes=True,
-        )
-        self._carrier.records.trace_into(record, headers)
-        pool, target = self._pool, message.path
+        pool = self._pool
+        if pool is None:  # the proxy app has not started (or has stopped)
+            self._fail(500, INTERNAL, "the sidecar failed to relay the request")
+            return
+        headers = self._upstream_headers(record, body is not None)
+        method, target = self._message.method, upstream_target(self._message)
         try:
-            sent = pool.send_now("POST", target, headers.items(), body)
-        except ValueError:  # a field line that cannot be written (aiohttp's handler: a 500)
+            sent = pool.send_now(method, target, headers, body)
+        except ValueError:  # a field line that cannot be written
             _log.exception("request_not_sendable")
             self._fail(500, INTERNAL, "the request has a header field that cannot be relayed")
             return
         if sent is not None:
-            timeline.upstream_sent = self._carrier.clock()
+            record.timeline.upstream_sent = self._carrier.clock()
             self.sent = sent
             sent.waiter.add_done_callback(self._head_in)
         else:
-            self._connect(pool.request("POST", target, headers.items(), body, self._mark_sent))
+            self._connect(pool.request(method, target, headers, body, self._mark_sent))
+
+    def _stream(self, body: BoundedBody) -> None:
+        """Send a request whose body streams upstream as it arrives (a task sends it)."""
+        record = self._record = self._open(None)
+        self._streamed = body
+        pool = self._pool
+        if pool is None:
+            self._fail(500, INTERNAL, "the sidecar failed to relay the request")
+            return
+        headers = self._upstream_headers(record, False)
+        message = self._message
+        self._connect(pool.request(message.method, upstream_target(message), headers, body))
 
     def _mark_sent(self) -> None:
         if self._record is not None:
             self._record.timeline.upstream_sent = self._carrier.clock()
 
     def _connect(self, answer: Coroutine[object, object, UpstreamConnection]) -> None:
-        """Await the answer in a task (no idle connection: one connects and sends it; or the
-        pooled one was closed under it: the pool's one retry)."""
+        """Await the answer in a task (no idle connection: one connects and sends it; a body
+        streamed; or the pooled one was closed under it: the pool's one retry)."""
         self.pending = pending = asyncio.ensure_future(answer)
         pending.add_done_callback(self._answered)
 
@@ -292,6 +392,7 @@ class Exchange:
         sent = self.sent
         assert sent is not None
         if failed:  # the pool decides (a reused connection closed under it: once more)
+            assert self._pool is not None
             self._connect(self._pool.response(sent))
             return
         self._guarded(self._respond, sent.conn)
@@ -304,7 +405,9 @@ class Exchange:
             if exc is None:
                 pending.result().close()
             return
-        if isinstance(exc, UpstreamError):
+        if isinstance(exc, BodyRefused):  # the streamed body broke a limit: cut off upstream
+            self._guarded(self._refuse, *exc.refusal)
+        elif isinstance(exc, UpstreamError):
             self._guarded(self._fail, exc.status, exc.kind, str(exc))
         elif exc is not None:
             _log.error("upstream_request_failed", exc_info=exc)
@@ -319,6 +422,9 @@ class Exchange:
         assert record is not None and conn.head is not None  # answered once the head arrived
         self._conn = conn
         carrier, head, timeline = self._carrier, conn.head, record.timeline
+        streamed, self._streamed = self._streamed, None
+        if streamed is not None and streamed.fields is not None:
+            late_fields(timeline, streamed.fields)
         observer = carrier.records.observe(record, self._route, head.status, head.headers)
         transport = self._connection.transport
         if transport is None or transport.is_closing():
@@ -326,11 +432,12 @@ class Exchange:
             self._finish(Verdict.CLIENT_DISCONNECTED)
             return
         # The upstream's head bytes (client_head); while draining, the connection closes after.
+        message = self._message
         out = client_head(
             head,
-            http11=True,
-            method="POST",
-            client_keep_alive=self.keep_alive and carrier.enabled(),
+            http11=message.version >= HttpVersion11,
+            method=message.method,
+            client_keep_alive=self.keep_alive and not carrier.drain.draining,
         )
         self.keep_alive = out.keep_alive
         transport.write(out.data)
@@ -340,7 +447,7 @@ class Exchange:
             self._verdict = Verdict.UPSTREAM_STATUS
         self._observer = observer
         relay = self._relay = BodyRelay(
-            transport, conn, observer, carrier.clock, carrier.send_timeout, out.chunked,
+            transport, conn, observer, carrier.clock, carrier.limits.send_timeout, out.chunked,
             on_wake=self._relay_woke,
         )  # fmt: skip
         relay.start()
@@ -389,7 +496,7 @@ class Exchange:
             return
         self._waiting = True
         self._queued = unsent(transport)
-        self._arm(self._carrier.send_timeout, self._progress)
+        self._arm(self._carrier.limits.send_timeout, self._progress)
 
     def client_drained(self) -> None:
         if self._waiting and not self.done:
@@ -409,7 +516,7 @@ class Exchange:
         queued = unsent(transport)
         if queued < self._queued:  # it took something: a slow reader keeps its stream
             self._queued = queued
-            self._arm(self._carrier.send_timeout, self._progress)
+            self._arm(self._carrier.limits.send_timeout, self._progress)
             return
         self._waiting = False
         relay = self._relay
@@ -477,12 +584,22 @@ class Exchange:
         self._finish(verdict_of(Outcome.ERROR, kind))
 
     def _refuse(self, status: int, kind: str, text: str) -> None:
-        """A client error the sidecar answers itself (a body that stalled): outcome ok with its
-        4xx code, as an upstream's 4xx is; the unread rest of the body is not wanted, so the
-        connection closes after."""
-        self._record = self._open(b"")
+        """A client error the sidecar answers itself (refused by its head, or a body that
+        stalled or grew past its limit): outcome ok with its 4xx code, as an upstream's 4xx
+        is; the unread rest of the body is not wanted, so the connection closes after."""
+        if self._record is None:
+            self._record = self._open(None)
         self.keep_alive = False
         self._answer(status, kind, text, keep_alive=False)
+        self._finish(Verdict.OK)
+
+    def _answer_only(self, answer: bytes) -> None:
+        """An answer of the sidecar's own to a request it neither sends nor records."""
+        self.keep_alive = False
+        transport = self._connection.transport
+        if transport is not None and not transport.is_closing():
+            self._head_written = True
+            transport.write(answer)
         self._finish(Verdict.OK)
 
     def _answer(self, status: int, kind: str, text: str, *, keep_alive: bool) -> None:
@@ -510,7 +627,7 @@ class Exchange:
         if relay is not None:  # (only a failure of the sidecar's own ends it before its end)
             relay.settle()
         conn, self._conn = self._conn, None
-        if conn is not None:
+        if conn is not None and self._pool is not None:
             # A complete keep-alive response returns the connection to the pool; anything else
             # closes it, which is how the server learns to stop generating for a gone client.
             self._pool.release(conn)
@@ -518,7 +635,7 @@ class Exchange:
         if record is not None:
             self._carrier.records.close(record, verdict)
         # Kept alive as the head told the client (a head written before the drain began said
-        # so: the next request on it takes the door, whose answer says the connection closes).
+        # so: the next request on it gets an answer that says the connection closes).
         transport = self._connection.transport
         if not self.keep_alive and transport is not None and not transport.is_closing():
             transport.close()  # after flushing what was written
@@ -536,7 +653,7 @@ class Exchange:
                 return
             try:
                 if self._record is None:
-                    self._record = self._open(b"")
+                    self._record = self._open(None)
                 self.keep_alive = False
                 relay = self._relay
                 if relay is not None and relay.ended is None:

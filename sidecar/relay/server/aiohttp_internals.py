@@ -7,31 +7,27 @@ aiohttp has no public hook for some things the sidecar needs, so it leans on int
   overrides the connection handler's ``connection_made``, ``data_received``,
   ``eof_received``, ``connection_lost`` and ``handle_error``
   (``aiohttp.web_protocol.RequestHandler``, whose ``_manager`` and ``_loop`` it reads; what
-  to answer is :mod:`sidecar.relay.server.client_guard`'s), :class:`HandlerServer` builds it, and
-  :class:`RebuildingRunner` rebuilds the server ``AppRunner._make_server`` made, with the
-  same ``web.Server._kwargs``;
-* writing the upstream's own head bytes: :class:`OwnHeadResponse` replaces
-  ``StreamResponse._prepare_headers`` and ``_write_headers`` (which ``prepare()`` calls in
-  that order) and reads ``_req`` / sets ``_keep_alive``;
-* the whole-head budget (sidecar/relay/server/head_budget.py): the handler's ``_request_count``,
-  ``_messages`` and ``_upgraded``, read right after ``RequestHandler.data_received``;
-* one way in (sidecar/relay/data/exchange.py): :class:`GuardedRequestHandler` offers each
-  request in ``_messages`` to the relay, hides ``_waiter`` from ``data_received`` and sets it
-  only for a request the relay declines, parks ``start()`` until then, frees the parser's
-  queue slot (``_parser.message_consumed()``), and while a request is carried holds
-  ``_request_in_progress`` / ``_handler_waiter`` (the graceful shutdown's wait) and the
-  keep-alive timer (``_keepalive_handle``, ``_next_keepalive_close_time``,
-  ``_keepalive_timeout``, ``_keepalive``, ``_process_keepalive``), resumes a queue that was
-  full as ``start()`` does (``_buffer_paused``, ``_msg_queue_resume_size``,
-  ``_resume_reading_if_drained``), resumes a body's reading only when it was paused
-  (``_reading_paused``), reading ``_close`` and ``_force_close`` (pinned over real sockets by
-  ``tests/integration/relay/server/test_one_way_in.py``, which fails if the proxy port's
-  handler runs for a request the relay carries);
+  to answer is :mod:`sidecar.relay.server.client_guard`'s), :class:`HandlerServer` builds it
+  (``web.Server._kwargs``), and :class:`RebuildingRunner` rebuilds the server
+  ``AppRunner._make_server`` made, with the same arguments; the cap counts the server's
+  ``_connections``;
+* the whole-head budget (sidecar/relay/server/head_budget.py): the handler's
+  ``_request_count`` and ``_messages``, read right after ``RequestHandler.data_received``;
+* one way in (sidecar/relay/data/exchange.py): on the proxy port
+  :class:`GuardedRequestHandler` hands each request in ``_messages`` to the relay (a parse
+  error aiohttp queued there, ``_ErrInfo.exc``, is answered in its turn), parks aiohttp's
+  task for good, frees the parser's queue slot (``_parser.message_consumed()``), and while a
+  request is carried holds ``_request_in_progress`` / ``_handler_waiter`` (the graceful
+  shutdown's wait) and the keep-alive timer (``_keepalive_handle``,
+  ``_next_keepalive_close_time``, ``_keepalive_timeout``, ``_keepalive``,
+  ``_process_keepalive``), resumes a queue that was full as ``start()`` does
+  (``_buffer_paused``, ``_msg_queue_resume_size``, ``_resume_reading_if_drained``), resumes
+  a body's reading only when it was paused (``_reading_paused``), reading ``_close`` and
+  ``_force_close`` (pinned over real sockets by
+  ``tests/integration/relay/server/test_one_way_in.py``, which fails if aiohttp's handler
+  machinery runs for a request on the proxy port);
 * shortening the drain's last wait: ``BaseRunner._shutdown_timeout``
-  (:func:`set_shutdown_timeout`);
-* every request to one handler without the router or middlewares:
-  :class:`OneHandlerApplication` replaces ``Application._handle`` and sets the request's
-  ``_match_info``.
+  (:func:`set_shutdown_timeout`).
 
 Checked against aiohttp 3.14.5 (the version ``make install`` resolves; pyproject pins
 ``<3.15`` for this reason). ``tests/unit/test_aiohttp_internals.py`` pins each name used
@@ -44,29 +40,21 @@ drain tests.
 from __future__ import annotations
 
 import asyncio
-import warnings
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from aiohttp import hdrs, web
+from aiohttp import web
 from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_urldispatcher import ResourceRoute, UrlMappingMatchInfo
 
 from .client_guard import Carried, CarryHook, ConnectionGuard
 from .head_budget import HeadBudget, head_size
-
-if TYPE_CHECKING:
-    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 __all__ = [
     "CHECKED_AIOHTTP",
     "GuardedRequestHandler",
     "GuardedServer",
     "HandlerServer",
-    "OwnHeadResponse",
     "RebuildingRunner",
     "RequestHandler",
     "handler_loop",
@@ -141,72 +129,6 @@ def set_shutdown_timeout(runner: web.BaseRunner, seconds: float) -> None:
     runner._shutdown_timeout = seconds
 
 
-class OwnHeadResponse(web.StreamResponse):
-    """``StreamResponse`` whose head is the bytes :meth:`head_bytes` gives, none of aiohttp's
-    (no Date, Server, Content-Type, chunking or Connection added)."""
-
-    def __init__(self, status: int, keep_alive: bool) -> None:
-        super().__init__(status=status)
-        self._keep_alive = keep_alive
-
-    @property
-    def closing(self) -> bool:
-        """True once ``force_close()`` was called (an ``on_response_prepare`` hook may)."""
-        return not self._keep_alive
-
-    def head_bytes(self) -> bytes:  # pragma: no cover - subclasses say what the head is
-        raise NotImplementedError
-
-    async def _prepare_headers(self) -> None:
-        pass
-
-    async def _write_headers(self) -> None:
-        request = self._req
-        assert request is not None and request.transport is not None
-        data = self.head_bytes()
-        request.transport.write(data)
-        request.writer.output_size += len(data)
-
-
-with warnings.catch_warnings():  # aiohttp discourages subclassing (internals it may change):
-    warnings.simplefilter("ignore", DeprecationWarning)  # the ones used are pinned (docstring)
-
-    class OneHandlerApplication(web.Application):
-        """An ``Application`` that hands every request to one handler, with no router lookup
-        and no middleware chain: the proxy port relays every target, so aiohttp's route walk
-        (a dictionary lookup per path segment, then the pattern) and one coroutine layer per
-        middleware, plus the one aiohttp adds to fix ``current_app``, would be a request's
-        cost with nothing to decide.
-
-        ``entry(request)`` answers every request, ``expect(request)`` an ``Expect`` header first
-        (as aiohttp's ``_handle`` does). Every request shares one frozen match info holding
-        this app, which is what ``request.app`` and the ``on_response_prepare`` hooks read
-        (``_handle``, ``_match_info``; pinned in tests/unit/test_aiohttp_internals.py).
-        """
-
-        def __init__(self, entry: Handler, expect: ExpectHandler, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self._entry = entry
-            self._expect = expect
-            match = UrlMappingMatchInfo(
-                {},
-                # A route of no resource: only this frozen match info holds it.
-                ResourceRoute(hdrs.METH_ANY, entry, None, expect_handler=expect),  # type: ignore[arg-type]  # no resource
-            )
-            match.add_app(self)
-            match.freeze()
-            self._one_match = match
-
-        async def _handle(self, request: web.Request) -> web.StreamResponse:
-            request._match_info = self._one_match
-            if request.headers.get(hdrs.EXPECT):
-                response = await self._expect(request)
-                await request.writer.drain()
-                if response is not None:
-                    return response
-            return await self._entry(request)
-
-
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's connection handler, asking its server's ``guard``
     (:class:`sidecar.relay.server.client_guard.ConnectionGuard`) at each step: a connection past
@@ -216,52 +138,30 @@ class GuardedRequestHandler(RequestHandler):
     answer instead of aiohttp's (which quotes the request bytes).
 
     With a ``carry`` hook (the proxy port: sidecar/relay/data/exchange.py) the connection
-    answers requests itself. Each request head aiohttp's parser completes is offered, in
-    order, to ``carry``; a request it takes is answered from this connection's callbacks and
-    aiohttp's task never sees it. The first one it declines opens the door: aiohttp's task,
-    parked until then (:meth:`start`), takes that request and answers it with its handler,
-    then every request queued behind it. The relay carries again once that task waits for a
-    request (its ``_waiter`` pending), whose wake-up is held back while the relay carries
-    one, so answers go out in the order asked. While a request is carried the connection
-    holds what aiohttp's task would: the keep-alive timer (not run down under a request),
-    the graceful shutdown's wait (``_request_in_progress``, ``_handler_waiter``) and
-    closing after the answer.
+    answers every request itself. Each request head aiohttp's parser completes is handed, in
+    order, to ``carry`` once the one before it is answered, and is answered from this
+    connection's callbacks; what the parser refused is answered in its turn. aiohttp's task
+    is parked for good (:meth:`start`) and never takes a request. While a request is carried
+    the connection holds what aiohttp's task would: the keep-alive timer (not run down under
+    a request), the graceful shutdown's wait (``_request_in_progress``,
+    ``_handler_waiter``) and closing after the answer.
     """
 
     _over_cap = False
     _head_payload = None  # the body of the last request whose head completed
     _head_bytes = None  # a HeadBudget once the first bytes arrive
     _carried: Carried | None = None  # the request the relay is answering on this connection
-    _door: asyncio.Future[None] | None = None  # done once aiohttp's task may take requests
+    _parked: asyncio.Future[None] | None = None  # aiohttp's task on a port the relay answers
 
     async def start(self) -> None:
-        """aiohttp's task for this connection, parked until the first request the relay
-        declines: until then every request is the relay's, and nothing else may take one."""
-        if self._door is None:
-            self._door = self._loop.create_future()
-        if not self._door.done():
-            await self._door
-        await super().start()
-
-    def _open_door(self) -> None:
-        """Let aiohttp's task take the request at the head of the queue."""
-        door = self._door
-        if door is None:
-            self._door = door = self._loop.create_future()
-        if not door.done():
-            door.set_result(None)
+        """aiohttp's task for this connection. Where the relay answers every request (the
+        proxy port) it is parked until the connection ends, and never takes one; on a port
+        without a relay (the admin port) it is aiohttp's own."""
+        if handler_server(self).guard.carry is None:  # type: ignore[attr-defined]  # a GuardedServer's
+            await super().start()
             return
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _door_idle(self) -> bool:
-        """aiohttp's task is answering nothing: parked, or waiting for a request."""
-        door = self._door
-        if door is None or not door.done():
-            return True
-        waiter = self._waiter
-        return waiter is not None and not waiter.done()
+        self._parked = self._loop.create_future()
+        await self._parked
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = handler_server(self)
@@ -272,9 +172,6 @@ class GuardedRequestHandler(RequestHandler):
             cast(asyncio.Transport, transport).write(guard.refuse_connection(handler_loop(self)))
             transport.close()
             return
-        if guard.carry is None:
-            self._door = self._loop.create_future()
-            self._door.set_result(None)  # no relay of its own: aiohttp's task takes every request
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -282,19 +179,8 @@ class GuardedRequestHandler(RequestHandler):
             return
         guard: ConnectionGuard = handler_server(self).guard  # type: ignore[attr-defined]  # a GuardedServer's
         carry = guard.carry
-        if carry is None or upgraded(self):  # past an Upgrade the bytes are no HTTP head
-            self._parse(data, guard)
-            return
-        # A request the relay carries must not wake aiohttp's task: the wake-up is held back
-        # and given (by _dispatch) only to a request the relay declines.
-        waiter, self._waiter = self._waiter, None
-        try:
-            self._parse(data, guard)
-        finally:
-            self._waiter = waiter
-        if self._force_close or self._close:
-            if waiter is not None and not waiter.done():
-                waiter.cancel()  # as force_close() would have
+        self._parse(data, guard)
+        if carry is None or self._force_close or self._close:
             return
         carried = self._carried
         if carried is not None:
@@ -330,28 +216,34 @@ class GuardedRequestHandler(RequestHandler):
             self.force_close()
 
     def _dispatch(self, carry: CarryHook) -> None:
-        """Offer the request at the head of the queue to ``carry`` while nothing is being
-        answered on this connection: one it takes leaves the queue for good; the first it
-        declines goes through the door, with everything queued behind it."""
+        """Hand the request at the head of the queue to ``carry`` while nothing is being
+        answered on this connection: it leaves the queue for good, and the next waits until
+        it is answered (answers go out in the order asked)."""
         messages = self._messages
-        while self._carried is None and messages and self._door_idle():
+        while self._carried is None and messages:
             if self._force_close or self._close or self.transport is None:
                 return
-            message, payload = messages[0]
-            carried = None
-            if isinstance(message, RawRequestMessage):
-                carried = carry(self, message, payload)
-            if carried is None:
-                self._open_door()
+            message, payload = messages.popleft()
+            if not isinstance(message, RawRequestMessage):
+                self._refuse_unparsed(message)
                 return
-            messages.popleft()
-            self._carried = carried
+            carried = self._carried = carry(self, message, payload)
             self._request_in_progress = True  # a graceful shutdown waits for it
             if self._parser is not None:  # a slot of aiohttp's pipelining queue is free again
                 self._parser.message_consumed()
             if self._buffer_paused and len(messages) <= self._msg_queue_resume_size:
                 self._resume_reading_if_drained()  # the queue was full: read on, as start() does
             carried.start()
+
+    def _refuse_unparsed(self, error: Any) -> None:
+        """What aiohttp's parser refused (it queues the error, ``_ErrInfo``, in the request's
+        place): the guard's answer, in its turn, and the connection closes."""
+        guard: ConnectionGuard = handler_server(self).guard  # type: ignore[attr-defined]  # a GuardedServer's
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            peer = transport.get_extra_info("peername")
+            transport.write(guard.refused_unparsed(error.exc, peer[0] if peer else None))
+        self.force_close()
 
     def carried_done(self, carried: Carried, keep_alive: bool) -> None:
         """The carried request is answered (and the client took it): the next request on the
@@ -372,7 +264,7 @@ class GuardedRequestHandler(RequestHandler):
             carry = handler_server(self).guard.carry  # type: ignore[attr-defined]  # a GuardedServer's
             if carry is not None:
                 self._dispatch(carry)
-            if self._carried is not None or not self._door_idle():
+            if self._carried is not None:
                 return
         loop = self._loop
         close_time = loop.time() + self._keepalive_timeout
@@ -382,22 +274,21 @@ class GuardedRequestHandler(RequestHandler):
 
     def _process_keepalive(self) -> None:
         """aiohttp's keep-alive timer, which closes a connection whose task waits for a
-        request: not under a request the relay carries (it looks again a timeout later; the
-        request's end moves the close time, so no timer is made per request), and on a
-        connection whose task is still parked, as if it were waiting."""
-        if self._carried is not None:
-            self._keepalive_handle = self._loop.call_at(
-                self._loop.time() + self._keepalive_timeout, self._process_keepalive
-            )
-            return
-        door = self._door
-        if door is not None and door.done():
+        request. Where the relay answers (the task parked), it closes an idle connection,
+        not one under a request the relay carries (it looks again a timeout later; the
+        request's end moves the close time, so no timer is made per request)."""
+        if self._parked is None:
             super()._process_keepalive()
+            return
+        loop = self._loop
+        if self._carried is not None:
+            self._keepalive_handle = loop.call_at(
+                loop.time() + self._keepalive_timeout, self._process_keepalive
+            )
             return
         self._keepalive_handle = None
         if self._force_close or not self._keepalive:
             return
-        loop = self._loop
         close_time = self._next_keepalive_close_time
         if loop.time() < close_time:
             self._keepalive_handle = loop.call_at(close_time, self._process_keepalive)
@@ -421,9 +312,9 @@ class GuardedRequestHandler(RequestHandler):
         """aiohttp's graceful close: no new requests, the connection closes once what is
         being answered is. A parked task ends now; an idle connection closes now."""
         super().close()
-        door = self._door
-        if door is not None and not door.done():
-            door.cancel()
+        parked = self._parked
+        if parked is not None and not parked.done():
+            parked.cancel()
             if self._carried is None and self.transport is not None:
                 self.force_close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any, Protocol
 
 import structlog
@@ -94,10 +95,10 @@ class Carried(Protocol):
     def client_gone(self) -> None: ...
 
 
-CarryHook = Callable[[Any, RawRequestMessage, StreamReader], "Carried | None"]
+CarryHook = Callable[[Any, RawRequestMessage, StreamReader], Carried]
 """``carry(connection, head, body)``: the relay's answer to the next request on
-``connection`` (its body may still be arriving), or None: aiohttp's handler answers it
-(sidecar/relay/data/exchange.py's ``Carrier``)."""
+``connection``, its body perhaps still arriving (sidecar/relay/data/exchange.py's
+``Carrier``)."""
 
 
 class ConnectionGuard:
@@ -110,8 +111,8 @@ class ConnectionGuard:
         self.head_budget = (
             head_budget  # bytes of one request head; 0: aiohttp's per-field limits alone
         )
-        # Offered each request head on a connection, in order; the relay answers those it
-        # takes (sidecar/relay/data/exchange.py). None on the admin port.
+        # Given each request head on a connection, in order: the relay answers every one
+        # (sidecar/relay/data/exchange.py). None on the admin port (aiohttp's handlers).
         self.carry = carry
         self.refusal_log = RefusalLog()
 
@@ -127,12 +128,22 @@ class ConnectionGuard:
     def parse_refused(self, exc: HttpProcessingError, peer: str | None) -> web.Response:
         """The JSON answer to a request aiohttp's parser refused, logged without the request
         bytes (aiohttp would quote them in its answer and its log)."""
+        response = error_response(*self._refused(exc, peer))
+        response.force_close()
+        return response
+
+    def refused_unparsed(self, exc: BaseException, peer: str | None) -> bytes:
+        """:meth:`parse_refused` as a whole response on a port whose requests the relay
+        answers (no aiohttp response there); the connection closes after it."""
+        status, kind, text = self._refused(exc, peer)
+        return raw_error_response(status, HTTPStatus(status).phrase, kind, text)
+
+    @staticmethod
+    def _refused(exc: BaseException, peer: str | None) -> tuple[int, str, str]:
         status, kind, text = parse_refusal(exc)
         if not isinstance(exc, BadHttpMethod):  # not HTTP at all (TLS, scanners): not worth a line
             _log.info("request_refused", status=status, reason=kind, peer=peer)
-        response = error_response(status, kind, text)
-        response.force_close()
-        return response
+        return status, kind, text
 
 
 def connection_cap(configured: int) -> int:

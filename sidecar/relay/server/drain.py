@@ -45,9 +45,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 import structlog
-from aiohttp import web
 
-from .errors import error_response
+from .errors import raw_error_response
 
 __all__ = [
     "POLL_SECONDS",
@@ -117,27 +116,15 @@ class Drain:
         self.refusing = False  # step 2: the upstream is gone
         self._said_at = 0.0
 
-    def refusal(self, request: web.Request) -> web.StreamResponse:
-        """In step 2 (``refusing``), a new request's answer: 503 + Retry-After (the proxy
-        app's entry asks before relaying)."""
-        _log.info("refused_draining", method=request.method, peer=request.remote)
-        response = error_response(
-            503, "draining", "this pod is shutting down and its inference server has stopped; retry"
-        )
-        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        response.force_close()
-        return response
-
-    async def close_connections(self, request: web.Request, response: web.StreamResponse) -> None:
-        """The proxy app's ``on_response_prepare`` hook: once draining, every response says
-        ``Connection: close`` (a hop-by-hop header), so a client that pools connections opens
-        its next one through the Service, to a pod that is not stopping; endpoint removal
-        alone never moves an open connection."""
-        if self.draining:
-            response.force_close()
-            # aiohttp runs this hook after it has chosen the Connection header: say it here,
-            # or the client reuses a connection the server is about to close, and loses a request.
-            response.headers["Connection"] = "close"
+    def refusal(self, method: str, peer: str | None) -> bytes:
+        """In step 2 (``refusing``), a new request's whole answer: 503 + Retry-After, and the
+        connection closes after it (the relay asks before relaying)."""
+        _log.info("refused_draining", method=method, peer=peer)
+        return raw_error_response(
+            503, "Service Unavailable", "draining",
+            "this pod is shutting down and its inference server has stopped; retry",
+            b"Retry-After: %d\r\n" % RETRY_AFTER_SECONDS,
+        )  # fmt: skip
 
     async def run(self, drain_seconds: float) -> None:
         """Steps 1 to 3; returns when the proxy may close (``drain_seconds`` at the latest)."""

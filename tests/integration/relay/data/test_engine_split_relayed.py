@@ -22,7 +22,7 @@ from tests.support.spans import one_span
 from tests.support.sse import replaying
 
 # Relay tests: each runs with the early path on (as served) and off (through the handler).
-pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
+pytestmark = pytest.mark.integration
 
 CHAT = "/v1/chat/completions"
 VLLM = load("openai", "vllm032_chat_per_request_metrics.txt")

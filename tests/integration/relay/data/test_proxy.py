@@ -16,7 +16,7 @@ from tests.support.sse import USAGE, chat_chunk, scripted
 
 # Each test runs on the production server twice: with the early path (a request sent upstream
 # from the read that completed it) and without it (through the handler).
-pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
+pytestmark = pytest.mark.integration
 
 
 async def post_stream(
@@ -86,10 +86,11 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
 
 
-async def test_both_ways_in_are_taken(upstream, sidecar_factory, carried_path):
-    """The two runs of this module differ where they say: a client's POST (aiohttp's, head
-    and body in one write) goes upstream from the read that completed it when the early path
-    is on, and through the handler when it is off, with the same bytes back either way."""
+async def test_a_clients_post_is_the_relays_on_a_new_and_a_kept_alive_connection(
+    upstream, sidecar_factory
+):
+    """A client's POST (aiohttp's, head and body in one write) is answered by the relay from
+    the connection's callbacks, on a new connection and on the same one kept alive."""
     sent: list[bytes] = []
     up = await upstream.start(
         lambda app: app.router.add_post("/v1/chat/completions", scripted(STREAM, sent=sent))
@@ -115,7 +116,7 @@ async def test_both_ways_in_are_taken(upstream, sidecar_factory, carried_path):
                     == n
                 )
             )
-    assert sc.carried == (2 if carried_path else 0)
+    assert sc.carried == 2
 
 
 async def test_request_reaches_the_server_as_sent_and_usage_only_when_asked(

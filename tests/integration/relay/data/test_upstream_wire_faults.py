@@ -13,7 +13,7 @@ from tests.conftest import wait_for
 from tests.support.sse import http_chunk
 
 # Relay tests: each runs with the early path on (as served) and off (through the handler).
-pytestmark = [pytest.mark.integration, pytest.mark.both_ways_in]
+pytestmark = pytest.mark.integration
 
 LABELS = {"model": "m1", "route": "/v1/chat/completions"}
 CHUNK_HEAD = (

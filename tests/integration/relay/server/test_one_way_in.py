@@ -1,23 +1,26 @@
-"""The relay's one way in (sidecar/relay/data/exchange.py), over real sockets: a request it
-carries is answered from the connection's own callbacks (aiohttp's handler never runs for
-it) and the upstream gets exactly the bytes the door (aiohttp's handler) sends; what it
-declines takes the door; a client that goes stops the upstream request and is counted once,
-as cancelled.
+"""The relay's one way in (sidecar/relay/data/exchange.py), over real sockets: every request
+on the proxy port is answered from the connection's own callbacks (aiohttp's handler
+machinery never runs there), and the upstream gets exactly the bytes aiohttp's handler sent
+when it answered what the relay did not carry (recorded from it before it was removed:
+door_exchanges.json, beside it); a client that goes stops the upstream request and
+is counted once, as cancelled.
 
 The same holds for a head and its body that arrive in separate reads (httpx writes them
 apart): the head is taken off aiohttp's queue at once and its body is awaited by the
 exchange, whenever it comes.
 
-Each case runs through two sidecars in front of the same kind of scripted upstream (which
-records every request byte for byte): one as served, one with the relay's way in switched off
-(the connection guard's ``carry`` hook removed: every request takes the door). A spy on the
-hook records what it did, and one on the door counts its requests.
+Each case runs through a sidecar in front of a scripted upstream (which records every
+request byte for byte). A spy on the connection guard's ``carry`` hook records each exchange,
+and one on aiohttp's ``RequestHandler._handle_request`` counts the requests aiohttp's own
+handler answered: none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -26,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.relay.control.self_loop import LOOP_HEADER, LOOP_TOKEN
-from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler
+from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler, RequestHandler
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, chunked
@@ -57,14 +60,13 @@ async def answer_all(peer: Peer) -> None:
 
 class Side:
     """One sidecar in front of its own scripted upstream, with a spy on the ``carry`` hook and
-    one on the door."""
+    a count of the requests aiohttp's own handler answered (``handled``: there must be none)."""
 
-    def __init__(self, carried: bool, tracer_provider=None, **settings) -> None:
-        self.carried = carried
+    def __init__(self, tracer_provider=None, **settings) -> None:
         self.tracer_provider = tracer_provider
         self.settings = settings
-        self.records: list[object] = []  # what the hook returned, per call
-        self.door = 0  # requests aiohttp's handler answered
+        self.records: list[object] = []  # the exchange the hook made, per request
+        self.handled = 0  # requests aiohttp's handler answered
 
     async def __aenter__(self) -> Side:
         self.upstream = await ScriptedServer(answer_all).start()
@@ -79,25 +81,27 @@ class Side:
         self.port = self.runner.addresses[0][1]
         guard = self.runner.server.guard  # type: ignore[union-attr]
         hook = guard.carry
-        assert hook is not None  # the proxy port carries requests unless switched off
+        assert hook is not None  # the proxy port's relay
 
         def spy(connection, message, payload):
             record = hook(connection, message, payload)
             self.records.append(record)
             return record
 
-        guard.carry = spy if self.carried else None
-        app = self.sc.proxy_app
-        entry = app._entry  # the door: every request aiohttp's handler answers
+        guard.carry = spy
+        handle = RequestHandler._handle_request
+        side = self
 
-        async def door(request):
-            self.door += 1
-            return await entry(request)
+        async def handled(handler, *args, **kwargs):  # aiohttp's task answering a request
+            side.handled += 1
+            return await handle(handler, *args, **kwargs)
 
-        app._entry = door
+        self._patch = pytest.MonkeyPatch()
+        self._patch.setattr(RequestHandler, "_handle_request", handled)
         return self
 
     async def __aexit__(self, *exc) -> None:
+        self._patch.undo()
         await self.runner.cleanup()
         for peer in self.upstream.peers:
             peer.go.set()
@@ -158,84 +162,77 @@ async def read_response(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.read()  # delimited by the close (an HTTP/1.0 client)
 
 
-async def both(
+async def through(
     *requests: bytes | tuple[bytes, ...], together: bool = False, **settings
-) -> tuple[Side, Side, list[bytes], list[bytes]]:
-    async with Side(True, **settings) as on, Side(False, **settings) as off:
-        answers_on = await on.exchange(*requests, together=together)
-        answers_off = await off.exchange(*requests, together=together)
-        await wait_for(lambda: len(on.relayed) == len(off.relayed), timeout=5.0)
-    return on, off, answers_on, answers_off
+) -> tuple[Side, list[bytes]]:
+    """The requests on one connection through a sidecar made with ``settings``; the side,
+    once closed, and the raw answers."""
+    async with Side(**settings) as side:
+        answers = await side.exchange(*requests, together=together)
+        await asyncio.sleep(0.05)  # anything sent upstream has arrived
+    return side, answers
 
 
-FORWARDED = [
-    pytest.param([post()], id="chat"),
-    pytest.param(
-        [
-            post(
-                b"/v1/chat/completions?api-version=2024-06-01",
-                BODY,
-                b"X-Forwarded-For: 10.0.0.1",
-                b"x-forwarded-for: 10.0.0.2",
-                b"Connection: keep-alive, X-Drop-Me",
-                b"X-Drop-Me: 1",
-                b"authorization: Bearer sk-test",
-                b"X-Custom: a",
-                b"X-Custom: b",
-            )
-        ],
-        id="forwarded-for-connection-listed-query",
-    ),
-    pytest.param(
-        [post(b"/v1/completions", b'{"model":"m","prompt":"hi","stream":true}')], id="completions"
-    ),
-]
+DOOR = json.loads((Path(__file__).with_name("door_exchanges.json")).read_text())
 
 
-@pytest.mark.parametrize("requests", FORWARDED)
-async def test_the_upstream_gets_the_same_bytes_either_way(requests):
-    # Twice on one connection: the first finds no idle upstream connection (a task connects
-    # and sends it), the second takes the pooled one and is written from the read itself.
-    on, off, answers_on, answers_off = await both(*requests, *requests)
+def _bytes(texts: list[str]) -> list[bytes]:
+    return [t.encode("latin-1") for t in texts]
 
-    assert on.relayed == off.relayed and len(on.relayed) == 2
-    assert answers_on == answers_off and all(
-        a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on
+
+def own_answer(answer: bytes) -> tuple[bytes, bytes, bool]:
+    """A sidecar-made answer as what a client acts on: its status code, its JSON body and
+    whether the connection closes after it (aiohttp's own answers had Date and Server too)."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    interim = b""
+    while head.startswith(b"HTTP/1.1 1"):
+        interim = head
+        head, _, body = body.partition(b"\r\n\r\n")
+    lower = head.lower()
+    closes = b"connection: close" in lower or (
+        head.startswith(b"HTTP/1.0 ") and b"connection: keep-alive" not in lower
     )
-    assert all(r is not None for r in on.records) and len(on.records) == 2
-    assert on.records[0].pending is not None  # type: ignore[attr-defined]
-    assert on.records[1].sent is not None  # type: ignore[attr-defined]
-    assert on.counted("ok") == off.counted("ok") == 2
-    assert on.door == 0 and off.door == 2  # one way in: the handler never ran for them
+    return head.split(b" ")[1] + interim[:12], body, closes
 
 
-LEFT_TO_THE_HANDLER = [
-    pytest.param([b"GET /v1/models HTTP/1.1\r\nHost: sidecar.test\r\n\r\n"], False, id="get"),
-    pytest.param([post(b"/not/an/api", b"{}")], False, id="not-an-api-route"),
-    pytest.param([post(body=b"")], False, id="no-body"),
-    pytest.param([post(version=b"1.0")], False, id="http-1.0"),
-    pytest.param(
-        [
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar.test\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + chunked(BODY)
-        ],
-        False,
-        id="chunked-body",
-    ),
-    pytest.param(
-        [post(b"/v1/chat/completions", BODY, b"Expect: 100-continue")], False, id="expect"
-    ),
-]
+CLOSES_NOW = {"upgrade"}
+"""Cases whose answer now says ``Connection: close`` (a hop-by-hop field, the sidecar's to
+set): past an ``Upgrade`` head aiohttp's parser reads no further request on the connection,
+so the connection closes after the answer, and the client is told so."""
 
 
-@pytest.mark.parametrize("requests,together", LEFT_TO_THE_HANDLER)
-async def test_requests_the_relay_declines_take_the_door(requests, together):
-    on, off, answers_on, answers_off = await both(*requests, together=together)
+@pytest.mark.parametrize("case", sorted(DOOR["cases"]))
+async def test_the_upstream_gets_the_bytes_aiohttps_handler_sent(case):
+    """Every kind of request aiohttp's handler answered before the relay answered them all
+    (bodies none, held or streamed, chunked, ``Expect``, HTTP/1.0, absolute forms, refusals,
+    pipelining): the upstream gets the same bytes and the client the same answer."""
+    recorded = DOOR["cases"][case]
+    side, answers = await through(
+        *_bytes(recorded["requests"]), together=recorded["together"], **recorded["settings"]
+    )
+    assert side.relayed == _bytes(recorded["relayed"])
+    want = _bytes(recorded["answers"])
+    assert len(answers) == len(want)
+    for got, was in zip(answers, want, strict=True):
+        if b"X-LLM-Sidecar-Error" in was:  # the sidecar's own answer
+            assert own_answer(got) == own_answer(was)
+        elif case in CLOSES_NOW:
+            head, _, body = was.partition(b"\r\n\r\n")
+            assert got == head + b"\r\nConnection: close\r\n\r\n" + body
+        else:  # the upstream's, relayed
+            assert got == was
+    assert side.handled == 0  # one way in: aiohttp's handler never ran
+    assert len(side.records) == len(want)  # each request was the relay's
 
-    assert on.relayed == off.relayed and on.relayed
-    assert [a.split(b"\r\n")[0] for a in answers_on] == [a.split(b"\r\n")[0] for a in answers_off]
-    assert all(r is None for r in on.records)  # offered and declined
-    assert on.door == off.door == len(requests)
+
+async def test_a_request_is_sent_on_a_new_connection_then_on_the_pooled_one():
+    """Twice on one connection: the first finds no idle upstream connection (a task connects
+    and sends it), the second takes the pooled one and is written from the read itself."""
+    side, answers = await through(post(), post())
+    assert all(a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers)
+    assert side.records[0].pending is not None  # type: ignore[attr-defined]
+    assert side.records[1].sent is not None  # type: ignore[attr-defined]
+    assert side.counted("ok") == 2 and side.handled == 0
 
 
 async def test_pipelined_requests_are_each_carried_and_answered_in_order():
@@ -243,13 +240,11 @@ async def test_pipelined_requests_are_each_carried_and_answered_in_order():
     taken, never two at once, and the answers come in the order asked."""
     bodies = [b'{"model":"m","prompt":"%d","stream":true}' % i for i in range(3)]
     requests = [post(b"/v1/completions", body) for body in bodies]
-    on, off, answers_on, answers_off = await both(*requests, together=True)
+    side, answers = await through(*requests, together=True)
 
-    assert on.relayed == off.relayed and len(on.relayed) == 3
-    assert [r.endswith(b) for r, b in zip(on.relayed, bodies, strict=True)] == [True] * 3
-    assert answers_on == answers_off and len(answers_on) == 3
-    assert len(on.records) == 3 and all(r is not None for r in on.records)
-    assert on.door == 0 and off.door == 3
+    assert [r.endswith(b) for r, b in zip(side.relayed, bodies, strict=True)] == [True] * 3
+    assert len(answers) == 3 and all(a.endswith(b"0\r\n\r\n") for a in answers)
+    assert len(side.records) == 3 and side.handled == 0
 
 
 GET_MODELS = b"GET /v1/models HTTP/1.1\r\nHost: sidecar.test\r\n\r\n"
@@ -261,74 +256,95 @@ async def test_more_pipelined_requests_than_aiohttps_queue_holds_are_each_answer
     or the 33rd request would never be read."""
     bodies = [b'{"model":"m","prompt":"%d","stream":true}' % i for i in range(45)]
     requests = [post(b"/v1/completions", body) for body in bodies]
-    async with Side(True) as on:
+    async with Side() as on:
         answers = await asyncio.wait_for(on.exchange(*requests, together=True), 20.0)
         posts = lambda: [r for r in on.relayed if r.startswith(b"POST ")]  # noqa: E731
         await wait_for(lambda: len(posts()) == 45, timeout=5.0)
         await asyncio.sleep(0.1)  # and no more
         assert [r.endswith(b) for r, b in zip(posts(), bodies, strict=True)] == [True] * 45
     assert len(answers) == 45 and all(a.endswith(b"0\r\n\r\n") for a in answers)
-    assert on.door == 0 and len(on.records) == 45
+    assert on.handled == 0 and len(on.records) == 45
 
 
-async def test_a_declined_request_behind_a_carried_one_waits_its_turn_at_the_door():
-    """A carried request, then one the relay declines (a GET), then one it would carry, in
-    one write: the door takes the second only once the first is answered, and with it the
-    third, queued behind it (aiohttp's task answers what is queued, in order)."""
-    on, off, answers_on, answers_off = await both(post(), GET_MODELS, post(), together=True)
-
-    assert on.relayed == off.relayed and len(on.relayed) == 3
-    assert on.relayed[1].startswith(b"GET /v1/models ")
-    assert [a.split(b"\r\n")[0] for a in answers_on] == [b"HTTP/1.1 200 OK"] * 3
-    assert answers_on == answers_off
-    assert [r is not None for r in on.records] == [True, False]
-    assert on.door == 2 and off.door == 3
-
-
-async def test_the_relay_carries_again_once_the_door_is_idle():
-    """A GET through the door, then, once it is answered, a request the relay carries on the
-    same connection: aiohttp's task waits for a request again, and the relay takes it."""
-    on, off, answers_on, answers_off = await both(GET_MODELS, post(), post())
-
-    assert on.relayed == off.relayed and len(on.relayed) == 3 and answers_on == answers_off
-    assert [r is not None for r in on.records] == [False, True, True]
-    assert on.door == 1 and off.door == 3
+async def test_a_parse_error_behind_a_carried_request_is_answered_in_its_turn():
+    """A request, then in the next read bytes aiohttp's parser refuses, while the request is
+    being answered: it is answered first, then the refusal (400, the sidecar's JSON), and the
+    connection closes. (In one read, aiohttp's parser would refuse both.)"""
+    async with Side() as on:
+        reader, writer = await asyncio.open_connection("127.0.0.1", on.port)
+        bad = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"
+        await write_apart(writer, post(), bad)
+        first = await read_response(reader)
+        second = await read_response(reader)
+        rest = await asyncio.wait_for(reader.read(), 5.0)
+        writer.close()
+    assert first.startswith(b"HTTP/1.1 200 ") and b"[DONE]" in first
+    assert second.startswith(b"HTTP/1.1 400 ") and b'"type":"bad_request"' in second
+    assert rest == b"" and len(on.relayed) == 1 and on.handled == 0
 
 
-async def test_a_body_past_the_inspect_limit_takes_the_door():
-    big = b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}'
-    on, off, _, _ = await both(post(b"/v1/completions", big), max_request_inspect_bytes=1024)
-    assert on.relayed == off.relayed and on.records == [None] and on.door == 1
+async def test_a_streamed_body_past_the_limit_is_cut_off_upstream_and_answered_413():
+    """A chunked body that grows past ``max_request_body_bytes`` as it streams: the upstream
+    never gets a complete request, the client gets 413, recorded ok with its 4xx code."""
+    async with Side(max_request_body_bytes=64) as on:
+        reader, writer = await asyncio.open_connection("127.0.0.1", on.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: sidecar.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"20\r\n"
+            + b"x" * 32
+            + b"\r\n"
+        )
+        await asyncio.sleep(0.1)
+        writer.write(b"40\r\n" + b"y" * 64 + b"\r\n")
+        answer = await read_response(reader)
+        writer.close()
+        await wait_for(lambda: on.counted("ok") == 1, timeout=5.0)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"request_too_large" in answer
+    assert all(not r.endswith(b"0\r\n\r\n") for r in on.upstream.requests)
+    assert on.handled == 0
 
 
 @pytest.mark.parametrize("apart", [False, True], ids=["body-with-head", "body-read-apart"])
 async def test_the_sidecars_own_request_come_back_is_508_and_never_sent_upstream(apart):
-    """One loop check for both ways in: a POST to an API route carrying this process's loop
-    token (its own probe, come back through a forwarder) is refused before anything goes
-    upstream, whichever read completed it; the door answers it 508."""
+    """One loop check: a POST to an API route carrying this process's loop token (its own
+    probe, come back through a forwarder) is refused before anything goes upstream, whichever
+    read completed it: 508, and the connection closes."""
     looped = post(b"/v1/chat/completions", BODY, f"{LOOP_HEADER}: {LOOP_TOKEN}".encode())
     head, body = looped.split(b"\r\n\r\n", 1)
     request = (head + b"\r\n\r\n", body) if apart else looped
-    for carried in (True, False):
-        async with Side(carried) as side:
-            await side.exchange(post())  # leaves an idle pooled upstream connection
-            answers = await side.exchange(request)
-            await asyncio.sleep(0.3)  # a request sent would have arrived by now
-            assert answers[0].startswith(b"HTTP/1.1 508 ")
-            assert b'"type":"upstream_loop"' in answers[0].replace(b" ", b"")
-            assert len(side.relayed) == 1 and LOOP_TOKEN.encode() not in side.relayed[0]
-            assert all(r is None for r in side.records[1:])  # offered, declined
+    async with Side() as side:
+        await side.exchange(post())  # leaves an idle pooled upstream connection
+        answers = await side.exchange(request)
+        await asyncio.sleep(0.3)  # a request sent would have arrived by now
+        assert answers[0].startswith(b"HTTP/1.1 508 ")
+        assert b'"type":"upstream_loop"' in answers[0].replace(b" ", b"")
+        assert b"connection: close" in answers[0].lower()
+        assert len(side.relayed) == 1 and LOOP_TOKEN.encode() not in side.relayed[0]
+        assert side.counted("ok") == 1  # the refused one is not an LLM request
 
 
-async def test_no_carried_path_while_draining():
-    async with Side(True) as on:
+@pytest.mark.parametrize("split", [False, True], ids=["body-with-head", "body-read-apart"])
+async def test_while_draining_each_answer_closes_its_connection(split):
+    """Drain step 1: requests are still relayed, and each answer says the connection closes,
+    so a pooling client opens its next one through the Service, to a pod not stopping."""
+    async with Side() as on:
         on.sc.drain.draining = True
-        await on.exchange(post())
-    assert on.records == [None]
+        answers = await on.exchange(apart(post()) if split else post())
+    assert answers[0].startswith(b"HTTP/1.1 200 ") and b"connection: close" in answers[0].lower()
+    assert len(on.relayed) == 1 and on.handled == 0
+
+
+async def test_once_the_upstream_is_gone_while_draining_a_new_request_is_503_and_not_sent():
+    async with Side() as on:
+        on.sc.drain.draining = on.sc.drain.refusing = True
+        answers = await on.exchange(post())
+    assert answers[0].startswith(b"HTTP/1.1 503 ") and b'"draining"' in answers[0]
+    assert b"retry-after: 1" in answers[0].lower() and b"connection: close" in answers[0].lower()
+    assert on.relayed == [] and on.counted("ok") == 0
 
 
 async def test_a_client_gone_with_its_request_sent_stops_the_upstream_request_and_counts_once():
-    async with Side(True) as on:
+    async with Side() as on:
         await on.exchange(post())  # a pooled upstream connection for the next one to take
         sock = socket.create_connection(("127.0.0.1", on.port))
         sock.sendall(post())
@@ -356,7 +372,7 @@ async def test_a_gone_clients_request_whose_body_has_no_fields_is_recorded(body,
     """A body that is not a JSON object has no fields to label with: a carried request whose
     client left once it was sent is recorded all the same, and with tracing on its span ends."""
     provider, exporter = spans
-    async with Side(True, tracer_provider=provider if tracing else None) as on:
+    async with Side(tracer_provider=provider if tracing else None) as on:
         await on.exchange(post())  # a pooled upstream connection for the next one to take
         sock = socket.create_connection(("127.0.0.1", on.port))
         sock.sendall(post(body=body))
@@ -380,7 +396,7 @@ async def test_with_tracing_on_the_span_goes_upstream_and_a_gone_client_ends_it_
         BODY,
         b"traceparent: 00-%s-%s-01" % (client_trace.encode(), client_span.encode()),
     )
-    async with Side(True, tracer_provider=provider) as on:
+    async with Side(tracer_provider=provider) as on:
         await on.exchange(traced)  # (and a pooled upstream connection for the next one to take)
         assert on_its_way(on.records[0])
         await wait_for(lambda: len(exporter.get_finished_spans()) == 1, timeout=5.0)
@@ -478,24 +494,35 @@ def on_its_way(record) -> bool:
     return record is not None and (record.sent is not None or record.pending is not None)
 
 
-@pytest.mark.parametrize("requests", FORWARDED)
+def recorded(case: str) -> tuple[list[bytes], list[bytes]]:
+    """What the upstream got and the client was answered in a recorded case (DOOR)."""
+    door = DOOR["cases"][case]
+    return _bytes(door["relayed"]), _bytes(door["answers"])
+
+
+APART = [
+    pytest.param("chat-twice", id="chat"),
+    pytest.param(
+        "forwarded-for-connection-listed-query", id="forwarded-for-connection-listed-query"
+    ),
+    pytest.param("completions-twice", id="completions"),
+]
+
+
+@pytest.mark.parametrize("case", APART)
 async def test_a_body_read_after_its_head_goes_upstream_from_that_read_with_the_same_bytes(
-    requests, reads
+    case, reads
 ):
     # Twice on one connection: a task connects for the first, the second is written at once.
-    request = apart(requests[0])
-    on, off, answers_on, answers_off = await both(request, request)
+    relayed, answers = recorded(case)
+    request = apart(_bytes(DOOR["cases"][case]["requests"])[0])
+    side, got = await through(request, request)
 
-    assert reads[on.port] == reads[off.port] == [len(request[0]), len(request[1])] * 2  # apart
-    assert on.relayed == off.relayed and len(on.relayed) == 2
-    assert answers_on == answers_off and all(
-        a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers_on
-    )
-    assert len(on.records) == 2 and all(
-        on_its_way(r) for r in on.records
-    )  # offered once each, sent
-    assert on.records[0].pending is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
-    assert on.counted("ok") == off.counted("ok") == 2
+    assert reads[side.port] == [len(request[0]), len(request[1])] * 2  # apart
+    assert side.relayed == relayed and got == answers
+    assert len(side.records) == 2 and all(on_its_way(r) for r in side.records)
+    assert side.records[0].pending is not None and side.records[1].sent is not None  # type: ignore[attr-defined]
+    assert side.counted("ok") == 2 and side.handled == 0
 
 
 class SplitHop:
@@ -572,12 +599,13 @@ async def test_httpx_whose_body_comes_in_the_read_after_its_head_is_sent_from_th
                 answers.append(await response.aread())
             return answers
 
-    async with Side(True) as on, Side(False) as off:
-        answers_on, answers_off = await run(on), await run(off)
-        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 2, timeout=5.0)
-    assert reads[on.port] == reads[off.port] and len(reads[on.port]) == 4  # heads and bodies apart
-    assert on.relayed == off.relayed and answers_on == answers_off and b"[DONE]" in answers_on[0]
-    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
+    async with Side() as on:
+        answers = await run(on)
+        await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)
+    assert len(reads[on.port]) == 4  # heads and bodies apart
+    assert all(a.endswith(b"data: [DONE]\n\n") for a in answers)
+    assert all(r.endswith(BODY) and r.startswith(b"POST /v1/chat/completions ") for r in on.relayed)
+    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records) and on.handled == 0
 
 
 async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_is_carried(
@@ -602,12 +630,12 @@ async def test_the_openai_sdk_through_a_network_that_parts_head_and_body_is_carr
             await client.close()
             return texts
 
-    async with Side(True) as on, Side(False) as off:
-        texts_on, texts_off = await run(on), await run(off)
-        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 2, timeout=5.0)
-    assert texts_on == texts_off == ["hi", "hi"]
-    assert len(reads[on.port]) == 4 and on.relayed == off.relayed
-    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records)
+    async with Side() as on:
+        texts = await run(on)
+        await wait_for(lambda: len(on.relayed) == 2, timeout=5.0)
+    assert texts == ["hi", "hi"]
+    assert len(reads[on.port]) == 4
+    assert len(on.records) == 2 and all(on_its_way(r) for r in on.records) and on.handled == 0
 
 
 async def test_a_body_that_comes_well_after_its_head_is_carried_and_sent_once(reads):
@@ -617,56 +645,56 @@ async def test_a_body_that_comes_well_after_its_head_is_carried_and_sent_once(re
     async def wait(reader) -> None:
         await asyncio.sleep(0.02)
 
-    async with Side(True) as on, Side(False) as off:
-        answer_on = await head_then_body(on, post(), wait)
-        answer_off = await head_then_body(off, post(), wait)
-        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 1, timeout=5.0)
+    relayed, answers = recorded("chat-twice")
+    async with Side() as on:
+        answer = await head_then_body(on, post(), wait)
+        await wait_for(lambda: len(on.relayed) == 1, timeout=5.0)
         await asyncio.sleep(0.05)  # nothing more arrives upstream
-        assert len(on.relayed) == 1 and len(on.upstream.requests) == len(off.upstream.requests)
-    assert reads[on.port] == reads[off.port] and len(reads[on.port]) == 2
-    assert on.relayed == off.relayed and answer_on == answer_off
-    assert len(on.records) == 1 and on_its_way(on.records[0]) and on.door == 0
-    assert on.counted("ok") == off.counted("ok") == 1
+        assert len(on.relayed) == 1
+    assert len(reads[on.port]) == 2
+    assert on.relayed == relayed[:1] and answer == answers[0]
+    assert len(on.records) == 1 and on_its_way(on.records[0]) and on.handled == 0
+    assert on.counted("ok") == 1
 
 
 async def test_a_body_in_two_reads_after_its_head_is_carried_and_sent_once(reads):
+    relayed, answers = recorded("chat-twice")
     request = apart(post(), 10)
-    on, off, answers_on, answers_off = await both(request)
+    on, got = await through(request)
 
-    assert reads[on.port] == reads[off.port] == [len(p) for p in request]
-    assert on.relayed == off.relayed and len(on.relayed) == 1 and answers_on == answers_off
-    assert len(on.records) == 1 and on_its_way(on.records[0]) and on.door == 0
+    assert reads[on.port] == [len(p) for p in request]
+    assert on.relayed == relayed[:1] and got == answers[:1]
+    assert len(on.records) == 1 and on_its_way(on.records[0]) and on.handled == 0
 
 
-LEFT_TO_THE_HANDLER_APART = [
-    pytest.param(apart(post(b"/not/an/api", b"{}")), id="not-an-api-route"),
-    pytest.param(apart(post(version=b"1.0")), id="http-1.0"),
-    pytest.param(
-        apart(post(b"/v1/completions", b'{"model":"m","prompt":"' + b"x" * 2048 + b'"}')),
-        id="past-the-inspect-limit",
-    ),
+STREAMED_OR_OTHERWISE_APART = [
+    pytest.param("not-an-api-route", id="not-an-api-route"),
+    pytest.param("http-1.0", id="http-1.0"),
+    pytest.param("past-inspect-limit", id="past-the-inspect-limit"),
 ]
 
 
-@pytest.mark.parametrize("request_parts", LEFT_TO_THE_HANDLER_APART)
-async def test_a_body_read_apart_that_the_relay_declines_takes_the_door(request_parts, reads):
-    on, off, answers_on, answers_off = await both(request_parts, max_request_inspect_bytes=1024)
+@pytest.mark.parametrize("case", STREAMED_OR_OTHERWISE_APART)
+async def test_a_body_read_apart_goes_upstream_with_the_bytes_aiohttps_handler_sent(case, reads):
+    door = DOOR["cases"][case]
+    relayed, answers = recorded(case)
+    request_parts = apart(_bytes(door["requests"])[0])
+    on, got = await through(request_parts, **door["settings"])
 
-    assert reads[on.port] == reads[off.port] == [len(p) for p in request_parts]
-    assert on.relayed == off.relayed and on.relayed
-    assert [a.split(b"\r\n")[0] for a in answers_on] == [a.split(b"\r\n")[0] for a in answers_off]
-    assert on.records == [None] and on.door == 1  # offered from the head's read, declined
+    assert reads[on.port] == [len(p) for p in request_parts]
+    assert on.relayed == relayed and got == answers
+    assert len(on.records) == 1 and on.handled == 0
 
 
 async def test_a_head_past_the_head_budget_is_answered_431_and_its_body_never_offered(reads):
     big = post(b"/v1/chat/completions", BODY, b"X-Pad: " + b"p" * 3000)
-    on, off, answers_on, answers_off = await both(apart(big), max_request_head_bytes=2048)
+    on, answers = await through(apart(big), max_request_head_bytes=2048)
 
-    assert answers_on[0].startswith(b"HTTP/1.1 431") and answers_off[0].startswith(b"HTTP/1.1 431")
-    assert on.relayed == off.relayed == [] and on.records == []
+    assert answers[0].startswith(b"HTTP/1.1 431")
+    assert on.relayed == [] and on.records == []
 
 
-async def test_expect_100_continue_then_the_body_takes_the_door():
+async def test_expect_100_continue_invites_the_body_that_then_goes_upstream():
     async def continued(reader) -> None:
         interim = await reader.readuntil(b"\r\n\r\n")
         assert interim.startswith(b"HTTP/1.1 100")
@@ -676,22 +704,16 @@ async def test_expect_100_continue_then_the_body_takes_the_door():
             side, post(b"/v1/chat/completions", BODY, b"Expect: 100-continue"), continued
         )
 
-    async with Side(True) as on, Side(False) as off:
-        answer_on, answer_off = await expect_then_body(on), await expect_then_body(off)
-        await wait_for(lambda: len(on.relayed) == len(off.relayed) == 1, timeout=5.0)
-    assert on.relayed == off.relayed and answer_on == answer_off
-    assert all(r is None for r in on.records)
-
-
-async def test_no_body_read_apart_is_carried_while_draining():
-    async with Side(True) as on:
-        on.sc.drain.draining = True
-        await on.exchange(apart(post()))
-    assert on.records == [None]
+    relayed, answers = recorded("expect")
+    async with Side() as on:
+        answer = await expect_then_body(on)
+        await wait_for(lambda: len(on.relayed) == 1, timeout=5.0)
+    assert on.relayed == relayed and answer == answers[0].partition(b"\r\n\r\n")[2]
+    assert len(on.records) == 1 and on.handled == 0
 
 
 @pytest.mark.parametrize("sent", [0, 10], ids=["head-only", "part-of-the-body"])
-async def test_a_client_gone_between_head_and_body_is_counted_as_through_the_door(sent):
+async def test_a_client_gone_between_head_and_body_is_never_sent_nor_counted(sent):
     async def leave(side: Side) -> None:
         await side.exchange(post())  # a pooled upstream connection the next could take
         reader, writer = await asyncio.open_connection("127.0.0.1", side.port)
@@ -700,22 +722,11 @@ async def test_a_client_gone_between_head_and_body_is_counted_as_through_the_doo
         await asyncio.sleep(0.02)
         writer.close()
 
-    async with Side(True) as on, Side(False) as off:
+    async with Side() as on:
         await leave(on)
-        await leave(off)
         await asyncio.sleep(0.1)
-        counts = [
-            (
-                side.counted("ok"),
-                side.counted("cancelled"),
-                side.counted("error"),
-                len(side.relayed),
-            )
-            for side in (on, off)
-        ]
-    assert (
-        counts[0] == counts[1] and counts[0][0] == 1 and counts[0][3] == 1
-    )  # only the first went upstream
+        counts = (on.counted("ok"), on.counted("cancelled"), on.counted("error"), len(on.relayed))
+    assert counts == (1, 0, 0, 1)  # only the first went upstream, and only it is counted
     # The first went upstream; the one that left was carried, and never sent.
     assert len(on.records) == 2 and on_its_way(on.records[0]) and not on_its_way(on.records[1])
 
@@ -723,7 +734,7 @@ async def test_a_client_gone_between_head_and_body_is_counted_as_through_the_doo
 async def test_a_client_gone_just_after_a_body_read_apart_stops_the_upstream_request_and_counts_once(
     reads,
 ):
-    async with Side(True) as on:
+    async with Side() as on:
         await on.exchange(post())  # a pooled upstream connection for the next one to take
         reader, writer = await asyncio.open_connection("127.0.0.1", on.port)
         head, body = apart(post())

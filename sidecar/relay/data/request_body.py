@@ -1,0 +1,173 @@
+"""What a request's head says of its body, before any of it is forwarded: refused, none,
+held whole (to read the fields the figures are labelled with), or streamed.
+
+Framing is never relayed as received: aiohttp's parser has already refused conflicting or
+obfuscated ``Content-Length``/``Transfer-Encoding`` (see :mod:`sidecar.app`), the body is
+decoded, and the upstream request is framed afresh (:mod:`sidecar.relay.data.upstream`).
+An HTTP/1.0 request that carries ``Transfer-Encoding`` is refused with 400 (RFC 9112
+section 6.1: its framing is faulty), a transfer coding other than plain ``chunked`` with 501
+(section 6.1 again: aiohttp would not decode it).
+
+A known API route's JSON body is held whole (bounded by ``max_request_inspect_bytes`` and
+the process-wide body budget) so the model can label the figures: the server needs the
+whole JSON before it can start anyway, so this adds no time to first token. It is never
+parsed into objects (a parsed body costs 15-30 times its bytes):
+:class:`~sidecar.measure.request_fields.RequestFieldScanner` reads the few fields as the
+pieces arrive. Every other body is streamed, held to the size and idle-time limits
+(:class:`BoundedBody`). The body is never rewritten (not even to ask for usage): see
+DESIGN, "Where it sits".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
+
+from ...base.routes import OTHER, Route
+from ...measure.request_fields import RequestFields, RequestFieldScanner
+from ...measure.timeline import RequestTimeline
+from .limits import RelayLimits
+
+__all__ = [
+    "BodyRefused",
+    "BoundedBody",
+    "Refusal",
+    "holds_whole",
+    "late_fields",
+    "refusal",
+    "stalled",
+    "too_large",
+    "upstream_target",
+]
+
+Refusal = tuple[int, str, str]
+"""Status, error type and message of a request the sidecar answers itself."""
+
+
+def too_large(limit: int) -> Refusal:
+    return 413, "request_too_large", f"the request body is larger than {limit} bytes"
+
+
+def stalled(timeout: float) -> Refusal:
+    return 408, "request_timeout", f"the request body stalled for {timeout:g} seconds"
+
+
+def refusal(message: RawRequestMessage, limits: RelayLimits) -> Refusal | None:
+    """Why the request is refused without asking the upstream (its head alone says), or None."""
+    if message.method == "CONNECT":
+        # A tunnel to wherever the client names: never what an inference server is for.
+        return 405, "method_not_allowed", "CONNECT is not relayed"
+    headers = message.headers
+    length = headers.get("Content-Length")
+    limit = limits.max_request_body_bytes
+    if length is not None and length.isdigit() and int(length) > limit:
+        return too_large(limit)
+    coding = headers.get("Transfer-Encoding")
+    if coding is not None:
+        if message.version < HttpVersion11:
+            return 400, "bad_request", "Transfer-Encoding is not allowed in an HTTP/1.0 request"
+        if coding.strip().lower() != "chunked":
+            # aiohttp decodes only chunked and would relay "gzip, chunked" still compressed.
+            return (
+                501,
+                "unsupported_transfer_coding",
+                "only Transfer-Encoding: chunked is supported",
+            )
+    return None
+
+
+def holds_whole(method: str, route: Route, headers: Mapping[str, str], limit: int) -> int:
+    """The length of a body held whole before it is sent (a known API route's ``POST`` with
+    a ``Content-Length`` within ``limit``), else 0: streamed, or no body."""
+    if method != "POST" or route is OTHER or "Transfer-Encoding" in headers:
+        return 0
+    length = headers.get("Content-Length")
+    if length is None or not length.isdigit():
+        return 0
+    size = int(length)
+    return size if size <= limit else 0
+
+
+def has_body(message: RawRequestMessage) -> bool:
+    """A body follows the head (aiohttp's ``body_exists``: chunked, or a length above 0). The
+    bytes after an ``Upgrade`` are no body: they would be the upgraded protocol's."""
+    if message.upgrade:
+        return False
+    if message.chunked:
+        return True
+    length = message.headers.get("Content-Length")
+    return length is not None and length.isdigit() and int(length) > 0
+
+
+def upstream_target(message: RawRequestMessage) -> str:
+    """The request target for the upstream: as sent, but an absolute form
+    (``GET http://host/path``) keeps only its path and query (the host it names is never
+    where the request goes; no path means ``/``)."""
+    target = message.path
+    if target == "*" or target.startswith("/"):
+        return target
+    target = message.url.raw_path_qs or "/"
+    return target if target.startswith("/") else "/" + target
+
+
+class BodyRefused(Exception):
+    """The request body broke a limit; ``refusal`` is what to answer instead."""
+
+    def __init__(self, refused: Refusal) -> None:
+        super().__init__(refused[2])
+        self.refusal = refused
+
+
+class BoundedBody:
+    """A streamed request body held to the size and idle-time limits. Past one, sending
+    it raises :class:`BodyRefused` out of the upstream request (its body is cut off, so
+    the upstream never sees a complete request) and the sidecar answers with the refusal
+    instead of 502. An API body streamed because the body budget was spent has its fields
+    read in flight (``scanner``), known once it has all been sent (``fields``)."""
+
+    __slots__ = ("_content", "_limit", "_timeout", "_scanner", "fields")
+
+    def __init__(
+        self,
+        content: StreamReader,
+        limit: int,
+        timeout: float,
+        scanner: RequestFieldScanner | None = None,
+    ) -> None:
+        self._content = content
+        self._limit = limit
+        self._timeout = timeout
+        self._scanner = scanner
+        self.fields: RequestFields | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        scanner = self._scanner
+        while True:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    chunk = await self._content.readany()
+            except TimeoutError:
+                raise BodyRefused(stalled(self._timeout)) from None
+            seen += len(chunk)
+            if seen > self._limit:
+                raise BodyRefused(too_large(self._limit))
+            if not chunk:
+                if scanner is not None:
+                    self.fields = scanner.close()
+                return
+            if scanner is not None:
+                scanner.feed(chunk)
+            yield chunk
+
+
+def late_fields(timeline: RequestTimeline, fields: RequestFields) -> None:
+    """The fields of an API body that was streamed (the body budget was spent), read as it
+    went: known once it has been sent, before the response is measured."""
+    if not timeline.model and fields.model:
+        timeline.model = fields.model
+    timeline.request_stream = fields.stream
+    timeline.request_max_tokens = fields.max_tokens
