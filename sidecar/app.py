@@ -366,6 +366,9 @@ def _proxy_app(sc: Sidecar) -> web.Application:
             "max_line_size": settings.max_request_line_bytes,
             "max_field_size": settings.max_header_field_bytes,
             "max_headers": settings.max_request_headers,
+            # A body goes upstream as the client sent it: aiohttp's server would decompress
+            # a Content-Encoding: gzip body, and the upstream get other bytes under its header.
+            "auto_decompress": False,
         },
     )
     app[SIDECAR] = sc

@@ -152,22 +152,3 @@ def test_framing_and_connection(raw, method, http11, keep, expected_tail, chunke
     assert got[0][9:] == raw.split(b"\r\n")[0][9:]  # code and reason as sent
     assert got[1:] == expected_tail
     assert (out.chunked, out.keep_alive) == (chunked, keep_alive)
-
-
-@pytest.mark.parametrize("http11", [True, False])
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-    ],
-)
-def test_a_close_forced_after_the_head_was_built_is_said_in_it(raw, http11):
-    """A hook that calls force_close() between building the head and writing it (the drain)
-    gets the head a client built without keep-alive would have got."""
-    from sidecar.relay.data.client_head import _closing
-
-    kept = client_head(parsed(raw), http11=http11, method="GET", client_keep_alive=True)
-    closed = client_head(parsed(raw), http11=http11, method="GET", client_keep_alive=False)
-    if kept.keep_alive:
-        assert _closing(kept.data) == closed.data

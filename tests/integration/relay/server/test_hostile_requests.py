@@ -580,13 +580,15 @@ async def test_no_secret_reaches_logs_spans_or_metrics(upstream, serve_process):
         b"GET /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s%s\r\n\r\n"
         % (m["huge header"].encode(), b"A" * 9000),
     )
-    assert huge.startswith(b"HTTP/1.0 431") and m["huge header"].encode() not in huge
+    assert re.match(rb"HTTP/1\.[01] 431 ", huge) and m["huge header"].encode() not in huge
     smuggle = await raw_exchange(
         sc.port,
         b"POST /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
         % m["smuggled request"].encode(),
     )
-    assert smuggle.startswith(b"HTTP/1.0 400") and m["smuggled request"].encode() not in smuggle
+    assert (
+        re.match(rb"HTTP/1\.[01] 400 ", smuggle) and m["smuggled request"].encode() not in smuggle
+    )
 
     metrics = await sc.metrics()
     await asyncio.sleep(0.6)  # an OTel metrics export interval

@@ -304,6 +304,23 @@ async def test_a_streamed_body_past_the_limit_is_cut_off_upstream_and_answered_4
     assert on.handled == 0
 
 
+@pytest.mark.parametrize(
+    "path", [b"/v1/chat/completions", b"/not/an/api"], ids=["held", "streamed"]
+)
+async def test_a_compressed_body_reaches_the_upstream_as_the_client_sent_it(path):
+    """``Content-Encoding: gzip`` is the client's and the server's business: the upstream gets
+    the compressed bytes under the client's header, never the body decompressed."""
+    import gzip
+
+    packed = gzip.compress(BODY)
+    side, answers = await through(post(path, packed, b"Content-Encoding: gzip"))
+    assert answers[0].startswith(b"HTTP/1.1 200 ")
+    (relayed,) = side.relayed
+    head, _, body = relayed.partition(b"\r\n\r\n")
+    assert body == packed and b"Content-Encoding: gzip" in head
+    assert b"Content-Length: %d" % len(packed) in head
+
+
 @pytest.mark.parametrize("apart", [False, True], ids=["body-with-head", "body-read-apart"])
 async def test_the_sidecars_own_request_come_back_is_508_and_never_sent_upstream(apart):
     """One loop check: a POST to an API route carrying this process's loop token (its own
