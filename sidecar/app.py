@@ -20,7 +20,7 @@ import asyncio
 import gc
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -72,12 +72,13 @@ from .relay.data.upstream import UpstreamPool
 from .relay.server.aiohttp_internals import (
     GuardedServer,
     RebuildingRunner,
-    set_shutdown_timeout,
 )
 from .relay.server.client_guard import ConnectionGuard, connection_cap
 from .relay.server.drain import Drain, needs_full_drain
+from .relay.server.proxy_port import ProxyPort
 
 __all__ = [
+    "ProxyRunner",
     "Sidecar",
     "SidecarRunner",
     "bind_sites",
@@ -143,7 +144,6 @@ class Sidecar:
     link: UpstreamLink = field(default_factory=UpstreamLink)
     drain: Drain = field(init=False)
     watch: UpstreamWatch = field(default_factory=UpstreamWatch)  # logs each change of its state
-    proxy_app: web.Application = field(init=False)
     admin_app: web.Application = field(init=False)
     # Asks the upstream which models it serves (a pod's supervisor does, for its workers).
     lists_models: bool = True
@@ -152,7 +152,6 @@ class Sidecar:
         proxy = self.proxy
         self.drain = Drain(self.upstream_up, lambda: proxy.records.in_flight)
         proxy.drain = self.drain
-        self.proxy_app = _proxy_app(self)
         self.admin_app = _admin_app(self)
 
     @property
@@ -354,35 +353,49 @@ def build_sidecar(
     )
 
 
-def _proxy_app(sc: Sidecar) -> web.Application:
-    """The proxy port's app: its parser limits (``handler_args``, which bound what one
-    connection may make the process hold) and the upstream connections' lifetime. It has
-    no handler: the relay answers every request from the connection's own callbacks
-    (sidecar/relay/data/exchange.py), whatever its target (aiohttp's router would answer its
-    text 404 to ``OPTIONS *``, ``CONNECT host:port`` or an absolute form with no path)."""
-    settings = sc.settings
-    app = web.Application(
-        handler_args={
-            "max_line_size": settings.max_request_line_bytes,
-            "max_field_size": settings.max_header_field_bytes,
-            "max_headers": settings.max_request_headers,
-            # A body goes upstream as the client sent it: aiohttp's server would decompress
-            # a Content-Encoding: gzip body, and the upstream get other bytes under its header.
-            "auto_decompress": False,
-        },
-    )
-    app[SIDECAR] = sc
+class ProxyRunner:
+    """The proxy port as ``serve`` runs it (sidecar/relay/server/proxy_port.py): every request
+    answered by the relay (``sc.proxy``) from the connection's callbacks, whatever its target,
+    with aiohttp's parser and the settings' limits (parser limits, connection cap, head
+    budget, header timeout); and, from :meth:`setup` to :meth:`cleanup`, the upstream
+    connections and the label refresh. :meth:`cleanup` is the drain's last wait: at most
+    ``shutdown_timeout`` seconds for what is still being answered."""
 
-    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
-        sc.link.open(sc.settings)
-        refresh = asyncio.ensure_future(_refresh_labels(sc))
-        yield
-        refresh.cancel()
-        await sc.link.close()
-        sc.renderer.close()
+    def __init__(self, sc: Sidecar, *, shutdown_timeout: float) -> None:
+        settings = sc.settings
+        self.sc = sc
+        self.shutdown_timeout = shutdown_timeout
+        self.guard = ConnectionGuard(
+            max_connections=connection_cap(settings.max_connections),
+            head_budget=settings.max_request_head_bytes,
+            carry=sc.proxy,
+        )
+        self.port = ProxyPort(
+            self.guard,
+            header_timeout=settings.client_header_timeout,
+            max_line_size=settings.max_request_line_bytes,
+            max_field_size=settings.max_header_field_bytes,
+            max_headers=settings.max_request_headers,
+        )
+        self._refresh: asyncio.Future[None] | None = None
 
-    app.cleanup_ctx.append(upstream_session)
-    return app
+    @property
+    def addresses(self) -> list[Any]:
+        return self.port.addresses
+
+    async def setup(self) -> None:
+        self.sc.link.open(self.sc.settings)
+        self._refresh = asyncio.ensure_future(_refresh_labels(self.sc))
+
+    async def listen(self, host: str, port: int) -> None:
+        await self.port.listen(host, port)
+
+    async def cleanup(self) -> None:
+        await self.port.shutdown(self.shutdown_timeout)
+        if self._refresh is not None:
+            self._refresh.cancel()
+        await self.sc.link.close()
+        self.sc.renderer.close()
 
 
 async def _refresh_labels(sc: Sidecar) -> None:
@@ -517,13 +530,7 @@ class SidecarRunner(RebuildingRunner):
             # (or nothing at all) held a connection for an hour.
             kwargs["keepalive_timeout"] = sc.settings.client_header_timeout
         guard = ConnectionGuard()
-        if sc is not None and self.app is sc.proxy_app:
-            guard = ConnectionGuard(
-                max_connections=connection_cap(sc.settings.max_connections),
-                head_budget=sc.settings.max_request_head_bytes,
-                carry=sc.proxy,
-            )
-        elif sc is not None:  # the admin port: within connection_cap's reserve of 128
+        if sc is not None:  # the admin port: within connection_cap's reserve of 128
             max_connections = sc.settings.max_admin_connections if self.app is sc.admin_app else 0
             guard = ConnectionGuard(
                 max_connections=max_connections, head_budget=sc.settings.max_request_head_bytes
@@ -559,7 +566,7 @@ class ListenError(OSError):
         self.flag = flag
 
 
-def bound_addresses(runner: web.BaseRunner) -> list[str]:
+def bound_addresses(runner: web.BaseRunner | ProxyRunner) -> list[str]:
     """The ``host:port`` pairs ``runner`` listens on (one per socket; IPv6 hosts bracketed)."""
     out = []
     for address in runner.addresses:
@@ -571,35 +578,33 @@ def bound_addresses(runner: web.BaseRunner) -> list[str]:
     return out
 
 
-async def _bind(site: web.TCPSite, flag: str, address: str) -> None:
+async def _bind(listening: Awaitable[None], flag: str, address: str) -> None:
     try:
-        await site.start()
+        await listening
     except OSError as exc:
         raise ListenError(flag, address, exc) from exc
 
 
-async def setup_runners(sc: Sidecar) -> tuple[SidecarRunner, SidecarRunner]:
+async def setup_runners(sc: Sidecar) -> tuple[ProxyRunner, SidecarRunner]:
     """The proxy's and the admin app's runners, set up but not yet listening: what ``serve``
     runs, and what the tests' in-process sidecar runs (tests/conftest.py), so the server the
-    tests exercise (guarded handler, connection caps, head budget, the relay's own way in) is this one."""
-    proxy_runner = SidecarRunner(
-        sc.proxy_app, shutdown_timeout=sc.settings.drain_seconds, **RUNNER_KWARGS
-    )
+    tests exercise (the proxy port's connections, connection caps, head budget, the relay) is this one."""
+    proxy_runner = ProxyRunner(sc, shutdown_timeout=sc.settings.drain_seconds)
     admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
     await proxy_runner.setup()
     await admin_runner.setup()
     return proxy_runner, admin_runner
 
 
-async def bind_sites(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: SidecarRunner) -> None:
+async def bind_sites(sc: Sidecar, proxy_runner: ProxyRunner, admin_runner: SidecarRunner) -> None:
     """Listen on ``--listen`` (proxy) and ``--metrics-listen`` (admin); :class:`ListenError`
     names the flag of a port that cannot be bound."""
     settings = sc.settings
     host, port = settings.listen_addr
-    await _bind(web.TCPSite(proxy_runner, host, port, backlog=1024), "--listen", settings.listen)
+    await _bind(proxy_runner.listen(host, port), "--listen", settings.listen)
     mhost, mport = settings.metrics_addr
     await _bind(
-        web.TCPSite(admin_runner, mhost, mport), "--metrics-listen", settings.metrics_listen
+        web.TCPSite(admin_runner, mhost, mport).start(), "--metrics-listen", settings.metrics_listen
     )
 
 
@@ -624,7 +629,7 @@ class PodWorker:
     supervisor, ``parent_pid``, is gone."""
 
     index: int
-    bind: Callable[[Sidecar, SidecarRunner, SidecarRunner], Awaitable[None]]
+    bind: Callable[[Sidecar, ProxyRunner, SidecarRunner], Awaitable[None]]
     admin_routes: Callable[[Sidecar], None]
     stopped: Callable[[Sidecar], None]
     ledger: InFlightLedger
@@ -647,7 +652,7 @@ async def serve(
 
     Shutdown order (:mod:`sidecar.relay.server.drain`): readiness goes 503 and the proxy keeps relaying
     while the upstream answers; once it is gone new requests get 503 + Retry-After and
-    in-flight ones finish, all within ``drain_seconds`` (aiohttp cancels what is left); the
+    in-flight ones finish, all within ``drain_seconds`` (what is left then is cut); the
     admin port closes last so the final figures can still be scraped during the drain.
     """
     open_files = raise_open_file_limit()
@@ -711,14 +716,14 @@ async def serve(
         # Idle, not in a pod: nothing to wait for.
         if not needs_full_drain(sc.proxy.records.in_flight):
             _log.info("stopping", in_flight=0)
-            set_shutdown_timeout(proxy_runner, 0.1)
+            proxy_runner.shutdown_timeout = 0.1
         else:
             drain_started = loop.time()  # the drain logs what it waits for (``draining``)
             await _until_forced(sc.drain.run(settings.drain_seconds), force)
-            # What is still in flight at the deadline gets no more time than is left (aiohttp
-            # reads a timeout <= 0 as none at all, hence the floor); nothing after a second signal.
+            # What is still in flight at the deadline gets no more time than is left; nothing
+            # after a second signal (it is cut, and recorded as cancelled).
             left = 0.0 if force.is_set() else settings.drain_seconds - (loop.time() - drain_started)
-            set_shutdown_timeout(proxy_runner, max(0.1, left))
+            proxy_runner.shutdown_timeout = max(0.0, left)
     finally:
         if started:
             watcher.cancel()

@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import Sidecar, bind_sites, build_sidecar, setup_runners
 from sidecar.config import Settings
-from sidecar.relay.server.aiohttp_internals import set_shutdown_timeout
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -297,7 +296,7 @@ class RunningSidecar:
         """Close both ports as ``serve`` closes them (proxy first): what is still in flight
         gets a second, as after a drain (no test here waits the proxy's ``drain_seconds``)."""
         if self.runners:
-            set_shutdown_timeout(self.runners[0], 1.0)
+            self.runners[0].shutdown_timeout = 1.0
         for runner in self.runners:
             await runner.cleanup()
 
@@ -361,7 +360,7 @@ def sidecar_settings(upstream_url: str, **overrides) -> Settings:
 
 async def run_sidecar(sc: Sidecar) -> RunningSidecar:
     """Start ``sc`` in this event loop as ``serve`` starts it (sidecar.app's ``setup_runners``
-    and ``bind_sites``: ``SidecarRunner``, the guarded connection handler, the connection
+    and ``bind_sites``: ``ProxyRunner``, the proxy port's connections, the connection
     caps, the head budget, the relay's own way in), on the addresses its settings name
     (:func:`sidecar_settings`); ``carried`` counts the requests the relay answered (every
     one). Stop it with :meth:`RunningSidecar.stop`."""
@@ -374,7 +373,7 @@ async def run_sidecar(sc: Sidecar) -> RunningSidecar:
         raise
     running.port = proxy_runner.addresses[0][1]
     running.admin_port = admin_runner.addresses[0][1]
-    guard = proxy_runner.server.guard  # type: ignore[union-attr]
+    guard = proxy_runner.guard
     hook = guard.carry
     assert hook is not None, "the production proxy port carries requests; is this SidecarRunner?"
 

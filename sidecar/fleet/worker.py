@@ -37,7 +37,7 @@ from urllib.parse import quote
 from aiohttp import web
 from opentelemetry.sdk.environment_variables import OTEL_RESOURCE_ATTRIBUTES
 
-from ..app import PodWorker, Sidecar, SidecarRunner, serve
+from ..app import PodWorker, ProxyRunner, Sidecar, SidecarRunner, serve
 from ..base.labels import BoundedLabel
 from ..config import Settings
 from ..export import semconv
@@ -129,11 +129,11 @@ class _Families:
         os.replace(partial, self._final_path)
 
 
-def _binder(plan: WorkerPlan) -> Callable[[Sidecar, SidecarRunner, SidecarRunner], Awaitable[None]]:
-    async def bind(sc: Sidecar, proxy_runner: SidecarRunner, admin_runner: SidecarRunner) -> None:
+def _binder(plan: WorkerPlan) -> Callable[[Sidecar, ProxyRunner, SidecarRunner], Awaitable[None]]:
+    async def bind(sc: Sidecar, proxy_runner: ProxyRunner, admin_runner: SidecarRunner) -> None:
         sock = reuse_port_socket(plan.listen_host, plan.listen_port)
         sock.listen(1024)
-        await web.SockSite(proxy_runner, sock).start()
+        await proxy_runner.port.listen_on(sock)
         await web.UnixSite(admin_runner, plan.admin_path).start()
 
     return bind

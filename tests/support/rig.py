@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
+from sidecar.app import RUNNER_KWARGS, ProxyRunner, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
@@ -41,9 +41,12 @@ class Rig:
         return sample_value(self.registry, name, labels)
 
 
-async def start_site(runner: web.AppRunner) -> int:
+async def start_site(runner: web.AppRunner | ProxyRunner) -> int:
     """Start ``runner`` on a free port of 127.0.0.1; the port."""
     await runner.setup()
+    if isinstance(runner, ProxyRunner):
+        await runner.listen("127.0.0.1", 0)
+        return int(runner.addresses[0][1])
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -51,7 +54,7 @@ async def start_site(runner: web.AppRunner) -> int:
 
 @pytest.fixture
 async def rig_factory():
-    runners: list[web.AppRunner] = []
+    runners: list[web.AppRunner | ProxyRunner] = []
 
     async def make(
         *,
@@ -74,7 +77,7 @@ async def rig_factory():
         )
         if client_body_timeout is not None:
             sc.proxy.limits = replace(sc.proxy.limits, client_body_timeout=client_body_timeout)
-        proxy_runner = SidecarRunner(sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+        proxy_runner = ProxyRunner(sc, shutdown_timeout=1.0)
         admin_runner = SidecarRunner(sc.admin_app, **RUNNER_KWARGS)
         runners.extend([proxy_runner, admin_runner])
         port = await start_site(proxy_runner)

@@ -96,6 +96,6 @@ def test_a_sidecar_has_its_drain_and_apps_when_made():
         Settings(upstream="http://127.0.0.1:9"), CollectorRegistry(), access_log=False
     )
     sc = Sidecar(built.settings, built.registry, built.metrics, built.proxy, built.renderer)
-    assert sc.proxy_app[SIDECAR] is sc and sc.admin_app[SIDECAR] is sc
+    assert sc.admin_app[SIDECAR] is sc and sc.proxy.drain is sc.drain
     assert not sc.draining
-    assert sc.proxy_app is not built.proxy_app  # its own apps, not the other Sidecar's
+    assert sc.admin_app is not built.admin_app  # its own app, not the other Sidecar's

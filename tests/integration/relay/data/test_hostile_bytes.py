@@ -17,7 +17,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
+from sidecar.app import ProxyRunner, build_sidecar
 from sidecar.base.routes import ROUTES
 from sidecar.config import Settings
 from tests.fixtures.streams.harness import split_at
@@ -58,6 +58,13 @@ async def _start(
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
+async def _start_proxy(sc) -> tuple[ProxyRunner, int]:
+    runner = ProxyRunner(sc, shutdown_timeout=1.0)
+    await runner.setup()
+    await runner.listen("127.0.0.1", 0)
+    return runner, runner.addresses[0][1]
+
+
 def test_any_bytes_any_route_any_pieces_pass_through_exactly():
     loop = asyncio.new_event_loop()
     echo = Echo()
@@ -69,7 +76,7 @@ def test_any_bytes_any_route_any_pieces_pass_through_exactly():
         CollectorRegistry(),
         access_log=False,
     )
-    runner, port = loop.run_until_complete(_start(sc.proxy_app, SidecarRunner, **RUNNER_KWARGS))
+    runner, port = loop.run_until_complete(_start_proxy(sc))
     session = loop.run_until_complete(_session())
 
     async def roundtrip(path: str, body: dict) -> tuple[int, bytes]:

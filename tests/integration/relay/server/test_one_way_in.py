@@ -23,13 +23,13 @@ import socket
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import RUNNER_KWARGS, SidecarRunner, build_sidecar
+from sidecar.app import ProxyRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.relay.control.self_loop import LOOP_HEADER, LOOP_TOKEN
-from sidecar.relay.server.aiohttp_internals import GuardedRequestHandler, RequestHandler
+from sidecar.relay.server.aiohttp_internals import RequestHandler
+from sidecar.relay.server.proxy_port import ProxyConnection
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, chunked
@@ -74,12 +74,11 @@ class Side:
             Settings(upstream=self.upstream.url, **self.settings), CollectorRegistry(), access_log=False,
             tracer_provider=self.tracer_provider,
         )  # fmt: skip
-        self.runner = SidecarRunner(self.sc.proxy_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
+        self.runner = ProxyRunner(self.sc, shutdown_timeout=1.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
+        await self.runner.listen("127.0.0.1", 0)
         self.port = self.runner.addresses[0][1]
-        guard = self.runner.server.guard  # type: ignore[union-attr]
+        guard = self.runner.guard
         hook = guard.carry
         assert hook is not None  # the proxy port's relay
 
@@ -495,14 +494,14 @@ def reads(monkeypatch) -> dict[int, list[int]]:
     """The size of every read each sidecar's proxy port got, by the port: the proof that a
     test's parts did arrive apart (only watched, never changed)."""
     seen: dict[int, list[int]] = {}
-    received = GuardedRequestHandler.data_received
+    received = ProxyConnection.data_received
 
     def watched(self, data: bytes) -> None:
         if data and self.transport is not None:
             seen.setdefault(self.transport.get_extra_info("sockname")[1], []).append(len(data))
         received(self, data)
 
-    monkeypatch.setattr(GuardedRequestHandler, "data_received", watched)
+    monkeypatch.setattr(ProxyConnection, "data_received", watched)
     return seen
 
 
