@@ -366,6 +366,10 @@ class Exchange:
         """Send a request whose body streams upstream as it arrives (a task sends it)."""
         record = self._record = self._open(None)
         self._streamed = body
+        transport = self._connection.transport
+        if transport is None or transport.is_closing():
+            self._finish(Verdict.CLIENT_DISCONNECTED)
+            return
         pool = self._pool
         if pool is None:
             self._fail(500, INTERNAL, "the sidecar failed to relay the request")

@@ -167,3 +167,25 @@ async def test_the_parser_is_built_and_fed_as_the_installed_aiohttp_takes_it():
         refusing = kind(_Reads(), loop, 2**16, max_msg_queue_size=32)
         with pytest.raises(HttpProcessingError):
             refusing.feed_data(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")
+
+
+async def test_head_requests_get_heads_only_and_the_connection_carries_on():
+    """A HEAD's answer has a Content-Length and no body: neither the relay nor the client
+    waits for one, and the next request on the connection is answered."""
+
+    async def script(peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:
+            body = b"" if request.startswith(b"HEAD ") else b"x" * 10
+            peer.send(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nX-A: 1\r\n\r\n" + body)
+
+    async with Port(script) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port.port)
+        for method in (b"HEAD", b"GET", b"HEAD"):
+            writer.write(method + b" /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3.0)
+            assert head == b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nX-A: 1\r\n\r\n"
+            if method == b"GET":
+                assert await asyncio.wait_for(reader.readexactly(10), 3.0) == b"x" * 10
+        writer.close()
+    relayed = [r.split(b" ")[0] for r in port.upstream.requests if b" /health " in r]
+    assert relayed == [b"HEAD", b"GET", b"HEAD"]  # (not the sidecar's own model listing)
