@@ -513,9 +513,9 @@ def _json(status: int, doc: dict[str, Any]) -> web.Response:
 
 
 class SidecarRunner(RebuildingRunner):
-    """``web.AppRunner`` whose connections are guarded (sidecar/relay/server/client_guard.py): parser
-    refusals answered with the proxy's JSON error body, a connection cap and a request head
-    budget per port. aiohttp has no public hook for this (its error path runs no middleware),
+    """``web.AppRunner`` (the admin port's) whose connections are guarded
+    (sidecar/relay/server/client_guard.py): parser refusals answered with the sidecar's JSON
+    error body, a connection cap and a request head budget. aiohttp has no public hook for this (its error path runs no middleware),
     so the server aiohttp builds is rebuilt around
     :class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler` with the same arguments;
     tests over real sockets pin the result."""

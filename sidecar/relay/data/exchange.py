@@ -8,9 +8,9 @@ that was 187 µs at the median and 2.1 ms at p99 from the read to the handler, a
 again of the handler's own setup before the upstream had the request (docs/performance.md).
 
 So the proxy port's connection
-(:class:`~sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`) hands every
-request head aiohttp's parser completes, in order, to the :class:`Carrier`, and aiohttp's
-handler never runs there. Each request becomes an :class:`Exchange`, which owns it from then
+(:class:`~sidecar.relay.server.proxy_port.ProxyConnection`, the sidecar's own over
+aiohttp's parser) hands every request head the parser completes, in order, to the
+:class:`Carrier`. Each request becomes an :class:`Exchange`, which owns it from then
 to its verdict: the rest of its body, its record
 (:class:`~sidecar.measure.record.RecordBook`: timeline, labels, span, opened here), the
 upstream request, the response head and body
@@ -160,7 +160,7 @@ _NO_BODY, _WHOLE, _STREAMED = 0, 1, 2  # how the request's body goes upstream
 
 class Exchange:
     """One request, from its head to its verdict (the module doc). The connection calls
-    :meth:`start` once it took the request off aiohttp's queue, :meth:`body_arrived` after
+    :meth:`start` once it took the request off its queue, :meth:`body_arrived` after
     each read while the body is still coming, :meth:`client_drained` when its transport
     drains and :meth:`client_gone` when it is lost. ``sent``/``pending``: how the request is
     on its way upstream (written on an idle pooled connection, or a task connecting or

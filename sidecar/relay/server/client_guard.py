@@ -2,8 +2,9 @@
 
 Policy only: the numbers (connection cap, request head budget), the answers (503 with
 Retry-After, 431, the parser's 414/431/400 as the proxy's JSON error body) and the log lines.
-The mechanics, which ride on aiohttp's connection handler, are in
-:class:`sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`, which asks a
+The mechanics are the proxy port's own connection
+(:class:`sidecar.relay.server.proxy_port.ProxyConnection`) and, on the admin port, aiohttp's
+(:class:`sidecar.relay.server.aiohttp_internals.GuardedRequestHandler`); each asks a
 :class:`ConnectionGuard` at each step.
 """
 

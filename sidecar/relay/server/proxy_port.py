@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
@@ -95,16 +95,16 @@ class ProxyConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         port = self._port
-        self.transport = transport = transport  # type: ignore[assignment]  # a stream's
+        stream = self.transport = cast(asyncio.Transport, transport)  # a TCP server's
         guard = port.guard
         cap = guard.max_connections
         if cap and len(port.connections) >= cap:
             self._over_cap = True
-            transport.write(guard.refuse_connection(self._loop))  # type: ignore[attr-defined]  # a stream's
-            transport.close()
+            stream.write(guard.refuse_connection(self._loop))
+            stream.close()
             return
         port.connections.add(self)
-        sock = transport.get_extra_info("socket")
+        sock = stream.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

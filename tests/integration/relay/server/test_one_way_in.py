@@ -137,13 +137,18 @@ class Side:
         ]
 
     def counted(self, outcome: str) -> float:
-        return sum(
-            s.value
-            for m in self.sc.registry.collect()
-            if m.name == "llm_requests"
-            for s in m.samples
-            if s.name == "llm_requests_total" and s.labels.get("outcome") == outcome
-        )
+        return requests_counted(self.sc.registry, outcome)
+
+
+def requests_counted(registry: CollectorRegistry, outcome: str) -> float:
+    """``llm_requests_total`` with ``outcome``, summed over its other labels."""
+    return sum(
+        s.value
+        for m in registry.collect()
+        if m.name == "llm_requests"
+        for s in m.samples
+        if s.name == "llm_requests_total" and s.labels.get("outcome") == outcome
+    )
 
 
 async def read_response(reader: asyncio.StreamReader) -> bytes:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import ProxyRunner, build_sidecar
 from sidecar.config import Settings
-from tests.integration.relay.server.test_one_way_in import post, read_response
+from tests.integration.relay.server.test_one_way_in import post, read_response, requests_counted
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, chunked
 
@@ -57,13 +57,7 @@ class Port:
         await self.runner.cleanup()
 
     def counted(self, outcome: str) -> float:
-        return sum(
-            s.value
-            for m in self.sc.registry.collect()
-            if m.name == "llm_requests"
-            for s in m.samples
-            if s.name == "llm_requests_total" and s.labels.get("outcome") == outcome
-        )
+        return requests_counted(self.sc.registry, outcome)
 
 
 async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
