@@ -155,9 +155,6 @@ class Carrier:
         return Exchange(self, connection, message, payload)
 
 
-_NO_BODY, _WHOLE, _STREAMED = 0, 1, 2  # how the request's body goes upstream
-
-
 class Exchange:
     """One request, from its head to its verdict (the module doc). The connection calls
     :meth:`start` once it took the request off its queue, :meth:`body_arrived` after
@@ -168,7 +165,7 @@ class Exchange:
 
     __slots__ = (
         "_start", "_path_model", "_carrier", "_connection", "_pool", "_message", "_payload", "_route", "_parts",
-        "_reserved", "_mode", "_streamed", "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_queued", "_waiting",
+        "_reserved", "_holding", "_streamed", "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_queued", "_waiting",
         "_head_written", "_verdict", "_taking", "keep_alive", "sent", "pending", "done",
     )  # fmt: skip
 
@@ -189,7 +186,7 @@ class Exchange:
         self._route, self._path_model = match_route(message.url.path, message.method)
         self._parts: list[bytes] = []
         self._reserved = 0  # body bytes held against the body budget until sent
-        self._mode = _NO_BODY
+        self._holding = False  # the body is being read whole before it is sent
         self._streamed: BoundedBody | None = None  # a body streamed upstream, until answered
         self._record: RequestRecord | None = None
         self._conn: UpstreamConnection | None = None
@@ -243,12 +240,11 @@ class Exchange:
         size = holds_whole(message.method, self._route, headers, limits.max_request_inspect_bytes)
         if size and (payload.is_eof() or carrier.budget.reserve(size)):
             self._reserved = 0 if payload.is_eof() else size
-            self._mode = _WHOLE
+            self._holding = True
             self._take_body()
             return
         # Streamed; an API body streamed because held bodies are at their process-wide limit
         # (body_budget) has its fields read as it goes.
-        self._mode = _STREAMED
         self._stream(
             BoundedBody(
                 payload,
@@ -259,7 +255,7 @@ class Exchange:
         )
 
     def body_arrived(self) -> None:
-        if self._mode == _WHOLE:
+        if self._holding:
             self._take_body()
 
     def _take_body(self) -> None:

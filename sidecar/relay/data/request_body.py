@@ -35,6 +35,7 @@ __all__ = [
     "BodyRefused",
     "BoundedBody",
     "Refusal",
+    "has_body",
     "holds_whole",
     "late_fields",
     "refusal",

@@ -8,7 +8,8 @@ the sidecar counts the bytes a connection sends while it is between requests (no
 body being read) and answers 431 with the proxy's JSON body past ``max_request_head_bytes``.
 
 Sans-I/O: :class:`HeadBudget` is told what arrived and whether a head completed; the
-connection handler (sidecar/app.py) writes :func:`head_too_large_response` and closes.
+connection (sidecar/relay/server/proxy_port.py; on the admin port aiohttp's, in
+aiohttp_internals.py) writes :func:`head_too_large_response` and closes.
 """
 
 from __future__ import annotations

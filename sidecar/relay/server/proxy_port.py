@@ -163,7 +163,7 @@ class ProxyConnection(asyncio.Protocol):
         if carried is not None:
             carried.client_gone()
         self.transport = None
-        port.connection_ended()
+        port.settle()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -264,7 +264,7 @@ class ProxyConnection(asyncio.Protocol):
         if carried is not self._carried:
             return
         self._carried = None
-        self._port.request_ended()
+        self._port.settle()
         transport = self.transport
         if not keep_alive or self._closing or self._upgraded or transport is None:
             self._closing = True
@@ -398,13 +398,8 @@ class ProxyPort:
         """What each listening socket is bound to (``getsockname()``)."""
         return [s.getsockname() for server in self._servers for s in server.sockets]
 
-    def request_ended(self) -> None:
-        self._settle()
-
-    def connection_ended(self) -> None:
-        self._settle()
-
-    def _settle(self) -> None:
+    def settle(self) -> None:
+        """A request or a connection ended: the shutdown's wait ends once none is answered."""
         settled = self._settled
         if settled is not None and not settled.done() and not self._busy():
             settled.set_result(None)
