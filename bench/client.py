@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import resource
 import sys
 import time
@@ -437,6 +438,7 @@ async def run(args: argparse.Namespace) -> dict:
         "tokens_per_s": results.tokens_in_window / window_s if window_s > 0 else None,
         "wall_s": finished - start,
         "client_cpu_s": cpu,
+        "client_nice": os.nice(0),
         "ttft_s": _summary(results.ttft),
         "itl_s": _summary(itl),
         "bunched_share": bunched,

@@ -120,6 +120,30 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def context_switches(pids: list[int]) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of these processes, over all their threads
+    (``/proc/PID/task/TID/status``): a voluntary one is the loop going back to wait for
+    events, so per token it says how many tokens each wake-up handled; an involuntary one is
+    the process preempted, on a machine where it shares its CPUs with the load."""
+    voluntary = involuntary = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            voluntary += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            involuntary += int(line.split()[1])
+            except OSError:
+                continue
+    return voluntary, involuntary
+
+
 def system_busy_seconds() -> float:
     """CPU seconds all CPUs spent not idle since boot (``/proc/stat``)."""
     with open("/proc/stat") as fh:
@@ -169,13 +193,22 @@ def find_pyspy() -> str | None:
 class Procs:
     """Every process this run started, stopped by pid (never by name)."""
 
-    def __init__(self, workdir: Path, pin: dict[str, set[int]] | None) -> None:
+    def __init__(self, workdir: Path, pin: dict[str, set[int]] | None, load_nice: int = 0) -> None:
         self.workdir = workdir
         self.pin = pin
+        self.load_nice = load_nice
         self.started: list[subprocess.Popen] = []
 
     def spawn(self, name: str, argv: list[str], role: str) -> subprocess.Popen:
         cpus = self.pin.get(role) if self.pin else None
+        nice = self.load_nice if role == "load" else 0
+
+        def placed() -> None:
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if nice:
+                os.nice(nice)
+
         log = open(self.workdir / f"{name}.log", "wb")
         proc = subprocess.Popen(
             argv,
@@ -183,7 +216,7 @@ class Procs:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            preexec_fn=placed if cpus or nice else None,
         )
         log.close()
         self.started.append(proc)
@@ -325,6 +358,7 @@ def run_target(
             system_busy_seconds(),
             time.monotonic(),
         )
+        switches0 = context_switches(tree)
         kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         client = procs.spawn(
             f"client-{tag}",
@@ -350,6 +384,7 @@ def run_target(
             raise RuntimeError(f"load generator did not finish within {limit:.0f} s") from None
         wall = time.monotonic() - t0
         cpu1, up1, sys1 = cpu_seconds(tree), cpu_seconds([upstream.pid]), system_busy_seconds()
+        switches1 = context_switches(tree)
         kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client, start-up included
         client_all = (kids1.ru_utime - kids0.ru_utime) + (kids1.ru_stime - kids0.ru_stime)
         if client.returncode != 0:
@@ -368,11 +403,15 @@ def run_target(
             res["requests_per_cpu_s"] = requests / (cpu1 - cpu0) if cpu1 > cpu0 else None
             res["peak_rss_mb"] = peak_rss_kb(process_tree(proxy.pid)) / 1024
             res["proxy_processes"] = len(tree)
+            woke, preempted = (b - a for a, b in zip(switches0, switches1, strict=True))
+            res["proxy_wakeups_per_token"] = woke / tokens if tokens else None
+            res["proxy_preemptions_per_token"] = preempted / tokens if tokens else None
         else:
             res["proxy_cpu_s"] = res["proxy_cpu_pct_core"] = res["proxy_cpu_us_per_token"] = None
             res["proxy_cpu_us_per_request"] = res["requests_per_cpu_s"] = None
             res["peak_rss_mb"] = None
             res["proxy_processes"] = 0
+            res["proxy_wakeups_per_token"] = res["proxy_preemptions_per_token"] = None
         res["upstream_cpu_pct_core"] = 100.0 * (up1 - up0) / wall
         res["client_cpu_pct_core"] = 100.0 * res["client_cpu_s"] / wall
         # Busy CPU that none of this run's processes account for: other work on the machine
@@ -678,6 +717,15 @@ def print_point(point: dict, args: argparse.Namespace) -> None:
         if "skipped" not in t
     )
     print(f"load processes (% of a core): {loads}")
+    wakes = ", ".join(
+        f"{name} {t['proxy_wakeups_per_token']:.3f} (preempted {t['proxy_preemptions_per_token']:.3f})"
+        for name, t in point["targets"].items()
+        if t.get("proxy_wakeups_per_token") is not None
+    )
+    if wakes:
+        print(
+            f"proxy wake-ups a token (the loop back to wait; fewer: more tokens a wake-up): {wakes}"
+        )
     noisy = {
         name: t["foreign_cpu_pct_core"]
         for name, t in point["targets"].items()
@@ -773,6 +821,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pin", choices=("auto", "off"), default="auto", help="CPU pinning (see module doc)"
     )
     p.add_argument(
+        "--load-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the upstream and the load generator at this nice value (0-19): on a machine "
+        "whose CPUs the proxy shares with the load, how often the proxy wakes, and so its CPU per "
+        "token, depends on which of them the scheduler runs first",
+    )
+    p.add_argument(
         "--profile",
         default=None,
         metavar="DIR",
@@ -812,6 +869,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(
             f"--targets: choose from {','.join(TARGETS)} (direct is the baseline of 'added'); got {args.targets!r}"
         )
+    if not 0 <= args.load_nice <= 19:
+        p.error(f"--load-nice: a nice value from 0 to 19; got {args.load_nice}")
     args.sidecar_args = args.sidecar_args.split()
     return args
 
@@ -842,12 +901,12 @@ def main(argv: list[str] | None = None) -> int:
         else Path(tempfile.mkdtemp(prefix="llm-sidecar-bench-"))
     )
     workdir.mkdir(parents=True, exist_ok=True)
-    procs = Procs(workdir, pin)
+    procs = Procs(workdir, pin, args.load_nice)
     report = {
         "config": {
             "tokens": args.tokens, "tpot_s": args.tpot, "ttft_s": args.ttft, "duration_s": args.duration,
             "streams": args.stream_counts, "targets": args.target_list, "quick": args.quick,
-            "sidecar_args": args.sidecar_args, "shape": args.shape,
+            "sidecar_args": args.sidecar_args, "shape": args.shape, "load_nice": args.load_nice,
             **({"token_range": list(args.token_range)} if args.shape == "mixed" else {}),
         },
         "machine": {

@@ -8,6 +8,7 @@ the report carries every field); never a timing threshold, so CI noise cannot fa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -23,7 +24,8 @@ TARGET_FIELDS = {
     "complete", "unbuffered", "bunched_share", "tokens_total", "proxy_cpu_us_per_token", "proxy_cpu_pct_core",
     "peak_rss_mb", "ttft_ms", "itl_ms", "added_ttft_ms", "added_itl_ms", "client_cpu_pct_core",
     "upstream_cpu_pct_core", "foreign_cpu_pct_core", "upstream_counted", "requests_per_s",
-    "proxy_cpu_us_per_request", "requests_per_cpu_s",
+    "proxy_cpu_us_per_request", "requests_per_cpu_s", "proxy_wakeups_per_token",
+    "proxy_preemptions_per_token", "client_nice",
 }  # fmt: skip
 MIXED_FIELDS = {
     "streamed_tokens_total", "nonstream_latency_ms", "nonstream_excess_ms", "added_nonstream_excess_ms",
@@ -37,8 +39,21 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("shape", ["steady", "mixed"])
 def test_quick_benchmark_relays_every_stream_intact(tmp_path, shape):
     out = tmp_path / "bench.json"
+    # The steady run puts the load a little lower in the scheduler's order (--load-nice).
+    nice = 3 if shape == "steady" else 0
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--shape", shape, "--json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--quick",
+            "--shape",
+            shape,
+            "--json",
+            str(out),
+            "--load-nice",
+            str(nice),
+        ],  # fmt: skip
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,11 +107,15 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path, shape):
         # What the upstream generated is what the client received, through every target.
         assert t["upstream_counted"]["completed"] == t["streams_complete"]
         assert t["upstream_counted"]["tokens"] == t["tokens_total"]
+        assert t["client_nice"] == min(19, os.nice(0) + nice)
         if name == "direct":
             assert t["proxy_cpu_us_per_token"] is None
+            assert t["proxy_wakeups_per_token"] is None
         else:
             assert t["proxy_cpu_us_per_token"] is not None and t["peak_rss_mb"] > 0
             assert t["proxy_cpu_us_per_request"] > 0
+            # A proxy goes back to wait for events at least once while it relays them.
+            assert t["proxy_wakeups_per_token"] > 0 and t["proxy_preemptions_per_token"] >= 0
 
     # The sidecar measured what the client received: same requests, same output tokens.
     counted = targets["sidecar"]["sidecar_counted"]
