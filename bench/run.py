@@ -16,6 +16,12 @@ the last CPU to itself; the upstream and the load generator share the others. Th
 CPU and latency are then its own, and ``direct`` runs with the same load processes on the
 same CPUs, so "added latency" compares like with like.
 
+``--pin spread`` gives each process of the proxy that relays (the sidecar's workers, an nginx
+worker, a single process) a CPU of its own, counting down from the last, and leaves the load
+unpinned: with ``--load-nice 19`` the load runs only where a relaying process leaves a CPU
+idle, as in a pod whose CPU request gives the proxy its cores; how N workers compare with
+one is measured that way (docs/performance.md).
+
 Reported per target: tokens/s delivered in the steady window, errors, streams complete
 and byte-identical to what the upstream generated (checksum), whether they arrived
 unbuffered (ITL p50 within 25 % of tpot and < 5 % of gaps bunched below tpot/4), CPU
@@ -351,6 +357,7 @@ def run_target(
             wait_http(f"http://127.0.0.1:{admin_port}/readyz", proxy, "sidecar")
 
         tree = process_tree(proxy.pid) if proxy else []
+        placed = spread(tree) if args.pin == "spread" and tree else None
         out_file = procs.workdir / f"client-{tag}.json"
         cpu0, up0, sys0, t0 = (
             cpu_seconds(tree),
@@ -393,6 +400,8 @@ def run_target(
             procs.stop(profiler, signal.SIGINT, timeout=30.0)
         res = orjson.loads(out_file.read_bytes())
         res["target"] = target
+        if placed is not None:  # --pin spread: pid -> the CPU it had to itself
+            res["relays_pinned"] = {str(pid): cpu for pid, cpu in placed.items()}
         if proxy is not None:
             tokens = res["tokens_total"]
             res["proxy_cpu_s"] = cpu1 - cpu0
@@ -818,7 +827,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="tiny run (10 streams x 20 tokens, 1 s): checks correctness; its CPU figures are below clock-tick resolution",
     )
     p.add_argument(
-        "--pin", choices=("auto", "off"), default="auto", help="CPU pinning (see module doc)"
+        "--pin",
+        choices=("auto", "off", "spread"),
+        default="auto",
+        help="CPU pinning (see module doc)",
     )
     p.add_argument(
         "--load-nice",
@@ -875,8 +887,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def spread(tree: list[int]) -> dict[int, int]:
+    """``--pin spread``: every relaying process of the proxy's tree (its leaves; the root when
+    it has no children) on a CPU of its own, counting down from the last, every thread of it.
+    Returns pid -> CPU."""
+    kids = {pid: set(_children(pid)) & set(tree) for pid in tree}
+    relays = sorted(pid for pid in tree if not kids[pid]) or tree[:1]
+    cpus = sorted(os.sched_getaffinity(0), reverse=True)
+    placed = {}
+    for i, pid in enumerate(relays):
+        cpu = cpus[i % len(cpus)]
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            continue
+        placed[pid] = cpu
+    return placed
+
+
 def pinning(mode: str) -> dict[str, set[int]] | None:
-    if mode == "off":
+    if mode in ("off", "spread"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -921,6 +952,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"pinning: proxy on CPU {sorted(pin['proxy'])}, upstream + load generator on CPU {sorted(pin['load'])}"
         )
+    elif args.pin == "spread":
+        print("pinning: each relaying process of the proxy on a CPU of its own, the load unpinned")
     else:
         print("pinning: off")
     correct = True

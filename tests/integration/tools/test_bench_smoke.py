@@ -7,14 +7,16 @@ the report carries every field); never a timing threshold, so CI noise cannot fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from bench.run import find_nginx
+from bench.run import find_nginx, process_tree, spread
 from bench.wire import COMPLETIONS_PATH, MODELS, closes_per_request, expected_body, mixed_request
 from tests.conftest import IN_CI
 from tests.support.paths import ROOT
@@ -180,3 +182,38 @@ def test_paired_benchmark_runs_two_proxies_at_once(tmp_path):
         only["b"]["cpu_us_per_token"] / only["a"]["cpu_us_per_token"]
     )
     assert report["summary"]["complete"] is True
+
+
+def test_spread_gives_each_relaying_process_a_cpu_of_its_own():
+    """``--pin spread`` pins the leaves of the proxy's process tree (a supervisor's workers),
+    each to its own CPU from the last down, and leaves the parent where it was."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs to give two processes one each")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         f"kids = [subprocess.Popen({sleeper!r}) for _ in range(2)]\n"
+         "print('up', flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == "up\n"
+        tree = process_tree(parent.pid)
+        assert len(tree) == 3, tree
+        placed = spread(tree)
+        kids = sorted(set(tree) - {parent.pid})
+        assert placed == {kids[0]: cpus[-1], kids[1]: cpus[-2]}
+        for kid, cpu in placed.items():
+            assert os.sched_getaffinity(kid) == {cpu}
+        assert os.sched_getaffinity(parent.pid) == set(cpus)
+        # A process with no children relays itself.
+        assert spread([kids[0]]) == {kids[0]: cpus[-1]}
+    finally:
+        for pid in process_tree(parent.pid)[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
