@@ -43,19 +43,9 @@ def test_quick_benchmark_relays_every_stream_intact(tmp_path, shape):
     out = tmp_path / "bench.json"
     # The steady run puts the load a little lower in the scheduler's order (--load-nice).
     nice = 3 if shape == "steady" else 0
+    argv = [sys.executable, "-m", "bench.run", "--quick", "--shape", shape, "--json", str(out)]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.run",
-            "--quick",
-            "--shape",
-            shape,
-            "--json",
-            str(out),
-            "--load-nice",
-            str(nice),
-        ],  # fmt: skip
+        [*argv, "--load-nice", str(nice)],
         cwd=ROOT,
         capture_output=True,
         text=True,
