@@ -126,6 +126,21 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def _status_fields(path: str, names: tuple[str, ...]) -> list[int]:
+    """The first number of each named line of a ``/proc/.../status`` file (0 where absent);
+    nothing when the file cannot be read (the process or thread is gone)."""
+    found = dict.fromkeys(names, 0)
+    try:
+        with open(path) as fh:
+            for line in fh:
+                name, _, rest = line.partition(":")
+                if name in found:
+                    found[name] = int(rest.split()[0])
+    except OSError:
+        return []
+    return list(found.values())
+
+
 def context_switches(pids: list[int]) -> tuple[int, int]:
     """Voluntary and involuntary context switches of these processes, over all their threads
     (``/proc/PID/task/TID/status``): a voluntary one is the loop going back to wait for
@@ -138,15 +153,12 @@ def context_switches(pids: list[int]) -> tuple[int, int]:
         except OSError:
             continue
         for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                    for line in fh:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            voluntary += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches:"):
-                            involuntary += int(line.split()[1])
-            except OSError:
-                continue
+            counts = _status_fields(
+                f"/proc/{pid}/task/{tid}/status",
+                ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"),
+            )
+            if counts:
+                voluntary, involuntary = voluntary + counts[0], involuntary + counts[1]
     return voluntary, involuntary
 
 
@@ -159,16 +171,7 @@ def system_busy_seconds() -> float:
 
 
 def peak_rss_kb(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        total += int(line.split()[1])
-        except OSError:
-            continue
-    return total
+    return sum(sum(_status_fields(f"/proc/{pid}/status", ("VmHWM",))) for pid in pids)
 
 
 # ------------------------------------------------------------------ processes
