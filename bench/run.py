@@ -212,7 +212,7 @@ class Procs:
         cpus = self.pin.get(role) if self.pin else None
         nice = self.load_nice if role == "load" else 0
 
-        def placed() -> None:
+        def place() -> None:
             if cpus:
                 os.sched_setaffinity(0, cpus)
             if nice:
@@ -225,7 +225,7 @@ class Procs:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=placed if cpus or nice else None,
+            preexec_fn=place if cpus or nice else None,
         )
         log.close()
         self.started.append(proc)
@@ -838,6 +838,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--load-nice",
         type=int,
+        choices=range(20),
         default=0,
         metavar="N",
         help="run the upstream and the load generator at this nice value (0-19): on a machine "
@@ -884,8 +885,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(
             f"--targets: choose from {','.join(TARGETS)} (direct is the baseline of 'added'); got {args.targets!r}"
         )
-    if not 0 <= args.load_nice <= 19:
-        p.error(f"--load-nice: a nice value from 0 to 19; got {args.load_nice}")
     args.sidecar_args = args.sidecar_args.split()
     return args
 
