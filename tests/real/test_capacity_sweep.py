@@ -6,22 +6,26 @@ front of real vLLM (CPU, tiny random model). Per level:
 
 - the sidecar's mean inter-token latency over every gap the level produced, whatever band
   each gap landed in (delta sum / delta count of
-  ``llm_inter_token_latency_by_concurrency_seconds`` summed over bands), is within 15 % of
-  aiperf's own mean ITL for the level. The all-band mean is the like-for-like figure:
-  aiperf's ITL covers every gap of every request of the level, including those of the ramp
+  ``llm_inter_token_latency_by_concurrency_seconds`` summed over bands), is within 5 % of
+  the mean of aiperf's own gaps between the chunks it received (from its raw export), and
+  the two count the same gaps, less at most one a request. The all-band mean is the
+  like-for-like figure: aiperf's gaps cover every request of the level, including the ramp
   at the start and the tail at the end, where fewer than N streams are decoding and the
   sidecar files the gap in a lower band. The band of the level (band N) must still hold
   nearly all of them (``DOMINANT``), and its own mean is printed beside;
 - the by-concurrency counts sum to the plain ITL histogram's count.
 
-aiperf's ITL is ``(last content chunk - first content chunk) / (OSL - 1)`` per request,
-averaged over requests. Its OSL is by default the *re-tokenized answer text*: for the tiny
-random model's output that is 73-75 tokens for 64 generated (vLLM's usage says 64), so
-its default ITL is ~13 % below the real per-token gap. ``--use-server-token-count`` makes
-it take vLLM's usage count, which is what the sidecar counts (one gap per generated token,
-vLLM's empty-content chunks of split characters included): the comparison is per token on
-both sides. With every request the same length, aiperf's mean of per-request ITLs is the
-per-gap mean.
+Both sides time chunks, not tokens: the sidecar files one gap per chunk (the gap a client
+waits), and when vLLM merges the deltas of a request whose stream it serves late (its API
+server's loop behind on these loaded cores: one run merged 132 of level 4's 1008 tokens
+into other chunks) one gap spans several tokens on both sides. aiperf's summary ITL is per
+token, ``(last content chunk - first content chunk) / (OSL - 1)`` averaged over requests,
+so a merge makes it lower than either side's per-chunk mean by the share of tokens merged
+(that run: aiperf 5.20 ms a token, the sidecar 5.98 ms a chunk, over the same 5.24 s of
+decoding): it is printed beside, not compared. Its OSL is by default the *re-tokenized
+answer text*: for the tiny random model's output that is 73-75 tokens for 64 generated
+(vLLM's usage says 64); ``--use-server-token-count`` makes it take vLLM's usage count, so
+the per-token figure printed is per generated token.
 
 Then the capacity rule: a real Prometheus (Debian's) scrapes the sidecar every second
 during the sweep. The threshold and the expected band come from aiperf alone: every
@@ -84,7 +88,7 @@ pytestmark = pytest.mark.real
 LEVELS = (1, 2, 4, 8)  # vLLM runs with --max-num-seqs 8 (tests/real/servers.py)
 ROUNDS = 4  # requests per level = ROUNDS * level
 OUTPUT_TOKENS = 64
-TOLERANCE = 0.15
+TOLERANCE = 0.05  # the per-chunk means; both time the same chunks, a relay hop apart
 DOMINANT = 0.9  # share of a level's gaps in its own band, at least
 ITL = "llm_inter_token_latency_by_concurrency_seconds"
 PLAIN_ITL = "llm_inter_token_latency_seconds"
@@ -328,6 +332,7 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
                         "aiperf_icl_p95": summary["inter_chunk_latency"]["p95"] / 1000,
                         "aiperf_gap_p95": quantile(gaps_by_level[level], 0.95),
                         "aiperf_gaps": len(gaps_by_level[level]),
+                        "aiperf_gap_mean": sum(gaps_by_level[level]) / len(gaps_by_level[level]),
                         "aiperf_tps": summary["output_token_throughput"]["avg"],
                         "aiperf_osl": summary["output_sequence_length"]["avg"],
                         "gaps": total,
@@ -411,17 +416,19 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
         f"{summary['aiperf_version']} closed loop, streamed chat, {OUTPUT_TOKENS} output tokens, "
         f"{ROUNDS} requests per stream per level.",
         "",
-        "| level | aiperf mean ITL | sidecar mean ITL, all bands | diff | gaps: tokens, aiperf chunks, sidecar "
+        "| level | aiperf mean ITL (per token) | aiperf mean gap (per chunk) "
+        "| sidecar mean gap, all bands | diff | gaps: tokens, aiperf chunks, sidecar "
         "| sidecar gaps by band "
         "| sidecar band-N mean ITL "
         "| aiperf p95 ITL (per request) | aiperf p95 gap (per token) | aiperf tok/s | sidecar band-N tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        diff = r["sidecar_itl"] / r["aiperf_itl"] - 1
+        diff = r["sidecar_itl"] / r["aiperf_gap_mean"] - 1
         bands = ", ".join(f"{b}: {c}" for b, c in r["bands"].items())
         lines.append(
-            f"| {r['level']} | {1000 * r['aiperf_itl']:.2f} ms | {1000 * r['sidecar_itl']:.2f} ms | {100 * diff:+.1f} % "
+            f"| {r['level']} | {1000 * r['aiperf_itl']:.2f} ms | {1000 * r['aiperf_gap_mean']:.2f} ms "
+            f"| {1000 * r['sidecar_itl']:.2f} ms | {100 * diff:+.1f} % "
             f"| {ROUNDS * r['level'] * (OUTPUT_TOKENS - 1)}, {r['aiperf_gaps']}, {r['gaps']:.0f} | {bands} "
             f"| {1000 * r['band_itl']:.2f} ms | {1000 * r['aiperf_itl_p95']:.1f} ms "
             f"| {1000 * r['aiperf_gap_p95']:.1f} ms | {r['aiperf_tps']:.1f} | {r['band_tps']:.1f} |"
@@ -463,7 +470,9 @@ async def test_sidecar_curve_matches_aiperf_sweep(live_servers, sidecar_factory,
 
     for r in rows:
         assert r["aiperf_osl"] == OUTPUT_TOKENS, r
-        assert abs(r["sidecar_itl"] / r["aiperf_itl"] - 1) <= TOLERANCE, r
+        assert abs(r["sidecar_itl"] / r["aiperf_gap_mean"] - 1) <= TOLERANCE, r
+        # The sidecar skips an empty content on a request's finishing chunk (token_times).
+        assert 0 <= r["aiperf_gaps"] - r["gaps"] <= ROUNDS * r["level"], r
         assert r["share"] >= DOMINANT, r
     assert not bad, bad
     assert got == str(expected), "\n".join(lines)
