@@ -37,8 +37,8 @@ objective at bound T is met by a level when at least 95 % of its gaps are within
 ITL bucket bounds (a spec's threshold must be one) that some level meets and some fails,
 the test takes the one whose closest level is farthest from 95 %, and the expected capacity
 is the largest level meeting it (where no bound separates the levels fairly, a bound every
-level meets, and the largest level: choose_threshold). The rules ``llm-sidecar slo render`` generates for a spec
-with that ITL objective (p95) are then loaded (SIGHUP) and evaluated by Prometheus over the
+level meets, and the largest level: choose_threshold). The rules ``llm-sidecar slo
+render`` generates for a spec with that ITL objective (p95) are then loaded (SIGHUP) and evaluated by Prometheus over the
 scraped series, unchanged: their 1h windows cover the whole sweep, which is the data
 wanted, so nothing is shortened. ``llm:slo_capacity:concurrency`` must be the expected
 band. Prometheus's own count and share per band over the window are printed beside the
