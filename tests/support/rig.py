@@ -1,14 +1,17 @@
 """The simulator and a sidecar in the test's own event loop, the sidecar on
 :class:`sidecar.app.SidecarRunner` as ``serve`` runs it (guarded handler, early path).
 
-``rig_factory`` builds one per call and cleans every runner up after the test; the test
-process then holds the simulator, the sidecar and the client, so a census of it (see
-``tests.support.census``) sees everything a fault could leave behind.
+``rig_factory`` builds one per call and cleans every runner up after the test. Its keywords
+beyond ``upstream`` and ``sim`` are :class:`sidecar.config.Settings` fields, and the sidecar is
+built from them by ``build_sidecar``, as ``serve`` builds it: a setting reaches the relay only
+through the production wiring, never set on the built objects. The test process then holds
+the simulator, the sidecar and the client, so a census of it (see ``tests.support.census``)
+sees everything a fault could leave behind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import pytest
@@ -60,7 +63,6 @@ async def rig_factory():
         *,
         upstream: str | None = None,
         sim: SimulatorConfig | None = None,
-        client_body_timeout: float | None = None,
         **settings,
     ) -> Rig:
         app = build_simulator_app(
@@ -75,8 +77,6 @@ async def rig_factory():
             CollectorRegistry(),
             access_log=False,
         )
-        if client_body_timeout is not None:
-            sc.proxy.limits = replace(sc.proxy.limits, client_body_timeout=client_body_timeout)
         proxy_runner = ProxyRunner(sc, shutdown_timeout=1.0)
         admin_runner = SidecarRunner(sc.admin_app, **RUNNER_KWARGS)
         runners.extend([proxy_runner, admin_runner])
