@@ -45,6 +45,7 @@ from .base.speedups import IN_C, SPEEDUPS_MISSING
 from .base.tenant import TenantLabeler
 from .config import Settings
 from .export.capacity import CapacityMetrics
+from .export.in_flight import InFlightView
 from .export.logs import RequestLogger
 from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.otel_setup import TelemetryProviders, providers_from_env
@@ -147,6 +148,7 @@ class Sidecar:
     admin_app: web.Application = field(init=False)
     # Asks the upstream which models it serves (a pod's supervisor does, for its workers).
     lists_models: bool = True
+    in_flight: InFlightView | None = None  # the requests in flight, read when asked
 
     def __post_init__(self) -> None:
         proxy = self.proxy
@@ -348,9 +350,13 @@ def build_sidecar(
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
     renderer = ScrapeRenderer(WithoutCreated(registry))
+    # The requests in flight, read at scrape time: no series while none is, so no budget.
+    in_flight = InFlightView(records, settings.stall_seconds)
+    registry.register(in_flight)
     return Sidecar(
-        settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link
-    )
+        settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link,
+        in_flight=in_flight,
+    )  # fmt: skip
 
 
 class ProxyRunner:

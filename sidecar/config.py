@@ -117,6 +117,23 @@ class Settings(BaseModel):
         gt=0,
         description="Idle seconds allowed between two reads from the upstream (no total timeout)",
     )
+    stall_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="Seconds without a byte from the upstream after which a stream in flight "
+        "counts as stalled (llm_streams_stalled): longer than a long prompt's prefill before "
+        "its first token and an engine's pause to preempt or swap a batch (seconds at most), "
+        "far shorter than --read-timeout, which ends a silent stream as an error",
+    )
+    stall_probe_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="Serve the admin port's /stallz: 503 when streams are in flight, one has "
+        "been silent this long and none made progress or completed meanwhile (a hung engine), "
+        "for a liveness probe of the model server. Longer than --stall-seconds. Unset: no /stallz",
+    )
     drain_seconds: float = Field(
         30.0,
         ge=0,
@@ -423,6 +440,17 @@ class Settings(BaseModel):
         buckets = _SLO_BUCKETS[str(info.field_name)]
         if v not in buckets:
             raise ValueError(f"{v} is not a histogram bucket bound; choose one of {list(buckets)}")
+        return v
+
+    @field_validator("stall_probe_seconds")
+    @classmethod
+    def _probe_after_stall(cls, v: float | None, info: ValidationInfo) -> float | None:
+        stall = info.data.get("stall_seconds")
+        if v is not None and stall is not None and v <= stall:
+            raise ValueError(
+                f"must be longer than stall_seconds ({stall:g}): the probe restarts an engine, "
+                "so it waits longer than the alert"
+            )
         return v
 
     @property

@@ -18,7 +18,7 @@ from typing import Protocol
 import structlog
 from multidict import CIMultiDict
 
-from ..base.outcomes import Verdict
+from ..base.outcomes import Outcome, Verdict
 from ..base.routes import Route
 from .concurrency import DecodeConcurrency
 from .objectives import read_objectives
@@ -33,6 +33,7 @@ __all__ = [
     "RequestTracer",
     "ModelLabels",
     "TenantLabels",
+    "UpstreamSilence",
 ]
 
 _log = structlog.get_logger("sidecar.proxy")
@@ -82,15 +83,27 @@ class InFlightLedger(Protocol):
     def closed(self, model: str, route: str, tenant: str, /) -> None: ...
 
 
+class UpstreamSilence(Protocol):
+    """The upstream connection answering a request, as the live view reads it
+    (sidecar/relay/data/upstream.py): how long it has sent nothing."""
+
+    def silent_seconds(self) -> float: ...
+
+
 class RequestRecord:
     """One request in flight. ``timeline``: the figures; ``label``: the model label the
     request started under (the in-flight gauge ends under it too); ``model``: the client's
     model name, if it gave one; ``headers``: the client's header fields (the tenant and
     objective headers are read from them, never changed); ``route``: the route template;
     ``tenant_held``: the tenant label held until the verdict; ``closed``: the verdict was
-    given."""
+    given; ``upstream``: the connection relaying its response, once its head is in (the
+    live view asks it when the last byte came: sidecar/export/in_flight.py);
+    ``stall_noted``: the stream's span was told it stalled."""
 
-    __slots__ = ("timeline", "label", "model", "headers", "route", "tenant_held", "closed")
+    __slots__ = (
+        "timeline", "label", "model", "headers", "route", "tenant_held", "closed", "upstream",
+        "stall_noted",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -107,6 +120,8 @@ class RequestRecord:
         self.route = route
         self.tenant_held: str | None = None
         self.closed = False
+        self.upstream: UpstreamSilence | None = None
+        self.stall_noted = False
 
 
 class RecordBook:
@@ -114,7 +129,10 @@ class RecordBook:
     the in-flight gauge, by model label and route; ``decode_tracker``: streams decoding per
     model label; ``ledger``: a pod worker's requests in flight;
     ``max_json_bytes``/``max_line_bytes``: how much of a response is read.
-    ``in_flight`` counts the records open (the drain waits for it to reach 0)."""
+    ``in_flight`` counts the records open (the drain waits for it to reach 0); ``open_records``
+    holds them, for the live view read at scrape time (sidecar/export/in_flight.py), and
+    ``last_completed`` is when the upstream last answered a request whole (ok and 2xx: an
+    engine that makes progress; a cancel or a 4xx its API process gives alone is not)."""
 
     def __init__(
         self,
@@ -143,6 +161,8 @@ class RecordBook:
         self._max_line_bytes = max_line_bytes
         self.clock = clock
         self.in_flight = 0
+        self.open_records: set[RequestRecord] = set()
+        self.last_completed: float | None = None
 
     def open(
         self,
@@ -177,6 +197,7 @@ class RecordBook:
             _log.exception("objectives_failed")
         record = RequestRecord(timeline, label, model, headers, route.template)
         self.in_flight += 1
+        self.open_records.add(record)
         if self._on_start is not None:
             _safely(self._on_start, label, route.template)
         if tenants is not None and timeline.tenant:
@@ -223,6 +244,7 @@ class RecordBook:
             return
         record.closed = True
         self.in_flight -= 1
+        self.open_records.discard(record)
         if self._on_end is not None:
             _safely(self._on_end, record.label, record.route)
         tenants = self._tenant_label
@@ -231,7 +253,10 @@ class RecordBook:
         if self._ledger is not None:
             _safely(self._ledger.closed, record.label, record.route, record.tenant_held or "")
         timeline = record.timeline
-        if timeline.finish(verdict, self.clock()):
+        now = self.clock()
+        if timeline.finish(verdict, now):
+            if timeline.outcome is Outcome.OK and 200 <= (timeline.status or 0) < 300:
+                self.last_completed = now
             model = record.model or timeline.model or None  # a streamed body's model comes late
             label = self._settled(model, record.label, record.headers, timeline)
             for recorder in self._recorders:

@@ -82,7 +82,7 @@ def registered() -> dict[str, frozenset[str]]:
                 name = family.name + ("_total" if family.type == "counter" else "")
                 families[name] = frozenset(
                     label for sample in family.samples for label in sample.labels
-                )
+                ) or frozenset(getattr(family, "_labelnames", ()))  # one read at scrape time
     return families
 
 

@@ -53,6 +53,7 @@ def samples() -> dict[str, frozenset[str]]:
         else:  # custom collectors (process_*): labels from their samples
             for family in collector.collect():
                 labels = frozenset(label for sample in family.samples for label in sample.labels)
+                labels = labels or frozenset(getattr(family, "_labelnames", ()))  # read live
                 families[family.name] = (family.type, labels)
     out: dict[str, frozenset[str]] = {}
     for name, (kind, labels) in families.items():

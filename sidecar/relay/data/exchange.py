@@ -421,6 +421,7 @@ class Exchange:
         record = self._record
         assert record is not None and conn.head is not None  # answered once the head arrived
         self._conn = conn
+        record.upstream = conn  # the live view asks it when the last byte came
         carrier, head, timeline = self._carrier, conn.head, record.timeline
         streamed, self._streamed = self._streamed, None
         if streamed is not None and streamed.fields is not None:
@@ -635,10 +636,8 @@ class Exchange:
         if record is not None:
             self._carrier.records.close(record, verdict)
         # Kept alive as the head told the client (a head written before the drain began said
-        # so: the next request on it gets an answer that says the connection closes).
-        transport = self._connection.transport
-        if not self.keep_alive and transport is not None and not transport.is_closing():
-            transport.close()  # after flushing what was written
+        # so: the next request on it gets an answer that says the connection closes); else
+        # the connection closes once what was written is flushed.
         self._connection.carried_done(self, self.keep_alive)
 
     def _guarded(self, step: Callable[..., None], *args: object) -> None:

@@ -191,6 +191,14 @@ class UpstreamConnection(asyncio.Protocol):
         server closed before answering may be retried once on a new one."""
         return self._received > 0
 
+    def silent_seconds(self) -> float:
+        """Seconds since the upstream last sent a byte of the current request's answer (0
+        while reading is paused: the wait is the client's). Read at scrape time, from any
+        thread: two float reads, nothing on the read path."""
+        if self._reading_paused:
+            return 0.0
+        return max(0.0, self._time() - self._last_read)
+
     def data_received(self, data: bytes) -> None:
         self._last_read = self._time()
         sink = self._sink

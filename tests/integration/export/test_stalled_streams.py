@@ -1,0 +1,225 @@
+"""Streams in flight seen while they run, over real sockets: a scripted upstream that stops
+mid-stream with its connection open, one that never sends a first token, a slow but moving
+stream, an idle pod. The sidecar is the production one (``build_sidecar``: its proxy port
+and its admin port), and every figure is read from ``/metrics`` scraped over HTTP, as
+Prometheus reads it; the opt-in ``/stallz`` probe from the same admin port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.app import ProxyRunner, build_sidecar
+from sidecar.config import Settings
+from tests.conftest import wait_for
+from tests.support.scripted_server import Peer, ScriptedServer
+from tests.support.sse import CHUNKED_HEAD, DONE, LAST_CHUNK, chat_chunk, http_chunk
+
+pytestmark = pytest.mark.integration
+
+STALL = 1.0  # --stall-seconds in these tests
+PROBE = 2.0  # --stall-probe-seconds
+BODY = b'{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true}'
+ROUTE = "/v1/chat/completions"
+
+
+def post(body: bytes = BODY) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar.test\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+
+
+class Pod:
+    """A sidecar (proxy and admin port, each on a free port) in front of a scripted upstream."""
+
+    def __init__(self, script, **settings) -> None:
+        self.script = script
+        self.settings = {"stall_seconds": STALL, "model_allowlist": ["m1"], **settings}
+
+    async def __aenter__(self) -> Pod:
+        self.upstream = await ScriptedServer(self.script).start()
+        try:
+            self.sc = build_sidecar(
+                Settings(upstream=self.upstream.url, **self.settings),
+                CollectorRegistry(),
+                access_log=False,
+            )
+            self.proxy = ProxyRunner(self.sc, shutdown_timeout=1.0)
+            await self.proxy.setup()
+            await self.proxy.listen("127.0.0.1", 0)
+            self.port = self.proxy.addresses[0][1]
+            self.admin = web.AppRunner(self.sc.admin_app)
+            await self.admin.setup()
+            site = web.TCPSite(self.admin, "127.0.0.1", 0)
+            await site.start()
+            self.admin_port = self.admin.addresses[0][1]
+            self.http = aiohttp.ClientSession()
+        except BaseException:
+            await self.upstream.stop()
+            raise
+        self.clients: list[asyncio.StreamWriter] = []
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for writer in self.clients:
+            writer.close()
+        await self.http.close()
+        await self.admin.cleanup()
+        await self.proxy.cleanup()
+        for peer in self.upstream.peers:
+            peer.go.set()
+        await self.upstream.stop()
+
+    async def open_stream(self, body: bytes = BODY) -> asyncio.StreamReader:
+        """A client that sent a request and keeps reading whatever comes."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.clients.append(writer)
+        writer.write(post(body))
+        return reader
+
+    async def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The admin port's /metrics: {(sample name, sorted labels): value}."""
+        async with self.http.get(f"http://127.0.0.1:{self.admin_port}/metrics") as r:
+            assert r.status == 200
+            text = await r.text()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    async def stalled(self, phase: str | None = None) -> float:
+        page = await self.scrape()
+        return sum(
+            v
+            for (name, labels), v in page.items()
+            if name == "llm_streams_stalled" and (phase is None or ("phase", phase) in labels)
+        )
+
+    async def probe(self) -> tuple[int, dict]:
+        async with self.http.get(f"http://127.0.0.1:{self.admin_port}/stallz") as r:
+            return r.status, await r.json()
+
+
+def labels(phase: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"model": "m1", "route": ROUTE, "phase": phase}.items()))
+
+
+def token(text: str = "tok") -> bytes:
+    return http_chunk(chat_chunk(text))
+
+
+END = http_chunk(chat_chunk(finish="stop")) + http_chunk(DONE) + LAST_CHUNK
+
+
+async def read_past(reader: asyncio.StreamReader, marker: bytes) -> None:
+    await asyncio.wait_for(reader.readuntil(marker), 10)
+
+
+async def test_a_stream_that_stops_is_stalled_one_scrape_after_the_threshold_and_clears_when_tokens_resume():
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD + token("first") + token("second"))
+        await peer.go.wait()  # the engine hangs: no byte, the connection open
+        peer.send(token("resumed"))
+        await peer.go.wait()
+        peer.send(END)
+
+    async with Pod(script) as pod:
+        reader = await pod.open_stream()
+        await read_past(reader, b"second")
+        began = time.monotonic()
+        page = await pod.scrape()
+        assert page[("llm_requests_in_phase", labels("decode"))] == 1
+        assert page[("llm_streams_stalled", labels("decode"))] == 0  # under the threshold
+        await asyncio.sleep(STALL - (time.monotonic() - began) + 0.2)
+        assert await pod.stalled("decode") == 1  # the first scrape past the threshold
+        assert await pod.stalled("first_token") == 0
+        page = await pod.scrape()
+        assert page[("llm_requests_in_phase_oldest_seconds", labels("decode"))] >= STALL
+        pod.upstream.peers[0].go.set()
+        await read_past(reader, b"resumed")
+        assert await pod.stalled() == 0  # the next scrape after a token
+        pod.upstream.peers[0].go.set()
+        await read_past(reader, b"0\r\n\r\n")
+        await wait_for(lambda: pod.sc.proxy.records.in_flight == 0)
+        page = await pod.scrape()
+        assert not [
+            k for k in page if k[0].startswith(("llm_streams_stalled", "llm_requests_in_phase"))
+        ]
+
+
+async def test_a_stream_waiting_for_its_first_token_past_the_threshold_counts_in_its_own_phase():
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD)  # the head, then nothing: a first token that never comes
+        await peer.go.wait()
+        peer.send(token("late") + END)
+
+    async with Pod(script) as pod:
+        reader = await pod.open_stream()
+        await read_past(reader, b"\r\n\r\n")
+        await wait_for(lambda: pod.sc.proxy.records.in_flight == 1)
+        page = await pod.scrape()
+        assert page[("llm_requests_in_phase", labels("first_token"))] == 1
+        assert page[("llm_streams_stalled", labels("first_token"))] == 0
+        await asyncio.sleep(STALL + 0.2)
+        page = await pod.scrape()
+        assert page[("llm_streams_stalled", labels("first_token"))] == 1
+        assert ("llm_streams_stalled", labels("decode")) not in page
+        pod.upstream.peers[0].go.set()
+        await read_past(reader, b"late")
+        await read_past(reader, b"0\r\n\r\n")
+        assert await pod.stalled() == 0
+
+
+async def test_a_stream_request_without_a_response_head_counts_in_the_head_phase_a_whole_one_never():
+    async def script(peer: Peer) -> None:
+        await peer.read_request()  # and no answer at all
+        await peer.go.wait()
+
+    async with Pod(script) as pod:
+        await pod.open_stream()
+        await pod.open_stream(BODY.replace(b'"stream":true', b'"stream":false'))
+        await wait_for(lambda: pod.upstream.accepted == 2 and pod.sc.proxy.records.in_flight == 2)
+        await asyncio.sleep(STALL + 0.2)
+        page = await pod.scrape()
+        assert page[("llm_requests_in_phase", labels("head"))] == 2
+        assert page[("llm_streams_stalled", labels("head"))] == 1  # the one that asked to stream
+
+
+async def test_a_slow_but_moving_stream_never_counts_and_an_idle_pod_exports_no_series():
+    gap = STALL / 3
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD)
+        for i in range(12):  # 4 thresholds long, a token every third of one
+            peer.send(token(f"t{i}"))
+            await asyncio.sleep(gap)
+        peer.send(END)
+
+    async with Pod(script) as pod:
+        page = await pod.scrape()
+        assert not [
+            k for k in page if k[0].startswith(("llm_streams_stalled", "llm_requests_in_phase"))
+        ]
+        reader = await pod.open_stream()
+        await read_past(reader, b"t0")
+        seen = []
+        while pod.sc.proxy.records.in_flight:
+            seen.append(await pod.stalled())
+            await asyncio.sleep(gap / 2)
+        assert len(seen) >= 10 and not any(seen)
+        page = await pod.scrape()
+        assert not [
+            k for k in page if k[0].startswith(("llm_streams_stalled", "llm_requests_in_phase"))
+        ]
