@@ -318,6 +318,17 @@ class BoundedLabel:
             adopted.append(value)
         return adopted
 
+    def give_back(self, values: Iterable[str]) -> list[str]:
+        """Earned values the rest of the pod files under ``other`` (sidecar/fleet: the pod's
+        page holds the pod's bound): each gives its slot and series back now, so the slot can
+        take one of the pod's own values; never one a request holds or the server lists.
+        Returns them."""
+        gone = [v for v in dict.fromkeys(values) if v in self._earned and v not in self._held]
+        for value in gone:
+            del self._earned[value]
+            self._forget(value)
+        return gone
+
     def _trim(self) -> list[str]:
         """Give back the least recently seen earned values while vouched and earned exceed
         ``max_values`` (never one a request holds); returns them."""

@@ -8,13 +8,18 @@ process metrics), and hands the supervisor what its ``collect()`` yields
   the newest exemplar of a series is kept;
 * gauges by their meaning (:data:`GAUGE_MERGE`): summed (requests in flight, memory, open
   files), the largest (a limit, an info gauge's 1), the smallest (the start time);
-* a worker that exits or is killed leaves its last counts in the pod's totals
-  (:meth:`PodPage.retire`): what it counted is never taken back, and its replacement's counts
-  add to them, so no merged counter or bucket ever decreases (not even by a float sum's last
-  place: :meth:`PodPage._hold_up`), and ``rate()`` never reads a false reset. A gauge of a
-  gone worker goes with it (nothing of it is in flight any more). What the worker's
-  requests in flight at its end were is given as ``lost``: each is counted once, as an
-  error of the sidecar's own (:data:`LOST_REQUEST`).
+* the pod's bounds on ``model`` and ``tenant`` values hold on the page, whatever each worker
+  admitted: a value past them is folded into ``other`` (:mod:`sidecar.fleet.pod_labels`
+  says why there and how the figures stay right);
+* counts a worker stops exporting stay in the pod's totals (the carried totals): a worker
+  that exits or is killed (:meth:`PodPage.retire`), a series a live worker removed (a value
+  it forgot) or restarted from zero. What was counted is never taken back, and later counts
+  of the same series add to it, so no merged counter or bucket ever decreases (not even by a
+  float sum's last place: :meth:`PodPage._hold_up`), ``rate()`` never reads a false reset,
+  and a replaced worker's series are the same series as its predecessor's, not a new set
+  beside them. A gauge of a gone worker goes with it (nothing of it is in flight any more).
+  What the worker's requests in flight at its end were is given as ``lost``: each is
+  counted once, as an error of the sidecar's own (:data:`LOST_REQUEST`).
 
 ``_created`` samples are left out, as the single process's page leaves them out
 (sidecar/export/prometheus_internals.py, ``WithoutCreated``).
@@ -22,16 +27,19 @@ process metrics), and hands the supervisor what its ``collect()`` yields
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from prometheus_client import Metric
 from prometheus_client.samples import Exemplar, Sample
 
+from ..base.labels import OTHER
 from ..base.outcomes import Verdict
 from ..export.families import FAMILIES, NAMESPACE
+from .pod_labels import PodLabels
 
-__all__ = ["GAUGE_MERGE", "LOST_REQUEST", "PodPage", "lost_request_labels"]
+__all__ = ["GAUGE_MERGE", "LOST_REQUEST", "PodPage", "Source", "lost_request_labels"]
 
 GaugeMerge = Literal["sum", "max", "min"]
 
@@ -49,15 +57,23 @@ LOST_REQUEST = Verdict.INTERNAL
 
 _REQUESTS = next(f for f in FAMILIES if f.attr == "requests")
 _REQUESTS_NAME = f"{NAMESPACE}_{_REQUESTS.name}"
+_REQUESTS_SAMPLE = f"{_REQUESTS_NAME}_total"
+_OVERFLOW = next(f for f in FAMILIES if f.attr == "label_overflow")
+_OVERFLOW_NAME = f"{NAMESPACE}_{_OVERFLOW.name}"
+_FOLDED_REASON = "max_values"
+"""The ``llm_label_overflow_total`` reason of a request the page folded: the pod's bound."""
 
 _SUMMED_TYPES = frozenset(("counter", "histogram", "summary"))
-"""Families whose samples only grow: summed, and kept from a gone worker."""
+"""Families whose samples only grow: summed, and carried when a worker stops exporting them."""
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
+Source = int | str
+"""A live worker as the page knows it (its index), or the supervisor's own families."""
+_ChildKey = tuple[str, tuple[tuple[str, str], ...]]  # family name, labels but ``le``
 
 
-def _key(sample: Sample) -> _Key:
-    return sample.name, tuple(sorted(sample.labels.items()))
+def _key(name: str, labels: Mapping[str, str]) -> _Key:
+    return name, tuple(sorted(labels.items()))
 
 
 def _newer(a: Exemplar | None, b: Exemplar | None) -> Exemplar | None:
@@ -77,7 +93,7 @@ class _Series:
 
     __slots__ = ("labels", "value", "exemplar")
 
-    def __init__(self, labels: dict[str, str], value: float, exemplar: Exemplar | None) -> None:
+    def __init__(self, labels: Mapping[str, str], value: float, exemplar: Exemplar | None) -> None:
         self.labels = labels
         self.value = value
         self.exemplar = exemplar
@@ -103,21 +119,26 @@ class _Family:
         typ = metric.typ if isinstance(metric, _Family) else metric.type
         return cls(metric.name, metric.documentation, typ, metric.unit)
 
-    def add(self, sample: Sample, merge: GaugeMerge) -> None:
-        if sample.name.endswith("_created"):
-            return
-        key = _key(sample)
+    def add(
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        value: float,
+        exemplar: Exemplar | None,
+        merge: GaugeMerge,
+    ) -> None:
+        key = _key(name, labels)
         got = self.series.get(key)
         if got is None:
-            self.series[key] = _Series(dict(sample.labels), sample.value, sample.exemplar)
+            self.series[key] = _Series(labels, value, exemplar)
             return
         if merge == "sum":
-            got.value += sample.value
+            got.value += value
         elif merge == "max":
-            got.value = max(got.value, sample.value)
+            got.value = max(got.value, value)
         else:
-            got.value = min(got.value, sample.value)
-        got.exemplar = _newer(got.exemplar, sample.exemplar)
+            got.value = min(got.value, value)
+        got.exemplar = _newer(got.exemplar, exemplar)
 
     def copy(self) -> _Family:
         out = _Family.like(self)
@@ -127,8 +148,47 @@ class _Family:
     def metric(self) -> Metric:
         metric = Metric(self.name, self.documentation, self.typ, self.unit)
         for (name, _labels), series in self.series.items():
-            metric.samples.append(Sample(name, series.labels, series.value, None, series.exemplar))
+            labels = dict(series.labels)
+            metric.samples.append(Sample(name, labels, series.value, None, series.exemplar))
         return metric
+
+
+class _Child:
+    """One child of a worker's counter or histogram as the page last read it: its family's
+    head and its samples (a histogram's buckets, ``_count`` and ``_sum`` together), which are
+    carried together when the worker stops exporting them, so its buckets stay consistent."""
+
+    __slots__ = ("family", "samples")
+
+    def __init__(self, family: Metric | _Family) -> None:
+        self.family = family
+        self.samples: dict[_Key, Sample] = {}
+
+    def went_down_from(self, before: _Child) -> bool:
+        """Whether any sample of ``before`` is missing here or lower: the worker removed the
+        series, or made it again from zero."""
+        for key, sample in before.samples.items():
+            now = self.samples.get(key)
+            if now is None or now.value < sample.value:
+                return True
+        return False
+
+
+def _children(families: Iterable[Metric]) -> dict[_ChildKey, _Child]:
+    out: dict[_ChildKey, _Child] = {}
+    for metric in families:
+        if metric.type not in _SUMMED_TYPES:
+            continue
+        for sample in metric.samples:
+            if sample.name.endswith("_created"):
+                continue
+            labels = sample.labels
+            ckey = (metric.name, tuple(sorted((k, v) for k, v in labels.items() if k != "le")))
+            child = out.get(ckey)
+            if child is None:
+                child = out[ckey] = _Child(metric)
+            child.samples[_key(sample.name, labels)] = sample
+    return out
 
 
 def _merge_of(family: _Family) -> GaugeMerge:
@@ -154,63 +214,154 @@ def lost_request_labels(
 
 
 class PodPage:
-    """The pod's totals (the module doc): :meth:`retire` a gone worker's last families into
-    them, :meth:`merged` them with the live workers' families."""
+    """The pod's page (the module doc): :meth:`merged` the live workers' families with the
+    carried totals, :meth:`retire` a gone worker's last families into them. ``bounds``:
+    the pod's bound on each label's values (``model``, ``tenant``), folded past it; a label
+    an allowlist bounds has none. Each live worker is a ``source`` (its index, which stays the
+    same while the worker lives), so the page can tell what one of them stopped exporting."""
 
-    def __init__(self) -> None:
-        self._retired: dict[str, _Family] = {}
+    def __init__(
+        self,
+        bounds: Mapping[str, int] | None = None,
+        *,
+        idle_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.labels = PodLabels(bounds or {}, idle_seconds, clock)
+        self._clock = clock
+        self._carried: dict[str, _Family] = {}
+        self._folded_carried: dict[str, float] = {}  # label -> folded requests carried
+        self._seen: dict[Source, dict[_ChildKey, _Child]] = {}
         self._published: dict[tuple[str, _Key], float] = {}
 
     def retire(
-        self, families: Iterable[Metric], lost: Iterable[tuple[Mapping[str, str], float]] = ()
+        self,
+        source: Source,
+        families: Iterable[Metric],
+        lost: Iterable[tuple[Mapping[str, str], float]] = (),
     ) -> None:
-        """A worker is gone: its last counters and histograms stay in the pod's totals, and
-        each of its ``lost`` requests in flight (their ``llm_requests_total`` labels, how many)
-        is counted once."""
-        for metric in families:
-            if metric.type not in _SUMMED_TYPES:
-                continue
-            family = self._retired.get(metric.name)
-            if family is None:
-                family = self._retired[metric.name] = _Family.like(metric)
-            for sample in metric.samples:
-                family.add(sample, "sum")
+        """Worker ``source`` is gone: its last counters and histograms stay in the pod's
+        totals, and each of its ``lost`` requests in flight (their ``llm_requests_total``
+        labels, how many) is counted once."""
+        self._seen.pop(source, None)
+        now = self._clock()
+        for child in _children(families).values():
+            self._carry(child, now)
         for labels, count in lost:
             if count <= 0:
                 continue
-            family = self._retired.get(_REQUESTS_NAME)
-            if family is None:
-                family = self._retired[_REQUESTS_NAME] = _Family(
-                    _REQUESTS_NAME, _REQUESTS.help, "counter", ""
-                )
-            sample = Sample(f"{_REQUESTS_NAME}_total", dict(labels), float(count), None, None)
-            family.add(sample, "sum")
+            child = _Child(_Family(_REQUESTS_NAME, _REQUESTS.help, "counter", ""))
+            sample = Sample(_REQUESTS_SAMPLE, dict(labels), float(count), None, None)
+            child.samples[_key(sample.name, sample.labels)] = sample
+            self._carry(child, now)
 
-    def merged(self, live: Sequence[Iterable[Metric]]) -> list[Metric]:
-        """The pod's page: the retired totals and every live worker's families, merged; the
-        families in the order the first worker gives them (a family only the retired totals
+    def _carry(self, child: _Child, now: float) -> None:
+        """``child``'s counts into the carried totals, under the page's labels."""
+        head = child.family
+        family = self._carried.get(head.name)
+        if family is None:
+            family = self._carried[head.name] = _Family.like(head)
+        for sample in child.samples.values():
+            labels = self.labels.map(sample.labels, now)
+            family.add(sample.name, labels, sample.value, sample.exemplar, "sum")
+            if sample.name == _REQUESTS_SAMPLE and labels is not sample.labels:
+                for name in _folded(sample.labels, labels):
+                    self._folded_carried[name] = self._folded_carried.get(name, 0.0) + sample.value
+
+    def merged(self, live: Mapping[Source, Iterable[Metric]]) -> list[Metric]:
+        """The pod's page: the carried totals and every live source's families, merged; the
+        families in the order the first source gives them (a family only the carried totals
         hold comes after)."""
+        now = self._clock()
+        sources = {source: list(families) for source, families in live.items()}
+        for source, families in sources.items():
+            children = _children(families)
+            for ckey, before in self._seen.get(source, {}).items():
+                current = children.get(ckey)
+                if current is None or current.went_down_from(before):
+                    self._carry(before, now)
+            self._seen[source] = children
+        self._expire(sources, now)
         out: dict[str, _Family] = {}
-        for families in live:
+        folded: dict[str, float] = {}
+        for families in sources.values():
             for metric in families:
                 family = out.get(metric.name)
                 if family is None:
-                    retired = self._retired.get(metric.name)
+                    carried = self._carried.get(metric.name)
                     family = out[metric.name] = (
-                        retired.copy() if retired is not None else _Family.like(metric)
+                        carried.copy() if carried is not None else _Family.like(metric)
                     )
                 merge = _merge_of(family)
                 for sample in metric.samples:
-                    family.add(sample, merge)
-        for name, retired in self._retired.items():
+                    if sample.name.endswith("_created"):
+                        continue
+                    labels = self.labels.map(sample.labels, now)
+                    family.add(sample.name, labels, sample.value, sample.exemplar, merge)
+                    if sample.name == _REQUESTS_SAMPLE and labels is not sample.labels:
+                        for name in _folded(sample.labels, labels):
+                            folded[name] = folded.get(name, 0.0) + sample.value
+        for name, carried in self._carried.items():
             if name not in out:
-                out[name] = retired.copy()
+                out[name] = carried.copy()
+        self._count_folded(out, folded)
+        self._note_totals(out.values(), now)
         self._hold_up(out.values())
         return [family.metric() for family in out.values()]
 
+    def _expire(self, sources: Mapping[Source, Sequence[Metric]], now: float) -> None:
+        """The label values no longer on the page are forgotten; the carried series of a
+        value idle for ``idle_seconds`` that no worker exports go (sidecar/fleet/pod_labels.py)."""
+        if not self.labels.books:
+            return
+        live = self.labels.values_in(
+            s.labels for families in sources.values() for m in families for s in m.samples
+        )
+        carried = self.labels.values_in(
+            series.labels for family in self._carried.values() for series in family.series.values()
+        )
+        gone = self.labels.expire(live, carried, now)
+        if not gone:
+            return
+        for family in self._carried.values():
+            family.series = {
+                key: series
+                for key, series in family.series.items()
+                if not any(series.labels.get(name) in values for name, values in gone.items())
+            }
+
+    def _count_folded(self, out: dict[str, _Family], live: Mapping[str, float]) -> None:
+        """The requests the page folded into ``other``, in ``llm_label_overflow_total``."""
+        for name in self.labels.books:
+            count = live.get(name, 0.0) + self._folded_carried.get(name, 0.0)
+            if count <= 0:
+                continue
+            family = out.get(_OVERFLOW_NAME)
+            if family is None:
+                family = out[_OVERFLOW_NAME] = _Family(
+                    _OVERFLOW_NAME, _OVERFLOW.help, "counter", ""
+                )
+            labels = {"label": name, "reason": _FOLDED_REASON}
+            family.add(f"{_OVERFLOW_NAME}_total", labels, count, None, "sum")
+
+    def _note_totals(self, families: Iterable[_Family], now: float) -> None:
+        books = self.labels.books
+        if not books:
+            return
+        totals: dict[str, dict[str, float]] = {name: {} for name in books}
+        for family in families:
+            if family.typ not in _SUMMED_TYPES:
+                continue
+            for series in family.series.values():
+                for name, sums in totals.items():
+                    value = series.labels.get(name)
+                    if value is not None and value in books[name].own:
+                        sums[value] = sums.get(value, 0.0) + series.value
+        self.labels.note_totals(totals, now)
+
     def _hold_up(self, families: Iterable[_Family]) -> None:
         """Never below what was published: a float sum taken in another order (a worker's
-        counts moved into the retired totals) may come out one unit in the last place lower,
+        counts moved into the carried totals) may come out one unit in the last place lower,
         and a counter one ulp lower is a counter reset to Prometheus (``rate()`` would read the
         whole total as new). A series no family holds any more is forgotten, as the single
         process forgets it."""
@@ -224,3 +375,8 @@ class PodPage:
                     series.value = before
                 published[family.name, key] = series.value
         self._published = published
+
+
+def _folded(raw: Mapping[str, str], mapped: Mapping[str, str]) -> Iterable[str]:
+    """The labels whose value the page folded into ``other``."""
+    return (name for name, value in mapped.items() if value == OTHER and raw.get(name) != OTHER)

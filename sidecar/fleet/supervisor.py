@@ -30,8 +30,10 @@ relays nothing, watches the workers and serves the admin port.
 
 The series budget (``--max-series``) is the pod's: each worker gets an equal share, so the
 page, the union of the workers' series, stays within it. The label admission is the pod's:
-the model listing is asked once and handed to every worker, and a value one worker admits
-(a name the server does not list, a tenant) is handed to the others at the next sync.
+the model listing is asked once and handed to every worker; the page holds the pod's bounds
+on model and tenant values (``--max-models``, ``--max-tenants``), folding a value past them
+into ``other`` (:mod:`sidecar.fleet.pod_labels`); and at each sync every worker adopts the
+pod's own values and gives back those the page folded.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from ..relay.control.self_loop import UpstreamLoopError, loop_reason
 from ..relay.server.aiohttp_internals import GuardedServer, RebuildingRunner
 from ..relay.server.client_guard import ConnectionGuard
 from .ledger import create_ledger, read_lost
-from .merge import PodPage, lost_request_labels
+from .merge import PodPage, Source, lost_request_labels
 from .worker import (
     FAMILIES_PATH,
     LABELS_PATH,
@@ -156,7 +158,7 @@ class Supervisor:
         )
         self.settings = settings
         self.tenants = settings.tenant_header is not None
-        self.page = PodPage()
+        self.page = PodPage(pod_bounds(settings), idle_seconds=settings.label_idle_seconds)
         self.workers = [_Worker(i, rundir) for i in range(count)]
         self.stopping = False
         self.listener: socket.socket | None = None
@@ -268,7 +270,7 @@ class Supervisor:
             (lost_request_labels(model, route, tenant, tenants=self.tenants), float(n))
             for (model, route, tenant), n in read_lost(worker.ledger_path)
         ]
-        self.page.retire(worker.families, lost)
+        self.page.retire(worker.index, worker.families, lost)
         worker.clear()
         return int(sum(n for _, n in lost))
 
@@ -328,13 +330,16 @@ class Supervisor:
         while not self.all_exited.is_set():
             await asyncio.sleep(SYNC_SECONDS)
             await self.refresh()
+            self.merged()  # the page's label values and carried totals kept current
             await self.share_labels()
 
     async def share_labels(self) -> None:
-        """One label admission for the pod: what any worker admitted (a model name the
-        server does not list, a tenant) is handed to every worker that lacks it, so a value
-        is the same label on every worker within :data:`SYNC_SECONDS` (a worker adopts within
-        its room and its share of the series budget)."""
+        """One label admission for the pod: each worker adopts the values the page counts as
+        the pod's own (what any worker admitted, within the pod's bound: a model name the
+        server does not list, a tenant) and gives back those the page folds into ``other``,
+        so a value is the same label on every worker within :data:`SYNC_SECONDS` (a worker
+        adopts within its room and its share of the series budget; a value a request holds is
+        given back once it is released, at a later sync)."""
         admitted: list[tuple[_Worker, dict[str, set[str]]]] = []
         for worker in self.workers:
             answer = await worker.ask(LABELS_PATH)
@@ -349,14 +354,21 @@ class Supervisor:
         for _, labels in admitted:
             for name, values in labels.items():
                 pod.setdefault(name, set()).update(values)
+        books = self.page.labels.books
+        for name, book in books.items():
+            pod[name] = set(book.own)
         for worker, labels in admitted:
             missing = {k: sorted(v - labels.get(k, set())) for k, v in pod.items()}
-            if any(missing.values()):
-                await worker.ask(LABELS_PATH, json=missing)
+            folded = {k: sorted(labels.get(k, set()) & book.folded) for k, book in books.items()}
+            if any(missing.values()) or any(folded.values()):
+                await worker.ask(LABELS_PATH, json={"adopt": missing, "give_back": folded})
 
     def merged(self) -> list[Metric]:
-        live = [w.families for w in self.workers if w.families]
-        return self.page.merged([*live, list(self.registry.collect())])
+        live: dict[Source, Iterable[Metric]] = {
+            w.index: w.families for w in self.workers if w.families
+        }
+        live["supervisor"] = list(self.registry.collect())
+        return self.page.merged(live)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -436,6 +448,18 @@ class Supervisor:
         if self.settings.engine_metrics_path:
             app.router.add_get("/metrics/engine", relayed)
         return app
+
+
+def pod_bounds(settings: Settings) -> dict[str, int]:
+    """The pod's bound on each label's values that the page holds: ``--max-models`` and
+    ``--max-tenants``, but where an allowlist names the values (a value it does not name is
+    ``other`` in every worker already)."""
+    bounds = {}
+    if not settings.model_allowlist:
+        bounds["model"] = settings.max_models
+    if settings.tenant_header is not None and not settings.tenant_allowlist:
+        bounds["tenant"] = settings.max_tenants
+    return bounds
 
 
 class AdminRunner(RebuildingRunner):

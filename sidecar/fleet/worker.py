@@ -11,8 +11,9 @@ relay, records and registry (exemplars, process metrics). What it adds is for it
   pickled, with a sequence number, so the supervisor keeps only the newest copy;
 * ``POST /pod/models``: the model names the upstream lists, which the supervisor asks for
   once for the pod (not once a worker) and hands to every worker;
-* ``GET``/``POST /pod/labels``: the model and tenant label values it admitted, and those the
-  rest of the pod admitted, which it adopts (one admission for the pod, within a sync);
+* ``GET``/``POST /pod/labels``: the model and tenant label values it admitted; those the pod
+  counts as its own, which it adopts, and those the pod's page folds into ``other``, which it
+  gives back (one admission for the pod, within a sync);
 * its requests in flight in a :class:`~sidecar.fleet.ledger.InFlightLedger`, which the
   supervisor reads if the worker dies;
 * stopping (draining) when the supervisor is gone;
@@ -106,14 +107,17 @@ class _Families:
             return found
 
         async def labels(request: web.Request) -> web.Response:
-            """GET: the label values this worker admitted; POST: those the pod admitted."""
+            """GET: the label values this worker admitted; POST: ``give_back``, the values the
+            pod folds into ``other`` (first, so their slots are free), and ``adopt``, the
+            pod's own values."""
             if request.method == "GET":
                 return web.json_response({k: sorted(b.values) for k, b in labelers().items()})
             doc = await request.json()
+            if not isinstance(doc, dict):
+                return web.Response(status=400)
             for name, labeler in labelers().items():
-                values = doc.get(name, [])
-                if isinstance(values, list):
-                    labeler.adopt(v for v in values if isinstance(v, str))
+                labeler.give_back(_strings(doc.get("give_back"), name))
+                labeler.adopt(_strings(doc.get("adopt"), name))
             return web.Response(status=204)
 
         sc.admin_app.router.add_get(FAMILIES_PATH, families)
@@ -127,6 +131,12 @@ class _Families:
         with open(partial, "wb") as f:
             f.write(body)
         os.replace(partial, self._final_path)
+
+
+def _strings(doc: object, name: str) -> list[str]:
+    """``doc[name]``'s strings, where ``doc`` is a mapping of label names to lists."""
+    values = doc.get(name) if isinstance(doc, dict) else None
+    return [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
 
 
 def _binder(plan: WorkerPlan) -> Callable[[Sidecar, ProxyRunner, SidecarRunner], Awaitable[None]]:

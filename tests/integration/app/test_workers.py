@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.fleet.supervisor import SYNC_SECONDS
 from tests.conftest import require_tool, retry_on_port_clash, start_app, wait_for
+from tests.support.exposition import count_series
 from tests.support.raw import raw_exchange, status_and_json
 from tests.support.sse import DONE, chat_chunk
 
@@ -479,7 +480,6 @@ async def test_the_series_budget_is_the_pods_under_the_hostile_label_mix(serve_p
     from sidecar.base.routes import ROUTES
     from sidecar.tools.sim.core import SimulatorConfig
     from sidecar.tools.sim.server import build_simulator_app
-    from tests.support.exposition import count_series
 
     served = "sim-llama-3-8b"
     generation = [0]
@@ -625,3 +625,121 @@ async def test_the_pods_admin_port_caps_its_connections_as_the_single_process_do
         for _, writer in idle:
             writer.close()
         await runner.cleanup()
+
+
+def label_values(samples: dict, label: str) -> set[str]:
+    """The values of ``label`` on a page, but for the overflow and missing ones."""
+    return {dict(ls)[label] for (_n, ls), _v in samples.items() if label in dict(ls)} - {
+        "other",
+        "unknown",
+    }
+
+
+async def _kill_worker(pod, tmp: Path, victim: int) -> None:
+    """``kill -9`` of worker ``victim`` (its newest process), then until it is replaced."""
+    started = [json.loads(line) for line in pod.out if '"worker_started"' in line]
+    restarts_before = sum(1 for e in started if e["worker"] == victim)
+    pid = [e["pid"] for e in started if e["worker"] == victim][-1]
+    os.kill(pid, signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = [json.loads(line) for line in pod.out if '"worker_started"' in line]
+        return sum(1 for e in now if e["worker"] == victim) > restarts_before
+
+    await wait_for(replaced, timeout=30)
+    await wait_for(lambda: readiness_ok(pod.admin_url), timeout=30)
+
+
+async def test_the_tenant_and_model_bounds_are_the_pods_also_across_kills(serve_process, tmp_path):
+    """``--workers 2 --max-tenants 10 --max-models 3``, an upstream that lists no models (so
+    names earn their labels as tenants do): 40 tenants and 12 model names a round, each request
+    on a connection of its own (so both workers see them), three rounds with a ``kill -9`` of a
+    worker between them. Every page shows at most 10 tenant values and 3 model names (beside
+    ``other``), the requests on it are what the clients sent, the page does not grow by a
+    worker's set of series at each restart, and no counter, bucket, count or sum of the page
+    ever decreases, scraped every 100 ms all along."""
+    upstream = CountingUpstream(lists=False)
+    runner, port = await start_app(upstream.app())
+    scrapes: list[dict] = []
+    stop_scraping = asyncio.Event()
+    try:
+        pod = await start_pod(
+            lambda url, *a, **k: serve_process(
+                url, *a, "--tenant-header", "X-Tenant", "--max-tenants", "10",
+                "--max-models", "3", **k,
+            ),
+            f"http://127.0.0.1:{port}", tmp_path, 2,
+        )  # fmt: skip
+
+        async def scraper() -> None:
+            while not stop_scraping.is_set():
+                scrapes.append(await scrape(pod.admin_url))
+                await asyncio.sleep(0.1)
+
+        scraping = asyncio.create_task(scraper())
+        sent = 0
+
+        async def one(tenant: str, model: str) -> None:
+            nonlocal sent
+            body = {"model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            async with aiohttp.ClientSession() as s:  # a connection of its own: either worker
+                async with s.post(
+                    pod.url + ROUTE, json=body, headers={"X-Tenant": tenant, "x-tokens": "2"}
+                ) as r:
+                    assert r.status == 200
+                    assert (await r.read()).endswith(DONE)
+            sent += 1
+
+        async def round_of(r: int) -> None:
+            for _ in range(2):  # again: values earned in the first pass are labels by now
+                await asyncio.gather(
+                    *(one(f"team-{40 * r + i}", f"model-{12 * r + i % 12}") for i in range(40))
+                )
+
+        sizes, tenants, models = [], [], []
+        for r in range(3):
+            if r:
+                await _kill_worker(pod, tmp_path, victim=r % 2)
+            await round_of(r)
+            await asyncio.sleep(SYNC_SECONDS + 1)  # a sync: the pod's labels handed round
+            await round_of(r)
+            await asyncio.sleep(1.2)  # past the page the scraper's last render may reuse
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/metrics") as resp:
+                    raw = await resp.read()
+            page = parse(raw.decode())
+            sizes.append(count_series(raw))
+            tenants.append(label_values(page, "tenant"))
+            models.append(label_values(page, "model"))
+            assert total(page, "llm_requests_total") == sent  # folded into other, not lost
+            assert total(page, "llm_requests_total", outcome="ok") == sent
+            for label in ("tenant", "model"):  # each request under other says why
+                assert total(page, "llm_label_overflow_total", label=label) == total(
+                    page, "llm_requests_total", **{label: "other"}
+                )
+            for sock in worker_sockets(tmp_path):  # steered: the pod's values, no others
+                doc = await _worker_labels(sock)
+                assert set(doc["tenant"]) <= tenants[-1] and set(doc["model"]) <= models[-1]
+            await scrape(pod.admin_url)  # the copy the next kill leaves behind is this one
+        stop_scraping.set()
+        await scraping
+        print("tenant values", [len(t) for t in tenants], "model values", [len(m) for m in models])
+        print("samples after each round", sizes)
+        assert all(len(t) <= 10 for t in tenants), [sorted(t) for t in tenants]
+        assert all(len(m) <= 3 for m in models), [sorted(m) for m in models]
+        assert sizes[2] <= sizes[1] <= sizes[0] + 8, sizes  # a few overflow counts at most
+        for earlier, later in zip(scrapes, scrapes[1:], strict=False):
+            for key, value in earlier.items():
+                if key[0].endswith(MONOTONE):
+                    assert later.get(key, 0.0) >= value, (key, value, later.get(key))
+        pod.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(pod.proc.wait, 30) == 0
+    finally:
+        stop_scraping.set()
+        await runner.cleanup()
+
+
+async def _worker_labels(sock: Path) -> dict:
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as s:
+        async with s.get("http://worker/pod/labels") as r:
+            return await r.json()
