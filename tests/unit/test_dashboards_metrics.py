@@ -73,6 +73,11 @@ GROUPING = re.compile(r"\b(by|on|without|ignoring|group_left|group_right)\s*\(([
 SELECTOR = re.compile(r"([A-Za-z_:][\w:]*)\s*\{([^}]*)\}")
 MATCHER = re.compile(r'([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 IDENT = re.compile(r"[A-Za-z_:][\w:]*")
+LIVE_FAMILIES = (  # read from the requests in flight (sidecar/export/in_flight.py)
+    "llm_requests_in_phase",
+    "llm_requests_in_phase_oldest_seconds",
+    "llm_streams_stalled",
+)
 SCRAPE_LABELS = {"job", "instance"}  # Prometheus adds them to every scraped series
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
 
@@ -161,13 +166,18 @@ async def exported(upstream, sidecar_factory):
                 await r.read()
             async with s.post(chat, json=stream, headers={**FAST, "x-sim-tpot": "0.5"}) as r:
                 await r.content.readany()
+                async with s.get(  # the live in-flight view (filtered: a page of its own)
+                    f"{sim_sc.admin_url}/metrics",
+                    params=[("name[]", n) for n in LIVE_FAMILIES],
+                ) as m:
+                    live = await m.text()
                 r.close()  # cancelled by the client
             await wait_for(lambda: sim_sc.sample("llm_requests_total", model=MODEL, route="/v1/chat/completions",
                                                  code="200", outcome="cancelled") == 1)  # fmt: skip
             await wait_for(
                 lambda: bad_sc.sample("llm_stream_parse_errors_total", route="/v1/chat/completions")
             )
-            texts = []
+            texts = [live]
             for sc in (sim_sc, bad_sc):
                 async with s.get(f"{sc.admin_url}/metrics") as r:
                     texts.append(await r.text())

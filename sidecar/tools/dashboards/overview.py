@@ -25,6 +25,7 @@ from .queries import (
     sum_rate,
     zero_if_absent,
 )
+from .stalls import add_stalls_row
 from .where_time_goes import add_where_time_goes_row
 
 __all__ = ["UID", "TITLE", "build"]
@@ -586,5 +587,6 @@ def build() -> dash_m.Dashboard:
     add_where_time_goes_row(board)
     add_own_health_row(board)  # the sidecar's own CPU, memory, fds and build
     _token_count_sources(board)
+    add_stalls_row(board)  # phases and stalled streams, read live (stalls.py)
     _engine(board)  # Ollama's and llama.cpp's timings, collapsed
     return board.build()

@@ -23,6 +23,7 @@ from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
 from ..slo.helm import SEVERITIES as CHART_SEVERITIES
 from ..slo.rules import ERROR_CAUSES, REQUEST_OBJECTIVES_RATIO, objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
+from ..slo.stall import ALERT_STREAMS_STALLED
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
 from .capacity import capacity_row
 from .panels import (
@@ -60,6 +61,8 @@ def alert_names(spec: SLOSpec) -> list[str]:
         names.append(c.ALERT_HISTORY_SHORT)
     if capacity_objective(spec) is not None:
         names.append(ALERT_NEAR_CAPACITY)
+    if spec.alerts.streams_stalled.enabled:
+        names.append(ALERT_STREAMS_STALLED)
     return names
 
 

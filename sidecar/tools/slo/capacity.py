@@ -39,6 +39,7 @@ from .rules import (
     selector,
 )
 from .spec import Objective, SLOSpec
+from .stall import stall_group
 from .windows import format_number
 
 __all__ = [
@@ -171,4 +172,7 @@ def generate(
     an ITL or TPOT objective: what ``llm-sidecar slo render`` and the chart render."""
     ruleset = generate_slo(spec, long_windows, numbers)
     group = capacity_group(spec, numbers)
-    return ruleset if group is None else RuleSet(ruleset.spec, (*ruleset.groups, group))
+    capacity = () if group is None else (group,)
+    stalls = stall_group(spec)  # a hung engine (stall.py)
+    stalled = () if stalls is None else (stalls,)
+    return RuleSet(ruleset.spec, (*ruleset.groups, *capacity, *stalled))

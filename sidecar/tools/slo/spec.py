@@ -20,6 +20,7 @@
       target_down: {job: llm-sidecar, for: 5m, severity: page}
       no_traffic: {for: 30m, severity: ticket}
       history_short: {severity: info}   # the period reaches back before the first data
+      streams_stalled: {for: 1m, window: 2m, severity: page}   # a hung engine: stalled, none completed
     windows:                         # optional: change a burn-rate alert arm (default: the SRE workbook's)
       page-fast: {long: 2h, short: 10m, budget_percent: 2}   # page-slow, ticket-fast, ticket-slow
 
@@ -72,6 +73,7 @@ __all__ = [
     "TargetDownAlert",
     "NoTrafficAlert",
     "HistoryShortAlert",
+    "StreamsStalledAlert",
     "Alerts",
     "WindowSetting",
     "DEFAULT_GROUPING",
@@ -277,6 +279,27 @@ class HistoryShortAlert(BaseModel):
     severity: Literal["page", "ticket", "info"] = "info"
 
 
+class StreamsStalledAlert(BaseModel):
+    """Streams stalled on a pod (``llm_streams_stalled``) while it completed none within
+    ``window``, for ``for``: a hung engine (sidecar/tools/slo/stall.py)."""
+
+    model_config = _STRICT
+
+    enabled: bool = True
+    for_: Duration = Field(60, alias="for")
+    window: Duration = 2 * 60
+    severity: Severity = "page"
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: int) -> int:
+        if v < 60:
+            raise ValueError(
+                "window must be at least 1m: increase() needs two scrapes of the request counter"
+            )
+        return v
+
+
 class Alerts(BaseModel):
     model_config = _STRICT
 
@@ -286,6 +309,7 @@ class Alerts(BaseModel):
     target_down: TargetDownAlert = Field(default_factory=TargetDownAlert)
     no_traffic: NoTrafficAlert = Field(default_factory=NoTrafficAlert)
     history_short: HistoryShortAlert = Field(default_factory=HistoryShortAlert)
+    streams_stalled: StreamsStalledAlert = Field(default_factory=StreamsStalledAlert)
 
 
 class WindowSetting(BaseModel):
