@@ -26,8 +26,10 @@
    the samples one evaluation reads (every rule's expression as an instant query with
    ``stats=all``: ``totalQueryableSamples``); every dashboard query of ``--dashboards``
    (variables at All, the last ``--range`` seconds, expanded as Grafana would:
-   :mod:`bench.fleet_dashboards`), its samples read, its time and the series it returns,
-   and each dashboard's total.
+   :mod:`bench.fleet_dashboards`), its samples read, its time, the CPU time Prometheus spent
+   on it (its ``/proc`` utime + stime across the query: on a busy machine the wall time
+   waits for the CPU, the CPU time much less) and the series it returns, and each
+   dashboard's total.
 
 What the tree is (its package, rule files, dashboards) is an argument, so one checkout measures
 another: ``--tree`` runs that tree's sidecar (the recording's processes start in it with
@@ -205,7 +207,7 @@ def prometheus_config(
 
 def timed_query(prom: Prometheus, q: Query, end: float, range_s: float) -> dict:
     """One dashboard query as Grafana sends it, with Prometheus's own statistics."""
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(prom.proc.pid), time.perf_counter()
     if q.instant:
         data = prom.api("/api/v1/query", query=q.expr, time=f"{end:.3f}", stats="all")
     else:
@@ -214,7 +216,7 @@ def timed_query(prom: Prometheus, q: Query, end: float, range_s: float) -> dict:
             "/api/v1/query_range", query=q.expr, start=f"{aligned - range_s:.3f}",
             end=f"{aligned:.3f}", step=f"{q.step:g}", stats="all",
         )  # fmt: skip
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(prom.proc.pid) - cpu0
     stats = data.get("stats", {})
     return {
         "panel": q.panel,
@@ -223,6 +225,7 @@ def timed_query(prom: Prometheus, q: Query, end: float, range_s: float) -> dict:
         "samples": stats.get("samples", {}).get("totalQueryableSamples"),
         "peak_samples": stats.get("samples", {}).get("peakSamples"),
         "seconds": round(wall, 4),
+        "cpu_seconds": round(cpu, 3),
         "eval_seconds": stats.get("timings", {}).get("evalTotalTime"),
         "series": len(data.get("result", [])),
         "expr": q.expr,
@@ -263,6 +266,7 @@ def measure_dashboards(prom: Prometheus, paths: list[Path], args: argparse.Names
             "queries": len(results),
             "samples": sum(r["samples"] or 0 for r in results),
             "seconds": round(sum(r["seconds"] for r in results), 3),
+            "cpu_seconds": round(sum(r["cpu_seconds"] for r in results), 2),
             "max_series": max((r["series"] for r in results), default=0),
             "bucket_queries": sum("_bucket" in r["expr"] for r in results),
             "bucket_samples": sum(r["samples"] or 0 for r in results if "_bucket" in r["expr"]),
@@ -280,6 +284,7 @@ def measure_rule_reads(prom: Prometheus) -> dict:
     out = {}
     for group in prom.api("/api/v1/rules")["groups"]:
         rules = []
+        cpu0 = cpu_seconds(prom.proc.pid)
         for rule in group["rules"]:
             t0 = time.perf_counter()
             data = prom.api("/api/v1/query", query=rule["query"], time=f"{now:.3f}", stats="all")
@@ -291,6 +296,8 @@ def measure_rule_reads(prom: Prometheus) -> dict:
         top = max(rules, key=lambda r: r["samples"] or 0, default=None)
         out[group["name"]] = {
             "samples": sum(r["samples"] or 0 for r in rules),
+            "queried_seconds": round(sum(r["seconds"] for r in rules), 3),
+            "queried_cpu_seconds": round(cpu_seconds(prom.proc.pid) - cpu0, 2),
             "top_rule": top,
         }
     return out
@@ -409,12 +416,12 @@ def print_fleet(r: dict) -> None:
               f"{top.get('name', '')} ({_n(top.get('samples'))})")  # fmt: skip
     print(f"  {'all groups':<34} {r['rule_groups_seconds_last']:>11.4f} "
           f"{r['rule_groups_seconds_max']:>10.4f} {_n(r['rule_groups_samples']):>13}")  # fmt: skip
-    print(f"  {'dashboard':<34} {'queries':>7} {'seconds':>8} {'samples':>13} {'bucket q':>8} "
-          f"{'bucket samples':>14} {'recorded q':>10} {'max series':>10}")  # fmt: skip
+    print(f"  {'dashboard':<34} {'queries':>7} {'seconds':>8} {'CPU s':>6} {'samples':>13} "
+          f"{'bucket q':>8} {'bucket samples':>14} {'recorded q':>10} {'max series':>10}")  # fmt: skip
     for name, d in r["dashboards"].items():
-        print(f"  {name:<34} {d['queries']:>7} {d['seconds']:>8.2f} {d['samples']:>13,} "
-              f"{d['bucket_queries']:>8} {d['bucket_samples']:>14,} {d['recorded_queries']:>10} "
-              f"{d['max_series']:>10}")  # fmt: skip
+        print(f"  {name:<34} {d['queries']:>7} {d['seconds']:>8.2f} {d['cpu_seconds']:>6.2f} "
+              f"{d['samples']:>13,} {d['bucket_queries']:>8} {d['bucket_samples']:>14,} "
+              f"{d['recorded_queries']:>10} {d['max_series']:>10}")  # fmt: skip
         slow = sorted(d["results"], key=lambda q: -q["seconds"])[:3]
         for q in slow:
             print(
