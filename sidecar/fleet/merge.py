@@ -11,6 +11,10 @@ process metrics), and hands the supervisor what its ``collect()`` yields
 * the pod's bounds on ``model`` and ``tenant`` values hold on the page, whatever each worker
   admitted: a value past them is folded into ``other`` (:mod:`sidecar.fleet.pod_labels`
   says why there and how the figures stay right);
+* the page holds ``--max-series`` (``max_series``) for the pod, also across restarts, when a
+  replacement makes series its predecessor's carried totals do not have: a series that first
+  appears on a full page is left off it (every sample of a histogram's child together) until
+  there is room, and a series once on the page stays (:meth:`PodPage._fit`);
 * counts a worker stops exporting stay in the pod's totals (the carried totals): a worker
   that exits or is killed (:meth:`PodPage.retire`), a series a live worker removed (a value
   it forgot) or restarted from zero. What was counted is never taken back, and later counts
@@ -224,6 +228,7 @@ class PodPage:
         self,
         bounds: Mapping[str, int] | None = None,
         *,
+        max_series: int | None = None,
         idle_seconds: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -233,6 +238,10 @@ class PodPage:
         self._folded_carried: dict[str, float] = {}  # label -> folded requests carried
         self._seen: dict[Source, dict[_ChildKey, _Child]] = {}
         self._published: dict[tuple[str, _Key], float] = {}
+        self.max_series = max_series
+        self._shown: set[tuple[str, _Key]] = set()
+        self.left_off = 0
+        """Series the last page left off for want of room (``max_series``)."""
 
     def retire(
         self,
@@ -306,6 +315,7 @@ class PodPage:
                 out[name] = carried.copy()
         self._count_folded(out, folded)
         self._note_totals(out.values(), now)
+        self._fit(out.values())
         self._hold_up(out.values())
         return [family.metric() for family in out.values()]
 
@@ -358,6 +368,36 @@ class PodPage:
                     if value is not None and value in books[name].own:
                         sums[value] = sums.get(value, 0.0) + series.value
         self.labels.note_totals(totals, now)
+
+    def _fit(self, families: Iterable[_Family]) -> None:
+        """At most ``max_series`` samples: past it, the children (a series, or a histogram
+        child's every sample) the last page did not show are left off, the last in the page's
+        order (the live workers' after the carried totals) first.
+        A child on the page is never taken off (its counters would vanish and come back as a
+        reset), so the page only refuses what it never showed, as each worker's series gate
+        refuses a series before it is made; a child left off is shown, whole, once it fits."""
+        families = list(families)
+        if self.max_series is None:
+            return
+        count = sum(len(family.series) for family in families)
+        self.left_off = 0
+        if count > self.max_series:
+            new: dict[tuple[_Family, tuple[tuple[str, str], ...]], list[_Key]] = {}
+            for family in families:
+                for key in family.series:
+                    child = (family, tuple(x for x in key[1] if x[0] != "le"))
+                    new.setdefault(child, []).append(key)
+            shown = self._shown
+            for (family, _labels), keys in reversed(list(new.items())):
+                if count <= self.max_series:
+                    break
+                if any((family.name, key) in shown for key in keys):
+                    continue
+                for key in keys:
+                    del family.series[key]
+                count -= len(keys)
+                self.left_off += len(keys)
+        self._shown = {(family.name, key) for family in families for key in family.series}
 
     def _hold_up(self, families: Iterable[_Family]) -> None:
         """Never below what was published: a float sum taken in another order (a worker's

@@ -29,7 +29,8 @@ relays nothing, watches the workers and serves the admin port.
   signal is passed on too: the workers stop draining.
 
 The series budget (``--max-series``) is the pod's: each worker gets an equal share, so the
-page, the union of the workers' series, stays within it. The label admission is the pod's:
+page, the union of the workers' series, stays within it; the page holds it too, for the
+totals a replaced worker carried beside the series its replacement makes. The label admission is the pod's:
 the model listing is asked once and handed to every worker; the page holds the pod's bounds
 on model and tenant values (``--max-models``, ``--max-tenants``), folding a value past them
 into ``other`` (:mod:`sidecar.fleet.pod_labels`); and at each sync every worker adopts the
@@ -158,7 +159,11 @@ class Supervisor:
         )
         self.settings = settings
         self.tenants = settings.tenant_header is not None
-        self.page = PodPage(pod_bounds(settings), idle_seconds=settings.label_idle_seconds)
+        self.page = PodPage(
+            pod_bounds(settings),
+            max_series=settings.max_series,
+            idle_seconds=settings.label_idle_seconds,
+        )
         self.workers = [_Worker(i, rundir) for i in range(count)]
         self.stopping = False
         self.listener: socket.socket | None = None

@@ -331,3 +331,34 @@ def test_the_pods_bound_holds_under_random_workers_values_and_kills():
             if key[0].endswith(("_total", "_bucket", "_count", "_sum")):
                 assert got.get(key, 0.0) >= value, key
         last = got
+
+
+def test_the_series_budget_holds_when_a_replacement_makes_series_its_predecessor_did_not():
+    """``max_series`` 40: a worker carried away with its tenants' series, its replacement
+    serving others (the page's bound lets them be their own values): the page stays within
+    the budget by leaving off series it never showed, keeps every series it showed (rising),
+    shows a histogram's child whole or not at all, and shows a left-off series once there
+    is room."""
+    page = PodPage({"tenant": 10}, max_series=40)
+    a = _Tenanted()
+    for t in ("t0", "t1", "t2"):
+        a.serve(t)  # 3 tenants x (requests, goodput, 5 TTFT samples) = 21
+    first = _samples(page.merged({0: a.families()}))
+    assert len(first) == 21
+    page.retire(0, a.families())
+    b = _Tenanted()
+    for t in ("t3", "t4", "t5", "t6"):
+        b.serve(t)
+    got = _samples(page.merged({0: b.families()}))
+    assert len(got) <= 40 and page.left_off > 0
+    assert all(got[key] >= value for key, value in first.items())  # all kept, none lower
+    _assert_buckets_consistent(got)
+    for t in _tenants(got):  # a histogram child whole or not at all
+        child = [k for k in got if k[0].startswith("llm_ttft") and ("tenant", t) in k[1]]
+        assert len(child) in (0, 5), child
+    b.serve("t3")
+    again = _samples(page.merged({0: b.families()}))
+    assert all(again.get(key, -1) >= value for key, value in got.items())  # shown stays
+    roomy = PodPage({"tenant": 10}, max_series=400)
+    roomy.retire(0, a.families())
+    assert len(_samples(roomy.merged({0: b.families()}))) == 21 + 28  # with room: all of it

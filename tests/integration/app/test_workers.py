@@ -743,3 +743,66 @@ async def _worker_labels(sock: Path) -> dict:
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as s:
         async with s.get("http://worker/pod/labels") as r:
             return await r.json()
+
+
+async def test_the_series_budget_holds_across_kills_when_the_replacement_serves_other_routes(
+    serve_process, tmp_path
+):
+    """``--workers 2 --max-series 600``, 20 tenants: a round of requests on two routes, a
+    ``kill -9`` of a worker, a round on two other routes, another kill, a round on the last.
+    The totals a killed worker left carry its series beside the new ones its replacement
+    makes; the page, counted as Prometheus reads it, still never holds more than 600
+    samples, and it did fill; no counter of it ever goes back."""
+    from sidecar.base.routes import ROUTES
+    from sidecar.tools.sim.core import SimulatorConfig
+    from sidecar.tools.sim.server import build_simulator_app
+
+    app = build_simulator_app(SimulatorConfig(model="sim-model", jitter=0.0))
+    runner, port = await start_app(app)
+    max_series = 600
+    try:
+        pod = await start_pod(
+            lambda url, *a, **k: serve_process(
+                url, *a, "--max-series", str(max_series), "--tenant-header", "X-Tenant", **k
+            ),
+            f"http://127.0.0.1:{port}", tmp_path, 2,
+        )  # fmt: skip
+        ok_routes = ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate")
+        routes = [r for r in ROUTES if r in ok_routes or r == "/completion"]
+        fast = {"x-sim-ttft": "0", "x-sim-tpot": "0", "x-sim-tokens": "2"}
+        body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
+                "prompt": "hi", "stream": True}  # fmt: skip
+
+        async def tenant_client(tenant: str, routes: list[str]) -> None:
+            """One kept-alive connection, as a client keeps it: its tenant's series are one
+            worker's (the kernel hands a connection to one), unlike the other worker's."""
+            headers = {**fast, "X-Tenant": tenant}
+            connector = aiohttp.TCPConnector(limit=1)
+            async with aiohttp.ClientSession(connector=connector) as s:
+                for route in routes * 2:  # earned by the first, counted under it after
+                    async with s.post(pod.url + route, json=body, headers=headers) as r:
+                        assert r.status == 200
+                        await r.read()
+
+        pages: list[bytes] = []
+        for r in range(3):
+            if r:
+                await _kill_worker(pod, tmp_path, victim=r % 2)
+            mine = routes[2 * r : 2 * r + 2] or routes[:1]
+            await asyncio.gather(*(tenant_client(f"team-{i}", mine) for i in range(20)))
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/metrics") as resp:
+                    pages.append(await resp.read())
+        counts = [count_series(p) for p in pages]
+        print("samples after each round", counts)
+        assert all(n <= max_series for n in counts), counts
+        assert max(counts) > 0.8 * max_series, counts  # it did fill
+        parsed = [parse(p.decode()) for p in pages]
+        for earlier, later in zip(parsed, parsed[1:], strict=False):
+            for key, value in earlier.items():
+                if key[0].endswith(MONOTONE):
+                    assert later.get(key, 0.0) >= value, (key, value, later.get(key))
+        pod.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(pod.proc.wait, 30) == 0
+    finally:
+        await runner.cleanup()
