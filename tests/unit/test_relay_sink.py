@@ -226,9 +226,9 @@ def test_the_clients_progress_is_checked_twelve_times_per_send_timeout_at_most_e
     checked = []
     for step in range(1, 41):  # ten intervals, a write every quarter of one
         now[0] = 100.0 + step * every / 4
-        due = relay._check_at
+        due = relay.pace.check_at
         relay.body(EVENT)
-        if relay._check_at != due:
+        if relay.pace.check_at != due:
             checked.append(now[0])
-            assert relay._check_at == pytest.approx(now[0] + every)
+            assert relay.pace.check_at == pytest.approx(now[0] + every)
     assert checked == pytest.approx([100.0 + k * every for k in range(1, 11)])

@@ -8,13 +8,12 @@ Order of duties for every read: note the time, write to the client, then measure
 (:class:`~sidecar.measure.observe.ResponseObserver`; a token lane does the same in one
 compiled call: sidecar/relay/data/token_lane.py). The client's own pace is watched here too:
 a paused upstream while the client's buffer is past the high-water mark, and a reader that
-takes nothing for ``send_timeout`` let go (:func:`drain_client`).
+takes nothing for ``send_timeout`` let go (sidecar/relay/data/client_pace.py, the one rule).
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -22,81 +21,16 @@ import structlog
 
 from ...base.outcomes import CLIENT_DISCONNECTED
 from ...measure.observe import ResponseObserver
+from .client_pace import SEND_TIMEOUT, ClientPace
 from .token_lane import AVAILABLE as _LANES, lane_for
 from .upstream import UpstreamConnection
 
 if TYPE_CHECKING:
     from .token_lane_py import TokenLane
 
-try:  # the kernel's unsent-bytes count of a socket (Linux, also macOS as TIOCOUTQ)
-    import fcntl
-    from termios import TIOCOUTQ
-
-    _SIOCOUTQ: int | None = TIOCOUTQ
-except ImportError:  # pragma: no cover - Windows: progress is seen in the transport buffer only
-    fcntl = None  # type: ignore[assignment]  # no module there: _SIOCOUTQ None guards its use
-    _SIOCOUTQ = None
-
-__all__ = [
-    "BodyRelay", "drain_client", "unsent", "SendTimeout", "SEND_TIMEOUT", "COMPLETE", "CLIENT_GONE",
-    "SEND_TIMED_OUT",
-]  # fmt: skip
+__all__ = ["BodyRelay", "COMPLETE", "CLIENT_GONE", "SEND_TIMED_OUT"]
 
 _log = structlog.get_logger("sidecar.proxy")
-
-SEND_TIMEOUT = 60.0
-"""Seconds a client may take no bytes at all of a response that waits for it (nginx's
-``send_timeout`` and its default). Past it the upstream request is closed, so the server
-stops generating for a reader that stopped, and the client connection is closed. Any
-progress restarts the time: a slow but live reader is never cut off."""
-
-
-class SendTimeout(Exception):
-    """The client took nothing for ``send_timeout`` seconds."""
-
-
-async def drain_client(
-    transport: asyncio.Transport | None, drain: Callable[[], Awaitable[None]], timeout: float
-) -> None:
-    """Wait until the client has taken the response bytes queued for it (down to the
-    transport's low-water mark: ``drain``, aiohttp's writer's), for as long as it makes
-    progress.
-
-    Raises :class:`SendTimeout` after ``timeout`` seconds in which the queue did not
-    shrink, ``ConnectionError`` when the client is gone. aiohttp's ``drain`` itself waits
-    forever, and cancelling it would cancel the writer's shared waiter, so it is only
-    cancelled when the connection is let go anyway.
-    """
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("the client is gone")
-    if not transport.get_write_buffer_size():
-        return  # the usual case: all handed to the kernel, so writing is not paused either
-    drained = asyncio.ensure_future(drain())
-    while True:
-        queued = unsent(transport)
-        done, _ = await asyncio.wait((drained,), timeout=timeout)  # never cancels it
-        if done:
-            return drained.result()
-        if transport.is_closing():
-            raise ConnectionResetError("the client is gone")
-        if unsent(transport) >= queued:
-            drained.cancel()
-            raise SendTimeout()
-
-
-def unsent(transport: asyncio.Transport) -> int:
-    """Bytes not yet taken by the client: the transport's buffer plus the kernel's send
-    queue (Linux ``SIOCOUTQ``). The kernel queue is what shows a slow reader's progress: the
-    transport's buffer only shrinks once a third of the socket buffer is free, which a
-    reader taking a few KiB a second may not reach in minutes."""
-    queued = transport.get_write_buffer_size()
-    sock = transport.get_extra_info("socket")
-    if sock is not None and _SIOCOUTQ is not None:
-        try:
-            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
-        except OSError:
-            pass
-    return queued
 
 
 COMPLETE = "complete"
@@ -106,13 +40,6 @@ _LAST_CHUNK = b"0\r\n\r\n"
 """The end of a chunked body (no trailers: the upstream's are hop-by-hop here)."""
 _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
-_PROGRESS_CHECKS_PER_TIMEOUT = 12
-_PROGRESS_CHECK_MAX_SECONDS = 5.0
-"""How often, at most, a relay asks the kernel whether its client took anything: twelve
-times per ``send_timeout``, at most every 5 s (60 s, the default: every 5 s). A reader
-that stopped is let go within ``send_timeout`` and one such interval. Each check is a read
-the token lane leaves to Python: once a second it cost 3-6 % of the CPU of 200 streams
-(docs/performance.md)."""
 
 
 class BodyRelay:
@@ -129,9 +56,8 @@ class BodyRelay:
     """
 
     __slots__ = (
-        "_on_wake", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "_send_timeout",
-        "_check_at", "_check_every", "_taken", "_taken_at", "_lane", "_linkable", "ended", "paused", "sent",
-        "terminated",
+        "_on_wake", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "pace",
+        "_lane", "_linkable", "ended", "paused", "terminated",
     )  # fmt: skip
 
     def __init__(
@@ -143,6 +69,7 @@ class BodyRelay:
         send_timeout: float = SEND_TIMEOUT,
         chunked: bool = False,
         on_wake: Callable[[], None] | None = None,
+        pace: ClientPace | None = None,
     ) -> None:
         self._transport = transport  # the client's, open: a head was just written to it
         self._on_wake = on_wake
@@ -152,18 +79,12 @@ class BodyRelay:
         # Whether the client's body goes out in chunks: the head the proxy wrote says.
         self._chunked = chunked
         self._waiter: asyncio.Future[None] | None = None
-        self._send_timeout = send_timeout
         self.ended: str | None = None
         self.paused = False
-        self.sent = 0
         self.terminated = False  # a chunked client's last chunk is written (see end)
-        # The client's progress, as last seen (see _reader_alive).
-        start = clock()
-        self._check_every = min(
-            send_timeout / _PROGRESS_CHECKS_PER_TIMEOUT, _PROGRESS_CHECK_MAX_SECONDS
-        )
-        self._check_at = start + self._check_every
-        self._taken, self._taken_at = 0, start
+        # The client's progress (its bytes written count there): the exchange's, which
+        # keeps watching it after the body's end, or the relay's own.
+        self.pace = pace if pace is not None else ClientPace(transport, send_timeout, clock())
         # The token lane standing for the observer's armed template (token_lane.py): only a
         # chunked client's relay passes reads on as they came, which is all a lane does.
         self._lane: TokenLane | None = None
@@ -219,7 +140,7 @@ class BodyRelay:
                 self._lane = lane
                 if lane is None:
                     return
-            if lane.open(self._check_at, self._observer.timeline.last_token):
+            if lane.open(self.pace.check_at, self._observer.timeline.last_token):
                 conn.set_lane(lane)
             elif lane.off:
                 self._lane_failed()
@@ -227,9 +148,14 @@ class BodyRelay:
             _log.exception("token_lane_link_failed", route=self._observer.timeline.route)
             self._lane_failed()
 
+    @property
+    def sent(self) -> int:
+        """Bytes written to the client (with the head, when the exchange's pace counts it)."""
+        return self.pace.written
+
     def _lane_sent(self, sent: int) -> None:
         """Bytes a token lane wrote to the client, handed over with its notes."""
-        self.sent += sent
+        self.pace.written += sent
 
     def _lane_failed(self) -> None:
         """A lane switched itself off on an error in measuring, or could not be made (a bug:
@@ -312,10 +238,11 @@ class BodyRelay:
             self._gone()
             return False
         transport.write(data)
-        self.sent += len(data)
+        pace = self.pace
+        pace.written += len(data)
         if (
             not self.paused and transport.get_write_buffer_size() > _HIGH_WATER
-        ) or now >= self._check_at:
+        ) or now >= pace.check_at:
             return self._flow(transport, now)
         return True
 
@@ -336,22 +263,8 @@ class BodyRelay:
         return self._reader_alive(now)
 
     def _reader_alive(self, now: float) -> bool:
-        """Whether the client took any bytes in the last ``send_timeout`` seconds; checked
-        at most every ``_check_every`` seconds while the response is being written.
-
-        The transport's buffer alone cannot tell: the kernel's send buffer grows to MiBs for
-        a connection and absorbs a paced token stream for minutes before a write ever
-        queues, so a reader that stopped held the server's generation slot for 126 s with
-        a 60 s ``send_timeout``. What the client has taken is what was
-        written minus what the kernel still holds unacknowledged (``SIOCOUTQ``). A slow
-        reader that takes anything at all keeps its stream."""
-        self._check_at = now + self._check_every
-        queued = unsent(self._transport)
-        taken = self.sent - queued
-        if taken > self._taken or not queued:
-            self._taken, self._taken_at = taken, now
-            return True
-        if now - self._taken_at < self._send_timeout:
+        """The client's pace, checked while the response is being written (client_pace.py)."""
+        if self.pace.alive(now):
             return True
         self._conn.close()  # the server stops generating for a reader that stopped
         self._end(SEND_TIMED_OUT)
@@ -365,7 +278,7 @@ class BodyRelay:
             transport = self._transport
             if not transport.is_closing():
                 transport.write(_LAST_CHUNK)
-                self.sent += len(_LAST_CHUNK)
+                self.pace.written += len(_LAST_CHUNK)
                 self.terminated = True
         self._end(COMPLETE if error is None else error)
 
@@ -424,19 +337,33 @@ class BodyRelay:
         loop = asyncio.get_running_loop()
         while self.ended is None:
             if self.paused:
-                try:
-                    await drain_client(self._transport, drain, self._send_timeout)
-                except ConnectionError:
-                    self.stop(CLIENT_GONE)
-                    break
-                except SendTimeout:
-                    self.stop(SEND_TIMED_OUT)  # the server stops generating for nobody
-                    break
-                self.resumed()
+                await self._drained(drain)
                 continue
             self._waiter = loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self.ended  # type: ignore[return-value]  # str: the loop ends once _end set it
+        return self.ended
+
+    async def _drained(self, drain: Callable[[], Awaitable[None]]) -> None:
+        """Wait out back-pressure with ``drain`` (aiohttp's writer's), the client's pace
+        checked as it is due; ``drain`` is only cancelled when the client is let go (it is
+        the writer's shared waiter)."""
+        drained = asyncio.ensure_future(drain())
+        while True:
+            done, _ = await asyncio.wait((drained,), timeout=self.pace.wait(self._clock()))
+            if done:
+                if drained.exception() is not None:
+                    self.stop(CLIENT_GONE)
+                else:
+                    self.resumed()
+                return
+            if self._transport.is_closing():
+                drained.cancel()
+                self.stop(CLIENT_GONE)
+                return
+            if not self.pace.alive(self._clock()):
+                drained.cancel()
+                self.stop(SEND_TIMED_OUT)  # the server stops generating for nobody
+                return

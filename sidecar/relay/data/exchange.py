@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestPayloadError
 
 from ...base.outcomes import INTERNAL, Outcome, Verdict, verdict_of
 from ...base.routes import Route, match_route
@@ -66,8 +67,9 @@ from ...measure.observe import ResponseObserver
 from ...measure.request_fields import RequestFieldScanner, scan_request_fields
 from ..server.errors import raw_error_response
 from .body_budget import BodyBudget
-from .body_relay import CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, BodyRelay, unsent
+from .body_relay import CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, BodyRelay
 from .client_head import client_head
+from .client_pace import ClientPace
 from .forwarded import forwarded_headers, peer_address
 from .http1 import ResponseHead
 from .limits import RelayLimits
@@ -77,6 +79,7 @@ from .request_body import (
     has_body,
     holds_whole,
     late_fields,
+    malformed,
     refusal,
     stalled,
     upstream_target,
@@ -165,7 +168,7 @@ class Exchange:
 
     __slots__ = (
         "_start", "_path_model", "_carrier", "_connection", "_pool", "_message", "_payload", "_route", "_parts",
-        "_reserved", "_holding", "_streamed", "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_queued", "_waiting",
+        "_reserved", "_holding", "_streamed", "_record", "_conn", "_relay", "_observer", "_timer", "_deadline", "_pace", "_waiting",
         "_head_written", "_verdict", "_taking", "keep_alive", "sent", "pending", "done",
     )  # fmt: skip
 
@@ -194,7 +197,7 @@ class Exchange:
         self._observer: ResponseObserver | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
-        self._queued = 0  # bytes the client had not taken at the last progress check
+        self._pace: ClientPace | None = None  # the client's progress, once a head is written
         self._waiting = False  # for the client to take what is queued for it
         self._head_written = False
         self._taking = False  # reading the body's buffered pieces (_take_body)
@@ -268,6 +271,11 @@ class Exchange:
         try:
             while chunk := payload.read_nowait():  # taken as it comes: aiohttp's reader
                 self._parts.append(chunk)  # pauses the socket past its buffer's limit
+        except RequestPayloadError:  # its framing broke after the head: the client's error
+            self._taking = False
+            self._cancel_timer()
+            self._guarded(self._refuse, *malformed())
+            return
         except Exception:  # the body failed: the connection is going (client_gone follows)
             return
         finally:
@@ -443,13 +451,15 @@ class Exchange:
         self.keep_alive = out.keep_alive
         transport.write(out.data)
         self._head_written = True
+        pace = self._pace = ClientPace(transport, carrier.limits.send_timeout, carrier.clock())
+        pace.written = len(out.data)
         timeline.client_head_sent = carrier.clock()
         if head.status >= 500:
             self._verdict = Verdict.UPSTREAM_STATUS
         self._observer = observer
         relay = self._relay = BodyRelay(
             transport, conn, observer, carrier.clock, carrier.limits.send_timeout, out.chunked,
-            on_wake=self._relay_woke,
+            on_wake=self._relay_woke, pace=pace,
         )  # fmt: skip
         relay.start()
 
@@ -484,20 +494,24 @@ class Exchange:
 
     def _wait_for_client(self) -> None:
         """Wait for the client to take what is queued for it (the transport's
-        ``resume_writing``: :meth:`client_drained`), for as long as it makes progress: a
-        client that takes nothing for ``send_timeout`` is let go. Without this wait at the
-        end, a client that pipelines requests and never reads would get each next one
-        forwarded while the answers pile up in memory."""
+        ``resume_writing``: :meth:`client_drained`), for as long as it makes progress by the
+        one rule (client_pace.py): a client that takes nothing for ``send_timeout`` is let
+        go. Without this wait at the end, a client that pipelines requests and never reads
+        would get each next one forwarded while the answers pile up in memory."""
         transport = self._connection.transport
         if transport is None or transport.is_closing():
             self._gone()
             return
-        if not transport.get_write_buffer_size() or not self._connection.writing_paused:
+        pace = self._pace
+        if (
+            pace is None
+            or not transport.get_write_buffer_size()
+            or not self._connection.writing_paused
+        ):
             self._carry_on()
             return
         self._waiting = True
-        self._queued = unsent(transport)
-        self._arm(self._carrier.limits.send_timeout, self._progress)
+        self._arm(pace.wait(self._carrier.clock()), self._progress)
 
     def client_drained(self) -> None:
         if self._waiting and not self.done:
@@ -514,10 +528,11 @@ class Exchange:
             self._waiting = False
             self._gone()
             return
-        queued = unsent(transport)
-        if queued < self._queued:  # it took something: a slow reader keeps its stream
-            self._queued = queued
-            self._arm(self._carrier.limits.send_timeout, self._progress)
+        pace = self._pace
+        assert pace is not None
+        now = self._carrier.clock()
+        if pace.alive(now):  # it took something within the time: a slow reader keeps its stream
+            self._arm(pace.wait(now), self._progress)
             return
         self._waiting = False
         relay = self._relay

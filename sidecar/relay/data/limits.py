@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .body_relay import SEND_TIMEOUT
+from .client_pace import SEND_TIMEOUT
 
 __all__ = ["RelayLimits", "CLIENT_BODY_TIMEOUT"]
 

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestPayloadError
 
 from ...base.routes import OTHER, Route
 from ...measure.request_fields import RequestFields, RequestFieldScanner
@@ -38,6 +39,7 @@ __all__ = [
     "has_body",
     "holds_whole",
     "late_fields",
+    "malformed",
     "refusal",
     "stalled",
     "too_large",
@@ -54,6 +56,11 @@ def too_large(limit: int) -> Refusal:
 
 def stalled(timeout: float) -> Refusal:
     return 408, "request_timeout", f"the request body stalled for {timeout:g} seconds"
+
+
+def malformed() -> Refusal:
+    """A body whose framing the parser refused after its head was accepted (a bad chunk)."""
+    return 400, "bad_request", "the request body's framing is malformed"
 
 
 def refusal(message: RawRequestMessage, limits: RelayLimits) -> Refusal | None:
@@ -93,10 +100,10 @@ def holds_whole(method: str, route: Route, headers: Mapping[str, str], limit: in
 
 
 def has_body(message: RawRequestMessage) -> bool:
-    """A body follows the head (aiohttp's ``body_exists``: chunked, or a length above 0). The
-    bytes after an ``Upgrade`` are no body: they would be the upgraded protocol's."""
-    if message.upgrade:
-        return False
+    """A body follows the head (aiohttp's ``body_exists``: chunked, or a length above 0). An
+    upgrade offer's body too: the offer is hop-by-hop and dropped, the request relayed as a
+    plain one, so its body goes with it (sending its head alone would let the upstream read
+    the next request on the pooled connection as this one's body)."""
     if message.chunked:
         return True
     length = message.headers.get("Content-Length")
@@ -153,6 +160,8 @@ class BoundedBody:
                     chunk = await self._content.readany()
             except TimeoutError:
                 raise BodyRefused(stalled(self._timeout)) from None
+            except RequestPayloadError:
+                raise BodyRefused(malformed()) from None
             seen += len(chunk)
             if seen > self._limit:
                 raise BodyRefused(too_large(self._limit))

@@ -13,7 +13,18 @@ does:
   port's :class:`~sidecar.relay.server.client_guard.ConnectionGuard`; what the parser
   refuses gets the guard's JSON answer, in its turn;
 - pipelining: the parsed requests wait in order, each handed to the relay once the one
-  before it is answered; past :data:`MAX_QUEUED` waiting, reading stops until they drain;
+  before it is answered; past :data:`MAX_QUEUED` waiting, reading stops until they drain.
+  A read is fed to the parser one request head at a time, so a request the parser refuses
+  costs only itself: those before it in the same read are answered first, as nginx does;
+- an upgrade offer (``Connection: Upgrade``, any protocol): the sidecar carries no
+  upgraded protocol, so the offer is dropped (hop-by-hop) and the request relayed as a plain
+  one with its body; it is the connection's last (aiohttp's parser drops the bytes after it
+  in the same read), and its answer says the connection closes;
+- an answer given before the request's body was all read (an upstream's early 401, the
+  sidecar's own 413 or 408): the rest of the body is read and thrown away, for at most
+  :data:`LINGER_SECONDS` and :data:`LINGER_IDLE_SECONDS` between reads, after the answer
+  the connection is half-closed, then closed (nginx's ``lingering_close``): a client that
+  writes its whole body before it reads gets the answer instead of a reset or a stall;
 - the header timer (nginx's ``client_header_timeout`` and ``keepalive_timeout``): a
   connection with no complete request head within ``header_timeout`` of its start or of
   its last answer is closed; one timer per connection, moved, never made per request;
@@ -54,6 +65,13 @@ aiohttp's server does)."""
 READ_LIMIT = 2**16
 """A request body's buffered bytes past which reading pauses (aiohttp's default)."""
 
+LINGER_SECONDS = 30.0
+LINGER_IDLE_SECONDS = 5.0
+"""How long the unread rest of a body answered early is read and thrown away, in all and
+between two reads (nginx's ``lingering_time`` and ``lingering_timeout``)."""
+
+_HEAD_END = b"\r\n\r\n"
+
 
 class _Refused:
     """What the parser refused, queued in the place of the request it would have been."""
@@ -70,7 +88,8 @@ class ProxyConnection(asyncio.Protocol):
     __slots__ = (
         "_port", "_loop", "transport", "_parser", "_queue", "_carried", "_payload", "_budget",
         "_idle_until", "_timer", "_upgraded", "_closing", "_reading_paused", "_queue_full",
-        "_writing_paused", "_over_cap",
+        "_writing_paused", "_over_cap", "_counted", "_owed", "_payload_open", "_lingering",
+        "_carried_body",
     )  # fmt: skip
 
     def __init__(self, port: ProxyPort) -> None:
@@ -84,12 +103,19 @@ class ProxyConnection(asyncio.Protocol):
         self._budget: HeadBudget | None = None
         self._idle_until = 0.0  # the header timer's deadline
         self._timer: asyncio.TimerHandle | None = None
-        self._upgraded = False
+        self._upgraded = False  # an upgrade offer was queued: nothing after it is read
         self._closing = False  # no request after the one being answered
         self._reading_paused = False  # by the body's flow control
         self._queue_full = False  # by the pipelining bound
         self._writing_paused = False
         self._over_cap = False
+        # Requests the parser counted as complete and not yet taken (it stops parsing at
+        # MAX_QUEUED of them), and whether the one being answered is owed its count.
+        self._counted = 0
+        self._owed = False
+        self._payload_open = False  # the last head's body is still arriving
+        self._carried_body: StreamReader | None = None  # the body of the request answered
+        self._lingering: float | None = None  # reading a body's rest away: its last read
 
     # -- asyncio's callbacks -------------------------------------------------------------
 
@@ -126,9 +152,12 @@ class ProxyConnection(asyncio.Protocol):
         self._idle(self._loop.time())
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:  # the rest of a body answered early: thrown away
+            self._lingering = self._loop.time()
+            return
         if self._over_cap or self._parser is None:
             return
-        if self._upgraded:  # past an Upgrade the bytes are no HTTP: not read, not kept
+        if self._upgraded and self._body_done():  # past an upgrade offer: nothing is read
             return
         self._parse(data)
         carried = self._carried
@@ -139,6 +168,10 @@ class ProxyConnection(asyncio.Protocol):
     def eof_received(self) -> None:
         """The client will send no more: the transport closes (after what is being written)."""
         return None
+
+    def _body_done(self) -> bool:
+        payload = self._payload
+        return payload is None or payload.is_eof()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         port = self._port
@@ -203,35 +236,86 @@ class ProxyConnection(asyncio.Protocol):
 
     def _parse(self, data: bytes) -> None:
         """Feed one read to the parser, held to the whole-head budget; the requests it
-        completes join the queue."""
-        parser = self._parser
-        assert parser is not None
+        completes join the queue (none after an upgrade offer)."""
         payload = self._payload
         in_head = payload is None or payload.is_eof()
-        messages: list[tuple[RawRequestMessage | _Refused, StreamReader | None]]
-        try:
-            parsed, upgraded, _ = parser.feed_data(data)
-            messages = parsed  # type: ignore[assignment]  # (a list of requests and their bodies)
-        except HttpProcessingError as exc:
-            messages, upgraded = [(_Refused(exc), None)], False
-            self._parser = None  # nothing after it is read
-        budget = self._budget
+        queued = len(self._queue)
+        refused = self._feed(data)
         largest = 0
-        for message, body in messages:
-            self._queue.append((message, body))
+        for message, _ in list(self._queue)[queued:]:
             if isinstance(message, RawRequestMessage):
-                self._payload = body
                 largest = max(largest, head_size(message))
+        budget = self._budget
         if budget is not None and not budget.received(
-            len(data), in_head=in_head, head_done=bool(messages), head_size=largest
+            len(data), in_head=in_head, head_done=len(self._queue) > queued, head_size=largest
         ):
             self._refuse_now(self._port.guard.head_too_large())
             return
-        if upgraded:
-            self._upgraded = True
-        if len(self._queue) >= MAX_QUEUED and not self._queue_full:
+        if refused is not None:
+            body = self._payload
+            if body is not None and not body.is_eof():  # the refused bytes were its body's
+                body.set_exception(RequestPayloadError(str(refused.exc)))
+                if self._queue and self._queue[-1][1] is body:
+                    self._queue.pop()  # not carried yet: the refusal is its answer
+            self._queue.append((refused, None))
+        if self._counted >= MAX_QUEUED and not self._queue_full:
+            # The parser stopped at its bound and holds the rest of the read: so does the
+            # socket, until the queue drains (_dispatch feeds the parser what it held).
             self._queue_full = True
             self._transport_reading(False)
+
+    def _feed(self, data: bytes) -> _Refused | None:
+        """Feed ``data`` a piece at a time, each ending where a head may end (``CRLFCRLF``),
+        so the requests completed before a refused one are queued before its refusal (the
+        parser's error loses what the same call completed). What the parser refused is
+        returned, and the parser dropped: nothing after it is read. Once the parser stopped
+        at its bound, the rest goes in whole (it only keeps it)."""
+        while True:
+            parser = self._parser
+            if parser is None:
+                return None
+            end = data.find(_HEAD_END)
+            if end < 0 or end + 4 >= len(data) or self._counted >= MAX_QUEUED:
+                piece, data = data, b""
+            else:
+                piece, data = data[: end + 4], data[end + 4 :]
+            try:
+                parsed, _, _ = parser.feed_data(piece)
+            except HttpProcessingError as exc:
+                self._parser = None
+                return _Refused(exc)
+            self._queued(parsed)
+            if not data or self._upgraded:
+                return None
+
+    def _queued(self, parsed: list[tuple[RawRequestMessage, StreamReader]]) -> None:
+        """The requests one feed completed, queued; the parser's count of complete requests
+        mirrored (a body that was open before the feed and ended in it counts now), and the
+        request being answered given its count back once its body is complete."""
+        open_body = self._payload
+        if open_body is not None and open_body.is_eof() and self._payload_open:
+            self._payload_open = False
+            self._counted += 1
+            if self._owed:
+                self._owed = False
+                self._consumed()
+        for message, body in parsed:
+            if self._upgraded:
+                break  # nothing after an upgrade offer is answered: the connection ends
+            self._queue.append((message, body))
+            self._payload = body
+            if body.is_eof():
+                self._counted += 1
+            else:
+                self._payload_open = True
+            if message.upgrade:
+                self._upgraded = True
+
+    def _consumed(self) -> None:
+        parser = self._parser
+        if parser is not None:
+            parser.message_consumed()
+        self._counted -= 1
 
     def _dispatch(self) -> None:
         """Hand the request at the head of the queue to the relay while nothing is being
@@ -242,17 +326,19 @@ class ProxyConnection(asyncio.Protocol):
             if self.transport is None:
                 return
             message, payload = queue.popleft()
-            parser = self._parser
-            if parser is not None:
-                parser.message_consumed()  # a slot of the parser's own queue is free again
             if isinstance(message, _Refused):
                 self._refuse_now(self._port.guard.refused_unparsed(message.exc, self._peer()))
                 return
             assert payload is not None
+            if payload.is_eof():
+                self._consumed()  # a slot of the parser's own queue is free again
+            else:
+                self._owed = True  # its slot, once the parser counts it (its body ends)
+            self._carried_body = payload
             carried = self._carried = self._port.guard.carry(self, message, payload)  # type: ignore[misc]  # the proxy port has one
-            if self._queue_full and len(queue) <= MAX_QUEUED // 2:
+            if self._queue_full and self._counted <= MAX_QUEUED // 2:
                 self._queue_full = False
-                if parser is not None:
+                if self._parser is not None:
                     self._parse(b"")  # requests the parser held back while its queue was full
                 if not self._queue_full and not self._reading_paused:
                     self._transport_reading(True)
@@ -260,22 +346,62 @@ class ProxyConnection(asyncio.Protocol):
 
     def carried_done(self, carried: Carried, keep_alive: bool) -> None:
         """The carried request is answered (and the client took it): the next request on the
-        connection, or the header timer; or the connection closes."""
+        connection, or the header timer; or the connection closes, after reading away the
+        rest of a body the answer came before."""
         if carried is not self._carried:
             return
         self._carried = None
+        body, self._carried_body = self._carried_body, None
         self._port.settle()
         transport = self.transport
-        if not keep_alive or self._closing or self._upgraded or transport is None:
+        if transport is None or transport.is_closing():
             self._closing = True
-            if transport is not None and not transport.is_closing():
-                transport.close()
+            return
+        if body is not None and not body.is_eof():
+            self._linger()
+            return
+        if not keep_alive or self._closing or self._upgraded:
+            self.close()
             return
         if self._queue:
             self._dispatch()
             if self._carried is not None:
                 return
         self._idle(self._loop.time())
+
+    # -- the rest of a body answered early ------------------------------------------------
+
+    def _linger(self) -> None:
+        """Read the rest of the body away: no request after it is parsed, the answer is
+        followed by a half-close once it is written, and the connection closes when the
+        client closes its side, or stops sending, or :data:`LINGER_SECONDS` pass."""
+        transport = self.transport
+        assert transport is not None
+        self._closing = True
+        self._parser = None
+        self._queue.clear()
+        self._payload = None
+        self._cancel_timer()
+        now = self._lingering = self._loop.time()
+        self._idle_until = now + LINGER_SECONDS  # the deadline in all
+        self._timer = self._loop.call_at(now + LINGER_IDLE_SECONDS, self._linger_timer)
+        if transport.can_write_eof():
+            transport.write_eof()  # after the answer: the client reads it, then the end
+        self._reading_paused = self._queue_full = False
+        self._transport_reading(True)
+
+    def _linger_timer(self) -> None:
+        """The client stopped sending, or lingered its time: the connection is cut (closing
+        would wait to flush an answer the client may never read)."""
+        self._timer = None
+        last = self._lingering
+        if self.transport is None or last is None:
+            return
+        at = min(last + LINGER_IDLE_SECONDS, self._idle_until)
+        if self._loop.time() < at:
+            self._timer = self._loop.call_at(at, self._linger_timer)
+            return
+        self.abort()
 
     # -- the header timer ----------------------------------------------------------------
 
