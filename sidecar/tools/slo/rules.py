@@ -309,9 +309,11 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbe
     spent = numbers.spent(window)
     who = _who(spec.grouping)
     # The remaining budget of the same group: a label the alert lacks reads as "", which
-    # matches the series that lack it too.
+    # matches the series that lack it too. `index` gives "" for a missing key in every Go
+    # template engine; `$labels.x` does so only in Prometheus (missingkey=zero), while vmalert
+    # passes nil, printf renders `%!q(<nil>)`, the query fails and the alert is dropped.
     group_fmt = ",".join(f"{label}=%q" for label in spec.grouping)
-    group_args = " ".join(f"$labels.{label}" for label in spec.grouping)
+    group_args = " ".join(f'(index $labels "{label}")' for label in spec.grouping)
     # Prometheus templates have no arithmetic; `query` evaluates a little PromQL instead.
     budget_text = (
         'At this rate a whole budget lasts {{ with query (printf "<PERIOD_S> / %g" $value) }}'
