@@ -45,7 +45,7 @@ from .base.speedups import IN_C, SPEEDUPS_MISSING
 from .base.tenant import TenantLabeler
 from .config import Settings
 from .export.capacity import CapacityMetrics
-from .export.in_flight import InFlightView
+from .export.in_flight import InFlightView, stall_probe
 from .export.logs import RequestLogger
 from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.otel_setup import TelemetryProviders, providers_from_env
@@ -433,6 +433,7 @@ ADMIN_ENDPOINTS: tuple[tuple[str, str], ...] = (
     ("/readyz", "200 when the upstream's health path answers 2xx, else 503 and why (readiness)"),
     ("/upstreamz", "the upstream's health alone: 200 or 503 and why, 200 also while draining"),
     ("/metrics/engine", "the upstream's own metrics page, relayed (--engine-metrics-path)"),
+    ("/stallz", "503 when the streams in flight stalled and none completed (opt-in, liveness)"),
 )
 """The admin port's endpoints and one line on each, as its ``/`` lists them."""
 
@@ -451,6 +452,8 @@ def admin_index_handler(settings: Settings) -> Callable[[web.Request], Awaitable
     endpoints = list(ADMIN_ENDPOINTS)
     if not settings.engine_metrics_path:
         endpoints = [e for e in endpoints if e[0] != "/metrics/engine"]
+    if settings.stall_probe_seconds is None:
+        endpoints = [e for e in endpoints if e[0] != "/stallz"]
     index_text = admin_index(endpoints)
 
     async def index(request: web.Request) -> web.Response:
@@ -484,6 +487,8 @@ def _admin_app(sc: Sidecar) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/upstreamz", upstreamz)
+    if sc.settings.stall_probe_seconds is not None and sc.in_flight is not None:
+        app.router.add_get("/stallz", stallz_handler(sc.in_flight, sc.settings.stall_probe_seconds))
     if sc.settings.engine_metrics_path:
         app.router.add_get(
             "/metrics/engine",
@@ -494,6 +499,20 @@ def _admin_app(sc: Sidecar) -> web.Application:
             ),
         )
     return app
+
+
+def stallz_handler(
+    view: InFlightView, probe_seconds: float
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``/stallz``, opt-in: a liveness probe for the model server's container that fails only
+    on a hung engine (sidecar/export/in_flight.py, ``stall_probe``), never on load or idleness.
+    Readiness (/readyz) does not read it."""
+
+    async def stallz(request: web.Request) -> web.Response:
+        healthy, doc = stall_probe(view, probe_seconds)
+        return _json(200 if healthy else 503, doc)
+
+    return stallz
 
 
 async def _upstream_health(sc: Sidecar, key: str) -> web.Response:

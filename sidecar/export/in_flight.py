@@ -49,6 +49,7 @@ __all__ = [
     "Snapshot",
     "phase_of",
     "silence_of",
+    "stall_probe",
 ]
 
 PHASES = ("head", "first_token", "decode")
@@ -192,3 +193,34 @@ def _families() -> Iterator[GaugeMetricFamily]:
         "(read at scrape time; a hung engine's streams).",
         labels=_LABELS,
     )
+
+
+def stall_probe(view: InFlightView, probe_seconds: float) -> tuple[bool, dict[str, object]]:
+    """The verdict of ``/stallz``, a liveness probe of the model server: (healthy, what it
+    saw). Unhealthy only when all of these hold, so a restart is never the answer to load:
+
+    - requests are in flight (an idle engine is never restarted);
+    - at least one stream has had no byte for ``probe_seconds``;
+    - no request in flight had a byte in that time (a busy engine moves some of them);
+    - no request was answered whole in that time (``RecordBook.last_completed``).
+    """
+    snap = view.snapshot(probe_seconds)
+    now = view.book.clock()
+    last = view.book.last_completed
+    since_completed = None if last is None else max(0.0, now - last)
+    doc: dict[str, object] = {
+        "in_flight": snap.in_flight,
+        "stalled": snap.stalled_total,
+        "stall_seconds": probe_seconds,
+        "longest_silence_seconds": round(snap.longest_silence, 3),
+        "seconds_since_completed": None if since_completed is None else round(since_completed, 3),
+    }
+    hung = (
+        snap.in_flight > 0
+        and snap.stalled_total > 0
+        and snap.least_silence is not None
+        and snap.least_silence >= probe_seconds
+        and (since_completed is None or since_completed >= probe_seconds)
+    )
+    doc["stalled_engine"] = hung
+    return not hung, doc

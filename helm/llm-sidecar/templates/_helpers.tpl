@@ -291,6 +291,24 @@ timeoutSeconds: {{ $l.timeoutSeconds }}
 failureThreshold: {{ .failureThreshold }}
 {{- end -}}
 
+{{/* An httpGet probe of the sidecar's /stallz (a hung engine), for the model server's liveness;
+one process only: the pod's supervisor (sidecar.workers above 1) does not serve /stallz. */}}
+{{- define "llm-sidecar.stallProbe" -}}
+{{- $p := .Values.modelServer.stallProbe -}}
+{{- if ne (include "llm-sidecar.workers" .) "1" -}}
+{{- fail "modelServer.stallProbe needs sidecar.workers: 1 (with more, the pod's supervisor answers the admin port and does not serve /stallz)" -}}
+{{- end -}}
+{{- if .Values.modelServer.liveness.enabled -}}
+{{- fail "modelServer.stallProbe and modelServer.liveness are both the model server's liveness probe: enable one" -}}
+{{- end -}}
+httpGet:
+  path: /stallz
+  port: {{ .Values.sidecar.adminPort }}
+periodSeconds: {{ $p.periodSeconds }}
+timeoutSeconds: {{ $p.timeoutSeconds }}
+failureThreshold: {{ $p.failureThreshold }}
+{{- end -}}
+
 {{/* The sidecar's worker processes: sidecar.workers, else one per core of its CPU request
 (rounded up, at least 1: "100m" is 1, "1500m" and "2" are 2). The request, not a limit:
 the chart sets no CPU limit (CFS throttling would add latency to what is measured). */}}
@@ -335,6 +353,10 @@ the chart sets no CPU limit (CFS throttling would add latency to what is measure
 {{- end }}
 - name: LLM_SIDECAR_MAX_MODELS
   value: {{ include "llm-sidecar.number" $s.maxModels | quote }}
+{{- if and (eq .Values.mode "full") .Values.modelServer.stallProbe.enabled }}
+- name: LLM_SIDECAR_STALL_PROBE_SECONDS
+  value: {{ include "llm-sidecar.number" .Values.modelServer.stallProbe.stallSeconds | quote }}
+{{- end }}
 - name: LLM_SIDECAR_WORKERS
   value: {{ include "llm-sidecar.workers" . | quote }}
 - name: LLM_SIDECAR_LOG_FORMAT

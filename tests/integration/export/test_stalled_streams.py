@@ -223,3 +223,97 @@ async def test_a_slow_but_moving_stream_never_counts_and_an_idle_pod_exports_no_
         assert not [
             k for k in page if k[0].startswith(("llm_streams_stalled", "llm_requests_in_phase"))
         ]
+
+
+async def test_the_probe_is_off_unless_asked_for_and_then_listed_in_the_admin_index():
+    async with Pod(serve_nothing) as pod:
+        async with pod.http.get(f"http://127.0.0.1:{pod.admin_port}/stallz") as r:
+            assert r.status == 404
+        async with pod.http.get(f"http://127.0.0.1:{pod.admin_port}/") as r:
+            assert "/stallz" not in await r.text()
+    async with Pod(serve_nothing, stall_probe_seconds=PROBE) as pod:
+        assert await pod.probe() == (
+            200,
+            {
+                "in_flight": 0,
+                "stalled": 0,
+                "stall_seconds": PROBE,
+                "longest_silence_seconds": 0.0,
+                "seconds_since_completed": None,
+                "stalled_engine": False,
+            },
+        )  # an idle engine is never restarted
+        async with pod.http.get(f"http://127.0.0.1:{pod.admin_port}/") as r:
+            assert "/stallz" in await r.text()
+
+
+async def serve_nothing(peer: Peer) -> None:
+    await peer.go.wait()
+
+
+async def test_the_probe_fails_on_a_hung_engine_only_and_recovers_when_tokens_resume():
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD + token("first"))
+        await peer.go.wait()
+        peer.send(token("resumed"))
+        await peer.go.wait()
+        peer.send(END)
+
+    async with Pod(script, stall_probe_seconds=PROBE) as pod:
+        readers = [await pod.open_stream(), await pod.open_stream()]
+        for reader in readers:
+            await read_past(reader, b"first")
+        await asyncio.sleep(STALL + 0.2)
+        status, doc = await pod.probe()
+        assert (status, doc["stalled"]) == (200, 0)  # stalled for the alert, not yet the probe
+        assert await pod.stalled() == 2
+        await asyncio.sleep(PROBE - STALL)
+        status, doc = await pod.probe()
+        assert status == 503
+        assert doc["stalled_engine"] is True and doc["in_flight"] == 2 and doc["stalled"] == 2
+        assert doc["longest_silence_seconds"] >= PROBE
+        for peer in pod.upstream.peers:
+            peer.go.set()
+        for reader in readers:
+            await read_past(reader, b"resumed")
+        assert (await pod.probe())[0] == 200
+
+
+async def test_the_probe_holds_while_another_stream_moves_or_a_request_completed():
+    async def script(peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:  # a pooled connection's too
+            await answer(peer, request)
+
+    async def answer(peer: Peer, request: bytes) -> None:
+        if b"moving" in request:
+            peer.send(CHUNKED_HEAD)
+            for i in range(int(PROBE * 3 / 0.25)):
+                peer.send(token(f"m{i}"))
+                await asyncio.sleep(0.25)
+            peer.send(END)
+        elif b"quick" in request:
+            peer.send(CHUNKED_HEAD + token("q") + END)
+        else:
+            peer.send(CHUNKED_HEAD + token("stuck"))
+            await peer.go.wait()
+
+    moving = BODY.replace(b'"hi"', b'"moving"')
+    quick = BODY.replace(b'"hi"', b'"quick"')
+    async with Pod(script, stall_probe_seconds=PROBE) as pod:
+        stuck = await pod.open_stream()
+        await read_past(stuck, b"stuck")
+        other = await pod.open_stream(moving)
+        await read_past(other, b"m0")
+        await asyncio.sleep(PROBE + 0.3)
+        status, doc = await pod.probe()
+        assert (status, doc["stalled"], doc["in_flight"]) == (200, 1, 2)  # a busy engine
+        await read_past(other, b"0\r\n\r\n")
+        await wait_for(lambda: pod.sc.proxy.records.in_flight == 1)
+        done = await pod.open_stream(quick)
+        await read_past(done, b"0\r\n\r\n")
+        await wait_for(lambda: pod.sc.proxy.records.in_flight == 1)
+        status, doc = await pod.probe()
+        assert status == 200 and doc["seconds_since_completed"] < PROBE  # it answered one
+        await asyncio.sleep(PROBE + 0.1)
+        assert (await pod.probe())[0] == 503  # nothing since: the stuck stream is the engine's
