@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OVERVIEW = json.loads(
     (ROOT / "dashboards" / "llm-sidecar-overview.json").read_text(encoding="utf-8")
 )
+RULES = ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"
 MINE, OTHER = "team-a/chat-llm-sidecar", "team-a/code-llm-sidecar"
 
 
@@ -94,11 +95,11 @@ def test_engine_panels_show_the_selected_release_pods_only(tmp_path):
                 "exp_samples": [{"labels": '{namespace="team-a",pod="chat-0"}', "value": 1}],
             }
         )
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": []}), encoding="utf-8")
+    # The committed rules: the sidecar's side of each split reads their per-pod records.
     (tmp_path / "t.yaml").write_text(
         yaml.safe_dump(
             {
-                "rule_files": ["rules.yaml"],
+                "rule_files": [str(RULES)],
                 "evaluation_interval": "1m",
                 "tests": [
                     {"interval": "1m", "input_series": input_series(), "promql_expr_test": tests}

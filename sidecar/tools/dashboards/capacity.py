@@ -7,7 +7,7 @@ from ..slo import capacity as cap
 from ..slo.spec import SLOSpec
 from ..slo.windows import format_number
 from .panels import Board, Query, dashed_threshold_lines, stat_panel, timeseries_panel
-from .queries import FILTER_LABELS, recorded, selector
+from .queries import FILTER_LABELS, Matcher, recorded, selector
 
 __all__ = ["capacity_row"]
 
@@ -27,16 +27,18 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     q = format_number(objective.target)
     legend = " ".join(f"{{{{{label}}}}}" for label in split) + " band {{concurrency}}"
 
-    def sel(metric: str) -> str:
-        return selector(metric, (), labels=[label for label in split if label in FILTER_LABELS])
+    def sel(record: str, *extra: Matcher) -> str:
+        labels = [label for label in split if label in FILTER_LABELS]
+        return selector(record, extra, labels=labels)
 
-    itl = sel(cap.ITL_BY_CONCURRENCY + "_bucket")
+    # The capacity group's recorded 5m band rates (sidecar/tools/slo/capacity.py).
+    itl = f"sum by ({by}, concurrency, le) ({sel(cap.ITL_BUCKET_RATE)})"
     # A band's series exist at zero before the load reaches it (the lowest three from a
     # model's first stream, then two ahead: sidecar/export/capacity.py): only bands with
-    # gaps (decode time) in the interval are drawn, not their 0/0 NaN.
+    # gaps (decode time) in the window are drawn, not their 0/0 NaN.
     seen = (
         f" and on ({by}, concurrency) sum by ({by}, concurrency) "
-        f"(rate({sel(cap.ITL_BY_CONCURRENCY + '_count')}[$__rate_interval])) > 0"
+        f"({sel(cap.ITL_BUCKET_RATE, ('le', '=', '+Inf'))}) > 0"
     )
     board.row(
         f"Capacity: the throughput-latency curve (p{q} ITL within the {objective.name} objective's "
@@ -45,15 +47,15 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     latency = timeseries_panel(
         "ITL by decode concurrency",
         "p50 and p95 gap between tokens per concurrency band (streams decoding when the gap "
-        "ended), over the rate interval; the dashed line is the objective's threshold. Where "
+        "ended), over 5m (the capacity rules' recorded band rates); the dashed line is the objective's threshold. Where "
         "p95 crosses it is the knee. See docs/capacity.md.",
         [
             Query(
-                f"histogram_quantile(0.5, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}",
+                f"histogram_quantile(0.5, {itl}){seen}",
                 "p50 " + legend,
             ),
             Query(
-                f"histogram_quantile(0.95, sum by ({by}, concurrency, le) (rate({itl}[$__rate_interval]))){seen}",
+                f"histogram_quantile(0.95, {itl}){seen}",
                 "p95 " + legend,
             ),
         ],
@@ -67,8 +69,8 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
             "seconds at the band): throughput rises with concurrency until the batch saturates.",
             [
                 Query(
-                    f"sum by ({by}, concurrency) (rate({sel(cap.TOKENS)}[$__rate_interval])) / "
-                    f"(sum by ({by}, concurrency) (rate({sel(cap.SECONDS)}[$__rate_interval])) > 0)",
+                    f"sum by ({by}, concurrency) ({sel(cap.TOKENS_RATE)}) / "
+                    f"(sum by ({by}, concurrency) ({sel(cap.SECONDS_RATE)}) > 0)",
                     legend,
                 )
             ],

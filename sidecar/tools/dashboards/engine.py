@@ -12,13 +12,14 @@ Names are vLLM's V1 engine's (``vllm/v1/metrics/loggers.py``): ``vllm:num_reques
 and ``vllm:num_requests_running`` (gauges), ``vllm:kv_cache_usage_perc`` (gauge, 1 = full)
 and ``vllm:num_preemptions`` (a counter, exposed as ``vllm:num_preemptions_total``). The row
 is open, high on the overview: vLLM is the chart's default engine; on another engine (SGLang,
-TGI, llama.cpp) its panels are empty and the row can be folded away.
+TGI, llama.cpp) its panels are empty and the row can be folded away. These are the engine's
+raw series, one per pod: each panel draws the top pods only (``top_pods``).
 """
 
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import ENGINE_LABELS, RATE_INTERVAL, on_release_pods, selector
+from .queries import ENGINE_LABELS, RATE_INTERVAL, on_release_pods, selector, top_pods
 
 __all__ = ["ROW_TITLE", "WAITING", "RUNNING", "KV_CACHE", "PREEMPTIONS", "add_engine_row"]
 
@@ -33,7 +34,9 @@ _LEGEND = "{{namespace}}/{{pod}}"
 
 
 def _gauge(metric: str, how: str = "sum") -> str:
-    return on_release_pods(f"{how} by ({_BY_POD}) ({selector(metric, labels=ENGINE_LABELS)})")
+    return top_pods(
+        on_release_pods(f"{how} by ({_BY_POD}) ({selector(metric, labels=ENGINE_LABELS)})")
+    )
 
 
 def add_engine_row(board: Board) -> None:
@@ -68,8 +71,10 @@ def add_engine_row(board: Board) -> None:
             "swaps the request's cache: a burst of inter-token latency for that stream.",
             [
                 Query(
-                    on_release_pods(
-                        f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=ENGINE_LABELS)}[{RATE_INTERVAL}]))"
+                    top_pods(
+                        on_release_pods(
+                            f"sum by ({_BY_POD}) (rate({selector(PREEMPTIONS, labels=ENGINE_LABELS)}[{RATE_INTERVAL}]))"
+                        )
                     ),
                     _LEGEND,
                 )

@@ -1,16 +1,20 @@
 """The latency overview: how fast users get tokens, per model, route and pod.
 
-Every figure is computed from the sidecar's own metrics (``sidecar/export/metrics.py``) filtered by
-the namespace, pod, model and route variables, over ``$__rate_interval``.
+Every figure is computed from the sidecar's own metrics (``sidecar/export/metrics.py``) as the
+rules of :mod:`sidecar.tools.slo.aggregates` record them (2m rates per deployment, model and
+route; per pod for the "Per pod" row, each panel there bounded to the top pods), filtered by the
+namespace, release, model and route variables.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import heatmap, timeseries
 from grafana_foundation_sdk.models import dashboard as dash_m
 
+from ..slo.aggregates import BASE_LABELS
 from .agents import add_agents_row
 from .engine import add_engine_row
 from .own_health import add_own_health_row
@@ -21,8 +25,9 @@ from .queries import (
     mean,
     quantile,
     ratio_or_zero,
-    selector,
+    sum_gauge,
     sum_rate,
+    top_pods,
     zero_if_absent,
 )
 from .stalls import add_stalls_row
@@ -57,12 +62,12 @@ _MEASURED = (
     "does not inflate them."
 )
 _QUANTILES = (
-    "p50/p90/p99 are histogram_quantile over the rate of the histogram's buckets in each "
-    "$__rate_interval window, summed over the selected pods, models and routes: estimates "
+    "p50/p90/p99 are histogram_quantile over the recorded 2m rates of the histogram's buckets, "
+    "summed over the selected releases, models and routes (all pods): estimates "
     "interpolated inside the bucket that holds the quantile."
 )
 _HEATMAP = (
-    "Each column is one $__rate_interval window; each cell is a histogram bucket (its upper "
+    "Each column is the recorded 2m rates at that step; each cell is a histogram bucket (its upper "
     "bound on the y axis) coloured by observations per second that fell in it."
 )
 
@@ -160,8 +165,8 @@ def _traffic(board: Board) -> None:
             "Error and cancellation ratios",
             "error: share of requests that were not cancelled and failed on the server side (the "
             "availability SLI's bad events; 4xx answers are not errors). cancelled: share of all "
-            "requests whose client went away before the end. Both over each $__rate_interval "
-            "window; 0 while there are requests and none failed.",
+            "requests whose client went away before the end. Both over the recorded 2m "
+            "rates; 0 while there are requests and none failed.",
             [
                 Query(
                     ratio_or_zero(
@@ -184,7 +189,7 @@ def _traffic(board: Board) -> None:
             "Requests being relayed right now (streams and whole answers), by model: the gauge "
             "rises when the request arrives and falls when its last byte is relayed. Compare with "
             "the server's concurrency limit: a growing queue shows up here before TTFT rises.",
-            [Query(f"sum by (model) ({selector(IN_FLIGHT)})", "{{model}}")],
+            [Query(sum_gauge(IN_FLIGHT, ("model",)), "{{model}}")],
             "short",
             w=6,
             stack=True,
@@ -208,7 +213,7 @@ def _traffic(board: Board) -> None:
         timeseries_panel(
             "Goodput share",
             "Share of ok requests that met every latency objective at once (goodput / ok "
-            "requests), over each $__rate_interval window. The SLO dashboard shows the same "
+            "requests), over the recorded 2m rates. The SLO dashboard shows the same "
             "ratio from the llm:goodput:ratio_rate5m rule.",
             [
                 Query(
@@ -266,7 +271,7 @@ def _finish_reasons_panel() -> timeseries.Panel:
         "stop (the model finished, or a stop sequence), length (cut at max_tokens or the context "
         "window), tool_calls (waiting for a tool's result), content_filter (refused or filtered), "
         "other (aborted, unloaded, ...). A rise in length means answers are being cut short; in "
-        "content_filter, refused. One per answer (choice), over each $__rate_interval window.",
+        "content_filter, refused. One per answer (choice), over the recorded 2m rates.",
         [
             Query(
                 f"{by_reason} / on () group_left () {sum_rate(FINISH_REASONS)}", "{{finish_reason}}"
@@ -316,7 +321,8 @@ def _latency(board: Board) -> None:
             "Duration by outcome: p90",
             "p90 of end-to-end seconds per outcome. Errors that are fast are refusals or "
             "crashes; errors that are slow are timeouts or streams that died late. Cancelled "
-            f"durations show how long clients waited before giving up. {_QUANTILES}",
+            "requests have no duration here (when a client leaves is its choice); "
+            f"'Requests by outcome and code' counts them. {_QUANTILES}",
             [Query(quantile(0.9, "llm_request_duration_seconds", ("outcome",)), "{{outcome}}")],
             "s",
         ),
@@ -365,7 +371,7 @@ def _tokens(board: Board) -> None:
         ),
         timeseries_panel(
             "Mean tokens per request",
-            "Average input and output tokens per ok request over each $__rate_interval window "
+            "Average input and output tokens per ok request over the recorded 2m rates "
             "(sum / count of llm_request_tokens). Longer prompts raise TTFT; longer outputs raise "
             "end-to-end duration.",
             [Query(mean(REQUEST_TOKENS, ("type",)), "{{type}}")],
@@ -397,7 +403,10 @@ def _label_overflow_panel() -> timeseries.Panel:
         "names the server does not serve.",
         [
             Query(
-                sum_rate(LABEL_OVERFLOW, ("label", "reason"), labels=TARGET_LABELS),
+                # A reason's series is made at its first overflow: 0 until then.
+                zero_if_absent(
+                    sum_rate(LABEL_OVERFLOW, ("label", "reason"), labels=TARGET_LABELS), "label"
+                ),
                 "{{label}} {{reason}}",
             )
         ],
@@ -439,26 +448,34 @@ def _exact_counts_panel() -> timeseries.Panel:
     )
 
 
+def _lines(by: tuple[str, ...]) -> Callable[[str], str]:
+    """Per pod: the top pods only (a fleet has hundreds); per model: every model."""
+    return top_pods if "pod" in by else lambda expr: expr
+
+
 def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what: str) -> None:
+    lines = _lines(by)
     board.row(title)
     board.add(
         timeseries_panel(
             f"Request rate by {what}",
             f"Requests finished per second, all outcomes, by {what}: the rate of llm_requests_total "
-            "over each $__rate_interval window (one count per request, when it ends).",
-            [Query(sum_rate(REQUESTS, by), legend)],
+            "over the recorded 2m rates (one count per request, when it ends).",
+            [Query(lines(sum_rate(REQUESTS, by)), legend)],
             "reqps",
             w=8,
         ),
         timeseries_panel(
             f"Error ratio by {what}",
             f"Share of non-cancelled requests that failed on the server side, by {what}: outcome "
-            "error / outcome ok or error, over each $__rate_interval window (0 while there is "
+            "error / outcome ok or error, over the recorded 2m rates (0 while there is "
             "traffic and no error). 4xx answers are not errors.",
             [
                 Query(
-                    ratio_or_zero(
-                        sum_rate(REQUESTS, by, ERROR), sum_rate(REQUESTS, by, NOT_CANCELLED)
+                    lines(
+                        ratio_or_zero(
+                            sum_rate(REQUESTS, by, ERROR), sum_rate(REQUESTS, by, NOT_CANCELLED)
+                        )
                     ),
                     legend,
                 )
@@ -470,7 +487,7 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
             f"In-flight requests by {what}",
             f"Requests being relayed right now, by {what} (the llm_requests_in_flight gauge at each "
             "scrape). Uneven load between pods points at the load balancer.",
-            [Query(f"sum by ({', '.join(by)}) ({selector(IN_FLIGHT)})", legend)],
+            [Query(lines(sum_gauge(IN_FLIGHT, by)), legend)],
             "short",
             w=8,
         ),
@@ -479,7 +496,7 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
             f"TPOT p90 by {what}",
             f"90th percentile of time per output token, by {what}: (last token - first token) / "
             f"(output tokens - 1), one value per streamed request. {_QUANTILES}",
-            [Query(quantile(0.9, "llm_time_per_output_token_seconds", by), legend)],
+            [Query(lines(quantile(0.9, "llm_time_per_output_token_seconds", by)), legend)],
             "s",
             w=8,
         ),
@@ -488,7 +505,7 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
             f"Output tokens produced per second by {what}: throughput (the rate of "
             'llm_tokens_total{type="output"}), not the speed one request sees (that is "Decode '
             'speed per request").',
-            [Query(sum_rate(TOKENS, by, (("type", "=", "output"),)), legend)],
+            [Query(lines(sum_rate(TOKENS, by, (("type", "=", "output"),))), legend)],
             "count:tok/s",
             w=8,
         ),
@@ -504,7 +521,7 @@ def _ttft_by(by: tuple[str, ...], legend: str, what: str) -> timeseries.Panel:
         f"{names} of time to first token (streamed requests, first token of any kind), by {what}. {_QUANTILES}",
         [
             Query(
-                quantile(q, "llm_time_to_first_token_seconds", by),
+                _lines(by)(quantile(q, "llm_time_to_first_token_seconds", by)),
                 legend if len(qs) == 1 else f"{legend} p{round(q * 100)}",
             )
             for q in qs
@@ -525,11 +542,13 @@ def _engine(board: Board) -> None:
     """Ollama's and llama.cpp's own timings: collapsed, empty on vLLM (the chart's default)."""
     ttft = "llm_time_to_first_token_seconds"
     prefill = "llm_upstream_prefill_seconds"
-    # Mean TTFT over the same series (pod, model, route) as report engine timings.
-    same = f"on (namespace, pod, model, route) {selector(prefill + '_count')}"
+    # Mean TTFT over the same deployments and models as report engine timings (histograms
+    # are per model, not per route).
+    per_model = tuple(label for label in BASE_LABELS if label != "route")
+    same = f"and on ({', '.join(per_model)}) {sum_rate(prefill + '_count', per_model)}"
     ttft_mean = (
-        f"sum(rate({selector(ttft + '_sum')}[$__rate_interval]) and {same}) / "
-        f"sum(rate({selector(ttft + '_count')}[$__rate_interval]) and {same})"
+        f"sum({sum_rate(ttft + '_sum', per_model)} {same}) / "
+        f"sum({sum_rate(ttft + '_count', per_model)} {same})"
     )
     load_mean = f"({mean('llm_upstream_load_seconds')} or on () vector(0))"
     board.collapsed_row(

@@ -7,13 +7,15 @@ chart scrapes that page through the sidecar's admin port as job ``llm-engine``, 
 same ``namespace``, ``pod`` and ``instance``). Only the sidecar's page has
 ``llm_sidecar_build_info``, so ``and on (job, instance)`` with it keeps the sidecar's own
 series and drops the engine's, whatever the jobs are called. None of these series has
-``model`` or ``route``: only the target-label filters apply.
+``model`` or ``route``: only the target-label filters apply. Nothing records the process
+series: each per-pod panel draws the top pods only; the builds panel reads the recorded count
+of sidecars per version.
 """
 
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import RATE_INTERVAL, TARGET_LABELS, selector
+from .queries import RATE_INTERVAL, TARGET_LABELS, selector, sum_gauge, top_pods
 
 __all__ = ["ROW_TITLE", "BUILD_INFO", "add_own_health_row", "own"]
 
@@ -33,6 +35,11 @@ def _per_pod(expr: str) -> str:
     return f"sum by ({_BY_POD}) ({own(expr)})"
 
 
+def _top(expr: str) -> str:
+    """Raw per-pod series (nothing records them): the top pods only."""
+    return top_pods(expr)
+
+
 def add_own_health_row(board: Board) -> None:
     cpu = f"rate({selector('process_cpu_seconds_total', labels=TARGET_LABELS)}[{RATE_INTERVAL}])"
     board.row(ROW_TITLE)
@@ -43,7 +50,7 @@ def add_own_health_row(board: Board) -> None:
             "per pod: 1 is one whole core. The relay is one event loop, so a pod near 1 is "
             "saturated and adds latency to every stream it relays. A pod whose build runs "
             "without the C speedups (see 'Sidecar builds') uses about twice the CPU per token.",
-            [Query(_per_pod(cpu), _POD)],
+            [Query(_top(_per_pod(cpu)), _POD)],
             "short",
             w=6,
         ),
@@ -54,7 +61,8 @@ def add_own_health_row(board: Board) -> None:
             "steady climb under steady traffic is a leak.",
             [
                 Query(
-                    _per_pod(selector("process_resident_memory_bytes", labels=TARGET_LABELS)), _POD
+                    _top(_per_pod(selector("process_resident_memory_bytes", labels=TARGET_LABELS))),
+                    _POD,
                 )
             ],
             "bytes",
@@ -67,8 +75,10 @@ def add_own_health_row(board: Board) -> None:
             "new connections are refused (EMFILE).",
             [
                 Query(
-                    f"{_per_pod(selector('process_open_fds', labels=TARGET_LABELS))} / "
-                    f"{_per_pod(selector('process_max_fds', labels=TARGET_LABELS))}",
+                    _top(
+                        f"{_per_pod(selector('process_open_fds', labels=TARGET_LABELS))} / "
+                        f"{_per_pod(selector('process_max_fds', labels=TARGET_LABELS))}"
+                    ),
                     _POD,
                 )
             ],
@@ -83,7 +93,7 @@ def add_own_health_row(board: Board) -> None:
             "has them. Two versions at once is a rollout.",
             [
                 Query(
-                    f"count by (version, speedups) ({selector(BUILD_INFO, labels=TARGET_LABELS)})",
+                    sum_gauge(BUILD_INFO, ("version", "speedups"), labels=TARGET_LABELS),
                     "{{version}} speedups {{speedups}}",
                 )
             ],

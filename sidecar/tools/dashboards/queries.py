@@ -1,16 +1,26 @@
 """PromQL for the dashboards: one place for selectors, rates, quantiles and ratios.
 
-Every raw-metric selector carries the dashboard's filter variables; every range is
-``$__rate_interval`` (Grafana's window that always holds at least four scrapes), so a panel
-never goes blank when the time range or the scrape interval changes. Recorded series
-(``llm:*``) are aggregated by the SLO spec's grouping labels and carry ``slo``; they take the
-filters of the grouping labels that are variables (cluster, namespace, model by default).
+The panels read recorded series, not raw ones: :func:`sum_rate`, :func:`quantile`,
+:func:`mean` and :func:`sum_gauge` read the records of :mod:`sidecar.tools.slo.aggregates`
+(rates over 2m, summed by cluster, namespace, release, model, route and the labels the panels
+split by, evaluated with the SLO rules), so a panel reads one series per deployment, model
+and route instead of every pod's every bucket. Asking for a label a record does not keep
+raises at generation time. Grouping by ``pod`` reads the per-pod records, and every per-pod
+panel draws at most :data:`POD_LINES` pods (:func:`top_pods`). The ``raw_*`` helpers read raw
+series over ``$__rate_interval`` (Grafana's window that always holds at least four scrapes):
+only drill-downs to pods use them, each bounded by ``topk``, as a test checks.
+
+Every selector carries the dashboard's filter variables the series keeps (a record summed
+over pods or routes ignores the pod or route filter). Recorded SLO series (``llm:*``) are
+aggregated by the SLO spec's grouping labels and carry ``slo``; they take the filters of the
+grouping labels that are variables (cluster, namespace, model by default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ..slo import aggregates
 from ..slo.rules import promql_string
 
 __all__ = [
@@ -22,7 +32,12 @@ __all__ = [
     "Matcher",
     "selector",
     "rate",
+    "POD_LINES",
+    "top_pods",
+    "raw_sum_rate",
     "sum_rate",
+    "sum_gauge",
+    "max_gauge",
     "quantile",
     "mean",
     "ratio_or_zero",
@@ -78,15 +93,62 @@ def rate(metric: str, extra: Sequence[Matcher] = (), labels: Iterable[str] = FIL
     return f"rate({selector(metric, extra, labels)}[{RATE_INTERVAL}])"
 
 
+def raw_sum_rate(
+    metric: str,
+    by: Sequence[str] = (),
+    extra: Sequence[Matcher] = (),
+    labels: Iterable[str] = FILTER_LABELS,
+) -> str:
+    """``sum by (by) (rate(metric{filters}[$__rate_interval]))`` over the raw series: for a
+    drill-down to pods only (bound it with :func:`top_pods`)."""
+    grouping = f" by ({', '.join(by)})" if by else ""
+    return f"sum{grouping} ({rate(metric, extra, labels)})"
+
+
+POD_LINES = 10
+"""A per-pod panel draws this many pods at most (the top ones at each step), never one line
+per pod of a fleet."""
+
+
+def top_pods(expr: str) -> str:
+    """``expr`` (one series per pod) bounded to the :data:`POD_LINES` highest at each step."""
+    return f"topk({POD_LINES}, {expr})"
+
+
+def _recorded_sum(
+    series: str, by: Sequence[str], extra: Sequence[Matcher], labels: Iterable[str], op: str = "sum"
+) -> str:
+    record = aggregates.find(series, per_pod="pod" in by)
+    kept = set(record.kept)
+    missing = [label for label in (*by, *(k for k, _, _ in extra)) if label not in kept]
+    if missing:
+        raise ValueError(
+            f"{record.record} does not keep {missing}: add them to sidecar/tools/slo/aggregates.py"
+        )
+    grouping = f" by ({', '.join(by)})" if by else ""
+    filters = [label for label in labels if label in kept]
+    return f"{op}{grouping} ({selector(record.record, extra, filters)})"
+
+
 def sum_rate(
     metric: str,
     by: Sequence[str] = (),
     extra: Sequence[Matcher] = (),
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
-    """``sum by (by) (rate(metric{filters}[$__rate_interval]))``; ``sum (...)`` without ``by``."""
-    grouping = f" by ({', '.join(by)})" if by else ""
-    return f"sum{grouping} ({rate(metric, extra, labels)})"
+    """Per second, summed by ``by`` (``sum (...)`` without): the recorded 2m rate of
+    ``metric`` (a counter or a histogram's part), per pod when ``by`` has ``pod``."""
+    return _recorded_sum(metric, by, extra, labels)
+
+
+def sum_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
+    """A gauge summed by ``by``, from its recorded sum (per pod when ``by`` has ``pod``)."""
+    return _recorded_sum(metric, by, (), labels)
+
+
+def max_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
+    """A gauge's largest value by ``by``, from its recorded maximum."""
+    return _recorded_sum(metric, by, (), labels, op="max")
 
 
 def quantile(
@@ -96,7 +158,7 @@ def quantile(
     extra: Sequence[Matcher] = (),
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
-    """The q-quantile of a histogram over the rate window, from its cumulative buckets."""
+    """The q-quantile of a histogram from its recorded bucket rates."""
     return (
         f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra, labels)})"
     )
@@ -108,7 +170,7 @@ def mean(
     extra: Sequence[Matcher] = (),
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
-    """Average observation over the rate window: rate of the sum / rate of the count."""
+    """Average observation: recorded rate of the sum / recorded rate of the count."""
     return f"{sum_rate(histogram + '_sum', by, extra, labels)} / {sum_rate(histogram + '_count', by, extra, labels)}"
 
 

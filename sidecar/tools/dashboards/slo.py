@@ -37,7 +37,15 @@ from .panels import (
     thresholds,
     timeseries_panel,
 )
-from .queries import FILTER_LABELS, Matcher, ratio_or_zero, recorded, sum_rate
+from .queries import (
+    FILTER_LABELS,
+    POD_LINES,
+    Matcher,
+    ratio_or_zero,
+    raw_sum_rate,
+    recorded,
+    top_pods,
+)
 
 __all__ = ["UID", "TITLE", "BURN_RATE_UNIT", "alert_names", "build"]
 
@@ -246,21 +254,24 @@ def _burn_panel(spec: SLOSpec, name: str, arm: AlertWindow, period_text: str) ->
 
 def _breakdown_query(scope: Scope) -> str:
     """Bad-event share by pod, route and model over $__rate_interval, from the raw metrics,
-    with the same good/bad split as the rule's SLI."""
+    with the same good/bad split as the rule's SLI: a drill-down, so only the top pods."""
     by = BREAKDOWN_BY
     sm = _scope_matchers(scope)
     sli = scope.objective.sli
     if sli == "availability":
-        bad = sum_rate(c.REQUESTS_TOTAL, by, [("outcome", "=", "error"), *sm])
-        total = sum_rate(c.REQUESTS_TOTAL, by, [("outcome", "!=", "cancelled"), *sm])
-        return ratio_or_zero(bad, total)
+        bad = raw_sum_rate(c.REQUESTS_TOTAL, by, [("outcome", "=", "error"), *sm])
+        total = raw_sum_rate(c.REQUESTS_TOTAL, by, [("outcome", "!=", "cancelled"), *sm])
+        return top_pods(ratio_or_zero(bad, total))
     latency = c.latency_sli(sli, scope.objective.cache_class)
     base = [(k, "=", v) for k, v in latency.matchers] + sm
     # The bucket bound as the sidecar and the rules write it (unannotated in prometheus_client).
     le: str = floatToGoString(scope.threshold)  # type: ignore[no-untyped-call]
-    total = sum_rate(f"{latency.histogram}_count", by, base)
-    good = sum_rate(f"{latency.histogram}_bucket", by, [*base, ("le", "=", le)])
-    return f"({total} - {good}) / {total}"
+    # Histograms are per model, not per route: neither grouped nor filtered by it.
+    by = tuple(label for label in by if label != "route")
+    labels = tuple(label for label in FILTER_LABELS if label != "route")
+    total = raw_sum_rate(f"{latency.histogram}_count", by, base, labels)
+    good = raw_sum_rate(f"{latency.histogram}_bucket", by, [*base, ("le", "=", le)], labels)
+    return top_pods(f"({total} - {good}) / {total}")
 
 
 def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
@@ -375,7 +386,7 @@ def _objective(board: Board, spec: SLOSpec, objective: Objective) -> None:
             f"{name}: bad-event share by pod and route",
             "Where the bad events come from: the SLI's bad-event share per namespace/pod, route "
             "and model over each $__rate_interval window, from the raw metrics (the rules above "
-            "sum over pods and routes). Follows the namespace, pod, route and model variables; "
+            f"sum over pods and routes), for the {POD_LINES} worst at each step. Follows the namespace, pod, route and model variables; "
             f"the other panels of this objective follow the model variable only. The error budget "
             f"is {format_number(default.error_budget * 100)}% of events"
             + (" (per-model overrides have their own)." if len(scopes) > 1 else "."),

@@ -4,13 +4,15 @@ stalled past the sidecar's ``--stall-seconds`` (sidecar/export/in_flight.py), pe
 These gauges are read from the open streams at every scrape, so unlike every latency panel
 they move while a request runs: an engine that hangs shows here at once, where the
 histograms wait for the read timeout to end its streams. The series exist only while a
-request is in flight, so an empty panel is an idle pod, shown as 0.
+request is in flight, so an empty panel is an idle pod, shown as 0. The panels read them as
+the dashboards' rules record them at each evaluation (sidecar/tools/slo/aggregates.py), the
+stalled streams per pod for the top pods only.
 """
 
 from __future__ import annotations
 
 from .panels import Board, Query, timeseries_panel
-from .queries import selector
+from .queries import max_gauge, sum_gauge, top_pods, zero_if_absent
 
 __all__ = ["ROW_TITLE", "IN_PHASE", "OLDEST", "STALLED", "add_stalls_row"]
 
@@ -33,7 +35,7 @@ def add_stalls_row(board: Board) -> None:
             "Read at each scrape, not when requests end.",
             [
                 Query(
-                    f"sum by (namespace, pod, phase) ({selector(STALLED)}) or on () vector(0)",
+                    f"{top_pods(sum_gauge(STALLED, ('namespace', 'pod', 'phase')))} or on () vector(0)",
                     "{{namespace}}/{{pod}} {{phase}}",
                 )
             ],
@@ -45,7 +47,7 @@ def add_stalls_row(board: Board) -> None:
             "Requests being relayed right now, by phase: head (waiting for the response head), "
             "first_token (streamed, no token yet), decode (tokens coming). A queue in the engine "
             "grows head and first_token; a hang freezes every phase.",
-            [Query(f"sum by (phase) ({selector(IN_PHASE)})", "{{phase}}")],
+            [Query(zero_if_absent(sum_gauge(IN_PHASE, ("phase",)), "phase"), "{{phase}}")],
             "short",
             w=8,
             stack=True,
@@ -55,7 +57,7 @@ def add_stalls_row(board: Board) -> None:
             "Age of the oldest request in flight in each phase (seconds since its head came in), "
             "the largest over the selected pods: a first_token line climbing past the TTFT "
             "objective is a request still waiting, seen before it ends.",
-            [Query(f"max by (phase) ({selector(OLDEST)})", "{{phase}}")],
+            [Query(zero_if_absent(max_gauge(OLDEST, ("phase",)), "phase"), "{{phase}}")],
             "s",
             w=8,
         ),

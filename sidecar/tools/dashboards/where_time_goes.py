@@ -18,7 +18,8 @@ The rest = the sidecar's mean TTFT (or e2e) − engine queue − engine prefill 
 tokenisation and detokenisation, the HTTP server in front of the engine, the network, and
 the sidecar. ``llm_sidecar_overhead_seconds`` then says how much of that is the sidecar.
 Means, not quantiles: a difference of means is a mean of differences; a difference of
-p99s is no one's p99.
+p99s is no one's p99. The sidecar's side reads its recorded per-pod rates; every per-pod
+panel draws the top pods only (``top_pods``), the engine's raw series included.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from grafana_foundation_sdk.builders import timeseries
 from .panels import Board, Query, timeseries_panel
 from .queries import (
     ENGINE_LABELS,
-    FILTER_LABELS,
     TARGET_LABELS,
     Matcher,
     mean,
     on_release_pods,
     quantile,
     selector,
+    top_pods,
 )
 
 __all__ = [
@@ -64,44 +65,55 @@ _POD = "{{namespace}}/{{pod}}"
 
 
 def _pod_mean(histogram: str, extra: Sequence[Matcher] = ()) -> str:
-    """Mean per pod over the rate window. The sidecar's series take every filter; vLLM's
-    (no ``model`` or ``route`` label, and no ``llm_release`` from a team's own scrape) only
-    the other target labels, kept for the selected releases' pods. Both sum to one series
-    per pod, so their difference joins one to one on (namespace, pod)."""
+    """Mean per pod. The sidecar's from its recorded per-pod rates (every filter but the
+    route); vLLM's over the rate window from its raw series (no ``model`` or ``route`` label,
+    and no ``llm_release`` from a team's own scrape: only the other target labels, kept for
+    the selected releases' pods). Both sum to one series per pod, so their difference joins
+    one to one on (namespace, pod)."""
+    if not histogram.startswith("vllm:"):
+        return mean(histogram, _BY_POD, extra)
     by = ", ".join(_BY_POD)
-    engine = histogram.startswith("vllm:")
-    labels = ENGINE_LABELS if engine else FILTER_LABELS
-    sel_sum = selector(histogram + "_sum", extra, labels=labels)
-    sel_count = selector(histogram + "_count", extra, labels=labels)
-    expr = (
+    sel_sum = selector(histogram + "_sum", extra, labels=ENGINE_LABELS)
+    sel_count = selector(histogram + "_count", extra, labels=ENGINE_LABELS)
+    return on_release_pods(
         f"sum by ({by}) (rate({sel_sum}[$__rate_interval])) / "
         f"sum by ({by}) (rate({sel_count}[$__rate_interval]))"
     )
-    return on_release_pods(expr) if engine else expr
+
+
+def _of_top_pods(parts: dict[str, str], total: str) -> dict[str, str]:
+    """Every part kept to the pods with the highest client-seen total (the same pods in every
+    query of the panel, so the stack adds up), never one line per pod of a fleet."""
+    top = top_pods(parts[total])
+    by = ", ".join(_BY_POD)
+    return {name: f"({expr}) and on ({by}) {top}" for name, expr in parts.items()}
 
 
 def ttft_split() -> dict[str, str]:
-    """Per pod: client-seen TTFT and its parts (queries named by part, for tests)."""
+    """Per pod (the top ones by TTFT): client-seen TTFT and its parts (queries named by
+    part, for tests)."""
     ttft, queue, prefill = _pod_mean(TTFT), _pod_mean(VLLM_QUEUE), _pod_mean(VLLM_PREFILL)
-    return {
+    parts = {
         "engine queue": queue,
         "engine prefill": prefill,
         "rest": f"({ttft}) - ({queue}) - ({prefill})",
         "client TTFT": ttft,
     }
+    return _of_top_pods(parts, "client TTFT")
 
 
 def e2e_split() -> dict[str, str]:
-    """Per pod: client-seen e2e (ok requests) and its parts."""
+    """Per pod (the top ones by e2e): client-seen e2e (ok requests) and its parts."""
     e2e = _pod_mean(E2E, (("outcome", "=", "ok"),))
     queue, prefill, decode = _pod_mean(VLLM_QUEUE), _pod_mean(VLLM_PREFILL), _pod_mean(VLLM_DECODE)
-    return {
+    parts = {
         "engine queue": queue,
         "engine prefill": prefill,
         "engine decode": decode,
         "rest": f"({e2e}) - ({queue}) - ({prefill}) - ({decode})",
         "client e2e": e2e,
     }
+    return _of_top_pods(parts, "client e2e")
 
 
 def _split_panel(
@@ -145,9 +157,9 @@ def add_where_time_goes_row(board: Board) -> None:
             "Ollama's durations, TGI's x-queue-time header, SGLang's meta_info (--enable-metrics). "
             "Works for any engine that reports it, without scraping the engine.",
             [
-                Query(_pod_mean("llm_upstream_queue_seconds"), f"{_POD} queue"),
-                Query(_pod_mean("llm_upstream_prefill_seconds"), f"{_POD} prefill"),
-                Query(_pod_mean("llm_upstream_decode_seconds"), f"{_POD} decode"),
+                Query(top_pods(_pod_mean("llm_upstream_queue_seconds")), f"{_POD} queue"),
+                Query(top_pods(_pod_mean("llm_upstream_prefill_seconds")), f"{_POD} prefill"),
+                Query(top_pods(_pod_mean("llm_upstream_decode_seconds")), f"{_POD} decode"),
             ],
             "s",
         ),

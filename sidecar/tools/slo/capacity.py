@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from ...measure.concurrency import BANDS
 from . import conventions as c
+from .aggregates import aggregates_group
 from .rules import (
     LITERAL,
     Group,
@@ -40,7 +41,7 @@ from .rules import (
 )
 from .spec import Objective, SLOSpec
 from .stall import stall_group
-from .windows import format_number
+from .windows import format_number, parse_duration
 
 __all__ = [
     "generate",
@@ -64,6 +65,10 @@ ITL_BY_CONCURRENCY = "llm_inter_token_latency_by_concurrency_seconds"
 TOKENS = "llm_decode_tokens_by_concurrency_total"
 SECONDS = "llm_decode_seconds_by_concurrency_total"
 WINDOW = "1h"
+BAND_WINDOW = "5m"
+ITL_BUCKET_RATE = "llm:inter_token_latency_by_concurrency_seconds_bucket:rate5m"
+TOKENS_RATE = "llm:decode_tokens_by_concurrency:rate5m"
+SECONDS_RATE = "llm:decode_seconds_by_concurrency:rate5m"
 MIN_GAPS = 100
 FOR = "15m"
 THROUGHPUT = "llm:decode_throughput_by_concurrency:rate1h"
@@ -104,30 +109,37 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     threshold = numbers.threshold(spec.scopes(objective)[0])  # the default scope's
     p = quantile_record(objective)
 
-    def inc(metric: str, suffix: str = "") -> str:
-        return f"sum by ({byc}) (increase({selector(metric + suffix, sel)}[{WINDOW}]))"
-
-    quantile = (
-        f"histogram_quantile({format_number(q)}, sum by ({byc}, le) "
-        f"(rate({selector(ITL_BY_CONCURRENCY + '_bucket', sel)}[{WINDOW}]))) "
-        f"and on ({byc}) {inc(ITL_BY_CONCURRENCY, '_count')} >= {MIN_GAPS}"
-    )
-    throughput = f"{inc(TOKENS)} / ({inc(SECONDS)} > 0)"
-
     # Recorded series are read through the spec's selector too: in a fleet, each release's
     # rules must read (and so write) only its own deployment's series.
     def rec(name: str, *extra: tuple[str, str, str]) -> str:
         return selector(name, [*sel, *extra])
 
+    def band_rate(metric: str, by_: str) -> str:
+        return f"sum by ({by_}) (rate({selector(metric, sel)}[{BAND_WINDOW}]))"
+
+    def hour(name: str, *extra: tuple[str, str, str]) -> str:
+        """The hour's mean of a recorded band rate (its rate over the hour, as the 5m windows
+        tile it)."""
+        return f"avg_over_time({rec(name, *extra)}[{WINDOW}])"
+
+    seconds = parse_duration(WINDOW)
+    gaps = f"sum by ({byc}) ({hour(ITL_BUCKET_RATE, ('le', '=', '+Inf'))}) * {seconds}"
+    quantile = (
+        f"histogram_quantile({format_number(q)}, sum by ({byc}, le) ({hour(ITL_BUCKET_RATE)})) "
+        f"and on ({byc}) {gaps} >= {MIN_GAPS}"
+    )
+    throughput = (
+        f"sum by ({byc}) ({hour(TOKENS_RATE)}) / (sum by ({byc}) ({hour(SECONDS_RATE)}) > 0)"
+    )
     bands = " or ".join(
         f"({rec(p, ('concurrency', '=', b))} <= {threshold}) * 0 + {b}" for b in FINITE_BANDS
     )
     at_capacity = f"{rec(CAPACITY_BAND)} == on ({by}) group_left () {rec(CAPACITY)}"
-    total = f"sum by ({by}) (increase({selector(SECONDS, sel)}[{WINDOW}]))"
+    total = f"sum by ({by}) ({hour(SECONDS_RATE)})"
     cumulative = []
     for i, b in enumerate(BANDS):
         upto = "|".join(x.replace("+", "\\+") for x in BANDS[: i + 1])
-        share = f"sum by ({by}) (increase({selector(SECONDS, [*sel, ('concurrency', '=~', upto)])}[{WINDOW}])) / ({total} > 0)"
+        share = f"sum by ({by}) ({hour(SECONDS_RATE, ('concurrency', '=~', upto))}) / ({total} > 0)"
         value = "256" if b == "+Inf" else b  # above every finite band
         cumulative.append(
             f'label_replace({share} >= 0.95, "concurrency", "{b}", "", "") * 0 + {value}'
@@ -135,6 +147,9 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     load = f"min by ({by}) ({' or '.join(cumulative)})"
     who = _who(spec.grouping)
     rules = (
+        Rule(band_rate(ITL_BY_CONCURRENCY + "_bucket", f"{byc}, le"), record=ITL_BUCKET_RATE),
+        Rule(band_rate(TOKENS, byc), record=TOKENS_RATE),
+        Rule(band_rate(SECONDS, byc), record=SECONDS_RATE),
         Rule(quantile, record=p),
         Rule(throughput, record=THROUGHPUT),
         Rule(bands, record=CAPACITY_BAND),
@@ -175,4 +190,4 @@ def generate(
     capacity = () if group is None else (group,)
     stalls = stall_group(spec)  # a hung engine (stall.py)
     stalled = () if stalls is None else (stalls,)
-    return RuleSet(ruleset.spec, (*ruleset.groups, *capacity, *stalled))
+    return RuleSet(ruleset.spec, (*ruleset.groups, *capacity, aggregates_group(spec), *stalled))

@@ -4,8 +4,9 @@ For every objective and scope (the objective's default, then each per-model over
 summed by the spec's ``grouping`` labels (one SLO per deployment, not per Prometheus):
 
 0. ``llm:sli_bad_events:rate5m`` and ``llm:sli_events:rate5m``, the base window's event rates;
-1. ``llm:sli_error:ratio_rate<W>`` for every window the alerts read and for the period; the
-   short ones from the raw series, those of a day or more from (0) with ``sum_over_time``;
+1. ``llm:sli_error:ratio_rate<W>`` for every window the alerts read and for the period: the
+   base window's from (0), every longer one (30m ... 3d, the period) from (0) with
+   ``sum_over_time``, so no rule reads a raw series over more than the base window;
 2. ``llm:burn_rate:ratio_rate<W>`` = that ratio / error budget, for the alert windows;
 3. ``llm:error_budget_remaining:ratio`` = 1 - period error ratio / error budget;
 4. one ``LLM<Objective>BurnRate`` alert per alert window (:func:`~.windows.windows_for_period`):
@@ -39,7 +40,6 @@ from .windows import (
     burn_rate_factor,
     format_duration,
     format_number,
-    is_long_window,
     record_windows,
 )
 
@@ -160,9 +160,9 @@ class Numbers:
         return format_number(window.budget_consumed * 100)
 
     def window_error(self, window: int, period: int, recorded: str, raw: str) -> str:
-        """The error ratio over ``window``: from the recorded base-window rates for a window
-        of a day or more (1/30 of the period), else from the raw series."""
-        return recorded if is_long_window(window, period) else raw
+        """The error ratio over ``window``: from the recorded base-window rates, as the rules
+        build every window above the base one."""
+        return recorded
 
 
 LITERAL = Numbers()
@@ -232,11 +232,14 @@ def _scope_rules(
     """A scope's records, then its alerts.
 
     The cheap form: the base window's bad and total event *rates* are recorded once, and
-    every window of a day or more (and the period) is the ratio of their ``sum_over_time``:
-    a sum of rates sampled at the rule interval, so numerator and denominator are the same
-    multiple of the event counts and the ratio is the count ratio, exactly as ``rate`` over
-    the long window would give. It reads one recorded series per group instead of every
-    bucket series of every pod, route and class for 30 days at every evaluation.
+    every longer window (and the period) is the ratio of their ``sum_over_time``: a sum of
+    rates sampled at the rule interval, so numerator and denominator are the same multiple of
+    the event counts and the ratio is the count ratio, as ``rate`` over the long window would
+    give (each sample covers the base window before it, so a window W weighs events of
+    [t - W - base, t], the oldest base window less and less: an alert resets up to one base
+    window later than a raw ``rate`` over W would). It reads one recorded series per group
+    instead of every bucket series of every pod, route and class over the window at every
+    evaluation.
     """
     by = spec.grouping
     labels = _static_labels(scope)
@@ -258,13 +261,7 @@ def _scope_rules(
                 f"sum_over_time({selector(c.sli_bad_events_record(base), rm)}[{span}])"
                 f" / sum_over_time({selector(c.sli_events_record(base), rm)}[{span}])"
             )
-            raw = sli_error_expr(scope, w, by, numbers)
-            if long_windows == "raw":
-                expr = raw
-            elif w == spec.period:
-                expr = recorded
-            else:
-                expr = numbers.window_error(w, spec.period, recorded, raw)
+            expr = sli_error_expr(scope, w, by, numbers) if long_windows == "raw" else recorded
         rules.append(Rule(expr, record=c.sli_error_record(w), labels=labels))
     for w in windows:
         rules.append(

@@ -69,7 +69,7 @@ FAST = {"x-sim-ttft": "0.03", "x-sim-tpot": "0.004", "x-sim-tokens": "12"}
 # Series no simulator here has: vLLM's own phase histograms and the engine queue time that
 # only real engines report. The "where the time goes" queries that read them run against a
 # real Prometheus scraping a real vLLM and a sidecar in front of it (make test-real).
-LIVE_ONLY = ("vllm:request_", "llm_upstream_queue_seconds")
+LIVE_ONLY = ("vllm:request_", "llm_upstream_queue_seconds", "llm:upstream_queue_seconds")
 
 
 def spec_with_override():

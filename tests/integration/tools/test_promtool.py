@@ -241,14 +241,28 @@ def _labels(metric: str, labels: dict) -> str:
     return metric + "{" + ",".join(f"{k}={json.dumps(str(v))}" for k, v in labels.items()) + "}"
 
 
-def verdicts_only(doc: dict, rules: Path) -> dict:
+# Where the hand-written tests pin the recorded chain's lag: a window above 5m sums the
+# recorded 5m rates, so it reaches a burn's threshold up to half the base window (one
+# evaluation at 10m) after a raw rate() would; at these checks the recorded rules are still
+# quiet and the raw form already fires (windows.yaml relates the two forms' numbers).
+LAG_CHECKS = {
+    "page.yaml": {"18h06m", "18h32m", "19h00m"},
+    "ticket.yaml": {"39h40m"},
+}
+
+
+def verdicts_only(doc: dict, rules: Path, skip: frozenset[str] = frozenset()) -> dict:
     """A promtool test file reduced to its verdicts: which alerts fire, with which labels, at
     every checked time. Recorded values and annotations are dropped: the two forms' numbers
     differ a little (the recorded form's window edges taper over 5m); the verdicts must not.
     Each alert_rule_test becomes the same check on the firing ``ALERTS`` series."""
     tests = []
     for group in doc["tests"]:
-        checks = [t for t in group.get("promql_expr_test", []) if t["expr"].startswith("ALERTS")]
+        checks = [
+            t
+            for t in group.get("promql_expr_test", [])
+            if t["expr"].startswith("ALERTS") and t["eval_time"] not in skip
+        ]
         for t in group.get("alert_rule_test", []):
             name = t["alertname"]
             checks.append(
@@ -275,7 +289,8 @@ def verdicts_only(doc: dict, rules: Path) -> dict:
 # history.yaml checks LLMSLOHistoryShort, the same rule in both forms, over 30 days of
 # one-minute samples: there the raw form's rate[30d] stops promtool with "query processing
 # would load too many samples into memory", which is the cost this issue removes.
-VERDICT_FILES = [p.name for p in PROMTOOL_TESTS if p.name != "history.yaml"]
+# windows.yaml relates the two forms' numbers exactly instead (it checks no alert).
+VERDICT_FILES = [p.name for p in PROMTOOL_TESTS if p.name not in ("history.yaml", "windows.yaml")]
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +305,8 @@ def verdict_results(tmp_path_factory) -> dict[tuple[str, str], subprocess.Comple
         rules.write_text(render_rules(generate(spec, long_windows=form)), encoding="utf-8")
         for name in VERDICT_FILES:
             doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
-            reduced = verdicts_only(doc, rules)
+            skip = frozenset(LAG_CHECKS.get(name, ())) if form == "raw" else frozenset()
+            reduced = verdicts_only(doc, rules, skip)
             assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), (
                 f"{name} has no verdicts to compare"
             )

@@ -1,0 +1,161 @@
+"""The recorded series the dashboards read: every raw series a panel needs, summed once per
+evaluation by (cluster, namespace, llm_release, model, route) and the few labels its panels
+split or filter by, over a short window.
+
+Why: a panel over raw series reads every pod's every series (each bucket, each prompt class)
+over the rate window at every step, and does so again for every viewer and every refresh. A
+rule reads them once per evaluation and writes one series per deployment, model and route;
+the panels then read those. The pod is summed away: the per-pod records (``per_pod``) keep
+it but not ``route``, and only the per-pod drill-down panels read them, each bounded by
+``topk``.
+
+Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate2m``
+(``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``_per_pod``
+after the metric for the per-pod records, ``:sum`` (or ``:max``) for a gauge and ``:count``
+for a count of series. ``le`` is kept on every ``_bucket`` record, so any quantile or heatmap of the selected
+models and routes is ``histogram_quantile`` over the recorded bucket rates.
+
+The window is 2m: four scrapes at the 30s interval kube-prometheus-stack scrapes at, so a
+missed scrape leaves a rate rather than a gap. The panels read the recorded rates as they
+are: what a panel shows at time t is the rate over [t-2m, t] as of the group's last
+evaluation (at most one evaluation interval old).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .rules import Group, Matcher, Rule, _spec_matchers, selector
+from .spec import SLOSpec
+from .windows import format_duration
+
+__all__ = [
+    "GROUP",
+    "WINDOW",
+    "BASE_LABELS",
+    "POD_LABELS",
+    "Aggregate",
+    "AGGREGATES",
+    "find",
+    "aggregates_group",
+]
+
+GROUP = "llm-sidecar-dashboards"
+WINDOW = 2 * 60
+BASE_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "model", "route")
+"""What every record keeps (a label a series lacks stays absent)."""
+POD_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "pod", "model")
+"""What a per-pod record keeps: the pod, not the route (a pod serves its model on every route)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """One recorded series: ``series`` (a counter, a histogram's ``_bucket``, ``_sum`` or
+    ``_count``, or a gauge) summed by the base labels and ``labels``."""
+
+    series: str
+    labels: tuple[str, ...] = ()
+    how: str = "rate"
+    """``rate`` (a counter), ``sum`` or ``max`` (a gauge) or ``count`` (series counted)."""
+    per_pod: bool = False
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        base = POD_LABELS if self.per_pod else BASE_LABELS
+        if self.series.endswith(("_bucket", "_sum", "_count")):
+            # Histograms are per model, not per route (docs/metrics.md, "Series a pod"): a
+            # route filter must not empty their panels.
+            base = tuple(label for label in base if label != "route")
+        le = ("le",) if self.series.endswith("_bucket") else ()
+        return (*base, *self.labels, *le)
+
+    @property
+    def record(self) -> str:
+        stem = self.series.removeprefix("llm_").removesuffix("_total")
+        if self.per_pod:
+            stem += "_per_pod"
+        op = f"rate{format_duration(WINDOW)}" if self.how == "rate" else self.how
+        return f"llm:{stem}:{op}"
+
+    def expr(self, matchers: Sequence[Matcher], grouping: Sequence[str] = ()) -> str:
+        kept = [*self.kept, *(g for g in grouping if g not in self.kept)]
+        raw = selector(self.series, matchers)
+        inner = f"rate({raw}[{format_duration(WINDOW)}])" if self.how == "rate" else raw
+        return f"{self.how if self.how != 'rate' else 'sum'} by ({', '.join(kept)}) ({inner})"
+
+
+def _histogram(name: str, *labels: str, parts: str = "bucket") -> list[Aggregate]:
+    """The named parts (``bucket``, ``sum``, ``count``) of one histogram."""
+    return [Aggregate(f"{name}_{part}", labels) for part in parts.split()]
+
+
+def _per_pod(name: str, *labels: str, parts: str) -> list[Aggregate]:
+    return [Aggregate(f"{name}_{part}", labels, per_pod=True) for part in parts.split()]
+
+
+AGGREGATES: tuple[Aggregate, ...] = (
+    Aggregate("llm_requests_total", ("outcome", "code", "error_type")),
+    Aggregate("llm_finish_reasons_total", ("finish_reason",)),
+    Aggregate("llm_non_api_requests_total", ("method", "code")),
+    Aggregate("llm_requests_in_flight", how="sum"),
+    Aggregate("llm_requests_in_phase", ("phase",), how="sum"),
+    Aggregate("llm_requests_in_phase_oldest_seconds", ("phase",), how="max"),
+    Aggregate("llm_requests_within_slo_total"),
+    Aggregate("llm_stream_parse_errors_total"),
+    Aggregate("llm_tokens_total", ("type",)),
+    Aggregate("llm_request_objectives_total", ("objective", "result")),
+    Aggregate("llm_request_objective_invalid_total", ("objective",)),
+    Aggregate("llm_token_count_source_total", ("source",)),
+    Aggregate("llm_label_overflow_total", ("label", "reason")),
+    Aggregate("llm_series_refused_total", ("fate",)),
+    Aggregate("llm_sidecar_build_info", ("version", "speedups"), how="count"),
+    *_histogram("llm_time_to_first_token_seconds", parts="bucket sum count"),
+    *_histogram("llm_time_to_first_answer_token_seconds"),
+    *_histogram("llm_inter_token_latency_seconds"),
+    *_histogram("llm_time_per_output_token_seconds"),
+    *_histogram("llm_request_duration_seconds", "outcome"),
+    *_histogram("llm_time_to_first_byte_seconds"),
+    *_histogram("llm_time_to_first_token_by_cache_seconds", "cache", parts="bucket count"),
+    *_histogram("llm_time_to_first_tool_call_seconds"),
+    *_histogram("llm_tool_call_assembly_seconds"),
+    *_histogram("llm_tool_calls_per_response", parts="sum count"),
+    *_histogram("llm_output_tokens_per_second", parts="bucket sum count"),
+    *_histogram("llm_request_tokens", "type", parts="bucket sum count"),
+    *_histogram("llm_upstream_load_seconds", parts="bucket sum count"),
+    *_histogram("llm_upstream_prefill_seconds", parts="bucket sum count"),
+    *_histogram("llm_upstream_decode_seconds", parts="bucket"),
+    *_histogram("llm_sidecar_overhead_seconds", "direction", parts="bucket sum count"),
+    # The per-pod drill-downs (the overview's "Per pod" row, "Where the time goes").
+    Aggregate("llm_requests_total", ("outcome",), per_pod=True),
+    Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
+    Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True),
+    Aggregate("llm_tokens_total", ("type",), per_pod=True),
+    *_per_pod("llm_time_to_first_token_seconds", parts="bucket sum count"),
+    *_per_pod("llm_time_per_output_token_seconds", parts="bucket"),
+    *_per_pod("llm_request_duration_seconds", "outcome", parts="sum count"),
+    *_per_pod("llm_upstream_queue_seconds", parts="sum count"),
+    *_per_pod("llm_upstream_prefill_seconds", parts="sum count"),
+    *_per_pod("llm_upstream_decode_seconds", parts="sum count"),
+)
+
+_BY_SERIES = {(a.series, a.per_pod): a for a in AGGREGATES}
+assert len(_BY_SERIES) == len(AGGREGATES), "one record per series and kind"
+
+
+def find(series: str, per_pod: bool = False) -> Aggregate:
+    """The record of ``series`` (per pod or not); KeyError names what is missing."""
+    try:
+        return _BY_SERIES[(series, per_pod)]
+    except KeyError:
+        kind = "per-pod " if per_pod else ""
+        raise KeyError(
+            f"no {kind}record of {series}: add it to sidecar/tools/slo/aggregates.py"
+        ) from None
+
+
+def aggregates_group(spec: SLOSpec) -> Group:
+    """Every record, each reading only the spec's selector (a release's own series)."""
+    sel = _spec_matchers(spec)
+    rules = tuple(Rule(a.expr(sel, spec.grouping), record=a.record) for a in AGGREGATES)
+    return Group(GROUP, rules)
