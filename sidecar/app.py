@@ -45,15 +45,16 @@ from .base.speedups import IN_C, SPEEDUPS_MISSING
 from .base.tenant import TenantLabeler
 from .config import Settings
 from .export.capacity import CapacityMetrics
-from .export.in_flight import InFlightView, stall_probe
+from .export.in_flight import InFlightView, StallWatch, stall_probe
 from .export.logs import RequestLogger
 from .export.metrics import SidecarMetrics, SLOThresholds
 from .export.otel_setup import TelemetryProviders, providers_from_env
+from .export.otel_stalls import register_stall_gauge
 from .export.prometheus_internals import WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .export.spans import RequestTelemetry
 from .measure.objectives import ObjectiveDefaults
-from .measure.record import InFlightLedger, RecordBook
+from .measure.record import InFlightLedger, RecordBook, RequestRecord
 from .relay.control.engine_metrics import engine_metrics_handler
 from .relay.control.model_discovery import served_models
 from .relay.control.self_loop import (
@@ -149,6 +150,7 @@ class Sidecar:
     # Asks the upstream which models it serves (a pod's supervisor does, for its workers).
     lists_models: bool = True
     in_flight: InFlightView | None = None  # the requests in flight, read when asked
+    stall_watch: StallWatch | None = None  # tracing on: marks where stalled streams stopped
 
     def __post_init__(self) -> None:
         proxy = self.proxy
@@ -353,10 +355,28 @@ def build_sidecar(
     # The requests in flight, read at scrape time: no series while none is, so no budget.
     in_flight = InFlightView(records, settings.stall_seconds)
     registry.register(in_flight)
+    stall_watch = None
+    if telemetry is not None:
+        if telemetry.metrics and meter_provider is not None:
+            try:  # the OTel twin of llm_streams_stalled
+                register_stall_gauge(meter_provider, in_flight)
+            except Exception:  # telemetry never stops the proxy
+                _log.exception("otel_setup_failed")
+        if telemetry.tracing:  # a span event where each stalled stream stopped
+            stall_watch = StallWatch(in_flight, _stall_event(telemetry, settings.stall_seconds))
     return Sidecar(
         settings, registry, metrics, proxy, renderer, tenants=tenants, capacity=capacity, link=link,
-        in_flight=in_flight,
+        in_flight=in_flight, stall_watch=stall_watch,
     )  # fmt: skip
+
+
+def _stall_event(
+    telemetry: RequestTelemetry, threshold: float
+) -> Callable[[RequestRecord, float, str], None]:
+    def stalled(record: RequestRecord, since: float, phase: str) -> None:
+        telemetry.stalled(record.timeline, since, phase, threshold)
+
+    return stalled
 
 
 class ProxyRunner:
@@ -384,6 +404,7 @@ class ProxyRunner:
             max_headers=settings.max_request_headers,
         )
         self._refresh: asyncio.Future[None] | None = None
+        self._stall_watch: asyncio.Future[None] | None = None
 
     @property
     def addresses(self) -> list[Any]:
@@ -392,6 +413,8 @@ class ProxyRunner:
     async def setup(self) -> None:
         self.sc.link.open(self.sc.settings)
         self._refresh = asyncio.ensure_future(_refresh_labels(self.sc))
+        if self.sc.stall_watch is not None:
+            self._stall_watch = asyncio.ensure_future(self.sc.stall_watch.run())
 
     async def listen(self, host: str, port: int) -> None:
         await self.port.listen(host, port)
@@ -400,6 +423,8 @@ class ProxyRunner:
         await self.port.shutdown(self.shutdown_timeout)
         if self._refresh is not None:
             self._refresh.cancel()
+        if self._stall_watch is not None:
+            self._stall_watch.cancel()
         await self.sc.link.close()
         self.sc.renderer.close()
 

@@ -31,9 +31,11 @@ copied in one call and each record's fields are read as they are, never written.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import structlog
 from prometheus_client import Metric
 from prometheus_client.core import GaugeMetricFamily
 
@@ -47,6 +49,7 @@ __all__ = [
     "STALLED",
     "InFlightView",
     "Snapshot",
+    "StallWatch",
     "phase_of",
     "silence_of",
     "stall_probe",
@@ -61,6 +64,7 @@ STALLED = f"{NAMESPACE}_streams_stalled"
 _LABELS = ("model", "route", "phase")
 
 _Key = tuple[str, str, str]
+_log = structlog.get_logger("sidecar.in_flight")
 
 
 def phase_of(record: RequestRecord) -> str:
@@ -98,7 +102,10 @@ class Snapshot:
     counts: dict[_Key, int] = field(default_factory=dict)
     oldest: dict[_Key, float] = field(default_factory=dict)
     stalled: dict[_Key, int] = field(default_factory=dict)
-    stalled_records: list[RequestRecord] = field(default_factory=list)
+    stalled_records: list[tuple[RequestRecord, float, str]] = field(default_factory=list)
+    """Each stalled stream, its silence (seconds) and phase."""
+    now: float = 0.0
+    """When it was taken, on the records' clock."""
     in_flight: int = 0
     least_silence: float | None = None
     """The shortest silence among the requests in flight that have one: how recently the
@@ -133,13 +140,14 @@ class InFlightView:
         threshold = self.stall_seconds if stall_seconds is None else stall_seconds
         records = list(self.book.open_records)  # one C-level copy: safe from another thread
         now = self._clock()
-        out = Snapshot()
+        out = Snapshot(now=now)
         counts, oldest, stalled = out.counts, out.oldest, out.stalled
         for record in records:
             if record.closed:
                 continue
             out.in_flight += 1
-            key = (record.label, record.route, phase_of(record))
+            phase = phase_of(record)
+            key = (record.label, record.route, phase)
             counts[key] = counts.get(key, 0) + 1
             age = max(0.0, now - record.timeline.start)
             if age > oldest.get(key, -1.0):
@@ -153,7 +161,7 @@ class InFlightView:
             out.longest_silence = max(out.longest_silence, silence)
             if silence >= threshold:
                 stalled[key] += 1
-                out.stalled_records.append(record)
+                out.stalled_records.append((record, silence, phase))
         return out
 
     # -- the Prometheus collector ------------------------------------------------------------
@@ -224,3 +232,49 @@ def stall_probe(view: InFlightView, probe_seconds: float) -> tuple[bool, dict[st
     )
     doc["stalled_engine"] = hung
     return not hung, doc
+
+
+class StallWatch:
+    """Tells ``on_stall(record, since, phase)`` once about each stream that stalls (``since``:
+    its last byte, on the records' clock), from a timer on the event loop (:meth:`run`, every
+    ``every`` seconds: a quarter of the threshold, at most 5 s), so a span can mark where the
+    stream stopped while it is still open. Its cost is one read of the open records per tick,
+    nothing per token."""
+
+    def __init__(
+        self,
+        view: InFlightView,
+        on_stall: Callable[[RequestRecord, float, str], None],
+        every: float | None = None,
+    ) -> None:
+        self.view = view
+        self.on_stall = on_stall
+        self.every = every if every is not None else min(5.0, view.stall_seconds / 4)
+
+    def check(self) -> int:
+        """One look: how many streams stalled since the last."""
+        snap = self.view.snapshot()
+        told = 0
+        for record, silence, phase in snap.stalled_records:
+            if record.stall_noted:
+                continue
+            record.stall_noted = True
+            told += 1
+            # The last byte, read on the connection a moment before the timeline noted what it
+            # carried: never before what the timeline noted, so the events keep their order.
+            t = record.timeline
+            noted = (t.last_token, t.first_byte, t.upstream_sent)
+            since = max([snap.now - silence, *(x for x in noted if x is not None)])
+            try:
+                self.on_stall(record, since, phase)
+            except Exception:  # telemetry never breaks the relay
+                _log.exception("stall_note_failed")
+        return told
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            try:
+                self.check()
+            except Exception:
+                _log.exception("stall_watch_failed")

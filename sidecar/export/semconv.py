@@ -149,6 +149,10 @@ LLM_SIDECAR_TOOL_CALL_ASSEMBLY = "llm_sidecar.tool_calls.assembly_time"
 # -- span events ---------------------------------------------------------------------------------
 EVENT_FIRST_TOKEN = "gen_ai.first_token"
 EVENT_FIRST_ANSWER_TOKEN = "gen_ai.first_answer_token"
+# A stream the upstream sent nothing for --stall-seconds, at its last byte (once a stream).
+EVENT_STALLED = "llm_sidecar.stalled"
+LLM_SIDECAR_STALL_PHASE = "llm_sidecar.stall.phase"  # head | first_token | decode
+LLM_SIDECAR_STALL_SECONDS = "llm_sidecar.stall.threshold"  # seconds: --stall-seconds
 
 # -- metrics (GenAI client metrics: names, units, advised ExplicitBucketBoundaries) ------------
 # A "chunk" is a stream event that carries output (content, reasoning or a tool call), the
@@ -212,6 +216,8 @@ LLM_SIDECAR_OBJECTIVE_RESULT = "llm_sidecar.objective.result"  # met | missed
 UNIT_TOOL_CALLS = "{tool_call}"  # as gen_ai.invoke_agent.tool_calls
 UNIT_REQUESTS = "{request}"
 UNIT_HEADERS = "{header}"
+METRIC_OWN_STREAMS_STALLED = "llm_sidecar.client.streams.stalled"  # observable gauge, + phase
+UNIT_STREAMS = "{stream}"
 
 # gen-ai-metrics.md gives the three duration metrics the same boundaries.
 BUCKETS_CLIENT_SECONDS: tuple[float, ...] = (

@@ -249,6 +249,25 @@ class RequestTelemetry:
     def _provider(self, template: str) -> str | None:
         return self._provider_name or PROVIDER_BY_ROUTE.get(template)
 
+    def stalled(
+        self, timeline: RequestTimeline, since: float, phase: str, threshold: float
+    ) -> None:
+        """The event ``llm_sidecar.stalled`` on a stream's open span, stamped at ``since``
+        (its last byte): where the stream stopped (sidecar/export/in_flight.py, ``StallWatch``)."""
+        handle = timeline.trace
+        if not isinstance(handle, _Trace):
+            return
+        try:
+            span = handle.span
+            if span.is_recording():
+                span.add_event(
+                    sc.EVENT_STALLED,
+                    {sc.LLM_SIDECAR_STALL_PHASE: phase, sc.LLM_SIDECAR_STALL_SECONDS: threshold},
+                    timestamp=handle.ns(since),
+                )
+        except Exception:  # telemetry never breaks the relay
+            _log.exception("stall_event_failed")
+
     def inject(self, timeline: RequestTimeline, headers: MutableMapping[str, str]) -> None:
         """Replace the client's ``traceparent``/``tracestate`` with this span's context (the
         trace id is the client's when it sent one) and forward baggage."""

@@ -13,11 +13,17 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.app import ProxyRunner, build_sidecar
 from sidecar.config import Settings
+from sidecar.export import semconv as sc
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, LAST_CHUNK, chat_chunk, http_chunk
@@ -40,8 +46,9 @@ def post(body: bytes = BODY) -> bytes:
 class Pod:
     """A sidecar (proxy and admin port, each on a free port) in front of a scripted upstream."""
 
-    def __init__(self, script, **settings) -> None:
+    def __init__(self, script, tracer_provider=None, meter_provider=None, **settings) -> None:
         self.script = script
+        self.providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
         self.settings = {"stall_seconds": STALL, "model_allowlist": ["m1"], **settings}
 
     async def __aenter__(self) -> Pod:
@@ -51,6 +58,7 @@ class Pod:
                 Settings(upstream=self.upstream.url, **self.settings),
                 CollectorRegistry(),
                 access_log=False,
+                **self.providers,
             )
             self.proxy = ProxyRunner(self.sc, shutdown_timeout=1.0)
             await self.proxy.setup()
@@ -317,3 +325,53 @@ async def test_the_probe_holds_while_another_stream_moves_or_a_request_completed
         assert status == 200 and doc["seconds_since_completed"] < PROBE  # it answered one
         await asyncio.sleep(PROBE + 0.1)
         assert (await pod.probe())[0] == 503  # nothing since: the stuck stream is the engine's
+
+
+def stalled_points(reader: InMemoryMetricReader) -> dict[str, float]:
+    """{phase: value} of llm_sidecar.client.streams.stalled at one collection."""
+    data = reader.get_metrics_data()
+    return {
+        point.attributes[sc.LLM_SIDECAR_STALL_PHASE]: point.value
+        for rm in (data.resource_metrics if data is not None else ())
+        for scope in rm.scope_metrics
+        for metric in scope.metrics
+        if metric.name == sc.METRIC_OWN_STREAMS_STALLED
+        for point in metric.data.data_points
+    }
+
+
+async def test_otel_has_the_stall_count_as_a_gauge_and_the_span_an_event_where_the_stream_stopped():
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        peer.send(CHUNKED_HEAD + token("first"))
+        await peer.go.wait()
+        peer.send(token("resumed") + END)
+
+    exporter = InMemorySpanExporter()
+    tracer = TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    async with Pod(script, tracer_provider=tracer, meter_provider=meters, otel_metrics=True) as pod:
+        assert stalled_points(reader) == {}  # idle: nothing observed
+        reader_ = await pod.open_stream()
+        await read_past(reader_, b"first")
+        stopped = time.time_ns()
+        assert stalled_points(reader) == {"decode": 0}
+        await asyncio.sleep(STALL + 0.2)
+        assert stalled_points(reader) == {"decode": 1}
+        await wait_for(lambda: pod.sc.stall_watch is not None and pod.sc.proxy.records.open_records
+                       and next(iter(pod.sc.proxy.records.open_records)).stall_noted)  # fmt: skip
+        pod.upstream.peers[0].go.set()
+        await read_past(reader_, b"0\r\n\r\n")
+        await wait_for(lambda: len(exporter.get_finished_spans()) == 1)
+    (span,) = exporter.get_finished_spans()
+    (event,) = [e for e in span.events if e.name == sc.EVENT_STALLED]
+    assert dict(event.attributes) == {
+        sc.LLM_SIDECAR_STALL_PHASE: "decode",
+        sc.LLM_SIDECAR_STALL_SECONDS: STALL,
+    }
+    # Stamped at the last byte before the stop, not when the watch noticed it.
+    assert abs(event.timestamp - stopped) < 0.5e9
+    (first,) = [e for e in span.events if e.name == sc.EVENT_FIRST_TOKEN]
+    assert first.timestamp <= event.timestamp < span.end_time
