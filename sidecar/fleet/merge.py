@@ -32,7 +32,7 @@ process metrics), and hands the supervisor what its ``collect()`` yields
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from prometheus_client import Metric
@@ -125,13 +125,12 @@ class _Family:
 
     def add(
         self,
-        name: str,
+        key: _Key,
         labels: Mapping[str, str],
         value: float,
         exemplar: Exemplar | None,
         merge: GaugeMerge,
     ) -> None:
-        key = _key(name, labels)
         got = self.series.get(key)
         if got is None:
             self.series[key] = _Series(labels, value, exemplar)
@@ -157,42 +156,50 @@ class _Family:
         return metric
 
 
-class _Child:
-    """One child of a worker's counter or histogram as the page last read it: its family's
-    head and its samples (a histogram's buckets, ``_count`` and ``_sum`` together), which are
-    carried together when the worker stops exporting them, so its buckets stay consistent."""
+class _Read:
+    """A source's families as one merge reads them, each sample's key made once: its samples
+    by family, and its counters' and histograms' samples by key (what the page compares with
+    the next read, to see what the source stopped exporting)."""
 
-    __slots__ = ("family", "samples")
+    __slots__ = ("entries", "summed")
 
-    def __init__(self, family: Metric | _Family) -> None:
-        self.family = family
-        self.samples: dict[_Key, Sample] = {}
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.entries: list[tuple[Metric, list[tuple[_Key, Sample]]]] = []
+        self.summed: dict[_Key, tuple[Metric, Sample]] = {}
+        summed = self.summed
+        for metric in families:
+            counts = metric.type in _SUMMED_TYPES
+            keyed: list[tuple[_Key, Sample]] = []
+            for sample in metric.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                keyed.append((key, sample))
+                if counts:
+                    summed[key] = (metric, sample)
+            self.entries.append((metric, keyed))
 
-    def went_down_from(self, before: _Child) -> bool:
-        """Whether any sample of ``before`` is missing here or lower: the worker removed the
-        series, or made it again from zero."""
-        for key, sample in before.samples.items():
-            now = self.samples.get(key)
-            if now is None or now.value < sample.value:
-                return True
-        return False
+    def stopped(self, before: _Read) -> list[tuple[Metric, Sample]]:
+        """The samples of ``before`` whose child (a series, or a histogram child's every
+        sample) is missing here or went down in any sample: the source removed it, or made it
+        again from zero. A child goes whole, so its carried buckets stay consistent."""
+        now = self.summed
+        hit: set[_ChildKey] = set()
+        for key, (metric, sample) in before.summed.items():
+            got = now.get(key)
+            if got is None or got[1].value < sample.value:
+                hit.add(_child_key(metric, key))
+        if not hit:
+            return []
+        return [
+            (metric, sample)
+            for key, (metric, sample) in before.summed.items()
+            if _child_key(metric, key) in hit
+        ]
 
 
-def _children(families: Iterable[Metric]) -> dict[_ChildKey, _Child]:
-    out: dict[_ChildKey, _Child] = {}
-    for metric in families:
-        if metric.type not in _SUMMED_TYPES:
-            continue
-        for sample in metric.samples:
-            if sample.name.endswith("_created"):
-                continue
-            labels = sample.labels
-            ckey = (metric.name, tuple(sorted((k, v) for k, v in labels.items() if k != "le")))
-            child = out.get(ckey)
-            if child is None:
-                child = out[ckey] = _Child(metric)
-            child.samples[_key(sample.name, labels)] = sample
-    return out
+def _child_key(metric: Metric, key: _Key) -> _ChildKey:
+    return metric.name, tuple(x for x in key[1] if x[0] != "le")
 
 
 def _merge_of(family: _Family) -> GaugeMerge:
@@ -236,10 +243,10 @@ class PodPage:
         self._clock = clock
         self._carried: dict[str, _Family] = {}
         self._folded_carried: dict[str, float] = {}  # label -> folded requests carried
-        self._seen: dict[Source, dict[_ChildKey, _Child]] = {}
+        self._seen: dict[Source, _Read] = {}
         self._published: dict[tuple[str, _Key], float] = {}
         self.max_series = max_series
-        self._shown: set[tuple[str, _Key]] = set()
+        self._shown: dict[str, set[_Key]] = {}
         self.left_off = 0
         """Series the last page left off for want of room (``max_series``)."""
 
@@ -254,25 +261,26 @@ class PodPage:
         labels, how many) is counted once."""
         self._seen.pop(source, None)
         now = self._clock()
-        for child in _children(families).values():
-            self._carry(child, now)
-        for labels, count in lost:
-            if count <= 0:
-                continue
-            child = _Child(_Family(_REQUESTS_NAME, _REQUESTS.help, "counter", ""))
-            sample = Sample(_REQUESTS_SAMPLE, dict(labels), float(count), None, None)
-            child.samples[_key(sample.name, sample.labels)] = sample
-            self._carry(child, now)
+        self._carry(_Read(families).summed.values(), now)
+        head = _Family(_REQUESTS_NAME, _REQUESTS.help, "counter", "")
+        self._carry(
+            (
+                (head, Sample(_REQUESTS_SAMPLE, dict(labels), float(count), None, None))
+                for labels, count in lost
+                if count > 0
+            ),
+            now,
+        )
 
-    def _carry(self, child: _Child, now: float) -> None:
-        """``child``'s counts into the carried totals, under the page's labels."""
-        head = child.family
-        family = self._carried.get(head.name)
-        if family is None:
-            family = self._carried[head.name] = _Family.like(head)
-        for sample in child.samples.values():
+    def _carry(self, samples: Iterable[tuple[Metric | _Family, Sample]], now: float) -> None:
+        """Counts into the carried totals, under the page's labels."""
+        for head, sample in samples:
+            family = self._carried.get(head.name)
+            if family is None:
+                family = self._carried[head.name] = _Family.like(head)
             labels = self.labels.map(sample.labels, now)
-            family.add(sample.name, labels, sample.value, sample.exemplar, "sum")
+            key = _key(sample.name, labels)
+            family.add(key, labels, sample.value, sample.exemplar, "sum")
             if sample.name == _REQUESTS_SAMPLE and labels is not sample.labels:
                 for name in _folded(sample.labels, labels):
                     self._folded_carried[name] = self._folded_carried.get(name, 0.0) + sample.value
@@ -282,19 +290,17 @@ class PodPage:
         families in the order the first source gives them (a family only the carried totals
         hold comes after)."""
         now = self._clock()
-        sources = {source: list(families) for source, families in live.items()}
-        for source, families in sources.items():
-            children = _children(families)
-            for ckey, before in self._seen.get(source, {}).items():
-                current = children.get(ckey)
-                if current is None or current.went_down_from(before):
-                    self._carry(before, now)
-            self._seen[source] = children
-        self._expire(sources, now)
+        sources = {source: _Read(families) for source, families in live.items()}
+        for source, read in sources.items():
+            before = self._seen.get(source)
+            if before is not None:
+                self._carry(read.stopped(before), now)
+            self._seen[source] = read
+        exported = self.labels.begin()
         out: dict[str, _Family] = {}
         folded: dict[str, float] = {}
-        for families in sources.values():
-            for metric in families:
+        for read in sources.values():
+            for metric, keyed in read.entries:
                 family = out.get(metric.name)
                 if family is None:
                     carried = self._carried.get(metric.name)
@@ -302,12 +308,14 @@ class PodPage:
                         carried.copy() if carried is not None else _Family.like(metric)
                     )
                 merge = _merge_of(family)
-                for sample in metric.samples:
-                    if sample.name.endswith("_created"):
+                for key, sample in keyed:
+                    labels = self.labels.map(sample.labels, now, exported)
+                    if labels is sample.labels:
+                        family.add(key, labels, sample.value, sample.exemplar, merge)
                         continue
-                    labels = self.labels.map(sample.labels, now)
-                    family.add(sample.name, labels, sample.value, sample.exemplar, merge)
-                    if sample.name == _REQUESTS_SAMPLE and labels is not sample.labels:
+                    key = _key(sample.name, labels)
+                    family.add(key, labels, sample.value, sample.exemplar, merge)
+                    if sample.name == _REQUESTS_SAMPLE:
                         for name in _folded(sample.labels, labels):
                             folded[name] = folded.get(name, 0.0) + sample.value
         for name, carried in self._carried.items():
@@ -315,22 +323,21 @@ class PodPage:
                 out[name] = carried.copy()
         self._count_folded(out, folded)
         self._note_totals(out.values(), now)
+        self._expire(exported, now)
         self._fit(out.values())
         self._hold_up(out.values())
         return [family.metric() for family in out.values()]
 
-    def _expire(self, sources: Mapping[Source, Sequence[Metric]], now: float) -> None:
-        """The label values no longer on the page are forgotten; the carried series of a
-        value idle for ``idle_seconds`` that no worker exports go (sidecar/fleet/pod_labels.py)."""
+    def _expire(self, exported: Mapping[str, set[str]], now: float) -> None:
+        """After a merge, the label values no longer on the page are forgotten (their slots
+        free for the next), and the carried series of a value idle for ``idle_seconds`` that
+        no worker exports go from the next page (sidecar/fleet/pod_labels.py)."""
         if not self.labels.books:
             return
-        live = self.labels.values_in(
-            s.labels for families in sources.values() for m in families for s in m.samples
-        )
         carried = self.labels.values_in(
             series.labels for family in self._carried.values() for series in family.series.values()
         )
-        gone = self.labels.expire(live, carried, now)
+        gone = self.labels.expire(exported, carried, now)
         if not gone:
             return
         for family in self._carried.values():
@@ -352,7 +359,7 @@ class PodPage:
                     _OVERFLOW_NAME, _OVERFLOW.help, "counter", ""
                 )
             labels = {"label": name, "reason": _FOLDED_REASON}
-            family.add(f"{_OVERFLOW_NAME}_total", labels, count, None, "sum")
+            family.add(_key(f"{_OVERFLOW_NAME}_total", labels), labels, count, None, "sum")
 
     def _note_totals(self, families: Iterable[_Family], now: float) -> None:
         books = self.labels.books
@@ -387,17 +394,17 @@ class PodPage:
                 for key in family.series:
                     child = (family, tuple(x for x in key[1] if x[0] != "le"))
                     new.setdefault(child, []).append(key)
-            shown = self._shown
             for (family, _labels), keys in reversed(list(new.items())):
                 if count <= self.max_series:
                     break
-                if any((family.name, key) in shown for key in keys):
+                shown = self._shown.get(family.name, set())
+                if any(key in shown for key in keys):
                     continue
                 for key in keys:
                     del family.series[key]
                 count -= len(keys)
                 self.left_off += len(keys)
-        self._shown = {(family.name, key) for family in families for key in family.series}
+        self._shown = {family.name: set(family.series) for family in families}
 
     def _hold_up(self, families: Iterable[_Family]) -> None:
         """Never below what was published: a float sum taken in another order (a worker's

@@ -21,10 +21,11 @@ ledger the workers share:
   memory) on the request path, where the values are admitted, and it would still have to
   count the values only the page holds: those of the totals a killed worker left.
 * On the page the figures stay right, which is the point of the bound. A value's fate is
-  decided once, when it first appears on the page: it is the pod's own value while there is
-  room, else ``other``; and that fate holds while any count of it is on the page. So ``other``
-  only ever grows by counts made since the page last read them (no jump of a value's whole
-  history into it, which an SLO ratio over ``other`` would show as a burst); every family of
+  decided once, when the pod first sees it (on the page, or among a worker's values at a
+  sync): it is the pod's own value while there is room, else ``other``; and that fate holds
+  while any count of it is on the page. So ``other`` only ever grows by counts made since
+  the page last read them (no jump of a value's whole history into it, which an SLO ratio
+  over ``other`` would show as a burst); every family of
   a value folds the same way at once, so a ratio of two families (goodput over requests)
   stays a ratio of the same requests; histograms fold bucket by bucket, so the buckets stay
   cumulative and ``_count`` stays the ``+Inf`` bucket; and counts a worker stops exporting
@@ -101,19 +102,37 @@ class PodLabels:
         self.idle_seconds = idle_seconds
         self.clock = clock
 
-    def map(self, labels: Mapping[str, str], now: float) -> Mapping[str, str]:
-        """The page's labels for a series' ``labels``: the same mapping when nothing folds."""
+    def begin(self) -> dict[str, set[str]]:
+        """Where a merge notes which values the workers export (:meth:`map`'s ``exported``)."""
+        return {name: set() for name in self.books}
+
+    def map(
+        self,
+        labels: Mapping[str, str],
+        now: float,
+        exported: Mapping[str, set[str]] | None = None,
+    ) -> Mapping[str, str]:
+        """The page's labels for a series' ``labels``: the same mapping when nothing folds.
+        A worker's series notes its values in ``exported``."""
         out: dict[str, str] | None = None
         for name, book in self.books.items():
             value = labels.get(name)
             if value is None:
                 continue
+            if exported is not None:
+                exported[name].add(value)
             mapped = book.admit(value, now)
             if mapped != value:
                 if out is None:
                     out = dict(labels)
                 out[name] = mapped
         return labels if out is None else out
+
+    def admit(self, name: str, value: str, now: float) -> str:
+        """The page's value for ``value`` of label ``name``, deciding it if new (a worker
+        admitted it); a label without a bound passes it through."""
+        book = self.books.get(name)
+        return value if book is None else book.admit(value, now)
 
     def values_in(self, labels_seen: Iterable[Mapping[str, str]]) -> dict[str, set[str]]:
         """Which values of each bounded label ``labels_seen`` hold."""

@@ -335,7 +335,6 @@ class Supervisor:
         while not self.all_exited.is_set():
             await asyncio.sleep(SYNC_SECONDS)
             await self.refresh()
-            self.merged()  # the page's label values and carried totals kept current
             await self.share_labels()
 
     async def share_labels(self) -> None:
@@ -356,17 +355,25 @@ class Supervisor:
                 continue
             admitted.append((worker, {k: set(v) for k, v in doc.items()}))
         pod: dict[str, set[str]] = {}
+        now = time.monotonic()
         for _, labels in admitted:
             for name, values in labels.items():
                 pod.setdefault(name, set()).update(values)
+                for value in sorted(values):  # the page's own, or other: decided once, here
+                    self.page.labels.admit(name, value, now)
         books = self.page.labels.books
         for name, book in books.items():
             pod[name] = set(book.own)
+        asks = []
         for worker, labels in admitted:
             missing = {k: sorted(v - labels.get(k, set())) for k, v in pod.items()}
             folded = {k: sorted(labels.get(k, set()) & book.folded) for k, book in books.items()}
             if any(missing.values()) or any(folded.values()):
-                await worker.ask(LABELS_PATH, json={"adopt": missing, "give_back": folded})
+                asks.append((worker, {"adopt": missing, "give_back": folded}))
+        if any(doc["give_back"][k] for _, doc in asks for k in books):
+            self.merged()  # their counts as of the copies just taken, before their series go
+        for worker, doc in asks:
+            await worker.ask(LABELS_PATH, json=doc)
 
     def merged(self) -> list[Metric]:
         live: dict[Source, Iterable[Metric]] = {

@@ -245,7 +245,9 @@ def test_a_folded_value_keeps_its_fate_while_it_is_on_the_page():
     assert _value(got, "llm_requests_total", tenant="other") == 12
     assert _value(got, "llm_requests_within_slo_total", tenant="other") == 2  # 2 of 12
     assert "t1" not in _tenants(got)  # still folded: its history stays in other
+    got = _samples(page.merged({0: a.families(), 1: b.families()}))
     assert "t0" not in _tenants(got)  # idle and no worker exports it: gone, slot free
+    assert _value(got, "llm_requests_total", tenant="other") == 12  # other kept
     c = _Tenanted()
     c.serve("t2")
     got = _samples(page.merged({0: a.families(), 1: b.families(), 2: c.families()}))

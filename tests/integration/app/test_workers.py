@@ -789,7 +789,7 @@ async def test_the_series_budget_holds_across_kills_when_the_replacement_serves_
             if r:
                 await _kill_worker(pod, tmp_path, victim=r % 2)
             mine = routes[2 * r : 2 * r + 2] or routes[:1]
-            await asyncio.gather(*(tenant_client(f"team-{i}", mine) for i in range(20)))
+            await asyncio.gather(*(tenant_client(f"team-{20 * r + i}", mine) for i in range(20)))
             async with aiohttp.ClientSession() as s:
                 async with s.get(pod.admin_url + "/metrics") as resp:
                     pages.append(await resp.read())
