@@ -55,6 +55,7 @@ from .export.scrape import ScrapeRenderer
 from .export.spans import RequestTelemetry
 from .measure.objectives import ObjectiveDefaults
 from .measure.record import InFlightLedger, RecordBook, RequestRecord
+from .relay.control.bounded_read import read_bounded
 from .relay.control.engine_metrics import engine_metrics_handler
 from .relay.control.model_discovery import served_models
 from .relay.control.self_loop import (
@@ -194,7 +195,8 @@ class Sidecar:
         url = self.settings.upstream + self.settings.health_path
         timeout = aiohttp.ClientTimeout(total=self.settings.readiness_timeout)
         async with session.get(url, timeout=timeout) as resp:
-            await resp.read()
+            if await read_bounded(resp.content, HEALTH_BODY_BYTES) is None:
+                resp.close()  # the rest is left unread: the connection is not reused
             return resp.status
 
     @staticmethod
@@ -215,6 +217,10 @@ class Sidecar:
     def get_pool(self) -> UpstreamPool:
         return self.link.get_pool()
 
+
+HEALTH_BODY_BYTES = 64 << 10
+"""The most of a health answer's body the probe reads: its status is the answer, and a
+server that sends more (a misrouted path, a hostile upstream) must not fill the memory."""
 
 SIDECAR: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
 

@@ -68,7 +68,12 @@ def refusal(message: RawRequestMessage, limits: RelayLimits) -> Refusal | None:
     if message.method == "CONNECT":
         # A tunnel to wherever the client names: never what an inference server is for.
         return 405, "method_not_allowed", "CONNECT is not relayed"
+    if message.version.major != 1:  # HTTP/1.x only on this port (relayed as 1.1 otherwise)
+        return 505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are relayed"
     headers = message.headers
+    host = headers.get("Host")
+    if host is not None and not _valid_host(host):
+        return 400, "bad_request", "the Host header is not a valid host"
     length = headers.get("Content-Length")
     limit = limits.max_request_body_bytes
     if length is not None and length.isdigit() and int(length) > limit:
@@ -85,6 +90,16 @@ def refusal(message: RawRequestMessage, limits: RelayLimits) -> Refusal | None:
                 "only Transfer-Encoding: chunked is supported",
             )
     return None
+
+
+_NOT_IN_HOST = frozenset(" \t/\\?#@\x7f") | frozenset(map(chr, range(32)))
+
+
+def _valid_host(host: str) -> bool:
+    """A host and optional port (RFC 9110 section 7.2): no whitespace, path, query, userinfo
+    or control characters (nginx refuses them with 400; an upstream that builds URLs from
+    Host would read them as something else)."""
+    return host.isascii() and _NOT_IN_HOST.isdisjoint(host)
 
 
 def holds_whole(method: str, route: Route, headers: Mapping[str, str], limit: int) -> int:

@@ -285,7 +285,7 @@ class ProxyConnection(asyncio.Protocol):
                 self._parser = None
                 return _Refused(exc)
             self._queued(parsed)
-            if not data or self._upgraded:
+            if not data or (self._upgraded and self._body_done()):
                 return None
 
     def _queued(self, parsed: list[tuple[RawRequestMessage, StreamReader]]) -> None:
