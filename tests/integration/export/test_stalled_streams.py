@@ -30,8 +30,8 @@ from tests.support.sse import CHUNKED_HEAD, DONE, LAST_CHUNK, chat_chunk, http_c
 
 pytestmark = pytest.mark.integration
 
-STALL = 1.0  # --stall-seconds in these tests
-PROBE = 2.0  # --stall-probe-seconds
+STALL = 2.0  # --stall-seconds in these tests (a loaded 2-core machine may pause a loop ~1 s)
+PROBE = 3.5  # --stall-probe-seconds
 BODY = b'{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true}'
 ROUTE = "/v1/chat/completions"
 
@@ -296,7 +296,7 @@ async def test_the_probe_holds_while_another_stream_moves_or_a_request_completed
     async def answer(peer: Peer, request: bytes) -> None:
         if b"moving" in request:
             peer.send(CHUNKED_HEAD)
-            for i in range(int(PROBE * 3 / 0.25)):
+            for i in range(int((PROBE + 1.5) / 0.25)):  # past the probe sleep below
                 peer.send(token(f"m{i}"))
                 await asyncio.sleep(0.25)
             peer.send(END)
