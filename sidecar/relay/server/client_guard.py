@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
@@ -147,15 +148,44 @@ class ConnectionGuard:
         return status, kind, text
 
 
-def connection_cap(configured: int) -> int:
-    """Client connections the proxy port accepts at once: as configured, else half the
-    open-files limit (each stream also holds an upstream socket) less a reserve for the
-    admin port, the pooled upstream connections and the process's own files."""
+MEMORY_RESERVE = 128 << 20
+"""The container memory the connection cap leaves to the process itself (its idle RSS is about
+55 MiB) and to one largest request body being read."""
+MEMORY_PER_CONNECTION = 16 << 10
+"""What one open stream costs the process (docs/reliability.md: 15.6-17.6 KiB a stream)."""
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def memory_limit(root: Path = CGROUP) -> int | None:
+    """The container's memory limit in bytes (cgroup v2 ``memory.max``, else v1's
+    ``memory.limit_in_bytes``), or None when it has none."""
+    try:
+        text = (root / "memory.max").read_text().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = int((root / "memory" / "memory.limit_in_bytes").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit >= 1 << 60 else limit  # v1 says "none" with a huge number
+
+
+def connection_cap(configured: int, *, workers: int = 1, memory: int | None = None) -> int:
+    """Client connections the proxy port accepts at once: as configured, else the smaller of
+    half the open-files limit (each stream also holds an upstream socket) less a reserve for
+    the admin port, the pooled upstream connections and the process's own files, and what
+    the container's memory limit (``memory``, else the cgroup's) holds at
+    :data:`MEMORY_PER_CONNECTION` a stream past :data:`MEMORY_RESERVE`, shared by the pod's
+    ``workers``. A cap the memory cannot hold would end in an OOM kill of every stream."""
     if configured:
         return configured
-    if resource is None:
-        return 0
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 0
-    return max((soft - 128) // 2, 16)
+    caps: list[int] = []
+    if resource is not None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            caps.append(max((soft - 128) // 2, 16))
+    limit = memory_limit() if memory is None else memory
+    if limit is not None:
+        caps.append(max((limit - MEMORY_RESERVE) // MEMORY_PER_CONNECTION // max(workers, 1), 16))
+    return min(caps) if caps else 0
