@@ -7,7 +7,9 @@ over the rate window at every step, and does so again for every viewer and every
 rule reads them once per evaluation and writes one series per deployment, model and route;
 the panels then read those. The pod is summed away: the per-pod records (``per_pod``) keep
 it but not ``route``, and only the per-pod drill-down panels read them, each bounded by
-``topk``.
+``topk``. A record whose per-pod record keeps every label it keeps (TTFT's and TPOT's
+buckets, which have no route) is the sum of that record, written just before it in the same
+evaluation: one raw read, not two, and no delay.
 
 Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate2m``
 (``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``_per_pod``
@@ -78,8 +80,12 @@ class Aggregate:
         op = f"rate{format_duration(WINDOW)}" if self.how == "rate" else self.how
         return f"llm:{stem}:{op}"
 
+    def labels_kept(self, grouping: Sequence[str] = ()) -> list[str]:
+        """What the rule sums by: :attr:`kept` and the spec's grouping labels."""
+        return [*self.kept, *(g for g in grouping if g not in self.kept)]
+
     def expr(self, matchers: Sequence[Matcher], grouping: Sequence[str] = ()) -> str:
-        kept = [*self.kept, *(g for g in grouping if g not in self.kept)]
+        kept = self.labels_kept(grouping)
         raw = selector(self.series, matchers)
         inner = f"rate({raw}[{format_duration(WINDOW)}])" if self.how == "rate" else raw
         return f"{self.how if self.how != 'rate' else 'sum'} by ({', '.join(kept)}) ({inner})"
@@ -95,6 +101,18 @@ def _per_pod(name: str, *labels: str, parts: str) -> list[Aggregate]:
 
 
 AGGREGATES: tuple[Aggregate, ...] = (
+    # The per-pod drill-downs (the overview's "Per pod" row, "Where the time goes"), first:
+    # the records below that keep no label they lack are summed from them.
+    Aggregate("llm_requests_total", ("outcome",), per_pod=True),
+    Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
+    Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True),
+    Aggregate("llm_tokens_total", ("type",), per_pod=True),
+    *_per_pod("llm_time_to_first_token_seconds", parts="bucket sum count"),
+    *_per_pod("llm_time_per_output_token_seconds", parts="bucket"),
+    *_per_pod("llm_request_duration_seconds", "outcome", parts="sum count"),
+    *_per_pod("llm_upstream_queue_seconds", parts="sum count"),
+    *_per_pod("llm_upstream_prefill_seconds", parts="sum count"),
+    *_per_pod("llm_upstream_decode_seconds", parts="sum count"),
     Aggregate("llm_requests_total", ("outcome", "code", "error_type")),
     Aggregate("llm_finish_reasons_total", ("finish_reason",)),
     Aggregate("llm_non_api_requests_total", ("method", "code")),
@@ -126,17 +144,6 @@ AGGREGATES: tuple[Aggregate, ...] = (
     *_histogram("llm_upstream_prefill_seconds", parts="bucket sum count"),
     *_histogram("llm_upstream_decode_seconds", parts="bucket"),
     *_histogram("llm_sidecar_overhead_seconds", "direction", parts="bucket sum count"),
-    # The per-pod drill-downs (the overview's "Per pod" row, "Where the time goes").
-    Aggregate("llm_requests_total", ("outcome",), per_pod=True),
-    Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
-    Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True),
-    Aggregate("llm_tokens_total", ("type",), per_pod=True),
-    *_per_pod("llm_time_to_first_token_seconds", parts="bucket sum count"),
-    *_per_pod("llm_time_per_output_token_seconds", parts="bucket"),
-    *_per_pod("llm_request_duration_seconds", "outcome", parts="sum count"),
-    *_per_pod("llm_upstream_queue_seconds", parts="sum count"),
-    *_per_pod("llm_upstream_prefill_seconds", parts="sum count"),
-    *_per_pod("llm_upstream_decode_seconds", parts="sum count"),
 )
 
 _BY_SERIES = {(a.series, a.per_pod): a for a in AGGREGATES}
@@ -154,8 +161,28 @@ def find(series: str, per_pod: bool = False) -> Aggregate:
         ) from None
 
 
+def _per_pod_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | None:
+    """The per-pod record ``a`` can be summed from: the same series and kind, keeping every
+    label ``a`` keeps (so the sum is exactly ``a``'s own)."""
+    source = None if a.per_pod else _BY_SERIES.get((a.series, True))
+    if source is None or source.how not in ("rate", "sum") or source.how != a.how:
+        return None
+    return source if set(a.labels_kept(grouping)) <= set(source.labels_kept(grouping)) else None
+
+
 def aggregates_group(spec: SLOSpec) -> Group:
-    """Every record, each reading only the spec's selector (a release's own series)."""
+    """Every record, each reading only the spec's selector (a release's own series). A record
+    whose per-pod sibling keeps all its labels sums that record, written earlier in the same
+    evaluation, instead of reading the raw series a second time."""
     sel = _spec_matchers(spec)
-    rules = tuple(Rule(a.expr(sel, spec.grouping), record=a.record) for a in AGGREGATES)
-    return Group(GROUP, rules)
+    by = spec.grouping
+    rules = []
+    for a in AGGREGATES:
+        source = _per_pod_source(a, by)
+        expr = (
+            a.expr(sel, by)
+            if source is None
+            else f"sum by ({', '.join(a.labels_kept(by))}) ({selector(source.record, sel)})"
+        )
+        rules.append(Rule(expr, record=a.record))
+    return Group(GROUP, tuple(rules))
