@@ -1,21 +1,20 @@
 """Histogram bucket bounds, as named constants shared by metrics, config and SLO rules.
 
-Starting points are the OpenTelemetry GenAI semantic conventions' advised boundaries. For
-TTFT and ITL/TPOT those of the *server* metrics (``gen_ai.server.time_to_first_token`` from
-1 ms, ``gen_ai.server.time_per_output_token``), which step by round numbers, where the
-client chunk metrics' boundaries double from 0.01 to 81.92. Only the bounds are borrowed:
-the sidecar measures as a client and emits no ``gen_ai.server.*`` metric (see
-``sidecar/export/semconv.py``). End to end starts from the doubling 0.01 .. 81.92 of the
-request-duration metrics, tokens from the powers of 4 of ``gen_ai.client.token.usage``
-(now ``gen_ai.client.inference.operation.*_tokens``), each refined where a latency SLO
-threshold needs an exact bound: a latency SLI reads the bucket *at* its
-threshold, so every threshold a user can choose must be one of these numbers.
+The ranges start from the OpenTelemetry GenAI semantic conventions' advised boundaries (for
+TTFT and ITL/TPOT those of the *server* metrics, which step by round numbers; only the bounds
+are borrowed: the sidecar measures as a client and emits no ``gen_ai.server.*`` metric, see
+``sidecar/export/semconv.py``), thinned to what the SLOs and panels read: a latency SLI reads
+the bucket *at* its threshold, so every threshold a user can choose must be one of these
+numbers, and every other bound only sets how far a panel's quantile can be off
+(docs/metrics.md, "Bucket layouts").
 """
 
 from __future__ import annotations
 
 __all__ = [
     "TTFT_BUCKETS",
+    "TTFT_BY_CACHE_BUCKETS",
+    "TTFB_BUCKETS",
     "ITL_BUCKETS",
     "E2E_BUCKETS",
     "TPS_BUCKETS",
@@ -25,50 +24,46 @@ __all__ = [
     "TOOL_CALL_COUNT_BUCKETS",
 ]
 
-# Seconds. semconv TTFT: 0.001 .. 10; added 0.15-0.4, 1.5-3 and a long-prefill tail.
-TTFT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
-    0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
-)  # fmt: skip
+# Every layout below is what its readers need and no more: each bound costs one series for
+# every model (and label value) on every pod of a fleet. A latency SLI reads the bucket at its
+# threshold, so the thresholds a spec may choose are these bounds; a dashboard quantile lies
+# within the bucket that holds it, so the gap between two bounds is the most a p50/p90/p99
+# panel can be off by (docs/metrics.md, "Bucket layouts", has the table).
 
-# Seconds, for inter-token latency and TPOT. semconv TPOT: 0.01 .. 2.5; added the
-# sub-10 ms range of fast GPUs and 20-40 ms, where most decode SLOs sit.
-ITL_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-)  # fmt: skip
+# Seconds. 1-2.5-5 steps from the semconv TTFT range, with 2 (the default objective) in place
+# of 2.5 and a 30 s long-prefill bound.
+TTFT_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
-# Seconds, request end to end. semconv doubles from 0.01 to 81.92; round numbers are
-# easier to write SLOs against, and generations can run for minutes.
-E2E_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0,
-    60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
-)  # fmt: skip
+# Seconds, for inter-token latency, TPOT and the capacity curve (one layout, so the TPOT
+# objective's threshold is always a bound of the per-band ITL the capacity rules read).
+# 25-100 ms, where decode objectives sit, in steps of 25 ms; a gap over 250 ms is a stall.
+# Under 25 ms (a fast GPU) meets every objective here: its quantiles are interpolated.
+ITL_BUCKETS: tuple[float, ...] = (0.025, 0.05, 0.075, 0.1, 0.25)
+
+# Seconds, request end to end: generations run from a second to minutes.
+E2E_BUCKETS: tuple[float, ...] = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+# Seconds to the response headers: under 10 ms is a cache or an error, seconds a queue.
+TTFB_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 2.0, 10.0)
+
+# Seconds, TTFT by prefix-cache class: the classes are compared with each other (a hit
+# should be several times faster), and a class's objective is one of these.
+TTFT_BY_CACHE_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 5.0)
 
 # Output tokens per second of decode, per request.
-TPS_BUCKETS: tuple[float, ...] = (
-    1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0, 75.0, 100.0, 125.0,
-    150.0, 200.0, 300.0, 500.0, 1000.0,
-)  # fmt: skip
+TPS_BUCKETS: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0)
 
-# Tokens per request: semconv gen_ai.client.token.usage (gen_ai.client.inference.operation.*),
-# powers of 4.
-TOKEN_COUNT_BUCKETS: tuple[float, ...] = (
-    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
-)  # fmt: skip
+# Tokens per request: powers of 8 (semconv gen_ai.client.token.usage has powers of 4).
+TOKEN_COUNT_BUCKETS: tuple[float, ...] = (64, 512, 4096, 32768)
 
 # Seconds, engine-reported load / prefill / decode / queue phases (Ollama, llama.cpp,
 # vLLM, TGI, SGLang).
-ENGINE_PHASE_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
+ENGINE_PHASE_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0)
 
 # Seconds the sidecar itself adds to one request, one way (llm_sidecar_overhead_seconds):
 # tens of microseconds when healthy, so the low end is fine; the top shows a stuck loop.
-OVERHEAD_BUCKETS: tuple[float, ...] = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-)  # fmt: skip
+OVERHEAD_BUCKETS: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.005, 0.05, 1.0)
 
 # Tool calls in one response (llm_tool_calls_per_response): one call is the common case,
 # parallel calls a handful; the top is the most a response's record keeps (MAX_TOOL_CALLS).
-TOOL_CALL_COUNT_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
+TOOL_CALL_COUNT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 32, 128)

@@ -65,36 +65,42 @@ class CapacityMetrics:
         self.trackers = DecodeTrackers(self._sink_for)
 
     def _sink_for(self, label: str) -> Callable[[str, float], None]:
-        """Called once per model label, at its first stream: the lowest bands' series of
-        all three metrics are made then, at zero, and each band's first use makes the two
-        bands above it (:meth:`_ahead`). A series that appeared only with its first
-        observations would enter Prometheus already holding them, and ``rate``/``increase``
-        never count a series' first sample: the capacity rules' 1h window lost a band's
-        first requests (20-25 % of each band's gaps in the aiperf sweep of
-        tests/real/test_capacity_sweep.py, enough to flip a band's p95 verdict).
+        """Called once per model label, when a request of it starts. Nothing is made then: a
+        label whose requests never decode (a 404 for a model nobody serves, filed under
+        ``other``) must not cost a series. The first time a stream of it has decoded (the
+        first report of wall time at a band), the three lowest bands' series of all three
+        metrics are made, at zero, and each band's first use makes the band above it
+        (:meth:`_ahead`).
 
-        Not every band at once: that was 9 bands x 27 samples for every model label
-        (``other`` and ``unknown`` too), 243 samples before the model's first token, most of
-        them for loads it never reaches. The decoding count moves one stream at a time, so
-        a band is made at least one band before the load can reach it (band 8 when the
-        load first enters band 4, two streams before it needs it)."""
+        Why at zero and ahead of the load: a series that appeared only with its first
+        observations would enter Prometheus already holding them, and ``rate``/``increase``
+        never count a series' first sample, so the capacity rules' 1h window would lose a
+        band's first requests (20-25 % of each band's gaps in the aiperf sweep of
+        tests/real/test_capacity_sweep.py, enough to flip a band's p95 verdict). The
+        decoding count moves one stream at a time, and a band's first report comes when
+        the load leaves the band's lowest count, so the band above is made at least one
+        stream before the load can reach it (band 8 when the load leaves 3 streams, entered
+        at 5; band 16 when it leaves 5, entered at 9); bands 2 and 4, a count or two away from the first
+        stream, are made with band 1. Only the model's first stream lands in series made as
+        it ends. Two bands ahead would add a band of every model that never reaches it."""
         made = self._made.setdefault(label, set())
-        self._ahead(label, BANDS[0], made)
         seconds: dict[str, Counter] = {}
 
         def sink(b: str, elapsed: float) -> None:
             child = seconds.get(b)
             if child is None:
+                if not made:
+                    self._ahead(label, BANDS[0], made, above=2)
                 self._ahead(label, b, made)
                 child = seconds[b] = self.seconds.labels(label, b)
             child.inc(elapsed)
 
         return sink
 
-    def _ahead(self, label: str, b: str, made: set[str]) -> None:
-        """Band ``b`` of ``label`` and the two above it exist, at zero where new."""
+    def _ahead(self, label: str, b: str, made: set[str], above: int = 1) -> None:
+        """Band ``b`` of ``label`` and the ``above`` bands above it exist, at zero where new."""
         at = BANDS.index(b)
-        for ahead in BANDS[at : at + 3]:
+        for ahead in BANDS[at : at + 1 + above]:
             if ahead not in made:
                 made.add(ahead)
                 self.itl.labels(label, ahead)
@@ -112,7 +118,7 @@ class CapacityMetrics:
     def forget(self, label: str) -> int:
         """An idle model label gave its slot back (sidecar/base/labels.py): drop its series
         of all three metrics and its tracker, so a label that comes back starts afresh (and
-        its series are made again at its first stream). Without this, every model ever
+        its series are made again when it next decodes). Without this, every model ever
         labelled kept its 9 bands of series for good. Returns the series removed."""
         self.trackers.forget(label)
         self._made.pop(label, None)
@@ -128,7 +134,7 @@ class CapacityMetrics:
         runs = t.gap_runs()
         lowest = band(min(streams))
         made = self._made.get(model_label)
-        if made is not None:  # the bands it reached, and the two above each, exist from now
+        if made is not None:  # the bands it reached, and the band above each, exist from now
             for b in {lowest, band(max(streams))} - made:
                 self._ahead(model_label, b, made)
         if lowest == band(max(streams)):

@@ -28,7 +28,9 @@ from ..base.buckets import (
     TOKEN_COUNT_BUCKETS,
     TOOL_CALL_COUNT_BUCKETS,
     TPS_BUCKETS,
+    TTFB_BUCKETS,
     TTFT_BUCKETS,
+    TTFT_BY_CACHE_BUCKETS,
 )
 
 __all__ = ["COUNTER", "FAMILIES", "GAUGE", "HISTOGRAM", "Family", "NAMESPACE"]
@@ -110,7 +112,7 @@ FAMILIES: tuple[Family, ...] = (
         "request_duration_seconds",
         HISTOGRAM,
         "End-to-end seconds from request headers received to the last response byte relayed.",
-        ("model", "route", "outcome"),
+        ("model", "outcome"),
         E2E_BUCKETS,
     ),
     Family(
@@ -118,8 +120,8 @@ FAMILIES: tuple[Family, ...] = (
         "time_to_first_byte_seconds",
         HISTOGRAM,
         "Seconds from request headers received to upstream response headers.",
-        ("model", "route"),
-        TTFT_BUCKETS,
+        ("model",),
+        TTFB_BUCKETS,
     ),
     Family(
         "ttft",
@@ -129,7 +131,7 @@ FAMILIES: tuple[Family, ...] = (
         "(content, reasoning or tool call); a role-only chunk is not a token. "
         "prompt_class: the input-token class (--ttft-prompt-classes), 'unknown' when "
         "the response did not report the count, 'all' when no classes are configured.",
-        ("model", "route", "prompt_class"),
+        ("model", "prompt_class"),
         TTFT_BUCKETS,
         tenant=True,
     ),
@@ -139,7 +141,7 @@ FAMILIES: tuple[Family, ...] = (
         HISTOGRAM,
         "Streamed requests whose first token was reasoning or a tool call: seconds to "
         "the first answer (non-reasoning) token.",
-        ("model", "route"),
+        ("model",),
         TTFT_BUCKETS,
     ),
     Family(
@@ -148,7 +150,7 @@ FAMILIES: tuple[Family, ...] = (
         HISTOGRAM,
         "Every gap between consecutive token-bearing stream events (0 for tokens that "
         "arrived together).",
-        ("model", "route"),
+        ("model",),
         ITL_BUCKETS,
     ),
     Family(
@@ -156,7 +158,7 @@ FAMILIES: tuple[Family, ...] = (
         "time_per_output_token_seconds",
         HISTOGRAM,
         "Streamed requests: (last token - first token) / (output tokens - 1).",
-        ("model", "route"),
+        ("model",),
         ITL_BUCKETS,
     ),
     Family(
@@ -164,7 +166,7 @@ FAMILIES: tuple[Family, ...] = (
         "output_tokens_per_second",
         HISTOGRAM,
         "Streamed requests: decode speed, (output tokens - 1) / (last token - first token).",
-        ("model", "route"),
+        ("model",),
         TPS_BUCKETS,
     ),
     Family(
@@ -185,7 +187,7 @@ FAMILIES: tuple[Family, ...] = (
         "Tokens per request by type (input, output): prompt and output length "
         "distributions; usage or the engine's counts when reported, else output "
         "estimated from the stream.",
-        ("model", "route", "type"),
+        ("model", "type"),
         TOKEN_COUNT_BUCKETS,
     ),
     Family(
@@ -225,8 +227,8 @@ FAMILIES: tuple[Family, ...] = (
         "Streamed requests: TTFT again, by how much of the prompt the server's prefix "
         "cache held (usage's cached tokens over prompt tokens): none, partial (< "
         "half), most (>= half), unknown (not reported; never counted as a miss).",
-        ("model", "route", "cache"),
-        TTFT_BUCKETS,
+        ("model", "cache"),
+        TTFT_BY_CACHE_BUCKETS,
     ),
     Family(
         "time_to_first_tool_call",
@@ -234,7 +236,7 @@ FAMILIES: tuple[Family, ...] = (
         HISTOGRAM,
         "Streamed requests with a tool call: seconds from request headers received to "
         "the first piece of the first tool call (its id and name).",
-        ("model", "route"),
+        ("model",),
         TTFT_BUCKETS,
     ),
     Family(
@@ -244,7 +246,7 @@ FAMILIES: tuple[Family, ...] = (
         "Every tool call of a streamed response: seconds from its first piece to its "
         "last argument piece (0 for a call sent whole); parallel calls are one "
         "observation each.",
-        ("model", "route"),
+        ("model",),
         TTFT_BUCKETS,
     ),
     Family(
@@ -252,7 +254,7 @@ FAMILIES: tuple[Family, ...] = (
         "tool_calls_per_response",
         HISTOGRAM,
         "Streamed responses with a tool call: how many calls (client tools) it made.",
-        ("model", "route"),
+        ("model",),
         TOOL_CALL_COUNT_BUCKETS,
     ),
     Family(
@@ -260,7 +262,7 @@ FAMILIES: tuple[Family, ...] = (
         "upstream_load_seconds",
         HISTOGRAM,
         "Model load time reported by the engine in its stream.",
-        ("model", "route"),
+        ("model",),
         ENGINE_PHASE_BUCKETS,
     ),
     Family(
@@ -268,7 +270,7 @@ FAMILIES: tuple[Family, ...] = (
         "upstream_prefill_seconds",
         HISTOGRAM,
         "Prompt processing time reported by the engine in its stream.",
-        ("model", "route"),
+        ("model",),
         ENGINE_PHASE_BUCKETS,
     ),
     Family(
@@ -276,7 +278,7 @@ FAMILIES: tuple[Family, ...] = (
         "upstream_decode_seconds",
         HISTOGRAM,
         "Generation time reported by the engine in its stream.",
-        ("model", "route"),
+        ("model",),
         ENGINE_PHASE_BUCKETS,
     ),
     Family(
@@ -285,7 +287,7 @@ FAMILIES: tuple[Family, ...] = (
         HISTOGRAM,
         "Time the request waited in the engine's queue before it ran, as the engine "
         "reported it (vLLM per-request metrics, TGI x-queue-time, SGLang meta_info).",
-        ("model", "route"),
+        ("model",),
         ENGINE_PHASE_BUCKETS,
     ),
     Family(

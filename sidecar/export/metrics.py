@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
-from ..base.labels import OVERFLOW_REASONS, UNKNOWN, ModelLabeler, SeriesBudget
+from ..base.labels import UNKNOWN, ModelLabeler, SeriesBudget
 from ..base.outcomes import Outcome, Verdict
 from ..base.prompt_class import PromptClasses
 from ..base.routes import ROUTES
 from ..base.speedups import IN_C
-from ..measure.cache_class import cache_class
+from ..measure.cache_class import CacheClass, cache_class
 from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
 from ..measure.timeline import RequestTimeline
 from .capacity import CapacityMetrics
@@ -145,6 +145,8 @@ class SidecarMetrics:
         self._overhead_request = self.overhead.labels("request")
         self._overhead_response = self.overhead.labels("response")
         self._overflow_children: dict[tuple[str, str], Counter] = {}
+        # Made now, at 0, and never removed: counting a refusal must not itself need a
+        # series when the budget is full (and the rate of it counts the first refusal).
         self._refused_children = {
             fate: self.series_refused.labels(fate) for fate in SERIES_REFUSED_FATES
         }
@@ -202,10 +204,10 @@ class SidecarMetrics:
         self._refused_children[fate].inc()
 
     def overflow_counter(self, label: str) -> Callable[[str], None]:
-        """``count(reason)`` for ``label``'s admission (its ``on_overflow``): each reason's
-        series is made now, at 0, so ``rate()`` has data before the first overflow."""
-        for reason in OVERFLOW_REASONS:
-            self._overflow_children[(label, reason)] = self.label_overflow.labels(label, reason)
+        """``count(reason)`` for ``label``'s admission (its ``on_overflow``): a reason's series
+        is made at its first overflow (no rule alerts on it; the page's count is the answer
+        to "why is my model under other?"), a family without ``model`` or ``tenant`` that
+        may use the series budget's reserve."""
 
         def count(reason: str) -> None:
             child = self._overflow_children.get((label, reason))
@@ -281,14 +283,16 @@ class SidecarMetrics:
         # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
         ex = {"trace_id": t.trace_id} if t.trace_id else None
         e2e = t.e2e
-        if e2e is not None:
-            observe_one(self.duration.labels(model_label, route, outcome), e2e, ex)
+        # A cancelled request's duration is when its client chose to leave, not how the
+        # server did: llm_requests_total counts it, no distribution holds it.
+        if e2e is not None and verdict.outcome is not Outcome.CANCELLED:
+            observe_one(self.duration.labels(model_label, outcome), e2e, ex)
         if t.ttfb is not None:
-            observe_one(self.ttfb.labels(*mr), t.ttfb, ex)
+            observe_one(self.ttfb.labels(model_label), t.ttfb, ex)
         if t.parse_errors:
             self.parse_errors.labels(route).inc(t.parse_errors)
         if t.streamed:
-            self._record_stream(t, mr, ex, tenant)
+            self._record_stream(t, model_label, ex, tenant)
         self._record_tokens(t, mr, tenant)
         self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
         engine = t.engine
@@ -300,7 +304,7 @@ class SidecarMetrics:
                 (self.upstream_queue, engine.queue_seconds),
             ):
                 if value is not None:
-                    observe_one(hist.labels(*mr), value)
+                    observe_one(hist.labels(model_label), value)
         self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
             self.within_slo.labels(*mr, *tenant).inc()
@@ -335,45 +339,41 @@ class SidecarMetrics:
     def _record_stream(
         self,
         t: RequestTimeline,
-        mr: tuple[str, str],
+        model: str,
         ex: dict[str, str] | None,
         tenant: tuple[str, ...] = (),
     ) -> None:
+        """The stream's distributions, per model: a model's latencies are its engine's,
+        whichever API route asked (the route is on the counters)."""
         if t.ttft is not None:
             observe_one(
-                self.ttft.labels(*mr, self.prompt_class(t.input_tokens), *tenant), t.ttft, ex
+                self.ttft.labels(model, self.prompt_class(t.input_tokens), *tenant), t.ttft, ex
             )
-            observe_one(
-                self.ttft_by_cache.labels(
-                    *mr, cache_class(t.input_tokens, t.cached_input_tokens).value
-                ),
-                t.ttft,
-                ex,
-            )
+            cache = cache_class(t.input_tokens, t.cached_input_tokens)
+            if cache is not CacheClass.UNKNOWN:  # unknown: the TTFT histogram already has it
+                observe_one(self.ttft_by_cache.labels(model, cache.value), t.ttft, ex)
         if t.ttfat is not None:
-            observe_one(self.ttfat.labels(*mr), t.ttfat, ex)
+            observe_one(self.ttfat.labels(model), t.ttfat, ex)
         if t.first_tool_call is not None:
-            self._record_tool_calls(t, mr, ex)
+            self._record_tool_calls(t, model, ex)
         gaps = t.gaps
         if gaps:
-            itl = self.itl.labels(*mr)
+            itl = self.itl.labels(model)
             observe_many(itl, gaps)
             for index, count in t.gap_runs():  # k tokens of one event: k gaps, one entry
                 observe_repeated(itl, gaps[index], count - 1)
         tpot = t.tpot
         if tpot is not None:
-            observe_one(self.tpot.labels(*mr), tpot, ex)
+            observe_one(self.tpot.labels(model), tpot, ex)
         tps = t.tokens_per_second
         if tps is not None:
-            observe_one(self.tps.labels(*mr), tps)
+            observe_one(self.tps.labels(model), tps)
 
-    def _record_tool_calls(
-        self, t: RequestTimeline, mr: tuple[str, str], ex: dict[str, str] | None
-    ) -> None:
+    def _record_tool_calls(self, t: RequestTimeline, model: str, ex: dict[str, str] | None) -> None:
         # Called for a response with a tool call: its time is a float.
-        observe_one(self.time_to_first_tool_call.labels(*mr), t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
-        observe_many(self.tool_call_assembly.labels(*mr), t.tool_call_assembly())
-        observe_one(self.tool_calls_per_response.labels(*mr), t.tool_call_count)
+        observe_one(self.time_to_first_tool_call.labels(model), t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
+        observe_many(self.tool_call_assembly.labels(model), t.tool_call_assembly())
+        observe_one(self.tool_calls_per_response.labels(model), t.tool_call_count)
 
     def _record_tokens(
         self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()
@@ -390,4 +390,4 @@ class SidecarMetrics:
             if value:
                 self.tokens.labels(model, route, kind, *tenant).inc(value)
             if distribution and t.outcome is Outcome.OK:
-                observe_one(self.request_tokens.labels(model, route, kind), value)
+                observe_one(self.request_tokens.labels(model, kind), value)

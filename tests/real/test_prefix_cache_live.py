@@ -131,7 +131,7 @@ async def test_cached_prompts_are_filed_by_cache_class_with_the_clients_ttft(
 
     def count(cache: str) -> float | None:
         return sidecar.sample(
-            "llm_time_to_first_token_by_cache_seconds_count", model="tiny", route=ROUTE, cache=cache
+            "llm_time_to_first_token_by_cache_seconds_count", model="tiny", cache=cache
         )
 
     await wait_for(lambda: (count("none") or 0) + (count("most") or 0) >= 4)
@@ -140,7 +140,7 @@ async def test_cached_prompts_are_filed_by_cache_class_with_the_clients_ttft(
     assert count("partial") is None and count("unknown") is None
     for cache, client_ttfts in (("most", hits), ("none", misses)):
         sidecar_sum = sidecar.sample(
-            "llm_time_to_first_token_by_cache_seconds_sum", model="tiny", route=ROUTE, cache=cache
+            "llm_time_to_first_token_by_cache_seconds_sum", model="tiny", cache=cache
         )
         # the sidecar sees each first token before the client does, and not long before
         assert 0.5 * sum(client_ttfts) < sidecar_sum <= sum(client_ttfts), (

@@ -26,3 +26,8 @@ def outcome_counts(registry, route: str = CHAT) -> dict[str, float]:
                 outcome = sample.labels["outcome"]
                 counts[outcome] = counts.get(outcome, 0) + sample.value
     return counts
+
+
+def per_model(labels: dict[str, str]) -> dict[str, str]:
+    """A counter's labels as a distribution's: histograms are per model, without ``route``."""
+    return {k: v for k, v in labels.items() if k != "route"}

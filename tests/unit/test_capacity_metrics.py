@@ -106,9 +106,7 @@ def test_per_band_gap_and_throughput_follow_the_batching_model_and_counts_add_up
             reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels)
             or 0
         )
-    plain = reg.get_sample_value(
-        "llm_inter_token_latency_seconds_count", {"model": "m", "route": ROUTE}
-    )
+    plain = reg.get_sample_value("llm_inter_token_latency_seconds_count", {"model": "m"})
     assert plain == total == (1 + 2 + 4 + 8) * 199
     assert capacity.trackers("m").n == 0
 
@@ -133,8 +131,9 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
     series appeared only with its first request's gaps lost them from the capacity rules'
     window (20-25 % of each band in tests/real/test_capacity_sweep.py): a band's three
     series exist at zero before the first stream that takes the load into it. Not all nine
-    bands at a model's first stream (234 samples per model label, ``other`` and
-    ``unknown`` included): the lowest three, then two bands ahead of the load."""
+    bands at a model's first stream, and nothing for a label none of whose requests decodes
+    (a 404 filed under ``other``): the lowest three once a stream of it has decoded, then
+    the band above each band the load reaches."""
     registry = CollectorRegistry()
     capacity = CapacityMetrics(registry)
 
@@ -154,16 +153,32 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
             is not None
         )
 
-    assert not exists("1")
     tracker = capacity.trackers("m")  # the proxy asks for the model's tracker as a request starts
+    assert not any(exists(b) for b in BANDS) and capacity.series_count() == 0
+    tracker.enter(1.0)  # the first stream's first token
+    tracker.enter(2.0)  # a second stream: the first report of decode time (band 1)
     assert [b for b in BANDS if exists(b)] == ["1", "2", "4"]
     assert capacity.series_count() == 3 * (len(ITL_BUCKETS) + 1 + 2 + 1 + 1)
-    now = 0.0
-    for n in range(1, 201):  # streams start one at a time: the band of n exists before the n-th
+    now = 2.0
+    for n in range(3, 201):  # streams start one at a time: the band of n exists before the n-th
         assert exists(band(n)), n
         now += 1.0
         tracker.enter(now)
     assert all(exists(b) for b in BANDS)
+    other = capacity.trackers("k")  # a load that stops at 4 streams: one band above it
+    for n in range(4):
+        other.enter(float(n))
+    other.leave(5.0)
+
+    def bands_of_k() -> list[str]:
+        name = "llm_decode_tokens_by_concurrency_total"
+        return [
+            b
+            for b in BANDS
+            if registry.get_sample_value(name, {"model": "k", "concurrency": b}) is not None
+        ]
+
+    assert bands_of_k() == ["1", "2", "4", "8"]
 
 
 def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
@@ -185,12 +200,20 @@ def test_an_idle_model_label_gives_back_its_capacity_series_and_tracker():
             if s.labels.get("model") == model
         )
 
+    def decode(model: str) -> None:  # one stream of the model decodes
+        tracker = capacity.trackers(model)
+        tracker.enter(1.0)
+        tracker.leave(2.0)
+
     tracker = capacity.trackers("a")
-    capacity.trackers("b")
+    decode("a")
+    decode("b")
     assert series("a") > 0 and series("b") == series("a")
     sc.metrics.model_label.on_forget("a")  # what the label refresh calls for an idle value
     assert series("a") == 0 and series("b") > 0
-    assert capacity.trackers("a") is not tracker  # back again: a fresh tracker and series
+    assert capacity.trackers("a") is not tracker  # back again: a fresh tracker
+    assert series("a") == 0  # and no series until it decodes again
+    decode("a")
     assert series("a") == series("b")
 
 
@@ -204,7 +227,9 @@ def test_the_series_budget_counts_the_capacity_series_too():
     sc = build_sidecar(Settings(upstream="http://127.0.0.1:9"), registry)
     budget = sc.metrics.model_label.budget
     before = budget.count()
-    sc.capacity.trackers("a")  # a model's first stream makes its bands' series
+    tracker = sc.capacity.trackers("a")  # a model's first stream makes its bands' series
+    tracker.enter(1.0)
+    tracker.leave(2.0)
     grown = budget.count() - before
     assert grown == sc.capacity.series_count() > 0
     exposed = sum(

@@ -146,6 +146,12 @@ async def exported(upstream, sidecar_factory):
                 (chat, stream, FAST),
                 (chat, {**stream, "model": "no-such-model"}, FAST),
                 (chat, stream, {**FAST, "x-sim-reasoning": "2"}),
+                # Usage with a cached count: a prefix-cache class of its own.
+                (
+                    chat,
+                    {**stream, "stream_options": {"include_usage": True}},
+                    {**FAST, "x-sim-cached-tokens": "1"},
+                ),
                 (chat, {"model": MODEL, "messages": msgs}, FAST),
                 (chat, stream, {**FAST, "x-sim-fail": "500"}),
                 # Tool calls, and an objective header that is not a number (ignored, counted).

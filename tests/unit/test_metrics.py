@@ -44,25 +44,29 @@ def test_streamed_request_feeds_every_histogram():
     assert (
         get("llm_requests_total", {**mr, "code": "200", "outcome": "ok", "error_type": "none"}) == 1
     )
-    mrc = {**mr, "prompt_class": "all"}  # no classes configured
+    m_ = {"model": "m"}  # the distributions are per model, not per route
+    mrc = {**m_, "prompt_class": "all"}  # no classes configured
     assert get("llm_time_to_first_token_seconds_sum", mrc) == pytest.approx(0.2)
     assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.25"}) == 1
-    assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.15"}) == 0
-    assert get("llm_time_to_first_byte_seconds_sum", mr) == pytest.approx(0.01)
-    assert get("llm_inter_token_latency_seconds_count", mr) == 3
-    assert get("llm_inter_token_latency_seconds_sum", mr) == pytest.approx(0.2)
-    assert get("llm_inter_token_latency_seconds_bucket", {**mr, "le": "0.05"}) == 2
-    assert get("llm_time_per_output_token_seconds_sum", mr) == pytest.approx(0.2 / 3)
-    assert get("llm_output_tokens_per_second_sum", mr) == pytest.approx(15.0)
-    assert get("llm_request_duration_seconds_sum", {**mr, "outcome": "ok"}) == pytest.approx(0.401)
+    assert get("llm_time_to_first_token_seconds_bucket", {**mrc, "le": "0.1"}) == 0
+    assert get("llm_time_to_first_byte_seconds_sum", m_) == pytest.approx(0.01)
+    assert get("llm_inter_token_latency_seconds_count", m_) == 3
+    assert get("llm_inter_token_latency_seconds_sum", m_) == pytest.approx(0.2)
+    assert get("llm_inter_token_latency_seconds_bucket", {**m_, "le": "0.05"}) == 2
+    assert get("llm_time_per_output_token_seconds_sum", m_) == pytest.approx(0.2 / 3)
+    assert get("llm_output_tokens_per_second_sum", m_) == pytest.approx(15.0)
+    assert get("llm_request_duration_seconds_sum", {**m_, "outcome": "ok"}) == pytest.approx(0.401)
+    # 3 of 10 prompt tokens cached: class partial, TTFT again.
+    by_cache = {**m_, "cache": "partial"}
+    assert get("llm_time_to_first_token_by_cache_seconds_sum", by_cache) == pytest.approx(0.2)
     assert get("llm_tokens_total", {**mr, "type": "input"}) == 10
     assert get("llm_tokens_total", {**mr, "type": "output"}) == 4
     assert get("llm_tokens_total", {**mr, "type": "cached_input"}) == 3
     assert get("llm_tokens_total", {**mr, "type": "reasoning"}) is None
-    assert get("llm_request_tokens_bucket", {**mr, "type": "input", "le": "16.0"}) == 1
+    assert get("llm_request_tokens_bucket", {**m_, "type": "input", "le": "64.0"}) == 1
     assert get("llm_requests_within_slo_total", mr) == 1
     assert (
-        get("llm_time_to_first_answer_token_seconds_count", mr) is None
+        get("llm_time_to_first_answer_token_seconds_count", m_) is None
     )  # first token was an answer
 
 
@@ -75,11 +79,11 @@ def test_reasoning_first_feeds_time_to_first_answer_token():
     m.record(t, "m")
     mr = {"model": "m", "route": ROUTE}
     assert reg.get_sample_value(
-        "llm_time_to_first_token_seconds_sum", {**mr, "prompt_class": "all"}
+        "llm_time_to_first_token_seconds_sum", {"model": "m", "prompt_class": "all"}
     ) == pytest.approx(0.1)
-    assert reg.get_sample_value("llm_time_to_first_answer_token_seconds_sum", mr) == pytest.approx(
-        0.9
-    )
+    assert reg.get_sample_value(
+        "llm_time_to_first_answer_token_seconds_sum", {"model": "m"}
+    ) == pytest.approx(0.9)
     assert reg.get_sample_value("llm_tokens_total", {**mr, "type": "reasoning"}) == 2
 
 

@@ -115,17 +115,20 @@ def test_the_same_figures_as_the_prometheus_families():
     registry = CollectorRegistry()
     SidecarMetrics(registry, objectives=DEFAULTS).record(t, "m")
     labels = {"model": "m", "route": ROUTE}
+    per_model = {"model": "m"}  # the Prometheus distributions are per model
     prom = registry.get_sample_value
     assert got[sc.METRIC_OWN_TTFT_BY_CACHE][0].sum == pytest.approx(
-        prom("llm_time_to_first_token_by_cache_seconds_sum", {**labels, "cache": "most"})
+        prom("llm_time_to_first_token_by_cache_seconds_sum", {**per_model, "cache": "most"})
     )
     assert got[sc.METRIC_OWN_TIME_TO_FIRST_TOOL_CALL][0].sum == pytest.approx(
-        prom("llm_time_to_first_tool_call_seconds_sum", labels)
+        prom("llm_time_to_first_tool_call_seconds_sum", per_model)
     )
     assert got[sc.METRIC_OWN_TOOL_CALL_ASSEMBLY][0].count == prom(
-        "llm_tool_call_assembly_seconds_count", labels
+        "llm_tool_call_assembly_seconds_count", per_model
     )
-    assert got[sc.METRIC_OWN_TOOL_CALLS][0].sum == prom("llm_tool_calls_per_response_sum", labels)
+    assert got[sc.METRIC_OWN_TOOL_CALLS][0].sum == prom(
+        "llm_tool_calls_per_response_sum", per_model
+    )
     for p in got[sc.METRIC_OWN_REQUEST_OBJECTIVES]:
         name, result = (
             p.attributes[sc.LLM_SIDECAR_OBJECTIVE_NAME],

@@ -75,7 +75,7 @@ def test_cardinality_is_bounded_whatever_the_prompts():
         for s in fam.samples
     }
     assert seen == {"le1024", "le8192", "gt8192", "unknown"}
-    base = {"model": "m", "route": ROUTE}
+    base = {"model": "m"}
     assert (
         reg.get_sample_value(
             "llm_time_to_first_token_seconds_count", {**base, "prompt_class": "unknown"}

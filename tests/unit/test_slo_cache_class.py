@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from sidecar.base.buckets import TTFT_BUCKETS
+from sidecar.base.buckets import TTFT_BY_CACHE_BUCKETS
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.cache_class import CACHE_CLASSES
 from sidecar.tools.dashboards.inspect import panel_queries
@@ -102,7 +102,7 @@ def test_the_threshold_check_knows_the_by_cache_histograms_buckets():
     reads: those must be the sidecar's own buckets of that family, for every class."""
     registry = CollectorRegistry()
     metrics = SidecarMetrics(registry)
-    metrics.ttft_by_cache.labels("m", "/v1/chat/completions", "none").observe(0.1)
+    metrics.ttft_by_cache.labels("m", "none").observe(0.1)
     written = {
         s.labels["le"]
         for family in registry.collect()
@@ -110,14 +110,14 @@ def test_the_threshold_check_knows_the_by_cache_histograms_buckets():
         for s in family.samples
         if s.name.endswith("_bucket")
     }
-    assert len(written) == len(TTFT_BUCKETS) + 1
+    assert len(written) == len(TTFT_BY_CACHE_BUCKETS) + 1
     for cls in c.CACHE_CLASSES_JUDGED:
         latency = c.latency_sli("ttft", cls)
         assert latency.histogram == c.TTFT_BY_CACHE_HISTOGRAM and latency.matchers == (
             (c.LABEL_CACHE, cls),
         )
         assert {floatToGoString(b) for b in latency.buckets} | {"+Inf"} == written
-    assert latency.buckets == TTFT_BUCKETS
+    assert latency.buckets == TTFT_BY_CACHE_BUCKETS
 
 
 def test_the_spec_offers_exactly_the_classes_the_sidecar_writes_but_unknown():

@@ -146,7 +146,7 @@ def test_availability_counts_server_errors_over_non_cancelled_requests():
     [
         ("ttft", 2.0, "llm_time_to_first_token_seconds", ""),
         ("tpot", 0.1, "llm_time_per_output_token_seconds", ""),
-        ("itl", 0.0025, "llm_inter_token_latency_seconds", ""),
+        ("itl", 0.025, "llm_inter_token_latency_seconds", ""),
         ("e2e", 60.0, "llm_request_duration_seconds", 'outcome="ok",'),
     ],
 )
@@ -164,7 +164,7 @@ def test_latency_sli_reads_the_bucket_at_the_threshold(sli, threshold, metric, e
         .scopes()[0]
     )
     expr = sli_error_expr(scope, 300, ("model",))
-    le = floatToGoString(threshold)  # what prometheus_client writes: "2.0", "0.1", "0.0025"
+    le = floatToGoString(threshold)  # what prometheus_client writes: "2.0", "0.1", "0.025"
     count = (
         f"sum by (model) (rate({metric}_count{{{extra.rstrip(',')}}}[5m]))"
         if extra

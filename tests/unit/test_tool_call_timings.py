@@ -73,7 +73,7 @@ def recorded(name: str) -> CollectorRegistry:
     return registry
 
 
-LABELS = {"model": "m", "route": "/v1/chat/completions"}
+LABELS = {"model": "m"}  # the distributions are per model
 
 
 def test_parallel_calls_give_one_assembly_observation_each():

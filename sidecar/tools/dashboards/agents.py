@@ -36,9 +36,10 @@ def add_agents_row(board: Board) -> None:
             "TTFT by prefix-cache class: p50 / p90",
             "Streamed requests' TTFT split by how much of the prompt the server's prefix cache "
             "held (usage's cached tokens over prompt tokens): none (a full prefill: judge prefill "
-            "speed here), partial (under half), most (half or more: a multi-turn agent's history), "
-            "unknown (the server did not report cached tokens: vLLM needs "
-            f"--enable-prompt-tokens-details). {_QUANTILES}",
+            "speed here), partial (under half), most (half or more: a multi-turn agent's history). "
+            "Requests whose server did not report cached tokens (vLLM needs "
+            "--enable-prompt-tokens-details) are in the TTFT panels only, not split here. "
+            f"{_QUANTILES}",
             [
                 Query(quantile(q, cache, ("cache",)), f"{{{{cache}}}} p{round(q * 100)}")
                 for q in (0.5, 0.9)
@@ -49,8 +50,16 @@ def add_agents_row(board: Board) -> None:
             "Requests by prefix-cache class",
             "Streamed requests per second by cache class. More 'none' at the same traffic is a "
             "cache that stopped hitting (eviction, a prompt that changed at its start, a router "
-            "that no longer keeps a conversation on one replica).",
-            [Query(sum_rate(f"{cache}_count", ("cache",)), "{{cache}}")],
+            "that no longer keeps a conversation on one replica). unknown: the server did not "
+            "report cached tokens (all streamed requests less those with a class).",
+            [
+                Query(sum_rate(f"{cache}_count", ("cache",)), "{{cache}}"),
+                Query(
+                    f"{sum_rate('llm_time_to_first_token_seconds_count')} - "
+                    f"({sum_rate(f'{cache}_count')} or on () vector(0))",
+                    "unknown",
+                ),
+            ],
             "reqps",
             stack=True,
         ),

@@ -255,7 +255,7 @@ def _burn_panel(spec: SLOSpec, name: str, arm: AlertWindow, period_text: str) ->
 def _breakdown_query(scope: Scope) -> str:
     """Bad-event share by pod, route and model over $__rate_interval, from the raw metrics,
     with the same good/bad split as the rule's SLI: a drill-down, so only the top pods."""
-    by = BREAKDOWN_BY
+    by: tuple[str, ...] = BREAKDOWN_BY
     sm = _scope_matchers(scope)
     sli = scope.objective.sli
     if sli == "availability":

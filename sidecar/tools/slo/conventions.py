@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from ...base.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, TTFT_BY_CACHE_BUCKETS
 from .windows import format_duration
 
 __all__ = [
@@ -149,14 +149,15 @@ _CACHE_EVENTS = {
 
 def latency_sli(sli: str, cache_class: str | None = None) -> LatencySLI:
     """The histogram an objective reads. With ``cache_class`` (TTFT only), the companion
-    histogram by prefix-cache class (sidecar/export/metrics.py, the same TTFT buckets), narrowed
-    to that class: ``none`` judges prefill alone, as the cache neither helped nor hid it."""
+    histogram by prefix-cache class (sidecar/export/metrics.py; its own bounds,
+    ``TTFT_BY_CACHE_BUCKETS``, so a class's threshold is one of those), narrowed to that
+    class: ``none`` judges prefill alone, as the cache neither helped nor hid it."""
     if cache_class is None:
         return LATENCY_SLIS[sli]
     if sli != "ttft" or cache_class not in _CACHE_EVENTS:
         raise ValueError(f"no latency SLI for {sli} in cache class {cache_class!r}")
     return LatencySLI(
-        TTFT_BY_CACHE_HISTOGRAM, TTFT_BUCKETS, ((LABEL_CACHE, cache_class),),
+        TTFT_BY_CACHE_HISTOGRAM, TTFT_BY_CACHE_BUCKETS, ((LABEL_CACHE, cache_class),),
         _CACHE_EVENTS[cache_class], "time to first token",
     )  # fmt: skip
 

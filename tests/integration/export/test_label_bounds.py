@@ -217,7 +217,7 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
         )
 
     runner, port = await start_app(_sim_app_with(rotating_listing))
-    max_series = 6000
+    max_series = 4000
     sc = await sidecar_factory(
         f"http://127.0.0.1:{port}",
         tenant_header="X-Tenant",
@@ -265,7 +265,9 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
         await runner.cleanup()
     counts = [count_series(p) for p in pages]
     assert all(n <= max_series for n in counts), counts
-    assert max(counts) > max_series * 0.9, counts  # the mix did fill the page: the bound held it
+    # The mix filled the valued series to the budget less its reserve for the other rows (a
+    # fifth): the bound held it.
+    assert max(counts) > max_series * 0.75, counts
     assert (
         sc.sample("llm_series_refused_total", fate="other") > 0
     )  # and what did not fit is counted
@@ -286,8 +288,8 @@ async def test_a_scrape_loop_does_not_stall_a_proxied_request(sim, sidecar_facto
     sc = await sidecar_factory(await sim(), max_series=200_000)  # room for the large page below
     await vouched(sc)
     metrics = sc.sidecar.metrics
-    for i in range(4000):  # a large page: 4,000 label sets of the e2e histogram (~ 7 MB)
-        metrics.duration.labels(f"model-{i}", CHAT, "ok").observe(0.1)
+    for i in range(9000):  # a large page: 9,000 label sets of the e2e histogram (~ 90,000 samples)
+        metrics.duration.labels(f"model-{i}", "ok").observe(0.1)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
     async with aiohttp.ClientSession() as s:

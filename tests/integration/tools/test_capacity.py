@@ -78,7 +78,7 @@ async def test_per_band_latency_and_throughput_follow_the_simulators_batching_mo
                     / delta["llm_decode_seconds_by_concurrency_total"]
                 )
                 assert throughput == pytest.approx(n / expected_gap, rel=0.25), (n, throughput)
-        plain = sc.sample("llm_inter_token_latency_seconds_count", model="m", route=ROUTE)
+        plain = sc.sample("llm_inter_token_latency_seconds_count", model="m")
         total = sum(by_band(sc, "llm_inter_token_latency_by_concurrency_seconds_count").values())
         assert plain == total == done * (SIM.tokens - 1)
     finally:

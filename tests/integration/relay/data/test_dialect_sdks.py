@@ -23,6 +23,7 @@ from huggingface_hub.errors import GenerationError
 
 from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
 from tests.conftest import RunningSidecar, wait_for
+from tests.support.samples import per_model
 
 pytestmark = pytest.mark.integration
 
@@ -95,38 +96,40 @@ def check_stream(
     take at least their scheduled gaps before the end, so a TTFT read at a later token, or a
     TPOT that took in the TTFT, still fails."""
     labels = {"model": model, "route": route}
-    e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **labels)
+    e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **per_model(labels))
     expected = tpot if tpot_seen is None else tpot_seen
     later = gaps * expected * 0.8  # at least this long from the first token to the end
-    first = sc.sample("llm_time_to_first_token_seconds_sum", **labels)
+    first = sc.sample("llm_time_to_first_token_seconds_sum", **per_model(labels))
     assert ttft - 0.005 <= first <= e2e - later, (first, e2e)
-    assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1
-    assert sc.sample("llm_inter_token_latency_seconds_count", **labels) == gaps
-    per_token = sc.sample("llm_time_per_output_token_seconds_sum", **labels)
+    assert sc.sample("llm_time_to_first_token_seconds_count", **per_model(labels)) == 1
+    assert sc.sample("llm_inter_token_latency_seconds_count", **per_model(labels)) == gaps
+    per_token = sc.sample("llm_time_per_output_token_seconds_sum", **per_model(labels))
     assert expected * 0.8 <= per_token <= (e2e - ttft) / (output - 1), (per_token, e2e)
     assert sc.sample("llm_tokens_total", type="output", **labels) == output
-    assert sc.sample("llm_request_tokens_count", type="output", **labels) == 1
+    assert sc.sample("llm_request_tokens_count", type="output", **per_model(labels)) == 1
     if input_tokens:
         assert sc.sample("llm_tokens_total", type="input", **labels) > 0
     else:
         assert sc.sample("llm_tokens_total", type="input", **labels) is None
     assert sc.sample("llm_tokens_total", type="reasoning", **labels) == reasoning
     if reasoning:
-        answer_at = sc.sample("llm_time_to_first_answer_token_seconds_sum", **labels)
+        answer_at = sc.sample("llm_time_to_first_answer_token_seconds_sum", **per_model(labels))
         assert (
             ttft + reasoning * tpot - 0.005
             <= answer_at
             <= e2e - (gaps - reasoning) * expected * 0.8
         ), answer_at
     else:
-        assert sc.sample("llm_time_to_first_answer_token_seconds_count", **labels) is None
+        assert (
+            sc.sample("llm_time_to_first_answer_token_seconds_count", **per_model(labels)) is None
+        )
     assert sc.sample("llm_stream_parse_errors_total", route=route) is None
 
 
 def check_engine(
     sc: RunningSidecar, route: str, model: str, *, load: float | None, prefill: float, decode: float
 ) -> None:
-    labels = {"model": model, "route": route}
+    labels = {"model": model}  # the engine's phases are per model
     for name, value in (("load", load), ("prefill", prefill), ("decode", decode)):
         seen = sc.sample(f"llm_upstream_{name}_seconds_sum", **labels)
         if value is None:
@@ -208,9 +211,7 @@ async def test_openai_responses_failed_whole_and_500(simulator, sidecar_factory)
         assert whole.status == "completed" and whole.usage.output_tokens == 6
         await finished(sc, route, MODEL)
         assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4 + 6
-        assert (
-            sc.sample("llm_time_to_first_token_seconds_count", model=MODEL, route=route) == 1
-        )  # streams only
+        assert sc.sample("llm_time_to_first_token_seconds_count", model=MODEL) == 1  # streams only
 
         with pytest.raises(openai.InternalServerError):
             await client.responses.create(
@@ -389,9 +390,12 @@ async def test_ollama_chat_and_generate_stream(simulator, sidecar_factory):
         decode=12 * tpot,
     )
     # The engine's own prefill fits inside the TTFT the sidecar saw; the rest is overhead.
-    assert sc.sample("llm_upstream_prefill_seconds_sum", model=MODEL, route=route) < sc.sample(
-        "llm_time_to_first_token_seconds_sum", model=MODEL, route=route
+    assert sc.sample("llm_upstream_prefill_seconds_sum", model=MODEL) < sc.sample(
+        "llm_time_to_first_token_seconds_sum", model=MODEL
     )
+
+    # A fresh pair: the distributions are per model, and /api/chat's are in this page's.
+    direct, sc = await pair(simulator, sidecar_factory, seed=9)
 
     async def generate(base: str) -> list[dict[str, Any]]:
         stream = await _ollama(base, timing(0.05, 0.005, 6)).generate(
@@ -428,9 +432,7 @@ async def test_ollama_errors(simulator, sidecar_factory):
     assert len(parts) == 4
     await finished(sc, route, MODEL, outcome="error")
     assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4
-    assert (
-        sc.sample("llm_upstream_prefill_seconds_count", model=MODEL, route=route) is None
-    )  # no final line
+    assert sc.sample("llm_upstream_prefill_seconds_count", model=MODEL) is None  # no final line
 
     whole = await _ollama(sc.url, timing(0.01, 0.001, 5)).chat(
         model=MODEL, messages=MESSAGES, stream=False
@@ -438,7 +440,7 @@ async def test_ollama_errors(simulator, sidecar_factory):
     assert whole.eval_count == 5 and whole.message.content
     await finished(sc, route, MODEL)
     assert sc.sample("llm_tokens_total", model=MODEL, route=route, type="output") == 4 + 5
-    assert sc.sample("llm_upstream_prefill_seconds_count", model=MODEL, route=route) == 1
+    assert sc.sample("llm_upstream_prefill_seconds_count", model=MODEL) == 1
 
     with pytest.raises(ollama.ResponseError) as info:
         async for _ in await _ollama(sc.url, {}).chat(

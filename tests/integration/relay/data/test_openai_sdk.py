@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from tests.conftest import wait_for
+from tests.support.samples import per_model
 
 pytestmark = pytest.mark.integration
 
@@ -46,16 +47,16 @@ async def test_sdk_stream_through_sidecar_is_byte_identical_and_measured(
 
     labels = {"model": "sim-model", "route": ROUTE}
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
-    ttft = sc.sample("llm_time_to_first_token_seconds_sum", **labels)
+    ttft = sc.sample("llm_time_to_first_token_seconds_sum", **per_model(labels))
     assert 0.29 <= ttft < 0.45, ttft
-    assert sc.sample("llm_inter_token_latency_seconds_count", **labels) == 19
-    tpot = sc.sample("llm_time_per_output_token_seconds_sum", **labels)
+    assert sc.sample("llm_inter_token_latency_seconds_count", **per_model(labels)) == 19
+    tpot = sc.sample("llm_time_per_output_token_seconds_sum", **per_model(labels))
     assert 0.025 <= tpot < 0.045, tpot
-    tps = sc.sample("llm_output_tokens_per_second_sum", **labels)
+    tps = sc.sample("llm_output_tokens_per_second_sum", **per_model(labels))
     assert 20 <= tps <= 40, tps
     assert sc.sample("llm_tokens_total", type="output", **labels) == 20
     assert sc.sample("llm_tokens_total", type="input", **labels) > 0
-    e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **labels)
+    e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **per_model(labels))
     assert 0.3 + 19 * 0.03 - 0.02 <= e2e < 1.3
 
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from yarl import URL
 
 from tests.conftest import wait_for
+from tests.support.samples import per_model
 from tests.support.sse import USAGE, chat_chunk, scripted
 
 # Each test runs on the production server twice: with the early path (a request sent upstream
@@ -67,20 +68,20 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     labels = {"model": "m1", "route": "/v1/chat/completions"}
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
     # TTFT: the role chunk at 0 s is not a token; the first content chunk comes at 0.20 s.
-    ttft = sc.sample("llm_time_to_first_token_seconds_sum", **labels)
+    ttft = sc.sample("llm_time_to_first_token_seconds_sum", **per_model(labels))
     assert 0.19 <= ttft < 0.35
-    assert sc.sample("llm_time_to_first_token_seconds_bucket", le="0.15", **labels) == 0
+    assert sc.sample("llm_time_to_first_token_seconds_bucket", le="0.1", **per_model(labels)) == 0
     # Four gaps of ~50 ms between five tokens.
-    assert sc.sample("llm_inter_token_latency_seconds_count", **labels) == 4
-    assert 0.18 <= sc.sample("llm_inter_token_latency_seconds_sum", **labels) < 0.3
-    assert sc.sample("llm_inter_token_latency_seconds_bucket", le="0.04", **labels) == 0
+    assert sc.sample("llm_inter_token_latency_seconds_count", **per_model(labels)) == 4
+    assert 0.18 <= sc.sample("llm_inter_token_latency_seconds_sum", **per_model(labels)) < 0.3
+    assert sc.sample("llm_inter_token_latency_seconds_bucket", le="0.025", **per_model(labels)) == 0
     # TPOT from usage (5 output tokens): (last - first) / 4 ~= 50 ms.
-    tpot = sc.sample("llm_time_per_output_token_seconds_sum", **labels)
+    tpot = sc.sample("llm_time_per_output_token_seconds_sum", **per_model(labels))
     assert 0.045 <= tpot < 0.075
     assert sc.sample("llm_tokens_total", type="output", **labels) == 5
     assert sc.sample("llm_tokens_total", type="input", **labels) == 7
-    assert sc.sample("llm_request_tokens_count", type="output", **labels) == 1
-    e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **labels)
+    assert sc.sample("llm_request_tokens_count", type="output", **per_model(labels)) == 1
+    e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **per_model(labels))
     assert 0.39 <= e2e < 0.7
     assert sc.in_flight() == 0
     assert sc.sample("llm_requests_within_slo_total", **labels) == 1
@@ -198,8 +199,10 @@ async def test_non_streaming_json_measured_from_usage(upstream, sidecar_factory)
     await wait_for(lambda: sc.sample("llm_requests_total", code="200", outcome="ok", **labels) == 1)
     assert sc.sample("llm_tokens_total", type="output", **labels) == 3
     assert sc.sample("llm_tokens_total", type="input", **labels) == 11
-    assert sc.sample("llm_time_to_first_token_seconds_count", **labels) is None  # not streamed
-    assert sc.sample("llm_request_duration_seconds_sum", outcome="ok", **labels) >= 0.1
+    assert (
+        sc.sample("llm_time_to_first_token_seconds_count", **per_model(labels)) is None
+    )  # not streamed
+    assert sc.sample("llm_request_duration_seconds_sum", outcome="ok", **per_model(labels)) >= 0.1
 
 
 async def test_any_method_path_query_and_body_pass_through(upstream, sidecar_factory):
@@ -326,7 +329,9 @@ async def test_upstream_dying_mid_stream_ends_client_stream_with_error(upstream,
     await wait_for(
         lambda: sc.sample("llm_requests_total", code="200", outcome="error", **labels) == 1
     )
-    assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1  # partial figures kept
+    assert (
+        sc.sample("llm_time_to_first_token_seconds_count", **per_model(labels)) == 1
+    )  # partial figures kept
 
 
 async def test_upstream_stalling_past_idle_timeout_ends_stream(upstream, sidecar_factory):
@@ -397,8 +402,8 @@ async def test_client_disconnect_cancels_upstream_within_a_second(upstream, side
     await wait_for(
         lambda: sc.sample("llm_requests_total", code="200", outcome="cancelled", **labels) == 1
     )
-    assert sc.sample("llm_time_to_first_token_seconds_count", **labels) == 1
-    assert sc.sample("llm_inter_token_latency_seconds_count", **labels) >= 3
+    assert sc.sample("llm_time_to_first_token_seconds_count", **per_model(labels)) == 1
+    assert sc.sample("llm_inter_token_latency_seconds_count", **per_model(labels)) >= 3
     assert sc.in_flight() == 0
 
 

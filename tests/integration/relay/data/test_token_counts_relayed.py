@@ -91,10 +91,8 @@ async def test_force_included_usage_the_client_did_not_ask_for(upstream, traced,
     await counted(s, "tiny", CHAT, "usage")
     assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") == 17
     # usage on every chunk grew by one each time: 4 tokens, 3 gaps, not 4 x 4
-    assert s.sample("llm_inter_token_latency_seconds_count", model="tiny", route=CHAT) == 3
-    assert (
-        s.sample("llm_upstream_prefill_seconds_count", model="tiny", route=CHAT) == 1
-    )  # vLLM metrics
+    assert s.sample("llm_inter_token_latency_seconds_count", model="tiny") == 3
+    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny") == 1  # vLLM metrics
     span = await one_span(exporter)
     assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == "usage"
     assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 17
@@ -129,9 +127,7 @@ async def test_usage_null_on_every_chunk_is_estimated_not_zero(upstream, traced,
     await counted(s, "gpt-4o-mini", CHAT, "estimated")
     assert tokens(s, "gpt-4o-mini", CHAT, "output") == 2
     assert tokens(s, "gpt-4o-mini", CHAT, "input") is None  # unknown, never invented
-    assert (
-        s.sample("llm_request_tokens_count", model="gpt-4o-mini", route=CHAT, type="input") is None
-    )
+    assert s.sample("llm_request_tokens_count", model="gpt-4o-mini", type="input") is None
     span = await one_span(exporter)
     assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
     assert sc.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
@@ -156,7 +152,7 @@ async def test_llamacpp_timings(upstream, traced, spans, name, source):
     await counted(s, "tiny-llama", CHAT, source)
     for kind, value in (("output", 3), ("input", 9), ("cached_input", 4)):
         assert tokens(s, "tiny-llama", CHAT, kind) == value, kind
-    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny-llama", route=CHAT) == 1
+    assert s.sample("llm_upstream_prefill_seconds_count", model="tiny-llama") == 1
     span = await one_span(exporter)
     assert span.attributes[sc.LLM_SIDECAR_TOKEN_COUNT_SOURCE] == source
     assert span.attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 4
@@ -178,7 +174,7 @@ async def test_no_usage_at_all_is_estimated_with_input_unknown(upstream, traced,
         )
     await counted(s, "tiny", CHAT, "estimated")
     assert tokens(s, "tiny", CHAT, "output") == 4 and tokens(s, "tiny", CHAT, "input") is None
-    assert s.sample("llm_time_per_output_token_seconds_count", model="tiny", route=CHAT) == 1
+    assert s.sample("llm_time_per_output_token_seconds_count", model="tiny") == 1
     span = await one_span(exporter)
     assert sc.GEN_AI_USAGE_INPUT_TOKENS not in span.attributes
     assert span.attributes[sc.LLM_SIDECAR_OUTPUT_TOKENS_ESTIMATED] is True

@@ -26,7 +26,7 @@ import pytest
 
 from sidecar.streams.protocols.events import MAX_INDICES_PER_RESPONSE
 from tests.support.census import MiB, answer_times, proc_status, reset_peak
-from tests.support.samples import sample_of
+from tests.support.samples import per_model, sample_of
 from tests.support.sse import http_chunk
 
 pytestmark = pytest.mark.integration
@@ -166,7 +166,7 @@ async def test_millions_of_tokens_claimed_in_one_event_cost_one_entry(serve_proc
     # The figures are per token, as if each had come alone: one ITL observation per token
     # after the first, and the output count the last usage said.
     # (the warm-up's one token has no gap)
-    itl = sample_of(metrics, "llm_inter_token_latency_seconds_count", **labels)
+    itl = sample_of(metrics, "llm_inter_token_latency_seconds_count", **per_model(labels))
     assert itl == expected_tokens - 1
     assert sample_of(metrics, "llm_tokens_total", type="output", **labels) == 1 + completion
     assert peak < RSS_BOUND, peak
