@@ -36,10 +36,7 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     # A band's series exist at zero before the load reaches it (the lowest three from a
     # model's first stream, then two ahead: sidecar/export/capacity.py): only bands with
     # gaps (decode time) in the window are drawn, not their 0/0 NaN.
-    seen = (
-        f" and on ({by}, concurrency) sum by ({by}, concurrency) "
-        f"({sel(cap.ITL_BUCKET_RATE, ('le', '=', '+Inf'))}) > 0"
-    )
+    seen = f" and on ({by}, concurrency) sum by ({by}, concurrency) ({sel(cap.ITL_COUNT_RATE)}) > 0"
     board.row(
         f"Capacity: the throughput-latency curve (p{q} ITL within the {objective.name} objective's "
         f"{format_number(threshold)}s)"

@@ -10,6 +10,12 @@ stricter test: a request's TPOT is the mean of its gaps.
 
 Records, each per grouping (and ``concurrency`` band where it says so):
 
+- first, the band rates every later record reads, once, from the raw series over 5m:
+  ``llm:inter_token_latency_by_concurrency_seconds_{bucket,count}:rate5m`` and
+  ``llm:decode_{tokens,seconds}_by_concurrency:rate5m``. The hour is the mean of those
+  (``avg_over_time`` over 1h: the hour's rate, its oldest 5m weighed less and less), so no
+  rule reads an hour of raw band series; they are written earlier in the same evaluation, so
+  the chain adds no evaluation of delay, only a change's half-window lag;
 - ``llm:itl_by_concurrency:p<q>_1h{concurrency}``: the quantile over 1h, only for bands that
   saw at least MIN_GAPS gaps in that hour (too few samples give no verdict);
 - ``llm:decode_throughput_by_concurrency:rate1h{concurrency}``: decode tokens/s at the band;
@@ -67,6 +73,7 @@ SECONDS = "llm_decode_seconds_by_concurrency_total"
 WINDOW = "1h"
 BAND_WINDOW = "5m"
 ITL_BUCKET_RATE = "llm:inter_token_latency_by_concurrency_seconds_bucket:rate5m"
+ITL_COUNT_RATE = "llm:inter_token_latency_by_concurrency_seconds_count:rate5m"
 TOKENS_RATE = "llm:decode_tokens_by_concurrency:rate5m"
 SECONDS_RATE = "llm:decode_seconds_by_concurrency:rate5m"
 MIN_GAPS = 100
@@ -123,7 +130,7 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         return f"avg_over_time({rec(name, *extra)}[{WINDOW}])"
 
     seconds = parse_duration(WINDOW)
-    gaps = f"sum by ({byc}) ({hour(ITL_BUCKET_RATE, ('le', '=', '+Inf'))}) * {seconds}"
+    gaps = f"sum by ({byc}) ({hour(ITL_COUNT_RATE)}) * {seconds}"
     quantile = (
         f"histogram_quantile({format_number(q)}, sum by ({byc}, le) ({hour(ITL_BUCKET_RATE)})) "
         f"and on ({byc}) {gaps} >= {MIN_GAPS}"
@@ -148,6 +155,7 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     who = _who(spec.grouping)
     rules = (
         Rule(band_rate(ITL_BY_CONCURRENCY + "_bucket", f"{byc}, le"), record=ITL_BUCKET_RATE),
+        Rule(band_rate(ITL_BY_CONCURRENCY + "_count", byc), record=ITL_COUNT_RATE),
         Rule(band_rate(TOKENS, byc), record=TOKENS_RATE),
         Rule(band_rate(SECONDS, byc), record=SECONDS_RATE),
         Rule(quantile, record=p),

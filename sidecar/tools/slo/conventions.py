@@ -79,10 +79,13 @@ TENANT_SLIS = frozenset({"availability", "ttft"})
 goodput's ``llm_requests_within_slo_total`` too). The per-token histograms and e2e do not, to
 keep their series count bounded, so they cannot be grouped by tenant."""
 
-TARGET_LABELS: tuple[str, ...] = ("cluster", "namespace", "pod", "service", "job", "instance")
+TARGET_LABELS: tuple[str, ...] = (
+    "cluster", "namespace", "pod", "service", "job", "instance", "llm_release",
+)  # fmt: skip
 """Labels a series gets from where it was scraped, not from the sidecar: Prometheus' ``job`` and
 ``instance``; the Prometheus Operator's PodMonitor/ServiceMonitor add ``namespace``, ``pod``
-(and ``service``); ``cluster`` comes from an external label or a Thanos/Mimir ruler."""
+(and ``service``), the chart's monitors ``llm_release`` (:data:`LABEL_RELEASE`); ``cluster``
+comes from an external label or a Thanos/Mimir ruler."""
 
 LABEL_RELEASE = "llm_release"
 """Which install of the chart (or of deploy/kubernetes/) judges a series: ``<namespace of its
