@@ -157,6 +157,6 @@ def test_a_text_answer_without_cached_count_records_no_tool_call_and_cache_unkno
 
 def test_own_names_stay_in_the_own_namespace_and_apart_from_span_attributes():
     own = [v for k, v in vars(sc).items() if k.startswith("METRIC_OWN_")]
-    assert len(own) == 6
+    assert len(own) == 7
     attributes = {v for k, v in vars(sc).items() if k.startswith(("LLM_SIDECAR_", "GEN_AI_"))}
     assert all(name.startswith("llm_sidecar.client.") and name not in attributes for name in own)
