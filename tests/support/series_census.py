@@ -34,7 +34,15 @@ from aiohttp import web
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 
-__all__ = ["MIX_MODELS", "PageCensus", "census_of", "mix_upstream", "run_mix"]
+__all__ = [
+    "MIX_MODELS",
+    "CensusRun",
+    "PageCensus",
+    "census_of",
+    "census_run",
+    "mix_upstream",
+    "run_mix",
+]
 
 MIX_MODELS: dict[str, SimulatorConfig] = {
     "llama-3.1-8b": SimulatorConfig(
@@ -296,20 +304,46 @@ def census_of(page: str) -> PageCensus:
     return PageCensus(total, families, labels, buckets, zero, idle, zero_by_family)
 
 
-async def census_run(seconds: float, rate: float, seed: int, extra: tuple[str, ...] = ()) -> str:
+@dataclass(frozen=True)
+class CensusRun:
+    """What a run saw: ``page``, the /metrics page once every request had ended, and
+    ``busiest``, the largest page scraped while the mix was running (the in-flight families
+    are there only then), with its series count."""
+
+    page: str
+    busiest: str
+    busiest_total: int
+
+
+async def census_run(
+    seconds: float, rate: float, seed: int, extra: tuple[str, ...] = (), every: float = 5.0
+) -> CensusRun:
     """Start the mix's upstream and ``llm-sidecar serve`` (the chart's defaults plus
-    ``extra``), run the mix, and return the sidecar's /metrics page."""
+    ``extra``), run the mix while scraping /metrics every ``every`` seconds as Prometheus
+    would, and return the pages."""
     from tests.conftest import ServeProcess  # noqa: PLC0415 (a test helper's import)
 
     async with mix_upstream() as upstream:
         serve = ServeProcess(upstream, *extra, clean_env=True)
         try:
             await serve.wait_alive()
-            await run_mix(serve.url, seconds, rate, seed)
             async with aiohttp.ClientSession() as session:
-                async with session.get(serve.admin_url + "/metrics") as resp:
-                    assert resp.status == 200, resp.status
-                    return await resp.text()
+
+                async def scrape() -> str:
+                    async with session.get(serve.admin_url + "/metrics") as resp:
+                        assert resp.status == 200, resp.status
+                        return await resp.text()
+
+                busiest, most = "", -1
+                mix = asyncio.create_task(run_mix(serve.url, seconds, rate, seed))
+                while not mix.done():
+                    await asyncio.wait({mix}, timeout=every)
+                    page = await scrape()
+                    total = census_of(page).total
+                    if total > most:
+                        busiest, most = page, total
+                await mix
+                return CensusRun(await scrape(), busiest, most)
         finally:
             serve.stop()
 
@@ -321,11 +355,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=50)
     parser.add_argument("--page", help="also write the page to this file")
     args = parser.parse_args()
-    page = asyncio.run(census_run(args.seconds, args.rate, args.seed))
+    run = asyncio.run(census_run(args.seconds, args.rate, args.seed))
     if args.page:
         with open(args.page, "w") as f:
-            f.write(page)
-    print(census_of(page).report())
+            f.write(run.page)
+    print(census_of(run.page).report())
+    print(f"busiest page scraped during the mix: {run.busiest_total} series")
 
 
 if __name__ == "__main__":
