@@ -67,6 +67,13 @@ FUNCTIONS = {
     "clamp_max",
     "vector",
     "label_replace",
+    "topk",
+    "avg_over_time",
+    "sum_over_time",
+    "last_over_time",
+    "increase",
+    "absent",
+    "min",
 }
 KEYWORDS = {"by", "on", "and", "or"}
 GROUPING = re.compile(r"\b(by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)")
@@ -343,6 +350,20 @@ def test_every_metric_is_exported_or_recorded(exported):
                 v.label in exported[metric_names(v.selector).pop()] or v.label in TARGET_LABELS
             ), v.where
     assert checked > 150
+    # The panels read records: what those read, down to the raw series, is checked the same
+    # way (a record of a series the sidecar does not export would be an empty panel).
+    rules = {r["record"]: r["expr"] for g in _PLAIN["groups"] for r in g["rules"] if "record" in r}
+    pending, seen = sorted(u for u in used if u.startswith("llm:")), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert name in rules, f"{name} is read by a panel and recorded by no rule"
+        check_expr(f"rule {name}", rules[name], exported, recorded, alerts)
+        reads = metric_names(rules[name])
+        used |= reads
+        pending += sorted(r for r in reads if r.startswith("llm:"))
     # And the dashboards leave no exported family out.
     families = {
         re.sub(r"_(bucket|count|sum)$", "", n)

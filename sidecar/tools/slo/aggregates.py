@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ...export.families import FAMILIES, NAMESPACE
 from .rules import Group, Matcher, Rule, _spec_matchers, selector
 from .spec import SLOSpec
 from .windows import format_duration
@@ -46,9 +47,16 @@ __all__ = [
 GROUP = "llm-sidecar-dashboards"
 WINDOW = 2 * 60
 BASE_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "model", "route")
-"""What every record keeps (a label a series lacks stays absent)."""
+"""What a record keeps: the target labels, and ``model`` and ``route`` where the series has
+them (:data:`~sidecar.export.families.FAMILIES` says which)."""
 POD_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "pod", "model")
 """What a per-pod record keeps: the pod, not the route (a pod serves its model on every route)."""
+OWN_LABELS = frozenset({"model", "route"})
+"""The sidecar's own labels among those: kept only on the series that have them."""
+_SUFFIXES = ("_total", "_bucket", "_sum", "_count")
+_FAMILY_LABELS: dict[str, frozenset[str]] = {
+    f"{NAMESPACE}_{f.name}": frozenset(f.labels) for f in FAMILIES
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +69,28 @@ class Aggregate:
     how: str = "rate"
     """``rate`` (a counter), ``sum`` or ``max`` (a gauge) or ``count`` (series counted)."""
     per_pod: bool = False
+    own: tuple[str, ...] | None = None
+    """Which of ``model`` and ``route`` the series has, for a series no family declares (the
+    in-flight collector's, the build info); None: its family's labels say."""
+
+    def _own(self) -> frozenset[str]:
+        if self.own is not None:
+            return frozenset(self.own)
+        name = self.series
+        for suffix in _SUFFIXES:
+            name = name.removesuffix(suffix)
+        labels = _FAMILY_LABELS.get(name)
+        if labels is None:
+            raise KeyError(f"{self.series}: no family declares it; say its labels with own=")
+        return labels
 
     @property
     def kept(self) -> tuple[str, ...]:
+        """The target labels, the series' own ``model`` and ``route`` (the histograms are per
+        model, not per route), ``labels`` and ``le`` for buckets."""
         base = POD_LABELS if self.per_pod else BASE_LABELS
-        if self.series.endswith(("_bucket", "_sum", "_count")):
-            # Histograms are per model, not per route (docs/metrics.md, "Series a pod"): a
-            # route filter must not empty their panels.
-            base = tuple(label for label in base if label != "route")
+        own = self._own()
+        base = tuple(label for label in base if label not in OWN_LABELS or label in own)
         le = ("le",) if self.series.endswith("_bucket") else ()
         return (*base, *self.labels, *le)
 
@@ -81,8 +103,10 @@ class Aggregate:
         return f"llm:{stem}:{op}"
 
     def labels_kept(self, grouping: Sequence[str] = ()) -> list[str]:
-        """What the rule sums by: :attr:`kept` and the spec's grouping labels."""
-        return [*self.kept, *(g for g in grouping if g not in self.kept)]
+        """What the rule sums by: :attr:`kept` and the spec's other grouping labels (not a
+        ``model`` or ``route`` the series lacks)."""
+        extra = (g for g in grouping if g not in self.kept and g not in OWN_LABELS)
+        return [*self.kept, *extra]
 
     def expr(self, matchers: Sequence[Matcher], grouping: Sequence[str] = ()) -> str:
         kept = self.labels_kept(grouping)
@@ -100,12 +124,14 @@ def _per_pod(name: str, *labels: str, parts: str) -> list[Aggregate]:
     return [Aggregate(f"{name}_{part}", labels, per_pod=True) for part in parts.split()]
 
 
+_IN_FLIGHT = ("model", "route")  # sidecar/export/in_flight.py
+
 AGGREGATES: tuple[Aggregate, ...] = (
     # The per-pod drill-downs (the overview's "Per pod" row, "Where the time goes"), first:
     # the records below that keep no label they lack are summed from them.
     Aggregate("llm_requests_total", ("outcome",), per_pod=True),
     Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
-    Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True),
+    Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True, own=_IN_FLIGHT),
     Aggregate("llm_tokens_total", ("type",), per_pod=True),
     *_per_pod("llm_time_to_first_token_seconds", parts="bucket sum count"),
     *_per_pod("llm_time_per_output_token_seconds", parts="bucket"),
@@ -117,8 +143,8 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("llm_finish_reasons_total", ("finish_reason",)),
     Aggregate("llm_non_api_requests_total", ("method", "code")),
     Aggregate("llm_requests_in_flight", how="sum"),
-    Aggregate("llm_requests_in_phase", ("phase",), how="sum"),
-    Aggregate("llm_requests_in_phase_oldest_seconds", ("phase",), how="max"),
+    Aggregate("llm_requests_in_phase", ("phase",), how="sum", own=_IN_FLIGHT),
+    Aggregate("llm_requests_in_phase_oldest_seconds", ("phase",), how="max", own=_IN_FLIGHT),
     Aggregate("llm_requests_within_slo_total"),
     Aggregate("llm_stream_parse_errors_total"),
     Aggregate("llm_tokens_total", ("type",)),
@@ -127,7 +153,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("llm_token_count_source_total", ("source",)),
     Aggregate("llm_label_overflow_total", ("label", "reason")),
     Aggregate("llm_series_refused_total", ("fate",)),
-    Aggregate("llm_sidecar_build_info", ("version", "speedups"), how="count"),
+    Aggregate("llm_sidecar_build_info", ("version", "speedups"), how="count", own=()),
     *_histogram("llm_time_to_first_token_seconds", parts="bucket sum count"),
     *_histogram("llm_time_to_first_answer_token_seconds"),
     *_histogram("llm_inter_token_latency_seconds"),
