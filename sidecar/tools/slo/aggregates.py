@@ -1,6 +1,7 @@
 """The recorded series the dashboards read: every raw series a panel needs, summed once per
-evaluation by (cluster, namespace, llm_release, model, route) and the few labels its panels
-split or filter by, over a short window.
+evaluation by (cluster, namespace, llm_release), the series' own ``model`` and ``route``
+where its family has them, and the few labels its panels split or filter by, over a short
+window.
 
 Why: a panel over raw series reads every pod's every series (each bucket, each prompt class)
 over the rate window at every step, and does so again for every viewer and every refresh. A
@@ -14,8 +15,9 @@ evaluation: one raw read, not two, and no delay.
 Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate2m``
 (``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``_per_pod``
 after the metric for the per-pod records, ``:sum`` (or ``:max``) for a gauge and ``:count``
-for a count of series. ``le`` is kept on every ``_bucket`` record, so any quantile or heatmap of the selected
-models and routes is ``histogram_quantile`` over the recorded bucket rates.
+for a count of series. ``le`` is kept on every ``_bucket`` record, so any quantile or
+heatmap of the selected releases and models is ``histogram_quantile`` over the recorded
+bucket rates.
 
 The window is 2m: four scrapes at the 30s interval kube-prometheus-stack scrapes at, so a
 missed scrape leaves a rate rather than a gap. The panels read the recorded rates as they
