@@ -22,6 +22,7 @@ __all__ = [
     "ENGINE_PHASE_BUCKETS",
     "OVERHEAD_BUCKETS",
     "TOOL_CALL_COUNT_BUCKETS",
+    "TOOL_CALL_SECONDS_BUCKETS",
 ]
 
 # Every layout below is what its readers need and no more: each bound costs one series for
@@ -64,6 +65,11 @@ ENGINE_PHASE_BUCKETS: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0
 # tens of microseconds when healthy, so the low end is fine; the top shows a stuck loop.
 OVERHEAD_BUCKETS: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.005, 0.05, 1.0)
 
-# Tool calls in one response (llm_tool_calls_per_response): one call is the common case,
-# parallel calls a handful; the top is the most a response's record keeps (MAX_TOOL_CALLS).
-TOOL_CALL_COUNT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 32, 128)
+# Tool calls in one response (llm_tool_calls_per_response): its panel reads the mean (sum
+# over count); the bounds tell one call from a few parallel ones and from many.
+TOOL_CALL_COUNT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8)
+
+# Seconds to an agent's tool call (the request to its first piece; its first piece to its
+# last argument piece): a call sent whole is 0, streamed arguments take tenths of a second to
+# seconds, reasoning before the call seconds more.
+TOOL_CALL_SECONDS_BUCKETS: tuple[float, ...] = (0.1, 0.5, 1.0, 2.5, 10.0)

@@ -27,6 +27,7 @@ from ..base.buckets import (
     OVERHEAD_BUCKETS,
     TOKEN_COUNT_BUCKETS,
     TOOL_CALL_COUNT_BUCKETS,
+    TOOL_CALL_SECONDS_BUCKETS,
     TPS_BUCKETS,
     TTFB_BUCKETS,
     TTFT_BUCKETS,
@@ -237,7 +238,7 @@ FAMILIES: tuple[Family, ...] = (
         "Streamed requests with a tool call: seconds from request headers received to "
         "the first piece of the first tool call (its id and name).",
         ("model",),
-        TTFT_BUCKETS,
+        TOOL_CALL_SECONDS_BUCKETS,
     ),
     Family(
         "tool_call_assembly",
@@ -247,7 +248,7 @@ FAMILIES: tuple[Family, ...] = (
         "last argument piece (0 for a call sent whole); parallel calls are one "
         "observation each.",
         ("model",),
-        TTFT_BUCKETS,
+        TOOL_CALL_SECONDS_BUCKETS,
     ),
     Family(
         "tool_calls_per_response",
