@@ -155,6 +155,9 @@ def run_vm(n: int, pages: Path, args: argparse.Namespace, procs: Processes, targ
                 )
                 g["last"], g["max"] = seconds, max(g["max"], seconds)
                 g["errors"] = sum(bool(r.get("lastError")) for r in group["rules"])
+                failed = [r["lastError"] for r in group["rules"] if r.get("lastError")]
+                if failed:
+                    g["last_error"] = failed[0][:500]
                 slowest = max(group["rules"], key=lambda r: r.get("evaluationTime", 0.0))
                 g["slowest_rule"] = {
                     "name": slowest["name"],
