@@ -33,6 +33,7 @@ import subprocess
 import pytest
 import yaml
 
+from sidecar.base.buckets import TTFT_BUCKETS
 from sidecar.tools.slo import load_spec, parse_spec, render_rules
 from sidecar.tools.slo.helm import (
     OVERRIDES_PATH,
@@ -429,6 +430,6 @@ def test_values_and_schema_are_derived_from_the_spec():
     assert rules_schema["windows"] == windows_schema(spec)
     assert rules_values["modelOverrides"] == [], "no per-model override is shipped active"
     assert rules_schema["modelOverrides"] == overrides_schema(spec)
-    assert (
-        props["properties"]["ttft"]["properties"]["thresholdSeconds"]["enum"][-1] == "60.0"
-    )  # and the number 60.0 before it
+    assert props["properties"]["ttft"]["properties"]["thresholdSeconds"]["enum"][-1] == str(
+        TTFT_BUCKETS[-1]
+    )  # the top bound as text, and as a number before it
