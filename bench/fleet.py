@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.fleet --pods 50,200 --json fleet.json
     .venv/bin/python -m bench.fleet --quick                      # seconds; the smoke test
-    PYTHONPATH= .venv/bin/python -m bench.fleet --tree /tmp/other-checkout --pods 50,200
+    .venv/bin/python -m bench.fleet --tree /tmp/other-checkout --pods 50,200
+    .venv/bin/python -m bench.fleet --engines prometheus --pages pages.json   # a kept recording
 
 1. **Record a page** (:mod:`bench.fleet_record`): the production sidecar of ``--tree`` (its
    ``sidecar`` package, run with the chart's defaults) in front of simulated servers for three
@@ -17,7 +18,9 @@
    ``--replicas`` pods).
 3. **Scrape them** with a real Prometheus (``prometheus`` on the PATH, Debian's in CI) loading the
    tree's rule files, for ``--duration`` seconds at ``--scrape-interval``; beside it an empty
-   Prometheus (the same rules, no targets) whose memory is the baseline.
+   Prometheus (the same rules, no targets) whose memory is the baseline. Then, where Debian's
+   ``victoria-metrics`` is installed, the same pods into VictoriaMetrics + vmalert
+   (:mod:`bench.fleet_vm`).
 4. **Report**, per pod count: the series a pod exports (from the recorded page: total, share
    of ``_bucket``, share never moved from zero, buckets holding no observation of their own, the
    largest families, the series of model ``other``) and Prometheus's head series a pod;

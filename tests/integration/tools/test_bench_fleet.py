@@ -55,7 +55,8 @@ def test_quick_fleet_benchmark_reports_every_figure(tmp_path):
     assert fleet["head_series"] >= 3 * page["series"]
     assert fleet["rss_mb"] > 0 and fleet["rss_empty_mb"] > 0
     assert fleet["rss_mb_per_pod"] == pytest.approx(
-        (fleet["rss_mb"] - fleet["rss_empty_mb"]) / 3, abs=0.01
+        (fleet["rss_mb"] - fleet["rss_empty_mb"]) / 3,
+        abs=0.05,  # both rounded to 0.1 MB
     )
 
     rules = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))
