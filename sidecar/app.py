@@ -324,11 +324,6 @@ def build_sidecar(
             on_overflow=metrics.overflow_counter("tenant"),
             on_forget=lambda value: metrics.forget("tenant", value),
         )
-    # One series budget for the whole page, counted before any series is made: every
-    # family registered by now (whoever added it; nothing is registered after this) is
-    # checked at child creation, and label admission asks the same count what a new value
-    # would cost (metrics.budget).
-    gate.guard()
     link = UpstreamLink()  # the relay's pool, made when the proxy app starts
     records = RecordBook(
         metrics.model_label,
@@ -359,9 +354,15 @@ def build_sidecar(
     # The page without prometheus_client's _created samples (for this registry only; its
     # process-wide switch would change every registry in the process).
     renderer = ScrapeRenderer(WithoutCreated(registry))
-    # The requests in flight, read at scrape time: no series while none is, so no budget.
+    # The requests in flight, read at scrape time: no series while none is, and at most
+    # three phases of the (model, route) values in flight, which the budget bounds already.
     in_flight = InFlightView(records, settings.stall_seconds)
     registry.register(in_flight)
+    # One series budget for the whole page, counted before any series is made: every
+    # family registered by now (whoever added it; nothing is registered after this) is
+    # checked at child creation, and label admission asks the same count what a new value
+    # would cost (metrics.budget).
+    gate.guard()
     stall_watch = None
     if telemetry is not None:
         if telemetry.metrics and meter_provider is not None:

@@ -51,6 +51,7 @@ GAUGE_MERGE: Mapping[str, GaugeMerge] = {
     "process_start_time_seconds": "min",  # the pod's oldest process: when it started
     "process_max_fds": "max",  # a limit, the same in each process
     "llm_sidecar_build_info": "max",  # an info gauge: 1 for each build running
+    "llm_requests_in_phase_oldest_seconds": "max",  # the pod's oldest is its oldest worker's
 }
 """How a gauge family is merged over the workers where summing would be wrong; every other
 gauge (``llm_requests_in_flight``, resident memory, open files) is summed."""

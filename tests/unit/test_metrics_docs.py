@@ -188,18 +188,21 @@ def test_every_own_otel_instrument_is_documented():
 
 
 def test_every_recording_rule_is_documented():
-    """Each record the shipped rules make is named in docs/slo.md or docs/capacity.md (a windowed
-    family by its ``<W>`` pattern)."""
+    """Each record the shipped rules make is named in docs/slo.md, docs/capacity.md or (the
+    dashboards' records) docs/dashboards.md (a windowed family by its ``<W>`` pattern)."""
     rules = (ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8")
-    docs = (DOCS / "slo.md").read_text(encoding="utf-8") + (DOCS / "capacity.md").read_text(
-        encoding="utf-8"
+    docs = "".join(
+        (DOCS / name).read_text(encoding="utf-8")
+        for name in ("slo.md", "capacity.md", "dashboards.md")
     )
     records = set(re.findall(r"^\s*- record: (\S+)$", rules, re.MULTILINE))
     assert len(records) > 10
     missing = sorted(
         r for r in records if r not in docs and re.sub(r"rate\d+[mhd]$", "rate<W>", r) not in docs
     )
-    assert not missing, f"records named in neither docs/slo.md nor docs/capacity.md: {missing}"
+    assert not missing, (
+        f"records named in none of docs/slo.md, capacity.md, dashboards.md: {missing}"
+    )
 
 
 def _values(cell: str) -> set[str]:

@@ -390,6 +390,7 @@ def test_alerts_carry_the_grouping_labels_through_their_expression():
         "{{ with $labels.cluster }}{{ . }}/{{ end }}{{ with $labels.namespace }}{{ . }}/{{ end }}{{ $labels.model }}: "
     )
     assert (
-        'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" $labels.cluster $labels.namespace $labels.model'
+        'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" (index $labels "cluster") '
+        '(index $labels "namespace") (index $labels "model")'
         in (page.annotations["description"])
     )
