@@ -1,7 +1,8 @@
 """One pod's /metrics under a realistic mix, recorded over time: the page a fleet benchmark replays.
 
-The production sidecar (``python -m sidecar serve``, the chart's defaults: its SLO thresholds,
-``maxModels``, one worker) runs in front of three simulated servers, one per model, behind a
+The production sidecar (``python -m sidecar serve`` with the settings the tree's chart gives it
+by default: ``helm template`` of ``helm/llm-sidecar``, its container's ``LLM_SIDECAR_*``
+environment, so a changed default is measured as a release would run it) runs in front of three simulated servers, one per model, behind a
 small router that sends each request to the server of its model (any other name reaches one of
 them and gets vLLM's 404) and answers ``/v1/models`` with the three names, as one engine
 serving three models would. Each server runs with vLLM's ``--enable-force-include-usage`` (the
@@ -27,6 +28,7 @@ import contextlib
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import yaml
 from aiohttp import web
 
 from bench.fleet_procs import Processes, free_port
@@ -55,7 +58,8 @@ CANCEL_SHARE = 0.05
 TOOL_CALL_SHARE = 0.05
 CACHED_SHARE = 0.4
 SLOW_SHARE = 0.04  # first token past the 2 s objective
-# The chart's defaults (helm/llm-sidecar/values.yaml sidecar.*), as its Deployment sets them.
+# The chart's defaults (helm/llm-sidecar/values.yaml sidecar.*) as its Deployment set them when
+# this was written: used only where helm is not installed to render the tree's own chart.
 CHART_ENV = {
     "LLM_SIDECAR_SLO_TTFT_SECONDS": "2.0",
     "LLM_SIDECAR_SLO_TPOT_SECONDS": "0.1",
@@ -65,8 +69,11 @@ CHART_ENV = {
     "LLM_SIDECAR_DRAIN_SECONDS": "30",
     "LLM_SIDECAR_HEALTH_PATH": "/health",
     "LLM_SIDECAR_LOG_FORMAT": "json",
-    "LLM_SIDECAR_LOG_LEVEL": "warning",
+    "LLM_SIDECAR_LOG_LEVEL": "info",
 }
+# Set by the bench's own flags (addresses), so not taken from the chart.
+ADDRESS_ENV = {"LLM_SIDECAR_UPSTREAM", "LLM_SIDECAR_LISTEN", "LLM_SIDECAR_METRICS_LISTEN"}
+HERE = Path(__file__).resolve().parent
 HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "host", "keep-alive"}
 
 
@@ -182,6 +189,36 @@ def build_router(ports: dict[str, int]) -> web.Application:
 # ------------------------------------------------------------------ processes
 
 
+def chart_env(tree: Path) -> tuple[dict[str, str], str]:
+    """The ``LLM_SIDECAR_*`` settings the tree's chart gives the sidecar container with its
+    default values (``helm template``: the tree's pinned helm, this checkout's, else one on
+    the PATH), and where they came from; :data:`CHART_ENV` when there is no helm or chart."""
+    chart = tree / "helm" / "llm-sidecar"
+    pinned = [p for p in (tree / ".tools/bin/helm", HERE.parent / ".tools/bin/helm") if p.exists()]
+    helm = str(pinned[0]) if pinned else shutil.which("helm")
+    if helm is None or not chart.is_dir():
+        return dict(CHART_ENV), "pinned defaults (no helm or chart to render)"
+    out = subprocess.run(
+        [helm, "template", "fleet", str(chart), "--set", "image.repository=example/llm-sidecar"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    for doc in yaml.safe_load_all(out.stdout):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            if container["name"] == "llm-sidecar":
+                env = {
+                    e["name"]: str(e["value"])
+                    for e in container.get("env", [])
+                    if e["name"].startswith("LLM_SIDECAR_")
+                    and "value" in e
+                    and e["name"] not in ADDRESS_ENV
+                }
+                return env, f"{chart} rendered by {helm}"
+    raise RuntimeError(f"{chart}: no llm-sidecar container in the rendered Deployment")
+
+
 def tree_env(tree: Path) -> dict[str, str]:
     """The environment that runs ``tree``'s ``sidecar`` package (first on the path), without the
     caller's own sidecar settings."""
@@ -252,11 +289,12 @@ async def record_async(
         await site.start()
         router_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         proxy, admin = free_port(), free_port()
+        settings, settings_from = chart_env(tree)
         sidecar = started.spawn(
             "sidecar",
             [py, "-m", "sidecar", "serve", "--upstream", f"http://127.0.0.1:{router_port}",
              "--listen", f"127.0.0.1:{proxy}", "--metrics-listen", f"127.0.0.1:{admin}"],
-            tree, {**env, **CHART_ENV},
+            tree, {**env, **settings},
         )  # fmt: skip
         timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -296,7 +334,8 @@ async def record_async(
             "pages": [{"t": round(t, 3), "text": text} for t, text in pages],
             "requests": tally,
             "config": {"duration": duration, "rate": rate, "every": every, "seed": seed,
-                       "tree": str(tree), "models": [m[0] for m in MODELS]},
+                       "tree": str(tree), "models": [m[0] for m in MODELS],
+                       "sidecar_env": settings, "sidecar_env_from": settings_from},
         }  # fmt: skip
     finally:
         if router_runner is not None:

@@ -48,6 +48,8 @@ def test_quick_fleet_benchmark_reports_every_figure(tmp_path):
     assert sum(page["families"].values()) == page["series"]
     assert "llm_requests_total" in page["families"]
     assert sum(report["recording"]["requests"].values()) > 0
+    # The sidecar ran with the chart's settings (its SLO thresholds among them).
+    assert "LLM_SIDECAR_SLO_TTFT_SECONDS" in report["recording"]["config"]["sidecar_env"]
 
     (fleet,) = report["fleets"]
     assert fleet["pods"] == 3 and fleet["targets_up"] == 3
