@@ -59,23 +59,6 @@ UPSTREAM_STATUS = "upstream_status"
 INTERNAL = "internal"
 """error_type of a request the sidecar itself failed (a bug: logged with its traceback)."""
 
-ERROR_TYPES: tuple[str, ...] = (
-    "upstream_unreachable",  # no connection: refused, DNS, TLS (502)
-    "upstream_timeout",  # no response head in time (504)
-    "upstream_disconnected",  # the server closed the connection (before the head, or mid-body)
-    "upstream_read_timeout",  # the body stalled past the read timeout
-    "upstream_invalid_response",  # the server broke HTTP/1.1 framing
-    UPSTREAM_STATUS,  # the server answered 5xx (the code label says which)
-    STREAM_TRUNCATED,  # a 2xx stream ended cleanly before it was complete
-    STREAM_ERROR,  # an error object inside a 2xx answer
-    INTERNAL,  # the sidecar's own failure
-)
-"""Why a request ended with outcome ``error``: the whole set the relay and the timeline give
-(sidecar/relay/data/upstream.py, sidecar/relay/data/exchange.py, sidecar/measure/timeline.py)."""
-
-CANCEL_TYPES: tuple[str, ...] = (CLIENT_DISCONNECTED, CLIENT_SEND_TIMEOUT)
-"""Why a request ended with outcome ``cancelled``: the client left, or stopped reading."""
-
 NO_ERROR = "none"
 """``error_type`` of a request with outcome ``ok`` (a 4xx included: its ``code`` says it). A
 real value rather than ``""``, which Prometheus reads as "no such label"."""
@@ -83,9 +66,6 @@ real value rather than ``""``, which Prometheus reads as "no such label"."""
 OTHER_ERROR = "other"
 """``error_type`` of a cause outside the sets above (none today: a guard, so a new cause never
 becomes a new, unbounded label value before it is added here)."""
-
-ERROR_TYPE_LABELS: frozenset[str] = frozenset((*ERROR_TYPES, *CANCEL_TYPES, NO_ERROR, OTHER_ERROR))
-"""Every value the ``error_type`` label can take: 13 (9 errors, 2 cancellations, `none`, `other`)."""
 
 
 def error_type_label(outcome: Outcome | None, error_type: str | None) -> str:
@@ -106,6 +86,11 @@ class Verdict(Enum):
     only the availability burn rate counts it or it is not an error."""
 
     OK = (Outcome.OK, NO_ERROR, None, None)
+    # outcome error: no connection (refused, DNS, TLS); no head in time; the server closed
+    # the connection (before the head, or mid-body); the body stalled past the read timeout;
+    # the server broke HTTP/1.1 framing; it answered 5xx (the code label says which); a 2xx
+    # stream ended cleanly before it was complete; an error object inside a 2xx answer; the
+    # sidecar's own failure. Outcome cancelled: the client left, or stopped reading.
     UPSTREAM_UNREACHABLE = (Outcome.ERROR, "upstream_unreachable", 502, UPSTREAM_UNREACHABLE_ALERT)
     UPSTREAM_TIMEOUT = (Outcome.ERROR, "upstream_timeout", 504, UPSTREAM_UNREACHABLE_ALERT)
     UPSTREAM_DISCONNECTED = (Outcome.ERROR, "upstream_disconnected", 502, STREAMS_BROKEN_ALERT)
@@ -150,6 +135,21 @@ class Verdict(Enum):
         return None
 
 
+ERROR_TYPES: tuple[str, ...] = tuple(
+    v.error_type for v in Verdict if v.outcome is Outcome.ERROR and v is not Verdict.OTHER_ERROR
+)
+"""Why a request ended with outcome ``error``: the error rows of :class:`Verdict`."""
+
+CANCEL_TYPES: tuple[str, ...] = tuple(
+    v.error_type
+    for v in Verdict
+    if v.outcome is Outcome.CANCELLED and v is not Verdict.OTHER_CANCEL
+)
+"""Why a request ended with outcome ``cancelled``: the client left, or stopped reading."""
+
+ERROR_TYPE_LABELS: frozenset[str] = frozenset(v.error_type for v in Verdict)
+"""Every value the ``error_type`` label can take: 13 (9 errors, 2 cancellations, `none`, `other`)."""
+
 _BY_PAIR: dict[tuple[Outcome, str], Verdict] = {(v.outcome, v.error_type): v for v in Verdict}
 
 
@@ -167,5 +167,7 @@ def verdict_of(outcome: Outcome, error_type: str | None) -> Verdict:
 
 # The words are the constants above (the members spell them out: an Enum's body would read a
 # member's name, not the constant, once it is defined).
-assert {v.error_type for v in Verdict} == ERROR_TYPE_LABELS
-assert {v.error_type for v in Verdict if v.outcome is Outcome.ERROR} == {*ERROR_TYPES, OTHER_ERROR}
+assert {
+    STREAM_TRUNCATED, STREAM_ERROR, CLIENT_DISCONNECTED, CLIENT_SEND_TIMEOUT, UPSTREAM_STATUS,
+    INTERNAL, NO_ERROR, OTHER_ERROR,
+} <= ERROR_TYPE_LABELS  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 import pytest
@@ -78,7 +78,7 @@ def test_the_upstream_pools_answers_are_the_verdicts_statuses():
     from sidecar.relay.data.http1 import ProtocolError
 
     statuses = {
-        error.kind: error.status
+        error.verdict.error_type: error.verdict.answer_status
         for error in (
             upstream._unreachable(ConnectionRefusedError(), "h", 1),
             upstream._unreachable(ssl.SSLError(), "h", 1),
@@ -127,25 +127,39 @@ def test_error_type_label_is_bounded_by_outcome():
     assert len(ERROR_TYPE_LABELS) == 13
 
 
-def test_every_error_type_the_relay_gives_is_in_the_label_set():
-    """A new cause in the relay must join ERROR_TYPES (else it is counted as "other"): the
-    kinds of the upstream's failures before the head, the causes its body can end with
-    (``_end("...")`` in upstream.py), and the relay's own ends."""
+def test_every_relay_ending_is_a_verdict_never_a_string():
+    """The relay, the upstream side and the body sink end with a :class:`Verdict` member, so
+    a misspelt cause cannot become another label value ("other"): no relay module ends
+    anything with a string literal, a relay refuses one, and the upstream's failures before
+    the head carry members whose answer is the sidecar's own."""
     from sidecar.relay.data import body_relay, upstream
 
-    before_head = {
-        upstream._unreachable(ConnectionRefusedError(), "h", 1).kind,
-        upstream._timeout().kind,
-        upstream._disconnected().kind,
-    }
-    body_ends = set(
-        re.findall(r'_end\("([a-z_]+)"\)', (PACKAGE / "relay" / "data" / "upstream.py").read_text())
-    )
-    body_ends.add(upstream.UPSTREAM_DISCONNECTED)
-    assert body_ends, "the pattern no longer finds the body's causes: update this test"
-    assert before_head | body_ends <= set(ERROR_TYPES), (before_head | body_ends) - set(ERROR_TYPES)
-    assert "upstream_invalid_response" in body_ends
-    assert {body_relay.CLIENT_GONE, body_relay.SEND_TIMED_OUT} == set(CANCEL_TYPES)
+    relay_modules = ("upstream.py", "body_relay.py", "exchange.py", "token_lane_py.py")
+    ends = {"_end", "end", "stop", "_finish", "_fail"}
+    for name in relay_modules:
+        tree = ast.parse((PACKAGE / "relay" / "data" / name).read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ends
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                raise AssertionError(f"{name}:{node.lineno} ends with a string")
+    relay = body_relay.BodyRelay.__new__(body_relay.BodyRelay)
+    relay.ended = None
+    with pytest.raises(TypeError):
+        relay._end("upstream_disconnected")  # type: ignore[arg-type]
+    before_head = [
+        upstream._unreachable(ConnectionRefusedError(), "h", 1).verdict,
+        upstream._timeout().verdict,
+        upstream._disconnected().verdict,
+    ]
+    assert all(isinstance(v, Verdict) and v.answer_status for v in before_head)
+    assert set(CANCEL_TYPES) == {"client_disconnected", "client_send_timeout"}
+    assert set(ERROR_TYPES) | set(CANCEL_TYPES) | {"none", "other"} == ERROR_TYPE_LABELS
 
 
 def test_a_hostile_count_of_finish_reasons_is_capped_per_request():

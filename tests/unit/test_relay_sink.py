@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
+from sidecar.base.outcomes import Verdict
 from sidecar.base.routes import match_route
 from sidecar.measure.observe import ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
-from sidecar.relay.data import body_relay
 from sidecar.relay.data.body_relay import BodyRelay
 
 
@@ -122,7 +122,7 @@ def test_a_gone_client_ends_the_relay_and_closes_the_upstream():
     relay, conn, timeline = _relay(transport)
     relay.chunk(b"%x\r\n%b\r\n" % (len(EVENT), EVENT), EVENT)
     assert transport.written == [] and conn.closed
-    assert relay.ended == "client_disconnected"
+    assert relay.ended is Verdict.CLIENT_DISCONNECTED
     assert timeline.stream_tokens == 0
     relay.body(EVENT)  # anything later is dropped
     assert transport.written == []
@@ -143,12 +143,12 @@ def test_run_returns_how_the_body_ended():
 
         class PushingConn(Conn):
             def push(self, sink):
-                asyncio.get_running_loop().call_soon(sink.end, "upstream_read_timeout")
+                asyncio.get_running_loop().call_soon(sink.end, Verdict.UPSTREAM_READ_TIMEOUT)
 
         relay._conn = PushingConn()
         return await relay.run(drain_never_called)
 
-    assert asyncio.run(main()) == "upstream_read_timeout"
+    assert asyncio.run(main()) is Verdict.UPSTREAM_READ_TIMEOUT
 
 
 DONE = b"data: [DONE]\n\n"
@@ -163,7 +163,7 @@ def test_the_read_that_ends_the_body_goes_out_with_the_last_chunk_in_one_write()
     assert transport.written == [
         b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(EVENT), EVENT, len(DONE), DONE)
     ]
-    assert relay.terminated and relay.ended == body_relay.COMPLETE
+    assert relay.terminated and relay.ended == Verdict.OK
     assert relay.sent == len(transport.written[0])
     assert timeline.stream_tokens == 1
 
@@ -182,10 +182,12 @@ def test_a_client_that_is_not_chunked_gets_the_last_pieces_bare_and_no_last_chun
     relay, _, _ = _relay(transport, chunked=False)
     relay.last([EVENT, DONE])
     assert transport.written == [EVENT + DONE]
-    assert not relay.terminated and relay.ended == body_relay.COMPLETE
+    assert not relay.terminated and relay.ended == Verdict.OK
 
 
-@pytest.mark.parametrize("error", ["upstream_disconnected", "upstream_invalid_response"])
+@pytest.mark.parametrize(
+    "error", [Verdict.UPSTREAM_DISCONNECTED, Verdict.UPSTREAM_INVALID_RESPONSE]
+)
 def test_a_body_cut_short_never_gets_a_last_chunk(error):
     """A truncated stream must not look complete to the client."""
     transport = Transport()
@@ -193,7 +195,7 @@ def test_a_body_cut_short_never_gets_a_last_chunk(error):
     relay.body(EVENT)
     relay.end(error)
     assert not relay.terminated and b"0\r\n\r\n" not in b"".join(transport.written)
-    assert relay.ended == error
+    assert relay.ended is error
 
 
 def test_a_relay_already_ended_writes_nothing_more():
@@ -203,7 +205,7 @@ def test_a_relay_already_ended_writes_nothing_more():
     transport.closing = False
     relay.last([DONE])
     assert transport.written == [] and not relay.terminated
-    assert relay.ended == "client_disconnected"
+    assert relay.ended is Verdict.CLIENT_DISCONNECTED
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from bench.wire import StreamWire
+from sidecar.base.outcomes import Verdict
 from sidecar.base.routes import match_route
 from sidecar.base.speedups import chunk_payload_py, plain, plain_at_py
 from sidecar.measure.concurrency import DecodeConcurrency
@@ -371,7 +372,7 @@ def test_the_upstream_gone_mid_stream(lane, monkeypatch):
     wire = StreamWire(4, 80)
     events = [wire.role(), *(wire.token(k) for k in range(40))]
     got, _ = both(paced(events), "/v1/chat/completions", monkeypatch, lost=True)
-    assert got["ended"] == "upstream_disconnected"
+    assert got["ended"] is Verdict.UPSTREAM_DISCONNECTED
     assert got["stream_tokens"] == 40 and got["taken"] > 20
 
 
@@ -384,7 +385,7 @@ def test_a_client_gone_mid_stream(lane, monkeypatch):
         _relay_until_closed(paced(events), 30, lanes, monkeypatch) for lanes in (True, False)
     ]
     assert results[0] == results[1]
-    assert results[0]["ended"] == body_relay.CLIENT_GONE
+    assert results[0]["ended"] == Verdict.CLIENT_DISCONNECTED
 
 
 def _relay_until_closed(steps: list[Step], close_at: int, lanes: bool, monkeypatch) -> dict:
@@ -651,7 +652,7 @@ def test_a_lane_that_cannot_record_is_a_parse_error_not_a_broken_stream(lane, mo
     assert (
         got["written"] == b"".join(frame(e) for e in events) + LAST_CHUNK
     )  # the relay ends the body
-    assert got["ended"] == body_relay.COMPLETE
+    assert got["ended"] == Verdict.OK
     assert got["parse_errors"] == 1
     assert got["taken"] > 0
 
@@ -679,7 +680,7 @@ def test_a_lane_that_cannot_be_made_leaves_the_stream_alone(monkeypatch):
         return await it.task, b"".join(it.client.written), it.timeline
 
     ended, written, timeline = asyncio.run(run())
-    assert ended == body_relay.COMPLETE and written == without["written"]
+    assert ended == Verdict.OK and written == without["written"]
     assert timeline.parse_errors == 1
     assert timeline.stream_tokens == without["stream_tokens"]
 

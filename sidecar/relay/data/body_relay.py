@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from ...base.outcomes import CLIENT_DISCONNECTED
+from ...base.outcomes import Verdict
 from ...measure.observe import ResponseObserver
 from .client_pace import SEND_TIMEOUT, ClientPace
 from .token_lane import AVAILABLE as _LANES, lane_for
@@ -28,14 +28,11 @@ from .upstream import UpstreamConnection
 if TYPE_CHECKING:
     from .token_lane_py import TokenLane
 
-__all__ = ["BodyRelay", "COMPLETE", "CLIENT_GONE", "SEND_TIMED_OUT"]
+__all__ = ["BodyRelay"]
 
 _log = structlog.get_logger("sidecar.proxy")
 
 
-COMPLETE = "complete"
-CLIENT_GONE = CLIENT_DISCONNECTED  # a relay that ended this way
-SEND_TIMED_OUT = "client_send_timeout"
 _LAST_CHUNK = b"0\r\n\r\n"
 """The end of a chunked body (no trailers: the upstream's are hop-by-hop here)."""
 _HIGH_WATER = 64 << 10
@@ -79,7 +76,9 @@ class BodyRelay:
         # Whether the client's body goes out in chunks: the head the proxy wrote says.
         self._chunked = chunked
         self._waiter: asyncio.Future[None] | None = None
-        self.ended: str | None = None
+        # How the body ended: OK (complete), the client's leaving or stalling, the upstream's
+        # failure: a Verdict, never a word a typo could turn into another cause.
+        self.ended: Verdict | None = None
         self.paused = False
         self.terminated = False  # a chunked client's last chunk is written (see end)
         # The client's progress (its bytes written count there): the exchange's, which
@@ -249,7 +248,7 @@ class BodyRelay:
     def _gone(self) -> None:
         """The client's transport is closing: the relay ends."""
         self._conn.close()  # stop the server generating for nobody
-        self._end(CLIENT_GONE)
+        self._end(Verdict.CLIENT_DISCONNECTED)
 
     def _flow(self, transport: asyncio.Transport, now: float) -> bool:
         """After a write that left the client's buffer past ``_HIGH_WATER`` (the upstream is
@@ -267,10 +266,10 @@ class BodyRelay:
         if self.pace.alive(now):
             return True
         self._conn.close()  # the server stops generating for a reader that stopped
-        self._end(SEND_TIMED_OUT)
+        self._end(Verdict.CLIENT_SEND_TIMEOUT)
         return False
 
-    def end(self, error: str | None) -> None:
+    def end(self, error: Verdict | None) -> None:
         """The body ended. Complete, a chunked client's last chunk is written now, from the
         upstream's read (the relay owns the end of the body; the handler only ends aiohttp's
         message after it)."""
@@ -280,9 +279,11 @@ class BodyRelay:
                 transport.write(_LAST_CHUNK)
                 self.pace.written += len(_LAST_CHUNK)
                 self.terminated = True
-        self._end(COMPLETE if error is None else error)
+        self._end(Verdict.OK if error is None else error)
 
-    def _end(self, ended: str) -> None:
+    def _end(self, ended: Verdict) -> None:
+        if not isinstance(ended, Verdict):
+            raise TypeError(f"a relay ends with a Verdict, not {ended!r}")
         if self.ended is None:
             self.ended = ended
             if self._lane is not None:
@@ -307,7 +308,7 @@ class BodyRelay:
         self.paused = False
         self._conn.resume_reading()
 
-    def stop(self, ended: str) -> None:
+    def stop(self, ended: Verdict) -> None:
         """End the relay from outside (the client went, or stopped reading): the upstream
         request is closed, so the server stops generating."""
         self._conn.close()
@@ -324,15 +325,15 @@ class BodyRelay:
             if lane.off:
                 self._lane_failed()
 
-    async def run(self, drain: Callable[[], Awaitable[None]]) -> str:
+    async def run(self, drain: Callable[[], Awaitable[None]]) -> Verdict:
         """Relay until the body ends, waiting out back-pressure with ``drain`` (aiohttp's
-        writer's); returns how: ``COMPLETE``, ``CLIENT_GONE`` or the upstream error_type."""
+        writer's); returns how it ended (``Verdict.OK``: complete)."""
         try:
             return await self._run(drain)
         finally:
             self.settle()
 
-    async def _run(self, drain: Callable[[], Awaitable[None]]) -> str:
+    async def _run(self, drain: Callable[[], Awaitable[None]]) -> Verdict:
         self.start()
         loop = asyncio.get_running_loop()
         while self.ended is None:
@@ -355,15 +356,15 @@ class BodyRelay:
             done, _ = await asyncio.wait((drained,), timeout=self.pace.wait(self._clock()))
             if done:
                 if drained.exception() is not None:
-                    self.stop(CLIENT_GONE)
+                    self.stop(Verdict.CLIENT_DISCONNECTED)
                 else:
                     self.resumed()
                 return
             if self._transport.is_closing():
                 drained.cancel()
-                self.stop(CLIENT_GONE)
+                self.stop(Verdict.CLIENT_DISCONNECTED)
                 return
             if not self.pace.alive(self._clock()):
                 drained.cancel()
-                self.stop(SEND_TIMED_OUT)  # the server stops generating for nobody
+                self.stop(Verdict.CLIENT_SEND_TIMEOUT)  # the server stops generating for nobody
                 return

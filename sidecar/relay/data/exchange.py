@@ -61,13 +61,13 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestPayloadError
 
-from ...base.outcomes import INTERNAL, Outcome, Verdict, verdict_of
+from ...base.outcomes import Verdict
 from ...base.routes import Route, match_route
 from ...measure.observe import ResponseObserver
 from ...measure.request_fields import RequestFieldScanner, scan_request_fields
 from ..server.errors import raw_error_response
 from .body_budget import BodyBudget
-from .body_relay import CLIENT_GONE, COMPLETE, SEND_TIMED_OUT, BodyRelay
+from .body_relay import BodyRelay
 from .client_head import client_head
 from .client_pace import ClientPace
 from .forwarded import forwarded_headers, peer_address
@@ -349,7 +349,7 @@ class Exchange:
             return
         pool = self._pool
         if pool is None:  # the proxy app has not started (or has stopped)
-            self._fail(500, INTERNAL, "the sidecar failed to relay the request")
+            self._fail(Verdict.INTERNAL, "the sidecar failed to relay the request")
             return
         headers = self._upstream_headers(record, body is not None)
         method, target = self._message.method, upstream_target(self._message)
@@ -357,7 +357,7 @@ class Exchange:
             sent = pool.send_now(method, target, headers, body)
         except ValueError:  # a field line that cannot be written
             _log.exception("request_not_sendable")
-            self._fail(500, INTERNAL, "the request has a header field that cannot be relayed")
+            self._fail(Verdict.INTERNAL, "the request has a header field that cannot be relayed")
             return
         if sent is not None:
             record.timeline.upstream_sent = self._carrier.clock()
@@ -376,7 +376,7 @@ class Exchange:
             return
         pool = self._pool
         if pool is None:
-            self._fail(500, INTERNAL, "the sidecar failed to relay the request")
+            self._fail(Verdict.INTERNAL, "the sidecar failed to relay the request")
             return
         headers = self._upstream_headers(record, False)
         message = self._message
@@ -416,10 +416,10 @@ class Exchange:
         if isinstance(exc, BodyRefused):  # the streamed body broke a limit: cut off upstream
             self._guarded(self._refuse, *exc.refusal)
         elif isinstance(exc, UpstreamError):
-            self._guarded(self._fail, exc.status, exc.kind, str(exc))
+            self._guarded(self._fail, exc.verdict, str(exc))
         elif exc is not None:
             _log.error("upstream_request_failed", exc_info=exc)
-            self._guarded(self._fail, 500, INTERNAL, "the sidecar failed to relay the request")
+            self._guarded(self._fail, Verdict.INTERNAL, "the sidecar failed to relay the request")
         else:
             self._guarded(self._respond, pending.result())
 
@@ -479,16 +479,14 @@ class Exchange:
         if self._observer is not None:
             self._observer.close(self._carrier.clock())
         ended = relay.ended
-        if ended == CLIENT_GONE:
-            self._finish(Verdict.CLIENT_DISCONNECTED)
-        elif ended == SEND_TIMED_OUT:
+        if ended is Verdict.OK:
+            self._wait_for_client()
+        elif ended is Verdict.CLIENT_SEND_TIMEOUT:
             self._stalled_reader()
-        elif ended is not COMPLETE:
+        else:
             # Flush what was relayed, then close: a truncated stream, never a false clean end.
             self.keep_alive = False
-            self._finish(verdict_of(Outcome.ERROR, ended))
-        else:
-            self._wait_for_client()
+            self._finish(Verdict.CLIENT_DISCONNECTED if ended is None else ended)
 
     # -- the client's pace ---------------------------------------------------------------
 
@@ -537,7 +535,9 @@ class Exchange:
         self._waiting = False
         relay = self._relay
         if relay is not None and relay.ended is None:
-            relay.stop(SEND_TIMED_OUT)  # the server stops generating for a reader that stopped
+            relay.stop(
+                Verdict.CLIENT_SEND_TIMEOUT
+            )  # the server stops generating for a reader that stopped
         else:
             self._stalled_reader()
 
@@ -576,7 +576,7 @@ class Exchange:
             return
         relay = self._relay
         if relay is not None and relay.ended is None:
-            relay.stop(CLIENT_GONE)  # wakes _relay_woke, which gives the verdict
+            relay.stop(Verdict.CLIENT_DISCONNECTED)  # wakes _relay_woke, which gives the verdict
             if self.done:
                 return
         self._gone()
@@ -588,16 +588,17 @@ class Exchange:
             self.pending.cancel()  # the pool closes the connection it was using
         relay = self._relay
         if relay is not None and relay.ended is None:
-            relay.stop(CLIENT_GONE)
+            relay.stop(Verdict.CLIENT_DISCONNECTED)
         self.keep_alive = False
         self._finish(Verdict.CLIENT_DISCONNECTED)
 
     # -- answers of the sidecar's own ----------------------------------------------------
 
-    def _fail(self, status: int, kind: str, text: str) -> None:
+    def _fail(self, verdict: Verdict, text: str) -> None:
         """No answer from the upstream: the sidecar's JSON error, outcome error."""
-        self._answer(status, kind, text, keep_alive=self.keep_alive)
-        self._finish(verdict_of(Outcome.ERROR, kind))
+        status = verdict.answer_status or 502
+        self._answer(status, verdict.error_type, text, keep_alive=self.keep_alive)
+        self._finish(verdict)
 
     def _refuse(self, status: int, kind: str, text: str) -> None:
         """A client error the sidecar answers itself (refused by its head, or a body that
@@ -671,9 +672,12 @@ class Exchange:
                 self.keep_alive = False
                 relay = self._relay
                 if relay is not None and relay.ended is None:
-                    relay.stop(INTERNAL)
+                    relay.stop(Verdict.INTERNAL)
                 self._answer(
-                    500, INTERNAL, "the sidecar failed to relay the request", keep_alive=False
+                    500,
+                    Verdict.INTERNAL.error_type,
+                    "the sidecar failed to relay the request",
+                    keep_alive=False,
                 )
             finally:
                 self._finish(Verdict.INTERNAL)

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from ...base.outcomes import INTERNAL, Outcome, verdict_of
+from ...base.outcomes import Verdict
 from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
 
 if TYPE_CHECKING:
@@ -63,13 +63,12 @@ YIELD_AFTER_READ = 64 << 10
 
 
 class UpstreamError(Exception):
-    """The upstream could not give a response head. ``kind`` is the outcome's error_type;
-    ``status`` the answer the proxy gives the client (502 or 504: the verdict's own)."""
+    """The upstream could not give a response head. ``verdict`` is the request's (its
+    ``answer_status``, 502 or 504, is what the proxy answers the client)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, verdict: Verdict, message: str) -> None:
         super().__init__(message)
-        self.kind = kind
-        self.status = verdict_of(Outcome.ERROR, kind).answer_status or 502
+        self.verdict = verdict
 
 
 # OpenSSL's reasons for a handshake whose answer is not TLS at all: a plain-HTTP server's
@@ -95,24 +94,22 @@ def _unreachable(exc: OSError, host: str, port: int) -> UpstreamError:
         reason = f"the inference server at {where} is unreachable: connection refused (is it listening on that port?)"
     else:
         reason = f"the inference server at {where} is unreachable ({exc.strerror or exc})"
-    return UpstreamError("upstream_unreachable", reason)
+    return UpstreamError(Verdict.UPSTREAM_UNREACHABLE, reason)
 
 
 def _timeout() -> UpstreamError:
-    return UpstreamError("upstream_timeout", "the inference server did not answer in time")
-
-
-UPSTREAM_DISCONNECTED = "upstream_disconnected"
-"""error_type of a response cut off by the server closing the connection."""
+    return UpstreamError(Verdict.UPSTREAM_TIMEOUT, "the inference server did not answer in time")
 
 
 def _disconnected() -> UpstreamError:
-    return UpstreamError(UPSTREAM_DISCONNECTED, "the inference server closed the connection")
+    return UpstreamError(
+        Verdict.UPSTREAM_DISCONNECTED, "the inference server closed the connection"
+    )
 
 
 def _invalid(exc: ProtocolError) -> UpstreamError:
     return UpstreamError(
-        "upstream_invalid_response", f"the inference server's response is invalid: {exc}"
+        Verdict.UPSTREAM_INVALID_RESPONSE, f"the inference server's response is invalid: {exc}"
     )
 
 
@@ -133,10 +130,10 @@ class BodySink(Protocol):
     def several(self, pieces: list[bytes]) -> None:
         """Several body pieces from one read, not (all) whole chunks: written on at once."""
 
-    def end(self, error: str | None) -> None:
+    def end(self, error: Verdict | None) -> None:
         """Called exactly once (or :meth:`last` instead): ``None`` when the body is complete,
-        else the error_type (``upstream_disconnected``, ``upstream_read_timeout``,
-        ``upstream_invalid_response``)."""
+        else the verdict (``UPSTREAM_DISCONNECTED``, ``UPSTREAM_READ_TIMEOUT``,
+        ``UPSTREAM_INVALID_RESPONSE``, or ``INTERNAL`` for the sidecar's own failure)."""
 
     def last(self, pieces: list[bytes]) -> None:
         """The body's last pieces, from the read that completed it, and its end: what
@@ -164,7 +161,7 @@ class UpstreamConnection(asyncio.Protocol):
         # The sink's open token lane (sidecar/relay/data/token_lane.py), while it has one.
         self._lane: TokenLane | None = None
         self._ended = False
-        self._end_error: str | None = None
+        self._end_error: Verdict | None = None
         self._body_writer: asyncio.Task[None] | None = None
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -233,11 +230,11 @@ class UpstreamConnection(asyncio.Protocol):
             except ProtocolError as exc:
                 for piece in exc.pieces:  # the valid bytes before the fault still go through
                     sink.body(piece)
-                self._end("upstream_invalid_response")
+                self._end(Verdict.UPSTREAM_INVALID_RESPONSE)
                 return
             except Exception:  # a bug in the sink must not kill the event loop's callback
                 _log.exception("relay_sink_failed")
-                self._end(INTERNAL)
+                self._end(Verdict.INTERNAL)
                 return
             if len(data) >= YIELD_AFTER_READ:  # (a read that ended the body returned above)
                 self._yield_turn()
@@ -258,7 +255,7 @@ class UpstreamConnection(asyncio.Protocol):
             # The head is complete: the body is what broke. The head still goes to the
             # relay, then every valid byte, then the cut.
             self._early.extend(exc.pieces)
-            self._end("upstream_invalid_response")
+            self._end(Verdict.UPSTREAM_INVALID_RESPONSE)
         if parser.done:
             self._cancel_timer()  # complete: nothing left to time out while push() is pending
         if parser.head is not None and self._head_waiter is not None:
@@ -286,7 +283,7 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             pieces = parser.feed_eof()
         except ProtocolError:
-            self._end(UPSTREAM_DISCONNECTED)
+            self._end(Verdict.UPSTREAM_DISCONNECTED)
             return
         if self._sink is None:
             self._early.extend(pieces)  # a close-delimited body that ended before push()
@@ -352,7 +349,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._sink = self._lane = None
             sink.end(self._end_error)
         elif self.closed:
-            self._end(UPSTREAM_DISCONNECTED)
+            self._end(Verdict.UPSTREAM_DISCONNECTED)
 
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closed:
@@ -421,7 +418,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _end(self, error: str | None, last: list[bytes] | None = None) -> None:
+    def _end(self, error: Verdict | None, last: list[bytes] | None = None) -> None:
         """The response ended (``error`` None: complete); ``last``, the pieces of the read
         that completed it, go to the sink with its end (``BodySink.last``)."""
         if self._ended:
@@ -467,7 +464,7 @@ class UpstreamConnection(asyncio.Protocol):
             if self._head_waiter is not None:
                 self._fail_head(_timeout())
             else:
-                self._end("upstream_read_timeout")
+                self._end(Verdict.UPSTREAM_READ_TIMEOUT)
             return
         self._arm_timer()
 
@@ -613,7 +610,7 @@ class UpstreamPool:
                 if (
                     retry
                     and conn.reused
-                    and exc.kind == UPSTREAM_DISCONNECTED
+                    and exc.verdict is Verdict.UPSTREAM_DISCONNECTED
                     and not conn.answered
                 ):
                     # The server closed a keep-alive connection as we reused it. Once, on

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
+from sidecar.base.outcomes import Verdict
 from sidecar.relay.data.upstream import UpstreamConnection, UpstreamError, UpstreamPool
 from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, Script, ScriptedServer, response, serve
@@ -390,7 +391,10 @@ async def test_stale_reused_connection_retries_only_idempotent_requests(
     if not retried:
         with pytest.raises(UpstreamError) as info:
             await pending
-        assert info.value.kind == "upstream_disconnected" and info.value.status == 502
+        assert (
+            info.value.verdict is Verdict.UPSTREAM_DISCONNECTED
+            and info.value.verdict.answer_status == 502
+        )
         assert exchanges == 1 and server.accepted == 1
         return
     conn2 = await pending
@@ -424,7 +428,10 @@ async def test_streamed_body_on_a_stale_reused_connection_is_not_retried(rig):
     with pytest.raises(UpstreamError) as caught:
         await pool.request("POST", "/stream", [], body)
 
-    assert caught.value.kind == "upstream_disconnected" and caught.value.status == 502
+    assert (
+        caught.value.verdict is Verdict.UPSTREAM_DISCONNECTED
+        and caught.value.verdict.answer_status == 502
+    )
     assert server.accepted == 1  # no second attempt
     assert conn1.closed and not pool._all
 
@@ -573,7 +580,10 @@ async def test_connection_refused_is_unreachable(rig, refused_url):
     pool = rig.pool(refused_url)
     with pytest.raises(UpstreamError) as caught:
         await pool.request("GET", "/", [], None)
-    assert (caught.value.kind, caught.value.status) == ("upstream_unreachable", 502)
+    assert (caught.value.verdict, caught.value.verdict.answer_status) == (
+        Verdict.UPSTREAM_UNREACHABLE,
+        502,
+    )
     assert not pool._all
 
 
@@ -587,7 +597,10 @@ async def test_server_that_never_answers_is_a_timeout(rig):
     with pytest.raises(UpstreamError) as caught:
         await pool.request("GET", "/", [], None)
     elapsed = now() - start
-    assert (caught.value.kind, caught.value.status) == ("upstream_timeout", 504)
+    assert (caught.value.verdict, caught.value.verdict.answer_status) == (
+        Verdict.UPSTREAM_TIMEOUT,
+        504,
+    )
     assert READ_TIMEOUT - SLACK <= elapsed < READ_TIMEOUT + LATE
     await asyncio.wait_for(server.peers[0].eof.wait(), 5)  # and we closed the connection
     assert server.accepted == 1
@@ -612,7 +625,10 @@ async def test_garbage_response_is_invalid(rig, answer):
     pool = rig.pool(server.url)
     with pytest.raises(UpstreamError) as caught:
         await pool.request("GET", "/", [], None)
-    assert (caught.value.kind, caught.value.status) == ("upstream_invalid_response", 502)
+    assert (caught.value.verdict, caught.value.verdict.answer_status) == (
+        Verdict.UPSTREAM_INVALID_RESPONSE,
+        502,
+    )
     await asyncio.wait_for(server.peers[0].eof.wait(), 5)
     assert server.accepted == 1
 
@@ -632,7 +648,10 @@ async def test_close_before_complete_head_is_disconnected(rig, partial):
     pool = rig.pool(server.url)
     with pytest.raises(UpstreamError) as caught:
         await pool.request("POST", "/", [], b"x")
-    assert (caught.value.kind, caught.value.status) == ("upstream_disconnected", 502)
+    assert (caught.value.verdict, caught.value.verdict.answer_status) == (
+        Verdict.UPSTREAM_DISCONNECTED,
+        502,
+    )
     assert server.accepted == 1  # a fresh connection: no retry
     assert len(server.requests) == 1
 
@@ -654,7 +673,7 @@ async def test_mid_body_stall_is_a_read_timeout(rig, head, first):
     conn = await pool.request("GET", "/", [], None)
     sink = Sink()
     conn.push(sink)
-    assert await sink.wait() == "upstream_read_timeout"
+    assert await sink.wait() is Verdict.UPSTREAM_READ_TIMEOUT
 
     assert len(sink.pieces) == 1
     waited = sink.end_time - sink.times[-1]
@@ -663,7 +682,7 @@ async def test_mid_body_stall_is_a_read_timeout(rig, head, first):
     pool.release(conn)
     await asyncio.wait_for(server.peers[0].eof.wait(), 5)
     await asyncio.sleep(0.05)
-    assert sink.ends == ["upstream_read_timeout"]
+    assert sink.ends == [Verdict.UPSTREAM_READ_TIMEOUT]
 
 
 async def fault_around_push(rig, script, when: str):
@@ -702,13 +721,13 @@ async def test_mid_body_close_is_disconnected(rig, head, body, when):
         peer.close()
 
     server, pool, conn, sink = await fault_around_push(rig, script, when)
-    assert await sink.wait() == "upstream_disconnected"
+    assert await sink.wait() is Verdict.UPSTREAM_DISCONNECTED
 
     expected = b"data: 1\n\nda" if head is CHUNKED_HEAD else b"y" * 20
     assert sink.data == expected
     pool.release(conn)
     await asyncio.sleep(0.05)
-    assert sink.ends == ["upstream_disconnected"] and not pool._idle
+    assert sink.ends == [Verdict.UPSTREAM_DISCONNECTED] and not pool._idle
 
 
 @pytest.mark.parametrize("when", ["after-push", "before-push"])
@@ -730,7 +749,7 @@ async def test_invalid_body_framing_is_invalid_response(rig, when):
     await asyncio.sleep(0.05)
 
     assert sink.data == b"good"
-    assert end == "upstream_invalid_response"
+    assert end is Verdict.UPSTREAM_INVALID_RESPONSE
     assert len(sink.ends) == 1
     await asyncio.wait_for(server.peers[0].eof.wait(), 5)
 
@@ -810,7 +829,7 @@ async def test_idle_clock_restarts_at_resume(rig):
     assert sink.ends == []
     resumed_at = now()
     conn.resume_reading()
-    assert await sink.wait() == "upstream_read_timeout"
+    assert await sink.wait() is Verdict.UPSTREAM_READ_TIMEOUT
     assert READ_TIMEOUT - SLACK <= sink.end_time - resumed_at < READ_TIMEOUT + LATE
     pool.release(conn)
 
@@ -1058,7 +1077,7 @@ async def test_pool_close_closes_idle_and_busy_connections(rig):
     assert len(pool._idle) == 2 and len(pool._all) == 3
 
     await pool.close()
-    assert await sinks[2].wait() == "upstream_disconnected"
+    assert await sinks[2].wait() is Verdict.UPSTREAM_DISCONNECTED
     for peer in server.peers:
         await asyncio.wait_for(peer.eof.wait(), 5)
         assert not peer.closed_by_server
@@ -1067,7 +1086,7 @@ async def test_pool_close_closes_idle_and_busy_connections(rig):
 
     pool.release(slow)
     await asyncio.sleep(0.05)
-    assert [s.ends for s in sinks] == [[None], [None], ["upstream_disconnected"]]
+    assert [s.ends for s in sinks] == [[None], [None], [Verdict.UPSTREAM_DISCONNECTED]]
     assert sinks[2].data == b"partial"
 
 
