@@ -391,6 +391,5 @@ def test_alerts_carry_the_grouping_labels_through_their_expression():
     )
     assert (
         'slo=%q,cluster=%q,namespace=%q,model=%q}" "availability" (index $labels "cluster") '
-        '(index $labels "namespace") (index $labels "model")'
-        in (page.annotations["description"])
+        '(index $labels "namespace") (index $labels "model")' in (page.annotations["description"])
     )
