@@ -53,7 +53,6 @@ from .export.otel_stalls import register_stall_gauge
 from .export.prometheus_internals import WithoutCreated
 from .export.scrape import ScrapeRenderer
 from .export.spans import RequestTelemetry
-from .fleet.cpus import worker_count
 from .measure.objectives import ObjectiveDefaults
 from .measure.record import InFlightLedger, RecordBook, RequestRecord
 from .relay.control.bounded_read import read_bounded
@@ -400,9 +399,7 @@ class ProxyRunner:
         self.sc = sc
         self.shutdown_timeout = shutdown_timeout
         self.guard = ConnectionGuard(
-            max_connections=connection_cap(
-                settings.max_connections, workers=worker_count(settings.workers)
-            ),
+            max_connections=connection_cap(settings.max_connections),
             head_budget=settings.max_request_head_bytes,
             carry=sc.proxy,
         )

@@ -265,7 +265,7 @@ class Settings(BaseModel):
         "0: the smaller of what the open-files limit allows, (limit - 128) / 2, leaving room "
         "for the upstream sockets, the admin port and the process's own files, and what the "
         "container's memory limit holds, (limit - 128 MiB) / 16 KiB a stream, shared by the "
-        "workers (24,576 in the chart's 512Mi); at least 16",
+        "workers (24,576 in the chart's 512Mi); at least 16. A number set is each worker's",
     )
     max_admin_connections: int = Field(
         64,

@@ -66,7 +66,7 @@ from ..export.scrape import ScrapeRenderer
 from ..relay.control.model_discovery import served_models
 from ..relay.control.self_loop import UpstreamLoopError, loop_reason
 from ..relay.server.aiohttp_internals import GuardedServer, RebuildingRunner
-from ..relay.server.client_guard import ConnectionGuard
+from ..relay.server.client_guard import ConnectionGuard, connection_cap
 from .ledger import create_ledger, read_lost
 from .merge import PodPage, Source, lost_request_labels
 from .worker import (
@@ -153,9 +153,14 @@ class Supervisor:
     def __init__(self, settings: Settings, count: int, rundir: Path) -> None:
         self.count = count
         self.rundir = rundir
-        # Each worker's share of the pod's series budget, so the merged page stays within it.
+        # Each worker's share of the pod's series budget, so the merged page stays within it,
+        # and of the connections the pod's memory holds (a cap the user set is per worker).
         self.worker_settings = settings.model_copy(
-            update={"max_series": max(1, settings.max_series // count), "workers": 1}
+            update={
+                "max_series": max(1, settings.max_series // count),
+                "workers": 1,
+                "max_connections": connection_cap(settings.max_connections, workers=count),
+            }
         )
         self.settings = settings
         self.tenants = settings.tenant_header is not None

@@ -17,7 +17,8 @@ Records, each per grouping (and ``concurrency`` band where it says so):
   rule reads an hour of raw band series; they are written earlier in the same evaluation, so
   the chain adds no evaluation of delay, only a change's half-window lag;
 - ``llm:itl_by_concurrency:p<q>_1h{concurrency}``: the quantile over 1h, only for bands that
-  saw at least MIN_GAPS gaps in that hour (too few samples give no verdict);
+  saw at least MIN_GAPS gaps in that hour (too few samples give no verdict): the hour's mean
+  rate times the part of the hour the band's record covers, never extrapolated to the hour;
 - ``llm:decode_throughput_by_concurrency:rate1h{concurrency}``: decode tokens/s at the band;
 - ``llm:slo_capacity:band{concurrency}``: for each finite band whose quantile meets the
   threshold, the band's number; ``llm:slo_capacity:concurrency`` the largest of them;
@@ -130,7 +131,14 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         return f"avg_over_time({rec(name, *extra)}[{WINDOW}])"
 
     seconds = parse_duration(WINDOW)
-    gaps = f"sum by ({byc}) ({hour(ITL_COUNT_RATE)}) * {seconds}"
+    band = parse_duration(BAND_WINDOW)
+    # The gaps the hour saw: its mean rate times the time it covers, which is less than the
+    # hour while the band's record is younger (a new pod, a band first reached): from its
+    # first evaluation in the hour, plus the 5m its first rate looked back. Times the whole
+    # hour, a minute of traffic would pass the floor as if it had lasted an hour.
+    first_seen = f"min_over_time(timestamp({rec(ITL_COUNT_RATE)})[{WINDOW}:])"
+    covered = f"clamp_max(time() - min by ({byc}) ({first_seen}) + {band}, {seconds})"
+    gaps = f"sum by ({byc}) ({hour(ITL_COUNT_RATE)}) * on ({byc}) {covered}"
     quantile = (
         f"histogram_quantile({format_number(q)}, sum by ({byc}, le) ({hour(ITL_BUCKET_RATE)})) "
         f"and on ({byc}) {gaps} >= {MIN_GAPS}"

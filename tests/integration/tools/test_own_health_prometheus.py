@@ -83,7 +83,13 @@ async def test_the_own_health_row_shows_the_sidecar_not_the_engine(sidecar_facto
             "labels": {"namespace": "llm", "pod": "llm-0", "llm_release": "llm/llm-sidecar"},
         }
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "global": {
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "1s",
+            },
+            # The builds panel reads the rules' record of the build info, as a fleet's does.
+            "rule_files": [str(ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml")],
             "scrape_configs": [
                 {"job_name": "llm-sidecar", "static_configs": [target]},
                 {
@@ -139,7 +145,12 @@ async def test_the_own_health_row_shows_the_sidecar_not_the_engine(sidecar_facto
             assert (
                 0 <= float(cpu["value"][1]) < 2
             )  # the engine's counter does not move; summed, still the sidecar's
-            (builds,) = await _query(session, base, queries["Sidecar builds"])
+            for _ in range(50):  # recorded at the rules' next evaluation
+                builds_seen = await _query(session, base, queries["Sidecar builds"])
+                if builds_seen:
+                    break
+                await asyncio.sleep(0.2)
+            (builds,) = builds_seen
             assert builds["metric"].keys() == {"version", "speedups"} and builds["value"][1] == "1"
     finally:
         if proc is not None:
