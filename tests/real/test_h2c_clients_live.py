@@ -1,9 +1,12 @@
 """`curl --http2` and Java's built-in ``HttpClient`` with its defaults (both offer an
 upgrade to h2c on http://, the request's body with the offer) through the sidecar to real
-servers' chat route: each gets what it gets from the server directly, in about the same time
-(a relay that sent the offer's head without its body left the server waiting for it, and the
-client got 504 after the read timeout). The same clients against the simulator, with exact
-timing, are tests/integration/relay/server/test_h2c_clients.py."""
+servers' chat route: each gets the answer the same client gets without the offer (plain
+HTTP/1.1) from the server directly, in about the same time. (A relay that sent the offer's
+head without its body left the server waiting for it: the client got 504 after the read
+timeout.) What the server itself answers the offer is printed, not asserted: vLLM's uvicorn
+answered an offer with a body 400 ("body: Field required") on 0.32, so there the sidecar,
+which drops the offer, serves such a client better than the server does. The same clients
+against the simulator, with exact timing: tests/integration/relay/server/test_h2c_clients.py."""
 
 from __future__ import annotations
 
@@ -42,27 +45,27 @@ async def test_h2c_offering_clients_get_through_the_sidecar_what_they_get_direct
     server = live_servers.get(kind)
     running = await sidecar_factory(server.url)
     curl, java = need("curl"), need("java")
-    for base in (server.url, running.url):  # warm both paths (the first request compiles)
-        await run(
-            curl,
-            "--http2",
-            "-sS",
-            "-H",
-            "Content-Type: application/json",
-            "--data",
-            body(kind),
-            base + CHAT,
-        )
-    took = {}
-    for name, base in (("direct", server.url), ("via", running.url)):
-        out, took[name] = await run(
-            curl, "--http2", "-sS", "--max-time", "120", "-H", "Content-Type: application/json",
+
+    async def by_curl(base: str, *offer: str) -> tuple[str, float]:
+        return await run(
+            curl, *offer, "-sS", "--max-time", "120", "-H", "Content-Type: application/json",
             "--data", body(kind), "-w", "\n%{http_code}", base + CHAT,
         )  # fmt: skip
-        assert out.endswith("\n200") and "data: " in out, (name, out[-300:])
-    assert took["via"] < took["direct"] + SLOWER_BY_AT_MOST, took
-    for name, base in (("direct", server.url), ("via", running.url)):
-        out, took[name] = await run(java, str(JAVA_CLIENT), base + CHAT, body(kind), "2")
+
+    await by_curl(server.url)  # warm the server (its first request compiles)
+    plain, plain_took = await by_curl(server.url)
+    offered_direct, _ = await by_curl(server.url, "--http2")
+    via, via_took = await by_curl(running.url, "--http2")
+    print(f"{kind.name}: curl --http2 direct answered {offered_direct[-3:]}")
+    assert plain.endswith("\n200") and "data: " in plain, plain[-300:]
+    assert via.endswith("\n200") and "data: " in via, via[-300:]
+    assert via_took < plain_took + SLOWER_BY_AT_MOST, (via_took, plain_took)
+
+    plain, plain_took = await run(java, str(JAVA_CLIENT), server.url + CHAT, body(kind), "2", "1.1")
+    offered_direct, _ = await run(java, str(JAVA_CLIENT), server.url + CHAT, body(kind), "2")
+    via, via_took = await run(java, str(JAVA_CLIENT), running.url + CHAT, body(kind), "2")
+    print(f"{kind.name}: Java's default client direct: {offered_direct.splitlines()[:2]}")
+    for out in (plain, via):
         statuses = [line.split()[:2] for line in out.splitlines()[:2]]
-        assert statuses == [["200", "HTTP_1_1"]] * 2, (name, out[-300:])
-    assert took["via"] < took["direct"] + SLOWER_BY_AT_MOST, took
+        assert statuses == [["200", "HTTP_1_1"]] * 2, out[-300:]
+    assert via_took < plain_took + SLOWER_BY_AT_MOST, (via_took, plain_took)
