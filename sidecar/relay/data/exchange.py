@@ -535,9 +535,8 @@ class Exchange:
         self._waiting = False
         relay = self._relay
         if relay is not None and relay.ended is None:
-            relay.stop(
-                Verdict.CLIENT_SEND_TIMEOUT
-            )  # the server stops generating for a reader that stopped
+            # The server stops generating for a reader that stopped.
+            relay.stop(Verdict.CLIENT_SEND_TIMEOUT)
         else:
             self._stalled_reader()
 
