@@ -74,6 +74,9 @@ FUNCTIONS = {
     "increase",
     "absent",
     "min",
+    "min_over_time",  # the capacity floor: when a band's record first appeared in the hour
+    "timestamp",
+    "time",
 }
 KEYWORDS = {"by", "on", "and", "or"}
 GROUPING = re.compile(r"\b(by|on|without|ignoring|group_left|group_right)\s*\(([^)]*)\)")
