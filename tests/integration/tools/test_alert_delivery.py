@@ -26,7 +26,6 @@ Takes about 30 s. Skips without
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from pathlib import Path
 
@@ -39,9 +38,17 @@ from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import generate, parse_spec, render_rules
 from tests.conftest import require_tool, retry_on_port_clash, start_app
-from tests.support.processes import stop_process
+from tests.support.processes import Processes, wait_ready
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def processes():
+    p = Processes()
+    yield p
+    p.stop()
+
 
 MODEL = "sim-llama-3-8b"
 CLUSTER = "drill-cluster"
@@ -92,47 +99,6 @@ class Receiver:
 def _write_yaml(path: Path, doc: dict) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
-
-
-class Processes:
-    """Subprocesses this test starts, stopped by their own handles at teardown."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, args: list[str], log: Path) -> subprocess.Popen:
-        fh = log.open("w")
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT)
-        fh.close()
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            stop_process(proc)
-
-
-@pytest.fixture
-def processes():
-    p = Processes()
-    yield p
-    p.stop()
-
-
-async def _wait_ready(
-    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path
-) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args[0]} exited:\n{log.read_text()[-2000:]}"
-        try:
-            async with session.get(url) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} not ready:\n{log.read_text()[-2000:]}")
 
 
 async def _query(session: aiohttp.ClientSession, base: str, expr: str) -> list[dict]:
@@ -247,8 +213,8 @@ async def test_page_reaches_the_receiver_with_routing_labels_and_healthy_load_st
         )
         base = f"http://127.0.0.1:{prom_port}"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            await _wait_ready(session, f"http://127.0.0.1:{am_port}/-/ready", am, am_log)
-            await _wait_ready(session, f"{base}/-/ready", prom, prom_log)
+            await wait_ready(session, f"http://127.0.0.1:{am_port}/-/ready", am, am_log)
+            await wait_ready(session, f"{base}/-/ready", prom, prom_log)
 
             # 1. Healthy load.
             stop = asyncio.Event()

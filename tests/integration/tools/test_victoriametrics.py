@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -50,10 +48,18 @@ from aiohttp import web
 from sidecar.base.buckets import TTFT_BUCKETS
 from sidecar.tools.slo import conventions as c, generate, parse_spec, render_rules
 from tests.conftest import require_tool, retry_on_port_clash, start_app
-from tests.support.processes import stop_process
+from tests.support.processes import Processes, wait_ready
 from tests.support.rules import SPEC
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def processes():
+    p = Processes()
+    yield p
+    p.stop()
+
 
 PERIOD = "12h"
 ROUTE = "/v1/chat/completions"
@@ -172,46 +178,6 @@ def scrape_configs(fleet: FleetPages, port: int) -> list[dict]:
 
 
 # -------------------------------------------------------------------- the engines
-
-
-class Processes:
-    """Subprocesses this test starts, stopped by their own handles at teardown."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, args: list[str], log: Path) -> subprocess.Popen:
-        with log.open("w") as fh:
-            proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            stop_process(proc)
-
-
-@pytest.fixture
-def processes():
-    p = Processes()
-    yield p
-    p.stop()
-
-
-async def _wait_ready(
-    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, log: Path
-) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args[0]} exited:\n{log.read_text()[-2000:]}"
-        try:
-            async with session.get(url) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} not ready:\n{log.read_text()[-2000:]}")
 
 
 async def _get(session: aiohttp.ClientSession, url: str, **params: str) -> dict:
@@ -380,9 +346,9 @@ async def test_vmalert_fires_what_prometheus_fires_with_and_without_cluster(tmp_
         prom_base = f"http://127.0.0.1:{prom_port}"
         vma_base = f"http://127.0.0.1:{vma_port}"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            await _wait_ready(session, f"{prom_base}/-/ready", prom, prom_log)
-            await _wait_ready(session, f"{vm_base}/health", vm, vm_log)
-            await _wait_ready(session, f"{vma_base}/health", vma, vmalert_log)
+            await wait_ready(session, f"{prom_base}/-/ready", prom, prom_log)
+            await wait_ready(session, f"{vm_base}/health", vm, vm_log)
+            await wait_ready(session, f"{vma_base}/health", vma, vmalert_log)
             started = time.monotonic()
             settled: dict[str, float] = {}
             held_since: float | None = None
