@@ -61,11 +61,13 @@ async def test_h2c_offering_clients_get_through_the_sidecar_what_they_get_direct
     assert via.endswith("\n200") and "data: " in via, via[-300:]
     assert via_took < plain_took + SLOWER_BY_AT_MOST, (via_took, plain_took)
 
-    plain, plain_took = await run(java, str(JAVA_CLIENT), server.url + CHAT, body(kind), "2", "1.1")
+    plain, _ = await run(java, str(JAVA_CLIENT), server.url + CHAT, body(kind), "2", "1.1")
     offered_direct, _ = await run(java, str(JAVA_CLIENT), server.url + CHAT, body(kind), "2")
-    via, via_took = await run(java, str(JAVA_CLIENT), running.url + CHAT, body(kind), "2")
+    via, _ = await run(java, str(JAVA_CLIENT), running.url + CHAT, body(kind), "2")
     print(f"{kind.name}: Java's default client direct: {offered_direct.splitlines()[:2]}")
+    took = []
     for out in (plain, via):
-        statuses = [line.split()[:2] for line in out.splitlines()[:2]]
-        assert statuses == [["200", "HTTP_1_1"]] * 2, out[-300:]
-    assert via_took < plain_took + SLOWER_BY_AT_MOST, (via_took, plain_took)
+        answers = [line.split() for line in out.splitlines()[:2]]
+        assert [a[:2] for a in answers] == [["200", "HTTP_1_1"]] * 2, out[-300:]
+        took.append(sum(int(a[2]) for a in answers) / 1000)  # the client's own timing, no JVM start
+    assert took[1] < took[0] + SLOWER_BY_AT_MOST, took
