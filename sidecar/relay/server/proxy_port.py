@@ -242,7 +242,9 @@ class ProxyConnection(asyncio.Protocol):
         queued = len(self._queue)
         refused = self._feed(data)
         largest = 0
-        for message, _ in list(self._queue)[queued:]:
+        queue = self._queue
+        for i in range(queued, len(queue)):  # the heads this read completed (no copy)
+            message = queue[i][0]
             if isinstance(message, RawRequestMessage):
                 largest = max(largest, head_size(message))
         budget = self._budget
