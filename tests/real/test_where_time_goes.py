@@ -2,7 +2,8 @@
 ``--enable-per-request-metrics``, the sidecar in front of it (a subprocess, ``python -m
 sidecar serve``), and Debian's Prometheus scraping both every second.
 
-Prometheus scrapes vLLM's own ``/metrics`` directly (until the deploy branch's relay at the
+Prometheus evaluates the shipped rules every second (the panels read their recorded series) and
+scrapes vLLM's own ``/metrics`` directly (until the deploy branch's relay at the
 admin port's ``/metrics/engine`` is merged), and adds the ``namespace`` and ``pod`` target
 labels to it by relabelling, as kube-prometheus-stack would, so the per-pod join between the
 sidecar's series and vLLM's is the one a cluster runs. Twelve streamed requests at once
@@ -152,7 +153,13 @@ def stack(tmp_path_factory):
                 )
             )
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "global": {
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "1s",
+            },
+            # The panels read the recorded series of the shipped rules, as in a cluster.
+            "rule_files": [str(ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml")],
             "scrape_configs": [
                 {
                     "job_name": "llm-sidecar",
