@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, require_tool
+from tests.support.ports import free_port
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 # LLM_SIDECAR_POD_IMAGE: another build to test (e.g. an old one, to see these tests fail on it).

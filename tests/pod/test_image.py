@@ -9,9 +9,9 @@ import uuid
 import aiohttp
 import pytest
 
-from tests.conftest import free_port
 from tests.pod.conftest import podman
 from tests.support.http import wait_status
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.pod
 

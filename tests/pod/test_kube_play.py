@@ -40,7 +40,6 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import free_port, require_tool, start_prometheus
 from tests.pod.conftest import (
     MODEL_SERVER_PORT,
     kube_played,
@@ -50,7 +49,10 @@ from tests.pod.conftest import (
 )
 from tests.support.chart import require_helm, sync
 from tests.support.http import status, wait_status
+from tests.support.ports import free_port
+from tests.support.processes import start_prometheus
 from tests.support.scrape import pod_scrape_config
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.pod
 

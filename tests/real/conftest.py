@@ -14,7 +14,6 @@ import os
 
 import pytest
 
-from tests.conftest import IN_CI
 from tests.real.servers import (
     LLAMACPP,
     TRANSFORMERS,
@@ -24,6 +23,7 @@ from tests.real.servers import (
     ServerKind,
     start,
 )
+from tests.support.skips import IN_CI
 
 LIVE_KINDS = (VLLM, VLLM_FORCE_USAGE, LLAMACPP, TRANSFORMERS)
 

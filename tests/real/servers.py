@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
+from tests.support.skips import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = Path(os.environ.get("TOOLS_DIR", ROOT / ".tools"))

@@ -80,9 +80,11 @@ from sidecar.tools.slo.capacity import (
 )
 from sidecar.tools.slo.render import render_rules
 from sidecar.tools.slo.spec import parse_spec
-from tests.conftest import require_tool, start_prometheus, wait_for
 from tests.real.servers import AIPERF, HF_MODEL, MODEL, VLLM, require_aiperf
+from tests.support.processes import start_prometheus
 from tests.support.samples import outcome_counts
+from tests.support.tools import require_tool
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.real
 

@@ -34,7 +34,6 @@ import aiohttp
 import pytest
 
 from sidecar.measure.timeline import TokenCountSource
-from tests.conftest import wait_for
 from tests.real.conftest import LIVE_KINDS
 from tests.real.servers import Case, ServerKind, cases
 from tests.real.tap import Exchange, WireTap
@@ -45,6 +44,7 @@ from tests.real.wire import (
     reported_usage,
     token_arrivals,
 )
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.real
 

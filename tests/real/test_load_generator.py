@@ -22,9 +22,9 @@ import os
 
 import pytest
 
-from tests.conftest import wait_for
 from tests.real.servers import AIPERF, HF_MODEL, VLLM, require_aiperf
 from tests.support.samples import outcome_counts
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.real
 

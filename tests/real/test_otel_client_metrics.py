@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.app import build_sidecar
 from sidecar.export import semconv as sc
-from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
 from tests.real.servers import LLAMACPP, MODEL, serving
+from tests.support.in_process import RunningSidecar, run_sidecar, sidecar_settings
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.real]
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import wait_for
 from tests.real.servers import ServerKind, serving
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]
 

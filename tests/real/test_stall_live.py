@@ -31,8 +31,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.tools.slo import load_spec
 from sidecar.tools.slo.stall import stall_group
-from tests.conftest import IN_CI, free_port, require_tool
+from tests.support.ports import free_port
 from tests.support.processes import stop_process
+from tests.support.skips import IN_CI
+from tests.support.tools import require_tool
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]
 

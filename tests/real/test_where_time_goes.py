@@ -33,8 +33,10 @@ import yaml
 
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.dashboards.where_time_goes import ROW_TITLE
-from tests.conftest import IN_CI, free_port, require_tool
+from tests.support.ports import free_port
 from tests.support.processes import stop_process
+from tests.support.skips import IN_CI
+from tests.support.tools import require_tool
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]
 

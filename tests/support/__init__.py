@@ -14,11 +14,17 @@ On the wire:
 - ``raw``: raw-socket upstreams and clients (bytes an HTTP library would refuse to send or read).
 - ``scripted_server``: a raw TCP server that answers each connection with a script.
 - ``http``: polling an endpoint until it answers a status.
+- ``waits``: waiting on a condition instead of sleeping.
 
 Running a sidecar and looking at it:
+- ``in_process``: a sidecar (as ``serve`` starts it) and aiohttp apps in the test's event loop.
 - ``rig``: the simulator and a sidecar on ``SidecarRunner`` in the test's event loop.
+- ``serve``: ``llm-sidecar serve`` and ``simulate`` as subprocesses.
+- ``processes``: third-party servers (Prometheus, Alertmanager, ...) as logged subprocesses.
+- ``ports``: free ports for servers that cannot bind port 0.
+- ``tools``: external tools on PATH (skipped locally, failed under ``CI=true`` when missing).
 - ``census``: what a process holds (tasks, fds, TCP sockets, memory) from /proc.
-- ``samples``: Prometheus samples from a ``/metrics`` page or a registry.
+- ``samples``: Prometheus samples from a ``/metrics`` page or a registry, OTel metric points.
 
 Inputs and oracles:
 - ``recordings``: bytes recorded from real servers, replayed through the observer.

@@ -15,8 +15,8 @@ from types import ModuleType
 import pytest
 
 from sidecar.tools.slo.helm import release_id
-from tests.conftest import IN_CI
 from tests.support.paths import CHART, ROOT
+from tests.support.skips import IN_CI
 
 
 def load_sync() -> ModuleType:

@@ -1,5 +1,6 @@
 """The processes a test starts (Prometheus, Alertmanager, VictoriaMetrics, a server): each
-logged to a file, waited for until it answers, and ended politely first."""
+logged to a file, waited for until it answers, and ended politely first; and a real
+Prometheus started from a configuration given as a dict."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import time
 from pathlib import Path
 
 import aiohttp
+import yaml
+
+from tests.support.ports import retry_on_port_clash
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
@@ -55,3 +59,16 @@ async def wait_ready(
             pass
         await asyncio.sleep(0.2)
     raise AssertionError(f"{url} not ready:\n{log.read_text()[-2000:]}")
+
+
+def start_prometheus(binary: str, workdir, config: dict) -> tuple[subprocess.Popen, int]:
+    """A real Prometheus on a free loopback port (retried if the port is taken), with ``config``
+    (a prometheus.yml as a dict) and its data under ``workdir``. The caller terminates it."""
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return retry_on_port_clash(
+        lambda port: subprocess.Popen(
+            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    )  # fmt: skip

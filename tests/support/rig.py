@@ -22,7 +22,8 @@ from sidecar.app import RUNNER_KWARGS, ProxyRunner, SidecarRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.tools.sim.core import SIM_STATS, SimStats, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import sample_value, start_app
+from tests.support.in_process import start_app
+from tests.support.samples import sample_value
 
 CHAT = "/v1/chat/completions"
 

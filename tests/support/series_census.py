@@ -321,7 +321,7 @@ async def census_run(
     """Start the mix's upstream and ``llm-sidecar serve`` (the chart's defaults plus
     ``extra``), run the mix while scraping /metrics every ``every`` seconds as Prometheus
     would, and return the pages."""
-    from tests.conftest import ServeProcess  # noqa: PLC0415 (a test helper's import)
+    from tests.support.serve import ServeProcess  # noqa: PLC0415 (a test helper's import)
 
     async with mix_upstream() as upstream:
         serve = ServeProcess(upstream, *extra, clean_env=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.conftest import wait_for
+from tests.support.waits import wait_for
 
 
 async def one_span(exporter: InMemorySpanExporter):

@@ -12,7 +12,7 @@ import yaml
 
 from sidecar.tools.slo import load_spec
 from sidecar.tools.slo.helm import LABEL_RELEASE, SEVERITIES, release_rules
-from tests.conftest import require_tool
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "alertmanager" / "kube-prometheus-stack.yaml"

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from sidecar.tools.dashboards.inspect import ALL_VALUES, panel_queries, substitute
-from tests.conftest import require_tool
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERVIEW = json.loads(

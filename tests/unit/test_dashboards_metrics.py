@@ -36,8 +36,9 @@ from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import load_spec, render_rules
 from sidecar.tools.slo.helm import release_rules
-from tests.conftest import start_app, wait_for
+from tests.support.in_process import start_app
 from tests.support.sse import chat_chunk
+from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))

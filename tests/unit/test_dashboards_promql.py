@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from sidecar.tools.dashboards.inspect import ALL_VALUES, panel_queries, substitute, variable_queries
-from tests.conftest import require_tool
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))

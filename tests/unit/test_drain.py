@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.relay.server.drain import PROGRESS_SECONDS, RETRY_AFTER_SECONDS, Drain, in_kubernetes
-from tests.conftest import wait_for
+from tests.support.waits import wait_for
 
 
 class Upstream:

@@ -10,9 +10,9 @@ import re
 import subprocess
 import tomllib
 
-from tests.conftest import require_tool
 from tests.support.image import final_stage
 from tests.support.paths import ROOT
+from tests.support.tools import require_tool
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 NAME = f"registry.example.com/team/llm-sidecar-proxy:{VERSION}"

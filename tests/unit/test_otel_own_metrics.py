@@ -22,8 +22,8 @@ from sidecar.export.spans import RequestTelemetry
 from sidecar.measure.objectives import ObjectiveDefaults, RequestObjectives
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.openai import OpenAIStreamDialect
-from tests.conftest import metric_points
 from tests.fixtures.streams.harness import load
+from tests.support.samples import metric_points
 
 ROUTE = "/v1/chat/completions"
 DEFAULTS = ObjectiveDefaults(2.0, 0.1)

@@ -14,9 +14,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from sidecar.export import semconv as sc
 from sidecar.export.spans import RequestTelemetry
-from tests.conftest import metric_points
 from tests.real.wire import content_events, json_events, reported_usage
 from tests.support.recordings import STREAMS, meta, replay
+from tests.support.samples import metric_points
 
 
 def sse_events(body: bytes) -> list[bytes]:

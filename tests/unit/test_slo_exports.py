@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.base.outcomes import Outcome
 from sidecar.tools.slo import aggregates, conventions as c, generate, parse_spec, render_rules
-from tests.conftest import wait_for
 from tests.support.sse import chat_chunk
+from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))

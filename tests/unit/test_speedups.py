@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from sidecar.base import speedups
-from tests.conftest import IN_CI
 from tests.fixtures.streams.harness import FAST
+from tests.support.skips import IN_CI
 
 try:
     from sidecar.base import _speedups

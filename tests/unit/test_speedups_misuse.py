@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import sidecar
-from tests.conftest import IN_CI
+from tests.support.skips import IN_CI
 
 try:
     from sidecar.base import _speedups

@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 from sidecar.base.tenant import TenantLabeler, check_tenant_header
 from sidecar.config import ConfigError, load_settings
 from sidecar.tools.slo import parse_spec
-from tests.conftest import wait_for
+from tests.support.waits import wait_for
 
 ROUTE = "/v1/chat/completions"
 

@@ -32,9 +32,9 @@ from sidecar.measure.timeline import RequestTimeline
 from sidecar.relay.data import body_relay, token_lane, token_lane_py
 from sidecar.relay.data.body_relay import BodyRelay
 from sidecar.relay.data.upstream import UpstreamConnection
-from tests.conftest import IN_CI
 from tests.fixtures.streams.harness import FAST, HERE
 from tests.support.event_shapes import OTHERS, SHAPES, texts
+from tests.support.skips import IN_CI
 
 C_LANE = token_lane.TokenLane if token_lane.IN_C_LANE else None
 PY_LANE = token_lane_py.TokenLane

@@ -22,9 +22,11 @@ from prometheus_client import CollectorRegistry
 from sidecar.app import build_sidecar
 from sidecar.config import Settings
 from sidecar.export import semconv as sc
-from tests.conftest import RunningSidecar, metric_points, run_sidecar, sidecar_settings, wait_for
+from tests.support.in_process import RunningSidecar, run_sidecar, sidecar_settings
+from tests.support.samples import metric_points
 from tests.support.spans import one_span
 from tests.support.sse import chat_chunk, scripted
+from tests.support.waits import wait_for
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

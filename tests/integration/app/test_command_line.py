@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from sidecar import __version__
-from tests.conftest import ServeProcess
 from tests.support.raw import taken_port
+from tests.support.serve import ServeProcess
 
 CLI = str(Path(sys.executable).with_name("llm-sidecar"))
 ENV = {

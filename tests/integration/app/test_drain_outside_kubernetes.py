@@ -14,8 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import ServeProcess, wait_for
+from tests.support.serve import ServeProcess
 from tests.support.sse import chat_chunk, scripted
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

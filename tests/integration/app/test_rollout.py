@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from tests.conftest import ServeProcess, start_simulator, wait_for
+from tests.support.serve import ServeProcess, start_simulator
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,10 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ServeProcess, start_app, wait_for
+from tests.support.in_process import start_app
+from tests.support.serve import ServeProcess
 from tests.support.sse import scripted
+from tests.support.waits import wait_for
 
 BLOCKER = """
 import importlib.abc, sys

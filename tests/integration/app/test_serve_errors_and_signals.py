@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServeProcess, start_simulator
 from tests.support.paths import ROOT
 from tests.support.raw import taken_port
+from tests.support.serve import ServeProcess, start_simulator
 
 pytestmark = pytest.mark.integration
 

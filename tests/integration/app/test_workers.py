@@ -26,10 +26,13 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.fleet.supervisor import SYNC_SECONDS
-from tests.conftest import require_tool, retry_on_port_clash, start_app, wait_for
 from tests.support.exposition import count_series
+from tests.support.in_process import start_app
+from tests.support.ports import retry_on_port_clash
 from tests.support.raw import raw_exchange, status_and_json
 from tests.support.sse import DONE, chat_chunk
+from tests.support.tools import require_tool
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -36,8 +36,9 @@ import yaml
 
 from sidecar.config import load_settings
 from sidecar.export import semconv
-from tests.conftest import IN_CI, bound_ports, start_simulator
 from tests.support.chart import CHART, ROOT, by_kind, render, render_error, sync
+from tests.support.serve import bound_ports, start_simulator
+from tests.support.skips import IN_CI
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from sidecar.tools.slo.helm import LABEL_RELEASE, release_id
-from tests.conftest import require_tool
 from tests.support.chart import CHART, RELEASES, by_kind, deployment, render_release, rid, sync
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

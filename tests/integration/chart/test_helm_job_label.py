@@ -14,8 +14,8 @@ import subprocess
 import pytest
 import yaml
 
-from tests.conftest import require_tool
 from tests.support.chart import require_helm, sync
+from tests.support.tools import require_tool
 
 JOB = "inference-sidecar"
 

@@ -46,8 +46,8 @@ from sidecar.tools.slo.helm import (
     windows_schema,
     windows_values,
 )
-from tests.conftest import require_tool
 from tests.support.chart import CHART, ROOT, by_kind, render, render_error, sync
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

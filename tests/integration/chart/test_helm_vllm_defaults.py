@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import require_tool
 from tests.support.chart import by_kind, render, sync
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

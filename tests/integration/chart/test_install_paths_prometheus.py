@@ -64,9 +64,11 @@ import pytest
 import yaml
 
 from sidecar.tools.slo.helm import LABEL_RELEASE
-from tests.conftest import ServeProcess, require_tool, start_prometheus, start_simulator
 from tests.support import prometheus_operator as operator
 from tests.support.chart import CHART, render_release, sync
+from tests.support.processes import start_prometheus
+from tests.support.serve import ServeProcess, start_simulator
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import bound_ports, start_simulator
 from tests.support.image import image_entrypoint_and_cmd
 from tests.support.paths import ROOT
+from tests.support.serve import bound_ports, start_simulator
 
 pytestmark = pytest.mark.integration
 

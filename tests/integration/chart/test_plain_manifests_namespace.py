@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import require_tool
 from tests.support.chart import require_helm, sync
 from tests.support.paths import ROOT
+from tests.support.tools import require_tool
 
 DOC = ROOT / "docs" / "kubernetes.md"
 

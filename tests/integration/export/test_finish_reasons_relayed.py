@@ -10,9 +10,9 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from tests.conftest import wait_for
 from tests.fixtures.streams.harness import load
 from tests.support.sse import replaying
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

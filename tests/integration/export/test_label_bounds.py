@@ -18,8 +18,9 @@ from sidecar.base.routes import ROUTES
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import start_app, wait_for
 from tests.support.exposition import count_series
+from tests.support.in_process import start_app
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from sidecar.export import semconv as sc
-from tests.conftest import bound_ports, start_app, wait_for
+from tests.support.in_process import start_app
+from tests.support.serve import bound_ports
 from tests.support.sse import chat_chunk
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

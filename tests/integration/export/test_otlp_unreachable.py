@@ -14,7 +14,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.conftest import ServeProcess
+from tests.support.serve import ServeProcess
 from tests.support.sse import chat_chunk, scripted
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,9 @@ from sidecar.base.finish_reason import FINISH_REASONS
 from sidecar.base.outcomes import ERROR_TYPE_LABELS
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import start_app, wait_for
+from tests.support.in_process import start_app
 from tests.support.paths import ROOT
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -276,7 +277,7 @@ def test_the_example_alertmanager_routes_each_cause_by_error_type():
     """Alertmanager's own routing (amtool) sends each error-cause alert to its cause's
     receiver, whatever its severity; the burn-rate alerts keep their severity routes."""
     from sidecar.tools.slo.rules import ERROR_CAUSES
-    from tests.conftest import require_tool
+    from tests.support.tools import require_tool
 
     amtool = require_tool("amtool")
     config = ROOT / "deploy" / "alertmanager" / "alertmanager.yaml"

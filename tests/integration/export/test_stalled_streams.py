@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.app import ProxyRunner, build_sidecar
 from sidecar.config import Settings
 from sidecar.export import semconv as sc
-from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, LAST_CHUNK, chat_chunk, http_chunk
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.tools.slo import generate, parse_spec, render_rules
-from tests.conftest import require_tool, wait_for
 from tests.support.sse import scripted
+from tests.support.tools import require_tool
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

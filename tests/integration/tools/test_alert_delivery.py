@@ -37,8 +37,10 @@ from aiohttp import web
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import generate, parse_spec, render_rules
-from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.in_process import start_app
+from tests.support.ports import retry_on_port_clash
 from tests.support.processes import Processes, wait_ready
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,9 @@ import yaml
 
 from bench.fleet_dashboards import dashboard_queries
 from bench.fleet_pods import Replay, parse_page
-from tests.conftest import IN_CI, require_tool
 from tests.support.paths import ROOT
+from tests.support.skips import IN_CI
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

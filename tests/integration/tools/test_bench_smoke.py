@@ -18,8 +18,8 @@ import pytest
 
 from bench.run import find_nginx, process_tree, spread
 from bench.wire import COMPLETIONS_PATH, MODELS, closes_per_request, expected_body, mixed_request
-from tests.conftest import IN_CI
 from tests.support.paths import ROOT
+from tests.support.skips import IN_CI
 
 TARGET_FIELDS = {
     "tokens_per_s", "errors", "error_kinds", "streams_started", "streams_complete", "checksum_mismatches",

@@ -13,7 +13,8 @@ import pytest
 from sidecar.measure.concurrency import BANDS, band
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import start_app, wait_for
+from tests.support.in_process import start_app
+from tests.support.waits import wait_for
 
 ROUTE = "/v1/chat/completions"
 SIM = SimulatorConfig(

@@ -48,9 +48,11 @@ from sidecar.tools.dashboards.slo import build as build_slo_dashboard
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import generate, parse_spec, render_rules
-from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.in_process import start_app
 from tests.support.paths import ROOT
+from tests.support.ports import retry_on_port_clash
 from tests.support.processes import stop_process
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

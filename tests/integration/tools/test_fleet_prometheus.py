@@ -22,8 +22,10 @@ import yaml
 
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import require_tool, start_app, start_prometheus
 from tests.support.chart import RELEASES, by_kind, render_release, rid, sync
+from tests.support.in_process import start_app
+from tests.support.processes import start_prometheus
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

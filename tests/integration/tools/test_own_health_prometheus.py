@@ -24,8 +24,10 @@ from aiohttp import web
 
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.dashboards.own_health import ROW_TITLE
-from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.in_process import start_app
 from tests.support.paths import ROOT
+from tests.support.ports import retry_on_port_clash
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

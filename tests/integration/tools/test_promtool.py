@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from sidecar.tools.slo import generate, load_spec, parse_spec, render_rules
-from tests.conftest import require_tool
 from tests.support.paths import ROOT
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServeProcess, start_simulator
 from tests.support.processes import stop_process
+from tests.support.serve import ServeProcess, start_simulator
 
 pytestmark = pytest.mark.integration
 

@@ -47,9 +47,11 @@ from aiohttp import web
 
 from sidecar.base.buckets import TTFT_BUCKETS
 from sidecar.tools.slo import conventions as c, generate, parse_spec, render_rules
-from tests.conftest import require_tool, retry_on_port_clash, start_app
+from tests.support.in_process import start_app
+from tests.support.ports import retry_on_port_clash
 from tests.support.processes import Processes, wait_ready
 from tests.support.rules import SPEC
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.integration
 

@@ -23,9 +23,12 @@ from sidecar.tools.dashboards.engine import KV_CACHE, PREEMPTIONS, RUNNING, WAIT
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import require_tool, start_app, start_prometheus, wait_for
+from tests.support.in_process import start_app
 from tests.support.paths import ROOT
+from tests.support.processes import start_prometheus
 from tests.support.scrape import pod_scrape_config
+from tests.support.tools import require_tool
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

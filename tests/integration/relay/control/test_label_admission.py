@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 
 from sidecar.relay.control.model_discovery import USER_AGENT
-from tests.conftest import wait_for
 from tests.support.exposition import count_series
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,9 @@ import pytest
 from aiohttp import web
 
 from sidecar.export.logs import MAX_REQUESTED_MODEL, requested_model
-from tests.conftest import ServeProcess, free_port, wait_for
+from tests.support.ports import free_port
+from tests.support.serve import ServeProcess
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

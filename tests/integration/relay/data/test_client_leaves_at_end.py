@@ -24,7 +24,6 @@ from aiohttp import web
 
 from sidecar.base.routes import match_route
 from sidecar.streams.dialects import dialect_of
-from tests.conftest import wait_for
 from tests.fixtures.streams.harness import (
     END_MARKER_STREAMS,
     FINISHED_BEFORE_MARKER,
@@ -33,6 +32,7 @@ from tests.fixtures.streams.harness import (
     load,
     up_to_generation_done,
 )
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,9 @@ import pytest
 from huggingface_hub.errors import GenerationError
 
 from sidecar.tools.sim.dialects import ENGINE_LOAD_SHARE, ENGINE_PREFILL_SHARE
-from tests.conftest import RunningSidecar, wait_for
+from tests.support.in_process import RunningSidecar
 from tests.support.samples import per_model
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,11 @@ from aiohttp import web
 
 from sidecar.base.labels import UNKNOWN as UNKNOWN_MODEL
 from sidecar.export import semconv as sc
-from tests.conftest import wait_for
 from tests.fixtures.streams.harness import load
 from tests.support.samples import per_model
 from tests.support.spans import one_span
 from tests.support.sse import replaying
+from tests.support.waits import wait_for
 
 # Relay tests: each runs with the early path on (as served) and off (through the handler).
 pytestmark = pytest.mark.integration

@@ -25,10 +25,10 @@ from aiohttp import web
 
 from sidecar.tools.sim.core import SIM_STATS, SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import in_flight_total, wait_for
 from tests.support.census import quiet_census, rss_bytes, settles_to, tcp_sockets
 from tests.support.rig import CHAT, Rig, start_site
-from tests.support.samples import sample_of
+from tests.support.samples import in_flight_total, sample_of
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import re
 import openai
 import pytest
 
-from tests.conftest import wait_for
 from tests.support.samples import per_model
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

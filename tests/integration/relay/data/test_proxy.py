@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from tests.conftest import wait_for
 from tests.support.samples import per_model
 from tests.support.sse import USAGE, chat_chunk, scripted
+from tests.support.waits import wait_for
 
 # Each test runs on the production server twice: with the early path (a request sent upstream
 # from the read that completed it) and without it (through the handler).

@@ -21,9 +21,10 @@ from sidecar.base.outcomes import STREAM_TRUNCATED
 from sidecar.base.routes import match_route
 from sidecar.export import semconv as sc
 from sidecar.streams.dialects import dialect_of
-from tests.conftest import RunningSidecar, run_sidecar, sidecar_settings, wait_for
 from tests.fixtures.streams.harness import END_MARKER_STREAMS as STREAMS, cut_before_marker, load
+from tests.support.in_process import RunningSidecar, run_sidecar, sidecar_settings
 from tests.support.sse import replaying
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,11 @@ import pytest
 from aiohttp import web
 
 from sidecar.export import semconv as sc
-from tests.conftest import RunningSidecar, wait_for
 from tests.fixtures.streams.harness import load
+from tests.support.in_process import RunningSidecar
 from tests.support.spans import one_span
 from tests.support.sse import replaying
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ import pytest
 
 from sidecar.base.outcomes import Verdict
 from sidecar.relay.data.upstream import UpstreamConnection, UpstreamError, UpstreamPool
-from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, Script, ScriptedServer, response, serve
 from tests.support.sse import CHUNKED_HEAD, LAST_CHUNK, http_chunk
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

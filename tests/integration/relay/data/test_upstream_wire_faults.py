@@ -9,8 +9,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.conftest import wait_for
 from tests.support.sse import http_chunk
+from tests.support.waits import wait_for
 
 # Relay tests: each runs with the early path on (as served) and off (through the handler).
 pytestmark = pytest.mark.integration

@@ -14,10 +14,11 @@ import time
 import pytest
 from aiohttp import web
 
-from tests.conftest import in_flight_total, wait_for
 from tests.support.raw import TCP_ESTABLISHED, raw_socket, tcp_state
 from tests.support.rig import CHAT
+from tests.support.samples import in_flight_total
 from tests.support.sse import scripted
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

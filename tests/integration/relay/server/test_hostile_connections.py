@@ -12,8 +12,9 @@ import time
 import aiohttp
 import pytest
 
-from tests.conftest import ServeProcess, wait_for
 from tests.support.raw import TCP_ESTABLISHED, tcp_state
+from tests.support.serve import ServeProcess
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

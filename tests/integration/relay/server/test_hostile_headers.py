@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from tests.conftest import wait_for
 from tests.support.raw import raw_exchange
 from tests.support.rig import CHAT
 from tests.support.sse import chunked
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,11 +21,11 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.base.routes import ROUTES
-from tests.conftest import wait_for
 from tests.support.census import quiet_census, settles_to, tcp_sockets
 from tests.support.raw import RawUpstream, raw_exchange, status_and_json
 from tests.support.rig import CHAT
 from tests.support.sse import chat_chunk
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

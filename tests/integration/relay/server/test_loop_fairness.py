@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
-from tests.conftest import start_app
+from tests.support.in_process import start_app
 
 pytestmark = pytest.mark.integration
 

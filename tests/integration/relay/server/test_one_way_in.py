@@ -30,9 +30,9 @@ from sidecar.config import Settings
 from sidecar.relay.control.self_loop import LOOP_HEADER, LOOP_TOKEN
 from sidecar.relay.server.aiohttp_internals import RequestHandler
 from sidecar.relay.server.proxy_port import ProxyConnection
-from tests.conftest import wait_for
 from tests.support.scripted_server import Peer, ScriptedServer
 from tests.support.sse import CHUNKED_HEAD, DONE, chunked
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
