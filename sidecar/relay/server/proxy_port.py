@@ -55,6 +55,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from .client_guard import Carried, ConnectionGuard
 from .head_budget import HeadBudget, head_size
+from .listener import Listener, bind_listening
 
 __all__ = ["MAX_QUEUED", "ProxyConnection", "ProxyPort"]
 
@@ -505,21 +506,19 @@ class ProxyPort:
         self.max_field_size = max_field_size
         self.max_headers = max_headers
         self.connections: set[ProxyConnection] = set()
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Listener] = []
         self._settled: asyncio.Future[None] | None = None  # the shutdown's wait
 
     def __call__(self) -> ProxyConnection:
         return ProxyConnection(self)
 
     async def listen(self, host: str, port: int, *, backlog: int = 1024) -> None:
-        server = await asyncio.get_running_loop().create_server(
-            self, host, port, backlog=backlog, reuse_address=True
-        )
-        self._servers.append(server)
+        self._servers.append(Listener(self, await bind_listening(host, port, backlog), backlog))
 
     async def listen_on(self, sock: socket.socket, *, backlog: int = 1024) -> None:
-        server = await asyncio.get_running_loop().create_server(self, sock=sock, backlog=backlog)
-        self._servers.append(server)
+        sock.listen(backlog)
+        sock.setblocking(False)
+        self._servers.append(Listener(self, [sock], backlog))
 
     @property
     def addresses(self) -> list[Any]:
