@@ -89,6 +89,7 @@ def measure(requests: int = 200, repeats: int = 7, lane: str = "auto") -> dict[s
     from sidecar.base.routes import match_route
     from sidecar.export.metrics import SidecarMetrics
     from sidecar.measure.observe import ResponseObserver
+    from sidecar.measure.summary import summarize
     from sidecar.measure.timeline import RequestTimeline
     from sidecar.relay.data import body_relay, token_lane, token_lane_py
     from sidecar.relay.data.body_relay import BodyRelay
@@ -130,7 +131,7 @@ def measure(requests: int = 200, repeats: int = 7, lane: str = "auto") -> dict[s
     def record(n: int) -> None:
         for tl in timelines[:n]:
             metrics.started("m", route.template)
-            metrics.record(tl, "m")
+            metrics.record(summarize(tl, "m"))
 
     loop = asyncio.new_event_loop()
     pool = UpstreamPool("http://127.0.0.1:9", connect_timeout=1.0, read_timeout=None, loop=loop)

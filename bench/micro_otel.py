@@ -27,6 +27,7 @@ from sidecar.base.routes import match_route
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.export.spans import RequestTelemetry
 from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 
 
@@ -55,13 +56,13 @@ def measure(requests: int = 200, repeats: int = 7) -> dict[str, float]:
         def run(n: int) -> None:
             for tl in timelines[:n]:
                 m.started("m", route.template)
-                m.record(tl, "m")
+                m.record(summarize(tl, "m"))
 
         return run
 
     def otel_record(n: int) -> None:
         for tl in timelines[:n]:
-            otel.record(tl, "m")
+            otel.record(summarize(tl, "m"))
 
     figures = {
         "prometheus": _best(recorder(prometheus), requests, repeats),

@@ -285,7 +285,6 @@ def build_sidecar(
         ),
         PromptClasses(settings.ttft_prompt_classes),
         tenants=settings.tenant_header is not None,
-        objectives=objective_defaults(settings),
         model_allowlist=settings.model_allowlist,
         max_models=settings.max_models,
         label_idle_seconds=settings.label_idle_seconds,
@@ -304,7 +303,6 @@ def build_sidecar(
                 meter_provider=meter_provider,
                 model_label=metrics.model_label,
                 provider_name=settings.otel_provider_name,
-                objectives=metrics.objectives,
             )
             # First: the span ends (and OTel metrics record) before the Prometheus observation.
             recorders.insert(0, telemetry.record)
@@ -335,6 +333,7 @@ def build_sidecar(
         ledger=ledger,
         max_json_bytes=settings.max_response_inspect_bytes,
         max_line_bytes=settings.max_sse_line_bytes,
+        objectives=objective_defaults(settings),
     )
     proxy = Carrier(
         records,

@@ -21,9 +21,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..base.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
-from ..measure.timeline import RequestTimeline
+from ..measure.summary import RequestSummary
 from .prometheus_internals import (
+    Children,
     drop_label_value,
+    increment,
     label_children,
     observe_many,
     observe_repeated,
@@ -38,6 +40,13 @@ class _Options(TypedDict):
 
     registry: CollectorRegistry
     namespace: str
+
+
+class BandLabels(TypedDict):
+    """The label values of every family here, by name."""
+
+    model: str
+    concurrency: str
 
 
 class CapacityMetrics:
@@ -61,6 +70,8 @@ class CapacityMetrics:
             "Wall seconds with at least one stream of the model decoding, by decode-concurrency band.",
             mc, **h,
         )  # fmt: skip
+        self.c_itl: Children[BandLabels, Histogram] = Children(self.itl)
+        self.c_tokens: Children[BandLabels, Counter] = Children(self.tokens)
         self._made: dict[str, set[str]] = {}  # model label -> bands whose series exist
         self.trackers = DecodeTrackers(self._sink_for)
 
@@ -122,30 +133,35 @@ class CapacityMetrics:
         labelled kept its 9 bands of series for good. Returns the series removed."""
         self.trackers.forget(label)
         self._made.pop(label, None)
+        self.c_itl.forget("model", label)
+        self.c_tokens.forget("model", label)
         return sum(
             drop_label_value(m, "model", label) for m in (self.itl, self.tokens, self.seconds)
         )
 
-    def record(self, t: RequestTimeline, model_label: str) -> None:
+    def record(self, t: RequestSummary) -> None:
         """Observe one finished request's gaps by band (a recorder, called once)."""
         gaps, streams = t.gaps, t.gap_streams
         if not gaps or len(gaps) != len(streams):
             return
-        runs = t.gap_runs()
-        lowest = band(min(streams))
+        model_label = t.model_label
+        runs = t.gap_runs
+        lowest, highest = band(min(streams)), band(max(streams))
         made = self._made.get(model_label)
-        if made is not None:  # the bands it reached, and the band above each, exist from now
-            for b in {lowest, band(max(streams))} - made:
+        if made is not None and (lowest not in made or highest not in made):
+            # the bands it reached, and the band above each, exist from now
+            for b in {lowest, highest} - made:
                 self._ahead(model_label, b, made)
-        if lowest == band(max(streams)):
+        if lowest == highest:
             # The usual case: the load stayed within one band for the whole stream (bands are
             # ranges of n, so the extremes tell), and the gaps go in as one batch, without a
             # Python step per gap.
-            itl = self.itl.labels(model_label, lowest)
+            labels: BandLabels = {"model": model_label, "concurrency": lowest}
+            itl = self.c_itl.get(labels)
             observe_many(itl, gaps)
             for index, count in runs:
                 observe_repeated(itl, gaps[index], count - 1)
-            self.tokens.labels(model_label, lowest).inc(t.gap_count)
+            increment(self.c_tokens.get(labels), t.gap_count)
             return
         by_band: dict[str, list[float]] = {}
         for gap, n in zip(gaps, streams, strict=True):
@@ -156,9 +172,10 @@ class CapacityMetrics:
             else:
                 values.append(gap)
         for b, values in by_band.items():
-            observe_many(self.itl.labels(model_label, b), values)
-            self.tokens.labels(model_label, b).inc(len(values))
+            labels = {"model": model_label, "concurrency": b}
+            observe_many(self.c_itl.get(labels), values)
+            increment(self.c_tokens.get(labels), len(values))
         for index, count in runs:  # k tokens of one event: the surplus of their one entry
-            b = band(streams[index])
-            observe_repeated(self.itl.labels(model_label, b), gaps[index], count - 1)
-            self.tokens.labels(model_label, b).inc(count - 1)
+            labels = {"model": model_label, "concurrency": band(streams[index])}
+            observe_repeated(self.c_itl.get(labels), gaps[index], count - 1)
+            increment(self.c_tokens.get(labels), count - 1)

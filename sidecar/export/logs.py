@@ -1,7 +1,8 @@
 """Structured logs: one JSON line per request, and nothing a user did not ask to reveal.
 
-The request line carries figures and bounded labels only. Prompts, completions, headers
-and query strings never reach it: the timeline does not hold them in the first place.
+The request line carries figures and bounded labels only, read from the request's summary
+(sidecar/measure/summary.py). Prompts, completions, headers and query strings never reach it:
+the timeline does not hold them in the first place.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from ..base.outcomes import Outcome
-from ..measure.timeline import RequestTimeline
+from ..measure.summary import RequestSummary
 
 __all__ = ["configure_logging", "RequestLogger"]
 
@@ -83,7 +84,8 @@ class RequestLogger:
     def __init__(self, logger: FilteringBoundLogger | None = None) -> None:
         self._log = logger or structlog.get_logger("sidecar.request")
 
-    def __call__(self, t: RequestTimeline, model_label: str) -> None:
+    def __call__(self, t: RequestSummary) -> None:
+        model_label = t.model_label
         # A failed request is an error line, so level filters and log alerts find it; a
         # client that went away or a 4xx (outcome ok) is routine traffic.
         emit = self._log.error if t.outcome is Outcome.ERROR else self._log.info
@@ -100,8 +102,8 @@ class RequestLogger:
             route=t.route,
             model=model_label,
             status=t.status,
-            outcome=t.outcome.value if t.outcome else None,
-            error=t.error_type,
+            outcome=t.outcome.value,
+            error=None if t.outcome is Outcome.OK else t.error_type,
             # What the request asked: a 502 or a refusal never got a token stream, yet the
             # client asked for one. Without a JSON flag, whether the response was a stream.
             stream=t.streamed if t.request_stream is None else t.request_stream,

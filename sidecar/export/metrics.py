@@ -11,24 +11,25 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Iterable
+from typing import Any, TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from ..base.finish_reason import MAX_FINISH_REASONS_PER_REQUEST, finish_reason_label
 from ..base.labels import UNKNOWN, ModelLabeler, SeriesBudget
-from ..base.outcomes import Outcome, Verdict
+from ..base.outcomes import Outcome
 from ..base.prompt_class import PromptClasses
 from ..base.routes import ROUTES
 from ..base.speedups import IN_C
-from ..measure.cache_class import CacheClass, cache_class
-from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
-from ..measure.timeline import RequestTimeline
+from ..measure.cache_class import CacheClass
+from ..measure.summary import RequestSummary
 from .capacity import CapacityMetrics
 from .families import FAMILIES
 from .prometheus_internals import (
+    Children,
     SeriesGate,
     drop_label_value,
-    has_child,
+    increment,
     is_labelled_parent,
     label_names,
     observe_many,
@@ -36,7 +37,13 @@ from .prometheus_internals import (
     observe_repeated,
 )
 
-__all__ = ["SidecarMetrics", "SLOThresholds", "method_label", "SERIES_REFUSED_FATES"]
+__all__ = [
+    "SidecarMetrics",
+    "SLOThresholds",
+    "method_label",
+    "SERIES_REFUSED_FATES",
+    "LABELS",
+]
 
 SERIES_REFUSED_FATES = ("other", "dropped")
 """What became of an update whose series the budget refused (``llm_series_refused_total``)."""
@@ -49,6 +56,143 @@ def method_label(method: str) -> str:
     return method if method in _METHODS else "other"
 
 
+# The label values of each family, by name: the type checker holds every call to its family's
+# names, and tests/unit/test_metrics_labels.py holds these to the table (families.py); the
+# families marked ``tenant`` carry it here always, read only when the option is on.
+class RequestLabels(TypedDict):
+    model: str
+    route: str
+    code: str
+    outcome: str
+    error_type: str
+    tenant: str
+
+
+class FinishReasonLabels(TypedDict):
+    model: str
+    route: str
+    finish_reason: str
+
+
+class NonApiLabels(TypedDict):
+    method: str
+    code: str
+    outcome: str
+
+
+class ModelRouteLabels(TypedDict):
+    model: str
+    route: str
+
+
+class ModelRouteTenantLabels(TypedDict):
+    model: str
+    route: str
+    tenant: str
+
+
+class DurationLabels(TypedDict):
+    model: str
+    outcome: str
+
+
+class ModelOnly(TypedDict):
+    model: str
+
+
+class TtftLabels(TypedDict):
+    model: str
+    prompt_class: str
+    tenant: str
+
+
+class TokenLabels(TypedDict):
+    model: str
+    route: str
+    type: str
+    tenant: str
+
+
+class RequestTokenLabels(TypedDict):
+    model: str
+    type: str
+
+
+class ObjectiveLabels(TypedDict):
+    model: str
+    route: str
+    objective: str
+    result: str
+    tenant: str
+
+
+class ObjectiveInvalidLabels(TypedDict):
+    route: str
+    objective: str
+
+
+class CacheLabels(TypedDict):
+    model: str
+    cache: str
+
+
+class DirectionLabels(TypedDict):
+    direction: str
+
+
+class RouteOnly(TypedDict):
+    route: str
+
+
+class SourceLabels(TypedDict):
+    model: str
+    route: str
+    source: str
+
+
+class OverflowLabels(TypedDict):
+    label: str
+    reason: str
+
+
+class FateLabels(TypedDict):
+    fate: str
+
+
+LABELS: dict[str, type] = {
+    "requests": RequestLabels,
+    "finish_reasons": FinishReasonLabels,
+    "non_api": NonApiLabels,
+    "in_flight": ModelRouteLabels,
+    "duration": DurationLabels,
+    "ttfb": ModelOnly,
+    "ttft": TtftLabels,
+    "ttfat": ModelOnly,
+    "itl": ModelOnly,
+    "tpot": ModelOnly,
+    "tps": ModelOnly,
+    "tokens": TokenLabels,
+    "request_tokens": RequestTokenLabels,
+    "within_slo": ModelRouteTenantLabels,
+    "request_objectives": ObjectiveLabels,
+    "request_objective_invalid": ObjectiveInvalidLabels,
+    "ttft_by_cache": CacheLabels,
+    "time_to_first_tool_call": ModelOnly,
+    "tool_call_assembly": ModelOnly,
+    "tool_calls_per_response": ModelOnly,
+    "upstream_load": ModelOnly,
+    "upstream_prefill": ModelOnly,
+    "upstream_decode": ModelOnly,
+    "upstream_queue": ModelOnly,
+    "overhead": DirectionLabels,
+    "parse_errors": RouteOnly,
+    "token_count_source": SourceLabels,
+    "label_overflow": OverflowLabels,
+    "series_refused": FateLabels,
+}
+"""Each family's label values by name (the attribute it is held under, as in the table)."""
+
+
 class SLOThresholds:
     """The latency objectives a request must meet at once to count as goodput."""
 
@@ -57,13 +201,10 @@ class SLOThresholds:
     def __init__(self, ttft: float, tpot: float, e2e: float) -> None:
         self.ttft, self.tpot, self.e2e = ttft, tpot, e2e
 
-    def met_by(self, t: RequestTimeline) -> bool:
+    def met_by(self, t: RequestSummary) -> bool:
         # A 4xx is outcome ok (the server did its job) but served the user nothing: a fast
         # 429 must not look like good service.
-        if t.outcome is not Outcome.OK or t.status is None or not 200 <= t.status < 300:
-            return False
-        e2e = t.e2e
-        if e2e is None or e2e > self.e2e:
+        if not t.served or t.e2e > self.e2e:
             return False
         if t.streamed:
             ttft, tpot = t.ttft, t.tpot
@@ -125,7 +266,6 @@ class SidecarMetrics:
         prompt_classes: PromptClasses | None = None,
         tenants: bool = False,
         version: str | None = None,
-        objectives: ObjectiveDefaults | None = None,
         *,
         model_allowlist: Iterable[str] = (),
         max_models: int = 50,
@@ -137,14 +277,13 @@ class SidecarMetrics:
         self.registry = registry
         self.tenants = tenants  # the opt-in tenant label (sidecar/export/families.py)
         self.slo = slo
-        self.objectives = objectives or ObjectiveDefaults()
         self.prompt_class = prompt_classes or PromptClasses()
         # The request figures' families, from the table (sidecar/export/families.py).
         for family in FAMILIES:
             setattr(self, family.attr, family.make(registry, tenants))
+        self._children_of()
         self._overhead_request = self.overhead.labels("request")
         self._overhead_response = self.overhead.labels("response")
-        self._overflow_children: dict[tuple[str, str], Counter] = {}
         # Made now, at 0, and never removed: counting a refusal must not itself need a
         # series when the budget is full (and the rate of it counts the first refusal).
         self._refused_children = {
@@ -170,6 +309,53 @@ class SidecarMetrics:
             clock=clock,
             on_overflow=self.overflow_counter("model"),
             on_forget=self._forget_model,
+        )
+
+    def _children_of(self) -> None:
+        """Each family's children, resolved once per label set (:class:`Children`)."""
+        self.c_requests: Children[RequestLabels, Counter] = Children(self.requests)
+        self.c_finish_reasons: Children[FinishReasonLabels, Counter] = Children(self.finish_reasons)
+        self.c_non_api: Children[NonApiLabels, Counter] = Children(self.non_api)
+        self.c_in_flight: Children[ModelRouteLabels, Gauge] = Children(self.in_flight)
+        self.c_duration: Children[DurationLabels, Histogram] = Children(self.duration)
+        self.c_ttfb: Children[ModelOnly, Histogram] = Children(self.ttfb)
+        self.c_ttft: Children[TtftLabels, Histogram] = Children(self.ttft)
+        self.c_ttfat: Children[ModelOnly, Histogram] = Children(self.ttfat)
+        self.c_itl: Children[ModelOnly, Histogram] = Children(self.itl)
+        self.c_tpot: Children[ModelOnly, Histogram] = Children(self.tpot)
+        self.c_tps: Children[ModelOnly, Histogram] = Children(self.tps)
+        self.c_tokens: Children[TokenLabels, Counter] = Children(self.tokens)
+        self.c_request_tokens: Children[RequestTokenLabels, Histogram] = Children(
+            self.request_tokens
+        )
+        self.c_within_slo: Children[ModelRouteTenantLabels, Counter] = Children(self.within_slo)
+        self.c_request_objectives: Children[ObjectiveLabels, Counter] = Children(
+            self.request_objectives
+        )
+        self.c_request_objective_invalid: Children[ObjectiveInvalidLabels, Counter] = Children(
+            self.request_objective_invalid
+        )
+        self.c_ttft_by_cache: Children[CacheLabels, Histogram] = Children(self.ttft_by_cache)
+        self.c_time_to_first_tool_call: Children[ModelOnly, Histogram] = Children(
+            self.time_to_first_tool_call
+        )
+        self.c_tool_call_assembly: Children[ModelOnly, Histogram] = Children(
+            self.tool_call_assembly
+        )
+        self.c_tool_calls_per_response: Children[ModelOnly, Histogram] = Children(
+            self.tool_calls_per_response
+        )
+        self.c_upstream_load: Children[ModelOnly, Histogram] = Children(self.upstream_load)
+        self.c_upstream_prefill: Children[ModelOnly, Histogram] = Children(self.upstream_prefill)
+        self.c_upstream_decode: Children[ModelOnly, Histogram] = Children(self.upstream_decode)
+        self.c_upstream_queue: Children[ModelOnly, Histogram] = Children(self.upstream_queue)
+        self.c_parse_errors: Children[RouteOnly, Counter] = Children(self.parse_errors)
+        self.c_token_count_source: Children[SourceLabels, Counter] = Children(
+            self.token_count_source
+        )
+        self.c_label_overflow: Children[OverflowLabels, Counter] = Children(self.label_overflow)
+        self._children: tuple[Children[Any, Any], ...] = tuple(
+            v for v in vars(self).values() if isinstance(v, Children)
         )
 
     def _own_health(self, registry: CollectorRegistry, version: str | None) -> None:
@@ -210,17 +396,15 @@ class SidecarMetrics:
         may use the series budget's reserve."""
 
         def count(reason: str) -> None:
-            child = self._overflow_children.get((label, reason))
-            if child is None:
-                child = self._overflow_children[(label, reason)] = self.label_overflow.labels(
-                    label, reason
-                )
-            child.inc()
+            self.c_label_overflow.get({"label": label, "reason": reason}).inc()
 
         return count
 
     def forget(self, label: str, value: str) -> int:
-        """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back)."""
+        """Remove every series whose ``label`` is ``value`` (an idle value gave its slot back),
+        and the children kept for it."""
+        for children in self._children:
+            children.forget(label, value)
         return sum(
             drop_label_value(m, label, value) for m in self._labelled() if label in label_names(m)
         )
@@ -239,10 +423,13 @@ class SidecarMetrics:
         self.model_label.hold(model_label)
         if route in ROUTES:  # non-API traffic has no in-flight series (see record)
             key = (model_label, route)
-            child = self.in_flight.labels(*key)
-            if not has_child(self.in_flight, key):  # the series gate gave another row
-                self._in_flight_folded.setdefault(key, []).append(child)
-            child.inc()
+            children = self.c_in_flight
+            child = children.kept.get(key)
+            if child is None:
+                child = children.at(key)
+                if key not in children.kept:  # the series gate gave another row
+                    self._in_flight_folded.setdefault(key, []).append(child)
+            increment(child, 1)
 
     def ended(self, model_label: str, route: str) -> None:
         """The in-flight gauge ends under the label the request started with (the record's
@@ -250,81 +437,110 @@ class SidecarMetrics:
         child it started on; then the label is released."""
         if route in ROUTES:
             key = (model_label, route)
-            folded = self._in_flight_folded.get(key)
+            folded = self._in_flight_folded.get(key) if self._in_flight_folded else None
             if folded:
                 child = folded.pop()
                 if not folded:
                     del self._in_flight_folded[key]
             else:
-                child = self.in_flight.labels(*key)
-            child.dec()
+                child = self.c_in_flight.at(key)
+            increment(child, -1)
         self.model_label.release(model_label)
 
-    def record(self, t: RequestTimeline, model_label: str) -> None:
-        """Observe one finished request. Called exactly once per request."""
-        route = t.route
-        mr = (model_label, route)
-        verdict = t.verdict or Verdict.INTERNAL  # (recorded once finished: a guard)
-        outcome = verdict.outcome.value
-        code = verdict.code(t.status)
-        if route not in ROUTES:
+    def record(self, t: RequestSummary) -> None:
+        """Observe one finished request (its summary). Called exactly once per request."""
+        model, route = t.model_label, t.route
+        outcome = t.outcome.value
+        if not t.api:
             # Not an API request (a health check, the server's own /metrics, a model listing
             # through the proxy port): one count apart, so it never forms an SLO of its own
             # (model "unknown", route "other") nor dilutes the real requests' error ratio.
-            self.non_api.labels(method_label(t.method), code, outcome).inc()
+            increment(
+                self.c_non_api.get(
+                    {"method": method_label(t.method), "code": t.code, "outcome": outcome}
+                ),
+                1,
+            )
             self._record_overhead(t)  # the sidecar's own cost, whatever it relayed
             return
-        tenant = self._tenant(t)
-        self.requests.labels(model_label, route, code, outcome, verdict.error_type, *tenant).inc()
+        tenant = (t.tenant or UNKNOWN) if self.tenants else UNKNOWN
+        increment(
+            self.c_requests.get(
+                {
+                    "model": model,
+                    "route": route,
+                    "code": t.code,
+                    "outcome": outcome,
+                    "error_type": t.error_type,
+                    "tenant": tenant,
+                }
+            ),
+            1,
+        )
         reasons = t.finish_reasons
         if reasons:
             for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:
-                self.finish_reasons.labels(*mr, finish_reason_label(raw)).inc()
+                increment(
+                    self.c_finish_reasons.get(
+                        {"model": model, "route": route, "finish_reason": finish_reason_label(raw)}
+                    ),
+                    1,
+                )
         # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
         ex = {"trace_id": t.trace_id} if t.trace_id else None
-        e2e = t.e2e
+        by_model: ModelOnly = {"model": model}
         # A cancelled request's duration is when its client chose to leave, not how the
         # server did: llm_requests_total counts it, no distribution holds it.
-        if e2e is not None and verdict.outcome is not Outcome.CANCELLED:
-            observe_one(self.duration.labels(model_label, outcome), e2e, ex)
+        if t.outcome is not Outcome.CANCELLED:
+            observe_one(self.c_duration.get({"model": model, "outcome": outcome}), t.e2e, ex)
         if t.ttfb is not None:
-            observe_one(self.ttfb.labels(model_label), t.ttfb, ex)
+            observe_one(self.c_ttfb.get(by_model), t.ttfb, ex)
         if t.parse_errors:
-            self.parse_errors.labels(route).inc(t.parse_errors)
+            increment(self.c_parse_errors.get({"route": route}), t.parse_errors)
         if t.streamed:
-            self._record_stream(t, model_label, ex, tenant)
-        self._record_tokens(t, mr, tenant)
-        self.token_count_source.labels(model_label, route, t.token_count_source.value).inc()
+            self._record_stream(t, by_model, ex, tenant)
+        self._record_tokens(t, model, route, tenant)
+        increment(
+            self.c_token_count_source.get(
+                {"model": model, "route": route, "source": t.token_count_source.value}
+            ),
+            1,
+        )
         engine = t.engine
         if engine is not None:
-            for hist, value in (
-                (self.upstream_load, engine.load_seconds),
-                (self.upstream_prefill, engine.prefill_seconds),
-                (self.upstream_decode, engine.decode_seconds),
-                (self.upstream_queue, engine.queue_seconds),
+            for children, value in (
+                (self.c_upstream_load, engine.load_seconds),
+                (self.c_upstream_prefill, engine.prefill_seconds),
+                (self.c_upstream_decode, engine.decode_seconds),
+                (self.c_upstream_queue, engine.queue_seconds),
             ):
                 if value is not None:
-                    observe_one(hist.labels(model_label), value)
+                    observe_one(children.get(by_model), value)
         self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
-            self.within_slo.labels(*mr, *tenant).inc()
-        self._record_objectives(t, mr, tenant)
-
-    def _record_objectives(
-        self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...]
-    ) -> None:
-        """The request's own objectives (sidecar/measure/objectives.py): bad headers counted,
-        each judged objective counted met or missed."""
-        asked = t.objectives
-        if isinstance(asked, RequestObjectives) and asked.invalid:
-            for name in asked.invalid:
-                self.request_objective_invalid.labels(mr[1], name).inc()
-        judgement = judge(t, self.objectives)
+            increment(self.c_within_slo.get({"model": model, "route": route, "tenant": tenant}), 1)
+        if t.objectives_invalid:
+            for name in t.objectives_invalid:
+                increment(
+                    self.c_request_objective_invalid.get({"route": route, "objective": name}), 1
+                )
+        judgement = t.judgement
         if judgement is not None:
             for name, met in judgement.verdicts():
-                self.request_objectives.labels(*mr, name, "met" if met else "missed", *tenant).inc()
+                increment(
+                    self.c_request_objectives.get(
+                        {
+                            "model": model,
+                            "route": route,
+                            "objective": name,
+                            "result": "met" if met else "missed",
+                            "tenant": tenant,
+                        }
+                    ),
+                    1,
+                )
 
-    def _record_overhead(self, t: RequestTimeline) -> None:
+    def _record_overhead(self, t: RequestSummary) -> None:
         overhead = t.request_overhead
         if overhead is not None:
             observe_one(self._overhead_request, overhead)
@@ -332,53 +548,46 @@ class SidecarMetrics:
         if overhead is not None:
             observe_one(self._overhead_response, overhead)
 
-    def _tenant(self, t: RequestTimeline) -> tuple[str, ...]:
-        """The tenant label value as a 0- or 1-tuple to splat after the other labels."""
-        return (t.tenant or UNKNOWN,) if self.tenants else ()
-
     def _record_stream(
-        self,
-        t: RequestTimeline,
-        model: str,
-        ex: dict[str, str] | None,
-        tenant: tuple[str, ...] = (),
+        self, t: RequestSummary, by_model: ModelOnly, ex: dict[str, str] | None, tenant: str
     ) -> None:
         """The stream's distributions, per model: a model's latencies are its engine's,
         whichever API route asked (the route is on the counters)."""
-        if t.ttft is not None:
-            observe_one(
-                self.ttft.labels(model, self.prompt_class(t.input_tokens), *tenant), t.ttft, ex
-            )
-            cache = cache_class(t.input_tokens, t.cached_input_tokens)
-            if cache is not CacheClass.UNKNOWN:  # unknown: the TTFT histogram already has it
-                observe_one(self.ttft_by_cache.labels(model, cache.value), t.ttft, ex)
+        model = by_model["model"]
+        ttft = t.ttft
+        if ttft is not None:
+            prompt_class = self.prompt_class(t.input_tokens)
+            ttft_labels: TtftLabels = {
+                "model": model,
+                "prompt_class": prompt_class,
+                "tenant": tenant,
+            }
+            observe_one(self.c_ttft.get(ttft_labels), ttft, ex)
+            cache = t.cache
+            if cache is not None and cache is not CacheClass.UNKNOWN:
+                # unknown: the TTFT histogram already has it
+                observe_one(
+                    self.c_ttft_by_cache.get({"model": model, "cache": cache.value}), ttft, ex
+                )
         if t.ttfat is not None:
-            observe_one(self.ttfat.labels(model), t.ttfat, ex)
-        if t.first_tool_call is not None:
-            self._record_tool_calls(t, model, ex)
+            observe_one(self.c_ttfat.get(by_model), t.ttfat, ex)
+        if t.time_to_first_tool_call is not None:
+            observe_one(self.c_time_to_first_tool_call.get(by_model), t.time_to_first_tool_call, ex)
+            observe_many(self.c_tool_call_assembly.get(by_model), t.tool_call_assembly)
+            observe_one(self.c_tool_calls_per_response.get(by_model), t.tool_call_count)
         gaps = t.gaps
         if gaps:
-            itl = self.itl.labels(model)
+            itl = self.c_itl.get(by_model)
             observe_many(itl, gaps)
-            for index, count in t.gap_runs():  # k tokens of one event: k gaps, one entry
+            for index, count in t.gap_runs:  # k tokens of one event: k gaps, one entry
                 observe_repeated(itl, gaps[index], count - 1)
-        tpot = t.tpot
-        if tpot is not None:
-            observe_one(self.tpot.labels(model), tpot, ex)
-        tps = t.tokens_per_second
-        if tps is not None:
-            observe_one(self.tps.labels(model), tps)
+        if t.tpot is not None:
+            observe_one(self.c_tpot.get(by_model), t.tpot, ex)
+        if t.tokens_per_second is not None:
+            observe_one(self.c_tps.get(by_model), t.tokens_per_second)
 
-    def _record_tool_calls(self, t: RequestTimeline, model: str, ex: dict[str, str] | None) -> None:
-        # Called for a response with a tool call: its time is a float.
-        observe_one(self.time_to_first_tool_call.labels(model), t.time_to_first_tool_call, ex)  # type: ignore[arg-type]
-        observe_many(self.tool_call_assembly.labels(model), t.tool_call_assembly())
-        observe_one(self.tool_calls_per_response.labels(model), t.tool_call_count)
-
-    def _record_tokens(
-        self, t: RequestTimeline, mr: tuple[str, str], tenant: tuple[str, ...] = ()
-    ) -> None:
-        model, route = mr
+    def _record_tokens(self, t: RequestSummary, model: str, route: str, tenant: str) -> None:
+        ok = t.outcome is Outcome.OK
         for kind, value, distribution in (
             ("input", t.input_tokens, True),
             ("output", t.output_tokens, True),
@@ -388,6 +597,11 @@ class SidecarMetrics:
             if value is None:
                 continue
             if value:
-                self.tokens.labels(model, route, kind, *tenant).inc(value)
-            if distribution and t.outcome is Outcome.OK:
-                observe_one(self.request_tokens.labels(model, kind), value)
+                increment(
+                    self.c_tokens.get(
+                        {"model": model, "route": route, "type": kind, "tenant": tenant}
+                    ),
+                    value,
+                )
+            if distribution and ok:
+                observe_one(self.c_request_tokens.get({"model": model, "type": kind}), value)

@@ -18,8 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import MeterProvider
 
 from .. import __version__
-from ..measure.objectives import ObjectiveDefaults
-from ..measure.timeline import RequestTimeline
+from ..measure.summary import RequestSummary
 from . import semconv as sc
 from .otel_own_metrics import OwnInstruments
 
@@ -94,10 +93,9 @@ class GenAIInstruments:
 
     def record(
         self,
-        t: RequestTimeline,
+        t: RequestSummary,
         attrs: dict[str, Any],
         error_type: str | None,
-        objectives: ObjectiveDefaults,
         ctx: Context | None,
     ) -> None:
         """The GenAI client metrics of one finished request (gen-ai-metrics.md).
@@ -109,16 +107,14 @@ class GenAIInstruments:
         first. ``token.usage``: input and output counts when known. ``ctx`` holds the span
         when an exemplar may point at it (else None).
         """
-        e2e = t.e2e
-        if e2e is not None:
-            duration_attrs = attrs if error_type is None else {**attrs, sc.ERROR_TYPE: error_type}
-            self.duration.record(e2e, duration_attrs, context=ctx)
+        duration_attrs = attrs if error_type is None else {**attrs, sc.ERROR_TYPE: error_type}
+        self.duration.record(t.e2e, duration_attrs, context=ctx)
         if t.streamed and t.ttft is not None:
             self.ttfc.record(t.ttft, attrs, context=ctx)
             record = self.tpoc.record
-            for gap in t.chunk_gaps():
+            for gap in t.chunk_gaps:
                 record(gap, attrs)
-        self.own.record(t, attrs, objectives, ctx)
+        self.own.record(t, attrs, ctx)
         if self.latest:
             self._record_usage_latest(t, attrs, ctx)
             return
@@ -130,7 +126,7 @@ class GenAIInstruments:
                 self.tokens.record(value, {**attrs, sc.GEN_AI_TOKEN_TYPE: kind}, context=ctx)
 
     def _record_usage_latest(
-        self, t: RequestTimeline, attrs: dict[str, Any], ctx: Context | None
+        self, t: RequestSummary, attrs: dict[str, Any], ctx: Context | None
     ) -> None:
         """Token metrics under the current names: the per-operation histograms carry the common
         attributes; the usage counters add the required ``gen_ai.token.modality``."""

@@ -30,9 +30,7 @@ from opentelemetry.metrics import MeterProvider
 
 from .. import __version__
 from ..base.buckets import TOOL_CALL_COUNT_BUCKETS
-from ..measure.cache_class import cache_class
-from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
-from ..measure.timeline import RequestTimeline
+from ..measure.summary import RequestSummary
 from . import semconv as sc
 
 __all__ = ["OwnInstruments"]
@@ -94,29 +92,25 @@ class OwnInstruments:
 
     def record(
         self,
-        t: RequestTimeline,
+        t: RequestSummary,
         attrs: dict[str, Any],
-        objectives: ObjectiveDefaults,
         ctx: Any = None,
     ) -> None:
         """One finished API request; ``attrs`` are the GenAI metrics' common attributes."""
         if t.streamed:
-            if t.ttft is not None:
-                cls = cache_class(t.input_tokens, t.cached_input_tokens).value
+            if t.ttft is not None and t.cache is not None:
                 self.ttft_by_cache.record(
-                    t.ttft, {**attrs, sc.LLM_SIDECAR_CACHE_CLASS: cls}, context=ctx
+                    t.ttft, {**attrs, sc.LLM_SIDECAR_CACHE_CLASS: t.cache.value}, context=ctx
                 )
             first = t.time_to_first_tool_call
             if first is not None:
                 self.first_tool_call.record(first, attrs, context=ctx)
-                for seconds in t.tool_call_assembly():
+                for seconds in t.tool_call_assembly:
                     self.assembly.record(seconds, attrs)
                 self.tool_calls.record(t.tool_call_count, attrs)
-        asked = t.objectives
-        if isinstance(asked, RequestObjectives):
-            for name in asked.invalid:
-                self.objective_invalid.add(1, {**attrs, sc.LLM_SIDECAR_OBJECTIVE_NAME: name})
-        judgement = judge(t, objectives)
+        for name in t.objectives_invalid:
+            self.objective_invalid.add(1, {**attrs, sc.LLM_SIDECAR_OBJECTIVE_NAME: name})
+        judgement = t.judgement
         if judgement is not None:
             for name, met in judgement.verdicts():
                 result = "met" if met else "missed"

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import reduce
 from math import isfinite, isinf
-from operator import add
-from typing import Any
+from operator import add, itemgetter
+from typing import Any, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Histogram, Metric, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, Summary
 from prometheus_client.metrics import Enum, MetricWrapperBase
 from prometheus_client.registry import Collector
 from prometheus_client.values import MutexValue
@@ -30,12 +30,14 @@ __all__ = [
     "observe_many",
     "observe_one",
     "observe_repeated",
+    "increment",
     "samples_per_child",
     "label_children",
     "label_names",
     "is_labelled_parent",
     "drop_label_value",
     "has_child",
+    "Children",
     "SeriesGate",
     "WithoutCreated",
     "page_samples",
@@ -139,6 +141,13 @@ def observe_repeated(histogram: Histogram, value: float, times: int) -> None:
     histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(times)
 
 
+def increment(child: Counter | Gauge, amount: float) -> None:
+    """``child.inc(amount)`` on a counter's or gauge's child, with the same result: the
+    value's own ``inc``, without the checks (the callers pass children :class:`Children`
+    resolved, and a counter never a negative amount)."""
+    child._value.inc(amount)
+
+
 def samples_per_child(metric: MetricWrapperBase) -> int:
     """Samples one child of ``metric`` puts on the page (served through
     :class:`WithoutCreated`, so never a ``_created``): a histogram's buckets, ``+Inf``,
@@ -167,16 +176,78 @@ def label_children(metric: MetricWrapperBase) -> list[tuple[str, ...]]:
 
 
 def drop_label_value(metric: MetricWrapperBase, label: str, value: str) -> int:
-    """Remove ``metric``'s children whose ``label`` is ``value``; how many were removed
-    (prometheus_client removes a child only by its full tuple of label values)."""
+    """Remove ``metric``'s children whose ``label`` is ``value`` (client_python's
+    ``remove_by_labels``); how many there were."""
     index = label_names(metric).index(label)
-    doomed = [key for key in label_children(metric) if key[index] == value]
-    for key in doomed:
-        try:
-            metric.remove(*key)
-        except KeyError:  # removed meanwhile
-            pass
-    return len(doomed)
+    with metric._lock:
+        doomed = sum(1 for key in metric._metrics if key[index] == value)
+    if doomed:
+        metric.remove_by_labels({label: value})
+    return doomed
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+L = TypeVar("L", bound=Mapping[str, object])
+
+
+class Children(Generic[L, M]):
+    """A labelled family's children, each resolved once per label set and kept.
+
+    ``get(labels)`` takes the label values by name (a TypedDict per family, which the type
+    checker holds each call to) and returns the child: a dict lookup where prometheus_client's
+    ``labels()`` converts, checks and locks on every call (and the series gate, where one
+    guards the family, counts). ``names`` orders the values as the family declares its labels.
+
+    Only a child that is the family's own for those values is kept: one the series gate
+    refused (folded into ``other``, or on no page) is asked for again next time, so it gets
+    its own series once there is room. :meth:`forget` drops the kept children a removal
+    made stale (:meth:`SidecarMetrics.forget` removes an idle label value's series)."""
+
+    __slots__ = ("family", "names", "_key", "kept")
+
+    def __init__(self, family: M, names: tuple[str, ...] | None = None) -> None:
+        self.family = family
+        self.names = label_names(family) if names is None else names
+        if self.names != label_names(family):
+            raise ValueError(f"{family}: labels {self.names} != {label_names(family)}")
+        # One C call turns the named values into the tuple prometheus_client keys by.
+        if len(self.names) == 1:
+            name = self.names[0]
+            self._key: Callable[[L], tuple[Any, ...]] = lambda labels: (labels[name],)
+        else:
+            self._key = itemgetter(*self.names)
+        self.kept: dict[tuple[str, ...], M] = {}
+
+    def get(self, labels: L) -> M:
+        """The child for ``labels``."""
+        key = self._key(labels)
+        child = self.kept.get(key)
+        if child is None:
+            child = self.at(key)
+        return child
+
+    def at(self, key: tuple[str, ...]) -> M:
+        """The child for label values ``key``, in the family's order."""
+        kept = self.kept.get(key)
+        if kept is not None:
+            return kept
+        family = self.family
+        made: Any = family.labels(*key)  # the family's own type (or the gate's stand-in)
+        child: M = made
+        if family._metrics.get(key) is made:  # its own series (the gate may fold it)
+            self.kept[key] = child
+        return child
+
+    def forget(self, label: str | None = None, value: str | None = None) -> None:
+        """Drop the kept children whose ``label`` is ``value`` (all, without a label)."""
+        if label is None:
+            self.kept.clear()
+            return
+        if label not in self.names:
+            return
+        index = self.names.index(label)
+        for key in [k for k in self.kept if k[index] == value]:
+            del self.kept[key]
 
 
 _HAS_CREATED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})

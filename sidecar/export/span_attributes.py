@@ -1,10 +1,10 @@
 """What a finished request's span says: its ``error.type`` and the attributes read off the
-finished timeline (GenAI usage and response, the sidecar's latency figures, the engine's
+request's summary (GenAI usage and response, the sidecar's latency figures, the engine's
 figures, the objectives' verdicts), every client-supplied string bounded.
 
 Apart from the span's life (:mod:`sidecar.export.spans`: start, propagation, end) because this
-is a pure mapping from a timeline to a dict: no span, no provider, no clock, so a new attribute
-is one line here and its test needs no tracer. Content (prompts, completions, headers, query
+is a pure mapping from a summary (sidecar/measure/summary.py) to a dict: no span, no provider,
+no clock, so a new attribute is one line here and its test needs no tracer. Content (prompts, completions, headers, query
 strings) never appears: the timeline does not hold it in the first place.
 """
 
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.cache_class import cache_class
-from ..measure.objectives import ObjectiveDefaults, RequestObjectives, judge
-from ..measure.timeline import MAX_FINISH_REASONS, RequestTimeline, TokenCountSource
+from ..measure.summary import RequestSummary
+from ..measure.timeline import MAX_FINISH_REASONS, TokenCountSource
 from . import semconv as sc
 
 __all__ = [
@@ -35,7 +34,7 @@ def bounded(value: str, limit: int = MAX_STRING) -> str:
     return value if len(value) <= limit else value[:limit]
 
 
-def error_type_of(t: RequestTimeline) -> str | None:
+def error_type_of(t: RequestSummary) -> str | None:
     """``error.type`` for a finished request, or None when it did not end in an error.
 
     Values: the HTTP status as a string for an upstream 5xx (and, as HTTP client spans
@@ -46,19 +45,14 @@ def error_type_of(t: RequestTimeline) -> str | None:
     is not an error (the client left; ``llm_sidecar.cancelled`` says so). Read from the
     request's verdict (:meth:`~sidecar.base.outcomes.Verdict.otel_error_type`).
     """
-    if t.verdict is None:
-        return "_OTHER"  # (recorded once finished: a guard)
     return t.verdict.otel_error_type(t.status)
 
 
-def objective_attributes(
-    t: RequestTimeline, attrs: dict[str, Any], defaults: ObjectiveDefaults
-) -> None:
+def objective_attributes(t: RequestSummary, attrs: dict[str, Any]) -> None:
     """The request's objectives and verdicts, its cache class and tool-call timings."""
-    asked = t.objectives
-    if isinstance(asked, RequestObjectives) and asked.invalid:
-        attrs[sc.LLM_SIDECAR_OBJECTIVE_INVALID] = asked.invalid
-    judgement = judge(t, defaults)
+    if t.objectives_invalid:
+        attrs[sc.LLM_SIDECAR_OBJECTIVE_INVALID] = t.objectives_invalid
+    judgement = t.judgement
     if judgement is not None:
         for key, source_key, met_key, value, from_header, met in (
             (sc.LLM_SIDECAR_OBJECTIVE_TTFT, sc.LLM_SIDECAR_OBJECTIVE_TTFT_SOURCE, sc.LLM_SIDECAR_OBJECTIVE_TTFT_MET,
@@ -73,15 +67,15 @@ def objective_attributes(
                 attrs[met_key] = met
         if judgement.met is not None:
             attrs[sc.LLM_SIDECAR_OBJECTIVE_MET] = judgement.met
-    if t.streamed and t.ttft is not None:
-        attrs[sc.LLM_SIDECAR_CACHE_CLASS] = cache_class(t.input_tokens, t.cached_input_tokens).value
-    if t.first_tool_call is not None:
+    if t.cache is not None:  # a stream with a first token
+        attrs[sc.LLM_SIDECAR_CACHE_CLASS] = t.cache.value
+    if t.time_to_first_tool_call is not None:
         attrs[sc.LLM_SIDECAR_TTFTC] = t.time_to_first_tool_call
         attrs[sc.LLM_SIDECAR_TOOL_CALLS] = t.tool_call_count
-        attrs[sc.LLM_SIDECAR_TOOL_CALL_ASSEMBLY] = tuple(t.tool_call_assembly())
+        attrs[sc.LLM_SIDECAR_TOOL_CALL_ASSEMBLY] = t.tool_call_assembly
 
 
-def genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
+def genai_end_attributes(t: RequestSummary, attrs: dict[str, Any]) -> None:
     """The GenAI response and usage attributes and the sidecar's own figures of a GenAI call."""
     # gen_ai.request.stream is the request's own flag when its body was JSON; otherwise a
     # response read as a token stream proves the client asked for one.
@@ -89,7 +83,7 @@ def genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
         attrs[sc.GEN_AI_REQUEST_STREAM] = t.request_stream
     elif t.streamed:
         attrs[sc.GEN_AI_REQUEST_STREAM] = True
-    if t.first_byte is not None:
+    if t.ttfb is not None:  # the upstream's head came
         attrs[sc.LLM_SIDECAR_STREAMED] = t.streamed
     if t.streamed and t.ttft is not None:
         attrs[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = t.ttft
@@ -126,7 +120,7 @@ def genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
     ):
         if value is not None:
             attrs[key] = value
-    engine = getattr(t, "engine", None)
+    engine = t.engine
     if engine is not None:
         for key, value in (
             (sc.LLM_SIDECAR_ENGINE_LOAD, engine.load_seconds),
@@ -138,11 +132,11 @@ def genai_end_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
     where_time_went_attributes(t, attrs)
     if t.parse_errors:
         attrs[sc.LLM_SIDECAR_PARSE_ERRORS] = t.parse_errors
-    if t.stream_error is not None and t.stream_error.type:
-        attrs[sc.LLM_SIDECAR_STREAM_ERROR_TYPE] = bounded(t.stream_error.type, 64)
+    if t.stream_error_type:
+        attrs[sc.LLM_SIDECAR_STREAM_ERROR_TYPE] = bounded(t.stream_error_type, 64)
 
 
-def where_time_went_attributes(t: RequestTimeline, attrs: dict[str, Any]) -> None:
+def where_time_went_attributes(t: RequestSummary, attrs: dict[str, Any]) -> None:
     """Span attributes for the engine's queue time and the sidecar's own cost each way
     (the engine's load/prefill/decode are set beside the other figures)."""
     engine = t.engine

@@ -1,5 +1,5 @@
 """The request's span and its W3C context: a GenAI CLIENT span per proxied request, started
-in the client's trace, ended from the finished timeline, and the opt-in GenAI metrics recorded
+in the client's trace, ended from the finished request's summary, and the opt-in GenAI metrics recorded
 beside it.
 
 :class:`RequestTelemetry` is the proxy's :class:`~sidecar.measure.record.RequestTracer` (``start``
@@ -47,7 +47,7 @@ from .. import __version__
 from ..base.labels import OTHER as OTHER_MODEL, UNKNOWN as UNKNOWN_MODEL
 from ..base.outcomes import Outcome
 from ..base.routes import OTHER, ROUTES
-from ..measure.objectives import ObjectiveDefaults
+from ..measure.summary import RequestSummary
 from ..measure.timeline import RequestTimeline
 from . import semconv as sc
 from .otel_env import genai_latest_names
@@ -148,10 +148,8 @@ class RequestTelemetry:
         provider_name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         latest_genai_names: bool | None = None,
-        objectives: ObjectiveDefaults | None = None,
     ) -> None:
         self._provider_name = provider_name
-        self._objectives = objectives or ObjectiveDefaults()
         parts = urlsplit(upstream)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self._server: dict[str, Any] = {
@@ -288,9 +286,10 @@ class RequestTelemetry:
 
     # -- Recorder ---------------------------------------------------------------------------------
 
-    def record(self, t: RequestTimeline, model_label: str) -> None:
-        """End the span from the finished timeline, then record the OTel metrics."""
+    def record(self, t: RequestSummary) -> None:
+        """End the span from the finished request's summary, then record the OTel metrics."""
         handle = t.trace if isinstance(t.trace, _Trace) else None
+        model_label = t.model_label
         error_type = None
         try:
             error_type = error_type_of(t)
@@ -310,10 +309,10 @@ class RequestTelemetry:
                 _log.exception("otel_metrics_failed")
 
     def _end_span(
-        self, t: RequestTimeline, handle: _Trace, error_type: str | None, model_label: str = ""
+        self, t: RequestSummary, handle: _Trace, error_type: str | None, model_label: str = ""
     ) -> None:
         span = handle.span
-        end_ns = handle.ns(t.end) if t.end is not None else None
+        end_ns = handle.ns(t.end)
         if not span.is_recording():
             span.end(end_time=end_ns)
             return
@@ -326,8 +325,7 @@ class RequestTelemetry:
             # The model may have earned its label as the request finished (sidecar/base/labels.py).
             span.update_name(f"{route.operation} {model_label}")
         attrs: dict[str, Any] = {}
-        outcome = t.outcome.value if t.outcome is not None else Outcome.ERROR.value
-        attrs[sc.LLM_SIDECAR_OUTCOME] = outcome
+        attrs[sc.LLM_SIDECAR_OUTCOME] = t.outcome.value
         if t.outcome is Outcome.CANCELLED:
             attrs[sc.LLM_SIDECAR_CANCELLED] = True
         if t.status is not None:
@@ -336,7 +334,7 @@ class RequestTelemetry:
             attrs[sc.ERROR_TYPE] = error_type
         if t.route != OTHER.template:
             genai_end_attributes(t, attrs)
-            objective_attributes(t, attrs, self._objectives)
+            objective_attributes(t, attrs)
         span.set_attributes(attrs)
         if t.first_token is not None:
             kind = t.first_token_kind.value if t.first_token_kind is not None else "answer"
@@ -349,12 +347,12 @@ class RequestTelemetry:
             span.add_event(sc.EVENT_FIRST_ANSWER_TOKEN, timestamp=handle.ns(t.first_answer_token))
         if error_type is not None:
             # The description is the sidecar's own cause; a bare HTTP status needs none.
-            described = t.outcome is Outcome.ERROR and t.error_type not in (None, "upstream_status")
+            described = t.outcome is Outcome.ERROR and t.error_type != "upstream_status"
             span.set_status(Status(StatusCode.ERROR, t.error_type if described else None))
         span.end(end_time=end_ns)
 
     def _record_metrics(
-        self, t: RequestTimeline, label: str, handle: _Trace | None, error_type: str | None
+        self, t: RequestSummary, label: str, handle: _Trace | None, error_type: str | None
     ) -> None:
         """The GenAI metrics' attributes of one finished request, then its measurements
         (:meth:`~sidecar.export.otel_genai_metrics.GenAIInstruments.record`)."""
@@ -380,4 +378,4 @@ class RequestTelemetry:
             if handle is not None and t.trace_id
             else None
         )
-        ins.record(t, attrs, error_type, self._objectives, ctx)
+        ins.record(t, attrs, error_type, ctx)

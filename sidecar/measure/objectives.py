@@ -36,10 +36,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from ..base.outcomes import Outcome
-from ..base.routes import ROUTES
-from .timeline import RequestTimeline
+from typing import NamedTuple
 
 __all__ = [
     "TTFT_HEADER",
@@ -109,7 +106,14 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 def read_objectives(headers: Mapping[str, str]) -> RequestObjectives | None:
     """The request's objectives, or None when it sent no objective header (nearly every
-    request: four lookups, nothing built)."""
+    request: four membership tests, nothing built)."""
+    if (
+        TTFT_HEADER not in headers
+        and TTFT_HEADER_FIRST not in headers
+        and TPOT_HEADER not in headers
+        and TPOT_HEADER_FIRST not in headers
+    ):
+        return None
     raw_ttft = _header(headers, TTFT_HEADER)
     if raw_ttft is None:
         raw_ttft = _header(headers, TTFT_HEADER_FIRST)
@@ -145,8 +149,7 @@ class ObjectiveDefaults:
         return (self.ttft if ttft is None else ttft), (self.tpot if tpot is None else tpot)
 
 
-@dataclass(frozen=True, slots=True)
-class Judgement:
+class Judgement(NamedTuple):
     """One request's objectives (seconds), where each came from, and the verdicts (None:
     not judged; see the module doc)."""
 
@@ -160,38 +163,45 @@ class Judgement:
 
     def verdicts(self) -> tuple[tuple[str, bool], ...]:
         """``(objective, met)`` for each judged objective, ``all`` last."""
-        return tuple(
-            (name, value)
-            for name, value in (("ttft", self.ttft_met), ("tpot", self.tpot_met), ("all", self.met))
-            if value is not None
-        )
+        out: tuple[tuple[str, bool], ...] = ()
+        if self.ttft_met is not None:
+            out = (("ttft", self.ttft_met),)
+        if self.tpot_met is not None:
+            out += (("tpot", self.tpot_met),)
+        if self.met is not None:
+            out += (("all", self.met),)
+        return out
 
 
-def judge(t: RequestTimeline, defaults: ObjectiveDefaults) -> Judgement | None:
-    """The verdicts of a finished request, or None when it is not judged (not an API route,
-    not a stream, or no objective applies)."""
-    if t.route not in ROUTES or not (t.streamed or t.request_stream):
-        return None
-    asked = t.objectives if isinstance(t.objectives, RequestObjectives) else None
-    default_ttft, default_tpot = defaults.for_model(t.model)
+def judge(
+    defaults: ObjectiveDefaults,
+    model: str,
+    asked: RequestObjectives | None,
+    ttft: float | None,
+    tpot: float | None,
+    e2e: float,
+    cancelled: bool,
+    served: bool,
+) -> Judgement | None:
+    """The verdicts of a finished streamed API request (sidecar/measure/summary.py asks only
+    for those) of ``model`` that asked for ``asked`` (None: no objective header), with its
+    TTFT, TPOT and end-to-end seconds, whether its client left (``cancelled``) and whether it
+    was ``served`` (ok with a 2xx); None when no objective applies."""
+    default_ttft, default_tpot = defaults.for_model(model)
     ttft_obj = asked.ttft if asked is not None and asked.ttft is not None else default_ttft
     tpot_obj = asked.tpot if asked is not None and asked.tpot is not None else default_tpot
     if ttft_obj is None and tpot_obj is None:
         return None
     ttft_met = tpot_met = None
     if ttft_obj is not None:
-        ttft = t.ttft
         if ttft is not None:
             ttft_met = ttft <= ttft_obj
-        elif t.outcome is not Outcome.CANCELLED or (t.e2e is not None and t.e2e > ttft_obj):
+        elif not cancelled or e2e > ttft_obj:
             ttft_met = False  # no token ever came, or the objective had passed when the client left
-    if tpot_obj is not None:
-        tpot = t.tpot
-        if tpot is not None:
-            tpot_met = tpot <= tpot_obj
+    if tpot_obj is not None and tpot is not None:
+        tpot_met = tpot <= tpot_obj
     met = None
     if ttft_met is not None or tpot_met is not None:
-        served = t.outcome is Outcome.OK and t.status is not None and 200 <= t.status < 300
         met = served and ttft_met is not False and tpot_met is not False
     return Judgement(
         ttft_obj,

@@ -21,9 +21,10 @@ from multidict import CIMultiDict
 from ..base.outcomes import Outcome, Verdict
 from ..base.routes import Route
 from .concurrency import DecodeConcurrency
-from .objectives import read_objectives
+from .objectives import ObjectiveDefaults, read_objectives
 from .observe import ResponseObserver
 from .request_fields import RequestFields
+from .summary import NO_DEFAULTS, RequestSummary, summarize
 from .timeline import RequestTimeline
 
 __all__ = [
@@ -38,8 +39,8 @@ __all__ = [
 
 _log = structlog.get_logger("sidecar.proxy")
 
-Recorder = Callable[[RequestTimeline, str], None]
-"""Called once per finished request with the timeline and its bounded model label."""
+Recorder = Callable[[RequestSummary], None]
+"""Called once per finished request with its summary (sidecar/measure/summary.py)."""
 
 
 class RequestTracer(Protocol):
@@ -128,7 +129,8 @@ class RecordBook:
     """Opens and closes every request's record (the module doc). ``on_start``/``on_end``:
     the in-flight gauge, by model label and route; ``decode_tracker``: streams decoding per
     model label; ``ledger``: a pod worker's requests in flight;
-    ``max_json_bytes``/``max_line_bytes``: how much of a response is read.
+    ``max_json_bytes``/``max_line_bytes``: how much of a response is read; ``objectives``:
+    the objectives a streamed request is judged against where its headers ask for none.
     ``in_flight`` counts the records open (the drain waits for it to reach 0); ``open_records``
     holds them, for the live view read at scrape time (sidecar/export/in_flight.py), and
     ``last_completed`` is when the upstream last answered a request whole (ok and 2xx: an
@@ -147,6 +149,7 @@ class RecordBook:
         ledger: InFlightLedger | None = None,
         max_json_bytes: int = 16 << 20,
         max_line_bytes: int | None = None,
+        objectives: ObjectiveDefaults = NO_DEFAULTS,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._model_label = model_label
@@ -159,6 +162,7 @@ class RecordBook:
         self._ledger = ledger
         self._max_json_bytes = max_json_bytes
         self._max_line_bytes = max_line_bytes
+        self._objectives = objectives
         self.clock = clock
         self.in_flight = 0
         self.open_records: set[RequestRecord] = set()
@@ -199,7 +203,10 @@ class RecordBook:
         self.in_flight += 1
         self.open_records.add(record)
         if self._on_start is not None:
-            _safely(self._on_start, label, route.template)
+            try:
+                self._on_start(label, route.template)
+            except Exception:  # telemetry never breaks the relay
+                _failed(self._on_start)
         if tenants is not None and timeline.tenant:
             # Held until the verdict, like the model label (sidecar/base/labels.py, ``hold``):
             # an idle expiry mid-stream would drop the tenant's series under a running request.
@@ -238,15 +245,19 @@ class RecordBook:
 
     def close(self, record: RequestRecord, verdict: Verdict) -> None:
         """The verdict on a request, given once: its labels released (the in-flight gauge
-        under the label it began with), then its timeline finished, its labels settled and
-        the record handed to every recorder. A second verdict changes nothing."""
+        under the label it began with), then its timeline finished, its labels settled, its
+        summary made (once: sidecar/measure/summary.py) and handed to every recorder. A second
+        verdict changes nothing."""
         if record.closed:
             return
         record.closed = True
         self.in_flight -= 1
         self.open_records.discard(record)
         if self._on_end is not None:
-            _safely(self._on_end, record.label, record.route)
+            try:
+                self._on_end(record.label, record.route)
+            except Exception:  # telemetry never breaks the relay
+                _failed(self._on_end)
         tenants = self._tenant_label
         if record.tenant_held is not None and tenants is not None:
             _safely(tenants.release, record.tenant_held)
@@ -259,8 +270,16 @@ class RecordBook:
                 self.last_completed = now
             model = record.model or timeline.model or None  # a streamed body's model comes late
             label = self._settled(model, record.label, record.headers, timeline)
+            try:
+                summary = summarize(timeline, label, self._objectives)
+            except Exception:  # telemetry never breaks the relay
+                _log.exception("summary_failed")
+                return
             for recorder in self._recorders:
-                _safely(recorder, timeline, label)
+                try:
+                    recorder(summary)
+                except Exception:  # telemetry never breaks the relay
+                    _failed(recorder)
 
     def _settled(
         self, model: str | None, label: str, headers: Mapping[str, str], timeline: RequestTimeline
@@ -281,4 +300,9 @@ def _safely(fn: Callable[..., object], *args: object) -> None:
     try:
         fn(*args)
     except Exception:  # telemetry never breaks the relay
-        _log.exception("recorder_failed", recorder=getattr(fn, "__qualname__", repr(fn)))
+        _failed(fn)
+
+
+def _failed(fn: Callable[..., object]) -> None:
+    """Log the exception being handled, raised by ``fn``."""
+    _log.exception("recorder_failed", recorder=getattr(fn, "__qualname__", repr(fn)))

@@ -13,6 +13,7 @@ from sidecar.base.outcomes import Outcome
 from sidecar.export.capacity import CapacityMetrics
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.concurrency import BANDS, DecodeConcurrency, band
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import TokenKind, Tokens
 
@@ -78,8 +79,8 @@ def run_phase(
             heapq.heappush(heap, (at + gap, i, k + 1))
         else:
             t.finish(Outcome.OK, at)
-            metrics.record(t, "m")
-            capacity.record(t, "m")
+            metrics.record(summarize(t, "m"))
+            capacity.record(summarize(t, "m"))
             end = at
     return end + 1.0
 
@@ -254,7 +255,8 @@ def test_a_requests_gaps_land_in_the_band_of_each_gap_in_one_band_or_many(stream
     capacity = CapacityMetrics(reg)
     t = RequestTimeline(100.0, "POST", "/v1/chat/completions", "m")
     t.add_tokens(len(gaps), gaps, array("I", streams), 101.0, None)
-    capacity.record(t, "m")
+    t.finish(Outcome.OK, 101.5)
+    capacity.record(summarize(t, "m"))
     expected: dict[str, list[float]] = {}
     for gap, n in zip(gaps, streams, strict=True):
         expected.setdefault(band(n), []).append(gap)

@@ -28,6 +28,7 @@ from sidecar.base.outcomes import Outcome
 from sidecar.base.routes import ROUTES
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.observe import ResponseObserver
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.dialects import dialect_of
 from sidecar.streams.protocols.events import (
@@ -95,7 +96,7 @@ def prop_observer(template: str, data: bytes, cuts: list[int], max_line: int | N
         timeline.e2e,
         timeline.output_tokens,
     )
-    SidecarMetrics(CollectorRegistry()).record(timeline, "m")
+    SidecarMetrics(CollectorRegistry()).record(summarize(timeline, "m"))
 
 
 def prop_json(template: str, data: bytes) -> None:

@@ -17,6 +17,7 @@ from sidecar.base.outcomes import Outcome
 from sidecar.base.routes import OTHER, ROUTES, match_route
 from sidecar.config import Settings
 from sidecar.export.metrics import SidecarMetrics, SLOThresholds
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import TokenKind, Usage
 from tests.support.timelines import ROUTE, streamed
@@ -37,7 +38,7 @@ def test_streamed_request_feeds_every_histogram():
         usage=Usage(input_tokens=10, output_tokens=4, cached_input_tokens=3),
     )
     m.ended("m", ROUTE)
-    m.record(t, "m")
+    m.record(summarize(t, "m"))
     mr = {"model": "m", "route": ROUTE}
     get = reg.get_sample_value
     assert get("llm_requests_in_flight", mr) == 0
@@ -76,7 +77,7 @@ def test_reasoning_first_feeds_time_to_first_answer_token():
     t = streamed(
         [100.1, 100.2, 100.9], kinds=[TokenKind.REASONING, TokenKind.REASONING, TokenKind.ANSWER]
     )
-    m.record(t, "m")
+    m.record(summarize(t, "m"))
     mr = {"model": "m", "route": ROUTE}
     assert reg.get_sample_value(
         "llm_time_to_first_token_seconds_sum", {"model": "m", "prompt_class": "all"}
@@ -100,7 +101,7 @@ def test_reasoning_first_feeds_time_to_first_answer_token():
 def test_goodput_needs_every_objective_at_once(times, end, outcome, expected):
     m, reg = make(SLOThresholds(0.5, 0.1, 10.0))
     m.started("m", ROUTE)
-    m.record(streamed(times, outcome=outcome, end=end), "m")
+    m.record(summarize(streamed(times, outcome=outcome, end=end), "m"))
     assert (
         reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE}) or 0
     ) == expected
@@ -112,7 +113,7 @@ def test_a_fast_4xx_is_not_goodput():
     t.response_started(100.01, 429, streamed=False)
     t.finish(Outcome.OK, 100.02)
     m.started("m", ROUTE)
-    m.record(t, "m")
+    m.record(summarize(t, "m"))
     assert (
         reg.get_sample_value("llm_requests_within_slo_total", {"model": "m", "route": ROUTE})
         is None
@@ -125,7 +126,7 @@ def test_failed_before_response_gets_a_code():
         t = RequestTimeline(1.0, "POST", ROUTE, "m")
         t.finish(outcome, 2.0)
         m.started("m", ROUTE)
-        m.record(t, "m")
+        m.record(summarize(t, "m"))
         # No cause given (the proxy always gives one): the error_type label's guard value.
         labels = {
             "model": "m",
@@ -159,7 +160,7 @@ def test_tokens_help_text_says_where_counts_come_from():
 def test_token_count_source_one_per_request(usage, source):
     m, reg = make()
     m.started("m", ROUTE)
-    m.record(streamed([100.2, 100.3], usage=usage), "m")
+    m.record(summarize(streamed([100.2, 100.3], usage=usage), "m"))
     get = reg.get_sample_value
     mr = {"model": "m", "route": ROUTE}
     assert get("llm_token_count_source_total", {**mr, "source": source}) == 1
@@ -181,7 +182,7 @@ def test_token_count_source_none_for_json_without_usage_and_absent_off_api_route
         t.response_started(100.1, 200, streamed=False)
         t.finish(Outcome.OK, 100.2)
         m.started("m", route)
-        m.record(t, "m")
+        m.record(summarize(t, "m"))
     assert (
         reg.get_sample_value(
             "llm_token_count_source_total", {"model": "m", "route": ROUTE, "source": "none"}

@@ -19,6 +19,7 @@ from sidecar.base.buckets import ITL_BUCKETS, TOKEN_COUNT_BUCKETS
 from sidecar.base.outcomes import Outcome
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.export.prometheus_internals import observe_many, observe_one, observe_repeated
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import TokenKind, Tokens
 from tests.support.timelines import per_token_gaps
@@ -223,7 +224,7 @@ def test_record_itl_matches_per_gap_observe():
         t.events([Tokens(TokenKind.ANSWER, 1 + i % 3)], at)
     t.finish(Outcome.OK, at)
     reg = CollectorRegistry()
-    SidecarMetrics(reg).record(t, "m")
+    SidecarMetrics(reg).record(summarize(t, "m"))
     ref_reg = CollectorRegistry()
     ref = Histogram(
         "inter_token_latency_seconds",

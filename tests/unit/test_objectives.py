@@ -21,10 +21,10 @@ from sidecar.measure.cache_class import CacheClass, cache_class
 from sidecar.measure.objectives import (
     ObjectiveDefaults,
     RequestObjectives,
-    judge,
     parse_objective_ms,
     read_objectives,
 )
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.anthropic import AnthropicStreamDialect
 from sidecar.streams.protocols.events import TokenKind, Tokens, Usage
@@ -173,7 +173,9 @@ DEFAULTS = ObjectiveDefaults(2.0, 0.1)
 
 
 def test_header_objectives_win_over_defaults():
-    j = judge(stream(0.5, [0.05] * 4, asked=RequestObjectives(0.3, 0.06)), DEFAULTS)
+    j = summarize(
+        stream(0.5, [0.05] * 4, asked=RequestObjectives(0.3, 0.06)), "m", DEFAULTS
+    ).judgement
     assert (j.ttft_objective, j.tpot_objective, j.ttft_from_header, j.tpot_from_header) == (
         0.3,
         0.06,
@@ -184,7 +186,7 @@ def test_header_objectives_win_over_defaults():
 
 
 def test_without_headers_the_defaults_judge():
-    j = judge(stream(0.5, [0.05] * 4), DEFAULTS)
+    j = summarize(stream(0.5, [0.05] * 4), "m", DEFAULTS).judgement
     assert (j.ttft_objective, j.ttft_from_header, j.ttft_met, j.tpot_met, j.met) == (
         2.0,
         False,
@@ -195,23 +197,30 @@ def test_without_headers_the_defaults_judge():
 
 
 def test_no_token_is_a_ttft_miss_but_no_tpot_verdict():
-    j = judge(stream(None, [], outcome=Outcome.ERROR, status=200, end=0.2), DEFAULTS)
+    j = summarize(
+        stream(None, [], outcome=Outcome.ERROR, status=200, end=0.2), "m", DEFAULTS
+    ).judgement
     assert (j.ttft_met, j.tpot_met, j.met) == (False, None, False)
 
 
 def test_a_client_that_left_early_is_not_judged():
-    assert judge(stream(None, [], outcome=Outcome.CANCELLED, end=0.2), DEFAULTS).verdicts() == ()
-    late = judge(stream(None, [], outcome=Outcome.CANCELLED, end=3.0), DEFAULTS)
+    assert (
+        summarize(
+            stream(None, [], outcome=Outcome.CANCELLED, end=0.2), "m", DEFAULTS
+        ).judgement.verdicts()
+        == ()
+    )
+    late = summarize(stream(None, [], outcome=Outcome.CANCELLED, end=3.0), "m", DEFAULTS).judgement
     assert late.verdicts() == (("ttft", False), ("all", False))
 
 
 def test_one_token_has_no_tpot_verdict():
-    j = judge(stream(0.1, []), DEFAULTS)
+    j = summarize(stream(0.1, []), "m", DEFAULTS).judgement
     assert j.verdicts() == (("ttft", True), ("all", True))
 
 
 def test_an_error_after_good_timings_is_not_goodput():
-    j = judge(stream(0.1, [0.01, 0.01], outcome=Outcome.ERROR), DEFAULTS)
+    j = summarize(stream(0.1, [0.01, 0.01], outcome=Outcome.ERROR), "m", DEFAULTS).judgement
     assert j.verdicts() == (("ttft", True), ("tpot", True), ("all", False))
 
 
@@ -219,18 +228,22 @@ def test_non_streams_and_other_routes_are_not_judged():
     t = RequestTimeline(0.0, "POST", ROUTE, "m")
     t.response_started(0.1, 200, streamed=False)
     t.finish(Outcome.OK, 0.2)
-    assert judge(t, DEFAULTS) is None
+    assert summarize(t, "m", DEFAULTS).judgement is None
     health = stream(0.1, [0.01])
     health.route = "other"
-    assert judge(health, DEFAULTS) is None
-    assert judge(stream(0.1, [0.01]), ObjectiveDefaults()) is None
+    assert summarize(health, "m", DEFAULTS).judgement is None
+    assert summarize(stream(0.1, [0.01]), "m", ObjectiveDefaults()).judgement is None
 
 
 def test_metrics_count_verdicts_and_invalid_headers():
     registry = CollectorRegistry()
-    metrics = SidecarMetrics(registry, objectives=DEFAULTS)
-    metrics.record(stream(0.5, [0.05] * 3, asked=RequestObjectives(0.3, None, ("tpot",))), "m")
-    metrics.record(stream(0.2, [0.05] * 3), "m")
+    metrics = SidecarMetrics(registry)
+    metrics.record(
+        summarize(
+            stream(0.5, [0.05] * 3, asked=RequestObjectives(0.3, None, ("tpot",))), "m", DEFAULTS
+        )
+    )
+    metrics.record(summarize(stream(0.2, [0.05] * 3), "m", DEFAULTS))
     value = lambda objective, result: registry.get_sample_value(  # noqa: E731
         "llm_request_objectives_total",
         {"model": "m", "route": ROUTE, "objective": objective, "result": result},
@@ -250,9 +263,7 @@ def test_span_carries_objectives_verdicts_cache_class_and_tool_calls():
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry = RequestTelemetry(
-        "http://127.0.0.1:8000", tracer_provider=provider, objectives=DEFAULTS
-    )
+    telemetry = RequestTelemetry("http://127.0.0.1:8000", tracer_provider=provider)
     t = RequestTimeline(0.0, "POST", ROUTE, "m")
     t.objectives = RequestObjectives(0.3, None, ("tpot",))
     t.request_stream = True
@@ -262,7 +273,7 @@ def test_span_carries_objectives_verdicts_cache_class_and_tool_calls():
     for i, chunk in enumerate(load("openai", "built_vllm_parallel_tools.txt").split(b"\n\n")):
         t.events(d.feed(chunk + b"\n\n"), 0.1 * (i + 1))
     t.finish(Outcome.OK, 2.0)
-    telemetry.record(t, "m")
+    telemetry.record(summarize(t, "m", DEFAULTS))
     (span,) = exporter.get_finished_spans()
     a = span.attributes
     assert (
@@ -332,7 +343,7 @@ def test_ttft_by_cache_class_from_each_dialects_usage(folder, name, make, cls):
     t.response_started(0.01, 200, streamed=True)
     t.events(run_whole(make, load(folder, name)), 0.25)
     t.finish(Outcome.OK, 0.5)
-    metrics.record(t, "m")
+    metrics.record(summarize(t, "m"))
     got = {
         c: registry.get_sample_value(
             "llm_time_to_first_token_by_cache_seconds_count", {"model": "m", "cache": c}

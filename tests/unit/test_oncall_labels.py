@@ -23,6 +23,7 @@ from sidecar.base.outcomes import (
     verdict_of,
 )
 from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import MAX_FINISH_REASONS, RequestTimeline
 from sidecar.streams.protocols.events import ResponseInfo
 
@@ -168,7 +169,7 @@ def test_a_hostile_count_of_finish_reasons_is_capped_per_request():
     t.response_started(1.1, 200, streamed=True)
     t.events([ResponseInfo(finish_reasons=("length",) * 10_000)], 1.2)
     t.finish(Outcome.OK, 1.3)
-    m.record(t, "m")
+    m.record(summarize(t, "m"))
     got = m.registry.get_sample_value(
         "llm_finish_reasons_total",
         {"model": "m", "route": "/v1/chat/completions", "finish_reason": "length"},

@@ -20,6 +20,7 @@ from sidecar.export import semconv as sc
 from sidecar.export.metrics import SidecarMetrics
 from sidecar.export.spans import RequestTelemetry
 from sidecar.measure.objectives import ObjectiveDefaults, RequestObjectives
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.openai import OpenAIStreamDialect
 from tests.fixtures.streams.harness import load
@@ -57,10 +58,9 @@ def record(t: RequestTimeline, *, latest: bool) -> dict[str, list]:
     telemetry = RequestTelemetry(
         "http://127.0.0.1:8000",
         meter_provider=meters,
-        objectives=DEFAULTS,
         latest_genai_names=latest,
     )
-    telemetry.record(t, "m")
+    telemetry.record(summarize(t, "m", DEFAULTS))
     out = metric_points(reader)
     meters.shutdown()
     return out
@@ -113,7 +113,7 @@ def test_the_same_figures_as_the_prometheus_families():
     t = streamed("built_vllm_parallel_tools.txt")
     got = record(t, latest=False)
     registry = CollectorRegistry()
-    SidecarMetrics(registry, objectives=DEFAULTS).record(t, "m")
+    SidecarMetrics(registry).record(summarize(t, "m", DEFAULTS))
     labels = {"model": "m", "route": ROUTE}
     per_model = {"model": "m"}  # the Prometheus distributions are per model
     prom = registry.get_sample_value

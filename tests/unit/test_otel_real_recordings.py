@@ -14,6 +14,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from sidecar.export import semconv as sc
 from sidecar.export.spans import RequestTelemetry
+from sidecar.measure.summary import summarize
 from tests.real.wire import content_events, json_events, reported_usage
 from tests.support.recordings import STREAMS, meta, replay
 from tests.support.samples import metric_points
@@ -32,7 +33,9 @@ def test_one_observation_per_chunk_after_the_first(path: Path):
     timeline, _ = replay(path, sse_events(body))
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
-    RequestTelemetry("http://127.0.0.1:8000", meter_provider=meters).record(timeline, "tiny")
+    RequestTelemetry("http://127.0.0.1:8000", meter_provider=meters).record(
+        summarize(timeline, "tiny")
+    )
     got = metric_points(reader)
     events = json_events(body, streamed=True)
     chunks = content_events(events)

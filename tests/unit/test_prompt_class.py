@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.base.prompt_class import MAX_BOUNDS, PromptClasses, parse_bounds
 from sidecar.config import ConfigError, load_settings
 from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.summary import summarize
 from sidecar.streams.protocols.events import Usage
 from tests.support.timelines import ROUTE, streamed
 
@@ -67,7 +68,7 @@ def test_cardinality_is_bounded_whatever_the_prompts():
     for n in [None, *range(0, 20000, 97)]:
         usage = None if n is None else Usage(input_tokens=n, output_tokens=4)
         m.started("m", ROUTE)
-        m.record(streamed([100.2, 100.25, 100.3, 100.4], usage=usage), "m")
+        m.record(summarize(streamed([100.2, 100.25, 100.3, 100.4], usage=usage), "m"))
     seen = {
         s.labels["prompt_class"]
         for fam in reg.collect()

@@ -7,6 +7,7 @@ import structlog
 
 from sidecar.base.outcomes import Outcome
 from sidecar.export.logs import RequestLogger
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import RequestTimeline
 
 
@@ -33,7 +34,7 @@ def finished(
 )
 def test_level_follows_outcome(status, outcome, error_type, level):
     with structlog.testing.capture_logs() as logs:
-        RequestLogger()(finished(status, outcome, error_type), "m")
+        RequestLogger()(summarize(finished(status, outcome, error_type), "m"))
     (line,) = logs
     assert (line["log_level"], line["outcome"], line["error"]) == (level, outcome.value, error_type)
     assert line["tokens_source"] == "none"

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.base.outcomes import Outcome
 from sidecar.export.metrics import SidecarMetrics
+from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import MAX_TOOL_CALLS, RequestTimeline
 from sidecar.streams.protocols.anthropic import AnthropicStreamDialect
 from sidecar.streams.protocols.events import TokenKind, Tokens, ToolCallDelta
@@ -69,7 +70,7 @@ def recorded(name: str) -> CollectorRegistry:
     """A fresh registry after recording the OpenAI fixture ``name`` as model ``m``."""
     registry = CollectorRegistry()
     t, _ = timeline_of("openai", name, OpenAIStreamDialect)
-    SidecarMetrics(registry).record(t, "m")
+    SidecarMetrics(registry).record(summarize(t, "m"))
     return registry
 
 
