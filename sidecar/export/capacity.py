@@ -24,11 +24,11 @@ from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.summary import RequestSummary
 from .prometheus_internals import (
     Children,
+    Count,
+    Observed,
+    count_of,
     drop_label_value,
-    increment,
     label_children,
-    observe_many,
-    observe_repeated,
     samples_per_child,
 )
 
@@ -70,8 +70,8 @@ class CapacityMetrics:
             "Wall seconds with at least one stream of the model decoding, by decode-concurrency band.",
             mc, **h,
         )  # fmt: skip
-        self.c_itl: Children[BandLabels, Histogram] = Children(self.itl)
-        self.c_tokens: Children[BandLabels, Counter] = Children(self.tokens)
+        self.c_itl: Children[BandLabels, Observed] = Children(self.itl, Observed)
+        self.c_tokens: Children[BandLabels, Count] = Children(self.tokens, count_of)
         self._made: dict[str, set[str]] = {}  # model label -> bands whose series exist
         self.trackers = DecodeTrackers(self._sink_for)
 
@@ -158,10 +158,10 @@ class CapacityMetrics:
             # Python step per gap.
             labels: BandLabels = {"model": model_label, "concurrency": lowest}
             itl = self.c_itl.get(labels)
-            observe_many(itl, gaps)
+            itl.observe_many(gaps)
             for index, count in runs:
-                observe_repeated(itl, gaps[index], count - 1)
-            increment(self.c_tokens.get(labels), t.gap_count)
+                itl.observe_repeated(gaps[index], count - 1)
+            self.c_tokens.get(labels).add(t.gap_count)
             return
         by_band: dict[str, list[float]] = {}
         for gap, n in zip(gaps, streams, strict=True):
@@ -173,9 +173,9 @@ class CapacityMetrics:
                 values.append(gap)
         for b, values in by_band.items():
             labels = {"model": model_label, "concurrency": b}
-            observe_many(self.c_itl.get(labels), values)
-            increment(self.c_tokens.get(labels), len(values))
+            self.c_itl.get(labels).observe_many(values)
+            self.c_tokens.get(labels).add(len(values))
         for index, count in runs:  # k tokens of one event: the surplus of their one entry
             labels = {"model": model_label, "concurrency": band(streams[index])}
-            observe_repeated(self.c_itl.get(labels), gaps[index], count - 1)
-            increment(self.c_tokens.get(labels), count - 1)
+            self.c_itl.get(labels).observe_repeated(gaps[index], count - 1)
+            self.c_tokens.get(labels).add(count - 1)

@@ -27,14 +27,13 @@ from .capacity import CapacityMetrics
 from .families import FAMILIES
 from .prometheus_internals import (
     Children,
+    Count,
+    Observed,
     SeriesGate,
+    count_of,
     drop_label_value,
-    increment,
     is_labelled_parent,
     label_names,
-    observe_many,
-    observe_one,
-    observe_repeated,
 )
 
 __all__ = [
@@ -282,8 +281,8 @@ class SidecarMetrics:
         for family in FAMILIES:
             setattr(self, family.attr, family.make(registry, tenants))
         self._children_of()
-        self._overhead_request = self.overhead.labels("request")
-        self._overhead_response = self.overhead.labels("response")
+        self._overhead_request = Observed(self.overhead.labels("request"))
+        self._overhead_response = Observed(self.overhead.labels("response"))
         # Made now, at 0, and never removed: counting a refusal must not itself need a
         # series when the budget is full (and the rate of it counts the first refusal).
         self._refused_children = {
@@ -291,7 +290,7 @@ class SidecarMetrics:
         }
         # In-flight gauge children a request started under when its own series was refused
         # (the gate gave the 'other' row): the request ends on the same child.
-        self._in_flight_folded: dict[tuple[str, str], list[Gauge]] = {}
+        self._in_flight_folded: dict[tuple[str, str], list[Count]] = {}
         self._own_health(registry, version)
         self.capacity = CapacityMetrics(registry) if capacity else None
         self.gate: SeriesGate | None = None
@@ -313,47 +312,61 @@ class SidecarMetrics:
 
     def _children_of(self) -> None:
         """Each family's children, resolved once per label set (:class:`Children`)."""
-        self.c_requests: Children[RequestLabels, Counter] = Children(self.requests)
-        self.c_finish_reasons: Children[FinishReasonLabels, Counter] = Children(self.finish_reasons)
-        self.c_non_api: Children[NonApiLabels, Counter] = Children(self.non_api)
-        self.c_in_flight: Children[ModelRouteLabels, Gauge] = Children(self.in_flight)
-        self.c_duration: Children[DurationLabels, Histogram] = Children(self.duration)
-        self.c_ttfb: Children[ModelOnly, Histogram] = Children(self.ttfb)
-        self.c_ttft: Children[TtftLabels, Histogram] = Children(self.ttft)
-        self.c_ttfat: Children[ModelOnly, Histogram] = Children(self.ttfat)
-        self.c_itl: Children[ModelOnly, Histogram] = Children(self.itl)
-        self.c_tpot: Children[ModelOnly, Histogram] = Children(self.tpot)
-        self.c_tps: Children[ModelOnly, Histogram] = Children(self.tps)
-        self.c_tokens: Children[TokenLabels, Counter] = Children(self.tokens)
-        self.c_request_tokens: Children[RequestTokenLabels, Histogram] = Children(
-            self.request_tokens
+        self.c_requests: Children[RequestLabels, Count] = Children(self.requests, count_of)
+        self.c_finish_reasons: Children[FinishReasonLabels, Count] = Children(
+            self.finish_reasons, count_of
         )
-        self.c_within_slo: Children[ModelRouteTenantLabels, Counter] = Children(self.within_slo)
-        self.c_request_objectives: Children[ObjectiveLabels, Counter] = Children(
-            self.request_objectives
+        self.c_non_api: Children[NonApiLabels, Count] = Children(self.non_api, count_of)
+        self.c_in_flight: Children[ModelRouteLabels, Count] = Children(self.in_flight, count_of)
+        self.c_duration: Children[DurationLabels, Observed] = Children(self.duration, Observed)
+        self.c_ttfb: Children[ModelOnly, Observed] = Children(self.ttfb, Observed)
+        self.c_ttft: Children[TtftLabels, Observed] = Children(self.ttft, Observed)
+        self.c_ttfat: Children[ModelOnly, Observed] = Children(self.ttfat, Observed)
+        self.c_itl: Children[ModelOnly, Observed] = Children(self.itl, Observed)
+        self.c_tpot: Children[ModelOnly, Observed] = Children(self.tpot, Observed)
+        self.c_tps: Children[ModelOnly, Observed] = Children(self.tps, Observed)
+        self.c_tokens: Children[TokenLabels, Count] = Children(self.tokens, count_of)
+        self.c_request_tokens: Children[RequestTokenLabels, Observed] = Children(
+            self.request_tokens, Observed
         )
-        self.c_request_objective_invalid: Children[ObjectiveInvalidLabels, Counter] = Children(
-            self.request_objective_invalid
+        self.c_within_slo: Children[ModelRouteTenantLabels, Count] = Children(
+            self.within_slo, count_of
         )
-        self.c_ttft_by_cache: Children[CacheLabels, Histogram] = Children(self.ttft_by_cache)
-        self.c_time_to_first_tool_call: Children[ModelOnly, Histogram] = Children(
-            self.time_to_first_tool_call
+        self.c_request_objectives: Children[ObjectiveLabels, Count] = Children(
+            self.request_objectives, count_of
         )
-        self.c_tool_call_assembly: Children[ModelOnly, Histogram] = Children(
-            self.tool_call_assembly
+        self.c_request_objective_invalid: Children[ObjectiveInvalidLabels, Count] = Children(
+            self.request_objective_invalid, count_of
         )
-        self.c_tool_calls_per_response: Children[ModelOnly, Histogram] = Children(
-            self.tool_calls_per_response
+        self.c_ttft_by_cache: Children[CacheLabels, Observed] = Children(
+            self.ttft_by_cache, Observed
         )
-        self.c_upstream_load: Children[ModelOnly, Histogram] = Children(self.upstream_load)
-        self.c_upstream_prefill: Children[ModelOnly, Histogram] = Children(self.upstream_prefill)
-        self.c_upstream_decode: Children[ModelOnly, Histogram] = Children(self.upstream_decode)
-        self.c_upstream_queue: Children[ModelOnly, Histogram] = Children(self.upstream_queue)
-        self.c_parse_errors: Children[RouteOnly, Counter] = Children(self.parse_errors)
-        self.c_token_count_source: Children[SourceLabels, Counter] = Children(
-            self.token_count_source
+        self.c_time_to_first_tool_call: Children[ModelOnly, Observed] = Children(
+            self.time_to_first_tool_call, Observed
         )
-        self.c_label_overflow: Children[OverflowLabels, Counter] = Children(self.label_overflow)
+        self.c_tool_call_assembly: Children[ModelOnly, Observed] = Children(
+            self.tool_call_assembly, Observed
+        )
+        self.c_tool_calls_per_response: Children[ModelOnly, Observed] = Children(
+            self.tool_calls_per_response, Observed
+        )
+        self.c_upstream_load: Children[ModelOnly, Observed] = Children(self.upstream_load, Observed)
+        self.c_upstream_prefill: Children[ModelOnly, Observed] = Children(
+            self.upstream_prefill, Observed
+        )
+        self.c_upstream_decode: Children[ModelOnly, Observed] = Children(
+            self.upstream_decode, Observed
+        )
+        self.c_upstream_queue: Children[ModelOnly, Observed] = Children(
+            self.upstream_queue, Observed
+        )
+        self.c_parse_errors: Children[RouteOnly, Count] = Children(self.parse_errors, count_of)
+        self.c_token_count_source: Children[SourceLabels, Count] = Children(
+            self.token_count_source, count_of
+        )
+        self.c_label_overflow: Children[OverflowLabels, Count] = Children(
+            self.label_overflow, count_of
+        )
         self._children: tuple[Children[Any, Any], ...] = tuple(
             v for v in vars(self).values() if isinstance(v, Children)
         )
@@ -396,7 +409,7 @@ class SidecarMetrics:
         may use the series budget's reserve."""
 
         def count(reason: str) -> None:
-            self.c_label_overflow.get({"label": label, "reason": reason}).inc()
+            self.c_label_overflow.get({"label": label, "reason": reason}).add(1)
 
         return count
 
@@ -429,7 +442,7 @@ class SidecarMetrics:
                 child = children.at(key)
                 if key not in children.kept:  # the series gate gave another row
                     self._in_flight_folded.setdefault(key, []).append(child)
-            increment(child, 1)
+            child.add(1)
 
     def ended(self, model_label: str, route: str) -> None:
         """The in-flight gauge ends under the label the request started with (the record's
@@ -444,7 +457,7 @@ class SidecarMetrics:
                     del self._in_flight_folded[key]
             else:
                 child = self.c_in_flight.at(key)
-            increment(child, -1)
+            child.add(-1)
         self.model_label.release(model_label)
 
     def record(self, t: RequestSummary) -> None:
@@ -455,57 +468,45 @@ class SidecarMetrics:
             # Not an API request (a health check, the server's own /metrics, a model listing
             # through the proxy port): one count apart, so it never forms an SLO of its own
             # (model "unknown", route "other") nor dilutes the real requests' error ratio.
-            increment(
-                self.c_non_api.get(
-                    {"method": method_label(t.method), "code": t.code, "outcome": outcome}
-                ),
-                1,
-            )
+            self.c_non_api.get(
+                {"method": method_label(t.method), "code": t.code, "outcome": outcome}
+            ).add(1)
             self._record_overhead(t)  # the sidecar's own cost, whatever it relayed
             return
         tenant = (t.tenant or UNKNOWN) if self.tenants else UNKNOWN
-        increment(
-            self.c_requests.get(
-                {
-                    "model": model,
-                    "route": route,
-                    "code": t.code,
-                    "outcome": outcome,
-                    "error_type": t.error_type,
-                    "tenant": tenant,
-                }
-            ),
-            1,
-        )
+        self.c_requests.get(
+            {
+                "model": model,
+                "route": route,
+                "code": t.code,
+                "outcome": outcome,
+                "error_type": t.error_type,
+                "tenant": tenant,
+            }
+        ).add(1)
         reasons = t.finish_reasons
         if reasons:
             for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:
-                increment(
-                    self.c_finish_reasons.get(
-                        {"model": model, "route": route, "finish_reason": finish_reason_label(raw)}
-                    ),
-                    1,
-                )
+                self.c_finish_reasons.get(
+                    {"model": model, "route": route, "finish_reason": finish_reason_label(raw)}
+                ).add(1)
         # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
         ex = {"trace_id": t.trace_id} if t.trace_id else None
         by_model: ModelOnly = {"model": model}
         # A cancelled request's duration is when its client chose to leave, not how the
         # server did: llm_requests_total counts it, no distribution holds it.
         if t.outcome is not Outcome.CANCELLED:
-            observe_one(self.c_duration.get({"model": model, "outcome": outcome}), t.e2e, ex)
+            self.c_duration.get({"model": model, "outcome": outcome}).observe(t.e2e, ex)
         if t.ttfb is not None:
-            observe_one(self.c_ttfb.get(by_model), t.ttfb, ex)
+            self.c_ttfb.get(by_model).observe(t.ttfb, ex)
         if t.parse_errors:
-            increment(self.c_parse_errors.get({"route": route}), t.parse_errors)
+            self.c_parse_errors.get({"route": route}).add(t.parse_errors)
         if t.streamed:
             self._record_stream(t, by_model, ex, tenant)
         self._record_tokens(t, model, route, tenant)
-        increment(
-            self.c_token_count_source.get(
-                {"model": model, "route": route, "source": t.token_count_source.value}
-            ),
-            1,
-        )
+        self.c_token_count_source.get(
+            {"model": model, "route": route, "source": t.token_count_source.value}
+        ).add(1)
         engine = t.engine
         if engine is not None:
             for children, value in (
@@ -515,38 +516,33 @@ class SidecarMetrics:
                 (self.c_upstream_queue, engine.queue_seconds),
             ):
                 if value is not None:
-                    observe_one(children.get(by_model), value)
+                    children.get(by_model).observe(value)
         self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
-            increment(self.c_within_slo.get({"model": model, "route": route, "tenant": tenant}), 1)
+            self.c_within_slo.get({"model": model, "route": route, "tenant": tenant}).add(1)
         if t.objectives_invalid:
             for name in t.objectives_invalid:
-                increment(
-                    self.c_request_objective_invalid.get({"route": route, "objective": name}), 1
-                )
+                self.c_request_objective_invalid.get({"route": route, "objective": name}).add(1)
         judgement = t.judgement
         if judgement is not None:
             for name, met in judgement.verdicts():
-                increment(
-                    self.c_request_objectives.get(
-                        {
-                            "model": model,
-                            "route": route,
-                            "objective": name,
-                            "result": "met" if met else "missed",
-                            "tenant": tenant,
-                        }
-                    ),
-                    1,
-                )
+                self.c_request_objectives.get(
+                    {
+                        "model": model,
+                        "route": route,
+                        "objective": name,
+                        "result": "met" if met else "missed",
+                        "tenant": tenant,
+                    }
+                ).add(1)
 
     def _record_overhead(self, t: RequestSummary) -> None:
         overhead = t.request_overhead
         if overhead is not None:
-            observe_one(self._overhead_request, overhead)
+            self._overhead_request.observe(overhead)
         overhead = t.response_overhead
         if overhead is not None:
-            observe_one(self._overhead_response, overhead)
+            self._overhead_response.observe(overhead)
 
     def _record_stream(
         self, t: RequestSummary, by_model: ModelOnly, ex: dict[str, str] | None, tenant: str
@@ -562,29 +558,27 @@ class SidecarMetrics:
                 "prompt_class": prompt_class,
                 "tenant": tenant,
             }
-            observe_one(self.c_ttft.get(ttft_labels), ttft, ex)
+            self.c_ttft.get(ttft_labels).observe(ttft, ex)
             cache = t.cache
             if cache is not None and cache is not CacheClass.UNKNOWN:
                 # unknown: the TTFT histogram already has it
-                observe_one(
-                    self.c_ttft_by_cache.get({"model": model, "cache": cache.value}), ttft, ex
-                )
+                self.c_ttft_by_cache.get({"model": model, "cache": cache.value}).observe(ttft, ex)
         if t.ttfat is not None:
-            observe_one(self.c_ttfat.get(by_model), t.ttfat, ex)
+            self.c_ttfat.get(by_model).observe(t.ttfat, ex)
         if t.time_to_first_tool_call is not None:
-            observe_one(self.c_time_to_first_tool_call.get(by_model), t.time_to_first_tool_call, ex)
-            observe_many(self.c_tool_call_assembly.get(by_model), t.tool_call_assembly)
-            observe_one(self.c_tool_calls_per_response.get(by_model), t.tool_call_count)
+            self.c_time_to_first_tool_call.get(by_model).observe(t.time_to_first_tool_call, ex)
+            self.c_tool_call_assembly.get(by_model).observe_many(t.tool_call_assembly)
+            self.c_tool_calls_per_response.get(by_model).observe(t.tool_call_count)
         gaps = t.gaps
         if gaps:
             itl = self.c_itl.get(by_model)
-            observe_many(itl, gaps)
+            itl.observe_many(gaps)
             for index, count in t.gap_runs:  # k tokens of one event: k gaps, one entry
-                observe_repeated(itl, gaps[index], count - 1)
+                itl.observe_repeated(gaps[index], count - 1)
         if t.tpot is not None:
-            observe_one(self.c_tpot.get(by_model), t.tpot, ex)
+            self.c_tpot.get(by_model).observe(t.tpot, ex)
         if t.tokens_per_second is not None:
-            observe_one(self.c_tps.get(by_model), t.tokens_per_second)
+            self.c_tps.get(by_model).observe(t.tokens_per_second)
 
     def _record_tokens(self, t: RequestSummary, model: str, route: str, tenant: str) -> None:
         ok = t.outcome is Outcome.OK
@@ -597,11 +591,8 @@ class SidecarMetrics:
             if value is None:
                 continue
             if value:
-                increment(
-                    self.c_tokens.get(
-                        {"model": model, "route": route, "type": kind, "tenant": tenant}
-                    ),
-                    value,
-                )
+                self.c_tokens.get(
+                    {"model": model, "route": route, "type": kind, "tenant": tenant}
+                ).add(value)
             if distribution and ok:
-                observe_one(self.c_request_tokens.get({"model": model, "type": kind}), value)
+                self.c_request_tokens.get({"model": model, "type": kind}).observe(value)

@@ -30,7 +30,9 @@ __all__ = [
     "observe_many",
     "observe_one",
     "observe_repeated",
-    "increment",
+    "Count",
+    "Observed",
+    "count_of",
     "samples_per_child",
     "label_children",
     "label_names",
@@ -141,13 +143,6 @@ def observe_repeated(histogram: Histogram, value: float, times: int) -> None:
     histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(times)
 
 
-def increment(child: Counter | Gauge, amount: float) -> None:
-    """``child.inc(amount)`` on a counter's or gauge's child, with the same result: the
-    value's own ``inc``, without the checks (the callers pass children :class:`Children`
-    resolved, and a counter never a negative amount)."""
-    child._value.inc(amount)
-
-
 def samples_per_child(metric: MetricWrapperBase) -> int:
     """Samples one child of ``metric`` puts on the page (served through
     :class:`WithoutCreated`, so never a ``_created``): a histogram's buckets, ``+Inf``,
@@ -186,57 +181,124 @@ def drop_label_value(metric: MetricWrapperBase, label: str, value: str) -> int:
     return doomed
 
 
-M = TypeVar("M", bound=MetricWrapperBase)
+class Count:
+    """A counter's or gauge's child as the request path moves it: ``add(amount)`` is
+    ``inc(amount)`` with the same result, one attribute update.
+
+    The request families have one writer, the event loop's thread (every recorder, the
+    lifecycle hooks and the label admissions run on it); the page is rendered on another
+    thread (sidecar/export/scrape.py), which only reads, each value under its lock as
+    before. With one writer the lock adds nothing but its cost: a float attribute is read
+    and written whole, so the page sees the value before or after an update, as with the
+    lock. A value that is not a plain in-process one (multiprocess mode) takes its own
+    ``inc``. A counter is never given a negative amount here (the callers count tokens,
+    requests and errors)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, child: Counter | Gauge) -> None:
+        self._value = child._value
+
+    def add(self, amount: float) -> None:
+        self._value._value += amount
+
+
+class _LockedCount(Count):
+    """:class:`Count` for a value that is not a plain in-process one: its own ``inc``."""
+
+    __slots__ = ()
+
+    def add(self, amount: float) -> None:
+        self._value.inc(amount)
+
+
+def count_of(child: Counter | Gauge) -> Count:
+    """The :class:`Count` that moves ``child``."""
+    return Count(child) if type(child._value) is MutexValue else _LockedCount(child)
+
+
+class Observed:
+    """A histogram's child as the request path observes it, with the same result as its
+    ``observe``: the value's bucket found by bisection and the bucket and the sum updated,
+    one writer as for :class:`Count`. An exemplar, NaN and a value that is not a plain
+    in-process one go through ``observe`` itself; many values at once through
+    :func:`observe_many` and :func:`observe_repeated`."""
+
+    __slots__ = ("child", "_sum", "_buckets", "_bounds", "_plain")
+
+    def __init__(self, child: Histogram) -> None:
+        self.child = child
+        self._sum = child._sum
+        self._buckets = child._buckets
+        self._bounds = child._upper_bounds
+        self._plain = type(child._sum) is MutexValue
+
+    def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar or value != value or not self._plain:
+            self.child.observe(value, exemplar)
+            return
+        self._sum._value += value
+        self._buckets[bisect_left(self._bounds, value)]._value += 1
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        observe_many(self.child, values)
+
+    def observe_repeated(self, value: float, times: int) -> None:
+        observe_repeated(self.child, value, times)
+
+
 L = TypeVar("L", bound=Mapping[str, object])
+C = TypeVar("C", Count, Observed)
 
 
-class Children(Generic[L, M]):
-    """A labelled family's children, each resolved once per label set and kept.
+class Children(Generic[L, C]):
+    """A labelled family's children, each resolved once per label set and kept, as the
+    :class:`Count` or :class:`Observed` that moves it (``cell``).
 
     ``get(labels)`` takes the label values by name (a TypedDict per family, which the type
-    checker holds each call to) and returns the child: a dict lookup where prometheus_client's
-    ``labels()`` converts, checks and locks on every call (and the series gate, where one
-    guards the family, counts). ``names`` orders the values as the family declares its labels.
+    checker holds each call to) and returns the child's cell: a dict lookup where
+    prometheus_client's ``labels()`` converts, checks and locks on every call (and the
+    series gate, where one guards the family, counts). ``names`` orders the values as the
+    family declares its labels.
 
     Only a child that is the family's own for those values is kept: one the series gate
     refused (folded into ``other``, or on no page) is asked for again next time, so it gets
     its own series once there is room. :meth:`forget` drops the kept children a removal
     made stale (:meth:`SidecarMetrics.forget` removes an idle label value's series)."""
 
-    __slots__ = ("family", "names", "_key", "kept")
+    __slots__ = ("family", "names", "_key", "_cell", "kept")
 
-    def __init__(self, family: M, names: tuple[str, ...] | None = None) -> None:
+    def __init__(self, family: MetricWrapperBase, cell: Callable[[Any], C]) -> None:
         self.family = family
-        self.names = label_names(family) if names is None else names
-        if self.names != label_names(family):
-            raise ValueError(f"{family}: labels {self.names} != {label_names(family)}")
+        self.names = label_names(family)
+        self._cell: Callable[[Any], C] = cell
         # One C call turns the named values into the tuple prometheus_client keys by.
         if len(self.names) == 1:
             name = self.names[0]
             self._key: Callable[[L], tuple[Any, ...]] = lambda labels: (labels[name],)
         else:
             self._key = itemgetter(*self.names)
-        self.kept: dict[tuple[str, ...], M] = {}
+        self.kept: dict[tuple[str, ...], C] = {}
 
-    def get(self, labels: L) -> M:
-        """The child for ``labels``."""
+    def get(self, labels: L) -> C:
+        """The cell of the child for ``labels``."""
         key = self._key(labels)
-        child = self.kept.get(key)
-        if child is None:
-            child = self.at(key)
-        return child
+        cell = self.kept.get(key)
+        if cell is None:
+            cell = self.at(key)
+        return cell
 
-    def at(self, key: tuple[str, ...]) -> M:
-        """The child for label values ``key``, in the family's order."""
-        kept = self.kept.get(key)
+    def at(self, key: tuple[str, ...]) -> C:
+        """The cell of the child for label values ``key``, in the family's order."""
+        kept: C | None = self.kept.get(key)
         if kept is not None:
             return kept
         family = self.family
-        made: Any = family.labels(*key)  # the family's own type (or the gate's stand-in)
-        child: M = made
-        if family._metrics.get(key) is made:  # its own series (the gate may fold it)
-            self.kept[key] = child
-        return child
+        child = family.labels(*key)  # the family's own type (or the gate's stand-in)
+        cell = self._cell(child)
+        if family._metrics.get(key) is child:  # its own series (the gate may fold it)
+            self.kept[key] = cell
+        return cell
 
     def forget(self, label: str | None = None, value: str | None = None) -> None:
         """Drop the kept children whose ``label`` is ``value`` (all, without a label)."""
