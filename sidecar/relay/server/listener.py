@@ -23,9 +23,15 @@ from collections.abc import Callable
 
 import structlog
 
-__all__ = ["Listener", "bind_listening"]
+__all__ = ["LISTEN_BACKLOG", "Listener", "bind_listening"]
 
 _log = structlog.get_logger("sidecar.app")
+
+LISTEN_BACKLOG = 4096
+"""Connections the kernel queues for the next turn of the loop (nginx's ``backlog`` in the
+benchmark's configuration; the kernel holds it to ``net.core.somaxconn``). More clients
+than this opening in one turn of a saturated loop are dropped and retry their SYN a second
+later."""
 
 _RETRY_LATER = (BlockingIOError, InterruptedError, ConnectionAbortedError)
 # Out of file descriptors (or memory): the connection stays in the kernel's queue.

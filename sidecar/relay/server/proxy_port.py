@@ -55,7 +55,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from .client_guard import Carried, ConnectionGuard
 from .head_budget import HeadBudget, head_size
-from .listener import Listener, bind_listening
+from .listener import LISTEN_BACKLOG, Listener, bind_listening
 
 __all__ = ["MAX_QUEUED", "ProxyConnection", "ProxyPort"]
 
@@ -512,10 +512,10 @@ class ProxyPort:
     def __call__(self) -> ProxyConnection:
         return ProxyConnection(self)
 
-    async def listen(self, host: str, port: int, *, backlog: int = 1024) -> None:
+    async def listen(self, host: str, port: int, *, backlog: int = LISTEN_BACKLOG) -> None:
         self._servers.append(Listener(self, await bind_listening(host, port, backlog), backlog))
 
-    async def listen_on(self, sock: socket.socket, *, backlog: int = 1024) -> None:
+    async def listen_on(self, sock: socket.socket, *, backlog: int = LISTEN_BACKLOG) -> None:
         sock.listen(backlog)
         sock.setblocking(False)
         self._servers.append(Listener(self, [sock], backlog))
