@@ -223,11 +223,12 @@ class RealServer:
                 self.process.wait(timeout=10)
 
 
-def start(kind: ServerKind) -> RealServer:
-    """Start ``kind`` on a free port, its output in ``.tools/logs/<name>.log``; not yet ready."""
+def start(kind: ServerKind, log_path: Path | None = None) -> RealServer:
+    """Start ``kind`` on a free port, its output in ``log_path`` (default
+    ``.tools/logs/<name>.log``, the session's own servers'); not yet ready."""
     LOGS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    log_path = LOGS / f"{kind.name}.log"
+    log_path = log_path or LOGS / f"{kind.name}.log"
     log = open(log_path, "wb")
     process = subprocess.Popen(
         kind.command(port),

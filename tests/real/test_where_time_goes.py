@@ -21,196 +21,53 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 
 from sidecar.tools.dashboards.inspect import panel_queries, substitute
 from sidecar.tools.dashboards.where_time_goes import ROW_TITLE
-from tests.support.ports import free_port
-from tests.support.processes import stop_process
+from tests.real.servers import MODEL, ROOT, VLLM_REQUEST_METRICS, start
+from tests.support.live_stack import query, sidecar_and_prometheus
 from tests.support.skips import IN_CI
-from tests.support.tools import require_tool
 
 pytestmark = [pytest.mark.real, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = Path(os.environ.get("TOOLS_DIR", ROOT / ".tools"))
-if not TOOLS.is_absolute():
-    TOOLS = ROOT / TOOLS
-VLLM_PYTHON = TOOLS / "vllm-venv" / "bin" / "python"
-HF_MODEL = TOOLS / "models" / "tiny-llama"
-READY_TIMEOUT = float(os.environ.get("REAL_SERVER_READY_TIMEOUT", "600"))
-MODEL = "tiny"
 NAMESPACE, POD = "llm", "llm-0"
 CONCURRENT = 12  # more than --max-num-seqs: some wait in vLLM's queue
 
 
-def _missing() -> str | None:
-    if not VLLM_PYTHON.exists():
-        return f"vLLM is not installed ({VLLM_PYTHON}; run scripts/install-vllm.sh)"
-    if not (HF_MODEL / "config.json").exists():
-        return f"the tiny model is missing ({HF_MODEL}; run scripts/install-vllm.sh)"
-    return None
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"{url}: exited {proc.returncode}\n{log.read_text(errors='replace')[-3000:]}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(
-        f"{url} not ready in {timeout} s\n{log.read_text(errors='replace')[-3000:]}"
-    )
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """(sidecar proxy URL, Prometheus URL): real vLLM, sidecar, Prometheus, all running."""
-    why = _missing()
+    """(sidecar proxy URL, Prometheus URL, admin URL): real vLLM, sidecar, Prometheus, all
+    running."""
+    why = VLLM_REQUEST_METRICS.missing()
     if why is not None:
         if IN_CI:
             pytest.fail(why)
         pytest.skip(why)
-    prometheus = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("where")
-    procs: list[subprocess.Popen] = []
+    vllm = start(VLLM_REQUEST_METRICS, log_path=tmp / "vllm.log")
+    # vLLM's own /metrics; the pod and namespace come from relabelling, as a PodMonitor's would.
+    engine = {
+        "job_name": "llm-engine",
+        "static_configs": [{"targets": [f"127.0.0.1:{vllm.port}"]}],
+        "relabel_configs": [
+            {"target_label": "namespace", "replacement": NAMESPACE},
+            {"target_label": "pod", "replacement": POD},
+        ],
+    }
     try:
-        vllm_port, proxy_port, admin_port, prom_port = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        )
-        vllm_log = tmp / "vllm.log"
-        env = dict(
-            os.environ,
-            VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_CPU_OMP_THREADS_BIND="nobind",
-            HF_HUB_OFFLINE="1",
-        )
-        with vllm_log.open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(VLLM_PYTHON),
-                        "-m",
-                        "vllm.entrypoints.openai.api_server",
-                        "--model",
-                        str(HF_MODEL),
-                        "--served-model-name",
-                        MODEL,
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(vllm_port),
-                        "--dtype",
-                        "float32",
-                        "--max-model-len",
-                        "512",
-                        "--max-num-seqs",
-                        "8",
-                        "--enable-per-request-metrics",
-                    ],  # fmt: skip
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        sidecar_log = tmp / "sidecar.log"
-        with sidecar_log.open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "sidecar",
-                        "serve",
-                        "--upstream",
-                        f"http://127.0.0.1:{vllm_port}",
-                        "--listen",
-                        f"127.0.0.1:{proxy_port}",
-                        "--metrics-listen",
-                        f"127.0.0.1:{admin_port}",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        config = {
-            "global": {
-                "scrape_interval": "1s",
-                "scrape_timeout": "1s",
-                "evaluation_interval": "1s",
-            },
-            # The panels read the recorded series of the shipped rules, as in a cluster.
-            "rule_files": [str(ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml")],
-            "scrape_configs": [
-                {
-                    "job_name": "llm-sidecar",
-                    "static_configs": [
-                        {
-                            "targets": [f"127.0.0.1:{admin_port}"],
-                            "labels": {"namespace": NAMESPACE, "pod": POD},
-                        }
-                    ],
-                },
-                {
-                    # vLLM's own /metrics; the pod and namespace come from relabelling, as a
-                    # PodMonitor's would.
-                    "job_name": "llm-engine",
-                    "static_configs": [{"targets": [f"127.0.0.1:{vllm_port}"]}],
-                    "relabel_configs": [
-                        {"target_label": "namespace", "replacement": NAMESPACE},
-                        {"target_label": "pod", "replacement": POD},
-                    ],
-                },
-            ],
-        }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        prom_log = tmp / "prometheus.log"
-        with prom_log.open("wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        prometheus,
-                        f"--config.file={tmp / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={tmp / 'data'}",
-                        f"--web.listen-address=127.0.0.1:{prom_port}",
-                        "--log.level=warn",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        _wait_http(f"http://127.0.0.1:{prom_port}/-/ready", procs[2], 60, prom_log)
-        _wait_http(f"http://127.0.0.1:{admin_port}/healthz", procs[1], 60, sidecar_log)
-        _wait_http(f"http://127.0.0.1:{vllm_port}/health", procs[0], READY_TIMEOUT, vllm_log)
-        yield (
-            f"http://127.0.0.1:{proxy_port}",
-            f"http://127.0.0.1:{prom_port}",
-            f"http://127.0.0.1:{admin_port}",
-        )
+        with sidecar_and_prometheus(
+            vllm.url,
+            tmp,
+            labels={"namespace": NAMESPACE, "pod": POD},
+            extra_scrape_configs=(engine,),
+        ) as live:
+            vllm.wait_ready()
+            yield live.proxy_url, live.prometheus_url, live.admin_url
     finally:
-        for proc in reversed(procs):
-            stop_process(proc, timeout=30)
+        vllm.stop()
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, i: int) -> dict | None:
@@ -233,13 +90,6 @@ async def _chat(session: aiohttp.ClientSession, url: str, i: int) -> dict | None
                 if obj.get("metrics"):
                     metrics = obj["metrics"]
     return metrics
-
-
-async def _query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[dict]:
-    async with session.get(f"{prom}/api/v1/query", params={"query": expr}) as r:
-        data = await r.json()
-    assert data["status"] == "success", data
-    return data["data"]["result"]
 
 
 def _row_queries() -> list:
@@ -265,13 +115,13 @@ async def test_where_time_goes_row_has_data_for_the_pod(stack):
         await asyncio.sleep(4)  # two more scrapes after the last request
 
         # The sidecar read every stream's queue time, and the sum is vLLM's own.
-        queue_count = await _query(session, prom, 'llm_upstream_queue_seconds_count{pod="llm-0"}')
+        queue_count = await query(session, prom, 'llm_upstream_queue_seconds_count{pod="llm-0"}')
         assert [float(s["value"][1]) for s in queue_count] == [len(reported)]
-        queue_sum = await _query(session, prom, 'llm_upstream_queue_seconds_sum{pod="llm-0"}')
+        queue_sum = await query(session, prom, 'llm_upstream_queue_seconds_sum{pod="llm-0"}')
         assert float(queue_sum[0]["value"][1]) == pytest.approx(
             sum(m["queue_time_ms"] for m in reported) / 1000, rel=1e-6
         )
-        overhead = await _query(session, prom, 'llm_sidecar_overhead_seconds_count{pod="llm-0"}')
+        overhead = await query(session, prom, 'llm_sidecar_overhead_seconds_count{pod="llm-0"}')
         assert {s["metric"]["direction"]: float(s["value"][1]) for s in overhead} == {
             "request": len(reported),
             "response": len(reported),
@@ -282,7 +132,7 @@ async def test_where_time_goes_row_has_data_for_the_pod(stack):
         problems = []
         for q in queries:
             expr = substitute(q.expr)
-            result = await _query(session, prom, expr)
+            result = await query(session, prom, expr)
             if not result:
                 problems.append(f"{q.where}: no data: {expr}")
                 continue
@@ -302,7 +152,7 @@ async def test_where_time_goes_row_has_data_for_the_pod(stack):
             if q.panel_title.startswith("TTFT per pod") or q.panel_title.startswith(
                 "What the sidecar adds"
             ):
-                for s in await _query(session, prom, substitute(q.expr)):
+                for s in await query(session, prom, substitute(q.expr)):
                     print(
                         f"{q.panel_title[:22]} {q.ref_id}: {float(s['value'][1]) * 1000:.3f} ms {s['metric']}"
                     )
