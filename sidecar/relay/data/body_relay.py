@@ -1,21 +1,29 @@
-"""One response's body, relayed: the sink an upstream connection pushes each read to, which
-writes it to the client and hands a copy to the observer, and the wait for the end, an error
-or back-pressure (a callback, ``on_wake``, for a request carried from the client
-connection's own callbacks, sidecar/relay/data/exchange.py; an awaited :meth:`BodyRelay.run`
-for one aiohttp's handler answers).
+"""The response leg of a request: the upstream's answer from its head to its end, relayed
+to the client and measured, and the one owner of the client's transport from the head on.
 
-Order of duties for every read: note the time, write to the client, then measure
+It writes the response head, then is the sink the upstream connection pushes each read to:
+note the time, write to the client, then measure
 (:class:`~sidecar.measure.observe.ResponseObserver`; a token lane does the same in one
-compiled call: sidecar/relay/data/token_lane.py). The client's own pace is watched here too:
-a paused upstream while the client's buffer is past the high-water mark, and a reader that
-takes nothing for ``send_timeout`` let go (sidecar/relay/data/client_pace.py, the one rule).
+compiled call: sidecar/relay/data/token_lane.py). It keeps the client's pace, by the one
+rule of sidecar/relay/data/client_pace.py: the upstream is paused while the client's buffer
+is past the high-water mark, and a reader that takes nothing for ``send_timeout`` is let go
+(its transport aborted: a close would wait to flush bytes it never takes). After the body's
+end it waits for the client to take what is queued for it, so a client that pipelines
+requests without reading gets no further request forwarded while the answers pile up. Then
+it ends, once, with a :class:`~sidecar.base.outcomes.Verdict` and whether the connection
+carries on or closes (``on_end``): complete, as the head said; anything else closes, after
+flushing what was relayed (a truncated stream, never a false clean end).
+
+Everything runs from callbacks (the upstream's reads, the client's transport draining or
+going, one timer); :meth:`BodyRelay.run` awaits the body's end instead, with a writer's
+``drain`` for back-pressure, for a caller that has one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -28,7 +36,7 @@ from .upstream import UpstreamConnection
 if TYPE_CHECKING:
     from .token_lane_py import TokenLane
 
-__all__ = ["BodyRelay"]
+__all__ = ["BodyRelay", "ClientWriting"]
 
 _log = structlog.get_logger("sidecar.proxy")
 
@@ -39,22 +47,35 @@ _HIGH_WATER = 64 << 10
 """Bytes queued for the client beyond which the upstream is paused (aiohttp's write limit)."""
 
 
+class ClientWriting(Protocol):
+    """What the response leg asks of the client connection besides its transport."""
+
+    @property
+    def writing_paused(self) -> bool:
+        """The client's transport is past its high-water mark (``resume_writing`` to come)."""
+
+
 class BodyRelay:
-    """The body sink of one response (:class:`~sidecar.relay.data.upstream.BodySink`).
+    """The response leg of one request (the module doc), and the body sink of its upstream
+    connection (:class:`~sidecar.relay.data.upstream.BodySink`).
 
     Called from the upstream connection's ``data_received`` for each piece: note the time,
     write the piece to the client (re-framed as one HTTP chunk when the client's response
-    is chunked), then hand the same piece to the observer. No task switch per token: the
-    handler task (:meth:`run`) only wakes for the end, an error, or back-pressure, when the
-    client's socket buffer passed ``_HIGH_WATER`` and the upstream was paused until the
-    client drained it. With ``on_wake`` (a request carried from the connection's callbacks)
-    there is no task: ``on_wake`` is called instead, and the carrier reads :attr:`ended`
-    and :attr:`paused`.
+    is chunked), then hand the same piece to the observer. Nothing else runs per token: the
+    leg only acts on the body's end, an error, or back-pressure (the client's socket buffer
+    passed ``_HIGH_WATER`` and the upstream is paused until the client drains it).
+
+    With ``client`` and ``on_end`` (a request carried from the client connection's
+    callbacks) the leg owns the rest: :meth:`client_drained` and :meth:`client_gone` come
+    from the connection, and ``on_end(verdict, keep_alive)`` is called once at the end. A
+    complete body ends ok, or as an error when the upstream's ``status`` was a 5xx, and the
+    connection carries on as the head said (``keep_alive``).
     """
 
     __slots__ = (
-        "_on_wake", "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "pace",
-        "_lane", "_linkable", "ended", "paused", "terminated",
+        "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "pace", "_lane",
+        "_linkable", "_client", "_on_end", "_keep_alive", "_status", "_waiting", "_timer",
+        "ended", "paused", "terminated",
     )  # fmt: skip
 
     def __init__(
@@ -65,29 +86,46 @@ class BodyRelay:
         clock: Callable[[], float],
         send_timeout: float = SEND_TIMEOUT,
         chunked: bool = False,
-        on_wake: Callable[[], None] | None = None,
-        pace: ClientPace | None = None,
+        *,
+        client: ClientWriting | None = None,
+        on_end: Callable[[Verdict, bool], None] | None = None,
+        keep_alive: bool = False,
+        status: int = 200,
     ) -> None:
-        self._transport = transport  # the client's, open: a head was just written to it
-        self._on_wake = on_wake
+        self._transport = transport  # the client's, open
         self._conn = conn
         self._observer = observer
         self._clock = clock
-        # Whether the client's body goes out in chunks: the head the proxy wrote says.
+        # Whether the client's body goes out in chunks: the head the leg writes says.
         self._chunked = chunked
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None  # run()'s wait
+        self._client = client
+        self._on_end = on_end
+        self._keep_alive = keep_alive
+        self._status = status
+        self._waiting = False  # for the client to take what is queued for it
+        self._timer: asyncio.TimerHandle | None = None  # the client's pace, while waiting
         # How the body ended: OK (complete), the client's leaving or stalling, the upstream's
         # failure: a Verdict, never a word a typo could turn into another cause.
         self.ended: Verdict | None = None
         self.paused = False
         self.terminated = False  # a chunked client's last chunk is written (see end)
-        # The client's progress (its bytes written count there): the exchange's, which
-        # keeps watching it after the body's end, or the relay's own.
-        self.pace = pace if pace is not None else ClientPace(transport, send_timeout, clock())
+        # The client's progress: every byte written to it, the head's included.
+        self.pace = ClientPace(transport, send_timeout, clock())
         # The token lane standing for the observer's armed template (token_lane.py): only a
         # chunked client's relay passes reads on as they came, which is all a lane does.
         self._lane: TokenLane | None = None
         self._linkable = _LANES and self._chunked and observer.templated
+
+    def start(self, head: bytes = b"") -> None:
+        """Write the response ``head`` (none when the caller wrote its own), then take the
+        body's reads (some may be delivered at once, from the upstream connection's buffer,
+        and the leg may end before this returns)."""
+        if head:
+            self._transport.write(head)
+            self.pace.written += len(head)
+            self._observer.timeline.client_head_sent = self._clock()
+        self._conn.push(self)
 
     def body(self, piece: bytes) -> None:
         now = self._clock()
@@ -234,7 +272,7 @@ class BodyRelay:
         read only when this check could not fire: sidecar/relay/data/token_lane.py)."""
         transport = self._transport
         if transport.is_closing():
-            self._gone()
+            self.client_gone()
             return False
         transport.write(data)
         pace = self.pace
@@ -244,11 +282,6 @@ class BodyRelay:
         ) or now >= pace.check_at:
             return self._flow(transport, now)
         return True
-
-    def _gone(self) -> None:
-        """The client's transport is closing: the relay ends."""
-        self._conn.close()  # stop the server generating for nobody
-        self._end(Verdict.CLIENT_DISCONNECTED)
 
     def _flow(self, transport: asyncio.Transport, now: float) -> bool:
         """After a write that left the client's buffer past ``_HIGH_WATER`` (the upstream is
@@ -262,17 +295,16 @@ class BodyRelay:
         return self._reader_alive(now)
 
     def _reader_alive(self, now: float) -> bool:
-        """The client's pace, checked while the response is being written (client_pace.py)."""
+        """The client's pace, checked as it is due (client_pace.py): a reader that took
+        nothing for ``send_timeout`` is let go."""
         if self.pace.alive(now):
             return True
-        self._conn.close()  # the server stops generating for a reader that stopped
-        self._end(Verdict.CLIENT_SEND_TIMEOUT)
+        self.stop(Verdict.CLIENT_SEND_TIMEOUT)
         return False
 
     def end(self, error: Verdict | None) -> None:
         """The body ended. Complete, a chunked client's last chunk is written now, from the
-        upstream's read (the relay owns the end of the body; the handler only ends aiohttp's
-        message after it)."""
+        upstream's read (the leg owns the end of the body)."""
         if error is None and self._chunked and not self.terminated and self.ended is None:
             transport = self._transport
             if not transport.is_closing():
@@ -287,21 +319,20 @@ class BodyRelay:
         if self.ended is None:
             self.ended = ended
             if self._lane is not None:
-                self._conn.set_lane(None)  # its notes are flushed as run() returns
+                self._conn.set_lane(None)  # its notes are flushed as the body is settled
             self._wake()
 
     def _wake(self) -> None:
-        if self._on_wake is not None:
-            self._on_wake()
-            return
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def start(self) -> None:
-        """Take the body's reads from now on (some may be delivered at once, from the
-        upstream connection's buffer)."""
-        self._conn.push(self)
+        """The body ended, or the upstream was paused: the client's buffer is full."""
+        if self._on_end is None:
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        elif not self._waiting:  # (an end while waiting is taken once the client drained)
+            if self.ended is not None:
+                self._body_ended(self.ended)
+            elif self.paused and not self._wait_for_client():
+                self.resumed()
 
     def resumed(self) -> None:
         """The client drained what was queued for it: the upstream may send again."""
@@ -309,13 +340,17 @@ class BodyRelay:
         self._conn.resume_reading()
 
     def stop(self, ended: Verdict) -> None:
-        """End the relay from outside (the client went, or stopped reading): the upstream
-        request is closed, so the server stops generating."""
-        self._conn.close()
-        self._end(ended)
+        """End the leg from outside (the client went, or stopped reading, or the sidecar
+        failed): the upstream request is closed, so the server stops generating."""
+        self._cancel_wait()
+        if self.ended is None:
+            self._conn.close()
+            self._end(ended)
+        else:  # the body was over: the leg was waiting for the client to take it
+            self._finish(ended)
 
     def settle(self) -> None:
-        """The relay is over: what a token lane noted goes into the timeline before anyone
+        """The body is over: what a token lane noted goes into the timeline before anyone
         reads it, and the lane, which refers to this relay, is dropped (so a finished relay
         is freed at once, not by the cyclic collector much later, with its timeline)."""
         lane, self._lane = self._lane, None
@@ -325,9 +360,98 @@ class BodyRelay:
             if lane.off:
                 self._lane_failed()
 
+    # -- the client's pace and the leg's end (with on_end) -------------------------------
+
+    def _body_ended(self, ended: Verdict) -> None:
+        """The body is over: its figures are complete. A whole body waits for the client to
+        take it; anything else ends the leg now (the connection closes after flushing what
+        was relayed)."""
+        self.paused = False  # (nothing more to read: the wait from here is the end's)
+        self.settle()
+        self._observer.close(self._clock())
+        if ended is not Verdict.OK or not self._wait_for_client():
+            self._finish(ended)
+
+    def _wait_for_client(self) -> bool:
+        """Wait for the client to take what is queued for it (the transport's
+        ``resume_writing``: :meth:`client_drained`), for as long as it makes progress by the
+        one rule (client_pace.py); False when nothing is queued past the high-water mark
+        (the caller carries on)."""
+        transport = self._transport
+        if transport.is_closing():
+            self.client_gone()
+            return True
+        client = self._client
+        if client is None or not transport.get_write_buffer_size() or not client.writing_paused:
+            return False
+        self._waiting = True
+        self._arm(self.pace.wait(self._clock()))
+        return True
+
+    def client_drained(self) -> None:
+        """The client's transport drained (``resume_writing``): after back-pressure the body
+        goes on (or, if its end came meanwhile, is over now); after the body, the leg ends."""
+        if not self._waiting:
+            return
+        self._cancel_wait()
+        ended = self.ended
+        if not self.paused:
+            self._finish(Verdict.OK)
+        elif ended is None:
+            self.resumed()
+        else:
+            self._body_ended(ended)
+
+    def client_gone(self) -> None:
+        """The client connection is closing or lost: the upstream request is stopped (the
+        server stops generating for nobody)."""
+        self.stop(Verdict.CLIENT_DISCONNECTED)
+
+    def _progress(self) -> None:
+        """The pace timer, while waiting: the client took something in time, or is let go."""
+        self._timer = None
+        if not self._waiting:
+            return
+        if self._transport.is_closing():
+            self.client_gone()
+            return
+        now = self._clock()
+        if self._reader_alive(now):  # a slow reader keeps its stream
+            self._arm(self.pace.wait(now))
+
+    def _finish(self, ended: Verdict) -> None:
+        """The leg's one end: the verdict (a complete body's by the upstream's status), and
+        whether the connection carries on (complete: as the head said) or closes. A client
+        let go for its pace is aborted with its unread bytes (a close would wait to flush
+        them)."""
+        if self._timer is not None:
+            self._cancel_wait()
+        self._waiting = False
+        if self._lane is not None:
+            self.settle()
+        if ended is Verdict.CLIENT_SEND_TIMEOUT:
+            self._transport.abort()
+        on_end = self._on_end
+        if on_end is not None:
+            complete = ended is Verdict.OK
+            if complete and self._status >= 500:
+                ended = Verdict.UPSTREAM_STATUS
+            on_end(ended, complete and self._keep_alive)
+
+    def _arm(self, delay: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay, self._progress)
+
+    def _cancel_wait(self) -> None:
+        self._waiting = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- the awaited form -----------------------------------------------------------------
+
     async def run(self, drain: Callable[[], Awaitable[None]]) -> Verdict:
-        """Relay until the body ends, waiting out back-pressure with ``drain`` (aiohttp's
-        writer's); returns how it ended (``Verdict.OK``: complete)."""
+        """Relay until the body ends, waiting out back-pressure with ``drain`` (a writer's);
+        returns how it ended (``Verdict.OK``: complete)."""
         try:
             return await self._run(drain)
         finally:
@@ -348,23 +472,22 @@ class BodyRelay:
         return self.ended
 
     async def _drained(self, drain: Callable[[], Awaitable[None]]) -> None:
-        """Wait out back-pressure with ``drain`` (aiohttp's writer's), the client's pace
-        checked as it is due; ``drain`` is only cancelled when the client is let go (it is
-        the writer's shared waiter)."""
+        """Wait out back-pressure with ``drain``, the client's pace checked as it is due;
+        ``drain`` is only cancelled when the client is let go (it is the writer's shared
+        waiter)."""
         drained = asyncio.ensure_future(drain())
         while True:
             done, _ = await asyncio.wait((drained,), timeout=self.pace.wait(self._clock()))
             if done:
                 if drained.exception() is not None:
-                    self.stop(Verdict.CLIENT_DISCONNECTED)
+                    self.client_gone()
                 else:
                     self.resumed()
                 return
             if self._transport.is_closing():
                 drained.cancel()
-                self.stop(Verdict.CLIENT_DISCONNECTED)
+                self.client_gone()
                 return
-            if not self.pace.alive(self._clock()):
+            if not self._reader_alive(self._clock()):
                 drained.cancel()
-                self.stop(Verdict.CLIENT_SEND_TIMEOUT)  # the server stops generating for nobody
                 return

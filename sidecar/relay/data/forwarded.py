@@ -1,15 +1,28 @@
 """The header fields the upstream gets for a client's request: the client's, less the
 hop-by-hop ones and those the sidecar sets itself, plus ``X-Forwarded-For/-Proto/-Host``.
 
-One function for both ways a request reaches the upstream (the handler's and
-sidecar/relay/data/exchange.py's from the client connection's callbacks), so both send the same bytes.
+Every request reaches the upstream from sidecar/relay/data/exchange.py, with these fields.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from multidict import CIMultiDict, MultiMapping
 
-__all__ = ["HOP_BY_HOP", "NOT_FORWARDED_TO_UPSTREAM", "forwarded_headers", "peer_address"]
+if TYPE_CHECKING:
+    import asyncio
+
+    from aiohttp.http import RawRequestMessage
+
+__all__ = [
+    "HOP_BY_HOP",
+    "NOT_FORWARDED_TO_UPSTREAM",
+    "forwarded_headers",
+    "peer_address",
+    "peer_of",
+    "request_headers",
+]
 
 # RFC 9110 section 7.6.1, plus the de-facto Proxy-Connection and Keep-Alive.
 HOP_BY_HOP = frozenset(
@@ -72,3 +85,29 @@ def peer_address(peername: object) -> str:
     if isinstance(peername, (list, tuple)):
         return str(peername[0])
     return "" if peername is None else str(peername)
+
+
+def peer_of(transport: asyncio.BaseTransport | None) -> str:
+    """The client's address on ``transport`` (:func:`peer_address`)."""
+    return peer_address(transport.get_extra_info("peername") if transport else None)
+
+
+def request_headers(
+    message: RawRequestMessage, transport: asyncio.BaseTransport, *, body_is_bytes: bool
+) -> CIMultiDict[str]:
+    """The upstream request's header fields for the request ``message`` that came in on
+    ``transport`` (:func:`forwarded_headers`)."""
+    url = message.url
+    # The host the request names: an absolute form's (RFC 9112 section 3.2.2), else the
+    # Host field, else (HTTP/1.0) the address it came to, as aiohttp's request.host.
+    host = (url.host or "") if url.absolute else message.headers.get("Host")
+    if host is None:
+        sockname = transport.get_extra_info("sockname")
+        host = str(sockname[0]) if isinstance(sockname, tuple) else ""
+    return forwarded_headers(
+        message.headers,
+        peer=peer_of(transport),
+        scheme="https" if transport.get_extra_info("sslcontext") else "http",
+        host=host,
+        body_is_bytes=body_is_bytes,
+    )

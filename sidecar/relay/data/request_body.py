@@ -21,7 +21,7 @@ DESIGN, "Where it sits".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
@@ -30,11 +30,13 @@ from aiohttp.web_protocol import RequestPayloadError
 from ...base.routes import OTHER, Route
 from ...measure.request_fields import RequestFields, RequestFieldScanner
 from ...measure.timeline import RequestTimeline
+from .body_budget import BodyBudget
 from .limits import RelayLimits
 
 __all__ = [
     "BodyRefused",
     "BoundedBody",
+    "HeldBody",
     "Refusal",
     "has_body",
     "holds_whole",
@@ -187,6 +189,87 @@ class BoundedBody:
             if scanner is not None:
                 scanner.feed(chunk)
             yield chunk
+
+
+class HeldBody:
+    """A request body read whole before it is sent, taken as it arrives (:meth:`take`, after
+    each read; aiohttp's reader pauses the socket past its buffer's limit): ``whole(body)``
+    once it is all in, or ``refused(refusal)`` when its framing breaks or it stalls for
+    ``timeout`` between two reads. ``reserved`` bytes of ``budget`` stay promised to it
+    until :meth:`release` (it is all in or refused, or its request ended)."""
+
+    __slots__ = (
+        "_payload", "_budget", "_reserved", "_timeout", "_clock", "_whole", "_refused", "_parts",
+        "_deadline", "_timer", "_taking",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        payload: StreamReader,
+        budget: BodyBudget,
+        reserved: int,
+        timeout: float,
+        clock: Callable[[], float],
+        whole: Callable[[bytes], None],
+        refused: Callable[[Refusal], None],
+    ) -> None:
+        self._payload = payload
+        self._budget = budget
+        self._reserved = reserved
+        self._timeout = timeout
+        self._clock = clock
+        self._whole = whole
+        self._refused = refused
+        self._parts: list[bytes] = []
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._taking = False  # in read_nowait, which may resume the client's reads
+
+    def take(self) -> None:
+        if self._taking:
+            return  # a read aiohttp's reader resumed from inside read_nowait (taken below)
+        payload = self._payload
+        self._taking = True
+        try:
+            while chunk := payload.read_nowait():
+                self._parts.append(chunk)
+        except RequestPayloadError:  # its framing broke after the head: the client's error
+            self._taking = False
+            self.release()
+            self._refused(malformed())
+            return
+        except Exception:  # the body failed: the connection is going (client_gone follows)
+            return
+        finally:
+            self._taking = False
+        if payload.is_eof():
+            if self._reserved or self._timer is not None:
+                self.release()
+            body = b"".join(self._parts)
+            self._parts = []
+            self._whole(body)
+            return
+        self._deadline = self._clock() + self._timeout
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._timeout, self._stalled)
+
+    def _stalled(self) -> None:
+        self._timer = None
+        left = self._deadline - self._clock()
+        if left > 0:
+            self._timer = asyncio.get_running_loop().call_later(left, self._stalled)
+            return
+        self.release()
+        self._refused(stalled(self._timeout))
+
+    def release(self) -> None:
+        """The budget's bytes back, and no stall timer."""
+        if self._reserved:
+            self._budget.release(self._reserved)
+            self._reserved = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def late_fields(timeline: RequestTimeline, fields: RequestFields) -> None:
