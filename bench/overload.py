@@ -30,6 +30,9 @@ Reported per target:
   largest seen) and the kernel's counters over the run (``nstat``: TcpExtListenOverflows,
   TcpExtListenDrops, TcpExtTCPLossProbes, TcpRetransSegs, TcpActiveOpens). The counters
   are the machine's, so other work on it adds to them.
+* The upstream connections the proxy opened (the upstream's count of connections it
+  accepted) against the requests it answered: a pool that closes connections it will need
+  again shows here.
 * The proxy's CPU share of its core, and ``top -bn1 | head -15`` in the middle of the
   window (a shared machine: what else ran).
 
@@ -161,6 +164,16 @@ def fairness(before: dict[str, int], after: dict[str, int], size: int) -> dict:
     }
 
 
+def upstream_counts(log: str) -> dict:
+    """What the upstream counted (its last line): requests answered and connections
+    accepted, so the proxy's upstream connections a request are a count too."""
+    for line in reversed(log.splitlines()):
+        if line.startswith("{"):
+            counts = orjson.loads(line)
+            return {"requests": counts["completed"], "connections": counts["connections"]}
+    return {}
+
+
 # ------------------------------------------------------------------ wrk's report
 
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -270,12 +283,14 @@ def run_target(
         cpu = cpu_seconds(tree) - cpu0
         counters = nstat(history)
         report = procs.log(f"wrk-{target}")
+        procs.stop(upstream)  # it prints its counters as it stops
         return {
             "target": target,
             "latency": parse_wrk(report),
             "fairness": fairness(before, after, len(request)),
             "accept_queue_max": max(queue, default=0),
             "counters": counters,
+            "upstream": upstream_counts(procs.log("upstream")),
             "proxy_cpu_pct_core": 100.0 * cpu / wall,
             "top": "\n".join(top.splitlines()[:15]),
             "wrk": report,
@@ -313,6 +328,12 @@ def print_target(res: dict, window: float) -> None:
             f"{fair['connections']} connections"
         )
     print(f"accept queue (largest seen)  {res['accept_queue_max']}")
+    up = res["upstream"]
+    if up.get("requests"):
+        print(
+            f"upstream  {up['connections']} connections for {up['requests']} requests "
+            f"({1000 * up['connections'] / up['requests']:.1f} a thousand requests)"
+        )
     print("kernel  " + "  ".join(f"{k} {v}" for k, v in c.items()))
     print(res["top"])
 
