@@ -11,8 +11,8 @@ built here from the upstream's raw status line and field lines: hop-by-hop field
 chunked`` it adds for a re-framed body, one plain ``Content-Length``), ``Connection`` says
 what this connection does; every other byte is the upstream's.
 
-The relay writes these bytes to the client's transport itself
-(sidecar/relay/data/exchange.py); ``tests/unit/test_client_head.py`` and the header tests in
+The response leg writes these bytes to the client's transport itself
+(sidecar/relay/data/body_relay.py); ``tests/unit/test_client_head.py`` and the header tests in
 ``tests/integration/relay/server/test_hostile_headers.py`` pin the bytes on the wire.
 """
 

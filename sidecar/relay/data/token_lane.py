@@ -30,7 +30,7 @@ lane's, the timeline past its first token (and its first answer token, for an an
 and the client's buffer empty (a slow reader's next read would go to Python anyway).
 The connection flushes and drops the lane before the Python path takes a read
 (``UpstreamConnection.data_received``), and the relay flushes it when it ends
-(``BodyRelay.run``), so whatever reads the timeline or ``BodyRelay.sent`` sees every token.
+(``BodyRelay.settle``), so whatever reads the timeline or ``BodyRelay.sent`` sees every token.
 
 The Python path is the oracle: tests/unit/test_token_lane.py relays the same streams
 with lanes and without and compares the bytes and every figure. The lane writes no

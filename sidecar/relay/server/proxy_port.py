@@ -3,7 +3,7 @@ sidecar's own, which hands every request to the relay from its callbacks.
 
 aiohttp's server would parse a request, make a ``Request``, start a handler task two loop
 turns later, answer through a ``StreamResponse`` and end with another turn
-(sidecar/relay/data/exchange.py says what that cost). The relay answers every request from
+(docs/performance.md says what that cost). The relay answers every request from
 the connection's callbacks, so here the connection is an ``asyncio.Protocol`` that feeds
 ``aiohttp.http_parser.HttpRequestParser`` (the parser aiohttp's server uses, with the same
 limits) and holds what aiohttp's connection handler would, as uvicorn's httptools protocol
