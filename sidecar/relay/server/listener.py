@@ -78,8 +78,9 @@ async def bind_listening(host: str | None, port: int, backlog: int) -> list[sock
 
 class Listener:
     """Accepts the connections waiting on ``sockets`` for ``protocol_factory`` (the module
-    doc); ``close`` stops accepting and closes the sockets. What ``ProxyPort`` asks of an
-    ``asyncio.Server``: ``sockets``, ``close``, ``wait_closed``."""
+    doc); ``close`` stops accepting and closes the sockets, and a connection accepted but
+    not yet handed to the loop is closed. What ``ProxyPort`` asks of an ``asyncio.Server``:
+    ``sockets``, ``close``, ``wait_closed``."""
 
     def __init__(
         self,
@@ -121,6 +122,9 @@ class Listener:
             task.add_done_callback(self._opening.discard)
 
     async def _open(self, conn: socket.socket) -> None:
+        if self._closed:  # accepted as the port stopped listening: closed, as the queue's are
+            conn.close()
+            return
         try:
             await self._loop.connect_accepted_socket(self._factory, conn)
         except OSError:  # the client reset it before its transport was made
@@ -134,4 +138,6 @@ class Listener:
                 sock.close()
 
     async def wait_closed(self) -> None:
-        """Nothing to wait for: the connections are the port's to close."""
+        """Until the connections accepted before :meth:`close` are made or closed (the
+        connections themselves are the port's to close)."""
+        await asyncio.gather(*self._opening, return_exceptions=True)
