@@ -221,6 +221,8 @@ def start_proxy(
         return start_nginx(nginx, "nginx", up_port, procs)
     port, admin = free_port(), free_port()
     tree = Path(args.baseline_tree).resolve() if target == "baseline" else ROOT
+    if not any(tree.glob("sidecar/**/*.so")):
+        print(f"note: {tree} has no built C extensions; its sidecar runs without them")
     argv = [
         sys.executable, "-c",
         f"import sys; sys.path.insert(0, {str(tree)!r}); from sidecar.cli import main; "
