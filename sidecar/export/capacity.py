@@ -19,9 +19,9 @@ from typing import TypedDict
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ..base.buckets import ITL_BUCKETS
 from ..measure.concurrency import BANDS, DecodeTrackers, band
 from ..measure.summary import RequestSummary
+from .families import CAPACITY_FAMILIES
 from .prometheus_internals import (
     Children,
     Count,
@@ -35,13 +35,6 @@ from .prometheus_internals import (
 __all__ = ["CapacityMetrics"]
 
 
-class _Options(TypedDict):
-    """The keywords every family here is made with."""
-
-    registry: CollectorRegistry
-    namespace: str
-
-
 class BandLabels(TypedDict):
     """The label values of every family here, by name."""
 
@@ -51,25 +44,11 @@ class BandLabels(TypedDict):
 
 class CapacityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        h: _Options = dict(registry=registry, namespace="llm")
-        mc = ("model", "concurrency")
-        self.itl = Histogram(
-            "inter_token_latency_by_concurrency_seconds",
-            "Every llm_inter_token_latency_seconds gap again, by the band (upper bound: "
-            + ", ".join(BANDS)
-            + ") of this sidecar's streams of the model decoding when the gap ended.",
-            mc, buckets=ITL_BUCKETS, **h,
-        )  # fmt: skip
-        self.tokens = Counter(
-            "decode_tokens_by_concurrency",
-            "Output tokens after each stream's first (one per gap), by decode-concurrency band.",
-            mc, **h,
-        )  # fmt: skip
-        self.seconds = Counter(
-            "decode_seconds_by_concurrency",
-            "Wall seconds with at least one stream of the model decoding, by decode-concurrency band.",
-            mc, **h,
-        )  # fmt: skip
+        made = {row.attr: row.make(registry, False) for row in CAPACITY_FAMILIES}
+        itl, tokens, seconds = made["itl"], made["tokens"], made["seconds"]
+        assert isinstance(itl, Histogram) and isinstance(tokens, Counter), "the table's kinds"
+        assert isinstance(seconds, Counter), "the table's kinds"
+        self.itl, self.tokens, self.seconds = itl, tokens, seconds
         self.c_itl: Children[BandLabels, Observed] = Children(self.itl, Observed)
         self.c_tokens: Children[BandLabels, Count] = Children(self.tokens, count_of)
         self._made: dict[str, set[str]] = {}  # model label -> bands whose series exist

@@ -1,7 +1,9 @@
-"""The Prometheus families of the request figures, as data: one row per family (its name under
-the ``llm_`` namespace, type, help, labels and buckets), from which
+"""The sidecar's Prometheus families, as data: one row per family (its name under the ``llm_``
+namespace, type, help, labels and buckets). :data:`FAMILIES`, the request figures, from which
 :class:`~sidecar.export.metrics.SidecarMetrics` builds the registry, in this order (the page's
-order). docs/metrics.md and docs/design.md are checked against the registry built from it
+order); then the sidecar's own (:data:`OWN_FAMILIES`: its build, its OTLP exports' health, a
+pod's workers) and the capacity view's (:data:`CAPACITY_FAMILIES`). :data:`EVERY_FAMILY` is all
+of them. docs/metrics.md and docs/design.md are checked against the registry built from it
 (tests/unit/test_metrics_docs.py), and every series the dashboards and the rules read against
 it too (tests/unit/test_series_names.py).
 
@@ -33,8 +35,20 @@ from ..base.buckets import (
     TTFT_BUCKETS,
     TTFT_BY_CACHE_BUCKETS,
 )
+from ..measure.concurrency import BANDS
 
-__all__ = ["COUNTER", "FAMILIES", "GAUGE", "HISTOGRAM", "Family", "NAMESPACE"]
+__all__ = [
+    "CAPACITY_FAMILIES",
+    "COUNTER",
+    "EVERY_FAMILY",
+    "FAMILIES",
+    "GAUGE",
+    "HISTOGRAM",
+    "OWN_FAMILIES",
+    "Family",
+    "NAMESPACE",
+    "family_row",
+]
 
 NAMESPACE = "llm"
 COUNTER: Literal["counter"] = "counter"
@@ -337,3 +351,81 @@ FAMILIES: tuple[Family, ...] = (
         ("fate",),
     ),
 )
+
+OWN_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "build_info",
+        "sidecar_build_info",
+        GAUGE,
+        "Always 1: the running sidecar's version, Python version, and speedups 'on' when its "
+        "C byte checks are loaded ('off': a build without a C compiler, about 2x the CPU per "
+        "token).",
+        ("version", "python", "speedups"),
+    ),
+    Family(
+        "otlp_export_failures",
+        "sidecar_otlp_export_failures",
+        COUNTER,
+        "OTLP exports (batches of spans or metrics) that failed, by signal: the collector "
+        "unreachable, refusing, or too slow. Telemetry lost, the relay unaffected.",
+        ("signal",),
+    ),
+    Family(
+        "restarts",
+        "sidecar_worker_restarts",
+        COUNTER,
+        "Worker processes that exited unasked and were replaced (--workers).",
+        (),
+    ),
+    Family(
+        "running",
+        "sidecar_workers",
+        GAUGE,
+        "Worker processes running (--workers).",
+        (),
+    ),
+)
+"""The sidecar's own health: its build (``SidecarMetrics``), its OTLP exports'
+(sidecar/export/otlp_health.py, a collector that reads the exporters' counts) and a pod's
+workers (sidecar/fleet/supervisor.py, on the supervisor's page)."""
+
+CAPACITY_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "itl",
+        "inter_token_latency_by_concurrency_seconds",
+        HISTOGRAM,
+        "Every llm_inter_token_latency_seconds gap again, by the band (upper bound: "
+        + ", ".join(BANDS)
+        + ") of this sidecar's streams of the model decoding when the gap ended.",
+        ("model", "concurrency"),
+        ITL_BUCKETS,
+    ),
+    Family(
+        "tokens",
+        "decode_tokens_by_concurrency",
+        COUNTER,
+        "Output tokens after each stream's first (one per gap), by decode-concurrency band.",
+        ("model", "concurrency"),
+    ),
+    Family(
+        "seconds",
+        "decode_seconds_by_concurrency",
+        COUNTER,
+        "Wall seconds with at least one stream of the model decoding, by decode-concurrency band.",
+        ("model", "concurrency"),
+    ),
+)
+"""The capacity view's load-conditioned decode families (sidecar/export/capacity.py)."""
+
+EVERY_FAMILY: tuple[Family, ...] = FAMILIES + OWN_FAMILIES + CAPACITY_FAMILIES
+"""Every family the sidecar and a pod's supervisor put on a page (beside the ``process_*``
+families of client_python's process collector and the live view's gauges,
+sidecar/export/in_flight.py)."""
+
+
+def family_row(table: tuple[Family, ...], attr: str) -> Family:
+    """The row of ``table`` held under ``attr``."""
+    for row in table:
+        if row.attr == attr:
+            return row
+    raise KeyError(attr)

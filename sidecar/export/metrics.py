@@ -24,7 +24,7 @@ from ..base.speedups import IN_C
 from ..measure.cache_class import CacheClass
 from ..measure.summary import RequestSummary
 from .capacity import CapacityMetrics
-from .families import FAMILIES
+from .families import FAMILIES, OWN_FAMILIES, family_row
 from .prometheus_internals import (
     Children,
     Count,
@@ -374,20 +374,17 @@ class SidecarMetrics:
     def _own_health(self, registry: CollectorRegistry, version: str | None) -> None:
         """The sidecar's own process (``process_*``: CPU seconds, resident memory, open and
         max file descriptors, from /proc) and what is running: ``llm_sidecar_build_info``,
-        whose ``speedups`` says whether the C byte checks loaded (without them the relay
-        costs about twice the CPU per token, docs/performance.md)."""
+        whose ``speedups`` says whether the C byte checks loaded (docs/performance.md says
+        what a build without them costs)."""
         if version is None:
             from .. import __version__ as version
         try:
             ProcessCollector(registry=registry)
         except ValueError:  # the registry has process_* already (a second SidecarMetrics on it)
             pass
-        self.build_info = Gauge(
-            "sidecar_build_info",
-            "Always 1: the running sidecar's version, Python version, and speedups 'on' when its "
-            "C byte checks are loaded ('off': a build without a C compiler, about 2x the CPU per token).",
-            ("version", "python", "speedups"), registry=registry, namespace="llm",
-        )  # fmt: skip
+        build_info = family_row(OWN_FAMILIES, "build_info").make(registry, False)
+        assert isinstance(build_info, Gauge), "the table's kind"
+        self.build_info = build_info
         self.build_info.labels(version, platform.python_version(), "on" if IN_C else "off").set(1)
 
     def _labelled(self) -> list[Counter | Gauge | Histogram]:

@@ -37,6 +37,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from .families import NAMESPACE, OWN_FAMILIES, family_row
+
 __all__ = [
     "ExportFailuresCollector",
     "ExportHealth",
@@ -58,7 +60,8 @@ SLOW_EXPORT_SECONDS = 1.0
 """An export still running after this long (a collector that does not answer) makes the
 exporter unhealthy for the shutdown's purpose."""
 
-FAILURES_METRIC = "llm_sidecar_otlp_export_failures"  # _total is added by the client library
+_FAILURES = family_row(OWN_FAMILIES, "otlp_export_failures")
+FAILURES_METRIC = f"{NAMESPACE}_{_FAILURES.name}"  # _total is added by the client library
 _MAX_REASON = 300
 _SDK_LOGGERS = "opentelemetry.exporter"
 _last_text = threading.local()  # the SDK's first log text of the export running in this thread
@@ -252,15 +255,12 @@ class ExportFailuresCollector:
         self._healths = list(healths)
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            FAILURES_METRIC,
-            "OTLP exports (batches of spans or metrics) that failed, by signal: the collector "
-            "unreachable, refusing, or too slow. Telemetry lost, the relay unaffected.",
-            labels=["signal"],
+        failures = CounterMetricFamily(
+            FAILURES_METRIC, _FAILURES.help, labels=list(_FAILURES.labels)
         )
         for health in self._healths:
-            family.add_metric([health.signal], health.failures)
-        yield family
+            failures.add_metric([health.signal], health.failures)
+        yield failures
 
     def describe(self) -> list[Metric]:
         return []

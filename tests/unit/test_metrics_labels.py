@@ -15,10 +15,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sidecar.app import build_sidecar
 from sidecar.base.buckets import TTFT_BUCKETS
+from sidecar.config import Settings
 from sidecar.export.capacity import BandLabels, CapacityMetrics
-from sidecar.export.families import FAMILIES
+from sidecar.export.families import EVERY_FAMILY, FAMILIES, NAMESPACE, OWN_FAMILIES, family_row
+from sidecar.export.in_flight import IN_PHASE, OLDEST, STALLED
 from sidecar.export.metrics import LABELS, SidecarMetrics
+from sidecar.export.otlp_health import ExportFailuresCollector
 from sidecar.export.prometheus_internals import Children, Observed, count_of, label_names
 from sidecar.measure.summary import summarize
 from tests.support.timelines import ROUTE, streamed
@@ -134,3 +138,24 @@ def test_cells_leave_the_page_as_inc_and_observe_do():
         pages.append(_page(registry))
     assert pages[0] == pages[1]
     assert b'h_bucket{le="+Inf",m="x"} 11.0' in pages[1]  # NaN is in no bucket
+
+
+def test_every_family_on_the_page_is_a_row_of_the_table():
+    """The request figures, the sidecar's own health, the OTLP exports' health and the
+    capacity view: each family on the page is made from its row (the live view's gauges,
+    read at scrape time, and client_python's process_* aside)."""
+    registry = CollectorRegistry()
+    build_sidecar(Settings(upstream="http://127.0.0.1:9"), registry, access_log=False)
+    rows = {f"{NAMESPACE}_{row.name}": row for row in EVERY_FAMILY}
+    assert len(rows) == len(EVERY_FAMILY)
+    (otlp,) = ExportFailuresCollector([]).collect()
+    on_page = [*registry.collect(), otlp]
+    seen = set()
+    for metric in on_page:
+        if metric.name.startswith("process_") or metric.name in (IN_PHASE, OLDEST, STALLED):
+            continue
+        row = rows[metric.name]
+        assert (metric.type, metric.documentation) == (row.kind, row.help), metric.name
+        seen.add(metric.name)
+    workers = {f"{NAMESPACE}_{family_row(OWN_FAMILIES, a).name}" for a in ("restarts", "running")}
+    assert seen | workers == set(rows)  # the workers' two are on the supervisor's page
