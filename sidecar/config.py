@@ -132,8 +132,8 @@ class Settings(BaseModel):
         le=86_400,
         description="Serve the admin port's /stallz: 503 when streams are in flight, one has "
         "been silent this long and none made progress or completed meanwhile (a hung engine), "
-        "for a liveness probe of the model server. Longer than --stall-seconds; needs --workers 1. "
-        "Unset: no /stallz",
+        "for a liveness probe of the model server (with --workers, the pod's verdict over every "
+        "worker's requests). Longer than --stall-seconds. Unset: no /stallz",
     )
     drain_seconds: float = Field(
         30.0,
@@ -453,11 +453,6 @@ class Settings(BaseModel):
             raise ValueError(
                 f"must be longer than stall_seconds ({stall:g}): the probe restarts an engine, "
                 "so it waits longer than the alert"
-            )
-        if v is not None and info.data.get("workers", 1) != 1:
-            raise ValueError(
-                "needs --workers 1: with more, the pod's supervisor answers the admin port and "
-                "does not serve /stallz, so a liveness probe of it would fail for ever"
             )
         return v
 

@@ -22,7 +22,8 @@ relays nothing, watches the workers and serves the admin port.
 * A worker that exits unasked is replaced (logged, counted); its requests in flight are read
   from its ledger (:mod:`sidecar.fleet.ledger`) and each is counted once, as an error.
 * ``/readyz`` is 200 only when every worker runs and says it is ready; ``/healthz`` while
-  the supervisor runs; ``/upstreamz`` and ``/metrics/engine`` are a worker's.
+  the supervisor runs; ``/upstreamz`` and ``/metrics/engine`` are a worker's; ``/stallz``
+  (opt-in) is the pod's one verdict from every worker's (:mod:`sidecar.fleet.stall_probe`).
 * SIGTERM (or SIGINT) goes on to every worker, which drains as the single process does
   (sidecar/relay/server/drain.py); readiness is 503 from the first signal, and the admin
   port stays up until the last worker is done, so the final figures can be scraped. A second
@@ -70,6 +71,7 @@ from ..relay.server.aiohttp_internals import GuardedServer, RebuildingRunner
 from ..relay.server.client_guard import ConnectionGuard, connection_cap
 from .ledger import create_ledger, read_lost
 from .merge import PodPage, Source, lost_request_labels
+from .stall_probe import pod_stall_probe, worker_stall_doc
 from .worker import (
     FAMILIES_PATH,
     LABELS_PATH,
@@ -439,6 +441,14 @@ class Supervisor:
                 return web.json_response({**doc, "worker": worker.index}, status=503)
         return web.json_response({"ready": True, "workers": self.count})
 
+    async def _stallz(self, request: web.Request) -> web.Response:
+        """The pod's one verdict on the engine from every worker's own (fleet/stall_probe.py)."""
+        answers = await asyncio.gather(*(w.ask("/stallz") for w in self.workers))
+        docs = [None if a is None else worker_stall_doc(a.body) for a in answers]
+        assert self.settings.stall_probe_seconds is not None, "routed only when set"
+        healthy, doc = pod_stall_probe(docs, self.settings.stall_probe_seconds)
+        return web.json_response(doc, status=200 if healthy else 503)
+
     async def _metrics(self, request: web.Request) -> web.Response:
         await self.refresh()
         # Merged here, on the loop that retires workers (the renderer's thread only reads it).
@@ -461,6 +471,8 @@ class Supervisor:
         app.router.add_get("/upstreamz", relayed)
         if self.settings.engine_metrics_path:
             app.router.add_get("/metrics/engine", relayed)
+        if self.settings.stall_probe_seconds is not None:
+            app.router.add_get("/stallz", self._stallz)
         return app
 
 

@@ -23,10 +23,8 @@ def test_the_probe_waits_longer_than_the_stall(probe):
 
 
 @pytest.mark.parametrize("workers", [2, "auto"])
-def test_the_probe_needs_one_worker_since_the_pod_supervisor_does_not_serve_it(workers):
-    with pytest.raises(ValidationError, match="needs --workers 1"):
-        Settings(upstream=UP, workers=workers, stall_probe_seconds=300)
-    assert Settings(upstream=UP, workers=workers).stall_probe_seconds is None
+def test_the_probe_is_served_with_several_workers_too(workers):
+    assert Settings(upstream=UP, workers=workers, stall_probe_seconds=300).stall_probe_seconds
 
 
 def test_a_stall_threshold_under_a_second_is_refused():

@@ -291,13 +291,10 @@ timeoutSeconds: {{ $l.timeoutSeconds }}
 failureThreshold: {{ .failureThreshold }}
 {{- end -}}
 
-{{/* An httpGet probe of the sidecar's /stallz (a hung engine), for the model server's liveness;
-one process only: the pod's supervisor (sidecar.workers above 1) does not serve /stallz. */}}
+{{/* An httpGet probe of the sidecar's /stallz (a hung engine), for the model server's liveness
+(with several workers, the pod's supervisor answers it from every worker's requests). */}}
 {{- define "llm-sidecar.stallProbe" -}}
 {{- $p := .Values.modelServer.stallProbe -}}
-{{- if ne (include "llm-sidecar.workers" .) "1" -}}
-{{- fail "modelServer.stallProbe needs sidecar.workers: 1 (with more, the pod's supervisor answers the admin port and does not serve /stallz)" -}}
-{{- end -}}
 {{- if .Values.modelServer.liveness.enabled -}}
 {{- fail "modelServer.stallProbe and modelServer.liveness are both the model server's liveness probe: enable one" -}}
 {{- end -}}

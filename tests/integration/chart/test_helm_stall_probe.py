@@ -1,7 +1,7 @@
 """modelServer.stallProbe: the model server's liveness probe is the sidecar's /stallz, off by
 default, with the sidecar told the threshold; readiness and the sidecar's own probes stay
-what they are; a render that would point the kubelet at a /stallz nobody serves (several
-workers) or give the container two liveness probes is refused."""
+what they are, with one worker or several (the pod's supervisor serves /stallz then); a
+render that would give the container two liveness probes is refused."""
 
 from __future__ import annotations
 
@@ -45,8 +45,15 @@ def test_on_the_model_servers_liveness_asks_stallz_and_the_sidecar_serves_it():
     assert cs["llm-sidecar"]["livenessProbe"] == default["llm-sidecar"]["livenessProbe"]
 
 
-def test_refused_with_several_workers_or_beside_the_upstream_liveness_probe():
+def test_with_several_workers_the_probe_and_the_threshold_are_the_same():
+    one = containers(*ON, "--set", "sidecar.workers=1")
+    two = containers(*ON, "--set", "sidecar.workers=2")
+    assert two["model-server"]["livenessProbe"] == one["model-server"]["livenessProbe"]
+    assert env(two["llm-sidecar"])["LLM_SIDECAR_WORKERS"] == "2"
+    assert env(two["llm-sidecar"])["LLM_SIDECAR_STALL_PROBE_SECONDS"] == "300"
+
+
+def test_refused_beside_the_upstream_liveness_probe_or_under_a_minute():
     require_helm()
-    assert "sidecar.workers: 1" in render_error(*ON, "--set", "sidecar.workers=2")
     assert "enable one" in render_error(*ON, "--set", "modelServer.liveness.enabled=true")
     assert "stallSeconds" in render_error(*ON, "--set", "modelServer.stallProbe.stallSeconds=10")
