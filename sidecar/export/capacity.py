@@ -65,8 +65,8 @@ class CapacityMetrics:
         Why at zero and ahead of the load: a series that appeared only with its first
         observations would enter Prometheus already holding them, and ``rate``/``increase``
         never count a series' first sample, so the capacity rules' 1h window would lose a
-        band's first requests (20-25 % of each band's gaps in the aiperf sweep of
-        tests/real/test_capacity_sweep.py, enough to flip a band's p95 verdict). The
+        band's first requests (enough to flip a band's p95 verdict: docs/performance.md,
+        "Figures behind the code"). The
         decoding count moves one stream at a time, and a band's first report comes when
         the load leaves the band's lowest count, so the band above is made at least one
         stream before the load can reach it (band 8 when the load leaves 3 streams, entered

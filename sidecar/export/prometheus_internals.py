@@ -61,9 +61,9 @@ def is_labelled_parent(metric: MetricWrapperBase) -> bool:
 
 
 def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
-    """``histogram.observe(v)`` for every ``v`` in ``values``, with the same result, at a
-    fraction of the cost: one lock per touched bucket and one for the sum, instead of two
-    locks and a bucket search per value. A request's ITL has one value per token.
+    """``histogram.observe(v)`` for every ``v`` in ``values``, with the same result, with
+    one lock per touched bucket and one for the sum, instead of two locks and a bucket search
+    per value. A request's ITL has one value per token.
 
     ``histogram`` is a labelled child (or an unlabelled histogram). Exactly equal, sample
     for sample, to observing one by one:
@@ -102,10 +102,10 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
 
 
 def observe_one(histogram: Histogram, value: float, exemplar: dict[str, str] | None = None) -> None:
-    """``histogram.observe(value, exemplar)``, with the same result, at less than half the
-    cost where there is no exemplar: the bucket found by bisection, not a Python loop over
-    the bounds, and no check that ``histogram`` is a child (the callers pass children they
-    just took with ``labels()``). A request's end observes about ten histograms.
+    """``histogram.observe(value, exemplar)``, with the same result, where there is no
+    exemplar without the library's steps: the bucket found by bisection, not a Python loop
+    over the bounds, and no check that ``histogram`` is a child (the callers pass children
+    they just took with ``labels()``).
 
     The bucket is the first whose upper bound ``value`` does not exceed, as ``observe``
     finds it: ``bisect_left`` of the sorted bounds (the last is ``+Inf``). NaN, which
@@ -337,10 +337,11 @@ class WithoutCreated:
     """A registry as /metrics serves it: every family without its ``_created`` samples.
 
     prometheus_client exposes, for every counter, histogram and summary child, a
-    ``_created`` sample (the child's creation time): about 9 % of the sidecar's page, which
-    no query, rule or dashboard reads (``rate()`` copes with resets by itself). The library's
-    switch, ``disable_created_metrics()``, is a module global: flipping it changes the page
-    of every registry in the process, and every test that builds a sidecar would change it
+    ``_created`` sample (the child's creation time): a share of the sidecar's page
+    (docs/performance.md, "Figures behind the code") which no query, rule or dashboard
+    reads (``rate()`` copes with resets by itself). The library's switch,
+    ``disable_created_metrics()``, is a module global: flipping it changes the page of every
+    registry in the process, and every test that builds a sidecar would change it
     for the tests after it (the mutable module global the team's style guide asks us to
     avoid). This view drops them from one registry's page instead, whoever embeds the
     sidecar; the registry itself is unchanged (``get_sample_value`` still answers for them)."""
@@ -414,7 +415,7 @@ class SeriesGate:
     def _plan(self) -> tuple[int, list[tuple[MetricWrapperBase, int]]]:
         """(samples of the fixed collectors, [(a labelled family's children, samples per
         child)]), worked out again only when the registry's collectors change: counting is
-        then a sum over the families, a few microseconds."""
+        then a sum over the families."""
         registry = self._registry
         with registry._lock:
             key = len(registry._collector_to_names)

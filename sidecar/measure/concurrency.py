@@ -18,13 +18,21 @@ __all__ = ["BANDS", "band", "DecodeConcurrency", "DecodeTrackers", "NO_TRACKER"]
 BANDS: tuple[str, ...] = ("1", "2", "4", "8", "16", "32", "64", "128", "+Inf")
 
 
-def band(n: int) -> str:
-    """The band of ``n`` (>= 1) concurrent streams: the smallest upper bound >= n."""
+def _band(n: int) -> str:
     if n <= 1:
         return "1"
     if n > 128:
         return "+Inf"
     return str(1 << (n - 1).bit_length())
+
+
+_BAND_OF: tuple[str, ...] = tuple(_band(n) for n in range(130))
+
+
+def band(n: int) -> str:
+    """The band of ``n`` (>= 1) concurrent streams: the smallest upper bound >= n (read from
+    a table of every count up to the last finite bound)."""
+    return _BAND_OF[n] if 0 <= n < 130 else _band(n)
 
 
 class DecodeConcurrency:

@@ -8,8 +8,8 @@ error and lets the relay go on.
 A non-streamed JSON body is kept as it came while it is small (up to
 ``SMALL_JSON_BYTES``) and parsed whole at the end, as always; a larger one is read by a
 :class:`~sidecar.measure.json_skeleton.JsonSkeleton` as it arrives, and only the small copy
-it keeps is parsed (a 15.9 MiB body of ``{"choices":[{},{},...]}`` parsed whole takes the
-sidecar from 53 to 553 MiB).
+it keeps is parsed (a large body of tiny objects parsed whole multiplies the sidecar's memory:
+docs/performance.md, "Figures behind the code").
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = ["ResponseObserver", "SMALL_JSON_BYTES"]
 SMALL_JSON_BYTES = 64 << 10
 """Up to this size a JSON body is kept whole and parsed by orjson (as
 ``RequestFieldScanner``'s callers do): exactly what the parsers always read, far cheaper
-than the skeleton for the common small body, and at most ~1.5 MiB of objects, freed at once."""
+than the skeleton for the common small body, and a bounded set of objects, freed at once."""
 
 _log = structlog.get_logger("sidecar.observe")
 
