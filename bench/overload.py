@@ -1,31 +1,37 @@
 """Overload: 1,024 keep-alive connections against one saturated core, nginx and the sidecar.
 
-    .venv/bin/python -m bench.overload                       # 1,024 connections, 10 s window
+    .venv/bin/python -m bench.overload                       # 512 connections, 512 more at 3 s
+    .venv/bin/python -m bench.overload --late 0              # all 1,024 at once
     .venv/bin/python -m bench.overload --connections 2048 --window 20 --json overload.json
     .venv/bin/python -m bench.overload --baseline-tree /tmp/before   # also the tree before
 
 Per target, fresh processes: :mod:`bench.upstream` answering every request with a short
 JSON body ``--delay`` seconds after it arrived (``--shape mixed``, one token, not
-streamed), the proxy under test (nginx from bench/nginx.conf.template, one worker; the
+streamed); the proxy under test (nginx from bench/nginx.conf.template, one worker; the
 sidecar with ``--workers 1``; with ``--baseline-tree DIR`` also the sidecar of another
-source tree, ``git archive <commit> | tar -x -C DIR``, as ``baseline``), and ``wrk`` (Debian's, scripts/system-deps.sh) with
-``--connections`` keep-alive connections, each sending the same request back to back. With
-``--pin auto`` (the default on 2+ CPUs) the proxy has the last CPU to itself and the
-upstream and wrk share the others, as in :mod:`bench.run`; the proxy's core is saturated
-long before the upstream's delay bounds the rate (1,024 connections / 20 ms = 51,200
-requests/s offered).
+source tree, ``git archive <commit> | tar -x -C DIR``, as ``baseline``); and ``wrk``
+(Debian's, scripts/system-deps.sh) with ``--connections`` keep-alive connections, each
+sending the same request back to back. ``--late`` of them (half, by default) are a second
+wrk that starts ``--late-after`` seconds after the first, once the first has saturated the
+proxy: clients arriving at a proxy that is already busy, which is where an accept that
+lags shows every time (with all the connections at once, it depends on whether they are
+accepted before the loop is saturated). With ``--pin auto`` (the default on 2+ CPUs) the
+proxy has the last CPU to itself and the upstream and wrk share the others, as in
+:mod:`bench.run`; the proxy's core is saturated long before the upstream's delay bounds
+the rate (1,024 connections / 20 ms = 51,200 requests/s offered).
 
 Reported per target:
 
-* wrk's latency percentiles (p50/p90/p99, max) and requests/s over the whole run, connects
-  included. wrk keeps a histogram per thread and merges them at the end; a latency past
-  its ``--timeout`` (set to 60 s here) would not be recorded at all.
+* Each wrk's latency percentiles (p50/p90/p99, max) and requests/s over its whole run,
+  connects included. wrk keeps a histogram per thread and merges them at the end; a
+  latency past its ``--timeout`` (set to 60 s here) would not be recorded at all.
 * Fairness, which does not move with the machine's noise: the requests each connection
-  sent in a window of ``--window`` seconds (from 1 s after wrk started), read from the
-  kernel (``ss -ti``: each client socket's ``bytes_sent`` divided by the request's exact
-  length; a connection sends its next request only once the last one was answered, so the
-  count is its completed requests, give or take the one in flight): min, p1, p50, max and
-  how many connections completed none.
+  sent in a window of ``--window`` seconds (from 1 s after the last wrk started), read
+  from the kernel (``ss -ti``: each client socket's ``bytes_sent`` divided by the
+  request's exact length; a connection sends its next request only once the last one was
+  answered, so the count is its completed requests, give or take the one in flight): min,
+  p1, p50, max and how many connections completed none, over all of them and for the
+  first and the late ones apart.
 * The proxy's accept queue (the listening socket's Recv-Q, sampled every second, the
   largest seen) and the kernel's counters over the run (``nstat``: TcpExtListenOverflows,
   TcpExtListenDrops, TcpExtTCPLossProbes, TcpRetransSegs, TcpActiveOpens). The counters
@@ -148,6 +154,10 @@ def nstat(history: Path, reset: bool = False) -> dict[str, int]:
     return values
 
 
+def only(counts: dict[str, int], keys: set[str]) -> dict[str, int]:
+    return {k: v for k, v in counts.items() if k in keys}
+
+
 def fairness(before: dict[str, int], after: dict[str, int], size: int) -> dict:
     counts = sorted((after[k] - before[k]) // size for k in after if k in before)
     n = len(counts)
@@ -256,13 +266,21 @@ def run_target(
         nstat(history, reset=True)
         tree = process_tree(proxy.pid)
         cpu0, t0 = cpu_seconds(tree), time.monotonic()
-        run_for = args.window + 3
-        client = procs.spawn(
-            f"wrk-{target}",
-            [wrk, f"-t{args.threads}", f"-c{args.connections}", f"-d{run_for:.0f}s",
-             "--timeout", "60s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}/"],
-            "load",
-        )  # fmt: skip
+        late = min(max(args.late, 0), args.connections - 1)
+        waves = [("first", args.connections - late, args.late_after if late else 0.0)]
+        if late:
+            waves.append(("late", late, 0.0))
+
+        def start_wave(name: str, connections: int, head_start: float) -> subprocess.Popen:
+            run_for = head_start + args.window + 3
+            return procs.spawn(
+                f"wrk-{target}-{name}",
+                [wrk, f"-t{min(args.threads, connections)}", f"-c{connections}",
+                 f"-d{run_for:.0f}s", "--timeout", "60s", "--latency", "-s", str(script),
+                 f"http://127.0.0.1:{port}/"],
+                "load",
+            )  # fmt: skip
+
         queue: list[int] = []
         stop = threading.Event()
 
@@ -272,31 +290,47 @@ def run_target(
 
         sampler = threading.Thread(target=sample_queue, daemon=True)
         sampler.start()
+        clients = [start_wave(*waves[0])]
+        first: set[str] = set()
+        if late:
+            time.sleep(args.late_after)  # the first wave has saturated the proxy by now
+            first = set(sent_per_connection(port))
+            clients.append(start_wave(*waves[1]))
         time.sleep(1.0)
         before = sent_per_connection(port)
         time.sleep(args.window / 2)
         top = subprocess.run(["top", "-bn1"], capture_output=True, text=True).stdout
         time.sleep(args.window / 2)
         after = sent_per_connection(port)
-        client.wait(run_for + 60)
+        for client in clients:
+            client.wait(args.late_after + args.window + 60)
         stop.set()
         sampler.join()
         wall = time.monotonic() - t0
         cpu = cpu_seconds(tree) - cpu0
         counters = nstat(history)
-        report = procs.log(f"wrk-{target}")
         procs.stop(upstream)  # it prints its counters as it stops
-        return {
+        size = len(request)
+        reports = {name: procs.log(f"wrk-{target}-{name}") for name, _, _ in waves}
+        result = {
             "target": target,
-            "latency": parse_wrk(report),
-            "fairness": fairness(before, after, len(request)),
+            "waves": {
+                name: {"connections": n, "joined_after_s": args.late_after if name == "late" else 0.0,
+                       "latency": parse_wrk(reports[name])}
+                for name, n, _ in waves
+            },
+            "fairness": fairness(before, after, size),
             "accept_queue_max": max(queue, default=0),
             "counters": counters,
             "upstream": upstream_counts(procs.log("upstream")),
             "proxy_cpu_pct_core": 100.0 * cpu / wall,
             "top": "\n".join(top.splitlines()[:15]),
-            "wrk": report,
-        }
+            "wrk": reports,
+        }  # fmt: skip
+        if late:
+            result["fairness_first"] = fairness(before, only(after, first), size)
+            result["fairness_late"] = fairness(before, only(after, set(after) - first), size)
+        return result
     finally:
         procs.stop_all()
 
@@ -308,27 +342,36 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
-def print_target(res: dict, window: float) -> None:
-    lat, fair, c = res["latency"], res["fairness"], res["counters"]
+def _latency(lat: dict) -> str:
     ratio = lat.get("p99_over_p50")
-    print(f"\n== {res['target']}")
-    print(
-        f"latency ms  p50 {_ms(lat.get('p50_s'))}  p90 {_ms(lat.get('p90_s'))}  "
-        f"p99 {_ms(lat.get('p99_s'))}  max {_ms(lat.get('max_s'))}  "
-        f"p99/p50 {ratio:.1f}"
-        if ratio
-        else "latency: wrk reported none"
+    if not ratio:
+        return "wrk reported no latency"
+    return (
+        f"p50 {_ms(lat.get('p50_s'))}  p90 {_ms(lat.get('p90_s'))}  p99 {_ms(lat.get('p99_s'))}  "
+        f"max {_ms(lat.get('max_s'))} ms  p99/p50 {ratio:.1f}  "
+        f"{lat.get('requests_per_s', 0):.0f} requests/s  non-2xx {lat.get('non_2xx')}"
+        + (f"  socket errors: {lat['socket_errors']}" if lat.get("socket_errors") else "")
     )
-    print(
-        f"requests/s  {lat.get('requests_per_s', 0):.0f}  (proxy CPU {res['proxy_cpu_pct_core']:.0f} % "
-        f"of its core; non-2xx {lat.get('non_2xx')}, socket errors {lat.get('socket_errors')})"
+
+
+def _fair(fair: dict) -> str:
+    if not fair.get("connections"):
+        return "no connection seen"
+    return (
+        f"min {fair['min']}  p1 {fair['p1']}  p50 {fair['p50']}  max {fair['max']}  "
+        f"none: {fair['zero']} of {fair['connections']}"
     )
-    if fair.get("connections"):
-        print(
-            f"requests per connection in {window:.0f} s  min {fair['min']}  p1 {fair['p1']}  "
-            f"p50 {fair['p50']}  max {fair['max']}  none: {fair['zero']} of "
-            f"{fair['connections']} connections"
-        )
+
+
+def print_target(res: dict, window: float) -> None:
+    print(f"\n== {res['target']}  (proxy CPU {res['proxy_cpu_pct_core']:.0f} % of its core)")
+    for name, wave in res["waves"].items():
+        joined = f", joined after {wave['joined_after_s']:.0f} s" if wave["joined_after_s"] else ""
+        print(f"{name} {wave['connections']} connections{joined}: {_latency(wave['latency'])}")
+    print(f"requests a connection completed in {window:.0f} s  all: {_fair(res['fairness'])}")
+    for part in ("first", "late"):
+        if f"fairness_{part}" in res:
+            print(f"  {part}: {_fair(res[f'fairness_{part}'])}")
     print(f"accept queue (largest seen)  {res['accept_queue_max']}")
     up = res["upstream"]
     if up.get("requests"):
@@ -336,13 +379,20 @@ def print_target(res: dict, window: float) -> None:
             f"upstream  {up['connections']} connections for {up['requests']} requests "
             f"({1000 * up['connections'] / up['requests']:.1f} a thousand requests)"
         )
-    print("kernel  " + "  ".join(f"{k} {v}" for k, v in c.items()))
+    print("kernel  " + "  ".join(f"{k} {v}" for k, v in res["counters"].items()))
     print(res["top"])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.split("\n")[0])
     p.add_argument("--connections", type=int, default=1024, help="keep-alive connections")
+    p.add_argument(
+        "--late", type=int, default=512,
+        help="of the connections, how many join later, once the proxy is saturated (0: all at once)",
+    )  # fmt: skip
+    p.add_argument(
+        "--late-after", type=float, default=3.0, help="seconds after the first ones they join"
+    )
     p.add_argument("--window", type=float, default=10.0, help="seconds the fairness count covers")
     p.add_argument("--delay", type=float, default=0.02, help="the upstream's seconds per answer")
     p.add_argument("--threads", type=int, default=2, help="wrk's threads")

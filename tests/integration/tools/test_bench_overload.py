@@ -76,13 +76,14 @@ def test_the_request_is_framed_and_the_lua_string_gives_it_back_byte_for_byte(tm
     assert decoded.encode() == request
 
 
-def test_a_short_run_counts_every_connection_of_both_targets(tmp_path):
+def test_a_short_run_counts_every_connection_of_both_targets_and_both_waves(tmp_path):
     missing = [t for t in ("wrk", "ss", "nstat") if shutil.which(t) is None]
     if missing or find_nginx() is None:
         pytest.skip(f"needs {', '.join(missing) or 'nginx'} (scripts/system-deps.sh installs them)")
     out = tmp_path / "overload.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.overload", "--connections", "64", "--window", "2",
+        [sys.executable, "-m", "bench.overload", "--connections", "64", "--late", "16",
+         "--late-after", "1", "--window", "2",
          "--json", str(out), "--keep-logs", str(tmp_path / "logs")],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -92,10 +93,14 @@ def test_a_short_run_counts_every_connection_of_both_targets(tmp_path):
     for target in report["targets"]:
         name = target["target"]
         assert target["fairness"]["connections"] == 64, name
+        assert target["fairness_first"]["connections"] == 48, name
+        assert target["fairness_late"]["connections"] == 16, name
         assert target["fairness"]["total"] > 0, name
-        assert target["latency"]["non_2xx"] == 0, (name, target["wrk"])
-        assert {"p50_s", "p90_s", "p99_s", "max_s", "requests_per_s"} <= set(target["latency"])
+        for wave in ("first", "late"):
+            latency = target["waves"][wave]["latency"]
+            assert latency["non_2xx"] == 0, (name, target["wrk"][wave])
+            assert {"p50_s", "p90_s", "p99_s", "max_s", "requests_per_s"} <= set(latency)
         assert set(target["counters"]) == set(COUNTERS)
         assert target["upstream"]["requests"] > 0 and target["upstream"]["connections"] >= 1
         assert target["top"].startswith("top"), name
-    assert "requests per connection in 2 s" in proc.stdout
+    assert "requests a connection completed in 2 s" in proc.stdout
