@@ -458,51 +458,81 @@ class SidecarMetrics:
         self.model_label.release(model_label)
 
     def record(self, t: RequestSummary) -> None:
-        """Observe one finished request (its summary). Called exactly once per request."""
+        """Observe one finished request (its summary). Called exactly once per request.
+
+        Each family's cell is looked up in one step under a key of the label values, in the
+        order its by-name labels give them (``Children.remember`` holds the two together)."""
         model, route = t.model_label, t.route
         outcome = t.outcome.value
+        code = t.code
+        k: tuple[str, ...]  # a family's key: its label values in their by-name order
         if not t.api:
             # Not an API request (a health check, the server's own /metrics, a model listing
             # through the proxy port): one count apart, so it never forms an SLO of its own
             # (model "unknown", route "other") nor dilutes the real requests' error ratio.
-            self.c_non_api.get(
-                {"method": method_label(t.method), "code": t.code, "outcome": outcome}
+            method = method_label(t.method)
+            non_api = self.c_non_api
+            k = (method, code, outcome)
+            (
+                non_api.memo.get(k)
+                or non_api.remember(k, {"method": method, "code": code, "outcome": outcome})
             ).add(1)
             self._record_overhead(t)  # the sidecar's own cost, whatever it relayed
             return
         tenant = (t.tenant or UNKNOWN) if self.tenants else UNKNOWN
-        self.c_requests.get(
-            {
-                "model": model,
-                "route": route,
-                "code": t.code,
-                "outcome": outcome,
-                "error_type": t.error_type,
-                "tenant": tenant,
-            }
+        error_type = t.error_type
+        requests = self.c_requests
+        k = (model, route, code, outcome, error_type, tenant)
+        (
+            requests.memo.get(k)
+            or requests.remember(
+                k,
+                {
+                    "model": model,
+                    "route": route,
+                    "code": code,
+                    "outcome": outcome,
+                    "error_type": error_type,
+                    "tenant": tenant,
+                },
+            )
         ).add(1)
         reasons = t.finish_reasons
         if reasons:
+            finish = self.c_finish_reasons
             for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:
-                self.c_finish_reasons.get(
-                    {"model": model, "route": route, "finish_reason": finish_reason_label(raw)}
+                reason = finish_reason_label(raw)
+                k = (model, route, reason)
+                (
+                    finish.memo.get(k)
+                    or finish.remember(k, {"model": model, "route": route, "finish_reason": reason})
                 ).add(1)
         # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
         ex = {"trace_id": t.trace_id} if t.trace_id else None
         by_model: ModelOnly = {"model": model}
+        m = (model,)
         # A cancelled request's duration is when its client chose to leave, not how the
         # server did: llm_requests_total counts it, no distribution holds it.
         if t.outcome is not Outcome.CANCELLED:
-            self.c_duration.get({"model": model, "outcome": outcome}).observe(t.e2e, ex)
+            duration = self.c_duration
+            k = (model, outcome)
+            (
+                duration.memo.get(k) or duration.remember(k, {"model": model, "outcome": outcome})
+            ).observe(t.e2e, ex)
         if t.ttfb is not None:
-            self.c_ttfb.get(by_model).observe(t.ttfb, ex)
+            ttfb = self.c_ttfb
+            (ttfb.memo.get(m) or ttfb.remember(m, by_model)).observe(t.ttfb, ex)
         if t.parse_errors:
             self.c_parse_errors.get({"route": route}).add(t.parse_errors)
         if t.streamed:
             self._record_stream(t, by_model, ex, tenant)
         self._record_tokens(t, model, route, tenant)
-        self.c_token_count_source.get(
-            {"model": model, "route": route, "source": t.token_count_source.value}
+        source = t.token_count_source.value
+        sources = self.c_token_count_source
+        k = (model, route, source)
+        (
+            sources.memo.get(k)
+            or sources.remember(k, {"model": model, "route": route, "source": source})
         ).add(1)
         engine = t.engine
         if engine is not None:
@@ -516,21 +546,33 @@ class SidecarMetrics:
                     children.get(by_model).observe(value)
         self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
-            self.c_within_slo.get({"model": model, "route": route, "tenant": tenant}).add(1)
+            within = self.c_within_slo
+            k = (model, route, tenant)
+            (
+                within.memo.get(k)
+                or within.remember(k, {"model": model, "route": route, "tenant": tenant})
+            ).add(1)
         if t.objectives_invalid:
             for name in t.objectives_invalid:
                 self.c_request_objective_invalid.get({"route": route, "objective": name}).add(1)
         judgement = t.judgement
         if judgement is not None:
+            objectives = self.c_request_objectives
             for name, met in judgement.verdicts():
-                self.c_request_objectives.get(
-                    {
-                        "model": model,
-                        "route": route,
-                        "objective": name,
-                        "result": "met" if met else "missed",
-                        "tenant": tenant,
-                    }
+                result = "met" if met else "missed"
+                k = (model, route, name, result, tenant)
+                (
+                    objectives.memo.get(k)
+                    or objectives.remember(
+                        k,
+                        {
+                            "model": model,
+                            "route": route,
+                            "objective": name,
+                            "result": result,
+                            "tenant": tenant,
+                        },
+                    )
                 ).add(1)
 
     def _record_overhead(self, t: RequestSummary) -> None:
@@ -547,15 +589,18 @@ class SidecarMetrics:
         """The stream's distributions, per model: a model's latencies are its engine's,
         whichever API route asked (the route is on the counters)."""
         model = by_model["model"]
+        m = (model,)
         ttft = t.ttft
         if ttft is not None:
             prompt_class = self.prompt_class(t.input_tokens)
-            ttft_labels: TtftLabels = {
-                "model": model,
-                "prompt_class": prompt_class,
-                "tenant": tenant,
-            }
-            self.c_ttft.get(ttft_labels).observe(ttft, ex)
+            ttfts = self.c_ttft
+            k = (model, prompt_class, tenant)
+            (
+                ttfts.memo.get(k)
+                or ttfts.remember(
+                    k, {"model": model, "prompt_class": prompt_class, "tenant": tenant}
+                )
+            ).observe(ttft, ex)
             cache = t.cache
             if cache is not None and cache is not CacheClass.UNKNOWN:
                 # unknown: the TTFT histogram already has it
@@ -568,17 +613,21 @@ class SidecarMetrics:
             self.c_tool_calls_per_response.get(by_model).observe(t.tool_call_count)
         gaps = t.gaps
         if gaps:
-            itl = self.c_itl.get(by_model)
+            itls = self.c_itl
+            itl = itls.memo.get(m) or itls.remember(m, by_model)
             itl.observe_many(gaps)
             for index, count in t.gap_runs:  # k tokens of one event: k gaps, one entry
                 itl.observe_repeated(gaps[index], count - 1)
         if t.tpot is not None:
-            self.c_tpot.get(by_model).observe(t.tpot, ex)
+            tpot = self.c_tpot
+            (tpot.memo.get(m) or tpot.remember(m, by_model)).observe(t.tpot, ex)
         if t.tokens_per_second is not None:
-            self.c_tps.get(by_model).observe(t.tokens_per_second)
+            tps = self.c_tps
+            (tps.memo.get(m) or tps.remember(m, by_model)).observe(t.tokens_per_second)
 
     def _record_tokens(self, t: RequestSummary, model: str, route: str, tenant: str) -> None:
         ok = t.outcome is Outcome.OK
+        tokens, per_request = self.c_tokens, self.c_request_tokens
         for kind, value, distribution in (
             ("input", t.input_tokens, True),
             ("output", t.output_tokens, True),
@@ -588,8 +637,16 @@ class SidecarMetrics:
             if value is None:
                 continue
             if value:
-                self.c_tokens.get(
-                    {"model": model, "route": route, "type": kind, "tenant": tenant}
+                k = (model, route, kind, tenant)
+                (
+                    tokens.memo.get(k)
+                    or tokens.remember(
+                        k, {"model": model, "route": route, "type": kind, "tenant": tenant}
+                    )
                 ).add(value)
             if distribution and ok:
-                self.c_request_tokens.get({"model": model, "type": kind}).observe(value)
+                k2 = (model, kind)
+                (
+                    per_request.memo.get(k2)
+                    or per_request.remember(k2, {"model": model, "type": kind})
+                ).observe(value)

@@ -256,7 +256,8 @@ class Children(Generic[L, C]):
     :class:`Count` or :class:`Observed` that moves it (``cell``).
 
     ``get(labels)`` takes the label values by name (a TypedDict per family, which the type
-    checker holds each call to) and returns the child's cell: a dict lookup where
+    checker holds each call to) and returns the child's cell (:meth:`remember` keeps it under
+    the caller's own key as well, for a one-step lookup): a dict lookup where
     prometheus_client's ``labels()`` converts, checks and locks on every call (and the
     series gate, where one guards the family, counts). ``names`` orders the values as the
     family declares its labels.
@@ -266,7 +267,7 @@ class Children(Generic[L, C]):
     its own series once there is room. :meth:`forget` drops the kept children a removal
     made stale (:meth:`SidecarMetrics.forget` removes an idle label value's series)."""
 
-    __slots__ = ("family", "names", "_key", "_cell", "kept")
+    __slots__ = ("family", "names", "_key", "_cell", "kept", "memo")
 
     def __init__(self, family: MetricWrapperBase, cell: Callable[[Any], C]) -> None:
         self.family = family
@@ -279,6 +280,7 @@ class Children(Generic[L, C]):
         else:
             self._key = itemgetter(*self.names)
         self.kept: dict[tuple[str, ...], C] = {}
+        self.memo: dict[tuple[Any, ...], C] = {}
 
     def get(self, labels: L) -> C:
         """The cell of the child for ``labels``."""
@@ -286,6 +288,18 @@ class Children(Generic[L, C]):
         cell = self.kept.get(key)
         if cell is None:
             cell = self.at(key)
+        return cell
+
+    def remember(self, key: tuple[Any, ...], labels: L) -> C:
+        """The cell for ``labels``, kept in :attr:`memo` under ``key`` too: the same values
+        in the order ``labels`` gives them, which a hot caller builds to look the cell up in
+        one step (``memo.get(key) or remember(key, labels)``). Held to it here, so a key that
+        left a value out (and would stand for two label sets) fails at its first use."""
+        if key != tuple(labels.values()):
+            raise ValueError(f"{key} is not the values of {labels}")
+        cell = self.get(labels)
+        if self._key(labels) in self.kept:
+            self.memo[key] = cell
         return cell
 
     def at(self, key: tuple[str, ...]) -> C:
@@ -301,7 +315,9 @@ class Children(Generic[L, C]):
         return cell
 
     def forget(self, label: str | None = None, value: str | None = None) -> None:
-        """Drop the kept children whose ``label`` is ``value`` (all, without a label)."""
+        """Drop the kept children whose ``label`` is ``value`` (all, without a label), and
+        every remembered one."""
+        self.memo.clear()
         if label is None:
             self.kept.clear()
             return

@@ -159,3 +159,17 @@ def test_every_family_on_the_page_is_a_row_of_the_table():
         seen.add(metric.name)
     workers = {f"{NAMESPACE}_{family_row(OWN_FAMILIES, a).name}" for a in ("restarts", "running")}
     assert seen | workers == set(rows)  # the workers' two are on the supervisor's page
+
+
+def test_a_remembered_key_must_carry_every_label_value_in_order():
+    registry = CollectorRegistry()
+    family = Counter("keyed", "doc", ("a", "b"), registry=registry)
+    children: Children[dict[str, str], object] = Children(family, count_of)  # type: ignore[type-var]
+    with pytest.raises(ValueError):
+        children.remember(("x",), {"a": "x", "b": "y"})  # "y" left out: two label sets alias
+    with pytest.raises(ValueError):
+        children.remember(("y", "x"), {"a": "x", "b": "y"})
+    cell = children.remember(("x", "y"), {"a": "x", "b": "y"})
+    assert children.memo[("x", "y")] is cell
+    children.forget("a", "other")
+    assert not children.memo  # a removal drops every remembered cell
