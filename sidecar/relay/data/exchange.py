@@ -421,7 +421,7 @@ class Exchange:
         """A client error the sidecar answers itself (refused by its head, or a body that
         stalled or grew past its limit): outcome ok with its 4xx code, as an upstream's 4xx
         is; the unread rest of the body is not wanted, so the connection closes after."""
-        if self._record is None:
+        if self.state is RECEIVING:  # (no record yet)
             self._open(None)
         self.keep_alive = False
         self._end_early(Verdict.OK, self._error(*refused, keep_alive=False), keep_alive=False)
@@ -454,7 +454,6 @@ class Exchange:
         self.state = DONE
         if self._held is not None:  # (a held body that never came whole)
             self._held.release()
-        carrier = self._carrier
         conn = self._conn
         if conn is not None and self._pool is not None:
             # A complete keep-alive response returns the connection to the pool; anything else
@@ -462,7 +461,7 @@ class Exchange:
             self._pool.release(conn)
         record = self._record
         if record is not None:
-            carrier.records.close(record, verdict)
+            self._carrier.records.close(record, verdict)
         self._connection.carried_done(self, keep_alive)
 
     def _guarded(self, step: Callable[..., None], *args: object) -> None:
