@@ -313,26 +313,30 @@ class ResponseParser:
             return -1
         if stop - pos > self._max_head:
             raise ProtocolError(f"response head larger than {self._max_head} bytes")
-        lines = data[pos:stop].split(_CRLF)
-        version, status, reason = _status_line(lines[0])
-        headers = [_field(line) for line in lines[1:]]
+        status_line, crlf, block = data[pos:stop].partition(_CRLF)
+        version, status, reason = _status_line(status_line)
+        if crlf:
+            raw_fields = block.split(_CRLF)
+            headers, lowered = _fields(block)
+        else:
+            raw_fields, headers, lowered = [], [], []
         after = stop + 4
         if 100 <= status < 200:
             if status == 101:
                 raise ProtocolError("the upstream switched protocols, which is not relayed")
             return after  # interim response (100 Continue, 103 Early Hints): skip it
-        head = ResponseHead(version, status, reason, headers, lines[0][12:], lines[1:])
-        self._frame(head)
+        head = ResponseHead(version, status, reason, headers, status_line[12:], raw_fields)
+        self._frame(head, lowered)
         self.head = head
         return after
 
-    def _frame(self, head: ResponseHead) -> None:
-        """Decide how the body is delimited (RFC 9112 section 6.3)."""
+    def _frame(self, head: ResponseHead, lowered: list[str]) -> None:
+        """Decide how the body is delimited (RFC 9112 section 6.3). ``lowered``: the
+        header names in lower case, in order."""
         coding: list[str] = []
         lengths: list[str] = []
         connection: list[str] = []
-        for name, value in head.headers:
-            lower = name.lower()
+        for lower, (_, value) in zip(lowered, head.headers, strict=True):
             if lower == "transfer-encoding":
                 coding.extend(v.strip().lower() for v in value.split(","))
             elif lower == "content-length":
@@ -387,19 +391,35 @@ def _status_line(line: bytes) -> tuple[str, int, str]:
     return "1." + minor.decode(), int(code), reason.decode("latin-1")
 
 
-def _field(line: bytes) -> tuple[str, str]:
-    colon = line.find(b":")
-    if colon <= 0:
-        if line[:1] in (b" ", b"\t"):
-            raise ProtocolError("obsolete line folding in a response header")
-        raise ProtocolError("invalid response header line")
-    name = line[:colon]
-    if not _TCHAR.issuperset(name):
-        raise ProtocolError("invalid response header name")
-    value = line[colon + 1 :].strip(b" \t")
-    if b"\r" in value or b"\n" in value or b"\0" in value:
-        raise ProtocolError("invalid character in a response header value")
-    return name.decode("ascii"), value.decode("utf-8", "surrogateescape")
+_TCHAR_TEXT = frozenset(chr(c) for c in _TCHAR)
+
+
+def _fields(block: bytes) -> tuple[list[tuple[str, str]], list[str]]:
+    """The header fields of a head's ``block`` (its lines after the status line, CRLF
+    between them), in order, and their names in lower case. The block is decoded once
+    (UTF-8 with ``surrogateescape``: split at the ASCII CRLF, colon and blanks, it decodes to
+    what each name and value decode to alone), then each line is checked as RFC 9112 asks,
+    line by line in order."""
+    text = block.decode("utf-8", "surrogateescape")
+    lines = text.split("\r\n")
+    names = text.lower().split("\r\n")
+    fields: list[tuple[str, str]] = []
+    lowered: list[str] = []
+    for i, line in enumerate(lines):
+        colon = line.find(":")
+        if colon <= 0:
+            if line[:1] in (" ", "\t"):
+                raise ProtocolError("obsolete line folding in a response header")
+            raise ProtocolError("invalid response header line")
+        name = line[:colon]
+        if not _TCHAR_TEXT.issuperset(name):
+            raise ProtocolError("invalid response header name")
+        value = line[colon + 1 :].strip(" \t")
+        if "\r" in value or "\n" in value or "\0" in value:
+            raise ProtocolError("invalid character in a response header value")
+        fields += ((name, value),)
+        lowered += (names[i][:colon],)
+    return fields, lowered
 
 
 def _chunk_size(line: bytes) -> int:
@@ -420,6 +440,6 @@ def request_head(method: str, target: str, host: str, headers: Iterable[tuple[st
     for name, value in headers:
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
             raise ValueError(f"header {name!r} cannot be sent")
-        parts.append(f"{name}: {value}\r\n")
-    parts.append("\r\n")
+        parts += (f"{name}: {value}\r\n",)  # (+= a tuple: no method call a header)
+    parts += ("\r\n",)
     return "".join(parts).encode("utf-8", "surrogateescape")
