@@ -24,11 +24,11 @@ earlier import)."""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.fresh_imports import Imported, import_each_alone
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
 
@@ -251,16 +251,34 @@ def test_the_graph_sees_relative_and_lazy_imports():
     assert "sidecar.export.semconv" in graph["sidecar.export.spans"]  # from . import semconv
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if not n.endswith("__main__")])
-def test_each_module_imports_alone_in_a_fresh_interpreter(name):
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {name}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=PACKAGE.parent,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+IMPORTABLE = [n for n in MODULES if not n.endswith("__main__")]
+
+
+@pytest.fixture(scope="module")
+def imported_alone() -> dict[str, Imported]:
+    """Every module imported alone (tests/support/fresh_imports.py: one interpreter with the
+    libraries loaded, a forked child per module), all at once."""
+    return import_each_alone("sidecar", IMPORTABLE, PACKAGE.parent)
+
+
+@pytest.mark.parametrize("name", IMPORTABLE)
+def test_each_module_imports_alone_in_a_fresh_interpreter(imported_alone, name):
+    result = imported_alone[name]
+    assert result.code == 0, result.error[-2000:]
+
+
+def test_importing_alone_finds_a_circle_that_only_one_order_hits(tmp_path):
+    """The forked imports see what fresh interpreters see: ``a`` imports ``b``, which needs a
+    name ``a`` defines after that import; ``import b`` works (it loads ``a`` whole first),
+    ``import a`` fails, and neither hides the other."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\nX = 1\n")
+    (tmp_path / "pkg" / "b.py").write_text("from pkg.a import X\nprint(X)\n")
+    results = import_each_alone("pkg", ["pkg.b", "pkg.a", "pkg"], tmp_path)
+    assert results["pkg.b"].code == 0 and results["pkg"].code == 0
+    assert results["pkg.a"].code == 1
+    assert "partially initialized module 'pkg.a'" in results["pkg.a"].error
 
 
 def test_the_simulator_no_longer_has_its_two_halves_importing_each_other():
