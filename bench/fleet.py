@@ -302,6 +302,7 @@ def measure_rule_reads(prom: Prometheus) -> dict:
             "queried_seconds": round(sum(r["seconds"] for r in rules), 3),
             "queried_cpu_seconds": round(cpu_seconds(prom.proc.pid) - cpu0, 2),
             "top_rule": top,
+            "rules": rules,
         }
     return out
 

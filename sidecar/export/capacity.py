@@ -3,10 +3,10 @@
 - ``llm_inter_token_latency_by_concurrency_seconds{model, concurrency}``: every gap that
   ``llm_inter_token_latency_seconds`` observes, again, labelled by the band of this
   sidecar's streams of that model decoding when the gap ended (sidecar/measure/concurrency.py).
-  Its counts per model sum to the plain ITL histogram's count.
-- ``llm_decode_tokens_by_concurrency_total``: output tokens after each stream's first (one
-  per gap) observed at the band; ``llm_decode_seconds_by_concurrency_total``: wall time with
-  at least one stream decoding, at the band. Throughput per band = tokens / seconds.
+  Its counts per model sum to the plain ITL histogram's count, and one gap is one output
+  token after a stream's first, so its ``_count`` is also the decode tokens at the band.
+- ``llm_decode_seconds_by_concurrency_total``: wall time with at least one stream decoding,
+  at the band. Throughput per band = the ITL count / seconds.
 
 Gaps are grouped by band when the request is recorded, so the hot path pays only the
 integer read the timeline does per token.
@@ -24,9 +24,7 @@ from ..measure.summary import RequestSummary
 from .families import CAPACITY_FAMILIES
 from .prometheus_internals import (
     Children,
-    Count,
     Observed,
-    count_of,
     drop_label_value,
     label_children,
     samples_per_child,
@@ -45,12 +43,10 @@ class BandLabels(TypedDict):
 class CapacityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         made = {row.attr: row.make(registry, False) for row in CAPACITY_FAMILIES}
-        itl, tokens, seconds = made["itl"], made["tokens"], made["seconds"]
-        assert isinstance(itl, Histogram) and isinstance(tokens, Counter), "the table's kinds"
-        assert isinstance(seconds, Counter), "the table's kinds"
-        self.itl, self.tokens, self.seconds = itl, tokens, seconds
+        itl, seconds = made["itl"], made["seconds"]
+        assert isinstance(itl, Histogram) and isinstance(seconds, Counter), "the table's kinds"
+        self.itl, self.seconds = itl, seconds
         self.c_itl: Children[BandLabels, Observed] = Children(self.itl, Observed)
-        self.c_tokens: Children[BandLabels, Count] = Children(self.tokens, count_of)
         self._made: dict[str, set[str]] = {}  # model label -> bands whose series exist
         self.trackers = DecodeTrackers(self._sink_for)
 
@@ -58,7 +54,7 @@ class CapacityMetrics:
         """Called once per model label, when a request of it starts. Nothing is made then: a
         label whose requests never decode (a 404 for a model nobody serves, filed under
         ``other``) must not cost a series. The first time a stream of it has decoded (the
-        first report of wall time at a band), the three lowest bands' series of all three
+        first report of wall time at a band), the three lowest bands' series of both
         metrics are made, at zero, and each band's first use makes the band above it
         (:meth:`_ahead`).
 
@@ -94,29 +90,22 @@ class CapacityMetrics:
             if ahead not in made:
                 made.add(ahead)
                 self.itl.labels(label, ahead)
-                self.tokens.labels(label, ahead)
                 self.seconds.labels(label, ahead)
 
     def series_count(self) -> int:
         """Samples these metrics expose now (without ``_created``): each model label brings
         the bands it reached and the two above, of each."""
-        return sum(
-            len(label_children(m)) * samples_per_child(m)
-            for m in (self.itl, self.tokens, self.seconds)
-        )
+        return sum(len(label_children(m)) * samples_per_child(m) for m in (self.itl, self.seconds))
 
     def forget(self, label: str) -> int:
         """An idle model label gave its slot back (sidecar/base/labels.py): drop its series
-        of all three metrics and its tracker, so a label that comes back starts afresh (and
+        of both metrics and its tracker, so a label that comes back starts afresh (and
         its series are made again when it next decodes). Without this, every model ever
         labelled kept its 9 bands of series for good. Returns the series removed."""
         self.trackers.forget(label)
         self._made.pop(label, None)
         self.c_itl.forget("model", label)
-        self.c_tokens.forget("model", label)
-        return sum(
-            drop_label_value(m, "model", label) for m in (self.itl, self.tokens, self.seconds)
-        )
+        return sum(drop_label_value(m, "model", label) for m in (self.itl, self.seconds))
 
     def record(self, t: RequestSummary) -> None:
         """Observe one finished request's gaps by band (a recorder, called once)."""
@@ -140,7 +129,6 @@ class CapacityMetrics:
             itl.observe_many(gaps)
             for index, count in runs:
                 itl.observe_repeated(gaps[index], count - 1)
-            self.c_tokens.get(labels).add(t.gap_count)
             return
         by_band: dict[str, list[float]] = {}
         for gap, n in zip(gaps, streams, strict=True):
@@ -153,8 +141,6 @@ class CapacityMetrics:
         for b, values in by_band.items():
             labels = {"model": model_label, "concurrency": b}
             self.c_itl.get(labels).observe_many(values)
-            self.c_tokens.get(labels).add(len(values))
         for index, count in runs:  # k tokens of one event: the surplus of their one entry
             labels = {"model": model_label, "concurrency": band(streams[index])}
             self.c_itl.get(labels).observe_repeated(gaps[index], count - 1)
-            self.c_tokens.get(labels).add(count - 1)

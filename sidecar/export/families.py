@@ -211,7 +211,7 @@ FAMILIES: tuple[Family, ...] = (
         COUNTER,
         "Goodput: 2xx ok requests that met every latency objective at once (TTFT, "
         "TPOT, e2e thresholds from the sidecar's config).",
-        ("model", "route"),
+        ("model",),
         tenant=True,
     ),
     Family(
@@ -223,7 +223,7 @@ FAMILIES: tuple[Family, ...] = (
         "objective ttft, tpot, or all (ok 2xx and every judged objective met: goodput "
         "against what the client asked for); result met or missed. Never sum over "
         "objective.",
-        ("model", "route", "objective", "result"),
+        ("model", "objective", "result"),
         tenant=True,
     ),
     Family(
@@ -396,16 +396,10 @@ CAPACITY_FAMILIES: tuple[Family, ...] = (
         HISTOGRAM,
         "Every llm_inter_token_latency_seconds gap again, by the band (upper bound: "
         + ", ".join(BANDS)
-        + ") of this sidecar's streams of the model decoding when the gap ended.",
+        + ") of this sidecar's streams of the model decoding when the gap ended. One gap "
+        "per output token after a stream's first: its count is the decode tokens at the band.",
         ("model", "concurrency"),
         ITL_BUCKETS,
-    ),
-    Family(
-        "tokens",
-        "decode_tokens_by_concurrency",
-        COUNTER,
-        "Output tokens after each stream's first (one per gap), by decode-concurrency band.",
-        ("model", "concurrency"),
     ),
     Family(
         "seconds",

@@ -20,10 +20,11 @@ for the combinations that have a request in flight, so an idle pod exports none 
 - ``llm_requests_in_phase``: how many;
 - ``llm_requests_in_phase_oldest_seconds``: the oldest one's age (since its head came in);
 - ``llm_streams_stalled``: streams the upstream has sent nothing for at least
-  ``--stall-seconds`` (0 while every stream moves). A stream is a streamed response, or a
-  request that asked to stream (``"stream": true``) whose head has not come; a request
-  answered whole is never stalled, however long it takes, nor one whose client stopped
-  reading (the upstream is paused then, on the client's account).
+  ``--stall-seconds``, only for the combinations with such a stream (absent, not 0, while
+  every stream moves: the alert and panels read a missing series as none). A stream is a
+  streamed response, or a request that asked to stream (``"stream": true``) whose head has
+  not come; a request answered whole is never stalled, however long it takes, nor one whose
+  client stopped reading (the upstream is paused then, on the client's account).
 
 The page is rendered in a worker thread (sidecar/export/scrape.py): the set of records is
 copied in one call and each record's fields are read as they are, never written.
@@ -178,7 +179,8 @@ class InFlightView:
             labels = list(key)
             in_phase.add_metric(labels, snap.counts[key])
             oldest.add_metric(labels, round(snap.oldest[key], 3))
-            stalled.add_metric(labels, snap.stalled[key])
+            if snap.stalled[key]:  # a fleet's streams nearly always move: no series at 0
+                stalled.add_metric(labels, snap.stalled[key])
         return [in_phase, oldest, stalled]
 
 

@@ -98,7 +98,7 @@ def test_per_band_gap_and_throughput_follow_the_batching_model_and_counts_add_up
         count = reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_count", labels)
         gap_sum = reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_sum", labels)
         assert gap_sum / count == pytest.approx(tpot_model(n), rel=0.2)
-        tokens = reg.get_sample_value("llm_decode_tokens_by_concurrency_total", labels)
+        tokens = count  # one gap per output token after a stream's first
         seconds = reg.get_sample_value("llm_decode_seconds_by_concurrency_total", labels)
         assert tokens / seconds == pytest.approx(n / tpot_model(n), rel=0.25)
     for b in BANDS:
@@ -149,7 +149,10 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
                 "llm_inter_token_latency_by_concurrency_seconds_bucket", {**labels, "le": "+Inf"}
             )
             == 0
-            and registry.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) == 0
+            and registry.get_sample_value(
+                "llm_inter_token_latency_by_concurrency_seconds_count", labels
+            )
+            == 0
             and registry.get_sample_value("llm_decode_seconds_by_concurrency_total", labels)
             is not None
         )
@@ -159,7 +162,7 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
     tracker.enter(1.0)  # the first stream's first token
     tracker.enter(2.0)  # a second stream: the first report of decode time (band 1)
     assert [b for b in BANDS if exists(b)] == ["1", "2", "4"]
-    assert capacity.series_count() == 3 * (len(ITL_BUCKETS) + 1 + 2 + 1 + 1)
+    assert capacity.series_count() == 3 * (len(ITL_BUCKETS) + 1 + 2 + 1)  # ITL, seconds
     now = 2.0
     for n in range(3, 201):  # streams start one at a time: the band of n exists before the n-th
         assert exists(band(n)), n
@@ -172,7 +175,7 @@ def test_every_band_exists_at_zero_before_the_load_can_reach_it():
     other.leave(5.0)
 
     def bands_of_k() -> list[str]:
-        name = "llm_decode_tokens_by_concurrency_total"
+        name = "llm_decode_seconds_by_concurrency_total"
         return [
             b
             for b in BANDS
@@ -270,6 +273,5 @@ def test_a_requests_gaps_land_in_the_band_of_each_gap_in_one_band_or_many(stream
         assert (
             reg.get_sample_value("llm_inter_token_latency_by_concurrency_seconds_sum", labels) or 0
         ) == pytest.approx(sum(values))
-        assert (reg.get_sample_value("llm_decode_tokens_by_concurrency_total", labels) or 0) == len(
-            values
-        )
+        count = "llm_inter_token_latency_by_concurrency_seconds_count"  # the decode tokens
+        assert (reg.get_sample_value(count, labels) or 0) == len(values)

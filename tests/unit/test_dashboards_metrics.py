@@ -18,6 +18,7 @@ with the labels the query uses; `ALERTS` must name alerts those rules define.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import defaultdict
@@ -145,7 +146,7 @@ async def exported(upstream, sidecar_factory):
     )
     try:
         up = await upstream.start(_bad_upstream)
-        sim_sc = await sidecar_factory(f"http://127.0.0.1:{sim_port}")
+        sim_sc = await sidecar_factory(f"http://127.0.0.1:{sim_port}", stall_seconds=1.0)
         bad_sc = await sidecar_factory(up.url)
         msgs = [{"role": "user", "content": "hi"}]
         chat = f"{sim_sc.url}/v1/chat/completions"
@@ -181,8 +182,9 @@ async def exported(upstream, sidecar_factory):
                 f"{sim_sc.url}/health"
             ) as r:  # non-API traffic: llm_non_api_requests_total
                 await r.read()
-            async with s.post(chat, json=stream, headers={**FAST, "x-sim-tpot": "0.5"}) as r:
+            async with s.post(chat, json=stream, headers={**FAST, "x-sim-tpot": "3"}) as r:
                 await r.content.readany()
+                await asyncio.sleep(1.2)  # no byte past --stall-seconds: llm_streams_stalled
                 async with s.get(  # the live in-flight view (filtered: a page of its own)
                     f"{sim_sc.admin_url}/metrics",
                     params=[("name[]", n) for n in LIVE_FAMILIES],

@@ -114,8 +114,7 @@ def test_the_same_figures_as_the_prometheus_families():
     got = record(t, latest=False)
     registry = CollectorRegistry()
     SidecarMetrics(registry).record(summarize(t, "m", DEFAULTS))
-    labels = {"model": "m", "route": ROUTE}
-    per_model = {"model": "m"}  # the Prometheus distributions are per model
+    per_model = {"model": "m"}  # the distributions and the objectives are per model
     prom = registry.get_sample_value
     assert got[sc.METRIC_OWN_TTFT_BY_CACHE][0].sum == pytest.approx(
         prom("llm_time_to_first_token_by_cache_seconds_sum", {**per_model, "cache": "most"})
@@ -134,8 +133,8 @@ def test_the_same_figures_as_the_prometheus_families():
             p.attributes[sc.LLM_SIDECAR_OBJECTIVE_NAME],
             p.attributes[sc.LLM_SIDECAR_OBJECTIVE_RESULT],
         )
-        assert p.value == prom(
-            "llm_request_objectives_total", {**labels, "objective": name, "result": result}
+        assert p.value == prom(  # per model: the Prometheus family has no route
+            "llm_request_objectives_total", {**per_model, "objective": name, "result": result}
         )
 
 

@@ -114,7 +114,7 @@ async def exported(upstream, sidecar_factory):
         app.router.add_post("/v1/chat/completions", _chat)
 
     up = await upstream.start(routes)
-    sc = await sidecar_factory(up.url)
+    sc = await sidecar_factory(up.url, stall_seconds=1.0)  # the held stream stalls
     url = f"{sc.url}/v1/chat/completions"
     body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as s:
@@ -130,9 +130,10 @@ async def exported(upstream, sidecar_factory):
         await wait_for(
             lambda: sc.sample("llm_requests_total", **route, code="500", outcome="error") == 1
         )
-        await wait_for(lambda: sc.sample("llm_requests_within_slo_total", **route) == 2)
+        await wait_for(lambda: sc.sample("llm_requests_within_slo_total", model="m1") == 2)
         stream = await s.post(url, json={**body, "stream": True}, headers={"x-hold": "1"})
         await stream.content.readany()  # its first token is in: decoding
+        await asyncio.sleep(1.2)  # then nothing past --stall-seconds: llm_streams_stalled
         async with s.get(f"{sc.admin_url}/metrics") as r:
             text = await r.text()
         held.set()

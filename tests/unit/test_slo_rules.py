@@ -79,7 +79,7 @@ def test_record_names_follow_the_convention_and_carry_slo_label():
     } <= records
     for r in rs.rules():
         if r.record and not r.record.startswith(
-            ("llm:goodput", "llm:request_errors_by_type", "llm:request_objectives_met")
+            ("llm:goodput", "llm:request_errors_by_type", "llm:request_objectives")
         ):
             assert r.labels["slo"] in {"availability", "ttft", "itl"}
 
@@ -198,7 +198,7 @@ def test_health_alerts_use_the_configured_job_and_durations():
     assert down.expr == 'up{job="llm-prod"} == 0 or absent(up{job="llm-prod"})'
     assert down.for_ == 600
     quiet = alerts(rs, c.ALERT_NO_TRAFFIC)[0]
-    assert quiet.expr == "absent(llm_requests_total) or sum(rate(llm_requests_total[5m])) == 0"
+    assert quiet.expr == "absent(llm_requests_total) or sum(rate(llm_requests_total[2m])) == 0"
     assert (quiet.for_, quiet.labels["severity"]) == (3600, "page")
 
 

@@ -31,7 +31,7 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         labels = [label for label in split if label in FILTER_LABELS]
         return selector(record, extra, labels=labels)
 
-    # The capacity group's recorded 5m band rates (sidecar/tools/slo/capacity.py).
+    # The capacity group's recorded 2m band rates (sidecar/tools/slo/capacity.py).
     itl = f"sum by ({by}, concurrency, le) ({sel(cap.ITL_BUCKET_RATE)})"
     # A band's series exist at zero before the load reaches it (the lowest three from a
     # model's first stream, then two ahead: sidecar/export/capacity.py): only bands with
@@ -44,7 +44,7 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
     latency = timeseries_panel(
         "ITL by decode concurrency",
         "p50 and p95 gap between tokens per concurrency band (streams decoding when the gap "
-        "ended), over 5m (the capacity rules' recorded band rates); the dashed line is the objective's threshold. Where "
+        "ended), over 2m (the capacity rules' recorded band rates); the dashed line is the objective's threshold. Where "
         "p95 crosses it is the knee. See docs/capacity.md.",
         [
             Query(
@@ -62,11 +62,12 @@ def capacity_row(board: Board, spec: SLOSpec) -> None:
         dashed_threshold_lines(latency, ((None, "green"), (threshold, "red"))),
         timeseries_panel(
             "Decode tokens/s by concurrency",
-            "Output tokens per second of decode wall time at each band (decode tokens / decode "
-            "seconds at the band): throughput rises with concurrency until the batch saturates.",
+            "Output tokens per second of decode wall time at each band (decode tokens, one a "
+            "gap, / decode seconds at the band): throughput rises with concurrency until the "
+            "batch saturates.",
             [
                 Query(
-                    f"sum by ({by}, concurrency) ({sel(cap.TOKENS_RATE)}) / "
+                    f"sum by ({by}, concurrency) ({sel(cap.ITL_COUNT_RATE)}) / "
                     f"(sum by ({by}, concurrency) ({sel(cap.SECONDS_RATE)}) > 0)",
                     legend,
                 )

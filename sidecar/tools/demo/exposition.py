@@ -24,7 +24,7 @@ ITL = "llm_inter_token_latency_seconds"
 TPOT = "llm_time_per_output_token_seconds"
 HISTOGRAMS = (TTFT, ITL, TPOT)
 ITL_BY_BAND = "llm_inter_token_latency_by_concurrency_seconds"
-TOKENS_BY_BAND = "llm_decode_tokens_by_concurrency_total"
+TOKENS_BY_BAND = ITL_BY_BAND + "_count"  # one gap per output token after a stream's first
 SECONDS_BY_BAND = "llm_decode_seconds_by_concurrency_total"
 TOKEN_SOURCES = "llm_token_count_source_total"
 

@@ -52,7 +52,9 @@ BASE_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "model", 
 """What a record keeps: the target labels, and ``model`` and ``route`` where the series has
 them (:data:`~sidecar.export.families.FAMILIES` says which)."""
 POD_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "pod", "model")
-"""What a per-pod record keeps: the pod, not the route (a pod serves its model on every route)."""
+"""What a per-pod record keeps: the pod, not the route (a pod serves its model on every route),
+unless the record names it among its own labels (the requests and tokens, whose release records
+are summed from them)."""
 OWN_LABELS = frozenset({"model", "route"})
 """The sidecar's own labels among those: kept only on the series that have them."""
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count")
@@ -130,11 +132,13 @@ _IN_FLIGHT = ("model", "route")  # sidecar/export/in_flight.py
 
 AGGREGATES: tuple[Aggregate, ...] = (
     # The per-pod drill-downs (the overview's "Per pod" row, "Where the time goes"), first:
-    # the records below that keep no label they lack are summed from them.
-    Aggregate("llm_requests_total", ("outcome",), per_pod=True),
+    # the records below that keep no label they lack are summed from them. The requests and
+    # tokens per pod keep every label of their release records (route, code, error type), so
+    # those are sums of these and each raw counter is read once an evaluation, not twice.
+    Aggregate("llm_requests_total", ("route", "outcome", "code", "error_type"), per_pod=True),
     Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
     Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True, own=_IN_FLIGHT),
-    Aggregate("llm_tokens_total", ("type",), per_pod=True),
+    Aggregate("llm_tokens_total", ("route", "type"), per_pod=True),
     *_per_pod("llm_time_to_first_token_seconds", parts="bucket sum count"),
     *_per_pod("llm_time_per_output_token_seconds", parts="bucket"),
     *_per_pod("llm_request_duration_seconds", "outcome", parts="sum count"),

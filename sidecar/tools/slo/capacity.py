@@ -10,12 +10,17 @@ stricter test: a request's TPOT is the mean of its gaps.
 
 Records, each per grouping (and ``concurrency`` band where it says so):
 
-- first, the band rates every later record reads, once, from the raw series over 5m:
-  ``llm:inter_token_latency_by_concurrency_seconds_{bucket,count}:rate5m`` and
-  ``llm:decode_{tokens,seconds}_by_concurrency:rate5m``. The hour is the mean of those
-  (``avg_over_time`` over 1h: the hour's rate, its oldest 5m weighed less and less), so no
-  rule reads an hour of raw band series; they are written earlier in the same evaluation, so
-  the chain adds no evaluation of delay, only a change's half-window lag;
+- first, the band rates every later record reads, once, from the raw series over 2m (four
+  scrapes at a 30 s interval): ``llm:inter_token_latency_by_concurrency_seconds_{bucket,count}:rate2m``
+  and ``llm:decode_seconds_by_concurrency:rate2m``. The hour is the mean of those
+  (``avg_over_time`` over 1h: the hour's rate, its oldest 2m weighed less and less), so no
+  rule reads an hour of raw band series, and a short window costs the raw read least (the
+  hour's mean is the same rate whatever window tiles it); they are written earlier in the
+  same evaluation, so the chain adds no evaluation of delay, only a change's half-window lag;
+- the hour's means more than one later record reads, once each:
+  ``llm:inter_token_latency_by_concurrency_seconds_count:rate1h`` (gaps a second, which are
+  the decode tokens a second: one gap per output token after a stream's first) and
+  ``llm:decode_seconds_by_concurrency:rate1h``;
 - ``llm:itl_by_concurrency:p<q>_1h{concurrency}``: the quantile over 1h, only for bands that
   saw at least MIN_GAPS gaps in that hour (too few samples give no verdict): the hour's mean
   rate times the part of the hour the band's record covers, never extrapolated to the hour;
@@ -69,14 +74,14 @@ __all__ = [
 CAPACITY_GROUP = "llm-sidecar-capacity"
 ALERT_NEAR_CAPACITY = "LLMNearCapacity"
 ITL_BY_CONCURRENCY = "llm_inter_token_latency_by_concurrency_seconds"
-TOKENS = "llm_decode_tokens_by_concurrency_total"
 SECONDS = "llm_decode_seconds_by_concurrency_total"
 WINDOW = "1h"
-BAND_WINDOW = "5m"
-ITL_BUCKET_RATE = "llm:inter_token_latency_by_concurrency_seconds_bucket:rate5m"
-ITL_COUNT_RATE = "llm:inter_token_latency_by_concurrency_seconds_count:rate5m"
-TOKENS_RATE = "llm:decode_tokens_by_concurrency:rate5m"
-SECONDS_RATE = "llm:decode_seconds_by_concurrency:rate5m"
+BAND_WINDOW = "2m"
+ITL_BUCKET_RATE = "llm:inter_token_latency_by_concurrency_seconds_bucket:rate2m"
+ITL_COUNT_RATE = "llm:inter_token_latency_by_concurrency_seconds_count:rate2m"
+SECONDS_RATE = "llm:decode_seconds_by_concurrency:rate2m"
+ITL_COUNT_HOUR = "llm:inter_token_latency_by_concurrency_seconds_count:rate1h"
+SECONDS_HOUR = "llm:decode_seconds_by_concurrency:rate1h"
 MIN_GAPS = 100
 FOR = "15m"
 THROUGHPUT = "llm:decode_throughput_by_concurrency:rate1h"
@@ -126,7 +131,7 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         return f"sum by ({by_}) (rate({selector(metric, sel)}[{BAND_WINDOW}]))"
 
     def hour(name: str, *extra: tuple[str, str, str]) -> str:
-        """The hour's mean of a recorded band rate (its rate over the hour, as the 5m windows
+        """The hour's mean of a recorded band rate (its rate over the hour, as the 2m windows
         tile it)."""
         return f"avg_over_time({rec(name, *extra)}[{WINDOW}])"
 
@@ -134,27 +139,27 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     band = parse_duration(BAND_WINDOW)
     # The gaps the hour saw: its mean rate times the time it covers, which is less than the
     # hour while the band's record is younger (a new pod, a band first reached): from its
-    # first evaluation in the hour, plus the 5m its first rate looked back. Times the whole
+    # first evaluation in the hour, plus the 2m its first rate looked back. Times the whole
     # hour, a minute of traffic would pass the floor as if it had lasted an hour.
     first_seen = f"min_over_time(timestamp({rec(ITL_COUNT_RATE)})[{WINDOW}:])"
     covered = f"clamp_max(time() - min by ({byc}) ({first_seen}) + {band}, {seconds})"
-    gaps = f"sum by ({byc}) ({hour(ITL_COUNT_RATE)}) * on ({byc}) {covered}"
+    gaps = f"sum by ({byc}) ({rec(ITL_COUNT_HOUR)}) * on ({byc}) {covered}"
     quantile = (
         f"histogram_quantile({format_number(q)}, sum by ({byc}, le) ({hour(ITL_BUCKET_RATE)})) "
         f"and on ({byc}) {gaps} >= {MIN_GAPS}"
     )
     throughput = (
-        f"sum by ({byc}) ({hour(TOKENS_RATE)}) / (sum by ({byc}) ({hour(SECONDS_RATE)}) > 0)"
+        f"sum by ({byc}) ({rec(ITL_COUNT_HOUR)}) / (sum by ({byc}) ({rec(SECONDS_HOUR)}) > 0)"
     )
     bands = " or ".join(
         f"({rec(p, ('concurrency', '=', b))} <= {threshold}) * 0 + {b}" for b in FINITE_BANDS
     )
     at_capacity = f"{rec(CAPACITY_BAND)} == on ({by}) group_left () {rec(CAPACITY)}"
-    total = f"sum by ({by}) ({hour(SECONDS_RATE)})"
+    total = f"sum by ({by}) ({rec(SECONDS_HOUR)})"
     cumulative = []
     for i, b in enumerate(BANDS):
         upto = "|".join(x.replace("+", "\\+") for x in BANDS[: i + 1])
-        share = f"sum by ({by}) ({hour(SECONDS_RATE, ('concurrency', '=~', upto))}) / ({total} > 0)"
+        share = f"sum by ({by}) ({rec(SECONDS_HOUR, ('concurrency', '=~', upto))}) / ({total} > 0)"
         value = "256" if b == "+Inf" else b  # above every finite band
         cumulative.append(
             f'label_replace({share} >= 0.95, "concurrency", "{b}", "", "") * 0 + {value}'
@@ -164,8 +169,9 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     rules = (
         Rule(band_rate(ITL_BY_CONCURRENCY + "_bucket", f"{byc}, le"), record=ITL_BUCKET_RATE),
         Rule(band_rate(ITL_BY_CONCURRENCY + "_count", byc), record=ITL_COUNT_RATE),
-        Rule(band_rate(TOKENS, byc), record=TOKENS_RATE),
         Rule(band_rate(SECONDS, byc), record=SECONDS_RATE),
+        Rule(f"sum by ({byc}) ({hour(ITL_COUNT_RATE)})", record=ITL_COUNT_HOUR),
+        Rule(f"sum by ({byc}) ({hour(SECONDS_RATE)})", record=SECONDS_HOUR),
         Rule(quantile, record=p),
         Rule(throughput, record=THROUGHPUT),
         Rule(bands, record=CAPACITY_BAND),

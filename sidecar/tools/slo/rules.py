@@ -365,21 +365,26 @@ def _goodput_rules(spec: SLOSpec) -> list[Rule]:
     sel = _spec_matchers(spec)
     ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok"), *sel], five_min, spec.grouping)
     good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, spec.grouping)
-    judged = _sum_rate(REQUEST_OBJECTIVES_TOTAL, sel, five_min, (*spec.grouping, "objective"))
-    met = _sum_rate(
-        REQUEST_OBJECTIVES_TOTAL,
-        [("result", "=", "met"), *sel],
-        five_min,
-        (*spec.grouping, "objective"),
-    )
+    # The judged requests are read once, by objective and result, and the ratio divides
+    # that record's parts (written just before it in the same evaluation): the raw series
+    # are not read three times over 5m, and numerator and denominator come from one read.
+    by = (*spec.grouping, "objective")
+    judged_rates = _sum_rate(REQUEST_OBJECTIVES_TOTAL, sel, five_min, (*by, "result"))
+    recorded = selector(REQUEST_OBJECTIVES_RATE, sel)
+    judged = f"sum by ({', '.join(by)}) ({recorded})"
+    met = f"sum by ({', '.join(by)}) ({selector(REQUEST_OBJECTIVES_RATE, [('result', '=', 'met'), *sel])})"
     return [
         Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
         Rule(f"({good} or 0 * {ok}) / {ok}", record=c.GOODPUT_RATIO),
+        Rule(judged_rates, record=REQUEST_OBJECTIVES_RATE),
         Rule(f"({met} or 0 * {judged}) / {judged}", record=REQUEST_OBJECTIVES_RATIO),
     ]
 
 
 REQUEST_OBJECTIVES_TOTAL = "llm_request_objectives_total"
+REQUEST_OBJECTIVES_RATE = "llm:request_objectives:rate5m"
+"""Per grouping, ``objective`` and ``result``, over 5m: the judged streamed requests a second,
+the ratio's one read of the raw series."""
 REQUEST_OBJECTIVES_RATIO = "llm:request_objectives_met:ratio_rate5m"
 """Per grouping and ``objective`` (ttft, tpot, all), over 5m: the share of judged streamed
 requests that met the objective they asked for (``x-slo-*`` headers, else the model's
@@ -561,7 +566,9 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
         ),
         Rule(
             # Per deployment where the spec selects one (absent() keeps the selector's labels).
-            f"absent({requests}) or {_sum_by_selector(spec)}(rate({requests}[5m])) == 0",
+            # A 2m window (four scrapes at 30 s) reads the least: held for the alert's
+            # ``for``, zero over every 2m is no request in all that time.
+            f"absent({requests}) or {_sum_by_selector(spec)}(rate({requests}[2m])) == 0",
             alert=c.ALERT_NO_TRAFFIC,
             for_=no_traffic.for_,
             labels={c.LABEL_SEVERITY: no_traffic.severity},

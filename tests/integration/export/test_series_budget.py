@@ -90,7 +90,6 @@ def test_no_series_that_cannot_move(page: str) -> None:
     # Counters and counts at zero: only capacity bands made ahead of the load, and the
     # refusal counter (counting a refusal must not need a series of its own).
     allowed = (
-        "llm_decode_tokens_by_concurrency_total",
         "llm_decode_seconds_by_concurrency_total",
         "llm_inter_token_latency_by_concurrency_seconds_count",
         "llm_series_refused_total",
