@@ -84,9 +84,8 @@ class ModelRouteLabels(TypedDict):
     route: str
 
 
-class ModelRouteTenantLabels(TypedDict):
+class ModelTenantLabels(TypedDict):
     model: str
-    route: str
     tenant: str
 
 
@@ -119,7 +118,6 @@ class RequestTokenLabels(TypedDict):
 
 class ObjectiveLabels(TypedDict):
     model: str
-    route: str
     objective: str
     result: str
     tenant: str
@@ -172,7 +170,7 @@ LABELS: dict[str, type] = {
     "tps": ModelOnly,
     "tokens": TokenLabels,
     "request_tokens": RequestTokenLabels,
-    "within_slo": ModelRouteTenantLabels,
+    "within_slo": ModelTenantLabels,
     "request_objectives": ObjectiveLabels,
     "request_objective_invalid": ObjectiveInvalidLabels,
     "ttft_by_cache": CacheLabels,
@@ -329,9 +327,7 @@ class SidecarMetrics:
         self.c_request_tokens: Children[RequestTokenLabels, Observed] = Children(
             self.request_tokens, Observed
         )
-        self.c_within_slo: Children[ModelRouteTenantLabels, Count] = Children(
-            self.within_slo, count_of
-        )
+        self.c_within_slo: Children[ModelTenantLabels, Count] = Children(self.within_slo, count_of)
         self.c_request_objectives: Children[ObjectiveLabels, Count] = Children(
             self.request_objectives, count_of
         )
@@ -547,11 +543,8 @@ class SidecarMetrics:
         self._record_overhead(t)
         if self.slo is not None and self.slo.met_by(t):
             within = self.c_within_slo
-            k = (model, route, tenant)
-            (
-                within.memo.get(k)
-                or within.remember(k, {"model": model, "route": route, "tenant": tenant})
-            ).add(1)
+            k = (model, tenant)
+            (within.memo.get(k) or within.remember(k, {"model": model, "tenant": tenant})).add(1)
         if t.objectives_invalid:
             for name in t.objectives_invalid:
                 self.c_request_objective_invalid.get({"route": route, "objective": name}).add(1)
@@ -560,14 +553,13 @@ class SidecarMetrics:
             objectives = self.c_request_objectives
             for name, met in judgement.verdicts():
                 result = "met" if met else "missed"
-                k = (model, route, name, result, tenant)
+                k = (model, name, result, tenant)
                 (
                     objectives.memo.get(k)
                     or objectives.remember(
                         k,
                         {
                             "model": model,
-                            "route": route,
                             "objective": name,
                             "result": result,
                             "tenant": tenant,

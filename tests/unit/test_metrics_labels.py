@@ -51,7 +51,7 @@ def test_every_family_is_resolved_by_name_in_its_own_label_order(tenants):
 
 def test_the_capacity_families_labels_by_name():
     capacity = CapacityMetrics(CollectorRegistry())
-    for metric in (capacity.itl, capacity.tokens):
+    for metric in (capacity.itl, capacity.seconds):
         assert label_names(metric) == tuple(BandLabels.__annotations__)
 
 
