@@ -246,7 +246,7 @@ def test_metrics_count_verdicts_and_invalid_headers():
     metrics.record(summarize(stream(0.2, [0.05] * 3), "m", DEFAULTS))
     value = lambda objective, result: registry.get_sample_value(  # noqa: E731
         "llm_request_objectives_total",
-        {"model": "m", "route": ROUTE, "objective": objective, "result": result},
+        {"model": "m", "objective": objective, "result": result},
     )
     assert (value("ttft", "met"), value("ttft", "missed")) == (1, 1)
     assert (value("tpot", "met"), value("tpot", "missed")) == (2, None)
