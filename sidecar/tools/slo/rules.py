@@ -172,14 +172,27 @@ LITERAL = Numbers()
 
 
 def sli_event_exprs(
-    scope: Scope, window: int, by: Sequence[str] = DEFAULT_GROUPING, numbers: Numbers = LITERAL
+    scope: Scope,
+    window: int,
+    by: Sequence[str] = DEFAULT_GROUPING,
+    numbers: Numbers = LITERAL,
+    recorded: bool = False,
 ) -> tuple[str, str]:
-    """(bad events/s, all events/s) over ``window`` for one scope, summed by the grouping."""
+    """(bad events/s, all events/s) over ``window`` for one scope, summed by the grouping.
+    ``recorded``: an availability scope reads its group's :data:`REQUESTS_BY_OUTCOME` record
+    (written first in the same evaluation) instead of the raw counter."""
     sm = _scope_matchers(scope)
     sli = scope.objective.sli
     if sli == "availability":
         # Bad: failed by the server (5xx, upstream failure, broken stream). Client
         # cancellations are neither good nor bad; 4xx answers are the client's doing (ok).
+        if recorded:
+            own = [(c.LABEL_SLO, "=", scope.objective.name), *sm]
+            group = ", ".join(by)
+            base = REQUESTS_BY_OUTCOME
+            bad = f"sum by ({group}) ({selector(base, [*own, ('outcome', '=', 'error')])})"
+            total = f"sum by ({group}) ({selector(base, [*own, ('outcome', '!=', 'cancelled')])})"
+            return f"{bad} or 0 * {total}", total
         bad = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sm], window, by)
         total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sm], window, by)
         # The error series appears only after a first error: "or 0 * total" keeps a ratio
@@ -247,7 +260,7 @@ def _scope_rules(
     budget = numbers.budget(scope)
     windows = record_windows(spec.alert_windows)
     base = windows[0]
-    bad, total = sli_event_exprs(scope, base, by, numbers)
+    bad, total = sli_event_exprs(scope, base, by, numbers, recorded=True)
     rules: list[Rule] = [
         Rule(bad, record=c.sli_bad_events_record(base), labels=labels),
         Rule(total, record=c.sli_events_record(base), labels=labels),
@@ -281,6 +294,23 @@ def _scope_rules(
     for window in spec.alert_windows:
         rules.append(_burn_alert(spec, scope, window, numbers))
     return rules
+
+
+REQUESTS_BY_OUTCOME = "llm:requests_by_outcome:rate5m"
+"""An availability group's one read of the raw requests: per grouping label, ``model`` and
+the spec's selector labels (what its scopes match on) and ``outcome``, over the base window.
+Every scope's bad and total events are sums of it, so the counter is read once an
+evaluation, not twice per scope; numerator and denominator still come from one read."""
+
+
+def _requests_by_outcome(spec: SLOSpec, name: str) -> Rule:
+    by = list(spec.grouping)
+    for label in (c.LABEL_MODEL, *sorted(spec.selector), "outcome"):
+        if label not in by:
+            by.append(label)
+    base = record_windows(spec.alert_windows)[0]
+    expr = _sum_rate(c.REQUESTS_TOTAL, _spec_matchers(spec), base, by)
+    return Rule(expr, record=REQUESTS_BY_OUTCOME, labels={c.LABEL_SLO: name})
 
 
 def _who(by: Sequence[str]) -> str:
@@ -596,6 +626,8 @@ def generate(
     groups = []
     for objective in spec.objectives:
         rules: list[Rule] = []
+        if objective.sli == "availability":
+            rules.append(_requests_by_outcome(spec, objective.name))
         for scope in spec.scopes(objective):
             rules.extend(_scope_rules(spec, scope, long_windows, numbers))
         groups.append(Group(c.group_name(objective.name), tuple(rules)))
