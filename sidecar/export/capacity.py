@@ -24,7 +24,9 @@ from ..measure.summary import RequestSummary
 from .families import CAPACITY_FAMILIES
 from .prometheus_internals import (
     Children,
+    Count,
     Observed,
+    count_of,
     drop_label_value,
     label_children,
     samples_per_child,
@@ -70,7 +72,7 @@ class CapacityMetrics:
         stream, are made with band 1. Only the model's first stream lands in series made as
         it ends. Two bands ahead would add a band of every model that never reaches it."""
         made = self._made.setdefault(label, set())
-        seconds: dict[str, Counter] = {}
+        seconds: dict[str, Count] = {}
 
         def sink(b: str, elapsed: float) -> None:
             child = seconds.get(b)
@@ -78,8 +80,8 @@ class CapacityMetrics:
                 if not made:
                     self._ahead(label, BANDS[0], made, above=2)
                 self._ahead(label, b, made)
-                child = seconds[b] = self.seconds.labels(label, b)
-            child.inc(elapsed)
+                child = seconds[b] = count_of(self.seconds.labels(label, b))
+            child.add(elapsed)  # elapsed > 0: DecodeConcurrency reports no other
 
         return sink
 
