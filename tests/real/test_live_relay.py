@@ -91,13 +91,10 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     where = urlsplit(server.url)
     tap = await WireTap(where.hostname, where.port).start()
     running = await sidecar_factory(tap.url)
-    timelines: list = []
+    summaries: list = []
     # The proxy's recorders are fixed at build time; add a capture beside the metrics.
     proxy = running.sidecar.proxy
-    proxy.records._recorders = (
-        *proxy.records._recorders,
-        lambda t, label, into=timelines: into.append(t),
-    )
+    proxy.records._recorders = (*proxy.records._recorders, summaries.append)
     sent = json.dumps(case.body(kind.model)).encode()
     try:
         timeout = aiohttp.ClientTimeout(total=120)
@@ -111,7 +108,7 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
                     resp.raw_headers,
                     resp.request_info.headers,
                 )
-        await wait_for(lambda: len(timelines) == 1, timeout=10)
+        await wait_for(lambda: len(summaries) == 1, timeout=10)
         generations = [x for x in tap.exchanges() if (x.method, x.target) == ("POST", case.route)]
     finally:
         await tap.close()
@@ -131,11 +128,11 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
     )
     assert via == seen.response_body, "the sidecar changed the response body"
 
-    timeline = timelines[0]
+    summary = summaries[0]
     registry = running.registry
     route = {"route": case.route}
     assert metric(registry, "llm_requests_total", outcome="ok", code=str(status), **route) == 1
-    assert timeline.parse_errors == 0
+    assert summary.parse_errors == 0
     if status != 200:
         assert case.include_usage and not case.stream  # stream_options without stream: a 400
         return
@@ -157,14 +154,14 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
         assert metric(registry, "llm_time_to_first_token_seconds_count") == 0
     engine = engine_counts(events)
     if usage is not None:
-        assert timeline.token_count_source is TokenCountSource.USAGE
+        assert summary.token_count_source is TokenCountSource.USAGE
         assert (outputs, inputs) == (usage["output"], usage["input"])
     elif engine is not None:  # llama.cpp without usage: its timings still count
-        assert timeline.token_count_source is TokenCountSource.ENGINE
+        assert summary.token_count_source is TokenCountSource.ENGINE
         assert (outputs, inputs) == (engine["output"], engine["input"])
     else:
         assert case.stream, "a non-streamed answer always carries its counts"
-        assert timeline.token_count_source is TokenCountSource.ESTIMATED, (
+        assert summary.token_count_source is TokenCountSource.ESTIMATED, (
             "an estimate must be flagged"
         )
         assert outputs == token_arrivals(events) and inputs == 0
