@@ -41,17 +41,39 @@ def default_spec_data() -> dict:
 
 
 @pytest.fixture(scope="module")
-def unit_test_results() -> dict[str, subprocess.CompletedProcess]:
-    """Run every promtool unit-test file at once (the longest takes several seconds)."""
+def promtool_runs(tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """Every promtool test this module runs, at once in one pool, the largest files first (the
+    longest take several seconds): each hand-written file as written (``("full", name)``), and
+    each reduced to its verdicts against the raw long-window form (``("raw", name)``, see
+    :func:`verdict_results`)."""
     require_tool("promtool")
-    with ThreadPoolExecutor(
-        max_workers=max(1, min(len(PROMTOOL_TESTS), os.cpu_count() or 1))
-    ) as pool:
+    jobs = {("full", p.name): (p.name, p.parent) for p in PROMTOOL_TESTS}
+    tmp = tmp_path_factory.mktemp("verdicts")
+    rules = tmp / "raw.rules.yaml"
+    rules.write_text(
+        render_rules(generate(load_spec(str(DEFAULT_SPEC)), long_windows="raw")), encoding="utf-8"
+    )
+    for name in VERDICT_FILES:
+        doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
+        reduced = verdicts_only(doc, rules, frozenset(LAG_CHECKS.get(name, ())))
+        assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), (
+            f"{name} has no verdicts to compare"
+        )
+        (tmp / f"raw.{name}").write_text(yaml.safe_dump(reduced, sort_keys=False), encoding="utf-8")
+        jobs[("raw", name)] = (f"raw.{name}", tmp)
+    order = sorted(jobs, key=lambda key: -(jobs[key][1] / jobs[key][0]).stat().st_size)
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
         futures = {
-            p.name: pool.submit(promtool, "test", "rules", p.name, cwd=p.parent)
-            for p in PROMTOOL_TESTS
+            key: pool.submit(promtool, "test", "rules", jobs[key][0], cwd=jobs[key][1])
+            for key in order
         }
-        return {name: f.result() for name, f in futures.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def unit_test_results(promtool_runs) -> dict[str, subprocess.CompletedProcess]:
+    """Every promtool unit-test file under tests/promtool/, as written."""
+    return {name: result for (kind, name), result in promtool_runs.items() if kind == "full"}
 
 
 # --------------------------------------------------------------------- check rules
@@ -296,31 +318,21 @@ VERDICT_FILES = [p.name for p in PROMTOOL_TESTS if p.name not in NO_VERDICTS]
 
 
 @pytest.fixture(scope="module")
-def verdict_results(tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess]:
-    """Every hand-written test reduced to its verdicts, run against both forms at once."""
-    require_tool("promtool")
-    tmp = tmp_path_factory.mktemp("verdicts")
-    spec = load_spec(str(DEFAULT_SPEC))
-    jobs = {}
-    for form in ("recorded", "raw"):
-        rules = tmp / f"{form}.rules.yaml"
-        rules.write_text(render_rules(generate(spec, long_windows=form)), encoding="utf-8")
-        for name in VERDICT_FILES:
-            doc = yaml.safe_load((ROOT / "tests" / "promtool" / name).read_text(encoding="utf-8"))
-            skip = frozenset(LAG_CHECKS.get(name, ())) if form == "raw" else frozenset()
-            reduced = verdicts_only(doc, rules, skip)
-            assert sum(len(g["promql_expr_test"]) for g in reduced["tests"]), (
-                f"{name} has no verdicts to compare"
-            )
-            (tmp / f"{form}.{name}").write_text(
-                yaml.safe_dump(reduced, sort_keys=False), encoding="utf-8"
-            )
-            jobs[(name, form)] = f"{form}.{name}"
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {
-            key: pool.submit(promtool, "test", "rules", file, cwd=tmp) for key, file in jobs.items()
-        }
-        return {key: f.result() for key, f in futures.items()}
+def verdict_results(promtool_runs) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """Every hand-written test's verdicts in both forms. The recorded form is the committed
+    rules file (test_default_spec_renders_to_the_committed_file), whose full test checks every
+    verdict the reduced file would (the same series and times, the same ``ALERTS``; beside
+    them values and annotations), so its result is the full file's; the raw form runs the
+    reduced file."""
+    committed = RULE_FILES[0].read_text(encoding="utf-8")
+    assert committed == render_rules(generate(load_spec(str(DEFAULT_SPEC)))), (
+        "the committed rules are not the recorded form of the default spec"
+    )
+    return {
+        (name, form): promtool_runs[("full" if form == "recorded" else "raw", name)]
+        for name in VERDICT_FILES
+        for form in ("recorded", "raw")
+    }
 
 
 @pytest.mark.parametrize("name", VERDICT_FILES)
