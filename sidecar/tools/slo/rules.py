@@ -189,9 +189,9 @@ def sli_event_exprs(
         if recorded:
             own = [(c.LABEL_SLO, "=", scope.objective.name), *sm]
             group = ", ".join(by)
-            base = REQUESTS_BY_OUTCOME
-            bad = f"sum by ({group}) ({selector(base, [*own, ('outcome', '=', 'error')])})"
-            total = f"sum by ({group}) ({selector(base, [*own, ('outcome', '!=', 'cancelled')])})"
+            rec = REQUESTS_BY_OUTCOME
+            bad = f"sum by ({group}) ({selector(rec, [*own, ('outcome', '=', 'error')])})"
+            total = f"sum by ({group}) ({selector(rec, [*own, ('outcome', '!=', 'cancelled')])})"
             return f"{bad} or 0 * {total}", total
         bad = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sm], window, by)
         total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sm], window, by)
