@@ -35,10 +35,12 @@ def hex_size(digits: bytes) -> int | None:
 
 def size_line(data: bytes, pos: int) -> tuple[int, int] | None:
     """A bare size line (no extension) at ``data[pos:]``: (its size, where the payload
-    starts), or None."""
+    starts), or None. :func:`hex_size`'s rule: its CRLF within 17 bytes is 1 to 15 digits
+    (no call for the length on the per-chunk path)."""
     eol = data.find(b"\r\n", pos, pos + 17)
-    size = hex_size(data[pos:eol]) if eol > pos else None
-    return None if size is None else (size, eol + 2)
+    if eol > pos and HEX_DIGITS.issuperset(digits := data[pos:eol]):
+        return int(digits, 16), eol + 2
+    return None
 
 
 def chunk_payload_py(data: bytes) -> bytes | None:

@@ -1412,7 +1412,6 @@ def test_whole_chunk_is_none_outside_chunked_bodies():
         (b"5\r\nhello\r\n", [b"hello"]),
         (b"5\r\nhello\r\n3\r\nabc\r\n", [b"hello", b"abc"]),
         (b"5\r\nhello\r\nA\r\n0123456789\r\n1\r\nx\r\n", [b"hello", b"0123456789", b"x"]),
-        (b"5\r\nhello\r\n0\r\n\r\n", None),  # the last chunk: only feed() ends the body
         (b"5\r\nhello\r\n3\r\nab", None),  # part of the second
         (b"5\r\nhello\r\n3;e\r\nabc\r\n", None),  # an extension in the second
         (b"5\r\nhello\r\n3\r\nabcXY", None),  # bad end of the second
@@ -1432,6 +1431,40 @@ def test_whole_chunks_answers_only_for_whole_well_formed_chunks_back_to_back(rea
         assert general.feed(read) == pieces
     assert parser.feed(b"3\r\nabc\r\n") == [b"abc"]
     assert parser.whole_chunks(b"3\r\nabc\r\n3\r\ndef\r\n") == [b"abc", b"def"]
+
+
+@pytest.mark.parametrize(
+    "read, pieces",
+    [
+        (b"5\r\nhello\r\n0\r\n\r\n", [b"hello"]),
+        (b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n", [b"hello", b"abc"]),
+        (b"0\r\n\r\n", []),  # the last chunk alone
+        (b"5\r\nhello\r\n000\r\n\r\n", [b"hello"]),  # leading zeros: still the last chunk
+        (b"5\r\nhello\r\n0\r\n\r\nX", None),  # bytes after the body: feed() keeps them
+        (b"5\r\nhello\r\n0\r\nT: 1\r\n\r\n", None),  # a trailer: only feed() reads them
+        (b"5\r\nhello\r\n0;e\r\n\r\n", None),  # an extension on the last chunk
+        (b"5\r\nhello\r\n0\r\n\r", None),  # part of the end
+        (b"5\r\nhello\r\n0\r\n", None),
+        (b"0\r\n\n", None),  # a bare LF: feed() refuses it
+    ],
+)
+def test_whole_chunks_ending_with_the_last_chunk_end_the_body_as_feed_does(read, pieces):
+    """A read that ends the body exactly is answered without the general path, and leaves
+    the parser as the general path does (done, nothing trailing, keep-alive); any other
+    ending is the general path's."""
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert parser.whole_chunks(read) == pieces
+    general = ResponseParser()
+    general.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    if pieces is None:
+        assert not parser.done and parser.between_chunks  # nothing happened
+        return
+    assert general.feed(read) == pieces
+    assert parser.done and general.done
+    assert parser.keep_alive and general.keep_alive
+    assert parser.trailing == general.trailing == b""
+    assert parser.feed(b"late") == [] and parser.trailing == b"late"  # past the end, as feed's
 
 
 def test_whole_chunks_is_none_mid_chunk_and_outside_chunked_bodies():

@@ -204,3 +204,26 @@ def test_without_the_extension_the_originals_answer(monkeypatch):
         importlib.reload(token_lane)
     assert speedups.IN_C is (_speedups is not None)
     assert token_lane.IN_C_LANE is speedups.IN_C and token_lane.AVAILABLE
+
+
+_SIZE_LINE_BYTES = st.sampled_from(list(b"0123456789abcdefABCDEFxX+-_ ;\r\n\t"))
+
+
+@FAST
+@given(st.lists(_SIZE_LINE_BYTES, max_size=24).map(bytes), st.integers(0, 4))
+def test_size_line_states_hex_sizes_rule(data, pos):
+    """size_line bounds the digits by where it looks for their CRLF, not by a length check:
+    the same answer as hex_size on the bytes before the first CRLF, at any position."""
+    eol = data.find(b"\r\n", pos)
+    size = speedups.hex_size(data[pos:eol]) if eol >= pos else None
+    expected = None if size is None else (size, eol + 2)
+    assert speedups.size_line(data, pos) == expected
+
+
+@pytest.mark.parametrize("digits", [1, 14, 15, 16, 17])
+def test_size_line_takes_one_to_fifteen_digits(digits):
+    line = b"f" * digits + b"\r\nrest"
+    assert speedups.size_line(line, 0) == (
+        (int(b"f" * digits, 16), digits + 2) if digits <= 15 else None
+    )
+    assert speedups.size_line(b"\r\n", 0) is None  # no digits

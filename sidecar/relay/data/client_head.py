@@ -25,8 +25,8 @@ from .http1 import ResponseHead
 __all__ = ["ClientHead", "client_head"]
 
 _HOP_BY_HOP = frozenset(
-    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-     b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+     "te", "trailer", "transfer-encoding", "upgrade"}
 )  # fmt: skip
 
 
@@ -42,42 +42,43 @@ def client_head(
 ) -> ClientHead:
     """The head for the client of a request (its HTTP version, method and whether it asked
     to keep the connection) answered by the upstream's ``head``."""
-    listed: set[bytes] = set()
-    lengths = 0
-    for line in head.raw_fields:
-        name, _, value = line.partition(b":")
-        lname = name.lower()
-        if lname == b"connection":
-            listed.update(t.strip().lower() for t in value.split(b",") if t.strip())
-        elif lname == b"content-length":
-            lengths += 1
+    # The names come lowered from the parser (tokens: ASCII, so as the bytes lower).
+    names = head.names
+    listed: set[str] = set()
+    if "connection" in names:
+        for line, lname in zip(head.raw_fields, names, strict=True):
+            if lname == "connection":
+                value = line.partition(b":")[2]
+                listed.update(
+                    t.strip().lower().decode("latin-1") for t in value.split(b",") if t.strip()
+                )
+    lengths = names.count("content-length")
     no_body = method == "HEAD" or head.status in (204, 304) or 100 <= head.status < 200
     length_framed = head.length is not None and not head.chunked
     out = [b"HTTP/1.1 " if http11 else b"HTTP/1.0 ", b"%d" % head.status, head.raw_reason, b"\r\n"]
     plain_length = True
-    for line in head.raw_fields:
-        lname = line[: line.find(b":")].lower()
+    for line, lname in zip(head.raw_fields, names, strict=True):
         if lname in _HOP_BY_HOP or lname in listed:
             continue
-        if lname == b"content-length" and length_framed:
+        if lname == "content-length" and length_framed:
             value = line[line.find(b":") + 1 :].strip(b" \t")
             if lengths != 1 or not value.isdigit():
                 plain_length = False  # "5, 5" or two fields: one plain value instead (RFC 9110 8.6)
                 continue
-        out += (line, b"\r\n")
+        out += (line, b"\r\n")  # (+= a tuple: no method call a line)
     if length_framed and not plain_length:
-        out.append(b"Content-Length: %d\r\n" % head.length)  # type: ignore[str-format]  # length_framed: an int
+        out += (b"Content-Length: %d\r\n" % head.length,)  # type: ignore[str-format]  # length_framed: an int
     chunked = False
     keep_alive = client_keep_alive
     if not no_body and not length_framed:
         if http11:
             chunked = True
-            out.append(b"Transfer-Encoding: chunked\r\n")
+            out += (b"Transfer-Encoding: chunked\r\n",)
         else:
             keep_alive = False  # HTTP/1.0: the body ends when the connection closes
     if keep_alive and not http11:
-        out.append(b"Connection: keep-alive\r\n")
+        out += (b"Connection: keep-alive\r\n",)
     elif not keep_alive and http11:
-        out.append(b"Connection: close\r\n")
-    out.append(b"\r\n")
+        out += (b"Connection: close\r\n",)
+    out += (b"\r\n",)
     return ClientHead(b"".join(out), chunked, keep_alive)

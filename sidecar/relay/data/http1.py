@@ -73,6 +73,7 @@ class ResponseHead:
         "length",
         "raw_reason",
         "raw_fields",
+        "names",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class ResponseHead:
         headers: list[tuple[str, str]],
         raw_reason: bytes = b"",
         raw_fields: list[bytes] | None = None,
+        names: list[str] | None = None,
     ) -> None:
         self.version = version
         self.status = status
@@ -92,6 +94,8 @@ class ResponseHead:
         # code (with its space, if any) and each header field line (without its CRLF).
         self.raw_reason = raw_reason
         self.raw_fields = raw_fields if raw_fields is not None else []
+        # Each field's name in lower case, in order (lowered once, by the parser).
+        self.names = names if names is not None else [name.lower() for name, _ in headers]
         self.keep_alive = True
         self.chunked = False
         self.length: int | None = None  # declared Content-Length, when framed by it
@@ -164,16 +168,19 @@ class ResponseParser:
         return None
 
     def whole_chunks(self, data: bytes) -> list[bytes] | None:
-        """Like :meth:`whole_chunk` for a read that is one or more whole, well-formed data
-        chunks back to back (what a busy upstream's coalesced reads look like): their
-        payloads, the parser's state unchanged; else None and nothing happened, so call
-        :meth:`feed`. The last chunk (size 0) is never part of it: that goes to :meth:`feed`.
+        """Like :meth:`whole_chunk` for a read that is whole, well-formed data chunks back to
+        back (what a busy upstream's coalesced reads look like), possibly ending with the
+        body's last chunk exactly (``0`` CRLF CRLF: no extension, no trailer, nothing
+        after): their payloads, and the parser's state what :meth:`feed` leaves for that
+        read (between chunks, or ``done``); else None and nothing happened, so call
+        :meth:`feed`.
 
-        The relay may then pass ``data`` on to a chunked client as it is, in one write.
+        Unless the read ended the body, the relay may then pass ``data`` on to a chunked
+        client as it is, in one write.
         """
         if self._state != _SIZE or self._buf:
             return None
-        pieces = []
+        pieces: list[bytes] = []
         pos = 0
         end = len(data)
         while pos < end:
@@ -182,9 +189,14 @@ class ResponseParser:
                 return None
             size, start = line
             stop = start + size
-            if stop == start or stop + 2 > end or data[stop : stop + 2] != _CRLF:
+            if stop == start:  # the last chunk: the end of the body if nothing follows it
+                if stop + 2 != end or data[stop:] != _CRLF:
+                    return None
+                self._finish()
+                return pieces
+            if stop + 2 > end or data[stop : stop + 2] != _CRLF:
                 return None
-            pieces.append(data[start:stop])
+            pieces += (data[start:stop],)  # (+= a tuple: no method call a chunk)
             pos = stop + 2
         return pieces or None
 
@@ -325,7 +337,7 @@ class ResponseParser:
             if status == 101:
                 raise ProtocolError("the upstream switched protocols, which is not relayed")
             return after  # interim response (100 Continue, 103 Early Hints): skip it
-        head = ResponseHead(version, status, reason, headers, status_line[12:], raw_fields)
+        head = ResponseHead(version, status, reason, headers, status_line[12:], raw_fields, lowered)
         self._frame(head, lowered)
         self.head = head
         return after
@@ -338,7 +350,10 @@ class ResponseParser:
         connection: list[str] = []
         for lower, (_, value) in zip(lowered, head.headers, strict=True):
             if lower == "transfer-encoding":
-                coding.extend(v.strip().lower() for v in value.split(","))
+                if value == "chunked":  # (what a server sends: the general rule's answer)
+                    coding += ("chunked",)
+                else:
+                    coding.extend(v.strip().lower() for v in value.split(","))
             elif lower == "content-length":
                 lengths.extend(v.strip() for v in value.split(","))
             elif lower == "connection":

@@ -217,7 +217,10 @@ class UpstreamConnection(asyncio.Protocol):
                     return
                 pieces = parser.whole_chunks(data)  # type: ignore[union-attr]  # a sink: a parser
                 if pieces is not None:  # several whole chunks in one read (a busy upstream)
-                    sink.chunks(data, pieces)
+                    if parser.done:  # type: ignore[union-attr]  # a sink: a parser
+                        self._end(None, pieces)  # and the last chunk: the body's end
+                    else:
+                        sink.chunks(data, pieces)
                     return
                 pieces = parser.feed(data)  # type: ignore[union-attr]  # a sink: a parser
                 if parser.done:  # type: ignore[union-attr]  # a sink: a parser
@@ -562,23 +565,24 @@ class UpstreamPool:
         """The request head's bytes, whether the body goes out chunked, and whether the
         request may be repeated on a fresh connection (:func:`_replayable`)."""
         headers = list(headers)
-        has_length = any(name.lower() == "content-length" for name, _ in headers)
+        names = _lowered_names(headers)
+        has_length = "content-length" in names
         chunked_body = False
         if isinstance(body, bytes):
             if has_length:
                 raise ValueError("a bytes body gets its Content-Length here")
-            headers.append(("Content-Length", str(len(body))))
+            headers += (("Content-Length", str(len(body))),)
         elif body is None:
             if method not in _BODYLESS_METHODS and not has_length:
-                headers.append(("Content-Length", "0"))
+                headers += (("Content-Length", "0"),)
         elif not has_length:
-            headers.append(("Transfer-Encoding", "chunked"))
+            headers += (("Transfer-Encoding", "chunked"),)
             chunked_body = True
         # "*" (OPTIONS *) names the server itself, never a path under the base URL.
         head = request_head(
             method, target if target == "*" else self.base_path + target, self.host_header, headers
         )
-        return head, chunked_body, _replayable(method, headers, body)
+        return head, chunked_body, _replayable(method, names, body)
 
     async def _answered(
         self,
@@ -738,9 +742,13 @@ class UpstreamPool:
             self._idle.remove(conn)
 
 
-def _replayable(
-    method: str, headers: list[tuple[str, str]], body: bytes | AsyncIterable[bytes] | None
-) -> bool:
+def _lowered_names(headers: list[tuple[str, str]]) -> list[str]:
+    """The field names in lower case, lowered as one string (a name is a token: no line
+    end in it; one that had one is refused by ``request_head`` whatever this says)."""
+    return "\n".join([name for name, _ in headers]).lower().split("\n")
+
+
+def _replayable(method: str, names: list[str], body: bytes | AsyncIterable[bytes] | None) -> bool:
     """Whether a request may be sent again after a reused connection closed before any
     response byte. As Go's net/http decides: the closing server may have read the request
     and died working on it, so only an idempotent method or a request carrying an
@@ -751,7 +759,7 @@ def _replayable(
         return False
     if method in _IDEMPOTENT_METHODS:
         return True
-    return any(name.lower() in ("idempotency-key", "x-idempotency-key") for name, _ in headers)
+    return "idempotency-key" in names or "x-idempotency-key" in names
 
 
 async def _send_body(conn: UpstreamConnection, body: AsyncIterable[bytes], chunked: bool) -> None:

@@ -14,6 +14,8 @@ aiohttp_internals.py) writes :func:`head_too_large_response` and closes.
 
 from __future__ import annotations
 
+from itertools import chain
+
 from aiohttp.http import RawRequestMessage
 
 from .errors import raw_error_response
@@ -24,10 +26,9 @@ __all__ = ["HeadBudget", "head_size", "head_too_large_response"]
 def head_size(message: RawRequestMessage) -> int:
     """Bytes of a parsed request head (aiohttp ``RawRequestMessage``): the request line and
     each field line with their CRLFs, as sent (obsolete spacing aside)."""
-    size = len(message.method) + len(message.path) + 13  # " HTTP/1.1\r\n" and the end CRLF
-    for name, value in message.raw_headers:
-        size += len(name) + len(value) + 4
-    return size
+    raw = message.raw_headers  # ": " and CRLF a field, summed in C (no call a field)
+    fields = sum(map(len, chain.from_iterable(raw))) + 4 * len(raw)
+    return len(message.method) + len(message.path) + 13 + fields  # " HTTP/1.1\r\n", end CRLF
 
 
 class HeadBudget:

@@ -238,22 +238,25 @@ class ProxyConnection(asyncio.Protocol):
     def _parse(self, data: bytes) -> None:
         """Feed one read to the parser, held to the whole-head budget; the requests it
         completes join the queue (none after an upgrade offer)."""
-        payload = self._payload
-        in_head = payload is None or payload.is_eof()
-        queued = len(self._queue)
-        refused = self._feed(data)
-        largest = 0
-        queue = self._queue
-        for i in range(queued, len(queue)):  # the heads this read completed (no copy)
-            message = queue[i][0]
-            if isinstance(message, RawRequestMessage):
-                largest = max(largest, head_size(message))
         budget = self._budget
-        if budget is not None and not budget.received(
-            len(data), in_head=in_head, head_done=len(self._queue) > queued, head_size=largest
-        ):
-            self._refuse_now(self._port.guard.head_too_large())
-            return
+        payload = self._payload
+        in_head = budget is not None and (payload is None or payload.is_eof())
+        queue = self._queue
+        queued = len(queue)
+        refused = self._feed(data)
+        if budget is not None:
+            completed = len(queue) - queued
+            largest = 0
+            for i in range(queued, queued + completed):  # the heads this read completed
+                # (parsed heads: a refusal is queued below)
+                size = head_size(queue[i][0])  # type: ignore[arg-type]
+                if size > largest:
+                    largest = size
+            if not budget.received(
+                len(data), in_head=in_head, head_done=completed > 0, head_size=largest
+            ):
+                self._refuse_now(self._port.guard.head_too_large())
+                return
         if refused is not None:
             body = self._payload
             if body is not None and not body.is_eof():  # the refused bytes were its body's
@@ -296,7 +299,7 @@ class ProxyConnection(asyncio.Protocol):
         mirrored (a body that was open before the feed and ended in it counts now), and the
         request being answered given its count back once its body is complete."""
         open_body = self._payload
-        if open_body is not None and open_body.is_eof() and self._payload_open:
+        if self._payload_open and open_body is not None and open_body.is_eof():
             self._payload_open = False
             self._counted += 1
             if self._owed:
