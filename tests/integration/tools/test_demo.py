@@ -139,8 +139,7 @@ def test_the_curve_is_read_per_band_from_the_capacity_metrics():
     capacity = CapacityMetrics(registry)
     for band, gap, n in (("1", 0.02, 50), ("4", 0.05, 40), ("8", 0.2, 30)):
         for _ in range(n):
-            capacity.itl.labels("m", band).observe(gap)
-        capacity.tokens.labels("m", band).inc(n)
+            capacity.itl.labels("m", band).observe(gap)  # one gap per decode token
         capacity.seconds.labels("m", band).inc(n * gap)
     snap = parse_snapshot(generate_latest(registry).decode(), at=31.0)
     lines = curve_lines(snap, Snapshot(at=0.0))
