@@ -141,12 +141,17 @@ class SSEDecoder:
         ``SSEEvent(data, "message", last id, retry)`` and leaves every piece of state as it
         was, so returning ``data`` is the same event minus the fields the caller ignores
         (the type is always ``"message"``).
+
+        A fresh decoder (nothing fed, nothing held) takes such a chunk too, and is started
+        and idle after it, as :meth:`feed` leaves it: a chunk that begins with ``data:``
+        begins with no BOM, so the BOM rule has nothing to hold back, and the first event of
+        every stream costs no walk through the general path.
         """
-        if not self._idle:
+        if not self._idle and (self._started or self._tail):
             return None
         end = len(chunk) - 2  # where the line's LF must be, followed by the blank line's LF
         if (
-            chunk.startswith(b"data:")
+            chunk[:5] == b"data:"
             and chunk.find(b"\n", 5) == end
             and chunk[-1] == 10
             and 13 not in chunk
@@ -154,6 +159,8 @@ class SSEDecoder:
         ):
             start = 6 if chunk[5] == 32 else 5  # chunk[5] is the LF when the value is empty
             if end - start < self._max_event:  # the general path counts len(value) + 1
+                if not self._idle:  # fresh: started now, and (nothing held) idle
+                    self._started = self._idle = True
                 return chunk[start:end]
         return None
 
@@ -170,6 +177,8 @@ class SSEDecoder:
         an unterminated final line is still interpreted as a field (it may complete
         nothing, but `id:`/`retry:` state stays consistent)."""
         out: list[SSEEvent | SSEOverflow] = []
+        if self._idle:  # nothing held, no event under way: nothing to end or reset
+            return out
         if self._tail and not self._skipping:
             tail, self._tail = bytes(self._tail), b""
             if self._started or not _BOM.startswith(tail):

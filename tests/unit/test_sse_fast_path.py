@@ -209,11 +209,26 @@ def started(**kw) -> SSEDecoder:
     return dec
 
 
-def test_first_feed_takes_general_path_then_fast():
-    dec = SSEDecoder()
-    assert dec.lone_data(b"data: a\n\n") is None  # not started: a BOM may come first
-    assert dec.feed(b"data: a\n\n") == [SSEEvent(b"a")]
+def test_a_fresh_decoder_takes_a_first_event_that_starts_with_data():
+    """No BOM can precede a chunk that begins with ``data:``: the first event is taken and
+    the decoder is started and idle, as ``feed`` would leave it."""
+    dec, ref = SSEDecoder(), GeneralOnly()
+    assert dec.lone_data(b"data: a\n\n") == b"a"
+    assert ref.feed(b"data: a\n\n") == [SSEEvent(b"a")]
+    assert state(dec) == state(ref) and dec._idle
     assert dec.lone_data(b"data: b\n\n") == b"b"
+
+
+@pytest.mark.parametrize("first", [BOM + b"data: a\n\n", BOM[:2], b"\n", b": hi\n\n", b"dat"])
+def test_a_fresh_decoder_leaves_anything_else_to_feed(first):
+    """A BOM (whole or a part of one held back), or any other first line: declined, nothing
+    consumed, and the decoder still as new."""
+    dec = SSEDecoder()
+    assert dec.lone_data(first) is None
+    assert state(dec) == state(SSEDecoder())
+    if first == BOM[:2]:
+        dec.feed(first)  # held: it may be the start of a BOM
+        assert dec.lone_data(b"data: a\n\n") is None
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,7 @@ from .events import (
     TokenKind,
     Tokens,
     ToolCallDelta,
+    Usage,
 )
 from .llamacpp import engine_counts_from_llamacpp, engine_timings_from_llamacpp
 
@@ -82,6 +83,8 @@ class OpenAIStreamDialect(SSEJSONDialect):
         "_started",
         "_open",
         "_finished",
+        "_tracked",
+        "_ended",
         "_done",
     )
 
@@ -96,99 +99,132 @@ class OpenAIStreamDialect(SSEJSONDialect):
         # Choice indices seen without / with a finish_reason, until every one finished.
         self._open: set[int] = set()
         self._finished: set[int] = set()
+        # Their sizes, kept by _track: how many indices are tracked (open or finished), and
+        # how many of them finished (the MAX_INDICES_PER_RESPONSE bound, and _state).
+        self._tracked = 0
+        self._ended = 0
         self._done = False
 
     def _token_text(self, obj: dict[str, Any]) -> object:
         """The text of a one-choice event: what a token stream's events differ by (the
         repeating event, :mod:`.template`). Every test ``_object`` makes of it is whether it
         is empty (of a tool call's arguments, none: the call counts)."""
-        choices = obj.get("choices")
+        choices = obj["choices"] if "choices" in obj else None
         if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict:
             return None
         choice = choices[0]
-        delta = choice.get("delta")
+        delta = choice["delta"] if "delta" in choice else None
         if type(delta) is not dict:
-            return choice.get("text")
+            return choice["text"] if "text" in choice else None
         for key in ("content", "reasoning_content", "reasoning", "refusal"):
-            text = delta.get(key)
-            if text:
-                return text
-        calls = delta.get("tool_calls")  # a tool call's arguments, streamed piece by piece
+            if key in delta and delta[key]:
+                return delta[key]
+        calls = delta["tool_calls"] if "tool_calls" in delta else None  # arguments, piece by piece
         if type(calls) is list and len(calls) == 1 and type(calls[0]) is dict:
-            function = calls[0].get("function")
+            function = calls[0]["function"] if "function" in calls[0] else None
             if type(function) is dict:
-                return function.get("arguments")
+                return function["arguments"] if "arguments" in function else None
         return None
 
     def _state(self) -> tuple[object, ...]:
         """What a templated event could change, compared before and after it. The choice
-        sets stand in by their sizes, so no event copies them: :meth:`_track` only adds an
-        index to one of them or moves it from open to finished, so every change it makes
-        changes a size."""
+        sets stand in by their sizes (kept as counts by :meth:`_track`), so no event copies
+        them: :meth:`_track` only adds an index to one of them or moves it from open to
+        finished, so every change it makes changes a size."""
         return (
             self._seen_info, self._completion_so_far, self._usage_per_chunk, self._started,
-            len(self._open), len(self._finished), self._done,
+            self._tracked, self._ended, self._done,
         )  # fmt: skip
 
     def _object(self, obj: dict[str, Any], event: str, out: list[DialectEvent]) -> None:
+        # Fields are read as ``key in obj and obj[key]`` rather than ``obj.get(key)``: the
+        # same values, and no call per field on a path that runs for every decoded event.
         # _error_of finds nothing unless one of these holds; two lookups spare the call.
-        if obj.get("error") is not None or obj.get("object") == "error":
+        if ("error" in obj and obj["error"] is not None) or (
+            "object" in obj and obj["object"] == "error"
+        ):
             err = _error_of(obj)
             if err is not None:
                 out.append(err)
                 return
         if not self._seen_info:
             self._seen_info = True
-            model, rid = obj.get("model"), obj.get("id")
-            if isinstance(model, str) or isinstance(rid, str):
+            model = obj["model"] if "model" in obj else None
+            rid = obj["id"] if "id" in obj else None
+            if type(model) is str or type(rid) is str:
                 out.append(
                     ResponseInfo(
-                        response_model=model if isinstance(model, str) else None,
-                        response_id=rid if isinstance(rid, str) else None,
+                        response_model=model if type(model) is str else None,
+                        response_id=rid if type(rid) is str else None,
                     )
                 )
-        usage = obj.get("usage")
+        usage = obj["usage"] if "usage" in obj else None
         parsed = usage_from_openai(usage) if usage else None
-        choices = obj.get("choices")
+        choices = obj["choices"] if "choices" in obj else None
         if choices:
             if type(choices) is not list:
                 out.append(ParseError("choices is not a list"))
             else:
-                grown = None
-                mark = len(out)
-                if parsed is None or parsed.output_tokens is None:
-                    if _count_choices(choices, out, None, self._started):
-                        self._usage_per_chunk = False
-                        self._started = True
-                else:
-                    if self._usage_per_chunk:
-                        grown = parsed.output_tokens - self._completion_so_far
-                    if _count_choices(choices, out, grown, self._started):
-                        self._started = True
-                if len(out) != mark + 1 or out[mark] is not ANSWER:
-                    # Not the one plain answer token of nearly every event: look for calls.
-                    tool_call_deltas(choices, out)
-                if not self._done:
-                    # Nearly every chunk: one open choice, still going; nothing to track.
-                    choice = choices[0]
-                    index = choice.get("index", 0) if type(choice) is dict else None
-                    if not (
-                        len(choices) == 1
-                        and type(index) is int
-                        and index in self._open
-                        and not choice.get("finish_reason")
-                    ):
-                        self._track(choices, out)
+                self._choices(choices, parsed, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
             out.append(parsed)
-            metrics = obj.get("metrics")  # vLLM's per-request metrics come with usage only
-            if metrics:
-                _vllm_metrics(metrics, out)
-        timings = obj.get("timings")
-        if timings:
-            _llamacpp_timings(timings, out)
+            if "metrics" in obj and obj["metrics"]:  # vLLM's per-request metrics: with usage only
+                _vllm_metrics(obj["metrics"], out)
+        if "timings" in obj and obj["timings"]:
+            _llamacpp_timings(obj["timings"], out)
+
+    def _choices(self, choices: list[Any], parsed: Usage | None, out: list[DialectEvent]) -> None:
+        """A non-empty ``choices`` list: its tokens, tool-call pieces and finish reasons."""
+        choice = choices[0]
+        delta = choice["delta"] if type(choice) is dict and "delta" in choice else None
+        if (
+            parsed is None
+            and type(delta) is dict
+            and "content" in delta
+            and delta["content"]
+            and len(delta) == 1
+            and not ("finish_reason" in choice and choice["finish_reason"])
+            and len(choices) == 1
+        ):
+            # Nearly every event: one unfinished choice whose delta holds only content, one
+            # answer token (what _count_choices counts of it) and no tool call to look for.
+            out.append(ANSWER)
+            self._usage_per_chunk = False
+            self._started = True
+            if not self._done:
+                index = choice["index"] if "index" in choice else 0
+                if type(index) is not int or index not in self._open:
+                    self._track(choices, out)
+            return
+        mark = len(out)
+        if parsed is None or parsed.output_tokens is None:
+            if _count_choices(choices, out, None, self._started):
+                self._usage_per_chunk = False
+                self._started = True
+        else:
+            grown = None
+            if self._usage_per_chunk:
+                grown = parsed.output_tokens - self._completion_so_far
+            if _count_choices(choices, out, grown, self._started):
+                self._started = True
+        for counted in out[mark:]:
+            # A tool token counted: some choice's delta carries tool calls to read.
+            if type(counted) is Tokens and counted.kind is TokenKind.TOOL:
+                tool_call_deltas(choices, out)
+                break
+        if self._done:
+            return
+        if len(choices) == 1 and type(choice) is dict:
+            index = choice["index"] if "index" in choice else 0
+            if (
+                type(index) is int
+                and index in self._open
+                and not ("finish_reason" in choice and choice["finish_reason"])
+            ):
+                return  # one open choice, still going: nothing to track
+        self._track(choices, out)
 
     def _track(self, choices: list[Any], out: list[DialectEvent]) -> None:
         """:class:`GenerationDone` once every choice seen so far has finished. At most
@@ -198,22 +234,27 @@ class OpenAIStreamDialect(SSEJSONDialect):
         for choice in choices:
             if type(choice) is not dict:
                 continue
-            index = choice.get("index", 0)
+            index = choice["index"] if "index" in choice else 0
             if type(index) is not int:
                 index = 0
-            if (
-                index not in opened
-                and index not in done
-                and len(opened) + len(done) >= MAX_INDICES_PER_RESPONSE
-            ):
+            reason = choice["finish_reason"] if "finish_reason" in choice else None
+            ends = type(reason) is str and reason != ""
+            if index in done:
+                finished = finished or ends
                 continue
-            reason = choice.get("finish_reason")
-            if isinstance(reason, str) and reason:
-                done.add(index)
-                opened.discard(index)
-                finished = True
-            elif index not in done:
-                opened.add(index)
+            if index not in opened:
+                if self._tracked >= MAX_INDICES_PER_RESPONSE:
+                    continue
+                self._tracked += 1
+                if not ends:
+                    opened.add(index)
+                    continue
+            elif not ends:
+                continue
+            opened.discard(index)
+            done.add(index)
+            self._ended += 1
+            finished = True
         if finished and not opened:
             self._done = True
             out.append(_GENERATION_DONE)
@@ -272,65 +313,47 @@ def _count_choices(
     """One token per content-bearing choice delta, unless per-chunk usage says the chunk
     carried more (``grown`` > deltas, one kind only: the surplus goes to that kind).
     ``started``: a token came before, so an empty ``content`` delta is a token too (module doc)."""
-    if grown is None and len(choices) == 1:
-        # Nearly every chunk: one unfinished choice whose delta holds only content. The
-        # loop below would count one answer token and nothing else; this says so sooner.
-        choice = choices[0]
-        if type(choice) is dict:
-            delta = choice.get("delta")
-            if (
-                type(delta) is dict
-                and len(delta) == 1
-                and delta.get("content")
-                and not choice.get("finish_reason")
-            ):
-                out.append(ANSWER)
-                return 1
     answer = reasoning = tool = 0
-    finish: list[str] | None = None
+    finish: tuple[str, ...] = ()
     maybe_last = False
     for choice in choices:
         if type(choice) is not dict:
             out.append(ParseError("choice is not an object"))
             continue
-        delta = choice.get("delta")
+        reason = choice["finish_reason"] if "finish_reason" in choice else None
+        delta = choice["delta"] if "delta" in choice else None
         if type(delta) is dict:
-            content = delta.get("content")
+            content = delta["content"] if "content" in delta else None
             if content and len(delta) == 1:
                 answer += 1  # the usual delta: no other key, so no other kind to look for
             else:
                 before = answer + reasoning + tool
-                if content or delta.get("refusal"):
+                if content or ("refusal" in delta and delta["refusal"]):
                     answer += 1
-                if delta.get("reasoning_content") or delta.get("reasoning"):
+                if ("reasoning_content" in delta and delta["reasoning_content"]) or (
+                    "reasoning" in delta and delta["reasoning"]
+                ):
                     reasoning += 1
-                if delta.get("tool_calls") or delta.get("function_call"):
+                if ("tool_calls" in delta and delta["tool_calls"]) or (
+                    "function_call" in delta and delta["function_call"]
+                ):
                     tool += 1
                 if (
                     started
                     and content == ""
                     and answer + reasoning + tool == before
                     and "role" not in delta
-                    and not choice.get("finish_reason")
                 ):
-                    answer += 1  # a token whose bytes are not a whole character yet
-                elif (
-                    started
-                    and content == ""
-                    and answer + reasoning + tool == before
-                    and "role" not in delta
-                    and choice.get("finish_reason")
-                ):
-                    maybe_last = True  # vLLM's last token without text, or a terminator
-        elif choice.get("text"):  # legacy completions
+                    if reason:
+                        maybe_last = True  # vLLM's last token without text, or a terminator
+                    else:
+                        answer += 1  # a token whose bytes are not a whole character yet
+        elif "text" in choice and choice["text"]:  # legacy completions
             answer += 1
-        elif started and choice.get("text") == "" and choice.get("finish_reason"):
+        elif started and reason and "text" in choice and choice["text"] == "":
             maybe_last = True
-        reason = choice.get("finish_reason")
-        if isinstance(reason, str) and reason:  # Ollama and SGLang send "" until the end
-            if finish is None:
-                finish = []
-            finish.append(reason)
+        if type(reason) is str and reason:  # Ollama and SGLang send "" until the end
+            finish += (reason,)
     if (
         grown is not None
         and grown > answer + reasoning + tool
@@ -352,7 +375,7 @@ def _count_choices(
     elif maybe_last and not (reasoning or tool):
         out.append(_MAYBE_LAST)
     if finish:
-        out.append(ResponseInfo(finish_reasons=tuple(finish)))
+        out.append(ResponseInfo(finish_reasons=finish))
     return answer + reasoning + tool
 
 
@@ -368,21 +391,21 @@ def tool_call_deltas(choices: list[Any], out: list[DialectEvent]) -> None:
     for choice in choices:
         if type(choice) is not dict:
             continue
-        delta = choice.get("delta")
+        delta = choice["delta"] if "delta" in choice else None
         if type(delta) is not dict:
             continue
-        calls = delta.get("tool_calls")
-        legacy = delta.get("function_call")
+        calls = delta["tool_calls"] if "tool_calls" in delta else None
+        legacy = delta["function_call"] if "function_call" in delta else None
         if not calls and not legacy:
             continue
-        at = choice.get("index", 0)
+        at = choice["index"] if "index" in choice else 0
         if type(at) is not int or at < 0:
             at = 0
         if type(calls) is list:
             for place, entry in enumerate(calls):
                 if type(entry) is not dict:
                     continue
-                index = entry.get("index")
+                index = entry["index"] if "index" in entry else None
                 out.append(ToolCallDelta(index if type(index) is int and index >= 0 else place, at))
         elif legacy:
             out.append(ToolCallDelta(0, at))

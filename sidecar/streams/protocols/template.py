@@ -36,7 +36,7 @@ class EventTemplate:
     the rest of the data and the blank line. Only these two byte strings are kept per stream
     (a few hundred bytes); every check is on the chunk as it came."""
 
-    __slots__ = ("text", "events", "limit", "_prefix", "_suffix", "_start", "_tail")
+    __slots__ = ("text", "events", "limit", "spaced", "_prefix", "_suffix", "_start", "_tail")
 
     def __init__(
         self, prefix: bytes, suffix: bytes, text: bytes | None, events: tuple[DialectEvent, ...]
@@ -44,10 +44,13 @@ class EventTemplate:
         self.text = text  # the text of the event it was learned from (dropped once armed)
         self.events = _shared(events)  # what the dialect made of that event
         self.limit = 0  # the longest event matches() takes (the framing's bound, set on arming)
+        # Whether the server writes ``data: `` with its optional space (the framing's bound
+        # counts the value from after it).
+        self.spaced = prefix[:6] == b"data: "
         self._prefix = prefix  # b"data: " + the data's bytes up to the text
         self._suffix = suffix  # the data's bytes after the text + b"\n\n"
         self._start = len(prefix)
-        self._tail = len(suffix)
+        self._tail = -len(suffix)  # where the suffix starts, from the end (never 0: "\n\n")
 
     @classmethod
     def learn(
@@ -62,7 +65,7 @@ class EventTemplate:
             raw = text.encode()
         except UnicodeEncodeError:  # a lone surrogate (from a \\u escape): not plain
             return None
-        if not plain(raw):
+        if not plain_at(raw, 0, len(raw)):
             return None
         needle = b'"' + raw + b'"'
         at = data.find(needle)
@@ -82,27 +85,29 @@ class EventTemplate:
         """The event's bytes after the text, to its blank line."""
         return self._suffix
 
-    @property
-    def spaced(self) -> bool:
-        """Whether the server writes ``data: `` with its optional space (the framing's bound
-        counts the value from after it)."""
-        return self._prefix.startswith(b"data: ")
+    # The checks below compare slices (``chunk[:start] == prefix``) rather than call
+    # ``startswith``/``endswith``: the same bytes compared, and no call on the per-event path.
 
     def text_of(self, chunk: bytes) -> bytes | None:
         """``chunk``'s text if it has this shape around a plain text; else None."""
-        end = len(chunk) - self._tail
-        if end > self._start and chunk.startswith(self._prefix) and chunk.endswith(self._suffix):
-            text = chunk[self._start : end]
-            if plain(text):
-                return text
+        start, tail = self._start, self._tail
+        end = len(chunk) + tail
+        if (
+            end > start
+            and chunk[:start] == self._prefix
+            and chunk[tail:] == self._suffix
+            and plain_at(chunk, start, end)
+        ):
+            return chunk[start:end]
         return None
 
     def frames(self, chunk: bytes) -> bool:
         """Whether ``chunk`` has this shape's bytes around whatever text (plain or not)."""
+        start, tail = self._start, self._tail
         return (
-            len(chunk) >= self._start + self._tail
-            and chunk.startswith(self._prefix)
-            and chunk.endswith(self._suffix)
+            len(chunk) + tail >= start
+            and chunk[:start] == self._prefix
+            and chunk[tail:] == self._suffix
         )
 
     def matches(self, chunk: bytes) -> bool:
@@ -110,10 +115,11 @@ class EventTemplate:
         then it is one whole SSE event with no other line in it (a plain text holds no CR or
         LF, and the learned bytes around it came from one such event) that the framing's
         fast path would take, so the framing need not look. The hot path, once per token."""
-        end = len(chunk) - self._tail
-        if self._start < end and len(chunk) <= self.limit and chunk.startswith(self._prefix):
-            if chunk.endswith(self._suffix):
-                return plain_at(chunk, self._start, end)  # in C where built
+        size = len(chunk)
+        start, tail = self._start, self._tail
+        if start < size + tail and size <= self.limit and chunk[:start] == self._prefix:
+            if chunk[tail:] == self._suffix:
+                return plain_at(chunk, start, size + tail)  # in C where built
         return False
 
 
