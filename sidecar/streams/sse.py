@@ -170,7 +170,8 @@ class SSEDecoder:
         idle: the line and the value within their bounds. For a caller that checks such a
         chunk's shape itself and knows the decoder is idle (nothing but lone_data has run
         since it last returned a value)."""
-        return min(self._max_line + 2, self._max_event + (7 if spaced else 6))
+        line, event = self._max_line + 2, self._max_event + (7 if spaced else 6)
+        return line if line < event else event
 
     def close(self) -> list[SSEEvent | SSEOverflow]:
         """End of stream. Per the spec an event not ended by a blank line is discarded;

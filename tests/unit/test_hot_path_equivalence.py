@@ -5,7 +5,8 @@ Each oracle below is the straightforward implementation as it stood before the f
 
 - the OpenAI dialect, from bytes: general SSE framing only, blank ``data`` skipped before
   parsing, ``_error_of`` on every object, every delta key looked up, every choice's tool
-  calls looked for (``tool_call_deltas``, shared: the oracle of when it is called);
+  calls looked for (``tool_call_deltas``, shared: the oracle of when it is called), the
+  choices tracked to the end of generation by their sets' sizes (``_oracle_track``);
 - the timeline applying every :class:`Tokens` through ``_tokens``.
 
 The SSE decoder's own fast paths are compared in ``test_sse_fast_path.py``; the batched
@@ -23,8 +24,10 @@ from hypothesis import given, settings, strategies as st
 
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.protocols.events import (
+    MAX_INDICES_PER_RESPONSE,
     DialectEvent,
     EngineTimings,
+    GenerationDone,
     MaybeLastToken,
     ParseError,
     ResponseInfo,
@@ -130,8 +133,8 @@ class OracleOpenAI(OpenAIStreamDialect):
                     if oracle_count_choices(choices, out, grown, self._started):
                         self._started = True
                 tool_call_deltas(choices, out)  # every event (the dialect skips a plain answer's)
-                if not self._done:  # not a fast path: the same tracking as the dialect's
-                    self._track(choices, out)
+                if not self._done:
+                    self._oracle_track(choices, out)
         if parsed is not None:
             if parsed.output_tokens is not None:
                 self._completion_so_far = parsed.output_tokens
@@ -141,6 +144,42 @@ class OracleOpenAI(OpenAIStreamDialect):
             engine = engine_timings_from_llamacpp(timings)
             if engine is not None:
                 out.append(engine)
+
+    def _oracle_track(self, choices: list, out: list[DialectEvent]) -> None:
+        """``_track`` as it was: the choice sets' sizes taken with ``len`` at each new index."""
+        finished = False
+        opened, done = self._open, self._finished
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            index = choice.get("index", 0)
+            if type(index) is not int:
+                index = 0
+            if (
+                index not in opened
+                and index not in done
+                and len(opened) + len(done) >= MAX_INDICES_PER_RESPONSE
+            ):
+                continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                done.add(index)
+                opened.discard(index)
+                finished = True
+            elif index not in done:
+                opened.add(index)
+        if finished and not opened:
+            self._done = True
+            out.append(GenerationDone())
+
+
+def same_choice_state(fast: OpenAIStreamDialect, oracle: OpenAIStreamDialect) -> bool:
+    """The choice sets and the end alike, and the fast dialect's counts its sets' sizes."""
+    return (
+        (fast._open, fast._finished, fast._done) == (oracle._open, oracle._finished, oracle._done)
+        and fast._tracked == len(fast._open) + len(fast._finished)
+        and fast._ended == len(fast._finished)
+    )
 
 
 def oracle_count_choices(
@@ -356,7 +395,35 @@ def test_openai_dialect_equals_the_plain_implementation(events, data):
             oracle._usage_per_chunk,
             oracle._started,
         )
+        assert same_choice_state(fast, oracle)
     assert fast.close() == oracle.close()
+
+
+@FAST
+@given(
+    st.lists(
+        st.lists(
+            st.fixed_dictionaries(
+                {"index": st.integers(0, 200) | st.sampled_from([None, "1", True, -1])},
+                optional={"finish_reason": finish, "delta": st.just({"content": "x"})},
+            )
+            | values,
+            min_size=1,
+            max_size=4,
+        ),
+        max_size=10,
+    ),
+    st.integers(0, 140),
+)
+def test_choice_tracking_equals_the_plain_implementation(events, before):
+    """The choices' tracking to the end of generation, up to and past the bound on indices
+    (``before`` distinct ones opened first), against ``_track`` as it was."""
+    fast, oracle = OpenAIStreamDialect(), OracleOpenAI()
+    opening = [{"index": i, "delta": {"role": "assistant"}} for i in range(before)]
+    for choices in [opening, *events] if opening else events:
+        chunk = b"data: " + orjson.dumps({"choices": choices}) + b"\n\n"
+        assert fast.feed(chunk) == oracle.feed(chunk)
+        assert same_choice_state(fast, oracle)
 
 
 # -- the timeline ---------------------------------------------------------------------------------

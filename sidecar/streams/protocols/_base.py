@@ -58,6 +58,7 @@ TOOL = Tokens(TokenKind.TOOL, 1)
 NO_ENGINE_COUNTS = Usage(engine=True)
 
 _DONE = b"[DONE]"
+_STREAM_END = StreamEnd()  # events are never mutated after creation: one serves every stream
 
 
 class SSEJSONDialect:
@@ -146,19 +147,16 @@ class SSEJSONDialect:
                 self._candidate = None
                 return
         obj = self._data(data, "message", out)
-        if (
-            obj is not None
-            and self._learning
-            and type(out[0] if out else None) is Tokens
-            and (len(out) == 1 or (len(out) == 2 and type(out[1]) is ToolCallDelta))
-        ):
-            self._learning -= 1
-            self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
-        else:
-            self._candidate = None
+        self._candidate = None
+        if obj is not None and self._learning and out and type(out[0]) is Tokens:
+            events = len(out)
+            if events == 1 or (events == 2 and type(out[1]) is ToolCallDelta):
+                self._learning -= 1
+                self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
 
     def close(self) -> list[DialectEvent]:
-        return self._interpret(self._sse.close())
+        framed = self._sse.close()
+        return self._interpret(framed) if framed else []
 
     def _interpret(self, framed: list[SSEEvent | SSEOverflow]) -> list[DialectEvent]:
         out: list[DialectEvent] = []
@@ -173,7 +171,7 @@ class SSEJSONDialect:
         """One event's data: ``[DONE]``, nothing (blank), or a JSON object for _object
         (returned, for :meth:`_learn`)."""
         if data == _DONE:
-            out.append(StreamEnd())
+            out.append(_STREAM_END)
             return None
         try:
             obj = orjson.loads(data)

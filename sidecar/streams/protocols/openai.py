@@ -162,7 +162,27 @@ class OpenAIStreamDialect(SSEJSONDialect):
         parsed = usage_from_openai(usage) if usage else None
         choices = obj["choices"] if "choices" in obj else None
         if choices:
-            if type(choices) is not list:
+            choice: Any = choices[0] if type(choices) is list else None
+            delta = choice["delta"] if type(choice) is dict and "delta" in choice else None
+            if (
+                parsed is None
+                and type(delta) is dict
+                and "content" in delta
+                and delta["content"]
+                and not ("finish_reason" in choice and choice["finish_reason"])
+                and len(delta) == 1
+                and len(choices) == 1
+            ):
+                # Nearly every event: one unfinished choice whose delta holds only content,
+                # one answer token (what _count_choices counts of it), no tool call to read.
+                out.append(ANSWER)
+                self._usage_per_chunk = False
+                self._started = True
+                if not self._done:
+                    index = choice["index"] if "index" in choice else 0
+                    if type(index) is not int or index not in self._open:
+                        self._track(choices, out)
+            elif type(choices) is not list:
                 out.append(ParseError("choices is not a list"))
             else:
                 self._choices(choices, parsed, out)
@@ -176,28 +196,8 @@ class OpenAIStreamDialect(SSEJSONDialect):
             _llamacpp_timings(obj["timings"], out)
 
     def _choices(self, choices: list[Any], parsed: Usage | None, out: list[DialectEvent]) -> None:
-        """A non-empty ``choices`` list: its tokens, tool-call pieces and finish reasons."""
-        choice = choices[0]
-        delta = choice["delta"] if type(choice) is dict and "delta" in choice else None
-        if (
-            parsed is None
-            and type(delta) is dict
-            and "content" in delta
-            and delta["content"]
-            and len(delta) == 1
-            and not ("finish_reason" in choice and choice["finish_reason"])
-            and len(choices) == 1
-        ):
-            # Nearly every event: one unfinished choice whose delta holds only content, one
-            # answer token (what _count_choices counts of it) and no tool call to look for.
-            out.append(ANSWER)
-            self._usage_per_chunk = False
-            self._started = True
-            if not self._done:
-                index = choice["index"] if "index" in choice else 0
-                if type(index) is not int or index not in self._open:
-                    self._track(choices, out)
-            return
+        """A non-empty ``choices`` list of any other shape: its tokens, tool-call pieces and
+        finish reasons."""
         mark = len(out)
         if parsed is None or parsed.output_tokens is None:
             if _count_choices(choices, out, None, self._started):
@@ -216,13 +216,14 @@ class OpenAIStreamDialect(SSEJSONDialect):
                 break
         if self._done:
             return
-        if len(choices) == 1 and type(choice) is dict:
+        choice = choices[0]
+        if (
+            type(choice) is dict
+            and not ("finish_reason" in choice and choice["finish_reason"])
+            and len(choices) == 1
+        ):
             index = choice["index"] if "index" in choice else 0
-            if (
-                type(index) is int
-                and index in self._open
-                and not ("finish_reason" in choice and choice["finish_reason"])
-            ):
+            if type(index) is int and index in self._open:
                 return  # one open choice, still going: nothing to track
         self._track(choices, out)
 

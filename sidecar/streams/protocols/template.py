@@ -56,24 +56,26 @@ class EventTemplate:
     def learn(
         cls, chunk: bytes, data: bytes, text: object, events: list[DialectEvent]
     ) -> EventTemplate | None:
-        """The template of ``chunk``, one SSE event whose data is ``data`` and whose token
-        text the dialect decoded as ``text``: None unless that text is plain and written
-        verbatim exactly once in ``data``."""
+        """The template of ``chunk``, one SSE event whose data is ``data`` (``data:``, the
+        optional space, ``data``, the blank line: as ``SSEDecoder.lone_data`` takes it) and
+        whose token text the dialect decoded as ``text``: None unless that text is plain and
+        written verbatim exactly once in ``data``."""
         if type(text) is not str or not text:
             return None
         try:
             raw = text.encode()
         except UnicodeEncodeError:  # a lone surrogate (from a \\u escape): not plain
             return None
-        if not plain_at(raw, 0, len(raw)):
+        size = len(raw)
+        if not plain_at(raw, 0, size):
             return None
         needle = b'"' + raw + b'"'
         at = data.find(needle)
         if at < 0 or data.find(needle, at + 1) >= 0:
             return None
-        field = len(chunk) - len(data) - 2  # b"data: " or b"data:", as the server spells it
+        field = 6 if chunk[5] == 32 else 5  # b"data: " or b"data:", as the server spells it
         at += field + 1
-        return cls(chunk[:at], chunk[at + len(raw) :], raw, tuple(events))
+        return cls(chunk[:at], chunk[at + size :], raw, tuple(events))
 
     @property
     def prefix(self) -> bytes:
