@@ -36,7 +36,7 @@ class EventTemplate:
     the rest of the data and the blank line. Only these two byte strings are kept per stream
     (a few hundred bytes); every check is on the chunk as it came."""
 
-    __slots__ = ("text", "events", "limit", "spaced", "_prefix", "_suffix", "_start", "_tail")
+    __slots__ = ("text", "events", "limit", "spaced", "prefix", "suffix", "_start", "_tail")
 
     def __init__(
         self, prefix: bytes, suffix: bytes, text: bytes | None, events: tuple[DialectEvent, ...]
@@ -47,8 +47,8 @@ class EventTemplate:
         # Whether the server writes ``data: `` with its optional space (the framing's bound
         # counts the value from after it).
         self.spaced = prefix[:6] == b"data: "
-        self._prefix = prefix  # b"data: " + the data's bytes up to the text
-        self._suffix = suffix  # the data's bytes after the text + b"\n\n"
+        self.prefix = prefix  # the event's bytes before the text: b"data: " + the data's up to it
+        self.suffix = suffix  # the event's bytes after the text: the rest of the data + b"\n\n"
         self._start = len(prefix)
         self._tail = -len(suffix)  # where the suffix starts, from the end (never 0: "\n\n")
 
@@ -77,16 +77,6 @@ class EventTemplate:
         at += field + 1
         return cls(chunk[:at], chunk[at + size :], raw, tuple(events))
 
-    @property
-    def prefix(self) -> bytes:
-        """The event's bytes before the text (from its ``data:`` field on)."""
-        return self._prefix
-
-    @property
-    def suffix(self) -> bytes:
-        """The event's bytes after the text, to its blank line."""
-        return self._suffix
-
     # The checks below compare slices (``chunk[:start] == prefix``) rather than call
     # ``startswith``/``endswith``: the same bytes compared, and no call on the per-event path.
 
@@ -96,8 +86,8 @@ class EventTemplate:
         end = len(chunk) + tail
         if (
             end > start
-            and chunk[:start] == self._prefix
-            and chunk[tail:] == self._suffix
+            and chunk[:start] == self.prefix
+            and chunk[tail:] == self.suffix
             and plain_at(chunk, start, end)
         ):
             return chunk[start:end]
@@ -108,8 +98,8 @@ class EventTemplate:
         start, tail = self._start, self._tail
         return (
             len(chunk) + tail >= start
-            and chunk[:start] == self._prefix
-            and chunk[tail:] == self._suffix
+            and chunk[:start] == self.prefix
+            and chunk[tail:] == self.suffix
         )
 
     def matches(self, chunk: bytes) -> bool:
@@ -119,8 +109,8 @@ class EventTemplate:
         fast path would take, so the framing need not look. The hot path, once per token."""
         size = len(chunk)
         start, tail = self._start, self._tail
-        if start < size + tail and size <= self.limit and chunk[:start] == self._prefix:
-            if chunk[tail:] == self._suffix:
+        if start < size + tail and size <= self.limit and chunk[:start] == self.prefix:
+            if chunk[tail:] == self.suffix:
                 return plain_at(chunk, start, size + tail)  # in C where built
         return False
 
