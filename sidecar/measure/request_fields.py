@@ -145,19 +145,24 @@ def _parsed_fields(body: bytes) -> RequestFields | None:
         return None
     if type(doc) is not dict:
         return None
-    model = doc.get("model")
+    # Read as ``key in doc and doc[key]``, not ``doc.get(key)``: the same values, and no
+    # call per field on every request's way in.
+    model = doc["model"] if "model" in doc else None
+    parameters = doc["parameters"] if "parameters" in doc else None  # TGI's
+    options = doc["options"] if "options" in doc else None  # Ollama's
     max_tokens = None
-    for holder in (doc, doc.get("parameters"), doc.get("options")):
+    for holder in (doc, parameters, options):
         if type(holder) is dict:
             for key in MAX_TOKEN_KEYS:
-                value = holder.get(key)
-                if type(value) is int:
-                    max_tokens = value
+                if key in holder and type(holder[key]) is int:
+                    max_tokens = holder[key]
                     break
             if max_tokens is not None:
                 break
     return RequestFields(
-        model if isinstance(model, str) else None, doc.get("stream") is True, max_tokens
+        model if type(model) is str else None,
+        "stream" in doc and doc["stream"] is True,
+        max_tokens,
     )
 
 
