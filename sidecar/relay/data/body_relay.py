@@ -73,7 +73,7 @@ class BodyRelay:
     """
 
     __slots__ = (
-        "_transport", "_conn", "_observer", "_clock", "_chunked", "_waiter", "pace", "_lane",
+        "_transport", "_conn", "_observer", "_timeline", "_clock", "_chunked", "_waiter", "pace", "_lane",
         "_linkable", "_client", "_on_end", "_keep_alive", "_status", "_waiting", "_timer",
         "ended", "paused", "terminated",
     )  # fmt: skip
@@ -95,6 +95,7 @@ class BodyRelay:
         self._transport = transport  # the client's, open
         self._conn = conn
         self._observer = observer
+        self._timeline = observer.timeline  # (the observer's for its life: read once)
         self._clock = clock
         # Whether the client's body goes out in chunks: the head the leg writes says.
         self._chunked = chunked
@@ -124,7 +125,7 @@ class BodyRelay:
         if head:
             self._transport.write(head)
             self.pace.written += len(head)
-            self._observer.timeline.client_head_sent = self._clock()
+            self._timeline.client_head_sent = self._clock()
         self._conn.push(self)
 
     def body(self, piece: bytes) -> None:
@@ -171,18 +172,18 @@ class BodyRelay:
                     self._lane_failed()
                     return
                 lane = lane_for(
-                    steady, clock=self._clock, transport=self._transport, timeline=self._observer.timeline,
+                    steady, clock=self._clock, transport=self._transport, timeline=self._timeline,
                     on_sent=self._lane_sent, high_water=_HIGH_WATER,
                 )  # fmt: skip
                 self._lane = lane
                 if lane is None:
                     return
-            if lane.open(self.pace.check_at, self._observer.timeline.last_token):
+            if lane.open(self.pace.check_at, self._timeline.last_token):
                 conn.set_lane(lane)
             elif lane.off:
                 self._lane_failed()
         except Exception:
-            _log.exception("token_lane_link_failed", route=self._observer.timeline.route)
+            _log.exception("token_lane_link_failed", route=self._timeline.route)
             self._lane_failed()
 
     @property
@@ -199,8 +200,8 @@ class BodyRelay:
         what it reads is pinned by tests): the Python path takes every read from here on,
         and the response counts one parse error, as a dialect that failed does. The bytes
         went through regardless."""
-        _log.error("token_lane_failed", route=self._observer.timeline.route)
-        self._observer.timeline.parse_errors += 1
+        _log.error("token_lane_failed", route=self._timeline.route)
+        self._timeline.parse_errors += 1
         self._lane = None
         self._linkable = False
         self._conn.set_lane(None)
@@ -233,9 +234,14 @@ class BodyRelay:
     def _framed(self, pieces: list[bytes], last: bytes = b"") -> bytes:
         """Pieces as the client's body carries them: each its own chunk for a chunked client
         (``last``, the body's last chunk, after them), else as they are."""
-        if self._chunked:
-            return b"".join([*(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces if p), last])
-        return b"".join(pieces)
+        if not self._chunked:
+            return b"".join(pieces)
+        framed = []
+        for piece in pieces:
+            if piece:
+                framed += (b"%x\r\n%b\r\n" % (len(piece), piece),)  # (no generator to resume)
+        framed += (last,)
+        return b"".join(framed)
 
     def last(self, pieces: list[bytes]) -> None:
         """The read that completed the body: its pieces and, for a chunked client, the last

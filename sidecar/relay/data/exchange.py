@@ -74,6 +74,7 @@ from .request_body import (
     BoundedBody,
     HeldBody,
     Refusal,
+    declared_length,
     has_body,
     holds_whole,
     late_fields,
@@ -224,7 +225,8 @@ class Exchange:
             return
         self._pool = carrier.pool()
         limits = carrier.limits
-        refused = refusal(message, limits)
+        length = declared_length(headers)
+        refused = refusal(message, limits, length)
         expect = headers.get("Expect") if message.version == HttpVersion11 else None
         if refused is None and expect is not None and expect.lower() != "100-continue":
             refused = 417, "expectation_failed", "only Expect: 100-continue is understood"
@@ -235,11 +237,13 @@ class Exchange:
             transport = self._connection.transport
             if transport is not None and not transport.is_closing():
                 transport.write(CONTINUE)
-        if not has_body(message):
+        if not has_body(message, length):
             self._send(None)
             return
         payload = self._payload
-        size = holds_whole(message.method, self._route, headers, limits.max_request_inspect_bytes)
+        size = holds_whole(
+            message.method, self._route, headers, length, limits.max_request_inspect_bytes
+        )
         if size and payload.is_eof():  # it came with its head: all of it in one read
             self._send(payload.read_nowait())
             return

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict, MultiMapping
 
+from .http1 import lowered_names
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -43,6 +45,10 @@ NOT_FORWARDED_TO_UPSTREAM = HOP_BY_HOP | {"host", "expect"}
 already been accepted by this server, so the upstream must not be asked to continue."""
 
 
+_NOT_FORWARDED_WITH_BYTES = NOT_FORWARDED_TO_UPSTREAM | {"content-length"}
+"""And a body sent as bytes gets its Content-Length from them (http1.request_head's caller)."""
+
+
 def _connection_listed(headers: MultiMapping[str]) -> set[str]:
     listed: set[str] = set()
     for value in headers.getall("Connection", ()):
@@ -50,29 +56,37 @@ def _connection_listed(headers: MultiMapping[str]) -> set[str]:
     return listed
 
 
-def filter_headers(headers: MultiMapping[str], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
-    """``headers`` without the names in ``drop`` and those the Connection field lists."""
-    listed = _connection_listed(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in drop or lower in listed:
-            continue
-        out.add(name, value)
-    return out
+def _kept(
+    headers: MultiMapping[str],
+    items: list[tuple[str, str]],
+    names: list[str],
+    drop: frozenset[str] | set[str],
+) -> CIMultiDict[str]:
+    """The fields (``items`` of ``headers``, their lowered ``names``) without the names in
+    ``drop`` and those the Connection field lists."""
+    listed = _connection_listed(headers) if "connection" in names else ()
+    return CIMultiDict(
+        [
+            item
+            for item, lower in zip(items, names, strict=True)
+            if lower not in drop and lower not in listed
+        ]
+    )
 
 
 def forwarded_headers(
     headers: MultiMapping[str], *, peer: str, scheme: str, host: str | None, body_is_bytes: bool
 ) -> CIMultiDict[str]:
     """The upstream request's header fields (``Host`` and the body's framing are added by
-    sidecar/relay/data/http1.py's ``request_head``)."""
-    out = filter_headers(headers, NOT_FORWARDED_TO_UPSTREAM)
-    if body_is_bytes:
-        out.popall("Content-Length", None)  # set again from the bytes sent
+    sidecar/relay/data/http1.py's ``request_head``; a body sent as bytes gets its
+    Content-Length there, so the client's is dropped)."""
+    items = list(headers.items())
+    names = lowered_names(items)
+    drop = _NOT_FORWARDED_WITH_BYTES if body_is_bytes else NOT_FORWARDED_TO_UPSTREAM
+    out = _kept(headers, items, names, drop)
     # Every X-Forwarded-For the client sent, joined, then the peer (nginx's
     # $proxy_add_x_forwarded_for): a second header must not be dropped.
-    prior = ", ".join(headers.getall("X-Forwarded-For", ()))
+    prior = ", ".join(headers.getall("X-Forwarded-For")) if "x-forwarded-for" in names else ""
     out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
     out["X-Forwarded-Proto"] = scheme
     if host:

@@ -30,6 +30,7 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ...base.speedups import chunk_payload, hex_size, size_line
@@ -37,7 +38,7 @@ from ...base.speedups import chunk_payload, hex_size, size_line
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "request_head"]
+__all__ = ["ProtocolError", "ResponseHead", "ResponseParser", "lowered_names", "request_head"]
 
 _CRLF = b"\r\n"
 _MAX_SIZE_LINE = 4096  # a chunk-size line with extensions; a real one is "1a3\r\n"
@@ -387,9 +388,10 @@ _STATUS_CLASSES = (b"1", b"2", b"3", b"4", b"5")
 
 
 def _status_line(line: bytes) -> tuple[str, int, str]:
+    # (Slices and comparisons, no method calls, but the code's digits and the reason's text.)
     if (
-        not line.startswith(b"HTTP/1.")
-        or len(line) < 12
+        line[:7] != b"HTTP/1."
+        or not line[11:12]  # shorter than 12 bytes
         or line[8:9] != b" "
         or line[12:13] not in (b" ", b"")
     ):
@@ -403,19 +405,38 @@ def _status_line(line: bytes) -> tuple[str, int, str]:
     reason = line[13:]
     if b"\r" in reason or b"\n" in reason or b"\0" in reason:
         raise ProtocolError("invalid status line")
-    return "1." + minor.decode(), int(code), reason.decode("latin-1")
+    return "1.1" if minor == b"1" else "1.0", int(code), reason.decode("latin-1")
 
 
 _TCHAR_TEXT = frozenset(chr(c) for c in _TCHAR)
+_TCHARS = r"[-!#$%&'*+.^_`|~0-9A-Za-z]"  # _TCHAR as a class (ASCII ranges only)
+# A block every line of which is a valid field: what the line-by-line checks accept, as one
+# match (possessive: no backtracking, linear in the block).
+_VALID_BLOCK = re.compile(rf"{_TCHARS}++:[^\r\n\0]*+(?:\r\n{_TCHARS}++:[^\r\n\0]*+)*+")
+# In a valid block, each field: its name and its value without the blanks around it (a run
+# of blanks is part of the value only when more of the value follows it).
+_FIELD = re.compile(
+    rf"({_TCHARS}++):[ \t]*+((?:[^ \t\r\n]++|[ \t]++(?=[^ \t\r\n]))*+)[ \t]*+(?:\r\n|\Z)"
+)
+_NAME = re.compile(rf"^{_TCHARS}++(?=:)", re.MULTILINE)  # each line's name, in a valid block
 
 
 def _fields(block: bytes) -> tuple[list[tuple[str, str]], list[str]]:
     """The header fields of a head's ``block`` (its lines after the status line, CRLF
     between them), in order, and their names in lower case. The block is decoded once
     (UTF-8 with ``surrogateescape``: split at the ASCII CRLF, colon and blanks, it decodes to
-    what each name and value decode to alone), then each line is checked as RFC 9112 asks,
-    line by line in order."""
+    what each name and value decode to alone). A block that is all valid fields (what a
+    server sends) is read with one pattern; any other is checked line by line, in order, as
+    RFC 9112 asks, for the first line's error."""
     text = block.decode("utf-8", "surrogateescape")
+    if _VALID_BLOCK.fullmatch(text) is not None:
+        # Lowering changes no ASCII name's length, and makes no line end: the same names.
+        return _FIELD.findall(text), _NAME.findall(text.lower())
+    return _checked_fields(text)
+
+
+def _checked_fields(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """:func:`_fields` line by line: the first invalid line raises its error."""
     lines = text.split("\r\n")
     names = text.lower().split("\r\n")
     fields: list[tuple[str, str]] = []
@@ -446,6 +467,13 @@ def _chunk_size(line: bytes) -> int:
     if size is None:
         raise ProtocolError("invalid chunk size")
     return size
+
+
+def lowered_names(fields: list[tuple[str, str]]) -> list[str]:
+    """Each field's name in lower case, in order, lowered as one string (no call a field).
+    A name is a token, with no line end in it (the parsers refuse any other, and
+    :func:`request_head` refuses to write one)."""
+    return "\n".join([name for name, _ in fields]).lower().split("\n") if fields else []
 
 
 def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]]) -> bytes:

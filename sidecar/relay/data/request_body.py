@@ -40,6 +40,7 @@ __all__ = [
     "Refusal",
     "has_body",
     "holds_whole",
+    "declared_length",
     "late_fields",
     "malformed",
     "refusal",
@@ -65,8 +66,16 @@ def malformed() -> Refusal:
     return 400, "bad_request", "the request body's framing is malformed"
 
 
-def refusal(message: RawRequestMessage, limits: RelayLimits) -> Refusal | None:
-    """Why the request is refused without asking the upstream (its head alone says), or None."""
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """The body's length its ``Content-Length`` states (digits only), else None. Read once
+    a request: the parser has refused a malformed or conflicting one already."""
+    length = headers.get("Content-Length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
+def refusal(message: RawRequestMessage, limits: RelayLimits, length: int | None) -> Refusal | None:
+    """Why the request is refused without asking the upstream (its head alone says), or None;
+    ``length``: its :func:`declared_length`."""
     if message.method == "CONNECT":
         # A tunnel to wherever the client names: never what an inference server is for.
         return 405, "method_not_allowed", "CONNECT is not relayed"
@@ -76,9 +85,8 @@ def refusal(message: RawRequestMessage, limits: RelayLimits) -> Refusal | None:
     host = headers.get("Host")
     if host is not None and not _valid_host(host):
         return 400, "bad_request", "the Host header is not a valid host"
-    length = headers.get("Content-Length")
     limit = limits.max_request_body_bytes
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length > limit:
         return too_large(limit)
     coding = headers.get("Transfer-Encoding")
     if coding is not None:
@@ -104,27 +112,24 @@ def _valid_host(host: str) -> bool:
     return host.isascii() and _NOT_IN_HOST.isdisjoint(host)
 
 
-def holds_whole(method: str, route: Route, headers: Mapping[str, str], limit: int) -> int:
+def holds_whole(
+    method: str, route: Route, headers: Mapping[str, str], length: int | None, limit: int
+) -> int:
     """The length of a body held whole before it is sent (a known API route's ``POST`` with
-    a ``Content-Length`` within ``limit``), else 0: streamed, or no body."""
-    if method != "POST" or route is OTHER or "Transfer-Encoding" in headers:
+    a ``Content-Length``, its :func:`declared_length`, within ``limit``), else 0: streamed,
+    or no body."""
+    if method != "POST" or route is OTHER or "Transfer-Encoding" in headers or length is None:
         return 0
-    length = headers.get("Content-Length")
-    if length is None or not length.isdigit():
-        return 0
-    size = int(length)
-    return size if size <= limit else 0
+    return length if length <= limit else 0
 
 
-def has_body(message: RawRequestMessage) -> bool:
+def has_body(message: RawRequestMessage, length: int | None) -> bool:
     """A body follows the head (aiohttp's ``body_exists``: chunked, or a length above 0). An
     upgrade offer's body too: the offer is hop-by-hop and dropped, the request relayed as a
     plain one, so its body goes with it (sending its head alone would let the upstream read
-    the next request on the pooled connection as this one's body)."""
-    if message.chunked:
-        return True
-    length = message.headers.get("Content-Length")
-    return length is not None and length.isdigit() and int(length) > 0
+    the next request on the pooled connection as this one's body). ``length``: its
+    :func:`declared_length`."""
+    return message.chunked or (length is not None and length > 0)
 
 
 def upstream_target(message: RawRequestMessage) -> str:

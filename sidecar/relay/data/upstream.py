@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from ...base.outcomes import Verdict
-from .http1 import ProtocolError, ResponseHead, ResponseParser, request_head
+from .http1 import ProtocolError, ResponseHead, ResponseParser, lowered_names, request_head
 
 if TYPE_CHECKING:
     from .token_lane_py import TokenLane
@@ -565,7 +565,7 @@ class UpstreamPool:
         """The request head's bytes, whether the body goes out chunked, and whether the
         request may be repeated on a fresh connection (:func:`_replayable`)."""
         headers = list(headers)
-        names = _lowered_names(headers)
+        names = lowered_names(headers)
         has_length = "content-length" in names
         chunked_body = False
         if isinstance(body, bytes):
@@ -740,12 +740,6 @@ class UpstreamPool:
         self._all.discard(conn)
         if conn in self._idle:
             self._idle.remove(conn)
-
-
-def _lowered_names(headers: list[tuple[str, str]]) -> list[str]:
-    """The field names in lower case, lowered as one string (a name is a token: no line
-    end in it; one that had one is refused by ``request_head`` whatever this says)."""
-    return "\n".join([name for name, _ in headers]).lower().split("\n")
 
 
 def _replayable(method: str, names: list[str], body: bytes | AsyncIterable[bytes] | None) -> bool:
