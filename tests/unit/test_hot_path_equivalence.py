@@ -7,6 +7,7 @@ Each oracle below is the straightforward implementation as it stood before the f
   parsing, ``_error_of`` on every object, every delta key looked up, every choice's tool
   calls looked for (``tool_call_deltas``, shared: the oracle of when it is called), the
   choices tracked to the end of generation by their sets' sizes (``_oracle_track``);
+- a ``usage`` object read with ``dict.get`` and ``int_or_none`` (``oracle_usage``);
 - the timeline applying every :class:`Tokens` through ``_tokens``.
 
 The SSE decoder's own fast paths are compared in ``test_sse_fast_path.py``; the batched
@@ -45,6 +46,7 @@ from sidecar.streams.protocols.openai import (
     tool_call_deltas,
     usage_from_openai,
 )
+from sidecar.streams.protocols.responses import usage_from_responses
 from sidecar.streams.sse import SSEDecoder, SSEEvent
 from tests.fixtures.streams.harness import objects_from
 
@@ -424,6 +426,50 @@ def test_choice_tracking_equals_the_plain_implementation(events, before):
         chunk = b"data: " + orjson.dumps({"choices": choices}) + b"\n\n"
         assert fast.feed(chunk) == oracle.feed(chunk)
         assert same_choice_state(fast, oracle)
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def oracle_usage(usage: Any, keys: tuple[str, str, str, str]) -> Usage | None:
+    """``usage_reader``'s reader as it was: ``dict.get`` and ``int_or_none``."""
+    input_key, output_key, input_details_key, output_details_key = keys
+    if type(usage) is not dict:
+        return None
+    input_details = usage.get(input_details_key)
+    output_details = usage.get(output_details_key)
+    return Usage(
+        input_tokens=int_or_none(usage.get(input_key)),
+        output_tokens=int_or_none(usage.get(output_key)),
+        reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
+        if type(output_details) is dict
+        else None,
+        cached_input_tokens=int_or_none(input_details.get("cached_tokens"))
+        if type(input_details) is dict
+        else None,
+    )
+
+
+count = st.sampled_from([0, 1, -1, None, True, False, 1.0, "3", [], {}]) | st.integers(-2, 2**40)
+details = count | st.fixed_dictionaries(
+    {}, optional={"reasoning_tokens": count, "cached_tokens": count, "audio_tokens": count}
+)
+usage_keys = (
+    "prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details",
+    "input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details",
+)  # fmt: skip
+any_usage = st.fixed_dictionaries(
+    {}, optional={key: details if key.endswith("_details") else count for key in usage_keys}
+) | st.sampled_from([None, [], "x", 3])
+
+
+@FAST
+@given(any_usage)
+def test_usage_readers_equal_the_plain_implementation(usage):
+    """Both spellings (Chat Completions and Responses), whatever the values."""
+    assert usage_from_openai(usage) == oracle_usage(usage, usage_keys[:4])
+    assert usage_from_responses(usage) == oracle_usage(usage, usage_keys[4:])
 
 
 # -- the timeline ---------------------------------------------------------------------------------

@@ -283,19 +283,29 @@ def usage_reader(
     every chunk (vLLM) costs no call more than it did."""
 
     def read(usage: Any) -> Usage | None:
+        # int_or_none and dict.get written out: vLLM sends a usage on every chunk when asked
+        # (or forced), so this runs once a token there, and these are the same tests.
         if type(usage) is not dict:
             return None
-        input_details = usage.get(input_details_key)
-        output_details = usage.get(output_details_key)
+        inputs = usage[input_key] if input_key in usage else None
+        outputs = usage[output_key] if output_key in usage else None
+        details = usage[output_details_key] if output_details_key in usage else None
+        reasoning = (
+            details["reasoning_tokens"]
+            if type(details) is dict and "reasoning_tokens" in details
+            else None
+        )
+        details = usage[input_details_key] if input_details_key in usage else None
+        cached = (
+            details["cached_tokens"]
+            if type(details) is dict and "cached_tokens" in details
+            else None
+        )
         return Usage(
-            input_tokens=int_or_none(usage.get(input_key)),
-            output_tokens=int_or_none(usage.get(output_key)),
-            reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
-            if type(output_details) is dict
-            else None,
-            cached_input_tokens=int_or_none(input_details.get("cached_tokens"))
-            if type(input_details) is dict
-            else None,
+            input_tokens=inputs if type(inputs) is int and inputs >= 0 else None,
+            output_tokens=outputs if type(outputs) is int and outputs >= 0 else None,
+            reasoning_tokens=reasoning if type(reasoning) is int and reasoning >= 0 else None,
+            cached_input_tokens=cached if type(cached) is int and cached >= 0 else None,
         )
 
     read.__doc__ = f"``usage`` with ``{input_key}``, ``{output_key}`` -> :class:`Usage` (``None`` if it is not one)."
