@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from sidecar.measure.timeline import RequestTimeline
@@ -399,6 +400,44 @@ def test_openai_dialect_equals_the_plain_implementation(events, data):
         )
         assert same_choice_state(fast, oracle)
     assert fast.close() == oracle.close()
+
+
+def content_event(text: str, usage: object = "absent", finish: str | None = None) -> bytes:
+    obj: dict[str, Any] = {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+    }
+    if usage != "absent":
+        obj["usage"] = usage
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def counts(completion: int | None) -> dict[str, Any]:
+    return {"prompt_tokens": 3, "completion_tokens": completion}
+
+
+@pytest.mark.parametrize(
+    "usages",
+    [
+        [counts(1), counts(2), counts(5), counts(6)],  # per chunk, one chunk of three tokens
+        [counts(2), counts(2), counts(1), counts(9)],  # stalled, shrunk, then a jump
+        ["absent", counts(4), counts(7), counts(8)],  # a chunk without: a total, not per chunk
+        ["absent", "absent", "absent", counts(3)],  # llama.cpp: on the last content chunk
+        [None, None, counts(None), {"prompt_tokens": 2}],  # null, and no completion count
+        [counts(0), counts(-1), counts(True), counts(1.5)],  # bad counts
+    ],
+)
+def test_one_content_choice_with_usage_equals_the_plain_implementation(usages):
+    """The one-answer-token event with a usage on it, as each server shapes the counts."""
+    fast, oracle = OpenAIStreamDialect(), OracleOpenAI()
+    events = [content_event("a", u) for u in usages] + [content_event("", counts(12), "stop")]
+    for chunk in events:
+        assert fast.feed(chunk) == oracle.feed(chunk)
+        assert (fast._completion_so_far, fast._usage_per_chunk, fast._started) == (
+            oracle._completion_so_far,
+            oracle._usage_per_chunk,
+            oracle._started,
+        )
 
 
 @FAST

@@ -165,8 +165,7 @@ class OpenAIStreamDialect(SSEJSONDialect):
             choice: Any = choices[0] if type(choices) is list else None
             delta = choice["delta"] if type(choice) is dict and "delta" in choice else None
             if (
-                parsed is None
-                and type(delta) is dict
+                type(delta) is dict
                 and "content" in delta
                 and delta["content"]
                 and not ("finish_reason" in choice and choice["finish_reason"])
@@ -175,8 +174,16 @@ class OpenAIStreamDialect(SSEJSONDialect):
             ):
                 # Nearly every event: one unfinished choice whose delta holds only content,
                 # one answer token (what _count_choices counts of it), no tool call to read.
-                out.append(ANSWER)
-                self._usage_per_chunk = False
+                if parsed is None or parsed.output_tokens is None:
+                    out.append(ANSWER)
+                    self._usage_per_chunk = False
+                else:  # per-chunk usage: as many tokens as the count grew by (class doc)
+                    grown = (
+                        parsed.output_tokens - self._completion_so_far
+                        if self._usage_per_chunk
+                        else 1
+                    )
+                    out.append(ANSWER if grown <= 1 else Tokens(TokenKind.ANSWER, grown))
                 self._started = True
                 if not self._done:
                     index = choice["index"] if "index" in choice else 0
