@@ -236,7 +236,7 @@ class BodyRelay:
         (``last``, the body's last chunk, after them), else as they are."""
         if not self._chunked:
             return b"".join(pieces)
-        framed = []
+        framed: list[bytes] = []
         for piece in pieces:
             if piece:
                 framed += (b"%x\r\n%b\r\n" % (len(piece), piece),)  # (no generator to resume)
@@ -361,7 +361,8 @@ class BodyRelay:
         is freed at once, not by the cyclic collector much later, with its timeline)."""
         lane, self._lane = self._lane, None
         if lane is not None:
-            self._conn.set_lane(None)
+            if self.ended is None:  # (an ended leg dropped the connection's lane in _end)
+                self._conn.set_lane(None)
             lane.flush()
             if lane.off:
                 self._lane_failed()

@@ -567,7 +567,7 @@ class UpstreamPool:
         headers = list(headers)
         names = lowered_names(headers)
         has_length = "content-length" in names
-        chunked_body = False
+        chunked_body = streamed = False
         if isinstance(body, bytes):
             if has_length:
                 raise ValueError("a bytes body gets its Content-Length here")
@@ -575,14 +575,16 @@ class UpstreamPool:
         elif body is None:
             if method not in _BODYLESS_METHODS and not has_length:
                 headers += (("Content-Length", "0"),)
-        elif not has_length:
-            headers += (("Transfer-Encoding", "chunked"),)
-            chunked_body = True
+        else:
+            streamed = True
+            if not has_length:
+                headers += (("Transfer-Encoding", "chunked"),)
+                chunked_body = True
         # "*" (OPTIONS *) names the server itself, never a path under the base URL.
         head = request_head(
             method, target if target == "*" else self.base_path + target, self.host_header, headers
         )
-        return head, chunked_body, _replayable(method, names, body)
+        return head, chunked_body, _replayable(method, names, streamed)
 
     async def _answered(
         self,
@@ -742,14 +744,15 @@ class UpstreamPool:
             self._idle.remove(conn)
 
 
-def _replayable(method: str, names: list[str], body: bytes | AsyncIterable[bytes] | None) -> bool:
+def _replayable(method: str, names: list[str], streamed: bool) -> bool:
     """Whether a request may be sent again after a reused connection closed before any
     response byte. As Go's net/http decides: the closing server may have read the request
     and died working on it, so only an idempotent method or a request carrying an
     idempotency key is repeated, and only if its body can be sent again. A POST is never
     repeated; the pool's keep-alive limit, shorter than the usual servers', is what keeps
-    that race rare."""
-    if body is not None and not isinstance(body, bytes):
+    that race rare. ``names``: the request's field names, lowered; ``streamed``: its body
+    is sent as it comes (not bytes, not none), so it cannot be sent again."""
+    if streamed:
         return False
     if method in _IDEMPOTENT_METHODS:
         return True
