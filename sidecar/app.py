@@ -643,7 +643,7 @@ async def _bind(listening: Awaitable[None], flag: str, address: str) -> None:
 
 async def setup_runners(sc: Sidecar) -> tuple[ProxyRunner, SidecarRunner]:
     """The proxy's and the admin app's runners, set up but not yet listening: what ``serve``
-    runs, and what the tests' in-process sidecar runs (tests/conftest.py), so the server the
+    runs, and what the tests' in-process sidecar runs (tests/support/in_process.py), so the server the
     tests exercise (the proxy port's connections, connection caps, head budget, the relay) is this one."""
     proxy_runner = ProxyRunner(sc, shutdown_timeout=sc.settings.drain_seconds)
     admin_runner = SidecarRunner(sc.admin_app, shutdown_timeout=1.0, **RUNNER_KWARGS)
