@@ -84,7 +84,7 @@ async def test_stream_bytes_unchanged_and_figures_match_script(upstream, sidecar
     e2e = sc.sample("llm_request_duration_seconds_sum", outcome="ok", **per_model(labels))
     assert 0.39 <= e2e < 0.7
     assert sc.in_flight() == 0
-    assert sc.sample("llm_requests_within_slo_total", **labels) == 1
+    assert sc.sample("llm_requests_within_slo_total", **per_model(labels)) == 1
 
 
 async def test_a_clients_post_is_the_relays_on_a_new_and_a_kept_alive_connection(
