@@ -6,15 +6,14 @@ Skipped without amtool locally (Debian's prometheus-alertmanager); fails under C
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import yaml
 
 from sidecar.tools.slo import load_spec
 from sidecar.tools.slo.helm import LABEL_RELEASE, SEVERITIES, release_rules
+from tests.support.paths import ROOT
 from tests.support.tools import require_tool
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "alertmanager" / "kube-prometheus-stack.yaml"
 VALUES = ROOT / "helm" / "llm-sidecar" / "values.yaml"
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from sidecar.cli import serve_parser
 from sidecar.config import ENV_PREFIX, Settings
 from sidecar.tools.config_reference import BEGIN, DOC, END, render
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = [sys.executable, "-m", "sidecar.tools.config_reference"]
 

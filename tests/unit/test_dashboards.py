@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import yaml
@@ -26,8 +25,8 @@ from sidecar.tools.dashboards import overview, slo
 from sidecar.tools.dashboards.inspect import panel_queries, variable_queries
 from sidecar.tools.slo import conventions as c, load_spec, parse_spec
 from sidecar.tools.slo.windows import WORKBOOK_WINDOWS, burn_rate_factor, format_number
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(str(ROOT / "deploy" / "slo" / "default.yaml"))
 RULES = yaml.safe_load(
     (ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8")

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import yaml
 
 from sidecar.tools.dashboards.inspect import ALL_VALUES, panel_queries, substitute
+from tests.support.paths import ROOT
 from tests.support.tools import require_tool
 
-ROOT = Path(__file__).resolve().parents[2]
 OVERVIEW = json.loads(
     (ROOT / "dashboards" / "llm-sidecar-overview.json").read_text(encoding="utf-8")
 )

@@ -23,7 +23,6 @@ import json
 import re
 from collections import defaultdict
 from functools import partial
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -38,10 +37,10 @@ from sidecar.tools.sim.server import build_simulator_app
 from sidecar.tools.slo import load_spec, render_rules
 from sidecar.tools.slo.helm import release_rules
 from tests.support.in_process import start_app
+from tests.support.paths import ROOT
 from tests.support.sse import chat_chunk
 from tests.support.waits import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 _PLAIN = yaml.safe_load(
     (ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml").read_text(encoding="utf-8")

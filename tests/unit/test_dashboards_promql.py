@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from sidecar.tools.dashboards.inspect import ALL_VALUES, panel_queries, substitute, variable_queries
+from tests.support.paths import ROOT
 from tests.support.tools import require_tool
 
-ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 
 

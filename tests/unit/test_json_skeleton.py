@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 
 import orjson
 import pytest
@@ -26,8 +25,9 @@ from sidecar.measure.observe import SMALL_JSON_BYTES, ResponseObserver
 from sidecar.measure.timeline import RequestTimeline
 from sidecar.streams.dialects import DIALECTS
 from sidecar.streams.protocols.events import ParseError
+from tests.support.paths import ROOT
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 # Every recorded non-streamed body: real servers' answers and the dialects' recorded shapes.
 BODIES = sorted(p for p in FIXTURES.rglob("*.json") if not p.name.endswith(".meta.json"))
 BODY_IDS = [str(p.relative_to(FIXTURES)) for p in BODIES]

@@ -30,6 +30,7 @@ from sidecar.export import semconv as sc
 from sidecar.export.otel_setup import providers_from_env
 from sidecar.export.prometheus_internals import MetricWrapperBase
 from sidecar.fleet.supervisor import Supervisor
+from tests.support.paths import ROOT
 
 
 class _Fixed:
@@ -42,7 +43,6 @@ class _Fixed:
         return [self._family]
 
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 TENANT = "tenant"
 

@@ -10,7 +10,6 @@ import math
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -25,9 +24,8 @@ from sidecar.export.metrics import LABELS, SidecarMetrics
 from sidecar.export.otlp_health import ExportFailuresCollector
 from sidecar.export.prometheus_internals import Children, Observed, count_of, label_names
 from sidecar.measure.summary import summarize
+from tests.support.paths import ROOT
 from tests.support.timelines import ROUTE, streamed
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_familys_labels_by_name_are_the_tables():

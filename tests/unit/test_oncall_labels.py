@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -26,8 +25,9 @@ from sidecar.export.metrics import SidecarMetrics
 from sidecar.measure.summary import summarize
 from sidecar.measure.timeline import MAX_FINISH_REASONS, RequestTimeline
 from sidecar.streams.protocols.events import ResponseInfo
+from tests.support.paths import ROOT
 
-PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
+PACKAGE = ROOT / "sidecar"
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,14 @@ import math
 import re
 import tomllib
 from importlib.metadata import version
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.values import MutexValue
 
 from sidecar.export import prometheus_internals as pi
+from tests.support.paths import ROOT
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = ROOT / "pyproject.toml"
 
 
 def test_the_private_names_exist_with_the_shapes_read():

@@ -5,7 +5,6 @@ recorder of the production wiring is handed."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -33,9 +32,10 @@ from sidecar.streams.protocols.events import (
     Usage,
 )
 from tests.fixtures.streams.harness import load
+from tests.support.paths import ROOT
 from tests.support.timelines import ROUTE, streamed
 
-PACKAGE = Path(__file__).resolve().parents[2] / "sidecar"
+PACKAGE = ROOT / "sidecar"
 
 
 def grouped() -> RequestTimeline:

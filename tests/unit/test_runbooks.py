@@ -6,7 +6,6 @@ and defaults to the file's path in the repository, not to an address that does n
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,9 +13,9 @@ import yaml
 from sidecar.cli import main
 from sidecar.tools.slo import conventions as c, generate
 from sidecar.tools.slo.spec import DEFAULT_RUNBOOK_URL, load_spec
+from tests.support.paths import ROOT
 from tests.support.rules import SPEC, every_alert_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -25,9 +24,9 @@ from sidecar.config import Settings
 from sidecar.export.prometheus_internals import MetricWrapperBase
 from sidecar.tools.slo import render_rules
 from sidecar.tools.slo.helm import release_rules
+from tests.support.paths import ROOT
 from tests.support.rules import every_alert_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 RULES = [ROOT / "deploy" / "prometheus" / "llm-sidecar-rules.yaml"]
 CHART_RULES = "the chart's rules, every alert"

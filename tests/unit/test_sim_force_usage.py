@@ -16,9 +16,10 @@ from sidecar.cli import _build_parser
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.real.wire import json_events
+from tests.support.paths import ROOT
 from tests.unit.test_simulate_real_shape import EXACT, body_shape
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
+REAL = ROOT / "tests" / "fixtures" / "real"
 FORCED = REAL / "vllm-0.32.0-force-include-usage"
 CASES = sorted(
     p

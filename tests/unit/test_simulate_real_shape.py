@@ -20,8 +20,9 @@ import pytest
 from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.real.wire import json_events
+from tests.support.paths import ROOT
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0"
+RECORDED = ROOT / "tests" / "fixtures" / "real" / "vllm-0.32.0"
 CASES = sorted(
     p
     for p in RECORDED.glob("*")

@@ -12,7 +12,6 @@ import asyncio
 import re
 from collections import defaultdict
 from functools import partial
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.base.outcomes import Outcome
 from sidecar.tools.slo import aggregates, conventions as c, generate, parse_spec, render_rules
+from tests.support.paths import ROOT
 from tests.support.sse import chat_chunk
 from tests.support.waits import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.yaml"))
 
 # Every SLI kind (the default spec has no ITL objective) and an override.

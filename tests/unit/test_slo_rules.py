@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -24,8 +23,8 @@ from sidecar.tools.slo.rules import (
     sli_error_expr,
 )
 from sidecar.tools.slo.spec import load_spec, parse_spec
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = ROOT / "deploy" / "slo" / "default.yaml"
 RECORD_NAME = re.compile(r"^llm:[a-z_]+:[a-z0-9_]+$")
 

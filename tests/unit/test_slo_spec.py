@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,8 +16,8 @@ from sidecar.tools.slo.windows import (
     format_duration,
     parse_duration,
 )
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = ROOT / "deploy" / "slo" / "default.yaml"
 DAY = 86400
 
