@@ -8,7 +8,7 @@ Each body (about 16 MiB, the default ``max_response_inspect_bytes``) is fed to a
 them. Printed: the CPU time of all feeds and of the largest single feed (thread CPU time,
 so a busy machine does not inflate it), the size of the copy (``None``: the reader gave
 up, the body counts as not inspected) and the Python steps taken. Measured, never
-asserted: the bounds are tested in ``tests/unit/test_json_skeleton.py``.
+asserted: the bounds are tested in ``tests/unit/measure/test_json_skeleton.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The suite's fuzz properties, run much longer: every stream dialect and JSON parser of the
 route table, the observer, and the SSE decoder, over hostile bytes at
-any split points (see ``tests/unit/test_fuzz_dialects.py`` for the properties and the byte mix).
+any split points (see ``tests/unit/streams/test_fuzz_dialects.py`` for the properties and
+the byte mix).
 
 Hypothesis by default (``--examples`` per property); with ``--atheris`` (if the ``atheris``
 package is installed) coverage-guided fuzzing of the same properties for ``--seconds``.
@@ -27,7 +28,7 @@ from hypothesis import (  # noqa: E402
     strategies as st,
 )
 
-from tests.unit.test_fuzz_dialects import (  # noqa: E402
+from tests.unit.streams.test_fuzz_dialects import (  # noqa: E402
     JSON_ROUTES,
     STREAM_ROUTES,
     cuts_for,

@@ -12,7 +12,7 @@ with or without ``stream_options.include_usage``) and writes:
   tests/fixtures/real/<engine>-<version><variant>/metrics.txt       the server's /metrics text
                                                                     (transformers serve has none)
 
-The fast unit tests (tests/unit/test_real_recordings.py) replay these bytes through the
+The fast unit tests (tests/unit/streams/test_real_recordings.py) replay these bytes through the
 sidecar's dialects; the simulator's fidelity test compares its output shape with them.
 Prompts are fixed and the model is a tiny random one, so nothing private is recorded.
 

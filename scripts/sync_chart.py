@@ -19,7 +19,7 @@ order:
     scripts/sync-chart.sh            # write everything (needs .tools/bin/helm: make tools)
     scripts/sync-chart.sh --check    # change nothing; exit 1 and list what is stale
 
-tests/unit/test_helm_files.py (step 1, without helm) and tests/integration/chart/test_helm.py
+tests/unit/chart/test_helm_files.py (step 1, without helm) and tests/integration/chart/test_helm.py
 check the same things.
 """
 

@@ -4,7 +4,7 @@
 # sidecar/relay/data/_token_lane.c are built with -fsanitize=address,undefined into a copy of
 # the package in a temporary folder (the working tree's own build is left alone), and the
 # tests that drive them run there: the byte checks against their Python originals, the token lane against the Python relay path, and every
-# entry point misused (tests/unit/test_speedups_misuse.py).
+# entry point misused (tests/unit/base/test_speedups_misuse.py).
 #
 # Built without -fwrapv (which Python's own CFLAGS, and so setuptools' build, carry): with it
 # a signed overflow is defined to wrap and UBSan does not see it. Any report aborts the test
@@ -44,5 +44,5 @@ for ext in sidecar.base._speedups sidecar.relay.data._token_lane; do
     "$PY" -c 'import importlib, sys; m = importlib.import_module(sys.argv[2]); sys.exit(0 if m.__file__.startswith(sys.argv[1]) else f"imported {m.__file__}")' "$work" "$ext"
 done
 "$PY" -m pytest -q -p no:cacheprovider \
-    tests/unit/test_speedups_misuse.py tests/unit/test_speedups.py \
-    tests/unit/test_hot_path_equivalence.py tests/unit/test_token_lane.py "$@"
+    tests/unit/base/test_speedups_misuse.py tests/unit/base/test_speedups.py \
+    tests/unit/streams/test_hot_path_equivalence.py tests/unit/relay/data/test_token_lane.py "$@"

@@ -1,6 +1,6 @@
 /* Optional C for the relay's per-token path (sidecar/base/speedups.py says which is used):
    two byte checks, each with a pure Python original that is the oracle
-   (tests/unit/test_speedups.py compares them). The checks themselves are in _bytes.h, shared
+   (tests/unit/base/test_speedups.py compares them). The checks themselves are in _bytes.h, shared
    with the token lane beside its one user (sidecar/relay/data/_token_lane.c). */
 #include "_bytes.h"
 

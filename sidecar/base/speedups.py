@@ -1,7 +1,7 @@
 """Two byte checks on the relay's per-token path, in C where the optional extension was
 built (``sidecar/base/_speedups.c``, compiled at install when a C compiler is there), else
 in Python. The Python versions here are the originals and the oracle:
-tests/unit/test_speedups.py feeds both the same bytes.
+tests/unit/base/test_speedups.py feeds both the same bytes.
 
 Why C for these two: with the repeating event recognised from its bytes, what is left of
 the measuring per token is mostly byte work in Python (the chunk's size line parsed with

@@ -4,8 +4,8 @@ namespace, type, help, labels and buckets). :data:`FAMILIES`, the request figure
 order); then the sidecar's own (:data:`OWN_FAMILIES`: its build, its OTLP exports' health, a
 pod's workers) and the capacity view's (:data:`CAPACITY_FAMILIES`). :data:`EVERY_FAMILY` is all
 of them. docs/metrics.md and docs/design.md are checked against the registry built from it
-(tests/unit/test_metrics_docs.py), and every series the dashboards and the rules read against
-it too (tests/unit/test_series_names.py).
+(tests/unit/export/test_metrics_docs.py), and every series the dashboards and the rules read against
+it too (tests/unit/export/test_series_names.py).
 
 The opt-in ``tenant`` label (sidecar/base/tenant.py) goes last on the families marked
 ``tenant``, the ones that answer "who": requests, tokens, TTFT, goodput and per-request

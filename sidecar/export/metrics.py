@@ -56,7 +56,7 @@ def method_label(method: str) -> str:
 
 
 # The label values of each family, by name: the type checker holds every call to its family's
-# names, and tests/unit/test_metrics_labels.py holds these to the table (families.py); the
+# names, and tests/unit/export/test_metrics_labels.py holds these to the table (families.py); the
 # families marked ``tenant`` carry it here always, read only when the option is on.
 class RequestLabels(TypedDict):
     model: str

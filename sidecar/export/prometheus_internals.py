@@ -5,7 +5,7 @@ series budget: observing many values into a histogram at once (a request's ITL h
 per token), listing a metric's children, removing every child with one label value, counting
 the samples a registry exposes and refusing a child that would take the page past its budget
 (:class:`SeriesGate`), a page without ``_created`` samples (:class:`WithoutCreated`). Each
-private name used is read here and nowhere else; ``tests/unit/test_prometheus_internals.py``
+private name used is read here and nowhere else; ``tests/unit/export/test_prometheus_internals.py``
 pins them on the installed version, and pyproject caps the dependency at the next minor
 version not yet checked (``CHECKED_PROMETHEUS_CLIENT``).
 """

@@ -23,7 +23,7 @@ Fast paths: this runs once per streamed token, so the common case is cheap. Betw
 (``_idle``), a chunk of whole ``data: ...\n\n`` events is split with ``find`` instead of
 line by line (:meth:`SSEDecoder._whole_events`), and :meth:`SSEDecoder.lone_data` gives a
 one-event chunk's data to the dialects without building an event. Both hand anything else
-to the general path, and both are tested against it (``tests/unit/test_sse_fast_path.py``).
+to the general path, and both are tested against it (``tests/unit/streams/test_sse_fast_path.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OpenAI chat-chunk payloads in the shapes servers write them, with ``"@"`` where the token
 text goes: what the event template (the dialect's fast path) must learn or refuse. Used by
-the template's tests (``tests/unit/test_event_template.py``) and the token lane's.
+the template's tests (``tests/unit/streams/test_event_template.py``) and the token lane's.
 """
 
 from __future__ import annotations

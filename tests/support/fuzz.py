@@ -1,7 +1,8 @@
-"""The hostile byte mix the stream parsers are fuzzed with (``tests/unit/test_fuzz_dialects.py``,
-``tests/integration/relay/data/test_hostile_bytes.py``, ``scripts/fuzz.py``): real recorded streams of
-every dialect cut into lines, random bytes, every line-end style, BOMs, long lines past the
-bound, invalid UTF-8, and JSON objects built from the keys the dialects read.
+"""The hostile byte mix the stream parsers are fuzzed with
+(``tests/unit/streams/test_fuzz_dialects.py``,
+``tests/integration/relay/data/test_hostile_bytes.py``, ``scripts/fuzz.py``): real recorded
+streams of every dialect cut into lines, random bytes, every line-end style, BOMs, long lines
+past the bound, invalid UTF-8, and JSON objects built from the keys the dialects read.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Dockerfile read as instructions, for tests of the image that need no image built
-(``tests/unit/test_helm_files.py``) and of the command line the kubelet composes from it
+(``tests/unit/chart/test_helm_files.py``) and of the command line the kubelet composes from it
 (``tests/integration/chart/test_kubelet_argv.py``).
 """
 

@@ -1,7 +1,7 @@
 """When each tool call of a recorded stream opens and when its arguments end, worked out
 from the JSON itself, independently of the dialects: the oracle for tool-call timings
-(``tests/unit/test_tool_call_timings.py``) and for the simulator's tool-call streams
-(``tests/unit/test_simulate_tool_calls.py``).
+(``tests/unit/measure/test_tool_call_timings.py``) and for the simulator's tool-call streams
+(``tests/unit/tools/sim/test_simulate_tool_calls.py``).
 
 The event that opens each call is an OpenAI delta with the call's id/name, an Anthropic
 ``tool_use`` block start, a Responses ``function_call`` item or an Ollama message's call;

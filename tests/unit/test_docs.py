@@ -67,8 +67,8 @@ def test_front_of_server_example_asks_for_the_model_the_simulator_serves():
 
 def test_every_runbook_the_alerts_link_to_stays_in_docs_runbooks():
     """Deployed PrometheusRules link to docs/runbooks.md#runbook-<alert>; moving a runbook out
-    would break links in alerts already firing somewhere (tests/unit/test_runbooks.py checks
-    every alert the generator emits)."""
+    would break links in alerts already firing somewhere
+    (tests/unit/tools/slo/test_runbooks.py checks every alert the generator emits)."""
     text = (README.parent / "docs" / "runbooks.md").read_text(encoding="utf-8")
     for alert in (
         "LLMAvailabilityBurnRate",

@@ -1,6 +1,6 @@
 /* TokenLane: one stream's steady token read, relayed and noted in one call, beside its one
    user (sidecar/relay/data/token_lane.py says when and why; its oracle is the Python relay
-   path it stands for, tests/unit/test_token_lane.py). The byte checks it makes are the ones
+   path it stands for, tests/unit/relay/data/test_token_lane.py). The byte checks it makes are the ones
    sidecar/base/_speedups.c exports (sidecar/base/_bytes.h). */
 #include "../../base/_bytes.h"
 #include <limits.h>

@@ -12,8 +12,8 @@ chunked`` it adds for a re-framed body, one plain ``Content-Length``), ``Connect
 what this connection does; every other byte is the upstream's.
 
 The response leg writes these bytes to the client's transport itself
-(sidecar/relay/data/body_relay.py); ``tests/unit/test_client_head.py`` and the header tests in
-``tests/integration/relay/server/test_hostile_headers.py`` pin the bytes on the wire.
+(sidecar/relay/data/body_relay.py); ``tests/unit/relay/data/test_client_head.py`` and the header
+tests in ``tests/integration/relay/server/test_hostile_headers.py`` pin the bytes on the wire.
 """
 
 from __future__ import annotations

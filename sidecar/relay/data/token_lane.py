@@ -32,7 +32,7 @@ The connection flushes and drops the lane before the Python path takes a read
 (``UpstreamConnection.data_received``), and the relay flushes it when it ends
 (``BodyRelay.settle``), so whatever reads the timeline or ``BodyRelay.sent`` sees every token.
 
-The Python path is the oracle: tests/unit/test_token_lane.py relays the same streams
+The Python path is the oracle: tests/unit/relay/data/test_token_lane.py relays the same streams
 with lanes and without and compares the bytes and every figure. The lane writes no
 attribute of another object (a test runs it against objects that refuse every write): what
 it is given is the small protocol below, :class:`LaneTransport`, :class:`Decoding`, a clock

@@ -15,7 +15,7 @@ the whole per-read path: 2.7 -> 1.3 µs a token (docs/performance.md).
 Same API and semantics as ``TokenLane`` in ``_token_lane.c``, which :func:`token_lane.lane_for
 <sidecar.relay.data.token_lane.lane_for>` builds where it was compiled (the module doc there
 says when a lane is opened and what it may take). The oracle for both is the Python relay
-path they stand for: tests/unit/test_token_lane.py relays the same streams with lanes of
+path they stand for: tests/unit/relay/data/test_token_lane.py relays the same streams with lanes of
 each kind and without, and compares the client's bytes and every figure.
 """
 
@@ -92,8 +92,9 @@ class TokenLane:
     The whole-chunk check is :func:`~sidecar.base.speedups.chunk_payload_py`'s, made on the
     read in place (its size rule is the same :func:`~sidecar.base.speedups.hex_size`), and
     the text check :func:`~sidecar.base.speedups.plain`'s: the payload is not copied, and
-    the template's bytes are compared where the chunk holds them (tests/unit/test_token_lane.py
-    checks it takes exactly the reads ``chunk_payload_py`` and the template's check take)."""
+    the template's bytes are compared where the chunk holds them
+    (tests/unit/relay/data/test_token_lane.py checks it takes exactly the reads
+    ``chunk_payload_py`` and the template's check take)."""
 
     __slots__ = (
         "_clock", "_write", "_is_closing", "_buffer_size", "_decoding", "_notes", "_memo",

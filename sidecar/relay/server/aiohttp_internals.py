@@ -15,8 +15,8 @@ it reads, and ``_request_count``, ``_messages`` and ``_upgraded`` right after
 same arguments. Eight names.
 
 Checked against aiohttp 3.14.5 (the version ``make install`` resolves; pyproject pins
-``<3.15`` for this reason). ``tests/unit/test_aiohttp_internals.py`` pins each name used
-here on the installed aiohttp, so an upgrade that renames one fails there by name rather
+``<3.15`` for this reason). ``tests/unit/relay/server/test_aiohttp_internals.py`` pins each
+name used here on the installed aiohttp, so an upgrade that renames one fails there by name rather
 than as a wrong answer on the admin port; the behaviour is pinned over real sockets by
 ``tests/integration/relay/server/test_hostile*.py``.
 """

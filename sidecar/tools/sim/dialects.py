@@ -62,7 +62,7 @@ each server's documentation and source):
 Tool calls (``x-sim-tool-calls: N``, streamed requests on Responses, Anthropic and Ollama
 ``/api/chat``; the vLLM chat route in :mod:`.core`): the answer's steps become N calls, one
 after the other (:func:`~.core.tool_steps`), laid out as the recordings in
-``tests/fixtures/streams`` (checked by tests/unit/test_simulate_tool_calls.py): Responses
+``tests/fixtures/streams`` (checked by tests/unit/tools/sim/test_simulate_tool_calls.py): Responses
 ``output_item.added`` of a ``function_call`` item, ``function_call_arguments.delta`` per piece,
 ``.done`` and ``output_item.done``, then ``response.completed`` with the calls as its output;
 Anthropic a ``tool_use`` block per call (its start with an empty ``input_json_delta``, one

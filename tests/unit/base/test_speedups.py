@@ -1,6 +1,6 @@
 """The optional C byte checks (sidecar/base/_speedups.c) against their Python originals
 (sidecar/base/speedups.py), which are the oracle: the same bytes, the same answers. (The
-token lane is checked against the Python relay path: tests/unit/test_token_lane.py.)"""
+token lane is checked against the Python relay path: tests/unit/relay/data/test_token_lane.py.)"""
 
 from __future__ import annotations
 

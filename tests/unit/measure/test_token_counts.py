@@ -8,7 +8,7 @@ on the finish chunk, or on the usage chunk when the client asked for usage.
 
 Each stream goes through the observer and the timeline, which say what the exporters will
 report: the counts and their source. The events each stream reads as (and that they do
-however the bytes arrive) are tests/unit/test_dialect_conformance.py's part.
+however the bytes arrive) are tests/unit/streams/test_dialect_conformance.py's part.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ MS = 1000.0
 
 # name -> (route, (source, output, input, cached)); the events each stream reads as, and
 # that they read the same however the bytes arrive, are in tests/fixtures/streams/expected.py
-# and tests/unit/test_dialect_conformance.py.
+# and tests/unit/streams/test_dialect_conformance.py.
 CASES: dict[str, tuple[str, tuple]] = {
     # "usage": null is not a count of zero: estimated from the stream, input unknown.
     "usage_null.txt": ("/v1/chat/completions", (TokenCountSource.ESTIMATED, 2, None, None)),

@@ -8,7 +8,7 @@ with the spaced ``{"type": "ping"}`` the API really sends), the extended-thinkin
 (no usage at all, ``signature_delta``) and the web-search stream (cache counts, a
 ``server_tool_use`` block, ``"index":1 }``, final input counts in ``message_delta``).
 
-Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
+Every fixture, whole and split every way: tests/unit/streams/test_dialect_conformance.py.
 """
 
 from __future__ import annotations

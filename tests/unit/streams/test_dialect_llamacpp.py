@@ -9,7 +9,7 @@ as ``data: {...}\\n\\n`` SSE events, with the response fields of tools/server/RE
 result repeating the whole text); ``progress_eos.txt`` has ``return_progress`` updates and
 an empty partial (half of a UTF-8 character).
 
-Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
+Every fixture, whole and split every way: tests/unit/streams/test_dialect_conformance.py.
 """
 
 from __future__ import annotations

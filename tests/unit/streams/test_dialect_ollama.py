@@ -8,7 +8,7 @@ metrics, ``\\u003c``-style HTML escaping, raw UTF-8) plus ``\\n``, as server/rou
 and qwen3, and ``docs_streaming.ndjson``, the example of docs/api/streaming.mdx with its
 hand-edited last line (``"done":true, "done_reason": "stop"`` carrying text).
 
-Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
+Every fixture, whole and split every way: tests/unit/streams/test_dialect_conformance.py.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ stream_failure.txtar and stream_error.txtar; ``llamacpp_reasoning.txt`` what lla
 ``/v1/responses`` writes (tools/server/server-task.cpp ``to_json_oaicompat_resp*``: no
 ``sequence_number``, ``response.reasoning_text.delta``, no model until completion).
 
-Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
+Every fixture, whole and split every way: tests/unit/streams/test_dialect_conformance.py.
 """
 
 from __future__ import annotations

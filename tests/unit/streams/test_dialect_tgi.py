@@ -6,7 +6,7 @@ router/src/lib.rs serialised by serde_json (compact, raw UTF-8, ryu floats such 
 ``-5.9604645e-7``) into axum SSE events (``data:`` without a space, ``:`` keep-alive
 comments), as in docs/source/conceptual/streaming.md.
 
-Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
+Every fixture, whole and split every way: tests/unit/streams/test_dialect_conformance.py.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def test_parse_odd_bodies(body, expected):
 
 
 # -- properties ---------------------------------------------------------------------------
-# (any bytes, any JSON events: tests/unit/test_dialect_conformance.py)
+# (any bytes, any JSON events: tests/unit/streams/test_dialect_conformance.py)
 
 
 @FAST

@@ -8,7 +8,7 @@ and Triton LLM guides (alphabetical keys, the other output tensors alongside, an
 ``output_log_probs`` scalar first and then a growing list), including the
 ``accumulate_tokens`` variant where every event holds the whole text so far.
 
-Every fixture, whole and split every way: tests/unit/test_dialect_conformance.py.
+Every fixture, whole and split every way: tests/unit/streams/test_dialect_conformance.py.
 """
 
 from __future__ import annotations

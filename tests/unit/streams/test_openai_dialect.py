@@ -7,7 +7,7 @@ in-stream errors with ``json.dumps`` (spaced separators); OpenAI sends ``"usage"
 every chunk when ``include_usage`` is set and the details objects in the last one.
 
 Whole streams (tests/fixtures/streams/openai/, the ``built_*.txt`` ones from the builders
-below) are driven every way by tests/unit/test_dialect_conformance.py; this module keeps the
+below) are driven every way by tests/unit/streams/test_dialect_conformance.py; this module keeps the
 rules that are the OpenAI dialect's own.
 """
 
@@ -466,7 +466,8 @@ def test_parse_response_bad_choices_never_raise(choices):
 
 
 # -- properties: never raise ----------------------------------------------------------------
-# (any bytes, any JSON chunks through the stream reader: tests/unit/test_dialect_conformance.py)
+# (any bytes, any JSON chunks through the stream reader:
+# tests/unit/streams/test_dialect_conformance.py)
 
 TOP_KEYS = ["id", "model", "object", "choices", "usage", "error", "message", "type", "code"]
 # a whole response body, nested with the keys the chunk reader knows too, to reach deep branches

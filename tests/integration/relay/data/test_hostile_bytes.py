@@ -3,7 +3,7 @@ route (and an unmeasured one) with hypothesis-chosen bytes, written in hypothesi
 pieces with a flush after each, and the client must receive exactly those bytes, whatever
 the dialect made of them (or, on an OpenAI stream whose usage the sidecar asked for on the
 client's behalf, exactly those bytes minus the usage-only events). The byte mix is the one the dialect fuzzing uses
-(:mod:`tests.unit.test_fuzz_dialects`): recorded streams cut into lines, garbage, every line
+(:mod:`tests.unit.streams.test_fuzz_dialects`): recorded streams cut into lines, garbage, every line
 end, long lines, JSON objects with the keys the dialects read.
 """
 

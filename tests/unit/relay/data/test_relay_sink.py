@@ -37,7 +37,7 @@ async def drain_never_called() -> None:
 
 class Conn:
     # These tests are of the Python path: no token lane is ever opened on this connection
-    # (tests/unit/test_token_lane.py has the lanes, against the Python path).
+    # (tests/unit/relay/data/test_token_lane.py has the lanes, against the Python path).
     between_chunks = False
 
     def __init__(self) -> None:

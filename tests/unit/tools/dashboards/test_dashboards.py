@@ -4,8 +4,8 @@ with the committed alert rules.
 Import anywhere: a `datasource` variable of type datasource (Prometheus) that every panel and
 every query reads, no `__inputs` (nothing to map at import), stable uids, the namespace, pod,
 model and route variables, `$__rate_interval` as every range (only drill-downs to pods read
-raw series over a range: tests/unit/test_dashboards_recorded.py), a unit and a description on
-every panel, a layout inside Grafana's 24 columns without overlaps.
+raw series over a range: tests/unit/tools/dashboards/test_dashboards_recorded.py), a unit and a
+description on every panel, a layout inside Grafana's 24 columns without overlaps.
 
 Agreement: every burn-rate panel's threshold line is the factor in the committed alert
 expression for that objective and window pair; target lines and stat thresholds are the

@@ -17,7 +17,7 @@ from sidecar.tools.sim.core import SimulatorConfig
 from sidecar.tools.sim.server import build_simulator_app
 from tests.real.wire import json_events
 from tests.support.paths import ROOT
-from tests.unit.test_simulate_real_shape import EXACT, body_shape
+from tests.unit.tools.sim.test_simulate_real_shape import EXACT, body_shape
 
 REAL = ROOT / "tests" / "fixtures" / "real"
 FORCED = REAL / "vllm-0.32.0-force-include-usage"

@@ -4,7 +4,7 @@ back by the sidecar's own dialects.
 
 Shape: every JSON value's scalars masked to their type, key order kept, a run of same-shaped
 events collapsed to one (the fixtures and the simulator stream different numbers of argument
-pieces), as tests/unit/test_simulate_real_shape.py compares the vLLM routes. Per dialect,
+pieces), as tests/unit/tools/sim/test_simulate_real_shape.py compares the vLLM routes. Per dialect,
 what is compared and what is left out on purpose:
 
 - OpenAI chat: each chunk's ``delta`` and ``finish_reason`` against
@@ -18,9 +18,9 @@ what is compared and what is left out on purpose:
   ``include_obfuscation: false``).
 - Ollama chat: the tool-call line of ``ollama/chat_parallel_tool_calls.ndjson``, whole but
   for the arguments' keys (the tool's own parameters); the final line is the one of every
-  simulated Ollama chat, checked by tests/unit/test_simulate_dialects.py.
+  simulated Ollama chat, checked by tests/unit/tools/sim/test_simulate_dialects.py.
 
-Then the timeline oracle of tests/unit/test_tool_call_timings.py (worked out from the JSON,
+Then the timeline oracle of tests/unit/measure/test_tool_call_timings.py (worked out from the JSON,
 independently of the dialects) must agree with what the sidecar's dialect reads from the
 simulator's stream: one call per requested call, each call's first and last piece.
 """

@@ -173,7 +173,7 @@ def test_rules_reference_only_what_the_sidecar_exports(exported):
                 for by in BY.findall(r["expr"]):
                     recorded[r["record"]] |= {x.strip() for x in by.split(",")}
         # The dashboards' records read what the panels need, every family: checked against a
-        # page that has them all in tests/unit/test_dashboards_metrics.py.
+        # page that has them all in tests/unit/tools/dashboards/test_dashboards_metrics.py.
         slo_rules = [r for g in doc["groups"] if g["name"] != aggregates.GROUP for r in g["rules"]]
         for r in slo_rules:
             texts = [r["expr"], *r.get("annotations", {}).values()]

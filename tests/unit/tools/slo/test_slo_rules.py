@@ -219,7 +219,7 @@ def test_every_alert_has_severity_summary_description_and_a_runbook():
         assert a.labels["severity"] in ("page", "ticket", "info")
         assert a.annotations["summary"] and a.annotations["description"]
         url, _, anchor = a.annotations["runbook_url"].partition("#")
-        assert url == "docs/runbooks.md"  # the file in the repository (tests/unit/test_runbooks.py)
+        assert url == "docs/runbooks.md"  # the file in the repository (test_runbooks.py)
         assert anchor in anchors, (a.alert, anchor)
         if a.alert in {
             cause.alert for cause in ERROR_CAUSES
