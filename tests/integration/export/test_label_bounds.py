@@ -218,7 +218,7 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
         )
 
     runner, port = await start_app(_sim_app_with(rotating_listing))
-    max_series = 4000
+    max_series = 3000
     sc = await sidecar_factory(
         f"http://127.0.0.1:{port}",
         tenant_header="X-Tenant",
@@ -269,9 +269,8 @@ async def test_hostile_mix_with_a_rotating_listing_stays_within_max_series(sim, 
     # The mix filled the valued series to the budget less its reserve for the other rows (a
     # fifth): the bound held it.
     assert max(counts) > max_series * 0.75, counts
-    assert (
-        sc.sample("llm_series_refused_total", fate="other") > 0
-    )  # and what did not fit is counted
+    refused = sc.sample("llm_series_refused_total", fate="other")
+    assert refused > 0, counts  # and what did not fit is counted
     assert b"_created" not in pages[-1]
     assert len(labels_of(sc, "llm_requests_total", "model") - {"other", "unknown"}) <= 50
     assert len(labels_of(sc, "llm_requests_total", "tenant")) <= 22  # 20 + other (+ unknown)
