@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -122,6 +123,24 @@ class ServeProcess:
         for t in self._readers:
             t.join(timeout=10)
         return "".join(self.out), "".join(self.err)
+
+
+async def start_pod(serve_process, upstream_url: str, tmp: Path, workers: int, *args: str):
+    """``serve --workers N`` (the ``serve_process`` fixture) with its worker sockets under
+    ``tmp``, returned once the pod's admin port answers ``/readyz`` 200."""
+    pod = serve_process(upstream_url, "--workers", str(workers), *args, env={"TMPDIR": str(tmp)})
+    await pod.wait_started()
+
+    async def ready() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(pod.admin_url + "/readyz") as r:
+                    return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_for(ready, timeout=60)
+    return pod
 
 
 def start_simulator(

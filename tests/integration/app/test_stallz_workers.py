@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.in_process import start_app
+from tests.support.serve import start_pod
 from tests.support.sse import DONE, chat_chunk
 from tests.support.waits import wait_for
 
@@ -96,21 +97,10 @@ async def test_the_pods_stallz_judges_over_every_workers_requests(serve_process,
     runner, port = await start_app(upstream.app())
     streams: list[Stream] = []
     try:
-        pod = serve_process(
-            f"http://127.0.0.1:{port}", "--workers", "2", "--stall-seconds", str(STALL),
-            "--stall-probe-seconds", str(PROBE), env={"TMPDIR": str(tmp_path)},
+        pod = await start_pod(
+            serve_process, f"http://127.0.0.1:{port}", tmp_path, 2,
+            "--stall-seconds", str(STALL), "--stall-probe-seconds", str(PROBE),
         )  # fmt: skip
-        await pod.wait_started()
-
-        async def ready() -> bool:
-            try:
-                async with aiohttp.ClientSession() as s:
-                    async with s.get(pod.admin_url + "/readyz") as r:
-                        return r.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(ready, timeout=60)
         async with aiohttp.ClientSession() as s:
             async with s.get(pod.admin_url + "/") as r:
                 assert "/stallz" in await r.text()  # the supervisor's index lists it

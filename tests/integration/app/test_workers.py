@@ -30,6 +30,7 @@ from tests.support.exposition import count_series
 from tests.support.in_process import start_app
 from tests.support.ports import retry_on_port_clash
 from tests.support.raw import raw_exchange, status_and_json
+from tests.support.serve import start_pod
 from tests.support.sse import DONE, chat_chunk
 from tests.support.tools import require_tool
 from tests.support.waits import wait_for
@@ -126,22 +127,6 @@ async def worker_page(sock: Path) -> dict[tuple[str, tuple], float]:
 
 def worker_sockets(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("llm-sidecar-pod-*/w*.sock"))
-
-
-async def start_pod(serve_process, upstream_url: str, tmp: Path, workers: int):
-    pod = serve_process(upstream_url, "--workers", str(workers), env={"TMPDIR": str(tmp)})
-    await pod.wait_started()
-
-    async def ready() -> bool:
-        try:
-            async with aiohttp.ClientSession() as s:
-                async with s.get(pod.admin_url + "/readyz") as r:
-                    return r.status == 200
-        except aiohttp.ClientError:
-            return False
-
-    await wait_for(ready, timeout=60)
-    return pod
 
 
 async def chat(session: aiohttp.ClientSession, url: str, model: str, tokens: int, gap=0.0) -> bytes:
