@@ -65,6 +65,7 @@ import orjson
 from bench.run import (
     ROOT,
     Procs,
+    _interrupted,
     cpu_seconds,
     find_nginx,
     free_port,
@@ -410,10 +411,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--keep-logs", default=None, metavar="DIR", help="keep process logs here")
     return p.parse_args(argv)
-
-
-def _interrupted(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt  # so `finally` stops every process this run started
 
 
 def main(argv: list[str] | None = None) -> int:
