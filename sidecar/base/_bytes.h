@@ -7,13 +7,14 @@
 #include <Python.h>
 #include <string.h>
 
-/* Whether b[0:n] is exactly one whole HTTP/1.1 chunk with a non-zero size and no extension
-   ("1a3\r\n" + payload + "\r\n"; the size line is 1 to 15 hex digits then CRLF, as the
-   Python original: find(CRLF, 0, 17) at 1..15); then *start and *size say the payload. */
-static inline int whole_chunk(const unsigned char *b, Py_ssize_t n, Py_ssize_t *start, Py_ssize_t *size) {
-    Py_ssize_t i = 0;
+/* A bare chunk size line at b[pos:n] (no extension): 1 to 15 hex digits then CRLF, as the
+   Python original (sidecar.base.speedups.size_line: find(CRLF, pos, pos + 17) after 1..15
+   digits); then *start is where the payload starts and *size its size. */
+static inline int size_line_at(const unsigned char *b, Py_ssize_t n, Py_ssize_t pos,
+                               Py_ssize_t *start, unsigned long long *size) {
+    Py_ssize_t i = pos;
     unsigned long long value = 0;
-    for (; i < n && i < 16; i++) {
+    for (; i < n && i - pos < 16; i++) {
         unsigned char c = b[i];
         unsigned v;
         if (c >= '0' && c <= '9') v = c - '0';
@@ -22,8 +23,19 @@ static inline int whole_chunk(const unsigned char *b, Py_ssize_t n, Py_ssize_t *
         else break;
         value = value * 16 + v;
     }
-    if (i == 0 || i > 15 || i + 1 >= n || b[i] != '\r' || b[i + 1] != '\n' || value == 0) return 0;
-    Py_ssize_t at = i + 2;
+    if (i == pos || i - pos > 15 || i + 1 >= n || b[i] != '\r' || b[i + 1] != '\n') return 0;
+    *start = i + 2;
+    *size = value;
+    return 1;
+}
+
+/* Whether b[0:n] is exactly one whole HTTP/1.1 chunk with a non-zero size and no extension
+   ("1a3\r\n" + payload + "\r\n": size_line_at, the payload, CRLF, nothing after); then
+   *start and *size say the payload. */
+static inline int whole_chunk(const unsigned char *b, Py_ssize_t n, Py_ssize_t *start, Py_ssize_t *size) {
+    Py_ssize_t at;
+    unsigned long long value;
+    if (!size_line_at(b, n, 0, &at, &value) || value == 0) return 0;
     if ((unsigned long long)(n - at) != value + 2 || b[n - 2] != '\r' || b[n - 1] != '\n') return 0;
     *start = at;
     *size = (Py_ssize_t)value;

@@ -1,12 +1,14 @@
-"""Two byte checks on the relay's per-token path, in C where the optional extension was
+"""Three byte checks on the relay's per-read path, in C where the optional extension was
 built (``sidecar/base/_speedups.c``, compiled at install when a C compiler is there), else
 in Python. The Python versions here are the originals and the oracle:
 tests/unit/base/test_speedups.py feeds both the same bytes.
 
-Why C for these two: with the repeating event recognised from its bytes, what is left of
-the measuring per token is mostly byte work in Python (the chunk's size line parsed with
-slices, ``int`` and a set; the token text decoded to check it), and a paired benchmark of a
-prototype that did both checks in C used 12 % less CPU per token (docs/performance.md).
+Why C for these: with the repeating event recognised from its bytes, what is left of the
+measuring per token is mostly byte work in Python (the chunk's size line parsed with
+slices, ``int`` and a set; the token text decoded to check it), which C does in one call
+(docs/performance.md has the measurements). A read of several chunks (a busy upstream's,
+or a stream's last events and its end together) costs three calls a chunk in Python and
+one call in C.
 
 ``IN_C`` says which is in use (the tests and the image check read it). The token lane, the
 steady token read in one call, is C beside its one user (sidecar/relay/data/token_lane.py)
@@ -16,8 +18,8 @@ and shares these checks' C (``_bytes.h``): one compiler builds both or neither.
 from __future__ import annotations
 
 __all__ = [
-    "IN_C", "HEX_DIGITS", "hex_size", "size_line", "chunk_payload", "plain_at", "chunk_payload_py",
-    "plain_at_py", "plain",
+    "IN_C", "HEX_DIGITS", "hex_size", "size_line", "chunk_payload", "chunk_payloads", "plain_at",
+    "chunk_payload_py", "chunk_payloads_py", "plain_at_py", "plain",
 ]  # fmt: skip
 
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
@@ -56,6 +58,32 @@ def chunk_payload_py(data: bytes) -> bytes | None:
     return None
 
 
+def chunk_payloads_py(data: bytes) -> tuple[list[bytes], bool] | None:
+    """The payloads of ``data`` if it is whole, well-formed chunks back to back (each a
+    size line of 1 to 15 hex digits with no extension, CRLF, the payload, CRLF), possibly
+    ending with the body's last chunk exactly (a zero size line, CRLF, CRLF, nothing
+    after): ``(payloads, whether the last chunk ended it)``; else None (also for no bytes).
+    A busy upstream's reads coalesce several events; this reads them in one call."""
+    pieces: list[bytes] = []
+    pos = 0
+    end = len(data)
+    while pos < end:
+        line = size_line(data, pos)
+        if line is None:  # an extension or garbage: the general path
+            return None
+        size, start = line
+        stop = start + size
+        if stop == start:  # the last chunk: the end of the body if nothing follows it
+            if stop + 2 != end or data[stop:] != b"\r\n":
+                return None
+            return pieces, True
+        if stop + 2 > end or data[stop : stop + 2] != b"\r\n":
+            return None
+        pieces += (data[start:stop],)  # (+= a tuple: no method call a chunk)
+        pos = stop + 2
+    return (pieces, False) if pieces else None
+
+
 def plain(text: bytes) -> bool:
     """Whether a JSON string holding ``text`` between its quotes decodes to exactly these
     bytes: valid UTF-8, no quote, no backslash, and every character printable (no control
@@ -75,11 +103,11 @@ def plain_at_py(buf: bytes, start: int, end: int) -> bool:
 
 
 try:
-    from ._speedups import chunk_payload, plain_at
+    from ._speedups import chunk_payload, chunk_payloads, plain_at
 
     IN_C = True
 except ImportError:  # built without a C compiler: the originals
-    plain_at, chunk_payload = plain_at_py, chunk_payload_py
+    plain_at, chunk_payload, chunk_payloads = plain_at_py, chunk_payload_py, chunk_payloads_py
     IN_C = False
 
 SPEEDUPS_MISSING = (

@@ -28,6 +28,7 @@ def test_the_extension_is_built_and_used_in_ci():
         pytest.skip("the C extension was not built (no C compiler when the package was installed)")
     assert _speedups is not None and speedups.IN_C
     assert speedups.chunk_payload is _speedups.chunk_payload
+    assert speedups.chunk_payloads is _speedups.chunk_payloads
 
 
 # Bytes at UTF-8's edges: overlong forms, surrogates, past U+10FFFF, truncated sequences,
@@ -115,6 +116,72 @@ def test_chunk_payload_like_python(payload, size_line, tail):
     assert _speedups.chunk_payload(data) == speedups.chunk_payload_py(data)
 
 
+# Reads of several chunks: whole ones back to back, the last chunk after them or alone, and
+# every way one of them can fall short of whole (the general path's then).
+SEVERAL = [
+    frame(b"a") + frame(b"bc"),
+    frame(b"a") + frame(b"bc") + b"0\r\n\r\n",
+    b"0\r\n\r\n",
+    b"000\r\n\r\n",
+    frame(b"a") + b"0\r\n\r\nX",
+    frame(b"a") + b"0\r\nT: 1\r\n\r\n",
+    frame(b"a") + b"0;e\r\n\r\n",
+    frame(b"a") + b"0\r\n\r",
+    frame(b"a") + b"0\r\n",
+    frame(b"a") + frame(b"bc")[:-1],
+    frame(b"a") + frame(b"bc", b"2;x"),
+    frame(b"a") + frame(b"bc", b"0" * 15 + b"2"),
+    frame(b"a") + frame(b"bc", b"0" * 14 + b"2"),
+    frame(b"a") + b"\r\n",
+    frame(b"a") + b"f" * 15 + b"\r\nx\r\n",
+    frame(b"two\r\n", b"5") + frame(b"more"),
+] + CASES
+
+
+@needs_c
+@pytest.mark.parametrize("data", SEVERAL)
+def test_chunk_payloads_cases(data):
+    assert _speedups.chunk_payloads(data) == speedups.chunk_payloads_py(data)
+
+
+def test_chunk_payloads_py_reads_whole_chunks_and_the_end():
+    """The Python original, which the C answers as: whole chunks, the end, and None for
+    anything the general path must read."""
+    assert speedups.chunk_payloads_py(frame(b"a") + frame(b"bc")) == ([b"a", b"bc"], False)
+    assert speedups.chunk_payloads_py(frame(b"a") + b"0\r\n\r\n") == ([b"a"], True)
+    assert speedups.chunk_payloads_py(b"0\r\n\r\n") == ([], True)
+    assert speedups.chunk_payloads_py(b"") is None
+    assert speedups.chunk_payloads_py(frame(b"a") + b"0\r\n\r\nX") is None
+    assert speedups.chunk_payloads_py(frame(b"a") + frame(b"b", b"1;e")) is None
+
+
+@needs_c
+@FAST
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=12),
+            st.one_of(
+                st.none(),
+                st.text("0123456789abcdefABCDEF;x ", max_size=17).map(str.encode),
+            ),
+            st.sampled_from([b"\r\n", b"\n", b"", b"\r\nX"]),
+        ),
+        max_size=4,
+    ),
+    st.sampled_from([b"", b"0\r\n\r\n", b"00\r\n\r\n", b"0\r\n\r", b"0\r\n\r\nX"]),
+)
+def test_chunk_payloads_like_python(chunks, end):
+    data = (
+        b"".join(
+            (line if line is not None else b"%x" % len(payload)) + b"\r\n" + payload + tail
+            for payload, line, tail in chunks
+        )
+        + end
+    )
+    assert _speedups.chunk_payloads(data) == speedups.chunk_payloads_py(data)
+
+
 @needs_c
 @FAST
 @given(
@@ -187,6 +254,7 @@ def test_without_the_extension_the_originals_answer(monkeypatch):
         fallback = importlib.reload(speedups)
         assert fallback.IN_C is False
         assert fallback.chunk_payload is fallback.chunk_payload_py
+        assert fallback.chunk_payloads is fallback.chunk_payloads_py
         assert fallback.chunk_payload(frame(b"hello")) == b"hello"
         assert fallback.plain_at(b"[hi]", 1, 3) is True
         from sidecar.relay.data import token_lane

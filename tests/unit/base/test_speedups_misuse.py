@@ -112,6 +112,38 @@ CASES: dict[str, tuple[set[str], str, str, str]] = {
         "m.chunk_payload(b'f' * 15 + b'\\r\\nx\\r\\n')",
         "None",
     ),
+    "chunk_payloads no argument": ({"chunk_payloads"}, "", "m.chunk_payloads()", "TypeError"),
+    "chunk_payloads str": (
+        {"chunk_payloads"},
+        "",
+        "m.chunk_payloads('1\\r\\nx\\r\\n')",
+        "TypeError",
+    ),
+    "chunk_payloads bytearray": (
+        {"chunk_payloads"},
+        "",
+        "m.chunk_payloads(bytearray(b'1\\r\\nx\\r\\n'))",
+        "TypeError",
+    ),
+    "chunk_payloads empty": ({"chunk_payloads"}, "", "m.chunk_payloads(b'')", "None"),
+    "chunk_payloads 15 f digits": (
+        {"chunk_payloads"},
+        "",
+        "m.chunk_payloads(b'1\\r\\nx\\r\\n' + b'f' * 15 + b'\\r\\nx\\r\\n')",
+        "None",
+    ),
+    "chunk_payloads the last chunk alone": (
+        {"chunk_payloads"},
+        "",
+        "m.chunk_payloads(b'0\\r\\n\\r\\n')",
+        "([], True)",
+    ),
+    "chunk_payloads a size line at the end": (
+        {"chunk_payloads"},
+        "",
+        "m.chunk_payloads(b'1\\r\\nx\\r\\n1\\r')",
+        "None",
+    ),
     "plain_at no argument": ({"plain_at"}, "", "m.plain_at()", "TypeError"),
     "plain_at two arguments": ({"plain_at"}, "", "m.plain_at(b'x', 0)", "TypeError"),
     "plain_at str": ({"plain_at"}, "", "m.plain_at('x', 0, 1)", "TypeError"),
@@ -332,7 +364,7 @@ CASES: dict[str, tuple[set[str], str, str, str]] = {
     ),
 }
 
-ENTRY_POINTS = {"chunk_payload", "plain_at", "__new__", "__init__"}
+ENTRY_POINTS = {"chunk_payload", "chunk_payloads", "plain_at", "__new__", "__init__"}
 
 
 def run_case(setup: str, expr: str) -> subprocess.CompletedProcess:
@@ -374,5 +406,7 @@ def test_every_entry_point_has_a_case() -> None:
             else:
                 wanted.add(name)
     covered = set().union(*(case[0] for case in CASES.values()))
-    assert exported == {"chunk_payload", "plain_at", "TokenLane"}, "a new export: add its cases"
+    assert exported == {"chunk_payload", "chunk_payloads", "plain_at", "TokenLane"}, (
+        "a new export: add its cases"
+    )
     assert wanted <= covered, f"no case calls {sorted(wanted - covered)}"
