@@ -158,7 +158,8 @@ class BodyRelay:
         is the same one. A measuring bug never reaches the relay: any error here ends
         lanes for this response (``_lane_failed``)."""
         conn = self._conn
-        if self.ended is not None or self.paused or not conn.between_chunks:
+        parser = conn.parser  # (the parser's own state, read: no call to ask it)
+        if self.ended is not None or self.paused or parser is None or not parser.between_chunks:
             return
         if self._transport.get_write_buffer_size():
             return  # a lane would leave the next read to Python too: a slow reader's stays shut
@@ -243,14 +244,19 @@ class BodyRelay:
         framed += (last,)
         return b"".join(framed)
 
-    def last(self, pieces: list[bytes]) -> None:
+    def last(self, pieces: list[bytes], frames: bytes | None = None) -> None:
         """The read that completed the body: its pieces and, for a chunked client, the last
         chunk in one write (a stream's ``[DONE]`` event and the end of the body usually come
-        in one read: one write and one wake-up of the client, not two), then the end."""
+        in one read: one write and one wake-up of the client, not two), then the end. A
+        read of whole chunks (``frames``) goes to a chunked client as received, as
+        :meth:`chunks` does: it ends with the last chunk already."""
         now = self._clock()
         try:
             if self.ended is None:
-                data = self._framed(pieces, _LAST_CHUNK)
+                if frames is not None and self._chunked:
+                    data = frames
+                else:
+                    data = self._framed(pieces, _LAST_CHUNK)
                 if not data or self._write_framed(data, now):
                     self.terminated = self._chunked
                     feed = self._observer.feed

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ...base.speedups import chunk_payload, hex_size, size_line
+from ...base.speedups import chunk_payload, chunk_payloads, hex_size
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -120,12 +120,22 @@ class ResponseParser:
     are returned by that same feed); ``done`` once the body is complete. Bytes after the
     end of the message are kept in ``trailing`` (a well-behaved server sends none before
     the next request; if it did, the connection is not reused).
+
+    ``between_chunks``: between two chunks of a chunked body, nothing partial held. A read
+    that is one whole, well-formed chunk is then exactly that chunk: ``chunk_payload(read)``
+    (sidecar/base/speedups.py) is its payload and the parser stays as it is, between chunks
+    (what :meth:`feed` does first; the upstream connection does the same for each read, the
+    shape of almost every read of a token stream, without a call to ask). It also means the
+    read is a complete chunk with no extension (a size line of 1 to 15 hex digits), which
+    the relay may pass on to a chunked client as it is. A plain attribute, kept as the
+    state moves: read once a read, asked nothing.
     """
 
     __slots__ = (
         "head",
         "done",
         "trailing",
+        "between_chunks",
         "_state",
         "_buf",
         "_remaining",
@@ -137,6 +147,7 @@ class ResponseParser:
         self.head: ResponseHead | None = None
         self.done = False
         self.trailing = b""
+        self.between_chunks = False
         self._state = _HEAD
         self._buf = b""  # a partial head, size line or trailer section
         self._remaining = 0  # body bytes still expected (Content-Length or current chunk)
@@ -148,66 +159,32 @@ class ResponseParser:
         """The connection may carry another request once this response is done."""
         return self.done and not self.trailing and self.head is not None and self.head.keep_alive
 
-    @property
-    def between_chunks(self) -> bool:
-        """Between two chunks of a chunked body, nothing partial held: a read that is one
-        whole chunk is then exactly that chunk (what :meth:`whole_chunk` asks)."""
-        return self._state == _SIZE and not self._buf
-
-    def whole_chunk(self, data: bytes) -> bytes | None:
-        """The hot path: when ``data`` is exactly one whole chunk and the parser is between
-        chunks, its payload (the parser's state is then unchanged: it is between chunks
-        again); else None and nothing happened, so call :meth:`feed`.
-
-        This is the shape of almost every read of a token stream ("1a3\r\n" + event +
-        "\r\n"). It also tells the relay that ``data`` is a complete, well-formed chunk
-        with no extension (a size line of 1 to 15 hex digits), which it may pass on to a
-        chunked client as it is.
-        """
-        if self._state == _SIZE and not self._buf:
-            return chunk_payload(data)  # in C where built (sidecar/base/speedups.py)
-        return None
-
     def whole_chunks(self, data: bytes) -> list[bytes] | None:
-        """Like :meth:`whole_chunk` for a read that is whole, well-formed data chunks back to
-        back (what a busy upstream's coalesced reads look like), possibly ending with the
-        body's last chunk exactly (``0`` CRLF CRLF: no extension, no trailer, nothing
-        after): their payloads, and the parser's state what :meth:`feed` leaves for that
-        read (between chunks, or ``done``); else None and nothing happened, so call
-        :meth:`feed`.
+        """For a read that is whole, well-formed data chunks back to back (what a busy
+        upstream's coalesced reads look like), possibly ending with the body's last chunk
+        exactly (``0`` CRLF CRLF: no extension, no trailer, nothing after): their payloads,
+        and the parser's state what :meth:`feed` leaves for that read (between chunks, or
+        ``done``); else None and nothing happened, so call :meth:`feed`.
 
         Unless the read ended the body, the relay may then pass ``data`` on to a chunked
         client as it is, in one write.
         """
-        if self._state != _SIZE or self._buf:
+        if not self.between_chunks:
             return None
-        pieces: list[bytes] = []
-        pos = 0
-        end = len(data)
-        while pos < end:
-            line = size_line(data, pos)
-            if line is None:  # an extension or garbage: the general path
-                return None
-            size, start = line
-            stop = start + size
-            if stop == start:  # the last chunk: the end of the body if nothing follows it
-                if stop + 2 != end or data[stop:] != _CRLF:
-                    return None
-                self._finish()
-                return pieces
-            if stop + 2 > end or data[stop : stop + 2] != _CRLF:
-                return None
-            pieces += (data[start:stop],)  # (+= a tuple: no method call a chunk)
-            pos = stop + 2
-        return pieces or None
+        found = chunk_payloads(data)  # in C where built (sidecar/base/speedups.py)
+        if found is None:
+            return None
+        pieces, last = found
+        if last:
+            self._finish()
+        return pieces
 
     def feed(self, data: bytes) -> list[bytes]:
-        state = self._state
-        if state == _SIZE and not self._buf:
-            piece = self.whole_chunk(data)
+        if self.between_chunks:
+            piece = chunk_payload(data)
             if piece is not None:
                 return [piece]
-        elif state == _LENGTH and len(data) < self._remaining:
+        elif self._state == _LENGTH and len(data) < self._remaining:
             self._remaining -= len(data)
             return [data] if data else []
         out: list[bytes] = []
@@ -216,14 +193,15 @@ class ResponseParser:
         except ProtocolError as exc:
             exc.pieces = out
             raise
+        finally:
+            self.between_chunks = self._state == _SIZE and not self._buf
         return out
 
     def feed_eof(self) -> list[bytes]:
         """The connection was closed by the server. Ends a close-delimited body; anywhere
         else it means the response was cut short, which raises :class:`ProtocolError`."""
         if self._state == _CLOSE:
-            self._state = _DONE
-            self.done = True
+            self._finish()
             return []
         if self._state == _DONE:
             return []
@@ -311,6 +289,7 @@ class ResponseParser:
     def _finish(self) -> None:
         self._state = _DONE
         self.done = True
+        self.between_chunks = False
 
     def _head(self, data: bytes, pos: int) -> int:
         """Parse one head (interim or final) from ``data[pos:]``; return the position after

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from ...base.outcomes import Verdict
+from ...base.speedups import chunk_payload
 from .http1 import ProtocolError, ResponseHead, ResponseParser, lowered_names, request_head
 
 if TYPE_CHECKING:
@@ -135,10 +136,12 @@ class BodySink(Protocol):
         else the verdict (``UPSTREAM_DISCONNECTED``, ``UPSTREAM_READ_TIMEOUT``,
         ``UPSTREAM_INVALID_RESPONSE``, or ``INTERNAL`` for the sidecar's own failure)."""
 
-    def last(self, pieces: list[bytes]) -> None:
+    def last(self, pieces: list[bytes], frames: bytes | None = None) -> None:
         """The body's last pieces, from the read that completed it, and its end: what
         :meth:`several` then ``end(None)`` do, in one write where the client's body is
-        chunked (its last chunk goes with them, not in a write of its own)."""
+        chunked (its last chunk goes with them, not in a write of its own). ``frames``: the
+        read as received when it was whole, well-formed chunks ending with the last chunk
+        exactly (as :meth:`chunks` has it), else None."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -153,7 +156,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = False
         self.head: ResponseHead | None = None
         self.idle_since = 0.0
-        self._parser: ResponseParser | None = None
+        # The current response's parser (the relay reads its ``between_chunks`` after each
+        # read it took, to know whether a token lane may take the next one).
+        self.parser: ResponseParser | None = None
         self._head_waiter: asyncio.Future[ResponseHead] | None = None
         self._early: list[bytes] = []  # body pieces that arrived before push() was called
         self._received = 0  # response bytes seen for the current request
@@ -176,13 +181,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # a TCP (or TLS) connection's
 
     @property
-    def between_chunks(self) -> bool:
-        """The current response's parser is between two chunks: a read that is one whole
-        chunk is then exactly that chunk."""
-        parser = self._parser
-        return parser is not None and parser.between_chunks
-
-    @property
     def answered(self) -> bool:
         """Whether any byte of the current response has arrived: a reused connection the
         server closed before answering may be retried once on a new one."""
@@ -201,7 +199,7 @@ class UpstreamConnection(asyncio.Protocol):
         sink = self._sink
         if sink is not None:
             # The hot path: decode the framing and hand the body on, nothing else.
-            parser = self._parser
+            parser = self.parser
             try:
                 lane = self._lane
                 if lane is not None:
@@ -211,14 +209,16 @@ class UpstreamConnection(asyncio.Protocol):
                     # noted, so the lane hands its notes over now (the sink opens it again).
                     self._lane = None
                     lane.flush()
-                piece = parser.whole_chunk(data)  # type: ignore[union-attr]  # a sink: a parser
-                if piece is not None:
-                    sink.chunk(data, piece)
-                    return
+                if parser.between_chunks:  # type: ignore[union-attr]  # a sink: a parser
+                    # The usual read, one whole chunk (the parser's rule: http1.py)
+                    piece = chunk_payload(data)
+                    if piece is not None:
+                        sink.chunk(data, piece)
+                        return
                 pieces = parser.whole_chunks(data)  # type: ignore[union-attr]  # a sink: a parser
                 if pieces is not None:  # several whole chunks in one read (a busy upstream)
                     if parser.done:  # type: ignore[union-attr]  # a sink: a parser
-                        self._end(None, pieces)  # and the last chunk: the body's end
+                        self._end(None, pieces, data)  # and the last chunk: the body's end
                     else:
                         sink.chunks(data, pieces)
                     return
@@ -243,7 +243,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self._yield_turn()
             return
         self._received += len(data)
-        parser = self._parser
+        parser = self.parser
         if parser is None or self._ended:
             # Bytes while idle in the pool, or after the response ended: not a response to
             # anything we asked. The connection cannot be trusted any more.
@@ -276,7 +276,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._cancel_timer()
         if self._write_waiter is not None and not self._write_waiter.done():
             self._write_waiter.set_exception(ConnectionResetError("upstream connection lost"))
-        parser = self._parser
+        parser = self.parser
         if self._head_waiter is not None:
             if parser is not None and parser.head is None:
                 self._fail_head(_disconnected())
@@ -306,7 +306,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def begin(self, no_body: bool) -> asyncio.Future[ResponseHead]:
         """Start a request/response exchange: returns the future of the response head."""
-        self._parser = ResponseParser(no_body=no_body)
+        self.parser = ResponseParser(no_body=no_body)
         self.head = None
         self._early = []
         self._received = 0
@@ -342,7 +342,7 @@ class UpstreamConnection(asyncio.Protocol):
         as it comes. ``sink.end`` is called once, possibly before this returns."""
         self._sink = sink
         early, self._early = self._early, []
-        parser = self._parser
+        parser = self.parser
         if not self._ended and parser is not None and parser.done:
             self._end(None, early)  # all of it came before the relay was ready
             return
@@ -389,7 +389,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        parser = self._parser
+        parser = self.parser
         return (
             not self.closed
             and self._ended
@@ -416,14 +416,17 @@ class UpstreamConnection(asyncio.Protocol):
         if writer is not None and not writer.done():
             writer.cancel()  # the server answered before reading the whole body
             self.close()
-        elif self._parser is None or not self._parser.done:
+        elif self.parser is None or not self.parser.done:
             self.close()  # how the server learns to stop generating for a gone client
 
     # -- internals -------------------------------------------------------------------------
 
-    def _end(self, error: Verdict | None, last: list[bytes] | None = None) -> None:
+    def _end(
+        self, error: Verdict | None, last: list[bytes] | None = None, frames: bytes | None = None
+    ) -> None:
         """The response ended (``error`` None: complete); ``last``, the pieces of the read
-        that completed it, go to the sink with its end (``BodySink.last``)."""
+        that completed it, go to the sink with its end (``BodySink.last``, with ``frames``
+        when that read was whole chunks)."""
         if self._ended:
             return
         self._ended = True
@@ -438,7 +441,7 @@ class UpstreamConnection(asyncio.Protocol):
         if last is None:
             sink.end(error)
         else:
-            sink.last(last)
+            sink.last(last, frames)
 
     def _fail_head(self, error: UpstreamError) -> None:
         waiter, self._head_waiter = self._head_waiter, None
@@ -459,7 +462,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _idle_check(self) -> None:
         self._timer = None
-        if self._ended or self.closed or (self._parser is not None and self._parser.done):
+        if self._ended or self.closed or (self.parser is not None and self.parser.done):
             return
         if self._reading_paused:
             self._last_read = self._time()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pytest
 
 from sidecar.base.outcomes import Verdict
+from sidecar.relay.data.http1 import ResponseParser
 from sidecar.relay.data.upstream import UpstreamConnection, UpstreamError, UpstreamPool
 from tests.support.scripted_server import Peer, Script, ScriptedServer, response, serve
 from tests.support.sse import CHUNKED_HEAD, LAST_CHUNK, http_chunk
@@ -88,11 +89,22 @@ class Sink:
         self.end_time = self._loop.time()
         self._done.set()
 
-    def last(self, pieces: list[bytes]) -> None:
+    def last(self, pieces: list[bytes], frames: bytes | None = None) -> None:
+        if frames is not None:  # the read as received: these pieces' chunks, then the end
+            assert frames.endswith(b"\r\n\r\n") and self._chunks_of(frames) == pieces
+            self.frames.append(frames)
         self.lasts.append(len(pieces))
         for piece in pieces:
             self.body(piece)
         self.end(None)
+
+    @staticmethod
+    def _chunks_of(frames: bytes) -> list[bytes]:
+        parser = ResponseParser()
+        parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        pieces = parser.feed(frames)
+        assert parser.done and not parser.trailing
+        return pieces
 
     @property
     def data(self) -> bytes:
@@ -871,7 +883,7 @@ async def test_response_complete_before_push_ends_from_push(rig):
     server = await rig.server(serve(response(b"all of it")))  # head and body in one write
     pool = rig.pool(server.url)
     conn = await pool.request("GET", "/", [], None)
-    await wait_for(lambda: conn._parser.done)  # the whole response is in
+    await wait_for(lambda: conn.parser.done)  # the whole response is in
     sink = Sink()
     conn.push(sink)
     assert (sink.data, sink.ends) == (b"all of it", [None])  # before push() returned
@@ -1177,5 +1189,6 @@ async def test_the_read_that_ends_a_chunked_body_comes_with_the_end(rig):
     assert await sink.wait() is None
     assert sink.data == b"one[DONE]"
     assert sink.lasts == [1] and sink.ends == [None]
+    assert sink.frames[-1] == b"6\r\n[DONE]\r\n0\r\n\r\n"  # the read as received
     pool.release(conn)
     assert pool._idle == [conn]

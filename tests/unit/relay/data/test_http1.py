@@ -13,8 +13,15 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from sidecar.base.speedups import chunk_payload
 from sidecar.relay.data import http1
-from sidecar.relay.data.http1 import ProtocolError, ResponseHead, ResponseParser, request_head
+from sidecar.relay.data.http1 import (
+    _SIZE,
+    ProtocolError,
+    ResponseHead,
+    ResponseParser,
+    request_head,
+)
 
 try:  # the reference oracle: not a requirement, usually present through httpx
     import h11
@@ -1390,21 +1397,63 @@ def test_protocol_error_carries_the_body_decoded_before_the_fault():
         (b"1_0\r\n0123456789abcdef\r\n", None),  # int() would accept the underscore
     ],
 )
-def test_whole_chunk_answers_only_for_exactly_one_well_formed_chunk(read, piece):
+def test_between_chunks_one_whole_chunk_is_exactly_that_chunk(read, piece):
+    """Between chunks, ``chunk_payload(read)`` is the payload of a read that is one whole
+    chunk (what the upstream connection asks of every read), and the parser is untouched."""
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-    assert parser.whole_chunk(read) == piece
+    assert parser.between_chunks
+    assert chunk_payload(read) == piece
+    if piece is not None:
+        general = ResponseParser()
+        general.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        assert general.feed(read) == [piece] and general.between_chunks
     # Either way the parser's state is unchanged: feeding a chunk afterwards works.
     assert parser.feed(b"3\r\nabc\r\n") == [b"abc"]
-    assert parser.whole_chunk(b"3\r\nabc\r\n") == b"abc"
+    assert parser.between_chunks and chunk_payload(b"3\r\nabc\r\n") == b"abc"
 
 
-def test_whole_chunk_is_none_outside_chunked_bodies():
+def test_not_between_chunks_outside_chunked_bodies():
     parser = ResponseParser()
-    assert parser.whole_chunk(b"5\r\nhello\r\n") is None  # still in the head
+    assert not parser.between_chunks  # still in the head
     parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n")
-    assert parser.whole_chunk(b"5\r\nhello\r\n") is None
+    assert not parser.between_chunks
     assert parser.feed(b"5\r\nhello\r\n") == [b"5\r\nhello\r\n"]
+
+
+@FAST
+@given(st.data())
+def test_between_chunks_is_the_parsers_state_after_any_feed(data):
+    """The attribute is kept as the state moves: after every feed, at any split of any
+    response, it says what the state does (between two chunks, nothing partial held)."""
+    body = b"".join(
+        b"%x\r\n%b\r\n" % (len(p), p)
+        for p in data.draw(st.lists(st.binary(min_size=1, max_size=9), max_size=4))
+    )
+    raw = data.draw(
+        st.sampled_from(
+            [
+                CHUNKED + body + b"0\r\n\r\n",
+                CHUNKED + body + b"0\r\nT: 1\r\n\r\n",
+                CHUNKED + body + b"1;e=1\r\nx\r\n0\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
+                CHUNKED + body + b"zz\r\n",
+            ]
+        )
+    )
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
+    parser = ResponseParser()
+    for start, stop in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+        try:
+            parser.feed(raw[start:stop])
+        except ProtocolError:
+            break
+        finally:
+            assert parser.between_chunks is (parser._state == _SIZE and not parser._buf)
+        if parser.between_chunks:
+            found = parser.whole_chunks(raw[stop:])
+            assert found is None or parser.done or parser.between_chunks
+            break
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ cover the same path end to end."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -38,7 +39,7 @@ async def drain_never_called() -> None:
 class Conn:
     # These tests are of the Python path: no token lane is ever opened on this connection
     # (tests/unit/relay/data/test_token_lane.py has the lanes, against the Python path).
-    between_chunks = False
+    parser = SimpleNamespace(between_chunks=False)
 
     def __init__(self) -> None:
         self.closed = False
@@ -164,6 +165,21 @@ def test_the_read_that_ends_the_body_goes_out_with_the_last_chunk_in_one_write()
         b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(EVENT), EVENT, len(DONE), DONE)
     ]
     assert relay.terminated and relay.ended == Verdict.OK
+    assert relay.sent == len(transport.written[0])
+    assert timeline.stream_tokens == 1
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_read_of_whole_chunks_that_ends_the_body_goes_out_as_received(chunked):
+    """The read that ended the body was whole chunks and the last one (``frames``): a
+    chunked client gets those bytes as they came, as for any read of whole chunks; one
+    that is not gets the pieces bare. Either way each piece is measured."""
+    frames = b"%x\r\n%b\r\n%x\r\n%b\r\n000\r\n\r\n" % (len(EVENT), EVENT, len(DONE), DONE)
+    transport = Transport()
+    relay, _, timeline = _relay(transport, chunked=chunked)
+    relay.last([EVENT, DONE], frames)
+    assert transport.written == [frames if chunked else EVENT + DONE]
+    assert relay.terminated is chunked and relay.ended == Verdict.OK
     assert relay.sent == len(transport.written[0])
     assert timeline.stream_tokens == 1
 

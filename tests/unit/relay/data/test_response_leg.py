@@ -6,6 +6,7 @@ wait for a client that is behind, and the stalled reader let go. The integration
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -45,7 +46,7 @@ class Transport:
 class Conn:
     """The upstream connection: pushes nothing by itself (the test calls the sink)."""
 
-    between_chunks = False
+    parser = SimpleNamespace(between_chunks=False)
 
     def __init__(self) -> None:
         self.closed = False
