@@ -29,7 +29,9 @@ from .prometheus_internals import (
     Children,
     Count,
     Observed,
+    Row,
     SeriesGate,
+    Slot,
     count_of,
     drop_label_value,
     is_labelled_parent,
@@ -46,6 +48,18 @@ __all__ = [
 
 SERIES_REFUSED_FATES = ("other", "dropped")
 """What became of an update whose series the budget refused (``llm_series_refused_total``)."""
+
+RowKey = tuple[str, str, str, str, str, str, str, str, str, bool | None, bool | None, bool | None]
+"""A request's label values, as :meth:`SidecarMetrics.record` keys its row: model, route,
+code, outcome, error type, tenant, prompt class, cache class, token count source, and the
+objectives' verdicts (ttft, tpot, all; None: not judged)."""
+
+_ITL_SLOT = 10
+"""The ITL histogram's slot in a request's row (:meth:`SidecarMetrics._row`)."""
+_ROWS_KEPT = 4096
+"""Rows kept at most (each a combination of label values seen); past it they start afresh."""
+_FINISH_LABELS_KEPT = 256
+"""Finish reasons, as the upstream spells them, whose label is kept once worked out."""
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -279,6 +293,8 @@ class SidecarMetrics:
         for family in FAMILIES:
             setattr(self, family.attr, family.make(registry, tenants))
         self._children_of()
+        self._rows: dict[RowKey, Row] = {}  # a request's cells by its label values (record)
+        self._finish_labels: dict[str, str] = {}  # finish_reason_label's, by the raw reason
         self._overhead_request = Observed(self.overhead.labels("request"))
         self._overhead_response = Observed(self.overhead.labels("response"))
         # Made now, at 0, and never removed: counting a refusal must not itself need a
@@ -411,6 +427,7 @@ class SidecarMetrics:
         and the children kept for it."""
         for children in self._children:
             children.forget(label, value)
+        self._rows.clear()  # some rows hold a removed child
         return sum(
             drop_label_value(m, label, value) for m in self._labelled() if label in label_names(m)
         )
@@ -456,10 +473,12 @@ class SidecarMetrics:
     def record(self, t: RequestSummary) -> None:
         """Observe one finished request (its summary). Called exactly once per request.
 
-        Each family's cell is looked up in one step under a key of the label values, in the
-        order its by-name labels give them (``Children.remember`` holds the two together)."""
+        The families a request moves are one :class:`Row` per combination of its label
+        values, made at the combination's first request: recording is one lookup of the row
+        and one write of the request's figures into it (:meth:`_row` says which slot is
+        which). Finish reasons, a request's few, are counted apart, each by its label."""
         model, route = t.model_label, t.route
-        outcome = t.outcome.value
+        outcome = t.outcome._value_
         code = t.code
         k: tuple[str, ...]  # a family's key: its label values in their by-name order
         if not t.api:
@@ -476,13 +495,103 @@ class SidecarMetrics:
             self._record_overhead(t)  # the sidecar's own cost, whatever it relayed
             return
         tenant = (t.tenant or UNKNOWN) if self.tenants else UNKNOWN
-        error_type = t.error_type
-        requests = self.c_requests
-        k = (model, route, code, outcome, error_type, tenant)
-        (
-            requests.memo.get(k)
-            or requests.remember(
-                k,
+        streamed = t.streamed
+        ttft = t.ttft if streamed else None
+        prompt_class = cache = ""
+        if ttft is not None:
+            prompt_class = self.prompt_class(t.input_tokens)
+            if t.cache is not None and t.cache is not CacheClass.UNKNOWN:
+                cache = t.cache._value_  # unknown: the TTFT histogram already has it
+        judged = t.judgement
+        ttft_met = tpot_met = met = None
+        if judged is not None:
+            ttft_met, tpot_met, met = judged.ttft_met, judged.tpot_met, judged.met
+        key: RowKey = (
+            model, route, code, outcome, t.error_type, tenant, prompt_class, cache,
+            t.token_count_source._value_, ttft_met, tpot_met, met,
+        )  # fmt: skip
+        row = self._rows.get(key)
+        if row is None:
+            row = self._row(key)
+        ok = t.outcome is Outcome.OK
+        inputs, outputs = t.input_tokens, t.output_tokens
+        engine = t.engine
+        first_call = t.time_to_first_tool_call if streamed else None
+        gaps = t.gaps if streamed else None
+        # The slots, in the order of _row. A cancelled request's duration is when its client
+        # chose to leave, not how the server did: llm_requests_total counts it, no
+        # distribution holds it. A token count of 0 moves no counter (no series for it).
+        row.write(
+            (
+                1,
+                None if t.outcome is Outcome.CANCELLED else t.e2e,
+                t.ttfb,
+                t.parse_errors or None,
+                ttft,
+                ttft if cache else None,
+                t.ttfat if streamed else None,
+                first_call,
+                None if first_call is None else t.tool_call_assembly,
+                None if first_call is None else t.tool_call_count,
+                gaps or None,
+                t.tpot if streamed else None,
+                t.tokens_per_second if streamed else None,
+                inputs or None,
+                inputs if ok else None,
+                outputs or None,
+                outputs if ok else None,
+                t.reasoning_tokens or None,
+                t.cached_input_tokens or None,
+                1,
+                None if engine is None else engine.load_seconds,
+                None if engine is None else engine.prefill_seconds,
+                None if engine is None else engine.decode_seconds,
+                None if engine is None else engine.queue_seconds,
+                t.request_overhead,
+                t.response_overhead,
+                1 if self.slo is not None and self.slo.met_by(t) else None,
+                None if ttft_met is None else 1,
+                None if tpot_met is None else 1,
+                None if met is None else 1,
+            ),
+            {"trace_id": t.trace_id} if t.trace_id else None,  # an exemplar: the bucket's trace
+        )
+        if gaps and t.gap_runs:
+            itl = row.cell(_ITL_SLOT)
+            for index, count in t.gap_runs:  # k tokens of one event: k gaps, one entry
+                itl.observe_repeated(gaps[index], count - 1)
+        reasons = t.finish_reasons
+        if reasons:
+            finish = self.c_finish_reasons
+            labels = self._finish_labels
+            for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:
+                reason = labels[raw] if raw in labels else None
+                if reason is None:
+                    reason = finish_reason_label(raw)
+                    if len(labels) < _FINISH_LABELS_KEPT:
+                        labels[raw] = reason
+                k = (model, route, reason)
+                (
+                    finish.memo.get(k)
+                    or finish.remember(k, {"model": model, "route": route, "finish_reason": reason})
+                ).add(1)
+        if t.objectives_invalid:
+            for name in t.objectives_invalid:
+                self.c_request_objective_invalid.get({"route": route, "objective": name}).add(1)
+
+    def _row(self, key: RowKey) -> Row:
+        """The row for ``key`` (:meth:`record`'s label values), kept: one slot per family
+        update a request may make, in the order :meth:`record` writes them (so a new label
+        combination makes its series in the same order, family by family, as always)."""
+        model, route, code, outcome, error_type, tenant, prompt_class, cache, source = key[:9]
+        ttft_met, tpot_met, met = key[9:]
+        m: ModelOnly = {"model": model}
+
+        def result(judged: bool | None) -> str:
+            return "met" if judged else "missed"
+
+        slots = [
+            self.c_requests.slot(
                 {
                     "model": model,
                     "route": route,
@@ -490,82 +599,57 @@ class SidecarMetrics:
                     "outcome": outcome,
                     "error_type": error_type,
                     "tenant": tenant,
-                },
-            )
-        ).add(1)
-        reasons = t.finish_reasons
-        if reasons:
-            finish = self.c_finish_reasons
-            for raw in reasons[:MAX_FINISH_REASONS_PER_REQUEST]:
-                reason = finish_reason_label(raw)
-                k = (model, route, reason)
-                (
-                    finish.memo.get(k)
-                    or finish.remember(k, {"model": model, "route": route, "finish_reason": reason})
-                ).add(1)
-        # The trace id as an exemplar links a slow bucket to its trace (OpenMetrics only).
-        ex = {"trace_id": t.trace_id} if t.trace_id else None
-        by_model: ModelOnly = {"model": model}
-        m = (model,)
-        # A cancelled request's duration is when its client chose to leave, not how the
-        # server did: llm_requests_total counts it, no distribution holds it.
-        if t.outcome is not Outcome.CANCELLED:
-            duration = self.c_duration
-            k = (model, outcome)
-            (
-                duration.memo.get(k) or duration.remember(k, {"model": model, "outcome": outcome})
-            ).observe(t.e2e, ex)
-        if t.ttfb is not None:
-            ttfb = self.c_ttfb
-            (ttfb.memo.get(m) or ttfb.remember(m, by_model)).observe(t.ttfb, ex)
-        if t.parse_errors:
-            self.c_parse_errors.get({"route": route}).add(t.parse_errors)
-        if t.streamed:
-            self._record_stream(t, by_model, ex, tenant)
-        self._record_tokens(t, model, route, tenant)
-        source = t.token_count_source.value
-        sources = self.c_token_count_source
-        k = (model, route, source)
-        (
-            sources.memo.get(k)
-            or sources.remember(k, {"model": model, "route": route, "source": source})
-        ).add(1)
-        engine = t.engine
-        if engine is not None:
-            for children, value in (
-                (self.c_upstream_load, engine.load_seconds),
-                (self.c_upstream_prefill, engine.prefill_seconds),
-                (self.c_upstream_decode, engine.decode_seconds),
-                (self.c_upstream_queue, engine.queue_seconds),
-            ):
-                if value is not None:
-                    children.get(by_model).observe(value)
-        self._record_overhead(t)
-        if self.slo is not None and self.slo.met_by(t):
-            within = self.c_within_slo
-            k = (model, tenant)
-            (within.memo.get(k) or within.remember(k, {"model": model, "tenant": tenant})).add(1)
-        if t.objectives_invalid:
-            for name in t.objectives_invalid:
-                self.c_request_objective_invalid.get({"route": route, "objective": name}).add(1)
-        judgement = t.judgement
-        if judgement is not None:
-            objectives = self.c_request_objectives
-            for name, met in judgement.verdicts():
-                result = "met" if met else "missed"
-                k = (model, name, result, tenant)
-                (
-                    objectives.memo.get(k)
-                    or objectives.remember(
-                        k,
-                        {
-                            "model": model,
-                            "objective": name,
-                            "result": result,
-                            "tenant": tenant,
-                        },
-                    )
-                ).add(1)
+                }
+            ),
+            self.c_duration.slot({"model": model, "outcome": outcome}, exemplar=True),
+            self.c_ttfb.slot(m, exemplar=True),
+            self.c_parse_errors.slot({"route": route}),
+            self.c_ttft.slot(
+                {"model": model, "prompt_class": prompt_class, "tenant": tenant}, exemplar=True
+            ),
+            self.c_ttft_by_cache.slot({"model": model, "cache": cache}, exemplar=True),
+            self.c_ttfat.slot(m, exemplar=True),
+            self.c_time_to_first_tool_call.slot(m, exemplar=True),
+            self.c_tool_call_assembly.slot(m, many=True),
+            self.c_tool_calls_per_response.slot(m),
+            self.c_itl.slot(m, many=True),
+            self.c_tpot.slot(m, exemplar=True),
+            self.c_tps.slot(m),
+            self.c_tokens.slot({"model": model, "route": route, "type": "input", "tenant": tenant}),
+            self.c_request_tokens.slot({"model": model, "type": "input"}),
+            self.c_tokens.slot(
+                {"model": model, "route": route, "type": "output", "tenant": tenant}
+            ),
+            self.c_request_tokens.slot({"model": model, "type": "output"}),
+            self.c_tokens.slot(
+                {"model": model, "route": route, "type": "reasoning", "tenant": tenant}
+            ),
+            self.c_tokens.slot(
+                {"model": model, "route": route, "type": "cached_input", "tenant": tenant}
+            ),
+            self.c_token_count_source.slot({"model": model, "route": route, "source": source}),
+            self.c_upstream_load.slot(m),
+            self.c_upstream_prefill.slot(m),
+            self.c_upstream_decode.slot(m),
+            self.c_upstream_queue.slot(m),
+            Slot.ready(self._overhead_request),
+            Slot.ready(self._overhead_response),
+            self.c_within_slo.slot({"model": model, "tenant": tenant}),
+            self.c_request_objectives.slot(
+                {"model": model, "objective": "ttft", "result": result(ttft_met), "tenant": tenant}
+            ),
+            self.c_request_objectives.slot(
+                {"model": model, "objective": "tpot", "result": result(tpot_met), "tenant": tenant}
+            ),
+            self.c_request_objectives.slot(
+                {"model": model, "objective": "all", "result": result(met), "tenant": tenant}
+            ),
+        ]
+        if len(self._rows) >= _ROWS_KEPT:
+            self._rows.clear()  # a bound on what combinations cost; they are made again
+        assert slots[_ITL_SLOT].children is self.c_itl, "record reads the ITL's cell there"
+        row = self._rows[key] = Row(slots)
+        return row
 
     def _record_overhead(self, t: RequestSummary) -> None:
         overhead = t.request_overhead
@@ -574,71 +658,3 @@ class SidecarMetrics:
         overhead = t.response_overhead
         if overhead is not None:
             self._overhead_response.observe(overhead)
-
-    def _record_stream(
-        self, t: RequestSummary, by_model: ModelOnly, ex: dict[str, str] | None, tenant: str
-    ) -> None:
-        """The stream's distributions, per model: a model's latencies are its engine's,
-        whichever API route asked (the route is on the counters)."""
-        model = by_model["model"]
-        m = (model,)
-        ttft = t.ttft
-        if ttft is not None:
-            prompt_class = self.prompt_class(t.input_tokens)
-            ttfts = self.c_ttft
-            k = (model, prompt_class, tenant)
-            (
-                ttfts.memo.get(k)
-                or ttfts.remember(
-                    k, {"model": model, "prompt_class": prompt_class, "tenant": tenant}
-                )
-            ).observe(ttft, ex)
-            cache = t.cache
-            if cache is not None and cache is not CacheClass.UNKNOWN:
-                # unknown: the TTFT histogram already has it
-                self.c_ttft_by_cache.get({"model": model, "cache": cache.value}).observe(ttft, ex)
-        if t.ttfat is not None:
-            self.c_ttfat.get(by_model).observe(t.ttfat, ex)
-        if t.time_to_first_tool_call is not None:
-            self.c_time_to_first_tool_call.get(by_model).observe(t.time_to_first_tool_call, ex)
-            self.c_tool_call_assembly.get(by_model).observe_many(t.tool_call_assembly)
-            self.c_tool_calls_per_response.get(by_model).observe(t.tool_call_count)
-        gaps = t.gaps
-        if gaps:
-            itls = self.c_itl
-            itl = itls.memo.get(m) or itls.remember(m, by_model)
-            itl.observe_many(gaps)
-            for index, count in t.gap_runs:  # k tokens of one event: k gaps, one entry
-                itl.observe_repeated(gaps[index], count - 1)
-        if t.tpot is not None:
-            tpot = self.c_tpot
-            (tpot.memo.get(m) or tpot.remember(m, by_model)).observe(t.tpot, ex)
-        if t.tokens_per_second is not None:
-            tps = self.c_tps
-            (tps.memo.get(m) or tps.remember(m, by_model)).observe(t.tokens_per_second)
-
-    def _record_tokens(self, t: RequestSummary, model: str, route: str, tenant: str) -> None:
-        ok = t.outcome is Outcome.OK
-        tokens, per_request = self.c_tokens, self.c_request_tokens
-        for kind, value, distribution in (
-            ("input", t.input_tokens, True),
-            ("output", t.output_tokens, True),
-            ("reasoning", t.reasoning_tokens, False),
-            ("cached_input", t.cached_input_tokens, False),
-        ):
-            if value is None:
-                continue
-            if value:
-                k = (model, route, kind, tenant)
-                (
-                    tokens.memo.get(k)
-                    or tokens.remember(
-                        k, {"model": model, "route": route, "type": kind, "tenant": tenant}
-                    )
-                ).add(value)
-            if distribution and ok:
-                k2 = (model, kind)
-                (
-                    per_request.memo.get(k2)
-                    or per_request.remember(k2, {"model": model, "type": kind})
-                ).observe(value)
