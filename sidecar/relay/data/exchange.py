@@ -49,7 +49,7 @@ Faults map to what a client can act on:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from functools import partial
 from http import HTTPStatus
@@ -67,7 +67,6 @@ from .body_budget import BodyBudget
 from .body_relay import BodyRelay
 from .client_head import client_head
 from .forwarded import peer_of, request_headers
-from .http1 import ResponseHead
 from .limits import RelayLimits
 from .request_body import (
     BodyRefused,
@@ -81,7 +80,8 @@ from .request_body import (
     refusal,
     upstream_target,
 )
-from .upstream import Sent, UpstreamConnection, UpstreamError, UpstreamPool
+from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
+from .upstream_request import UpstreamRequest
 
 if TYPE_CHECKING:
     from ...measure.record import RecordBook, RequestRecord
@@ -172,14 +172,13 @@ class Exchange:
     """One request's request leg, from its head to its verdict (the module doc). The
     connection calls :meth:`start` once it took the request off its queue, :meth:`body_arrived`
     after each read while the body is still coming, :meth:`client_drained` when its transport
-    drains and :meth:`client_gone` when it is lost. ``sent``/``pending``: how the request is
-    on its way upstream (written on an idle pooled connection, or a task connecting or
-    streaming its body)."""
+    drains and :meth:`client_gone` when it is lost. How the request is asked of the pool is
+    its :class:`~sidecar.relay.data.upstream_request.UpstreamRequest`'s."""
 
     __slots__ = (
         "_start", "_carrier", "_connection", "_pool", "_message", "_payload", "_route",
-        "_path_model", "_held", "_streamed", "_record", "_conn", "_leg", "state", "keep_alive",
-        "sent", "pending",
+        "_path_model", "_held", "_streamed", "_record", "asked", "_conn", "_leg", "state",
+        "keep_alive",
     )  # fmt: skip
 
     def __init__(
@@ -200,13 +199,12 @@ class Exchange:
         self._held: HeldBody | None = None  # a body read whole before it is sent
         self._streamed: BoundedBody | None = None  # a body streamed upstream, until answered
         self._record: RequestRecord | None = None  # opened as the request goes upstream
+        self.asked: UpstreamRequest | None = None  # how it was asked of the pool, once it was
         self._conn: UpstreamConnection | None = None  # the upstream connection that answered
         self._leg: BodyRelay | None = None  # the response leg, from RELAYING
         self.state = RECEIVING
         # After an Upgrade the connection's bytes are no HTTP: it closes after the answer.
         self.keep_alive = not message.should_close and not message.upgrade
-        self.sent: Sent | None = None
-        self.pending: asyncio.Future[UpstreamConnection] | None = None
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -298,63 +296,33 @@ class Exchange:
         fields = request_headers(message, transport, body_is_bytes=body is not None)
         self._carrier.records.trace_into(record, fields)
         headers = list(fields.items())
+        asked = self.asked = UpstreamRequest(pool, self._answered, self._mark_sent)
         if streamed is not None:
             self._streamed = streamed
-            self._connect(pool.request(method, target, headers, streamed))
+            asked.stream(method, target, headers, streamed)
             return
         try:
-            sent = pool.send_now(method, target, headers, body)
+            if asked.send(method, target, headers, body):
+                record.timeline.upstream_sent = clock()
         except ValueError:  # a field line that cannot be written
             _log.exception("request_not_sendable")
             self._fail(Verdict.INTERNAL, "the request has a header field that cannot be relayed")
-            return
-        if sent is not None:
-            record.timeline.upstream_sent = clock()
-            self.sent = sent
-            sent.waiter.add_done_callback(self._head_in)
-        else:
-            self._connect(pool.request(method, target, headers, body, self._mark_sent))
 
     def _mark_sent(self) -> None:
         if self._record is not None:
             self._record.timeline.upstream_sent = self._carrier.clock()
 
-    def _connect(self, answer: Coroutine[object, object, UpstreamConnection]) -> None:
-        """Await the answer in a task (no idle connection: one connects and sends it; a body
-        streamed; or the pooled one was closed under it: the pool's one retry)."""
-        self.pending = pending = asyncio.ensure_future(answer)
-        pending.add_done_callback(self._answered)
-
-    def _head_in(self, waiter: asyncio.Future[ResponseHead]) -> None:
-        """The head of the answer on the pooled connection arrived, or it failed."""
-        failed = waiter.cancelled() or waiter.exception() is not None
-        if self.state is DONE:
-            return
-        sent = self.sent
-        assert sent is not None
-        if failed:  # the pool decides (a reused connection closed under it: once more)
-            assert self._pool is not None
-            self._connect(self._pool.response(sent))
-            return
-        self._guarded(self._respond, sent.conn)
-
-    def _answered(self, pending: asyncio.Future[UpstreamConnection]) -> None:
-        if pending.cancelled():
-            return
-        exc = pending.exception()
-        if self.state is DONE:  # the client went: the answer is for nobody
-            if exc is None:
-                pending.result().close()
-            return
-        if isinstance(exc, BodyRefused):  # the streamed body broke a limit: cut off upstream
-            self._guarded(self._refuse, exc.refusal)
-        elif isinstance(exc, UpstreamError):
-            self._guarded(self._fail, exc.verdict, str(exc))
-        elif exc is not None:
-            _log.error("upstream_request_failed", exc_info=exc)
-            self._guarded(self._fail, Verdict.INTERNAL, _FAILED)
+    def _answered(self, conn: UpstreamConnection | None, error: BaseException | None) -> None:
+        """The upstream's answer: the connection its head came in on, or why there is none."""
+        if conn is not None:
+            self._guarded(self._respond, conn)
+        elif isinstance(error, BodyRefused):  # the streamed body broke a limit: cut off upstream
+            self._guarded(self._refuse, error.refusal)
+        elif isinstance(error, UpstreamError):
+            self._guarded(self._fail, error.verdict, str(error))
         else:
-            self._guarded(self._respond, pending.result())
+            _log.error("upstream_request_failed", exc_info=error)
+            self._guarded(self._fail, Verdict.INTERNAL, _FAILED)
 
     def _respond(self, conn: UpstreamConnection) -> None:
         """The upstream's head is in: the response leg takes over."""
@@ -409,10 +377,6 @@ class Exchange:
     # -- the first door: no response head was written ------------------------------------
 
     def _client_left(self) -> None:
-        if self.sent is not None and self._conn is None:
-            self.sent.conn.close()
-        if self.pending is not None and not self.pending.done():
-            self.pending.cancel()  # the pool closes the connection it was using
         self._end_early(Verdict.CLIENT_DISCONNECTED, None, keep_alive=False)
 
     def _fail(self, verdict: Verdict, text: str) -> None:
@@ -458,6 +422,8 @@ class Exchange:
         self.state = DONE
         if self._held is not None:  # (a held body that never came whole)
             self._held.release()
+        if self.asked is not None:  # (an answer not in yet is for nobody)
+            self.asked.cancel()
         conn = self._conn
         if conn is not None and self._pool is not None:
             # A complete keep-alive response returns the connection to the pool; anything else

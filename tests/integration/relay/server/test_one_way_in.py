@@ -234,8 +234,8 @@ async def test_a_request_is_sent_on_a_new_connection_then_on_the_pooled_one():
     and sends it), the second takes the pooled one and is written from the read itself."""
     side, answers = await through(post(), post())
     assert all(a.endswith(b"0\r\n\r\n") and b"[DONE]" in a for a in answers)
-    assert side.records[0].pending is not None  # type: ignore[attr-defined]
-    assert side.records[1].sent is not None  # type: ignore[attr-defined]
+    assert not side.records[0].asked.written_at_once  # type: ignore[attr-defined]
+    assert side.records[1].asked.written_at_once  # type: ignore[attr-defined]
     assert side.counted("ok") == 2 and side.handled == 0
 
 
@@ -384,7 +384,7 @@ async def sent_then_stopped_and_counted_once(on: Side) -> None:
     await asyncio.wait_for(upstream.eof.wait(), 5.0)
     await asyncio.sleep(0.05)
     assert on.counted("cancelled") == 1 and on.counted("ok") == 1
-    assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+    assert on.records[1] is not None and on.records[1].asked.written_at_once  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("body", [b"not json", b"[1, 2]"], ids=["not-json", "not-an-object"])
@@ -399,7 +399,7 @@ async def test_a_gone_clients_request_whose_body_has_no_fields_is_recorded(body,
         sock.sendall(post(body=body))
         sock.close()
         await wait_for(lambda: on.counted("cancelled") == 1, timeout=5.0)
-        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+        assert on.records[1] is not None and on.records[1].asked.written_at_once  # type: ignore[attr-defined]
         if tracing:
             await wait_for(lambda: len(exporter.get_finished_spans()) == 2, timeout=5.0)
             gone = exporter.get_finished_spans()[1]
@@ -425,7 +425,7 @@ async def test_with_tracing_on_the_span_goes_upstream_and_a_gone_client_ends_it_
         sock.sendall(traced)
         sock.close()  # request and FIN together
         await wait_for(lambda: len(exporter.get_finished_spans()) == 2, timeout=5.0)
-        assert on.records[1] is not None and on.records[1].sent is not None  # type: ignore[attr-defined]
+        assert on.records[1] is not None and on.records[1].asked.written_at_once  # type: ignore[attr-defined]
     first, gone = exporter.get_finished_spans()
     for span, request in zip((first, gone), on.upstream.requests[-2:], strict=True):
         assert span.context.trace_id == int(client_trace, 16)
@@ -512,7 +512,7 @@ def reads(monkeypatch) -> dict[int, list[int]]:
 
 def on_its_way(record) -> bool:
     """The hook carried it, and it went upstream (on a pooled connection, or a task connecting)."""
-    return record is not None and (record.sent is not None or record.pending is not None)
+    return record is not None and record.asked is not None
 
 
 def recorded(case: str) -> tuple[list[bytes], list[bytes]]:
@@ -542,7 +542,8 @@ async def test_a_body_read_after_its_head_goes_upstream_from_that_read_with_the_
     assert reads[side.port] == [len(request[0]), len(request[1])] * 2  # apart
     assert side.relayed == relayed and got == answers
     assert len(side.records) == 2 and all(on_its_way(r) for r in side.records)
-    assert side.records[0].pending is not None and side.records[1].sent is not None  # type: ignore[attr-defined]
+    assert not side.records[0].asked.written_at_once  # type: ignore[attr-defined]
+    assert side.records[1].asked.written_at_once  # type: ignore[attr-defined]
     assert side.counted("ok") == 2 and side.handled == 0
 
 
