@@ -114,7 +114,11 @@ class ProxyConnection(asyncio.Protocol):
         # MAX_QUEUED of them), and whether the one being answered is owed its count.
         self._counted = 0
         self._owed = False
-        self._payload_open = False  # the last head's body is still arriving
+        # The last head's body is still arriving. Kept after every feed (the parser is all
+        # that completes a body), so it says what ``_payload.is_eof()`` would, and of any
+        # earlier head's body that it is complete: the parser reads a head only after the
+        # body before it.
+        self._payload_open = False
         self._carried_body: StreamReader | None = None  # the body of the request answered
         self._lingering: float | None = None  # reading a body's rest away: its last read
 
@@ -239,8 +243,7 @@ class ProxyConnection(asyncio.Protocol):
         """Feed one read to the parser, held to the whole-head budget; the requests it
         completes join the queue (none after an upgrade offer)."""
         budget = self._budget
-        payload = self._payload
-        in_head = budget is not None and (payload is None or payload.is_eof())
+        in_head = budget is not None and not self._payload_open
         queue = self._queue
         queued = len(queue)
         refused = self._feed(data)
@@ -336,7 +339,7 @@ class ProxyConnection(asyncio.Protocol):
                 self._refuse_now(self._port.guard.refused_unparsed(message.exc, self._peer()))
                 return
             assert payload is not None
-            if payload.is_eof():
+            if payload is not self._payload or not self._payload_open:  # its body is all in
                 self._consumed()  # a slot of the parser's own queue is free again
             else:
                 self._owed = True  # its slot, once the parser counts it (its body ends)
@@ -363,7 +366,7 @@ class ProxyConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             self._closing = True
             return
-        if body is not None and not body.is_eof():
+        if body is not None and body is self._payload and self._payload_open:  # (not all in)
             self._linger()
             return
         if not keep_alive or self._closing or self._upgraded:
