@@ -73,11 +73,8 @@ from .request_body import (
     BoundedBody,
     HeldBody,
     Refusal,
-    declared_length,
-    has_body,
-    holds_whole,
+    head_says,
     late_fields,
-    refusal,
     upstream_target,
 )
 from .upstream import UpstreamConnection, UpstreamError, UpstreamPool
@@ -223,25 +220,19 @@ class Exchange:
             return
         self._pool = carrier.pool()
         limits = carrier.limits
-        length = declared_length(headers)
-        refused = refusal(message, limits, length)
-        expect = headers.get("Expect") if message.version == HttpVersion11 else None
-        if refused is None and expect is not None and expect.lower() != "100-continue":
-            refused = 417, "expectation_failed", "only Expect: 100-continue is understood"
-        if refused is not None:
-            self._refuse(refused)
+        says = head_says(message, self._route, limits)
+        if says.refused is not None:
+            self._refuse(says.refused)
             return
-        if expect is not None:  # invite the body, as aiohttp's default handler does
+        if says.expect:  # invite the body, as aiohttp's default handler does
             transport = self._connection.transport
             if transport is not None and not transport.is_closing():
                 transport.write(CONTINUE)
-        if not has_body(message, length):
+        if not says.body:
             self._send(None)
             return
         payload = self._payload
-        size = holds_whole(
-            message.method, self._route, headers, length, limits.max_request_inspect_bytes
-        )
+        size = says.hold
         if size and payload.is_eof():  # it came with its head: all of it in one read
             self._send(payload.read_nowait())
             return

@@ -21,7 +21,7 @@ DESIGN, "Where it sits".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
@@ -36,14 +36,12 @@ from .limits import RelayLimits
 __all__ = [
     "BodyRefused",
     "BoundedBody",
+    "HeadSays",
     "HeldBody",
     "Refusal",
-    "has_body",
-    "holds_whole",
-    "declared_length",
+    "head_says",
     "late_fields",
     "malformed",
-    "refusal",
     "stalled",
     "too_large",
     "upstream_target",
@@ -66,70 +64,76 @@ def malformed() -> Refusal:
     return 400, "bad_request", "the request body's framing is malformed"
 
 
-def declared_length(headers: Mapping[str, str]) -> int | None:
-    """The body's length its ``Content-Length`` states (digits only), else None. Read once
-    a request: the parser has refused a malformed or conflicting one already."""
-    length = headers.get("Content-Length")
-    return int(length) if length is not None and length.isdigit() else None
+class HeadSays:
+    """What a request's head says of its body (:func:`head_says`): ``refused``, the
+    sidecar's own answer instead of asking the upstream (or None); ``expect``: it asked for
+    ``100-continue`` (the body is invited); ``body``: a body follows the head; ``hold``: the
+    length of a body held whole before it is sent, else 0 (streamed, or none)."""
 
+    __slots__ = ("refused", "expect", "body", "hold")
 
-def refusal(message: RawRequestMessage, limits: RelayLimits, length: int | None) -> Refusal | None:
-    """Why the request is refused without asking the upstream (its head alone says), or None;
-    ``length``: its :func:`declared_length`."""
-    if message.method == "CONNECT":
-        # A tunnel to wherever the client names: never what an inference server is for.
-        return 405, "method_not_allowed", "CONNECT is not relayed"
-    if message.version.major != 1:  # HTTP/1.x only on this port (relayed as 1.1 otherwise)
-        return 505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are relayed"
-    headers = message.headers
-    host = headers.get("Host")
-    if host is not None and not _valid_host(host):
-        return 400, "bad_request", "the Host header is not a valid host"
-    limit = limits.max_request_body_bytes
-    if length is not None and length > limit:
-        return too_large(limit)
-    coding = headers.get("Transfer-Encoding")
-    if coding is not None:
-        if message.version < HttpVersion11:
-            return 400, "bad_request", "Transfer-Encoding is not allowed in an HTTP/1.0 request"
-        if coding.strip().lower() != "chunked":
-            # aiohttp decodes only chunked and would relay "gzip, chunked" still compressed.
-            return (
-                501,
-                "unsupported_transfer_coding",
-                "only Transfer-Encoding: chunked is supported",
-            )
-    return None
+    def __init__(self, refused: Refusal | None, expect: bool, body: bool, hold: int) -> None:
+        self.refused = refused
+        self.expect = expect
+        self.body = body
+        self.hold = hold
 
 
 _NOT_IN_HOST = frozenset(" \t/\\?#@\x7f") | frozenset(map(chr, range(32)))
 
 
-def _valid_host(host: str) -> bool:
-    """A host and optional port (RFC 9110 section 7.2): no whitespace, path, query, userinfo
-    or control characters (nginx refuses them with 400; an upstream that builds URLs from
-    Host would read them as something else)."""
-    return host.isascii() and _NOT_IN_HOST.isdisjoint(host)
-
-
-def holds_whole(
-    method: str, route: Route, headers: Mapping[str, str], length: int | None, limit: int
-) -> int:
-    """The length of a body held whole before it is sent (a known API route's ``POST`` with
-    a ``Content-Length``, its :func:`declared_length`, within ``limit``), else 0: streamed,
-    or no body."""
-    if method != "POST" or route is OTHER or "Transfer-Encoding" in headers or length is None:
-        return 0
-    return length if length <= limit else 0
-
-
-def has_body(message: RawRequestMessage, length: int | None) -> bool:
-    """A body follows the head (aiohttp's ``body_exists``: chunked, or a length above 0). An
+def head_says(message: RawRequestMessage, route: Route, limits: RelayLimits) -> HeadSays:
+    """Read a request's head once for its body: the refusals its head alone gives (a
+    CONNECT tunnel 405, not HTTP/1.x 505, a Host that is not a host 400, a ``Content-Length``
+    over ``max_request_body_bytes`` 413, ``Transfer-Encoding`` in HTTP/1.0 400 or other than
+    plain ``chunked`` 501, an ``Expect`` other than ``100-continue`` 417, in that order);
+    else whether a body follows (aiohttp's ``body_exists``: chunked, or a length above 0; an
     upgrade offer's body too: the offer is hop-by-hop and dropped, the request relayed as a
-    plain one, so its body goes with it (sending its head alone would let the upstream read
-    the next request on the pooled connection as this one's body). ``length``: its
-    :func:`declared_length`."""
-    return message.chunked or (length is not None and length > 0)
+    plain one, so its body goes with it), and whether it is held whole: a known API route's
+    ``POST`` with a ``Content-Length`` within ``max_request_inspect_bytes``, read for its
+    fields. The parser has refused a malformed or conflicting ``Content-Length`` already;
+    the fields a request rarely has are looked for before they are read."""
+    headers = message.headers
+    length_field = headers.get("Content-Length")
+    length = int(length_field) if length_field is not None and length_field.isdigit() else None
+    coding = headers["Transfer-Encoding"] if "Transfer-Encoding" in headers else None
+    expect = headers["Expect"] if message.version == HttpVersion11 and "Expect" in headers else None
+    refused: Refusal | None = None
+    limit = limits.max_request_body_bytes
+    if message.method == "CONNECT":
+        # A tunnel to wherever the client names: never what an inference server is for.
+        refused = 405, "method_not_allowed", "CONNECT is not relayed"
+    elif message.version.major != 1:  # HTTP/1.x only on this port (relayed as 1.1 otherwise)
+        refused = 505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are relayed"
+    elif not _valid_host(headers.get("Host")):
+        refused = 400, "bad_request", "the Host header is not a valid host"
+    elif length is not None and length > limit:
+        refused = too_large(limit)
+    elif coding is not None and message.version < HttpVersion11:
+        refused = 400, "bad_request", "Transfer-Encoding is not allowed in an HTTP/1.0 request"
+    elif coding is not None and coding.strip().lower() != "chunked":
+        # aiohttp decodes only chunked and would relay "gzip, chunked" still compressed.
+        refused = 501, "unsupported_transfer_coding", "only Transfer-Encoding: chunked is supported"
+    elif expect is not None and expect.lower() != "100-continue":
+        refused = 417, "expectation_failed", "only Expect: 100-continue is understood"
+    hold = (
+        length
+        if message.method == "POST"
+        and route is not OTHER
+        and coding is None
+        and length is not None
+        and length <= limits.max_request_inspect_bytes
+        else 0
+    )
+    body = message.chunked or (length is not None and length > 0)
+    return HeadSays(refused, expect is not None, body, hold)
+
+
+def _valid_host(host: str | None) -> bool:
+    """No Host, or a host and optional port (RFC 9110 section 7.2): no whitespace, path,
+    query, userinfo or control characters (nginx refuses them with 400; an upstream that
+    builds URLs from Host would read them as something else)."""
+    return host is None or (host.isascii() and _NOT_IN_HOST.isdisjoint(host))
 
 
 def upstream_target(message: RawRequestMessage) -> str:
