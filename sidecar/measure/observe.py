@@ -21,7 +21,7 @@ import structlog
 
 from ..base.routes import Route
 from ..streams.dialects import StreamDialect, dialect_of
-from ..streams.protocols.events import DialectEvent, ParseError, Tokens
+from ..streams.protocols.events import DialectEvent, ParseError
 from .json_skeleton import JsonSkeleton
 from .timeline import RequestTimeline
 
@@ -38,11 +38,19 @@ than the skeleton for the common small body, and a bounded set of objects, freed
 
 _log = structlog.get_logger("sidecar.observe")
 
+_MIMES: dict[str, str] = {}
+"""A ``Content-Type`` value's media type, lowered, by the value as the server wrote it (a
+server writes one or two values, every response)."""
+_MIMES_KEPT = 64
+
 
 class ResponseObserver:
     """Per-response: decides how to read the body from its content type, then reads it."""
 
     __slots__ = (
+        "timeline",
+        "streaming",
+        "templated",
         "_timeline",
         "_dialect",
         "_json_parser",
@@ -62,7 +70,9 @@ class ResponseObserver:
         max_line_bytes: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self._timeline = timeline
+        self._timeline = self.timeline = timeline
+        self.streaming = False  # a token stream, read by its dialect
+        self.templated = False  # whose dialect may learn a repeating event's template
         dialect = dialect_of(route)
         if (
             dialect is not None
@@ -79,9 +89,13 @@ class ResponseObserver:
         self._skeleton: JsonSkeleton | None = None  # once the body outgrew SMALL_JSON_BYTES
         if content_encoding and content_encoding.lower() != "identity":
             return  # compressed bytes: relayed untouched, not interpreted
-        mime = content_type.split(";", 1)[0].strip().lower()
         if dialect is None:
             return
+        mime = _MIMES.get(content_type)
+        if mime is None:
+            mime = content_type.split(";", 1)[0].strip().lower()
+            if len(_MIMES) < _MIMES_KEPT:
+                _MIMES[content_type] = mime
         if mime == route.stream_mime:
             kwargs: dict[str, int | str | None] = (
                 {"max_line_bytes": max_line_bytes} if max_line_bytes else {}
@@ -89,35 +103,23 @@ class ResponseObserver:
             if route.model_from_path:
                 kwargs["model"] = timeline.model or None
             self._dialect = dialect.stream(**kwargs)
+            self.streaming = True
+            # (a templated dialect learns from the start: sidecar/streams/protocols/template.py)
+            self.templated = getattr(self._dialect, "_learning", 0) > 0
             timeline.end_marker_expected = getattr(self._dialect, "HAS_END_MARKER", False)
         elif mime == "application/json":
             self._json_parser = dialect.json
-
-    @property
-    def streaming(self) -> bool:
-        return self._dialect is not None
-
-    @property
-    def timeline(self) -> RequestTimeline:
-        return self._timeline
-
-    @property
-    def templated(self) -> bool:
-        """Whether this response's dialect may learn a repeating event's template
-        (:mod:`sidecar.streams.protocols.template`): only those can have a token lane."""
-        return getattr(self._dialect, "_learning", 0) > 0
 
     def steady(self) -> tuple[EventTemplate, TokenKind] | None:
         """``(template, kind)`` while the dialect has a template armed whose event is one
         token of ``kind`` (a :class:`~sidecar.streams.protocols.events.TokenKind`): what
         :mod:`sidecar.relay.data.token_lane` builds a lane from; else None."""
-        memo = getattr(self._dialect, "_memo", None)
-        if memo is None:
+        if not self.templated:
             return None
-        events = memo.events
-        if len(events) != 1 or type(events[0]) is not Tokens or events[0].count != 1:
+        memo: EventTemplate | None = self._dialect._memo  # type: ignore[union-attr]  # templated: an SSEJSONDialect
+        if memo is None or memo.one_token is None:
             return None
-        return memo, events[0].kind
+        return memo, memo.one_token
 
     def feed(self, chunk: bytes, now: float) -> None:
         """``now``: when the proxy read the chunk from the upstream, before relaying it."""
@@ -214,6 +216,7 @@ class ResponseObserver:
     def _give_up(self, where: str) -> None:
         _log.exception("dialect_failed", where=where, route=self._timeline.route)
         self._dialect = None
+        self.streaming = self.templated = False
         self._timeline.parse_errors += 1
         # Unread from here on: whether the end marker came is unknown, not missing.
         self._timeline.end_marker_expected = False

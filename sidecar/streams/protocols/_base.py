@@ -113,46 +113,56 @@ class SSEJSONDialect:
                     self._memo = None
                 return out
             self._memo = None  # another shape: decoded, and it may change the state
-        if self._learning or self._candidate is not None:
-            self._learn(chunk, data, out)
-        else:
-            self._data(data, "message", out)
+        if self._candidate is not None:
+            self._confirm(self._candidate, chunk, data, out)
+            return out
+        obj = self._data(data, "message", out)
+        if obj is not None and self._learning and out and type(out[0]) is Tokens:
+            self._learn(chunk, data, obj, out)
         return out
 
-    def _learn(self, chunk: bytes, data: bytes, out: list[DialectEvent]) -> None:
-        """Decode ``data`` (``chunk``'s) as always, and learn or confirm a template on the way.
+    def _learn(
+        self, chunk: bytes, data: bytes, obj: dict[str, Any], out: list[DialectEvent]
+    ) -> None:
+        """``chunk``'s event (its ``data``, decoded as ``obj`` into ``out``) gave a token: a
+        candidate template, when it is one token event (with a tool call's piece, maybe)."""
+        events = len(out)
+        if events == 1 or (events == 2 and type(out[1]) is ToolCallDelta):
+            self._learning -= 1
+            self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
+
+    def _confirm(
+        self, candidate: EventTemplate, chunk: bytes, data: bytes, out: list[DialectEvent]
+    ) -> None:
+        """Decode ``data`` (``chunk``'s) as always, and confirm the candidate on the way.
 
         Armed only when a second event of a candidate's shape, with a different text there,
         gave the candidate's events and left the state as it was: then the text is what
         varies in that place (the rest of both events is the same bytes) and the state is a
-        fixed point of the shape, so every later event of the shape gives the same events."""
-        candidate = self._candidate
-        if candidate is not None:
-            text = candidate.text_of(chunk)
-            if text is not None:
-                before = self._state()  # type: ignore[attr-defined]  # a templated dialect's
-                obj = self._data(data, "message", out)
-                if (
-                    obj is not None
-                    and tuple(out) == candidate.events
-                    and self._state() == before  # type: ignore[attr-defined]  # a templated dialect's
-                    and self._token_text(obj) == text.decode()  # type: ignore[misc]  # set: learning
-                ):
-                    if text != candidate.text:
-                        candidate.limit = self._sse.lone_limit(candidate.spaced)
-                        candidate.text = None
-                        self._memo, self._candidate = candidate, None
-                        self._learning = self.LEARN_TRIES
-                    return  # (the same text twice: where the text is is not told apart yet)
-                self._candidate = None
-                return
-        obj = self._data(data, "message", out)
+        fixed point of the shape, so every later event of the shape gives the same events.
+        An event of another shape drops the candidate, and may give one of its own."""
+        text = candidate.text_of(chunk)
+        if text is not None:
+            before = self._state()  # type: ignore[attr-defined]  # a templated dialect's
+            obj = self._data(data, "message", out)
+            if (
+                obj is not None
+                and tuple(out) == candidate.events
+                and self._state() == before  # type: ignore[attr-defined]  # a templated dialect's
+                and self._token_text(obj) == text.decode()  # type: ignore[misc]  # set: learning
+            ):
+                if text != candidate.text:
+                    candidate.limit = self._sse.lone_limit(candidate.spaced)
+                    candidate.text = None
+                    self._memo, self._candidate = candidate, None
+                    self._learning = self.LEARN_TRIES
+                return  # (the same text twice: where the text is is not told apart yet)
+            self._candidate = None
+            return
         self._candidate = None
+        obj = self._data(data, "message", out)
         if obj is not None and self._learning and out and type(out[0]) is Tokens:
-            events = len(out)
-            if events == 1 or (events == 2 and type(out[1]) is ToolCallDelta):
-                self._learning -= 1
-                self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
+            self._learn(chunk, data, obj, out)
 
     def close(self) -> list[DialectEvent]:
         framed = self._sse.close()

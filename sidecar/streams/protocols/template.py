@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...base.speedups import plain, plain_at
+from .events import Tokens
 
 if TYPE_CHECKING:
     from .events import DialectEvent
@@ -36,13 +37,21 @@ class EventTemplate:
     the rest of the data and the blank line. Only these two byte strings are kept per stream
     (a few hundred bytes); every check is on the chunk as it came."""
 
-    __slots__ = ("text", "events", "limit", "spaced", "prefix", "suffix", "_start", "_tail")
+    __slots__ = (
+        "text", "events", "one_token", "limit", "spaced", "prefix", "suffix", "_start", "_tail",
+    )  # fmt: skip
 
     def __init__(
         self, prefix: bytes, suffix: bytes, text: bytes | None, events: tuple[DialectEvent, ...]
     ) -> None:
         self.text = text  # the text of the event it was learned from (dropped once armed)
         self.events = _shared(events)  # what the dialect made of that event
+        # The kind of the one token the event is, when it is exactly that (what a token lane
+        # stands for: sidecar/relay/data/token_lane.py); else None.
+        first = events[0] if events else None
+        self.one_token = (
+            first.kind if type(first) is Tokens and first.count == 1 and events[1:] == () else None
+        )
         self.limit = 0  # the longest event matches() takes (the framing's bound, set on arming)
         # Whether the server writes ``data: `` with its optional space (the framing's bound
         # counts the value from after it).
