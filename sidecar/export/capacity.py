@@ -75,7 +75,7 @@ class CapacityMetrics:
         seconds: dict[str, Count] = {}
 
         def sink(b: str, elapsed: float) -> None:
-            child = seconds.get(b)
+            child = seconds[b] if b in seconds else None
             if child is None:
                 if not made:
                     self._ahead(label, BANDS[0], made, above=2)
@@ -127,7 +127,8 @@ class CapacityMetrics:
             # ranges of n, so the extremes tell), and the gaps go in as one batch, without a
             # Python step per gap.
             labels: BandLabels = {"model": model_label, "concurrency": lowest}
-            itl = self.c_itl.get(labels)
+            key = (model_label, lowest)
+            itl = self.c_itl.memo.get(key) or self.c_itl.remember(key, labels)
             itl.observe_many(gaps)
             for index, count in runs:
                 itl.observe_repeated(gaps[index], count - 1)

@@ -49,8 +49,9 @@ class DecodeConcurrency:
         if self.n > 0 and self._sink is not None:
             elapsed = now - self._since
             if elapsed > 0:
+                n = self.n
                 try:
-                    self._sink(band(self.n), elapsed)
+                    self._sink(_BAND_OF[n] if n < 130 else _band(n), elapsed)  # band(n), n > 0
                 except Exception:  # measuring never breaks the relay
                     pass
         self.n += delta

@@ -187,7 +187,9 @@ def judge(
     for those) of ``model`` that asked for ``asked`` (None: no objective header), with its
     TTFT, TPOT and end-to-end seconds, whether its client left (``cancelled``) and whether it
     was ``served`` (ok with a 2xx); None when no objective applies."""
-    default_ttft, default_tpot = defaults.for_model(model)
+    default_ttft, default_tpot = (
+        defaults.for_model(model) if defaults.by_model else (defaults.ttft, defaults.tpot)
+    )  # (no override to look up: the goodput objectives, as for_model gives them)
     ttft_obj = asked.ttft if asked is not None and asked.ttft is not None else default_ttft
     tpot_obj = asked.tpot if asked is not None and asked.tpot is not None else default_tpot
     if ttft_obj is None and tpot_obj is None:

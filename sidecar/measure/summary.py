@@ -177,7 +177,7 @@ def summarize(
         call_count = len(calls)
         assembly = tuple([last_ - first_ for first_, last_ in calls.values()])
 
-    asked = t.objectives if isinstance(t.objectives, RequestObjectives) else None
+    asked = t.objectives if type(t.objectives) is RequestObjectives else None
     route = t.route
     api = route in ROUTES
     judgement = None

@@ -299,8 +299,9 @@ class RequestTimeline:
         sequences of equal length, or arrays of this record's type codes). Called by the
         Python path for each event and by the token lane for each batch it noted
         (sidecar/relay/data/token_lane.py), so both add the same figures."""
-        self.gaps.extend(gaps)
-        self.gap_streams.extend(streams)
+        if gaps:  # (none before a response's first token)
+            self.gaps.extend(gaps)
+            self.gap_streams.extend(streams)
         self.last_token = at
         self.stream_tokens += count
         if kind is _ANSWER:
@@ -391,7 +392,7 @@ class RequestTimeline:
         already finished."""
         if self.verdict is not None:
             return False
-        verdict = outcome if isinstance(outcome, Verdict) else verdict_of(outcome, error_type)
+        verdict = outcome if type(outcome) is Verdict else verdict_of(outcome, error_type)  # type: ignore[arg-type]  # an Outcome
         verdict = self.refined(verdict)
         self.verdict = verdict
         self.outcome = verdict.outcome
