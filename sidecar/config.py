@@ -109,6 +109,14 @@ class Settings(BaseModel):
         "serves the admin port with one page for the pod (counters summed, never decreasing when "
         "a worker dies) and replaces a worker that exits",
     )
+    worker_sync_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="With --workers past 1, how often the supervisor copies every worker's "
+        "counts between scrapes and shares the pod's model and tenant label values with every "
+        "worker: a worker killed without warning loses at most this much of its counting; "
+        "each copy costs a worker a few ms of CPU",
+    )
     connect_timeout: float = Field(
         5.0, gt=0, description="Seconds to open a connection to the upstream (else 502 or 504)"
     )

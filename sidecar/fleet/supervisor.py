@@ -15,7 +15,7 @@ relays nothing, watches the workers and serves the admin port.
   the totals that gone workers left, and the supervisor's own families: how many workers
   run (``llm_sidecar_workers``), how many were replaced (``llm_sidecar_worker_restarts_total``),
   and its process's figures in the pod's ``process_*``. A copy is also taken every
-  :data:`SYNC_SECONDS`, so a worker killed without warning takes at most that much of its
+  ``--worker-sync-seconds``, so a worker killed without warning takes at most that much of its
   counting with it (less when the page was scraped since); a worker that exits cleanly
   leaves its final families in a file, so nothing of it is lost. No merged counter or bucket
   ever decreases.
@@ -81,17 +81,9 @@ from .worker import (
     spawn_args,
 )
 
-__all__ = ["SYNC_SECONDS", "Supervisor", "supervise"]
+__all__ = ["Supervisor", "supervise"]
 
 _log = structlog.get_logger("sidecar.fleet")
-
-SYNC_SECONDS = 5.0
-"""How often every worker's families are copied between scrapes (a scrape copies them too),
-and the pod's label values shared. A copy costs a worker about 2-5 ms (its registry's
-``collect()`` and the pickle): every second it was about 10 % of the CPU per token at 5,000
-tokens/s a worker (paired), so every 5 s about a fifth of that. So a worker killed without
-warning takes at most this long of its counting with it (less when the page was scraped
-since); its requests in flight are not lost (the ledger)."""
 
 COPY_TIMEOUT = 2.0
 """Seconds a worker has to hand over its families before its last copy is used."""
@@ -337,7 +329,7 @@ class Supervisor:
 
     async def _sync(self) -> None:
         while not self.all_exited.is_set():
-            await asyncio.sleep(SYNC_SECONDS)
+            await asyncio.sleep(self.settings.worker_sync_seconds)
             await self.refresh()
             await self.share_labels()
 
@@ -345,7 +337,7 @@ class Supervisor:
         """One label admission for the pod: each worker adopts the values the page counts as
         the pod's own (what any worker admitted, within the pod's bound: a model name the
         server does not list, a tenant) and gives back those the page folds into ``other``,
-        so a value is the same label on every worker within :data:`SYNC_SECONDS` (a worker
+        so a value is the same label on every worker within ``--worker-sync-seconds`` (a worker
         adopts within its room and its share of the series budget; a value a request holds is
         given back once it is released, at a later sync)."""
         admitted: list[tuple[_Worker, dict[str, set[str]]]] = []

@@ -25,7 +25,6 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.fleet.supervisor import SYNC_SECONDS
 from tests.support.exposition import count_series
 from tests.support.in_process import start_app
 from tests.support.ports import retry_on_port_clash
@@ -40,6 +39,8 @@ pytestmark = pytest.mark.integration
 ROUTE = "/v1/chat/completions"
 MODELS = ("alpha", "beta")
 MONOTONE = ("_total", "_bucket", "_count", "_sum")
+SYNC_SECONDS = 1.0
+"""``--worker-sync-seconds`` for the tests that wait for a sync (the default is 5 s)."""
 
 
 class CountingUpstream:
@@ -544,13 +545,15 @@ async def _raw_worker_page(sock: Path) -> str:
 async def test_a_label_one_worker_admits_is_every_workers_at_the_next_sync(serve_process, tmp_path):
     """One admission for the pod: a model name the server does not list and a tenant, both
     earned by answers on one connection (so on one worker), are label values of every worker
-    at the next sync (SYNC_SECONDS), not ``other`` on the workers that have not served them yet."""
+    at the next sync (``--worker-sync-seconds``), not ``other`` on the workers that have not
+    served them yet."""
     upstream = CountingUpstream(lists=False)
     runner, port = await start_app(upstream.app())
     try:
         pod = await start_pod(
             lambda url, *a, **k: serve_process(url, *a, "--tenant-header", "X-Tenant", **k),
             f"http://127.0.0.1:{port}", tmp_path, 2,
+            "--worker-sync-seconds", str(SYNC_SECONDS),
         )  # fmt: skip
         async with aiohttp.ClientSession() as s:  # one connection: one worker
             body = {
@@ -657,6 +660,7 @@ async def test_the_tenant_and_model_bounds_are_the_pods_also_across_kills(serve_
                 "--max-models", "3", **k,
             ),
             f"http://127.0.0.1:{port}", tmp_path, 2,
+            "--worker-sync-seconds", str(SYNC_SECONDS),
         )  # fmt: skip
 
         async def scraper() -> None:
