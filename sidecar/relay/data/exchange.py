@@ -328,8 +328,9 @@ class Exchange:
             late_fields(record.timeline, streamed.fields)
         observer = carrier.records.observe(record, self._route, head.status, head.headers)
         transport = self._connection.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing():  # the answer is for nobody
             observer.close(carrier.clock())
+            conn.close()  # (its server stops generating; an answer already whole is not kept)
             self._client_left()
             return
         # The upstream's head bytes (client_head); while draining, the connection closes after.

@@ -160,6 +160,8 @@ class UpstreamConnection(asyncio.Protocol):
         # read it took, to know whether a token lane may take the next one).
         self.parser: ResponseParser | None = None
         self._head_waiter: asyncio.Future[ResponseHead] | None = None
+        # Told of the head from the read that completed it, instead of its waiter (begin).
+        self._on_head: Callable[[UpstreamConnection], None] | None = None
         self._early: list[bytes] = []  # body pieces that arrived before push() was called
         self._received = 0  # response bytes seen for the current request
         self._sink: BodySink | None = None
@@ -265,7 +267,11 @@ class UpstreamConnection(asyncio.Protocol):
             waiter, self._head_waiter = self._head_waiter, None
             if not waiter.done():
                 self.head = parser.head
-                waiter.set_result(parser.head)
+                on_head, self._on_head = self._on_head, None
+                if on_head is None:
+                    waiter.set_result(parser.head)
+                else:  # (the last thing this read does: the relay may push, even end, in it)
+                    on_head(self)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost does the accounting
@@ -304,8 +310,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- used by the pool and the relay ---------------------------------------------------
 
-    def begin(self, no_body: bool) -> asyncio.Future[ResponseHead]:
-        """Start a request/response exchange: returns the future of the response head."""
+    def begin(
+        self, no_body: bool, on_head: Callable[[UpstreamConnection], None] | None = None
+    ) -> asyncio.Future[ResponseHead]:
+        """Start a request/response exchange: returns the future of the response head. With
+        ``on_head``, the head is told to it from the read that completed it (no loop turn
+        before the relay takes the response), and the future only ever fails: a head that
+        could not be had (timeout, a close, an invalid one) is its exception still."""
         self.parser = ResponseParser(no_body=no_body)
         self.head = None
         self._early = []
@@ -316,6 +327,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._end_error = None
         self._body_writer = None
         self._head_waiter = self._loop.create_future()
+        self._on_head = on_head
         self._last_read = self._time()
         self._arm_timer()
         return self._head_waiter
@@ -536,20 +548,27 @@ class UpstreamPool:
         return await self._answered(None, method, head, body, chunked_body, retry, on_sent)
 
     def send_now(
-        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes | None
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        on_head: Callable[[UpstreamConnection], None] | None = None,
     ) -> Sent | None:
         """Write a request with a whole body on an idle keep-alive connection at once, with
         no await: None (nothing written) when no connection is idle. Awaiting
         :meth:`response` with the result gives what :meth:`request` returns, the one retry
-        on a fresh connection included. This is how a request reaches the server from
-        inside the client connection's callbacks (sidecar/relay/data/exchange.py)."""
+        on a fresh connection included (with ``on_head``, its head is told to it from the
+        connection's read instead, and the result's waiter only ever fails:
+        :meth:`UpstreamConnection.begin`). This is how a request reaches the server from
+        inside the client connection's callbacks (sidecar/relay/data/upstream_request.py)."""
         if self._closing or not self._idle:
             return None
         head, chunked_body, retry = self._framed(method, target, headers, body)
         conn = self._take_idle()
         if conn is None:
             return None
-        waiter = self._send(conn, method, head, body)
+        waiter = self._send(conn, method, head, body, on_head)
         return Sent(conn, waiter, method, head, body, retry)
 
     async def response(self, sent: Sent) -> UpstreamConnection:
@@ -670,10 +689,14 @@ class UpstreamPool:
 
     @staticmethod
     def _send(
-        conn: UpstreamConnection, method: str, head: bytes, body: bytes | None
+        conn: UpstreamConnection,
+        method: str,
+        head: bytes,
+        body: bytes | None,
+        on_head: Callable[[UpstreamConnection], None] | None = None,
     ) -> asyncio.Future[ResponseHead]:
         """Start the exchange and write a head with its whole (or no) body."""
-        waiter = conn.begin(no_body=method == "HEAD")
+        waiter = conn.begin(method == "HEAD", on_head)
         if body and len(body) > 1 << 16:
             conn.write(head)  # no joined copy of a large body; the transport sends both
             conn.write(body)

@@ -3,7 +3,8 @@ connection the answer's head came in on, or why there is none.
 
 The exchange (sidecar/relay/data/exchange.py) owns a request leg's state and its verdict;
 how the pool is asked is this module's: written at once on an idle pooled connection, with
-no await (the head's arrival is that connection's future, called back), else a task that
+no await (its answer's head told from the connection's read that completed it, so the relay
+takes the response in that read, with no loop turn before its first byte), else a task that
 connects and sends it, one that streams a body as it comes, or the pool's one retry on a
 fresh connection when the pooled one was closed under the request
 (:meth:`~sidecar.relay.data.upstream.UpstreamPool.response`). Either way the exchange hears
@@ -47,7 +48,7 @@ class UpstreamRequest:
     ) -> bool:
         """Ask with a whole (or no) body; True when it was written at once. Raises
         ValueError for a field line that cannot be written (nothing was)."""
-        sent = self._pool.send_now(method, target, headers, body)
+        sent = self._pool.send_now(method, target, headers, body, self._head_now)
         if sent is None:
             self._await(self._pool.request(method, target, headers, body, self._on_sent))
             return False
@@ -82,8 +83,14 @@ class UpstreamRequest:
         self._pending = pending = asyncio.ensure_future(answer)
         pending.add_done_callback(self._answered)
 
+    def _head_now(self, conn: UpstreamConnection) -> None:
+        """The head of the answer on the pooled connection, from the read that completed it."""
+        if not self._over:
+            self._answer(conn, None)
+
     def _head_in(self, waiter: asyncio.Future[ResponseHead]) -> None:
-        """The head of the answer on the pooled connection arrived, or it failed."""
+        """The answer on the pooled connection failed before its head (or, for a pool that
+        answers through the waiter, its head arrived)."""
         failed = waiter.cancelled() or waiter.exception() is not None
         sent = self._sent
         if self._over or sent is None:

@@ -1168,6 +1168,61 @@ async def test_send_now_writes_the_same_request_at_once_or_nothing(rig):
     assert server.requests[0] == server.requests[1]  # byte for byte what request() sends
 
 
+async def test_send_now_with_on_head_tells_the_head_from_the_read_that_completed_it(rig):
+    """The relay's way (upstream_request.py): the head is told inside the connection's read,
+    with the body bytes of that read kept for the sink, and the waiter is left alone."""
+    server = await rig.server(serve(response(b"one"), response(b"two")))
+    pool = rig.pool(server.url)
+    conn, _ = await fetch(pool)
+    pool.release(conn)
+    told: list[tuple[object, bool]] = []
+    real = conn.data_received
+    reading = False
+
+    def data_received(data: bytes) -> None:
+        nonlocal reading
+        reading = True
+        try:
+            real(data)
+        finally:
+            reading = False
+
+    conn.data_received = data_received  # type: ignore[method-assign]
+    sent = pool.send_now("GET", "/", [], None, lambda c: told.append((c.head.status, reading)))
+    assert sent is not None
+    await wait_for(lambda: told, timeout=5.0)
+    assert told == [(200, True)] and not sent.waiter.done()  # in the read; no future resolved
+    sink = Sink()
+    conn.push(sink)
+    assert await sink.wait() is None and sink.data == b"two"
+    pool.release(conn)
+
+
+async def test_send_now_with_on_head_still_retries_a_stale_connection_through_its_waiter(rig):
+    async def script(peer: Peer) -> None:
+        if peer.index == 0:
+            await peer.read_request()
+            peer.send(OK)
+            await peer.go.wait()
+        else:
+            await serve(response(b"fresh"))(peer)
+
+    server = await rig.server(script)
+    pool = rig.pool(server.url)
+    conn1, _ = await fetch(pool)
+    pool.release(conn1)
+    server.peers[0].hard_close()
+    told: list[object] = []
+    sent = pool.send_now("GET", "/again", [], None, told.append)
+    assert sent is not None
+    conn2 = await pool.response(sent)  # the waiter failed: the pool's one retry
+    assert conn2 is not conn1 and told == [] and conn1.closed
+    sink = Sink()
+    conn2.push(sink)
+    assert await sink.wait() is None and sink.data == b"fresh"
+    pool.release(conn2)
+
+
 async def test_the_read_that_ends_a_chunked_body_comes_with_the_end(rig):
     """A stream's last event and the body's last chunk in one read reach the relay in one
     call (``BodySink.last``), so the client gets them in one write."""
