@@ -66,7 +66,7 @@ from ..server.errors import raw_error_response
 from .body_budget import BodyBudget
 from .body_relay import BodyRelay
 from .client_head import client_head
-from .forwarded import peer_of, request_headers
+from .forwarded import ClientPeer, peer_of, request_headers
 from .limits import RelayLimits
 from .request_body import (
     BodyRefused,
@@ -95,6 +95,7 @@ class ClientConnection(Protocol):
     """What an exchange needs of the client connection that carries it."""
 
     transport: asyncio.Transport | None
+    peer: ClientPeer | None  # who it is to the upstream: made at its first request, kept
 
     @property
     def writing_paused(self) -> bool:
@@ -284,10 +285,15 @@ class Exchange:
             return
         message = self._message
         method, target = message.method, upstream_target(message)
-        fields = request_headers(message, transport, body_is_bytes=body is not None)
+        peer = self._connection.peer
+        if peer is None:
+            peer = self._connection.peer = ClientPeer(transport)
+        fields = request_headers(message, peer, body_is_bytes=body is not None)
         self._carrier.records.trace_into(record, fields)
         headers = list(fields.items())
-        asked = self.asked = UpstreamRequest(pool, self._answered, self._mark_sent)
+        asked = self.asked = UpstreamRequest(
+            pool, partial(self._guarded, self._respond), self._failed, self._mark_sent
+        )
         if streamed is not None:
             self._streamed = streamed
             asked.stream(method, target, headers, streamed)
@@ -303,11 +309,9 @@ class Exchange:
         if self._record is not None:
             self._record.timeline.upstream_sent = self._carrier.clock()
 
-    def _answered(self, conn: UpstreamConnection | None, error: BaseException | None) -> None:
-        """The upstream's answer: the connection its head came in on, or why there is none."""
-        if conn is not None:
-            self._guarded(self._respond, conn)
-        elif isinstance(error, BodyRefused):  # the streamed body broke a limit: cut off upstream
+    def _failed(self, error: BaseException) -> None:
+        """No answer from the upstream: why."""
+        if isinstance(error, BodyRefused):  # the streamed body broke a limit: cut off upstream
             self._guarded(self._refuse, error.refusal)
         elif isinstance(error, UpstreamError):
             self._guarded(self._fail, error.verdict, str(error))
@@ -414,7 +418,7 @@ class Exchange:
         self.state = DONE
         if self._held is not None:  # (a held body that never came whole)
             self._held.release()
-        if self.asked is not None:  # (an answer not in yet is for nobody)
+        if self.asked is not None and self._conn is None:  # (an answer not in is for nobody)
             self.asked.cancel()
         conn = self._conn
         if conn is not None and self._pool is not None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from aiohttp.http import RawRequestMessage
 
 __all__ = [
+    "ClientPeer",
     "HOP_BY_HOP",
     "NOT_FORWARDED_TO_UPSTREAM",
     "forwarded_headers",
@@ -106,22 +107,35 @@ def peer_of(transport: asyncio.BaseTransport | None) -> str:
     return peer_address(transport.get_extra_info("peername") if transport else None)
 
 
+class ClientPeer:
+    """Who a client connection is, as the upstream is told: its ``address``
+    (``X-Forwarded-For``), its ``scheme`` (``X-Forwarded-Proto``) and ``local_host``, the
+    address it came to (the host of an HTTP/1.0 request that names none). The same for
+    every request on a connection: read from its transport once, at its first request
+    (sidecar/relay/data/exchange.py keeps it on the connection)."""
+
+    __slots__ = ("address", "scheme", "local_host")
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        self.address = peer_of(transport)
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
+        sockname = transport.get_extra_info("sockname")
+        self.local_host = str(sockname[0]) if isinstance(sockname, tuple) else ""
+
+
 def request_headers(
-    message: RawRequestMessage, transport: asyncio.BaseTransport, *, body_is_bytes: bool
+    message: RawRequestMessage, peer: ClientPeer, *, body_is_bytes: bool
 ) -> CIMultiDict[str]:
-    """The upstream request's header fields for the request ``message`` that came in on
-    ``transport`` (:func:`forwarded_headers`)."""
+    """The upstream request's header fields for the request ``message`` that came in from
+    ``peer`` (:func:`forwarded_headers`)."""
     url = message.url
     # The host the request names: an absolute form's (RFC 9112 section 3.2.2), else the
     # Host field, else (HTTP/1.0) the address it came to, as aiohttp's request.host.
     host = (url.host or "") if url.absolute else message.headers.get("Host")
-    if host is None:
-        sockname = transport.get_extra_info("sockname")
-        host = str(sockname[0]) if isinstance(sockname, tuple) else ""
     return forwarded_headers(
         message.headers,
-        peer=peer_of(transport),
-        scheme="https" if transport.get_extra_info("sslcontext") else "http",
-        host=host,
+        peer=peer.address,
+        scheme=peer.scheme,
+        host=peer.local_host if host is None else host,
         body_is_bytes=body_is_bytes,
     )

@@ -8,7 +8,7 @@ takes the response in that read, with no loop turn before its first byte), else 
 connects and sends it, one that streams a body as it comes, or the pool's one retry on a
 fresh connection when the pooled one was closed under the request
 (:meth:`~sidecar.relay.data.upstream.UpstreamPool.response`). Either way the exchange hears
-once, from a callback: ``on_answer(conn, None)`` or ``on_answer(None, error)``.
+once, from a callback: ``on_answer(conn)`` or ``on_failure(error)``.
 """
 
 from __future__ import annotations
@@ -23,20 +23,29 @@ if TYPE_CHECKING:
 
 __all__ = ["UpstreamRequest"]
 
-Answer = Callable[["UpstreamConnection | None", "BaseException | None"], None]
-
 
 class UpstreamRequest:
-    """One request asked of ``pool``, answered once through ``on_answer`` unless
-    :meth:`cancel` came first; ``on_sent`` is called when a task wrote a whole (or no) body
+    """One request asked of ``pool``, answered once through ``on_answer`` (the connection
+    its answer's head came in on) or ``on_failure`` (why there is none) unless :meth:`cancel`
+    came first; ``on_sent`` is called when a task wrote a whole (or no) body
     (the exchange notes the time; :meth:`send` says so itself when it wrote at once).
     ``written_at_once``: :meth:`send` found an idle pooled connection."""
 
-    __slots__ = ("_pool", "_on_answer", "_on_sent", "_sent", "_pending", "_over", "written_at_once")
+    __slots__ = (
+        "_pool", "_on_answer", "_on_failure", "_on_sent", "_sent", "_pending", "_over",
+        "written_at_once",
+    )  # fmt: skip
 
-    def __init__(self, pool: UpstreamPool, on_answer: Answer, on_sent: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        on_answer: Callable[[UpstreamConnection], None],
+        on_failure: Callable[[BaseException], None],
+        on_sent: Callable[[], None],
+    ) -> None:
         self._pool = pool
         self._on_answer = on_answer
+        self._on_failure = on_failure
         self._on_sent = on_sent
         self._sent: Sent | None = None  # written at once on a pooled connection: its answer
         self._pending: asyncio.Future[UpstreamConnection] | None = None  # a task's answer
@@ -86,7 +95,8 @@ class UpstreamRequest:
     def _head_now(self, conn: UpstreamConnection) -> None:
         """The head of the answer on the pooled connection, from the read that completed it."""
         if not self._over:
-            self._answer(conn, None)
+            self._over = True
+            self._on_answer(conn)
 
     def _head_in(self, waiter: asyncio.Future[ResponseHead]) -> None:
         """The answer on the pooled connection failed before its head (or, for a pool that
@@ -98,7 +108,8 @@ class UpstreamRequest:
         if failed:  # the pool decides (a reused connection closed under it: once more)
             self._await(self._pool.response(sent))
             return
-        self._answer(sent.conn, None)
+        self._over = True
+        self._on_answer(sent.conn)
 
     def _answered(self, pending: asyncio.Future[UpstreamConnection]) -> None:
         if pending.cancelled():
@@ -108,8 +119,8 @@ class UpstreamRequest:
             if error is None:
                 pending.result().close()
             return
-        self._answer(None if error is not None else pending.result(), error)
-
-    def _answer(self, conn: UpstreamConnection | None, error: BaseException | None) -> None:
         self._over = True
-        self._on_answer(conn, error)
+        if error is None:
+            self._on_answer(pending.result())
+        else:
+            self._on_failure(error)

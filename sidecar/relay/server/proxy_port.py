@@ -90,7 +90,7 @@ class ProxyConnection(asyncio.Protocol):
         "_port", "_loop", "transport", "_parser", "_queue", "_carried", "_payload", "_budget",
         "_idle_until", "_timer", "_upgraded", "_closing", "_reading_paused", "_queue_full",
         "_writing_paused", "_over_cap", "_counted", "_owed", "_payload_open", "_lingering",
-        "_carried_body",
+        "_carried_body", "peer",
     )  # fmt: skip
 
     def __init__(self, port: ProxyPort) -> None:
@@ -121,6 +121,9 @@ class ProxyConnection(asyncio.Protocol):
         self._payload_open = False
         self._carried_body: StreamReader | None = None  # the body of the request answered
         self._lingering: float | None = None  # reading a body's rest away: its last read
+        # Who this connection is to the upstream, made by the relay at its first request and
+        # kept for the rest (sidecar/relay/data/forwarded.ClientPeer).
+        self.peer: Any = None
 
     # -- asyncio's callbacks -------------------------------------------------------------
 

@@ -50,10 +50,15 @@ def asking(pool: Pool) -> tuple[UpstreamRequest, list, list]:
     answers: list = []
     sent: list = []
     return (
-        UpstreamRequest(pool, lambda c, e: answers.append((c, e)), lambda: sent.append(1)),
+        UpstreamRequest(
+            pool,  # type: ignore[arg-type]
+            lambda conn: answers.append((conn, None)),
+            lambda error: answers.append((None, error)),
+            lambda: sent.append(1),
+        ),
         answers,
         sent,
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_written_at_once_is_answered_from_the_read_with_its_head():
@@ -113,3 +118,17 @@ async def test_cancelled_while_a_task_connects_the_task_is_cancelled_and_nothing
     hold.set()
     await asyncio.sleep(0.01)
     assert answers == [] and asked._pending is not None and asked._pending.cancelled()
+
+
+async def test_a_task_that_fails_tells_why():
+    pool = Pool(idle=False)
+    error = UpstreamError(Verdict.UPSTREAM_UNREACHABLE, "refused")
+
+    async def request(method, target, headers, body, on_sent=None):
+        raise error
+
+    pool.request = request  # type: ignore[method-assign]
+    asked, answers, sent = asking(pool)
+    asked.send("POST", "/", [], b"{}")
+    await asyncio.sleep(0.01)
+    assert answers == [(None, error)] and sent == []
