@@ -5,10 +5,11 @@ The panels read recorded series, not raw ones: :func:`sum_rate`, :func:`quantile
 (rates over 2m, summed by cluster, namespace, release, model, route and the labels the panels
 split by, evaluated with the SLO rules), so a panel reads one series per deployment, model
 and route instead of every pod's every bucket. Asking for a label a record does not keep
-raises at generation time. Grouping by ``pod`` reads the per-pod records, and every per-pod
-panel draws at most :data:`POD_LINES` pods (:func:`top_pods`). The ``raw_*`` helpers read raw
-series over ``$__rate_interval`` (Grafana's window that always holds at least four scrapes):
-only drill-downs to pods use them, each bounded by ``topk``, as a test checks.
+raises at generation time. Grouping by ``pod`` reads the per-pod records (a quantile per pod
+reads the raw buckets: no rule records them per pod), and every per-pod panel draws at most
+:data:`POD_LINES` pods (:func:`top_pods`). The ``raw_*`` helpers read raw series over
+``$__rate_interval`` (Grafana's window that always holds at least four scrapes): only
+drill-downs to pods use them, each bounded by ``topk``, as a test checks.
 
 Every selector carries the dashboard's filter variables the series keeps (a record summed
 over pods or routes ignores the pod or route filter). Recorded SLO series (``llm:*``) are
@@ -158,10 +159,21 @@ def quantile(
     extra: Sequence[Matcher] = (),
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
-    """The q-quantile of a histogram from its recorded bucket rates."""
-    return (
-        f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', (*by, 'le'), extra, labels)})"
-    )
+    """The q-quantile of a histogram from its recorded bucket rates; per pod, from its raw
+    buckets over the rate window (no rule records every pod's buckets: a rule would write and
+    read them every evaluation, the panel reads them when it is drawn). Bound a per-pod
+    quantile with :func:`top_pods`."""
+    buckets = (*by, "le")
+    if "pod" not in by:
+        return (
+            f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', buckets, extra, labels)})"
+        )
+    # The raw buckets take the filters of the labels the histogram has (its release record
+    # keeps them all, the target labels aside): a route filter on a per-model histogram
+    # would match nothing, as it is ignored on the records.
+    kept = set(aggregates.find(histogram + "_bucket").kept)
+    own = [label for label in labels if label in TARGET_LABELS or label in kept]
+    return f"histogram_quantile({q:g}, {raw_sum_rate(histogram + '_bucket', buckets, extra, own)})"
 
 
 def mean(

@@ -8,9 +8,16 @@ over the rate window at every step, and does so again for every viewer and every
 rule reads them once per evaluation and writes one series per deployment, model and route;
 the panels then read those. The pod is summed away: the per-pod records (``per_pod``) keep
 it but not ``route``, and only the per-pod drill-down panels read them, each bounded by
-``topk``. A record whose per-pod record keeps every label it keeps (TTFT's and TPOT's
-buckets, which have no route) is the sum of that record, written just before it in the same
-evaluation: one raw read, not two, and no delay.
+``topk``. A record whose per-pod record keeps every label it keeps is the sum of that
+record, written just before it in the same evaluation: one raw read, not two, and no delay.
+
+What an evaluation costs is the series it reads and writes, far more than their samples (a
+series read over the window costs about as much over 1m as over 5m): so no histogram's
+buckets are recorded per pod (a per-pod quantile reads the raw buckets, bounded by ``topk``,
+when someone opens the panel, instead of every evaluation writing every pod's buckets and
+reading them again), and a histogram's ``_count`` rate whose ``_bucket`` rate is recorded
+with the same labels is that record's ``le="+Inf"`` series, written just before it (the
+same number: a classic histogram's count is its ``+Inf`` bucket), not a second raw read.
 
 Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate2m``
 (``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``_per_pod``
@@ -139,8 +146,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
     Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True, own=_IN_FLIGHT),
     Aggregate("llm_tokens_total", ("route", "type"), per_pod=True),
-    *_per_pod("llm_time_to_first_token_seconds", parts="bucket sum count"),
-    *_per_pod("llm_time_per_output_token_seconds", parts="bucket"),
+    *_per_pod("llm_time_to_first_token_seconds", parts="sum count"),
     *_per_pod("llm_request_duration_seconds", "outcome", parts="sum count"),
     *_per_pod("llm_upstream_queue_seconds", parts="sum count"),
     *_per_pod("llm_upstream_prefill_seconds", parts="sum count"),
@@ -202,19 +208,34 @@ def _per_pod_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | None:
     return source if set(a.labels_kept(grouping)) <= set(source.labels_kept(grouping)) else None
 
 
+def _inf_bucket_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | None:
+    """The bucket record whose ``le="+Inf"`` series is ``a`` (a histogram's ``_count`` rate):
+    the same histogram and kind, keeping every label ``a`` keeps."""
+    if a.how != "rate" or not a.series.endswith("_count"):
+        return None
+    source = _BY_SERIES.get((a.series.removesuffix("_count") + "_bucket", a.per_pod))
+    if source is None:
+        return None
+    return source if set(a.labels_kept(grouping)) <= set(source.labels_kept(grouping)) else None
+
+
 def aggregates_group(spec: SLOSpec) -> Group:
-    """Every record, each reading only the spec's selector (a release's own series). A record
-    whose per-pod sibling keeps all its labels sums that record, written earlier in the same
-    evaluation, instead of reading the raw series a second time."""
+    """Every record, each reading only the spec's selector (a release's own series). A
+    ``_count`` rate whose bucket rate is recorded is that record's ``+Inf`` series; a record
+    whose per-pod sibling keeps all its labels sums that record. Both sources are written
+    earlier in the same evaluation, so neither reads the raw series a second time."""
     sel = _spec_matchers(spec)
     by = spec.grouping
     rules = []
     for a in AGGREGATES:
+        kept = ", ".join(a.labels_kept(by))
+        inf = _inf_bucket_source(a, by)
         source = _per_pod_source(a, by)
-        expr = (
-            a.expr(sel, by)
-            if source is None
-            else f"sum by ({', '.join(a.labels_kept(by))}) ({selector(source.record, sel)})"
-        )
+        if inf is not None:
+            expr = f"sum by ({kept}) ({selector(inf.record, [*sel, ('le', '=', '+Inf')])})"
+        elif source is not None:
+            expr = f"sum by ({kept}) ({selector(source.record, sel)})"
+        else:
+            expr = a.expr(sel, by)
         rules.append(Rule(expr, record=a.record))
     return Group(GROUP, tuple(rules))

@@ -11,8 +11,10 @@ stricter test: a request's TPOT is the mean of its gaps.
 Records, each per grouping (and ``concurrency`` band where it says so):
 
 - first, the band rates every later record reads, once, from the raw series over 2m (four
-  scrapes at a 30 s interval): ``llm:inter_token_latency_by_concurrency_seconds_{bucket,count}:rate2m``
-  and ``llm:decode_seconds_by_concurrency:rate2m``. The hour is the mean of those
+  scrapes at a 30 s interval): ``llm:inter_token_latency_by_concurrency_seconds_bucket:rate2m``
+  and ``llm:decode_seconds_by_concurrency:rate2m``; the gaps a second
+  (``llm:inter_token_latency_by_concurrency_seconds_count:rate2m``) are the bucket record's
+  ``le="+Inf"`` series, not a second raw read (an evaluation costs per series read). The hour is the mean of those
   (``avg_over_time`` over 1h: the hour's rate, its oldest 2m weighed less and less), so no
   rule reads an hour of raw band series, and a short window costs the raw read least (the
   hour's mean is the same rate whatever window tiles it); they are written earlier in the
@@ -168,7 +170,11 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     who = _who(spec.grouping)
     rules = (
         Rule(band_rate(ITL_BY_CONCURRENCY + "_bucket", f"{byc}, le"), record=ITL_BUCKET_RATE),
-        Rule(band_rate(ITL_BY_CONCURRENCY + "_count", byc), record=ITL_COUNT_RATE),
+        # The gaps a second: the bucket record's +Inf series (a histogram's count), written
+        # just before, not a second read of every pod's raw band series.
+        Rule(
+            f"sum by ({byc}) ({rec(ITL_BUCKET_RATE, ('le', '=', '+Inf'))})", record=ITL_COUNT_RATE
+        ),
         Rule(band_rate(SECONDS, byc), record=SECONDS_RATE),
         Rule(f"sum by ({byc}) ({hour(ITL_COUNT_RATE)})", record=ITL_COUNT_HOUR),
         Rule(f"sum by ({byc}) ({hour(SECONDS_RATE)})", record=SECONDS_HOUR),

@@ -405,7 +405,9 @@ def _goodput_rules(spec: SLOSpec) -> list[Rule]:
     met = f"sum by ({', '.join(by)}) ({selector(REQUEST_OBJECTIVES_RATE, [('result', '=', 'met'), *sel])})"
     return [
         Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
-        Rule(f"({good} or 0 * {ok}) / {ok}", record=c.GOODPUT_RATIO),
+        # The record just written (the same evaluation) over one more read of the ok requests,
+        # not the good and ok requests read again.
+        Rule(f"{selector(c.GOODPUT_RATE, sel)} / {ok}", record=c.GOODPUT_RATIO),
         Rule(judged_rates, record=REQUEST_OBJECTIVES_RATE),
         Rule(f"({met} or 0 * {judged}) / {judged}", record=REQUEST_OBJECTIVES_RATIO),
     ]

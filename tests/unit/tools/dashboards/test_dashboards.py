@@ -149,6 +149,12 @@ def test_raw_metric_selectors_carry_every_filter_variable():
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
             if metric in ("llm_stream_parse_errors_total", "llm_request_objective_invalid_total"):
                 wanted = ("cluster", "namespace", "pod", "route")  # per route: no model
+            elif metric in (
+                "llm_time_to_first_token_seconds_bucket",
+                "llm_time_per_output_token_seconds_bucket",
+            ):
+                wanted = ("cluster", "namespace", "pod", "model")  # per model: no route
+                assert 'route=~"$route"' not in body, f"{q.where}: {metric} has no route"
             elif metric.startswith("llm_sidecar_overhead_seconds") or metric in (
                 "llm_label_overflow_total",
                 "llm_series_refused_total",

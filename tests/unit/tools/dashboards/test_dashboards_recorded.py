@@ -3,8 +3,9 @@ per pod of a fleet.
 
 - Every query of every committed dashboard reads only ``llm:`` records (and Prometheus'
   own ``ALERTS``), except the named drill-downs to pods below, each bounded by ``topk``: the
-  engine's and the process's own series (nothing records them) and the SLO dashboard's
-  bad-event share by pod and route.
+  engine's and the process's own series (nothing records them), the quantiles per pod (no
+  rule records every pod's buckets) and the SLO dashboard's bad-event share by pod and
+  route.
 - Every ``llm:`` series a dashboard reads is recorded by a rule of the committed rules file
   and of the chart's, and every label a panel filters a dashboard record by is one the
   record keeps (a filter on a label summed away would match nothing).
@@ -44,6 +45,10 @@ DRILL_DOWNS = {
     "Sidecar CPU (cores)",
     "Sidecar memory (resident)",
     "Sidecar open file descriptors (share of limit)",
+    # Quantiles per pod: no rule records every pod's buckets (an evaluation would write
+    # and read them all again); the panel reads them when drawn.
+    "TTFT p90 by pod",
+    "TPOT p90 by pod",
     # The SLI's bad events by pod and route, one per objective.
     "availability: bad-event share by pod and route",
     "ttft: bad-event share by pod and route",

@@ -219,7 +219,9 @@ def test_rules_reference_only_what_the_sidecar_exports(exported):
 def test_le_values_in_rules_are_written_as_the_sidecar_writes_them(exported):
     """prometheus_client writes 2.0 as "2.0" and 60.0 as "60.0"; a rule with le="2" would read nothing."""
     les = set(re.findall(r'le="([^"]+)"', RULE_FILES[0].read_text(encoding="utf-8")))
-    assert les == {"2.0", "0.1", "60.0"}  # ttft, tpot, e2e (no per-model override is shipped)
+    # ttft, tpot, e2e (no per-model override is shipped); +Inf: a count rate read from its
+    # bucket record's +Inf series.
+    assert les == {"2.0", "0.1", "60.0", "+Inf"}
     written = set().union(
         *(exported[f"{s.histogram}_bucket"]["le"] for s in c.LATENCY_SLIS.values())
     )
