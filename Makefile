@@ -12,8 +12,11 @@ STAMP      := $(VENV)/.installed
 demo: $(BASE_STAMP)
 	$(BIN)/llm-sidecar demo $(if $(DURATION),--duration $(DURATION)) $(if $(PORT),--port $(PORT))
 
+# The fast suite on TEST_PROCESSES pytest-xdist workers (two: CI's machine has two cores);
+# TEST_PROCESSES=0 runs it in one process.
+TEST_PROCESSES ?= 2
 test: $(STAMP) system-deps tools
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 
 # The C extension's tests under ASan and UBSan (scripts/test-sanitizers.sh): built with
 # -fsanitize=address,undefined into a temporary copy of the package; about 1.5 min on 2 cores.

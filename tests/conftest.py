@@ -26,8 +26,9 @@ from tests.support.in_process import (
 )
 from tests.support.serve import ServeProcess
 
-# The skip rule: every skip fails under CI=true unless its reason is on the allow-list there.
-pytest_plugins = ("tests.support.skips",)
+# The skip rule: every skip fails under CI=true unless its reason is on the allow-list there;
+# and under pytest -n, the few tests that judge the machine's pace run alone.
+pytest_plugins = ("tests.support.skips", "tests.support.serial")
 
 
 @pytest.fixture
