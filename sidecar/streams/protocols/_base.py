@@ -76,7 +76,7 @@ class SSEJSONDialect:
     over at the first event of another shape.
     """
 
-    __slots__ = ("_sse", "_memo", "_candidate", "_learning")
+    __slots__ = ("_sse", "_memo", "_candidate", "_learning", "_settled")
     HAS_END_MARKER = True
     LEARN_TRIES = 4
     """Templates a stream may learn without arming one before it stops trying (a stream
@@ -88,6 +88,10 @@ class SSEJSONDialect:
         self._memo: EventTemplate | None = None  # armed: its events stand for a match
         self._candidate: EventTemplate | None = None  # learned once, not yet confirmed
         self._learning = self.LEARN_TRIES if self._token_text is not None else 0
+        # Set by a templated dialect's _object when the event it read is settled: read
+        # again from the state it left, it would leave that state and give the same events
+        # for any non-empty text in its place (cleared before each event that may teach).
+        self._settled = False
 
     def feed(self, chunk: bytes) -> list[DialectEvent]:
         memo = self._memo
@@ -116,20 +120,50 @@ class SSEJSONDialect:
         if self._candidate is not None:
             self._confirm(self._candidate, chunk, data, out)
             return out
+        self._settled = False
         obj = self._data(data, "message", out)
         if obj is not None and self._learning and out and type(out[0]) is Tokens:
-            self._learn(chunk, data, obj, out)
+            self._learn(chunk, data, obj, out, self._settled)
         return out
 
     def _learn(
-        self, chunk: bytes, data: bytes, obj: dict[str, Any], out: list[DialectEvent]
+        self,
+        chunk: bytes,
+        data: bytes,
+        obj: dict[str, Any],
+        out: list[DialectEvent],
+        settled: bool = False,
     ) -> None:
         """``chunk``'s event (its ``data``, decoded as ``obj`` into ``out``) gave a token: a
-        candidate template, when it is one token event (with a tool call's piece, maybe)."""
+        template, when it is one token event (with a tool call's piece, maybe).
+
+        Armed at once when the dialect ``settled`` the event (``_object`` set
+        :attr:`_settled`: read again from the state it left, it leaves that state and gives
+        the same events, whatever its non-empty text) and ``data`` holds no backslash: then
+        every string in it is written verbatim, so the one place the text is written
+        (``EventTemplate.learn`` finds it exactly once) is the field the dialect read it
+        from. That is what :meth:`_confirm` learns from a second event with another text
+        there, known from this one. Otherwise it is a candidate for the next event to
+        confirm."""
         events = len(out)
         if events == 1 or (events == 2 and type(out[1]) is ToolCallDelta):
             self._learning -= 1
-            self._candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
+            candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
+            if candidate is not None and settled and b"\\" not in data:
+                self._arm(candidate, repeated=False)
+            else:
+                self._candidate = candidate
+
+    def _arm(self, template: EventTemplate, *, repeated: bool) -> None:
+        """Let ``template``'s events stand for every later event of its shape. One whose
+        shape was seen to repeat gives the stream its tries back; one armed from a single
+        event keeps the try it took, so a stream whose every event has a shape of its own
+        still stops learning after ``LEARN_TRIES``."""
+        template.limit = self._sse.lone_limit(template.spaced)
+        template.text = None
+        self._memo, self._candidate = template, None
+        if repeated:
+            self._learning = self.LEARN_TRIES
 
     def _confirm(
         self, candidate: EventTemplate, chunk: bytes, data: bytes, out: list[DialectEvent]
@@ -152,10 +186,7 @@ class SSEJSONDialect:
                 and self._token_text(obj) == text.decode()  # type: ignore[misc]  # set: learning
             ):
                 if text != candidate.text:
-                    candidate.limit = self._sse.lone_limit(candidate.spaced)
-                    candidate.text = None
-                    self._memo, self._candidate = candidate, None
-                    self._learning = self.LEARN_TRIES
+                    self._arm(candidate, repeated=True)
                 return  # (the same text twice: where the text is is not told apart yet)
             self._candidate = None
             return

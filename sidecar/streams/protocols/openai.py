@@ -177,6 +177,10 @@ class OpenAIStreamDialect(SSEJSONDialect):
                 if parsed is None or parsed.output_tokens is None:
                     out.append(ANSWER)
                     self._usage_per_chunk = False
+                    # Settled (SSEJSONDialect._learn) when it carries no usage: read again,
+                    # it sets the same two flags, finds its index tracked (or, past the
+                    # bound or finished, tracks nothing again) and gives the same token.
+                    self._settled = parsed is None
                 else:  # per-chunk usage: as many tokens as the count grew by (class doc)
                     grown = (
                         parsed.output_tokens - self._completion_so_far

@@ -11,11 +11,16 @@ one event. Another event with the same bytes around a different *plain* text (no
 valid UTF-8 with no quote, backslash or unprintable character: what a JSON string holds
 verbatim) decodes to the same object but for that text. So a dialect whose events and
 state depend on the text only through whether it is empty gives, from the same state, the
-same events for it. The plain check is in C where built (:mod:`sidecar.base.speedups`). :class:`~sidecar.streams.protocols._base.SSEJSONDialect` arms a template only after a
-second event of the shape left its state as it found it and gave the same events (a fixed
-point, so it holds for every later event of the shape), and drops it at the first event of
-another shape (an escaped text in the same shape is decoded and keeps it while the state
-does not move). The decoded path stays the oracle: tests feed both the same streams.
+same events for it. The plain check is in C where built (:mod:`sidecar.base.speedups`). :class:`~sidecar.streams.protocols._base.SSEJSONDialect` arms a template only once an
+event of the shape is known to leave its state as it found it (a fixed point, so it holds
+for every later event of the shape) with its text in the one place the bytes say: at once
+when the dialect knows the event that taught it to be such a fixed point (it settled it)
+and the event holds no backslash (every string in it written verbatim, so the text's one
+verbatim occurrence is its field), else after a second event of the shape with another text
+gave the same events and left the state as it was. It drops
+the template at the first event of another shape (an escaped text in the same shape is
+decoded and keeps it while the state does not move). The decoded path stays the oracle:
+tests feed both the same streams.
 """
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ def test_a_server_writing_data_without_its_space_gets_the_template(decodes):
     assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
     decodes.calls = 0
     feeds(OpenAIStreamDialect(), chunks)
-    assert decodes.calls == 3
+    # The first event says the model and id, the second (the state settled) arms.
+    assert decodes.calls == 2
 
 
 def test_a_template_costs_a_few_hundred_bytes_per_stream():
@@ -335,8 +336,8 @@ def test_escaped_texts_are_decoded_and_the_template_stays(decodes):
     assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
     decodes.calls = 0
     feeds(OpenAIStreamDialect(), chunks)
-    # The first event also says the model and id, the next two arm, then only the 8 escaped.
-    assert decodes.calls == 3 + 8
+    # The first event also says the model and id, the next arms, then only the 8 escaped.
+    assert decodes.calls == 2 + 8
 
 
 class NewlineDialect(StatefulDialect):
@@ -354,3 +355,95 @@ def test_an_escaped_text_that_moves_the_state_drops_the_template():
     chunks += [b'data: {"t":"v%d"}\n\n' % i for i in range(3)]
     d = NewlineDialect()
     assert feeds(d, chunks) == feeds(oracle(NewlineDialect), chunks)
+
+
+# -- arming from one event --------------------------------------------------------------------
+
+ROLE = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+
+
+def token(text: bytes, shape: bytes = VLLM) -> bytes:
+    return b"data: " + shape.replace(b'"@"', b'"' + text + b'"') + b"\n\n"
+
+
+class ConfirmedOnly(OpenAIStreamDialect):
+    """The same dialect arming only on a second event's confirmation (never from one)."""
+
+    def _learn(self, chunk, data, obj, out, settled=False):
+        super()._learn(chunk, data, obj, out, False)
+
+
+def test_a_settled_token_event_arms_at_once(decodes):
+    """The first token after the role: one content delta, no usage, no backslash. The
+    dialect settles it (read again, it would change nothing), so it arms the template by
+    itself: the second token is not decoded."""
+    chunks = [ROLE, token(b" a"), token(b" b"), token(b" c"), token(b" d")]
+    d = OpenAIStreamDialect()
+    d.feed(chunks[0])
+    d.feed(chunks[1])
+    assert d._memo is not None and d._memo.one_token is not None
+    decodes.calls = 0
+    assert [d.feed(c) for c in chunks[2:]] == [[_base.ANSWER]] * 3
+    assert decodes.calls == 0
+
+
+def test_an_event_with_usage_is_not_settled():
+    """Usage on a token event (the count may be per chunk): its repeat is not known to be
+    the same, so a second event confirms, as before."""
+    shape = VLLM[:-1] + b',"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+    chunks = [ROLE, token(b" a", shape), token(b" b", shape), token(b" c", shape)]
+    d = OpenAIStreamDialect()
+    d.feed(chunks[0])
+    d.feed(chunks[1])
+    assert d._memo is None
+    assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        VLLM.replace(b'"id":"chatcmpl-1"', b'"id":"chat\\/1"'),  # an escape outside the text
+        VLLM.replace(b'"model":"m"', b'"model":"\\u0041"'),
+    ],
+)
+def test_a_backslash_anywhere_waits_for_a_second_event(shape):
+    """An escape anywhere in the event: where its text is written is not known from one
+    event, so the template waits for a second with another text."""
+    chunks = [ROLE, token(b" a", shape), token(b" b", shape), token(b" c", shape)]
+    d = OpenAIStreamDialect()
+    for c in chunks[:2]:
+        d.feed(c)
+    assert d._memo is None and d._candidate is not None
+    d.feed(chunks[2])
+    assert d._memo is not None
+    assert feeds(OpenAIStreamDialect(), chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+
+
+def test_the_text_written_verbatim_twice_never_arms_from_one_event():
+    """The text also verbatim in another field: which one is the text is not known."""
+    shape = SHAPES[-1]  # the id, the model and the content hold the same text
+    chunks = [ROLE] + [token(b"w", shape)] * 3
+    d = OpenAIStreamDialect()
+    assert feeds(d, chunks) == feeds(oracle(OpenAIStreamDialect), chunks)
+    assert d._memo is None
+
+
+@FAST
+@given(
+    st.lists(st.sampled_from(OTHERS), max_size=3),
+    st.sampled_from(range(len(SHAPES))),
+    st.lists(texts, min_size=1, max_size=20),
+    st.lists(events, max_size=6),
+)
+def test_arming_from_one_event_reads_as_the_confirmed_path_and_the_oracle(
+    before, shape, raw_texts, after
+):
+    """The same streams, whole events as servers flush them: the dialect arming from one
+    event, the one that waits for a second, and the decoded path give the same events."""
+    chunks = [b"data: " + p + b"\n\n" for p in before]
+    chunks += [token(t, SHAPES[shape]) for t in raw_texts]
+    chunks += [b"data: " + p + b"\n\n" for p in after]
+    got = feeds(OpenAIStreamDialect(), chunks)
+    assert got == feeds(ConfirmedOnly(), chunks)
+    assert got == feeds(oracle(OpenAIStreamDialect), chunks)

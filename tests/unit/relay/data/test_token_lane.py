@@ -303,8 +303,8 @@ LANE_TEXTS = [
 
 @pytest.mark.parametrize("raw, taken", LANE_TEXTS)
 def test_what_a_lane_takes(raw, taken, lane, monkeypatch):
-    """A vLLM shape armed by plain texts (the first event also says the model; the next two
-    arm it, and the lane opens), then the text under test, then a plain one: the lane takes
+    """A vLLM shape armed by plain texts (the first event also says the model; the next
+    arms it, and the lane opens), then the text under test, then a plain one: the lane takes
     it or leaves it, as listed, and the figures are the Python path's either way."""
     event = lambda t: b"data: " + SHAPES[0].replace(b'"@"', b'"' + t + b'"') + b"\n\n"  # noqa: E731
     stream = [
@@ -317,7 +317,7 @@ def test_what_a_lane_takes(raw, taken, lane, monkeypatch):
     ]
     got, _ = both(paced(stream), "/v1/chat/completions", monkeypatch)
     without_it = relay(paced(stream[:4] + stream[5:]), "/v1/chat/completions", True, monkeypatch)
-    assert without_it["taken"] == 2  # four and five (one says the model, two and three arm)
+    assert without_it["taken"] == 3  # three, four and five (one says the model, two arms)
     assert got["taken"] - without_it["taken"] == (1 if taken else 0)
 
 
