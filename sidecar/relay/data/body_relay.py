@@ -326,12 +326,10 @@ class BodyRelay:
         self._end(Verdict.OK if error is None else error)
 
     def _end(self, ended: Verdict) -> None:
-        if not isinstance(ended, Verdict):
+        if type(ended) is not Verdict:  # (an enum's members are of its own type, never a subclass)
             raise TypeError(f"a relay ends with a Verdict, not {ended!r}")
         if self.ended is None:
             self.ended = ended
-            if self._lane is not None:
-                self._conn.set_lane(None)  # its notes are flushed as the body is settled
             self._wake()
 
     def _wake(self) -> None:
@@ -356,6 +354,8 @@ class BodyRelay:
         failed): the upstream request is closed, so the server stops generating."""
         self._cancel_wait()
         if self.ended is None:
+            if self._lane is not None:  # (an end from the connection comes with its lane gone)
+                self._conn.set_lane(None)  # its notes are flushed as the body is settled
             self._conn.close()
             self._end(ended)
         else:  # the body was over: the leg was waiting for the client to take it
@@ -367,7 +367,7 @@ class BodyRelay:
         is freed at once, not by the cyclic collector much later, with its timeline)."""
         lane, self._lane = self._lane, None
         if lane is not None:
-            if self.ended is None:  # (an ended leg dropped the connection's lane in _end)
+            if self.ended is None:  # (an ended leg's connection has dropped it: stop, _end)
                 self._conn.set_lane(None)
             lane.flush()
             if lane.off:

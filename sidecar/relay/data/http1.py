@@ -31,6 +31,7 @@ Work is O(n): every byte is looked at once, except a held partial head or size l
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from ...base.speedups import chunk_payload, chunk_payloads, hex_size
@@ -448,11 +449,14 @@ def _chunk_size(line: bytes) -> int:
     return size
 
 
+_FIELD_NAME = itemgetter(0)
+
+
 def lowered_names(fields: list[tuple[str, str]]) -> list[str]:
     """Each field's name in lower case, in order, lowered as one string (no call a field).
     A name is a token, with no line end in it (the parsers refuse any other, and
     :func:`request_head` refuses to write one)."""
-    return "\n".join([name for name, _ in fields]).lower().split("\n") if fields else []
+    return "\n".join(map(_FIELD_NAME, fields)).lower().split("\n") if fields else []
 
 
 def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]]) -> bytes:

@@ -423,7 +423,8 @@ class UpstreamConnection(asyncio.Protocol):
         """The relay is done with this response (whatever happened)."""
         self._sink = self._lane = None
         self._ended = True
-        self._cancel_timer()
+        if self._timer is not None:  # (a response that ended has cancelled it already)
+            self._cancel_timer()
         writer, self._body_writer = self._body_writer, None
         if writer is not None and not writer.done():
             writer.cancel()  # the server answered before reading the whole body
