@@ -88,10 +88,11 @@ class SSEJSONDialect:
         self._memo: EventTemplate | None = None  # armed: its events stand for a match
         self._candidate: EventTemplate | None = None  # learned once, not yet confirmed
         self._learning = self.LEARN_TRIES if self._token_text is not None else 0
-        # Set by a templated dialect's _object when the event it read is settled: read
-        # again from the state it left, it would leave that state and give the same events
-        # for any non-empty text in its place (cleared before each event that may teach).
-        self._settled = False
+        # Set by a templated dialect's _object to the text of the event it read when that
+        # event is settled: read again from the state it left, it would leave that state and
+        # give the same events for any non-empty text in its place (cleared before each
+        # event that may teach).
+        self._settled: str | None = None
 
     def feed(self, chunk: bytes) -> list[DialectEvent]:
         memo = self._memo
@@ -120,7 +121,7 @@ class SSEJSONDialect:
         if self._candidate is not None:
             self._confirm(self._candidate, chunk, data, out)
             return out
-        self._settled = False
+        self._settled = None
         obj = self._data(data, "message", out)
         if obj is not None and self._learning and out and type(out[0]) is Tokens:
             self._learn(chunk, data, obj, out, self._settled)
@@ -132,14 +133,15 @@ class SSEJSONDialect:
         data: bytes,
         obj: dict[str, Any],
         out: list[DialectEvent],
-        settled: bool = False,
+        settled: str | None = None,
     ) -> None:
         """``chunk``'s event (its ``data``, decoded as ``obj`` into ``out``) gave a token: a
         template, when it is one token event (with a tool call's piece, maybe).
 
         Armed at once when the dialect ``settled`` the event (``_object`` set
-        :attr:`_settled`: read again from the state it left, it leaves that state and gives
-        the same events, whatever its non-empty text) and ``data`` holds no backslash: then
+        :attr:`_settled` to its text, the one ``_token_text`` reads: read again from the
+        state it left, it leaves that state and gives the same events, whatever its
+        non-empty text) and ``data`` holds no backslash: then
         every string in it is written verbatim, so the one place the text is written
         (``EventTemplate.learn`` finds it exactly once) is the field the dialect read it
         from. That is what :meth:`_confirm` learns from a second event with another text
@@ -148,8 +150,9 @@ class SSEJSONDialect:
         events = len(out)
         if events == 1 or (events == 2 and type(out[1]) is ToolCallDelta):
             self._learning -= 1
-            candidate = EventTemplate.learn(chunk, data, self._token_text(obj), out)  # type: ignore[misc]  # set: learning
-            if candidate is not None and settled and b"\\" not in data:
+            text = self._token_text(obj) if settled is None else settled  # type: ignore[misc]  # set: learning
+            candidate = EventTemplate.learn(chunk, data, text, out)
+            if candidate is not None and settled is not None and b"\\" not in data:
                 self._arm(candidate, repeated=False)
             else:
                 self._candidate = candidate

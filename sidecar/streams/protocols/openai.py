@@ -180,7 +180,9 @@ class OpenAIStreamDialect(SSEJSONDialect):
                     # Settled (SSEJSONDialect._learn) when it carries no usage: read again,
                     # it sets the same two flags, finds its index tracked (or, past the
                     # bound or finished, tracks nothing again) and gives the same token.
-                    self._settled = parsed is None
+                    # Its text is the content (what _token_text reads of it).
+                    if parsed is None:
+                        self._settled = delta["content"]
                 else:  # per-chunk usage: as many tokens as the count grew by (class doc)
                     grown = (
                         parsed.output_tokens - self._completion_so_far

@@ -369,8 +369,8 @@ def token(text: bytes, shape: bytes = VLLM) -> bytes:
 class ConfirmedOnly(OpenAIStreamDialect):
     """The same dialect arming only on a second event's confirmation (never from one)."""
 
-    def _learn(self, chunk, data, obj, out, settled=False):
-        super()._learn(chunk, data, obj, out, False)
+    def _learn(self, chunk, data, obj, out, settled=None):
+        super()._learn(chunk, data, obj, out, None)
 
 
 def test_a_settled_token_event_arms_at_once(decodes):
