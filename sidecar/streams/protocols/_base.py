@@ -147,8 +147,9 @@ class SSEJSONDialect:
         from. That is what :meth:`_confirm` learns from a second event with another text
         there, known from this one. Otherwise it is a candidate for the next event to
         confirm."""
-        events = len(out)
-        if events == 1 or (events == 2 and type(out[1]) is ToolCallDelta):
+        # (the count read from slices, which make no call: this runs for every token event
+        # while learning, and for a stream's last token with its finish)
+        if not out[1:] or (type(out[1]) is ToolCallDelta and not out[2:]):
             self._learning -= 1
             text = self._token_text(obj) if settled is None else settled  # type: ignore[misc]  # set: learning
             candidate = EventTemplate.learn(chunk, data, text, out)
