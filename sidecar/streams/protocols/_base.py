@@ -73,7 +73,9 @@ class SSEJSONDialect:
     whose events and state depend on that text only through whether it is empty, gets its
     repeating event recognised from the bytes (:mod:`.template`): the same events without
     decoding it again. The decoded path is the oracle; it learns the template, and takes
-    over at the first event of another shape.
+    over at the first event of another shape. A dialect that also sets ``_settled`` for an
+    event it knows to be a fixed point has that event's template armed without waiting for
+    a second (:meth:`_learn`).
     """
 
     __slots__ = ("_sse", "_memo", "_candidate", "_learning", "_settled")
@@ -174,10 +176,11 @@ class SSEJSONDialect:
     ) -> None:
         """Decode ``data`` (``chunk``'s) as always, and confirm the candidate on the way.
 
-        Armed only when a second event of a candidate's shape, with a different text there,
-        gave the candidate's events and left the state as it was: then the text is what
-        varies in that place (the rest of both events is the same bytes) and the state is a
-        fixed point of the shape, so every later event of the shape gives the same events.
+        A candidate (an event :meth:`_learn` could not arm by itself) is armed only when a
+        second event of its shape, with a different text there, gave the candidate's events
+        and left the state as it was: then the text is what varies in that place (the rest
+        of both events is the same bytes) and the state is a fixed point of the shape, so
+        every later event of the shape gives the same events.
         An event of another shape drops the candidate, and may give one of its own."""
         text = candidate.text_of(chunk)
         if text is not None:
