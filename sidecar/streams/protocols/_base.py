@@ -125,7 +125,9 @@ class SSEJSONDialect:
             return out
         self._settled = None
         obj = self._data(data, "message", out)
-        if obj is not None and self._learning and out and type(out[0]) is Tokens:
+        # (a token event of at most two events, as _learn takes: a stream's last token with
+        # its finish is not asked)
+        if obj is not None and self._learning and out and type(out[0]) is Tokens and not out[2:]:
             self._learn(chunk, data, obj, out, self._settled)
         return out
 
