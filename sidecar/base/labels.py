@@ -318,12 +318,17 @@ class BoundedLabel:
             adopted.append(value)
         return adopted
 
+    def returnable(self, values: Iterable[str]) -> list[str]:
+        """Which of ``values`` :meth:`give_back` would give back now (its owner copies their
+        series' counts first, in the same step)."""
+        return [v for v in dict.fromkeys(values) if v in self._earned and v not in self._held]
+
     def give_back(self, values: Iterable[str]) -> list[str]:
         """Earned values the rest of the pod files under ``other`` (sidecar/fleet: the pod's
         page holds the pod's bound): each gives its slot and series back now, so the slot can
         take one of the pod's own values; never one a request holds or the server lists.
         Returns them."""
-        gone = [v for v in dict.fromkeys(values) if v in self._earned and v not in self._held]
+        gone = self.returnable(values)
         for value in gone:
             del self._earned[value]
             self._forget(value)

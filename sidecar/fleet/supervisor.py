@@ -35,7 +35,10 @@ totals a replaced worker carried beside the series its replacement makes. The la
 the model listing is asked once and handed to every worker; the page holds the pod's bounds
 on model and tenant values (``--max-models``, ``--max-tenants``), folding a value past them
 into ``other`` (:mod:`sidecar.fleet.pod_labels`); and at each sync every worker adopts the
-pod's own values and gives back those the page folded.
+pod's own values and gives back those the page folded. A worker that gives values back
+answers with a copy of its families taken just before their series go, and the page merges
+it before any later copy: what the worker counted under them since the sync's copy stays on
+the page.
 """
 
 from __future__ import annotations
@@ -176,6 +179,10 @@ class Supervisor:
         self.renderer = ScrapeRenderer(_MergedPage(self))
         self.page_families: list[Metric] = []  # the last merge, which the renderer reads
         self._tasks: set[asyncio.Task[None]] = set()
+        # Held from the copies a merge reads being taken to the merge, by a scrape and by a
+        # give-back: a copy taken after a worker gave values back (their series gone) is never
+        # merged before the copy that holds their final counts.
+        self._merging = asyncio.Lock()
         self.models: list[str] | None = None  # what the upstream lists, asked once for the pod
         self.all_exited = asyncio.Event()
 
@@ -280,12 +287,7 @@ class Supervisor:
         answer = await worker.ask(FAMILIES_PATH)
         if answer is None or answer.status != 200:
             return  # starting, or going: its last copy stands
-        try:
-            sequence, families = pickle.loads(answer.body)
-        except (pickle.UnpicklingError, ValueError, EOFError):
-            return
-        if worker.proc is proc:  # not retired meanwhile
-            worker.take(sequence, families)
+        if _take_copy(worker, proc, answer.body):
             if self.models is not None and worker.listed != self.models:
                 await self._hand_models(worker, self.models)  # a new worker: at once
 
@@ -339,7 +341,9 @@ class Supervisor:
         server does not list, a tenant) and gives back those the page folds into ``other``,
         so a value is the same label on every worker within ``--worker-sync-seconds`` (a worker
         adopts within its room and its share of the series budget; a value a request holds is
-        given back once it is released, at a later sync)."""
+        given back once it is released, at a later sync). A worker that gives values back
+        answers with its families copied just before their series went, merged at once: the
+        page keeps what it counted under them, also since the copy the sync took."""
         admitted: list[tuple[_Worker, dict[str, set[str]]]] = []
         for worker in self.workers:
             answer = await worker.ask(LABELS_PATH)
@@ -361,15 +365,30 @@ class Supervisor:
         for name, book in books.items():
             pod[name] = set(book.own)
         asks = []
+        giving = False
         for worker, labels in admitted:
             missing = {k: sorted(v - labels.get(k, set())) for k, v in pod.items()}
             folded = {k: sorted(labels.get(k, set()) & book.folded) for k, book in books.items()}
             if any(missing.values()) or any(folded.values()):
                 asks.append((worker, {"adopt": missing, "give_back": folded}))
-        if any(doc["give_back"][k] for _, doc in asks for k in books):
-            self.merged()  # their counts as of the copies just taken, before their series go
-        for worker, doc in asks:
-            await worker.ask(LABELS_PATH, json=doc)
+                giving = giving or any(folded.values())
+        if not asks:
+            return
+        async with self._merging:
+            await asyncio.gather(*(self._hand_labels(worker, doc) for worker, doc in asks))
+            if giving:
+                # The given-back series at their final counts (the copies the workers answered
+                # with; a worker that did not answer: its last copy), read before a later copy
+                # without them, so the page carries them.
+                self.merged()
+
+    async def _hand_labels(self, worker: _Worker, doc: dict[str, dict[str, list[str]]]) -> None:
+        """``POST`` the pod's labels to ``worker``; a worker that gave values back answers with
+        a copy of its families taken just before their series went, which is kept."""
+        proc = worker.proc
+        answer = await worker.ask(LABELS_PATH, json=doc)
+        if answer is not None and answer.status == 200:
+            _take_copy(worker, proc, answer.body)
 
     def merged(self) -> list[Metric]:
         live: dict[Source, Iterable[Metric]] = {
@@ -442,9 +461,10 @@ class Supervisor:
         return web.json_response(doc, status=200 if healthy else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        await self.refresh()
-        # Merged here, on the loop that retires workers (the renderer's thread only reads it).
-        self.page_families = self.merged()
+        async with self._merging:
+            await self.refresh()
+            # Merged here, on the loop that retires workers (the renderer's thread only reads it).
+            self.page_families = self.merged()
         return await self.renderer.handler(request)
 
     def admin_app(self) -> web.Application:
@@ -466,6 +486,19 @@ class Supervisor:
         if self.settings.stall_probe_seconds is not None:
             app.router.add_get("/stallz", self._stallz)
         return app
+
+
+def _take_copy(worker: _Worker, proc: asyncio.subprocess.Process | None, body: bytes) -> bool:
+    """A pickled ``(sequence, families)`` copy from ``proc`` into its worker slot, unless the
+    slot's process changed meanwhile (retired, replaced); whether it was taken."""
+    try:
+        sequence, families = pickle.loads(body)
+    except (pickle.UnpicklingError, ValueError, EOFError):
+        return False
+    if worker.proc is not proc:
+        return False
+    worker.take(sequence, families)
+    return True
 
 
 def pod_bounds(settings: Settings) -> dict[str, int]:

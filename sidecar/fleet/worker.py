@@ -13,7 +13,8 @@ relay, records and registry (exemplars, process metrics). What it adds is for it
   once for the pod (not once a worker) and hands to every worker;
 * ``GET``/``POST /pod/labels``: the model and tenant label values it admitted; those the pod
   counts as its own, which it adopts, and those the pod's page folds into ``other``, which it
-  gives back (one admission for the pod, within a sync);
+  gives back (one admission for the pod, within a sync), answering with a copy of its
+  families taken just before their series go, so their final counts reach the page;
 * its requests in flight in a :class:`~sidecar.fleet.ledger.InFlightLedger`, which the
   supervisor reads if the worker dies;
 * stopping (draining) when the supervisor is gone;
@@ -77,8 +78,10 @@ def spawn_args(settings: Settings, plan: WorkerPlan) -> tuple[list[str], bytes]:
 class _Families:
     """The worker's families for its supervisor: ``GET /pod/families`` answers
     ``(sequence, families)`` pickled, collected off the loop (one thread: copies leave in the
-    order they were collected, and the sequence says so); :meth:`final` writes the last
-    copy to ``final_path`` once every request is done (written whole, then renamed)."""
+    order they were collected, and the sequence says so); a copy that answers a give-back is
+    collected on the loop's thread and numbered from the same sequence; :meth:`final` writes
+    the last copy to ``final_path`` once every request is done (written whole, then
+    renamed)."""
 
     def __init__(self, final_path: str) -> None:
         self._numbers = itertools.count(1)
@@ -109,16 +112,28 @@ class _Families:
         async def labels(request: web.Request) -> web.Response:
             """GET: the label values this worker admitted; POST: ``give_back``, the values the
             pod folds into ``other`` (first, so their slots are free), and ``adopt``, the
-            pod's own values."""
+            pod's own values.
+
+            A value given back takes its series with it, and what they counted since the
+            supervisor's last copy would go too. So when something goes, the answer is a copy
+            of the families (as ``GET /pod/families`` answers) collected just before, in the
+            same synchronous step on the loop's thread, the one writer of the counts: no
+            request is counted between the copy and the removal, and the page carries the
+            series' final values. Nothing given back: 204, nothing collected."""
             if request.method == "GET":
                 return web.json_response({k: sorted(b.values) for k, b in labelers().items()})
             doc = await request.json()
             if not isinstance(doc, dict):
                 return web.Response(status=400)
-            for name, labeler in labelers().items():
-                labeler.give_back(_strings(doc.get("give_back"), name))
+            found = labelers()
+            going = {k: b.returnable(_strings(doc.get("give_back"), k)) for k, b in found.items()}
+            body = self._collect(sc) if any(going.values()) else None
+            for name, labeler in found.items():
+                labeler.give_back(going[name])
                 labeler.adopt(_strings(doc.get("adopt"), name))
-            return web.Response(status=204)
+            if body is None:
+                return web.Response(status=204)
+            return web.Response(body=body, content_type="application/octet-stream")
 
         sc.admin_app.router.add_get(FAMILIES_PATH, families)
         sc.admin_app.router.add_post(MODELS_PATH, models)

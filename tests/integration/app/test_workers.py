@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -25,6 +26,9 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.config import Settings
+from sidecar.fleet.supervisor import Supervisor, run_directory
+from sidecar.fleet.worker import reuse_port_socket
 from tests.support.exposition import count_series
 from tests.support.in_process import start_app
 from tests.support.ports import retry_on_port_clash
@@ -799,4 +803,101 @@ async def test_the_series_budget_holds_across_kills_when_the_replacement_serves_
         pod.proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(pod.proc.wait, 30) == 0
     finally:
+        await runner.cleanup()
+
+
+async def test_requests_counted_between_a_copy_and_a_give_back_stay_on_the_pods_page(tmp_path):
+    """The production supervisor in the test's loop with two real worker processes, its sync's
+    two steps (``refresh``, ``share_labels``) taken by the test (the interval is set past the
+    test's end). ``--max-tenants 1``: worker 0 earns tenant ``kept`` first, so the page keeps
+    it; worker 1 earns ``folded``, which the page folds into ``other``. After the sync's copy
+    of every worker, worker 1 counts five more ``folded`` requests; then the sync gives
+    ``folded`` back and worker 1 removes its series. The pod's page still counts every
+    request, the five counted between the copy and the give-back too."""
+    upstream = CountingUpstream(lists=False)
+    runner, port = await start_app(upstream.app())
+    settings = Settings(
+        upstream=f"http://127.0.0.1:{port}",
+        tenant_header="X-Tenant",
+        max_tenants=1,
+        worker_sync_seconds=3600.0,
+    )
+    rundir = run_directory()
+    listener = reuse_port_socket("127.0.0.1", 0)
+    supervisor = Supervisor(settings, 2, rundir)
+    sessions: list[aiohttp.ClientSession] = []
+    admin = None
+    try:
+        await supervisor.start(listener)
+        await supervisor.listening(timeout=60)
+        admin, admin_port = await start_app(supervisor.admin_app())
+        admin_url = f"http://127.0.0.1:{admin_port}"
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        socks = [Path(w.admin_path) for w in supervisor.workers]
+        sent = 0
+
+        async def served() -> list[float]:
+            return [total(await worker_page(sock), "llm_requests_total") for sock in socks]
+
+        async def send(session: aiohttp.ClientSession, tenant: str | None) -> None:
+            nonlocal sent
+            before = await served()
+            headers = {"x-tokens": "2", **({"X-Tenant": tenant} if tenant else {})}
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(url + ROUTE, json=body, headers=headers) as r:
+                assert r.status == 200
+                assert (await r.read()).endswith(DONE)
+            sent += 1
+
+            async def counted() -> bool:  # a request is counted just after its last byte
+                return sum(await served()) == sum(before) + 1
+
+            await wait_for(counted, timeout=10)
+
+        # A kept-alive connection is one worker's: open connections (no tenant, no slot
+        # taken) until each worker has one.
+        pinned: dict[int, aiohttp.ClientSession] = {}
+        for _ in range(64):
+            if len(pinned) == 2:
+                break
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+            sessions.append(session)
+            before = await served()
+            await send(session, None)
+            after = await served()
+            pinned.setdefault(next(i for i in (0, 1) if after[i] > before[i]), session)
+        assert len(pinned) == 2, "the kernel never handed a connection to one of the workers"
+
+        await send(pinned[0], "kept")
+        await scrape(admin_url)  # the page sees "kept" first: the pod's one tenant
+        await send(pinned[1], "folded")
+        await supervisor.refresh()  # the sync's copy of every worker
+        for _ in range(5):
+            await send(pinned[1], "folded")  # counted after the copy
+        await supervisor.share_labels()  # "folded" given back: worker 1 removes its series
+        assert "folded" not in (await _worker_labels(socks[1]))["tenant"]
+        assert total(await worker_page(socks[1]), "llm_requests_total", tenant="folded") == 0
+
+        page = await scrape(admin_url)
+        assert total(page, "llm_requests_total") == sent
+        assert total(page, "llm_requests_total", tenant="other") == 6
+        assert total(page, "llm_label_overflow_total", label="tenant") == 6
+        assert total(page, "llm_tokens_total", type="output", tenant="other") == 12
+        assert total(page, "llm_time_to_first_token_seconds_count", tenant="other") == 6
+        # A worker with nothing to give back answers as before: 204, nothing collected.
+        connector = aiohttp.UnixConnector(path=str(socks[0]))
+        async with aiohttp.ClientSession(connector=connector) as s:
+            doc = {"adopt": {"tenant": []}, "give_back": {"tenant": ["folded"]}}
+            async with s.post("http://worker/pod/labels", json=doc) as r:
+                assert (r.status, await r.read()) == (204, b"")
+    finally:
+        for session in sessions:
+            await session.close()
+        supervisor.stop()
+        await asyncio.wait_for(supervisor.all_exited.wait(), timeout=30)
+        await supervisor.close()
+        if admin is not None:
+            await admin.cleanup()
+        listener.close()
+        shutil.rmtree(rundir, ignore_errors=True)
         await runner.cleanup()

@@ -51,6 +51,8 @@ def test_a_value_given_back_frees_its_slot_but_never_one_held_or_listed():
     assert label.settle("b", 200) == "b"
     assert label.settle("c", 200) == OTHER  # full
     label.hold("b")
+    assert label.returnable(["a", "b", "zzz", "a"]) == ["a"]  # what give_back would take
+    assert forgotten == []
     assert label.give_back(["a", "b", "zzz"]) == ["a"]
     assert forgotten == ["a"]
     assert label.settle("c", 200) == "c"  # a's slot
