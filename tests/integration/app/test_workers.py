@@ -664,6 +664,7 @@ async def test_the_tenant_and_model_bounds_are_the_pods_also_across_kills(serve_
                 "--max-models", "3", **k,
             ),
             f"http://127.0.0.1:{port}", tmp_path, 2,
+            "--worker-sync-seconds", str(SYNC_SECONDS),
         )  # fmt: skip
 
         async def scraper() -> None:
@@ -696,10 +697,7 @@ async def test_the_tenant_and_model_bounds_are_the_pods_also_across_kills(serve_
             if r:
                 await _kill_worker(pod, tmp_path, victim=r % 2)
             await round_of(r)
-            # A sync at the default 5 s, not SYNC_SECONDS: at 1 s syncs fall inside the rounds,
-            # and in a parallel run the page once counted 299 of 320 requests (open: a value
-            # given back while requests use it may drop what was counted since the last copy).
-            await asyncio.sleep(5.0 + 1)  # a sync: the pod's labels handed round
+            await asyncio.sleep(SYNC_SECONDS + 1)  # a sync: the pod's labels handed round
             await round_of(r)
             await asyncio.sleep(1.2)  # past the page the scraper's last render may reuse
             async with aiohttp.ClientSession() as s:
