@@ -330,10 +330,7 @@ class BodyRelay:
             raise TypeError(f"a relay ends with a Verdict, not {ended!r}")
         if self.ended is None:
             self.ended = ended
-            if self._on_end is not None and not self._waiting:
-                self._body_ended(ended)  # (what _wake does with an end, without the hop)
-            else:
-                self._wake()
+            self._wake()
 
     def _wake(self) -> None:
         """The body ended, or the upstream was paused: the client's buffer is full."""
