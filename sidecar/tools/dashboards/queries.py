@@ -1,15 +1,22 @@
 """PromQL for the dashboards: one place for selectors, rates, quantiles and ratios.
 
-The panels read recorded series, not raw ones: :func:`sum_rate`, :func:`quantile`,
-:func:`mean` and :func:`sum_gauge` read the records of :mod:`sidecar.tools.slo.aggregates`
-(rates over 2m, summed by cluster, namespace, release, model, route and the labels the panels
-split by, evaluated with the SLO rules), so a panel reads one series per deployment, model
-and route instead of every pod's every bucket. Asking for a label a record does not keep
-raises at generation time. Grouping by ``pod`` reads the per-pod records (a quantile per pod
-reads the raw buckets: no rule records them per pod), and every per-pod panel draws at most
-:data:`POD_LINES` pods (:func:`top_pods`). The ``raw_*`` helpers read raw series over
-``$__rate_interval`` (Grafana's window that always holds at least four scrapes): only
-drill-downs to pods use them, each bounded by ``topk``, as a test checks.
+The panels read recorded series where a rule records them: :func:`sum_rate`,
+:func:`quantile`, :func:`mean`, :func:`sum_gauge` and :func:`max_gauge` read the records of
+:mod:`sidecar.tools.slo.aggregates` (rates over 2m, summed by cluster, namespace, release,
+model, route and the labels the panels split by, evaluated with the SLO rules), so a panel
+reads one series per deployment, model and route instead of every pod's every bucket. Asking
+for a label a record does not keep raises at generation time.
+
+Two kinds of query read the raw series over ``$__rate_interval`` (Grafana's window that always
+holds at least four scrapes) instead, when the panel is drawn, because recording them would
+cost every evaluation what the panel costs when someone opens it:
+
+- a drill-down to pods (``pod`` among the labels it keeps): every per-pod panel draws at
+  most :data:`POD_LINES` pods (:func:`top_pods`), as a test checks;
+- a detail view (:data:`~sidecar.tools.slo.aggregates.READ_WHEN_DRAWN`), summed by release,
+  model and the labels the panel splits by, so it draws a bounded number of lines.
+
+Anything else that no rule records raises: a new panel cannot read raw series by accident.
 
 Every selector carries the dashboard's filter variables the series keeps (a record summed
 over pods or routes ignores the pod or route filter). Recorded SLO series (``llm:*``) are
@@ -116,10 +123,39 @@ def top_pods(expr: str) -> str:
     return f"topk({POD_LINES}, {expr})"
 
 
-def _recorded_sum(
-    series: str, by: Sequence[str], extra: Sequence[Matcher], labels: Iterable[str], op: str = "sum"
+def _raw_filters(series: str, labels: Iterable[str]) -> list[str]:
+    """The filter variables ``series`` itself has: the target labels and its own."""
+    own = aggregates.own_labels(series)
+    return [label for label in labels if label in TARGET_LABELS or label in own]
+
+
+def _raw_sum(
+    series: str, by: Sequence[str], extra: Sequence[Matcher], labels: Iterable[str], how: str
 ) -> str:
-    record = aggregates.find(series, per_pod="pod" in by)
+    """The raw series, summed (``how="rate"``: their rates over the rate window; ``sum`` or
+    ``max``: a gauge) by ``by``, with the filters the series has."""
+    own = aggregates.own_labels(series) | set(TARGET_LABELS)
+    missing = [label for label in (*by, *(k for k, _, _ in extra)) if label not in own]
+    if missing:
+        raise ValueError(f"{series} has no {missing}")
+    filters = _raw_filters(series, labels)
+    if how == "rate":
+        return raw_sum_rate(series, by, extra, filters)
+    grouping = f" by ({', '.join(by)})" if by else ""
+    return f"{how}{grouping} ({selector(series, extra, filters)})"
+
+
+def _recorded_sum(
+    series: str,
+    by: Sequence[str],
+    extra: Sequence[Matcher],
+    labels: Iterable[str],
+    op: str = "sum",
+    how: str = "rate",
+) -> str:
+    if "pod" in by or aggregates.read_when_drawn(series):
+        return _raw_sum(series, by, extra, labels, how if how == "rate" else op)
+    record = aggregates.find(series)
     kept = set(record.kept)
     missing = [label for label in (*by, *(k for k, _, _ in extra)) if label not in kept]
     if missing:
@@ -138,18 +174,20 @@ def sum_rate(
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
     """Per second, summed by ``by`` (``sum (...)`` without): the recorded 2m rate of
-    ``metric`` (a counter or a histogram's part), per pod when ``by`` has ``pod``."""
+    ``metric`` (a counter or a histogram's part); the raw rate per pod when ``by`` has
+    ``pod``, or for a detail view."""
     return _recorded_sum(metric, by, extra, labels)
 
 
 def sum_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
-    """A gauge summed by ``by``, from its recorded sum (per pod when ``by`` has ``pod``)."""
-    return _recorded_sum(metric, by, (), labels)
+    """A gauge summed by ``by``, from its recorded sum (the raw gauge per pod when ``by`` has
+    ``pod``)."""
+    return _recorded_sum(metric, by, (), labels, how="sum")
 
 
 def max_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
     """A gauge's largest value by ``by``, from its recorded maximum."""
-    return _recorded_sum(metric, by, (), labels, op="max")
+    return _recorded_sum(metric, by, (), labels, op="max", how="max")
 
 
 def quantile(
@@ -159,21 +197,12 @@ def quantile(
     extra: Sequence[Matcher] = (),
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
-    """The q-quantile of a histogram from its recorded bucket rates; per pod, from its raw
-    buckets over the rate window (no rule records every pod's buckets: a rule would write and
-    read them every evaluation, the panel reads them when it is drawn). Bound a per-pod
-    quantile with :func:`top_pods`."""
+    """The q-quantile of a histogram from its recorded bucket rates; per pod, or for a detail
+    view, from its raw buckets over the rate window (no rule records every pod's buckets: a
+    rule would write and read them every evaluation, the panel reads them when it is drawn).
+    Bound a per-pod quantile with :func:`top_pods`."""
     buckets = (*by, "le")
-    if "pod" not in by:
-        return (
-            f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', buckets, extra, labels)})"
-        )
-    # The raw buckets take the filters of the labels the histogram has (its release record
-    # keeps them all, the target labels aside): a route filter on a per-model histogram
-    # would match nothing, as it is ignored on the records.
-    kept = set(aggregates.find(histogram + "_bucket").kept)
-    own = [label for label in labels if label in TARGET_LABELS or label in kept]
-    return f"histogram_quantile({q:g}, {raw_sum_rate(histogram + '_bucket', buckets, extra, own)})"
+    return f"histogram_quantile({q:g}, {sum_rate(histogram + '_bucket', buckets, extra, labels)})"
 
 
 def mean(

@@ -1,30 +1,37 @@
-"""The recorded series the dashboards read: every raw series a panel needs, summed once per
-evaluation by (cluster, namespace, llm_release), the series' own ``model`` and ``route``
-where its family has them, and the few labels its panels split or filter by, over a short
-window.
+"""The recorded series the dashboards read: the raw series an SLO, an alert or a headline panel
+needs, summed once per evaluation by (cluster, namespace, llm_release), the series' own
+``model`` and ``route`` where its family has them, and the few labels its panels split or
+filter by, over a short window.
 
 Why: a panel over raw series reads every pod's every series (each bucket, each prompt class)
 over the rate window at every step, and does so again for every viewer and every refresh. A
 rule reads them once per evaluation and writes one series per deployment, model and route;
-the panels then read those. The pod is summed away: the per-pod records (``per_pod``) keep
-it but not ``route``, and only the per-pod drill-down panels read them, each bounded by
-``topk``. A record whose per-pod record keeps every label it keeps is the sum of that
-record, written just before it in the same evaluation: one raw read, not two, and no delay.
+the panels then read those.
 
-What an evaluation costs is the series it reads and writes, far more than their samples (a
-series read over the window costs about as much over 1m as over 5m): so no histogram's
-buckets are recorded per pod (a per-pod quantile reads the raw buckets, bounded by ``topk``,
-when someone opens the panel, instead of every evaluation writing every pod's buckets and
-reading them again), and a histogram's ``_count`` rate whose ``_bucket`` rate is recorded
-with the same labels is that record's ``le="+Inf"`` series, written just before it (the
-same number: a classic histogram's count is its ``+Inf`` bucket), not a second raw read.
+What a rule costs is paid at every evaluation, whether or not anyone looks, and what an
+evaluation costs is the series it reads and writes, far more than their samples (a series
+read over the window costs about as much over 1m as over 5m; docs/performance.md, "What a
+rule evaluation costs"). So records are kept for what is read all the time, and nothing else
+is recorded:
+
+- **No per-pod records.** A drill-down to pods reads the raw series over
+  ``$__rate_interval`` when someone opens it, bounded by ``topk``, instead of every
+  evaluation writing every pod's series and reading them again.
+- **The detail views are read when drawn** (:data:`READ_WHEN_DRAWN`): time to first byte,
+  the tool-call times, decode speed, request sizes, the engine's phases, TTFT by prefix-cache
+  class, finish reasons, token count sources and the sidecar's own overhead. No SLO, alert or
+  capacity figure reads them, and a panel summed by release and model draws a bounded number
+  of lines from them; recording them cost the fleet more every 15 seconds than opening them
+  costs once.
+- A histogram's ``_count`` rate whose ``_bucket`` rate is recorded with the same labels is
+  that record's ``le="+Inf"`` series, written just before it (the same number: a classic
+  histogram's count is its ``+Inf`` bucket), not a second raw read.
 
 Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate2m``
-(``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``_per_pod``
-after the metric for the per-pod records, ``:sum`` (or ``:max``) for a gauge and ``:count``
-for a count of series. ``le`` is kept on every ``_bucket`` record, so any quantile or
-heatmap of the selected releases and models is ``histogram_quantile`` over the recorded
-bucket rates.
+(``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``:sum`` (or
+``:max``) for a gauge and ``:count`` for a count of series. ``le`` is kept on every
+``_bucket`` record, so any quantile or heatmap of the selected releases and models is
+``histogram_quantile`` over the recorded bucket rates.
 
 The window is 2m: four scrapes at the 30s interval kube-prometheus-stack scrapes at, so a
 missed scrape leaves a rate rather than a gap. The panels read the recorded rates as they
@@ -46,10 +53,12 @@ __all__ = [
     "GROUP",
     "WINDOW",
     "BASE_LABELS",
-    "POD_LABELS",
+    "READ_WHEN_DRAWN",
     "Aggregate",
     "AGGREGATES",
     "find",
+    "own_labels",
+    "read_when_drawn",
     "aggregates_group",
 ]
 
@@ -58,16 +67,64 @@ WINDOW = 2 * 60
 BASE_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "model", "route")
 """What a record keeps: the target labels, and ``model`` and ``route`` where the series has
 them (:data:`~sidecar.export.families.FAMILIES` says which)."""
-POD_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "pod", "model")
-"""What a per-pod record keeps: the pod, not the route (a pod serves its model on every route),
-unless the record names it among its own labels (the requests and tokens, whose release records
-are summed from them)."""
 OWN_LABELS = frozenset({"model", "route"})
 """The sidecar's own labels among those: kept only on the series that have them."""
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count")
+_IN_FLIGHT = ("model", "route")  # sidecar/export/in_flight.py
 _FAMILY_LABELS: dict[str, frozenset[str]] = {
-    f"{NAMESPACE}_{f.name}": frozenset(f.labels) for f in FAMILIES
+    **{f"{NAMESPACE}_{f.name}": frozenset(f.labels) for f in FAMILIES},
+    # The in-flight collector's gauges (sidecar/export/in_flight.py) and the build info,
+    # which no request family declares.
+    "llm_requests_in_flight": frozenset(_IN_FLIGHT),
+    "llm_requests_in_phase": frozenset((*_IN_FLIGHT, "phase")),
+    "llm_requests_in_phase_oldest_seconds": frozenset((*_IN_FLIGHT, "phase")),
+    "llm_streams_stalled": frozenset((*_IN_FLIGHT, "phase")),
+    "llm_sidecar_build_info": frozenset(("version", "speedups")),
 }
+
+READ_WHEN_DRAWN: frozenset[str] = frozenset(
+    {
+        "llm_time_to_first_byte_seconds",
+        "llm_time_to_first_token_by_cache_seconds",
+        "llm_time_to_first_tool_call_seconds",
+        "llm_tool_call_assembly_seconds",
+        "llm_tool_calls_per_response",
+        "llm_output_tokens_per_second",
+        "llm_request_tokens",
+        "llm_upstream_load_seconds",
+        "llm_upstream_queue_seconds",
+        "llm_upstream_prefill_seconds",
+        "llm_upstream_decode_seconds",
+        "llm_sidecar_overhead_seconds",
+        "llm_token_count_source",
+        "llm_finish_reasons",
+    }
+)
+"""The families whose panels read the raw series when drawn, summed by release and model (or
+bounded by ``topk`` per pod): detail views that no SLO, alert or capacity figure reads."""
+
+
+def _family(series: str) -> str:
+    name = series
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix) and name.removesuffix(suffix) in _FAMILY_LABELS:
+            return name.removesuffix(suffix)
+    return name
+
+
+def own_labels(series: str) -> frozenset[str]:
+    """The labels the sidecar puts on ``series`` (``model``, ``route``, ``outcome``, ``le``
+    for buckets...), not the target labels; KeyError for a series nobody declares."""
+    family = _family(series)
+    labels = _FAMILY_LABELS.get(family)
+    if labels is None:
+        raise KeyError(f"{series}: no family declares it")
+    return labels | ({"le"} if series.endswith("_bucket") else set())
+
+
+def read_when_drawn(series: str) -> bool:
+    """Whether a panel reads ``series`` raw (its family is in :data:`READ_WHEN_DRAWN`)."""
+    return _family(series) in READ_WHEN_DRAWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,37 +136,19 @@ class Aggregate:
     labels: tuple[str, ...] = ()
     how: str = "rate"
     """``rate`` (a counter), ``sum`` or ``max`` (a gauge) or ``count`` (series counted)."""
-    per_pod: bool = False
-    own: tuple[str, ...] | None = None
-    """Which of ``model`` and ``route`` the series has, for a series no family declares (the
-    in-flight collector's, the build info); None: its family's labels say."""
-
-    def _own(self) -> frozenset[str]:
-        if self.own is not None:
-            return frozenset(self.own)
-        name = self.series
-        for suffix in _SUFFIXES:
-            name = name.removesuffix(suffix)
-        labels = _FAMILY_LABELS.get(name)
-        if labels is None:
-            raise KeyError(f"{self.series}: no family declares it; say its labels with own=")
-        return labels
 
     @property
     def kept(self) -> tuple[str, ...]:
         """The target labels, the series' own ``model`` and ``route`` (the histograms are per
         model, not per route), ``labels`` and ``le`` for buckets."""
-        base = POD_LABELS if self.per_pod else BASE_LABELS
-        own = self._own()
-        base = tuple(label for label in base if label not in OWN_LABELS or label in own)
+        own = own_labels(self.series)
+        base = tuple(label for label in BASE_LABELS if label not in OWN_LABELS or label in own)
         le = ("le",) if self.series.endswith("_bucket") else ()
         return (*base, *self.labels, *le)
 
     @property
     def record(self) -> str:
         stem = self.series.removeprefix("llm_").removesuffix("_total")
-        if self.per_pod:
-            stem += "_per_pod"
         op = f"rate{format_duration(WINDOW)}" if self.how == "rate" else self.how
         return f"llm:{stem}:{op}"
 
@@ -131,81 +170,40 @@ def _histogram(name: str, *labels: str, parts: str = "bucket") -> list[Aggregate
     return [Aggregate(f"{name}_{part}", labels) for part in parts.split()]
 
 
-def _per_pod(name: str, *labels: str, parts: str) -> list[Aggregate]:
-    return [Aggregate(f"{name}_{part}", labels, per_pod=True) for part in parts.split()]
-
-
-_IN_FLIGHT = ("model", "route")  # sidecar/export/in_flight.py
-
 AGGREGATES: tuple[Aggregate, ...] = (
-    # The per-pod drill-downs (the overview's "Per pod" row, "Where the time goes"), first:
-    # the records below that keep no label they lack are summed from them. The requests and
-    # tokens per pod keep every label of their release records (route, code, error type), so
-    # those are sums of these and each raw counter is read once an evaluation, not twice.
-    Aggregate("llm_requests_total", ("route", "outcome", "code", "error_type"), per_pod=True),
-    Aggregate("llm_requests_in_flight", how="sum", per_pod=True),
-    Aggregate("llm_streams_stalled", ("phase",), how="sum", per_pod=True, own=_IN_FLIGHT),
-    Aggregate("llm_tokens_total", ("route", "type"), per_pod=True),
-    *_per_pod("llm_time_to_first_token_seconds", parts="sum count"),
-    *_per_pod("llm_request_duration_seconds", "outcome", parts="sum count"),
-    *_per_pod("llm_upstream_queue_seconds", parts="sum count"),
-    *_per_pod("llm_upstream_prefill_seconds", parts="sum count"),
-    *_per_pod("llm_upstream_decode_seconds", parts="sum count"),
     Aggregate("llm_requests_total", ("outcome", "code", "error_type")),
-    Aggregate("llm_finish_reasons_total", ("finish_reason",)),
     Aggregate("llm_non_api_requests_total", ("method", "code")),
     Aggregate("llm_requests_in_flight", how="sum"),
-    Aggregate("llm_requests_in_phase", ("phase",), how="sum", own=_IN_FLIGHT),
-    Aggregate("llm_requests_in_phase_oldest_seconds", ("phase",), how="max", own=_IN_FLIGHT),
+    Aggregate("llm_requests_in_phase", ("phase",), how="sum"),
+    Aggregate("llm_requests_in_phase_oldest_seconds", ("phase",), how="max"),
     Aggregate("llm_requests_within_slo_total"),
     Aggregate("llm_stream_parse_errors_total"),
     Aggregate("llm_tokens_total", ("type",)),
     Aggregate("llm_request_objectives_total", ("objective", "result")),
     Aggregate("llm_request_objective_invalid_total", ("objective",)),
-    Aggregate("llm_token_count_source_total", ("source",)),
     Aggregate("llm_label_overflow_total", ("label", "reason")),
     Aggregate("llm_series_refused_total", ("fate",)),
-    Aggregate("llm_sidecar_build_info", ("version", "speedups"), how="count", own=()),
+    Aggregate("llm_sidecar_build_info", ("version", "speedups"), how="count"),
     *_histogram("llm_time_to_first_token_seconds", parts="bucket sum count"),
     *_histogram("llm_time_to_first_answer_token_seconds"),
     *_histogram("llm_inter_token_latency_seconds"),
     *_histogram("llm_time_per_output_token_seconds"),
     *_histogram("llm_request_duration_seconds", "outcome"),
-    *_histogram("llm_time_to_first_byte_seconds"),
-    *_histogram("llm_time_to_first_token_by_cache_seconds", "cache", parts="bucket count"),
-    *_histogram("llm_time_to_first_tool_call_seconds"),
-    *_histogram("llm_tool_call_assembly_seconds"),
-    *_histogram("llm_tool_calls_per_response", parts="sum count"),
-    *_histogram("llm_output_tokens_per_second", parts="bucket sum count"),
-    *_histogram("llm_request_tokens", "type", parts="bucket sum count"),
-    *_histogram("llm_upstream_load_seconds", parts="bucket sum count"),
-    *_histogram("llm_upstream_prefill_seconds", parts="bucket sum count"),
-    *_histogram("llm_upstream_decode_seconds", parts="bucket"),
-    *_histogram("llm_sidecar_overhead_seconds", "direction", parts="bucket sum count"),
 )
 
-_BY_SERIES = {(a.series, a.per_pod): a for a in AGGREGATES}
-assert len(_BY_SERIES) == len(AGGREGATES), "one record per series and kind"
+_BY_SERIES = {a.series: a for a in AGGREGATES}
+assert len(_BY_SERIES) == len(AGGREGATES), "one record per series"
+assert not any(read_when_drawn(a.series) for a in AGGREGATES), "recorded or read when drawn"
 
 
-def find(series: str, per_pod: bool = False) -> Aggregate:
-    """The record of ``series`` (per pod or not); KeyError names what is missing."""
+def find(series: str) -> Aggregate:
+    """The record of ``series``; KeyError names what is missing."""
     try:
-        return _BY_SERIES[(series, per_pod)]
+        return _BY_SERIES[series]
     except KeyError:
-        kind = "per-pod " if per_pod else ""
         raise KeyError(
-            f"no {kind}record of {series}: add it to sidecar/tools/slo/aggregates.py"
+            f"no record of {series}: add it to sidecar/tools/slo/aggregates.py"
         ) from None
-
-
-def _per_pod_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | None:
-    """The per-pod record ``a`` can be summed from: the same series and kind, keeping every
-    label ``a`` keeps (so the sum is exactly ``a``'s own)."""
-    source = None if a.per_pod else _BY_SERIES.get((a.series, True))
-    if source is None or source.how not in ("rate", "sum") or source.how != a.how:
-        return None
-    return source if set(a.labels_kept(grouping)) <= set(source.labels_kept(grouping)) else None
 
 
 def _inf_bucket_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | None:
@@ -213,7 +211,7 @@ def _inf_bucket_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | Non
     the same histogram and kind, keeping every label ``a`` keeps."""
     if a.how != "rate" or not a.series.endswith("_count"):
         return None
-    source = _BY_SERIES.get((a.series.removesuffix("_count") + "_bucket", a.per_pod))
+    source = _BY_SERIES.get(a.series.removesuffix("_count") + "_bucket")
     if source is None:
         return None
     return source if set(a.labels_kept(grouping)) <= set(source.labels_kept(grouping)) else None
@@ -221,20 +219,16 @@ def _inf_bucket_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | Non
 
 def aggregates_group(spec: SLOSpec) -> Group:
     """Every record, each reading only the spec's selector (a release's own series). A
-    ``_count`` rate whose bucket rate is recorded is that record's ``+Inf`` series; a record
-    whose per-pod sibling keeps all its labels sums that record. Both sources are written
-    earlier in the same evaluation, so neither reads the raw series a second time."""
+    ``_count`` rate whose bucket rate is recorded is that record's ``+Inf`` series, written
+    earlier in the same evaluation, so it does not read the raw series a second time."""
     sel = _spec_matchers(spec)
     by = spec.grouping
     rules = []
     for a in AGGREGATES:
         kept = ", ".join(a.labels_kept(by))
         inf = _inf_bucket_source(a, by)
-        source = _per_pod_source(a, by)
         if inf is not None:
             expr = f"sum by ({kept}) ({selector(inf.record, [*sel, ('le', '=', '+Inf')])})"
-        elif source is not None:
-            expr = f"sum by ({kept}) ({selector(source.record, sel)})"
         else:
             expr = a.expr(sel, by)
         rules.append(Rule(expr, record=a.record))

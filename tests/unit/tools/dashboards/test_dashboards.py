@@ -23,7 +23,7 @@ import yaml
 
 from sidecar.tools.dashboards import overview, slo
 from sidecar.tools.dashboards.inspect import panel_queries, variable_queries
-from sidecar.tools.slo import conventions as c, load_spec, parse_spec
+from sidecar.tools.slo import aggregates, conventions as c, load_spec, parse_spec
 from sidecar.tools.slo.windows import WORKBOOK_WINDOWS, burn_rate_factor, format_number
 from tests.support.paths import ROOT
 
@@ -144,34 +144,30 @@ def test_every_range_is_rate_interval_and_every_variable_is_defined(name):
 
 
 def test_raw_metric_selectors_carry_every_filter_variable():
-    """Raw sidecar series (the drill-downs' pod join, the live gauges) take every filter."""
+    """Raw sidecar series (the drill-downs to pods, the detail views, the live gauges) take
+    every filter variable the series has, and none it lacks (a route filter on a per-model
+    histogram would match nothing once a route is picked)."""
+    checked = set()
     for q in panel_queries(OVERVIEW):
         for metric, body in re.findall(r"(llm_[a-z_]+)\{([^}]*)\}", q.expr):
-            if metric in ("llm_stream_parse_errors_total", "llm_request_objective_invalid_total"):
-                wanted = ("cluster", "namespace", "pod", "route")  # per route: no model
-            elif metric in (
-                "llm_time_to_first_token_seconds_bucket",
-                "llm_time_per_output_token_seconds_bucket",
-            ):
-                wanted = ("cluster", "namespace", "pod", "model")  # per model: no route
-                assert 'route=~"$route"' not in body, f"{q.where}: {metric} has no route"
-            elif metric.startswith("llm_sidecar_overhead_seconds") or metric in (
-                "llm_label_overflow_total",
-                "llm_series_refused_total",
-                "llm_sidecar_build_info",
-                "llm_non_api_requests_total",
-            ):
-                wanted = (
-                    "cluster",
-                    "namespace",
-                    "pod",
-                )  # per direction / per label / per process: no model, no route
-            else:
-                wanted = FILTERS
-            for label in wanted:
-                assert f'{label}=~"${label}"' in body, (
-                    f"{q.where}: {metric} lacks the {label} filter"
+            own = aggregates.own_labels(metric)
+            for label in FILTERS:
+                has = label in own or label not in ("model", "route")
+                assert (f'{label}=~"${label}"' in body) == has, (
+                    f"{q.where}: {metric} {'lacks' if has else 'has'} the {label} filter"
                 )
+            checked.add(metric)
+    # What the exporter declares, spelled out for a few: per model, per route, neither.
+    assert aggregates.own_labels("llm_time_to_first_token_seconds_bucket") >= {"model", "le"}
+    assert "route" not in aggregates.own_labels("llm_time_to_first_byte_seconds_bucket")
+    assert "model" not in aggregates.own_labels("llm_stream_parse_errors_total")
+    assert not {"model", "route"} & aggregates.own_labels("llm_sidecar_overhead_seconds_bucket")
+    # The detail views are among them: read raw, when drawn.
+    assert {
+        "llm_time_to_first_byte_seconds_bucket",
+        "llm_request_tokens_bucket",
+        "llm_sidecar_overhead_seconds_bucket",
+    } <= checked
 
 
 def test_slo_dashboard_raw_series_are_per_release():
@@ -214,7 +210,10 @@ def test_heatmaps_read_bucket_rates_by_le():
     for p in heatmaps:
         (t,) = p["targets"]
         assert t["format"] == "heatmap" and t["legendFormat"] == "{{le}}", p["title"]
-        assert re.match(r"sum by \(le\) \(llm:\w+_bucket:rate2m\{", t["expr"]), p["title"]
+        # The recorded bucket rates, or a detail view's raw buckets when drawn.
+        assert re.match(
+            r"sum by \(le\) \((llm:\w+_bucket:rate2m\{|rate\((llm_\w+_bucket)\{)", t["expr"]
+        ), p["title"]
         assert p["options"]["calculate"] is False
         assert p["options"]["yAxis"]["unit"] == p["fieldConfig"]["defaults"]["unit"]
 
