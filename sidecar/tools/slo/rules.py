@@ -198,19 +198,28 @@ def sli_event_exprs(
         # The error series appears only after a first error: "or 0 * total" keeps a ratio
         # (of 0) for groups that never failed.
         return f"{bad} or 0 * {total}", total
+    total, good = _latency_events(scope, window, by, numbers)
+    return f"{total} - {good}", total
+
+
+def _latency_events(
+    scope: Scope, window: int, by: Sequence[str], numbers: Numbers
+) -> tuple[str, str]:
+    """(all events/s, good events/s) of a latency scope: its histogram's count, and its
+    bucket at the threshold."""
     latency = c.latency_sli(
-        sli, scope.objective.cache_class
+        scope.objective.sli, scope.objective.cache_class
     )  # cache_class: the TTFT-by-cache histogram
     assert scope.threshold is not None  # validated by the spec
     base = [(k, "=", v) for k, v in latency.matchers]
     if scope.objective.prompt_class is not None:
         base.append((c.LABEL_PROMPT_CLASS, "=", scope.objective.prompt_class))
-    base += sm
+    base += _scope_matchers(scope)
     total = _sum_rate(f"{latency.histogram}_count", base, window, by)
     good = _sum_rate(
         f"{latency.histogram}_bucket", [*base, ("le", "=", numbers.le(scope))], window, by
     )
-    return f"{total} - {good}", total
+    return total, good
 
 
 def sli_error_expr(
@@ -260,11 +269,27 @@ def _scope_rules(
     budget = numbers.budget(scope)
     windows = record_windows(spec.alert_windows)
     base = windows[0]
-    bad, total = sli_event_exprs(scope, base, by, numbers, recorded=True)
-    rules: list[Rule] = [
-        Rule(bad, record=c.sli_bad_events_record(base), labels=labels),
-        Rule(total, record=c.sli_events_record(base), labels=labels),
-    ]
+    if scope.objective.sli == "availability":
+        bad, total = sli_event_exprs(scope, base, by, numbers, recorded=True)
+        rules: list[Rule] = [
+            Rule(bad, record=c.sli_bad_events_record(base), labels=labels),
+            Rule(total, record=c.sli_events_record(base), labels=labels),
+        ]
+    else:
+        # The events first, then the bad ones as those less the good: the count is read once
+        # an evaluation, not twice (an evaluation costs per series read), and the record is
+        # written just before in the same evaluation, so the difference has no delay.
+        total, good = _latency_events(scope, base, by, numbers)
+        own = ", ".join(label for label in labels if label not in by)
+        events = selector(c.sli_events_record(base), rm)
+        rules = [
+            Rule(total, record=c.sli_events_record(base), labels=labels),
+            Rule(
+                f"{events} - ignoring ({own}) {good}",
+                record=c.sli_bad_events_record(base),
+                labels=labels,
+            ),
+        ]
     for w in [*windows, spec.period]:
         if w == base:
             expr = f"{selector(c.sli_bad_events_record(base), rm)} / {selector(c.sli_events_record(base), rm)}"
@@ -428,6 +453,9 @@ defaults); ``objective="all"`` is goodput against the requests' own objectives."
 ERRORS_GROUP = "llm-sidecar-errors"
 ERROR_SHARE_BY_TYPE = "llm:request_errors_by_type:ratio_rate5m"
 """Each ``error_type``'s share of the requests that were not cancelled, per grouping, over 5m."""
+REQUESTS_BY_ERROR_TYPE = "llm:requests_by_error_type:rate5m"
+"""The requests that were not cancelled, a second, per grouping, ``outcome`` and
+``error_type``, over 5m: the errors group's one read of the raw counter."""
 CAUSE_SHARE = 0.05
 """An error cause alert fires when its error types *together* failed more than this share of
 requests (one engine crash shows as several types, by where each stream was)..."""
@@ -487,12 +515,18 @@ def _error_cause_rules(spec: SLOSpec) -> list[Rule]:
     five_min = 5 * 60
     sel = _spec_matchers(spec)
     by = spec.grouping
-    errors = _sum_rate(
-        c.REQUESTS_TOTAL, [("outcome", "=", "error"), *sel], five_min, (*by, "error_type")
-    )
-    total = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min, by)
+    group = ", ".join(by)
+    # One read of the raw counter, then the share from that record (written just before it
+    # in the same evaluation): numerator and denominator from one read, not two.
+    judged = _sum_rate(
+        c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min,
+        (*by, "outcome", "error_type"),
+    )  # fmt: skip
+    errors = f"sum by ({group}, error_type) ({selector(REQUESTS_BY_ERROR_TYPE, [('outcome', '=', 'error'), *sel])})"
+    total = f"sum by ({group}) ({selector(REQUESTS_BY_ERROR_TYPE, sel)})"
     rules = [
-        Rule(f"{errors} / ignoring (error_type) group_left () {total}", record=ERROR_SHARE_BY_TYPE)
+        Rule(judged, record=REQUESTS_BY_ERROR_TYPE),
+        Rule(f"{errors} / ignoring (error_type) group_left () {total}", record=ERROR_SHARE_BY_TYPE),
     ]
     who = _who(by)
     share = format_number(CAUSE_SHARE)

@@ -38,10 +38,15 @@ def spec(*objectives: dict, **top):
 def test_a_miss_objective_reads_only_the_misses_of_the_by_cache_histogram():
     rs = generate(spec(PREFILL, {**PREFILL, "name": "ttft", "cache_class": None}))
     bad = {r.labels["slo"]: r.expr for r in rs.rules() if r.record == "llm:sli_bad_events:rate5m"}
+    events = {r.labels["slo"]: r.expr for r in rs.rules() if r.record == "llm:sli_events:rate5m"}
     by = "sum by (cluster, namespace, model)"
-    assert bad["ttft-prefill"] == (
+    # The events read once; the bad ones are those less the good, from that record.
+    assert events["ttft-prefill"] == (
         f'{by} (rate(llm_time_to_first_token_by_cache_seconds_count{{cache="none"}}[5m]))'
-        f' - {by} (rate(llm_time_to_first_token_by_cache_seconds_bucket{{cache="none",le="1.0"}}[5m]))'
+    )
+    assert bad["ttft-prefill"] == (
+        'llm:sli_events:rate5m{slo="ttft-prefill"} - ignoring (slo)'
+        f' {by} (rate(llm_time_to_first_token_by_cache_seconds_bucket{{cache="none",le="1.0"}}[5m]))'
     )
     # Without cache_class: every request, from the TTFT histogram, as before.
     assert (

@@ -213,7 +213,7 @@ def test_rules_reference_only_what_the_sidecar_exports(exported):
                             assert label in exported[metric] or label in c.TARGET_LABELS, (
                                 f"{source}: by ({label}) but {metric} has no {label}"
                             )
-    assert checked > 50  # the raw selectors: the longer windows read recorded rates
+    assert checked > 40  # the raw selectors: the longer windows read recorded rates
 
 
 def test_le_values_in_rules_are_written_as_the_sidecar_writes_them(exported):

@@ -87,7 +87,12 @@ def test_record_names_follow_the_convention_and_carry_slo_label():
     } <= records
     for r in rs.rules():
         if r.record and not r.record.startswith(
-            ("llm:goodput", "llm:request_errors_by_type", "llm:request_objectives")
+            (
+                "llm:goodput",
+                "llm:request_errors_by_type",
+                "llm:requests_by_error_type",
+                "llm:request_objectives",
+            )
         ):
             assert r.labels["slo"] in {"availability", "ttft", "itl"}
 
@@ -378,8 +383,9 @@ def test_prompt_class_objective_reads_only_its_class():
         {"name": "ttft-long", "sli": "ttft", "target": 90, "threshold_seconds": 10.0, "prompt_class": "gt8192"},
     ]}))  # fmt: skip
     bad = next(r for r in rs.rules() if r.record == "llm:sli_bad_events:rate5m")
+    events = next(r for r in rs.rules() if r.record == "llm:sli_events:rate5m")
     assert 'llm_time_to_first_token_seconds_bucket{prompt_class="gt8192",le="10.0"}' in bad.expr
-    assert 'llm_time_to_first_token_seconds_count{prompt_class="gt8192"}' in bad.expr
+    assert 'llm_time_to_first_token_seconds_count{prompt_class="gt8192"}' in events.expr
     a = alerts(rs)[0]
     assert (
         "time to first token (prompt class gt8192) <= 10s for 90%" in a.annotations["description"]
