@@ -19,6 +19,10 @@ Records, each per grouping (and ``concurrency`` band where it says so):
   rule reads an hour of raw band series, and a short window costs the raw read least (the
   hour's mean is the same rate whatever window tiles it); they are written earlier in the
   same evaluation, so the chain adds no evaluation of delay, only a change's half-window lag;
+- ``llm:inter_token_latency_by_concurrency:first_seen_time{concurrency}``: when the band's
+  record was first seen (Unix seconds), carried forward from its own last value while the
+  band is recorded, so the hour's floor knows how much of the hour a young band covers
+  without reading an hour of its record at every evaluation;
 - the hour's means more than one later record reads, once each:
   ``llm:inter_token_latency_by_concurrency_seconds_count:rate1h`` (gaps a second, which are
   the decode tokens a second: one gap per output token after a stream's first) and
@@ -82,6 +86,7 @@ BAND_WINDOW = "2m"
 ITL_BUCKET_RATE = "llm:inter_token_latency_by_concurrency_seconds_bucket:rate2m"
 ITL_COUNT_RATE = "llm:inter_token_latency_by_concurrency_seconds_count:rate2m"
 SECONDS_RATE = "llm:decode_seconds_by_concurrency:rate2m"
+FIRST_SEEN = "llm:inter_token_latency_by_concurrency:first_seen_time"
 ITL_COUNT_HOUR = "llm:inter_token_latency_by_concurrency_seconds_count:rate1h"
 SECONDS_HOUR = "llm:decode_seconds_by_concurrency:rate1h"
 MIN_GAPS = 100
@@ -141,10 +146,18 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     band = parse_duration(BAND_WINDOW)
     # The gaps the hour saw: its mean rate times the time it covers, which is less than the
     # hour while the band's record is younger (a new pod, a band first reached): from its
-    # first evaluation in the hour, plus the 2m its first rate looked back. Times the whole
-    # hour, a minute of traffic would pass the floor as if it had lasted an hour.
-    first_seen = f"min_over_time(timestamp({rec(ITL_COUNT_RATE)})[{WINDOW}:])"
-    covered = f"clamp_max(time() - min by ({byc}) ({first_seen}) + {band}, {seconds})"
+    # first evaluation, plus the 2m its first rate looked back. Times the whole hour, a
+    # minute of traffic would pass the floor as if it had lasted an hour. When the band was
+    # first seen is itself a record that carries its own last value forward while the band
+    # is recorded, and starts at the evaluation's time when it is not: one instant read of
+    # one series a band, where the earliest timestamp over the hour (a subquery) read the
+    # band's record at every evaluation of the hour, most of the group's cost.
+    present = rec(ITL_COUNT_RATE)
+    first_seen = (
+        f"(min by ({byc}) ({rec(FIRST_SEEN)}) and on ({byc}) {present})"
+        f" or on ({byc}) timestamp({present})"
+    )
+    covered = f"clamp_max(time() - min by ({byc}) ({rec(FIRST_SEEN)}) + {band}, {seconds})"
     gaps = f"sum by ({byc}) ({rec(ITL_COUNT_HOUR)}) * on ({byc}) {covered}"
     quantile = (
         f"histogram_quantile({format_number(q)}, sum by ({byc}, le) ({hour(ITL_BUCKET_RATE)})) "
@@ -175,6 +188,7 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         Rule(
             f"sum by ({byc}) ({rec(ITL_BUCKET_RATE, ('le', '=', '+Inf'))})", record=ITL_COUNT_RATE
         ),
+        Rule(first_seen, record=FIRST_SEEN),
         Rule(band_rate(SECONDS, byc), record=SECONDS_RATE),
         Rule(f"sum by ({byc}) ({hour(ITL_COUNT_RATE)})", record=ITL_COUNT_HOUR),
         Rule(f"sum by ({byc}) ({hour(SECONDS_RATE)})", record=SECONDS_HOUR),
