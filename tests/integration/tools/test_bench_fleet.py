@@ -67,8 +67,12 @@ def test_quick_fleet_benchmark_reports_every_figure(tmp_path):
     assert set(fleet["rule_groups"]) == groups
     for name, g in fleet["rule_groups"].items():
         assert g["seen"] >= 1 and 0 < g["last"] <= g["max"], (name, g)
+        assert 0 < g["median"] <= g["max"], (name, g)
         assert g["samples"] >= 0
     assert fleet["rule_groups_samples"] > 0  # the rules read the pods' series
+    assert fleet["rule_groups_seconds_median"] == pytest.approx(
+        sum(g["median"] for g in fleet["rule_groups"].values()), abs=1e-3
+    )
 
     dashboards = {p.name for p in (ROOT / "dashboards").glob("*.json")}
     assert set(fleet["dashboards"]) == dashboards
