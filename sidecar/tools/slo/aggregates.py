@@ -19,10 +19,11 @@ is recorded:
   evaluation writing every pod's series and reading them again.
 - **The detail views are read when drawn** (:data:`READ_WHEN_DRAWN`): time to first byte,
   the tool-call times, decode speed, request sizes, the engine's phases, TTFT by prefix-cache
-  class, finish reasons, token count sources and the sidecar's own overhead. No SLO, alert or
-  capacity figure reads them, and a panel summed by release and model draws a bounded number
-  of lines from them; recording them cost the fleet more every 15 seconds than opening them
-  costs once.
+  class, finish reasons, token count sources, the requests' own objectives (the goodput
+  group records them per grouping over 5m for the SLO dashboard) and the sidecar's own
+  overhead. No alert or capacity figure reads them here, and a panel summed by release and
+  model draws a bounded number of lines from them; recording them cost the fleet more every
+  15 seconds than opening them costs once.
 - A histogram's ``_count`` rate whose ``_bucket`` rate is recorded with the same labels is
   that record's ``le="+Inf"`` series, written just before it (the same number: a classic
   histogram's count is its ``+Inf`` bucket), not a second raw read.
@@ -98,6 +99,7 @@ READ_WHEN_DRAWN: frozenset[str] = frozenset(
         "llm_sidecar_overhead_seconds",
         "llm_token_count_source",
         "llm_finish_reasons",
+        "llm_request_objectives",
     }
 )
 """The families whose panels read the raw series when drawn, summed by release and model (or
@@ -179,7 +181,6 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("llm_requests_within_slo_total"),
     Aggregate("llm_stream_parse_errors_total"),
     Aggregate("llm_tokens_total", ("type",)),
-    Aggregate("llm_request_objectives_total", ("objective", "result")),
     Aggregate("llm_request_objective_invalid_total", ("objective",)),
     Aggregate("llm_label_overflow_total", ("label", "reason")),
     Aggregate("llm_series_refused_total", ("fate",)),

@@ -604,11 +604,15 @@ def _sum_by_selector(spec: SLOSpec) -> str:
     return f"sum by ({', '.join(labels)}) " if labels else "sum"
 
 
+REQUESTS_RATE = "llm:requests:rate2m"
+"""The dashboards group's record of ``llm_requests_total`` (sidecar/tools/slo/aggregates.py)."""
+
+
 def _health_rules(spec: SLOSpec) -> list[Rule]:
     down = spec.alerts.target_down
     no_traffic = spec.alerts.no_traffic
     up = selector("up", [("job", "=", down.job), *_spec_matchers(spec)])
-    requests = selector(c.REQUESTS_TOTAL, _spec_matchers(spec))
+    recorded = selector(REQUESTS_RATE, _spec_matchers(spec))
     url = spec.alerts.runbook_url
     quiet = format_duration(no_traffic.for_)
     return [
@@ -632,9 +636,12 @@ def _health_rules(spec: SLOSpec) -> list[Rule]:
         ),
         Rule(
             # Per deployment where the spec selects one (absent() keeps the selector's labels).
-            # A 2m window (four scrapes at 30 s) reads the least: held for the alert's
-            # ``for``, zero over every 2m is no request in all that time.
-            f"absent({requests}) or {_sum_by_selector(spec)}(rate({requests}[2m])) == 0",
+            # The dashboards group's record of the requests' 2m rate (four scrapes at 30 s),
+            # which exists exactly while the counter does: held for the alert's ``for``, zero
+            # over every 2m is no request in all that time. Read from that record, not twice
+            # from every pod's counter (absent() and the rate): the record is another group's,
+            # so it is at most one evaluation old, nothing against a 30m ``for``.
+            f"absent({recorded}) or {_sum_by_selector(spec)}({recorded}) == 0",
             alert=c.ALERT_NO_TRAFFIC,
             for_=no_traffic.for_,
             labels={c.LABEL_SEVERITY: no_traffic.severity},

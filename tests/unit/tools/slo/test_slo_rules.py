@@ -211,7 +211,12 @@ def test_health_alerts_use_the_configured_job_and_durations():
     assert down.expr == 'up{job="llm-prod"} == 0 or absent(up{job="llm-prod"})'
     assert down.for_ == 600
     quiet = alerts(rs, c.ALERT_NO_TRAFFIC)[0]
-    assert quiet.expr == "absent(llm_requests_total) or sum(rate(llm_requests_total[2m])) == 0"
+    # The dashboards group's record of the requests' rate, which the same rules write.
+    assert quiet.expr == "absent(llm:requests:rate2m) or sum(llm:requests:rate2m) == 0"
+    from sidecar.tools.slo import aggregates
+
+    assert aggregates.find("llm_requests_total").record == "llm:requests:rate2m"
+    assert aggregates.find("llm_requests_total").how == "rate"
     assert (quiet.for_, quiet.labels["severity"]) == (3600, "page")
 
 
