@@ -5,8 +5,8 @@ These gauges are read from the open streams at every scrape, so unlike every lat
 they move while a request runs: an engine that hangs shows here at once, where the
 histograms wait for the read timeout to end its streams. The series exist only while a
 request is in flight, so an empty panel is an idle pod, shown as 0. The panels read them as
-the dashboards' rules record them at each evaluation (sidecar/tools/slo/aggregates.py), the
-stalled streams per pod for the top pods only.
+the dashboards' rules record them at each evaluation (sidecar/tools/slo/aggregates.py); the
+stalled streams per pod are read raw when drawn, for the top pods only.
 """
 
 from __future__ import annotations

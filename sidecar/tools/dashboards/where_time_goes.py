@@ -18,8 +18,8 @@ The rest = the sidecar's mean TTFT (or e2e) − engine queue − engine prefill 
 tokenisation and detokenisation, the HTTP server in front of the engine, the network, and
 the sidecar. ``llm_sidecar_overhead_seconds`` then says how much of that is the sidecar.
 Means, not quantiles: a difference of means is a mean of differences; a difference of
-p99s is no one's p99. The sidecar's side reads its recorded per-pod rates; every per-pod
-panel draws the top pods only (``top_pods``), the engine's raw series included.
+p99s is no one's p99. Both sides read their raw per-pod rates when drawn (no rule records a
+pod's series); every per-pod panel draws the top pods only (``top_pods``).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ _POD = "{{namespace}}/{{pod}}"
 
 
 def _pod_mean(histogram: str, extra: Sequence[Matcher] = ()) -> str:
-    """Mean per pod. The sidecar's from its recorded per-pod rates (every filter but the
-    route); vLLM's over the rate window from its raw series (no ``model`` or ``route`` label,
+    """Mean per pod over the rate window from the raw series: the sidecar's with the filters
+    its series have (not the route: a per-model histogram); vLLM's (no ``model`` or ``route`` label,
     and no ``llm_release`` from a team's own scrape: only the other target labels, kept for
     the selected releases' pods). Both sum to one series per pod, so their difference joins
     one to one on (namespace, pod)."""
