@@ -48,6 +48,7 @@ __all__ = [
     "IN_PHASE",
     "OLDEST",
     "STALLED",
+    "LABELS",
     "InFlightView",
     "Snapshot",
     "StallWatch",
@@ -62,7 +63,8 @@ PHASES = ("head", "first_token", "decode")
 IN_PHASE = f"{NAMESPACE}_requests_in_phase"
 OLDEST = f"{NAMESPACE}_requests_in_phase_oldest_seconds"
 STALLED = f"{NAMESPACE}_streams_stalled"
-_LABELS = ("model", "route", "phase")
+LABELS = ("model", "route", "phase")
+"""The gauges' labels (each series carries all three)."""
 
 _Key = tuple[str, str, str]
 _log = structlog.get_logger("sidecar.in_flight")
@@ -189,19 +191,19 @@ def _families() -> Iterator[GaugeMetricFamily]:
         IN_PHASE,
         "Requests in flight by phase: waiting for the response head, for the first token, "
         "or decoding (read at scrape time; absent when none).",
-        labels=_LABELS,
+        labels=LABELS,
     )
     yield GaugeMetricFamily(
         OLDEST,
         "Age of the oldest request in flight in each phase, seconds since its head came in "
         "(read at scrape time).",
-        labels=_LABELS,
+        labels=LABELS,
     )
     yield GaugeMetricFamily(
         STALLED,
         "Streams in flight the upstream has sent no byte for at least --stall-seconds "
         "(read at scrape time; a hung engine's streams).",
-        labels=_LABELS,
+        labels=LABELS,
     )
 
 

@@ -123,22 +123,17 @@ def top_pods(expr: str) -> str:
     return f"topk({POD_LINES}, {expr})"
 
 
-def _raw_filters(series: str, labels: Iterable[str]) -> list[str]:
-    """The filter variables ``series`` itself has: the target labels and its own."""
-    own = aggregates.own_labels(series)
-    return [label for label in labels if label in TARGET_LABELS or label in own]
-
-
 def _raw_sum(
     series: str, by: Sequence[str], extra: Sequence[Matcher], labels: Iterable[str], how: str
 ) -> str:
     """The raw series, summed (``how="rate"``: their rates over the rate window; ``sum`` or
-    ``max``: a gauge) by ``by``, with the filters the series has."""
+    ``max``: a gauge) by ``by``, with the filter variables the series has (the target
+    labels and its own)."""
     own = aggregates.own_labels(series) | set(TARGET_LABELS)
     missing = [label for label in (*by, *(k for k, _, _ in extra)) if label not in own]
     if missing:
         raise ValueError(f"{series} has no {missing}")
-    filters = _raw_filters(series, labels)
+    filters = [label for label in labels if label in own]
     if how == "rate":
         return raw_sum_rate(series, by, extra, filters)
     grouping = f" by ({', '.join(by)})" if by else ""
@@ -150,11 +145,12 @@ def _recorded_sum(
     by: Sequence[str],
     extra: Sequence[Matcher],
     labels: Iterable[str],
-    op: str = "sum",
     how: str = "rate",
 ) -> str:
+    """``series`` summed by ``by`` (``how``: ``rate``, or a gauge's ``sum`` or ``max``): its
+    record, or the raw series per pod and for a detail view."""
     if "pod" in by or aggregates.read_when_drawn(series):
-        return _raw_sum(series, by, extra, labels, how if how == "rate" else op)
+        return _raw_sum(series, by, extra, labels, how)
     record = aggregates.find(series)
     kept = set(record.kept)
     missing = [label for label in (*by, *(k for k, _, _ in extra)) if label not in kept]
@@ -164,6 +160,7 @@ def _recorded_sum(
         )
     grouping = f" by ({', '.join(by)})" if by else ""
     filters = [label for label in labels if label in kept]
+    op = "max" if how == "max" else "sum"
     return f"{op}{grouping} ({selector(record.record, extra, filters)})"
 
 
@@ -187,7 +184,7 @@ def sum_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTE
 
 def max_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
     """A gauge's largest value by ``by``, from its recorded maximum."""
-    return _recorded_sum(metric, by, (), labels, op="max", how="max")
+    return _recorded_sum(metric, by, (), labels, how="max")
 
 
 def quantile(

@@ -45,7 +45,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...export.families import FAMILIES, NAMESPACE
+from ...export import in_flight
+from ...export.families import FAMILIES, NAMESPACE, OWN_FAMILIES
 from .rules import Group, Matcher, Rule, _spec_matchers, selector
 from .spec import SLOSpec
 from .windows import format_duration
@@ -71,16 +72,13 @@ them (:data:`~sidecar.export.families.FAMILIES` says which)."""
 OWN_LABELS = frozenset({"model", "route"})
 """The sidecar's own labels among those: kept only on the series that have them."""
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count")
-_IN_FLIGHT = ("model", "route")  # sidecar/export/in_flight.py
 _FAMILY_LABELS: dict[str, frozenset[str]] = {
-    **{f"{NAMESPACE}_{f.name}": frozenset(f.labels) for f in FAMILIES},
-    # The in-flight collector's gauges (sidecar/export/in_flight.py) and the build info,
-    # which no request family declares.
-    "llm_requests_in_flight": frozenset(_IN_FLIGHT),
-    "llm_requests_in_phase": frozenset((*_IN_FLIGHT, "phase")),
-    "llm_requests_in_phase_oldest_seconds": frozenset((*_IN_FLIGHT, "phase")),
-    "llm_streams_stalled": frozenset((*_IN_FLIGHT, "phase")),
-    "llm_sidecar_build_info": frozenset(("version", "speedups")),
+    **{f"{NAMESPACE}_{f.name}": frozenset(f.labels) for f in (*FAMILIES, *OWN_FAMILIES)},
+    # The in-flight collector's gauges, read at scrape time (no family row declares them).
+    **{
+        name: frozenset(in_flight.LABELS)
+        for name in (in_flight.IN_PHASE, in_flight.OLDEST, in_flight.STALLED)
+    },
 }
 
 READ_WHEN_DRAWN: frozenset[str] = frozenset(
@@ -209,7 +207,7 @@ def find(series: str) -> Aggregate:
 
 def _inf_bucket_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | None:
     """The bucket record whose ``le="+Inf"`` series is ``a`` (a histogram's ``_count`` rate):
-    the same histogram and kind, keeping every label ``a`` keeps."""
+    the same histogram, keeping every label ``a`` keeps."""
     if a.how != "rate" or not a.series.endswith("_count"):
         return None
     source = _BY_SERIES.get(a.series.removesuffix("_count") + "_bucket")
