@@ -149,7 +149,7 @@ async def test_relay_is_byte_exact_and_measures_what_the_server_reported(
         # says a chunk carried several tokens).
         assert (
             metric(registry, "llm_inter_token_latency_seconds_count") == token_arrivals(events) - 1
-        )
+        ), via.decode("utf-8", "replace")
     else:
         assert metric(registry, "llm_time_to_first_token_seconds_count") == 0
     engine = engine_counts(events)
