@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 from ..slo import conventions as c
 from ..slo.capacity import ALERT_NEAR_CAPACITY, capacity_objective
 from ..slo.helm import SEVERITIES as CHART_SEVERITIES
-from ..slo.rules import ERROR_CAUSES, REQUEST_OBJECTIVES_RATIO, objective_text
+from ..slo.rules import ERROR_CAUSES, objective_text
 from ..slo.spec import Objective, Scope, SLOSpec
 from ..slo.stall import ALERT_STREAMS_STALLED
 from ..slo.windows import AlertWindow, burn_rate_factor, format_duration, format_number
@@ -44,6 +44,7 @@ from .queries import (
     ratio_or_zero,
     raw_sum_rate,
     recorded,
+    sum_rate,
     top_pods,
 )
 
@@ -54,6 +55,7 @@ TITLE = "LLM sidecar / SLOs"
 BURN_RATE_UNIT = "suffix:×"
 
 SEVERITIES = ("page", "ticket", "info")
+OBJECTIVES = "llm_request_objectives_total"
 BREAKDOWN_BY = ("namespace", "pod", "route", "model")
 
 
@@ -77,6 +79,15 @@ def alert_names(spec: SLOSpec) -> list[str]:
 def _rec(spec: SLOSpec, record: str, extra: Sequence[Matcher] = ()) -> str:
     """A recorded series of the spec's rules, filtered by the grouping variables."""
     return recorded(record, extra, spec.grouping)
+
+
+def _objectives_met(spec: SLOSpec) -> str:
+    """The share of judged requests that met their own objectives, per grouping and
+    objective, from the raw counter over the rate window (a detail view: READ_WHEN_DRAWN)."""
+    release = () if "llm_release" in spec.grouping else ("llm_release",)
+    by = (*spec.grouping, *release, "objective")
+    met = sum_rate(OBJECTIVES, by, [("result", "=", "met")])
+    return ratio_or_zero(met, sum_rate(OBJECTIVES, by))
 
 
 def _who(spec: SLOSpec) -> str:
@@ -184,13 +195,14 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "reqps",
         ),
         timeseries_panel(
-            "Requests' own objectives met (5m)",
+            "Requests' own objectives met",
             "Share of streamed requests that met the objectives they asked for: the x-slo-ttft-ms "
             "and x-slo-tpot-ms headers (llm-d's per-request objectives), else the model's "
             "defaults (--slo-model-objectives, else --slo-ttft-seconds / --slo-tpot-seconds). "
             "all: ok, 2xx and every judged objective met (goodput against what each client asked "
-            "for); ttft and tpot apart. From llm:request_objectives_met:ratio_rate5m.",
-            [Query(_rec(spec, REQUEST_OBJECTIVES_RATIO), f"{{{{objective}}}} · {_who(spec)}")],
+            "for); ttft and tpot apart. Read from llm_request_objectives_total when drawn (no "
+            "alert reads it, so no rule records it).",
+            [Query(_objectives_met(spec), f"{{{{objective}}}} · {_who(spec)} {{{{llm_release}}}}")],
             "percentunit",
             w=24,
         ),

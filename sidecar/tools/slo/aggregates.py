@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from ...export import in_flight
 from ...export.families import FAMILIES, NAMESPACE, OWN_FAMILIES
-from .rules import Group, Matcher, Rule, _spec_matchers, selector
+from .promql import Group, Matcher, Rule, selector, spec_matchers
 from .spec import SLOSpec
 from .windows import format_duration
 
@@ -61,11 +61,12 @@ __all__ = [
     "find",
     "own_labels",
     "read_when_drawn",
+    "recorded_rate",
     "aggregates_group",
 ]
 
-GROUP = "llm-sidecar-dashboards"
-WINDOW = 2 * 60
+GROUP = "llm-sidecar-aggregates"
+WINDOW = 5 * 60
 BASE_LABELS: tuple[str, ...] = ("cluster", "namespace", "llm_release", "model", "route")
 """What a record keeps: the target labels, and ``model`` and ``route`` where the series has
 them (:data:`~sidecar.export.families.FAMILIES` says which)."""
@@ -216,11 +217,35 @@ def _inf_bucket_source(a: Aggregate, grouping: Sequence[str]) -> Aggregate | Non
     return source if set(a.labels_kept(grouping)) <= set(source.labels_kept(grouping)) else None
 
 
+def recorded_rate(
+    spec: SLOSpec, series: str, matchers: Sequence[Matcher], by: Sequence[str]
+) -> str | None:
+    """``sum by (by) (rate(series{matchers}[WINDOW]))`` read from this group's record of
+    ``series`` (a ``_count`` from its bucket record's ``le="+Inf"`` series), or None when no
+    record answers it: a series not recorded, or a label the record does not keep (then the
+    caller reads the raw series). The spec's own selector is already applied to every
+    record (:func:`aggregates_group` reads the raw series through it), so its matchers on
+    labels a record drops are left out, not failed on."""
+    le: list[Matcher] = []
+    source = _BY_SERIES.get(series)
+    if series.endswith("_count"):
+        source = _BY_SERIES.get(series.removesuffix("_count") + "_bucket")
+        le = [("le", "=", "+Inf")]
+    if source is None or source.how != "rate":
+        return None
+    kept = set(source.labels_kept(spec.grouping))
+    applied = set(spec_matchers(spec))
+    keep = [m for m in matchers if m[0] in kept or m not in applied]
+    if any(label not in kept for label in (*by, *(m[0] for m in keep))):
+        return None
+    return f"sum by ({', '.join(by)}) ({selector(source.record, [*keep, *le])})"
+
+
 def aggregates_group(spec: SLOSpec) -> Group:
     """Every record, each reading only the spec's selector (a release's own series). A
     ``_count`` rate whose bucket rate is recorded is that record's ``+Inf`` series, written
     earlier in the same evaluation, so it does not read the raw series a second time."""
-    sel = _spec_matchers(spec)
+    sel = spec_matchers(spec)
     by = spec.grouping
     rules = []
     for a in AGGREGATES:

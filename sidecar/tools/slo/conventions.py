@@ -57,7 +57,6 @@ __all__ = [
     "alert_name",
     "runbook_anchor",
     "group_name",
-    "GOODPUT_GROUP",
     "HEALTH_GROUP",
 ]
 
@@ -210,8 +209,7 @@ def runbook_anchor(alert: str) -> str:
 
 
 # Rule groups: one per objective (its records before its alerts, so the alerts read the
-# records of the same evaluation), one for goodput, one for the sidecar's own health.
-GOODPUT_GROUP = "llm-sidecar-goodput"
+# records of the same evaluation), one for the sidecar's own health.
 HEALTH_GROUP = "llm-sidecar-health"
 
 

@@ -11,7 +11,9 @@ generator renders them from stand-ins: each arm window is a sentinel duration (`
 ...) replaced by its values lookup, its factor and budget share are computed by Helm as
 :func:`~.windows.burn_rate_factor` does, and whether a window is read from the recorded
 base-window rates or the raw series follows its length (the template decides with both
-expressions at hand, as :meth:`~.rules.Numbers.window_error` does). A window two arms share
+expressions at hand, as :meth:`~.rules.Numbers.window_error` does), and so does whether the
+base window's events are read from the aggregates' records (only when it is their 5m:
+:meth:`~.rules.Numbers.base_rate`). A window two arms share
 is recorded once (each window's records are wrapped in an ``if`` that the window is new).
 Each objective gets one stand-in override model: its scope's rules are wrapped in a
 ``range`` over the overrides of that objective, with the model, target and threshold as
@@ -37,7 +39,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from . import conventions as c
+from . import aggregates, conventions as c
 from .capacity import generate
 from .render import render_rules
 from .rules import Numbers, Rule, RuleSet
@@ -192,6 +194,12 @@ class HelmNumbers(Numbers):
     def spent(self, window: AlertWindow) -> str:
         return f"@@helm:spent:{window.name}@@" if self.slots else super().spent(window)
 
+    def base_rate(self, window: int, recorded: str, raw: str) -> str:
+        slot = self.slots.get(window)
+        if slot is None:
+            return super().base_rate(window, recorded, raw)
+        return f"@@helm:ifbase:{slot.key}@@{recorded}@@helm:else:x@@{raw}@@helm:end:x@@"
+
     def window_error(self, window: int, period: int, recorded: str, raw: str) -> str:
         slot = self.slots.get(window)
         if slot is None:
@@ -259,6 +267,9 @@ def _action(
     if what == "iflong":  # windows.is_long_window
         assert slots is not None
         return f"{{{{ if ge (mul 30 {_seconds(slots[objective].lookup)}) {period} }}}}"
+    if what == "ifbase":  # the aggregates' window: their records answer (Numbers.base_rate)
+        assert slots is not None
+        return f"{{{{ if eq {_seconds(slots[objective].lookup)} {aggregates.WINDOW} }}}}"
     if what == "else":
         return "{{ else }}"
     if what == "end":

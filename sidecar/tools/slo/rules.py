@@ -21,7 +21,7 @@ sidecar's health alerts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client.utils import floatToGoString
@@ -33,7 +33,8 @@ from ...base.outcomes import (
     STREAMS_BROKEN_ALERT,
     UPSTREAM_UNREACHABLE_ALERT,
 )
-from . import conventions as c
+from . import aggregates, conventions as c
+from .promql import Group, Matcher, Rule, promql_string, selector, spec_matchers
 from .spec import DEFAULT_GROUPING, Scope, SLOSpec
 from .windows import (
     AlertWindow,
@@ -45,28 +46,8 @@ from .windows import (
 
 __all__ = [
     "Rule", "Group", "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "promql_string", "sli_error_expr",
-    "sli_event_exprs", "history_needed", "ErrorCause", "ERROR_CAUSES", "ERRORS_GROUP", "ERROR_SHARE_BY_TYPE",
+    "sli_event_exprs", "history_needed", "Matcher", "selector", "spec_matchers", "ErrorCause", "ERROR_CAUSES", "REQUESTS_GROUP", "ERROR_SHARE_BY_TYPE",
 ]  # fmt: skip
-
-Matcher = tuple[str, str, str]  # (label, operator, value)
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """One recording rule (``record``) or alerting rule (``alert``)."""
-
-    expr: str
-    record: str | None = None
-    alert: str | None = None
-    for_: int | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Group:
-    name: str
-    rules: tuple[Rule, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,22 +63,28 @@ class RuleSet:
 # ------------------------------------------------------------------- PromQL helpers
 
 
-def promql_string(value: str) -> str:
-    """A PromQL double-quoted string literal."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
-
-
-def selector(metric: str, matchers: Sequence[Matcher] = ()) -> str:
-    if not matchers:
-        return metric
-    return metric + "{" + ",".join(f"{k}{op}{promql_string(v)}" for k, op, v in matchers) + "}"
-
-
 def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int, by: Sequence[str]) -> str:
     return (
         f"sum by ({', '.join(by)}) (rate({selector(metric, matchers)}[{format_duration(window)}]))"
     )
+
+
+def _source_rate(
+    spec: SLOSpec,
+    metric: str,
+    matchers: Sequence[Matcher],
+    window: int,
+    by: Sequence[str],
+    numbers: Numbers,
+) -> str:
+    """The events a second: the aggregates group's record of ``metric`` where one answers
+    (sidecar/tools/slo/aggregates.py) over the same window, else the raw series. The record
+    is the same rate, read from the raw series once an evaluation for every group and panel
+    instead of once per reader; it comes from another group, so it is at most one evaluation
+    old."""
+    raw = _sum_rate(metric, matchers, window, by)
+    recorded = aggregates.recorded_rate(spec, metric, matchers, by)
+    return raw if recorded is None else numbers.base_rate(window, recorded, raw)
 
 
 def _le(bound: float) -> str:
@@ -111,10 +98,6 @@ def _scope_matchers(scope: Scope) -> list[Matcher]:
     if scope.model is not None:
         return [*selected, (c.LABEL_MODEL, "=", scope.model)]
     return [*selected, *((c.LABEL_MODEL, "!=", m) for m in scope.excluded)]
-
-
-def _spec_matchers(spec: SLOSpec) -> list[Matcher]:
-    return [(label, "=", value) for label, value in sorted(spec.selector.items())]
 
 
 def _record_matchers(scope: Scope) -> list[Matcher]:
@@ -158,6 +141,11 @@ class Numbers:
     def spent(self, window: AlertWindow) -> str:
         """Percent of the period's budget spent within the arm's long window when it fires."""
         return format_number(window.budget_consumed * 100)
+
+    def base_rate(self, window: int, recorded: str, raw: str) -> str:
+        """An SLO's events a second over its base ``window``: the aggregates group's record
+        where that is its window, else the raw series."""
+        return recorded if window == aggregates.WINDOW else raw
 
     def window_error(self, window: int, period: int, recorded: str, raw: str) -> str:
         """The error ratio over ``window``: from the recorded base-window rates, as the rules
@@ -203,10 +191,11 @@ def sli_event_exprs(
 
 
 def _latency_events(
-    scope: Scope, window: int, by: Sequence[str], numbers: Numbers
+    scope: Scope, window: int, by: Sequence[str], numbers: Numbers, spec: SLOSpec | None = None
 ) -> tuple[str, str]:
     """(all events/s, good events/s) of a latency scope: its histogram's count, and its
-    bucket at the threshold."""
+    bucket at the threshold; with ``spec``, from the aggregates group's records where they
+    answer (:func:`_source_rate`), else from the raw series."""
     latency = c.latency_sli(
         scope.objective.sli, scope.objective.cache_class
     )  # cache_class: the TTFT-by-cache histogram
@@ -215,11 +204,12 @@ def _latency_events(
     if scope.objective.prompt_class is not None:
         base.append((c.LABEL_PROMPT_CLASS, "=", scope.objective.prompt_class))
     base += _scope_matchers(scope)
-    total = _sum_rate(f"{latency.histogram}_count", base, window, by)
-    good = _sum_rate(
-        f"{latency.histogram}_bucket", [*base, ("le", "=", numbers.le(scope))], window, by
-    )
-    return total, good
+    good = [*base, ("le", "=", numbers.le(scope))]
+    if spec is None:
+        total = _sum_rate(f"{latency.histogram}_count", base, window, by)
+        return total, _sum_rate(f"{latency.histogram}_bucket", good, window, by)
+    total = _source_rate(spec, f"{latency.histogram}_count", base, window, by, numbers)
+    return total, _source_rate(spec, f"{latency.histogram}_bucket", good, window, by, numbers)
 
 
 def sli_error_expr(
@@ -279,7 +269,7 @@ def _scope_rules(
         # The events first, then the bad ones as those less the good: the count is read once
         # an evaluation, not twice (an evaluation costs per series read), and the record is
         # written just before in the same evaluation, so the difference has no delay.
-        total, good = _latency_events(scope, base, by, numbers)
+        total, good = _latency_events(scope, base, by, numbers, spec)
         own = ", ".join(label for label in labels if label not in by)
         events = selector(c.sli_events_record(base), rm)
         rules = [
@@ -328,13 +318,13 @@ Every scope's bad and total events are sums of it, so the counter is read once a
 evaluation, not twice per scope; numerator and denominator still come from one read."""
 
 
-def _requests_by_outcome(spec: SLOSpec, name: str) -> Rule:
+def _requests_by_outcome(spec: SLOSpec, name: str, numbers: Numbers) -> Rule:
     by = list(spec.grouping)
     for label in (c.LABEL_MODEL, *sorted(spec.selector), "outcome"):
         if label not in by:
             by.append(label)
     base = record_windows(spec.alert_windows)[0]
-    expr = _sum_rate(c.REQUESTS_TOTAL, _spec_matchers(spec), base, by)
+    expr = _source_rate(spec, c.REQUESTS_TOTAL, spec_matchers(spec), base, by, numbers)
     return Rule(expr, record=REQUESTS_BY_OUTCOME, labels={c.LABEL_SLO: name})
 
 
@@ -415,47 +405,16 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbe
     )
 
 
-def _goodput_rules(spec: SLOSpec) -> list[Rule]:
-    five_min = 5 * 60
-    sel = _spec_matchers(spec)
-    ok = _sum_rate(c.REQUESTS_TOTAL, [("outcome", "=", "ok"), *sel], five_min, spec.grouping)
-    good = _sum_rate(c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, spec.grouping)
-    # The judged requests are read once, by objective and result, and the ratio divides
-    # that record's parts (written just before it in the same evaluation): the raw series
-    # are not read three times over 5m, and numerator and denominator come from one read.
-    by = (*spec.grouping, "objective")
-    judged_rates = _sum_rate(REQUEST_OBJECTIVES_TOTAL, sel, five_min, (*by, "result"))
-    recorded = selector(REQUEST_OBJECTIVES_RATE, sel)
-    judged = f"sum by ({', '.join(by)}) ({recorded})"
-    met = f"sum by ({', '.join(by)}) ({selector(REQUEST_OBJECTIVES_RATE, [('result', '=', 'met'), *sel])})"
-    return [
-        Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
-        # The record just written (the same evaluation) over one more read of the ok requests,
-        # not the good and ok requests read again.
-        Rule(f"{selector(c.GOODPUT_RATE, sel)} / {ok}", record=c.GOODPUT_RATIO),
-        Rule(judged_rates, record=REQUEST_OBJECTIVES_RATE),
-        Rule(f"({met} or 0 * {judged}) / {judged}", record=REQUEST_OBJECTIVES_RATIO),
-    ]
-
-
-REQUEST_OBJECTIVES_TOTAL = "llm_request_objectives_total"
-REQUEST_OBJECTIVES_RATE = "llm:request_objectives:rate5m"
-"""Per grouping, ``objective`` and ``result``, over 5m: the judged streamed requests a second,
-the ratio's one read of the raw series."""
-REQUEST_OBJECTIVES_RATIO = "llm:request_objectives_met:ratio_rate5m"
-"""Per grouping and ``objective`` (ttft, tpot, all), over 5m: the share of judged streamed
-requests that met the objective they asked for (``x-slo-*`` headers, else the model's
-defaults); ``objective="all"`` is goodput against the requests' own objectives."""
-
-
 # ------------------------------------------------------------------- error causes
 
-ERRORS_GROUP = "llm-sidecar-errors"
+REQUESTS_GROUP = "llm-sidecar-requests"
+"""The requests' outcomes: one read of the raw counter, then each error type's share, the
+error cause alerts and goodput, all from that read."""
 ERROR_SHARE_BY_TYPE = "llm:request_errors_by_type:ratio_rate5m"
 """Each ``error_type``'s share of the requests that were not cancelled, per grouping, over 5m."""
 REQUESTS_BY_ERROR_TYPE = "llm:requests_by_error_type:rate5m"
 """The requests that were not cancelled, a second, per grouping, ``outcome`` and
-``error_type``, over 5m: the errors group's one read of the raw counter."""
+``error_type``, over 5m: the requests group's one read of the raw counter."""
 CAUSE_SHARE = 0.05
 """An error cause alert fires when its error types *together* failed more than this share of
 requests (one engine crash shows as several types, by where each stream was)..."""
@@ -506,27 +465,35 @@ ERROR_CAUSES: tuple[ErrorCause, ...] = (
 assert all(t in ERROR_TYPES for cause in ERROR_CAUSES for t in cause.error_types)
 
 
-def _error_cause_rules(spec: SLOSpec) -> list[Rule]:
-    """Each error type's share of requests (one record), and one alert per cause. A cause is
-    judged on the sum of its types' shares (3% disconnected and 3% truncated is a 6% broken
-    engine, though neither type is over 5%); its alerts keep ``error_type`` (one alert per
-    type seen in the window, each with the cause's share as its value), so a route can send
-    each cause to the team that owns it. The availability burn-rate alerts page on the sum."""
+def _requests_rules(spec: SLOSpec) -> list[Rule]:
+    """One read of the requests that were not cancelled, by outcome and error type; then
+    each error type's share of them, goodput, and one alert per error cause.
+
+    A cause is judged on the sum of its types' shares (3% disconnected and 3% truncated is a
+    6% broken engine, though neither type is over 5%); its alerts keep ``error_type`` (one
+    alert per type seen in the window, each with the cause's share as its value), so a route
+    can send each cause to the team that owns it. The availability burn-rate alerts page on
+    the sum. Goodput divides the requests within the sidecar's latency objectives by the ok
+    ones of that same read."""
     five_min = 5 * 60
-    sel = _spec_matchers(spec)
+    sel = spec_matchers(spec)
     by = spec.grouping
     group = ", ".join(by)
-    # One read of the raw counter, then the share from that record (written just before it
-    # in the same evaluation): numerator and denominator from one read, not two.
-    judged = _sum_rate(
-        c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min,
-        (*by, "outcome", "error_type"),
+    # One read of the raw counter, then every share from that record (written just before
+    # them in the same evaluation): numerators and denominators from one read, not one each.
+    judged = _source_rate(
+        spec, c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min,
+        (*by, "outcome", "error_type"), LITERAL,
     )  # fmt: skip
     errors = f"sum by ({group}, error_type) ({selector(REQUESTS_BY_ERROR_TYPE, [('outcome', '=', 'error'), *sel])})"
     total = f"sum by ({group}) ({selector(REQUESTS_BY_ERROR_TYPE, sel)})"
+    ok = f"sum by ({group}) ({selector(REQUESTS_BY_ERROR_TYPE, [('outcome', '=', 'ok'), *sel])})"
+    good = _source_rate(spec, c.REQUESTS_WITHIN_SLO_TOTAL, sel, five_min, by, LITERAL)
     rules = [
         Rule(judged, record=REQUESTS_BY_ERROR_TYPE),
         Rule(f"{errors} / ignoring (error_type) group_left () {total}", record=ERROR_SHARE_BY_TYPE),
+        Rule(f"{good} or 0 * {ok}", record=c.GOODPUT_RATE),
+        Rule(f"{selector(c.GOODPUT_RATE, sel)} / {ok}", record=c.GOODPUT_RATIO),
     ]
     who = _who(by)
     share = format_number(CAUSE_SHARE)
@@ -575,7 +542,7 @@ def _history_rule(spec: SLOSpec) -> Rule:
     by = ", ".join(spec.grouping)
     alert = spec.alerts.history_short
     base = record_windows(spec.alert_windows)[0]
-    events = selector(c.sli_events_record(base), _spec_matchers(spec))
+    events = selector(c.sli_events_record(base), spec_matchers(spec))
     slice_ = spec.period // 30
     period = spec.period_name
     who = _who(spec.grouping)
@@ -604,15 +571,15 @@ def _sum_by_selector(spec: SLOSpec) -> str:
     return f"sum by ({', '.join(labels)}) " if labels else "sum"
 
 
-REQUESTS_RATE = "llm:requests:rate2m"
-"""The dashboards group's record of ``llm_requests_total`` (sidecar/tools/slo/aggregates.py)."""
+REQUESTS_RATE = aggregates.find(c.REQUESTS_TOTAL).record
+"""The aggregates group's record of ``llm_requests_total`` (sidecar/tools/slo/aggregates.py)."""
 
 
 def _health_rules(spec: SLOSpec) -> list[Rule]:
     down = spec.alerts.target_down
     no_traffic = spec.alerts.no_traffic
-    up = selector("up", [("job", "=", down.job), *_spec_matchers(spec)])
-    recorded = selector(REQUESTS_RATE, _spec_matchers(spec))
+    up = selector("up", [("job", "=", down.job), *spec_matchers(spec)])
+    recorded = selector(REQUESTS_RATE, spec_matchers(spec))
     url = spec.alerts.runbook_url
     quiet = format_duration(no_traffic.for_)
     return [
@@ -666,20 +633,21 @@ def generate(
     ``long_windows="raw"`` reads the long windows straight from the raw series (today's
     expensive form), only so tests can show both forms reach the same verdicts.
     """
-    groups = []
+    # The aggregates first: every later group reads its records (in promtool's evaluation
+    # order, of the same step; in Prometheus, which runs groups apart, of its last one).
+    groups = [aggregates.aggregates_group(spec)]
     for objective in spec.objectives:
         rules: list[Rule] = []
         if objective.sli == "availability":
-            rules.append(_requests_by_outcome(spec, objective.name))
+            rules.append(_requests_by_outcome(spec, objective.name, numbers))
         for scope in spec.scopes(objective):
             rules.extend(_scope_rules(spec, scope, long_windows, numbers))
         groups.append(Group(c.group_name(objective.name), tuple(rules)))
-    groups.append(Group(c.GOODPUT_GROUP, tuple(_goodput_rules(spec))))
-    groups.append(Group(ERRORS_GROUP, tuple(_error_cause_rules(spec))))
+    groups.append(Group(REQUESTS_GROUP, tuple(_requests_rules(spec))))
     health = _health_rules(spec)
     if spec.alerts.history_short.enabled:
         health.append(_history_rule(spec))
     groups.append(Group(c.HEALTH_GROUP, tuple(health)))
-    if not any(g.rules for g in groups[:-3]):  # pragma: no cover - the spec guarantees it
+    if not any(g.rules for g in groups[1:-2]):  # pragma: no cover - the spec guarantees it
         raise ValueError("the spec produced no SLO rules")
     return RuleSet(spec, tuple(groups))

@@ -23,7 +23,7 @@ stalled since it started.
 from __future__ import annotations
 
 from . import conventions as c
-from .rules import Group, Rule, _spec_matchers, _who, selector
+from .rules import Group, Rule, _who, selector, spec_matchers
 from .spec import SLOSpec
 from .windows import format_duration
 
@@ -40,7 +40,7 @@ def stall_group(spec: SLOSpec) -> Group | None:
     alert = spec.alerts.streams_stalled
     if not alert.enabled:
         return None
-    sel = _spec_matchers(spec)
+    sel = spec_matchers(spec)
     by = [*spec.grouping, *((_POD,) if _POD not in spec.grouping else ())]
     pod = [label for label in by if label != c.LABEL_MODEL]
     window = format_duration(alert.window)

@@ -141,6 +141,9 @@ def test_promtool_test_files_exist_and_set_interval_in_every_group():
     for path in PROMTOOL_TESTS:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         assert doc["rule_files"] == ["../../deploy/prometheus/llm-sidecar-rules.yaml"], path.name
+        # Later groups read the aggregates' records: promtool must evaluate the groups in the
+        # file's order at each step (unlisted, it picks a random order).
+        assert doc["group_eval_order"] == group_names(RULE_FILES[0]), path.name
         for group in doc["tests"]:
             assert "interval" in group, (
                 f"{path.name}: Prometheus 2.42 needs interval: in every test group"
@@ -180,6 +183,11 @@ def expected_alerts(period: str) -> list[str]:
     return out
 
 
+def group_names(rules: Path) -> list[str]:
+    """The rule groups of a rules file, in its order."""
+    return [g["name"] for g in yaml.safe_load(rules.read_text(encoding="utf-8"))["groups"]]
+
+
 def steady_burn_test(rules: Path, period: str) -> dict:
     series = []
     for model, (_, errors) in BURNS.items():
@@ -199,6 +207,7 @@ def steady_burn_test(rules: Path, period: str) -> dict:
     return {
         "rule_files": [rules.name],
         "evaluation_interval": "10m",
+        "group_eval_order": group_names(rules),
         "tests": [
             {
                 "interval": "1m",
@@ -502,6 +511,7 @@ def test_a_prefill_objective_burns_on_misses_that_hits_would_hide(tmp_path):
     test = {
         "rule_files": [rules.name],
         "evaluation_interval": "10m",
+        "group_eval_order": group_names(rules),
         "tests": [
             {
                 "interval": "1m",

@@ -212,7 +212,7 @@ def test_heatmaps_read_bucket_rates_by_le():
         assert t["format"] == "heatmap" and t["legendFormat"] == "{{le}}", p["title"]
         # The recorded bucket rates, or a detail view's raw buckets when drawn.
         assert re.match(
-            r"sum by \(le\) \((llm:\w+_bucket:rate2m\{|rate\((llm_\w+_bucket)\{)", t["expr"]
+            r"sum by \(le\) \((llm:\w+_bucket:rate5m\{|rate\((llm_\w+_bucket)\{)", t["expr"]
         ), p["title"]
         assert p["options"]["calculate"] is False
         assert p["options"]["yAxis"]["unit"] == p["fieldConfig"]["defaults"]["unit"]
@@ -260,7 +260,7 @@ def test_overview_covers_what_the_issue_lists():
             q
             for q in panel_queries(OVERVIEW)
             if q.expr.startswith("histogram_quantile(")
-            and f"(llm:{metric.removeprefix('llm_')}_bucket:rate2m{{" in q.expr
+            and f"(llm:{metric.removeprefix('llm_')}_bucket:rate5m{{" in q.expr
         ]
         assert {q.expr.split(",")[0] for q in quantiles} >= {
             "histogram_quantile(0.5", "histogram_quantile(0.9", "histogram_quantile(0.99",

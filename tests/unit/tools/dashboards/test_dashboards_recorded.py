@@ -160,7 +160,7 @@ def test_the_helpers_refuse_what_no_rule_records():
         )
     # What they read: the record, with the filters it keeps (not pod, summed away).
     expr = queries.sum_rate("llm_requests_total", ("outcome",))
-    assert expr.startswith("sum by (outcome) (llm:requests:rate2m{")
+    assert expr.startswith("sum by (outcome) (llm:requests:rate5m{")
     assert 'pod=~"$pod"' not in expr and 'route=~"$route"' in expr
     # Per pod, or a detail view: the raw series over the rate window, when drawn.
     per_pod = queries.sum_rate("llm_requests_total", ("namespace", "pod"))

@@ -51,10 +51,10 @@ def unscoped(ruleset) -> list[tuple]:
 def test_every_selector_and_aggregation_keeps_to_the_release(which):
     spec = load_spec(str(SPEC)) if which == "default" else every_alert_spec()
     ruleset = release_rules(spec, *RELEASE)
-    assert {"llm-sidecar-errors", "llm-sidecar-goodput", "llm-sidecar-health"} <= {
+    assert {"llm-sidecar-aggregates", "llm-sidecar-requests", "llm-sidecar-health"} <= {
         g.name for g in ruleset.groups
     }
     assert not unscoped(ruleset)
     # The check sees an unscoped rule: the plain rules (no release) fail it in every group.
     plain = {group for group, _, _ in unscoped(generate(spec))}
-    assert {"llm-sidecar-errors", "llm-sidecar-goodput"} <= plain
+    assert {"llm-sidecar-aggregates", "llm-sidecar-requests"} <= plain

@@ -48,10 +48,10 @@ def test_a_miss_objective_reads_only_the_misses_of_the_by_cache_histogram():
         'llm:sli_events:rate5m{slo="ttft-prefill"} - ignoring (slo)'
         f' {by} (rate(llm_time_to_first_token_by_cache_seconds_bucket{{cache="none",le="1.0"}}[5m]))'
     )
-    # Without cache_class: every request, from the TTFT histogram, as before.
+    # Without cache_class: every request, from the TTFT histogram's record.
     assert (
         "by_cache" not in bad["ttft"]
-        and 'llm_time_to_first_token_seconds_bucket{le="1.0"}' in bad["ttft"]
+        and 'llm:time_to_first_token_seconds_bucket:rate5m{le="1.0"}' in bad["ttft"]
     )
     alert = next(r for r in rs.rules() if r.alert == "LLMTTFTPrefillBurnRate")
     assert (

@@ -147,6 +147,10 @@ async def exported(upstream, sidecar_factory):
     return out
 
 
+RAW_OF_RECORD = {a.record: a.series for a in aggregates.AGGREGATES}
+"""The aggregates group's records and the raw series each sums."""
+
+
 def rule_sources() -> list[tuple[str, dict]]:
     docs = [(p.name, yaml.safe_load(p.read_text(encoding="utf-8"))) for p in RULE_FILES]
     docs.append(("all kinds", yaml.safe_load(render_rules(generate(parse_spec(ALL_KINDS_SPEC))))))
@@ -189,6 +193,15 @@ def test_rules_reference_only_what_the_sidecar_exports(exported):
                     if metric.startswith("llm:"):
                         assert metric in recorded, f"{where}: not a recording rule in the file"
                         assert {m[0] for m in matchers} <= recorded[metric], where
+                        # An SLO's threshold read from the aggregates' bucket record: the
+                        # bucket must be one the sidecar writes, as on the raw series.
+                        raw = RAW_OF_RECORD.get(metric)
+                        for label, op, value in matchers:
+                            if raw is not None and label == "le":
+                                assert op == "=" and value in exported[raw]["le"], (
+                                    f"{where}: {raw} has no bucket le={value!r}"
+                                )
+                                checked += 1
                         continue
                     assert metric in exported, f"{where}: not exported by the sidecar"
                     names.append(metric)
@@ -213,7 +226,7 @@ def test_rules_reference_only_what_the_sidecar_exports(exported):
                             assert label in exported[metric] or label in c.TARGET_LABELS, (
                                 f"{source}: by ({label}) but {metric} has no {label}"
                             )
-    assert checked > 40  # the raw selectors: the longer windows read recorded rates
+    assert checked > 25  # the selectors of raw series and buckets: the rest read recorded rates
 
 
 def test_le_values_in_rules_are_written_as_the_sidecar_writes_them(exported):
