@@ -1,9 +1,10 @@
 """The latency overview: how fast users get tokens, per model, route and pod.
 
 Every figure is computed from the sidecar's own metrics (``sidecar/export/metrics.py``) as the
-rules of :mod:`sidecar.tools.slo.aggregates` record them (2m rates per deployment, model and
-route; per pod for the "Per pod" row, each panel there bounded to the top pods), filtered by the
-namespace, release, model and route variables.
+rules of :mod:`sidecar.tools.slo.aggregates` record them (5m rates per deployment, model and
+route), or, for the "Per pod" row (each panel bounded to the top pods) and the detail views,
+as the raw series read when drawn; filtered by the namespace, release, model and route
+variables.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ _MEASURED = (
     "does not inflate them."
 )
 _QUANTILES = (
-    "p50/p90/p99 are histogram_quantile over the recorded 2m rates of the histogram's buckets, "
-    "summed over the selected releases, models and routes (all pods): estimates "
+    "p50/p90/p99 are histogram_quantile over the rates of the histogram's buckets (the "
+    "recorded 5m rates; a detail view's raw buckets over the rate window), summed over the selected releases, models and routes (all pods): estimates "
     "interpolated inside the bucket that holds the quantile."
 )
 _HEATMAP = (
-    "Each column is the recorded 2m rates at that step; each cell is a histogram bucket (its upper "
+    "Each column is the bucket rates at that step (recorded over 5m; a detail view's raw "
+    "buckets over the rate window); each cell is a histogram bucket (its upper "
     "bound on the y axis) coloured by observations per second that fell in it."
 )
 
@@ -165,7 +167,7 @@ def _traffic(board: Board) -> None:
             "Error and cancellation ratios",
             "error: share of requests that were not cancelled and failed on the server side (the "
             "availability SLI's bad events; 4xx answers are not errors). cancelled: share of all "
-            "requests whose client went away before the end. Both over the recorded 2m "
+            "requests whose client went away before the end. Both over the recorded 5m "
             "rates; 0 while there are requests and none failed.",
             [
                 Query(
@@ -213,7 +215,7 @@ def _traffic(board: Board) -> None:
         timeseries_panel(
             "Goodput share",
             "Share of ok requests that met every latency objective at once (goodput / ok "
-            "requests), over the recorded 2m rates. The SLO dashboard shows the same "
+            "requests), over the recorded 5m rates. The SLO dashboard shows the same "
             "ratio from the llm:goodput:ratio_rate5m rule.",
             [
                 Query(
@@ -271,7 +273,7 @@ def _finish_reasons_panel() -> timeseries.Panel:
         "stop (the model finished, or a stop sequence), length (cut at max_tokens or the context "
         "window), tool_calls (waiting for a tool's result), content_filter (refused or filtered), "
         "other (aborted, unloaded, ...). A rise in length means answers are being cut short; in "
-        "content_filter, refused. One per answer (choice), over the recorded 2m rates.",
+        "content_filter, refused. One per answer (choice), over the rate window (read when drawn).",
         [
             Query(
                 f"{by_reason} / on () group_left () {sum_rate(FINISH_REASONS)}", "{{finish_reason}}"
@@ -371,7 +373,7 @@ def _tokens(board: Board) -> None:
         ),
         timeseries_panel(
             "Mean tokens per request",
-            "Average input and output tokens per ok request over the recorded 2m rates "
+            "Average input and output tokens per ok request over the rate window (read when drawn) "
             "(sum / count of llm_request_tokens). Longer prompts raise TTFT; longer outputs raise "
             "end-to-end duration.",
             [Query(mean(REQUEST_TOKENS, ("type",)), "{{type}}")],
@@ -460,7 +462,8 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
         timeseries_panel(
             f"Request rate by {what}",
             f"Requests finished per second, all outcomes, by {what}: the rate of llm_requests_total "
-            "over the recorded 2m rates (one count per request, when it ends).",
+            "over the recorded 5m rates, per pod the raw series over the rate window (one count per "
+            "request, when it ends).",
             [Query(lines(sum_rate(REQUESTS, by)), legend)],
             "reqps",
             w=8,
@@ -468,7 +471,8 @@ def _breakdowns(board: Board, by: tuple[str, ...], legend: str, title: str, what
         timeseries_panel(
             f"Error ratio by {what}",
             f"Share of non-cancelled requests that failed on the server side, by {what}: outcome "
-            "error / outcome ok or error, over the recorded 2m rates (0 while there is "
+            "error / outcome ok or error, over the recorded 5m rates, per pod the raw series over the "
+            "rate window (0 while there is "
             "traffic and no error). 4xx answers are not errors.",
             [
                 Query(

@@ -2,7 +2,7 @@
 
 The panels read recorded series where a rule records them: :func:`sum_rate`,
 :func:`quantile`, :func:`mean`, :func:`sum_gauge` and :func:`max_gauge` read the records of
-:mod:`sidecar.tools.slo.aggregates` (rates over 2m, summed by cluster, namespace, release,
+:mod:`sidecar.tools.slo.aggregates` (rates over 5m, summed by cluster, namespace, release,
 model, route and the labels the panels split by, evaluated with the SLO rules), so a panel
 reads one series per deployment, model and route instead of every pod's every bucket. Asking
 for a label a record does not keep raises at generation time.
@@ -170,7 +170,7 @@ def sum_rate(
     extra: Sequence[Matcher] = (),
     labels: Iterable[str] = FILTER_LABELS,
 ) -> str:
-    """Per second, summed by ``by`` (``sum (...)`` without): the recorded 2m rate of
+    """Per second, summed by ``by`` (``sum (...)`` without): the recorded 5m rate of
     ``metric`` (a counter or a histogram's part); the raw rate per pod when ``by`` has
     ``pod``, or for a detail view."""
     return _recorded_sum(metric, by, extra, labels)

@@ -82,12 +82,13 @@ def _rec(spec: SLOSpec, record: str, extra: Sequence[Matcher] = ()) -> str:
 
 
 def _objectives_met(spec: SLOSpec) -> str:
-    """The share of judged requests that met their own objectives, per grouping and
-    objective, from the raw counter over the rate window (a detail view: READ_WHEN_DRAWN)."""
+    """The share of judged requests that met their own objectives, per grouping, release and
+    objective, from the raw counter over the rate window (a detail view: READ_WHEN_DRAWN):
+    the lowest :data:`POD_LINES` at each step, as a fleet has a line per release and model."""
     release = () if "llm_release" in spec.grouping else ("llm_release",)
     by = (*spec.grouping, *release, "objective")
     met = sum_rate(OBJECTIVES, by, [("result", "=", "met")])
-    return ratio_or_zero(met, sum_rate(OBJECTIVES, by))
+    return f"bottomk({POD_LINES}, {ratio_or_zero(met, sum_rate(OBJECTIVES, by))})"
 
 
 def _who(spec: SLOSpec) -> str:
@@ -195,13 +196,14 @@ def _summary(board: Board, spec: SLOSpec) -> None:
             "reqps",
         ),
         timeseries_panel(
-            "Requests' own objectives met",
+            f"Requests' own objectives met (the {POD_LINES} lowest)",
             "Share of streamed requests that met the objectives they asked for: the x-slo-ttft-ms "
             "and x-slo-tpot-ms headers (llm-d's per-request objectives), else the model's "
             "defaults (--slo-model-objectives, else --slo-ttft-seconds / --slo-tpot-seconds). "
             "all: ok, 2xx and every judged objective met (goodput against what each client asked "
-            "for); ttft and tpot apart. Read from llm_request_objectives_total when drawn (no "
-            "alert reads it, so no rule records it).",
+            "for); ttft and tpot apart. Per release and model, the lowest shares at each step "
+            f"(at most {POD_LINES} lines in a fleet); pick a release or model to see it. Read from "
+            "llm_request_objectives_total when drawn (no alert reads it, so no rule records it).",
             [Query(_objectives_met(spec), f"{{{{objective}}}} · {_who(spec)} {{{{llm_release}}}}")],
             "percentunit",
             w=24,

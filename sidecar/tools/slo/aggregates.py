@@ -1,12 +1,13 @@
-"""The recorded series the dashboards read: the raw series an SLO, an alert or a headline panel
-needs, summed once per evaluation by (cluster, namespace, llm_release), the series' own
-``model`` and ``route`` where its family has them, and the few labels its panels split or
-filter by, over a short window.
+"""The aggregates group: the raw series an SLO, an alert or a headline panel needs, summed
+once per evaluation by (cluster, namespace, llm_release), the series' own ``model`` and
+``route`` where its family has them, and the few labels its panels split or filter by, over
+the SLOs' base window (5m).
 
 Why: a panel over raw series reads every pod's every series (each bucket, each prompt class)
 over the rate window at every step, and does so again for every viewer and every refresh. A
 rule reads them once per evaluation and writes one series per deployment, model and route;
-the panels then read those.
+the panels then read those, and so do the SLO, error and goodput rules
+(:func:`recorded_rate`): each raw series is read once an evaluation, not once per reader.
 
 What a rule costs is paid at every evaluation, whether or not anyone looks, and what an
 evaluation costs is the series it reads and writes, far more than their samples (a series
@@ -19,25 +20,25 @@ is recorded:
   evaluation writing every pod's series and reading them again.
 - **The detail views are read when drawn** (:data:`READ_WHEN_DRAWN`): time to first byte,
   the tool-call times, decode speed, request sizes, the engine's phases, TTFT by prefix-cache
-  class, finish reasons, token count sources, the requests' own objectives (the goodput
-  group records them per grouping over 5m for the SLO dashboard) and the sidecar's own
-  overhead. No alert or capacity figure reads them here, and a panel summed by release and
+  class, finish reasons, token count sources, the requests' own objectives and the sidecar's
+  own overhead. No alert or capacity figure reads them, and a panel summed by release and
   model draws a bounded number of lines from them; recording them cost the fleet more every
   15 seconds than opening them costs once.
 - A histogram's ``_count`` rate whose ``_bucket`` rate is recorded with the same labels is
   that record's ``le="+Inf"`` series, written just before it (the same number: a classic
   histogram's count is its ``+Inf`` bucket), not a second raw read.
 
-Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate2m``
-(``llm:requests:rate2m``, ``llm:time_to_first_token_seconds_bucket:rate2m``), ``:sum`` (or
+Names follow ``level:metric:operations``: ``llm:<series without llm_ and _total>:rate5m``
+(``llm:requests:rate5m``, ``llm:time_to_first_token_seconds_bucket:rate5m``), ``:sum`` (or
 ``:max``) for a gauge and ``:count`` for a count of series. ``le`` is kept on every
 ``_bucket`` record, so any quantile or heatmap of the selected releases and models is
 ``histogram_quantile`` over the recorded bucket rates.
 
-The window is 2m: four scrapes at the 30s interval kube-prometheus-stack scrapes at, so a
-missed scrape leaves a rate rather than a gap. The panels read the recorded rates as they
-are: what a panel shows at time t is the rate over [t-2m, t] as of the group's last
-evaluation (at most one evaluation interval old).
+The window is 5m, the SLOs' base window, so the SLOs' events are these records' sums: the
+same rate a raw read would give, and a headline panel shows what the SLO's short window
+judges. The group comes first in the rules file; Prometheus runs groups apart, so a later
+group reads its records as of their last evaluation (at most one interval old), and a panel
+shows the rate over [t-5m, t] as of that evaluation.
 """
 
 from __future__ import annotations

@@ -69,13 +69,13 @@ FUNCTIONS = {
     "vector",
     "label_replace",
     "topk",
+    "bottomk",
     "avg_over_time",
     "sum_over_time",
     "last_over_time",
     "increase",
     "absent",
     "min",
-    "min_over_time",  # the capacity floor: when a band's record first appeared in the hour
     "timestamp",
     "time",
 }
