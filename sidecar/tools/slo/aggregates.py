@@ -20,8 +20,9 @@ is recorded:
   evaluation writing every pod's series and reading them again.
 - **The detail views are read when drawn** (:data:`READ_WHEN_DRAWN`): time to first byte,
   the tool-call times, decode speed, request sizes, the engine's phases, TTFT by prefix-cache
-  class, finish reasons, token count sources, the requests' own objectives and the sidecar's
-  own overhead. No alert or capacity figure reads them, and a panel summed by release and
+  class, finish reasons, token count sources, the requests' own objectives, the sidecar's
+  own overhead, and the in-flight and phase gauges (a gauge drawn raw is an instant read, as
+  cheap a series as its record). No alert or capacity figure reads them, and a panel summed by release and
   model draws a bounded number of lines from them; recording them cost the fleet more every
   15 seconds than opening them costs once.
 - A histogram's ``_count`` rate whose ``_bucket`` rate is recorded with the same labels is
@@ -100,10 +101,16 @@ READ_WHEN_DRAWN: frozenset[str] = frozenset(
         "llm_token_count_source",
         "llm_finish_reasons",
         "llm_request_objectives",
+        # Gauges: a panel's read of the raw gauge is an instant read, no rate window, so
+        # drawing it costs about what reading a record of it would, and no rule reads them.
+        "llm_requests_in_flight",
+        "llm_requests_in_phase",
+        "llm_requests_in_phase_oldest_seconds",
     }
 )
 """The families whose panels read the raw series when drawn, summed by release and model (or
-bounded by ``topk`` per pod): detail views that no SLO, alert or capacity figure reads."""
+bounded by ``topk`` per pod): detail views, and the in-flight gauges, that no SLO, alert or
+capacity figure reads."""
 
 
 def _family(series: str) -> str:
@@ -175,9 +182,6 @@ def _histogram(name: str, *labels: str, parts: str = "bucket") -> list[Aggregate
 AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("llm_requests_total", ("outcome", "code", "error_type")),
     Aggregate("llm_non_api_requests_total", ("method", "code")),
-    Aggregate("llm_requests_in_flight", how="sum"),
-    Aggregate("llm_requests_in_phase", ("phase",), how="sum"),
-    Aggregate("llm_requests_in_phase_oldest_seconds", ("phase",), how="max"),
     Aggregate("llm_requests_within_slo_total"),
     Aggregate("llm_stream_parse_errors_total"),
     Aggregate("llm_tokens_total", ("type",)),

@@ -3,7 +3,9 @@
 For every objective and scope (the objective's default, then each per-model override), all
 summed by the spec's ``grouping`` labels (one SLO per deployment, not per Prometheus):
 
-0. ``llm:sli_bad_events:rate5m`` and ``llm:sli_events:rate5m``, the base window's event rates;
+0. ``llm:sli_bad_events:rate5m`` and ``llm:sli_events:rate5m``, the base window's event rates
+   (sums of the aggregates group's 5m records, :mod:`.aggregates`, where one keeps every
+   label the scope selects on; else of the raw series);
 1. ``llm:sli_error:ratio_rate<W>`` for every window the alerts read and for the period: the
    base window's from (0), every longer one (30m ... 3d, the period) from (0) with
    ``sum_over_time``, so no rule reads a raw series over more than the base window;
@@ -12,10 +14,10 @@ summed by the spec's ``grouping`` labels (one SLO per deployment, not per Promet
 4. one ``LLM<Objective>BurnRate`` alert per alert window (:func:`~.windows.windows_for_period`):
    burn rate over the long window *and* over the short window above the row's factor.
 
-A scope's records and alerts live in the objective's group, records first, so an alert reads
-records of the same evaluation. Then goodput records, the error causes (each error type's share
-of requests, and alerts that carry ``error_type`` for Alertmanager to route on) and the
-sidecar's health alerts.
+The aggregates group comes first. A scope's records and alerts live in the objective's group,
+records first, so an alert reads records of the same evaluation. Then the requests group
+(each error type's share of requests, alerts that carry ``error_type`` for Alertmanager to
+route on, and goodput) and the sidecar's health alerts.
 """
 
 from __future__ import annotations
@@ -312,10 +314,11 @@ def _scope_rules(
 
 
 REQUESTS_BY_OUTCOME = "llm:requests_by_outcome:rate5m"
-"""An availability group's one read of the raw requests: per grouping label, ``model`` and
-the spec's selector labels (what its scopes match on) and ``outcome``, over the base window.
-Every scope's bad and total events are sums of it, so the counter is read once an
-evaluation, not twice per scope; numerator and denominator still come from one read."""
+"""An availability group's one read of the requests (the aggregates' record, else the raw
+counter): per grouping label, ``model`` and the spec's selector labels (what its scopes
+match on) and ``outcome``, over the base window. Every scope's bad and total events are sums
+of it, so the requests are read once an evaluation, not twice per scope; numerator and
+denominator still come from one read."""
 
 
 def _requests_by_outcome(spec: SLOSpec, name: str, numbers: Numbers) -> Rule:
@@ -408,13 +411,13 @@ def _burn_alert(spec: SLOSpec, scope: Scope, window: AlertWindow, numbers: Numbe
 # ------------------------------------------------------------------- error causes
 
 REQUESTS_GROUP = "llm-sidecar-requests"
-"""The requests' outcomes: one read of the raw counter, then each error type's share, the
-error cause alerts and goodput, all from that read."""
+"""The requests' outcomes: one read of the requests (the aggregates' record), then each error
+type's share, the error cause alerts and goodput, all from that read."""
 ERROR_SHARE_BY_TYPE = "llm:request_errors_by_type:ratio_rate5m"
 """Each ``error_type``'s share of the requests that were not cancelled, per grouping, over 5m."""
 REQUESTS_BY_ERROR_TYPE = "llm:requests_by_error_type:rate5m"
 """The requests that were not cancelled, a second, per grouping, ``outcome`` and
-``error_type``, over 5m: the requests group's one read of the raw counter."""
+``error_type``, over 5m: the requests group's one read of the requests."""
 CAUSE_SHARE = 0.05
 """An error cause alert fires when its error types *together* failed more than this share of
 requests (one engine crash shows as several types, by where each stream was)..."""
@@ -479,7 +482,7 @@ def _requests_rules(spec: SLOSpec) -> list[Rule]:
     sel = spec_matchers(spec)
     by = spec.grouping
     group = ", ".join(by)
-    # One read of the raw counter, then every share from that record (written just before
+    # One read of the requests, then every share from that record (written just before
     # them in the same evaluation): numerators and denominators from one read, not one each.
     judged = _source_rate(
         spec, c.REQUESTS_TOTAL, [("outcome", "!=", "cancelled"), *sel], five_min,

@@ -283,14 +283,18 @@ class Prom:
 
 
 def _slo_records(path: InstallPath) -> set[tuple[str, str]]:
-    """(record, slo) of every SLO and goodput recording rule of the path's PrometheusRule."""
+    """(record, slo) of every SLO recording rule of the path's PrometheusRule, with the
+    requests group's goodput and requests records (which any answered traffic writes)."""
     (rule,) = path.of_kind("PrometheusRule")
     return {
         (r["record"], r.get("labels", {}).get("slo", ""))
         for g in rule["spec"]["groups"]
-        if g["name"].startswith(("llm-sidecar-slo-", "llm-sidecar-goodput"))
         for r in g["rules"]
         if "record" in r
+        and (
+            g["name"].startswith("llm-sidecar-slo-")
+            or r["record"].startswith(("llm:goodput:", "llm:requests_by_error_type:"))
+        )
     }
 
 

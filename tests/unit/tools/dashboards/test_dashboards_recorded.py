@@ -96,9 +96,10 @@ def test_every_query_reads_records_but_the_bounded_drill_downs_and_the_detail_vi
         drawn = {m for m in raw if aggregates.read_when_drawn(m)}
         assert drawn == raw, f"{name} {q.where}: reads raw {sorted(raw - drawn)}"
         for metric in raw:
-            assert re.search(rf"sum(?: by \([^)]*\))? \(rate\({metric}\{{", q.expr), (
-                f"{q.where}: {metric} not summed"
-            )
+            # A counter's or histogram's rates summed, or a gauge summed (its largest value).
+            assert re.search(rf"sum(?: by \([^)]*\))? \(rate\({metric}\{{", q.expr) or re.search(
+                rf"(?:sum|max)(?: by \([^)]*\))? \({metric}\{{", q.expr
+            ), f"{q.where}: {metric} not summed"
         assert not _BY_POD.search(q.expr), f"{q.where}: a detail view per pod"
         detail_panels.add(q.panel_title)
     assert checked > 150
