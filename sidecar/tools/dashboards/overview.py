@@ -64,7 +64,8 @@ _MEASURED = (
 )
 _QUANTILES = (
     "p50/p90/p99 are histogram_quantile over the rates of the histogram's buckets (the "
-    "recorded 5m rates; a detail view's raw buckets over the rate window), summed over the selected releases, models and routes (all pods): estimates "
+    "recorded 5m rates; a detail view's raw buckets over the rate window), summed over the "
+    "selected releases, models and routes (all pods): estimates "
     "interpolated inside the bucket that holds the quantile."
 )
 _HEATMAP = (

@@ -22,9 +22,9 @@ is recorded:
   the tool-call times, decode speed, request sizes, the engine's phases, TTFT by prefix-cache
   class, finish reasons, token count sources, the requests' own objectives, the sidecar's
   own overhead, and the in-flight and phase gauges (a gauge drawn raw is an instant read, as
-  cheap a series as its record). No alert or capacity figure reads them, and a panel summed by release and
-  model draws a bounded number of lines from them; recording them cost the fleet more every
-  15 seconds than opening them costs once.
+  cheap a series as its record). No alert or capacity figure reads them, and a panel summed
+  by release and model draws a bounded number of lines from them; recording them cost the
+  fleet more every 15 seconds than opening them costs once.
 - A histogram's ``_count`` rate whose ``_bucket`` rate is recorded with the same labels is
   that record's ``le="+Inf"`` series, written just before it (the same number: a classic
   histogram's count is its ``+Inf`` bucket), not a second raw read.

@@ -139,8 +139,8 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
     def rec(name: str, *extra: tuple[str, str, str]) -> str:
         return selector(name, [*sel, *extra])
 
-    def band_rate(metric: str, by_: str) -> str:
-        return f"sum by ({by_}) (rate({selector(metric, sel)}[{BAND_WINDOW}]))"
+    def band_rate(metric: str, by_: str, *extra: tuple[str, str, str]) -> str:
+        return f"sum by ({by_}) (rate({selector(metric, [*sel, *extra])}[{BAND_WINDOW}]))"
 
     def hour(name: str, *extra: tuple[str, str, str]) -> str:
         """The hour's mean of a recorded band rate (its rate over the hour, as the 2m windows
@@ -192,7 +192,7 @@ def capacity_group(spec: SLOSpec, numbers: Numbers = LITERAL) -> Group | None:
         # bucket (the share within it decides the band; see the module's docstring).
         Rule(band_rate(ITL_BY_CONCURRENCY + "_count", byc), record=ITL_COUNT_RATE),
         Rule(
-            f"sum by ({byc}, le) (rate({selector(ITL_BY_CONCURRENCY + '_bucket', [*sel, ('le', '=', le)])}[{BAND_WINDOW}]))",
+            band_rate(ITL_BY_CONCURRENCY + "_bucket", f"{byc}, le", ("le", "=", le)),
             record=ITL_BUCKET_RATE,
         ),
         Rule(first_seen, record=FIRST_SEEN),
