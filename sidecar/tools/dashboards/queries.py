@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..slo import aggregates
-from ..slo.rules import promql_string
+from ..slo.promql import promql_string
 
 __all__ = [
     "RATE_INTERVAL",
@@ -177,13 +177,14 @@ def sum_rate(
 
 
 def sum_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
-    """A gauge summed by ``by``, from its recorded sum (the raw gauge per pod when ``by`` has
-    ``pod``)."""
+    """A gauge summed by ``by``: its recorded sum, or the raw gauge per pod and for a gauge
+    read when drawn (:data:`~sidecar.tools.slo.aggregates.READ_WHEN_DRAWN`)."""
     return _recorded_sum(metric, by, (), labels, how="sum")
 
 
 def max_gauge(metric: str, by: Sequence[str] = (), labels: Iterable[str] = FILTER_LABELS) -> str:
-    """A gauge's largest value by ``by``, from its recorded maximum."""
+    """A gauge's largest value by ``by``: its recorded maximum, or the raw gauge per pod and
+    for a gauge read when drawn."""
     return _recorded_sum(metric, by, (), labels, how="max")
 
 

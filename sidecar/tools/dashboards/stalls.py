@@ -4,9 +4,10 @@ stalled past the sidecar's ``--stall-seconds`` (sidecar/export/in_flight.py), pe
 These gauges are read from the open streams at every scrape, so unlike every latency panel
 they move while a request runs: an engine that hangs shows here at once, where the
 histograms wait for the read timeout to end its streams. The series exist only while a
-request is in flight, so an empty panel is an idle pod, shown as 0. The panels read them as
-the dashboards' rules record them at each evaluation (sidecar/tools/slo/aggregates.py); the
-stalled streams per pod are read raw when drawn, for the top pods only.
+request is in flight, so an empty panel is an idle pod, shown as 0. The panels read the raw
+gauges when drawn (no rule reads them, and a gauge's instant read costs a panel about what a
+record's would: sidecar/tools/slo/aggregates.py), summed or at their largest over the selected
+pods; the stalled streams per pod for the top pods only.
 """
 
 from __future__ import annotations

@@ -51,18 +51,8 @@ from __future__ import annotations
 
 from ...measure.concurrency import BANDS
 from . import conventions as c
-from .rules import (
-    LITERAL,
-    Group,
-    LongWindows,
-    Numbers,
-    Rule,
-    RuleSet,
-    _who,
-    generate as generate_slo,
-    selector,
-    spec_matchers,
-)
+from .promql import Group, Rule, selector, spec_matchers
+from .rules import LITERAL, LongWindows, Numbers, RuleSet, _who, generate as generate_slo
 from .spec import Objective, SLOSpec
 from .stall import stall_group
 from .windows import format_number, parse_duration

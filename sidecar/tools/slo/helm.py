@@ -41,8 +41,9 @@ from prometheus_client.utils import floatToGoString
 
 from . import aggregates, conventions as c
 from .capacity import generate
+from .promql import Rule
 from .render import render_rules
-from .rules import Numbers, Rule, RuleSet
+from .rules import Numbers, RuleSet
 from .spec import ModelOverride, Scope, SLOSpec, WindowSetting
 from .windows import AlertWindow
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import yaml
 
-from .rules import Rule, RuleSet, history_needed
+from .promql import Rule
+from .rules import RuleSet, history_needed
 from .windows import burn_rate_factor, format_duration, format_number, record_windows
 
 __all__ = ["HEADER", "render_rules"]

@@ -22,7 +22,7 @@ route on, and goodput) and the sidecar's health alerts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,7 +36,7 @@ from ...base.outcomes import (
     UPSTREAM_UNREACHABLE_ALERT,
 )
 from . import aggregates, conventions as c
-from .promql import Group, Matcher, Rule, promql_string, selector, spec_matchers
+from .promql import Group, Matcher, Rule, selector, spec_matchers
 from .spec import DEFAULT_GROUPING, Scope, SLOSpec
 from .windows import (
     AlertWindow,
@@ -47,8 +47,8 @@ from .windows import (
 )
 
 __all__ = [
-    "Rule", "Group", "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "promql_string", "sli_error_expr",
-    "sli_event_exprs", "history_needed", "Matcher", "selector", "spec_matchers", "ErrorCause", "ERROR_CAUSES", "REQUESTS_GROUP", "ERROR_SHARE_BY_TYPE",
+    "RuleSet", "LongWindows", "Numbers", "LITERAL", "generate", "sli_error_expr",
+    "sli_event_exprs", "history_needed", "ErrorCause", "ERROR_CAUSES", "REQUESTS_GROUP", "ERROR_SHARE_BY_TYPE",
 ]  # fmt: skip
 
 
@@ -63,6 +63,10 @@ class RuleSet:
 
 
 # ------------------------------------------------------------------- PromQL helpers
+
+
+RateOf = Callable[[str, Sequence[Matcher], int, Sequence[str]], str]
+"""(metric, matchers, window, by) -> its events a second summed by ``by``."""
 
 
 def _sum_rate(metric: str, matchers: Sequence[Matcher], window: int, by: Sequence[str]) -> str:
@@ -193,11 +197,10 @@ def sli_event_exprs(
 
 
 def _latency_events(
-    scope: Scope, window: int, by: Sequence[str], numbers: Numbers, spec: SLOSpec | None = None
+    scope: Scope, window: int, by: Sequence[str], numbers: Numbers, rate: RateOf = _sum_rate
 ) -> tuple[str, str]:
     """(all events/s, good events/s) of a latency scope: its histogram's count, and its
-    bucket at the threshold; with ``spec``, from the aggregates group's records where they
-    answer (:func:`_source_rate`), else from the raw series."""
+    bucket at the threshold, each read by ``rate`` (the raw series by default)."""
     latency = c.latency_sli(
         scope.objective.sli, scope.objective.cache_class
     )  # cache_class: the TTFT-by-cache histogram
@@ -207,11 +210,8 @@ def _latency_events(
         base.append((c.LABEL_PROMPT_CLASS, "=", scope.objective.prompt_class))
     base += _scope_matchers(scope)
     good = [*base, ("le", "=", numbers.le(scope))]
-    if spec is None:
-        total = _sum_rate(f"{latency.histogram}_count", base, window, by)
-        return total, _sum_rate(f"{latency.histogram}_bucket", good, window, by)
-    total = _source_rate(spec, f"{latency.histogram}_count", base, window, by, numbers)
-    return total, _source_rate(spec, f"{latency.histogram}_bucket", good, window, by, numbers)
+    total = rate(f"{latency.histogram}_count", base, window, by)
+    return total, rate(f"{latency.histogram}_bucket", good, window, by)
 
 
 def sli_error_expr(
@@ -271,7 +271,10 @@ def _scope_rules(
         # The events first, then the bad ones as those less the good: the count is read once
         # an evaluation, not twice (an evaluation costs per series read), and the record is
         # written just before in the same evaluation, so the difference has no delay.
-        total, good = _latency_events(scope, base, by, numbers, spec)
+        def source(metric: str, ms: Sequence[Matcher], w: int, b: Sequence[str]) -> str:
+            return _source_rate(spec, metric, ms, w, b, numbers)
+
+        total, good = _latency_events(scope, base, by, numbers, source)
         own = ", ".join(label for label in labels if label not in by)
         events = selector(c.sli_events_record(base), rm)
         rules = [

@@ -23,7 +23,8 @@ stalled since it started.
 from __future__ import annotations
 
 from . import conventions as c
-from .rules import Group, Rule, _who, selector, spec_matchers
+from .promql import Group, Rule, selector, spec_matchers
+from .rules import _who
 from .spec import SLOSpec
 from .windows import format_duration
 

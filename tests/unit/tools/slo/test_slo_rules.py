@@ -14,12 +14,12 @@ from sidecar.tools.slo import (
     generate as slo_generate,  # the SLO rules and the capacity group
 )
 from sidecar.tools.slo.cli import render_command
+from sidecar.tools.slo.promql import promql_string
 from sidecar.tools.slo.render import HEADER, render_rules
 from sidecar.tools.slo.rules import (
     ERROR_CAUSES,
     REQUESTS_BY_OUTCOME,
     generate,
-    promql_string,
     sli_error_expr,
 )
 from sidecar.tools.slo.spec import load_spec, parse_spec
